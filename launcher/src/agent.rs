@@ -1,0 +1,474 @@
+//! The agent loop: rendezvous → spawn → supervise → restart or exit.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drun_rendezvous::round::RestartCause;
+use drun_rendezvous::{Candidate, MemoryStore, Plan, Round, RoundConfig, Store};
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::group::{GroupContext, WorkerGroup};
+use crate::os::guard::Guard;
+use crate::os::ports::ReservedPort;
+use crate::os::procs;
+use crate::os::spawn::{self, Spawner};
+use crate::summary::{self, root_cause};
+use crate::{AgentExit, LaunchConfig, LaunchError, RendezvousMode};
+
+/// Lease TTL of the agent's membership in the embedded store.
+const LEASE_TTL: Duration = Duration::from_secs(10);
+/// How long teardown waits for SIGKILLed workers (e.g. in uninterruptible sleep) to be reaped.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How long the agent waits for output readers after the workers are gone.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
+/// Signals relayed to workers without tearing anything down.
+const RELAYED: [Signal; 2] = [Signal::SIGUSR1, Signal::SIGUSR2];
+
+/// How supervision of a generation ended.
+enum Outcome {
+    Succeeded,
+    Failed,
+    Signal(Signal),
+}
+
+/// Runs a validated launch to its end and returns the exit status. Errors are printed as one
+/// line on stderr.
+pub async fn run(cfg: LaunchConfig) -> AgentExit {
+    let mut agent = match Agent::new(cfg).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("drun: error: {e}");
+            return e.exit();
+        }
+    };
+    let exit = match agent.run().await {
+        Ok(exit) => exit,
+        Err(e) => {
+            eprintln!("drun: error: {e}");
+            e.exit()
+        }
+    };
+    agent.close(exit).await;
+    exit
+}
+
+struct Agent {
+    cfg: LaunchConfig,
+    spawner: Spawner,
+    guard: Option<Mutex<Guard>>,
+    agent_id: String,
+    hostname: String,
+    inherited: BTreeMap<OsString, OsString>,
+    run_log_dir: PathBuf,
+    temp_log_dir: bool,
+    signals: mpsc::UnboundedReceiver<Signal>,
+    sigchld: tokio::signal::unix::Signal,
+    /// First teardown signal received, if any.
+    interrupted: Option<Signal>,
+}
+
+impl Agent {
+    async fn new(cfg: LaunchConfig) -> Result<Self, LaunchError> {
+        spawn::become_subreaper()
+            .map_err(|e| LaunchError::os("cannot become a child subreaper", e))?;
+        let spawner =
+            Spawner::start().map_err(|e| LaunchError::os("cannot start the spawner thread", e))?;
+        let agent_id = uuid::Uuid::new_v4().to_string();
+        let sigchld =
+            signal(SignalKind::child()).map_err(|e| LaunchError::os("cannot watch SIGCHLD", e))?;
+        let (tx, signals) = mpsc::unbounded_channel();
+        let mut wanted: Vec<Signal> = cfg.signals.clone();
+        wanted.extend(RELAYED);
+        wanted.sort_by_key(|s| *s as i32);
+        wanted.dedup();
+        for sig in wanted {
+            let mut stream = signal(SignalKind::from_raw(sig as i32))
+                .map_err(|e| LaunchError::os(format!("cannot handle {}", sig.as_str()), e))?;
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while stream.recv().await.is_some() {
+                    if tx.send(sig).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let guard = Guard::start(&spawner, &agent_id)
+            .await
+            .map_err(|e| LaunchError::os("cannot start the cleanup guard process", e))?;
+        let hostname = nix::unistd::gethostname()
+            .map(|h| {
+                h.to_string_lossy()
+                    .split('.')
+                    .next()
+                    .unwrap_or("localhost")
+                    .to_string()
+            })
+            .unwrap_or_else(|_| "localhost".into());
+        let (base, temp_log_dir) = match &cfg.log_dir {
+            Some(d) => (d.clone(), false),
+            None => (std::env::temp_dir(), true),
+        };
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        let run_log_dir = if temp_log_dir {
+            base.join(format!("drun_{}_{suffix}", cfg.run_id))
+        } else {
+            base.join(format!("{}_{suffix}", cfg.run_id))
+        };
+        std::fs::create_dir_all(&run_log_dir).map_err(|e| {
+            LaunchError::os(
+                format!("cannot create log dir {}", run_log_dir.display()),
+                e,
+            )
+        })?;
+        Ok(Self {
+            inherited: std::env::vars_os().collect(),
+            cfg,
+            spawner,
+            guard: Some(Mutex::new(guard)),
+            agent_id,
+            hostname,
+            run_log_dir,
+            temp_log_dir,
+            signals,
+            sigchld,
+            interrupted: None,
+        })
+    }
+
+    fn guard(&self) -> &Mutex<Guard> {
+        self.guard.as_ref().expect("guard lives until close()")
+    }
+
+    async fn run(&mut self) -> Result<AgentExit, LaunchError> {
+        for note in &self.cfg.notes {
+            tracing::warn!("{note}");
+        }
+        if self.cfg.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+            tracing::info!(
+                "OMP_NUM_THREADS is unset; setting it to 1 for each worker, as torchrun does \
+                 (export it to tune)"
+            );
+        }
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let round = Round::new(store.clone(), &self.cfg.run_id, RoundConfig::single_node());
+        let lease = store.lease_grant(LEASE_TTL).await?;
+        let keep_alive = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(LEASE_TTL / 3);
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = store.lease_keep_alive(lease).await {
+                        tracing::error!(error = %e, "lease keep-alive failed");
+                    }
+                }
+            })
+        };
+        let result = self.generations(&round, lease).await;
+        keep_alive.abort();
+        let _ = store.lease_revoke(lease).await;
+        result
+    }
+
+    async fn generations(&mut self, round: &Round, lease: i64) -> Result<AgentExit, LaunchError> {
+        let mut restart_count = 0u32;
+        let mut last_gen = 0u64;
+        loop {
+            let (master_addr, fixed_port) = match &self.cfg.rendezvous {
+                RendezvousMode::Embedded {
+                    master_addr,
+                    fixed_port,
+                } => (master_addr.clone(), *fixed_port),
+            };
+            let reserved = match fixed_port {
+                Some(_) => None,
+                None => Some(
+                    ReservedPort::new()
+                        .map_err(|e| LaunchError::os("cannot reserve a MASTER_PORT", e))?,
+                ),
+            };
+            let master_port =
+                fixed_port.unwrap_or_else(|| reserved.as_ref().map_or(0, ReservedPort::port));
+            let cand = Candidate {
+                node_id: self.cfg.node_id.clone(),
+                advertise_addr: master_addr,
+                slots: self.cfg.nproc_per_node,
+                requested_node_rank: None,
+                master_port,
+            };
+            round.join(&cand, lease).await?;
+            let node_id = self.cfg.node_id.clone();
+            let plan = tokio::select! {
+                plan = round.wait_for_plan(&node_id, last_gen, |r| tracing::info!("{r}")) => plan?,
+                sig = self.next_teardown_signal() => return Ok(AgentExit::Signal(sig as i32)),
+            };
+            last_gen = plan.generation;
+            self.announce(&plan, restart_count);
+            let ctx = GroupContext {
+                cfg: &self.cfg,
+                spawner: &self.spawner,
+                guard: self.guard(),
+                agent_id: &self.agent_id,
+                hostname: &self.hostname,
+                inherited: &self.inherited,
+                run_log_dir: &self.run_log_dir,
+            };
+            let mut group = match WorkerGroup::start(&ctx, &plan, restart_count).await {
+                Ok(g) => g,
+                Err((mut partial, e)) => {
+                    self.stop(&mut partial, Signal::SIGKILL).await;
+                    return Err(e);
+                }
+            };
+            let outcome = self.supervise(&mut group).await;
+            drop(reserved);
+            match outcome {
+                Outcome::Succeeded => {
+                    self.stop(&mut group, Signal::SIGTERM).await;
+                    tracing::info!(run = %self.cfg.run_id, gen = plan.generation, "all workers succeeded");
+                    return Ok(AgentExit::Success);
+                }
+                Outcome::Signal(sig) => {
+                    tracing::warn!(
+                        "received {}; forwarding it to workers and shutting down",
+                        sig.as_str()
+                    );
+                    self.stop(&mut group, sig).await;
+                    return Ok(AgentExit::Signal(sig as i32));
+                }
+                Outcome::Failed => {
+                    self.stop(&mut group, Signal::SIGTERM).await;
+                    if let Some(sig) = self.interrupted {
+                        return Ok(AgentExit::Signal(sig as i32));
+                    }
+                    let failures = group.failures();
+                    let root =
+                        &failures[root_cause(&failures).expect("a failed group has failures")];
+                    if restart_count < self.cfg.max_restarts {
+                        restart_count += 1;
+                        round.record_restart(RestartCause::Failure).await?;
+                        tracing::warn!(
+                            "{}; restarting the worker group ({restart_count}/{} restarts used)",
+                            root.one_line(),
+                            self.cfg.max_restarts
+                        );
+                        continue;
+                    }
+                    eprint!(
+                        "{}",
+                        summary::format_summary(
+                            &self.cfg.entrypoint.script,
+                            &self.hostname,
+                            &failures
+                        )
+                    );
+                    self.write_root_cause(root);
+                    return Ok(AgentExit::WorkerFailure);
+                }
+            }
+        }
+    }
+
+    fn announce(&self, plan: &Plan, restart_count: u32) {
+        tracing::info!(
+            run = %plan.run_id,
+            gen = plan.generation,
+            "world formed: {} node(s) [{}], world size {}, master {}:{}, restart {}/{}",
+            plan.members.len(),
+            plan.members.iter().map(|m| m.node_id.as_str()).collect::<Vec<_>>().join(", "),
+            plan.world_size,
+            plan.master_addr,
+            plan.master_port,
+            restart_count,
+            self.cfg.max_restarts
+        );
+        if let Some(m) = plan.member(&self.cfg.node_id) {
+            for lr in 0..m.slots {
+                tracing::debug!(
+                    rank = m.base_rank + lr,
+                    local_rank = lr,
+                    node_rank = m.node_rank,
+                    "rank assignment"
+                );
+            }
+        }
+        tracing::debug!(logs = %self.run_log_dir.display(), "worker log directory");
+    }
+
+    /// Waits for a signal that ends the job (relaying USR1/USR2 to nobody while no workers run).
+    async fn next_teardown_signal(&mut self) -> Signal {
+        loop {
+            match self.signals.recv().await {
+                Some(sig) if RELAYED.contains(&sig) => {
+                    tracing::info!(
+                        "received {} before workers started; nothing to relay",
+                        sig.as_str()
+                    );
+                }
+                Some(sig) => {
+                    self.interrupted.get_or_insert(sig);
+                    return sig;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    fn reap_into(&self, group: &mut WorkerGroup) {
+        for (pid, exit) in spawn::reap() {
+            if group.record(pid, exit) {
+                self.guard()
+                    .lock()
+                    .expect("guard mutex poisoned")
+                    .unwatch(pid);
+                tracing::debug!(pid = pid.as_raw(), ?exit, "worker exited");
+            } else {
+                tracing::debug!(pid = pid.as_raw(), ?exit, "reaped a re-parented descendant");
+            }
+        }
+    }
+
+    async fn supervise(&mut self, group: &mut WorkerGroup) -> Outcome {
+        let mut tick = tokio::time::interval(self.cfg.monitor_interval);
+        loop {
+            self.reap_into(group);
+            if group.has_failure() {
+                return Outcome::Failed;
+            }
+            if group.all_succeeded() {
+                return Outcome::Succeeded;
+            }
+            tokio::select! {
+                _ = self.sigchld.recv() => {}
+                _ = tick.tick() => {}
+                Some(sig) = self.signals.recv() => {
+                    if RELAYED.contains(&sig) {
+                        tracing::info!("relaying {} to workers", sig.as_str());
+                        group.signal_running(sig);
+                    } else {
+                        self.interrupted.get_or_insert(sig);
+                        return Outcome::Signal(sig);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops the group: `sig` to every worker's process group once, up to `--shutdown-timeout`
+    /// for them to exit, then SIGKILL; then kills re-parented descendants and drains output.
+    /// A second SIGINT during the grace period escalates to SIGKILL at once.
+    async fn stop(&mut self, group: &mut WorkerGroup, sig: Signal) {
+        group.mark_stopping();
+        self.reap_into(group);
+        if group.any_running() {
+            group.signal_running(sig);
+            let deadline = Instant::now() + self.cfg.shutdown_timeout;
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            let mut sigints = usize::from(sig == Signal::SIGINT);
+            loop {
+                self.reap_into(group);
+                if !group.any_running() || Instant::now() >= deadline {
+                    break;
+                }
+                tokio::select! {
+                    _ = self.sigchld.recv() => {}
+                    _ = tick.tick() => {}
+                    _ = tokio::time::sleep_until(deadline) => {}
+                    Some(s) = self.signals.recv() => {
+                        if RELAYED.contains(&s) {
+                            group.signal_running(s);
+                        } else {
+                            self.interrupted.get_or_insert(s);
+                            if s == Signal::SIGINT {
+                                sigints += 1;
+                            }
+                            if sigints >= 2 {
+                                tracing::warn!("second SIGINT: killing workers now");
+                                break;
+                            }
+                            tracing::info!("{} received while stopping; already forwarded once", s.as_str());
+                        }
+                    }
+                }
+            }
+            if group.any_running() {
+                tracing::warn!("workers still running; sending SIGKILL");
+                group.signal_running(Signal::SIGKILL);
+                let kill_deadline = Instant::now() + KILL_WAIT;
+                while group.any_running() && Instant::now() < kill_deadline {
+                    tokio::select! {
+                        _ = self.sigchld.recv() => {}
+                        _ = tick.tick() => {}
+                    }
+                    self.reap_into(group);
+                }
+            }
+        }
+        self.sweep_descendants().await;
+        group.drain_output(Instant::now() + DRAIN_WAIT).await;
+    }
+
+    /// SIGKILLs whatever the workers left behind: children re-parented to the agent and any
+    /// process carrying this agent's DRUN_AGENT_ID. Bounded: gives up after `KILL_WAIT`.
+    async fn sweep_descendants(&mut self) {
+        let me = nix::unistd::getpid();
+        let guard_pid = self.guard().lock().expect("guard mutex poisoned").pid();
+        let deadline = Instant::now() + KILL_WAIT;
+        loop {
+            let mut left = procs::children_of(me);
+            left.retain(|p| *p != guard_pid);
+            left.extend(procs::with_env("DRUN_AGENT_ID", &self.agent_id));
+            left.sort_unstable();
+            left.dedup();
+            let _ = spawn::reap();
+            if left.is_empty() || Instant::now() >= deadline {
+                if !left.is_empty() {
+                    tracing::error!(?left, "could not kill every descendant");
+                }
+                return;
+            }
+            tracing::debug!(?left, "killing leftover descendants");
+            for p in left {
+                procs::signal_process(p, Signal::SIGKILL);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn write_root_cause(&self, root: &summary::Failure) {
+        let Some(path) = std::env::var_os("TORCHELASTIC_ERROR_FILE").filter(|p| !p.is_empty())
+        else {
+            return;
+        };
+        let json = summary::root_cause_json(root);
+        if let Err(e) = std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(&json).expect("json serializes"),
+        ) {
+            tracing::warn!(path = %PathBuf::from(&path).display(), error = %e, "cannot write TORCHELASTIC_ERROR_FILE");
+        }
+    }
+
+    async fn close(&mut self, exit: AgentExit) {
+        let _ = spawn::reap();
+        if let Some(g) = self.guard.take() {
+            g.into_inner().expect("guard mutex poisoned").disarm();
+        }
+        if exit == AgentExit::Success && self.temp_log_dir {
+            let _ = std::fs::remove_dir_all(&self.run_log_dir);
+        } else if exit != AgentExit::Success {
+            tracing::info!(
+                "worker logs and error files: {}",
+                self.run_log_dir.display()
+            );
+        }
+    }
+}

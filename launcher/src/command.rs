@@ -1,0 +1,269 @@
+//! Worker command construction, as torchrun's `config_from_args` does it.
+//!
+//! Default: `<python> -u SCRIPT ARGS...`; `-m`: `<python> -u -m MODULE ARGS...`; `--no-python`:
+//! `SCRIPT ARGS...`; `--run-path`: `<python> -u -c <runpy.run_path shim> SCRIPT ARGS...`. No
+//! `--local-rank` is appended (torchrun sets `use_env`). In every argument `$local_rank` and
+//! `${local_rank}` become the worker's local rank and `$$` becomes `$`, following Python's
+//! `string.Template.safe_substitute` used by `torch/distributed/elastic/utils/api.py`.
+
+use std::path::{Path, PathBuf};
+
+use crate::ConfigError;
+
+/// How the training script is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// `python -u script.py`.
+    Script,
+    /// `python -u -m module`.
+    Module,
+    /// The script is itself the executable (`--no-python`).
+    Binary,
+    /// `runpy.run_path(script)` inside the interpreter (`--run-path`).
+    RunPath,
+}
+
+/// The resolved worker command, before per-worker macro substitution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entrypoint {
+    /// How it is started.
+    pub kind: EntryKind,
+    /// Executable (absolute path when resolved from PATH).
+    pub program: PathBuf,
+    /// Fixed arguments between the program and the user's arguments (e.g. `-u`, `-m mod`).
+    pub leading: Vec<String>,
+    /// The user's script/module name as given (for messages: "train.py FAILED").
+    pub script: String,
+    /// The user's arguments, untouched.
+    pub args: Vec<String>,
+}
+
+const RUN_PATH_SHIM: &str =
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
+
+impl Entrypoint {
+    /// The full argv (after the program) for the worker with `local_rank`.
+    pub fn argv(&self, local_rank: u32) -> Vec<String> {
+        let lr = local_rank.to_string();
+        self.leading
+            .iter()
+            .cloned()
+            .chain(self.args.iter().map(|a| substitute_local_rank(a, &lr)))
+            .collect()
+    }
+
+    /// Resolves the entrypoint; checks that the script/executable and the interpreter exist.
+    ///
+    /// `python` is the interpreter chosen by flag or environment (see [`resolve_python`]).
+    pub fn resolve(
+        kind: EntryKind,
+        script_and_args: &[String],
+        python: Option<&Path>,
+    ) -> Result<Self, ConfigError> {
+        let (script, args) = script_and_args
+            .split_first()
+            .expect("clap requires the training script");
+        let script_path = Path::new(script);
+        let check_file = || -> Result<(), ConfigError> {
+            if script_path.is_file() {
+                Ok(())
+            } else {
+                Err(ConfigError::MissingScript {
+                    path: script_path.to_path_buf(),
+                    hint: std::env::current_dir()
+                        .map(|d| format!(" (relative to {}); pass an existing file", d.display()))
+                        .unwrap_or_default(),
+                })
+            }
+        };
+        let python = || resolve_python(python);
+        let (program, leading) = match kind {
+            EntryKind::Script => {
+                check_file()?;
+                (python()?, vec!["-u".to_string(), script.clone()])
+            }
+            EntryKind::Module => (python()?, vec!["-u".into(), "-m".into(), script.clone()]),
+            EntryKind::RunPath => {
+                check_file()?;
+                (
+                    python()?,
+                    vec![
+                        "-u".into(),
+                        "-c".into(),
+                        RUN_PATH_SHIM.into(),
+                        script.clone(),
+                    ],
+                )
+            }
+            EntryKind::Binary => {
+                let program = if script.contains('/') {
+                    check_file()?;
+                    script_path.to_path_buf()
+                } else {
+                    find_on_path(script).ok_or_else(|| ConfigError::MissingScript {
+                        path: script_path.to_path_buf(),
+                        hint: " on PATH (--no-python runs an executable)".into(),
+                    })?
+                };
+                (program, vec![])
+            }
+        };
+        Ok(Entrypoint {
+            kind,
+            program,
+            leading,
+            script: script.clone(),
+            args: args.to_vec(),
+        })
+    }
+}
+
+/// The worker interpreter: `explicit` (`--python`/`DRUN_PYTHON`), else `$PYTHON_EXEC` (torchrun's
+/// override), else `python3` on PATH (so an activated venv wins). Returned as an absolute path.
+pub fn resolve_python(explicit: Option<&Path>) -> Result<PathBuf, ConfigError> {
+    let wanted = explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("PYTHON_EXEC").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("python3"));
+    let s = wanted.to_string_lossy().into_owned();
+    if s.contains('/') {
+        if wanted.is_file() {
+            Ok(wanted)
+        } else {
+            Err(ConfigError::MissingPython(s))
+        }
+    } else {
+        find_on_path(&s).ok_or(ConfigError::MissingPython(s))
+    }
+}
+
+/// Finds an executable file named `name` in `$PATH`.
+pub fn find_on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|d| d.join(name))
+        .find(|p| {
+            p.metadata()
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
+}
+
+/// `string.Template(arg).safe_substitute(local_rank=lr)`: replaces `$local_rank` and
+/// `${local_rank}` (identifier match is case-insensitive, as Template's is), turns `$$` into `$`,
+/// and leaves every other `$...` untouched.
+pub fn substitute_local_rank(arg: &str, lr: &str) -> String {
+    let bytes = arg.as_bytes();
+    let mut out = String::with_capacity(arg.len());
+    let mut i = 0;
+    let ident_len = |s: &[u8]| -> usize {
+        if s.first()
+            .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
+        {
+            s.iter()
+                .take_while(|c| c.is_ascii_alphanumeric() || **c == b'_')
+                .count()
+        } else {
+            0
+        }
+    };
+    while i < bytes.len() {
+        if bytes[i] != b'$' {
+            let next = arg[i..].find('$').map_or(arg.len(), |n| i + n);
+            out.push_str(&arg[i..next]);
+            i = next;
+            continue;
+        }
+        let rest = &bytes[i + 1..];
+        if rest.first() == Some(&b'$') {
+            out.push('$');
+            i += 2;
+        } else if rest.first() == Some(&b'{') {
+            let n = ident_len(&rest[1..]);
+            if n > 0 && rest.get(1 + n) == Some(&b'}') {
+                let name = &arg[i + 2..i + 2 + n];
+                if name.eq_ignore_ascii_case("local_rank") {
+                    out.push_str(lr);
+                } else {
+                    out.push_str(&arg[i..i + 3 + n]);
+                }
+                i += 3 + n;
+            } else {
+                out.push('$');
+                i += 1;
+            }
+        } else {
+            let n = ident_len(rest);
+            let name = &arg[i + 1..i + 1 + n];
+            if n > 0 && name.eq_ignore_ascii_case("local_rank") {
+                out.push_str(lr);
+            } else {
+                out.push_str(&arg[i..i + 1 + n]);
+            }
+            i += 1 + n;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macro_substitution_matches_python_template() {
+        assert_eq!(
+            substitute_local_rank("--out=/d/${local_rank}.log", "3"),
+            "--out=/d/3.log"
+        );
+        assert_eq!(substitute_local_rank("$local_rank", "1"), "1");
+        assert_eq!(
+            substitute_local_rank("$local_rankx ${other} $HOME", "1"),
+            "$local_rankx ${other} $HOME"
+        );
+        assert_eq!(
+            substitute_local_rank("cost $$5 ${ bad} $", "0"),
+            "cost $5 ${ bad} $"
+        );
+        assert_eq!(substitute_local_rank("${LOCAL_RANK}", "2"), "2");
+        assert_eq!(
+            substitute_local_rank("--nproc-per-node 7", "0"),
+            "--nproc-per-node 7"
+        );
+    }
+
+    #[test]
+    fn module_needs_no_file_and_args_pass_through() {
+        let e = Entrypoint::resolve(
+            EntryKind::Module,
+            &[
+                "pkg.mod".into(),
+                "--nproc-per-node".into(),
+                "${local_rank}".into(),
+            ],
+            Some(Path::new("/bin/sh")),
+        )
+        .unwrap();
+        assert_eq!(e.argv(4), ["-u", "-m", "pkg.mod", "--nproc-per-node", "4"]);
+    }
+
+    #[test]
+    fn missing_script_and_binary_are_errors() {
+        let err = Entrypoint::resolve(
+            EntryKind::Script,
+            &["/nonexistent/x.py".into()],
+            Some(Path::new("/bin/sh")),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/x.py not found"),
+            "{err}"
+        );
+        let err = Entrypoint::resolve(EntryKind::Binary, &["no-such-binary-drun".into()], None)
+            .unwrap_err();
+        assert!(err.to_string().contains("on PATH"), "{err}");
+        let ok = Entrypoint::resolve(EntryKind::Binary, &["true".into()], None).unwrap();
+        assert!(ok.program.is_absolute());
+    }
+}

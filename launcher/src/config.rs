@@ -1,0 +1,315 @@
+//! Command line: torchrun's flags with torchrun's spellings, defaults and `PET_*` fallbacks.
+//!
+//! Follows `torch/distributed/run.py` (`get_args_parser`) of PyTorch 2.15: every multi-word flag
+//! also accepts its underscore spelling, every flag but `--logs-specs`, `--numa-binding` and
+//! `--print-completion` reads `PET_<DEST>` when absent from the command line (Kubeflow injects
+//! these), and everything after the training script is handed to it untouched. [`Args`] is the
+//! raw parse; [`crate::LaunchConfig::from_args`] validates it.
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Parser};
+
+use crate::exit::EXIT_CODES_HELP;
+
+/// `drun [OPTIONS] TRAINING_SCRIPT [ARGS]...` — the raw, unvalidated command line.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "drun",
+    version,
+    about = "Elastic, torchrun-compatible launcher for distributed training",
+    after_help = EXIT_CODES_HELP
+)]
+pub struct Args {
+    /// Number of nodes: `N` or `MIN:MAX` (elastic), with 0 < MIN <= MAX.
+    #[arg(
+        long,
+        env = "PET_NNODES",
+        default_value = "1:1",
+        value_name = "N|MIN:MAX",
+        help_heading = "Worker group"
+    )]
+    pub nnodes: String,
+
+    /// Workers on this node: an integer ≥ 1, `cpu` (usable cores), `gpu` (NVIDIA devices, error if
+    /// none), or `auto` (GPUs if any, else cores).
+    #[arg(
+        long = "nproc-per-node",
+        visible_alias = "nproc_per_node",
+        env = "PET_NPROC_PER_NODE",
+        default_value = "1",
+        help_heading = "Worker group"
+    )]
+    pub nproc_per_node: String,
+
+    /// Single-node run with an in-process rendezvous (embedded in-memory store), an ephemeral
+    /// MASTER_PORT and a random run id. Explicit rendezvous flags are ignored, as in torchrun.
+    #[arg(long, env = "PET_STANDALONE", help_heading = "Rendezvous")]
+    pub standalone: bool,
+
+    /// Rendezvous backend: `static`, `c10d`, `etcd`, `etcd-v2`, `drun`.
+    #[arg(
+        long = "rdzv-backend",
+        visible_alias = "rdzv_backend",
+        env = "PET_RDZV_BACKEND",
+        default_value = "static",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_backend: String,
+
+    /// Rendezvous endpoint `host[:port]` (IPv6 in brackets).
+    #[arg(
+        long = "rdzv-endpoint",
+        visible_alias = "rdzv_endpoint",
+        env = "PET_RDZV_ENDPOINT",
+        default_value = "",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_endpoint: String,
+
+    /// Run id shared by every node of the job (becomes TORCHELASTIC_RUN_ID).
+    #[arg(
+        long = "rdzv-id",
+        visible_alias = "rdzv_id",
+        env = "PET_RDZV_ID",
+        default_value = "none",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_id: String,
+
+    /// Extra rendezvous settings `key=value,...` (e.g. `join_timeout=600,last_call_timeout=30`).
+    #[arg(
+        long = "rdzv-conf",
+        visible_alias = "rdzv_conf",
+        env = "PET_RDZV_CONF",
+        default_value = "",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_conf: String,
+
+    /// Worker-failure restarts of the group before giving up (≥ 0).
+    #[arg(
+        long = "max-restarts",
+        visible_alias = "max_restarts",
+        env = "PET_MAX_RESTARTS",
+        default_value_t = 0,
+        help_heading = "Supervision"
+    )]
+    pub max_restarts: u32,
+
+    /// Seconds between polls of worker state (> 0). drun also reacts to SIGCHLD at once.
+    #[arg(
+        long = "monitor-interval",
+        visible_alias = "monitor_interval",
+        env = "PET_MONITOR_INTERVAL",
+        default_value_t = 0.1,
+        help_heading = "Supervision"
+    )]
+    pub monitor_interval: f64,
+
+    /// Multiprocessing start method; only meaningful for function entrypoints, as in torchrun.
+    #[arg(long = "start-method", visible_alias = "start_method", env = "PET_START_METHOD", default_value = "spawn", value_parser = ["spawn", "fork", "forkserver"], help_heading = "Supervision")]
+    pub start_method: String,
+
+    /// Role name (ROLE_NAME, and the default log prefix of tee'd lines).
+    #[arg(
+        long,
+        env = "PET_ROLE",
+        default_value = "default",
+        help_heading = "Worker group"
+    )]
+    pub role: String,
+
+    /// Run the script as a Python module (`python -u -m MODULE`).
+    #[arg(short = 'm', long, env = "PET_MODULE", help_heading = "Entrypoint")]
+    pub module: bool,
+
+    /// Execute the training script directly instead of through Python.
+    #[arg(
+        long = "no-python",
+        visible_alias = "no_python",
+        env = "PET_NO_PYTHON",
+        help_heading = "Entrypoint"
+    )]
+    pub no_python: bool,
+
+    /// Run the script with `runpy.run_path` (torchrun's function entrypoint); wins over --no-python.
+    #[arg(
+        long = "run-path",
+        visible_alias = "run_path",
+        env = "PET_RUN_PATH",
+        help_heading = "Entrypoint"
+    )]
+    pub run_path: bool,
+
+    /// Python interpreter for workers (default: $DRUN_PYTHON, then $PYTHON_EXEC, then `python3` on PATH).
+    #[arg(long, env = "DRUN_PYTHON", help_heading = "Entrypoint")]
+    pub python: Option<PathBuf>,
+
+    /// Base directory for `<run>_<rand>/attempt_<n>/<local_rank>/{stdout,stderr}.log,error.json`.
+    #[arg(
+        long = "log-dir",
+        visible_alias = "log_dir",
+        env = "PET_LOG_DIR",
+        help_heading = "Logs"
+    )]
+    pub log_dir: Option<PathBuf>,
+
+    /// Streams sent to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or `local_rank:N,...`.
+    #[arg(
+        short = 'r',
+        long,
+        env = "PET_REDIRECTS",
+        default_value = "0",
+        help_heading = "Logs"
+    )]
+    pub redirects: String,
+
+    /// Streams written to log files and the console; same format as --redirects.
+    #[arg(
+        short = 't',
+        long,
+        env = "PET_TEE",
+        default_value = "0",
+        help_heading = "Logs"
+    )]
+    pub tee: String,
+
+    /// Comma-separated local ranks whose output reaches the console (log files keep everything).
+    #[arg(
+        long = "local-ranks-filter",
+        visible_alias = "local_ranks_filter",
+        env = "PET_LOCAL_RANKS_FILTER",
+        default_value = "",
+        help_heading = "Logs"
+    )]
+    pub local_ranks_filter: String,
+
+    /// Prefix of console lines: `${role_name}`, `${local_rank}`, `${rank}`, `${hostname}`
+    /// (default `[rank${rank}]:`). Also read from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
+    #[arg(
+        long = "log-line-prefix-template",
+        visible_alias = "log_line_prefix_template",
+        env = "PET_LOG_LINE_PREFIX_TEMPLATE",
+        help_heading = "Logs"
+    )]
+    pub log_line_prefix_template: Option<String>,
+
+    /// Node rank for the static backend.
+    #[arg(
+        long = "node-rank",
+        visible_alias = "node_rank",
+        env = "PET_NODE_RANK",
+        default_value_t = 0,
+        help_heading = "Static rendezvous"
+    )]
+    pub node_rank: u32,
+
+    /// Address of node rank 0 for the static backend.
+    #[arg(
+        long = "master-addr",
+        visible_alias = "master_addr",
+        env = "PET_MASTER_ADDR",
+        default_value = "127.0.0.1",
+        help_heading = "Static rendezvous"
+    )]
+    pub master_addr: String,
+
+    /// Port of node rank 0 for the static backend (torchrun default 29500).
+    #[arg(
+        long = "master-port",
+        visible_alias = "master_port",
+        env = "PET_MASTER_PORT",
+        help_heading = "Static rendezvous"
+    )]
+    pub master_port: Option<u16>,
+
+    /// This node's address/identity in the rendezvous (rank sort key; MASTER_ADDR on node rank 0).
+    #[arg(
+        long = "local-addr",
+        visible_alias = "local_addr",
+        env = "PET_LOCAL_ADDR",
+        help_heading = "Rendezvous"
+    )]
+    pub local_addr: Option<String>,
+
+    /// Signals forwarded to every worker before teardown (SIGUSR1/SIGUSR2 are always relayed
+    /// without teardown).
+    #[arg(
+        long = "signals-to-handle",
+        visible_alias = "signals_to_handle",
+        env = "PET_SIGNALS_TO_HANDLE",
+        default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        help_heading = "Supervision"
+    )]
+    pub signals_to_handle: String,
+
+    /// Seconds between the termination signal and SIGKILL (default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30).
+    #[arg(
+        long = "shutdown-timeout",
+        visible_alias = "shutdown_timeout",
+        env = "PET_SHUTDOWN_TIMEOUT",
+        help_heading = "Supervision"
+    )]
+    pub shutdown_timeout: Option<f64>,
+
+    /// More agent log output (-v debug, -vv trace). RUST_LOG / DRUN_LOG override.
+    #[arg(short = 'v', long, action = ArgAction::Count, help_heading = "Agent logs")]
+    pub verbose: u8,
+
+    /// Only warnings and errors from the agent itself.
+    #[arg(short = 'q', long, help_heading = "Agent logs")]
+    pub quiet: bool,
+
+    /// torchrun flag not implemented by drun (rejected).
+    #[arg(long = "numa-binding", alias = "numa_binding", hide = true)]
+    pub numa_binding: Option<String>,
+    /// torchrun flag not implemented by drun (rejected).
+    #[arg(long = "logs-specs", alias = "logs_specs", hide = true)]
+    pub logs_specs: Option<String>,
+    /// torchrun flag not implemented by drun (rejected).
+    #[arg(
+        long = "virtual-local-rank",
+        alias = "virtual_local_rank",
+        env = "PET_VIRTUAL_LOCAL_RANK",
+        hide = true
+    )]
+    pub virtual_local_rank: bool,
+    /// torchrun flag not implemented by drun (rejected).
+    #[arg(
+        long = "duplicate-stdout-filters",
+        alias = "duplicate_stdout_filters",
+        env = "PET_DUPLICATE_STDOUT_FILTERS",
+        hide = true
+    )]
+    pub duplicate_stdout_filters: Option<String>,
+    /// torchrun flag not implemented by drun (rejected).
+    #[arg(
+        long = "duplicate-stderr-filters",
+        alias = "duplicate_stderr_filters",
+        env = "PET_DUPLICATE_STDERR_FILTERS",
+        hide = true
+    )]
+    pub duplicate_stderr_filters: Option<String>,
+    /// torchrun flag: only `null` (the default) is accepted.
+    #[arg(
+        long = "event-log-handler",
+        alias = "event_log_handler",
+        env = "PET_EVENT_LOG_HANDLER",
+        hide = true
+    )]
+    pub event_log_handler: Option<String>,
+    /// torchrun flag not implemented by drun (rejected).
+    #[arg(long = "print-completion", alias = "print_completion", hide = true)]
+    pub print_completion: Option<String>,
+
+    /// The training script (or module with -m, or executable with --no-python) and its arguments,
+    /// passed through untouched; `${local_rank}` in them is replaced by the worker's local rank.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "TRAINING_SCRIPT [ARGS]"
+    )]
+    pub script_and_args: Vec<String>,
+}

@@ -1,0 +1,187 @@
+//! The worker environment: torchrun's contract overlaid on the agent's full environment.
+//!
+//! Computed as `LocalElasticAgent._start_workers` does (torchrun-contract §2): RANK, LOCAL_RANK,
+//! GROUP_RANK, ROLE_RANK, ROLE_NAME, LOCAL_WORLD_SIZE, WORLD_SIZE, GROUP_WORLD_SIZE,
+//! ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+//! TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE,
+//! TORCHELASTIC_ERROR_FILE, TORCHELASTIC_SIGNALS_TO_HANDLE, TORCH_NCCL_ASYNC_ERROR_HANDLING (kept
+//! if set, else `1`) and OMP_NUM_THREADS (`1` when unset and more than one local worker), plus
+//! drun's own `DRUN_*`. Inherited values of the contract variables (e.g. RANK from an outer
+//! launcher) are overwritten, never trusted.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::Path;
+
+use drun_rendezvous::{Member, Plan};
+
+/// Per-worker inputs that are not in the plan.
+#[derive(Debug, Clone)]
+pub struct WorkerSlot<'a> {
+    /// LOCAL_RANK.
+    pub local_rank: u32,
+    /// TORCHELASTIC_RESTART_COUNT.
+    pub restart_count: u32,
+    /// TORCHELASTIC_MAX_RESTARTS.
+    pub max_restarts: u32,
+    /// ROLE_NAME.
+    pub role: &'a str,
+    /// TORCHELASTIC_ERROR_FILE.
+    pub error_file: &'a Path,
+    /// TORCHELASTIC_SIGNALS_TO_HANDLE.
+    pub signals_to_handle: &'a str,
+    /// DRUN_AGENT_ID: unique per agent process; drun finds escaped descendants by it.
+    pub agent_id: &'a str,
+}
+
+/// Variables drun sets for every worker (and therefore overwrites when inherited).
+pub const CONTRACT_VARS: &[&str] = &[
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
+];
+
+/// The complete environment of one worker: `inherited` (the agent's own environment) with the
+/// contract variables of `member`'s worker `slot` in `plan` laid over it.
+pub fn worker_env(
+    inherited: &BTreeMap<OsString, OsString>,
+    plan: &Plan,
+    member: &Member,
+    slot: &WorkerSlot<'_>,
+) -> BTreeMap<OsString, OsString> {
+    let mut env = inherited.clone();
+    let rank = member.base_rank + slot.local_rank;
+    let mut set = |k: &str, v: String| {
+        env.insert(OsString::from(k), OsString::from(v));
+    };
+    set("RANK", rank.to_string());
+    set("LOCAL_RANK", slot.local_rank.to_string());
+    set("GROUP_RANK", member.node_rank.to_string());
+    set("ROLE_RANK", rank.to_string());
+    set("ROLE_NAME", slot.role.to_string());
+    set("LOCAL_WORLD_SIZE", member.slots.to_string());
+    set("WORLD_SIZE", plan.world_size.to_string());
+    set("GROUP_WORLD_SIZE", plan.members.len().to_string());
+    set("ROLE_WORLD_SIZE", plan.world_size.to_string());
+    set("MASTER_ADDR", plan.master_addr.clone());
+    set("MASTER_PORT", plan.master_port.to_string());
+    set("TORCHELASTIC_RESTART_COUNT", slot.restart_count.to_string());
+    set("TORCHELASTIC_MAX_RESTARTS", slot.max_restarts.to_string());
+    set("TORCHELASTIC_RUN_ID", plan.run_id.clone());
+    // drun hosts no c10d TCPStore: worker rank 0 creates it on MASTER_PORT.
+    set("TORCHELASTIC_USE_AGENT_STORE", "False".into());
+    set(
+        "TORCHELASTIC_ERROR_FILE",
+        slot.error_file.to_string_lossy().into_owned(),
+    );
+    set(
+        "TORCHELASTIC_SIGNALS_TO_HANDLE",
+        slot.signals_to_handle.to_string(),
+    );
+    set("DRUN_RUN_ID", plan.run_id.clone());
+    set("DRUN_GENERATION", plan.generation.to_string());
+    set("DRUN_RESTARTS_FAILURES", plan.restarts_failures.to_string());
+    set(
+        "DRUN_RESTARTS_MEMBERSHIP",
+        plan.restarts_membership.to_string(),
+    );
+    set("DRUN_AGENT_ID", slot.agent_id.to_string());
+    env.entry(OsString::from("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
+        .or_insert_with(|| OsString::from("1"));
+    if member.slots > 1 {
+        env.entry(OsString::from("OMP_NUM_THREADS"))
+            .or_insert_with(|| OsString::from("1"));
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drun_rendezvous::{assign, Candidate};
+
+    fn plan(slots: &[u32]) -> Plan {
+        let cands: Vec<Candidate> = slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Candidate {
+                node_id: format!("n{i}"),
+                advertise_addr: format!("10.0.0.{i}"),
+                slots: *s,
+                requested_node_rank: None,
+                master_port: 1234,
+            })
+            .collect();
+        assign("job", 2, &cands, 1, 0).unwrap()
+    }
+
+    fn slot(lr: u32) -> WorkerSlot<'static> {
+        WorkerSlot {
+            local_rank: lr,
+            restart_count: 1,
+            max_restarts: 3,
+            role: "trainer",
+            error_file: Path::new("/tmp/e.json"),
+            signals_to_handle: "SIGTERM",
+            agent_id: "agent",
+        }
+    }
+
+    fn get<'a>(env: &'a BTreeMap<OsString, OsString>, k: &str) -> &'a str {
+        env.get(&OsString::from(k))
+            .and_then(|v| v.to_str())
+            .unwrap_or_else(|| panic!("{k} unset"))
+    }
+
+    #[test]
+    fn ranks_are_contiguous_per_node_and_inherited_rank_is_overwritten() {
+        let p = plan(&[2, 3]);
+        let mut inherited = BTreeMap::new();
+        inherited.insert(OsString::from("RANK"), OsString::from("99"));
+        inherited.insert(OsString::from("OMP_NUM_THREADS"), OsString::from("4"));
+        inherited.insert(
+            OsString::from("TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+            OsString::from("0"),
+        );
+        let env = worker_env(&inherited, &p, &p.members[1], &slot(2));
+        assert_eq!(get(&env, "RANK"), "4");
+        assert_eq!(get(&env, "GROUP_RANK"), "1");
+        assert_eq!(get(&env, "WORLD_SIZE"), "5");
+        assert_eq!(get(&env, "LOCAL_WORLD_SIZE"), "3");
+        assert_eq!(get(&env, "GROUP_WORLD_SIZE"), "2");
+        assert_eq!(get(&env, "MASTER_ADDR"), "10.0.0.0");
+        assert_eq!(get(&env, "OMP_NUM_THREADS"), "4", "user value kept");
+        assert_eq!(
+            get(&env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+            "0",
+            "user value kept"
+        );
+        assert_eq!(get(&env, "DRUN_GENERATION"), "2");
+        assert_eq!(get(&env, "TORCHELASTIC_USE_AGENT_STORE"), "False");
+    }
+
+    #[test]
+    fn omp_default_only_with_several_local_workers() {
+        let p = plan(&[1]);
+        let env = worker_env(&BTreeMap::new(), &p, &p.members[0], &slot(0));
+        assert!(!env.contains_key(&OsString::from("OMP_NUM_THREADS")));
+        let p = plan(&[2]);
+        let env = worker_env(&BTreeMap::new(), &p, &p.members[0], &slot(0));
+        assert_eq!(get(&env, "OMP_NUM_THREADS"), "1");
+        assert_eq!(get(&env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+    }
+}

@@ -1,0 +1,81 @@
+//! Error types of the launcher. Each maps to one documented exit code ([`crate::AgentExit`]).
+
+use std::path::PathBuf;
+
+use crate::AgentExit;
+
+/// Bad flags or configuration: one readable line, exit 2, nothing started.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A flag value is out of range or malformed.
+    #[error("invalid {flag} '{value}': {why}")]
+    Invalid {
+        /// Flag as spelled by torchrun (e.g. `--nnodes`).
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// What is wrong and what would be accepted.
+        why: String,
+    },
+    /// A torchrun flag drun does not implement yet.
+    #[error("{flag} is a torchrun flag drun does not implement yet; remove it ({why})")]
+    Unsupported {
+        /// The flag.
+        flag: &'static str,
+        /// Extra context.
+        why: String,
+    },
+    /// The training script (or executable) does not exist.
+    #[error("training script {path} not found{hint}")]
+    MissingScript {
+        /// Path as given.
+        path: PathBuf,
+        /// e.g. " in the current directory /x" or " on PATH".
+        hint: String,
+    },
+    /// No Python interpreter could be found.
+    #[error("python interpreter '{0}' not found; pass --python PATH or set DRUN_PYTHON")]
+    MissingPython(String),
+}
+
+/// Anything that ends the agent with a non-zero code other than a worker failure.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Configuration error (exit 2).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Rendezvous failure (exit 3).
+    #[error("rendezvous failed: {0}")]
+    Rendezvous(#[from] drun_rendezvous::RendezvousError),
+    /// The store underneath failed (exit 3).
+    #[error("rendezvous store failed: {0}")]
+    Store(#[from] drun_rendezvous::StoreError),
+    /// An OS-level failure while setting up the agent or spawning workers (exit 1).
+    #[error("{what}: {source}")]
+    Os {
+        /// What drun was doing.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl LaunchError {
+    /// Wraps an I/O error with what drun was doing.
+    pub fn os(what: impl Into<String>, source: std::io::Error) -> Self {
+        LaunchError::Os {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// The exit code this error ends the agent with.
+    pub fn exit(&self) -> AgentExit {
+        match self {
+            LaunchError::Config(_) => AgentExit::Usage,
+            LaunchError::Rendezvous(_) | LaunchError::Store(_) => AgentExit::Rendezvous,
+            LaunchError::Os { .. } => AgentExit::WorkerFailure,
+        }
+    }
+}

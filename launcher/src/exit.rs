@@ -1,0 +1,42 @@
+//! Agent exit codes (design §8). Documented in `drun --help` and the README.
+
+/// Text appended to `drun --help`.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0        all workers succeeded
+  1        a worker failed and the restart budget (--max-restarts) is spent
+  2        usage or configuration error (nothing was started)
+  3        rendezvous failed (join timeout, closed run, unreachable store)
+  4        fenced: lost membership and could not rejoin
+  128+N    the agent was stopped by signal N (workers were signalled and reaped first)";
+
+/// How the agent ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentExit {
+    /// Every worker exited 0.
+    Success,
+    /// A worker failed after the restart budget was spent.
+    WorkerFailure,
+    /// Bad flags or configuration; nothing was started.
+    Usage,
+    /// The rendezvous failed.
+    Rendezvous,
+    /// Fenced and could not rejoin.
+    Fenced,
+    /// Stopped by this signal number after tearing the workers down.
+    Signal(i32),
+}
+
+impl AgentExit {
+    /// The process exit code (0–255).
+    pub fn code(self) -> u8 {
+        match self {
+            AgentExit::Success => 0,
+            AgentExit::WorkerFailure => 1,
+            AgentExit::Usage => 2,
+            AgentExit::Rendezvous => 3,
+            AgentExit::Fenced => 4,
+            AgentExit::Signal(n) => (128 + n).clamp(0, 255) as u8,
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! One generation's local worker group: spawn, record exits, signal, drain output.
+//!
+//! All worker state transitions happen here ([`WorkerState`]); the agent loop decides when.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Instant, SystemTime};
+
+use drun_rendezvous::Plan;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+use crate::env::{worker_env, WorkerSlot};
+use crate::logs::{self, Console, Sink, Tail};
+use crate::os::guard::Guard;
+use crate::os::procs;
+use crate::os::spawn::{ExitKind, Output, SpawnSpec, Spawner};
+use crate::summary::Failure;
+use crate::{LaunchConfig, LaunchError};
+
+/// Life of one worker process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerState {
+    /// Running since this instant.
+    Running {
+        /// Spawn time.
+        since: Instant,
+    },
+    /// Reaped.
+    Exited {
+        /// Status.
+        exit: ExitKind,
+        /// When drun reaped it.
+        at: SystemTime,
+        /// Whether drun had already asked the group to stop (then the exit is not a failure).
+        stopped_by_agent: bool,
+    },
+}
+
+impl WorkerState {
+    /// Still running.
+    pub fn is_running(&self) -> bool {
+        matches!(self, WorkerState::Running { .. })
+    }
+
+    /// Exited on its own with a non-zero status or a signal.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, WorkerState::Exited { exit, stopped_by_agent: false, .. } if !exit.is_success())
+    }
+}
+
+/// One worker of the group.
+#[derive(Debug)]
+pub struct Worker {
+    /// LOCAL_RANK.
+    pub local_rank: u32,
+    /// RANK.
+    pub rank: u32,
+    /// Pid, process group and session id.
+    pub pid: Pid,
+    /// State.
+    pub state: WorkerState,
+    /// TORCHELASTIC_ERROR_FILE.
+    pub error_file: PathBuf,
+    out_tail: Arc<Mutex<Tail>>,
+    err_tail: Arc<Mutex<Tail>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+/// What the group needs from the agent to start.
+#[derive(Debug)]
+pub struct GroupContext<'a> {
+    /// Launch configuration.
+    pub cfg: &'a LaunchConfig,
+    /// Fork thread.
+    pub spawner: &'a Spawner,
+    /// Cleanup guard to tell about process groups.
+    pub guard: &'a Mutex<Guard>,
+    /// DRUN_AGENT_ID.
+    pub agent_id: &'a str,
+    /// Short hostname (for `${hostname}`).
+    pub hostname: &'a str,
+    /// The agent's environment, inherited by workers.
+    pub inherited: &'a BTreeMap<OsString, OsString>,
+    /// `<log_dir>/<run>_<rand>`.
+    pub run_log_dir: &'a Path,
+}
+
+/// The local workers of one generation.
+#[derive(Debug)]
+pub struct WorkerGroup {
+    /// Workers by local rank.
+    pub workers: Vec<Worker>,
+    /// Generation they belong to.
+    pub generation: u64,
+    stopping: bool,
+}
+
+fn open_log(dir: &Path, name: &str) -> Result<File, LaunchError> {
+    let p = dir.join(name);
+    File::create(&p)
+        .map_err(|e| LaunchError::os(format!("cannot create log file {}", p.display()), e))
+}
+
+impl WorkerGroup {
+    /// Spawns this node's workers for `plan` with TORCHELASTIC_RESTART_COUNT = `restart_count`.
+    /// On a spawn error the workers already started are killed and reaped by the caller's stop.
+    pub async fn start(
+        ctx: &GroupContext<'_>,
+        plan: &Plan,
+        restart_count: u32,
+    ) -> Result<Self, (Self, LaunchError)> {
+        let mut group = WorkerGroup {
+            workers: Vec::new(),
+            generation: plan.generation,
+            stopping: false,
+        };
+        match group.spawn_all(ctx, plan, restart_count).await {
+            Ok(()) => Ok(group),
+            Err(e) => Err((group, e)),
+        }
+    }
+
+    async fn spawn_all(
+        &mut self,
+        ctx: &GroupContext<'_>,
+        plan: &Plan,
+        restart_count: u32,
+    ) -> Result<(), LaunchError> {
+        let cfg = ctx.cfg;
+        let member = plan
+            .member(&cfg.node_id)
+            .expect("the agent only starts workers of plans it is a member of");
+        let attempt = ctx.run_log_dir.join(format!("attempt_{restart_count}"));
+        if attempt.exists() {
+            // torchrun's DefaultLogsSpecs.reify rmtree's a reused attempt directory too.
+            std::fs::remove_dir_all(&attempt)
+                .map_err(|e| LaunchError::os(format!("cannot clear {}", attempt.display()), e))?;
+        }
+        for local_rank in 0..member.slots {
+            let dir = attempt.join(local_rank.to_string());
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                LaunchError::os(format!("cannot create log dir {}", dir.display()), e)
+            })?;
+            let error_file = dir.join("error.json");
+            let env = worker_env(
+                ctx.inherited,
+                plan,
+                member,
+                &WorkerSlot {
+                    local_rank,
+                    restart_count,
+                    max_restarts: cfg.max_restarts,
+                    role: &cfg.role,
+                    error_file: &error_file,
+                    signals_to_handle: &cfg.signals_to_handle,
+                    agent_id: ctx.agent_id,
+                },
+            );
+            let spawned = ctx
+                .spawner
+                .spawn(SpawnSpec {
+                    program: cfg.entrypoint.program.clone(),
+                    args: cfg.entrypoint.argv(local_rank),
+                    env,
+                    output: Output::Piped,
+                    stdin: None,
+                    die_with_agent: true,
+                })
+                .await
+                .map_err(|e| {
+                    LaunchError::os(
+                        format!(
+                            "cannot start local rank {local_rank} ({})",
+                            cfg.entrypoint.program.display()
+                        ),
+                        e,
+                    )
+                })?;
+            ctx.guard
+                .lock()
+                .expect("guard mutex poisoned")
+                .watch(spawned.pid);
+            let rank = member.base_rank + local_rank;
+            let redirect = cfg.redirects.for_rank(local_rank);
+            let tee = cfg.tee.for_rank(local_rank);
+            let shown = cfg
+                .local_ranks_filter
+                .as_ref()
+                .is_none_or(|f| f.contains(&local_rank));
+            let prefix = logs::prefix(
+                cfg.prefix_template.as_deref(),
+                &cfg.role,
+                local_rank,
+                rank,
+                ctx.hostname,
+            );
+            let out_tail = Arc::new(Mutex::new(Tail::default()));
+            let err_tail = Arc::new(Mutex::new(Tail::default()));
+            let mut readers = Vec::new();
+            for (fd, console, redirected, teed, file_name, tail, tag) in [
+                (
+                    spawned.stdout,
+                    Console::Stdout,
+                    redirect.out,
+                    tee.out,
+                    "stdout.log",
+                    &out_tail,
+                    "out",
+                ),
+                (
+                    spawned.stderr,
+                    Console::Stderr,
+                    redirect.err,
+                    tee.err,
+                    "stderr.log",
+                    &err_tail,
+                    "err",
+                ),
+            ] {
+                let Some(fd) = fd else { continue };
+                let file = if redirected || teed {
+                    Some(open_log(&dir, file_name)?)
+                } else {
+                    None
+                };
+                let to_console = shown && (teed || !redirected);
+                let sink = Sink {
+                    console: to_console.then(|| (console, prefix.clone())),
+                    file,
+                    tail: tail.clone(),
+                };
+                let h = logs::pump(fd, sink, format!("drun-log-{rank}-{tag}"))
+                    .map_err(|e| LaunchError::os("cannot start an output reader thread", e))?;
+                readers.push(h);
+            }
+            tracing::debug!(
+                rank,
+                local_rank,
+                pid = spawned.pid.as_raw(),
+                "worker started"
+            );
+            self.workers.push(Worker {
+                local_rank,
+                rank,
+                pid: spawned.pid,
+                state: WorkerState::Running {
+                    since: Instant::now(),
+                },
+                error_file,
+                out_tail,
+                err_tail,
+                readers,
+            });
+        }
+        Ok(())
+    }
+
+    /// Records a reaped pid; returns false if it is not one of this group's workers.
+    pub fn record(&mut self, pid: Pid, exit: ExitKind) -> bool {
+        let stopping = self.stopping;
+        match self
+            .workers
+            .iter_mut()
+            .find(|w| w.pid == pid && w.state.is_running())
+        {
+            Some(w) => {
+                w.state = WorkerState::Exited {
+                    exit,
+                    at: SystemTime::now(),
+                    stopped_by_agent: stopping,
+                };
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Any worker failed on its own.
+    pub fn has_failure(&self) -> bool {
+        self.workers.iter().any(|w| w.state.is_failure())
+    }
+
+    /// Every worker exited 0.
+    pub fn all_succeeded(&self) -> bool {
+        self.workers
+            .iter()
+            .all(|w| matches!(w.state, WorkerState::Exited { exit, .. } if exit.is_success()))
+    }
+
+    /// Workers still running.
+    pub fn any_running(&self) -> bool {
+        self.workers.iter().any(|w| w.state.is_running())
+    }
+
+    /// From now on exits are the agent's doing, not failures.
+    pub fn mark_stopping(&mut self) {
+        self.stopping = true;
+    }
+
+    /// Sends `sig` to the process group of every running worker.
+    pub fn signal_running(&self, sig: Signal) {
+        for w in self.workers.iter().filter(|w| w.state.is_running()) {
+            procs::signal_group(w.pid, sig);
+        }
+    }
+
+    /// Failures in order of observation, with error files and output tails loaded.
+    pub fn failures(&self) -> Vec<Failure> {
+        let mut out: Vec<Failure> = self
+            .workers
+            .iter()
+            .filter_map(|w| match w.state {
+                WorkerState::Exited {
+                    exit,
+                    at,
+                    stopped_by_agent: false,
+                } if !exit.is_success() => {
+                    let err = w.err_tail.lock().expect("tail mutex poisoned").lines();
+                    let tail = if err.is_empty() {
+                        w.out_tail.lock().expect("tail mutex poisoned").lines()
+                    } else {
+                        err
+                    };
+                    Some(Failure {
+                        rank: w.rank,
+                        local_rank: w.local_rank,
+                        pid: w.pid.as_raw(),
+                        exit,
+                        observed_at: at,
+                        error_file: w.error_file.clone(),
+                        error: Failure::load_error_file(&w.error_file),
+                        tail,
+                    })
+                }
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|f| f.observed_at);
+        out
+    }
+
+    /// Waits (polling, up to `deadline`) for the output readers to reach end of file, so the
+    /// last lines and the tails are complete. Readers still blocked are left behind.
+    pub async fn drain_output(&mut self, deadline: tokio::time::Instant) {
+        loop {
+            let all_done = self
+                .workers
+                .iter()
+                .all(|w| w.readers.iter().all(JoinHandle::is_finished));
+            if all_done || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        for w in &mut self.workers {
+            let (done, pending): (Vec<_>, Vec<_>) =
+                w.readers.drain(..).partition(JoinHandle::is_finished);
+            for h in done {
+                let _ = h.join();
+            }
+            if !pending.is_empty() {
+                tracing::debug!(rank = w.rank, "output reader still blocked; leaving it");
+            }
+        }
+    }
+}

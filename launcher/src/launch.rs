@@ -1,0 +1,439 @@
+//! `LaunchConfig`: the validated launch, built from [`crate::Args`] (or directly by tests).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::command::{EntryKind, Entrypoint};
+use crate::std_spec::StdSpec;
+use crate::{Args, ConfigError};
+
+/// How this node finds its group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RendezvousMode {
+    /// One-node group on the in-process rendezvous (embedded in-memory store). MASTER_ADDR is
+    /// `master_addr`; MASTER_PORT is reserved per generation unless `fixed_port` is given.
+    Embedded {
+        /// Address workers use to reach rank 0's store.
+        master_addr: String,
+        /// `--master-port` of a static launch; `None` = pick a fresh free port per generation.
+        fixed_port: Option<u16>,
+    },
+}
+
+/// A validated launch.
+#[derive(Debug, Clone)]
+pub struct LaunchConfig {
+    /// `--nnodes` MIN.
+    pub min_nodes: u32,
+    /// `--nnodes` MAX.
+    pub max_nodes: u32,
+    /// Workers on this node (LOCAL_WORLD_SIZE), ≥ 1.
+    pub nproc_per_node: u32,
+    /// How the group forms.
+    pub rendezvous: RendezvousMode,
+    /// Run id (TORCHELASTIC_RUN_ID, DRUN_RUN_ID).
+    pub run_id: String,
+    /// Identity of this node in the rendezvous.
+    pub node_id: String,
+    /// Worker-failure restart budget.
+    pub max_restarts: u32,
+    /// Poll interval of worker state.
+    pub monitor_interval: Duration,
+    /// ROLE_NAME.
+    pub role: String,
+    /// The worker command.
+    pub entrypoint: Entrypoint,
+    /// `--log-dir` base, or `None` for a temporary directory.
+    pub log_dir: Option<PathBuf>,
+    /// Streams sent only to files.
+    pub redirects: StdSpec,
+    /// Streams sent to files and the console.
+    pub tee: StdSpec,
+    /// Local ranks whose output reaches the console; `None` = all.
+    pub local_ranks_filter: Option<BTreeSet<u32>>,
+    /// Console line prefix template; `None` = `[rank${rank}]:`.
+    pub prefix_template: Option<String>,
+    /// Signals that trigger forward + teardown.
+    pub signals: Vec<Signal>,
+    /// `--signals-to-handle` as given (exported as TORCHELASTIC_SIGNALS_TO_HANDLE).
+    pub signals_to_handle: String,
+    /// Grace between the termination signal and SIGKILL.
+    pub shutdown_timeout: Duration,
+    /// Parsed `--rdzv-conf`.
+    pub rdzv_conf: BTreeMap<String, String>,
+    /// Notes about ignored or defaulted flags, printed once at start.
+    pub notes: Vec<String>,
+}
+
+fn invalid(flag: &'static str, value: impl Into<String>, why: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        flag,
+        value: value.into(),
+        why: why.into(),
+    }
+}
+
+/// Parses `--nnodes`: `N` or `MIN:MAX` with `0 < MIN <= MAX` (torchrun `parse_min_max_nnodes`).
+pub fn parse_nnodes(v: &str) -> Result<(u32, u32), ConfigError> {
+    let bad = |why: &str| invalid("--nnodes", v, why);
+    let parse = |s: &str| {
+        s.trim()
+            .parse::<u32>()
+            .map_err(|_| bad("expected N or MIN:MAX with integers"))
+    };
+    let (min, max) = match v.split_once(':') {
+        None => {
+            let n = parse(v)?;
+            (n, n)
+        }
+        Some((a, b)) => (parse(a)?, parse(b)?),
+    };
+    if min == 0 || min > max {
+        return Err(bad("need 0 < MIN <= MAX"));
+    }
+    Ok((min, max))
+}
+
+/// Parses `--nproc-per-node`: an integer ≥ 1, `cpu`, `gpu` or `auto`.
+pub fn parse_nproc(v: &str) -> Result<u32, ConfigError> {
+    match v.trim() {
+        "cpu" => Ok(cpu_count()),
+        "gpu" => match gpu_count() {
+            0 => Err(invalid(
+                "--nproc-per-node",
+                v,
+                "no NVIDIA GPU is visible; use an integer or `cpu`",
+            )),
+            n => Ok(n),
+        },
+        "auto" => Ok(match gpu_count() {
+            0 => cpu_count(),
+            n => n,
+        }),
+        "xpu" => Err(ConfigError::Unsupported {
+            flag: "--nproc-per-node xpu",
+            why: "use an integer".into(),
+        }),
+        s => match s.parse::<u32>() {
+            Ok(0) => Err(invalid("--nproc-per-node", v, "must be at least 1")),
+            Ok(n) => Ok(n),
+            Err(_) => Err(invalid(
+                "--nproc-per-node",
+                v,
+                "expected an integer >= 1, cpu, gpu or auto",
+            )),
+        },
+    }
+}
+
+/// Usable CPU cores (affinity- and cgroup-aware, like `os.sched_getaffinity`).
+pub fn cpu_count() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
+/// NVIDIA devices the workers would see: the driver's device list, narrowed by
+/// `CUDA_VISIBLE_DEVICES` when set (like `torch.cuda.device_count()`).
+pub fn gpu_count() -> u32 {
+    let physical = std::fs::read_dir("/proc/driver/nvidia/gpus")
+        .map(|d| d.count() as u32)
+        .unwrap_or(0);
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(v) => (v.split(',').filter(|s| !s.trim().is_empty()).count() as u32).min(physical),
+        Err(_) => physical,
+    }
+}
+
+/// Parses `SIGTERM,SIGINT,...` (names with or without `SIG`, or numbers).
+pub fn parse_signals(v: &str) -> Result<Vec<Signal>, ConfigError> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let upper = s.to_ascii_uppercase();
+            let name = if upper.starts_with("SIG") {
+                upper
+            } else {
+                format!("SIG{upper}")
+            };
+            name.parse::<Signal>()
+                .or_else(|_| {
+                    s.parse::<i32>()
+                        .map_err(|_| ())
+                        .and_then(|n| Signal::try_from(n).map_err(|_| ()))
+                })
+                .map_err(|_| invalid("--signals-to-handle", v, format!("unknown signal {s}")))
+        })
+        .collect()
+}
+
+/// Parses `--rdzv-conf k=v,k2=v2` (keys stripped; a key without `=value` is an error).
+pub fn parse_rdzv_conf(v: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut m = BTreeMap::new();
+    for part in v.split(',').filter(|p| !p.trim().is_empty()) {
+        let (k, val) = part.split_once('=').ok_or_else(|| {
+            invalid(
+                "--rdzv-conf",
+                v,
+                format!("'{part}' has no value; use key=value"),
+            )
+        })?;
+        m.insert(k.trim().to_string(), val.to_string());
+    }
+    Ok(m)
+}
+
+fn seconds(flag: &'static str, v: f64, allow_zero: bool) -> Result<Duration, ConfigError> {
+    if !v.is_finite() || v < 0.0 || (!allow_zero && v == 0.0) {
+        let bound = if allow_zero { ">= 0" } else { "> 0" };
+        return Err(invalid(
+            flag,
+            v.to_string(),
+            format!("must be {bound} seconds"),
+        ));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl LaunchConfig {
+    /// Validates the command line. Reads the environment for torchrun's secondary variables
+    /// (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, `TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the flag and the fix.
+    pub fn from_args(a: &Args) -> Result<Self, ConfigError> {
+        let unsupported = |flag: &'static str, why: &str| ConfigError::Unsupported {
+            flag,
+            why: why.to_string(),
+        };
+        if a.numa_binding.is_some() {
+            return Err(unsupported(
+                "--numa-binding",
+                "bind with numactl inside your script",
+            ));
+        }
+        if a.logs_specs.is_some() {
+            return Err(unsupported(
+                "--logs-specs",
+                "use --log-dir, --redirects and --tee",
+            ));
+        }
+        if a.virtual_local_rank {
+            return Err(unsupported(
+                "--virtual-local-rank",
+                "set CUDA_VISIBLE_DEVICES per worker yourself",
+            ));
+        }
+        if a.duplicate_stdout_filters.is_some() || a.duplicate_stderr_filters.is_some() {
+            return Err(unsupported(
+                "--duplicate-stdout/stderr-filters",
+                "grep the --log-dir files",
+            ));
+        }
+        if a.print_completion.is_some() {
+            return Err(unsupported("--print-completion", "no shell completion yet"));
+        }
+        if let Some(h) = a.event_log_handler.as_deref().filter(|h| *h != "null") {
+            return Err(ConfigError::Unsupported {
+                flag: "--event-log-handler",
+                why: format!("only 'null' is accepted, got '{h}'"),
+            });
+        }
+        let (min_nodes, max_nodes) = parse_nnodes(&a.nnodes)?;
+        let nproc_per_node = parse_nproc(&a.nproc_per_node)?;
+        let monitor_interval = seconds("--monitor-interval", a.monitor_interval, false)?;
+        let shutdown = match a.shutdown_timeout {
+            Some(s) => s,
+            None => match std::env::var("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") {
+                Ok(v) => v.trim().parse::<f64>().map_err(|_| {
+                    invalid(
+                        "--shutdown-timeout",
+                        v.clone(),
+                        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT is not a number",
+                    )
+                })?,
+                Err(_) => 30.0,
+            },
+        };
+        let shutdown_timeout = seconds("--shutdown-timeout", shutdown, true)?;
+        let redirects = StdSpec::parse("--redirects", &a.redirects)?;
+        let tee = StdSpec::parse("--tee", &a.tee)?;
+        let local_ranks_filter = if a.local_ranks_filter.trim().is_empty() {
+            None
+        } else {
+            Some(
+                a.local_ranks_filter
+                    .split(',')
+                    .map(|s| {
+                        s.trim().parse::<u32>().map_err(|_| {
+                            invalid(
+                                "--local-ranks-filter",
+                                &a.local_ranks_filter,
+                                "expected comma-separated local ranks",
+                            )
+                        })
+                    })
+                    .collect::<Result<BTreeSet<_>, _>>()?,
+            )
+        };
+        let signals = parse_signals(&a.signals_to_handle)?;
+        let rdzv_conf = parse_rdzv_conf(&a.rdzv_conf)?;
+        let prefix_template = a
+            .log_line_prefix_template
+            .clone()
+            .or_else(|| std::env::var("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE").ok())
+            .filter(|t| !t.is_empty());
+
+        let mut notes = Vec::new();
+        if max_nodes > 1 {
+            return Err(ConfigError::Unsupported {
+                flag: "--nnodes",
+                why: format!(
+                    "multi-node groups ({}) need the rendezvous server, which this build does not have yet; use --nnodes 1",
+                    a.nnodes
+                ),
+            });
+        }
+        let backend = a.rdzv_backend.as_str();
+        if !matches!(backend, "static" | "c10d" | "etcd" | "etcd-v2" | "drun") {
+            return Err(invalid(
+                "--rdzv-backend",
+                backend,
+                "expected static, c10d, etcd, etcd-v2 or drun",
+            ));
+        }
+        // torchrun run(): static + no endpoint + no --master-port + one node = standalone.
+        let implicit_standalone =
+            backend == "static" && a.rdzv_endpoint.is_empty() && a.master_port.is_none();
+        let standalone = a.standalone || implicit_standalone;
+        let (rendezvous, run_id) = if standalone {
+            if a.standalone
+                && (!a.rdzv_endpoint.is_empty() || a.rdzv_id != "none" || backend != "static")
+            {
+                notes.push(
+                    "--standalone: ignoring the explicit --rdzv-* flags, as torchrun does".into(),
+                );
+            }
+            (
+                RendezvousMode::Embedded {
+                    master_addr: a.local_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
+                    fixed_port: None,
+                },
+                uuid::Uuid::new_v4().to_string(),
+            )
+        } else if backend == "static" {
+            (
+                RendezvousMode::Embedded {
+                    master_addr: a.master_addr.clone(),
+                    fixed_port: Some(a.master_port.unwrap_or(29500)),
+                },
+                a.rdzv_id.clone(),
+            )
+        } else {
+            notes.push(format!(
+                "one-node group: the rendezvous runs in-process; --rdzv-endpoint '{}' is not contacted",
+                a.rdzv_endpoint
+            ));
+            (
+                RendezvousMode::Embedded {
+                    master_addr: a.local_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
+                    fixed_port: None,
+                },
+                a.rdzv_id.clone(),
+            )
+        };
+        if a.node_rank != 0 && backend != "static" {
+            notes.push(format!(
+                "--node-rank {} has no effect with a one-node group",
+                a.node_rank
+            ));
+        }
+        if a.start_method != "spawn" {
+            notes.push(format!(
+                "--start-method {} only affects function entrypoints in torchrun; drun starts processes directly",
+                a.start_method
+            ));
+        }
+        let kind = if a.run_path {
+            EntryKind::RunPath
+        } else if a.no_python {
+            if a.module {
+                return Err(invalid(
+                    "--no-python",
+                    "with -m",
+                    "--no-python and -m/--module cannot be combined",
+                ));
+            }
+            EntryKind::Binary
+        } else if a.module {
+            EntryKind::Module
+        } else {
+            EntryKind::Script
+        };
+        let entrypoint = Entrypoint::resolve(kind, &a.script_and_args, a.python.as_deref())?;
+        let node_id = a.local_addr.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| "localhost".into())
+        });
+        Ok(LaunchConfig {
+            min_nodes,
+            max_nodes,
+            nproc_per_node,
+            rendezvous,
+            run_id,
+            node_id,
+            max_restarts: a.max_restarts,
+            monitor_interval,
+            role: a.role.clone(),
+            entrypoint,
+            log_dir: a.log_dir.clone(),
+            redirects,
+            tee,
+            local_ranks_filter,
+            prefix_template,
+            signals,
+            signals_to_handle: a.signals_to_handle.clone(),
+            shutdown_timeout,
+            rdzv_conf,
+            notes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nnodes_and_nproc_validation() {
+        assert_eq!(parse_nnodes("2").unwrap(), (2, 2));
+        assert_eq!(parse_nnodes("1:4").unwrap(), (1, 4));
+        assert!(parse_nnodes("3:2")
+            .unwrap_err()
+            .to_string()
+            .contains("0 < MIN <= MAX"));
+        assert!(parse_nnodes("0").is_err());
+        assert!(parse_nnodes("a:b").is_err());
+        assert_eq!(parse_nproc("4").unwrap(), 4);
+        assert!(parse_nproc("0")
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1"));
+        assert!(parse_nproc("cpu").unwrap() >= 1);
+    }
+
+    #[test]
+    fn signals_and_conf() {
+        assert_eq!(
+            parse_signals("SIGTERM,int, 10").unwrap(),
+            [Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR1]
+        );
+        assert!(parse_signals("SIGNOPE").is_err());
+        let c = parse_rdzv_conf(" join_timeout=5,is_host=1").unwrap();
+        assert_eq!(c["join_timeout"], "5");
+        assert!(parse_rdzv_conf("lonely").is_err());
+    }
+}

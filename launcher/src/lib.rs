@@ -1,0 +1,39 @@
+//! drun's per-node agent: a torchrun-compatible launcher that supervises worker processes.
+//!
+//! # Theory of operation
+//!
+//! `drun` parses torchrun's command line ([`Args`]) and validates it into a [`LaunchConfig`]
+//! (bad input stops here: one line, exit 2, nothing spawned). The agent ([`run`]) then:
+//!
+//! 1. becomes a child subreaper and starts the spawner thread and the cleanup guard
+//!    ([`os`]), so no worker or grandchild can outlive it, even under SIGKILL;
+//! 2. joins the rendezvous (for one node: the in-process [`drun_rendezvous::Round`] on the
+//!    embedded in-memory store) with a freshly reserved MASTER_PORT and receives the plan of a
+//!    new generation;
+//! 3. spawns the local workers with torchrun's environment ([`env`]), each in its own session
+//!    and process group, their output pumped line by line ([`logs`]);
+//! 4. supervises them: one task `select!`s over SIGCHLD, a `--monitor-interval` tick and the
+//!    handled signals. All exit 0 → exit 0. One fails → the group is stopped (SIGTERM to each
+//!    process group, `--shutdown-timeout`, SIGKILL, orphans swept) and, while `--max-restarts`
+//!    allows, re-formed as the next generation; else the failure summary ([`summary`]) and exit 1.
+//!    A handled signal is forwarded once, the group stopped the same way, exit 128+N.
+
+pub mod agent;
+pub mod command;
+pub mod config;
+pub mod env;
+pub mod error;
+pub mod exit;
+pub mod group;
+pub mod launch;
+pub mod logs;
+pub mod os;
+pub mod std_spec;
+pub mod summary;
+
+pub use agent::run;
+pub use config::Args;
+pub use error::{ConfigError, LaunchError};
+pub use exit::AgentExit;
+pub use launch::{LaunchConfig, RendezvousMode};
+pub use os::guard::{guard_main, GUARD_ARG};

@@ -1,0 +1,77 @@
+//! MASTER_PORT reservation that two jobs started at the same moment cannot both win.
+//!
+//! Probe-then-close (torchrun's `get_free_port`) leaves a window in which another job gets the
+//! same port. Instead the agent binds port 0 with `SO_REUSEADDR` and keeps that socket open, not
+//! listening, for the whole generation: the kernel will not hand the port to anyone else's
+//! `bind(0)`, while the rank-0 worker's TCPStore (which also sets `SO_REUSEADDR`, as libuv and
+//! c10d's socket code do) may still bind and listen on it, because Linux allows reuse between
+//! sockets none of which is listening yet.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::OwnedFd;
+
+use nix::sys::socket::{
+    bind, getsockname, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+};
+
+/// A port held for one generation; released when dropped.
+#[derive(Debug)]
+pub struct ReservedPort {
+    port: u16,
+    _socket: OwnedFd,
+}
+
+impl ReservedPort {
+    /// Reserves a free TCP port on all IPv4 interfaces.
+    pub fn new() -> io::Result<Self> {
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+        bind(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+        )?;
+        let addr: SockaddrIn = getsockname(std::os::fd::AsRawFd::as_raw_fd(&fd))?;
+        Ok(Self {
+            port: addr.port(),
+            _socket: fd,
+        })
+    }
+
+    /// The port number (1–65535).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_port_is_not_handed_out_again_but_can_be_listened_on_with_reuse() {
+        let held: Vec<ReservedPort> = (0..50).map(|_| ReservedPort::new().unwrap()).collect();
+        let mut ports: Vec<u16> = held.iter().map(|r| r.port()).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 50, "no port handed out twice while held");
+
+        // What a TCPStore does on the reserved port: SO_REUSEADDR, bind, listen.
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        setsockopt(&fd, sockopt::ReuseAddr, &true).unwrap();
+        let addr = SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, held[0].port()));
+        bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).unwrap();
+        nix::sys::socket::listen(&fd, nix::sys::socket::Backlog::new(8).unwrap()).unwrap();
+    }
+}

@@ -1,0 +1,252 @@
+//! The failure summary and the root-cause error file.
+//!
+//! Shape copied from torchrun's `ChildFailedError.format_msg`
+//! (`torch/distributed/elastic/multiprocessing/errors/__init__.py`) because people grep for it:
+//! a `=` border, `<script> FAILED`, `Failures:`, `Root Cause (first observed failure):` with
+//! time, host, rank (local_rank), exitcode (pid), error_file and traceback. The root cause is the
+//! failure with the earliest timestamp (the error file's, else when drun saw the exit). Unlike
+//! torchrun, siblings that drun itself stopped are not listed as failures, other failures take
+//! one line each, and when the worker wrote no error file the traceback is the tail of its stderr.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+use crate::os::spawn::ExitKind;
+
+/// One failed worker.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// Global rank.
+    pub rank: u32,
+    /// Local rank.
+    pub local_rank: u32,
+    /// Process id.
+    pub pid: i32,
+    /// How it ended.
+    pub exit: ExitKind,
+    /// When drun observed the exit.
+    pub observed_at: SystemTime,
+    /// Its TORCHELASTIC_ERROR_FILE path.
+    pub error_file: PathBuf,
+    /// The parsed error file, if the worker wrote one.
+    pub error: Option<Value>,
+    /// Last lines of its stderr (else stdout).
+    pub tail: Vec<String>,
+}
+
+impl Failure {
+    /// Reads the worker's error file if it exists and parses.
+    pub fn load_error_file(path: &Path) -> Option<Value> {
+        let text = std::fs::read_to_string(path).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// The failure's timestamp: the error file's `extraInfo.timestamp` (epoch seconds) if present.
+    pub fn timestamp(&self) -> SystemTime {
+        self.error
+            .as_ref()
+            .and_then(|v| v.pointer("/message/extraInfo/timestamp"))
+            .and_then(|t| match t {
+                Value::String(s) => s.parse::<u64>().ok(),
+                Value::Number(n) => n.as_u64(),
+                _ => None,
+            })
+            .map(|s| UNIX_EPOCH + Duration::from_secs(s))
+            .unwrap_or(self.observed_at)
+    }
+
+    /// One line for logs: `rank 1 (local_rank 1) exited with 3 (pid 42)` or `... killed by SIGKILL`.
+    pub fn one_line(&self) -> String {
+        match self.exit {
+            ExitKind::Code(c) => format!(
+                "rank {} (local_rank {}) exited with {c} (pid {})",
+                self.rank, self.local_rank, self.pid
+            ),
+            ExitKind::Signal(s) => format!(
+                "rank {} (local_rank {}) was killed by {} (pid {})",
+                self.rank,
+                self.local_rank,
+                s.as_str(),
+                self.pid
+            ),
+        }
+    }
+
+    fn traceback(&self) -> String {
+        if let Some(v) = &self.error {
+            if let Some(cs) = v
+                .pointer("/message/extraInfo/py_callstack")
+                .and_then(Value::as_str)
+            {
+                return cs.trim_end().to_string();
+            }
+            if let Some(m) = v.pointer("/message/message").and_then(Value::as_str) {
+                return m.to_string();
+            }
+        }
+        let mut lines = Vec::new();
+        if let ExitKind::Signal(s) = self.exit {
+            lines.push(format!(
+                "Signal {} ({}) received by PID {}",
+                s as i32,
+                s.as_str(),
+                self.pid
+            ));
+        }
+        if !self.tail.is_empty() {
+            lines.push(format!("last {} lines of output:", self.tail.len()));
+            lines.extend(self.tail.iter().map(|l| format!("    {l}")));
+        }
+        if lines.is_empty() {
+            lines.push(
+                "no error file and no output; wrap main with torch's @record for a traceback"
+                    .into(),
+            );
+        }
+        lines.join("\n")
+    }
+}
+
+/// Index of the root cause: earliest timestamp, ties broken by order of observation.
+pub fn root_cause(failures: &[Failure]) -> Option<usize> {
+    (0..failures.len()).min_by_key(|i| failures[*i].timestamp())
+}
+
+/// Local time as torchrun prints it: `%Y-%m-%d_%H:%M:%S`.
+pub fn format_time(t: SystemTime) -> String {
+    chrono::DateTime::<chrono::Local>::from(t)
+        .format("%Y-%m-%d_%H:%M:%S")
+        .to_string()
+}
+
+/// The summary block for `script` with the root cause first-class and others one line each.
+pub fn format_summary(script: &str, host: &str, failures: &[Failure]) -> String {
+    let border = "=".repeat(60);
+    let rule = "-".repeat(60);
+    let Some(root) = root_cause(failures) else {
+        return String::new();
+    };
+    let mut s = format!("{border}\n{script} FAILED\n{rule}\nFailures:\n");
+    let others: Vec<&Failure> = failures
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != root)
+        .map(|(_, f)| f)
+        .collect();
+    if others.is_empty() {
+        s.push_str("  <NO_OTHER_FAILURES>\n");
+    }
+    for (i, f) in others.iter().enumerate() {
+        s.push_str(&format!(
+            "[{}]: time {} {}\n",
+            i + 1,
+            format_time(f.timestamp()),
+            f.one_line()
+        ));
+    }
+    let f = &failures[root];
+    let error_file = if f.error.is_some() {
+        f.error_file.display().to_string()
+    } else {
+        "<N/A>".to_string()
+    };
+    let traceback = f.traceback().replace('\n', "\n              ");
+    s.push_str(&format!(
+        "{rule}\nRoot Cause (first observed failure):\n[0]:\n  time      : {}\n  host      : {host}\n  rank      : {} (local_rank: {})\n  exitcode  : {} (pid: {})\n  error_file: {error_file}\n  traceback : {traceback}\n{border}\n",
+        format_time(f.timestamp()),
+        f.rank,
+        f.local_rank,
+        f.exit.torch_exitcode(),
+        f.pid,
+    ));
+    s
+}
+
+/// The JSON drun writes to its own `TORCHELASTIC_ERROR_FILE` for schedulers: the root cause's
+/// error file with `message.errorCode` set to its exit code (torchrun `ErrorHandler.dump_error_file`),
+/// or, when the worker wrote none, an equivalent record built from its exit and output tail.
+pub fn root_cause_json(f: &Failure) -> Value {
+    let code = f.exit.torch_exitcode();
+    match &f.error {
+        Some(v) => {
+            let mut v = v.clone();
+            if let Some(m) = v.get_mut("message").and_then(Value::as_object_mut) {
+                m.insert("errorCode".into(), Value::from(code));
+            }
+            v
+        }
+        None => serde_json::json!({
+            "message": {
+                "message": f.one_line(),
+                "extraInfo": {
+                    "py_callstack": f.traceback(),
+                    "timestamp": f.timestamp().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()).to_string(),
+                },
+                "errorCode": code,
+            }
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::signal::Signal;
+
+    fn failure(rank: u32, exit: ExitKind, at: u64, error: Option<Value>) -> Failure {
+        Failure {
+            rank,
+            local_rank: rank,
+            pid: 100 + rank as i32,
+            exit,
+            observed_at: UNIX_EPOCH + Duration::from_secs(at),
+            error_file: PathBuf::from(format!("/logs/{rank}/error.json")),
+            error,
+            tail: vec![
+                "Traceback (most recent call last):".into(),
+                "ValueError: x".into(),
+            ],
+        }
+    }
+
+    #[test]
+    fn root_cause_is_earliest_and_summary_has_torchrun_shape() {
+        let err = serde_json::json!({"message": {"message": "ValueError: boom",
+            "extraInfo": {"py_callstack": "Traceback...\nValueError: boom", "timestamp": "1000"}}});
+        let fs = vec![
+            failure(0, ExitKind::Signal(Signal::SIGKILL), 2000, None),
+            failure(1, ExitKind::Code(3), 3000, Some(err)),
+        ];
+        assert_eq!(
+            root_cause(&fs),
+            Some(1),
+            "error-file timestamp 1000 is earliest"
+        );
+        let s = format_summary("train.py", "box", &fs);
+        assert!(s.contains("train.py FAILED"), "{s}");
+        assert!(s.contains("Root Cause (first observed failure):"), "{s}");
+        assert!(s.contains("  rank      : 1 (local_rank: 1)"), "{s}");
+        assert!(s.contains("  exitcode  : 3 (pid: 101)"), "{s}");
+        assert!(s.contains("  error_file: /logs/1/error.json"), "{s}");
+        assert!(s.contains("ValueError: boom"), "{s}");
+        assert!(
+            s.contains("rank 0 (local_rank 0) was killed by SIGKILL (pid 100)"),
+            "{s}"
+        );
+        let j = root_cause_json(&fs[1]);
+        assert_eq!(j["message"]["errorCode"], 3);
+    }
+
+    #[test]
+    fn signal_death_without_error_file_shows_signal_and_tail() {
+        let fs = vec![failure(2, ExitKind::Signal(Signal::SIGSEGV), 5, None)];
+        let s = format_summary("w.py", "h", &fs);
+        assert!(s.contains("exitcode  : -11 (pid: 102)"), "{s}");
+        assert!(s.contains("Signal 11 (SIGSEGV) received by PID 102"), "{s}");
+        assert!(s.contains("<NO_OTHER_FAILURES>"), "{s}");
+        assert!(s.contains("ValueError: x"), "{s}");
+        assert_eq!(root_cause_json(&fs[0])["message"]["errorCode"], -11);
+    }
+}

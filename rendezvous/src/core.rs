@@ -1,0 +1,277 @@
+//! The decision core: when does a waiting set of nodes become a group?
+//!
+//! A pure function of (what the store shows, now, configuration) → [`Decision`] with a reason a
+//! human can read. It never sleeps; callers re-evaluate at [`Decision::Wait::wake_at`] or when the
+//! store changes. Completion rules follow torchrun's dynamic rendezvous
+//! (`torch/distributed/elastic/rendezvous/dynamic_rendezvous.py`): form at once when `max_nodes`
+//! joined; with at least `min_nodes`, form when the last-call window (counted from the moment the
+//! minimum was reached) closes; fail when `join_timeout` (counted from the opening of the round)
+//! passes below the minimum. Arrivals beyond `max_nodes` are standbys, not errors.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// A node asking to join, as written under `waiting/<node>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// Stable node identity (the rank sort key, like torchrun's `--local-addr`/FQDN).
+    pub node_id: String,
+    /// Address other nodes' workers use to reach this node.
+    pub advertise_addr: String,
+    /// Worker processes on this node (LOCAL_WORLD_SIZE), ≥ 1.
+    pub slots: u32,
+    /// `--node-rank` if the user pinned one.
+    pub requested_node_rank: Option<u32>,
+    /// A port this node holds reserved for MASTER_PORT should it become node rank 0.
+    pub master_port: u16,
+}
+
+/// Knobs of one rendezvous round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoundConfig {
+    /// `--nnodes` MIN, ≥ 1.
+    pub min_nodes: usize,
+    /// `--nnodes` MAX, ≥ MIN.
+    pub max_nodes: usize,
+    /// Last-call window after MIN is reached (torchrun `last_call_timeout`, default 30 s).
+    pub last_call: Duration,
+    /// Give up below MIN after this long (torchrun `join_timeout`, default 600 s).
+    pub join_timeout: Duration,
+}
+
+impl RoundConfig {
+    /// A one-node group (`--standalone`): forms as soon as its only node joins.
+    pub fn single_node() -> Self {
+        Self {
+            min_nodes: 1,
+            max_nodes: 1,
+            last_call: Duration::ZERO,
+            join_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What the round looks like right now.
+#[derive(Debug, Clone)]
+pub struct RoundView {
+    /// When this round opened (first join or previous generation's end).
+    pub opened_at: Instant,
+    /// When the waiting set first reached `min_nodes`, if it has.
+    pub min_reached_at: Option<Instant>,
+    /// Waiting nodes in arrival order.
+    pub candidates: Vec<Candidate>,
+}
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Form the group from `admitted`; `standby` wait for a free place.
+    Form {
+        /// Nodes of the new generation, in arrival order (ranks are assigned by [`crate::assign`]).
+        admitted: Vec<Candidate>,
+        /// Arrivals beyond `max_nodes`.
+        standby: Vec<Candidate>,
+        /// Why now.
+        reason: String,
+    },
+    /// Not yet; decide again at `wake_at` or when the waiting set changes.
+    Wait {
+        /// Progress line for the user.
+        reason: String,
+        /// Next instant at which the answer can change by time alone.
+        wake_at: Instant,
+    },
+    /// The round failed: too few nodes before `join_timeout`.
+    Fail {
+        /// What came and what was missing.
+        reason: String,
+    },
+}
+
+/// Decides the round. Pure: same inputs, same answer.
+pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
+    let n = view.candidates.len();
+    let names = || {
+        view.candidates
+            .iter()
+            .map(|c| c.node_id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if n >= cfg.max_nodes {
+        let (admitted, standby) = view.candidates.split_at(cfg.max_nodes);
+        return Decision::Form {
+            admitted: admitted.to_vec(),
+            standby: standby.to_vec(),
+            reason: format!(
+                "{} of max {} nodes joined [{}]",
+                cfg.max_nodes,
+                cfg.max_nodes,
+                names()
+            ),
+        };
+    }
+    if n >= cfg.min_nodes {
+        let since = view.min_reached_at.unwrap_or(now);
+        let deadline = since + cfg.last_call;
+        if now >= deadline {
+            return Decision::Form {
+                admitted: view.candidates.clone(),
+                standby: vec![],
+                reason: format!(
+                    "last call closed with {n} nodes (min {}, max {}) [{}]",
+                    cfg.min_nodes,
+                    cfg.max_nodes,
+                    names()
+                ),
+            };
+        }
+        return Decision::Wait {
+            reason: format!(
+                "{n}/{} nodes joined (min {}), last call in {} s",
+                cfg.max_nodes,
+                cfg.min_nodes,
+                (deadline - now).as_secs_f64().ceil() as u64
+            ),
+            wake_at: deadline,
+        };
+    }
+    let deadline = view.opened_at + cfg.join_timeout;
+    if now >= deadline {
+        return Decision::Fail {
+            reason: format!(
+                "only {n} of min {} nodes joined within join_timeout {} s (came: [{}])",
+                cfg.min_nodes,
+                cfg.join_timeout.as_secs(),
+                names()
+            ),
+        };
+    }
+    let missing = cfg.min_nodes - n;
+    Decision::Wait {
+        reason: format!(
+            "waiting for {missing} more node{} ({n}/{}), join timeout in {} s",
+            if missing == 1 { "" } else { "s" },
+            cfg.min_nodes,
+            (deadline - now).as_secs_f64().ceil() as u64
+        ),
+        wake_at: deadline,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(id: &str) -> Candidate {
+        Candidate {
+            node_id: id.into(),
+            advertise_addr: "127.0.0.1".into(),
+            slots: 2,
+            requested_node_rank: None,
+            master_port: 29500,
+        }
+    }
+
+    fn cfg(min: usize, max: usize) -> RoundConfig {
+        RoundConfig {
+            min_nodes: min,
+            max_nodes: max,
+            last_call: Duration::from_secs(30),
+            join_timeout: Duration::from_secs(600),
+        }
+    }
+
+    #[test]
+    fn single_node_forms_immediately() {
+        let t0 = Instant::now();
+        let view = RoundView {
+            opened_at: t0,
+            min_reached_at: Some(t0),
+            candidates: vec![cand("a")],
+        };
+        assert!(matches!(
+            decide(&view, t0, &RoundConfig::single_node()),
+            Decision::Form { .. }
+        ));
+    }
+
+    #[test]
+    fn waits_for_min_then_last_call_then_forms() {
+        let t0 = Instant::now();
+        let c = cfg(2, 3);
+        let mut view = RoundView {
+            opened_at: t0,
+            min_reached_at: None,
+            candidates: vec![cand("a")],
+        };
+        match decide(&view, t0 + Duration::from_secs(5), &c) {
+            Decision::Wait { reason, wake_at } => {
+                assert!(reason.contains("waiting for 1 more node (1/2)"), "{reason}");
+                assert_eq!(wake_at, t0 + Duration::from_secs(600));
+            }
+            d => panic!("{d:?}"),
+        }
+        view.candidates.push(cand("b"));
+        view.min_reached_at = Some(t0 + Duration::from_secs(10));
+        match decide(&view, t0 + Duration::from_secs(28), &c) {
+            Decision::Wait { reason, .. } => {
+                assert!(reason.contains("last call in 12 s"), "{reason}")
+            }
+            d => panic!("{d:?}"),
+        }
+        match decide(&view, t0 + Duration::from_secs(40), &c) {
+            Decision::Form {
+                admitted, standby, ..
+            } => {
+                assert_eq!(admitted.len(), 2);
+                assert!(standby.is_empty());
+            }
+            d => panic!("{d:?}"),
+        }
+    }
+
+    #[test]
+    fn max_forms_at_once_and_extra_become_standbys() {
+        let t0 = Instant::now();
+        let view = RoundView {
+            opened_at: t0,
+            min_reached_at: Some(t0),
+            candidates: vec![cand("a"), cand("b"), cand("c")],
+        };
+        match decide(&view, t0, &cfg(1, 2)) {
+            Decision::Form {
+                admitted, standby, ..
+            } => {
+                assert_eq!(
+                    admitted
+                        .iter()
+                        .map(|c| c.node_id.as_str())
+                        .collect::<Vec<_>>(),
+                    ["a", "b"]
+                );
+                assert_eq!(standby[0].node_id, "c");
+            }
+            d => panic!("{d:?}"),
+        }
+    }
+
+    #[test]
+    fn join_timeout_fails_with_who_came() {
+        let t0 = Instant::now();
+        let view = RoundView {
+            opened_at: t0,
+            min_reached_at: None,
+            candidates: vec![cand("a")],
+        };
+        match decide(&view, t0 + Duration::from_secs(600), &cfg(3, 3)) {
+            Decision::Fail { reason } => {
+                assert!(reason.contains("only 1 of min 3"), "{reason}");
+                assert!(reason.contains("[a]"), "{reason}");
+            }
+            d => panic!("{d:?}"),
+        }
+    }
+}

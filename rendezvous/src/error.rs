@@ -1,0 +1,62 @@
+//! Error types of the rendezvous crate.
+
+use std::time::Duration;
+
+/// Failure of a [`crate::Store`] operation.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The lease does not exist any more (expired or revoked). Keys attached to it are gone.
+    #[error("lease {0:#x} expired or was revoked")]
+    LeaseLost(i64),
+    /// The backend could not be reached or answered with an error.
+    #[error("store backend {endpoint} unavailable: {reason}")]
+    Unavailable {
+        /// Endpoint or backend name (e.g. `memory`, `127.0.0.1:2379`).
+        endpoint: String,
+        /// What the backend said.
+        reason: String,
+    },
+    /// A stored value could not be decoded.
+    #[error("corrupt value at key {key}: {reason}")]
+    Corrupt {
+        /// Full key.
+        key: String,
+        /// Decoder message.
+        reason: String,
+    },
+}
+
+/// Failure of a rendezvous round.
+#[derive(Debug, thiserror::Error)]
+pub enum RendezvousError {
+    /// The store failed underneath.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Not enough nodes joined before `join_timeout` (seconds) ran out.
+    #[error("rendezvous of run {run} timed out after {waited:?}: {joined}/{min} nodes joined ({detail})")]
+    Timeout {
+        /// Run id.
+        run: String,
+        /// How long the round was open.
+        waited: Duration,
+        /// Nodes that joined.
+        joined: usize,
+        /// Nodes needed.
+        min: usize,
+        /// Which nodes came.
+        detail: String,
+    },
+    /// The admitted set cannot be ranked (e.g. two nodes asked for the same `--node-rank`).
+    #[error("cannot assign node ranks: {0}")]
+    Assignment(String),
+    /// Another writer moved the generation while this one was forming it.
+    #[error("generation moved from {expected} to {found} during formation of run {run}")]
+    Fenced {
+        /// Run id.
+        run: String,
+        /// Generation the writer expected.
+        expected: u64,
+        /// Generation found in the store.
+        found: u64,
+    },
+}

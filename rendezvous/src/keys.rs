@@ -1,0 +1,56 @@
+//! Key layout under `/drun/v1/<run>/` (design §3). One place builds every key.
+
+/// Keys of one run.
+#[derive(Debug, Clone)]
+pub struct RunKeys {
+    prefix: String,
+}
+
+impl RunKeys {
+    /// Keys of run `run` (the `--rdzv-id`).
+    pub fn new(run: &str) -> Self {
+        Self {
+            prefix: format!("/drun/v1/{run}/"),
+        }
+    }
+
+    /// The run's prefix, ending in `/`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Current generation number (decimal).
+    pub fn gen_current(&self) -> String {
+        format!("{}gen/current", self.prefix)
+    }
+
+    /// Assignment of generation `g` (JSON [`crate::Plan`]).
+    pub fn plan(&self, g: u64) -> String {
+        format!("{}gen/{g}/plan", self.prefix)
+    }
+
+    /// Prefix of the nodes asking to join.
+    pub fn waiting_prefix(&self) -> String {
+        format!("{}waiting/", self.prefix)
+    }
+
+    /// A node asking to join (JSON [`crate::Candidate`]), attached to the agent's lease.
+    pub fn waiting(&self, node: &str) -> String {
+        format!("{}waiting/{node}", self.prefix)
+    }
+
+    /// Membership of `node` in generation `g`, attached to the agent's lease.
+    pub fn member(&self, g: u64, node: &str) -> String {
+        format!("{}members/{g}/{node}", self.prefix)
+    }
+
+    /// Job-wide restart counters (JSON).
+    pub fn restarts(&self) -> String {
+        format!("{}restarts", self.prefix)
+    }
+
+    /// Terminal state of the run (JSON), written once.
+    pub fn finished(&self) -> String {
+        format!("{}finished", self.prefix)
+    }
+}

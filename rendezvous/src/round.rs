@@ -1,0 +1,377 @@
+//! `Round`: drives one run's rendezvous through a [`Store`].
+//!
+//! Any participant may form the next generation: it reads the waiting set, asks
+//! [`crate::decide`], and if the answer is "form" writes `gen/current = g + 1` and the plan in one
+//! transaction guarded by the `mod_revision` of `gen/current` it read. Losers of that race see
+//! the winner's plan on their next pass. So the same code serves the embedded single-node group,
+//! a server replica, or every agent acting as a replica against etcd.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::core::RoundView;
+use crate::keys::RunKeys;
+use crate::store::{Compare, LeaseId, Op, Store, Txn};
+use crate::{assign, decide, Candidate, Decision, Plan, RendezvousError, RoundConfig, StoreError};
+
+/// Job-wide restart counters (key `restarts`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restarts {
+    /// Group restarts caused by worker failures (counted against `--max-restarts`).
+    pub failures: u32,
+    /// Group restarts caused by membership changes (free, reported separately).
+    pub membership: u32,
+}
+
+/// Why the group is restarted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartCause {
+    /// A worker exited non-zero or by a signal.
+    Failure,
+    /// A node joined or left.
+    Membership,
+}
+
+/// A run's rendezvous on a store.
+pub struct Round {
+    store: Arc<dyn Store>,
+    keys: RunKeys,
+    run_id: String,
+    cfg: RoundConfig,
+}
+
+impl Round {
+    /// The rendezvous of run `run_id` with completion rules `cfg`.
+    pub fn new(store: Arc<dyn Store>, run_id: &str, cfg: RoundConfig) -> Self {
+        Self {
+            store,
+            keys: RunKeys::new(run_id),
+            run_id: run_id.to_string(),
+            cfg,
+        }
+    }
+
+    /// The store underneath.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Current generation (0 before the first formation) and the `mod_revision` of its key.
+    pub async fn current_generation(&self) -> Result<(u64, i64), StoreError> {
+        let key = self.keys.gen_current();
+        match self.store.get(&key).await? {
+            None => Ok((0, 0)),
+            Some(kv) => {
+                let g = kv
+                    .value_str()
+                    .parse::<u64>()
+                    .map_err(|e| StoreError::Corrupt {
+                        key,
+                        reason: e.to_string(),
+                    })?;
+                Ok((g, kv.mod_revision))
+            }
+        }
+    }
+
+    /// The plan of generation `g`, if written.
+    pub async fn plan(&self, g: u64) -> Result<Option<Plan>, StoreError> {
+        let key = self.keys.plan(g);
+        let Some(kv) = self.store.get(&key).await? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&kv.value)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                key,
+                reason: e.to_string(),
+            })
+    }
+
+    /// Asks to be admitted to the next generation; the key lives as long as `lease`.
+    pub async fn join(&self, cand: &Candidate, lease: LeaseId) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(cand).expect("Candidate serializes");
+        self.store
+            .put(&self.keys.waiting(&cand.node_id), value, Some(lease))
+            .await?;
+        Ok(())
+    }
+
+    /// Restart counters as stored now.
+    pub async fn restarts(&self) -> Result<Restarts, StoreError> {
+        Ok(self.read_restarts().await?.0)
+    }
+
+    async fn read_restarts(&self) -> Result<(Restarts, i64), StoreError> {
+        let key = self.keys.restarts();
+        match self.store.get(&key).await? {
+            None => Ok((Restarts::default(), 0)),
+            Some(kv) => serde_json::from_slice(&kv.value)
+                .map(|r| (r, kv.mod_revision))
+                .map_err(|e| StoreError::Corrupt {
+                    key,
+                    reason: e.to_string(),
+                }),
+        }
+    }
+
+    /// Adds one restart of `cause` to the job-wide counters (compare-and-swap loop).
+    pub async fn record_restart(&self, cause: RestartCause) -> Result<Restarts, StoreError> {
+        loop {
+            let (mut r, rev) = self.read_restarts().await?;
+            match cause {
+                RestartCause::Failure => r.failures += 1,
+                RestartCause::Membership => r.membership += 1,
+            }
+            let key = self.keys.restarts();
+            let resp = self
+                .store
+                .txn(Txn {
+                    compares: vec![Compare::ModRevisionEquals(key.clone(), rev)],
+                    success: vec![Op::put(key, serde_json::to_vec(&r).expect("serializes"))],
+                    failure: vec![],
+                })
+                .await?;
+            if resp.succeeded {
+                return Ok(r);
+            }
+        }
+    }
+
+    /// Waits until a generation newer than `after` that includes `node_id` is formed, forming it
+    /// when the decision core says so. `progress` receives each new waiting reason.
+    ///
+    /// # Errors
+    /// [`RendezvousError::Timeout`] when `join_timeout` passes below `min_nodes`; store errors.
+    pub async fn wait_for_plan(
+        &self,
+        node_id: &str,
+        after: u64,
+        mut progress: impl FnMut(&str),
+    ) -> Result<Plan, RendezvousError> {
+        let opened_at = Instant::now();
+        let mut first_seen: HashMap<String, Instant> = HashMap::new();
+        let mut min_reached_at: Option<Instant> = None;
+        let mut events = self.store.watch_prefix(self.keys.prefix(), 0).await?;
+        let mut last_reason = String::new();
+        loop {
+            let (g, rev) = self.current_generation().await?;
+            if g > after {
+                if let Some(plan) = self.plan(g).await? {
+                    if plan.member(node_id).is_some() {
+                        return Ok(plan);
+                    }
+                }
+            }
+            let mut waiting = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
+            waiting.sort_by_key(|kv| kv.create_revision);
+            let mut candidates = Vec::with_capacity(waiting.len());
+            let mut waiting_keys = Vec::with_capacity(waiting.len());
+            for kv in waiting {
+                let c: Candidate =
+                    serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
+                        key: kv.key.clone(),
+                        reason: e.to_string(),
+                    })?;
+                first_seen
+                    .entry(c.node_id.clone())
+                    .or_insert_with(Instant::now);
+                waiting_keys.push(kv.key);
+                candidates.push(c);
+            }
+            let now = Instant::now();
+            if candidates.len() >= self.cfg.min_nodes {
+                min_reached_at.get_or_insert(now);
+            } else {
+                min_reached_at = None;
+            }
+            let view = RoundView {
+                opened_at,
+                min_reached_at,
+                candidates,
+            };
+            let wake_at = match decide(&view, now, &self.cfg) {
+                Decision::Form {
+                    admitted, reason, ..
+                } => {
+                    let (restarts, _) = self.read_restarts().await?;
+                    let plan = assign(
+                        &self.run_id,
+                        g + 1,
+                        &admitted,
+                        restarts.failures,
+                        restarts.membership,
+                    )?;
+                    let mut ops = vec![
+                        Op::put(self.keys.gen_current(), (g + 1).to_string()),
+                        Op::put(
+                            self.keys.plan(g + 1),
+                            serde_json::to_vec(&plan).expect("Plan serializes"),
+                        ),
+                    ];
+                    ops.extend(
+                        admitted
+                            .iter()
+                            .map(|c| Op::Delete(self.keys.waiting(&c.node_id))),
+                    );
+                    let resp = self
+                        .store
+                        .txn(Txn {
+                            compares: vec![Compare::ModRevisionEquals(
+                                self.keys.gen_current(),
+                                rev,
+                            )],
+                            success: ops,
+                            failure: vec![],
+                        })
+                        .await?;
+                    if resp.succeeded {
+                        tracing::debug!(run = %self.run_id, gen = g + 1, %reason, "group formed");
+                        if plan.member(node_id).is_some() {
+                            return Ok(plan);
+                        }
+                    }
+                    continue;
+                }
+                Decision::Fail { reason } => {
+                    return Err(RendezvousError::Timeout {
+                        run: self.run_id.clone(),
+                        waited: now - opened_at,
+                        joined: view.candidates.len(),
+                        min: self.cfg.min_nodes,
+                        detail: reason,
+                    });
+                }
+                Decision::Wait { reason, wake_at } => {
+                    if reason != last_reason {
+                        progress(&reason);
+                        last_reason = reason;
+                    }
+                    wake_at
+                }
+            };
+            let tick = now + std::time::Duration::from_secs(1);
+            tokio::select! {
+                ev = events.recv() => {
+                    if ev.is_none() {
+                        return Err(StoreError::Unavailable {
+                            endpoint: self.store.name(),
+                            reason: "watch closed".into(),
+                        }
+                        .into());
+                    }
+                }
+                _ = tokio::time::sleep_until(wake_at.min(tick)) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::MemoryStore;
+
+    fn cand(id: &str, port: u16) -> Candidate {
+        Candidate {
+            node_id: id.into(),
+            advertise_addr: "127.0.0.1".into(),
+            slots: 2,
+            requested_node_rank: None,
+            master_port: port,
+        }
+    }
+
+    #[tokio::test]
+    async fn single_node_generations_increase_and_carry_restarts() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let round = Round::new(store.clone(), "job", RoundConfig::single_node());
+        let lease = store.lease_grant(Duration::from_secs(10)).await.unwrap();
+        round.join(&cand("n0", 4000), lease).await.unwrap();
+        let p1 = round.wait_for_plan("n0", 0, |_| {}).await.unwrap();
+        assert_eq!((p1.generation, p1.world_size, p1.master_port), (1, 2, 4000));
+        assert!(store
+            .get_prefix("/drun/v1/job/waiting/")
+            .await
+            .unwrap()
+            .is_empty());
+
+        let r = round.record_restart(RestartCause::Failure).await.unwrap();
+        assert_eq!(
+            r,
+            Restarts {
+                failures: 1,
+                membership: 0
+            }
+        );
+        round.join(&cand("n0", 4001), lease).await.unwrap();
+        let p2 = round.wait_for_plan("n0", 1, |_| {}).await.unwrap();
+        assert_eq!(
+            (p2.generation, p2.master_port, p2.restarts_failures),
+            (2, 4001, 1)
+        );
+        assert_eq!(round.current_generation().await.unwrap().0, 2);
+    }
+
+    #[tokio::test]
+    async fn two_participants_agree_on_one_plan() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let cfg = RoundConfig {
+            min_nodes: 2,
+            max_nodes: 2,
+            last_call: Duration::ZERO,
+            join_timeout: Duration::from_secs(30),
+        };
+        let a = Round::new(store.clone(), "job", cfg);
+        let b = Round::new(store.clone(), "job", cfg);
+        let lease = store.lease_grant(Duration::from_secs(10)).await.unwrap();
+        a.join(&cand("a", 1), lease).await.unwrap();
+        let wait_a = tokio::spawn(async move { a.wait_for_plan("a", 0, |_| {}).await });
+        b.join(&cand("b", 2), lease).await.unwrap();
+        let pb = b.wait_for_plan("b", 0, |_| {}).await.unwrap();
+        let pa = wait_a.await.unwrap().unwrap();
+        assert_eq!(pa, pb);
+        assert_eq!(pa.generation, 1);
+        assert_eq!(pa.members[0].node_id, "a");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn join_timeout_reports_who_came() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let cfg = RoundConfig {
+            min_nodes: 2,
+            max_nodes: 2,
+            last_call: Duration::ZERO,
+            join_timeout: Duration::from_secs(5),
+        };
+        let round = Round::new(store.clone(), "job", cfg);
+        let lease = store.lease_grant(Duration::from_secs(100)).await.unwrap();
+        round.join(&cand("lonely", 1), lease).await.unwrap();
+        let mut seen = vec![];
+        let err = round
+            .wait_for_plan("lonely", 0, |r| seen.push(r.to_string()))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RendezvousError::Timeout {
+                    joined: 1,
+                    min: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("lonely"), "{err}");
+        assert!(
+            seen[0].contains("waiting for 1 more node (1/2)"),
+            "{seen:?}"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! `drun`: the per-node agent. Parses the command line, installs logging, runs the agent.
+
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::Parser;
+use drun_launcher::{AgentExit, Args, LaunchConfig, GUARD_ARG};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == GUARD_ARG) {
+        let id = argv
+            .get(2)
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        drun_launcher::guard_main(&id);
+    }
+    let args = match Args::try_parse_from(&argv) {
+        Ok(a) => a,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!(
+                "drun: {} (see drun --help)",
+                one_line(&e.render().to_string())
+            );
+            return ExitCode::from(AgentExit::Usage.code());
+        }
+    };
+    install_tracing(args.verbose, args.quiet);
+    let cfg = match LaunchConfig::from_args(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("drun: error: {e}");
+            return ExitCode::from(AgentExit::Usage.code());
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("drun-agent")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("drun: error: cannot start the async runtime: {e}");
+            return ExitCode::from(AgentExit::WorkerFailure.code());
+        }
+    };
+    let exit = runtime.block_on(drun_launcher::run(cfg));
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    ExitCode::from(exit.code())
+}
+
+/// clap's message up to its usage/tip section, on one line.
+fn one_line(rendered: &str) -> String {
+    let head = rendered.split("\n\n").next().unwrap_or(rendered);
+    head.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn install_tracing(verbose: u8, quiet: bool) {
+    let default = match (quiet, verbose) {
+        (true, _) => "warn",
+        (false, 0) => "info",
+        (false, 1) => "debug",
+        _ => "trace",
+    };
+    let filter = std::env::var("DRUN_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .ok()
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::new(format!("{default},h2=warn,tower=warn")));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .compact()
+        .init();
+}

@@ -1,0 +1,127 @@
+//! Command-line surface: bad input is one line and exit 2 with nothing spawned; PET_* fallbacks.
+
+use std::time::Duration;
+
+use crate::harness::{drun, run, worker};
+
+/// Runs drun with `args` followed by the env-dump worker, and asserts: exit 2, exactly one
+/// non-empty stderr line containing `needle`, and no worker ran.
+fn rejects(args: &[&str], needle: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = drun();
+    cmd.args(args).arg(worker("envdump.py")).arg(dir.path());
+    let (code, out, err) = run(cmd, Duration::from_secs(20));
+    assert_eq!(code, 2, "args {args:?}: stderr {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "args {args:?}: want one line, got {err:?}");
+    assert!(
+        lines[0].contains(needle),
+        "args {args:?}: {:?} lacks {needle:?}",
+        lines[0]
+    );
+    assert!(out.is_empty(), "nothing on stdout: {out}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "a worker ran for {args:?}"
+    );
+}
+
+#[test]
+fn bad_nnodes_is_one_line_exit_2() {
+    rejects(&["--nnodes", "3:2"], "--nnodes '3:2'");
+}
+
+#[test]
+fn zero_nproc_is_one_line_exit_2() {
+    rejects(&["--nproc-per-node", "0"], "must be at least 1");
+}
+
+#[test]
+fn unknown_flag_is_one_line_exit_2() {
+    rejects(&["--no-such-flag"], "--no-such-flag");
+}
+
+#[test]
+fn unimplemented_torchrun_flag_is_named() {
+    rejects(&["--numa-binding", "node"], "--numa-binding");
+    rejects(&["--virtual-local-rank"], "--virtual-local-rank");
+}
+
+#[test]
+fn module_with_no_python_is_rejected() {
+    rejects(&["--no-python", "-m"], "cannot be combined");
+}
+
+#[test]
+fn missing_script_is_one_line_exit_2() {
+    let (code, out, err) = run(
+        {
+            let mut c = drun();
+            c.args(["--standalone", "/nonexistent/train.py", "--lr", "1"]);
+            c
+        },
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("/nonexistent/train.py not found"), "{err}");
+    assert!(out.is_empty());
+}
+
+#[test]
+fn help_lists_torchrun_flags_and_exit_codes() {
+    let (code, out, _) = run(
+        {
+            let mut c = drun();
+            c.arg("--help");
+            c
+        },
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, 0);
+    for flag in [
+        "--nproc-per-node",
+        "--rdzv-endpoint",
+        "--max-restarts",
+        "--shutdown-timeout",
+        "Exit codes:",
+        "128+N",
+    ] {
+        assert!(out.contains(flag), "--help lacks {flag}");
+    }
+}
+
+#[test]
+fn pet_environment_fallback_and_command_line_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.env("PET_NPROC_PER_NODE", "3")
+        .env("PET_MAX_RESTARTS", "2")
+        .args(["--standalone"])
+        .arg(worker("envdump.py"))
+        .arg(dir.path());
+    let (code, _, err) = run(c, Duration::from_secs(30));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        3,
+        "PET_NPROC_PER_NODE=3 honoured"
+    );
+    let env = crate::harness::read_json(&dir.path().join("env_2.json"));
+    assert_eq!(env["env"]["TORCHELASTIC_MAX_RESTARTS"], "2");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.env("PET_NPROC_PER_NODE", "3")
+        .args(["--standalone", "--nproc_per_node", "1"])
+        .arg(worker("envdump.py"))
+        .arg(dir.path());
+    let (code, _, err) = run(c, Duration::from_secs(30));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "command line wins over PET_*"
+    );
+}

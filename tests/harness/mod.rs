@@ -1,0 +1,214 @@
+//! Test harness: paths, the drun binary, polling with deadlines, process checks, RAII guards.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// The repository root.
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A stdlib-only worker script under `tests/workers/`.
+pub fn worker(name: &str) -> String {
+    root()
+        .join("tests/workers")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The `drun` binary under test.
+pub fn drun_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_drun"))
+}
+
+/// `drun` with a clean environment for the contract variables (an outer launcher's RANK etc.
+/// must not leak into assertions) and agent logs at info.
+pub fn drun() -> Command {
+    let mut c = Command::new(drun_bin());
+    for k in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_PORT",
+        "MASTER_ADDR",
+        "TORCHELASTIC_ERROR_FILE",
+        "OMP_NUM_THREADS",
+    ] {
+        c.env_remove(k);
+    }
+    c.env_remove("RUST_LOG").env_remove("DRUN_LOG");
+    c
+}
+
+/// Python with torch for end-to-end tests: `$DRUN_TORCH_PYTHON`, else the CI venv
+/// `~/.cache/drun/venv/bin/python` when it exists. `None` (test skipped, with a note) only when
+/// neither exists and `DRUN_REQUIRE_TORCH` is not `1`; CI sets it so a missing torch fails.
+pub fn torch_python() -> Option<PathBuf> {
+    let candidate = std::env::var_os("DRUN_TORCH_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/drun/venv/bin/python"))
+        })
+        .filter(|p| p.is_file());
+    if candidate.is_none() {
+        assert_ne!(
+            std::env::var("DRUN_REQUIRE_TORCH").as_deref(),
+            Ok("1"),
+            "DRUN_REQUIRE_TORCH=1 but no torch python (set DRUN_TORCH_PYTHON or create ~/.cache/drun/venv)"
+        );
+        eprintln!("skipping: no torch python (set DRUN_TORCH_PYTHON)");
+    }
+    candidate
+}
+
+/// Polls `cond` every 20 ms until it holds or `timeout` passes; panics naming `what`.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether `pid` is alive (zombies count as dead).
+pub fn alive(pid: i32) -> bool {
+    if kill(Pid::from_raw(pid), None).is_err() {
+        return false;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let after = &s[s.rfind(')').unwrap() + 1..];
+            after.split_whitespace().next() != Some("Z")
+        })
+        .unwrap_or(false)
+}
+
+/// Reads a JSON file written by a worker.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
+}
+
+/// A drun agent running in the background; SIGKILLed (and reaped) on drop. Its stdout and
+/// stderr are read continuously so a chatty run never blocks on a full pipe.
+pub struct Agent {
+    pub child: Child,
+    out: Arc<Mutex<String>>,
+    err: Arc<Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn collect(
+    stream: impl std::io::Read + Send + 'static,
+    into: Arc<Mutex<String>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut r = std::io::BufReader::new(stream);
+        let mut line = Vec::new();
+        while r
+            .read_until(b'\n', &mut line)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
+            into.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&line));
+            line.clear();
+        }
+    })
+}
+
+impl Agent {
+    /// Starts `cmd` with stdout/stderr captured.
+    pub fn start(mut cmd: Command) -> Self {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn drun");
+        let out = Arc::new(Mutex::new(String::new()));
+        let err = Arc::new(Mutex::new(String::new()));
+        let readers = vec![
+            collect(child.stdout.take().unwrap(), out.clone()),
+            collect(child.stderr.take().unwrap(), err.clone()),
+        ];
+        Agent {
+            child,
+            out,
+            err,
+            readers,
+        }
+    }
+
+    /// stdout captured so far.
+    pub fn stdout_so_far(&self) -> String {
+        self.out.lock().unwrap().clone()
+    }
+
+    /// stderr captured so far.
+    pub fn stderr_so_far(&self) -> String {
+        self.err.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.pid()), sig).expect("signal agent");
+    }
+
+    /// Waits for exit up to `timeout`; returns (exit code or 128+signal, stdout, stderr).
+    pub fn wait(mut self, timeout: Duration) -> (i32, String, String) {
+        use std::os::unix::process::ExitStatusExt;
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                break st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "drun did not exit within {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Readers end at EOF; a leaked descendant holding the pipe would keep them blocked, so
+        // wait for them only up to the same deadline.
+        for h in self.readers.drain(..) {
+            while !h.is_finished() && Instant::now() < deadline + Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if h.is_finished() {
+                h.join().unwrap();
+            }
+        }
+        let out = self.stdout_so_far();
+        let err = self.stderr_so_far();
+        let code = status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+        (code, out, err)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs drun to completion (bounded) and returns (code, stdout, stderr).
+pub fn run(cmd: Command, timeout: Duration) -> (i32, String, String) {
+    Agent::start(cmd).wait(timeout)
+}

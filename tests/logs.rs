@@ -1,0 +1,147 @@
+//! Worker output: whole prefixed lines, log files, --redirects, --tee, --local-ranks-filter.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::harness::{drun, run, worker};
+
+const LINES: usize = 200;
+
+/// Checks that every `kind` line ("out"/"err") in `text` is whole and carries the right prefix.
+fn assert_whole_lines(text: &str, kind: &str, ranks: &[u32], prefix: impl Fn(u32) -> String) {
+    for r in ranks {
+        let p = prefix(*r);
+        let ours: Vec<&str> = text.lines().filter(|l| l.starts_with(&p)).collect();
+        let body: Vec<&str> = ours
+            .iter()
+            .map(|l| &l[p.len()..])
+            .filter(|b| b.starts_with(&format!("{kind} rank=")))
+            .collect();
+        assert_eq!(
+            body.len(),
+            LINES,
+            "rank {r}: {LINES} whole {kind} lines expected"
+        );
+        for (i, b) in body.iter().enumerate() {
+            assert!(
+                b.starts_with(&format!("{kind} rank={r} i={i} ")),
+                "rank {r} line {i}: {b:?}"
+            );
+            assert!(
+                b.len() >= 290 && b.trim_end().ends_with('x'),
+                "torn line: {b:?}"
+            );
+        }
+    }
+    for l in text.lines() {
+        assert!(
+            ranks.iter().any(|r| l.starts_with(&prefix(*r))) || !l.contains(" rank="),
+            "unprefixed worker line {l:?}"
+        );
+    }
+}
+
+fn attempt_dir(log_dir: &Path) -> PathBuf {
+    let run_dir = std::fs::read_dir(log_dir)
+        .unwrap()
+        .next()
+        .expect("run dir")
+        .unwrap()
+        .path();
+    run_dir.join("attempt_0")
+}
+
+#[test]
+fn lines_are_prefixed_whole_and_partial_tails_flushed() {
+    let mut c = drun();
+    c.args(["--standalone", "--nproc-per-node", "2"])
+        .arg(worker("printer.py"))
+        .arg(LINES.to_string());
+    let (code, out, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert_whole_lines(&out, "out", &[0, 1], |r| format!("[rank{r}]:"));
+    assert_whole_lines(&err, "err", &[0, 1], |r| format!("[rank{r}]:"));
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!("[rank{r}]:tail-without-newline rank={r}\n")),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn tee_writes_files_and_console_with_custom_prefix() {
+    let logs = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.args([
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--tee",
+        "3",
+        "--role",
+        "trainer",
+    ])
+    .arg("--log-dir")
+    .arg(logs.path())
+    .args(["--log-line-prefix-template", "[${role_name}${local_rank}]:"])
+    .arg(worker("printer.py"))
+    .arg(LINES.to_string());
+    let (code, out, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert_whole_lines(&out, "out", &[0, 1], |r| format!("[trainer{r}]:"));
+    let attempt = attempt_dir(logs.path());
+    for r in 0..2 {
+        let file = std::fs::read_to_string(attempt.join(format!("{r}/stdout.log"))).unwrap();
+        assert_whole_lines(&file, "out", &[r], |_| String::new());
+        assert!(file.ends_with(&format!("tail-without-newline rank={r}\n")));
+        let errf = std::fs::read_to_string(attempt.join(format!("{r}/stderr.log"))).unwrap();
+        assert_eq!(errf.lines().count(), LINES);
+    }
+}
+
+#[test]
+fn redirects_keep_stdout_off_the_console_and_filter_limits_console_ranks() {
+    let logs = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.args([
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--redirects",
+        "1",
+        "--local-ranks-filter",
+        "1",
+    ])
+    .arg("--log-dir")
+    .arg(logs.path())
+    .arg(worker("printer.py"))
+    .arg(LINES.to_string());
+    let (code, out, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !out.contains("out rank="),
+        "stdout redirected to files only: {out}"
+    );
+    assert!(
+        err.contains("[rank1]:err rank=1"),
+        "rank 1 stderr on console"
+    );
+    assert!(
+        !err.contains("[rank0]:"),
+        "rank 0 filtered from the console"
+    );
+    let attempt = attempt_dir(logs.path());
+    for r in 0..2 {
+        let file = std::fs::read_to_string(attempt.join(format!("{r}/stdout.log"))).unwrap();
+        assert_eq!(
+            file.lines().filter(|l| l.starts_with("out rank=")).count(),
+            LINES,
+            "files keep every rank"
+        );
+        assert!(
+            !attempt.join(format!("{r}/stderr.log")).exists(),
+            "stderr not redirected"
+        );
+    }
+}

@@ -1,0 +1,10 @@
+//! drun's integration tests: real `drun` processes, real workers, real signals.
+
+mod harness;
+
+mod cli;
+mod logs;
+mod ports;
+mod standalone;
+mod supervision;
+mod torch_e2e;

@@ -1,0 +1,1 @@
+"""Tiny package used to test launching workers with `python -m` (see envmod)."""

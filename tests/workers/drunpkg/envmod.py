@@ -1,0 +1,42 @@
+"""Test worker run as a module: like envdump.py, plus the module and package names.
+
+Usage (cwd = tests/workers): python -m drunpkg.envmod OUTDIR [extra args...]
+
+Writes OUTDIR/env_<RANK>.json with env, argv, pid, pgid, sid, executable,
+module (__name__) and package (__package__).
+"""
+
+import json
+import os
+import sys
+
+
+def write_atomic(path, text):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main():
+    outdir = sys.argv[1]
+    rank = os.environ.get("RANK", "none")
+    os.makedirs(outdir, exist_ok=True)
+    record = {
+        "env": dict(os.environ),
+        "argv": sys.argv,
+        "pid": os.getpid(),
+        "pgid": os.getpgid(0),
+        "sid": os.getsid(0),
+        "executable": sys.executable,
+        "module": __name__,
+        "package": __package__,
+    }
+    write_atomic(os.path.join(outdir, f"env_{rank}.json"), json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Test worker: rank 1 fails on the first attempt only, to exercise restarts.
+
+Usage: flaky.py OUTDIR
+
+Writes OUTDIR/attempt<TORCHELASTIC_RESTART_COUNT>_rank<RANK> holding a JSON
+object of a few launcher env vars; then, if TORCHELASTIC_RESTART_COUNT is "0"
+and RANK is "1", exits 1 after 0.2 s; otherwise exits 0.
+"""
+
+import json
+import os
+import sys
+import time
+
+KEYS = ("TORCHELASTIC_RESTART_COUNT", "RANK", "WORLD_SIZE", "DRUN_GENERATION", "MASTER_PORT")
+
+
+def write_atomic(path, text):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main():
+    outdir = sys.argv[1]
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    rank = os.environ.get("RANK")
+    os.makedirs(outdir, exist_ok=True)
+    info = {key: os.environ.get(key) for key in KEYS}
+    write_atomic(os.path.join(outdir, f"attempt{restart}_rank{rank}"), json.dumps(info))
+    if restart == "0" and rank == "1":
+        time.sleep(0.2)
+        print(f"flaky: rank {rank} failing on attempt {restart}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
