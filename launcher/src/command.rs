@@ -153,6 +153,12 @@ pub fn find_on_path(name: &str) -> Option<PathBuf> {
 /// `string.Template(arg).safe_substitute(local_rank=lr)`: replaces `$local_rank` and
 /// `${local_rank}` (identifier match is case-insensitive, as Template's is), turns `$$` into `$`,
 /// and leaves every other `$...` untouched.
+///
+/// ```
+/// use drun_launcher::command::substitute_local_rank;
+/// assert_eq!(substitute_local_rank("--log=rank${local_rank}.txt", "3"), "--log=rank3.txt");
+/// assert_eq!(substitute_local_rank("$$HOME $other", "3"), "$HOME $other");
+/// ```
 pub fn substitute_local_rank(arg: &str, lr: &str) -> String {
     let bytes = arg.as_bytes();
     let mut out = String::with_capacity(arg.len());

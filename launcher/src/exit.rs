@@ -29,6 +29,12 @@ pub enum AgentExit {
 
 impl AgentExit {
     /// The process exit code (0–255).
+    ///
+    /// ```
+    /// use drun_launcher::AgentExit;
+    /// assert_eq!(AgentExit::WorkerFailure.code(), 1);
+    /// assert_eq!(AgentExit::Signal(15).code(), 143);
+    /// ```
     pub fn code(self) -> u8 {
         match self {
             AgentExit::Success => 0,

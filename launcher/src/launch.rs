@@ -77,6 +77,13 @@ fn invalid(flag: &'static str, value: impl Into<String>, why: impl Into<String>)
 }
 
 /// Parses `--nnodes`: `N` or `MIN:MAX` with `0 < MIN <= MAX` (torchrun `parse_min_max_nnodes`).
+///
+/// ```
+/// use drun_launcher::launch::parse_nnodes;
+/// assert_eq!(parse_nnodes("2").unwrap(), (2, 2));
+/// assert_eq!(parse_nnodes("1:4").unwrap(), (1, 4));
+/// assert!(parse_nnodes("3:2").is_err());
+/// ```
 pub fn parse_nnodes(v: &str) -> Result<(u32, u32), ConfigError> {
     let bad = |why: &str| invalid("--nnodes", v, why);
     let parse = |s: &str| {

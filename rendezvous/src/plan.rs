@@ -55,6 +55,19 @@ impl Plan {
 
 /// Ranks an admitted set into a [`Plan`] for `generation`.
 ///
+/// ```
+/// use drun_rendezvous::{assign, Candidate};
+/// let node = |id: &str, slots| Candidate {
+///     node_id: id.into(), advertise_addr: format!("{id}.cluster"), slots,
+///     requested_node_rank: None, master_port: 29500,
+/// };
+/// let plan = assign("job", 1, &[node("b", 4), node("a", 2)], 0, 0).unwrap();
+/// assert_eq!(plan.members[1].node_id, "b");
+/// assert_eq!(plan.members[1].base_rank, 2); // RANK of b's local rank 0
+/// assert_eq!(plan.world_size, 6);
+/// assert_eq!(plan.master_addr, "a.cluster");
+/// ```
+///
 /// # Errors
 /// [`RendezvousError::Assignment`] when two nodes pin the same rank or a pinned rank is not below
 /// the number of admitted nodes.
