@@ -3,11 +3,11 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, UNIX_EPOCH};
 
-use drun_rendezvous::round::RestartCause;
-use drun_rendezvous::{Candidate, MemoryStore, Plan, Round, RoundConfig, Store};
+use drun_rendezvous::session::{Event, Request, RunEnd, SessionConfig};
+use drun_rendezvous::{Candidate, Plan, RoundConfig};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -15,14 +15,13 @@ use tokio::time::Instant;
 
 use crate::group::{GroupContext, WorkerGroup};
 use crate::os::guard::Guard;
-use crate::os::ports::ReservedPort;
+use crate::os::ports::{self, ReservedPort};
 use crate::os::procs;
 use crate::os::spawn::{self, Spawner};
+use crate::rdzv::{self, Link};
 use crate::summary::{self, root_cause};
 use crate::{AgentExit, LaunchConfig, LaunchError, RendezvousMode};
 
-/// Lease TTL of the agent's membership in the embedded store.
-const LEASE_TTL: Duration = Duration::from_secs(10);
 /// How long teardown waits for SIGKILLed workers (e.g. in uninterruptible sleep) to be reaped.
 const KILL_WAIT: Duration = Duration::from_secs(10);
 /// How long the agent waits for output readers after the workers are gone.
@@ -36,6 +35,9 @@ enum Outcome {
     Succeeded,
     Failed,
     Signal(Signal),
+    Reform(String),
+    Fenced(String),
+    Finished(RunEnd),
 }
 
 /// Runs a validated launch to its end and returns the exit status. Errors are printed as one
@@ -157,36 +159,132 @@ impl Agent {
                  (export it to tune)"
             );
         }
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let round = Round::new(store.clone(), &self.cfg.run_id, RoundConfig::single_node());
-        let lease = store.lease_grant(LEASE_TTL).await?;
-        let keep_alive = {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(LEASE_TTL / 3);
-                loop {
-                    tick.tick().await;
-                    if let Err(e) = store.lease_keep_alive(lease).await {
-                        tracing::error!(error = %e, "lease keep-alive failed");
-                    }
-                }
-            })
+        let t = self.cfg.timing;
+        let session = SessionConfig {
+            run_id: self.cfg.run_id.clone(),
+            node_id: self.cfg.node_id.clone(),
+            round: RoundConfig {
+                min_nodes: self.cfg.min_nodes as usize,
+                max_nodes: self.cfg.max_nodes as usize,
+                last_call: if self.cfg.min_nodes == self.cfg.max_nodes {
+                    Duration::ZERO
+                } else {
+                    t.last_call
+                },
+                join_timeout: t.join_timeout,
+            },
+            lease_ttl: t.lease_ttl,
+            keep_alive_interval: t.keep_alive_interval,
+            max_restarts: self.cfg.max_restarts,
+            auto_keep_alive: true,
         };
-        let result = self.generations(&round, lease).await;
-        keep_alive.abort();
-        let _ = store.lease_revoke(lease).await;
+        if self.cfg.max_nodes > 1 || !matches!(self.cfg.rendezvous, RendezvousMode::Embedded { .. })
+        {
+            tracing::info!(
+                run = %self.cfg.run_id,
+                node = %self.cfg.node_id,
+                "rendezvous {:?}; nnodes {}:{}, join_timeout {:?}, last_call {:?}, lease_ttl {:?}, keep_alive {:?}",
+                self.cfg.rendezvous,
+                self.cfg.min_nodes,
+                self.cfg.max_nodes,
+                t.join_timeout,
+                session.round.last_call,
+                t.lease_ttl,
+                t.keep_alive_interval
+            );
+        }
+        let mut link = rdzv::open(&self.cfg, session).await?;
+        let result = self.generations(&mut link).await;
+        if !matches!(result, Ok(AgentExit::Success | AgentExit::WorkerFailure)) {
+            // Leaving (not ending) the run: survivors re-form without this node.
+            let _ = link.tx.send(Request::Leave);
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                while link.rx.recv().await.is_some() {}
+            })
+            .await;
+        }
+        if let Some(h) = link.hosted.take() {
+            h.shutdown().await;
+        }
         result
     }
 
-    async fn generations(&mut self, round: &Round, lease: i64) -> Result<AgentExit, LaunchError> {
-        let mut restart_count = 0u32;
-        let mut last_gen = 0u64;
+    fn candidate(&self, master_port: u16) -> Candidate {
+        let advertise_addr = match &self.cfg.rendezvous {
+            RendezvousMode::Embedded { master_addr, .. } => master_addr.clone(),
+            RendezvousMode::Static { master_addr, .. } => master_addr.clone(),
+            // Empty: the server fills in the address it sees the agent connect from.
+            RendezvousMode::Server { .. } | RendezvousMode::C10d { .. } => {
+                self.cfg.advertise_addr.clone().unwrap_or_default()
+            }
+            RendezvousMode::Etcd { endpoints } => self
+                .cfg
+                .advertise_addr
+                .clone()
+                .or_else(|| endpoints.first().and_then(|e| ports::route_local_ip(e)))
+                .unwrap_or_else(|| self.hostname.clone()),
+        };
+        Candidate {
+            node_id: self.cfg.node_id.clone(),
+            advertise_addr,
+            slots: self.cfg.nproc_per_node,
+            requested_node_rank: self.cfg.requested_node_rank,
+            master_port,
+        }
+    }
+
+    /// Joins and waits for a plan; `Ok(Err(exit))` when the run ended or a signal arrived first.
+    async fn form(
+        &mut self,
+        link: &mut Link,
+        cand: &Candidate,
+        formed_before: bool,
+    ) -> Result<Result<Plan, AgentExit>, LaunchError> {
+        let _ = link.tx.send(Request::Join(cand.clone()));
         loop {
-            let (master_addr, fixed_port) = match &self.cfg.rendezvous {
-                RendezvousMode::Embedded {
-                    master_addr,
-                    fixed_port,
-                } => (master_addr.clone(), *fixed_port),
+            tokio::select! {
+                ev = link.rx.recv() => match ev {
+                    None => return Err(LaunchError::Rendezvous(drun_rendezvous::RendezvousError::Assignment("the rendezvous session ended".into()))),
+                    Some(Event::Waiting(t)) => tracing::info!("{t}"),
+                    Some(Event::Formed(p)) => return Ok(Ok(p)),
+                    Some(Event::Finished(end)) if !formed_before => {
+                        return Err(LaunchError::RunFinished {
+                            run: self.cfg.run_id.clone(),
+                            at: summary::format_time(UNIX_EPOCH + Duration::from_millis(end.at_ms)),
+                            outcome: if end.success { "succeeded".into() } else { format!("failed: {}", end.reason) },
+                        });
+                    }
+                    Some(Event::Finished(end)) => return Ok(Err(self.run_ended(&end))),
+                    Some(Event::Error(e)) => return Err(LaunchError::RendezvousFailed(e)),
+                    Some(Event::Fenced(r)) => {
+                        tracing::warn!("{r}; joining again as a new member");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        let _ = link.tx.send(Request::Join(cand.clone()));
+                    }
+                    Some(_) => {}
+                },
+                sig = self.next_teardown_signal() => return Ok(Err(AgentExit::Signal(sig as i32))),
+            }
+        }
+    }
+
+    fn run_ended(&self, end: &RunEnd) -> AgentExit {
+        if end.success {
+            tracing::info!(run = %self.cfg.run_id, "run finished: {}", end.reason);
+            AgentExit::Success
+        } else {
+            eprintln!("drun: run {} failed: {}", self.cfg.run_id, end.reason);
+            AgentExit::WorkerFailure
+        }
+    }
+
+    async fn generations(&mut self, link: &mut Link) -> Result<AgentExit, LaunchError> {
+        let mut formed_before = false;
+        loop {
+            let fixed_port = match &self.cfg.rendezvous {
+                RendezvousMode::Embedded { fixed_port, .. } => *fixed_port,
+                RendezvousMode::Static { master_port, .. } => Some(*master_port),
+                _ => None,
             };
             let reserved = match fixed_port {
                 Some(_) => None,
@@ -197,21 +295,13 @@ impl Agent {
             };
             let master_port =
                 fixed_port.unwrap_or_else(|| reserved.as_ref().map_or(0, ReservedPort::port));
-            let cand = Candidate {
-                node_id: self.cfg.node_id.clone(),
-                advertise_addr: master_addr,
-                slots: self.cfg.nproc_per_node,
-                requested_node_rank: None,
-                master_port,
+            let cand = self.candidate(master_port);
+            let plan = match self.form(link, &cand, formed_before).await? {
+                Ok(p) => p,
+                Err(exit) => return Ok(exit),
             };
-            round.join(&cand, lease).await?;
-            let node_id = self.cfg.node_id.clone();
-            let plan = tokio::select! {
-                plan = round.wait_for_plan(&node_id, last_gen, |r| tracing::info!("{r}")) => plan?,
-                sig = self.next_teardown_signal() => return Ok(AgentExit::Signal(sig as i32)),
-            };
-            last_gen = plan.generation;
-            self.announce(&plan, restart_count);
+            formed_before = true;
+            self.announce(&plan);
             let ctx = GroupContext {
                 cfg: &self.cfg,
                 spawner: &self.spawner,
@@ -221,20 +311,26 @@ impl Agent {
                 inherited: &self.inherited,
                 run_log_dir: &self.run_log_dir,
             };
-            let mut group = match WorkerGroup::start(&ctx, &plan, restart_count).await {
+            let mut group = match WorkerGroup::start(&ctx, &plan, plan.restarts_failures).await {
                 Ok(g) => g,
                 Err((mut partial, e)) => {
                     self.stop(&mut partial, Signal::SIGKILL).await;
                     return Err(e);
                 }
             };
-            let outcome = self.supervise(&mut group).await;
-            drop(reserved);
+            let outcome = self.supervise(&mut group, link).await;
             match outcome {
                 Outcome::Succeeded => {
                     self.stop(&mut group, Signal::SIGTERM).await;
-                    tracing::info!(run = %self.cfg.run_id, gen = plan.generation, "all workers succeeded");
-                    return Ok(AgentExit::Success);
+                    drop(reserved);
+                    if plan.members.len() > 1 {
+                        tracing::info!(run = %self.cfg.run_id, gen = plan.generation, "local workers succeeded; waiting for the other nodes");
+                    }
+                    let _ = link.tx.send(Request::Succeeded(plan.generation));
+                    match self.await_end(link).await? {
+                        Some(exit) => return Ok(exit),
+                        None => continue,
+                    }
                 }
                 Outcome::Signal(sig) => {
                     tracing::warn!(
@@ -244,6 +340,24 @@ impl Agent {
                     self.stop(&mut group, sig).await;
                     return Ok(AgentExit::Signal(sig as i32));
                 }
+                Outcome::Reform(reason) => {
+                    tracing::warn!(gen = plan.generation, "re-forming the group: {reason}");
+                    self.stop(&mut group, Signal::SIGTERM).await;
+                    if let Some(sig) = self.interrupted {
+                        return Ok(AgentExit::Signal(sig as i32));
+                    }
+                }
+                Outcome::Fenced(reason) => {
+                    tracing::error!(
+                        gen = plan.generation,
+                        "fenced: {reason}; killing workers and joining again"
+                    );
+                    self.stop(&mut group, Signal::SIGKILL).await;
+                }
+                Outcome::Finished(end) => {
+                    self.stop(&mut group, Signal::SIGTERM).await;
+                    return Ok(self.run_ended(&end));
+                }
                 Outcome::Failed => {
                     self.stop(&mut group, Signal::SIGTERM).await;
                     if let Some(sig) = self.interrupted {
@@ -252,14 +366,32 @@ impl Agent {
                     let failures = group.failures();
                     let root =
                         &failures[root_cause(&failures).expect("a failed group has failures")];
-                    if restart_count < self.cfg.max_restarts {
-                        restart_count += 1;
-                        round.record_restart(RestartCause::Failure).await?;
-                        tracing::warn!(
-                            "{}; restarting the worker group ({restart_count}/{} restarts used)",
-                            root.one_line(),
-                            self.cfg.max_restarts
-                        );
+                    let _ = link.tx.send(Request::Failed {
+                        generation: plan.generation,
+                        description: format!("{} on node {}", root.one_line(), self.cfg.node_id),
+                    });
+                    let restart = loop {
+                        tokio::select! {
+                            ev = link.rx.recv() => match ev {
+                                Some(Event::FailureDecision { restart, restarts }) => {
+                                    if restart {
+                                        tracing::warn!(
+                                            "{}; restarting the worker group ({}/{} restarts used)",
+                                            root.one_line(),
+                                            restarts.failures,
+                                            self.cfg.max_restarts
+                                        );
+                                    }
+                                    break restart;
+                                }
+                                Some(Event::Error(e)) => return Err(LaunchError::RendezvousFailed(e)),
+                                None => break false,
+                                Some(_) => {}
+                            },
+                            sig = self.next_teardown_signal() => return Ok(AgentExit::Signal(sig as i32)),
+                        }
+                    };
+                    if restart {
                         continue;
                     }
                     eprint!(
@@ -277,18 +409,42 @@ impl Agent {
         }
     }
 
-    fn announce(&self, plan: &Plan, restart_count: u32) {
+    /// After local success: waits for the run to end (`Some(exit)`) or to re-form (`None`).
+    async fn await_end(&mut self, link: &mut Link) -> Result<Option<AgentExit>, LaunchError> {
+        loop {
+            tokio::select! {
+                ev = link.rx.recv() => match ev {
+                    Some(Event::Finished(end)) => return Ok(Some(self.run_ended(&end))),
+                    Some(Event::Reform { reason, .. }) => {
+                        tracing::warn!("the group re-forms after this node finished: {reason}");
+                        return Ok(None);
+                    }
+                    Some(Event::Fenced(reason)) => {
+                        tracing::warn!("fenced after this node finished: {reason}");
+                        return Ok(None);
+                    }
+                    Some(Event::Error(e)) => return Err(LaunchError::RendezvousFailed(e)),
+                    None => return Ok(Some(AgentExit::Success)),
+                    Some(_) => {}
+                },
+                sig = self.next_teardown_signal() => return Ok(Some(AgentExit::Signal(sig as i32))),
+            }
+        }
+    }
+
+    fn announce(&self, plan: &Plan) {
         tracing::info!(
             run = %plan.run_id,
             gen = plan.generation,
-            "world formed: {} node(s) [{}], world size {}, master {}:{}, restart {}/{}",
+            "world formed: {} node(s) [{}], world size {}, master {}:{}, restarts {}/{} (+{} membership)",
             plan.members.len(),
             plan.members.iter().map(|m| m.node_id.as_str()).collect::<Vec<_>>().join(", "),
             plan.world_size,
             plan.master_addr,
             plan.master_port,
-            restart_count,
-            self.cfg.max_restarts
+            plan.restarts_failures,
+            self.cfg.max_restarts,
+            plan.restarts_membership
         );
         if let Some(m) = plan.member(&self.cfg.node_id) {
             for lr in 0..m.slots {
@@ -336,7 +492,7 @@ impl Agent {
         }
     }
 
-    async fn supervise(&mut self, group: &mut WorkerGroup) -> Outcome {
+    async fn supervise(&mut self, group: &mut WorkerGroup, link: &mut Link) -> Outcome {
         let mut tick = tokio::time::interval(self.cfg.monitor_interval);
         loop {
             self.reap_into(group);
@@ -358,6 +514,14 @@ impl Agent {
                         return Outcome::Signal(sig);
                     }
                 }
+                ev = link.rx.recv() => match ev {
+                    Some(Event::Reform { reason, .. }) => return Outcome::Reform(reason),
+                    Some(Event::Finished(end)) => return Outcome::Finished(end),
+                    Some(Event::Fenced(reason)) => return Outcome::Fenced(reason),
+                    Some(Event::Error(e)) => return Outcome::Fenced(format!("rendezvous error: {e}")),
+                    None => return Outcome::Fenced("the rendezvous session ended".into()),
+                    Some(_) => {}
+                },
             }
         }
     }

@@ -47,17 +47,19 @@ pub struct Args {
     #[arg(long, env = "PET_STANDALONE", help_heading = "Rendezvous")]
     pub standalone: bool,
 
-    /// Rendezvous backend: `static`, `c10d`, `etcd`, `etcd-v2`, `drun`.
+    /// Rendezvous backend: `drun` (drun-rendezvous servers; the default with --rdzv-endpoint),
+    /// `c10d` (one agent hosts it), `etcd`/`etcd-v2` (agents use etcd v3 directly), `static`
+    /// (the default without an endpoint).
     #[arg(
         long = "rdzv-backend",
         visible_alias = "rdzv_backend",
         env = "PET_RDZV_BACKEND",
-        default_value = "static",
         help_heading = "Rendezvous"
     )]
-    pub rdzv_backend: String,
+    pub rdzv_backend: Option<String>,
 
-    /// Rendezvous endpoint `host[:port]` (IPv6 in brackets).
+    /// Rendezvous endpoint `host[:port]` (IPv6 in brackets); several `a:p,b:p` for drun replicas
+    /// or an etcd cluster. Default ports: 29400 (drun, c10d), 2379 (etcd).
     #[arg(
         long = "rdzv-endpoint",
         visible_alias = "rdzv_endpoint",
@@ -77,7 +79,9 @@ pub struct Args {
     )]
     pub rdzv_id: String,
 
-    /// Extra rendezvous settings `key=value,...` (e.g. `join_timeout=600,last_call_timeout=30`).
+    /// Extra rendezvous settings `key=value,...`: `join_timeout` (s, default 600),
+    /// `last_call_timeout` (s, 30), `lease_ttl` (s, 10), `keep_alive_interval` (s, lease_ttl/3),
+    /// `is_host` (c10d: 1 hosts, 0 never hosts).
     #[arg(
         long = "rdzv-conf",
         visible_alias = "rdzv_conf",
@@ -195,15 +199,14 @@ pub struct Args {
     )]
     pub log_line_prefix_template: Option<String>,
 
-    /// Node rank for the static backend.
+    /// This node's rank: required by a multi-node static launch, a pinned rank otherwise.
     #[arg(
         long = "node-rank",
         visible_alias = "node_rank",
         env = "PET_NODE_RANK",
-        default_value_t = 0,
-        help_heading = "Static rendezvous"
+        help_heading = "Rendezvous"
     )]
-    pub node_rank: u32,
+    pub node_rank: Option<u32>,
 
     /// Address of node rank 0 for the static backend.
     #[arg(

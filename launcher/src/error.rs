@@ -47,6 +47,21 @@ pub enum LaunchError {
     /// Rendezvous failure (exit 3).
     #[error("rendezvous failed: {0}")]
     Rendezvous(#[from] drun_rendezvous::RendezvousError),
+    /// The rendezvous reported a terminal error (exit 3), one line.
+    #[error("rendezvous failed: {0}")]
+    RendezvousFailed(String),
+    /// The run id belongs to a run that already ended (exit 3).
+    #[error(
+        "run {run} already finished at {at} ({outcome}); start a new run with a new --rdzv-id"
+    )]
+    RunFinished {
+        /// Run id.
+        run: String,
+        /// When it ended (local time).
+        at: String,
+        /// "succeeded" or "failed: ...".
+        outcome: String,
+    },
     /// The store underneath failed (exit 3).
     #[error("rendezvous store failed: {0}")]
     Store(#[from] drun_rendezvous::StoreError),
@@ -74,7 +89,10 @@ impl LaunchError {
     pub fn exit(&self) -> AgentExit {
         match self {
             LaunchError::Config(_) => AgentExit::Usage,
-            LaunchError::Rendezvous(_) | LaunchError::Store(_) => AgentExit::Rendezvous,
+            LaunchError::Rendezvous(_)
+            | LaunchError::RendezvousFailed(_)
+            | LaunchError::RunFinished { .. }
+            | LaunchError::Store(_) => AgentExit::Rendezvous,
             LaunchError::Os { .. } => AgentExit::WorkerFailure,
         }
     }

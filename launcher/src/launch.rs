@@ -18,9 +18,236 @@ pub enum RendezvousMode {
     Embedded {
         /// Address workers use to reach rank 0's store.
         master_addr: String,
-        /// `--master-port` of a static launch; `None` = pick a fresh free port per generation.
+        /// `--master-port` of a one-node static launch; `None` = a fresh free port per generation.
         fixed_port: Option<u16>,
     },
+    /// torchrun's static backend across several nodes: no rendezvous at all.
+    Static {
+        /// `--node-rank`.
+        node_rank: u32,
+        /// `--master-addr`.
+        master_addr: String,
+        /// `--master-port` (default 29500).
+        master_port: u16,
+    },
+    /// `drun-rendezvous` replicas (`--rdzv-backend drun`), `host:port` each.
+    Server {
+        /// Replica endpoints, tried in order on failure.
+        endpoints: Vec<String>,
+    },
+    /// torchrun's c10d backend: the agent that can bind `endpoint` hosts an embedded server.
+    C10d {
+        /// `host:port`.
+        endpoint: String,
+        /// `--rdzv-conf is_host=`: force (true) or forbid (false) hosting.
+        is_host: Option<bool>,
+    },
+    /// Every agent runs the rendezvous directly on etcd v3 (`--rdzv-backend etcd`/`etcd-v2`).
+    Etcd {
+        /// etcd client endpoints.
+        endpoints: Vec<String>,
+    },
+}
+
+fn rendezvous_is_static(m: &RendezvousMode) -> bool {
+    matches!(
+        m,
+        RendezvousMode::Static { .. }
+            | RendezvousMode::Embedded {
+                fixed_port: Some(_),
+                ..
+            }
+    )
+}
+
+/// Rendezvous timing, from `--rdzv-conf` (seconds) with torchrun's defaults where it has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// Give up below MIN nodes after this long (`join_timeout`, default 600 s).
+    pub join_timeout: Duration,
+    /// Last-call window once MIN nodes joined (`last_call_timeout`, default 30 s).
+    pub last_call: Duration,
+    /// Lease TTL (`lease_ttl`, default 10 s).
+    pub lease_ttl: Duration,
+    /// Keep-alive period (`keep_alive_interval`, default lease_ttl / 3).
+    pub keep_alive_interval: Duration,
+}
+
+impl Timing {
+    /// Reads the knobs from a parsed `--rdzv-conf`.
+    ///
+    /// # Errors
+    /// A value that is not a non-negative number of seconds, or a keep-alive not below the TTL.
+    pub fn from_conf(conf: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let secs = |key: &str, default: f64| -> Result<Duration, ConfigError> {
+            match conf.get(key) {
+                None => Ok(Duration::from_secs_f64(default)),
+                Some(v) => v
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s >= 0.0)
+                    .map(Duration::from_secs_f64)
+                    .ok_or_else(|| {
+                        invalid("--rdzv-conf", format!("{key}={v}"), "expected seconds >= 0")
+                    }),
+            }
+        };
+        let lease_ttl = secs("lease_ttl", 10.0)?.max(Duration::from_secs(1));
+        let keep_alive_interval = match conf.get("keep_alive_interval") {
+            Some(_) => secs("keep_alive_interval", 0.0)?,
+            None => lease_ttl / 3,
+        };
+        if keep_alive_interval.is_zero() || keep_alive_interval >= lease_ttl {
+            return Err(invalid(
+                "--rdzv-conf",
+                format!("keep_alive_interval={keep_alive_interval:?}"),
+                "must be > 0 and below lease_ttl",
+            ));
+        }
+        Ok(Timing {
+            join_timeout: secs("join_timeout", 600.0)?,
+            last_call: secs("last_call_timeout", 30.0)?,
+            lease_ttl,
+            keep_alive_interval,
+        })
+    }
+}
+
+/// Chooses the rendezvous mode and run id following torchrun's rules, plus drun's refusals
+/// (no silent localhost fallback, no shared default run id across nodes).
+fn rendezvous_mode(
+    a: &Args,
+    min_nodes: u32,
+    max_nodes: u32,
+    conf: &BTreeMap<String, String>,
+    notes: &mut Vec<String>,
+) -> Result<(RendezvousMode, String), ConfigError> {
+    let backend = match a.rdzv_backend.as_deref() {
+        Some(b) => b,
+        None if a.rdzv_endpoint.is_empty() => "static",
+        None => "drun",
+    };
+    if !matches!(backend, "static" | "c10d" | "etcd" | "etcd-v2" | "drun") {
+        return Err(invalid(
+            "--rdzv-backend",
+            backend,
+            "expected drun, c10d, etcd, etcd-v2 or static",
+        ));
+    }
+    let local_master = || a.local_addr.clone().unwrap_or_else(|| "127.0.0.1".into());
+    // torchrun run(): static + no endpoint + no --master-port + one node = standalone.
+    let implicit_standalone = backend == "static"
+        && a.rdzv_endpoint.is_empty()
+        && a.master_port.is_none()
+        && max_nodes == 1;
+    if a.standalone || implicit_standalone {
+        if max_nodes > 1 {
+            return Err(invalid(
+                "--nnodes",
+                a.nnodes.clone(),
+                "--standalone runs one node; drop --standalone or use --nnodes 1",
+            ));
+        }
+        if a.standalone
+            && (!a.rdzv_endpoint.is_empty() || a.rdzv_id != "none" || a.rdzv_backend.is_some())
+        {
+            notes.push(
+                "--standalone: ignoring the explicit --rdzv-* flags, as torchrun does".into(),
+            );
+        }
+        let mode = RendezvousMode::Embedded {
+            master_addr: local_master(),
+            fixed_port: None,
+        };
+        return Ok((mode, uuid::Uuid::new_v4().to_string()));
+    }
+    let run_id = if a.rdzv_id != "none" {
+        a.rdzv_id.clone()
+    } else if let Some(job) = std::env::var("SLURM_JOB_ID").ok().filter(|j| !j.is_empty()) {
+        job
+    } else if max_nodes > 1 {
+        return Err(invalid(
+            "--rdzv-id",
+            "none",
+            "multi-node runs need a run id shared by all nodes (e.g. --rdzv-id myjob-42); the default would mix jobs",
+        ));
+    } else {
+        a.rdzv_id.clone()
+    };
+    if backend == "static" {
+        if max_nodes == 1 {
+            let mode = RendezvousMode::Embedded {
+                master_addr: a.master_addr.clone(),
+                fixed_port: Some(a.master_port.unwrap_or(29500)),
+            };
+            return Ok((mode, run_id));
+        }
+        if min_nodes != max_nodes {
+            return Err(invalid(
+                "--nnodes",
+                a.nnodes.clone(),
+                "the static backend needs a fixed node count; use --rdzv-endpoint for MIN:MAX",
+            ));
+        }
+        let node_rank = a.node_rank.ok_or_else(|| {
+            invalid(
+                "--node-rank",
+                "(missing)",
+                "a multi-node static launch needs --node-rank, --master-addr and --master-port on every node, or --rdzv-endpoint for a dynamic rendezvous",
+            )
+        })?;
+        if node_rank >= max_nodes {
+            return Err(invalid(
+                "--node-rank",
+                node_rank.to_string(),
+                format!("must be below --nnodes {max_nodes}"),
+            ));
+        }
+        let mode = RendezvousMode::Static {
+            node_rank,
+            master_addr: a.master_addr.clone(),
+            master_port: a.master_port.unwrap_or(29500),
+        };
+        return Ok((mode, run_id));
+    }
+    if a.rdzv_endpoint.trim().is_empty() {
+        return Err(invalid(
+            "--rdzv-endpoint",
+            "(missing)",
+            format!(
+                "--rdzv-backend {backend} needs --rdzv-endpoint HOST:PORT (a drun-rendezvous server, the c10d host, or etcd); drun never falls back to localhost"
+            ),
+        ));
+    }
+    if a.master_port.is_some() {
+        notes.push("--master-port only applies to the static backend; MASTER_PORT comes from the rendezvous".into());
+    }
+    let mode = match backend {
+        "drun" => RendezvousMode::Server {
+            endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 29400),
+        },
+        "c10d" => {
+            let is_host = match conf.get("is_host").map(|v| v.trim().to_ascii_lowercase()) {
+                None => None,
+                Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => Some(true),
+                Some(v) if matches!(v.as_str(), "0" | "false" | "no" | "off") => Some(false),
+                Some(v) => {
+                    return Err(invalid(
+                        "--rdzv-conf",
+                        format!("is_host={v}"),
+                        "expected 1 or 0",
+                    ))
+                }
+            };
+            let endpoint = crate::rdzv::endpoints(&a.rdzv_endpoint, 29400).remove(0);
+            RendezvousMode::C10d { endpoint, is_host }
+        }
+        _ => RendezvousMode::Etcd {
+            endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 2379),
+        },
+    };
+    Ok((mode, run_id))
 }
 
 /// A validated launch.
@@ -64,6 +291,12 @@ pub struct LaunchConfig {
     pub shutdown_timeout: Duration,
     /// Parsed `--rdzv-conf`.
     pub rdzv_conf: BTreeMap<String, String>,
+    /// Rendezvous timing knobs.
+    pub timing: Timing,
+    /// `--node-rank` pinned for a dynamic rendezvous.
+    pub requested_node_rank: Option<u32>,
+    /// `--local-addr`: address other nodes use to reach this one (else chosen per backend).
+    pub advertise_addr: Option<String>,
     /// Notes about ignored or defaulted flags, printed once at start.
     pub notes: Vec<String>,
 }
@@ -294,69 +527,10 @@ impl LaunchConfig {
             .filter(|t| !t.is_empty());
 
         let mut notes = Vec::new();
-        if max_nodes > 1 {
-            return Err(ConfigError::Unsupported {
-                flag: "--nnodes",
-                why: format!(
-                    "multi-node groups ({}) need the rendezvous server, which this build does not have yet; use --nnodes 1",
-                    a.nnodes
-                ),
-            });
-        }
-        let backend = a.rdzv_backend.as_str();
-        if !matches!(backend, "static" | "c10d" | "etcd" | "etcd-v2" | "drun") {
-            return Err(invalid(
-                "--rdzv-backend",
-                backend,
-                "expected static, c10d, etcd, etcd-v2 or drun",
-            ));
-        }
-        // torchrun run(): static + no endpoint + no --master-port + one node = standalone.
-        let implicit_standalone =
-            backend == "static" && a.rdzv_endpoint.is_empty() && a.master_port.is_none();
-        let standalone = a.standalone || implicit_standalone;
-        let (rendezvous, run_id) = if standalone {
-            if a.standalone
-                && (!a.rdzv_endpoint.is_empty() || a.rdzv_id != "none" || backend != "static")
-            {
-                notes.push(
-                    "--standalone: ignoring the explicit --rdzv-* flags, as torchrun does".into(),
-                );
-            }
-            (
-                RendezvousMode::Embedded {
-                    master_addr: a.local_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
-                    fixed_port: None,
-                },
-                uuid::Uuid::new_v4().to_string(),
-            )
-        } else if backend == "static" {
-            (
-                RendezvousMode::Embedded {
-                    master_addr: a.master_addr.clone(),
-                    fixed_port: Some(a.master_port.unwrap_or(29500)),
-                },
-                a.rdzv_id.clone(),
-            )
-        } else {
-            notes.push(format!(
-                "one-node group: the rendezvous runs in-process; --rdzv-endpoint '{}' is not contacted",
-                a.rdzv_endpoint
-            ));
-            (
-                RendezvousMode::Embedded {
-                    master_addr: a.local_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
-                    fixed_port: None,
-                },
-                a.rdzv_id.clone(),
-            )
-        };
-        if a.node_rank != 0 && backend != "static" {
-            notes.push(format!(
-                "--node-rank {} has no effect with a one-node group",
-                a.node_rank
-            ));
-        }
+        let timing = Timing::from_conf(&rdzv_conf)?;
+        let (rendezvous, run_id) =
+            rendezvous_mode(a, min_nodes, max_nodes, &rdzv_conf, &mut notes)?;
+        let requested_node_rank = a.node_rank.filter(|_| !rendezvous_is_static(&rendezvous));
         if a.start_method != "spawn" {
             notes.push(format!(
                 "--start-method {} only affects function entrypoints in torchrun; drun starts processes directly",
@@ -380,11 +554,14 @@ impl LaunchConfig {
             EntryKind::Script
         };
         let entrypoint = Entrypoint::resolve(kind, &a.script_and_args, a.python.as_deref())?;
-        let node_id = a.local_addr.clone().unwrap_or_else(|| {
+        // Like torchrun's node descriptor (address, pid): unique even for several agents per host,
+        // and sorted first by address so ranks follow hosts.
+        let host = a.local_addr.clone().unwrap_or_else(|| {
             nix::unistd::gethostname()
                 .map(|h| h.to_string_lossy().into_owned())
                 .unwrap_or_else(|_| "localhost".into())
         });
+        let node_id = format!("{host}_{}", std::process::id());
         Ok(LaunchConfig {
             min_nodes,
             max_nodes,
@@ -405,6 +582,9 @@ impl LaunchConfig {
             signals_to_handle: a.signals_to_handle.clone(),
             shutdown_timeout,
             rdzv_conf,
+            timing,
+            requested_node_rank,
+            advertise_addr: a.local_addr.clone(),
             notes,
         })
     }

@@ -28,6 +28,7 @@ pub mod group;
 pub mod launch;
 pub mod logs;
 pub mod os;
+pub mod rdzv;
 pub mod std_spec;
 pub mod summary;
 
@@ -35,5 +36,5 @@ pub use agent::run;
 pub use config::Args;
 pub use error::{ConfigError, LaunchError};
 pub use exit::AgentExit;
-pub use launch::{LaunchConfig, RendezvousMode};
+pub use launch::{LaunchConfig, RendezvousMode, Timing};
 pub use os::guard::{guard_main, GUARD_ARG};

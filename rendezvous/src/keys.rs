@@ -44,6 +44,26 @@ impl RunKeys {
         format!("{}members/{g}/{node}", self.prefix)
     }
 
+    /// Prefix of the members of generation `g`.
+    pub fn members_prefix(&self, g: u64) -> String {
+        format!("{}members/{g}/", self.prefix)
+    }
+
+    /// Set when generation `g` must re-form (value: the reason). Written once.
+    pub fn closed(&self, g: u64) -> String {
+        format!("{}gen/{g}/closed", self.prefix)
+    }
+
+    /// Prefix of the nodes whose workers all succeeded in generation `g`.
+    pub fn done_prefix(&self, g: u64) -> String {
+        format!("{}gen/{g}/done/", self.prefix)
+    }
+
+    /// `node`'s workers all succeeded in generation `g`.
+    pub fn done(&self, g: u64, node: &str) -> String {
+        format!("{}gen/{g}/done/{node}", self.prefix)
+    }
+
     /// Job-wide restart counters (JSON).
     pub fn restarts(&self) -> String {
         format!("{}restarts", self.prefix)

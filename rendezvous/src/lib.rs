@@ -17,15 +17,21 @@
 
 pub mod core;
 pub mod error;
+pub mod etcd;
 pub mod keys;
 pub mod memory;
 pub mod plan;
 pub mod round;
+pub mod service;
+pub mod session;
 pub mod store;
+pub mod wire;
 
 pub use crate::core::{decide, Candidate, Decision, RoundConfig};
 pub use error::{RendezvousError, StoreError};
+pub use etcd::EtcdStore;
 pub use memory::MemoryStore;
 pub use plan::{assign, Member, Plan};
 pub use round::Round;
+pub use session::{spawn_session, Event, Request, Resume, RunEnd, SessionConfig};
 pub use store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};

@@ -98,7 +98,6 @@ impl State {
             }
             Compare::Exists(k) => self.kv.contains_key(k),
             Compare::Missing(k) => !self.kv.contains_key(k),
-            Compare::LeaseAlive(id) => self.leases.contains_key(id),
         }
     }
 

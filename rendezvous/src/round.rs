@@ -35,7 +35,8 @@ pub enum RestartCause {
     Membership,
 }
 
-/// A run's rendezvous on a store.
+/// A run's rendezvous on a store. Cheap to clone.
+#[derive(Clone)]
 pub struct Round {
     store: Arc<dyn Store>,
     keys: RunKeys,
@@ -89,6 +90,16 @@ impl Round {
                 key,
                 reason: e.to_string(),
             })
+    }
+
+    /// The key layout of this run.
+    pub fn keys(&self) -> &RunKeys {
+        &self.keys
+    }
+
+    /// The completion rules.
+    pub fn config(&self) -> &RoundConfig {
+        &self.cfg
     }
 
     /// Asks to be admitted to the next generation; the key lives as long as `lease`.
@@ -153,7 +164,6 @@ impl Round {
         mut progress: impl FnMut(&str),
     ) -> Result<Plan, RendezvousError> {
         let opened_at = Instant::now();
-        let mut first_seen: HashMap<String, Instant> = HashMap::new();
         let mut min_reached_at: Option<Instant> = None;
         let mut events = self.store.watch_prefix(self.keys.prefix(), 0).await?;
         let mut last_reason = String::new();
@@ -169,17 +179,14 @@ impl Round {
             let mut waiting = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
             waiting.sort_by_key(|kv| kv.create_revision);
             let mut candidates = Vec::with_capacity(waiting.len());
-            let mut waiting_keys = Vec::with_capacity(waiting.len());
+            let mut leases = HashMap::with_capacity(waiting.len());
             for kv in waiting {
                 let c: Candidate =
                     serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
                         key: kv.key.clone(),
                         reason: e.to_string(),
                     })?;
-                first_seen
-                    .entry(c.node_id.clone())
-                    .or_insert_with(Instant::now);
-                waiting_keys.push(kv.key);
+                leases.insert(c.node_id.clone(), kv.lease);
                 candidates.push(c);
             }
             let now = Instant::now();
@@ -212,22 +219,26 @@ impl Round {
                             serde_json::to_vec(&plan).expect("Plan serializes"),
                         ),
                     ];
-                    ops.extend(
-                        admitted
-                            .iter()
-                            .map(|c| Op::Delete(self.keys.waiting(&c.node_id))),
-                    );
-                    let resp = self
-                        .store
-                        .txn(Txn {
-                            compares: vec![Compare::ModRevisionEquals(
-                                self.keys.gen_current(),
-                                rev,
-                            )],
-                            success: ops,
-                            failure: vec![],
-                        })
-                        .await?;
+                    for c in &admitted {
+                        ops.push(Op::Delete(self.keys.waiting(&c.node_id)));
+                        // Membership keys are born with the plan, under each node's own lease,
+                        // so a node that dies right after formation is noticed by its expiry.
+                        ops.push(Op::Put {
+                            key: self.keys.member(g + 1, &c.node_id),
+                            value: b"{}".to_vec(),
+                            lease: leases.get(&c.node_id).copied().flatten(),
+                        });
+                    }
+                    let txn = Txn {
+                        compares: vec![Compare::ModRevisionEquals(self.keys.gen_current(), rev)],
+                        success: ops,
+                        failure: vec![],
+                    };
+                    let resp = match self.store.txn(txn).await {
+                        // A candidate's lease expired between the read and the write: re-read.
+                        Err(StoreError::LeaseLost(_)) => continue,
+                        r => r?,
+                    };
                     if resp.succeeded {
                         tracing::debug!(run = %self.run_id, gen = g + 1, %reason, "group formed");
                         if plan.member(node_id).is_some() {
@@ -257,11 +268,10 @@ impl Round {
             tokio::select! {
                 ev = events.recv() => {
                     if ev.is_none() {
-                        return Err(StoreError::Unavailable {
-                            endpoint: self.store.name(),
-                            reason: "watch closed".into(),
-                        }
-                        .into());
+                        // The watch broke (store restart, network): subscribe again; the state is
+                        // re-read at the top of the loop, so nothing is missed.
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                        events = self.store.watch_prefix(self.keys.prefix(), 0).await?;
                     }
                 }
                 _ = tokio::time::sleep_until(wake_at.min(tick)) => {}

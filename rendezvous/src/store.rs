@@ -49,8 +49,6 @@ pub enum Compare {
     Exists(String),
     /// The key does not exist.
     Missing(String),
-    /// The lease is alive.
-    LeaseAlive(LeaseId),
 }
 
 /// A write inside a transaction (etcd `RequestOp`).

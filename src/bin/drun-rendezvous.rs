@@ -1,10 +1,15 @@
 //! `drun-rendezvous`: the multi-node rendezvous server and its admin commands.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
+use drun_rendezvous::service::{serve, status_json, RendezvousService};
+use drun_rendezvous::{EtcdStore, MemoryStore, Store};
+use tracing_subscriber::EnvFilter;
 
-/// drun's rendezvous server (multi-node groups).
+/// drun's rendezvous server: forms multi-node groups for `drun` agents.
 #[derive(Debug, Parser)]
 #[command(name = "drun-rendezvous", version)]
 struct Cli {
@@ -12,21 +17,140 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StoreKind {
+    /// State in this process only (single server, no HA).
+    Memory,
+    /// State in etcd v3; run several replicas against the same etcd for HA.
+    Etcd,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve the drun.v1 rendezvous protocol.
-    Serve,
+    /// Serve the drun.v1 rendezvous protocol until SIGTERM/SIGINT.
+    Serve {
+        /// Address to listen on (`HOST:PORT`; port 0 picks a free one, printed at start).
+        #[arg(long, env = "DRUN_RDZV_LISTEN", default_value = "0.0.0.0:29400")]
+        listen: String,
+        /// Where the state lives.
+        #[arg(long, value_enum, default_value = "memory")]
+        store: StoreKind,
+        /// etcd client endpoints, comma-separated (with --store etcd).
+        #[arg(
+            long = "etcd-endpoints",
+            env = "DRUN_ETCD_ENDPOINTS",
+            value_delimiter = ','
+        )]
+        etcd_endpoints: Vec<String>,
+    },
+    /// Print a run's state (generation, plan, standbys, restarts, end) as JSON, read from etcd.
+    Status {
+        /// The run id.
+        run: String,
+        /// etcd client endpoints, comma-separated.
+        #[arg(
+            long = "etcd-endpoints",
+            env = "DRUN_ETCD_ENDPOINTS",
+            value_delimiter = ',',
+            required = true
+        )]
+        etcd_endpoints: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Serve => {
-            eprintln!(
-                "drun-rendezvous: error: the multi-node server is not in this build yet; \
-                 single-node runs need none (drun --standalone)"
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("DRUN_LOG")
+                .unwrap_or_else(|_| EnvFilter::new("info,h2=warn,tower=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .compact()
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((code, msg)) => {
+            eprintln!("drun-rendezvous: error: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+async fn open_store(kind: StoreKind, endpoints: &[String]) -> Result<Arc<dyn Store>, (u8, String)> {
+    match kind {
+        StoreKind::Memory => Ok(Arc::new(MemoryStore::new())),
+        StoreKind::Etcd => {
+            if endpoints.is_empty() {
+                return Err((
+                    2,
+                    "--store etcd needs --etcd-endpoints HOST:PORT[,...]".into(),
+                ));
+            }
+            EtcdStore::connect(endpoints)
+                .await
+                .map(|s| Arc::new(s) as Arc<dyn Store>)
+                .map_err(|e| {
+                    (
+                        3,
+                        format!("{e}; is etcd running at {}?", endpoints.join(",")),
+                    )
+                })
+        }
+    }
+}
+
+async fn run(cmd: Command) -> Result<(), (u8, String)> {
+    match cmd {
+        Command::Serve {
+            listen,
+            store,
+            etcd_endpoints,
+        } => {
+            let addr: SocketAddr = listen.parse().map_err(|e| {
+                (
+                    2,
+                    format!("invalid --listen '{listen}': {e} (expected HOST:PORT)"),
+                )
+            })?;
+            let store = open_store(store, &etcd_endpoints).await?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| (2, format!("cannot listen on {addr}: {e}")))?;
+            let local = listener.local_addr().map_err(|e| (1, e.to_string()))?;
+            println!(
+                "drun-rendezvous listening on {local} (store: {})",
+                store.name()
             );
-            ExitCode::from(2)
+            let shutdown = async {
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                        .expect("SIGTERM handler");
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            };
+            serve(listener, RendezvousService::new(store), shutdown)
+                .await
+                .map_err(|e| (1, format!("server failed: {e}")))
+        }
+        Command::Status {
+            run,
+            etcd_endpoints,
+        } => {
+            let store = open_store(StoreKind::Etcd, &etcd_endpoints).await?;
+            let json = status_json(&store, &run)
+                .await
+                .map_err(|e| (3, e.to_string()))?;
+            println!("{}", serde_json::to_string_pretty(&json).expect("json"));
+            Ok(())
         }
     }
 }

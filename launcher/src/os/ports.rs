@@ -49,6 +49,21 @@ impl ReservedPort {
     }
 }
 
+/// The local IP this host uses to reach `endpoint` (`host:port`), found by "connecting" a UDP
+/// socket (no packet is sent) and reading its local address. `None` if unresolvable.
+pub fn route_local_ip(endpoint: &str) -> Option<String> {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let target = endpoint.to_socket_addrs().ok()?.next()?;
+    let bind = if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let sock = UdpSocket::bind(bind).ok()?;
+    sock.connect(target).ok()?;
+    Some(sock.local_addr().ok()?.ip().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,210 @@
+//! Client of `drun-rendezvous` replicas: one session stream, failover across endpoints.
+//!
+//! A background task owns the stream. It forwards the agent's [`Request`]s, sends a keep-alive
+//! every `keep_alive_interval`, and passes server [`Event`]s back. When the stream breaks it
+//! reconnects — to the next endpoint of `--rdzv-endpoint a:p,b:p` — with `Hello.resume` (lease,
+//! generation, waiting candidate), so a killed replica disturbs nothing. If no replica answers for
+//! a whole lease TTL the lease must be considered expired: the task reports [`Event::Fenced`].
+
+use std::time::Duration;
+
+use drun_proto::v1 as pb;
+use drun_proto::v1::rendezvous_client::RendezvousClient;
+use drun_proto::PROTOCOL_VERSION;
+use drun_rendezvous::session::{Event, Request, Resume, SessionConfig};
+use drun_rendezvous::wire::{event_from_wire, request_to_wire};
+use drun_rendezvous::Candidate;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+/// How long the first connection may take before the rendezvous is declared unreachable.
+const FIRST_CONNECT_WINDOW: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct Track {
+    lease: Option<i64>,
+    generation: u64,
+    waiting: Option<Candidate>,
+    succeeded: Option<u64>,
+}
+
+/// Connects to the replicas `endpoints` (`host:port`) for the session described by `cfg`.
+pub fn connect(
+    endpoints: Vec<String>,
+    cfg: SessionConfig,
+) -> (
+    mpsc::UnboundedSender<Request>,
+    mpsc::UnboundedReceiver<Event>,
+) {
+    let (req_tx, req_rx) = mpsc::unbounded_channel();
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    tokio::spawn(run(endpoints, cfg, req_rx, ev_tx));
+    (req_tx, ev_rx)
+}
+
+fn hello(cfg: &SessionConfig, t: &Track) -> pb::AgentMessage {
+    let resume = t.lease.map(|lease| Resume {
+        lease,
+        generation: t.generation,
+        waiting: t.waiting.clone(),
+    });
+    pb::AgentMessage {
+        kind: Some(pb::agent_message::Kind::Hello(pb::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            run_id: cfg.run_id.clone(),
+            node_id: cfg.node_id.clone(),
+            min_nodes: cfg.round.min_nodes as u32,
+            max_nodes: cfg.round.max_nodes as u32,
+            last_call_ms: cfg.round.last_call.as_millis() as u64,
+            join_timeout_ms: cfg.round.join_timeout.as_millis() as u64,
+            lease_ttl_ms: cfg.lease_ttl.as_millis() as u64,
+            max_restarts: cfg.max_restarts,
+            resume: resume.as_ref().map(Into::into),
+        })),
+    }
+}
+
+fn url(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+async fn run(
+    endpoints: Vec<String>,
+    cfg: SessionConfig,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    let mut t = Track::default();
+    let started = Instant::now();
+    let mut ever_connected = false;
+    let mut last_contact = Instant::now();
+    let mut attempt = 0usize;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let endpoint = &endpoints[attempt % endpoints.len()];
+        attempt += 1;
+        if t.lease.is_some() && last_contact.elapsed() > cfg.lease_ttl {
+            let _ = events.send(Event::Fenced(format!(
+                "no rendezvous server reachable for {:?} (TTL {:?}; tried {})",
+                last_contact.elapsed(),
+                cfg.lease_ttl,
+                endpoints.join(", ")
+            )));
+            t = Track::default();
+        }
+        if !ever_connected && started.elapsed() > FIRST_CONNECT_WINDOW {
+            let _ = events.send(Event::Error(format!(
+                "cannot reach the rendezvous server at {} for {:?}; is `drun-rendezvous serve` running there?",
+                endpoints.join(", "),
+                FIRST_CONNECT_WINDOW
+            )));
+            return;
+        }
+        let channel = match tonic::transport::Endpoint::from_shared(url(endpoint)) {
+            Ok(e) => e
+                .connect_timeout(Duration::from_secs(2))
+                .http2_keep_alive_interval(Duration::from_secs(2))
+                .keep_alive_timeout(Duration::from_secs(4)),
+            Err(e) => {
+                let _ = events.send(Event::Error(format!(
+                    "invalid rendezvous endpoint '{endpoint}': {e}"
+                )));
+                return;
+            }
+        };
+        let channel = match channel.connect().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(%endpoint, error = %e, "rendezvous server unreachable; trying again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let _ = out_tx.send(hello(&cfg, &t));
+        if let Some(c) = t.waiting.clone().filter(|_| t.lease.is_none()) {
+            let _ = out_tx.send(request_to_wire(&Request::Join(c)));
+        }
+        let mut client = RendezvousClient::new(channel);
+        let mut inbound = match client.session(UnboundedReceiverStream::new(out_rx)).await {
+            Ok(r) => r.into_inner(),
+            Err(s)
+                if s.code() == tonic::Code::FailedPrecondition
+                    || s.code() == tonic::Code::InvalidArgument =>
+            {
+                let _ = events.send(Event::Error(format!(
+                    "rendezvous server {endpoint} refused the session: {}",
+                    s.message()
+                )));
+                return;
+            }
+            Err(s) => {
+                tracing::warn!(%endpoint, error = %s, "rendezvous session failed; trying again");
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+        };
+        if ever_connected {
+            tracing::info!(%endpoint, "reconnected to the rendezvous");
+        }
+        ever_connected = true;
+        backoff = Duration::from_millis(100);
+        last_contact = Instant::now();
+        if let (Some(g), Some(_)) = (t.succeeded, t.lease) {
+            let _ = out_tx.send(request_to_wire(&Request::Succeeded(g)));
+        }
+        let mut tick = tokio::time::interval(cfg.keep_alive_interval);
+        loop {
+            tokio::select! {
+                req = requests.recv() => {
+                    let Some(req) = req else { return };
+                    match &req {
+                        Request::Join(c) => { t.waiting = Some(c.clone()); t.generation = 0; t.succeeded = None; }
+                        Request::Succeeded(g) => t.succeeded = Some(*g),
+                        _ => {}
+                    }
+                    let leave = req == Request::Leave;
+                    if out_tx.send(request_to_wire(&req)).is_err() {
+                        break;
+                    }
+                    if leave {
+                        // Give the server a moment to revoke the lease, then end.
+                        let _ = tokio::time::timeout(Duration::from_secs(2), inbound.message()).await;
+                        return;
+                    }
+                }
+                msg = inbound.message() => match msg {
+                    Ok(Some(m)) => {
+                        last_contact = Instant::now();
+                        let Some(ev) = event_from_wire(m) else { continue };
+                        match &ev {
+                            Event::Opened { lease } => t.lease = Some(*lease),
+                            Event::Formed(p) => { t.generation = p.generation; t.waiting = None; }
+                            Event::Reform { .. } => t.generation = 0,
+                            Event::Fenced(_) => t = Track::default(),
+                            _ => {}
+                        }
+                        if events.send(ev).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) | Err(_) => {
+                        // HTTP/2 keep-alive pings (2 s) vouch for the stream until now.
+                        last_contact = Instant::now();
+                        tracing::warn!(%endpoint, "lost the rendezvous server; reconnecting");
+                        break;
+                    }
+                },
+                _ = tick.tick() => {
+                    let _ = out_tx.send(request_to_wire(&Request::KeepAlive));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The agent's link to its rendezvous, whatever the backend.
+//!
+//! Every backend yields the same pair of channels: [`Request`]s from the agent, [`Event`]s to it
+//! (see `drun_rendezvous::session`). So the agent loop is written once:
+//!
+//! | backend | what answers |
+//! |---|---|
+//! | embedded (`--standalone`, one node) | a session actor in the agent on an in-memory store |
+//! | `drun` (default with `--rdzv-endpoint`) | `drun-rendezvous` replicas over gRPC ([`grpc`]) |
+//! | `c10d` | the agent that can bind the endpoint hosts an embedded server (memory store); all connect to it |
+//! | `etcd`, `etcd-v2` | a session actor in every agent, directly on etcd v3 (every agent is a replica) |
+//! | `static` | no rendezvous: ranks from `--node-rank`, `--master-addr`, `--master-port` ([`static_link`]) |
+
+pub mod grpc;
+pub mod static_link;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use drun_rendezvous::service::RendezvousService;
+use drun_rendezvous::session::{spawn_session, Event, Request, SessionConfig};
+use drun_rendezvous::{EtcdStore, MemoryStore, Store};
+use tokio::sync::mpsc;
+
+use crate::{LaunchConfig, LaunchError, RendezvousMode};
+
+/// The two channels to the rendezvous, plus whatever must live as long as they do.
+pub struct Link {
+    /// Requests to the rendezvous.
+    pub tx: mpsc::UnboundedSender<Request>,
+    /// Events from it.
+    pub rx: mpsc::UnboundedReceiver<Event>,
+    /// The embedded c10d-style server this agent hosts, if any.
+    pub hosted: Option<HostedServer>,
+}
+
+/// An embedded rendezvous server run by this agent (`--rdzv-backend c10d` host).
+pub struct HostedServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    service: RendezvousService,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// How long a c10d host keeps serving after its own end, for the other agents to see the end.
+const HOST_LINGER: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl HostedServer {
+    /// Stops serving once the other agents have closed their sessions (at most [`HOST_LINGER`]).
+    pub async fn shutdown(mut self) {
+        let deadline = tokio::time::Instant::now() + HOST_LINGER;
+        while self.service.active_sessions() > 1 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.task).await;
+    }
+}
+
+/// Default port of an endpoint given without one.
+fn with_port(endpoint: &str, default: u16) -> String {
+    let e = endpoint.trim();
+    let has_port = if let Some(rest) = e.strip_prefix('[') {
+        rest.contains("]:")
+    } else {
+        e.contains(':')
+    };
+    if has_port {
+        e.to_string()
+    } else {
+        format!("{e}:{default}")
+    }
+}
+
+/// Splits `a:p,b:p` and fills in `default` ports.
+pub fn endpoints(list: &str, default: u16) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|e| with_port(e, default))
+        .collect()
+}
+
+/// Opens the link described by `cfg`.
+///
+/// # Errors
+/// [`LaunchError::Store`] when etcd is unreachable; [`LaunchError::Os`] when a c10d host cannot
+/// serve.
+pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, LaunchError> {
+    match &cfg.rendezvous {
+        RendezvousMode::Embedded { .. } => {
+            let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+            let (tx, rx) = spawn_session(store, session, None);
+            Ok(Link {
+                tx,
+                rx,
+                hosted: None,
+            })
+        }
+        RendezvousMode::Static { .. } => {
+            let (tx, rx) = static_link::spawn(cfg, session);
+            Ok(Link {
+                tx,
+                rx,
+                hosted: None,
+            })
+        }
+        RendezvousMode::Server { endpoints } => {
+            let (tx, rx) = grpc::connect(endpoints.clone(), session);
+            Ok(Link {
+                tx,
+                rx,
+                hosted: None,
+            })
+        }
+        RendezvousMode::Etcd { endpoints } => {
+            let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(endpoints).await?);
+            let (tx, rx) = spawn_session(store, session, None);
+            Ok(Link {
+                tx,
+                rx,
+                hosted: None,
+            })
+        }
+        RendezvousMode::C10d { endpoint, is_host } => {
+            let hosted = if *is_host != Some(false) {
+                match host(endpoint).await {
+                    Ok(h) => Some(h),
+                    Err(e) if *is_host == Some(true) => {
+                        return Err(LaunchError::os(
+                            format!("is_host=1 but cannot serve the rendezvous on {endpoint}"),
+                            e,
+                        ));
+                    }
+                    Err(e) => {
+                        tracing::debug!(%endpoint, error = %e, "not the c10d host; connecting as a client");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            let (tx, rx) = grpc::connect(vec![endpoint.clone()], session);
+            Ok(Link { tx, rx, hosted })
+        }
+    }
+}
+
+async fn host(endpoint: &str) -> std::io::Result<HostedServer> {
+    let listener = tokio::net::TcpListener::bind(endpoint).await?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "hosting the rendezvous for this job (c10d backend, in-memory store)");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let service = RendezvousService::new(store);
+    let served = service.clone();
+    let task = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = stop_rx.await;
+        };
+        if let Err(e) = drun_rendezvous::service::serve(listener, served, shutdown).await {
+            tracing::error!(error = %e, "embedded rendezvous server failed");
+        }
+    });
+    Ok(HostedServer {
+        addr,
+        service,
+        stop: Some(stop_tx),
+        task,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_get_default_ports() {
+        assert_eq!(
+            endpoints("a,b:1, [::1] ,[::1]:5", 29400),
+            ["a:29400", "b:1", "[::1]:29400", "[::1]:5"]
+        );
+    }
+}

@@ -1,0 +1,270 @@
+//! `EtcdStore`: the [`Store`] on etcd v3 (leases, transactions, watches), for multi-node runs.
+//!
+//! A thin mapping onto `etcd-client`: compares and ops translate one to one (a missing key is
+//! compared as revision/version 0, as etcd does), lease keep-alives reuse one stream per lease,
+//! and a prefix watch is forwarded into a channel by a task that ends when the receiver is
+//! dropped. Every failure of the cluster surfaces as [`StoreError::Unavailable`] naming the
+//! endpoints, so callers can retry with backoff until their lease really expires.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client as etcd;
+use tokio::sync::{mpsc, Mutex};
+
+use crate::store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};
+use crate::StoreError;
+
+/// Timeout of one etcd request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Timeout of establishing a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+type Keeper = (etcd::LeaseKeeper, etcd::LeaseKeepAliveStream);
+
+/// An etcd v3 cluster.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: etcd::Client,
+    endpoints: String,
+    keepers: Arc<Mutex<HashMap<LeaseId, Keeper>>>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.endpoints)
+            .finish()
+    }
+}
+
+fn to_kv(kv: &etcd::KeyValue) -> KeyValue {
+    KeyValue {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        value: kv.value().to_vec(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        lease: (kv.lease() != 0).then_some(kv.lease()),
+    }
+}
+
+fn to_op(op: &Op) -> etcd::TxnOp {
+    match op {
+        Op::Put { key, value, lease } => {
+            let opts = lease.map(|l| etcd::PutOptions::new().with_lease(l));
+            etcd::TxnOp::put(key.as_bytes(), value.clone(), opts)
+        }
+        Op::Delete(key) => etcd::TxnOp::delete(key.as_bytes(), None),
+        Op::DeletePrefix(prefix) => etcd::TxnOp::delete(
+            prefix.as_bytes(),
+            Some(etcd::DeleteOptions::new().with_prefix()),
+        ),
+    }
+}
+
+fn to_compare(c: &Compare) -> etcd::Compare {
+    use etcd::CompareOp::{Equal, Greater};
+    match c {
+        Compare::ValueEquals(k, v) => etcd::Compare::value(k.as_bytes(), Equal, v.clone()),
+        Compare::ModRevisionEquals(k, r) => etcd::Compare::mod_revision(k.as_bytes(), Equal, *r),
+        Compare::Exists(k) => etcd::Compare::version(k.as_bytes(), Greater, 0),
+        Compare::Missing(k) => etcd::Compare::version(k.as_bytes(), Equal, 0),
+    }
+}
+
+impl EtcdStore {
+    /// Connects to `endpoints` (`host:port` or `http://host:port`, several for a cluster).
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when no endpoint answers within a few seconds.
+    pub async fn connect(endpoints: &[String]) -> Result<Self, StoreError> {
+        let joined = endpoints.join(",");
+        let opts = etcd::ConnectOptions::new()
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        let client = etcd::Client::connect(endpoints, Some(opts))
+            .await
+            .map_err(|e| StoreError::Unavailable {
+                endpoint: joined.clone(),
+                reason: e.to_string(),
+            })?;
+        let store = Self {
+            client,
+            endpoints: joined,
+            keepers: Arc::new(Mutex::new(HashMap::new())),
+        };
+        // Connecting is lazy: prove the cluster answers.
+        store.get("/drun/v1/.ping").await?;
+        Ok(store)
+    }
+
+    fn unavailable(&self, e: etcd::Error) -> StoreError {
+        StoreError::Unavailable {
+            endpoint: self.endpoints.clone(),
+            reason: e.to_string(),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for EtcdStore {
+    fn name(&self) -> String {
+        format!("etcd {}", self.endpoints)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let resp = self
+            .client
+            .kv_client()
+            .get(key, None)
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        Ok(resp.kvs().first().map(to_kv))
+    }
+
+    async fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
+        let resp = self
+            .client
+            .kv_client()
+            .get(prefix, Some(etcd::GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        Ok(resp.kvs().iter().map(to_kv).collect())
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
+        let t = etcd::Txn::new()
+            .when(txn.compares.iter().map(to_compare).collect::<Vec<_>>())
+            .and_then(txn.success.iter().map(to_op).collect::<Vec<_>>())
+            .or_else(txn.failure.iter().map(to_op).collect::<Vec<_>>());
+        let resp = self.client.kv_client().txn(t).await.map_err(|e| match e {
+            etcd::Error::GRpcStatus(s) if s.message().contains("lease not found") => {
+                let lease = txn
+                    .success
+                    .iter()
+                    .chain(&txn.failure)
+                    .find_map(|op| match op {
+                        Op::Put { lease: Some(l), .. } => Some(*l),
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                StoreError::LeaseLost(lease)
+            }
+            e => self.unavailable(e),
+        })?;
+        Ok(TxnResponse {
+            succeeded: resp.succeeded(),
+            revision: resp.header().map_or(0, |h| h.revision()),
+        })
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
+        let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
+        let resp = self
+            .client
+            .lease_client()
+            .grant(secs, None)
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        Ok(resp.id())
+    }
+
+    async fn lease_keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
+        let mut keepers = self.keepers.lock().await;
+        if let std::collections::hash_map::Entry::Vacant(slot) = keepers.entry(lease) {
+            let k = self
+                .client
+                .lease_client()
+                .keep_alive(lease)
+                .await
+                .map_err(|e| self.unavailable(e))?;
+            slot.insert(k);
+        }
+        let (keeper, stream) = keepers.get_mut(&lease).expect("inserted above");
+        let result = async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        match tokio::time::timeout(REQUEST_TIMEOUT, result).await {
+            Ok(Ok(Some(resp))) if resp.ttl() > 0 => Ok(Duration::from_secs(resp.ttl() as u64)),
+            Ok(Ok(Some(_))) => {
+                keepers.remove(&lease);
+                Err(StoreError::LeaseLost(lease))
+            }
+            Ok(Ok(None)) => {
+                keepers.remove(&lease);
+                Err(StoreError::Unavailable {
+                    endpoint: self.endpoints.clone(),
+                    reason: "keep-alive stream closed".into(),
+                })
+            }
+            Ok(Err(e)) => {
+                keepers.remove(&lease);
+                Err(self.unavailable(e))
+            }
+            Err(_) => {
+                keepers.remove(&lease);
+                Err(StoreError::Unavailable {
+                    endpoint: self.endpoints.clone(),
+                    reason: format!("keep-alive timed out after {REQUEST_TIMEOUT:?}"),
+                })
+            }
+        }
+    }
+
+    async fn lease_revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
+        self.keepers.lock().await.remove(&lease);
+        match self.client.lease_client().revoke(lease).await {
+            Ok(_) => Ok(()),
+            Err(etcd::Error::GRpcStatus(s)) if s.message().contains("lease not found") => Ok(()),
+            Err(e) => Err(self.unavailable(e)),
+        }
+    }
+
+    async fn watch_prefix(
+        &self,
+        prefix: &str,
+        after: i64,
+    ) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
+        let mut opts = etcd::WatchOptions::new().with_prefix();
+        if after > 0 {
+            opts = opts.with_start_revision(after + 1);
+        }
+        let mut stream = self
+            .client
+            .watch_client()
+            .watch(prefix, Some(opts))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    m = stream.message() => m,
+                    _ = tx.closed() => return,
+                };
+                let Ok(Some(resp)) = msg else { return };
+                if resp.canceled() {
+                    return;
+                }
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    let out = match ev.event_type() {
+                        etcd::EventType::Put => WatchEvent::Put(to_kv(kv)),
+                        etcd::EventType::Delete => WatchEvent::Delete(
+                            String::from_utf8_lossy(kv.key()).into_owned(),
+                            kv.mod_revision(),
+                        ),
+                    };
+                    if tx.send(out).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+}

@@ -1,0 +1,191 @@
+//! The `drun.v1.Rendezvous` gRPC service: one [`crate::session`] actor per agent stream.
+//!
+//! The service holds no state of its own; every decision is a store transaction taken by the
+//! session actors, so any number of replicas may serve the same etcd and a killed replica loses
+//! nothing: its agents reconnect elsewhere with `Hello.resume`. A server-side session renews the
+//! agent's lease only when the agent sends a keep-alive, so a dead agent's lease expires.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use drun_proto::v1 as pb;
+use drun_proto::v1::rendezvous_server::{Rendezvous, RendezvousServer};
+use drun_proto::PROTOCOL_VERSION;
+use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request as GrpcRequest, Response, Status, Streaming};
+
+use crate::session::{spawn_session, Request, SessionConfig};
+use crate::wire::{event_to_wire, request_from_wire};
+use crate::{Round, RoundConfig, Store};
+
+/// The service over one store.
+#[derive(Clone)]
+pub struct RendezvousService {
+    store: Arc<dyn Store>,
+    sessions: Arc<AtomicUsize>,
+}
+
+impl RendezvousService {
+    /// A service deciding through `store`.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            sessions: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Agent sessions currently open on this replica.
+    pub fn active_sessions(&self) -> usize {
+        self.sessions.load(Ordering::SeqCst)
+    }
+
+    /// The tonic server wrapper.
+    pub fn into_server(self) -> RendezvousServer<Self> {
+        RendezvousServer::new(self)
+    }
+}
+
+/// Serves `service` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    service: RendezvousService,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(2)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(4)))
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
+fn session_config(h: &pb::Hello) -> SessionConfig {
+    let ttl = Duration::from_millis(h.lease_ttl_ms.max(1000));
+    SessionConfig {
+        run_id: h.run_id.clone(),
+        node_id: h.node_id.clone(),
+        round: RoundConfig {
+            min_nodes: h.min_nodes.max(1) as usize,
+            max_nodes: h.max_nodes.max(h.min_nodes).max(1) as usize,
+            last_call: Duration::from_millis(h.last_call_ms),
+            join_timeout: Duration::from_millis(h.join_timeout_ms),
+        },
+        lease_ttl: ttl,
+        keep_alive_interval: ttl / 3,
+        max_restarts: h.max_restarts,
+        auto_keep_alive: false,
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ServerEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Rendezvous for RendezvousService {
+    type SessionStream = EventStream;
+
+    async fn session(
+        &self,
+        request: GrpcRequest<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let peer: Option<SocketAddr> = request.remote_addr();
+        let mut inbound = request.into_inner();
+        let hello = match inbound.message().await?.and_then(|m| m.kind) {
+            Some(pb::agent_message::Kind::Hello(h)) => h,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message of a session must be Hello",
+                ))
+            }
+        };
+        if hello.protocol_version != PROTOCOL_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "protocol mismatch: the agent speaks drun.v{} but this server speaks drun.v{PROTOCOL_VERSION}; \
+                 run the same drun release on agents and servers",
+                hello.protocol_version
+            )));
+        }
+        if hello.run_id.is_empty() || hello.node_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "Hello needs a run id and a node id",
+            ));
+        }
+        let cfg = session_config(&hello);
+        tracing::info!(run = %cfg.run_id, node = %cfg.node_id, ?peer, resume = hello.resume.is_some(), "agent session opened");
+        let (req_tx, events) = spawn_session(
+            self.store.clone(),
+            cfg.clone(),
+            hello.resume.map(Into::into),
+        );
+        let sessions = self.sessions.clone();
+        sessions.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                let Some(mut req) = request_from_wire(m) else {
+                    continue;
+                };
+                if let Request::Join(c) = &mut req {
+                    if c.advertise_addr.is_empty() {
+                        if let Some(p) = peer {
+                            c.advertise_addr = p.ip().to_string();
+                        }
+                    }
+                }
+                let leave = req == Request::Leave;
+                if req_tx.send(req).is_err() || leave {
+                    break;
+                }
+            }
+            sessions.fetch_sub(1, Ordering::SeqCst);
+            tracing::info!(run = %cfg.run_id, node = %cfg.node_id, "agent session closed");
+        });
+        let out = UnboundedReceiverStream::new(events).map(|e| Ok(event_to_wire(&e)));
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn status(
+        &self,
+        request: GrpcRequest<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let run = request.into_inner().run_id;
+        let json = status_json(&self.store, &run)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(pb::StatusResponse {
+            json: json.to_string(),
+        }))
+    }
+}
+
+/// A run's state as JSON: generation, plan, waiting nodes (standbys), restarts, finished.
+pub async fn status_json(
+    store: &Arc<dyn Store>,
+    run: &str,
+) -> Result<serde_json::Value, crate::StoreError> {
+    let round = Round::new(store.clone(), run, RoundConfig::single_node());
+    let keys = round.keys().clone();
+    let (generation, _) = round.current_generation().await?;
+    let plan = round.plan(generation).await?;
+    let waiting: Vec<serde_json::Value> = store
+        .get_prefix(&keys.waiting_prefix())
+        .await?
+        .iter()
+        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+        .collect();
+    let finished: Option<serde_json::Value> = store
+        .get(&keys.finished())
+        .await?
+        .and_then(|kv| serde_json::from_slice(&kv.value).ok());
+    let restarts = round.restarts().await?;
+    Ok(serde_json::json!({
+        "run": run,
+        "generation": generation,
+        "plan": plan,
+        "waiting": waiting,
+        "restarts": { "failures": restarts.failures, "membership": restarts.membership },
+        "finished": finished,
+    }))
+}

@@ -1,0 +1,657 @@
+//! The session of one node in one run: the state machine between an agent and the store.
+//!
+//! # Theory of operation
+//!
+//! [`spawn_session`] starts an actor that owns the node's lease and speaks in [`Request`]s
+//! (from the agent) and [`Event`]s (to the agent). The same actor runs inside the agent when the
+//! agent talks to the store directly (embedded in-memory store, `--rdzv-backend etcd`), and inside
+//! a `drun-rendezvous` replica for each connected agent (then the agent's keep-alive messages, not
+//! a timer, renew the lease, so a dead agent's lease really expires).
+//!
+//! * **Join** writes `waiting/<node>` under the lease and runs [`Round::wait_for_plan`]; when the
+//!   group forms the node's `members/<g>/<node>` key is written and [`Event::Formed`] sent.
+//! * While generation `g` runs, a prefix watch looks for what ends it: `gen/<g>/closed` (someone
+//!   asked for a re-form), a member key of `g` deleted (a node left or its lease expired), a new
+//!   node waiting while the group is below MAX (scale-up), or `finished`. Whoever sees a cause
+//!   first closes `g` in a transaction guarded by `gen/current == g`, so all members receive the
+//!   same [`Event::Reform`].
+//! * **Succeeded** records `gen/<g>/done/<node>`; when every member of `g` has, `finished` is
+//!   written once and every session reports [`Event::Finished`] (the exit barrier).
+//! * **Failed** spends one unit of the job-wide `--max-restarts` budget in a transaction and
+//!   closes `g`, or, with the budget spent, ends the run as failed.
+//! * A lost lease (expired or revoked) is [`Event::Fenced`]: the node is no longer a member and
+//!   must stop its workers; its next Join starts over with a new lease.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::round::{RestartCause, Restarts};
+use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
+use crate::{Candidate, Plan, RendezvousError, Round, RoundConfig, StoreError};
+
+/// Settings of one node's session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Run id.
+    pub run_id: String,
+    /// This node's identity.
+    pub node_id: String,
+    /// Completion rules of each round.
+    pub round: RoundConfig,
+    /// Lease time-to-live (etcd rounds it up to whole seconds); default 10 s.
+    pub lease_ttl: Duration,
+    /// Keep-alive period; default TTL/3.
+    pub keep_alive_interval: Duration,
+    /// Job-wide worker-failure restart budget (`--max-restarts`).
+    pub max_restarts: u32,
+    /// Renew the lease on a timer (agent-side). `false`: only on [`Request::KeepAlive`].
+    pub auto_keep_alive: bool,
+}
+
+/// State carried over when an agent reconnects to another server replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume {
+    /// The lease the agent holds.
+    pub lease: LeaseId,
+    /// Generation the agent runs workers of (0: none).
+    pub generation: u64,
+    /// The candidate the agent is waiting with, if it is waiting.
+    pub waiting: Option<Candidate>,
+}
+
+/// How a run ended (key `finished`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunEnd {
+    /// All workers of the last generation exited 0.
+    pub success: bool,
+    /// Human-readable cause.
+    pub reason: String,
+    /// When, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+impl RunEnd {
+    fn now(success: bool, reason: impl Into<String>) -> Self {
+        RunEnd {
+            success,
+            reason: reason.into(),
+            at_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+}
+
+/// From the agent to its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Ask to be admitted to the next generation.
+    Join(Candidate),
+    /// Renew the lease (server-side sessions).
+    KeepAlive,
+    /// Every local worker of generation `g` exited 0.
+    Succeeded(u64),
+    /// A local worker of generation `generation` failed.
+    Failed {
+        /// Generation.
+        generation: u64,
+        /// One line: which rank, which exit.
+        description: String,
+    },
+    /// Leave the run: revoke the lease (survivors re-form).
+    Leave,
+}
+
+/// From the session to the agent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The session holds `lease`.
+    Opened {
+        /// Lease id.
+        lease: LeaseId,
+    },
+    /// Rendezvous progress (e.g. "waiting for 1 more node (1/2)").
+    Waiting(String),
+    /// The group formed and this node is a member.
+    Formed(Plan),
+    /// The running generation ended; stop workers and join again.
+    Reform {
+        /// The generation that ended.
+        generation: u64,
+        /// Why.
+        reason: String,
+    },
+    /// The run ended (or had already ended when the session opened).
+    Finished(RunEnd),
+    /// Answer to [`Request::Failed`]: restart (budget left) or not.
+    FailureDecision {
+        /// Whether the group restarts.
+        restart: bool,
+        /// Counters after the decision.
+        restarts: Restarts,
+    },
+    /// The lease is gone: this node is no longer a member.
+    Fenced(String),
+    /// The rendezvous failed for good (e.g. join timeout); one line.
+    Error(String),
+}
+
+/// Starts a session actor; it ends when the request sender is dropped or after `Leave`.
+pub fn spawn_session(
+    store: Arc<dyn Store>,
+    cfg: SessionConfig,
+    resume: Option<Resume>,
+) -> (
+    mpsc::UnboundedSender<Request>,
+    mpsc::UnboundedReceiver<Event>,
+) {
+    let (req_tx, req_rx) = mpsc::unbounded_channel();
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut actor = Actor::new(store, cfg, ev_tx);
+        if let Err(e) = actor.run(resume, req_rx).await {
+            actor.emit(Event::Error(e.to_string()));
+        }
+    });
+    (req_tx, ev_rx)
+}
+
+type Waiter =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Plan, RendezvousError>> + Send>>;
+
+enum Phase {
+    Idle,
+    Waiting(Candidate, Waiter),
+    Running(Plan, mpsc::UnboundedReceiver<WatchEvent>),
+}
+
+struct Actor {
+    store: Arc<dyn Store>,
+    round: Round,
+    cfg: SessionConfig,
+    events: mpsc::UnboundedSender<Event>,
+    lease: Option<LeaseId>,
+    last_renewed: Instant,
+    last_gen: u64,
+}
+
+impl Actor {
+    fn new(
+        store: Arc<dyn Store>,
+        cfg: SessionConfig,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Self {
+        Self {
+            round: Round::new(store.clone(), &cfg.run_id, cfg.round),
+            store,
+            cfg,
+            events,
+            lease: None,
+            last_renewed: Instant::now(),
+            last_gen: 0,
+        }
+    }
+
+    fn emit(&self, ev: Event) {
+        let _ = self.events.send(ev);
+    }
+
+    async fn finished(&self) -> Result<Option<RunEnd>, StoreError> {
+        let key = self.round.keys().finished();
+        match self.store.get(&key).await? {
+            None => Ok(None),
+            Some(kv) => {
+                serde_json::from_slice(&kv.value)
+                    .map(Some)
+                    .map_err(|e| StoreError::Corrupt {
+                        key,
+                        reason: e.to_string(),
+                    })
+            }
+        }
+    }
+
+    async fn ensure_lease(&mut self) -> Result<LeaseId, StoreError> {
+        if let Some(l) = self.lease {
+            return Ok(l);
+        }
+        let l = self.store.lease_grant(self.cfg.lease_ttl).await?;
+        self.lease = Some(l);
+        self.last_renewed = Instant::now();
+        self.emit(Event::Opened { lease: l });
+        Ok(l)
+    }
+
+    async fn run(
+        &mut self,
+        resume: Option<Resume>,
+        mut requests: mpsc::UnboundedReceiver<Request>,
+    ) -> Result<(), RendezvousError> {
+        let mut phase = Phase::Idle;
+        match resume {
+            Some(r) if self.store.lease_keep_alive(r.lease).await.is_ok() => {
+                self.lease = Some(r.lease);
+                self.last_renewed = Instant::now();
+                self.emit(Event::Opened { lease: r.lease });
+                if r.generation > 0 {
+                    if let Some(plan) = self.round.plan(r.generation).await? {
+                        self.last_gen = r.generation;
+                        phase = self.running(plan).await?;
+                    }
+                } else if let Some(c) = r.waiting {
+                    phase = self.join(c).await?;
+                }
+            }
+            Some(r) => {
+                self.emit(Event::Fenced(format!(
+                    "lease {:#x} expired while reconnecting",
+                    r.lease
+                )));
+            }
+            None => {
+                if let Some(end) = self.finished().await? {
+                    self.emit(Event::Finished(end));
+                    return Ok(());
+                }
+                self.ensure_lease().await?;
+            }
+        }
+        let mut tick = tokio::time::interval(self.cfg.keep_alive_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            phase = match phase {
+                Phase::Idle => tokio::select! {
+                    req = requests.recv() => match req {
+                        None => return Ok(()),
+                        Some(r) => self.on_request(r, Phase::Idle).await?,
+                    },
+                    _ = tick.tick(), if self.cfg.auto_keep_alive => { self.renew().await; Phase::Idle }
+                },
+                Phase::Waiting(cand, mut waiter) => tokio::select! {
+                    req = requests.recv() => match req {
+                        None => return Ok(()),
+                        Some(r) => self.on_request(r, Phase::Waiting(cand, waiter)).await?,
+                    },
+                    plan = &mut waiter => match plan {
+                        Ok(plan) => {
+                            self.last_gen = plan.generation;
+                            self.running(plan).await?
+                        }
+                        Err(RendezvousError::Store(e)) if self.lease.is_some() => {
+                            tracing::warn!(error = %e, "rendezvous store error while waiting; retrying");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            self.join(cand).await.unwrap_or(Phase::Idle)
+                        }
+                        Err(e) => {
+                            self.emit(Event::Error(e.to_string()));
+                            Phase::Idle
+                        }
+                    },
+                    _ = tick.tick(), if self.cfg.auto_keep_alive => { self.renew().await; Phase::Waiting(cand, waiter) }
+                },
+                Phase::Running(plan, mut watch) => tokio::select! {
+                    req = requests.recv() => match req {
+                        None => return Ok(()),
+                        Some(r) => self.on_request(r, Phase::Running(plan, watch)).await?,
+                    },
+                    ev = watch.recv() => match ev {
+                        None => {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            self.running(plan).await?
+                        }
+                        Some(ev) => self.on_watch(plan, watch, ev).await?,
+                    },
+                    _ = tick.tick(), if self.cfg.auto_keep_alive => { self.renew().await; Phase::Running(plan, watch) }
+                },
+            };
+        }
+    }
+
+    /// Renews the lease; a lease that is gone, or not renewed for a whole TTL, fences the node.
+    async fn renew(&mut self) {
+        let Some(lease) = self.lease else { return };
+        match self.store.lease_keep_alive(lease).await {
+            Ok(_) => self.last_renewed = Instant::now(),
+            Err(StoreError::LeaseLost(_)) => {
+                self.fence(format!("lease {lease:#x} expired or was revoked"))
+            }
+            Err(e) => {
+                let silent = self.last_renewed.elapsed();
+                if silent >= self.cfg.lease_ttl {
+                    self.fence(format!(
+                        "could not renew lease {lease:#x} for {silent:?} (TTL {:?}): {e}",
+                        self.cfg.lease_ttl
+                    ));
+                } else {
+                    tracing::warn!(error = %e, lease = format!("{lease:#x}"), "keep-alive failed; retrying until the lease would expire");
+                }
+            }
+        }
+    }
+
+    fn fence(&mut self, reason: String) {
+        tracing::error!(node = %self.cfg.node_id, "{reason}");
+        self.lease = None;
+        self.emit(Event::Fenced(reason));
+    }
+
+    async fn join(&mut self, cand: Candidate) -> Result<Phase, RendezvousError> {
+        let lease = self.ensure_lease().await?;
+        if self.last_gen > 0 {
+            let old = self.round.keys().member(self.last_gen, &self.cfg.node_id);
+            self.store
+                .txn(Txn {
+                    compares: vec![],
+                    success: vec![Op::Delete(old)],
+                    failure: vec![],
+                })
+                .await?;
+        }
+        self.round.join(&cand, lease).await?;
+        let round = self.round.clone();
+        let node = self.cfg.node_id.clone();
+        let after = self.last_gen;
+        let events = self.events.clone();
+        let waiter: Waiter = Box::pin(async move {
+            round
+                .wait_for_plan(&node, after, |r| {
+                    let _ = events.send(Event::Waiting(r.to_string()));
+                })
+                .await
+        });
+        Ok(Phase::Waiting(cand, waiter))
+    }
+
+    /// Enters generation `plan.generation`: membership key, watch, and a check of what may have
+    /// happened before the watch started.
+    async fn running(&mut self, plan: Plan) -> Result<Phase, RendezvousError> {
+        let Some(lease) = self.lease else {
+            return Ok(Phase::Idle);
+        };
+        let _ = lease;
+        let keys = self.round.keys().clone();
+        // The formation transaction wrote our membership key under our lease.
+        if self
+            .store
+            .get(&keys.member(plan.generation, &self.cfg.node_id))
+            .await?
+            .is_none()
+        {
+            self.fence(format!(
+                "membership in generation {} is gone (lease expired)",
+                plan.generation
+            ));
+            return Ok(Phase::Idle);
+        }
+        let watch = self.store.watch_prefix(keys.prefix(), 0).await?;
+        // Watch first, then read: whatever happened before the watch began is seen here.
+        self.emit(Event::Formed(plan.clone()));
+        if let Some(end) = self.finished().await? {
+            self.emit(Event::Finished(end));
+            return Ok(Phase::Idle);
+        }
+        if let Some(reason) = self.closed_reason(&plan).await? {
+            self.emit(Event::Reform {
+                generation: plan.generation,
+                reason,
+            });
+            return Ok(Phase::Idle);
+        }
+        Ok(Phase::Running(plan, watch))
+    }
+
+    async fn closed_reason(&self, plan: &Plan) -> Result<Option<String>, RendezvousError> {
+        let keys = self.round.keys();
+        if let Some(kv) = self.store.get(&keys.closed(plan.generation)).await? {
+            return Ok(Some(kv.value_str()));
+        }
+        let (g, _) = self.round.current_generation().await?;
+        if g > plan.generation {
+            return Ok(Some(format!("generation {g} formed")));
+        }
+        Ok(None)
+    }
+
+    /// Closes generation `g` once (guarded) for a membership change, with `reason`, and counts
+    /// one membership restart.
+    async fn close(&self, g: u64, reason: String) -> Result<bool, RendezvousError> {
+        let keys = self.round.keys();
+        let (cur, rev) = self.round.current_generation().await?;
+        if cur != g {
+            return Ok(false);
+        }
+        let resp = self
+            .store
+            .txn(Txn {
+                compares: vec![
+                    Compare::ModRevisionEquals(keys.gen_current(), rev),
+                    Compare::Missing(keys.closed(g)),
+                ],
+                success: vec![Op::put(keys.closed(g), reason.clone())],
+                failure: vec![],
+            })
+            .await?;
+        if resp.succeeded {
+            tracing::info!(run = %self.cfg.run_id, gen = g, %reason, "generation closed for re-form");
+            self.round.record_restart(RestartCause::Membership).await?;
+        }
+        Ok(resp.succeeded)
+    }
+
+    async fn on_watch(
+        &mut self,
+        plan: Plan,
+        watch: mpsc::UnboundedReceiver<WatchEvent>,
+        ev: WatchEvent,
+    ) -> Result<Phase, RendezvousError> {
+        let keys = self.round.keys().clone();
+        let g = plan.generation;
+        match ev {
+            WatchEvent::Put(kv) if kv.key == keys.closed(g) => {
+                self.emit(Event::Reform {
+                    generation: g,
+                    reason: kv.value_str(),
+                });
+                return Ok(Phase::Idle);
+            }
+            WatchEvent::Put(kv) if kv.key == keys.finished() => {
+                let end: RunEnd =
+                    serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
+                        key: kv.key.clone(),
+                        reason: e.to_string(),
+                    })?;
+                self.emit(Event::Finished(end));
+                return Ok(Phase::Idle);
+            }
+            WatchEvent::Put(kv)
+                if kv.key == keys.gen_current()
+                    && kv.value_str().parse::<u64>().is_ok_and(|n| n > g) =>
+            {
+                self.emit(Event::Reform {
+                    generation: g,
+                    reason: format!("generation {} formed", kv.value_str()),
+                });
+                return Ok(Phase::Idle);
+            }
+            WatchEvent::Put(kv) if kv.key.starts_with(&keys.done_prefix(g)) => {
+                self.maybe_finish(&plan).await?;
+            }
+            WatchEvent::Put(kv) if kv.key.starts_with(&keys.waiting_prefix()) => {
+                let node = &kv.key[keys.waiting_prefix().len()..];
+                if plan.member(node).is_none() && plan.members.len() < self.cfg.round.max_nodes {
+                    self.close(g, format!("node {node} is waiting to join (scale-up)"))
+                        .await?;
+                }
+            }
+            WatchEvent::Delete(key, _) if key.starts_with(&keys.members_prefix(g)) => {
+                let node = &key[keys.members_prefix(g).len()..];
+                if node == self.cfg.node_id {
+                    self.fence(format!(
+                        "membership in generation {g} was removed (lease expired)"
+                    ));
+                    return Ok(Phase::Idle);
+                }
+                if plan.member(node).is_some() {
+                    self.close(g, format!("node {node} left the group")).await?;
+                }
+            }
+            _ => {}
+        }
+        Ok(Phase::Running(plan, watch))
+    }
+
+    async fn maybe_finish(&self, plan: &Plan) -> Result<(), RendezvousError> {
+        let keys = self.round.keys();
+        let done = self
+            .store
+            .get_prefix(&keys.done_prefix(plan.generation))
+            .await?;
+        let all = plan.members.iter().all(|m| {
+            done.iter()
+                .any(|kv| kv.key == keys.done(plan.generation, &m.node_id))
+        });
+        if all {
+            let end = RunEnd::now(
+                true,
+                format!(
+                    "all {} workers of generation {} succeeded",
+                    plan.world_size, plan.generation
+                ),
+            );
+            self.store
+                .txn(Txn {
+                    compares: vec![
+                        Compare::Missing(keys.finished()),
+                        Compare::Missing(keys.closed(plan.generation)),
+                    ],
+                    success: vec![Op::put(
+                        keys.finished(),
+                        serde_json::to_vec(&end).expect("serializes"),
+                    )],
+                    failure: vec![],
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn on_request(&mut self, req: Request, phase: Phase) -> Result<Phase, RendezvousError> {
+        match req {
+            Request::Join(cand) => {
+                if let Some(end) = self.finished().await? {
+                    self.emit(Event::Finished(end));
+                    return Ok(Phase::Idle);
+                }
+                self.join(cand).await
+            }
+            Request::KeepAlive => {
+                self.renew().await;
+                Ok(if self.lease.is_some() {
+                    phase
+                } else {
+                    Phase::Idle
+                })
+            }
+            Request::Succeeded(g) => {
+                let keys = self.round.keys().clone();
+                self.store
+                    .put(&keys.done(g, &self.cfg.node_id), b"{}".to_vec(), None)
+                    .await?;
+                if let Phase::Running(plan, _) = &phase {
+                    if plan.generation == g {
+                        self.maybe_finish(plan).await?;
+                    }
+                }
+                Ok(phase)
+            }
+            Request::Failed {
+                generation,
+                description,
+            } => {
+                let (restart, restarts) = self.decide_failure(generation, &description).await?;
+                self.emit(Event::FailureDecision { restart, restarts });
+                Ok(phase)
+            }
+            Request::Leave => {
+                if let Some(l) = self.lease.take() {
+                    self.store.lease_revoke(l).await?;
+                }
+                Ok(Phase::Idle)
+            }
+        }
+    }
+
+    /// Spends one restart of the job-wide budget and closes `g`, or ends the run as failed.
+    async fn decide_failure(
+        &self,
+        g: u64,
+        description: &str,
+    ) -> Result<(bool, Restarts), RendezvousError> {
+        let keys = self.round.keys();
+        loop {
+            let restarts = self.round.restarts().await?;
+            let (cur, cur_rev) = self.round.current_generation().await?;
+            if let Some(kv) = self.store.get(&keys.closed(g)).await? {
+                // Someone already re-forms this generation (e.g. a peer failed first).
+                tracing::info!(gen = g, reason = %kv.value_str(), "failure joins an ongoing re-form");
+                return Ok((true, restarts));
+            }
+            if cur != g {
+                return Ok((true, restarts));
+            }
+            if restarts.failures < self.cfg.max_restarts {
+                let restarts_key = keys.restarts();
+                let rev = self
+                    .store
+                    .get(&restarts_key)
+                    .await?
+                    .map_or(0, |kv| kv.mod_revision);
+                let next = Restarts {
+                    failures: restarts.failures + 1,
+                    ..restarts
+                };
+                let resp = self
+                    .store
+                    .txn(Txn {
+                        compares: vec![
+                            Compare::ModRevisionEquals(keys.gen_current(), cur_rev),
+                            Compare::ModRevisionEquals(restarts_key.clone(), rev),
+                            Compare::Missing(keys.closed(g)),
+                        ],
+                        success: vec![
+                            Op::put(restarts_key, serde_json::to_vec(&next).expect("serializes")),
+                            Op::put(keys.closed(g), format!("worker failure: {description}")),
+                        ],
+                        failure: vec![],
+                    })
+                    .await?;
+                if resp.succeeded {
+                    return Ok((true, next));
+                }
+                continue;
+            }
+            let end = RunEnd::now(
+                false,
+                format!(
+                    "{description}; restart budget spent ({} of {} used)",
+                    restarts.failures, self.cfg.max_restarts
+                ),
+            );
+            self.store
+                .txn(Txn {
+                    compares: vec![Compare::Missing(keys.finished())],
+                    success: vec![Op::put(
+                        keys.finished(),
+                        serde_json::to_vec(&end).expect("serializes"),
+                    )],
+                    failure: vec![],
+                })
+                .await?;
+            return Ok((false, restarts));
+        }
+    }
+}

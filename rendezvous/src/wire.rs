@@ -1,0 +1,193 @@
+//! Conversions between the rendezvous types and the `drun.v1` wire messages.
+
+use drun_proto::v1 as pb;
+
+use crate::round::Restarts;
+use crate::session::{Event, Request, Resume, RunEnd};
+use crate::{Candidate, Member, Plan};
+
+impl From<&Candidate> for pb::Candidate {
+    fn from(c: &Candidate) -> Self {
+        pb::Candidate {
+            node_id: c.node_id.clone(),
+            advertise_addr: c.advertise_addr.clone(),
+            slots: c.slots,
+            requested_node_rank: c.requested_node_rank.map_or(-1, |r| r as i32),
+            master_port: u32::from(c.master_port),
+        }
+    }
+}
+
+impl From<pb::Candidate> for Candidate {
+    fn from(c: pb::Candidate) -> Self {
+        Candidate {
+            node_id: c.node_id,
+            advertise_addr: c.advertise_addr,
+            slots: c.slots,
+            requested_node_rank: u32::try_from(c.requested_node_rank).ok(),
+            master_port: u16::try_from(c.master_port).unwrap_or(0),
+        }
+    }
+}
+
+impl From<&Plan> for pb::Plan {
+    fn from(p: &Plan) -> Self {
+        pb::Plan {
+            run_id: p.run_id.clone(),
+            generation: p.generation,
+            members: p
+                .members
+                .iter()
+                .map(|m| pb::Member {
+                    node_id: m.node_id.clone(),
+                    advertise_addr: m.advertise_addr.clone(),
+                    node_rank: m.node_rank,
+                    slots: m.slots,
+                    base_rank: m.base_rank,
+                })
+                .collect(),
+            world_size: p.world_size,
+            master_addr: p.master_addr.clone(),
+            master_port: u32::from(p.master_port),
+            restarts_failures: p.restarts_failures,
+            restarts_membership: p.restarts_membership,
+        }
+    }
+}
+
+impl From<pb::Plan> for Plan {
+    fn from(p: pb::Plan) -> Self {
+        Plan {
+            run_id: p.run_id,
+            generation: p.generation,
+            members: p
+                .members
+                .into_iter()
+                .map(|m| Member {
+                    node_id: m.node_id,
+                    advertise_addr: m.advertise_addr,
+                    node_rank: m.node_rank,
+                    slots: m.slots,
+                    base_rank: m.base_rank,
+                })
+                .collect(),
+            world_size: p.world_size,
+            master_addr: p.master_addr,
+            master_port: u16::try_from(p.master_port).unwrap_or(0),
+            restarts_failures: p.restarts_failures,
+            restarts_membership: p.restarts_membership,
+        }
+    }
+}
+
+/// A request as sent on the wire.
+pub fn request_to_wire(r: &Request) -> pb::AgentMessage {
+    use pb::agent_message::Kind;
+    let kind = match r {
+        Request::Join(c) => Kind::Join(c.into()),
+        Request::KeepAlive => Kind::KeepAlive(true),
+        Request::Succeeded(g) => Kind::Succeeded(*g),
+        Request::Failed {
+            generation,
+            description,
+        } => Kind::Failed(pb::Failed {
+            generation: *generation,
+            description: description.clone(),
+        }),
+        Request::Leave => Kind::Leave(true),
+    };
+    pb::AgentMessage { kind: Some(kind) }
+}
+
+/// A wire message as a request; `None` for Hello or an empty message.
+pub fn request_from_wire(m: pb::AgentMessage) -> Option<Request> {
+    use pb::agent_message::Kind;
+    Some(match m.kind? {
+        Kind::Hello(_) => return None,
+        Kind::Join(c) => Request::Join(c.into()),
+        Kind::KeepAlive(_) => Request::KeepAlive,
+        Kind::Succeeded(g) => Request::Succeeded(g),
+        Kind::Failed(f) => Request::Failed {
+            generation: f.generation,
+            description: f.description,
+        },
+        Kind::Leave(_) => Request::Leave,
+    })
+}
+
+/// An event as sent on the wire.
+pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
+    use pb::server_event::Kind;
+    let kind = match e {
+        Event::Opened { lease } => Kind::OpenedLease(*lease),
+        Event::Waiting(t) => Kind::Waiting(t.clone()),
+        Event::Formed(p) => Kind::Formed(p.into()),
+        Event::Reform { generation, reason } => Kind::Reform(pb::Reform {
+            generation: *generation,
+            reason: reason.clone(),
+        }),
+        Event::Finished(end) => Kind::Finished(pb::Finished {
+            success: end.success,
+            reason: end.reason.clone(),
+            at_ms: end.at_ms,
+        }),
+        Event::FailureDecision { restart, restarts } => {
+            Kind::FailureDecision(pb::FailureDecision {
+                restart: *restart,
+                restarts_failures: restarts.failures,
+                restarts_membership: restarts.membership,
+            })
+        }
+        Event::Fenced(r) => Kind::Fenced(r.clone()),
+        Event::Error(r) => Kind::Error(r.clone()),
+    };
+    pb::ServerEvent { kind: Some(kind) }
+}
+
+/// A wire event as an event; `None` for an empty message.
+pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
+    use pb::server_event::Kind;
+    Some(match e.kind? {
+        Kind::OpenedLease(lease) => Event::Opened { lease },
+        Kind::Waiting(t) => Event::Waiting(t),
+        Kind::Formed(p) => Event::Formed(p.into()),
+        Kind::Reform(r) => Event::Reform {
+            generation: r.generation,
+            reason: r.reason,
+        },
+        Kind::Finished(f) => Event::Finished(RunEnd {
+            success: f.success,
+            reason: f.reason,
+            at_ms: f.at_ms,
+        }),
+        Kind::FailureDecision(d) => Event::FailureDecision {
+            restart: d.restart,
+            restarts: Restarts {
+                failures: d.restarts_failures,
+                membership: d.restarts_membership,
+            },
+        },
+        Kind::Fenced(r) => Event::Fenced(r),
+        Kind::Error(r) => Event::Error(r),
+    })
+}
+
+impl From<&Resume> for pb::Resume {
+    fn from(r: &Resume) -> Self {
+        pb::Resume {
+            lease_id: r.lease,
+            generation: r.generation,
+            waiting: r.waiting.as_ref().map(Into::into),
+        }
+    }
+}
+
+impl From<pb::Resume> for Resume {
+    fn from(r: pb::Resume) -> Self {
+        Resume {
+            lease: r.lease_id,
+            generation: r.generation,
+            waiting: r.waiting.map(Into::into),
+        }
+    }
+}
