@@ -4,6 +4,7 @@ mod harness;
 
 mod cli;
 mod logs;
+mod multinode;
 mod ports;
 mod standalone;
 mod supervision;

@@ -7,6 +7,7 @@
 //! endpoints, so callers can retry with backoff until their lease really expires.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,9 +26,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 type Keeper = (etcd::LeaseKeeper, etcd::LeaseKeepAliveStream);
 
 /// An etcd v3 cluster.
+///
+/// One client per member, used in turn: the client's own balancer keeps sending requests to a
+/// member that is down (measured: > 4 s of "connection refused" after the leader was killed),
+/// so connection-level failures rotate to the next member instead.
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: etcd::Client,
+    clients: Arc<Vec<etcd::Client>>,
+    current: Arc<AtomicUsize>,
     endpoints: String,
     keepers: Arc<Mutex<HashMap<LeaseId, Keeper>>>,
 }
@@ -85,14 +91,25 @@ impl EtcdStore {
             .with_timeout(REQUEST_TIMEOUT)
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-        let client = etcd::Client::connect(endpoints, Some(opts))
-            .await
-            .map_err(|e| StoreError::Unavailable {
-                endpoint: joined.clone(),
-                reason: e.to_string(),
-            })?;
+        let mut clients = Vec::with_capacity(endpoints.len());
+        for ep in endpoints {
+            let client = etcd::Client::connect([ep.as_str()], Some(opts.clone()))
+                .await
+                .map_err(|e| StoreError::Unavailable {
+                    endpoint: ep.clone(),
+                    reason: e.to_string(),
+                })?;
+            clients.push(client);
+        }
+        if clients.is_empty() {
+            return Err(StoreError::Unavailable {
+                endpoint: joined,
+                reason: "no etcd endpoint given".into(),
+            });
+        }
         let store = Self {
-            client,
+            clients: Arc::new(clients),
+            current: Arc::new(AtomicUsize::new(0)),
             endpoints: joined,
             keepers: Arc::new(Mutex::new(HashMap::new())),
         };
@@ -101,11 +118,52 @@ impl EtcdStore {
         Ok(store)
     }
 
+    fn client(&self) -> etcd::Client {
+        self.clients[self.current.load(Ordering::SeqCst) % self.clients.len()].clone()
+    }
+
+    /// Runs `f`, moving to the next member on connection-level failures: every member twice,
+    /// with a short pause after each full round (e.g. while a new leader is elected).
+    async fn retry<T, F, Fut>(&self, mut f: F) -> Result<T, etcd::Error>
+    where
+        F: FnMut(etcd::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd::Error>>,
+    {
+        let n = self.clients.len();
+        let mut attempt = 0;
+        loop {
+            match f(self.client()).await {
+                Err(e) if attempt < 2 * n + 1 && retryable(&e) => {
+                    attempt += 1;
+                    self.current.fetch_add(1, Ordering::SeqCst);
+                    if attempt % n == 0 {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
     fn unavailable(&self, e: etcd::Error) -> StoreError {
         StoreError::Unavailable {
             endpoint: self.endpoints.clone(),
             reason: e.to_string(),
         }
+    }
+}
+
+/// Failures that say "this member/connection is down", not "the request is wrong".
+fn retryable(e: &etcd::Error) -> bool {
+    match e {
+        etcd::Error::TransportError(_) | etcd::Error::IoError(_) => true,
+        etcd::Error::GRpcStatus(s) => {
+            matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown
+            ) && !s.message().contains("lease not found")
+        }
+        _ => false,
     }
 }
 
@@ -117,9 +175,7 @@ impl Store for EtcdStore {
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         let resp = self
-            .client
-            .kv_client()
-            .get(key, None)
+            .retry(|mut c| async move { c.get(key, None).await })
             .await
             .map_err(|e| self.unavailable(e))?;
         Ok(resp.kvs().first().map(to_kv))
@@ -127,9 +183,10 @@ impl Store for EtcdStore {
 
     async fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
         let resp = self
-            .client
-            .kv_client()
-            .get(prefix, Some(etcd::GetOptions::new().with_prefix()))
+            .retry(|mut c| async move {
+                c.get(prefix, Some(etcd::GetOptions::new().with_prefix()))
+                    .await
+            })
             .await
             .map_err(|e| self.unavailable(e))?;
         Ok(resp.kvs().iter().map(to_kv).collect())
@@ -140,21 +197,27 @@ impl Store for EtcdStore {
             .when(txn.compares.iter().map(to_compare).collect::<Vec<_>>())
             .and_then(txn.success.iter().map(to_op).collect::<Vec<_>>())
             .or_else(txn.failure.iter().map(to_op).collect::<Vec<_>>());
-        let resp = self.client.kv_client().txn(t).await.map_err(|e| match e {
-            etcd::Error::GRpcStatus(s) if s.message().contains("lease not found") => {
-                let lease = txn
-                    .success
-                    .iter()
-                    .chain(&txn.failure)
-                    .find_map(|op| match op {
-                        Op::Put { lease: Some(l), .. } => Some(*l),
-                        _ => None,
-                    })
-                    .unwrap_or(0);
-                StoreError::LeaseLost(lease)
-            }
-            e => self.unavailable(e),
-        })?;
+        let resp = self
+            .retry(|mut c| {
+                let t = t.clone();
+                async move { c.txn(t).await }
+            })
+            .await
+            .map_err(|e| match e {
+                etcd::Error::GRpcStatus(s) if s.message().contains("lease not found") => {
+                    let lease = txn
+                        .success
+                        .iter()
+                        .chain(&txn.failure)
+                        .find_map(|op| match op {
+                            Op::Put { lease: Some(l), .. } => Some(*l),
+                            _ => None,
+                        })
+                        .unwrap_or(0);
+                    StoreError::LeaseLost(lease)
+                }
+                e => self.unavailable(e),
+            })?;
         Ok(TxnResponse {
             succeeded: resp.succeeded(),
             revision: resp.header().map_or(0, |h| h.revision()),
@@ -164,9 +227,7 @@ impl Store for EtcdStore {
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
         let secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
         let resp = self
-            .client
-            .lease_client()
-            .grant(secs, None)
+            .retry(|mut c| async move { c.lease_grant(secs, None).await })
             .await
             .map_err(|e| self.unavailable(e))?;
         Ok(resp.id())
@@ -176,9 +237,7 @@ impl Store for EtcdStore {
         let mut keepers = self.keepers.lock().await;
         if let std::collections::hash_map::Entry::Vacant(slot) = keepers.entry(lease) {
             let k = self
-                .client
-                .lease_client()
-                .keep_alive(lease)
+                .retry(|mut c| async move { c.lease_keep_alive(lease).await })
                 .await
                 .map_err(|e| self.unavailable(e))?;
             slot.insert(k);
@@ -217,7 +276,10 @@ impl Store for EtcdStore {
 
     async fn lease_revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
         self.keepers.lock().await.remove(&lease);
-        match self.client.lease_client().revoke(lease).await {
+        match self
+            .retry(|mut c| async move { c.lease_revoke(lease).await })
+            .await
+        {
             Ok(_) => Ok(()),
             Err(etcd::Error::GRpcStatus(s)) if s.message().contains("lease not found") => Ok(()),
             Err(e) => Err(self.unavailable(e)),
@@ -234,9 +296,10 @@ impl Store for EtcdStore {
             opts = opts.with_start_revision(after + 1);
         }
         let mut stream = self
-            .client
-            .watch_client()
-            .watch(prefix, Some(opts))
+            .retry(|mut c| {
+                let opts = opts.clone();
+                async move { c.watch(prefix, Some(opts)).await }
+            })
             .await
             .map_err(|e| self.unavailable(e))?;
         let (tx, rx) = mpsc::unbounded_channel();

@@ -240,7 +240,7 @@ impl Actor {
                 if r.generation > 0 {
                     if let Some(plan) = self.round.plan(r.generation).await? {
                         self.last_gen = r.generation;
-                        phase = self.running(plan).await?;
+                        phase = self.running(plan, false).await?;
                     }
                 } else if let Some(c) = r.waiting {
                     phase = self.join(c).await?;
@@ -279,7 +279,11 @@ impl Actor {
                     plan = &mut waiter => match plan {
                         Ok(plan) => {
                             self.last_gen = plan.generation;
-                            self.running(plan).await?
+                            match self.running(plan.clone(), true).await {
+                                Ok(p) => p,
+                                Err(e) if is_transient(&e) => self.rewatch(plan).await,
+                                Err(e) => return Err(e),
+                            }
                         }
                         Err(RendezvousError::Store(e)) if self.lease.is_some() => {
                             tracing::warn!(error = %e, "rendezvous store error while waiting; retrying");
@@ -299,11 +303,15 @@ impl Actor {
                         Some(r) => self.on_request(r, Phase::Running(plan, watch)).await?,
                     },
                     ev = watch.recv() => match ev {
-                        None => {
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                            self.running(plan).await?
-                        }
-                        Some(ev) => self.on_watch(plan, watch, ev).await?,
+                        None => self.rewatch(plan).await,
+                        Some(ev) => match self.on_watch(plan.clone(), watch, ev).await {
+                            Ok(p) => p,
+                            Err(e) if is_transient(&e) => {
+                                tracing::warn!(error = %e, "store error while watching the group; re-watching");
+                                self.rewatch(plan).await
+                            }
+                            Err(e) => return Err(e),
+                        },
                     },
                     _ = tick.tick(), if self.cfg.auto_keep_alive => { self.renew().await; Phase::Running(plan, watch) }
                 },
@@ -368,7 +376,28 @@ impl Actor {
 
     /// Enters generation `plan.generation`: membership key, watch, and a check of what may have
     /// happened before the watch started.
-    async fn running(&mut self, plan: Plan) -> Result<Phase, RendezvousError> {
+    /// Re-establishes the watch of a running generation after the store hiccuped, retrying
+    /// transient errors; the agent hears nothing unless something really changed.
+    async fn rewatch(&mut self, plan: Plan) -> Phase {
+        loop {
+            match self.running(plan.clone(), false).await {
+                Ok(p) => return p,
+                Err(e) if is_transient(&e) && self.lease.is_some() => {
+                    tracing::warn!(error = %e, "store unavailable; retrying the watch");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if self.cfg.auto_keep_alive {
+                        self.renew().await;
+                    }
+                }
+                Err(e) => {
+                    self.emit(Event::Error(e.to_string()));
+                    return Phase::Idle;
+                }
+            }
+        }
+    }
+
+    async fn running(&mut self, plan: Plan, announce: bool) -> Result<Phase, RendezvousError> {
         let Some(lease) = self.lease else {
             return Ok(Phase::Idle);
         };
@@ -389,7 +418,9 @@ impl Actor {
         }
         let watch = self.store.watch_prefix(keys.prefix(), 0).await?;
         // Watch first, then read: whatever happened before the watch began is seen here.
-        self.emit(Event::Formed(plan.clone()));
+        if announce {
+            self.emit(Event::Formed(plan.clone()));
+        }
         if let Some(end) = self.finished().await? {
             self.emit(Event::Finished(end));
             return Ok(Phase::Idle);
@@ -539,34 +570,52 @@ impl Actor {
         Ok(())
     }
 
+    /// Handles a request, retrying transient store errors for up to ~10 s.
     async fn on_request(&mut self, req: Request, phase: Phase) -> Result<Phase, RendezvousError> {
+        let mut phase = phase;
+        for attempt in 0..20 {
+            match self.handle(req.clone(), &mut phase).await {
+                Err(e) if is_transient(&e) && attempt < 19 => {
+                    tracing::warn!(error = %e, ?req, "store unavailable; retrying the request");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Ok(Some(next)) => return Ok(next),
+                Ok(None) => return Ok(phase),
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    /// One attempt at a request; `Some(phase)` replaces the phase.
+    async fn handle(
+        &mut self,
+        req: Request,
+        phase: &mut Phase,
+    ) -> Result<Option<Phase>, RendezvousError> {
         match req {
             Request::Join(cand) => {
                 if let Some(end) = self.finished().await? {
                     self.emit(Event::Finished(end));
-                    return Ok(Phase::Idle);
+                    return Ok(Some(Phase::Idle));
                 }
-                self.join(cand).await
+                self.join(cand).await.map(Some)
             }
             Request::KeepAlive => {
                 self.renew().await;
-                Ok(if self.lease.is_some() {
-                    phase
-                } else {
-                    Phase::Idle
-                })
+                Ok(self.lease.is_none().then_some(Phase::Idle))
             }
             Request::Succeeded(g) => {
                 let keys = self.round.keys().clone();
                 self.store
                     .put(&keys.done(g, &self.cfg.node_id), b"{}".to_vec(), None)
                     .await?;
-                if let Phase::Running(plan, _) = &phase {
+                if let Phase::Running(plan, _) = &*phase {
                     if plan.generation == g {
                         self.maybe_finish(plan).await?;
                     }
                 }
-                Ok(phase)
+                Ok(None)
             }
             Request::Failed {
                 generation,
@@ -574,13 +623,14 @@ impl Actor {
             } => {
                 let (restart, restarts) = self.decide_failure(generation, &description).await?;
                 self.emit(Event::FailureDecision { restart, restarts });
-                Ok(phase)
+                Ok(None)
             }
             Request::Leave => {
-                if let Some(l) = self.lease.take() {
+                if let Some(l) = self.lease {
                     self.store.lease_revoke(l).await?;
+                    self.lease = None;
                 }
-                Ok(Phase::Idle)
+                Ok(Some(Phase::Idle))
             }
         }
     }
@@ -654,4 +704,9 @@ impl Actor {
             return Ok((false, restarts));
         }
     }
+}
+
+/// Errors worth retrying: the store did not answer (as opposed to a decision or a timeout).
+fn is_transient(e: &RendezvousError) -> bool {
+    matches!(e, RendezvousError::Store(StoreError::Unavailable { .. }))
 }

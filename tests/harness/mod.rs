@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -211,4 +213,14 @@ impl Drop for Agent {
 /// Runs drun to completion (bounded) and returns (code, stdout, stderr).
 pub fn run(cmd: Command, timeout: Duration) -> (i32, String, String) {
     Agent::start(cmd).wait(timeout)
+}
+
+/// Polls `cond` every 50 ms for `duration`; panics naming `what` the first time it is false.
+/// For asserting that something does *not* happen during a window (e.g. workers undisturbed).
+pub fn holds_for(what: &str, duration: Duration, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        assert!(cond(), "{what} stopped holding");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
