@@ -125,3 +125,53 @@ fn pet_environment_fallback_and_command_line_wins() {
         "command line wins over PET_*"
     );
 }
+
+#[test]
+fn multi_node_without_endpoint_is_refused_not_localhost() {
+    rejects(
+        &[
+            "--nnodes",
+            "2",
+            "--rdzv-id",
+            "job",
+            "--rdzv-backend",
+            "c10d",
+        ],
+        "--rdzv-endpoint",
+    );
+    rejects(&["--nnodes", "2"], "--rdzv-endpoint");
+    rejects(
+        &["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"],
+        "--rdzv-id",
+    );
+    rejects(
+        &["--nnodes", "2", "--standalone"],
+        "--standalone runs one node",
+    );
+}
+
+#[test]
+fn unreachable_rendezvous_is_one_line_exit_3() {
+    let port = crate::harness::cluster::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.args([
+        "-q",
+        "--nnodes",
+        "2",
+        "--rdzv-id",
+        "job",
+        "--rdzv-backend",
+        "etcd",
+    ])
+    .arg("--rdzv-endpoint")
+    .arg(format!("127.0.0.1:{port}"))
+    .arg(worker("envdump.py"))
+    .arg(dir.path());
+    let (code, _, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 3, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

@@ -162,20 +162,15 @@ fn rendezvous_mode(
         };
         return Ok((mode, uuid::Uuid::new_v4().to_string()));
     }
-    let run_id = if a.rdzv_id != "none" {
-        a.rdzv_id.clone()
-    } else if let Some(job) = std::env::var("SLURM_JOB_ID").ok().filter(|j| !j.is_empty()) {
-        job
-    } else if max_nodes > 1 {
-        return Err(invalid(
-            "--rdzv-id",
-            "none",
-            "multi-node runs need a run id shared by all nodes (e.g. --rdzv-id myjob-42); the default would mix jobs",
-        ));
-    } else {
-        a.rdzv_id.clone()
-    };
     if backend == "static" {
+        let run_id = if a.rdzv_id != "none" {
+            a.rdzv_id.clone()
+        } else {
+            std::env::var("SLURM_JOB_ID")
+                .ok()
+                .filter(|j| !j.is_empty())
+                .unwrap_or_else(|| a.rdzv_id.clone())
+        };
         if max_nodes == 1 {
             let mode = RendezvousMode::Embedded {
                 master_addr: a.master_addr.clone(),
@@ -194,7 +189,7 @@ fn rendezvous_mode(
             invalid(
                 "--node-rank",
                 "(missing)",
-                "a multi-node static launch needs --node-rank, --master-addr and --master-port on every node, or --rdzv-endpoint for a dynamic rendezvous",
+                "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (dynamic rendezvous), or --node-rank with --master-addr/--master-port on every node (static); drun never assumes localhost",
             )
         })?;
         if node_rank >= max_nodes {
@@ -211,6 +206,19 @@ fn rendezvous_mode(
         };
         return Ok((mode, run_id));
     }
+    let run_id = if a.rdzv_id != "none" {
+        a.rdzv_id.clone()
+    } else if let Some(job) = std::env::var("SLURM_JOB_ID").ok().filter(|j| !j.is_empty()) {
+        job
+    } else if max_nodes > 1 {
+        return Err(invalid(
+            "--rdzv-id",
+            "none",
+            "multi-node runs need a run id shared by all nodes (e.g. --rdzv-id myjob-42); the default would mix jobs",
+        ));
+    } else {
+        a.rdzv_id.clone()
+    };
     if a.rdzv_endpoint.trim().is_empty() {
         return Err(invalid(
             "--rdzv-endpoint",

@@ -189,3 +189,62 @@ pub async fn status_json(
         "finished": finished,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+    use drun_proto::v1::rendezvous_client::RendezvousClient;
+
+    async fn hello_with_version(version: u32) -> Result<(), Status> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        tokio::spawn(serve(
+            listener,
+            RendezvousService::new(store),
+            std::future::pending(),
+        ));
+        let mut client = RendezvousClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        let hello = pb::AgentMessage {
+            kind: Some(pb::agent_message::Kind::Hello(pb::Hello {
+                protocol_version: version,
+                run_id: "r".into(),
+                node_id: "n".into(),
+                min_nodes: 1,
+                max_nodes: 1,
+                lease_ttl_ms: 10_000,
+                join_timeout_ms: 1_000,
+                ..Default::default()
+            })),
+        };
+        let mut events = client
+            .session(tokio_stream::iter(vec![hello]))
+            .await?
+            .into_inner();
+        // A session that opened announces its lease.
+        let first = events.message().await?.and_then(|e| e.kind);
+        assert!(
+            matches!(first, Some(pb::server_event::Kind::OpenedLease(_))),
+            "{first:?}"
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn mismatched_protocol_version_is_refused_with_a_clear_error() {
+        hello_with_version(PROTOCOL_VERSION)
+            .await
+            .expect("v1 accepted");
+        let err = hello_with_version(PROTOCOL_VERSION + 1).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert!(err.message().contains("drun.v2"), "{}", err.message());
+        assert!(
+            err.message().contains("same drun release"),
+            "{}",
+            err.message()
+        );
+    }
+}

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use drun_proto::v1::rendezvous_client::RendezvousClient;
+use drun_proto::v1::StatusRequest;
 use drun_rendezvous::service::{serve, status_json, RendezvousService};
 use drun_rendezvous::{EtcdStore, MemoryStore, Store};
 use tracing_subscriber::EnvFilter;
@@ -52,9 +54,12 @@ enum Command {
             long = "etcd-endpoints",
             env = "DRUN_ETCD_ENDPOINTS",
             value_delimiter = ',',
-            required = true
+            required_unless_present = "endpoint"
         )]
         etcd_endpoints: Vec<String>,
+        /// Ask a running server instead (`HOST:PORT`), e.g. one with `--store memory`.
+        #[arg(long, conflicts_with = "etcd_endpoints")]
+        endpoint: Option<String>,
     },
 }
 
@@ -144,11 +149,34 @@ async fn run(cmd: Command) -> Result<(), (u8, String)> {
         Command::Status {
             run,
             etcd_endpoints,
+            endpoint,
         } => {
-            let store = open_store(StoreKind::Etcd, &etcd_endpoints).await?;
-            let json = status_json(&store, &run)
-                .await
-                .map_err(|e| (3, e.to_string()))?;
+            let json: serde_json::Value = match endpoint {
+                Some(ep) => {
+                    let url = if ep.contains("://") {
+                        ep.clone()
+                    } else {
+                        format!("http://{ep}")
+                    };
+                    let mut client = RendezvousClient::connect(url).await.map_err(|e| {
+                        (
+                            3,
+                            format!("cannot reach the rendezvous server at {ep}: {e}"),
+                        )
+                    })?;
+                    let resp = client
+                        .status(StatusRequest { run_id: run })
+                        .await
+                        .map_err(|e| (3, format!("status failed: {}", e.message())))?;
+                    serde_json::from_str(&resp.into_inner().json).map_err(|e| (1, e.to_string()))?
+                }
+                None => {
+                    let store = open_store(StoreKind::Etcd, &etcd_endpoints).await?;
+                    status_json(&store, &run)
+                        .await
+                        .map_err(|e| (3, e.to_string()))?
+                }
+            };
             println!("{}", serde_json::to_string_pretty(&json).expect("json"));
             Ok(())
         }
