@@ -24,6 +24,17 @@ impl RunKeys {
         format!("{}gen/current", self.prefix)
     }
 
+    /// Decider of the round being formed (node id), under the decider's lease. Its name extends
+    /// `gen/current` so one prefix watch sees the generation, the decider and its progress.
+    pub fn leader(&self) -> String {
+        format!("{}gen/current.leader", self.prefix)
+    }
+
+    /// The decider's latest progress line ("waiting for 1 more node (2/3)").
+    pub fn progress(&self) -> String {
+        format!("{}gen/current.progress", self.prefix)
+    }
+
     /// Assignment of generation `g` (JSON [`crate::Plan`]).
     pub fn plan(&self, g: u64) -> String {
         format!("{}gen/{g}/plan", self.prefix)

@@ -10,11 +10,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::core::RoundView;
 use crate::keys::RunKeys;
-use crate::store::{Compare, LeaseId, Op, Store, Txn};
+use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
 use crate::{assign, decide, Candidate, Decision, Plan, RendezvousError, RoundConfig, StoreError};
 
 /// Job-wide restart counters (key `restarts`).
@@ -153,7 +154,14 @@ impl Round {
     }
 
     /// Waits until a generation newer than `after` that includes `node_id` is formed, forming it
-    /// when the decision core says so. `progress` receives each new waiting reason.
+    /// when this participant is the round's decider and the decision core says so. `lease` is
+    /// the participant's lease (the decider key lives under it); `progress` receives each new
+    /// waiting reason.
+    ///
+    /// One decider per round keeps the cost linear in the number of nodes: the decider (whoever
+    /// creates `gen/current.leader` first) watches the waiting set and forms the group; the others
+    /// only watch `gen/current*` (the generation, the decider key and its progress line). When the
+    /// decider dies its key expires with its lease and another participant takes over.
     ///
     /// # Errors
     /// [`RendezvousError::Timeout`] when `join_timeout` passes below `min_nodes`; store errors.
@@ -161,11 +169,13 @@ impl Round {
         &self,
         node_id: &str,
         after: u64,
+        lease: LeaseId,
         mut progress: impl FnMut(&str),
     ) -> Result<Plan, RendezvousError> {
         let opened_at = Instant::now();
         let mut min_reached_at: Option<Instant> = None;
-        let mut events = self.store.watch_prefix(self.keys.prefix(), 0).await?;
+        let mut round_events = self.store.watch_prefix(&self.keys.gen_current(), 0).await?;
+        let mut waiting_events: Option<mpsc::UnboundedReceiver<WatchEvent>> = None;
         let mut last_reason = String::new();
         loop {
             let (g, rev) = self.current_generation().await?;
@@ -176,108 +186,217 @@ impl Round {
                     }
                 }
             }
-            let mut waiting = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
-            waiting.sort_by_key(|kv| kv.create_revision);
-            let mut candidates = Vec::with_capacity(waiting.len());
-            let mut leases = HashMap::with_capacity(waiting.len());
-            for kv in waiting {
-                let c: Candidate =
-                    serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
-                        key: kv.key.clone(),
-                        reason: e.to_string(),
-                    })?;
-                leases.insert(c.node_id.clone(), kv.lease);
-                candidates.push(c);
-            }
             let now = Instant::now();
-            if candidates.len() >= self.cfg.min_nodes {
-                min_reached_at.get_or_insert(now);
-            } else {
-                min_reached_at = None;
-            }
-            let view = RoundView {
-                opened_at,
-                min_reached_at,
-                candidates,
-            };
-            let wake_at = match decide(&view, now, &self.cfg) {
-                Decision::Form {
-                    admitted, reason, ..
-                } => {
-                    let (restarts, _) = self.read_restarts().await?;
-                    let plan = assign(
-                        &self.run_id,
-                        g + 1,
-                        &admitted,
-                        restarts.failures,
-                        restarts.membership,
-                    )?;
-                    let mut ops = vec![
-                        Op::put(self.keys.gen_current(), (g + 1).to_string()),
-                        Op::put(
-                            self.keys.plan(g + 1),
-                            serde_json::to_vec(&plan).expect("Plan serializes"),
-                        ),
-                    ];
-                    for c in &admitted {
-                        ops.push(Op::Delete(self.keys.waiting(&c.node_id)));
-                        // Membership keys are born with the plan, under each node's own lease,
-                        // so a node that dies right after formation is noticed by its expiry.
-                        ops.push(Op::Put {
-                            key: self.keys.member(g + 1, &c.node_id),
-                            value: b"{}".to_vec(),
-                            lease: leases.get(&c.node_id).copied().flatten(),
+            let wake_at = if self.lead(node_id, lease).await? {
+                if waiting_events.is_none() {
+                    waiting_events = Some(
+                        self.store
+                            .watch_prefix(&self.keys.waiting_prefix(), 0)
+                            .await?,
+                    );
+                }
+                match self
+                    .decide_once(g, rev, opened_at, &mut min_reached_at)
+                    .await?
+                {
+                    Step::Formed(plan) if plan.member(node_id).is_some() => return Ok(plan),
+                    Step::Formed(_) | Step::Retry => continue,
+                    Step::Failed(detail, joined) => {
+                        return Err(RendezvousError::Timeout {
+                            run: self.run_id.clone(),
+                            waited: now - opened_at,
+                            joined,
+                            min: self.cfg.min_nodes,
+                            detail,
                         });
                     }
-                    let txn = Txn {
-                        compares: vec![Compare::ModRevisionEquals(self.keys.gen_current(), rev)],
-                        success: ops,
-                        failure: vec![],
-                    };
-                    let resp = match self.store.txn(txn).await {
-                        // A candidate's lease expired between the read and the write: re-read.
-                        Err(StoreError::LeaseLost(_)) => continue,
-                        r => r?,
-                    };
-                    if resp.succeeded {
-                        tracing::debug!(run = %self.run_id, gen = g + 1, %reason, "group formed");
-                        if plan.member(node_id).is_some() {
-                            return Ok(plan);
+                    Step::Wait(reason, wake_at) => {
+                        if reason != last_reason {
+                            progress(&reason);
+                            let _ = self
+                                .store
+                                .put(&self.keys.progress(), reason.clone().into_bytes(), None)
+                                .await;
+                            last_reason = reason;
                         }
+                        wake_at
                     }
-                    continue;
                 }
-                Decision::Fail { reason } => {
+            } else {
+                waiting_events = None;
+                let reason = self
+                    .store
+                    .get(&self.keys.progress())
+                    .await?
+                    .map(|kv| kv.value_str())
+                    .unwrap_or_else(|| "waiting for the group to form".into());
+                if reason != last_reason {
+                    progress(&reason);
+                    last_reason = reason.clone();
+                }
+                let deadline = opened_at + self.cfg.join_timeout;
+                if now >= deadline {
                     return Err(RendezvousError::Timeout {
                         run: self.run_id.clone(),
                         waited: now - opened_at,
-                        joined: view.candidates.len(),
+                        joined: 0,
                         min: self.cfg.min_nodes,
-                        detail: reason,
+                        detail: format!(
+                            "no group formed within join_timeout; last progress: {reason}"
+                        ),
                     });
                 }
-                Decision::Wait { reason, wake_at } => {
-                    if reason != last_reason {
-                        progress(&reason);
-                        last_reason = reason;
-                    }
-                    wake_at
-                }
+                deadline
             };
             let tick = now + std::time::Duration::from_secs(1);
+            let waiting_changed = async {
+                match waiting_events.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                ev = events.recv() => {
+                ev = round_events.recv() => {
                     if ev.is_none() {
                         // The watch broke (store restart, network): subscribe again; the state is
                         // re-read at the top of the loop, so nothing is missed.
                         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                        events = self.store.watch_prefix(self.keys.prefix(), 0).await?;
+                        round_events = self.store.watch_prefix(&self.keys.gen_current(), 0).await?;
+                    }
+                }
+                ev = waiting_changed => {
+                    if ev.is_none() {
+                        waiting_events = None;
                     }
                 }
                 _ = tokio::time::sleep_until(wake_at.min(tick)) => {}
             }
+            // Coalesce bursts (many nodes arriving at once): one re-read for all of them.
+            while round_events.try_recv().is_ok() {}
+            if let Some(rx) = waiting_events.as_mut() {
+                while rx.try_recv().is_ok() {}
+            }
         }
     }
+
+    /// Takes or confirms the decider role of the current round.
+    async fn lead(&self, node_id: &str, lease: LeaseId) -> Result<bool, StoreError> {
+        let key = self.keys.leader();
+        let resp = self
+            .store
+            .txn(Txn {
+                compares: vec![Compare::Missing(key.clone())],
+                success: vec![Op::Put {
+                    key: key.clone(),
+                    value: node_id.as_bytes().to_vec(),
+                    lease: Some(lease),
+                }],
+                failure: vec![],
+            })
+            .await;
+        match resp {
+            Ok(r) if r.succeeded => Ok(true),
+            Ok(_) => Ok(self
+                .store
+                .get(&key)
+                .await?
+                .is_some_and(|kv| kv.value == node_id.as_bytes())),
+            Err(StoreError::LeaseLost(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The decider's step: read the waiting set, decide, and form the next generation if due.
+    async fn decide_once(
+        &self,
+        g: u64,
+        rev: i64,
+        opened_at: Instant,
+        min_reached_at: &mut Option<Instant>,
+    ) -> Result<Step, RendezvousError> {
+        let mut waiting = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
+        waiting.sort_by_key(|kv| kv.create_revision);
+        let mut candidates = Vec::with_capacity(waiting.len());
+        let mut leases = HashMap::with_capacity(waiting.len());
+        for kv in waiting {
+            let c: Candidate =
+                serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
+                    key: kv.key.clone(),
+                    reason: e.to_string(),
+                })?;
+            leases.insert(c.node_id.clone(), kv.lease);
+            candidates.push(c);
+        }
+        let now = Instant::now();
+        if candidates.len() >= self.cfg.min_nodes {
+            min_reached_at.get_or_insert(now);
+        } else {
+            *min_reached_at = None;
+        }
+        let view = RoundView {
+            opened_at,
+            min_reached_at: *min_reached_at,
+            candidates,
+        };
+        match decide(&view, now, &self.cfg) {
+            Decision::Wait { reason, wake_at } => Ok(Step::Wait(reason, wake_at)),
+            Decision::Fail { reason } => Ok(Step::Failed(reason, view.candidates.len())),
+            Decision::Form {
+                admitted, reason, ..
+            } => {
+                let (restarts, _) = self.read_restarts().await?;
+                let plan = assign(
+                    &self.run_id,
+                    g + 1,
+                    &admitted,
+                    restarts.failures,
+                    restarts.membership,
+                )?;
+                let mut ops = vec![
+                    Op::put(self.keys.gen_current(), (g + 1).to_string()),
+                    Op::put(
+                        self.keys.plan(g + 1),
+                        serde_json::to_vec(&plan).expect("Plan serializes"),
+                    ),
+                    Op::Delete(self.keys.leader()),
+                    Op::Delete(self.keys.progress()),
+                ];
+                for c in &admitted {
+                    ops.push(Op::Delete(self.keys.waiting(&c.node_id)));
+                    // Membership keys are born with the plan, under each node's own lease,
+                    // so a node that dies right after formation is noticed by its expiry.
+                    ops.push(Op::Put {
+                        key: self.keys.member(g + 1, &c.node_id),
+                        value: b"{}".to_vec(),
+                        lease: leases.get(&c.node_id).copied().flatten(),
+                    });
+                }
+                let txn = Txn {
+                    compares: vec![Compare::ModRevisionEquals(self.keys.gen_current(), rev)],
+                    success: ops,
+                    failure: vec![],
+                };
+                match self.store.txn(txn).await {
+                    // A candidate's lease expired between the read and the write: re-read.
+                    Err(StoreError::LeaseLost(_)) => Ok(Step::Retry),
+                    Err(e) => Err(e.into()),
+                    Ok(r) if r.succeeded => {
+                        tracing::debug!(run = %self.run_id, gen = g + 1, %reason, "group formed");
+                        Ok(Step::Formed(plan))
+                    }
+                    Ok(_) => Ok(Step::Retry),
+                }
+            }
+        }
+    }
+}
+
+/// One step of the decider.
+enum Step {
+    Formed(Plan),
+    Retry,
+    Wait(String, Instant),
+    Failed(String, usize),
 }
 
 #[cfg(test)]
@@ -303,7 +422,7 @@ mod tests {
         let round = Round::new(store.clone(), "job", RoundConfig::single_node());
         let lease = store.lease_grant(Duration::from_secs(10)).await.unwrap();
         round.join(&cand("n0", 4000), lease).await.unwrap();
-        let p1 = round.wait_for_plan("n0", 0, |_| {}).await.unwrap();
+        let p1 = round.wait_for_plan("n0", 0, lease, |_| {}).await.unwrap();
         assert_eq!((p1.generation, p1.world_size, p1.master_port), (1, 2, 4000));
         assert!(store
             .get_prefix("/drun/v1/job/waiting/")
@@ -320,7 +439,7 @@ mod tests {
             }
         );
         round.join(&cand("n0", 4001), lease).await.unwrap();
-        let p2 = round.wait_for_plan("n0", 1, |_| {}).await.unwrap();
+        let p2 = round.wait_for_plan("n0", 1, lease, |_| {}).await.unwrap();
         assert_eq!(
             (p2.generation, p2.master_port, p2.restarts_failures),
             (2, 4001, 1)
@@ -341,9 +460,10 @@ mod tests {
         let b = Round::new(store.clone(), "job", cfg);
         let lease = store.lease_grant(Duration::from_secs(10)).await.unwrap();
         a.join(&cand("a", 1), lease).await.unwrap();
-        let wait_a = tokio::spawn(async move { a.wait_for_plan("a", 0, |_| {}).await });
-        b.join(&cand("b", 2), lease).await.unwrap();
-        let pb = b.wait_for_plan("b", 0, |_| {}).await.unwrap();
+        let wait_a = tokio::spawn(async move { a.wait_for_plan("a", 0, lease, |_| {}).await });
+        let lease2 = store.lease_grant(Duration::from_secs(10)).await.unwrap();
+        b.join(&cand("b", 2), lease2).await.unwrap();
+        let pb = b.wait_for_plan("b", 0, lease2, |_| {}).await.unwrap();
         let pa = wait_a.await.unwrap().unwrap();
         assert_eq!(pa, pb);
         assert_eq!(pa.generation, 1);
@@ -364,7 +484,7 @@ mod tests {
         round.join(&cand("lonely", 1), lease).await.unwrap();
         let mut seen = vec![];
         let err = round
-            .wait_for_plan("lonely", 0, |r| seen.push(r.to_string()))
+            .wait_for_plan("lonely", 0, lease, |r| seen.push(r.to_string()))
             .await
             .unwrap_err();
         assert!(

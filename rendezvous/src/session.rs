@@ -366,7 +366,7 @@ impl Actor {
         let events = self.events.clone();
         let waiter: Waiter = Box::pin(async move {
             round
-                .wait_for_plan(&node, after, |r| {
+                .wait_for_plan(&node, after, lease, |r| {
                     let _ = events.send(Event::Waiting(r.to_string()));
                 })
                 .await
