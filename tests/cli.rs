@@ -175,3 +175,44 @@ fn unreachable_rendezvous_is_one_line_exit_3() {
     assert!(lines[0].contains(&format!("127.0.0.1:{port}")), "{err}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn flag_typo_before_the_script_is_named_not_taken_for_the_script() {
+    rejects(
+        &["--nproc-per-nodes", "2"],
+        "unknown flag '--nproc-per-nodes'",
+    );
+}
+
+#[test]
+fn bad_rendezvous_values_are_refused() {
+    rejects(
+        &["--rdzv-endpoint", "host:notaport", "--rdzv-id", "j"],
+        "must be an integer in 1-65535",
+    );
+    rejects(&["--rdzv-conf", "join_timeout=abc"], "join_timeout=abc");
+    rejects(&["--nproc-per-node", "99999999999"], "far more workers");
+}
+
+#[test]
+fn boolean_pet_variables_take_1_and_0_and_repeated_flags_take_the_last_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.env("PET_STANDALONE", "1")
+        .args(["--nproc-per-node", "3", "--nproc_per_node", "2"])
+        .arg(worker("envdump.py"))
+        .arg(dir.path());
+    let (code, _, err) = run(c, Duration::from_secs(30));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        2,
+        "last --nproc-per-node wins"
+    );
+    let env = crate::harness::read_json(&dir.path().join("env_0.json"));
+    assert_eq!(
+        env["env"]["TORCHELASTIC_RUN_ID"].as_str().unwrap().len(),
+        36,
+        "PET_STANDALONE=1 means standalone"
+    );
+}

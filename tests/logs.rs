@@ -94,7 +94,10 @@ fn tee_writes_files_and_console_with_custom_prefix() {
     for r in 0..2 {
         let file = std::fs::read_to_string(attempt.join(format!("{r}/stdout.log"))).unwrap();
         assert_whole_lines(&file, "out", &[r], |_| String::new());
-        assert!(file.ends_with(&format!("tail-without-newline rank={r}\n")));
+        assert!(
+            file.ends_with(&format!("tail-without-newline rank={r}")),
+            "log files keep the worker's exact bytes (no newline added)"
+        );
         let errf = std::fs::read_to_string(attempt.join(format!("{r}/stderr.log"))).unwrap();
         assert_eq!(errf.lines().count(), LINES);
     }
@@ -144,4 +147,45 @@ fn redirects_keep_stdout_off_the_console_and_filter_limits_console_ranks() {
             "stderr not redirected"
         );
     }
+}
+
+#[test]
+fn a_partial_line_is_shown_while_the_worker_waits() {
+    // A prompt without a newline (think `(Pdb) ` or a `\r` progress bar) must reach the console
+    // while the worker is still waiting, not only when the line ends.
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    let mut c = drun();
+    c.args(["--standalone", "--no-python", "sh", "-c"])
+        .arg("printf 'prompt> '; while [ ! -e \"$0\" ]; do sleep 0.05; done; echo answered")
+        .arg(&release);
+    let agent = crate::harness::Agent::start(c);
+    crate::harness::wait_for(
+        "the partial prompt on the console",
+        Duration::from_secs(10),
+        || agent.stdout_so_far().contains("[rank0]:prompt> "),
+    );
+    std::fs::write(&release, b"").unwrap();
+    let (code, out, err) = agent.wait(Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("[rank0]:prompt> answered\n"),
+        "the rest follows without a second prefix: {out:?}"
+    );
+}
+
+#[test]
+fn empty_prefix_template_prints_bare_lines() {
+    let mut c = drun();
+    c.args([
+        "--standalone",
+        "--log-line-prefix-template",
+        "",
+        "--no-python",
+        "echo",
+        "{\"json\": 1}",
+    ]);
+    let (code, out, err) = run(c, Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "{\"json\": 1}\n");
 }

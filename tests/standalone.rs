@@ -199,6 +199,41 @@ fn run_path_runs_the_script_via_runpy() {
 }
 
 #[test]
+fn double_dash_right_after_the_script_is_dropped_like_argparse() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.args(["--standalone"])
+        .arg(worker("envdump.py"))
+        .args(["--"])
+        .arg(dir.path())
+        .arg("--x");
+    let (code, _, err) = run(c, Duration::from_secs(30));
+    assert_eq!(code, 0, "{err}");
+    let argv = env_of(dir.path(), 0)["argv"].clone();
+    assert_eq!(argv.as_array().unwrap().len(), 3, "{argv}");
+    assert_eq!(argv[2], "--x");
+}
+
+#[test]
+fn static_endpoint_is_the_master_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.args([
+        "--rdzv-backend",
+        "static",
+        "--rdzv-endpoint",
+        "localhost:29600",
+    ])
+    .arg(worker("envdump.py"))
+    .arg(dir.path());
+    let (code, _, err) = run(c, Duration::from_secs(30));
+    assert_eq!(code, 0, "{err}");
+    let env = &env_of(dir.path(), 0)["env"];
+    assert_eq!(env["MASTER_ADDR"], "localhost");
+    assert_eq!(env["MASTER_PORT"], "29600");
+}
+
+#[test]
 fn static_backend_uses_master_addr_and_port() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = drun();

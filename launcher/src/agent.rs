@@ -124,11 +124,12 @@ impl Agent {
         } else {
             base.join(format!("{}_{suffix}", cfg.run_id))
         };
-        std::fs::create_dir_all(&run_log_dir).map_err(|e| {
-            LaunchError::os(
-                format!("cannot create log dir {}", run_log_dir.display()),
-                e,
-            )
+        std::fs::create_dir_all(&run_log_dir).map_err(|source| {
+            LaunchError::Config(crate::ConfigError::Path {
+                what: "log directory",
+                path: run_log_dir.clone(),
+                source,
+            })
         })?;
         Ok(Self {
             inherited: std::env::vars_os().collect(),

@@ -65,7 +65,8 @@ impl Entrypoint {
             .expect("clap requires the training script");
         let script_path = Path::new(script);
         let check_file = || -> Result<(), ConfigError> {
-            if script_path.is_file() {
+            // Python also runs a directory (or zip) holding __main__.py.
+            if script_path.is_file() || script_path.join("__main__.py").is_file() {
                 Ok(())
             } else {
                 Err(ConfigError::MissingScript {
@@ -98,6 +99,9 @@ impl Entrypoint {
             EntryKind::Binary => {
                 let program = if script.contains('/') {
                     check_file()?;
+                    if !is_executable(script_path) {
+                        return Err(ConfigError::NotExecutable(script_path.to_path_buf()));
+                    }
                     script_path.to_path_buf()
                 } else {
                     find_on_path(script).ok_or_else(|| ConfigError::MissingScript {
@@ -137,22 +141,26 @@ pub fn resolve_python(explicit: Option<&Path>) -> Result<PathBuf, ConfigError> {
     }
 }
 
+/// Whether `p` is a file with an execute bit.
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    p.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
 /// Finds an executable file named `name` in `$PATH`.
 pub fn find_on_path(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
     let paths = std::env::var_os("PATH")?;
     std::env::split_paths(&paths)
         .map(|d| d.join(name))
-        .find(|p| {
-            p.metadata()
-                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-                .unwrap_or(false)
-        })
+        .find(|p| is_executable(p))
 }
 
 /// `string.Template(arg).safe_substitute(local_rank=lr)`: replaces `$local_rank` and
-/// `${local_rank}` (identifier match is case-insensitive, as Template's is), turns `$$` into `$`,
-/// and leaves every other `$...` untouched.
+/// `${local_rank}` (exactly that name: Template matches identifiers case-insensitively but looks
+/// them up case-sensitively, so `${LOCAL_RANK}` stays), turns `$$` into `$`, and leaves every
+/// other `$...` untouched.
 ///
 /// ```
 /// use drun_launcher::command::substitute_local_rank;
@@ -189,7 +197,7 @@ pub fn substitute_local_rank(arg: &str, lr: &str) -> String {
             let n = ident_len(&rest[1..]);
             if n > 0 && rest.get(1 + n) == Some(&b'}') {
                 let name = &arg[i + 2..i + 2 + n];
-                if name.eq_ignore_ascii_case("local_rank") {
+                if name == "local_rank" {
                     out.push_str(lr);
                 } else {
                     out.push_str(&arg[i..i + 3 + n]);
@@ -202,7 +210,7 @@ pub fn substitute_local_rank(arg: &str, lr: &str) -> String {
         } else {
             let n = ident_len(rest);
             let name = &arg[i + 1..i + 1 + n];
-            if n > 0 && name.eq_ignore_ascii_case("local_rank") {
+            if n > 0 && name == "local_rank" {
                 out.push_str(lr);
             } else {
                 out.push_str(&arg[i..i + 1 + n]);
@@ -232,7 +240,10 @@ mod tests {
             substitute_local_rank("cost $$5 ${ bad} $", "0"),
             "cost $5 ${ bad} $"
         );
-        assert_eq!(substitute_local_rank("${LOCAL_RANK}", "2"), "2");
+        assert_eq!(
+            substitute_local_rank("${LOCAL_RANK} $Local_Rank", "2"),
+            "${LOCAL_RANK} $Local_Rank"
+        );
         assert_eq!(
             substitute_local_rank("--nproc-per-node 7", "0"),
             "--nproc-per-node 7"

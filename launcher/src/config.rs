@@ -4,10 +4,12 @@
 //! also accepts its underscore spelling, every flag but `--logs-specs`, `--numa-binding` and
 //! `--print-completion` reads `PET_<DEST>` when absent from the command line (Kubeflow injects
 //! these), and everything after the training script is handed to it untouched. [`Args`] is the
-//! raw parse; [`crate::LaunchConfig::from_args`] validates it.
+//! raw parse; [`crate::LaunchConfig::from_args`] validates it. As with argparse, a repeated flag
+//! takes its last value, and boolean `PET_*` variables take `1`/`0` (also `true`/`false`).
 
 use std::path::PathBuf;
 
+use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
 use crate::exit::EXIT_CODES_HELP;
@@ -18,7 +20,8 @@ use crate::exit::EXIT_CODES_HELP;
     name = "drun",
     version,
     about = "Elastic, torchrun-compatible launcher for distributed training",
-    after_help = EXIT_CODES_HELP
+    after_help = EXIT_CODES_HELP,
+    args_override_self = true
 )]
 pub struct Args {
     /// Number of nodes: `N` or `MIN:MAX` (elastic), with 0 < MIN <= MAX.
@@ -44,7 +47,8 @@ pub struct Args {
 
     /// Single-node run with an in-process rendezvous (embedded in-memory store), an ephemeral
     /// MASTER_PORT and a random run id. Explicit rendezvous flags are ignored, as in torchrun.
-    #[arg(long, env = "PET_STANDALONE", help_heading = "Rendezvous")]
+    #[arg(long, env = "PET_STANDALONE",
+        value_parser = BoolishValueParser::new(), help_heading = "Rendezvous")]
     pub standalone: bool,
 
     /// Rendezvous backend: `drun` (drun-rendezvous servers; the default with --rdzv-endpoint),
@@ -125,7 +129,8 @@ pub struct Args {
     pub role: String,
 
     /// Run the script as a Python module (`python -u -m MODULE`).
-    #[arg(short = 'm', long, env = "PET_MODULE", help_heading = "Entrypoint")]
+    #[arg(short = 'm', long, env = "PET_MODULE",
+        value_parser = BoolishValueParser::new(), help_heading = "Entrypoint")]
     pub module: bool,
 
     /// Execute the training script directly instead of through Python.
@@ -133,6 +138,7 @@ pub struct Args {
         long = "no-python",
         visible_alias = "no_python",
         env = "PET_NO_PYTHON",
+        value_parser = BoolishValueParser::new(),
         help_heading = "Entrypoint"
     )]
     pub no_python: bool,
@@ -142,6 +148,7 @@ pub struct Args {
         long = "run-path",
         visible_alias = "run_path",
         env = "PET_RUN_PATH",
+        value_parser = BoolishValueParser::new(),
         help_heading = "Entrypoint"
     )]
     pub run_path: bool,
@@ -190,7 +197,8 @@ pub struct Args {
     pub local_ranks_filter: String,
 
     /// Prefix of console lines: `${role_name}`, `${local_rank}`, `${rank}`, `${hostname}`
-    /// (default `[rank${rank}]:`). Also read from TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
+    /// (default `[rank${rank}]:`; an empty value prints lines bare). Also read from
+    /// TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
     #[arg(
         long = "log-line-prefix-template",
         visible_alias = "log_line_prefix_template",
@@ -275,6 +283,7 @@ pub struct Args {
         long = "virtual-local-rank",
         alias = "virtual_local_rank",
         env = "PET_VIRTUAL_LOCAL_RANK",
+        value_parser = BoolishValueParser::new(),
         hide = true
     )]
     pub virtual_local_rank: bool,

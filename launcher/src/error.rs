@@ -33,6 +33,28 @@ pub enum ConfigError {
         /// e.g. " in the current directory /x" or " on PATH".
         hint: String,
     },
+    /// `--no-python` names a file that cannot be executed.
+    #[error("{} is not executable; chmod +x it or drop --no-python", .0.display())]
+    NotExecutable(PathBuf),
+    /// Two flags that exclude each other.
+    #[error("{0} cannot be combined with {1}")]
+    Conflict(&'static str, &'static str),
+    /// A flag that looks like drun's but came where the training script should be.
+    #[error(
+        "unknown flag '{0}' (drun's own flags go before the training script; see drun --help)"
+    )]
+    UnknownFlag(String),
+    /// A path drun must create or write (e.g. --log-dir) is not usable.
+    #[error("cannot use {what} {}: {source}", path.display())]
+    Path {
+        /// What the path is for.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// No Python interpreter could be found.
     #[error("python interpreter '{0}' not found; pass --python PATH or set DRUN_PYTHON")]
     MissingPython(String),

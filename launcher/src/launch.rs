@@ -171,10 +171,24 @@ fn rendezvous_mode(
                 .filter(|j| !j.is_empty())
                 .unwrap_or_else(|| a.rdzv_id.clone())
         };
+        // torchrun: a static launch's endpoint, when given, is the master address and port.
+        let (master_addr, master_port) = if a.rdzv_endpoint.trim().is_empty() {
+            (a.master_addr.clone(), a.master_port.unwrap_or(29500))
+        } else {
+            let ep =
+                crate::rdzv::endpoints(&a.rdzv_endpoint, a.master_port.unwrap_or(29500))?.remove(0);
+            let (host, port) = ep.rsplit_once(':').expect("endpoints() adds a port");
+            (
+                host.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_string(),
+                port.parse().expect("endpoints() validated the port"),
+            )
+        };
         if max_nodes == 1 {
             let mode = RendezvousMode::Embedded {
-                master_addr: a.master_addr.clone(),
-                fixed_port: Some(a.master_port.unwrap_or(29500)),
+                master_addr,
+                fixed_port: Some(master_port),
             };
             return Ok((mode, run_id));
         }
@@ -201,8 +215,8 @@ fn rendezvous_mode(
         }
         let mode = RendezvousMode::Static {
             node_rank,
-            master_addr: a.master_addr.clone(),
-            master_port: a.master_port.unwrap_or(29500),
+            master_addr,
+            master_port,
         };
         return Ok((mode, run_id));
     }
@@ -233,7 +247,7 @@ fn rendezvous_mode(
     }
     let mode = match backend {
         "drun" => RendezvousMode::Server {
-            endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 29400),
+            endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 29400)?,
         },
         "c10d" => {
             let is_host = match conf.get("is_host").map(|v| v.trim().to_ascii_lowercase()) {
@@ -248,11 +262,11 @@ fn rendezvous_mode(
                     ))
                 }
             };
-            let endpoint = crate::rdzv::endpoints(&a.rdzv_endpoint, 29400).remove(0);
+            let endpoint = crate::rdzv::endpoints(&a.rdzv_endpoint, 29400)?.remove(0);
             RendezvousMode::C10d { endpoint, is_host }
         }
         _ => RendezvousMode::Etcd {
-            endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 2379),
+            endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 2379)?,
         },
     };
     Ok((mode, run_id))
@@ -361,13 +375,19 @@ pub fn parse_nproc(v: &str) -> Result<u32, ConfigError> {
             0 => cpu_count(),
             n => n,
         }),
-        "xpu" => Err(ConfigError::Unsupported {
-            flag: "--nproc-per-node xpu",
-            why: "use an integer".into(),
-        }),
+        "xpu" => Err(invalid(
+            "--nproc-per-node",
+            v,
+            "Intel XPUs are not supported; use an integer, cpu, gpu or auto",
+        )),
         s => match s.parse::<u32>() {
             Ok(0) => Err(invalid("--nproc-per-node", v, "must be at least 1")),
             Ok(n) => Ok(n),
+            Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => Err(invalid(
+                "--nproc-per-node",
+                v,
+                "far more workers than one node can run",
+            )),
             Err(_) => Err(invalid(
                 "--nproc-per-node",
                 v,
@@ -528,11 +548,13 @@ impl LaunchConfig {
         };
         let signals = parse_signals(&a.signals_to_handle)?;
         let rdzv_conf = parse_rdzv_conf(&a.rdzv_conf)?;
-        let prefix_template = a
-            .log_line_prefix_template
-            .clone()
-            .or_else(|| std::env::var("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE").ok())
-            .filter(|t| !t.is_empty());
+        // An explicit empty template means "no prefix"; the environment variable only counts
+        // when non-empty (torchrun treats it so).
+        let prefix_template = a.log_line_prefix_template.clone().or_else(|| {
+            std::env::var("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+                .ok()
+                .filter(|t| !t.is_empty())
+        });
 
         let mut notes = Vec::new();
         let timing = Timing::from_conf(&rdzv_conf)?;
@@ -549,11 +571,7 @@ impl LaunchConfig {
             EntryKind::RunPath
         } else if a.no_python {
             if a.module {
-                return Err(invalid(
-                    "--no-python",
-                    "with -m",
-                    "--no-python and -m/--module cannot be combined",
-                ));
+                return Err(ConfigError::Conflict("--no-python", "-m/--module"));
             }
             EntryKind::Binary
         } else if a.module {
@@ -561,7 +579,15 @@ impl LaunchConfig {
         } else {
             EntryKind::Script
         };
-        let entrypoint = Entrypoint::resolve(kind, &a.script_and_args, a.python.as_deref())?;
+        let mut script_and_args = a.script_and_args.clone();
+        if script_and_args[0].starts_with('-') && script_and_args[0].len() > 1 {
+            return Err(ConfigError::UnknownFlag(script_and_args[0].clone()));
+        }
+        // argparse's REMAINDER drops one `--` right after the script, so torchrun does too.
+        if script_and_args.get(1).is_some_and(|a| a == "--") {
+            script_and_args.remove(1);
+        }
+        let entrypoint = Entrypoint::resolve(kind, &script_and_args, a.python.as_deref())?;
         // Like torchrun's node descriptor (address, pid): unique even for several agents per host,
         // and sorted first by address so ranks follow hosts.
         let host = a.local_addr.clone().unwrap_or_else(|| {

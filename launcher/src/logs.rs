@@ -1,23 +1,30 @@
-//! Worker output: whole lines, prefixed, to the console and/or per-rank files.
+//! Worker output: whole prefixed lines on the console, exact bytes in per-rank files.
 //!
 //! Each worker stream is read on its own thread (a slow reader never blocks supervision or
-//! teardown; the agent waits for readers only up to a deadline). Bytes are split into lines; a
-//! line is written to the console in a single locked write of `prefix + line + '\n'`, so lines of
-//! different ranks never interleave mid-line. A final partial line is flushed at end of stream
-//! with a newline added; a line longer than [`MAX_LINE`] bytes is cut into pieces of that size.
-//! The last [`TAIL_LINES`] lines of each stream are kept for the failure summary.
+//! teardown; the agent waits for readers only up to a deadline). Log files receive the bytes
+//! exactly as the worker wrote them. The console receives lines: each complete line is written in
+//! a single locked write of `prefix + line + '\n'`, so lines of different ranks never interleave
+//! mid-line. Two exceptions keep interactive output alive: a partial line that sits for
+//! [`IDLE_FLUSH`] (a `\r` progress bar, a `(Pdb) ` prompt) is shown as it is and its
+//! continuation follows without a new prefix; and a line longer than [`MAX_LINE`] bytes is shown
+//! in pieces. A final partial line is completed with a newline at end of stream. If the console
+//! is gone (EPIPE, e.g. `drun ... | head`), console output stops, and when nothing else consumes
+//! the stream the pipe is closed so the worker sees EPIPE too, as it would without drun.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-/// Longest line written in one piece, in bytes.
+/// Longest line written to the console in one piece, in bytes.
 pub const MAX_LINE: usize = 64 * 1024;
 /// Lines of each stream kept for the failure summary.
 pub const TAIL_LINES: usize = 50;
+/// How long a partial line may wait for its end before it is shown anyway.
+pub const IDLE_FLUSH: Duration = Duration::from_millis(100);
 
 /// Which console stream a worker stream goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,65 +61,125 @@ impl Tail {
 pub struct Sink {
     /// Console target and prefix, or `None` when redirected/filtered.
     pub console: Option<(Console, String)>,
-    /// Log file (no prefix), if selected by --redirects/--tee.
+    /// Log file (exact bytes, no prefix), if selected by --redirects/--tee.
     pub file: Option<File>,
     /// Ring buffer of the last lines.
     pub tail: Arc<Mutex<Tail>>,
 }
 
 impl Sink {
-    fn line(&mut self, line: &[u8]) {
-        if let Some((console, prefix)) = &self.console {
-            let mut buf = Vec::with_capacity(prefix.len() + line.len() + 1);
+    /// Writes `bytes` to the console: with the prefix unless `continuation`, and with a newline
+    /// when `complete`. Returns false once the console is gone.
+    fn console(&mut self, bytes: &[u8], continuation: bool, complete: bool) -> bool {
+        let Some((console, prefix)) = &self.console else {
+            return false;
+        };
+        let mut buf = Vec::with_capacity(prefix.len() + bytes.len() + 1);
+        if !continuation {
             buf.extend_from_slice(prefix.as_bytes());
-            buf.extend_from_slice(line);
+        }
+        buf.extend_from_slice(bytes);
+        if complete {
             buf.push(b'\n');
-            // One locked write per line: no interleaving between ranks.
-            let _ = match console {
-                Console::Stdout => std::io::stdout().lock().write_all(&buf),
-                Console::Stderr => std::io::stderr().lock().write_all(&buf),
-            };
         }
-        if let Some(f) = &mut self.file {
-            let _ = f.write_all(line).and_then(|_| f.write_all(b"\n"));
+        // One locked write per piece: no interleaving between ranks.
+        let res = match console {
+            Console::Stdout => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&buf).and_then(|_| out.flush())
+            }
+            Console::Stderr => std::io::stderr().lock().write_all(&buf),
+        };
+        if res
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            self.console = None;
+            return false;
         }
+        true
+    }
+
+    fn line(&mut self, line: &[u8], continuation: bool) {
+        self.console(line, continuation, true);
         self.tail.lock().expect("tail mutex poisoned").push(line);
+    }
+
+    /// Nothing consumes the stream any more (console gone, no file).
+    fn is_dead(&self) -> bool {
+        self.console.is_none() && self.file.is_none()
     }
 }
 
-/// Reads `fd` to end of file on a new thread, writing whole lines to `sink`.
+/// Waits up to `timeout` for `fd` to become readable (or hung up).
+fn readable(fd: &File, timeout: Duration) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    let ms = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    !matches!(poll(&mut fds, ms), Ok(0))
+}
+
+/// Reads `fd` to end of file on a new thread, writing to `sink` as described in the module docs.
+/// `had_console` tells whether the stream was meant for the console at all.
 pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name(name).spawn(move || {
+        let had_console = sink.console.is_some();
         let mut reader = File::from(fd);
         let mut pending: Vec<u8> = Vec::new();
+        // The console already shows the start of the current line (prefix included).
+        let mut continuation = false;
         let mut buf = vec![0u8; 16 * 1024];
         loop {
+            if !pending.is_empty() && !readable(&reader, IDLE_FLUSH) {
+                sink.console(&pending, continuation, false);
+                continuation = true;
+                // Keep the bytes for the tail, but they are on screen now.
+                sink.tail
+                    .lock()
+                    .expect("tail mutex poisoned")
+                    .push(&pending);
+                pending.clear();
+                continue;
+            }
             let n = match reader.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             };
+            if let Some(f) = &mut sink.file {
+                let _ = f.write_all(&buf[..n]);
+            }
             pending.extend_from_slice(&buf[..n]);
             let mut start = 0;
             loop {
                 let rest = &pending[start..];
                 match rest.iter().position(|b| *b == b'\n') {
                     Some(pos) if pos <= MAX_LINE => {
-                        sink.line(&rest[..pos]);
+                        let line = rest[..pos].to_vec();
+                        sink.line(&line, continuation);
+                        continuation = false;
                         start += pos + 1;
                     }
                     _ if rest.len() >= MAX_LINE => {
-                        sink.line(&rest[..MAX_LINE]);
+                        let piece = rest[..MAX_LINE].to_vec();
+                        sink.line(&piece, continuation);
+                        continuation = false;
                         start += MAX_LINE;
                     }
                     _ => break,
                 }
             }
             pending.drain(..start);
+            if had_console && sink.is_dead() {
+                // `drun ... | head`: close our end so the worker gets EPIPE like it would alone.
+                return;
+            }
         }
         if !pending.is_empty() {
-            sink.line(&pending);
+            sink.line(&pending.clone(), continuation);
+        } else if continuation {
+            sink.console(b"", true, true);
         }
         if let Some(f) = &mut sink.file {
             let _ = f.flush();
@@ -159,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn pump_splits_lines_flushes_partial_tail_and_cuts_long_lines() {
+    fn pump_keeps_file_bytes_exact_and_splits_console_lines() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.log");
         let (r, w) = nix::unistd::pipe().unwrap();
@@ -178,16 +245,18 @@ mod tests {
         drop(w);
         h.join().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines[0], "one");
-        assert_eq!(lines[1], "two");
-        assert_eq!(lines[2].len(), MAX_LINE);
-        assert_eq!(lines[3].len(), 10);
-        assert_eq!(lines[4], "last-without-newline");
-        assert!(text.ends_with("last-without-newline\n"));
-        assert_eq!(
-            tail.lock().unwrap().lines().last().unwrap(),
-            "last-without-newline"
+        let expected = format!(
+            "one\ntwo\n{}\nlast-without-newline",
+            "x".repeat(MAX_LINE + 10)
         );
+        assert_eq!(text, expected, "the file holds exactly the worker's bytes");
+        let tail = tail.lock().unwrap().lines();
+        assert_eq!(tail[0], "one");
+        assert_eq!(tail[1], "two");
+        let xs: Vec<&String> = tail.iter().filter(|l| l.starts_with('x')).collect();
+        assert!(xs.len() >= 2, "the console cuts very long lines");
+        assert!(xs.iter().all(|l| l.len() <= MAX_LINE));
+        assert_eq!(xs.iter().map(|l| l.len()).sum::<usize>(), MAX_LINE + 10);
+        assert_eq!(tail.last().unwrap(), "last-without-newline");
     }
 }

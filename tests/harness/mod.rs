@@ -113,22 +113,19 @@ pub struct Agent {
 }
 
 fn collect(
-    stream: impl std::io::Read + Send + 'static,
+    mut stream: impl std::io::Read + Send + 'static,
     into: Arc<Mutex<String>>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        use std::io::BufRead;
-        let mut r = std::io::BufReader::new(stream);
-        let mut line = Vec::new();
-        while r
-            .read_until(b'\n', &mut line)
-            .map(|n| n > 0)
-            .unwrap_or(false)
-        {
-            into.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&line));
-            line.clear();
+        // Raw chunks, not lines: tests also look at partial lines as they appear.
+        let mut buf = [0u8; 8192];
+        let mut bytes = Vec::new();
+        while let Ok(n) = stream.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            bytes.extend_from_slice(&buf[..n]);
+            *into.lock().unwrap() = String::from_utf8_lossy(&bytes).into_owned();
         }
     })
 }

@@ -22,7 +22,7 @@ use drun_rendezvous::session::{spawn_session, Event, Request, SessionConfig};
 use drun_rendezvous::{EtcdStore, MemoryStore, Store};
 use tokio::sync::mpsc;
 
-use crate::{LaunchConfig, LaunchError, RendezvousMode};
+use crate::{ConfigError, LaunchConfig, LaunchError, RendezvousMode};
 
 /// The two channels to the rendezvous, plus whatever must live as long as they do.
 pub struct Link {
@@ -75,13 +75,44 @@ fn with_port(endpoint: &str, default: u16) -> String {
     }
 }
 
-/// Splits `a:p,b:p` and fills in `default` ports.
-pub fn endpoints(list: &str, default: u16) -> Vec<String> {
-    list.split(',')
+/// Splits `a:p,b:p`, fills in `default` ports and checks each `host:port`.
+///
+/// # Errors
+/// A missing host or a port that is not 1–65535 (as torchrun's `parse_rendezvous_endpoint`).
+pub fn endpoints(list: &str, default: u16) -> Result<Vec<String>, ConfigError> {
+    let out: Vec<String> = list
+        .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|e| with_port(e, default))
-        .collect()
+        .collect();
+    for e in &out {
+        let (host, port) = e.rsplit_once(':').expect("with_port adds a port");
+        let bad = |why: &str| ConfigError::Invalid {
+            flag: "--rdzv-endpoint",
+            value: list.to_string(),
+            why: why.to_string(),
+        };
+        if host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .is_empty()
+        {
+            return Err(bad("missing host; expected HOST:PORT"));
+        }
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 => {}
+            _ => return Err(bad(&format!("port '{port}' must be an integer in 1-65535"))),
+        }
+    }
+    if out.is_empty() {
+        return Err(ConfigError::Invalid {
+            flag: "--rdzv-endpoint",
+            value: list.to_string(),
+            why: "expected HOST:PORT[,HOST:PORT...]".into(),
+        });
+    }
+    Ok(out)
 }
 
 /// Opens the link described by `cfg`.
@@ -180,8 +211,11 @@ mod tests {
     #[test]
     fn endpoints_get_default_ports() {
         assert_eq!(
-            endpoints("a,b:1, [::1] ,[::1]:5", 29400),
+            endpoints("a,b:1, [::1] ,[::1]:5", 29400).unwrap(),
             ["a:29400", "b:1", "[::1]:29400", "[::1]:5"]
         );
+        assert!(endpoints("host:notaport", 1).is_err());
+        assert!(endpoints("host:99999", 1).is_err());
+        assert!(endpoints(":5", 1).is_err());
     }
 }
