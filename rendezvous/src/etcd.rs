@@ -1,29 +1,26 @@
 //! `EtcdStore`: the [`Store`] on etcd v3 (leases, transactions, watches), for multi-node runs.
 //!
 //! A thin mapping onto `etcd-client`: compares and ops translate one to one (a missing key is
-//! compared as revision/version 0, as etcd does), lease keep-alives reuse one stream per lease,
-//! and a prefix watch is forwarded into a channel by a task that ends when the receiver is
+//! compared as revision/version 0, as etcd does), each lease renewal is one short keep-alive
+//! exchange, and a prefix watch is forwarded into a channel by a task that ends when the receiver is
 //! dropped. Every failure of the cluster surfaces as [`StoreError::Unavailable`] naming the
 //! endpoints, so callers can retry with backoff until their lease really expires.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client as etcd;
-use tokio::sync::{mpsc, Mutex};
+use tokio::sync::mpsc;
 
 use crate::store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};
 use crate::StoreError;
 
 /// Timeout of one etcd request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Timeout of establishing a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-
-type Keeper = (etcd::LeaseKeeper, etcd::LeaseKeepAliveStream);
 
 /// An etcd v3 cluster.
 ///
@@ -35,7 +32,6 @@ pub struct EtcdStore {
     clients: Arc<Vec<etcd::Client>>,
     current: Arc<AtomicUsize>,
     endpoints: String,
-    keepers: Arc<Mutex<HashMap<LeaseId, Keeper>>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -111,7 +107,6 @@ impl EtcdStore {
             clients: Arc::new(clients),
             current: Arc::new(AtomicUsize::new(0)),
             endpoints: joined,
-            keepers: Arc::new(Mutex::new(HashMap::new())),
         };
         // Connecting is lazy: prove the cluster answers.
         store.get("/drun/v1/.ping").await?;
@@ -156,7 +151,10 @@ impl EtcdStore {
 /// Failures that say "this member/connection is down", not "the request is wrong".
 fn retryable(e: &etcd::Error) -> bool {
     match e {
-        etcd::Error::TransportError(_) | etcd::Error::IoError(_) => true,
+        etcd::Error::TransportError(_)
+        | etcd::Error::IoError(_)
+        | etcd::Error::LeaseKeepAliveError(_)
+        | etcd::Error::WatchError(_) => true,
         etcd::Error::GRpcStatus(s) => {
             matches!(
                 s.code(),
@@ -234,48 +232,35 @@ impl Store for EtcdStore {
     }
 
     async fn lease_keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
-        let mut keepers = self.keepers.lock().await;
-        if let std::collections::hash_map::Entry::Vacant(slot) = keepers.entry(lease) {
-            let k = self
-                .retry(|mut c| async move { c.lease_keep_alive(lease).await })
-                .await
-                .map_err(|e| self.unavailable(e))?;
-            slot.insert(k);
-        }
-        let (keeper, stream) = keepers.get_mut(&lease).expect("inserted above");
-        let result = async {
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
-        match tokio::time::timeout(REQUEST_TIMEOUT, result).await {
-            Ok(Ok(Some(resp))) if resp.ttl() > 0 => Ok(Duration::from_secs(resp.ttl() as u64)),
-            Ok(Ok(Some(_))) => {
-                keepers.remove(&lease);
-                Err(StoreError::LeaseLost(lease))
-            }
-            Ok(Ok(None)) => {
-                keepers.remove(&lease);
-                Err(StoreError::Unavailable {
-                    endpoint: self.endpoints.clone(),
-                    reason: "keep-alive stream closed".into(),
-                })
-            }
-            Ok(Err(e)) => {
-                keepers.remove(&lease);
-                Err(self.unavailable(e))
-            }
-            Err(_) => {
-                keepers.remove(&lease);
-                Err(StoreError::Unavailable {
-                    endpoint: self.endpoints.clone(),
-                    reason: format!("keep-alive timed out after {REQUEST_TIMEOUT:?}"),
-                })
-            }
+        // One short keep-alive stream per renewal, on whichever member answers: a cached stream
+        // to a member that died would fail every renewal until the lease expired.
+        let resp = self
+            .retry(|mut c| async move {
+                let renew = async {
+                    let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
+                    keeper.keep_alive().await?;
+                    stream.message().await
+                };
+                match tokio::time::timeout(REQUEST_TIMEOUT, renew).await {
+                    Ok(r) => r,
+                    Err(_) => Err(etcd::Error::GRpcStatus(tonic::Status::deadline_exceeded(
+                        "keep-alive timed out",
+                    ))),
+                }
+            })
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        match resp {
+            Some(r) if r.ttl() > 0 => Ok(Duration::from_secs(r.ttl() as u64)),
+            Some(_) => Err(StoreError::LeaseLost(lease)),
+            None => Err(StoreError::Unavailable {
+                endpoint: self.endpoints.clone(),
+                reason: "keep-alive stream closed".into(),
+            }),
         }
     }
 
     async fn lease_revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
-        self.keepers.lock().await.remove(&lease);
         match self
             .retry(|mut c| async move { c.lease_revoke(lease).await })
             .await

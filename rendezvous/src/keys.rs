@@ -65,14 +65,20 @@ impl RunKeys {
         format!("{}gen/{g}/closed", self.prefix)
     }
 
-    /// Prefix of the nodes whose workers all succeeded in generation `g`.
+    /// Keys of generation `g` itself (plan, closed); watched by its members.
+    pub fn generation_prefix(&self, g: u64) -> String {
+        format!("{}gen/{g}/", self.prefix)
+    }
+
+    /// Prefix of the nodes whose workers all succeeded in generation `g` (outside
+    /// [`Self::generation_prefix`], so members watching their generation do not see each one).
     pub fn done_prefix(&self, g: u64) -> String {
-        format!("{}gen/{g}/done/", self.prefix)
+        format!("{}done/{g}/", self.prefix)
     }
 
     /// `node`'s workers all succeeded in generation `g`.
     pub fn done(&self, g: u64, node: &str) -> String {
-        format!("{}gen/{g}/done/{node}", self.prefix)
+        format!("{}done/{g}/{node}", self.prefix)
     }
 
     /// Job-wide restart counters (JSON).

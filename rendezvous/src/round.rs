@@ -6,7 +6,6 @@
 //! the winner's plan on their next pass. So the same code serves the embedded single-node group,
 //! a server replica, or every agent acting as a replica against etcd.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -177,17 +176,35 @@ impl Round {
         let mut round_events = self.store.watch_prefix(&self.keys.gen_current(), 0).await?;
         let mut waiting_events: Option<mpsc::UnboundedReceiver<WatchEvent>> = None;
         let mut last_reason = String::new();
+        let mut last_published = None::<Instant>;
+        // Whether the generation/decider state must be re-read (start, or an event said so).
+        let mut check = true;
         loop {
-            let (g, rev) = self.current_generation().await?;
-            if g > after {
-                if let Some(plan) = self.plan(g).await? {
-                    if plan.member(node_id).is_some() {
-                        return Ok(plan);
+            let now = Instant::now();
+            let mut leader = waiting_events.is_some();
+            if check {
+                let (g, _) = self.current_generation().await?;
+                if g > after {
+                    if let Some(plan) = self.plan(g).await? {
+                        if plan.member(node_id).is_some() {
+                            return Ok(plan);
+                        }
                     }
                 }
+                leader = self.lead(node_id, lease).await?;
+                if !leader {
+                    waiting_events = None;
+                    if let Some(kv) = self.store.get(&self.keys.progress()).await? {
+                        let reason = kv.value_str();
+                        if reason != last_reason {
+                            progress(&reason);
+                            last_reason = reason;
+                        }
+                    }
+                }
+                check = false;
             }
-            let now = Instant::now();
-            let wake_at = if self.lead(node_id, lease).await? {
+            let wake_at = if leader {
                 if waiting_events.is_none() {
                     waiting_events = Some(
                         self.store
@@ -195,12 +212,17 @@ impl Round {
                             .await?,
                     );
                 }
+                let (g, rev) = self.current_generation().await?;
                 match self
                     .decide_once(g, rev, opened_at, &mut min_reached_at)
                     .await?
                 {
                     Step::Formed(plan) if plan.member(node_id).is_some() => return Ok(plan),
-                    Step::Formed(_) | Step::Retry => continue,
+                    Step::Formed(_) | Step::Retry => {
+                        waiting_events = None;
+                        check = true;
+                        continue;
+                    }
                     Step::Failed(detail, joined) => {
                         return Err(RendezvousError::Timeout {
                             run: self.run_id.clone(),
@@ -213,27 +235,20 @@ impl Round {
                     Step::Wait(reason, wake_at) => {
                         if reason != last_reason {
                             progress(&reason);
-                            let _ = self
-                                .store
-                                .put(&self.keys.progress(), reason.clone().into_bytes(), None)
-                                .await;
+                            // Published at most once a second: every waiting node watches it.
+                            if last_published.is_none_or(|t| now - t >= PROGRESS_EVERY) {
+                                let _ = self
+                                    .store
+                                    .put(&self.keys.progress(), reason.clone().into_bytes(), None)
+                                    .await;
+                                last_published = Some(now);
+                            }
                             last_reason = reason;
                         }
-                        wake_at
+                        wake_at.min(now + PROGRESS_EVERY)
                     }
                 }
             } else {
-                waiting_events = None;
-                let reason = self
-                    .store
-                    .get(&self.keys.progress())
-                    .await?
-                    .map(|kv| kv.value_str())
-                    .unwrap_or_else(|| "waiting for the group to form".into());
-                if reason != last_reason {
-                    progress(&reason);
-                    last_reason = reason.clone();
-                }
                 let deadline = opened_at + self.cfg.join_timeout;
                 if now >= deadline {
                     return Err(RendezvousError::Timeout {
@@ -242,13 +257,13 @@ impl Round {
                         joined: 0,
                         min: self.cfg.min_nodes,
                         detail: format!(
-                            "no group formed within join_timeout; last progress: {reason}"
+                            "no group formed within join_timeout; last progress: {last_reason}"
                         ),
                     });
                 }
-                deadline
+                // A safety net only: changes arrive as watch events.
+                deadline.min(now + RECHECK_EVERY)
             };
-            let tick = now + std::time::Duration::from_secs(1);
             let waiting_changed = async {
                 match waiting_events.as_mut() {
                     Some(rx) => rx.recv().await,
@@ -256,26 +271,51 @@ impl Round {
                 }
             };
             tokio::select! {
-                ev = round_events.recv() => {
-                    if ev.is_none() {
-                        // The watch broke (store restart, network): subscribe again; the state is
-                        // re-read at the top of the loop, so nothing is missed.
+                ev = round_events.recv() => match ev {
+                    None => {
+                        // The watch broke (store restart, network): subscribe again and re-read.
                         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                         round_events = self.store.watch_prefix(&self.keys.gen_current(), 0).await?;
+                        check = true;
                     }
-                }
+                    Some(ev) => check |= self.on_round_event(ev, &mut last_reason, &mut progress),
+                },
                 ev = waiting_changed => {
                     if ev.is_none() {
                         waiting_events = None;
+                        check = true;
                     }
                 }
-                _ = tokio::time::sleep_until(wake_at.min(tick)) => {}
+                _ = tokio::time::sleep_until(wake_at) => check |= !leader,
             }
             // Coalesce bursts (many nodes arriving at once): one re-read for all of them.
-            while round_events.try_recv().is_ok() {}
+            while let Ok(ev) = round_events.try_recv() {
+                check |= self.on_round_event(ev, &mut last_reason, &mut progress);
+            }
             if let Some(rx) = waiting_events.as_mut() {
                 while rx.try_recv().is_ok() {}
             }
+        }
+    }
+
+    /// Interprets a `gen/current*` event; true when the generation or the decider changed.
+    fn on_round_event(
+        &self,
+        ev: WatchEvent,
+        last_reason: &mut String,
+        progress: &mut impl FnMut(&str),
+    ) -> bool {
+        match ev {
+            WatchEvent::Put(kv) if kv.key == self.keys.progress() => {
+                let reason = kv.value_str();
+                if &reason != last_reason {
+                    progress(&reason);
+                    *last_reason = reason;
+                }
+                false
+            }
+            WatchEvent::Put(kv) if kv.key == self.keys.leader() => false,
+            _ => true,
         }
     }
 
@@ -316,16 +356,23 @@ impl Round {
     ) -> Result<Step, RendezvousError> {
         let mut waiting = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
         waiting.sort_by_key(|kv| kv.create_revision);
+        // A waiting key written before generation `g` formed, by a node admitted to `g`, is the
+        // join that got it in; the node deletes it once it starts. Not a new candidate.
+        let current = if g > 0 { self.plan(g).await? } else { None };
         let mut candidates = Vec::with_capacity(waiting.len());
-        let mut leases = HashMap::with_capacity(waiting.len());
         for kv in waiting {
             let c: Candidate =
                 serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
                     key: kv.key.clone(),
                     reason: e.to_string(),
                 })?;
-            leases.insert(c.node_id.clone(), kv.lease);
-            candidates.push(c);
+            let consumed = kv.mod_revision <= rev
+                && current
+                    .as_ref()
+                    .is_some_and(|p| p.member(&c.node_id).is_some());
+            if !consumed {
+                candidates.push(c);
+            }
         }
         let now = Instant::now();
         if candidates.len() >= self.cfg.min_nodes {
@@ -352,7 +399,9 @@ impl Round {
                     restarts.failures,
                     restarts.membership,
                 )?;
-                let mut ops = vec![
+                // Constant size whatever the node count (etcd allows 128 ops per txn): admitted
+                // nodes find themselves in the plan and write their own membership keys.
+                let ops = vec![
                     Op::put(self.keys.gen_current(), (g + 1).to_string()),
                     Op::put(
                         self.keys.plan(g + 1),
@@ -361,24 +410,12 @@ impl Round {
                     Op::Delete(self.keys.leader()),
                     Op::Delete(self.keys.progress()),
                 ];
-                for c in &admitted {
-                    ops.push(Op::Delete(self.keys.waiting(&c.node_id)));
-                    // Membership keys are born with the plan, under each node's own lease,
-                    // so a node that dies right after formation is noticed by its expiry.
-                    ops.push(Op::Put {
-                        key: self.keys.member(g + 1, &c.node_id),
-                        value: b"{}".to_vec(),
-                        lease: leases.get(&c.node_id).copied().flatten(),
-                    });
-                }
                 let txn = Txn {
                     compares: vec![Compare::ModRevisionEquals(self.keys.gen_current(), rev)],
                     success: ops,
                     failure: vec![],
                 };
                 match self.store.txn(txn).await {
-                    // A candidate's lease expired between the read and the write: re-read.
-                    Err(StoreError::LeaseLost(_)) => Ok(Step::Retry),
                     Err(e) => Err(e.into()),
                     Ok(r) if r.succeeded => {
                         tracing::debug!(run = %self.run_id, gen = g + 1, %reason, "group formed");
@@ -390,6 +427,11 @@ impl Round {
         }
     }
 }
+
+/// How often the decider publishes its progress line, at most.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often a waiting node re-reads the round without an event (a safety net).
+const RECHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One step of the decider.
 enum Step {
@@ -424,11 +466,14 @@ mod tests {
         round.join(&cand("n0", 4000), lease).await.unwrap();
         let p1 = round.wait_for_plan("n0", 0, lease, |_| {}).await.unwrap();
         assert_eq!((p1.generation, p1.world_size, p1.master_port), (1, 2, 4000));
-        assert!(store
-            .get_prefix("/drun/v1/job/waiting/")
-            .await
-            .unwrap()
-            .is_empty());
+        assert!(
+            store
+                .get("/drun/v1/job/gen/current.leader")
+                .await
+                .unwrap()
+                .is_none(),
+            "formation clears the decider key for the next round"
+        );
 
         let r = round.record_restart(RestartCause::Failure).await.unwrap();
         assert_eq!(

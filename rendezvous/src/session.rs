@@ -22,6 +22,7 @@
 //! * A lost lease (expired or revoked) is [`Event::Fenced`]: the node is no longer a member and
 //!   must stop its workers; its next Join starts over with a new lease.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -149,15 +150,35 @@ pub fn spawn_session(
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
 ) {
-    let (req_tx, req_rx) = mpsc::unbounded_channel();
+    let (req_tx, mut outer_rx) = mpsc::unbounded_channel();
+    let (inner_tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    let heard = Arc::new(AtomicU64::new(now_ms()));
+    // Notes when the agent was last heard from, even while the actor is busy with the store:
+    // a server-side session keeps the lease alive only for an agent that still talks.
+    let heard_fwd = heard.clone();
     tokio::spawn(async move {
-        let mut actor = Actor::new(store, cfg, ev_tx);
+        while let Some(r) = outer_rx.recv().await {
+            heard_fwd.store(now_ms(), Ordering::SeqCst);
+            if inner_tx.send(r).is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let mut actor = Actor::new(store, cfg, ev_tx, heard);
         if let Err(e) = actor.run(resume, req_rx).await {
             actor.emit(Event::Error(e.to_string()));
         }
+        actor.stop_keeper();
     });
     (req_tx, ev_rx)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 type Waiter =
@@ -166,7 +187,7 @@ type Waiter =
 enum Phase {
     Idle,
     Waiting(Candidate, Waiter),
-    Running(Plan, mpsc::UnboundedReceiver<WatchEvent>),
+    Running(Plan, mpsc::UnboundedReceiver<Option<WatchEvent>>),
 }
 
 struct Actor {
@@ -175,8 +196,12 @@ struct Actor {
     cfg: SessionConfig,
     events: mpsc::UnboundedSender<Event>,
     lease: Option<LeaseId>,
-    last_renewed: Instant,
     last_gen: u64,
+    /// When the agent last sent anything (ms since the epoch).
+    heard: Arc<AtomicU64>,
+    keeper: Option<tokio::task::JoinHandle<()>>,
+    lost_tx: mpsc::UnboundedSender<(LeaseId, String)>,
+    lost_rx: mpsc::UnboundedReceiver<(LeaseId, String)>,
 }
 
 impl Actor {
@@ -184,15 +209,74 @@ impl Actor {
         store: Arc<dyn Store>,
         cfg: SessionConfig,
         events: mpsc::UnboundedSender<Event>,
+        heard: Arc<AtomicU64>,
     ) -> Self {
+        let (lost_tx, lost_rx) = mpsc::unbounded_channel();
         Self {
             round: Round::new(store.clone(), &cfg.run_id, cfg.round),
             store,
             cfg,
             events,
             lease: None,
-            last_renewed: Instant::now(),
             last_gen: 0,
+            heard,
+            keeper: None,
+            lost_tx,
+            lost_rx,
+        }
+    }
+
+    /// Renews `lease` every keep-alive interval on its own task, so slow store operations of the
+    /// actor never starve it. Server-side it renews only while the agent is heard from within a
+    /// TTL. Reports a lost lease (or a whole TTL without a successful renewal) on `lost_tx`.
+    fn start_keeper(&mut self, lease: LeaseId) {
+        self.stop_keeper();
+        let store = self.store.clone();
+        let (ttl, every, auto) = (
+            self.cfg.lease_ttl,
+            self.cfg.keep_alive_interval,
+            self.cfg.auto_keep_alive,
+        );
+        let heard = self.heard.clone();
+        let lost = self.lost_tx.clone();
+        self.keeper = Some(tokio::spawn(async move {
+            let mut last_ok = Instant::now();
+            loop {
+                tokio::time::sleep(every).await;
+                if !auto
+                    && now_ms().saturating_sub(heard.load(Ordering::SeqCst))
+                        > ttl.as_millis() as u64
+                {
+                    continue; // the agent went silent: let its lease run out
+                }
+                match store.lease_keep_alive(lease).await {
+                    Ok(_) => last_ok = Instant::now(),
+                    Err(StoreError::LeaseLost(_)) => {
+                        let _ =
+                            lost.send((lease, format!("lease {lease:#x} expired or was revoked")));
+                        return;
+                    }
+                    Err(e) if last_ok.elapsed() >= ttl => {
+                        let _ = lost.send((
+                            lease,
+                            format!(
+                                "could not renew lease {lease:#x} for {:?} (TTL {ttl:?}): {e}",
+                                last_ok.elapsed()
+                            ),
+                        ));
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, lease = format!("{lease:#x}"), "keep-alive failed; retrying until the lease would expire");
+                    }
+                }
+            }
+        }));
+    }
+
+    fn stop_keeper(&mut self) {
+        if let Some(k) = self.keeper.take() {
+            k.abort();
         }
     }
 
@@ -221,7 +305,7 @@ impl Actor {
         }
         let l = self.store.lease_grant(self.cfg.lease_ttl).await?;
         self.lease = Some(l);
-        self.last_renewed = Instant::now();
+        self.start_keeper(l);
         self.emit(Event::Opened { lease: l });
         Ok(l)
     }
@@ -235,7 +319,7 @@ impl Actor {
         match resume {
             Some(r) if self.store.lease_keep_alive(r.lease).await.is_ok() => {
                 self.lease = Some(r.lease);
-                self.last_renewed = Instant::now();
+                self.start_keeper(r.lease);
                 self.emit(Event::Opened { lease: r.lease });
                 if r.generation > 0 {
                     if let Some(plan) = self.round.plan(r.generation).await? {
@@ -260,8 +344,6 @@ impl Actor {
                 self.ensure_lease().await?;
             }
         }
-        let mut tick = tokio::time::interval(self.cfg.keep_alive_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             phase = match phase {
                 Phase::Idle => tokio::select! {
@@ -269,7 +351,7 @@ impl Actor {
                         None => return Ok(()),
                         Some(r) => self.on_request(r, Phase::Idle).await?,
                     },
-                    _ = tick.tick(), if self.cfg.auto_keep_alive => { self.renew().await; Phase::Idle }
+                    Some((l, reason)) = self.lost_rx.recv() => { self.lease_lost(l, reason); Phase::Idle }
                 },
                 Phase::Waiting(cand, mut waiter) => tokio::select! {
                     req = requests.recv() => match req {
@@ -295,14 +377,14 @@ impl Actor {
                             Phase::Idle
                         }
                     },
-                    _ = tick.tick(), if self.cfg.auto_keep_alive => { self.renew().await; Phase::Waiting(cand, waiter) }
+                    Some((l, reason)) = self.lost_rx.recv() => { self.lease_lost(l, reason); Phase::Idle }
                 },
                 Phase::Running(plan, mut watch) => tokio::select! {
                     req = requests.recv() => match req {
                         None => return Ok(()),
                         Some(r) => self.on_request(r, Phase::Running(plan, watch)).await?,
                     },
-                    ev = watch.recv() => match ev {
+                    ev = watch.recv() => match ev.flatten() {
                         None => self.rewatch(plan).await,
                         Some(ev) => match self.on_watch(plan.clone(), watch, ev).await {
                             Ok(p) => p,
@@ -313,36 +395,22 @@ impl Actor {
                             Err(e) => return Err(e),
                         },
                     },
-                    _ = tick.tick(), if self.cfg.auto_keep_alive => { self.renew().await; Phase::Running(plan, watch) }
+                    Some((l, reason)) = self.lost_rx.recv() => { self.lease_lost(l, reason); Phase::Idle }
                 },
             };
         }
     }
 
-    /// Renews the lease; a lease that is gone, or not renewed for a whole TTL, fences the node.
-    async fn renew(&mut self) {
-        let Some(lease) = self.lease else { return };
-        match self.store.lease_keep_alive(lease).await {
-            Ok(_) => self.last_renewed = Instant::now(),
-            Err(StoreError::LeaseLost(_)) => {
-                self.fence(format!("lease {lease:#x} expired or was revoked"))
-            }
-            Err(e) => {
-                let silent = self.last_renewed.elapsed();
-                if silent >= self.cfg.lease_ttl {
-                    self.fence(format!(
-                        "could not renew lease {lease:#x} for {silent:?} (TTL {:?}): {e}",
-                        self.cfg.lease_ttl
-                    ));
-                } else {
-                    tracing::warn!(error = %e, lease = format!("{lease:#x}"), "keep-alive failed; retrying until the lease would expire");
-                }
-            }
+    /// The keeper gave up on `lease`: fence, unless that lease was already replaced.
+    fn lease_lost(&mut self, lease: LeaseId, reason: String) {
+        if self.lease == Some(lease) {
+            self.fence(reason);
         }
     }
 
     fn fence(&mut self, reason: String) {
         tracing::error!(node = %self.cfg.node_id, "{reason}");
+        self.stop_keeper();
         self.lease = None;
         self.emit(Event::Fenced(reason));
     }
@@ -385,9 +453,6 @@ impl Actor {
                 Err(e) if is_transient(&e) && self.lease.is_some() => {
                     tracing::warn!(error = %e, "store unavailable; retrying the watch");
                     tokio::time::sleep(Duration::from_millis(500)).await;
-                    if self.cfg.auto_keep_alive {
-                        self.renew().await;
-                    }
                 }
                 Err(e) => {
                     self.emit(Event::Error(e.to_string()));
@@ -401,22 +466,37 @@ impl Actor {
         let Some(lease) = self.lease else {
             return Ok(Phase::Idle);
         };
-        let _ = lease;
         let keys = self.round.keys().clone();
-        // The formation transaction wrote our membership key under our lease.
-        if self
+        // Membership of generation g, under our lease, replaces the join that got us in. A
+        // lease that is gone fences us; a generation already closed is reported below.
+        let member = keys.member(plan.generation, &self.cfg.node_id);
+        let resp = self
             .store
-            .get(&keys.member(plan.generation, &self.cfg.node_id))
-            .await?
-            .is_none()
-        {
-            self.fence(format!(
-                "membership in generation {} is gone (lease expired)",
-                plan.generation
-            ));
-            return Ok(Phase::Idle);
+            .txn(Txn {
+                compares: vec![],
+                success: vec![
+                    Op::Put {
+                        key: member,
+                        value: b"{}".to_vec(),
+                        lease: Some(lease),
+                    },
+                    Op::Delete(keys.waiting(&self.cfg.node_id)),
+                ],
+                failure: vec![],
+            })
+            .await;
+        match resp {
+            Err(StoreError::LeaseLost(_)) => {
+                self.fence(format!(
+                    "lease lost before joining generation {}",
+                    plan.generation
+                ));
+                return Ok(Phase::Idle);
+            }
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
         }
-        let watch = self.store.watch_prefix(keys.prefix(), 0).await?;
+        let watch = self.watch_generation(&plan).await?;
         // Watch first, then read: whatever happened before the watch began is seen here.
         if announce {
             self.emit(Event::Formed(plan.clone()));
@@ -432,7 +512,62 @@ impl Actor {
             });
             return Ok(Phase::Idle);
         }
+        if let Some(succ) = successor(&plan, &self.cfg.node_id) {
+            let g = plan.generation;
+            if self.store.get(&keys.member(g, &succ)).await?.is_none()
+                && self.store.get(&keys.waiting(&succ)).await?.is_none()
+            {
+                self.close(g, format!("node {succ} was lost before it started"))
+                    .await?;
+            }
+        }
         Ok(Phase::Running(plan, watch))
+    }
+
+    /// The watches of a running generation, merged into one channel (`None` = a watch broke).
+    ///
+    /// Kept linear in the group size: each node watches the end of its generation
+    /// (`gen/<g>/`), the end of the run, and only its successor in node-rank order (membership
+    /// and join key), so every loss is seen by exactly one node; node rank 0 alone watches the
+    /// waiting set for scale-up. Done records live outside `gen/<g>/` so nobody watches them: the
+    /// last node to succeed writes the end of the run.
+    async fn watch_generation(
+        &self,
+        plan: &Plan,
+    ) -> Result<mpsc::UnboundedReceiver<Option<WatchEvent>>, StoreError> {
+        let keys = self.round.keys();
+        let g = plan.generation;
+        let mut prefixes = vec![keys.generation_prefix(g), keys.finished()];
+        if let Some(succ) = successor(plan, &self.cfg.node_id) {
+            prefixes.push(keys.member(g, &succ));
+            prefixes.push(keys.waiting(&succ));
+        }
+        let first = plan
+            .members
+            .first()
+            .is_some_and(|m| m.node_id == self.cfg.node_id);
+        if first && plan.members.len() < self.cfg.round.max_nodes {
+            prefixes.push(keys.waiting_prefix());
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        for prefix in prefixes {
+            let mut source = self.store.watch_prefix(&prefix, 0).await?;
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        ev = source.recv() => {
+                            let done = ev.is_none();
+                            if tx.send(ev).is_err() || done {
+                                return;
+                            }
+                        }
+                        _ = tx.closed() => return,
+                    }
+                }
+            });
+        }
+        Ok(rx)
     }
 
     async fn closed_reason(&self, plan: &Plan) -> Result<Option<String>, RendezvousError> {
@@ -476,11 +611,13 @@ impl Actor {
     async fn on_watch(
         &mut self,
         plan: Plan,
-        watch: mpsc::UnboundedReceiver<WatchEvent>,
+        watch: mpsc::UnboundedReceiver<Option<WatchEvent>>,
         ev: WatchEvent,
     ) -> Result<Phase, RendezvousError> {
         let keys = self.round.keys().clone();
         let g = plan.generation;
+        let succ = successor(&plan, &self.cfg.node_id);
+        let is_succ = |node: &str| succ.as_deref() == Some(node);
         match ev {
             WatchEvent::Put(kv) if kv.key == keys.closed(g) => {
                 self.emit(Event::Reform {
@@ -498,19 +635,6 @@ impl Actor {
                 self.emit(Event::Finished(end));
                 return Ok(Phase::Idle);
             }
-            WatchEvent::Put(kv)
-                if kv.key == keys.gen_current()
-                    && kv.value_str().parse::<u64>().is_ok_and(|n| n > g) =>
-            {
-                self.emit(Event::Reform {
-                    generation: g,
-                    reason: format!("generation {} formed", kv.value_str()),
-                });
-                return Ok(Phase::Idle);
-            }
-            WatchEvent::Put(kv) if kv.key.starts_with(&keys.done_prefix(g)) => {
-                self.maybe_finish(&plan).await?;
-            }
             WatchEvent::Put(kv) if kv.key.starts_with(&keys.waiting_prefix()) => {
                 let node = &kv.key[keys.waiting_prefix().len()..];
                 if plan.member(node).is_none() && plan.members.len() < self.cfg.round.max_nodes {
@@ -518,15 +642,18 @@ impl Actor {
                         .await?;
                 }
             }
+            WatchEvent::Delete(key, _) if key.starts_with(&keys.waiting_prefix()) => {
+                // The successor's join key vanished: normal if it wrote its membership key in the
+                // same step, a loss if its lease expired before it ever got there.
+                let node = &key[keys.waiting_prefix().len()..];
+                if is_succ(node) && self.store.get(&keys.member(g, node)).await?.is_none() {
+                    self.close(g, format!("node {node} was lost before it started"))
+                        .await?;
+                }
+            }
             WatchEvent::Delete(key, _) if key.starts_with(&keys.members_prefix(g)) => {
                 let node = &key[keys.members_prefix(g).len()..];
-                if node == self.cfg.node_id {
-                    self.fence(format!(
-                        "membership in generation {g} was removed (lease expired)"
-                    ));
-                    return Ok(Phase::Idle);
-                }
-                if plan.member(node).is_some() {
+                if is_succ(node) {
                     self.close(g, format!("node {node} left the group")).await?;
                 }
             }
@@ -601,10 +728,8 @@ impl Actor {
                 }
                 self.join(cand).await.map(Some)
             }
-            Request::KeepAlive => {
-                self.renew().await;
-                Ok(self.lease.is_none().then_some(Phase::Idle))
-            }
+            // Noted by the forwarder in `spawn_session`; the keeper task renews.
+            Request::KeepAlive => Ok(None),
             Request::Succeeded(g) => {
                 let keys = self.round.keys().clone();
                 self.store
@@ -627,6 +752,7 @@ impl Actor {
             }
             Request::Leave => {
                 if let Some(l) = self.lease {
+                    self.stop_keeper();
                     self.store.lease_revoke(l).await?;
                     self.lease = None;
                 }
@@ -706,7 +832,73 @@ impl Actor {
     }
 }
 
+/// The node after `node` in node-rank order (wrapping), if the group has another node.
+fn successor(plan: &Plan, node: &str) -> Option<String> {
+    let n = plan.members.len();
+    let i = plan.members.iter().position(|m| m.node_id == node)?;
+    (n > 1).then(|| plan.members[(i + 1) % n].node_id.clone())
+}
+
 /// Errors worth retrying: the store did not answer (as opposed to a decision or a timeout).
 fn is_transient(e: &RendezvousError) -> bool {
     matches!(e, RendezvousError::Store(StoreError::Unavailable { .. }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    fn cfg(i: usize, n: usize) -> SessionConfig {
+        SessionConfig {
+            run_id: "many".into(),
+            node_id: format!("node{i:04}"),
+            round: RoundConfig {
+                min_nodes: n,
+                max_nodes: n,
+                last_call: Duration::ZERO,
+                join_timeout: Duration::from_secs(60),
+            },
+            lease_ttl: Duration::from_secs(30),
+            keep_alive_interval: Duration::from_secs(10),
+            max_restarts: 0,
+            auto_keep_alive: true,
+        }
+    }
+
+    #[tokio::test]
+    async fn many_sessions_form_one_group() {
+        let n = 64;
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let mut links: Vec<_> = (0..n)
+            .map(|i| spawn_session(store.clone(), cfg(i, n), None))
+            .collect();
+        for (i, (tx, _)) in links.iter().enumerate() {
+            tx.send(Request::Join(Candidate {
+                node_id: format!("node{i:04}"),
+                advertise_addr: "127.0.0.1".into(),
+                slots: 2,
+                requested_node_rank: None,
+                master_port: 1,
+            }))
+            .unwrap();
+        }
+        let mut plans = Vec::new();
+        for (_, rx) in links.iter_mut() {
+            let plan = tokio::time::timeout(Duration::from_secs(20), async {
+                loop {
+                    match rx.recv().await.unwrap() {
+                        Event::Formed(p) => return p,
+                        Event::Error(e) => panic!("{e}"),
+                        _ => {}
+                    }
+                }
+            })
+            .await
+            .expect("formed in time");
+            plans.push(plan);
+        }
+        assert!(plans.windows(2).all(|w| w[0] == w[1]), "one identical plan");
+        assert_eq!(plans[0].world_size, 2 * n as u32);
+    }
 }

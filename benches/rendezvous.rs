@@ -1,0 +1,294 @@
+//! Rendezvous time: drun vs torchrun's c10d backend side by side, plus simulated scale.
+//!
+//! `cargo bench --bench rendezvous` (needs `etcd` on PATH; torchrun from `$DRUN_TORCH_PYTHON`'s
+//! directory or `~/.cache/drun/venv/bin/torchrun`):
+//!
+//! 1. For N = 2, 4, 8, 16 real agents on loopback (1 worker each, `--no-python`), the time from
+//!    the moment the last agent process is started until the last worker has started — through a
+//!    `drun-rendezvous` server on etcd, and through torchrun's c10d backend in the same run.
+//! 2. For N = 256 and 1,024 simulated agents (session actors in this process, each with its own
+//!    lease, every decision an etcd transaction), the time from the last join to the last
+//!    "group formed". `DRUN_BENCH_SIM` overrides the sizes (comma-separated);
+//!    `DRUN_BENCH_REAL=0` skips part 1.
+
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use drun_rendezvous::session::{spawn_session, Event, Request, SessionConfig};
+use drun_rendezvous::{Candidate, EtcdStore, RoundConfig, Store};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Etcd(Child, tempfile::TempDir, String);
+
+impl Etcd {
+    fn start() -> Etcd {
+        let (client, peer) = (free_port(), free_port());
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("etcd")
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args([
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{client}"),
+            ])
+            .args([
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{client}"),
+            ])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .args([
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+            ])
+            .args([
+                "--initial-cluster",
+                &format!("default=http://127.0.0.1:{peer}"),
+            ])
+            .args(["--logger", "zap", "--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd on PATH (apt-get install etcd-server)");
+        let endpoint = format!("127.0.0.1:{client}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let healthy = TcpStream::connect(&endpoint).ok().and_then(|mut s| {
+                write!(s, "GET /health HTTP/1.0\r\n\r\n").ok()?;
+                let mut b = String::new();
+                s.read_to_string(&mut b).ok()?;
+                Some(b.contains("\"health\":\"true\""))
+            });
+            if healthy == Some(true) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "etcd did not become healthy");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Etcd(child, dir, endpoint)
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn torchrun() -> Option<PathBuf> {
+    std::env::var_os("DRUN_TORCH_PYTHON")
+        .map(|p| PathBuf::from(p).with_file_name("torchrun"))
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/drun/venv/bin/torchrun"))
+        })
+        .filter(|p| p.is_file())
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Starts N launchers built by `make(i)`; returns seconds from the last start to the last worker
+/// start (workers write their start time in ns to `dir/<RANK>`).
+fn measure(n: usize, dir: &Path, mut make: impl FnMut(usize) -> Command) -> f64 {
+    let mut children: Vec<Child> = Vec::new();
+    let mut last_start = 0;
+    for i in 0..n {
+        let mut c = make(i);
+        c.stdout(Stdio::null()).stderr(Stdio::null());
+        children.push(c.spawn().expect("start launcher"));
+        last_start = now_ns();
+    }
+    for mut c in children {
+        let st = c.wait().unwrap();
+        assert!(st.success(), "a launcher failed: {st}");
+    }
+    let last_worker = (0..n)
+        .map(|r| {
+            std::fs::read_to_string(dir.join(r.to_string()))
+                .unwrap()
+                .trim()
+                .parse::<u128>()
+                .unwrap()
+        })
+        .max()
+        .unwrap();
+    (last_worker.saturating_sub(last_start)) as f64 / 1e9
+}
+
+const WORKER: &str = "date +%s%N > \"$0/$RANK\"";
+
+fn real_agents() {
+    let drun = env!("CARGO_BIN_EXE_drun");
+    let server_bin = env!("CARGO_BIN_EXE_drun-rendezvous");
+    let torchrun = torchrun();
+    println!("rendezvous time, last agent started -> last worker started (1 worker per agent)");
+    println!(
+        "{:>4}  {:>12}  {:>14}  {:>8}",
+        "N", "drun (s)", "torchrun (s)", "ratio"
+    );
+    for n in [2usize, 4, 8, 16] {
+        let etcd = Etcd::start();
+        let mut server = Command::new(server_bin)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--store",
+                "etcd",
+                "--etcd-endpoints",
+                &etcd.2,
+            ])
+            .env("DRUN_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(server.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let endpoint = line.split_whitespace().nth(3).unwrap().to_string();
+        let dir = tempfile::tempdir().unwrap();
+        let d = measure(n, dir.path(), |i| {
+            let mut c = Command::new(drun);
+            c.args([
+                "-q",
+                "--nnodes",
+                &n.to_string(),
+                "--rdzv-endpoint",
+                &endpoint,
+                "--rdzv-id",
+                &format!("bench{n}"),
+            ])
+            .arg("--local-addr")
+            .arg(format!("127.0.0.{}", i + 1))
+            .args(["--no-python", "sh", "-c", WORKER])
+            .arg(dir.path());
+            c
+        });
+        let _ = server.kill();
+        let _ = server.wait();
+        let t = torchrun.as_ref().map(|t| {
+            let dir = tempfile::tempdir().unwrap();
+            let port = free_port();
+            measure(n, dir.path(), |_| {
+                let mut c = Command::new(t);
+                c.args([
+                    "--nnodes",
+                    &n.to_string(),
+                    "--nproc-per-node",
+                    "1",
+                    "--rdzv-backend",
+                    "c10d",
+                ])
+                .args([
+                    "--rdzv-endpoint",
+                    &format!("127.0.0.1:{port}"),
+                    "--rdzv-id",
+                    &format!("bench{n}"),
+                ])
+                .args(["--no-python", "sh", "-c", WORKER])
+                .arg(dir.path());
+                c
+            })
+        });
+        match t {
+            Some(t) => println!("{n:>4}  {d:>12.3}  {t:>14.3}  {:>8.3}", d / t),
+            None => println!("{n:>4}  {d:>12.3}  {:>14}  {:>8}", "-", "-"),
+        }
+    }
+    if torchrun.is_none() {
+        println!("(torchrun not found: set DRUN_TORCH_PYTHON to compare)");
+    }
+}
+
+async fn simulated(n: usize) -> (f64, f64) {
+    let etcd = Etcd::start();
+    let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(&[etcd.2.clone()]).await.unwrap());
+    let mut links = Vec::with_capacity(n);
+    for i in 0..n {
+        let cfg = SessionConfig {
+            run_id: format!("sim{n}"),
+            node_id: format!("node{i:05}"),
+            round: RoundConfig {
+                min_nodes: n,
+                max_nodes: n,
+                last_call: Duration::ZERO,
+                join_timeout: Duration::from_secs(600),
+            },
+            lease_ttl: Duration::from_secs(60),
+            keep_alive_interval: Duration::from_secs(20),
+            max_restarts: 0,
+            auto_keep_alive: true,
+        };
+        links.push(spawn_session(store.clone(), cfg, None));
+    }
+    let started = Instant::now();
+    for (i, (tx, _)) in links.iter().enumerate() {
+        let cand = Candidate {
+            node_id: format!("node{i:05}"),
+            advertise_addr: "127.0.0.1".into(),
+            slots: 8,
+            requested_node_rank: None,
+            master_port: 29500,
+        };
+        tx.send(Request::Join(cand)).unwrap();
+    }
+    let last_join = Instant::now();
+    for (_, rx) in links.iter_mut() {
+        loop {
+            match rx.recv().await.expect("session alive") {
+                Event::Formed(p) => {
+                    assert_eq!(p.world_size as usize, 8 * n);
+                    break;
+                }
+                Event::Error(e) => panic!("rendezvous failed: {e}"),
+                _ => {}
+            }
+        }
+    }
+    let done = Instant::now();
+    (
+        (done - last_join).as_secs_f64(),
+        (last_join - started).as_secs_f64(),
+    )
+}
+
+fn main() {
+    if let Ok(f) = std::env::var("DRUN_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(f))
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    if std::env::var("DRUN_BENCH_REAL").as_deref() != Ok("0") {
+        real_agents();
+    }
+    let sizes: Vec<usize> = std::env::var("DRUN_BENCH_SIM")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![256, 1024]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("\nsimulated agents (session actors on one etcd), last join -> all formed");
+    for n in sizes {
+        let (formed, joining) = rt.block_on(simulated(n));
+        println!("{n:>5} agents: {formed:.3} s (issuing the {n} joins took {joining:.3} s)");
+    }
+}
