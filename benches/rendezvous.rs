@@ -29,7 +29,8 @@ fn free_port() -> u16 {
         .port()
 }
 
-struct Etcd(Child, tempfile::TempDir, String);
+/// An etcd process, its data directory (removed on drop) and its client endpoint.
+struct Etcd(Child, #[allow(dead_code)] tempfile::TempDir, String);
 
 impl Etcd {
     fn start() -> Etcd {
@@ -218,7 +219,11 @@ fn real_agents() {
 
 async fn simulated(n: usize) -> (f64, f64) {
     let etcd = Etcd::start();
-    let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(&[etcd.2.clone()]).await.unwrap());
+    let store: Arc<dyn Store> = Arc::new(
+        EtcdStore::connect(std::slice::from_ref(&etcd.2))
+            .await
+            .unwrap(),
+    );
     let mut links = Vec::with_capacity(n);
     for i in 0..n {
         let cfg = SessionConfig {
