@@ -3,6 +3,7 @@
 mod harness;
 
 mod cli;
+mod elastic;
 mod logs;
 mod multinode;
 mod ports;

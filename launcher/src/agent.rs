@@ -34,10 +34,19 @@ const RELAYED: [Signal; 2] = [Signal::SIGUSR1, Signal::SIGUSR2];
 enum Outcome {
     Succeeded,
     Failed,
+    /// Some local workers exited 0, others still ran after `--peer-exit-wait`.
+    PartialSuccess(String),
     Signal(Signal),
     Reform(String),
     Fenced(String),
     Finished(RunEnd),
+}
+
+/// What happened while a node that finished waited for the others.
+enum EndWait {
+    Exit(AgentExit),
+    Reform,
+    PeersLate(String),
 }
 
 /// Runs a validated launch to its end and returns the exit status. Errors are printed as one
@@ -329,8 +338,21 @@ impl Agent {
                     }
                     let _ = link.tx.send(Request::Succeeded(plan.generation));
                     match self.await_end(link).await? {
-                        Some(exit) => return Ok(exit),
-                        None => continue,
+                        EndWait::Exit(exit) => return Ok(exit),
+                        EndWait::Reform => continue,
+                        EndWait::PeersLate(description) => {
+                            match self
+                                .report_failure(link, plan.generation, description.clone())
+                                .await?
+                            {
+                                Ok((true, _)) => continue,
+                                Ok((false, _)) => {
+                                    eprintln!("drun: {description}");
+                                    return Ok(AgentExit::WorkerFailure);
+                                }
+                                Err(exit) => return Ok(exit),
+                            }
+                        }
                     }
                 }
                 Outcome::Signal(sig) => {
@@ -359,6 +381,23 @@ impl Agent {
                     self.stop(&mut group, Signal::SIGTERM).await;
                     return Ok(self.run_ended(&end));
                 }
+                Outcome::PartialSuccess(description) => {
+                    self.stop(&mut group, Signal::SIGTERM).await;
+                    if let Some(sig) = self.interrupted {
+                        return Ok(AgentExit::Signal(sig as i32));
+                    }
+                    match self
+                        .report_failure(link, plan.generation, description.clone())
+                        .await?
+                    {
+                        Ok((true, _)) => continue,
+                        Ok((false, _)) => {
+                            eprintln!("drun: {description}");
+                            return Ok(AgentExit::WorkerFailure);
+                        }
+                        Err(exit) => return Ok(exit),
+                    }
+                }
                 Outcome::Failed => {
                     self.stop(&mut group, Signal::SIGTERM).await;
                     if let Some(sig) = self.interrupted {
@@ -367,30 +406,13 @@ impl Agent {
                     let failures = group.failures();
                     let root =
                         &failures[root_cause(&failures).expect("a failed group has failures")];
-                    let _ = link.tx.send(Request::Failed {
-                        generation: plan.generation,
-                        description: format!("{} on node {}", root.one_line(), self.cfg.node_id),
-                    });
-                    let restart = loop {
-                        tokio::select! {
-                            ev = link.rx.recv() => match ev {
-                                Some(Event::FailureDecision { restart, restarts }) => {
-                                    if restart {
-                                        tracing::warn!(
-                                            "{}; restarting the worker group ({}/{} restarts used)",
-                                            root.one_line(),
-                                            restarts.failures,
-                                            self.cfg.max_restarts
-                                        );
-                                    }
-                                    break restart;
-                                }
-                                Some(Event::Error(e)) => return Err(LaunchError::RendezvousFailed(e)),
-                                None => break false,
-                                Some(_) => {}
-                            },
-                            sig = self.next_teardown_signal() => return Ok(AgentExit::Signal(sig as i32)),
-                        }
+                    let description = format!("{} on node {}", root.one_line(), self.cfg.node_id);
+                    let (restart, history) = match self
+                        .report_failure(link, plan.generation, description)
+                        .await?
+                    {
+                        Ok(d) => d,
+                        Err(exit) => return Ok(exit),
                     };
                     if restart {
                         continue;
@@ -400,7 +422,8 @@ impl Agent {
                         summary::format_summary(
                             &self.cfg.entrypoint.script,
                             &self.hostname,
-                            &failures
+                            &failures,
+                            history.split_last().map_or(&[][..], |(_, earlier)| earlier)
                         )
                     );
                     self.write_root_cause(root);
@@ -410,25 +433,67 @@ impl Agent {
         }
     }
 
-    /// After local success: waits for the run to end (`Some(exit)`) or to re-form (`None`).
-    async fn await_end(&mut self, link: &mut Link) -> Result<Option<AgentExit>, LaunchError> {
+    /// Reports a failure of generation `g` and waits for the job-wide decision: `Ok((restart,
+    /// history))`, or `Err(exit)` when a signal or the end of the session came first.
+    async fn report_failure(
+        &mut self,
+        link: &mut Link,
+        g: u64,
+        description: String,
+    ) -> Result<Result<(bool, Vec<String>), AgentExit>, LaunchError> {
+        let _ = link.tx.send(Request::Failed {
+            generation: g,
+            description: description.clone(),
+        });
         loop {
             tokio::select! {
                 ev = link.rx.recv() => match ev {
-                    Some(Event::Finished(end)) => return Ok(Some(self.run_ended(&end))),
+                    Some(Event::FailureDecision { restart, restarts }) => {
+                        if restart {
+                            tracing::warn!(
+                                "{description}; restarting the worker group ({}/{} restarts used)",
+                                restarts.failures,
+                                self.cfg.max_restarts
+                            );
+                        }
+                        return Ok(Ok((restart, restarts.history)));
+                    }
+                    Some(Event::Error(e)) => return Err(LaunchError::RendezvousFailed(e)),
+                    None => return Ok(Ok((false, Vec::new()))),
+                    Some(_) => {}
+                },
+                sig = self.next_teardown_signal() => return Ok(Err(AgentExit::Signal(sig as i32))),
+            }
+        }
+    }
+
+    /// After local success: waits for the run to end, to re-form, or for `--peer-exit-wait` to
+    /// pass (a partial success across nodes).
+    async fn await_end(&mut self, link: &mut Link) -> Result<EndWait, LaunchError> {
+        let deadline = Instant::now() + self.cfg.peer_exit_wait;
+        loop {
+            tokio::select! {
+                ev = link.rx.recv() => match ev {
+                    Some(Event::Finished(end)) => return Ok(EndWait::Exit(self.run_ended(&end))),
                     Some(Event::Reform { reason, .. }) => {
                         tracing::warn!("the group re-forms after this node finished: {reason}");
-                        return Ok(None);
+                        return Ok(EndWait::Reform);
                     }
                     Some(Event::Fenced(reason)) => {
                         tracing::warn!("fenced after this node finished: {reason}");
-                        return Ok(None);
+                        return Ok(EndWait::Reform);
                     }
                     Some(Event::Error(e)) => return Err(LaunchError::RendezvousFailed(e)),
-                    None => return Ok(Some(AgentExit::Success)),
+                    None => return Ok(EndWait::Exit(AgentExit::Success)),
                     Some(_) => {}
                 },
-                sig = self.next_teardown_signal() => return Ok(Some(AgentExit::Signal(sig as i32))),
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Ok(EndWait::PeersLate(format!(
+                        "partial success: the workers of node {} finished, the other nodes' did not within --peer-exit-wait {:?}",
+                        self.cfg.node_id, self.cfg.peer_exit_wait
+                    )));
+                }
+                sig = self.next_teardown_signal() => return Ok(EndWait::Exit(AgentExit::Signal(sig as i32))),
             }
         }
     }
@@ -503,7 +568,25 @@ impl Agent {
             if group.all_succeeded() {
                 return Outcome::Succeeded;
             }
+            let partial_deadline = group.first_success_at().map(|at| {
+                let waited = at.elapsed().unwrap_or_default();
+                Instant::now() + self.cfg.peer_exit_wait.saturating_sub(waited)
+            });
+            if partial_deadline.is_some_and(|d| d <= Instant::now()) {
+                return Outcome::PartialSuccess(format!(
+                    "partial success on node {}: {}",
+                    self.cfg.node_id,
+                    group.partial_success_line(self.cfg.peer_exit_wait)
+                ));
+            }
+            let partial = async {
+                match partial_deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                _ = partial => {}
                 _ = self.sigchld.recv() => {}
                 _ = tick.tick() => {}
                 Some(sig) = self.signals.recv() => {

@@ -264,6 +264,18 @@ pub struct Args {
     )]
     pub shutdown_timeout: Option<f64>,
 
+    /// Seconds a partial success may last: once some workers (or nodes) finished with exit 0,
+    /// the rest must finish within this long, else the generation counts as failed (default
+    /// 300, torchrun's exit-barrier timeout).
+    #[arg(
+        long = "peer-exit-wait",
+        visible_alias = "peer_exit_wait",
+        env = "DRUN_PEER_EXIT_WAIT",
+        default_value_t = 300.0,
+        help_heading = "Supervision"
+    )]
+    pub peer_exit_wait: f64,
+
     /// More agent log output (-v debug, -vv trace). RUST_LOG / DRUN_LOG override.
     #[arg(short = 'v', long, action = ArgAction::Count, help_heading = "Agent logs")]
     pub verbose: u8,

@@ -292,6 +292,37 @@ impl WorkerGroup {
             .all(|w| matches!(w.state, WorkerState::Exited { exit, .. } if exit.is_success()))
     }
 
+    /// When the first worker exited 0 while others still run (a partial success), if so.
+    pub fn first_success_at(&self) -> Option<SystemTime> {
+        if !self.any_running() {
+            return None;
+        }
+        self.workers
+            .iter()
+            .filter_map(|w| match w.state {
+                WorkerState::Exited { exit, at, .. } if exit.is_success() => Some(at),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// "ranks [0] exited 0 but ranks [1] still run after 300s".
+    pub fn partial_success_line(&self, waited: std::time::Duration) -> String {
+        let done: Vec<u32> = self
+            .workers
+            .iter()
+            .filter(|w| !w.state.is_running())
+            .map(|w| w.rank)
+            .collect();
+        let running: Vec<u32> = self
+            .workers
+            .iter()
+            .filter(|w| w.state.is_running())
+            .map(|w| w.rank)
+            .collect();
+        format!("ranks {done:?} exited 0 but ranks {running:?} still ran after --peer-exit-wait {waited:?}")
+    }
+
     /// Workers still running.
     pub fn any_running(&self) -> bool {
         self.workers.iter().any(|w| w.state.is_running())

@@ -311,6 +311,8 @@ pub struct LaunchConfig {
     pub signals_to_handle: String,
     /// Grace between the termination signal and SIGKILL.
     pub shutdown_timeout: Duration,
+    /// How long a partial success may last before it counts as a failure.
+    pub peer_exit_wait: Duration,
     /// Parsed `--rdzv-conf`.
     pub rdzv_conf: BTreeMap<String, String>,
     /// Rendezvous timing knobs.
@@ -526,6 +528,7 @@ impl LaunchConfig {
             },
         };
         let shutdown_timeout = seconds("--shutdown-timeout", shutdown, true)?;
+        let peer_exit_wait = seconds("--peer-exit-wait", a.peer_exit_wait, true)?;
         let redirects = StdSpec::parse("--redirects", &a.redirects)?;
         let tee = StdSpec::parse("--tee", &a.tee)?;
         let local_ranks_filter = if a.local_ranks_filter.trim().is_empty() {
@@ -615,6 +618,7 @@ impl LaunchConfig {
             signals,
             signals_to_handle: a.signals_to_handle.clone(),
             shutdown_timeout,
+            peer_exit_wait,
             rdzv_conf,
             timing,
             requested_node_rank,

@@ -122,7 +122,15 @@ pub fn format_time(t: SystemTime) -> String {
 }
 
 /// The summary block for `script` with the root cause first-class and others one line each.
-pub fn format_summary(script: &str, host: &str, failures: &[Failure]) -> String {
+///
+/// `earlier` lists the run's earlier worker failures (job-wide, any node), oldest first; they
+/// head the `Failures:` section so the whole history of the budget is on one screen.
+pub fn format_summary(
+    script: &str,
+    host: &str,
+    failures: &[Failure],
+    earlier: &[String],
+) -> String {
     let border = "=".repeat(60);
     let rule = "-".repeat(60);
     let Some(root) = root_cause(failures) else {
@@ -135,13 +143,16 @@ pub fn format_summary(script: &str, host: &str, failures: &[Failure]) -> String 
         .filter(|(i, _)| *i != root)
         .map(|(_, f)| f)
         .collect();
-    if others.is_empty() {
+    if others.is_empty() && earlier.is_empty() {
         s.push_str("  <NO_OTHER_FAILURES>\n");
+    }
+    for (i, e) in earlier.iter().enumerate() {
+        s.push_str(&format!("[{}]: earlier, {e}\n", i + 1));
     }
     for (i, f) in others.iter().enumerate() {
         s.push_str(&format!(
             "[{}]: time {} {}\n",
-            i + 1,
+            earlier.len() + i + 1,
             format_time(f.timestamp()),
             f.one_line()
         ));
@@ -224,7 +235,16 @@ mod tests {
             Some(1),
             "error-file timestamp 1000 is earliest"
         );
-        let s = format_summary("train.py", "box", &fs);
+        let s = format_summary(
+            "train.py",
+            "box",
+            &fs,
+            &["generation 1: rank 0 exited with 1 on node a".into()],
+        );
+        assert!(
+            s.contains("[1]: earlier, generation 1: rank 0 exited with 1 on node a"),
+            "{s}"
+        );
         assert!(s.contains("train.py FAILED"), "{s}");
         assert!(s.contains("Root Cause (first observed failure):"), "{s}");
         assert!(s.contains("  rank      : 1 (local_rank: 1)"), "{s}");
@@ -242,7 +262,7 @@ mod tests {
     #[test]
     fn signal_death_without_error_file_shows_signal_and_tail() {
         let fs = vec![failure(2, ExitKind::Signal(Signal::SIGSEGV), 5, None)];
-        let s = format_summary("w.py", "h", &fs);
+        let s = format_summary("w.py", "h", &fs, &[]);
         assert!(s.contains("exitcode  : -11 (pid: 102)"), "{s}");
         assert!(s.contains("Signal 11 (SIGSEGV) received by PID 102"), "{s}");
         assert!(s.contains("<NO_OTHER_FAILURES>"), "{s}");

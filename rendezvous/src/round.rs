@@ -18,12 +18,15 @@ use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
 use crate::{assign, decide, Candidate, Decision, Plan, RendezvousError, RoundConfig, StoreError};
 
 /// Job-wide restart counters (key `restarts`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Restarts {
     /// Group restarts caused by worker failures (counted against `--max-restarts`).
     pub failures: u32,
     /// Group restarts caused by membership changes (free, reported separately).
     pub membership: u32,
+    /// Every worker failure of the run, oldest first ("generation 2: rank 3 ... on node b").
+    #[serde(default)]
+    pub history: Vec<String>,
 }
 
 /// Why the group is restarted.

@@ -416,7 +416,7 @@ impl Actor {
     }
 
     async fn join(&mut self, cand: Candidate) -> Result<Phase, RendezvousError> {
-        let lease = self.ensure_lease().await?;
+        let mut lease = self.ensure_lease().await?;
         if self.last_gen > 0 {
             let old = self.round.keys().member(self.last_gen, &self.cfg.node_id);
             self.store
@@ -427,7 +427,18 @@ impl Actor {
                 })
                 .await?;
         }
-        self.round.join(&cand, lease).await?;
+        let joined = self.round.join(&cand, lease).await;
+        if let Err(StoreError::LeaseLost(_)) = joined {
+            // The lease ran out while this node was stopped or cut off (the keeper has not said
+            // so yet): this node was fenced; it joins as a newcomer with a fresh lease.
+            tracing::warn!(node = %self.cfg.node_id, "lease {lease:#x} expired; joining with a new lease");
+            self.stop_keeper();
+            self.lease = None;
+            lease = self.ensure_lease().await?;
+            self.round.join(&cand, lease).await?;
+        } else {
+            joined?;
+        }
         let round = self.round.clone();
         let node = self.cfg.node_id.clone();
         let after = self.last_gen;
@@ -786,10 +797,9 @@ impl Actor {
                     .get(&restarts_key)
                     .await?
                     .map_or(0, |kv| kv.mod_revision);
-                let next = Restarts {
-                    failures: restarts.failures + 1,
-                    ..restarts
-                };
+                let mut next = restarts.clone();
+                next.failures += 1;
+                next.history.push(format!("generation {g}: {description}"));
                 let resp = self
                     .store
                     .txn(Txn {
@@ -817,16 +827,25 @@ impl Actor {
                     restarts.failures, self.cfg.max_restarts
                 ),
             );
+            let mut last = restarts.clone();
+            last.history.push(format!("generation {g}: {description}"));
             self.store
                 .txn(Txn {
                     compares: vec![Compare::Missing(keys.finished())],
-                    success: vec![Op::put(
-                        keys.finished(),
-                        serde_json::to_vec(&end).expect("serializes"),
-                    )],
+                    success: vec![
+                        Op::put(
+                            keys.finished(),
+                            serde_json::to_vec(&end).expect("serializes"),
+                        ),
+                        Op::put(
+                            keys.restarts(),
+                            serde_json::to_vec(&last).expect("serializes"),
+                        ),
+                    ],
                     failure: vec![],
                 })
                 .await?;
+            let restarts = last;
             return Ok((false, restarts));
         }
     }

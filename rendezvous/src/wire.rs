@@ -136,6 +136,7 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
                 restart: *restart,
                 restarts_failures: restarts.failures,
                 restarts_membership: restarts.membership,
+                history: restarts.history.clone(),
             })
         }
         Event::Fenced(r) => Kind::Fenced(r.clone()),
@@ -165,6 +166,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
             restarts: Restarts {
                 failures: d.restarts_failures,
                 membership: d.restarts_membership,
+                history: d.history,
             },
         },
         Kind::Fenced(r) => Event::Fenced(r),

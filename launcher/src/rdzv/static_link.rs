@@ -68,13 +68,22 @@ pub fn spawn(
                         restarts_membership: 0,
                     })
                 }
-                Request::Failed { description, .. } => {
+                Request::Failed {
+                    generation,
+                    description,
+                } => {
                     let restart = restarts.failures < session.max_restarts;
+                    restarts
+                        .history
+                        .push(format!("generation {generation}: {description}"));
                     if restart {
                         restarts.failures += 1;
                     }
                     tracing::debug!(%description, restart, "static backend: local restart decision");
-                    Event::FailureDecision { restart, restarts }
+                    Event::FailureDecision {
+                        restart,
+                        restarts: restarts.clone(),
+                    }
                 }
                 Request::Succeeded(g) => Event::Finished(RunEnd {
                     success: true,

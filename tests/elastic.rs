@@ -1,0 +1,355 @@
+//! Elastic re-formation with real agents, real etcd and real signals (failure cases 1–4, 6, 27).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::harness::cluster::{Etcd, RdzvServer};
+use crate::harness::{alive, drun, holds_for, read_json, torch_python, wait_for, worker, Agent};
+
+/// Lease TTL used by these tests, in seconds.
+const TTL: u64 = 3;
+
+fn rdzv_etcd(etcd: &Etcd) -> Vec<String> {
+    vec![
+        "--rdzv-backend".into(),
+        "etcd".into(),
+        "--rdzv-endpoint".into(),
+        etcd.endpoint.clone(),
+        "--rdzv-conf".into(),
+        format!("lease_ttl={TTL},last_call_timeout=0.5"),
+    ]
+}
+
+fn agent(i: usize, run: &str, nnodes: &str, rdzv: &[String], extra: &[&str], dir: &Path) -> Agent {
+    let mut c: Command = drun();
+    c.args([
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "2",
+        "--rdzv-id",
+        run,
+        "--shutdown-timeout",
+        "3",
+    ])
+    .arg("--local-addr")
+    .arg(format!("127.0.0.{}", i + 1))
+    .args(rdzv)
+    .args(extra)
+    .arg(worker("elastic.py"))
+    .arg(dir)
+    .arg(format!("agent{i}"));
+    Agent::start(c)
+}
+
+/// Records of generation `g` (one per rank).
+fn gen(dir: &Path, g: u64) -> Vec<Value> {
+    let prefix = format!("gen{g}_rank");
+    let mut v: Vec<Value> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(&prefix) && n.ends_with(".json")
+        })
+        .map(|e| read_json(&e.path()))
+        .collect();
+    v.sort_by_key(|r| r["rank"].as_str().unwrap().parse::<u32>().unwrap());
+    v
+}
+
+fn pids(records: &[Value]) -> Vec<i32> {
+    records
+        .iter()
+        .map(|r| r["pid"].as_i64().unwrap() as i32)
+        .collect()
+}
+
+fn by_label<'a>(records: &'a [Value], label: &str) -> Vec<&'a Value> {
+    records.iter().filter(|r| r["label"] == label).collect()
+}
+
+/// Waits until generation `g` has `world` ranks, all reporting that world size.
+fn wait_gen(dir: &Path, g: u64, world: usize, timeout: Duration) -> Vec<Value> {
+    wait_for(
+        &format!("generation {g} with {world} ranks"),
+        timeout,
+        || {
+            let r = gen(dir, g);
+            r.len() == world && r.iter().all(|x| x["world_size"] == world.to_string())
+        },
+    );
+    gen(dir, g)
+}
+
+fn stop_all(agents: Vec<Agent>) {
+    for a in &agents {
+        a.signal(Signal::SIGTERM);
+    }
+    for a in agents {
+        let (code, _, err) = a.wait(Duration::from_secs(60));
+        assert!(code == 143 || code == 0, "agent ended with {code}: {err}");
+    }
+}
+
+#[test]
+fn node_loss_reforms_the_survivors_within_ttl() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = rdzv_etcd(&etcd);
+    let mut agents: Vec<Agent> = (0..3)
+        .map(|i| agent(i, "loss", "2:3", &rdzv, &[], dir.path()))
+        .collect();
+    let g1 = wait_gen(dir.path(), 1, 6, Duration::from_secs(60));
+    let victim = agents.remove(2);
+    let victim_workers = pids(
+        &by_label(&g1, "agent2")
+            .into_iter()
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    let t0 = Instant::now();
+    victim.signal(Signal::SIGKILL);
+    let g2 = wait_gen(dir.path(), 2, 4, Duration::from_secs(TTL + 2));
+    eprintln!(
+        "re-formed into generation 2 after {:?} (TTL {TTL} s)",
+        t0.elapsed()
+    );
+    assert!(by_label(&g2, "agent2").is_empty());
+    assert!(
+        g2.iter().all(|r| r["restart_count"] == "0"),
+        "membership changes are free"
+    );
+    assert!(g2.iter().all(|r| r["restarts_membership"] == "1"), "{g2:?}");
+    wait_for(
+        "no process of the killed node or of generation 1 survives",
+        Duration::from_secs(5),
+        || pids(&g1).iter().all(|p| !alive(*p)),
+    );
+    assert!(victim_workers.iter().all(|p| !alive(*p)));
+    drop(victim);
+    stop_all(agents);
+}
+
+#[test]
+fn a_stopped_node_is_fenced_then_rejoins_and_the_group_scales_back_up() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = rdzv_etcd(&etcd);
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| agent(i, "stop", "2:3", &rdzv, &[], dir.path()))
+        .collect();
+    let g1 = wait_gen(dir.path(), 1, 6, Duration::from_secs(60));
+    let stale = pids(
+        &by_label(&g1, "agent2")
+            .into_iter()
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    agents[2].signal(Signal::SIGSTOP);
+    let t0 = Instant::now();
+    let g2 = wait_gen(dir.path(), 2, 4, Duration::from_secs(TTL + 5));
+    assert!(by_label(&g2, "agent2").is_empty());
+    let woke = t0 + Duration::from_secs(2 * TTL);
+    std::thread::sleep(woke.saturating_duration_since(Instant::now()));
+    agents[2].signal(Signal::SIGCONT);
+    wait_for(
+        "the stale node's workers are killed once it wakes",
+        Duration::from_secs(10),
+        || stale.iter().all(|p| !alive(*p)),
+    );
+    let g3 = wait_gen(dir.path(), 3, 6, Duration::from_secs(30));
+    assert_eq!(
+        by_label(&g3, "agent2").len(),
+        2,
+        "the fenced node came back as a member"
+    );
+    // Never two worlds at once: generation 2's workers are all gone in generation 3.
+    wait_for("generation 2 workers gone", Duration::from_secs(10), || {
+        pids(&g2).iter().all(|p| !alive(*p))
+    });
+    stop_all(agents);
+}
+
+#[test]
+fn sigterm_to_the_first_joined_agent_makes_it_leave_and_the_others_reform() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = rdzv_etcd(&etcd);
+    let first = agent(0, "leave", "2:3", &rdzv, &[], dir.path());
+    std::thread::sleep(Duration::from_millis(300)); // joins first, by construction of the test
+    let others: Vec<Agent> = (1..3)
+        .map(|i| agent(i, "leave", "2:3", &rdzv, &[], dir.path()))
+        .collect();
+    wait_gen(dir.path(), 1, 6, Duration::from_secs(60));
+    first.signal(Signal::SIGTERM);
+    let (code, _, err) = first.wait(Duration::from_secs(30));
+    assert_eq!(code, 143, "{err}");
+    let g2 = wait_gen(dir.path(), 2, 4, Duration::from_secs(20));
+    assert!(by_label(&g2, "agent0").is_empty());
+    assert!(
+        others.iter().all(|a| alive(a.pid())),
+        "leaving does not end the run"
+    );
+    stop_all(others);
+}
+
+#[test]
+fn restart_budget_is_job_wide_and_the_summary_names_both_failures() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = rdzv_etcd(&etcd);
+    // Node rank 0 fails in the first attempt, node rank 1 in the second: with --max-restarts 1
+    // the second failure ends the job on both nodes.
+    let mk = |i: usize| {
+        let mut c = drun();
+        c.args([
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-id",
+            "budget",
+            "--max-restarts",
+            "1",
+        ])
+        .args(["--shutdown-timeout", "3", "--node-rank", &i.to_string()])
+        .arg("--local-addr")
+        .arg(format!("127.0.0.{}", i + 1))
+        .args(&rdzv)
+        .arg(worker("elastic.py"))
+        .arg(dir.path())
+        .arg(format!("agent{i}"))
+        .arg("0:0,1:1");
+        Agent::start(c)
+    };
+    let agents = vec![mk(0), mk(1)];
+    let mut errs = Vec::new();
+    for a in agents {
+        let (code, _, err) = a.wait(Duration::from_secs(90));
+        assert_eq!(code, 1, "{err}");
+        errs.push(err);
+    }
+    let g2 = gen(dir.path(), 2);
+    assert!(
+        g2.iter().all(|r| r["restart_count"] == "1"),
+        "every rank sees the same count: {g2:?}"
+    );
+    let summary = errs
+        .iter()
+        .find(|e| e.contains("FAILED"))
+        .expect("a failure summary");
+    let first = summary
+        .find("earlier, generation 1:")
+        .expect("the first failure is listed");
+    let root = summary.find("Root Cause").unwrap();
+    assert!(first < root, "{summary}");
+    assert!(
+        summary[first..].contains("on node 127.0.0.1_"),
+        "first failure on node rank 0: {summary}"
+    );
+    assert!(
+        summary.contains("  rank      : 2 (local_rank: 0)"),
+        "second failure on node rank 1: {summary}"
+    );
+    let other = errs
+        .iter()
+        .find(|e| !e.contains("FAILED"))
+        .expect("the other agent");
+    assert!(other.contains("restart budget spent"), "{other}");
+}
+
+#[test]
+fn a_node_arriving_mid_run_triggers_exactly_one_reform() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = rdzv_etcd(&etcd);
+    let mut agents: Vec<Agent> = (0..2)
+        .map(|i| agent(i, "grow", "2:3", &rdzv, &[], dir.path()))
+        .collect();
+    wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    agents.push(agent(2, "grow", "2:3", &rdzv, &[], dir.path()));
+    let g2 = wait_gen(dir.path(), 2, 6, Duration::from_secs(30));
+    assert_eq!(by_label(&g2, "agent2").len(), 2);
+    holds_for("no further re-form", Duration::from_secs(2 * TTL), || {
+        gen(dir.path(), 3).is_empty()
+    });
+    stop_all(agents);
+}
+
+#[test]
+fn rendezvous_server_restart_does_not_disturb_workers() {
+    let etcd = Etcd::start();
+    let mut server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
+    let endpoint = server.endpoint.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = vec!["--rdzv-endpoint".to_string(), endpoint.clone()];
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| agent(i, "srv", "2", &rdzv, &[], dir.path()))
+        .collect();
+    let g1 = wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    server.kill();
+    holds_for(
+        "workers undisturbed while the server is down",
+        Duration::from_secs(3),
+        || pids(&g1).iter().all(|p| alive(*p)) && gen(dir.path(), 2).is_empty(),
+    );
+    let _server = RdzvServer::start_on(
+        &endpoint,
+        &["--store", "etcd", "--etcd-endpoints", &etcd.endpoint],
+    );
+    holds_for(
+        "workers undisturbed after the server came back",
+        Duration::from_secs(12),
+        || pids(&g1).iter().all(|p| alive(*p)) && gen(dir.path(), 2).is_empty(),
+    );
+    stop_all(agents);
+}
+
+#[test]
+fn a_killed_worker_stops_peers_blocked_in_a_collective() {
+    let Some(python) = torch_python() else { return };
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = rdzv_etcd(&etcd);
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            let mut c = drun();
+            c.args([
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--rdzv-id",
+                "ring",
+                "--max-restarts",
+                "1",
+            ])
+            .args(["--shutdown-timeout", "3", "--python"])
+            .arg(&python)
+            .arg("--local-addr")
+            .arg(format!("127.0.0.{}", i + 1))
+            .args(&rdzv)
+            .arg(worker("ring.py"))
+            .arg(dir.path());
+            Agent::start(c)
+        })
+        .collect();
+    let g1 = wait_gen(dir.path(), 1, 2, Duration::from_secs(120));
+    let t0 = Instant::now();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pids(&g1)[1]), Signal::SIGKILL).unwrap();
+    wait_gen(dir.path(), 2, 2, Duration::from_secs(60));
+    eprintln!(
+        "all workers restarted {:?} after the kill (collective timeout: 30 min)",
+        t0.elapsed()
+    );
+    assert!(
+        pids(&g1).iter().all(|p| !alive(*p)),
+        "the blocked peer was stopped"
+    );
+    stop_all(agents);
+}
