@@ -483,7 +483,8 @@ mod tests {
             r,
             Restarts {
                 failures: 1,
-                membership: 0
+                membership: 0,
+                history: vec![]
             }
         );
         round.join(&cand("n0", 4001), lease).await.unwrap();
