@@ -80,7 +80,9 @@ fn wait_gen(dir: &Path, g: u64, world: usize, timeout: Duration) -> Vec<Value> {
         timeout,
         || {
             let r = gen(dir, g);
-            r.len() == world && r.iter().all(|x| x["world_size"] == world.to_string())
+            r.len() == world
+                && r.iter()
+                    .all(|x| x["world_size"].as_str() == Some(world.to_string().as_str()))
         },
     );
     gen(dir, g)
