@@ -355,3 +355,160 @@ fn a_killed_worker_stops_peers_blocked_in_a_collective() {
     );
     stop_all(agents);
 }
+
+#[test]
+fn etcd_outage_longer_than_ttl_fences_in_bounded_time_then_the_group_recovers() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = rdzv_etcd(&etcd);
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| agent(i, "outage", "2", &rdzv, &[], dir.path()))
+        .collect();
+    let g1 = wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    etcd.signal(Signal::SIGSTOP);
+    let t0 = Instant::now();
+    wait_for(
+        "agents to self-fence and stop their workers",
+        Duration::from_secs(TTL + 5),
+        || pids(&g1).iter().all(|p| !alive(*p)),
+    );
+    eprintln!(
+        "workers stopped {:?} into the etcd outage (TTL {TTL} s)",
+        t0.elapsed()
+    );
+    etcd.signal(Signal::SIGCONT);
+    wait_gen(dir.path(), 2, 4, Duration::from_secs(30));
+    stop_all(agents);
+}
+
+/// A tiny deterministic generator, so a failing campaign can be replayed from its seed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) as usize) % n
+    }
+}
+
+/// Processes (other than zombies) whose environment says they belong to run `run`.
+fn processes_of_run(run: &str) -> Vec<i32> {
+    let needle = format!("DRUN_RUN_ID={run}\0").into_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/environ"))
+                .map(|env| env.windows(needle.len()).any(|w| w == needle.as_slice()))
+                .unwrap_or(false)
+        })
+        .filter(|p| alive(*p))
+        .collect()
+}
+
+#[test]
+fn fault_campaign_leaves_no_orphans_and_never_hangs() {
+    let seed = std::env::var("DRUN_CAMPAIGN_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(42u64);
+    let mut rng = Lcg(seed);
+    let etcd = Etcd::start();
+    let mut server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
+    let endpoint = server.endpoint.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = vec![
+        "--rdzv-endpoint".to_string(),
+        endpoint.clone(),
+        "--rdzv-conf".to_string(),
+        format!("lease_ttl={TTL},last_call_timeout=0.5"),
+    ];
+    let run = format!("campaign{seed}");
+    let extra = ["--max-restarts", "1000"];
+    let mut agents: Vec<Option<Agent>> = (0..3)
+        .map(|i| Some(agent(i, &run, "2:3", &rdzv, &extra, dir.path())))
+        .collect();
+    wait_gen(dir.path(), 1, 6, Duration::from_secs(60));
+    let mut log = Vec::new();
+    for n in 0..50 {
+        let live: Vec<usize> = (0..agents.len()).filter(|i| agents[*i].is_some()).collect();
+        match rng.next(5) {
+            0 => {
+                // SIGKILL a random worker of the newest generation.
+                let latest = (1..200u64)
+                    .rev()
+                    .find(|g| !gen(dir.path(), *g).is_empty())
+                    .unwrap_or(1);
+                let ws = pids(&gen(dir.path(), latest));
+                let p = ws[rng.next(ws.len())];
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), Signal::SIGKILL);
+                log.push(format!("{n}: SIGKILL worker {p} (gen {latest})"));
+            }
+            1 if live.len() > 2 => {
+                let i = live[rng.next(live.len())];
+                agents[i].take().unwrap().signal(Signal::SIGKILL);
+                log.push(format!("{n}: SIGKILL agent{i}"));
+            }
+            1 => {
+                let i = (0..agents.len())
+                    .find(|i| agents[*i].is_none())
+                    .unwrap_or(agents.len());
+                let a = agent(i, &run, "2:3", &rdzv, &extra, dir.path());
+                if i == agents.len() {
+                    agents.push(Some(a));
+                } else {
+                    agents[i] = Some(a);
+                }
+                log.push(format!("{n}: start agent{i}"));
+            }
+            2 => {
+                let i = live[rng.next(live.len())];
+                let a = agents[i].as_ref().unwrap();
+                a.signal(Signal::SIGSTOP);
+                let ms = 200 + rng.next(2 * TTL as usize * 1000);
+                std::thread::sleep(Duration::from_millis(ms as u64));
+                a.signal(Signal::SIGCONT);
+                log.push(format!("{n}: SIGSTOP agent{i} for {ms} ms"));
+            }
+            3 => {
+                server.kill();
+                std::thread::sleep(Duration::from_millis(200 + rng.next(1500) as u64));
+                server = RdzvServer::start_on(
+                    &endpoint,
+                    &["--store", "etcd", "--etcd-endpoints", &etcd.endpoint],
+                );
+                log.push(format!("{n}: restart the rendezvous server"));
+            }
+            _ => {
+                let i = live[rng.next(live.len())];
+                let a = agents[i].as_ref().unwrap();
+                a.signal(Signal::SIGUSR1);
+                log.push(format!("{n}: SIGUSR1 agent{i}"));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300 + rng.next(700) as u64));
+    }
+    eprintln!("campaign (seed {seed}):\n{}", log.join("\n"));
+    // The job must end within a deadline: every agent leaves on SIGTERM with a documented code.
+    let survivors: Vec<Agent> = agents.into_iter().flatten().collect();
+    for a in &survivors {
+        a.signal(Signal::SIGCONT);
+        a.signal(Signal::SIGTERM);
+    }
+    for a in survivors {
+        let (code, _, err) = a.wait(Duration::from_secs(60));
+        assert!(
+            [0, 1, 3, 4, 143].contains(&code),
+            "undocumented exit {code}: {err}"
+        );
+    }
+    wait_for(
+        "no process of the run left",
+        Duration::from_secs(10),
+        || processes_of_run(&run).is_empty(),
+    );
+}

@@ -249,7 +249,19 @@ impl Actor {
                 {
                     continue; // the agent went silent: let its lease run out
                 }
-                match store.lease_keep_alive(lease).await {
+                // Never wait past the moment the lease would expire: fencing is bounded by the TTL.
+                let left = ttl
+                    .saturating_sub(last_ok.elapsed())
+                    .max(Duration::from_millis(100));
+                let renewed = match tokio::time::timeout(left, store.lease_keep_alive(lease)).await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::Unavailable {
+                        endpoint: store.name(),
+                        reason: format!("no answer to the keep-alive within {left:?}"),
+                    }),
+                };
+                match renewed {
                     Ok(_) => last_ok = Instant::now(),
                     Err(StoreError::LeaseLost(_)) => {
                         let _ =

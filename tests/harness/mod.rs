@@ -202,6 +202,14 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A failing test shows what each agent said.
+            eprintln!(
+                "--- drun pid {} stderr ---\n{}",
+                self.child.id(),
+                self.stderr_so_far()
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
