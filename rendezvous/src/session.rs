@@ -200,6 +200,8 @@ struct Actor {
     /// When the agent last sent anything (ms since the epoch).
     heard: Arc<AtomicU64>,
     keeper: Option<tokio::task::JoinHandle<()>>,
+    /// When the running generation's successor must have written its membership key.
+    succ_deadline: Option<Instant>,
     lost_tx: mpsc::UnboundedSender<(LeaseId, String)>,
     lost_rx: mpsc::UnboundedReceiver<(LeaseId, String)>,
 }
@@ -221,6 +223,7 @@ impl Actor {
             last_gen: 0,
             heard,
             keeper: None,
+            succ_deadline: None,
             lost_tx,
             lost_rx,
         }
@@ -408,9 +411,40 @@ impl Actor {
                         },
                     },
                     Some((l, reason)) = self.lost_rx.recv() => { self.lease_lost(l, reason); Phase::Idle }
+                    _ = sleep_until_opt(self.succ_deadline) => {
+                        self.succ_deadline = None;
+                        match self.check_successor_started(&plan).await {
+                            Ok(()) => Phase::Running(plan, watch),
+                            Err(e) if is_transient(&e) => self.rewatch(plan).await,
+                            Err(e) => return Err(e),
+                        }
+                    }
                 },
             };
         }
+    }
+
+    /// Closes the generation if the successor never wrote its membership key.
+    async fn check_successor_started(&self, plan: &Plan) -> Result<(), RendezvousError> {
+        let keys = self.round.keys();
+        if let Some(succ) = successor(plan, &self.cfg.node_id) {
+            if self
+                .store
+                .get(&keys.member(plan.generation, &succ))
+                .await?
+                .is_none()
+            {
+                self.close(
+                    plan.generation,
+                    format!(
+                        "node {succ} did not start within the lease TTL ({:?})",
+                        self.cfg.lease_ttl
+                    ),
+                )
+                .await?;
+            }
+        }
+        Ok(())
     }
 
     /// The keeper gave up on `lease`: fence, unless that lease was already replaced.
@@ -535,13 +569,17 @@ impl Actor {
             });
             return Ok(Phase::Idle);
         }
+        // The successor writes its membership key as soon as it sees the plan; if it has not
+        // within a lease TTL, it died before starting.
+        self.succ_deadline = None;
         if let Some(succ) = successor(&plan, &self.cfg.node_id) {
-            let g = plan.generation;
-            if self.store.get(&keys.member(g, &succ)).await?.is_none()
-                && self.store.get(&keys.waiting(&succ)).await?.is_none()
+            if self
+                .store
+                .get(&keys.member(plan.generation, &succ))
+                .await?
+                .is_none()
             {
-                self.close(g, format!("node {succ} was lost before it started"))
-                    .await?;
+                self.succ_deadline = Some(Instant::now() + self.cfg.lease_ttl);
             }
         }
         Ok(Phase::Running(plan, watch))
@@ -550,8 +588,8 @@ impl Actor {
     /// The watches of a running generation, merged into one channel (`None` = a watch broke).
     ///
     /// Kept linear in the group size: each node watches the end of its generation
-    /// (`gen/<g>/`), the end of the run, and only its successor in node-rank order (membership
-    /// and join key), so every loss is seen by exactly one node; node rank 0 alone watches the
+    /// (`gen/<g>/`), the end of the run, and only its successor's membership key in node-rank
+    /// order, so every loss is seen by exactly one node; node rank 0 alone watches the
     /// waiting set for scale-up. Done records live outside `gen/<g>/` so nobody watches them: the
     /// last node to succeed writes the end of the run.
     async fn watch_generation(
@@ -563,7 +601,6 @@ impl Actor {
         let mut prefixes = vec![keys.generation_prefix(g), keys.finished()];
         if let Some(succ) = successor(plan, &self.cfg.node_id) {
             prefixes.push(keys.member(g, &succ));
-            prefixes.push(keys.waiting(&succ));
         }
         let first = plan
             .members
@@ -665,14 +702,11 @@ impl Actor {
                         .await?;
                 }
             }
-            WatchEvent::Delete(key, _) if key.starts_with(&keys.waiting_prefix()) => {
-                // The successor's join key vanished: normal if it wrote its membership key in the
-                // same step, a loss if its lease expired before it ever got there.
-                let node = &key[keys.waiting_prefix().len()..];
-                if is_succ(node) && self.store.get(&keys.member(g, node)).await?.is_none() {
-                    self.close(g, format!("node {node} was lost before it started"))
-                        .await?;
-                }
+            WatchEvent::Put(kv)
+                if kv.key.starts_with(&keys.members_prefix(g))
+                    && is_succ(&kv.key[keys.members_prefix(g).len()..]) =>
+            {
+                self.succ_deadline = None;
             }
             WatchEvent::Delete(key, _) if key.starts_with(&keys.members_prefix(g)) => {
                 let node = &key[keys.members_prefix(g).len()..];
@@ -860,6 +894,14 @@ impl Actor {
             let restarts = last;
             return Ok((false, restarts));
         }
+    }
+}
+
+/// Sleeps until `at`, or forever when `None`.
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
