@@ -512,3 +512,36 @@ fn fault_campaign_leaves_no_orphans_and_never_hangs() {
         || processes_of_run(&run).is_empty(),
     );
 }
+
+#[test]
+fn below_min_the_survivor_waits_then_exits_3_naming_who_came() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = vec![
+        "--rdzv-backend".to_string(),
+        "etcd".into(),
+        "--rdzv-endpoint".into(),
+        etcd.endpoint.clone(),
+        "--rdzv-conf".into(),
+        format!("lease_ttl={TTL},join_timeout=4"),
+    ];
+    let mut agents: Vec<Agent> = (0..2)
+        .map(|i| agent(i, "below", "2", &rdzv, &[], dir.path()))
+        .collect();
+    wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    agents.remove(1).signal(Signal::SIGKILL);
+    let (code, _, err) = agents.remove(0).wait(Duration::from_secs(30));
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("waiting for 1 more node (1/2)"),
+        "progress while below MIN: {err}"
+    );
+    let error = err
+        .lines()
+        .find(|l| l.starts_with("drun: error:"))
+        .expect("one error line");
+    assert!(
+        error.contains("1 of min 2") && error.contains("127.0.0.1_"),
+        "names who came: {error}"
+    );
+}

@@ -329,3 +329,26 @@ fn usr1_is_relayed_without_teardown() {
     assert_eq!(code, 143, "{err}");
     assert_eq!(signals_of(dir.path(), 0), ["SIGUSR1", "SIGTERM"]);
 }
+
+#[test]
+fn partial_success_past_the_peer_exit_wait_is_a_failure() {
+    let mut c = drun();
+    c.args([
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--peer-exit-wait",
+        "1",
+        "--shutdown-timeout",
+        "3",
+    ])
+    .arg(worker("exit_code.py"))
+    .args(["0", "0"]);
+    let (code, _, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("partial success"), "{err}");
+    assert!(
+        err.contains("ranks [0] exited 0 but ranks [1] still ran"),
+        "{err}"
+    );
+}
