@@ -545,3 +545,40 @@ fn below_min_the_survivor_waits_then_exits_3_naming_who_came() {
         "names who came: {error}"
     );
 }
+
+#[test]
+fn a_worker_failure_stays_the_primary_error_when_the_rendezvous_is_gone() {
+    let mut server = RdzvServer::start(&["--store", "memory"]);
+    let dir = tempfile::tempdir().unwrap();
+    let trigger = dir.path().join("fail-now");
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            let mut c = drun();
+            c.args(["-q", "--nnodes", "2", "--rdzv-id", "gone", "--max-restarts", "3"])
+                .args(["--rdzv-endpoint", &server.endpoint, "--rdzv-conf", &format!("lease_ttl={TTL}")])
+                .arg("--local-addr")
+                .arg(format!("127.0.0.{}", i + 1))
+                .args(["--no-python", "sh", "-c"])
+                .arg("touch \"$0.$RANK\"; while [ ! -e \"$0\" ]; do sleep 0.05; done; echo boom >&2; exit 7")
+                .arg(&trigger);
+            Agent::start(c)
+        })
+        .collect();
+    wait_for("both workers started", Duration::from_secs(60), || {
+        (0..2).all(|r| dir.path().join(format!("fail-now.{r}")).exists())
+    });
+    server.kill();
+    std::fs::write(&trigger, b"").unwrap();
+    for a in agents {
+        let (code, _, err) = a.wait(Duration::from_secs(60));
+        assert_eq!(code, 1, "{err}");
+        let summary = err
+            .find("sh FAILED")
+            .expect("the worker failure comes first");
+        let also = err
+            .find("drun: also: could not report the failure")
+            .expect("the rendezvous problem is appended");
+        assert!(summary < also, "{err}");
+        assert!(err.contains("exitcode  : 7"), "{err}");
+    }
+}

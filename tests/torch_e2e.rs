@@ -89,19 +89,8 @@ fn parity_case(python: &Path, cwd: &Path, launcher_args: &[&str], entry: &[Strin
     let torchrun = python.parent().unwrap().join("torchrun");
     let t_dir = tempfile::tempdir().unwrap();
     let d_dir = tempfile::tempdir().unwrap();
-    let clean = |mut c: Command| {
-        for k in [
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "MASTER_PORT",
-            "MASTER_ADDR",
-            "TORCHELASTIC_ERROR_FILE",
-            "OMP_NUM_THREADS",
-            "RUST_LOG",
-        ] {
-            c.env_remove(k);
-        }
+    let clean = |c: Command| {
+        let mut c = crate::harness::clean_env(c);
         c.current_dir(cwd);
         c
     };

@@ -83,6 +83,8 @@ struct Agent {
     sigchld: tokio::signal::unix::Signal,
     /// First teardown signal received, if any.
     interrupted: Option<Signal>,
+    /// Secondary problems, printed as "also: ..." after the primary error.
+    also: Vec<String>,
 }
 
 impl Agent {
@@ -152,6 +154,7 @@ impl Agent {
             signals,
             sigchld,
             interrupted: None,
+            also: Vec::new(),
         })
     }
 
@@ -341,16 +344,11 @@ impl Agent {
                         EndWait::Exit(exit) => return Ok(exit),
                         EndWait::Reform => continue,
                         EndWait::PeersLate(description) => {
-                            match self
-                                .report_failure(link, plan.generation, description.clone())
+                            if let Some(exit) = self
+                                .fail_without_summary(link, plan.generation, description)
                                 .await?
                             {
-                                Ok((true, _)) => continue,
-                                Ok((false, _)) => {
-                                    eprintln!("drun: {description}");
-                                    return Ok(AgentExit::WorkerFailure);
-                                }
-                                Err(exit) => return Ok(exit),
+                                return Ok(exit);
                             }
                         }
                     }
@@ -386,16 +384,11 @@ impl Agent {
                     if let Some(sig) = self.interrupted {
                         return Ok(AgentExit::Signal(sig as i32));
                     }
-                    match self
-                        .report_failure(link, plan.generation, description.clone())
+                    if let Some(exit) = self
+                        .fail_without_summary(link, plan.generation, description)
                         .await?
                     {
-                        Ok((true, _)) => continue,
-                        Ok((false, _)) => {
-                            eprintln!("drun: {description}");
-                            return Ok(AgentExit::WorkerFailure);
-                        }
-                        Err(exit) => return Ok(exit),
+                        return Ok(exit);
                     }
                 }
                 Outcome::Failed => {
@@ -427,6 +420,7 @@ impl Agent {
                         )
                     );
                     self.write_root_cause(root);
+                    self.print_also();
                     return Ok(AgentExit::WorkerFailure);
                 }
             }
@@ -458,13 +452,38 @@ impl Agent {
                         }
                         return Ok(Ok((restart, restarts.history)));
                     }
-                    Some(Event::Error(e)) => return Err(LaunchError::RendezvousFailed(e)),
+                    // The worker failure stays the primary error; the rendezvous trouble is
+                    // appended (failure case 25), and nothing restarts without a decision.
+                    Some(Event::Error(e)) | Some(Event::Fenced(e)) => {
+                        self.also.push(format!("could not report the failure to the rendezvous: {e}"));
+                        return Ok(Ok((false, Vec::new())));
+                    }
                     None => return Ok(Ok((false, Vec::new()))),
                     Some(_) => {}
                 },
                 sig = self.next_teardown_signal() => return Ok(Err(AgentExit::Signal(sig as i32))),
             }
         }
+    }
+
+    /// A failure with no worker exit to summarise (a partial success): reports it and returns
+    /// `Some(exit)` when the run ends here, `None` when the group restarts.
+    async fn fail_without_summary(
+        &mut self,
+        link: &mut Link,
+        g: u64,
+        description: String,
+    ) -> Result<Option<AgentExit>, LaunchError> {
+        Ok(
+            match self.report_failure(link, g, description.clone()).await? {
+                Ok((true, _)) => None,
+                Ok((false, _)) => {
+                    eprintln!("drun: {description}");
+                    Some(AgentExit::WorkerFailure)
+                }
+                Err(exit) => Some(exit),
+            },
+        )
     }
 
     /// After local success: waits for the run to end, to re-form, or for `--peer-exit-wait` to
@@ -688,6 +707,13 @@ impl Agent {
                 procs::signal_process(p, Signal::SIGKILL);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Secondary problems after the primary error, one line each.
+    fn print_also(&mut self) {
+        for a in self.also.drain(..) {
+            eprintln!("drun: also: {a}");
         }
     }
 

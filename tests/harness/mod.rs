@@ -34,7 +34,12 @@ pub fn drun_bin() -> PathBuf {
 /// `drun` with a clean environment for the contract variables (an outer launcher's RANK etc.
 /// must not leak into assertions) and agent logs at info.
 pub fn drun() -> Command {
-    let mut c = Command::new(drun_bin());
+    clean_env(Command::new(drun_bin()))
+}
+
+/// Removes variables an outer launcher or the developer's shell may have set, so that
+/// assertions about the worker environment hold anywhere.
+pub fn clean_env(mut c: Command) -> Command {
     for k in [
         "RANK",
         "WORLD_SIZE",
@@ -43,10 +48,11 @@ pub fn drun() -> Command {
         "MASTER_ADDR",
         "TORCHELASTIC_ERROR_FILE",
         "OMP_NUM_THREADS",
+        "RUST_LOG",
+        "DRUN_LOG",
     ] {
         c.env_remove(k);
     }
-    c.env_remove("RUST_LOG").env_remove("DRUN_LOG");
     c
 }
 

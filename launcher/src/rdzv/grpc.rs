@@ -105,6 +105,16 @@ async fn run(
             )));
             return;
         }
+        // A server gone for good must not keep the agent retrying forever: past the join
+        // timeout (the longest this node would wait for a group anyway) it is an error.
+        if ever_connected && last_contact.elapsed() > cfg.round.join_timeout.max(cfg.lease_ttl) {
+            let _ = events.send(Event::Error(format!(
+                "lost the rendezvous server ({}) for {:?}; giving up",
+                endpoints.join(", "),
+                last_contact.elapsed()
+            )));
+            return;
+        }
         let channel = match tonic::transport::Endpoint::from_shared(url(endpoint)) {
             Ok(e) => e
                 .connect_timeout(Duration::from_secs(2))
