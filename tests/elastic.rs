@@ -582,3 +582,33 @@ fn a_worker_failure_stays_the_primary_error_when_the_rendezvous_is_gone() {
         assert!(err.contains("exitcode  : 7"), "{err}");
     }
 }
+
+#[test]
+fn etcd_restarted_with_a_wiped_data_dir_is_a_new_generation() {
+    let mut etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = rdzv_etcd(&etcd);
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| agent(i, "wiped", "2", &rdzv, &[], dir.path()))
+        .collect();
+    let before = wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    etcd.restart_wiped();
+    // The leases are gone with the data: every agent is fenced, kills its workers and the group
+    // forms again from generation 1 of the new store.
+    wait_for(
+        "a new group on the wiped store",
+        Duration::from_secs(30),
+        || {
+            let now = gen(dir.path(), 1);
+            now.len() == 4
+                && pids(&now)
+                    .iter()
+                    .all(|p| !pids(&before).contains(p) && alive(*p))
+        },
+    );
+    assert!(
+        pids(&before).iter().all(|p| !alive(*p)),
+        "old workers are gone"
+    );
+    stop_all(agents);
+}

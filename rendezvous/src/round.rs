@@ -177,6 +177,15 @@ impl Round {
         let opened_at = Instant::now();
         let mut min_reached_at: Option<Instant> = None;
         let mut round_events = self.store.watch_prefix(&self.keys.gen_current(), 0).await?;
+        let (now_gen, _) = self.current_generation().await?;
+        let after = if now_gen < after {
+            // The store lost its history (etcd restarted with a wiped data dir): generations
+            // start again from there rather than waiting forever for one above `after`.
+            tracing::warn!(run = %self.run_id, "the rendezvous store is at generation {now_gen}, this node was at {after}: its history was lost; forming anew");
+            now_gen
+        } else {
+            after
+        };
         let mut waiting_events: Option<mpsc::UnboundedReceiver<WatchEvent>> = None;
         let mut last_reason = String::new();
         let mut last_published = None::<Instant>;

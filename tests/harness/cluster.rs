@@ -26,7 +26,8 @@ pub struct Etcd {
     child: Child,
     /// `127.0.0.1:PORT` for clients.
     pub endpoint: String,
-    _data: tempfile::TempDir,
+    data: tempfile::TempDir,
+    args: Vec<String>,
 }
 
 fn http_get(endpoint: &str, path: &str) -> Option<String> {
@@ -59,39 +60,34 @@ impl Etcd {
             .enumerate()
             .map(|(i, (client, peer))| {
                 let data = tempfile::tempdir().unwrap();
-                let child = Command::new("etcd")
-                    .args(["--name", &format!("e{i}")])
-                    .arg("--data-dir")
-                    .arg(data.path())
-                    .args([
-                        "--listen-client-urls",
-                        &format!("http://127.0.0.1:{client}"),
-                    ])
-                    .args([
-                        "--advertise-client-urls",
-                        &format!("http://127.0.0.1:{client}"),
-                    ])
-                    .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                    .args([
-                        "--initial-advertise-peer-urls",
-                        &format!("http://127.0.0.1:{peer}"),
-                    ])
-                    .args(["--initial-cluster", &initial.join(",")])
-                    .args([
-                        "--initial-cluster-token",
-                        &token,
-                        "--initial-cluster-state",
-                        "new",
-                    ])
-                    .args(["--logger", "zap", "--log-level", "error"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("start etcd (apt-get install etcd-server)");
+                let args: Vec<String> = [
+                    "--name".to_string(),
+                    format!("e{i}"),
+                    "--listen-client-urls".into(),
+                    format!("http://127.0.0.1:{client}"),
+                    "--advertise-client-urls".into(),
+                    format!("http://127.0.0.1:{client}"),
+                    "--listen-peer-urls".into(),
+                    format!("http://127.0.0.1:{peer}"),
+                    "--initial-advertise-peer-urls".into(),
+                    format!("http://127.0.0.1:{peer}"),
+                    "--initial-cluster".into(),
+                    initial.join(","),
+                    "--initial-cluster-token".into(),
+                    token.clone(),
+                    "--initial-cluster-state".into(),
+                    "new".into(),
+                    "--logger".into(),
+                    "zap".into(),
+                    "--log-level".into(),
+                    "error".into(),
+                ]
+                .into();
                 Etcd {
-                    child,
+                    child: spawn_etcd(&args, data.path()),
                     endpoint: format!("127.0.0.1:{client}"),
-                    _data: data,
+                    data,
+                    args,
                 }
             })
             .collect();
@@ -101,6 +97,20 @@ impl Etcd {
             });
         }
         members
+    }
+
+    /// Kills this (single-member) etcd, wipes its data directory and starts it again on the same
+    /// ports: a store that lost all its state.
+    pub fn restart_wiped(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for e in std::fs::read_dir(self.data.path()).unwrap().flatten() {
+            std::fs::remove_dir_all(e.path()).unwrap();
+        }
+        self.child = spawn_etcd(&self.args, self.data.path());
+        wait_for("etcd to come back", Duration::from_secs(30), || {
+            http_get(&self.endpoint, "/health").is_some_and(|b| b.contains("\"health\":\"true\""))
+        });
     }
 
     /// Whether this member is the raft leader (from its /metrics).
@@ -116,6 +126,17 @@ impl Etcd {
     pub fn signal(&self, sig: Signal) {
         kill(self.pid(), sig).unwrap();
     }
+}
+
+fn spawn_etcd(args: &[String], data: &std::path::Path) -> Child {
+    Command::new("etcd")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcd (apt-get install etcd-server)")
 }
 
 impl Drop for Etcd {
