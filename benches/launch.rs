@@ -6,7 +6,9 @@
 //! `~/.cache/drun/venv/bin/torchrun`; without it only drun is measured. `DRUN_BENCH_RUNS`
 //! sets N (default 10).
 
-use std::path::PathBuf;
+mod common;
+use common::torchrun;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,15 +24,6 @@ fn time_runs(label: &str, mut make: impl FnMut() -> Command, runs: usize) -> (Du
     }
     samples.sort();
     (samples[0], samples[samples.len() / 2])
-}
-
-fn torchrun() -> Option<PathBuf> {
-    std::env::var_os("DRUN_TORCH_PYTHON")
-        .map(|p| PathBuf::from(p).with_file_name("torchrun"))
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/drun/venv/bin/torchrun"))
-        })
-        .filter(|p| p.is_file())
 }
 
 fn main() {

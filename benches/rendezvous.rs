@@ -11,9 +11,12 @@
 //!    "group formed". `DRUN_BENCH_SIM` overrides the sizes (comma-separated);
 //!    `DRUN_BENCH_REAL=0` skips part 1.
 
+mod common;
+use common::torchrun;
+
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -85,15 +88,6 @@ impl Drop for Etcd {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn torchrun() -> Option<PathBuf> {
-    std::env::var_os("DRUN_TORCH_PYTHON")
-        .map(|p| PathBuf::from(p).with_file_name("torchrun"))
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/drun/venv/bin/torchrun"))
-        })
-        .filter(|p| p.is_file())
 }
 
 fn now_ns() -> u128 {

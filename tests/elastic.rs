@@ -183,7 +183,11 @@ fn sigterm_to_the_first_joined_agent_makes_it_leave_and_the_others_reform() {
     let dir = tempfile::tempdir().unwrap();
     let rdzv = rdzv_etcd(&etcd);
     let first = agent(0, "leave", "2:3", &rdzv, &[], dir.path());
-    std::thread::sleep(Duration::from_millis(300)); // joins first, by construction of the test
+    wait_for(
+        "the first agent to wait in the rendezvous",
+        Duration::from_secs(30),
+        || first.stderr_so_far().contains("waiting for 1 more node"),
+    );
     let others: Vec<Agent> = (1..3)
         .map(|i| agent(i, "leave", "2:3", &rdzv, &[], dir.path()))
         .collect();
