@@ -245,7 +245,7 @@ async fn simulated(n: usize) -> (f64, f64) {
             requested_node_rank: None,
             master_port: 29500,
         };
-        tx.send(Request::Join(cand)).unwrap();
+        tx.send(Request::Join(cand, 0)).unwrap();
     }
     let last_join = Instant::now();
     for (_, rx) in links.iter_mut() {

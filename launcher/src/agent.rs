@@ -252,8 +252,9 @@ impl Agent {
         link: &mut Link,
         cand: &Candidate,
         formed_before: bool,
+        after: u64,
     ) -> Result<Result<Plan, AgentExit>, LaunchError> {
-        let _ = link.tx.send(Request::Join(cand.clone()));
+        let _ = link.tx.send(Request::Join(cand.clone(), after));
         loop {
             tokio::select! {
                 ev = link.rx.recv() => match ev {
@@ -272,7 +273,7 @@ impl Agent {
                     Some(Event::Fenced(r)) => {
                         tracing::warn!("{r}; joining again as a new member");
                         tokio::time::sleep(Duration::from_millis(200)).await;
-                        let _ = link.tx.send(Request::Join(cand.clone()));
+                        let _ = link.tx.send(Request::Join(cand.clone(), after));
                     }
                     Some(_) => {}
                 },
@@ -293,6 +294,8 @@ impl Agent {
 
     async fn generations(&mut self, link: &mut Link) -> Result<AgentExit, LaunchError> {
         let mut formed_before = false;
+        // The last generation this node ran workers of: a Join says "after this one".
+        let mut last_gen = 0u64;
         loop {
             let fixed_port = match &self.cfg.rendezvous {
                 RendezvousMode::Embedded { fixed_port, .. } => *fixed_port,
@@ -309,11 +312,12 @@ impl Agent {
             let master_port =
                 fixed_port.unwrap_or_else(|| reserved.as_ref().map_or(0, ReservedPort::port));
             let cand = self.candidate(master_port);
-            let plan = match self.form(link, &cand, formed_before).await? {
+            let plan = match self.form(link, &cand, formed_before, last_gen).await? {
                 Ok(p) => p,
                 Err(exit) => return Ok(exit),
             };
             formed_before = true;
+            last_gen = plan.generation;
             self.announce(&plan);
             let ctx = GroupContext {
                 cfg: &self.cfg,

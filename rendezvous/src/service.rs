@@ -127,7 +127,7 @@ impl Rendezvous for RendezvousService {
                 let Some(mut req) = request_from_wire(m) else {
                     continue;
                 };
-                if let Request::Join(c) = &mut req {
+                if let Request::Join(c, _) = &mut req {
                     if c.advertise_addr.is_empty() {
                         if let Some(p) = peer {
                             c.advertise_addr = p.ip().to_string();

@@ -90,8 +90,10 @@ impl RunEnd {
 /// From the agent to its session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
-    /// Ask to be admitted to the next generation.
-    Join(Candidate),
+    /// Ask to be admitted to the generation after the given one (the last this agent ran
+    /// workers of, 0 for none). Duplicates are ignored: while already waiting, or when the
+    /// session already runs a newer generation than the agent has seen.
+    Join(Candidate, u64),
     /// Renew the lease (server-side sessions).
     KeepAlive,
     /// Every local worker of generation `g` exited 0.
@@ -778,7 +780,12 @@ impl Actor {
         phase: &mut Phase,
     ) -> Result<Option<Phase>, RendezvousError> {
         match req {
-            Request::Join(cand) => {
+            Request::Join(cand, after) => {
+                match &*phase {
+                    Phase::Waiting(..) => return Ok(None),
+                    Phase::Running(plan, _) if plan.generation > after => return Ok(None),
+                    _ => {}
+                }
                 if let Some(end) = self.finished().await? {
                     self.emit(Event::Finished(end));
                     return Ok(Some(Phase::Idle));
@@ -947,13 +954,16 @@ mod tests {
             .map(|i| spawn_session(store.clone(), cfg(i, n), None))
             .collect();
         for (i, (tx, _)) in links.iter().enumerate() {
-            tx.send(Request::Join(Candidate {
-                node_id: format!("node{i:04}"),
-                advertise_addr: "127.0.0.1".into(),
-                slots: 2,
-                requested_node_rank: None,
-                master_port: 1,
-            }))
+            tx.send(Request::Join(
+                Candidate {
+                    node_id: format!("node{i:04}"),
+                    advertise_addr: "127.0.0.1".into(),
+                    slots: 2,
+                    requested_node_rank: None,
+                    master_port: 1,
+                },
+                0,
+            ))
             .unwrap();
         }
         let mut plans = Vec::new();

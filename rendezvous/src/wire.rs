@@ -84,7 +84,10 @@ impl From<pb::Plan> for Plan {
 pub fn request_to_wire(r: &Request) -> pb::AgentMessage {
     use pb::agent_message::Kind;
     let kind = match r {
-        Request::Join(c) => Kind::Join(c.into()),
+        Request::Join(c, after) => Kind::Join(pb::Join {
+            candidate: Some(c.into()),
+            after_generation: *after,
+        }),
         Request::KeepAlive => Kind::KeepAlive(true),
         Request::Succeeded(g) => Kind::Succeeded(*g),
         Request::Failed {
@@ -104,7 +107,7 @@ pub fn request_from_wire(m: pb::AgentMessage) -> Option<Request> {
     use pb::agent_message::Kind;
     Some(match m.kind? {
         Kind::Hello(_) => return None,
-        Kind::Join(c) => Request::Join(c.into()),
+        Kind::Join(j) => Request::Join(j.candidate?.into(), j.after_generation),
         Kind::KeepAlive(_) => Request::KeepAlive,
         Kind::Succeeded(g) => Request::Succeeded(g),
         Kind::Failed(f) => Request::Failed {

@@ -26,6 +26,8 @@ struct Track {
     lease: Option<i64>,
     generation: u64,
     waiting: Option<Candidate>,
+    /// The `after` generation of the pending Join.
+    after: u64,
     succeeded: Option<u64>,
 }
 
@@ -139,7 +141,7 @@ async fn run(
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let _ = out_tx.send(hello(&cfg, &t));
         if let Some(c) = t.waiting.clone().filter(|_| t.lease.is_none()) {
-            let _ = out_tx.send(request_to_wire(&Request::Join(c)));
+            let _ = out_tx.send(request_to_wire(&Request::Join(c, t.after)));
         }
         let mut client = RendezvousClient::new(channel);
         let mut inbound = match client.session(UnboundedReceiverStream::new(out_rx)).await {
@@ -175,7 +177,7 @@ async fn run(
                 req = requests.recv() => {
                     let Some(req) = req else { return };
                     match &req {
-                        Request::Join(c) => { t.waiting = Some(c.clone()); t.generation = 0; t.succeeded = None; }
+                        Request::Join(c, after) => { t.waiting = Some(c.clone()); t.after = *after; t.generation = 0; t.succeeded = None; }
                         Request::Succeeded(g) => t.succeeded = Some(*g),
                         _ => {}
                     }

@@ -38,7 +38,7 @@ pub fn spawn(
         let mut generation = 0;
         while let Some(req) = req_rx.recv().await {
             let ev = match req {
-                Request::Join(_) => {
+                Request::Join(..) => {
                     generation += 1;
                     let members = (0..nnodes)
                         .map(|r| Member {
