@@ -740,7 +740,9 @@ impl Agent {
         if let Some(g) = self.guard.take() {
             g.into_inner().expect("guard mutex poisoned").disarm();
         }
-        if exit == AgentExit::Success && self.temp_log_dir {
+        let never_started =
+            std::fs::read_dir(&self.run_log_dir).is_ok_and(|mut d| d.next().is_none());
+        if never_started || (exit == AgentExit::Success && self.temp_log_dir) {
             let _ = std::fs::remove_dir_all(&self.run_log_dir);
         } else if exit != AgentExit::Success {
             tracing::info!(

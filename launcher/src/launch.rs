@@ -201,8 +201,8 @@ fn rendezvous_mode(
         }
         let node_rank = a.node_rank.ok_or_else(|| {
             invalid(
-                "--node-rank",
-                "(missing)",
+                "--nnodes",
+                a.nnodes.clone(),
                 "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (dynamic rendezvous), or --node-rank with --master-addr/--master-port on every node (static); drun never assumes localhost",
             )
         })?;

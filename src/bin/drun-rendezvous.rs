@@ -1,5 +1,6 @@
 //! `drun-rendezvous`: the multi-node rendezvous server and its admin commands.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -165,7 +166,9 @@ async fn run(cmd: Command) -> Result<(), (u8, String)> {
                         )
                     })?;
                     let resp = client
-                        .status(StatusRequest { run_id: run })
+                        .status(StatusRequest {
+                            run_id: run.clone(),
+                        })
                         .await
                         .map_err(|e| (3, format!("status failed: {}", e.message())))?;
                     serde_json::from_str(&resp.into_inner().json).map_err(|e| (1, e.to_string()))?
@@ -177,7 +180,23 @@ async fn run(cmd: Command) -> Result<(), (u8, String)> {
                         .map_err(|e| (3, e.to_string()))?
                 }
             };
-            println!("{}", serde_json::to_string_pretty(&json).expect("json"));
+            let unknown = json["generation"] == 0
+                && json["finished"].is_null()
+                && json["waiting"].as_array().is_none_or(|w| w.is_empty());
+            if unknown {
+                return Err((
+                    3,
+                    format!(
+                        "no run named '{run}' in this store (nothing waiting, formed or finished)"
+                    ),
+                ));
+            }
+            // A closed pipe (`| head`) is not an error worth a panic.
+            let _ = writeln!(
+                std::io::stdout(),
+                "{}",
+                serde_json::to_string_pretty(&json).expect("json")
+            );
             Ok(())
         }
     }

@@ -195,6 +195,7 @@ async fn run(
                     Ok(Some(m)) => {
                         last_contact = Instant::now();
                         let Some(ev) = event_from_wire(m) else { continue };
+                        let end = matches!(ev, Event::Finished(_) | Event::Error(_));
                         match &ev {
                             Event::Opened { lease } => t.lease = Some(*lease),
                             Event::Formed(p) => { t.generation = p.generation; t.waiting = None; }
@@ -202,7 +203,9 @@ async fn run(
                             Event::Fenced(_) => t = Track::default(),
                             _ => {}
                         }
-                        if events.send(ev).is_err() {
+                        if events.send(ev).is_err() || end {
+                            // The run ended (or the server refused us): the server closes the
+                            // session next; nothing to reconnect for.
                             return;
                         }
                     }
