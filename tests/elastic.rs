@@ -25,24 +25,12 @@ fn rdzv_etcd(etcd: &Etcd) -> Vec<String> {
 }
 
 fn agent(i: usize, run: &str, nnodes: &str, rdzv: &[String], extra: &[&str], dir: &Path) -> Agent {
-    let mut c: Command = drun();
-    c.args([
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        "2",
-        "--rdzv-id",
-        run,
-        "--shutdown-timeout",
-        "3",
-    ])
-    .arg("--local-addr")
-    .arg(format!("127.0.0.{}", i + 1))
-    .args(rdzv)
-    .args(extra)
-    .arg(worker("elastic.py"))
-    .arg(dir)
-    .arg(format!("agent{i}"));
+    let mut c: Command = crate::harness::node_cmd(i, run, nnodes, rdzv);
+    c.args(["--shutdown-timeout", "3"])
+        .args(extra)
+        .arg(worker("elastic.py"))
+        .arg(dir)
+        .arg(format!("agent{i}"));
     Agent::start(c)
 }
 

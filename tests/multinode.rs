@@ -9,23 +9,11 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::harness::cluster::{free_port, rendezvous_bin, Etcd, RdzvServer};
-use crate::harness::{drun, holds_for, read_json, run, torch_python, wait_for, worker, Agent};
+use crate::harness::{holds_for, read_json, run, torch_python, wait_for, worker, Agent};
 
 /// `drun` for agent `i` of a multi-node job: its own loopback address and run id `run`.
 fn agent_cmd(i: usize, run: &str, nnodes: &str, rdzv: &[&str]) -> Command {
-    let mut c = drun();
-    c.args([
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        "2",
-        "--rdzv-id",
-        run,
-    ])
-    .arg("--local-addr")
-    .arg(format!("127.0.0.{}", i + 1))
-    .args(rdzv);
-    c
+    crate::harness::node_cmd(i, run, nnodes, rdzv)
 }
 
 fn envs(dir: &Path) -> Vec<Value> {

@@ -49,14 +49,4 @@ pub enum RendezvousError {
     /// The admitted set cannot be ranked (e.g. two nodes asked for the same `--node-rank`).
     #[error("cannot assign node ranks: {0}")]
     Assignment(String),
-    /// Another writer moved the generation while this one was forming it.
-    #[error("generation moved from {expected} to {found} during formation of run {run}")]
-    Fenced {
-        /// Run id.
-        run: String,
-        /// Generation the writer expected.
-        expected: u64,
-        /// Generation found in the store.
-        found: u64,
-    },
 }

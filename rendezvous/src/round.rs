@@ -58,11 +58,6 @@ impl Round {
         }
     }
 
-    /// The store underneath.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-
     /// Current generation (0 before the first formation) and the `mod_revision` of its key.
     pub async fn current_generation(&self) -> Result<(u64, i64), StoreError> {
         let key = self.keys.gen_current();
@@ -98,11 +93,6 @@ impl Round {
     /// The key layout of this run.
     pub fn keys(&self) -> &RunKeys {
         &self.keys
-    }
-
-    /// The completion rules.
-    pub fn config(&self) -> &RoundConfig {
-        &self.cfg
     }
 
     /// Asks to be admitted to the next generation; the key lives as long as `lease`.

@@ -37,6 +37,29 @@ pub fn drun() -> Command {
     clean_env(Command::new(drun_bin()))
 }
 
+/// `drun` for simulated node `i` of a multi-node job: 2 workers, its own loopback address
+/// 127.0.0.(i+1), run id `run`, then the rendezvous flags `rdzv`.
+pub fn node_cmd<S: AsRef<std::ffi::OsStr>>(
+    i: usize,
+    run: &str,
+    nnodes: &str,
+    rdzv: &[S],
+) -> Command {
+    let mut c = drun();
+    c.args([
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "2",
+        "--rdzv-id",
+        run,
+    ])
+    .arg("--local-addr")
+    .arg(format!("127.0.0.{}", i + 1))
+    .args(rdzv);
+    c
+}
+
 /// Removes variables an outer launcher or the developer's shell may have set, so that
 /// assertions about the worker environment hold anywhere.
 pub fn clean_env(mut c: Command) -> Command {

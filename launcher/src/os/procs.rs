@@ -73,8 +73,3 @@ pub fn with_env(key: &str, value: &str) -> Vec<Pid> {
         .filter(|p| !is_zombie(*p))
         .collect()
 }
-
-/// Whether a process with this pid exists (zombies count as gone).
-pub fn is_alive(pid: Pid) -> bool {
-    kill(pid, None).is_ok() && !is_zombie(pid)
-}
