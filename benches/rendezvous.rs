@@ -244,6 +244,7 @@ async fn simulated(n: usize) -> (f64, f64) {
             slots: 8,
             requested_node_rank: None,
             master_port: 29500,
+            resume_hint: None,
         };
         tx.send(Request::Join(cand, 0)).unwrap();
     }

@@ -13,6 +13,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::ckpt::api::{refused, ApiCall, ApiRequest, ApiServer};
+use crate::ckpt::node::{resume_answer, NodeLedger};
+use crate::ckpt::{self, verify, VerifyMode};
 use crate::group::{GroupContext, WorkerGroup};
 use crate::os::guard::Guard;
 use crate::os::ports::{self, ReservedPort};
@@ -40,6 +43,16 @@ enum Outcome {
     Reform(String),
     Fenced(String),
     Finished(RunEnd),
+}
+
+/// Whether the plan's resume point can be used.
+enum ResumeCheck {
+    /// Yes; the manifest file, if there is a resume point.
+    Use(Option<PathBuf>),
+    /// It failed verification and was marked bad: join the re-formed group.
+    Rejoin,
+    /// The run ended or a signal arrived while waiting for the re-form.
+    Exit(AgentExit),
 }
 
 /// What happened while a node that finished waited for the others.
@@ -85,6 +98,16 @@ struct Agent {
     interrupted: Option<Signal>,
     /// Secondary problems, printed as "also: ..." after the primary error.
     also: Vec<String>,
+    /// The worker API socket (`DRUN_AGENT_SOCK`); `None` if it could not be opened.
+    api: Option<ApiServer>,
+    /// Worker API requests.
+    api_rx: mpsc::UnboundedReceiver<ApiCall>,
+    /// The running generation's view of the checkpoint ledger.
+    ledger: Option<NodeLedger>,
+    /// Highest step the local ranks announced in the previous generation (lost-work report).
+    reached_before: Option<u64>,
+    /// A coordinated save was requested (the `should_save` answer).
+    save_requested: bool,
 }
 
 impl Agent {
@@ -142,7 +165,19 @@ impl Agent {
                 source,
             })
         })?;
+        let (api, api_rx) = match ApiServer::start() {
+            Ok((server, rx)) => (Some(server), rx),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open the worker API socket; checkpoint commits are unavailable (DRUN_AGENT_SOCK unset)");
+                (None, mpsc::unbounded_channel().1)
+            }
+        };
         Ok(Self {
+            api,
+            api_rx,
+            ledger: None,
+            reached_before: None,
+            save_requested: false,
             inherited: std::env::vars_os().collect(),
             cfg,
             spawner,
@@ -243,6 +278,13 @@ impl Agent {
             slots: self.cfg.nproc_per_node,
             requested_node_rank: self.cfg.requested_node_rank,
             master_port,
+            resume_hint: self
+                .cfg
+                .ckpt
+                .dir
+                .as_deref()
+                .and_then(ckpt::read_latest)
+                .map(Box::new),
         }
     }
 
@@ -319,7 +361,14 @@ impl Agent {
             formed_before = true;
             last_gen = plan.generation;
             self.announce(&plan);
+            let resume_file = match self.check_resume(link, &plan).await? {
+                ResumeCheck::Use(file) => file,
+                ResumeCheck::Rejoin => continue,
+                ResumeCheck::Exit(exit) => return Ok(exit),
+            };
             let ctx = GroupContext {
+                agent_sock: self.api.as_ref().map(ApiServer::path),
+                resume_manifest: resume_file.as_deref(),
                 cfg: &self.cfg,
                 spawner: &self.spawner,
                 guard: self.guard(),
@@ -335,7 +384,12 @@ impl Agent {
                     return Err(e);
                 }
             };
-            let outcome = self.supervise(&mut group, link).await;
+            self.ledger = Some(NodeLedger::new(&plan, &self.cfg.node_id));
+            let outcome = self
+                .supervise(&mut group, link, &plan, resume_file.as_deref())
+                .await;
+            // Ranks still waiting on a commit are told the group is stopping.
+            self.reached_before = self.ledger.take().and_then(|l| l.reached());
             match outcome {
                 Outcome::Succeeded => {
                     self.stop(&mut group, Signal::SIGTERM).await;
@@ -567,6 +621,186 @@ impl Agent {
         }
     }
 
+    /// Verifies the plan's resume point (`--ckpt-verify`) and makes sure its manifest file is
+    /// next to the checkpoint. A checkpoint that fails is marked bad for the whole group, which
+    /// re-forms onto the previous one.
+    async fn check_resume(
+        &mut self,
+        link: &mut Link,
+        plan: &Plan,
+    ) -> Result<ResumeCheck, LaunchError> {
+        let Some(m) = plan.resume.clone() else {
+            if let Some(p) = self.reached_before.take() {
+                tracing::warn!("no checkpoint sealed yet: restarting from the beginning (the local ranks had reached step {p})");
+            }
+            return Ok(ResumeCheck::Use(None));
+        };
+        let mode = self.cfg.ckpt.verify;
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+        let checked = {
+            let m = m.clone();
+            tokio::task::spawn_blocking(move || verify::verify(&m, mode, threads))
+                .await
+                .unwrap_or_else(|e| Err(format!("verification panicked: {e}")))
+        };
+        match checked {
+            Ok(v) => {
+                let secs = v.took.as_secs_f64();
+                if mode != VerifyMode::None {
+                    tracing::info!(
+                        "checkpoint step {} verified by {:?}: {} files, {:.1} MB in {:.3} s{}",
+                        m.step,
+                        mode,
+                        v.files,
+                        v.bytes as f64 / 1e6,
+                        secs,
+                        if mode == VerifyMode::Digest && secs > 0.0 {
+                            format!(" ({:.0} MB/s)", v.bytes as f64 / 1e6 / secs)
+                        } else {
+                            String::new()
+                        }
+                    );
+                }
+                let lost = match self.reached_before.take() {
+                    Some(p) if p > m.step => {
+                        let samples = (p - m.step) * m.cursor.global_batch;
+                        format!(
+                            "; the local ranks had reached step {p}: {} step(s) repeated{}",
+                            p - m.step,
+                            if samples > 0 {
+                                format!(", {samples} samples replayed")
+                            } else {
+                                String::new()
+                            }
+                        )
+                    }
+                    _ => String::new(),
+                };
+                tracing::info!(
+                    "resuming from checkpoint step {} (saved by generation {} at world size {}, now {}); data: epoch {}, sample {} of its permutation{lost}",
+                    m.step,
+                    m.generation,
+                    m.world_size,
+                    plan.world_size,
+                    m.cursor.epoch,
+                    m.cursor.consumed_in_epoch
+                );
+                let file = match ckpt::publish(&m, None) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot write the manifest file next to the checkpoint");
+                        None
+                    }
+                };
+                Ok(ResumeCheck::Use(file))
+            }
+            Err(reason) => {
+                eprintln!(
+                    "drun: checkpoint step {} (generation {}) failed verification: {reason}; marked bad, falling back to the previous checkpoint",
+                    m.step, m.generation
+                );
+                let _ = link.tx.send(Request::MarkBad {
+                    generation: plan.generation,
+                    id: m.id(),
+                    reason,
+                });
+                loop {
+                    tokio::select! {
+                        ev = link.rx.recv() => match ev {
+                            Some(Event::Reform { .. }) | Some(Event::Fenced(_)) => return Ok(ResumeCheck::Rejoin),
+                            Some(Event::Finished(end)) => return Ok(ResumeCheck::Exit(self.run_ended(&end))),
+                            Some(Event::Error(e)) => return Err(LaunchError::RendezvousFailed(e)),
+                            None => return Err(LaunchError::RendezvousFailed("the rendezvous session ended".into())),
+                            Some(_) => {}
+                        },
+                        sig = self.next_teardown_signal() => return Ok(ResumeCheck::Exit(AgentExit::Signal(sig as i32))),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers one worker API request (see [`crate::ckpt::api`]).
+    fn on_api(
+        &mut self,
+        req: ApiRequest,
+        reply: tokio::sync::oneshot::Sender<serde_json::Value>,
+        link: &Link,
+        plan: &Plan,
+        resume_file: Option<&std::path::Path>,
+    ) {
+        let Some(ledger) = self.ledger.as_mut() else {
+            let _ = reply.send(refused("no worker group is running"));
+            return;
+        };
+        match req {
+            ApiRequest::Resume => {
+                let _ = reply.send(resume_answer(plan, resume_file));
+            }
+            ApiRequest::ShouldSave { .. } => {
+                let _ = reply.send(serde_json::json!({"ok": true, "save": self.save_requested}));
+            }
+            ApiRequest::Progress { rank, step } => {
+                let _ = reply.send(ledger.progress(rank, step));
+            }
+            ApiRequest::Commit {
+                rank,
+                generation,
+                step,
+                files,
+                cursor,
+            } => {
+                if let Some(batch) = ledger.commit(rank, generation, step, files, cursor, reply) {
+                    let _ = link.tx.send(Request::Commit {
+                        commit: batch,
+                        retention: self.cfg.ckpt.retention,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The rendezvous' answer to this node's commit of `step`.
+    fn on_committed(
+        &mut self,
+        generation: u64,
+        step: u64,
+        result: Result<drun_rendezvous::CommitOutcome, String>,
+    ) {
+        let Some(ledger) = self
+            .ledger
+            .as_mut()
+            .filter(|l| l.generation() == generation)
+        else {
+            return;
+        };
+        let mut file = None;
+        match &result {
+            Ok(drun_rendezvous::CommitOutcome::Sealed {
+                manifest,
+                dropped,
+                garbage,
+            }) => {
+                match ckpt::publish(manifest, self.cfg.ckpt.dir.as_deref()) {
+                    Ok(p) => file = Some(p),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "checkpoint sealed, but its manifest file could not be written")
+                    }
+                }
+                tracing::info!(
+                    "checkpoint step {step} sealed: {} files, {:.1} MB, world size {}",
+                    manifest.files.len(),
+                    manifest.bytes() as f64 / 1e6,
+                    manifest.world_size
+                );
+                ckpt::remove_garbage(garbage, dropped);
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!("drun: checkpoint commit of step {step} refused: {e}"),
+        }
+        ledger.answered(step, &result, file.as_deref());
+    }
+
     fn reap_into(&self, group: &mut WorkerGroup) {
         for (pid, exit) in spawn::reap() {
             if group.record(pid, exit) {
@@ -581,7 +815,13 @@ impl Agent {
         }
     }
 
-    async fn supervise(&mut self, group: &mut WorkerGroup, link: &mut Link) -> Outcome {
+    async fn supervise(
+        &mut self,
+        group: &mut WorkerGroup,
+        link: &mut Link,
+        plan: &Plan,
+        resume_file: Option<&std::path::Path>,
+    ) -> Outcome {
         let mut tick = tokio::time::interval(self.cfg.monitor_interval);
         loop {
             self.reap_into(group);
@@ -621,7 +861,9 @@ impl Agent {
                         return Outcome::Signal(sig);
                     }
                 }
+                Some((req, reply)) = self.api_rx.recv() => self.on_api(req, reply, link, plan, resume_file),
                 ev = link.rx.recv() => match ev {
+                    Some(Event::Committed { generation, step, result }) => self.on_committed(generation, step, result),
                     Some(Event::Reform { reason, .. }) => return Outcome::Reform(reason),
                     Some(Event::Finished(end)) => return Outcome::Finished(end),
                     Some(Event::Fenced(reason)) => return Outcome::Fenced(reason),

@@ -276,6 +276,43 @@ pub struct Args {
     )]
     pub peer_exit_wait: f64,
 
+    /// Checkpoint directory: exported to workers as DRUN_CKPT_DIR; drun keeps the `latest`
+    /// pointer file here and reads it back when the rendezvous store knows no checkpoint (a
+    /// fresh etcd, a requeued job). Created if missing.
+    #[arg(long = "ckpt-dir", value_name = "DIR", help_heading = "Checkpoints")]
+    pub ckpt_dir: Option<PathBuf>,
+
+    /// How the resume point is checked before workers start: size (stat every file), digest
+    /// (size and SHA-256 of every byte, files in parallel) or none. A mismatch marks the
+    /// checkpoint bad and the group falls back to the previous one.
+    #[arg(
+        long = "ckpt-verify",
+        value_enum,
+        default_value = "size",
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_verify: crate::ckpt::VerifyMode,
+
+    /// Keep only the newest K sealed checkpoints and delete the files of older ones (0: keep
+    /// all, delete nothing).
+    #[arg(
+        long = "ckpt-keep-last",
+        value_name = "K",
+        default_value_t = 0,
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_keep_last: u32,
+
+    /// With --ckpt-keep-last, also keep every checkpoint whose step is a multiple of M
+    /// (milestones; 0: none).
+    #[arg(
+        long = "ckpt-keep-every",
+        value_name = "M",
+        default_value_t = 0,
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_keep_every: u64,
+
     /// More agent log output (-v debug, -vv trace). RUST_LOG / DRUN_LOG override.
     #[arg(short = 'v', long, action = ArgAction::Count, help_heading = "Agent logs")]
     pub verbose: u8,

@@ -32,7 +32,28 @@ pub struct WorkerSlot<'a> {
     pub signals_to_handle: &'a str,
     /// DRUN_AGENT_ID: unique per agent process; drun finds escaped descendants by it.
     pub agent_id: &'a str,
+    /// DRUN_AGENT_SOCK: the agent's worker API socket.
+    pub agent_sock: Option<&'a Path>,
+    /// DRUN_CKPT_DIR (`--ckpt-dir`).
+    pub ckpt_dir: Option<&'a Path>,
+    /// DRUN_RESUME_MANIFEST: the manifest file of `plan.resume`.
+    pub resume_manifest: Option<&'a Path>,
 }
+
+/// drun's checkpoint variables, removed when inherited and not set for this worker.
+pub const CKPT_VARS: &[&str] = &[
+    "DRUN_AGENT_SOCK",
+    "DRUN_CKPT_DIR",
+    "DRUN_RESUME_STEP",
+    "DRUN_RESUME_GENERATION",
+    "DRUN_RESUME_PATH",
+    "DRUN_RESUME_MANIFEST",
+    "DRUN_RESUME_WORLD_SIZE",
+    "DRUN_DATA_EPOCH",
+    "DRUN_GLOBAL_SAMPLES",
+    "DRUN_SAMPLE_OFFSET",
+    "DRUN_CKPT_VERSION",
+];
 
 /// Variables drun sets for every worker (and therefore overwrites when inherited).
 pub const CONTRACT_VARS: &[&str] = &[
@@ -64,6 +85,9 @@ pub fn worker_env(
     slot: &WorkerSlot<'_>,
 ) -> BTreeMap<OsString, OsString> {
     let mut env = inherited.clone();
+    for k in CKPT_VARS {
+        env.remove(&OsString::from(k));
+    }
     let rank = member.base_rank + slot.local_rank;
     let mut set = |k: &str, v: String| {
         env.insert(OsString::from(k), OsString::from(v));
@@ -100,6 +124,29 @@ pub fn worker_env(
         plan.restarts_membership.to_string(),
     );
     set("DRUN_AGENT_ID", slot.agent_id.to_string());
+    if let Some(p) = slot.agent_sock {
+        set("DRUN_AGENT_SOCK", p.to_string_lossy().into_owned());
+    }
+    if let Some(p) = slot.ckpt_dir {
+        set("DRUN_CKPT_DIR", p.to_string_lossy().into_owned());
+    }
+    if let Some(m) = &plan.resume {
+        // Every rank gets the same values: the global cursor, never a per-rank offset.
+        set("DRUN_RESUME_STEP", m.step.to_string());
+        set("DRUN_RESUME_GENERATION", m.generation.to_string());
+        set("DRUN_RESUME_PATH", m.dir().to_string_lossy().into_owned());
+        if let Some(p) = slot.resume_manifest {
+            set("DRUN_RESUME_MANIFEST", p.to_string_lossy().into_owned());
+        }
+        set("DRUN_RESUME_WORLD_SIZE", m.world_size.to_string());
+        set("DRUN_DATA_EPOCH", m.cursor.epoch.to_string());
+        set(
+            "DRUN_GLOBAL_SAMPLES",
+            m.cursor.consumed_in_epoch.to_string(),
+        );
+        set("DRUN_SAMPLE_OFFSET", m.cursor.consumed_in_epoch.to_string());
+        set("DRUN_CKPT_VERSION", m.step.to_string());
+    }
     env.entry(OsString::from("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
         .or_insert_with(|| OsString::from("1"));
     if member.slots > 1 {
@@ -124,6 +171,7 @@ mod tests {
                 slots: *s,
                 requested_node_rank: None,
                 master_port: 1234,
+                resume_hint: None,
             })
             .collect();
         assign("job", 2, &cands, 1, 0).unwrap()
@@ -138,6 +186,9 @@ mod tests {
             error_file: Path::new("/tmp/e.json"),
             signals_to_handle: "SIGTERM",
             agent_id: "agent",
+            agent_sock: None,
+            ckpt_dir: None,
+            resume_manifest: None,
         }
     }
 

@@ -88,6 +88,10 @@ pub struct GroupContext<'a> {
     pub inherited: &'a BTreeMap<OsString, OsString>,
     /// `<log_dir>/<run>_<rand>`.
     pub run_log_dir: &'a Path,
+    /// The worker API socket (DRUN_AGENT_SOCK), if it could be opened.
+    pub agent_sock: Option<&'a Path>,
+    /// Manifest file of the plan's resume point (DRUN_RESUME_MANIFEST).
+    pub resume_manifest: Option<&'a Path>,
 }
 
 /// The local workers of one generation.
@@ -159,6 +163,9 @@ impl WorkerGroup {
                     error_file: &error_file,
                     signals_to_handle: &cfg.signals_to_handle,
                     agent_id: ctx.agent_id,
+                    agent_sock: ctx.agent_sock,
+                    ckpt_dir: cfg.ckpt.dir.as_deref(),
+                    resume_manifest: ctx.resume_manifest,
                 },
             );
             let spawned = ctx

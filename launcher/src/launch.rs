@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
+use crate::ckpt::CkptConfig;
 use crate::command::{EntryKind, Entrypoint};
 use crate::std_spec::StdSpec;
 use crate::{Args, ConfigError};
@@ -323,6 +324,8 @@ pub struct LaunchConfig {
     pub advertise_addr: Option<String>,
     /// Notes about ignored or defaulted flags, printed once at start.
     pub notes: Vec<String>,
+    /// Checkpoint ledger settings.
+    pub ckpt: CkptConfig,
 }
 
 fn invalid(flag: &'static str, value: impl Into<String>, why: impl Into<String>) -> ConfigError {
@@ -599,6 +602,33 @@ impl LaunchConfig {
                 .unwrap_or_else(|_| "localhost".into())
         });
         let node_id = format!("{host}_{}", std::process::id());
+        if a.ckpt_keep_every > 0 && a.ckpt_keep_last == 0 {
+            return Err(invalid(
+                "--ckpt-keep-every",
+                a.ckpt_keep_every.to_string(),
+                "needs --ckpt-keep-last K (without it every checkpoint is kept anyway)",
+            ));
+        }
+        let ckpt_dir = match &a.ckpt_dir {
+            None => None,
+            Some(d) => {
+                let path_err = |source| ConfigError::Path {
+                    what: "checkpoint directory (--ckpt-dir)",
+                    path: d.clone(),
+                    source,
+                };
+                std::fs::create_dir_all(d).map_err(path_err)?;
+                Some(std::fs::canonicalize(d).map_err(path_err)?)
+            }
+        };
+        let ckpt = CkptConfig {
+            dir: ckpt_dir,
+            verify: a.ckpt_verify,
+            retention: drun_rendezvous::Retention {
+                keep_last: a.ckpt_keep_last,
+                keep_every: a.ckpt_keep_every,
+            },
+        };
         Ok(LaunchConfig {
             min_nodes,
             max_nodes,
@@ -624,6 +654,7 @@ impl LaunchConfig {
             requested_node_rank,
             advertise_addr: a.local_addr.clone(),
             notes,
+            ckpt,
         })
     }
 }

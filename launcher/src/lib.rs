@@ -19,6 +19,7 @@
 //!    A handled signal is forwarded once, the group stopped the same way, exit 128+N.
 
 pub mod agent;
+pub mod ckpt;
 pub mod command;
 pub mod config;
 pub mod env;

@@ -26,6 +26,10 @@ pub struct Candidate {
     pub requested_node_rank: Option<u32>,
     /// A port this node holds reserved for MASTER_PORT should it become node rank 0.
     pub master_port: u16,
+    /// The newest manifest found in this node's checkpoint directory (`--ckpt-dir`), so a run
+    /// whose store is new (fresh etcd, requeued job on the embedded store) can resume from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_hint: Option<Box<crate::ledger::Manifest>>,
 }
 
 /// Knobs of one rendezvous round.
@@ -172,6 +176,7 @@ mod tests {
             slots: 2,
             requested_node_rank: None,
             master_port: 29500,
+            resume_hint: None,
         }
     }
 

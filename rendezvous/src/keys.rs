@@ -90,4 +90,44 @@ impl RunKeys {
     pub fn finished(&self) -> String {
         format!("{}finished", self.prefix)
     }
+    /// Prefix of every shard record of the checkpoint ledger.
+    pub fn ckpt_shards_prefix(&self) -> String {
+        format!("{}ckpt/shards/", self.prefix)
+    }
+
+    /// Prefix of the shard records of step `step` in generation `g`.
+    pub fn ckpt_step_prefix(&self, g: u64, step: u64) -> String {
+        format!("{}ckpt/shards/{g}/{step}/", self.prefix)
+    }
+
+    /// Shard record of `node` for step `step` of generation `g` (JSON
+    /// [`crate::ledger::NodeCommit`]): one per node, all its ranks batched.
+    pub fn ckpt_shard(&self, g: u64, step: u64, node: &str) -> String {
+        format!("{}ckpt/shards/{g}/{step}/{node}", self.prefix)
+    }
+
+    /// Prefix of the sealed manifests.
+    pub fn ckpt_manifest_prefix(&self) -> String {
+        format!("{}ckpt/manifest/", self.prefix)
+    }
+
+    /// Sealed manifest `id` (JSON [`crate::ledger::Manifest`]).
+    pub fn ckpt_manifest(&self, id: &str) -> String {
+        format!("{}ckpt/manifest/{id}", self.prefix)
+    }
+
+    /// Id of the newest sealed manifest; moves forward in `(step, generation)` only.
+    pub fn ckpt_latest(&self) -> String {
+        format!("{}ckpt/latest", self.prefix)
+    }
+
+    /// Prefix of manifests that failed verification.
+    pub fn ckpt_bad_prefix(&self) -> String {
+        format!("{}ckpt/bad/", self.prefix)
+    }
+
+    /// Manifest `id` failed verification (value: why).
+    pub fn ckpt_bad(&self, id: &str) -> String {
+        format!("{}ckpt/bad/{id}", self.prefix)
+    }
 }

@@ -19,6 +19,7 @@ pub mod core;
 pub mod error;
 pub mod etcd;
 pub mod keys;
+pub mod ledger;
 pub mod memory;
 pub mod plan;
 pub mod round;
@@ -30,6 +31,9 @@ pub mod wire;
 pub use crate::core::{decide, Candidate, Decision, RoundConfig};
 pub use error::{RendezvousError, StoreError};
 pub use etcd::EtcdStore;
+pub use ledger::{
+    CommitOutcome, Cursor, Ledger, LedgerError, Manifest, NodeCommit, Retention, ShardFile,
+};
 pub use memory::MemoryStore;
 pub use plan::{assign, Member, Plan};
 pub use round::Round;

@@ -8,6 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ledger::Manifest;
 use crate::{Candidate, RendezvousError};
 
 /// One node of a generation.
@@ -44,6 +45,10 @@ pub struct Plan {
     pub restarts_failures: u32,
     /// Group restarts caused by membership changes so far.
     pub restarts_membership: u32,
+    /// The checkpoint every rank resumes from: the newest sealed manifest not marked bad at
+    /// formation (`None`: start fresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Manifest>,
 }
 
 impl Plan {
@@ -59,7 +64,7 @@ impl Plan {
 /// use drun_rendezvous::{assign, Candidate};
 /// let node = |id: &str, slots| Candidate {
 ///     node_id: id.into(), advertise_addr: format!("{id}.cluster"), slots,
-///     requested_node_rank: None, master_port: 29500,
+///     requested_node_rank: None, master_port: 29500, resume_hint: None,
 /// };
 /// let plan = assign("job", 1, &[node("b", 4), node("a", 2)], 0, 0).unwrap();
 /// assert_eq!(plan.members[1].node_id, "b");
@@ -132,6 +137,7 @@ pub fn assign(
         members,
         restarts_failures,
         restarts_membership,
+        resume: None,
     })
 }
 
@@ -146,6 +152,7 @@ mod tests {
             slots,
             requested_node_rank: rank,
             master_port: port,
+            resume_hint: None,
         }
     }
 

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::core::RoundView;
 use crate::keys::RunKeys;
+use crate::ledger::{Ledger, Manifest};
 use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
 use crate::{assign, decide, Candidate, Decision, Plan, RendezvousError, RoundConfig, StoreError};
 
@@ -394,16 +395,25 @@ impl Round {
                 admitted, reason, ..
             } => {
                 let (restarts, _) = self.read_restarts().await?;
-                let plan = assign(
+                let mut plan = assign(
                     &self.run_id,
                     g + 1,
                     &admitted,
                     restarts.failures,
                     restarts.membership,
                 )?;
+                // Every rank of the generation resumes from the same checkpoint: the newest
+                // sealed one not marked bad (or one a node found in its checkpoint directory).
+                let hints: Vec<&Manifest> = admitted
+                    .iter()
+                    .filter_map(|c| c.resume_hint.as_deref())
+                    .collect();
+                let ledger = Ledger::new(self.store.clone(), &self.run_id);
+                let resume = ledger.resume_point(&hints).await?;
+                plan.resume = resume.manifest.clone();
                 // Constant size whatever the node count (etcd allows 128 ops per txn): admitted
                 // nodes find themselves in the plan and write their own membership keys.
-                let ops = vec![
+                let mut ops = vec![
                     Op::put(self.keys.gen_current(), (g + 1).to_string()),
                     Op::put(
                         self.keys.plan(g + 1),
@@ -412,8 +422,15 @@ impl Round {
                     Op::Delete(self.keys.leader()),
                     Op::Delete(self.keys.progress()),
                 ];
+                if let (true, Some(m)) = (resume.import, &resume.manifest) {
+                    ops.extend(ledger.import_ops(m));
+                }
                 let txn = Txn {
-                    compares: vec![Compare::ModRevisionEquals(self.keys.gen_current(), rev)],
+                    compares: vec![
+                        Compare::ModRevisionEquals(self.keys.gen_current(), rev),
+                        // A seal that landed since the read: decide again with it.
+                        Compare::ModRevisionEquals(self.keys.ckpt_latest(), resume.latest_revision),
+                    ],
                     success: ops,
                     failure: vec![],
                 };
@@ -457,6 +474,7 @@ mod tests {
             slots: 2,
             requested_node_rank: None,
             master_port: port,
+            resume_hint: None,
         }
     }
 

@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::ledger::{CommitOutcome, Ledger, LedgerError, NodeCommit, Retention};
 use crate::round::{RestartCause, Restarts};
 use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
 use crate::{Candidate, Plan, RendezvousError, Round, RoundConfig, StoreError};
@@ -107,6 +108,23 @@ pub enum Request {
     },
     /// Leave the run: revoke the lease (survivors re-form).
     Leave,
+    /// Record this node's checkpoint report of a step; answered by [`Event::Committed`].
+    Commit {
+        /// The node's batched report.
+        commit: NodeCommit,
+        /// Retention policy applied when this commit seals the step.
+        retention: Retention,
+    },
+    /// The resume point of generation `generation` failed verification on this node: mark
+    /// manifest `id` bad and re-form (onto the previous manifest).
+    MarkBad {
+        /// Generation whose plan carried the manifest.
+        generation: u64,
+        /// Manifest id.
+        id: String,
+        /// One line: which file, what differed.
+        reason: String,
+    },
 }
 
 /// From the session to the agent.
@@ -141,6 +159,15 @@ pub enum Event {
     Fenced(String),
     /// The rendezvous failed for good (e.g. join timeout); one line.
     Error(String),
+    /// Answer to [`Request::Commit`].
+    Committed {
+        /// Generation of the commit.
+        generation: u64,
+        /// Step of the commit.
+        step: u64,
+        /// What it achieved, or one line saying why it was refused.
+        result: Result<CommitOutcome, String>,
+    },
 }
 
 /// Starts a session actor; it ends when the request sender is dropped or after `Leave`.
@@ -195,6 +222,7 @@ enum Phase {
 struct Actor {
     store: Arc<dyn Store>,
     round: Round,
+    ledger: Ledger,
     cfg: SessionConfig,
     events: mpsc::UnboundedSender<Event>,
     lease: Option<LeaseId>,
@@ -218,6 +246,7 @@ impl Actor {
         let (lost_tx, lost_rx) = mpsc::unbounded_channel();
         Self {
             round: Round::new(store.clone(), &cfg.run_id, cfg.round),
+            ledger: Ledger::new(store.clone(), &cfg.run_id),
             store,
             cfg,
             events,
@@ -814,6 +843,50 @@ impl Actor {
                 self.emit(Event::FailureDecision { restart, restarts });
                 Ok(None)
             }
+            Request::Commit { commit, retention } => {
+                let result = match &*phase {
+                    Phase::Running(plan, _) if plan.generation == commit.generation => {
+                        match self.ledger.commit(plan, &commit, retention).await {
+                            Ok(o) => Ok(o),
+                            Err(LedgerError::Store(e)) => return Err(e.into()),
+                            Err(e) => Err(e.to_string()),
+                        }
+                    }
+                    _ => Err(format!(
+                        "stale commit: generation {} is not running on node {}",
+                        commit.generation, self.cfg.node_id
+                    )),
+                };
+                if let Err(e) = &result {
+                    tracing::warn!(
+                        step = commit.step,
+                        gen = commit.generation,
+                        "checkpoint commit refused: {e}"
+                    );
+                }
+                self.emit(Event::Committed {
+                    generation: commit.generation,
+                    step: commit.step,
+                    result,
+                });
+                Ok(None)
+            }
+            Request::MarkBad {
+                generation,
+                id,
+                reason,
+            } => {
+                self.ledger.mark_bad(&id, &reason).await?;
+                self.close(
+                    generation,
+                    format!(
+                        "checkpoint {id} failed verification on node {}: {reason}",
+                        self.cfg.node_id
+                    ),
+                )
+                .await?;
+                Ok(None)
+            }
             Request::Leave => {
                 if let Some(l) = self.lease {
                     self.stop_keeper();
@@ -961,6 +1034,7 @@ mod tests {
                     slots: 2,
                     requested_node_rank: None,
                     master_port: 1,
+                    resume_hint: None,
                 },
                 0,
             ))

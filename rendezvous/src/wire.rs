@@ -2,6 +2,7 @@
 
 use drun_proto::v1 as pb;
 
+use crate::ledger::Retention;
 use crate::round::Restarts;
 use crate::session::{Event, Request, Resume, RunEnd};
 use crate::{Candidate, Member, Plan};
@@ -14,6 +15,11 @@ impl From<&Candidate> for pb::Candidate {
             slots: c.slots,
             requested_node_rank: c.requested_node_rank.map_or(-1, |r| r as i32),
             master_port: u32::from(c.master_port),
+            resume_hint_json: c
+                .resume_hint
+                .as_ref()
+                .map(|m| serde_json::to_string(m).expect("Manifest serializes"))
+                .unwrap_or_default(),
         }
     }
 }
@@ -26,6 +32,7 @@ impl From<pb::Candidate> for Candidate {
             slots: c.slots,
             requested_node_rank: u32::try_from(c.requested_node_rank).ok(),
             master_port: u16::try_from(c.master_port).unwrap_or(0),
+            resume_hint: serde_json::from_str(&c.resume_hint_json).ok(),
         }
     }
 }
@@ -51,6 +58,11 @@ impl From<&Plan> for pb::Plan {
             master_port: u32::from(p.master_port),
             restarts_failures: p.restarts_failures,
             restarts_membership: p.restarts_membership,
+            resume_json: p
+                .resume
+                .as_ref()
+                .map(|m| serde_json::to_string(m).expect("Manifest serializes"))
+                .unwrap_or_default(),
         }
     }
 }
@@ -76,6 +88,7 @@ impl From<pb::Plan> for Plan {
             master_port: u16::try_from(p.master_port).unwrap_or(0),
             restarts_failures: p.restarts_failures,
             restarts_membership: p.restarts_membership,
+            resume: serde_json::from_str(&p.resume_json).ok(),
         }
     }
 }
@@ -98,6 +111,20 @@ pub fn request_to_wire(r: &Request) -> pb::AgentMessage {
             description: description.clone(),
         }),
         Request::Leave => Kind::Leave(true),
+        Request::Commit { commit, retention } => Kind::Commit(pb::Commit {
+            node_commit_json: serde_json::to_string(commit).expect("NodeCommit serializes"),
+            keep_last: retention.keep_last,
+            keep_every: retention.keep_every,
+        }),
+        Request::MarkBad {
+            generation,
+            id,
+            reason,
+        } => Kind::BadCheckpoint(pb::BadCheckpoint {
+            generation: *generation,
+            manifest_id: id.clone(),
+            reason: reason.clone(),
+        }),
     };
     pb::AgentMessage { kind: Some(kind) }
 }
@@ -115,6 +142,18 @@ pub fn request_from_wire(m: pb::AgentMessage) -> Option<Request> {
             description: f.description,
         },
         Kind::Leave(_) => Request::Leave,
+        Kind::Commit(c) => Request::Commit {
+            commit: serde_json::from_str(&c.node_commit_json).ok()?,
+            retention: Retention {
+                keep_last: c.keep_last,
+                keep_every: c.keep_every,
+            },
+        },
+        Kind::BadCheckpoint(b) => Request::MarkBad {
+            generation: b.generation,
+            id: b.manifest_id,
+            reason: b.reason,
+        },
     })
 }
 
@@ -144,6 +183,19 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
         }
         Event::Fenced(r) => Kind::Fenced(r.clone()),
         Event::Error(r) => Kind::Error(r.clone()),
+        Event::Committed {
+            generation,
+            step,
+            result,
+        } => Kind::Committed(pb::Committed {
+            generation: *generation,
+            step: *step,
+            outcome_json: result
+                .as_ref()
+                .map(|o| serde_json::to_string(o).expect("CommitOutcome serializes"))
+                .unwrap_or_default(),
+            error: result.as_ref().err().cloned().unwrap_or_default(),
+        }),
     };
     pb::ServerEvent { kind: Some(kind) }
 }
@@ -174,6 +226,16 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
         },
         Kind::Fenced(r) => Event::Fenced(r),
         Kind::Error(r) => Event::Error(r),
+        Kind::Committed(c) => Event::Committed {
+            generation: c.generation,
+            step: c.step,
+            result: if c.error.is_empty() {
+                serde_json::from_str(&c.outcome_json)
+                    .map_err(|e| format!("undecodable commit answer: {e}"))
+            } else {
+                Err(c.error)
+            },
+        },
     })
 }
 

@@ -29,6 +29,8 @@ struct Track {
     /// The `after` generation of the pending Join.
     after: u64,
     succeeded: Option<u64>,
+    /// Commits sent and not answered yet.
+    commits: Vec<Request>,
 }
 
 /// Connects to the replicas `endpoints` (`host:port`) for the session described by `cfg`.
@@ -171,6 +173,12 @@ async fn run(
         if let (Some(g), Some(_)) = (t.succeeded, t.lease) {
             let _ = out_tx.send(request_to_wire(&Request::Succeeded(g)));
         }
+        // Commits whose answer the broken stream lost: recording them again is idempotent.
+        if t.lease.is_some() {
+            for c in &t.commits {
+                let _ = out_tx.send(request_to_wire(c));
+            }
+        }
         let mut tick = tokio::time::interval(cfg.keep_alive_interval);
         loop {
             tokio::select! {
@@ -179,6 +187,7 @@ async fn run(
                     match &req {
                         Request::Join(c, after) => { t.waiting = Some(c.clone()); t.after = *after; t.generation = 0; t.succeeded = None; }
                         Request::Succeeded(g) => t.succeeded = Some(*g),
+                        Request::Commit { .. } => t.commits.push(req.clone()),
                         _ => {}
                     }
                     let leave = req == Request::Leave;
@@ -199,7 +208,8 @@ async fn run(
                         match &ev {
                             Event::Opened { lease } => t.lease = Some(*lease),
                             Event::Formed(p) => { t.generation = p.generation; t.waiting = None; }
-                            Event::Reform { .. } => t.generation = 0,
+                            Event::Reform { .. } => { t.generation = 0; t.commits.clear(); }
+                            Event::Committed { generation, step, .. } => t.commits.retain(|c| !matches!(c, Request::Commit { commit, .. } if commit.generation == *generation && commit.step == *step)),
                             Event::Fenced(_) => t = Track::default(),
                             _ => {}
                         }

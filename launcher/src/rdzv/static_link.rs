@@ -66,6 +66,7 @@ pub fn spawn(
                         master_port,
                         restarts_failures: restarts.failures,
                         restarts_membership: 0,
+                        resume: None,
                     })
                 }
                 Request::Failed {
@@ -90,7 +91,14 @@ pub fn spawn(
                     reason: format!("local workers of generation {g} succeeded"),
                     at_ms: 0,
                 }),
-                Request::KeepAlive => continue,
+                Request::KeepAlive | Request::MarkBad { .. } => continue,
+                Request::Commit { commit, .. } => Event::Committed {
+                    generation: commit.generation,
+                    step: commit.step,
+                    result: Err("the static rendezvous backend has no checkpoint ledger; \
+                                 use the embedded, drun, c10d or etcd backend"
+                        .into()),
+                },
                 Request::Leave => return,
             };
             if ev_tx.send(ev).is_err() {

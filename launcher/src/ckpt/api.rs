@@ -1,0 +1,224 @@
+//! The local worker API: newline-delimited JSON over a Unix socket (`DRUN_AGENT_SOCK`).
+//!
+//! One request per line, one answer line per request, in order, on a connection a worker may
+//! keep open. Every answer has `"ok": true|false`; a refused request carries `"error"`, one line.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `{"op":"commit","rank":R,"generation":G,"step":S,"files":[{"path":P,"bytes":N,"sha256":H}],"cursor":C}` | after every local rank reported step S: `{"ok":true,"sealed":B,"manifest":PATH\|null,"waiting_for":[NODE...]}` |
+//! | `{"op":"resume"}` | `{"ok":true,"generation":G,"world_size":W,"resume":null\|{"step","generation","world_size","path","manifest","cursor"}}` |
+//! | `{"op":"progress","rank":R,"step":S}` | `{"ok":true}` (step beacon: lost work is measured from it) |
+//! | `{"op":"should_save","rank":R}` | `{"ok":true,"save":B}` (a coordinated save was requested) |
+//!
+//! `C` is a [`drun_rendezvous::Cursor`]; `P` absolute; `H` the file's SHA-256, lowercase hex.
+
+use std::path::{Path, PathBuf};
+
+use drun_rendezvous::Cursor;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+
+/// Longest request line accepted, in bytes (a commit of many files fits easily).
+const MAX_LINE: usize = 8 << 20;
+
+/// One file of a commit, as the worker reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct FileReport {
+    /// Absolute path.
+    pub path: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// SHA-256, lowercase hex.
+    pub sha256: String,
+}
+
+/// A worker's request.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ApiRequest {
+    /// This rank saved its shard of `step`.
+    Commit {
+        /// Global rank.
+        rank: u32,
+        /// `DRUN_GENERATION` of the worker.
+        generation: u64,
+        /// Step.
+        step: u64,
+        /// Files written.
+        files: Vec<FileReport>,
+        /// Data cursor after `step`.
+        cursor: Cursor,
+    },
+    /// What to resume from.
+    Resume,
+    /// Step beacon.
+    Progress {
+        /// Global rank.
+        rank: u32,
+        /// Step reached.
+        step: u64,
+    },
+    /// Is a coordinated save requested?
+    ShouldSave {
+        /// Global rank (optional).
+        #[serde(default)]
+        rank: Option<u32>,
+    },
+}
+
+/// A request and where its answer goes.
+pub type ApiCall = (ApiRequest, oneshot::Sender<Value>);
+
+/// The listening socket; removed (with its private directory) on drop.
+pub struct ApiServer {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ApiServer {
+    /// Listens on a fresh socket in a private (0700) temporary directory; requests arrive on
+    /// the returned channel.
+    ///
+    /// # Errors
+    /// Cannot create the directory or bind the socket.
+    pub fn start() -> std::io::Result<(Self, mpsc::UnboundedReceiver<ApiCall>)> {
+        let dir = tempfile::Builder::new().prefix("drun-agent-").tempdir()?;
+        let path = dir.path().join("agent.sock");
+        let listener = UnixListener::bind(&path)?;
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        tokio::spawn(serve(stream, tx.clone()));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "worker API: accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+        Ok((
+            ApiServer {
+                path,
+                _dir: dir,
+                task,
+            },
+            rx,
+        ))
+    }
+
+    /// The socket path (`DRUN_AGENT_SOCK`).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A refusal, as sent.
+pub fn refused(error: impl std::fmt::Display) -> Value {
+    json!({"ok": false, "error": error.to_string()})
+}
+
+async fn serve(stream: UnixStream, agent: mpsc::UnboundedSender<ApiCall>) {
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(read);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut lines)
+            .take(MAX_LINE as u64 + 1)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let answer = if line.len() > MAX_LINE {
+            refused(format!("request longer than {MAX_LINE} bytes"))
+        } else {
+            match serde_json::from_slice::<ApiRequest>(&line) {
+                Err(e) => refused(format!("bad request: {e}")),
+                Ok(req) => {
+                    let (tx, rx) = oneshot::channel();
+                    if agent.send((req, tx)).is_err() {
+                        refused("the agent is shutting down")
+                    } else {
+                        rx.await
+                            .unwrap_or_else(|_| refused("the worker group is stopping"))
+                    }
+                }
+            }
+        };
+        let mut out = serde_json::to_vec(&answer).expect("json serializes");
+        out.push(b'\n');
+        if write.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse() {
+        let r: ApiRequest = serde_json::from_str(
+            r#"{"op":"commit","rank":1,"generation":2,"step":3,"files":[{"path":"/a","bytes":4,"sha256":"ab"}],"cursor":{"epoch":0,"consumed_in_epoch":8}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            r,
+            ApiRequest::Commit {
+                rank: 1,
+                step: 3,
+                ..
+            }
+        ));
+        assert_eq!(
+            serde_json::from_str::<ApiRequest>(r#"{"op":"resume"}"#).unwrap(),
+            ApiRequest::Resume
+        );
+        assert!(serde_json::from_str::<ApiRequest>(r#"{"op":"launch"}"#).is_err());
+    }
+
+    #[tokio::test]
+    async fn answers_each_line_in_order() {
+        let (server, mut calls) = ApiServer::start().unwrap();
+        let mode = std::fs::metadata(server.path()).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+            0o600
+        );
+        tokio::spawn(async move {
+            while let Some((req, reply)) = calls.recv().await {
+                let _ = reply.send(json!({"ok": true, "echo": format!("{req:?}")}));
+            }
+        });
+        let s = UnixStream::connect(server.path()).await.unwrap();
+        let (r, mut w) = s.into_split();
+        w.write_all(b"{\"op\":\"resume\"}\nnot json\n{\"op\":\"should_save\"}\n")
+            .await
+            .unwrap();
+        let mut lines = BufReader::new(r).lines();
+        let a: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(a["echo"], "Resume");
+        let b: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(b["ok"], false);
+        assert!(b["error"].as_str().unwrap().starts_with("bad request"));
+        let c: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(c["echo"], "ShouldSave { rank: None }");
+    }
+}

@@ -1,0 +1,188 @@
+//! The agent's side of the checkpoint ledger (design §4): the local worker API, batching of the
+//! node's ranks, verification of the resume point, manifest files next to the checkpoints.
+//!
+//! # Theory of operation
+//!
+//! * [`api`] listens on a Unix socket (mode 0600, path in `DRUN_AGENT_SOCK`) for newline-delimited
+//!   JSON requests of the workers: `commit`, `resume`, `progress`, `should_save`.
+//! * [`node`] batches the commits of this node's ranks per step: once every local rank has
+//!   reported step `s` with the same cursor, one [`drun_rendezvous::NodeCommit`] goes to the
+//!   rendezvous, which seals the step when every node has reported it.
+//! * [`verify`] checks a manifest's files (size or SHA-256) before workers resume from it.
+//! * This module writes the manifest file next to the checkpoint, the atomically replaced
+//!   `latest` pointer in `--ckpt-dir`, and reads that pointer back when the store knows no
+//!   checkpoint (a fresh etcd, a requeued job on the embedded store).
+
+pub mod api;
+pub mod node;
+pub mod verify;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use drun_rendezvous::{Manifest, Retention};
+
+/// How the resume point is verified before workers start (`--ckpt-verify`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum VerifyMode {
+    /// Every file exists with the recorded size (one `stat` per file).
+    #[default]
+    Size,
+    /// Size and SHA-256 of every file (reads every byte, files hashed in parallel).
+    Digest,
+    /// No check.
+    None,
+}
+
+/// Checkpoint settings of a launch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CkptConfig {
+    /// `--ckpt-dir`, absolute: exported as `DRUN_CKPT_DIR`; holds the `latest` pointer file.
+    pub dir: Option<PathBuf>,
+    /// `--ckpt-verify`.
+    pub verify: VerifyMode,
+    /// `--ckpt-keep-last`, `--ckpt-keep-every`.
+    pub retention: Retention,
+}
+
+/// Name of the pointer file in `--ckpt-dir`: one line, the path of the newest manifest file.
+pub const LATEST_FILE: &str = "latest";
+
+/// Where the manifest file of `m` lives: next to its files.
+pub fn manifest_path(m: &Manifest) -> PathBuf {
+    m.dir().join(m.file_name())
+}
+
+/// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync, rename,
+/// fsync of the directory.
+///
+/// # Errors
+/// I/O errors of any of those steps.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Writes the manifest file of `m` next to its files if it is not there yet, and (when `dir`
+/// is set) points `<dir>/latest` at it. Returns the manifest file's path.
+///
+/// # Errors
+/// I/O errors (the caller logs them: the ledger in the store stays authoritative).
+pub fn publish(m: &Manifest, dir: Option<&Path>) -> std::io::Result<PathBuf> {
+    let path = manifest_path(m);
+    if !path.exists() {
+        write_atomic(
+            &path,
+            &serde_json::to_vec_pretty(m).expect("Manifest serializes"),
+        )?;
+    }
+    if let Some(d) = dir {
+        let newer = match read_latest(d) {
+            Some(cur) => (cur.step, cur.generation) <= (m.step, m.generation),
+            None => true,
+        };
+        if newer {
+            write_atomic(
+                &d.join(LATEST_FILE),
+                format!("{}\n", path.display()).as_bytes(),
+            )?;
+        }
+    }
+    Ok(path)
+}
+
+/// The manifest `<dir>/latest` points at, if it exists and decodes.
+pub fn read_latest(dir: &Path) -> Option<Manifest> {
+    let pointer = std::fs::read_to_string(dir.join(LATEST_FILE)).ok()?;
+    let path = PathBuf::from(pointer.trim());
+    let path = if path.is_absolute() {
+        path
+    } else {
+        dir.join(path)
+    };
+    let bytes = std::fs::read(&path).ok()?;
+    match serde_json::from_slice(&bytes) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "ignoring an undecodable manifest file");
+            None
+        }
+    }
+}
+
+/// Deletes what retention dropped: `garbage` files, the manifest files of `dropped`, and the
+/// directories that become empty. Errors are logged, never fatal.
+pub fn remove_garbage(garbage: &[String], dropped: &[Manifest]) {
+    let mut dirs = Vec::new();
+    let files = garbage
+        .iter()
+        .map(PathBuf::from)
+        .chain(dropped.iter().map(manifest_path));
+    for f in files {
+        match std::fs::remove_file(&f) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %f.display(), error = %e, "cannot remove an old checkpoint file")
+            }
+        }
+        if let Some(p) = f.parent() {
+            dirs.push(p.to_path_buf());
+        }
+    }
+    dirs.sort();
+    dirs.dedup();
+    for d in dirs.into_iter().rev() {
+        let _ = std::fs::remove_dir(d); // only succeeds when empty
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drun_rendezvous::{Cursor, ShardFile};
+
+    fn manifest(dir: &Path, step: u64) -> Manifest {
+        Manifest {
+            run_id: "r".into(),
+            step,
+            generation: 1,
+            world_size: 1,
+            cursor: Cursor::default(),
+            files: vec![ShardFile {
+                rank: 0,
+                path: dir
+                    .join(format!("step-{step}/rank0.bin"))
+                    .display()
+                    .to_string(),
+                bytes: 3,
+                sha256: String::new(),
+            }],
+            sealed_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn publish_points_latest_forward_only() {
+        let d = tempfile::tempdir().unwrap();
+        for s in [4, 8] {
+            std::fs::create_dir_all(d.path().join(format!("step-{s}"))).unwrap();
+        }
+        publish(&manifest(d.path(), 8), Some(d.path())).unwrap();
+        publish(&manifest(d.path(), 4), Some(d.path())).unwrap();
+        assert_eq!(read_latest(d.path()).unwrap().step, 8);
+        assert!(d.path().join("step-4/drun-manifest-4-1.json").exists());
+        remove_garbage(
+            &[d.path().join("step-4/rank0.bin").display().to_string()],
+            &[manifest(d.path(), 4)],
+        );
+        assert!(!d.path().join("step-4").exists(), "emptied dir removed");
+    }
+}

@@ -1,0 +1,341 @@
+//! Batching of this node's checkpoint commits: one [`NodeCommit`] per step once every local rank
+//! has reported it, and the answers back to the ranks.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use drun_rendezvous::ledger::cursor_disagreement;
+use drun_rendezvous::{CommitOutcome, Cursor, Manifest, NodeCommit, Plan, ShardFile};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+use super::api::{refused, FileReport};
+
+type Reply = oneshot::Sender<Value>;
+
+struct RankCommit {
+    cursor: Cursor,
+    files: Vec<ShardFile>,
+    reply: Reply,
+}
+
+/// This node's view of the ledger during one generation.
+pub struct NodeLedger {
+    node_id: String,
+    generation: u64,
+    /// Global ranks of this node: `first..first + slots`.
+    first: u32,
+    slots: u32,
+    resume_step: Option<u64>,
+    steps: BTreeMap<u64, BTreeMap<u32, RankCommit>>,
+    inflight: BTreeMap<u64, Vec<Reply>>,
+    progress: BTreeMap<u32, u64>,
+}
+
+impl NodeLedger {
+    /// Ledger state for `node_id` running `plan`. A node absent from the plan has no ranks.
+    pub fn new(plan: &Plan, node_id: &str) -> Self {
+        let (first, slots) = plan
+            .member(node_id)
+            .map_or((0, 0), |m| (m.base_rank, m.slots));
+        Self {
+            node_id: node_id.to_string(),
+            generation: plan.generation,
+            first,
+            slots,
+            resume_step: plan.resume.as_ref().map(|m| m.step),
+            steps: BTreeMap::new(),
+            inflight: BTreeMap::new(),
+            progress: BTreeMap::new(),
+        }
+    }
+
+    /// Generation this state belongs to.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    fn check_rank(&self, rank: u32) -> Result<(), String> {
+        if rank < self.first || rank >= self.first + self.slots {
+            return Err(format!(
+                "rank {rank} does not run on node {} (ranks {}..{})",
+                self.node_id,
+                self.first,
+                self.first + self.slots
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records rank `rank`'s report of `step`; answers it at once when refused. Returns the
+    /// node's batched commit when this was the last local rank to report `step`.
+    pub fn commit(
+        &mut self,
+        rank: u32,
+        generation: u64,
+        step: u64,
+        files: Vec<FileReport>,
+        cursor: Cursor,
+        reply: Reply,
+    ) -> Option<NodeCommit> {
+        let problem = if generation != self.generation {
+            Some(format!(
+                "stale commit: generation {generation} is over; this node runs generation {}",
+                self.generation
+            ))
+        } else if let Err(e) = self.check_rank(rank) {
+            Some(e)
+        } else if self.resume_step.is_some_and(|r| step <= r) {
+            Some(format!(
+                "step {step} is not after the step this generation resumed from ({})",
+                self.resume_step.unwrap_or(0)
+            ))
+        } else if self.inflight.contains_key(&step) {
+            Some(format!(
+                "step {step} is already being committed by this node"
+            ))
+        } else {
+            files.iter().find_map(|f| check_file(f).err())
+        };
+        if let Some(p) = problem {
+            let _ = reply.send(refused(p));
+            return None;
+        }
+        let files = files
+            .into_iter()
+            .map(|f| ShardFile {
+                rank,
+                path: f.path,
+                bytes: f.bytes,
+                sha256: f.sha256,
+            })
+            .collect();
+        let ranks = self.steps.entry(step).or_default();
+        if let Some(old) = ranks.insert(
+            rank,
+            RankCommit {
+                cursor,
+                files,
+                reply,
+            },
+        ) {
+            let _ = old
+                .reply
+                .send(refused(format!("rank {rank} committed step {step} again")));
+        }
+        if ranks.len() < self.slots as usize {
+            return None;
+        }
+        let ranks = self.steps.remove(&step).expect("present");
+        let disagreement = cursor_disagreement(
+            ranks
+                .iter()
+                .map(|(r, c)| (std::slice::from_ref(r), &c.cursor)),
+        );
+        if let Some(detail) = disagreement {
+            let msg = format!("step {step} not sealed: misaligned data: {detail}");
+            tracing::error!("checkpoint {msg}");
+            for (_, c) in ranks {
+                let _ = c.reply.send(refused(&msg));
+            }
+            return None;
+        }
+        let mut batch = NodeCommit {
+            node_id: self.node_id.clone(),
+            generation: self.generation,
+            step,
+            ranks: ranks.keys().copied().collect(),
+            cursor: ranks.values().next().expect("slots ≥ 1").cursor.clone(),
+            files: Vec::new(),
+        };
+        let mut replies = Vec::new();
+        for (_, c) in ranks {
+            batch.files.extend(c.files);
+            replies.push(c.reply);
+        }
+        self.inflight.insert(step, replies);
+        Some(batch)
+    }
+
+    /// Answers the ranks waiting on `step` with the rendezvous' verdict. `manifest_file` is where
+    /// the manifest was written when this node sealed the step.
+    pub fn answered(
+        &mut self,
+        step: u64,
+        result: &Result<CommitOutcome, String>,
+        manifest_file: Option<&Path>,
+    ) {
+        let Some(replies) = self.inflight.remove(&step) else {
+            return;
+        };
+        let answer = match result {
+            Ok(CommitOutcome::Recorded { waiting_for }) => json!({
+                "ok": true, "step": step, "sealed": false, "manifest": null,
+                "waiting_for": waiting_for,
+            }),
+            Ok(CommitOutcome::Sealed { .. }) => json!({
+                "ok": true, "step": step, "sealed": true,
+                "manifest": manifest_file.map(|p| p.display().to_string()),
+                "waiting_for": [],
+            }),
+            Err(e) => refused(e),
+        };
+        for r in replies {
+            let _ = r.send(answer.clone());
+        }
+    }
+
+    /// Notes rank `rank`'s step beacon.
+    pub fn progress(&mut self, rank: u32, step: u64) -> Value {
+        match self.check_rank(rank) {
+            Ok(()) => {
+                let s = self.progress.entry(rank).or_default();
+                *s = (*s).max(step);
+                json!({"ok": true})
+            }
+            Err(e) => refused(e),
+        }
+    }
+
+    /// Highest step any local rank announced, if any did.
+    pub fn reached(&self) -> Option<u64> {
+        self.progress.values().copied().max()
+    }
+}
+
+fn check_file(f: &FileReport) -> Result<(), String> {
+    if !Path::new(&f.path).is_absolute() {
+        return Err(format!("file path '{}' must be absolute", f.path));
+    }
+    if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "sha256 of '{}' must be 64 hex digits, got '{}'",
+            f.path, f.sha256
+        ));
+    }
+    match std::fs::metadata(&f.path) {
+        Ok(m) if m.len() == f.bytes => Ok(()),
+        Ok(m) => Err(format!(
+            "'{}' has {} bytes, the commit says {} (was it fully written before commit?)",
+            f.path,
+            m.len(),
+            f.bytes
+        )),
+        Err(e) => Err(format!("'{}': {e}", f.path)),
+    }
+}
+
+/// The `resume` answer for `plan`: what every rank of the generation resumes from.
+pub fn resume_answer(plan: &Plan, manifest_file: Option<&Path>) -> Value {
+    json!({
+        "ok": true,
+        "generation": plan.generation,
+        "world_size": plan.world_size,
+        "resume": plan.resume.as_ref().map(|m: &Manifest| json!({
+            "step": m.step,
+            "generation": m.generation,
+            "world_size": m.world_size,
+            "path": m.dir().display().to_string(),
+            "manifest": manifest_file.map(|p| p.display().to_string()),
+            "cursor": m.cursor,
+        })),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drun_rendezvous::{assign, Candidate};
+
+    fn plan(slots: u32) -> Plan {
+        let c = Candidate {
+            node_id: "a".into(),
+            advertise_addr: "127.0.0.1".into(),
+            slots,
+            requested_node_rank: None,
+            master_port: 1,
+            resume_hint: None,
+        };
+        assign("run", 3, &[c], 0, 0).unwrap()
+    }
+
+    fn file(dir: &Path, rank: u32) -> FileReport {
+        let p = dir.join(format!("r{rank}"));
+        std::fs::write(&p, b"abc").unwrap();
+        FileReport {
+            path: p.display().to_string(),
+            bytes: 3,
+            sha256: "0".repeat(64),
+        }
+    }
+
+    fn cursor(n: u64) -> Cursor {
+        Cursor {
+            consumed_in_epoch: n,
+            ..Cursor::default()
+        }
+    }
+
+    #[test]
+    fn batches_when_every_local_rank_reported() {
+        let d = tempfile::tempdir().unwrap();
+        let mut l = NodeLedger::new(&plan(2), "a");
+        let (t0, _r0) = oneshot::channel();
+        assert!(l
+            .commit(0, 3, 5, vec![file(d.path(), 0)], cursor(8), t0)
+            .is_none());
+        let (t1, mut r1) = oneshot::channel();
+        let batch = l
+            .commit(1, 3, 5, vec![file(d.path(), 1)], cursor(8), t1)
+            .expect("complete");
+        assert_eq!(batch.ranks, [0, 1]);
+        assert_eq!(batch.files.len(), 2);
+        l.answered(
+            5,
+            &Ok(CommitOutcome::Recorded {
+                waiting_for: vec!["b".into()],
+            }),
+            None,
+        );
+        assert_eq!(r1.try_recv().unwrap()["waiting_for"][0], "b");
+    }
+
+    #[test]
+    fn refuses_stale_misaligned_and_foreign_commits() {
+        let d = tempfile::tempdir().unwrap();
+        let mut l = NodeLedger::new(&plan(2), "a");
+        let (t, mut r) = oneshot::channel();
+        assert!(l.commit(0, 2, 5, vec![], cursor(8), t).is_none());
+        assert!(r.try_recv().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("stale commit: generation 2 is over"));
+        let (t, mut r) = oneshot::channel();
+        assert!(l.commit(7, 3, 5, vec![], cursor(8), t).is_none());
+        assert!(r.try_recv().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("rank 7 does not run on node a"));
+        let mut short = file(d.path(), 0);
+        short.bytes = 99;
+        let (t, mut r) = oneshot::channel();
+        assert!(l.commit(0, 3, 5, vec![short], cursor(8), t).is_none());
+        assert!(r.try_recv().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("has 3 bytes, the commit says 99"));
+        let (t0, mut r0) = oneshot::channel();
+        let (t1, _r1) = oneshot::channel();
+        assert!(l.commit(0, 3, 6, vec![], cursor(8), t0).is_none());
+        assert!(l.commit(1, 3, 6, vec![], cursor(9), t1).is_none());
+        let e = r0.try_recv().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.starts_with("step 6 not sealed: misaligned data: rank 0 report cursor"),
+            "{e}"
+        );
+        assert!(e.contains("rank 1 report cursor"), "{e}");
+    }
+}
