@@ -180,6 +180,22 @@ pub async fn status_json(
         .await?
         .and_then(|kv| serde_json::from_slice(&kv.value).ok());
     let restarts = round.restarts().await?;
+    let ledger = crate::Ledger::new(store.clone(), run);
+    let sealed = ledger.manifests().await?;
+    let bad = ledger.bad().await?;
+    let checkpoints = serde_json::json!({
+        "latest": sealed.iter().rev().find(|m| !bad.contains_key(&m.id())).map(|m| serde_json::json!({
+            "step": m.step,
+            "generation": m.generation,
+            "world_size": m.world_size,
+            "cursor": m.cursor,
+            "files": m.files.len(),
+            "bytes": m.bytes(),
+            "path": m.dir(),
+        })),
+        "sealed": sealed.iter().map(|m| serde_json::json!({"step": m.step, "generation": m.generation})).collect::<Vec<_>>(),
+        "bad": bad,
+    });
     Ok(serde_json::json!({
         "run": run,
         "generation": generation,
@@ -187,6 +203,7 @@ pub async fn status_json(
         "waiting": waiting,
         "restarts": { "failures": restarts.failures, "membership": restarts.membership },
         "finished": finished,
+        "checkpoints": checkpoints,
     }))
 }
 

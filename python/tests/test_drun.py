@@ -1,0 +1,197 @@
+"""Unit tests of the drun Python helper (run: python -m unittest discover -s python/tests)."""
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import unittest
+from unittest import mock
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import drun  # noqa: E402
+
+try:
+    import torch
+    from torch.utils.data.distributed import DistributedSampler
+except ImportError:  # pragma: no cover - CI requires torch
+    torch = None
+    if os.environ.get("DRUN_REQUIRE_TORCH") == "1":
+        raise
+
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("DRUN_", "RANK", "WORLD_SIZE"))}
+
+
+def resumed_env(epoch, samples):
+    env = dict(CLEAN)
+    env.update(DRUN_RESUME_STEP="3", DRUN_DATA_EPOCH=str(epoch),
+               DRUN_GLOBAL_SAMPLES=str(samples))
+    return env
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class SamplerMatchesDistributedSampler(unittest.TestCase):
+    def test_same_indices_per_rank_and_epoch(self):
+        n, seed = 96, 17
+        for world in (1, 2, 3, 4):
+            for epoch in (0, 1, 5):
+                for rank in range(world):
+                    with mock.patch.dict(os.environ, CLEAN, clear=True):
+                        ours = drun.ElasticSampler(n, seed=seed, global_batch=12, rank=rank,
+                                                   world_size=world)
+                    ours.set_epoch(epoch)
+                    ref = DistributedSampler(list(range(n)), num_replicas=world, rank=rank,
+                                             shuffle=True, seed=seed)
+                    ref.set_epoch(epoch)
+                    self.assertEqual(list(ours), list(ref), (world, epoch, rank))
+                    self.assertEqual(len(ours), len(ref))
+
+
+class Resharding(unittest.TestCase):
+    def perm(self, n, seed, epoch):
+        return drun._permutation(n, seed, epoch, True)
+
+    def test_remaining_suffix_is_covered_exactly_after_n_to_m(self):
+        n, seed, batch = 240, 3, 12
+        for old_world, new_world in ((4, 2), (2, 4), (4, 3), (1, 6), (3, 1)):
+            steps_done = 7
+            with mock.patch.dict(os.environ, CLEAN, clear=True):
+                before = [drun.ElasticSampler(n, seed, batch, rank=r, world_size=old_world)
+                          for r in range(old_world)]
+            consumed = []
+            for s in before:
+                consumed += s.indices()[: steps_done * s.local_batch]
+            cursor = before[0].cursor(steps_done)
+            self.assertTrue(all(s.cursor(steps_done) == cursor for s in before))
+            self.assertEqual(cursor["consumed_in_epoch"], steps_done * batch)
+            with mock.patch.dict(os.environ, resumed_env(cursor["epoch"],
+                                                         cursor["consumed_in_epoch"]),
+                                 clear=True):
+                after = [drun.ElasticSampler(n, seed, batch, rank=r, world_size=new_world)
+                         for r in range(new_world)]
+            rest = []
+            for s in after:
+                rest += s.indices()
+            perm = self.perm(n, seed, 0)
+            self.assertEqual(sorted(consumed), sorted(perm[: steps_done * batch]))
+            self.assertEqual(sorted(rest), sorted(perm[steps_done * batch:]))
+            self.assertEqual(sorted(consumed + rest), list(range(n)), (old_world, new_world))
+            # Step k after the resume consumes exactly the next global batch of the permutation.
+            local = after[0].local_batch
+            for k in range(after[0].steps_per_epoch - steps_done):
+                step = []
+                for s in after:
+                    step += s.indices()[k * local:(k + 1) * local]
+                lo = (steps_done + k) * batch
+                self.assertEqual(sorted(step), sorted(perm[lo:lo + batch]))
+
+    def test_cursor_rolls_into_the_next_epoch_and_offset_is_per_epoch(self):
+        with mock.patch.dict(os.environ, resumed_env(2, 24), clear=True):
+            s = drun.ElasticSampler(50, seed=0, global_batch=8, rank=0, world_size=2)
+        self.assertEqual((s.epoch, s.start, s.start_step, s.usable), (2, 24, 3, 48))
+        self.assertEqual(s.cursor(3), {"epoch": 3, "consumed_in_epoch": 0,
+                                       "consumed_total": 144, "seed": 0,
+                                       "dataset_len": 50, "global_batch": 8})
+        s.set_epoch(3)
+        self.assertEqual(s.start, 0)
+        self.assertEqual(len(s), 24)
+
+    def test_global_batch_must_divide_by_world(self):
+        with self.assertRaises(ValueError):
+            drun.ElasticSampler(10, global_batch=5, rank=0, world_size=2)
+
+
+class FakeAgent:
+    """A Unix socket that records requests and answers with `reply(request)`."""
+
+    def __init__(self, reply):
+        self.dir = tempfile.mkdtemp()
+        self.path = os.path.join(self.dir, "agent.sock")
+        self.requests = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(1)
+        self.reply = reply
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        conn, _ = self.sock.accept()
+        f = conn.makefile("rb")
+        for line in f:
+            req = json.loads(line)
+            self.requests.append(req)
+            conn.sendall(json.dumps(self.reply(req)).encode() + b"\n")
+
+
+class AgentApi(unittest.TestCase):
+    def setUp(self):
+        drun._client.close()
+
+    def test_commit_sends_hashes_rank_generation_and_cursor(self):
+        agent = FakeAgent(lambda r: {"ok": True, "sealed": r["op"] == "commit", "save": True})
+        d = tempfile.mkdtemp()
+        env = dict(CLEAN, DRUN_AGENT_SOCK=agent.path, RANK="3", DRUN_GENERATION="5",
+                   DRUN_CKPT_DIR=d)
+        with mock.patch.dict(os.environ, env, clear=True):
+            path = drun.shard_path(40)
+            self.assertEqual(path, os.path.join(d, "step-00000040-g5", "rank3.pt"))
+            sha, size = drun.atomic_save(path, lambda f: f.write(b"x" * 1000))
+            answer = drun.commit(40, [path], {"epoch": 0, "consumed_in_epoch": 320})
+            self.assertTrue(drun.should_save())
+        self.assertTrue(answer["sealed"])
+        req = agent.requests[0]
+        self.assertEqual((req["op"], req["rank"], req["generation"], req["step"]),
+                         ("commit", 3, 5, 40))
+        self.assertEqual(req["files"], [{"path": path, "bytes": 1000,
+                                         "sha256": hashlib.sha256(b"x" * 1000).hexdigest()}])
+        self.assertEqual((sha, size), (hashlib.sha256(b"x" * 1000).hexdigest(), 1000))
+        self.assertEqual(req["cursor"]["consumed_in_epoch"], 320)
+        self.assertEqual(agent.requests[1]["op"], "should_save")
+
+    def test_refusal_raises_with_the_agents_line(self):
+        agent = FakeAgent(lambda r: {"ok": False, "error": "stale commit: generation 2 is over"})
+        f = tempfile.NamedTemporaryFile(delete=False)
+        f.write(b"abc")
+        f.close()
+        with mock.patch.dict(os.environ, dict(CLEAN, DRUN_AGENT_SOCK=agent.path), clear=True):
+            with self.assertRaisesRegex(drun.DrunError, "generation 2 is over"):
+                drun.commit(1, f.name, {"consumed_in_epoch": 0})
+
+    def test_outside_drun_everything_is_a_no_op(self):
+        with mock.patch.dict(os.environ, CLEAN, clear=True):
+            self.assertIsNone(drun.resume_info())
+            self.assertIsNone(drun.commit(1, [], {}))
+            self.assertFalse(drun.should_save())
+            drun.progress(3)
+
+    def test_atomic_save_leaves_nothing_when_the_writer_fails(self):
+        d = tempfile.mkdtemp()
+        target = os.path.join(d, "x.pt")
+
+        def boom(f):
+            f.write(b"partial")
+            raise KeyboardInterrupt
+
+        with self.assertRaises(KeyboardInterrupt):
+            drun.atomic_save(target, boom)
+        self.assertEqual(os.listdir(d), [])
+
+    def test_resume_info_reads_env_and_manifest(self):
+        d = tempfile.mkdtemp()
+        manifest = os.path.join(d, "m.json")
+        with open(manifest, "w") as f:
+            json.dump({"cursor": {"epoch": 1, "consumed_in_epoch": 16}}, f)
+        env = dict(CLEAN, DRUN_RESUME_STEP="12", DRUN_RESUME_WORLD_SIZE="4",
+                   DRUN_RESUME_PATH=d, DRUN_RESUME_MANIFEST=manifest, DRUN_DATA_EPOCH="1",
+                   DRUN_GLOBAL_SAMPLES="16", DRUN_RESUME_GENERATION="2")
+        with mock.patch.dict(os.environ, env, clear=True):
+            info = drun.resume_info()
+        self.assertEqual((info["step"], info["world_size"], info["epoch"],
+                          info["global_samples"], info["generation"]), (12, 4, 1, 16, 2))
+        self.assertEqual(info["cursor"]["consumed_in_epoch"], 16)
+
+
+if __name__ == "__main__":
+    unittest.main()

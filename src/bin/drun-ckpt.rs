@@ -1,0 +1,128 @@
+//! `drun-ckpt`: the worker API of a drun agent (`DRUN_AGENT_SOCK`) for shell and non-Python
+//! workers. Prints the agent's JSON answer on stdout.
+//!
+//! Exit codes: 0 accepted (for `should-save`: a save is requested), 1 refused (one line on
+//! stderr naming why) or, for `should-save`, no save requested, 2 usage error or not under drun.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use drun_launcher::ckpt::verify::sha256_file;
+use serde_json::{json, Value};
+
+/// Talk to the drun agent that started this worker (checkpoint ledger API).
+#[derive(Parser)]
+#[command(name = "drun-ckpt", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Report this rank's checkpoint of STEP: hashes FILES (SHA-256) and sends them with the cursor.
+    Commit {
+        /// Step the checkpoint was taken after.
+        #[arg(long)]
+        step: u64,
+        /// Global data cursor as JSON (see the README), e.g. '{"epoch":0,"consumed_in_epoch":640}'.
+        #[arg(long, conflicts_with = "samples")]
+        cursor: Option<String>,
+        /// Shorthand for a cursor of epoch 0 with this many samples consumed.
+        #[arg(long)]
+        samples: Option<u64>,
+        /// Files written (made absolute).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print what every rank resumes from (`"resume": null` to start fresh).
+    Resume,
+    /// Exit 0 when a coordinated save is requested, 1 otherwise.
+    ShouldSave,
+    /// Step beacon (lets drun report how much work a re-form loses).
+    Progress {
+        /// Step reached.
+        step: u64,
+    },
+}
+
+fn env_u64(name: &str) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn request(msg: &Value) -> Result<Value, String> {
+    let path = std::env::var_os("DRUN_AGENT_SOCK")
+        .ok_or("not running under drun (DRUN_AGENT_SOCK is unset)")?;
+    let mut s = UnixStream::connect(&path).map_err(|e| {
+        format!(
+            "cannot reach the drun agent at {}: {e}",
+            PathBuf::from(&path).display()
+        )
+    })?;
+    let mut line = serde_json::to_vec(msg).expect("json serializes");
+    line.push(b'\n');
+    s.write_all(&line).map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    BufReader::new(s)
+        .read_line(&mut answer)
+        .map_err(|e| e.to_string())?;
+    serde_json::from_str(&answer).map_err(|e| format!("undecodable answer from the agent: {e}"))
+}
+
+fn run(cli: Cli) -> Result<(Value, bool), (String, u8)> {
+    let rank = env_u64("RANK");
+    let msg = match cli.command {
+        Command::Commit {
+            step,
+            cursor,
+            samples,
+            files,
+        } => {
+            let cursor: Value = match (cursor, samples) {
+                (Some(c), _) => serde_json::from_str(&c)
+                    .map_err(|e| (format!("--cursor is not JSON: {e}"), 2))?,
+                (None, Some(n)) => json!({"epoch": 0, "consumed_in_epoch": n}),
+                (None, None) => return Err(("give --cursor JSON or --samples N".into(), 2)),
+            };
+            let mut reports = Vec::new();
+            for f in files {
+                let abs =
+                    std::path::absolute(&f).map_err(|e| (format!("{}: {e}", f.display()), 2))?;
+                let (sha256, bytes) =
+                    sha256_file(&abs).map_err(|e| (format!("{}: {e}", abs.display()), 2))?;
+                reports.push(json!({"path": abs, "bytes": bytes, "sha256": sha256}));
+            }
+            json!({"op": "commit", "rank": rank, "generation": env_u64("DRUN_GENERATION"),
+                   "step": step, "files": reports, "cursor": cursor})
+        }
+        Command::Resume => json!({"op": "resume"}),
+        Command::ShouldSave => json!({"op": "should_save", "rank": rank}),
+        Command::Progress { step } => json!({"op": "progress", "rank": rank, "step": step}),
+    };
+    let answer = request(&msg).map_err(|e| (e, 2))?;
+    if answer["ok"] != json!(true) {
+        let e = answer["error"].as_str().unwrap_or("refused").to_string();
+        return Err((e, 1));
+    }
+    let yes = msg["op"] != "should_save" || answer["save"] == json!(true);
+    Ok((answer, yes))
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok((answer, yes)) => {
+            println!("{answer}");
+            ExitCode::from(if yes { 0 } else { 1 })
+        }
+        Err((e, code)) => {
+            eprintln!("drun-ckpt: {e}");
+            ExitCode::from(code)
+        }
+    }
+}
