@@ -3,14 +3,22 @@
 Runs unchanged under torchrun or drun, e.g.:
 
     torchrun --standalone --nproc-per-node 2 examples/train_ddp.py
+    drun --standalone --nproc-per-node 2 --ckpt-dir ckpt examples/train_ddp.py
 
 It fits an MLP to a deterministic synthetic regression dataset, prints the
 all-reduced loss from rank 0, and saves a final checkpoint to <out>/final.pt.
+
+Under drun it also checkpoints every --ckpt-every steps through drun's ledger
+and, after any re-form (a node lost or added, a worker restarted), resumes from
+the checkpoint drun names, at the same global sample, whatever the new world
+size: the data order and the model trajectory are those of a run without
+faults. Under torchrun it simply starts fresh.
 """
 
 import argparse
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -18,7 +26,12 @@ import torch.nn as nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
+
+try:
+    import drun
+except ImportError:  # running from a checkout without `pip install ./python`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import drun
 
 NUM_SAMPLES = 4096
 NUM_FEATURES = 16
@@ -31,12 +44,19 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10,
                         help="number of passes over the dataset")
-    parser.add_argument("--batch-size", type=int, default=64,
-                        help="per-rank batch size")
+    parser.add_argument("--global-batch", type=int, default=128,
+                        help="samples per optimizer step over all ranks (kept across world sizes)")
     parser.add_argument("--lr", type=float, default=0.05,
                         help="SGD learning rate")
     parser.add_argument("--out", default="checkpoints",
                         help="directory for the final checkpoint")
+    parser.add_argument("--ckpt-every", type=int, default=50,
+                        help="steps between checkpoints committed to drun (0: never)")
+    parser.add_argument("--step-sleep", type=float, default=0.0,
+                        help="seconds to sleep per step (to watch elasticity at work)")
+    parser.add_argument("--record-indices", default=None,
+                        help="append '<step> <sample indices>' lines per rank to "
+                             "<prefix>.rank<R>.gen<G> (data-order tests)")
     return parser.parse_args()
 
 
@@ -47,7 +67,7 @@ def make_dataset():
     w = torch.randn(NUM_FEATURES, 1, generator=gen) / NUM_FEATURES ** 0.5
     y = torch.tanh(x @ w) * 2.0 + 0.5 * (x[:, :1] * x[:, 1:2])
     y = y + 0.05 * torch.randn(NUM_SAMPLES, 1, generator=gen)
-    return TensorDataset(x, y)
+    return TensorDataset(x, y, torch.arange(NUM_SAMPLES))
 
 
 def make_model():
@@ -72,26 +92,57 @@ def main():
     world_size = dist.get_world_size()
 
     dataset = make_dataset()
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
-                                 shuffle=True, seed=DATA_SEED, drop_last=True)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+    # Same indices as DistributedSampler(shuffle=True, seed=DATA_SEED), but it starts at drun's
+    # global cursor and re-splits what remains over the current world size.
+    sampler = drun.ElasticSampler(len(dataset), seed=DATA_SEED, global_batch=args.global_batch)
+    loader = DataLoader(dataset, batch_size=sampler.local_batch, sampler=sampler,
                         drop_last=True)
 
-    model = DistributedDataParallel(make_model())
+    model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    loss_fn = nn.MSELoss()
-
     step = 0
+    resume = drun.resume_info()  # None under torchrun or before the first checkpoint
+    if resume is not None:
+        state = torch.load(os.path.join(resume["path"], "rank0.pt"), weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = resume["step"]
+        if rank == 0:
+            print(f"resumed at step={step} epoch={sampler.epoch} sample={sampler.start} "
+                  f"(saved at world size {resume['world_size']}, now {world_size})", flush=True)
+    model = DistributedDataParallel(model)
+    loss_fn = nn.MSELoss()
+    record = None
+    if args.record_indices:
+        gen = os.environ.get("DRUN_GENERATION", "0")
+        record = open(f"{args.record_indices}.rank{rank}.gen{gen}", "a")
+
     first_loss = None
     last_loss = None
-    for epoch in range(args.epochs):
+    for epoch in range(sampler.epoch, args.epochs):
         sampler.set_epoch(epoch)
-        for x, y in loader:
+        batches = 0  # global batches of this epoch done since the sampler's start
+        for x, y, idx in loader:
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
             step += 1
+            batches += 1
+            if record is not None:
+                record.write(f"{step} {','.join(map(str, idx.tolist()))}\n")
+                record.flush()
+            drun.progress(step)
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            if drun.available() and args.ckpt_every and step % args.ckpt_every == 0:
+                # Every rank writes its file (the model is replicated; rank 0's is loaded on
+                # resume) and commits it with the same global cursor.
+                path = drun.shard_path(step)
+                drun.atomic_save(path, lambda f: torch.save(
+                    {"model": model.module.state_dict(),
+                     "optimizer": optimizer.state_dict(), "step": step}, f))
+                drun.commit(step, [path], sampler.cursor(batches))
 
             is_first = first_loss is None
             if is_first or step % LOG_EVERY == 0:
@@ -105,7 +156,7 @@ def main():
                     print(f"step={step} epoch={epoch} loss={value:.6f}", flush=True)
 
     # Final loss: all-reduced mean of the last batch loss, whatever the step.
-    if step > 0 and step % LOG_EVERY != 0:
+    if first_loss is not None and step % LOG_EVERY != 0:
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss, op=dist.ReduceOp.SUM)
         last_loss = mean_loss.item() / world_size

@@ -2,8 +2,10 @@
 
 mod harness;
 
+mod ckpt;
 mod cli;
 mod elastic;
+mod ledger;
 mod logs;
 mod multinode;
 mod ports;

@@ -648,9 +648,13 @@ impl Agent {
                 let secs = v.took.as_secs_f64();
                 if mode != VerifyMode::None {
                     tracing::info!(
-                        "checkpoint step {} verified by {:?}: {} files, {:.1} MB in {:.3} s{}",
+                        "checkpoint step {} verified ({}): {} files, {:.1} MB in {:.3} s{}",
                         m.step,
-                        mode,
+                        if mode == VerifyMode::Digest {
+                            "size and sha256"
+                        } else {
+                            "sizes"
+                        },
                         v.files,
                         v.bytes as f64 / 1e6,
                         secs,

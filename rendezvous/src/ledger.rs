@@ -142,6 +142,14 @@ pub fn manifest_id(step: u64, generation: u64) -> String {
     format!("{step:020}-{generation:020}")
 }
 
+/// "step 6 (generation 1)" for a manifest id; the id itself if it does not parse.
+pub fn describe_id(id: &str) -> String {
+    match parse_id(id) {
+        Some((s, g)) => format!("step {s} (generation {g})"),
+        None => id.to_string(),
+    }
+}
+
 fn parse_id(id: &str) -> Option<(u64, u64)> {
     let (s, g) = id.split_once('-')?;
     Some((s.parse().ok()?, g.parse().ok()?))
@@ -427,7 +435,7 @@ impl Ledger {
                 )));
             }
         }
-        tracing::info!(run = %self.run_id, step = rec.step, gen = g, files = manifest.files.len(), "checkpoint sealed");
+        tracing::debug!(run = %self.run_id, step = rec.step, gen = g, files = manifest.files.len(), "checkpoint sealed");
         let (dropped, garbage) = self.collect(&manifest, keep).await?;
         Ok(CommitOutcome::Sealed {
             manifest,

@@ -880,7 +880,8 @@ impl Actor {
                 self.close(
                     generation,
                     format!(
-                        "checkpoint {id} failed verification on node {}: {reason}",
+                        "checkpoint {} failed verification on node {}: {reason}",
+                        crate::ledger::describe_id(&id),
                         self.cfg.node_id
                     ),
                 )
