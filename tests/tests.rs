@@ -9,6 +9,7 @@ mod ledger;
 mod logs;
 mod multinode;
 mod ports;
+mod python_helper;
 mod standalone;
 mod supervision;
 mod torch_e2e;

@@ -213,8 +213,9 @@ def commit(step, paths, cursor, timeout=600.0):
     ``cursor`` is the global data cursor after ``step`` (see :meth:`ElasticSampler.cursor`); every
     rank must report the same one, or the step is refused as misaligned data. Blocks until every
     rank of this node has reported ``step`` and the node's record is stored (at most ``timeout``
-    seconds). Returns the agent's answer: ``sealed`` is true on the rank whose commit completed
-    the checkpoint (then ``manifest`` is its manifest file). Outside drun returns None.
+    seconds). Returns the agent's answer: ``sealed`` is true on the ranks of the node whose record
+    completed the checkpoint (then ``manifest`` is its manifest file); the others see
+    ``waiting_for`` (nodes yet to report). Outside drun returns None.
 
     Raises :class:`DrunError` when refused: a stale generation (the group re-formed), a file whose
     size changed, a step not after the resumed one, or misaligned cursors (naming the ranks).
