@@ -54,9 +54,12 @@ def parse_args():
                         help="steps between checkpoints committed to drun (0: never)")
     parser.add_argument("--step-sleep", type=float, default=0.0,
                         help="seconds to sleep per step (to watch elasticity at work)")
+    parser.add_argument("--fail-at-step", type=int, default=0,
+                        help="demo of recovery: the last rank exits 1 at this step in the first "
+                             "generation (DRUN_GENERATION=1)")
     parser.add_argument("--record-indices", default=None,
                         help="append '<step> <sample indices>' lines per rank to "
-                             "<prefix>.rank<R>.gen<G> (data-order tests)")
+                             "<prefix>[.r<SLURM_RESTART_COUNT>].rank<R>.gen<G> (data-order tests)")
     return parser.parse_args()
 
 
@@ -115,7 +118,10 @@ def main():
     record = None
     if args.record_indices:
         gen = os.environ.get("DRUN_GENERATION", "0")
-        record = open(f"{args.record_indices}.rank{rank}.gen{gen}", "a")
+        prefix = args.record_indices
+        if os.environ.get("SLURM_RESTART_COUNT"):  # a requeued job numbers generations anew
+            prefix += ".r" + os.environ["SLURM_RESTART_COUNT"]
+        record = open(f"{prefix}.rank{rank}.gen{gen}", "a")
 
     first_loss = None
     last_loss = None
@@ -133,9 +139,16 @@ def main():
                 record.write(f"{step} {','.join(map(str, idx.tolist()))}\n")
                 record.flush()
             drun.progress(step)
+            if (args.fail_at_step and step == args.fail_at_step and rank == world_size - 1
+                    and os.environ.get("DRUN_GENERATION") == "1"):
+                print(f"rank {rank}: simulated failure at step {step}", file=sys.stderr, flush=True)
+                sys.exit(1)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
-            if drun.available() and args.ckpt_every and step % args.ckpt_every == 0:
+            # A preemption warning (drun --on-preempt checkpoint) asks every rank to save now;
+            # should_save() agrees across ranks (all_reduce), so all save the same step.
+            if drun.available() and args.ckpt_every and (
+                    step % args.ckpt_every == 0 or drun.should_save()):
                 # Every rank writes its file (the model is replicated; rank 0's is loaded on
                 # resume) and commits it with the same global cursor.
                 path = drun.shard_path(step)

@@ -10,6 +10,7 @@ mod logs;
 mod multinode;
 mod ports;
 mod python_helper;
+mod slurm;
 mod standalone;
 mod supervision;
 mod torch_e2e;

@@ -22,6 +22,7 @@ use crate::os::ports::{self, ReservedPort};
 use crate::os::procs;
 use crate::os::spawn::{self, Spawner};
 use crate::rdzv::{self, Link};
+use crate::slurm::OnPreempt;
 use crate::summary::{self, root_cause};
 use crate::{AgentExit, LaunchConfig, LaunchError, RendezvousMode};
 
@@ -43,6 +44,8 @@ enum Outcome {
     Reform(String),
     Fenced(String),
     Finished(RunEnd),
+    /// The coordinated checkpoint asked for by a preemption warning was sealed.
+    Preempted(String),
 }
 
 /// Whether the plan's resume point can be used.
@@ -106,8 +109,8 @@ struct Agent {
     ledger: Option<NodeLedger>,
     /// Highest step the local ranks announced in the previous generation (lost-work report).
     reached_before: Option<u64>,
-    /// A coordinated save was requested (the `should_save` answer).
-    save_requested: bool,
+    /// A coordinated save was requested (the `should_save` answer): `ckpt/latest` at the time.
+    save_requested: Option<String>,
 }
 
 impl Agent {
@@ -122,6 +125,7 @@ impl Agent {
         let (tx, signals) = mpsc::unbounded_channel();
         let mut wanted: Vec<Signal> = cfg.signals.clone();
         wanted.extend(RELAYED);
+        wanted.push(cfg.preempt_signal);
         wanted.sort_by_key(|s| *s as i32);
         wanted.dedup();
         for sig in wanted {
@@ -177,7 +181,7 @@ impl Agent {
             api_rx,
             ledger: None,
             reached_before: None,
-            save_requested: false,
+            save_requested: None,
             inherited: std::env::vars_os().collect(),
             cfg,
             spawner,
@@ -200,6 +204,9 @@ impl Agent {
     async fn run(&mut self) -> Result<AgentExit, LaunchError> {
         for note in &self.cfg.notes {
             tracing::warn!("{note}");
+        }
+        if let Some(line) = &self.cfg.slurm_line {
+            tracing::info!("{line}; shutdown grace {:?}", self.cfg.shutdown_timeout);
         }
         if self.cfg.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
             tracing::info!(
@@ -385,6 +392,7 @@ impl Agent {
                 }
             };
             self.ledger = Some(NodeLedger::new(&plan, &self.cfg.node_id));
+            self.save_requested = None;
             let outcome = self
                 .supervise(&mut group, link, &plan, resume_file.as_deref())
                 .await;
@@ -436,6 +444,20 @@ impl Agent {
                 Outcome::Finished(end) => {
                     self.stop(&mut group, Signal::SIGTERM).await;
                     return Ok(self.run_ended(&end));
+                }
+                Outcome::Preempted(id) => {
+                    eprintln!(
+                        "drun: preempted: checkpoint {} sealed; stopping the workers (exit 5: requeue to resume from it)",
+                        drun_rendezvous::ledger::describe_id(&id)
+                    );
+                    self.stop(&mut group, Signal::SIGTERM).await;
+                    let first = plan
+                        .member(&self.cfg.node_id)
+                        .is_some_and(|m| m.node_rank == 0);
+                    if self.cfg.requeue && first {
+                        self.requeue();
+                    }
+                    return Ok(AgentExit::Preempted);
                 }
                 Outcome::PartialSuccess(description) => {
                     self.stop(&mut group, Signal::SIGTERM).await;
@@ -742,7 +764,8 @@ impl Agent {
                 let _ = reply.send(resume_answer(plan, resume_file));
             }
             ApiRequest::ShouldSave { .. } => {
-                let _ = reply.send(serde_json::json!({"ok": true, "save": self.save_requested}));
+                let _ = reply
+                    .send(serde_json::json!({"ok": true, "save": self.save_requested.is_some()}));
             }
             ApiRequest::Progress { rank, step } => {
                 let _ = reply.send(ledger.progress(rank, step));
@@ -857,7 +880,22 @@ impl Agent {
                 _ = self.sigchld.recv() => {}
                 _ = tick.tick() => {}
                 Some(sig) = self.signals.recv() => {
-                    if RELAYED.contains(&sig) {
+                    let preempt = sig == self.cfg.preempt_signal
+                        && self.cfg.on_preempt == OnPreempt::Checkpoint;
+                    if preempt {
+                        tracing::warn!(
+                            "{}: preemption warning; asking every rank of the job for a coordinated checkpoint",
+                            sig.as_str()
+                        );
+                        let _ = link.tx.send(Request::Preempt {
+                            generation: plan.generation,
+                            reason: format!("{} (preemption warning) on node {}", sig.as_str(), self.cfg.node_id),
+                        });
+                    }
+                    if preempt {
+                        // Workers learn it through should_save; a script without a handler
+                        // for the signal would die of it.
+                    } else if RELAYED.contains(&sig) {
                         tracing::info!("relaying {} to workers", sig.as_str());
                         group.signal_running(sig);
                     } else {
@@ -868,6 +906,17 @@ impl Agent {
                 Some((req, reply)) = self.api_rx.recv() => self.on_api(req, reply, link, plan, resume_file),
                 ev = link.rx.recv() => match ev {
                     Some(Event::Committed { generation, step, result }) => self.on_committed(generation, step, result),
+                    Some(Event::SaveRequested(req)) => {
+                        if self.save_requested.is_none() {
+                            tracing::warn!("coordinated checkpoint requested ({}); workers see should_save = true", req.reason);
+                        }
+                        self.save_requested = Some(req.latest_before);
+                    }
+                    Some(Event::Sealed(id)) => {
+                        if self.save_requested.as_ref().is_some_and(|before| id > *before) {
+                            return Outcome::Preempted(id);
+                        }
+                    }
                     Some(Event::Reform { reason, .. }) => return Outcome::Reform(reason),
                     Some(Event::Finished(end)) => return Outcome::Finished(end),
                     Some(Event::Fenced(reason)) => return Outcome::Fenced(reason),
@@ -957,6 +1006,27 @@ impl Agent {
                 procs::signal_process(p, Signal::SIGKILL);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// `scontrol requeue $SLURM_JOB_ID` (node rank 0 only, after a preemption checkpoint).
+    fn requeue(&mut self) {
+        let Some(job) = self.cfg.slurm.as_ref().map(|j| j.job_id.clone()) else {
+            eprintln!("drun: --requeue: not inside a Slurm job; nothing to requeue");
+            return;
+        };
+        match std::process::Command::new("scontrol")
+            .args(["requeue", &job])
+            .output()
+        {
+            Ok(o) if o.status.success() => {
+                tracing::info!("requeued Slurm job {job} (scontrol requeue)");
+            }
+            Ok(o) => eprintln!(
+                "drun: scontrol requeue {job} failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+            Err(e) => eprintln!("drun: cannot run scontrol requeue {job}: {e}"),
         }
     }
 

@@ -52,7 +52,8 @@ pub struct Args {
     pub standalone: bool,
 
     /// Rendezvous backend: `drun` (drun-rendezvous servers; the default with --rdzv-endpoint),
-    /// `c10d` (one agent hosts it), `etcd`/`etcd-v2` (agents use etcd v3 directly), `static`
+    /// `c10d` (one agent hosts it), `embedded` (the agent on the endpoint's host serves it from
+    /// memory; the Slurm default), `etcd`/`etcd-v2` (agents use etcd v3 directly), `static`
     /// (the default without an endpoint).
     #[arg(
         long = "rdzv-backend",
@@ -312,6 +313,43 @@ pub struct Args {
         help_heading = "Checkpoints"
     )]
     pub ckpt_keep_every: u64,
+
+    /// Inside a Slurm job (SLURM_JOB_ID set): `auto` takes the run id, --nnodes, node rank,
+    /// node address and an embedded rendezvous on the first node from SLURM_* (explicit flags
+    /// win; what was taken is printed at start); `off` ignores Slurm.
+    #[arg(
+        long,
+        value_enum,
+        env = "DRUN_SLURM",
+        default_value = "auto",
+        help_heading = "Slurm and preemption"
+    )]
+    pub slurm: crate::slurm::SlurmMode,
+
+    /// What a preemption warning (--preempt-signal, e.g. from `sbatch --signal=USR1@60` or
+    /// `scancel --signal=USR1`) does: `relay` passes it to the workers; `checkpoint` instead asks
+    /// every rank of the job for a coordinated checkpoint (`should_save` turns true), waits until
+    /// it is sealed, stops the workers and exits 5 ("requeue me").
+    #[arg(
+        long = "on-preempt",
+        value_enum,
+        default_value = "relay",
+        help_heading = "Slurm and preemption"
+    )]
+    pub on_preempt: crate::slurm::OnPreempt,
+
+    /// The preemption warning signal (default SIGUSR1).
+    #[arg(
+        long = "preempt-signal",
+        default_value = "SIGUSR1",
+        help_heading = "Slurm and preemption"
+    )]
+    pub preempt_signal: String,
+
+    /// With --on-preempt checkpoint inside Slurm: after the seal, the agent of node rank 0 runs
+    /// `scontrol requeue $SLURM_JOB_ID` (the job restarts with the same id and resumes).
+    #[arg(long, help_heading = "Slurm and preemption")]
+    pub requeue: bool,
 
     /// More agent log output (-v debug, -vv trace). RUST_LOG / DRUN_LOG override.
     #[arg(short = 'v', long, action = ArgAction::Count, help_heading = "Agent logs")]

@@ -8,6 +8,8 @@ Exit codes:
   2        usage or configuration error (nothing was started)
   3        rendezvous failed (join timeout, closed run, unreachable store)
   4        fenced: lost membership and could not rejoin
+  5        preempted: a coordinated checkpoint was sealed after a preemption warning
+           (--on-preempt checkpoint); requeue the job to resume from it
   128+N    the agent was stopped by signal N (workers were signalled and reaped first)";
 
 /// How the agent ends.
@@ -23,6 +25,8 @@ pub enum AgentExit {
     Rendezvous,
     /// Fenced and could not rejoin.
     Fenced,
+    /// Checkpointed after a preemption warning: requeue me.
+    Preempted,
     /// Stopped by this signal number after tearing the workers down.
     Signal(i32),
 }
@@ -42,6 +46,7 @@ impl AgentExit {
             AgentExit::Usage => 2,
             AgentExit::Rendezvous => 3,
             AgentExit::Fenced => 4,
+            AgentExit::Preempted => 5,
             AgentExit::Signal(n) => (128 + n).clamp(0, 255) as u8,
         }
     }

@@ -8,6 +8,7 @@ use nix::sys::signal::Signal;
 
 use crate::ckpt::CkptConfig;
 use crate::command::{EntryKind, Entrypoint};
+use crate::slurm::{self, OnPreempt, SlurmJob, SlurmMode};
 use crate::std_spec::StdSpec;
 use crate::{Args, ConfigError};
 
@@ -122,6 +123,7 @@ fn rendezvous_mode(
     min_nodes: u32,
     max_nodes: u32,
     conf: &BTreeMap<String, String>,
+    slurm: Option<&SlurmJob>,
     notes: &mut Vec<String>,
 ) -> Result<(RendezvousMode, String), ConfigError> {
     let backend = match a.rdzv_backend.as_deref() {
@@ -129,11 +131,14 @@ fn rendezvous_mode(
         None if a.rdzv_endpoint.is_empty() => "static",
         None => "drun",
     };
-    if !matches!(backend, "static" | "c10d" | "etcd" | "etcd-v2" | "drun") {
+    if !matches!(
+        backend,
+        "static" | "c10d" | "embedded" | "etcd" | "etcd-v2" | "drun"
+    ) {
         return Err(invalid(
             "--rdzv-backend",
             backend,
-            "expected drun, c10d, etcd, etcd-v2 or static",
+            "expected drun, c10d, embedded, etcd, etcd-v2 or static",
         ));
     }
     let local_master = || a.local_addr.clone().unwrap_or_else(|| "127.0.0.1".into());
@@ -250,6 +255,12 @@ fn rendezvous_mode(
         "drun" => RendezvousMode::Server {
             endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 29400)?,
         },
+        "embedded" => {
+            // The agent on the endpoint's host serves the rendezvous (Slurm: the first node).
+            let endpoint = crate::rdzv::endpoints(&a.rdzv_endpoint, 29400)?.remove(0);
+            let is_host = slurm.map(SlurmJob::hosts_rendezvous);
+            RendezvousMode::C10d { endpoint, is_host }
+        }
         "c10d" => {
             let is_host = match conf.get("is_host").map(|v| v.trim().to_ascii_lowercase()) {
                 None => None,
@@ -326,6 +337,16 @@ pub struct LaunchConfig {
     pub notes: Vec<String>,
     /// Checkpoint ledger settings.
     pub ckpt: CkptConfig,
+    /// The Slurm job drun runs in, if any.
+    pub slurm: Option<SlurmJob>,
+    /// What was taken from Slurm, one line (printed at start).
+    pub slurm_line: Option<String>,
+    /// `--on-preempt`.
+    pub on_preempt: OnPreempt,
+    /// `--preempt-signal`.
+    pub preempt_signal: Signal,
+    /// `--requeue`.
+    pub requeue: bool,
 }
 
 fn invalid(flag: &'static str, value: impl Into<String>, why: impl Into<String>) -> ConfigError {
@@ -477,6 +498,13 @@ impl LaunchConfig {
     /// # Errors
     /// [`ConfigError`] naming the flag and the fix.
     pub fn from_args(a: &Args) -> Result<Self, ConfigError> {
+        let slurm = match a.slurm {
+            SlurmMode::Auto if !a.standalone => slurm::detect(|k| std::env::var(k).ok())?,
+            _ => None,
+        };
+        let mut filled = a.clone();
+        let slurm_line = slurm.as_ref().map(|job| job.fill(&mut filled));
+        let a = &filled;
         let unsupported = |flag: &'static str, why: &str| ConfigError::Unsupported {
             flag,
             why: why.to_string(),
@@ -527,7 +555,11 @@ impl LaunchConfig {
                         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT is not a number",
                     )
                 })?,
-                Err(_) => 30.0,
+                Err(_) => match slurm.as_ref().and_then(|_| slurm::kill_wait()) {
+                    // Stop the workers before Slurm's SIGKILL (KillWait after its SIGTERM).
+                    Some(kw) => (kw.as_secs_f64() - 2.0).max(1.0),
+                    None => 30.0,
+                },
             },
         };
         let shutdown_timeout = seconds("--shutdown-timeout", shutdown, true)?;
@@ -564,8 +596,14 @@ impl LaunchConfig {
 
         let mut notes = Vec::new();
         let timing = Timing::from_conf(&rdzv_conf)?;
-        let (rendezvous, run_id) =
-            rendezvous_mode(a, min_nodes, max_nodes, &rdzv_conf, &mut notes)?;
+        let (rendezvous, run_id) = rendezvous_mode(
+            a,
+            min_nodes,
+            max_nodes,
+            &rdzv_conf,
+            slurm.as_ref(),
+            &mut notes,
+        )?;
         let requested_node_rank = a.node_rank.filter(|_| !rendezvous_is_static(&rendezvous));
         if a.start_method != "spawn" {
             notes.push(format!(
@@ -621,6 +659,17 @@ impl LaunchConfig {
                 Some(std::fs::canonicalize(d).map_err(path_err)?)
             }
         };
+        let preempt_signal = parse_signals(&a.preempt_signal)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| invalid("--preempt-signal", &a.preempt_signal, "name one signal"))?;
+        if a.requeue && a.on_preempt != OnPreempt::Checkpoint {
+            return Err(invalid(
+                "--requeue",
+                "true",
+                "needs --on-preempt checkpoint (the job requeues after its checkpoint is sealed)",
+            ));
+        }
         let ckpt = CkptConfig {
             dir: ckpt_dir,
             verify: a.ckpt_verify,
@@ -655,6 +704,11 @@ impl LaunchConfig {
             advertise_addr: a.local_addr.clone(),
             notes,
             ckpt,
+            slurm,
+            slurm_line,
+            on_preempt: a.on_preempt,
+            preempt_signal,
+            requeue: a.requeue,
         })
     }
 }

@@ -30,6 +30,7 @@ pub mod launch;
 pub mod logs;
 pub mod os;
 pub mod rdzv;
+pub mod slurm;
 pub mod std_spec;
 pub mod summary;
 

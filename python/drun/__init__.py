@@ -235,12 +235,33 @@ def commit(step, paths, cursor, timeout=600.0):
     return _client.request(msg, timeout=timeout)
 
 
-def should_save():
-    """True when drun asks for a coordinated checkpoint (e.g. a preemption warning)."""
-    if not available():
-        return False
-    return bool(_client.request({"op": "should_save", "rank": _env_int("RANK", 0)},
-                                timeout=30.0)["save"])
+def should_save(sync=True):
+    """True when drun asks for a coordinated checkpoint (``--on-preempt checkpoint`` after a
+    preemption warning): save and :func:`commit` now, at the same step on every rank.
+
+    With ``sync`` (default) and ``torch.distributed`` initialized, the answers of all ranks are
+    combined with an ``all_reduce(MAX)`` so every rank decides the same at the same step: it is
+    then a collective, call it on every rank at the same point of the step. Outside drun: False.
+    """
+    local = False
+    if available():
+        local = bool(_client.request({"op": "should_save", "rank": _env_int("RANK", 0)},
+                                     timeout=30.0)["save"])
+    if not sync:
+        return local
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return local
+    if not (dist.is_available() and dist.is_initialized()):
+        return local
+    device = "cpu"
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.tensor([1 if local else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def progress(step):

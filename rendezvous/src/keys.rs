@@ -90,6 +90,12 @@ impl RunKeys {
     pub fn finished(&self) -> String {
         format!("{}finished", self.prefix)
     }
+    /// A coordinated checkpoint was requested in generation `g` (JSON
+    /// [`crate::session::SaveRequest`]); under the generation's prefix, so members see it.
+    pub fn preempt(&self, g: u64) -> String {
+        format!("{}gen/{g}/preempt", self.prefix)
+    }
+
     /// Prefix of every shard record of the checkpoint ledger.
     pub fn ckpt_shards_prefix(&self) -> String {
         format!("{}ckpt/shards/", self.prefix)

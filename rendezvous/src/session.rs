@@ -88,6 +88,20 @@ impl RunEnd {
     }
 }
 
+/// A job-wide request for a coordinated checkpoint (key `gen/<g>/preempt`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SaveRequest {
+    /// Node that asked.
+    pub node_id: String,
+    /// Why (e.g. "SIGUSR1: preemption warning").
+    pub reason: String,
+    /// `ckpt/latest` when asked (a manifest id; empty: none): the save is done when a newer
+    /// manifest is sealed.
+    pub latest_before: String,
+    /// When, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
 /// From the agent to its session.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -108,6 +122,14 @@ pub enum Request {
     },
     /// Leave the run: revoke the lease (survivors re-form).
     Leave,
+    /// Ask every rank of generation `generation` for a coordinated checkpoint (once per
+    /// generation; every member gets [`Event::SaveRequested`]).
+    Preempt {
+        /// Generation.
+        generation: u64,
+        /// Why, one line.
+        reason: String,
+    },
     /// Record this node's checkpoint report of a step; answered by [`Event::Committed`].
     Commit {
         /// The node's batched report.
@@ -159,6 +181,10 @@ pub enum Event {
     Fenced(String),
     /// The rendezvous failed for good (e.g. join timeout); one line.
     Error(String),
+    /// A coordinated checkpoint was requested for the running generation.
+    SaveRequested(SaveRequest),
+    /// A checkpoint was sealed (`ckpt/latest` moved to this manifest id).
+    Sealed(String),
     /// Answer to [`Request::Commit`].
     Committed {
         /// Generation of the commit.
@@ -593,6 +619,11 @@ impl Actor {
             self.emit(Event::Finished(end));
             return Ok(Phase::Idle);
         }
+        if let Some(kv) = self.store.get(&keys.preempt(plan.generation)).await? {
+            if let Ok(req) = serde_json::from_slice::<SaveRequest>(&kv.value) {
+                self.emit(Event::SaveRequested(req));
+            }
+        }
         if let Some(reason) = self.closed_reason(&plan).await? {
             self.emit(Event::Reform {
                 generation: plan.generation,
@@ -629,7 +660,11 @@ impl Actor {
     ) -> Result<mpsc::UnboundedReceiver<Option<WatchEvent>>, StoreError> {
         let keys = self.round.keys();
         let g = plan.generation;
-        let mut prefixes = vec![keys.generation_prefix(g), keys.finished()];
+        let mut prefixes = vec![
+            keys.generation_prefix(g),
+            keys.finished(),
+            keys.ckpt_latest(),
+        ];
         if let Some(succ) = successor(plan, &self.cfg.node_id) {
             prefixes.push(keys.member(g, &succ));
         }
@@ -716,6 +751,14 @@ impl Actor {
                     reason: kv.value_str(),
                 });
                 return Ok(Phase::Idle);
+            }
+            WatchEvent::Put(kv) if kv.key == keys.preempt(g) => {
+                if let Ok(req) = serde_json::from_slice::<SaveRequest>(&kv.value) {
+                    self.emit(Event::SaveRequested(req));
+                }
+            }
+            WatchEvent::Put(kv) if kv.key == keys.ckpt_latest() => {
+                self.emit(Event::Sealed(kv.value_str()));
             }
             WatchEvent::Put(kv) if kv.key == keys.finished() => {
                 let end: RunEnd =
@@ -869,6 +912,35 @@ impl Actor {
                     step: commit.step,
                     result,
                 });
+                Ok(None)
+            }
+            Request::Preempt { generation, reason } => {
+                let keys = self.round.keys().clone();
+                let latest_before = self
+                    .store
+                    .get(&keys.ckpt_latest())
+                    .await?
+                    .map(|kv| kv.value_str())
+                    .unwrap_or_default();
+                let req = SaveRequest {
+                    node_id: self.cfg.node_id.clone(),
+                    reason,
+                    latest_before,
+                    at_ms: now_ms(),
+                };
+                self.store
+                    .txn(Txn {
+                        compares: vec![
+                            Compare::Missing(keys.preempt(generation)),
+                            Compare::ValueEquals(keys.gen_current(), generation.to_string().into()),
+                        ],
+                        success: vec![Op::put(
+                            keys.preempt(generation),
+                            serde_json::to_vec(&req).expect("serializes"),
+                        )],
+                        failure: vec![],
+                    })
+                    .await?;
                 Ok(None)
             }
             Request::MarkBad {

@@ -116,6 +116,10 @@ pub fn request_to_wire(r: &Request) -> pb::AgentMessage {
             keep_last: retention.keep_last,
             keep_every: retention.keep_every,
         }),
+        Request::Preempt { generation, reason } => Kind::Preempt(pb::Preempt {
+            generation: *generation,
+            reason: reason.clone(),
+        }),
         Request::MarkBad {
             generation,
             id,
@@ -148,6 +152,10 @@ pub fn request_from_wire(m: pb::AgentMessage) -> Option<Request> {
                 keep_last: c.keep_last,
                 keep_every: c.keep_every,
             },
+        },
+        Kind::Preempt(p) => Request::Preempt {
+            generation: p.generation,
+            reason: p.reason,
         },
         Kind::BadCheckpoint(b) => Request::MarkBad {
             generation: b.generation,
@@ -183,6 +191,10 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
         }
         Event::Fenced(r) => Kind::Fenced(r.clone()),
         Event::Error(r) => Kind::Error(r.clone()),
+        Event::SaveRequested(r) => {
+            Kind::SaveRequested(serde_json::to_string(r).expect("SaveRequest serializes"))
+        }
+        Event::Sealed(id) => Kind::Sealed(id.clone()),
         Event::Committed {
             generation,
             step,
@@ -226,6 +238,8 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
         },
         Kind::Fenced(r) => Event::Fenced(r),
         Kind::Error(r) => Event::Error(r),
+        Kind::SaveRequested(j) => Event::SaveRequested(serde_json::from_str(&j).ok()?),
+        Kind::Sealed(id) => Event::Sealed(id),
         Kind::Committed(c) => Event::Committed {
             generation: c.generation,
             step: c.step,

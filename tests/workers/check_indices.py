@@ -1,11 +1,13 @@
 """Checks the data order of an elastic run of examples/train_ddp.py (needs torch).
 
-  check_indices.py indices PREFIX --dataset-len N --seed S --global-batch B --epochs E
+  check_indices.py indices PREFIX [PREFIX...] --dataset-len N --seed S --global-batch B --epochs E
       PREFIX.rank<R>.gen<G> files hold "<step> <comma-separated sample indices>" lines. For each
       step the newest generation that ran it is the one whose work was kept (a re-form resumes
       from the last sealed checkpoint and runs the later steps again). The union over ranks of
       each kept step must be exactly the next global batch of that epoch's permutation, so each
-      epoch sees every sample exactly once. Prints a JSON summary; exits 1 on any mismatch.
+      epoch sees every sample exactly once. Several prefixes are runs in order (e.g. a job and
+      its requeued continuation): a later prefix's generations are newer than an earlier one's.
+      Prints a JSON summary; exits 1 on any mismatch.
 
   check_indices.py compare A.pt B.pt --tol T
       Largest absolute difference between the model parameters of two final checkpoints.
@@ -24,9 +26,11 @@ import torch
 def indices(a):
     records = collections.defaultdict(dict)  # step -> gen -> list of indices
     ranks_seen = collections.defaultdict(set)  # gen -> ranks
-    for path in glob.glob(a.prefix + ".rank*.gen*"):
+    paths = [(run, p) for run, prefix in enumerate(a.prefix)
+             for p in glob.glob(prefix + ".rank*.gen*")]
+    for run, path in paths:
         m = re.search(r"\.rank(\d+)\.gen(\d+)$", path)
-        rank, gen = int(m.group(1)), int(m.group(2))
+        rank, gen = int(m.group(1)), (run, int(m.group(2)))
         ranks_seen[gen].add(rank)
         with open(path) as f:
             for line in f:
@@ -52,7 +56,7 @@ def indices(a):
         if sorted(kept) != sorted(want):
             missing = sorted(set(want) - set(kept))[:5]
             extra = sorted(set(kept) - set(want))[:5]
-            errors.append("step %d (generation %d): %d indices, missing %s, unexpected %s"
+            errors.append("step %d (run, generation %s): %d indices, missing %s, unexpected %s"
                           % (step, max(gens), len(kept), missing, extra))
         per_epoch[epoch].extend(kept)
     for epoch, seen in per_epoch.items():
@@ -70,7 +74,8 @@ def indices(a):
         errors.append("steps beyond the end: %s" % extra_steps[:5])
     summary = {
         "steps": total,
-        "generations": {g: sorted(r) for g, r in sorted(ranks_seen.items())},
+        "generations": {("%d.%d" % g if len(a.prefix) > 1 else str(g[1])): sorted(r)
+                        for g, r in sorted(ranks_seen.items())},
         "steps_run_again": replayed,
         "errors": errors,
     }
@@ -90,7 +95,7 @@ def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
     i = sub.add_parser("indices")
-    i.add_argument("prefix")
+    i.add_argument("prefix", nargs="+")
     i.add_argument("--dataset-len", type=int, required=True)
     i.add_argument("--seed", type=int, required=True)
     i.add_argument("--global-batch", type=int, required=True)

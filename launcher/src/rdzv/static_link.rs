@@ -91,7 +91,7 @@ pub fn spawn(
                     reason: format!("local workers of generation {g} succeeded"),
                     at_ms: 0,
                 }),
-                Request::KeepAlive | Request::MarkBad { .. } => continue,
+                Request::KeepAlive | Request::MarkBad { .. } | Request::Preempt { .. } => continue,
                 Request::Commit { commit, .. } => Event::Committed {
                     generation: commit.generation,
                     step: commit.step,

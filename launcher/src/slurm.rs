@@ -1,0 +1,382 @@
+//! Running inside a Slurm allocation (`srun drun ...` in a batch script).
+//!
+//! # Theory of operation
+//!
+//! When `SLURM_JOB_ID` is set (and `--slurm off` was not given), [`detect`] reads the job and
+//! [`SlurmJob::fill`] completes the command line with what the user did not say: the run id
+//! (`SLURM_JOB_ID`, or `<array job>_<task>` for array jobs), `--nnodes` (`SLURM_JOB_NUM_NODES`),
+//! the node rank (`SLURM_NODEID`), the node's address (`SLURMD_NODENAME`), and the rendezvous:
+//! the `embedded` backend, hosted by the agent on the first node of `SLURM_JOB_NODELIST` on a
+//! port derived from the job id, with every other agent connecting to it. An explicit flag always
+//! wins. `--shutdown-timeout` defaults to Slurm's `KillWait` minus 2 s so workers are stopped
+//! (SIGTERM forwarded by drun: with proctrack/cgroup only the agent gets Slurm's SIGTERM) before
+//! Slurm's SIGKILL.
+//!
+//! Measured Slurm behaviour is in the shared `slurm.md`.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::{Args, ConfigError};
+
+/// `--slurm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SlurmMode {
+    /// Use SLURM_* when SLURM_JOB_ID is set.
+    #[default]
+    Auto,
+    /// Ignore Slurm.
+    Off,
+}
+
+/// `--on-preempt`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OnPreempt {
+    /// Relay the warning signal to the workers, nothing else.
+    #[default]
+    Relay,
+    /// Coordinated checkpoint of the whole job, then exit 5.
+    Checkpoint,
+}
+
+/// What drun takes from the Slurm environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlurmJob {
+    /// `SLURM_JOB_ID`.
+    pub job_id: String,
+    /// Run id: the job id, or `<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>`.
+    pub run_id: String,
+    /// `SLURM_JOB_NUM_NODES` (or `SLURM_NNODES`).
+    pub nnodes: Option<u32>,
+    /// `SLURM_NODEID`: this node's index in the allocation.
+    pub node_id: Option<u32>,
+    /// This node's name (`SLURMD_NODENAME`).
+    pub node_name: Option<String>,
+    /// Hosts of `SLURM_JOB_NODELIST`, in order.
+    pub hosts: Vec<String>,
+    /// `SLURM_RESTART_COUNT` (0 for the first run; a requeued job counts up).
+    pub restart_count: u32,
+    /// `SLURM_GPUS_ON_NODE`, else `SLURM_NTASKS_PER_NODE`, for `--nproc-per-node auto`.
+    pub procs_hint: Option<u32>,
+}
+
+/// Default port of the embedded rendezvous: 20000 + job id mod 10000, so two jobs sharing their
+/// first node do not collide.
+pub fn rendezvous_port(job_id: &str) -> u16 {
+    let n: u64 = job_id
+        .bytes()
+        .filter(u8::is_ascii_digit)
+        .fold(0u64, |a, b| (a * 10 + u64::from(b - b'0')) % 10_000);
+    20_000 + n as u16
+}
+
+/// Reads the Slurm job from `env` (a lookup such as `std::env::var`); `None` outside Slurm.
+///
+/// # Errors
+/// An unparsable `SLURM_JOB_NODELIST`.
+pub fn detect(env: impl Fn(&str) -> Option<String>) -> Result<Option<SlurmJob>, ConfigError> {
+    let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+    let Some(job_id) = get("SLURM_JOB_ID").or_else(|| get("SLURM_JOBID")) else {
+        return Ok(None);
+    };
+    let num = |k: &str| get(k).and_then(|v| v.trim().parse::<u32>().ok());
+    let run_id = match (get("SLURM_ARRAY_JOB_ID"), get("SLURM_ARRAY_TASK_ID")) {
+        (Some(a), Some(t)) => format!("{a}_{t}"),
+        _ => job_id.clone(),
+    };
+    let hosts = match get("SLURM_JOB_NODELIST").or_else(|| get("SLURM_NODELIST")) {
+        Some(list) => parse_hostlist(&list).map_err(|why| ConfigError::Invalid {
+            flag: "SLURM_JOB_NODELIST",
+            value: list.clone(),
+            why,
+        })?,
+        None => Vec::new(),
+    };
+    Ok(Some(SlurmJob {
+        job_id,
+        run_id,
+        nnodes: num("SLURM_JOB_NUM_NODES").or_else(|| num("SLURM_NNODES")),
+        node_id: num("SLURM_NODEID"),
+        node_name: get("SLURMD_NODENAME"),
+        hosts,
+        restart_count: num("SLURM_RESTART_COUNT").unwrap_or(0),
+        procs_hint: num("SLURM_GPUS_ON_NODE").or_else(|| {
+            get("SLURM_NTASKS_PER_NODE")
+                .and_then(|v| v.split('(').next().and_then(|n| n.trim().parse().ok()))
+        }),
+    }))
+}
+
+impl SlurmJob {
+    /// Completes `a` with what the user did not set; returns one line saying what was taken.
+    pub fn fill(&self, a: &mut Args) -> String {
+        let mut taken = Vec::new();
+        if a.rdzv_id == "none" {
+            a.rdzv_id = self.run_id.clone();
+            taken.push(format!("run id {}", self.run_id));
+        }
+        if a.nnodes == "1:1" {
+            if let Some(n) = self.nnodes {
+                a.nnodes = n.to_string();
+                taken.push(format!("--nnodes {n}"));
+            }
+        }
+        if a.node_rank.is_none() {
+            if let Some(r) = self.node_id {
+                a.node_rank = Some(r);
+                taken.push(format!("node rank {r}"));
+            }
+        }
+        if a.local_addr.is_none() {
+            if let Some(n) = &self.node_name {
+                a.local_addr = Some(n.clone());
+                taken.push(format!("address {n}"));
+            }
+        }
+        if a.nproc_per_node.trim() == "auto" {
+            if let Some(p) = self.procs_hint {
+                a.nproc_per_node = p.to_string();
+                taken.push(format!("--nproc-per-node {p}"));
+            }
+        }
+        let multi = self.nnodes.unwrap_or(1) > 1;
+        if a.rdzv_endpoint.trim().is_empty() && a.rdzv_backend.is_none() && multi {
+            if let Some(first) = self.hosts.first() {
+                a.rdzv_endpoint = format!("{first}:{}", rendezvous_port(&self.job_id));
+                a.rdzv_backend = Some("embedded".into());
+                taken.push(format!(
+                    "rendezvous embedded on {} (hosted by the agent on {first})",
+                    a.rdzv_endpoint
+                ));
+            }
+        }
+        format!(
+            "slurm job {}{}: {}",
+            self.job_id,
+            if self.restart_count > 0 {
+                format!(" (requeued, restart {})", self.restart_count)
+            } else {
+                String::new()
+            },
+            if taken.is_empty() {
+                "every setting given on the command line".to_string()
+            } else {
+                taken.join(", ")
+            }
+        )
+    }
+
+    /// Whether this agent hosts the embedded rendezvous: it runs on the allocation's first node.
+    pub fn hosts_rendezvous(&self) -> bool {
+        match (&self.node_name, self.hosts.first(), self.node_id) {
+            (Some(me), Some(first), _) => me == first,
+            (_, _, Some(id)) => id == 0,
+            _ => false,
+        }
+    }
+}
+
+/// Slurm's `KillWait` (seconds between SIGTERM and SIGKILL), from `scontrol show config`;
+/// `None` when scontrol is missing or does not answer within 3 s.
+pub fn kill_wait() -> Option<Duration> {
+    let out = Command::new("timeout")
+        .args(["3", "scontrol", "show", "config"])
+        .output()
+        .ok()?;
+    parse_kill_wait(&String::from_utf8_lossy(&out.stdout))
+}
+
+fn parse_kill_wait(config: &str) -> Option<Duration> {
+    config.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        if k.trim() != "KillWait" {
+            return None;
+        }
+        let n: u64 = v.split_whitespace().next()?.parse().ok()?;
+        Some(Duration::from_secs(n))
+    })
+}
+
+/// Expands a Slurm hostlist (`n[1-3,7],gpu-a[01-02],login`) into host names, in order.
+///
+/// Follows Slurm's `hostlist_create` syntax: comma-separated items; in an item each bracket group
+/// is a comma-separated list of numbers and `lo-hi` ranges whose zero padding (the width of `lo`)
+/// is kept; several groups in one item multiply (`r[1-2]n[1-2]` → r1n1, r1n2, r2n1, r2n2).
+///
+/// # Errors
+/// Unbalanced brackets, an empty item or range, a range whose end is below its start.
+pub fn parse_hostlist(list: &str) -> Result<Vec<String>, String> {
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            return Err("unbalanced or nested brackets".into());
+        }
+    }
+    if depth != 0 {
+        return Err("unbalanced brackets".into());
+    }
+    items.push(&list[start..]);
+    let mut hosts = Vec::new();
+    for item in items {
+        let item = item.trim();
+        if item.is_empty() {
+            return Err("empty host name".into());
+        }
+        hosts.extend(expand(item)?);
+    }
+    Ok(hosts)
+}
+
+fn expand(item: &str) -> Result<Vec<String>, String> {
+    let Some(open) = item.find('[') else {
+        return Ok(vec![item.to_string()]);
+    };
+    let close = item[open..]
+        .find(']')
+        .map(|c| open + c)
+        .ok_or("unbalanced brackets")?;
+    let (prefix, body, rest) = (&item[..open], &item[open + 1..close], &item[close + 1..]);
+    let tails = expand(rest)?;
+    let mut out = Vec::new();
+    for part in body.split(',') {
+        let part = part.trim();
+        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+        let width = lo.len();
+        let parse = |s: &str| {
+            s.parse::<u64>()
+                .map_err(|_| format!("'{part}' is not a number or range"))
+        };
+        let (a, b) = (parse(lo)?, parse(hi)?);
+        if b < a {
+            return Err(format!("range '{part}' ends before it starts"));
+        }
+        if b - a > 1_000_000 {
+            return Err(format!("range '{part}' is too large"));
+        }
+        for n in a..=b {
+            for t in &tails {
+                out.push(format!("{prefix}{n:0width$}{t}"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostlists_expand_like_scontrol_show_hostnames() {
+        let h = |s: &str| parse_hostlist(s).unwrap();
+        assert_eq!(h("n1"), ["n1"]);
+        assert_eq!(h("n[1-3]"), ["n1", "n2", "n3"]);
+        assert_eq!(h("n[1-2,7]"), ["n1", "n2", "n7"]);
+        assert_eq!(h("gpu-a[01-03]"), ["gpu-a01", "gpu-a02", "gpu-a03"]);
+        assert_eq!(h("n[098-101]"), ["n098", "n099", "n100", "n101"]);
+        assert_eq!(
+            h("n[1-2,7],gpu-a[01-02],login"),
+            ["n1", "n2", "n7", "gpu-a01", "gpu-a02", "login"]
+        );
+        assert_eq!(h("r[1-2]n[1-2]"), ["r1n1", "r1n2", "r2n1", "r2n2"]);
+        assert_eq!(h("a,b, c"), ["a", "b", "c"]);
+        assert_eq!(h("node[5]-ib"), ["node5-ib"]);
+        for bad in ["n[1-3", "n1-3]", "n[3-1]", "n[a-b]", "a,,b", "n[[1]]"] {
+            assert!(parse_hostlist(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn detection_fills_only_what_the_user_left_unset() {
+        let job = detect(env(&[
+            ("SLURM_JOB_ID", "6"),
+            ("SLURM_JOB_NUM_NODES", "2"),
+            ("SLURM_NODEID", "1"),
+            ("SLURMD_NODENAME", "n2"),
+            ("SLURM_JOB_NODELIST", "n[1-2]"),
+            ("SLURM_NTASKS_PER_NODE", "1"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert!(!job.hosts_rendezvous());
+        use clap::Parser;
+        let mut a = Args::try_parse_from(["drun", "--nproc-per-node", "2", "t.py"]).unwrap();
+        let line = job.fill(&mut a);
+        assert_eq!(
+            (a.rdzv_id.as_str(), a.nnodes.as_str(), a.node_rank),
+            ("6", "2", Some(1))
+        );
+        assert_eq!(a.rdzv_endpoint, "n1:20006");
+        assert_eq!(a.rdzv_backend.as_deref(), Some("embedded"));
+        assert_eq!(a.local_addr.as_deref(), Some("n2"));
+        assert_eq!(a.nproc_per_node, "2", "an explicit --nproc-per-node wins");
+        assert!(
+            line.starts_with("slurm job 6: run id 6, --nnodes 2, node rank 1"),
+            "{line}"
+        );
+        let mut b = Args::try_parse_from([
+            "drun",
+            "--rdzv-id",
+            "mine",
+            "--nnodes",
+            "1:2",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            "e:2379",
+            "t.py",
+        ])
+        .unwrap();
+        job.fill(&mut b);
+        assert_eq!(
+            (
+                b.rdzv_id.as_str(),
+                b.nnodes.as_str(),
+                b.rdzv_endpoint.as_str()
+            ),
+            ("mine", "1:2", "e:2379")
+        );
+        let array = detect(env(&[
+            ("SLURM_JOB_ID", "41"),
+            ("SLURM_ARRAY_JOB_ID", "40"),
+            ("SLURM_ARRAY_TASK_ID", "3"),
+            ("SLURM_GPUS_ON_NODE", "8"),
+            ("SLURM_RESTART_COUNT", "1"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (array.run_id.as_str(), array.procs_hint, array.restart_count),
+            ("40_3", Some(8), 1)
+        );
+        assert_eq!(detect(env(&[])).unwrap(), None);
+    }
+
+    #[test]
+    fn kill_wait_parses_scontrol_output() {
+        assert_eq!(
+            parse_kill_wait("JobCompType = jobcomp/none\nKillWait                = 10 sec\n"),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(parse_kill_wait("nothing"), None);
+    }
+}

@@ -1,0 +1,389 @@
+//! drun inside real Slurm jobs: the 2-node cluster of `slurm-up.sh` (slurmctld, munge, two
+//! slurmd "nodes" n1, n2 on 127.0.2.x). Skipped when no cluster answers, unless
+//! `DRUN_REQUIRE_SLURM=1` (CI brings the cluster up in `.ci/test` and sets it).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::harness::{drun_bin, read_json, root, torch_python, wait_for, worker};
+
+/// Whether a Slurm cluster with 2 idle nodes answers.
+fn cluster() -> bool {
+    let idle = Command::new("sinfo")
+        .args(["-h", "-N", "-o", "%T"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| matches!(l.trim(), "idle" | "mixed" | "allocated"))
+                .count()
+        })
+        .unwrap_or(0);
+    if idle < 2 {
+        assert_ne!(
+            std::env::var("DRUN_REQUIRE_SLURM").as_deref(),
+            Ok("1"),
+            "DRUN_REQUIRE_SLURM=1 but no 2-node Slurm cluster answers (run slurm-up.sh up 2)"
+        );
+        eprintln!("skipping: no Slurm cluster (slurm-up.sh up 2)");
+    }
+    idle >= 2
+}
+
+fn sbatch(args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut c = Command::new("sbatch");
+    c.arg("--parsable").args(args).current_dir(root());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().expect("sbatch");
+    assert!(
+        o.status.success(),
+        "sbatch: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// `scontrol show job` as key → value (empty once the job is forgotten).
+fn job(id: &str) -> std::collections::BTreeMap<String, String> {
+    let o = Command::new("scontrol")
+        .args(["show", "job", "-o", id])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn state(id: &str) -> String {
+    job(id).get("JobState").cloned().unwrap_or_default()
+}
+
+/// Waits for a terminal state; returns (state, ExitCode).
+fn wait_done(id: &str, timeout: Duration) -> (String, String) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let j = job(id);
+        let st = j.get("JobState").cloned().unwrap_or_default();
+        if matches!(
+            st.as_str(),
+            "COMPLETED" | "FAILED" | "CANCELLED" | "TIMEOUT" | "NODE_FAIL" | "OUT_OF_MEMORY"
+        ) {
+            return (st, j.get("ExitCode").cloned().unwrap_or_default());
+        }
+        if Instant::now() > deadline {
+            let _ = Command::new("scancel").arg(id).status();
+            panic!("job {id} still {st} after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Cancels the job if the test fails half-way.
+struct Cancel(String);
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = Command::new("scancel").arg(&self.0).status();
+        }
+    }
+}
+
+fn out_of(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("job.out")).unwrap_or_default()
+}
+
+fn example_env<'a>(python: &'a Path, dir: &'a Path, train_args: &'a str) -> Vec<(&'a str, String)> {
+    vec![
+        ("DRUN", drun_bin().display().to_string()),
+        ("DRUN_PYTHON", python.display().to_string()),
+        ("CKPT_DIR", dir.join("ckpt").display().to_string()),
+        ("TRAIN_ARGS", train_args.to_string()),
+    ]
+}
+
+fn submit_example(dir: &Path, env: &[(&str, String)]) -> String {
+    let out = dir.join("job.out");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    sbatch(
+        &[
+            "-N",
+            "2",
+            "-o",
+            out.to_str().unwrap(),
+            "examples/slurm/train.sbatch",
+        ],
+        &env,
+    )
+}
+
+#[test]
+fn slurm_ranks_follow_the_node_id() {
+    if !cluster() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("env.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nsrun {} --nproc-per-node 2 {} {}\n",
+            drun_bin().display(),
+            worker("envdump.py"),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("job.out");
+    let id = sbatch(
+        &[
+            "-N",
+            "2",
+            "--ntasks-per-node",
+            "1",
+            "-o",
+            out.to_str().unwrap(),
+            script.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let _c = Cancel(id.clone());
+    let (st, code) = wait_done(&id, Duration::from_secs(60));
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!((st.as_str(), code.as_str()), ("COMPLETED", "0:0"), "{text}");
+    for (rank, node, group) in [
+        (0, "n1", "0"),
+        (1, "n1", "0"),
+        (2, "n2", "1"),
+        (3, "n2", "1"),
+    ] {
+        let env = &read_json(&dir.path().join(format!("env_{rank}.json")))["env"];
+        assert_eq!(env["SLURMD_NODENAME"], node, "rank {rank}");
+        assert_eq!(env["GROUP_RANK"], group, "rank {rank}");
+        assert_eq!(env["WORLD_SIZE"], "4");
+        assert_eq!(env["TORCHELASTIC_RUN_ID"], id.as_str(), "run id = job id");
+        assert_eq!(env["MASTER_ADDR"], "n1");
+    }
+    assert!(
+        text.contains(&format!("slurm job {id}: run id {id}, --nnodes 2, node rank 1, address n2, rendezvous embedded on n1:")),
+        "what was taken from Slurm is printed:\n{text}"
+    );
+}
+
+#[test]
+fn slurm_example_trains_and_recovers_a_worker_failure() {
+    if !cluster() {
+        return;
+    }
+    let Some(python) = torch_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let env = example_env(
+        &python,
+        dir.path(),
+        "--epochs 2 --global-batch 64 --ckpt-every 10 --fail-at-step 25",
+    );
+    let id = submit_example(dir.path(), &env);
+    let _c = Cancel(id.clone());
+    let (st, code) = wait_done(&id, Duration::from_secs(240));
+    let text = out_of(dir.path());
+    assert_eq!((st.as_str(), code.as_str()), ("COMPLETED", "0:0"), "{text}");
+    assert!(
+        text.contains("rank 3: simulated failure at step 25"),
+        "{text}"
+    );
+    assert!(
+        text.contains("restarting the worker group (1/3 restarts used)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("resuming from checkpoint step 20"),
+        "recovered from the last sealed checkpoint:\n{text}"
+    );
+    assert!(text.contains("[rank0]:done steps=128"), "{text}");
+    assert!(text.contains("world_size=4"), "{text}");
+}
+
+#[test]
+fn slurm_preemption_warning_checkpoints_requeues_and_resumes_at_the_same_sample() {
+    if !cluster() {
+        return;
+    }
+    let Some(python) = torch_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let idx = dir.path().join("idx");
+    // No periodic checkpoint: the only one is the coordinated save of the warning.
+    let args = format!(
+        "--epochs 2 --global-batch 64 --ckpt-every 100000 --step-sleep 0.05 --record-indices {}",
+        idx.display()
+    );
+    let env = example_env(&python, dir.path(), &args);
+    let id = submit_example(dir.path(), &env);
+    let _c = Cancel(id.clone());
+    wait_for("training to be under way", Duration::from_secs(120), || {
+        out_of(dir.path()).contains("[rank0]:step=20 ")
+    });
+    assert!(Command::new("scancel")
+        .args(["--signal=USR1", &id])
+        .status()
+        .unwrap()
+        .success());
+    wait_for("the job to be requeued", Duration::from_secs(60), || {
+        job(&id).get("Restarts").is_some_and(|r| r == "1")
+    });
+    // Skip the requeue delay (cred_expire + 1 s) as slurm.md describes.
+    wait_for(
+        "the requeued job to be pending",
+        Duration::from_secs(60),
+        || state(&id) == "PENDING",
+    );
+    let _ = Command::new("scontrol")
+        .args(["update", &format!("JobId={id}"), "StartTime=now"])
+        .status();
+    let (st, code) = wait_done(&id, Duration::from_secs(240));
+    let text = out_of(dir.path());
+    assert_eq!((st.as_str(), code.as_str()), ("COMPLETED", "0:0"), "{text}");
+    let sealed = text
+        .lines()
+        .find_map(|l| l.split("drun: preempted: checkpoint step ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("a coordinated checkpoint was sealed:\n{text}"))
+        .to_string();
+    assert!(
+        text.contains(&format!("[rank0]:resumed at step={sealed} ")),
+        "the requeued job resumes from step {sealed}:\n{text}"
+    );
+    assert!(text.contains("(requeued, restart 1)"), "{text}");
+    let check = Command::new(&python)
+        .arg(worker("check_indices.py"))
+        .args(["indices"])
+        .arg(&idx)
+        .arg(format!("{}.r1", idx.display()))
+        .args([
+            "--dataset-len",
+            "4096",
+            "--seed",
+            "1234",
+            "--global-batch",
+            "64",
+            "--epochs",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&check.stdout);
+    assert!(
+        check.status.success(),
+        "no sample skipped or repeated across the requeue: {summary}"
+    );
+    eprintln!("sealed at step {sealed}; data order: {summary}");
+}
+
+fn slow_save_job(dir: &Path) -> (String, PathBuf) {
+    let script = dir.join("save.sbatch");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nsrun {} --nproc-per-node 2 {} {}\n",
+            drun_bin().display(),
+            worker("slow_save.py"),
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let out = dir.join("job.out");
+    let id = sbatch(
+        &[
+            "-N",
+            "2",
+            "--ntasks-per-node",
+            "1",
+            "-o",
+            out.to_str().unwrap(),
+            script.to_str().unwrap(),
+        ],
+        &[],
+    );
+    (id, out)
+}
+
+fn logs(dir: &Path) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read_to_string(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn scancel_lets_workers_save(proctrack: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (id, out) = slow_save_job(dir.path());
+    let _c = Cancel(id.clone());
+    wait_for("4 workers running", Duration::from_secs(60), || {
+        logs(dir.path()).len() == 4
+    });
+    let t = Instant::now();
+    assert!(Command::new("scancel").arg(&id).status().unwrap().success());
+    wait_for("the job to end", Duration::from_secs(60), || {
+        !matches!(state(&id).as_str(), "RUNNING" | "COMPLETING")
+    });
+    let took = t.elapsed();
+    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    for (name, log) in logs(dir.path()) {
+        assert!(
+            log.contains("term 1"),
+            "{proctrack}: {name} got SIGTERM:\n{log}\n{text}"
+        );
+        assert!(
+            log.trim_end().ends_with("saved"),
+            "{proctrack}: {name} finished its 3 s save before the SIGKILL:\n{log}\n{text}"
+        );
+    }
+    // Nothing of the job is left on any virtual node.
+    let left = Command::new("pgrep")
+        .args(["-f", &format!("slow_save.py {}", dir.path().display())])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&left.stdout).trim().is_empty(),
+        "{proctrack}: workers left behind"
+    );
+    eprintln!("{proctrack}: scancel to job end {took:?}");
+}
+
+#[test]
+fn slurm_scancel_forwards_sigterm_and_waits_for_the_save() {
+    if !cluster() {
+        return;
+    }
+    let proctrack = std::fs::read_to_string(
+        std::env::var("SLURM_CONF").unwrap_or_else(|_| "/etc/slurm/slurm.conf".into()),
+    )
+    .unwrap_or_default()
+    .lines()
+    .find_map(|l| {
+        l.strip_prefix("ProctrackType=proctrack/")
+            .map(str::to_string)
+    })
+    .unwrap_or_default();
+    scancel_lets_workers_save(&proctrack);
+}
