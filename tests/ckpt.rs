@@ -129,21 +129,31 @@ fn latest_step(d: &Dirs) -> u64 {
     latest(d).map_or(0, |m| m["step"].as_u64().unwrap())
 }
 
-/// Every manifest file under the checkpoint directory: (step, generation).
-fn manifest_files(d: &Dirs) -> Vec<(u64, u64)> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir(&d.ckpt).into_iter().flatten().flatten() {
-        for f in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
-            let name = f.file_name().to_string_lossy().into_owned();
-            if let Some(rest) = name
-                .strip_prefix("drun-manifest-")
-                .and_then(|r| r.strip_suffix(".json"))
-            {
-                let (s, g) = rest.split_once('-').unwrap();
-                v.push((s.parse().unwrap(), g.parse().unwrap()));
-            }
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
         }
     }
+    out
+}
+
+/// Every manifest file under the checkpoint directory: (step, generation).
+fn manifest_files(d: &Dirs) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = files_under(&d.ckpt)
+        .iter()
+        .filter_map(|f| {
+            let name = f.file_name()?.to_string_lossy().into_owned();
+            let rest = name.strip_prefix("drun-manifest-")?.strip_suffix(".json")?;
+            let (s, g) = rest.split_once('-')?;
+            Some((s.parse().ok()?, g.parse().ok()?))
+        })
+        .collect();
     v.sort_unstable();
     v
 }
@@ -279,7 +289,9 @@ fn killed_mid_write_never_seals(store: Store) {
     }
     assert_eq!(count(&evs, "start", |e| e["gen"] == 2), 2);
     assert!(
-        !d.ckpt.join("step-00000004-g1/rank1.pt").exists(),
+        !files_under(&d.ckpt)
+            .iter()
+            .any(|f| f.ends_with("step-00000004-g1/rank1.pt")),
         "the half-written file never reached its final name"
     );
     assert_eq!(latest_step(&d), 8);
@@ -323,10 +335,11 @@ fn misaligned_cursor_is_refused(store: Store) {
         "{line}"
     );
     let evs = events(&d);
-    assert_eq!(
+    // The node whose record completes the step is told (both, when they complete it at once).
+    assert!(
         count(&evs, "refused", |e| e["step"] == 4
-            && e["error"].as_str().unwrap().contains("misaligned data")),
-        1
+            && e["error"].as_str().unwrap().contains("misaligned data"))
+            >= 1
     );
     let sealed = manifest_files(&d);
     assert!(sealed.contains(&(2, 1)), "{sealed:?}");

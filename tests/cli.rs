@@ -216,3 +216,18 @@ fn boolean_pet_variables_take_1_and_0_and_repeated_flags_take_the_last_value() {
         "PET_STANDALONE=1 means standalone"
     );
 }
+
+#[test]
+fn bad_checkpoint_and_preemption_flags_are_one_line_exit_2() {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    let file = f.path().to_str().unwrap();
+    rejects(&["--ckpt-dir", file], "exists and is not a directory");
+    rejects(&["--ckpt-keep-last", "2"], "needs --ckpt-dir DIR");
+    rejects(
+        &["--ckpt-dir", "/tmp", "--ckpt-keep-every", "10"],
+        "needs --ckpt-keep-last",
+    );
+    rejects(&["--ckpt-verify", "bogus"], "--ckpt-verify");
+    rejects(&["--requeue"], "needs --on-preempt checkpoint");
+    rejects(&["--preempt-signal", "SIGNOPE"], "--preempt-signal");
+}

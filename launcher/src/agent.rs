@@ -31,6 +31,9 @@ const KILL_WAIT: Duration = Duration::from_secs(10);
 /// How long the agent waits for output readers after the workers are gone.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
+/// How long some local ranks may wait for the others to commit a step before the agent says so.
+const STALLED_COMMIT: Duration = Duration::from_secs(30);
+
 /// Signals relayed to workers without tearing anything down.
 const RELAYED: [Signal; 2] = [Signal::SIGUSR1, Signal::SIGUSR2];
 
@@ -285,14 +288,30 @@ impl Agent {
             slots: self.cfg.nproc_per_node,
             requested_node_rank: self.cfg.requested_node_rank,
             master_port,
-            resume_hint: self
-                .cfg
-                .ckpt
-                .dir
-                .as_deref()
-                .and_then(ckpt::read_latest)
-                .map(Box::new),
+            resume_hint: self.resume_hint(),
         }
+    }
+
+    /// The manifest `--ckpt-dir`'s `latest` points at, when it belongs to this run (a manifest of
+    /// another run is ignored, and said so once).
+    fn resume_hint(&self) -> Option<Box<drun_rendezvous::Manifest>> {
+        let dir = self.cfg.ckpt.dir.as_deref()?;
+        let m = ckpt::read_latest(dir)?;
+        if m.run_id != self.cfg.run_id {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::info!(
+                    "{}/latest is a checkpoint of run {} (step {}), not of this run {}: not resuming from it (pass --rdzv-id {} to resume that run)",
+                    dir.display(),
+                    m.run_id,
+                    m.step,
+                    self.cfg.run_id,
+                    m.run_id
+                );
+            });
+            return None;
+        }
+        Some(Box::new(m))
     }
 
     /// Joins and waits for a plan; `Ok(Err(exit))` when the run ended or a signal arrived first.
@@ -391,7 +410,11 @@ impl Agent {
                     return Err(e);
                 }
             };
-            self.ledger = Some(NodeLedger::new(&plan, &self.cfg.node_id));
+            self.ledger = Some(NodeLedger::new(
+                &plan,
+                &self.cfg.node_id,
+                self.cfg.ckpt.dir.as_deref(),
+            ));
             self.save_requested = None;
             let outcome = self
                 .supervise(&mut group, link, &plan, resume_file.as_deref())
@@ -653,7 +676,7 @@ impl Agent {
     ) -> Result<ResumeCheck, LaunchError> {
         let Some(m) = plan.resume.clone() else {
             if let Some(p) = self.reached_before.take() {
-                tracing::warn!("no checkpoint sealed yet: restarting from the beginning (the local ranks had reached step {p})");
+                tracing::warn!("no usable checkpoint: restarting from the beginning (the local ranks had reached step {p}; all of it is repeated)");
             }
             return Ok(ResumeCheck::Use(None));
         };
@@ -714,7 +737,7 @@ impl Agent {
                 let file = match ckpt::publish(&m, None) {
                     Ok(p) => Some(p),
                     Err(e) => {
-                        tracing::warn!(error = %e, "cannot write the manifest file next to the checkpoint");
+                        tracing::warn!("{e}");
                         None
                     }
                 };
@@ -811,16 +834,18 @@ impl Agent {
                 match ckpt::publish(manifest, self.cfg.ckpt.dir.as_deref()) {
                     Ok(p) => file = Some(p),
                     Err(e) => {
-                        tracing::warn!(error = %e, "checkpoint sealed, but its manifest file could not be written")
+                        tracing::warn!("checkpoint sealed, but {e}")
                     }
                 }
-                tracing::info!(
-                    "checkpoint step {step} sealed: {} files, {:.1} MB, world size {}",
+                tracing::debug!(
+                    "checkpoint step {step} sealed here: {} files, {:.1} MB, world size {}",
                     manifest.files.len(),
                     manifest.bytes() as f64 / 1e6,
                     manifest.world_size
                 );
-                ckpt::remove_garbage(garbage, dropped);
+                if let Some(root) = self.cfg.ckpt.dir.as_deref() {
+                    ckpt::remove_garbage(root, garbage, dropped);
+                }
             }
             Ok(_) => {}
             Err(e) => eprintln!("drun: checkpoint commit of step {step} refused: {e}"),
@@ -878,7 +903,13 @@ impl Agent {
             tokio::select! {
                 _ = partial => {}
                 _ = self.sigchld.recv() => {}
-                _ = tick.tick() => {}
+                _ = tick.tick() => {
+                    if let Some(l) = self.ledger.as_mut() {
+                        for line in l.stalled(STALLED_COMMIT) {
+                            tracing::warn!("{line}");
+                        }
+                    }
+                }
                 Some(sig) = self.signals.recv() => {
                     let preempt = sig == self.cfg.preempt_signal
                         && self.cfg.on_preempt == OnPreempt::Checkpoint;
@@ -913,6 +944,7 @@ impl Agent {
                         self.save_requested = Some(req.latest_before);
                     }
                     Some(Event::Sealed(id)) => {
+                        tracing::info!("checkpoint {} sealed", drun_rendezvous::ledger::describe_id(&id));
                         if self.save_requested.as_ref().is_some_and(|before| id > *before) {
                             return Outcome::Preempted(id);
                         }

@@ -155,18 +155,24 @@ fn rendezvous_mode(
                 "--standalone runs one node; drop --standalone or use --nnodes 1",
             ));
         }
-        if a.standalone
-            && (!a.rdzv_endpoint.is_empty() || a.rdzv_id != "none" || a.rdzv_backend.is_some())
-        {
+        if a.standalone && (!a.rdzv_endpoint.is_empty() || a.rdzv_backend.is_some()) {
             notes.push(
-                "--standalone: ignoring the explicit --rdzv-* flags, as torchrun does".into(),
+                "--standalone: ignoring the explicit --rdzv-endpoint/--rdzv-backend, as torchrun does"
+                    .into(),
             );
         }
         let mode = RendezvousMode::Embedded {
             master_addr: local_master(),
             fixed_port: None,
         };
-        return Ok((mode, uuid::Uuid::new_v4().to_string()));
+        // torchrun draws a random run id; an explicit --rdzv-id is kept so that a later launch
+        // with the same id resumes this run's checkpoints (from --ckpt-dir).
+        let run_id = if a.rdzv_id != "none" {
+            a.rdzv_id.clone()
+        } else {
+            uuid::Uuid::new_v4().to_string()
+        };
+        return Ok((mode, run_id));
     }
     if backend == "static" {
         let run_id = if a.rdzv_id != "none" {
@@ -655,14 +661,38 @@ impl LaunchConfig {
                     path: d.clone(),
                     source,
                 };
+                if d.exists() && !d.is_dir() {
+                    return Err(invalid(
+                        "--ckpt-dir",
+                        d.display().to_string(),
+                        "exists and is not a directory",
+                    ));
+                }
                 std::fs::create_dir_all(d).map_err(path_err)?;
+                // Checkpoints, manifests and the `latest` pointer are written here: fail now,
+                // not at the first commit.
+                tempfile::tempfile_in(d).map_err(path_err)?;
                 Some(std::fs::canonicalize(d).map_err(path_err)?)
             }
         };
-        let preempt_signal = parse_signals(&a.preempt_signal)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| invalid("--preempt-signal", &a.preempt_signal, "name one signal"))?;
+        if a.ckpt_keep_last > 0 && ckpt_dir.is_none() {
+            return Err(invalid(
+                "--ckpt-keep-last",
+                a.ckpt_keep_last.to_string(),
+                "needs --ckpt-dir DIR (retention only ever deletes files inside it)",
+            ));
+        }
+        let preempt_signal = parse_signals(&a.preempt_signal)
+            .ok()
+            .filter(|v| v.len() == 1)
+            .map(|v| v[0])
+            .ok_or_else(|| {
+                invalid(
+                    "--preempt-signal",
+                    &a.preempt_signal,
+                    "expected one signal name, e.g. SIGUSR1",
+                )
+            })?;
         if a.requeue && a.on_preempt != OnPreempt::Checkpoint {
             return Err(invalid(
                 "--requeue",

@@ -72,9 +72,9 @@ class _Client:
         try:
             self._sock.sendall(json.dumps(msg).encode() + b"\n")
             line = self._file.readline()
-        except OSError:
+        except OSError as e:  # includes socket.timeout
             self.close()
-            raise
+            raise DrunError("no answer from the drun agent to %s: %s" % (msg.get("op"), e)) from e
         if not line:
             self.close()
             raise DrunError("the drun agent closed the connection")
@@ -148,16 +148,18 @@ def sha256_file(path):
 
 
 def shard_path(step, name=None, rank=None):
-    """Where this rank's file of ``step`` goes: ``<DRUN_CKPT_DIR>/step-<step>-g<gen>/<name>``.
+    """Where this rank's file of ``step`` goes:
+    ``<DRUN_CKPT_DIR>/<DRUN_RUN_ID>/step-<step>-g<generation>/<name>``.
 
-    ``name`` defaults to ``rank<RANK>.pt``. The generation in the directory keeps a re-run of a
-    step after a re-form from overwriting files of a checkpoint still in use. Outside drun the
-    directory is ``./checkpoints``.
+    ``name`` defaults to ``rank<RANK>.pt``. The run id keeps runs sharing a checkpoint directory
+    apart; the generation keeps a re-run of a step after a re-form from overwriting a checkpoint
+    still in use. Outside drun the directory is ``./checkpoints/local``.
     """
     rank = _env_int("RANK", 0) if rank is None else rank
     base = os.environ.get("DRUN_CKPT_DIR") or "checkpoints"
+    run = os.environ.get("DRUN_RUN_ID") or "local"
     gen = _env_int("DRUN_GENERATION", 0)
-    return os.path.join(os.path.abspath(base), "step-%08d-g%d" % (step, gen),
+    return os.path.join(os.path.abspath(base), run, "step-%08d-g%d" % (step, gen),
                         name or "rank%d.pt" % rank)
 
 
@@ -210,15 +212,18 @@ def _file_record(path):
 def commit(step, paths, cursor, timeout=600.0):
     """Reports this rank's checkpoint of ``step`` (files already written and renamed).
 
-    ``cursor`` is the global data cursor after ``step`` (see :meth:`ElasticSampler.cursor`); every
+    A collective, like saving: **every** rank commits every checkpointed step (a rank with
+    nothing of its own to save commits a small marker file), else the others wait (the agent
+    names the missing ranks after 30 s). ``cursor`` is the global data cursor after ``step`` (see :meth:`ElasticSampler.cursor`); every
     rank must report the same one, or the step is refused as misaligned data. Blocks until every
     rank of this node has reported ``step`` and the node's record is stored (at most ``timeout``
     seconds). Returns the agent's answer: ``sealed`` is true on the ranks of the node whose record
     completed the checkpoint (then ``manifest`` is its manifest file); the others see
     ``waiting_for`` (nodes yet to report). Outside drun returns None.
 
-    Raises :class:`DrunError` when refused: a stale generation (the group re-formed), a file whose
-    size changed, a step not after the resumed one, or misaligned cursors (naming the ranks).
+    Raises :class:`DrunError` when refused — a stale generation (the group re-formed), a file
+    whose size changed or outside ``--ckpt-dir``, a step not after the last one, misaligned
+    cursors (naming the ranks) — or when the agent does not answer within ``timeout``.
     """
     if not available():
         return None
@@ -299,7 +304,9 @@ class ElasticSampler:
 
     ``rank``/``world_size`` default to ``RANK``/``WORLD_SIZE``; the resume point to
     ``DRUN_DATA_EPOCH``/``DRUN_GLOBAL_SAMPLES`` (pass ``resume=False`` to ignore it).
-    ``global_batch`` must be a multiple of the world size.
+    ``global_batch`` must be a multiple of every world size the job may run at (e.g. with
+    ``--nnodes 1:3 --nproc-per-node 2``, a multiple of 2, 4 and 6). Iterate epochs from
+    ``sampler.epoch`` (the resumed one): ``for epoch in range(sampler.epoch, epochs)``.
     """
 
     def __init__(self, dataset_len, seed=0, global_batch=1, shuffle=True, rank=None,
@@ -323,6 +330,14 @@ class ElasticSampler:
         info = resume_info() if resume else None
         if info is not None:
             self._resume_epoch, self._resume_offset = info["epoch"], info["global_samples"]
+            saved = info.get("cursor") or {}
+            for key, mine in (("dataset_len", self.dataset_len), ("seed", self.seed),
+                              ("global_batch", self.global_batch)):
+                if saved.get(key) and saved[key] != mine:
+                    raise ValueError(
+                        "the checkpoint's data cursor has %s=%s but this sampler %s=%s: the "
+                        "global sample offset would not mean the same samples" %
+                        (key, saved[key], key, mine))
         self.epoch = self._resume_epoch
 
     def set_epoch(self, epoch):
@@ -358,7 +373,12 @@ class ElasticSampler:
         """
         consumed = self.start + int(batches_done) * self.global_batch
         epoch = self.epoch
-        if consumed >= self.usable:
+        if consumed > self.usable:
+            raise ValueError(
+                "%d batches after sample %d run past the end of epoch %d (%d samples per epoch); "
+                "count the batches of the current epoch only" %
+                (batches_done, self.start, epoch, self.usable))
+        if consumed == self.usable:
             epoch, consumed = epoch + 1, 0
         return {
             "epoch": epoch,

@@ -94,9 +94,23 @@ class Resharding(unittest.TestCase):
         self.assertEqual(s.cursor(3), {"epoch": 3, "consumed_in_epoch": 0,
                                        "consumed_total": 144, "seed": 0,
                                        "dataset_len": 50, "global_batch": 8})
+        with self.assertRaisesRegex(ValueError, "run past the end of epoch 2"):
+            s.cursor(4)
         s.set_epoch(3)
         self.assertEqual(s.start, 0)
         self.assertEqual(len(s), 24)
+
+    def test_a_cursor_of_another_dataset_or_batch_is_refused(self):
+        d = tempfile.mkdtemp()
+        manifest = os.path.join(d, "m.json")
+        with open(manifest, "w") as f:
+            json.dump({"cursor": {"epoch": 0, "consumed_in_epoch": 16, "dataset_len": 64,
+                                  "global_batch": 8, "seed": 0}}, f)
+        env = dict(resumed_env(0, 16), DRUN_RESUME_MANIFEST=manifest)
+        with mock.patch.dict(os.environ, env, clear=True):
+            drun.ElasticSampler(64, seed=0, global_batch=8, rank=0, world_size=2)
+            with self.assertRaisesRegex(ValueError, "global_batch=8 but this sampler global_batch=16"):
+                drun.ElasticSampler(64, seed=0, global_batch=16, rank=0, world_size=2)
 
     def test_global_batch_must_divide_by_world(self):
         with self.assertRaises(ValueError):
@@ -133,10 +147,10 @@ class AgentApi(unittest.TestCase):
         agent = FakeAgent(lambda r: {"ok": True, "sealed": r["op"] == "commit", "save": True})
         d = tempfile.mkdtemp()
         env = dict(CLEAN, DRUN_AGENT_SOCK=agent.path, RANK="3", DRUN_GENERATION="5",
-                   DRUN_CKPT_DIR=d)
+                   DRUN_CKPT_DIR=d, DRUN_RUN_ID="job7")
         with mock.patch.dict(os.environ, env, clear=True):
             path = drun.shard_path(40)
-            self.assertEqual(path, os.path.join(d, "step-00000040-g5", "rank3.pt"))
+            self.assertEqual(path, os.path.join(d, "job7", "step-00000040-g5", "rank3.pt"))
             sha, size = drun.atomic_save(path, lambda f: f.write(b"x" * 1000))
             answer = drun.commit(40, [path], {"epoch": 0, "consumed_in_epoch": 320})
             self.assertTrue(drun.should_save())
@@ -149,6 +163,15 @@ class AgentApi(unittest.TestCase):
         self.assertEqual((sha, size), (hashlib.sha256(b"x" * 1000).hexdigest(), 1000))
         self.assertEqual(req["cursor"]["consumed_in_epoch"], 320)
         self.assertEqual(agent.requests[1]["op"], "should_save")
+
+    def test_no_answer_raises_drun_error(self):
+        agent = FakeAgent(lambda r: (__import__("time").sleep(2), {"ok": True})[1])
+        f = tempfile.NamedTemporaryFile(delete=False)
+        f.write(b"abc")
+        f.close()
+        with mock.patch.dict(os.environ, dict(CLEAN, DRUN_AGENT_SOCK=agent.path), clear=True):
+            with self.assertRaisesRegex(drun.DrunError, "no answer from the drun agent to commit"):
+                drun.commit(1, f.name, {"consumed_in_epoch": 0}, timeout=0.2)
 
     def test_refusal_raises_with_the_agents_line(self):
         agent = FakeAgent(lambda r: {"ok": False, "error": "stale commit: generation 2 is over"})

@@ -190,6 +190,9 @@ pub enum LedgerError {
     /// The committing node is not (or no longer) a member of the running generation.
     #[error("stale commit: {0}")]
     Stale(String),
+    /// The step is already sealed (a duplicate commit).
+    #[error("checkpoint {0} is already sealed")]
+    AlreadySealed(String),
     /// Ranks reported different data cursors for the same step.
     #[error("step {step} not sealed: misaligned data: {detail}")]
     Misaligned {
@@ -458,10 +461,7 @@ impl Ledger {
             .await?
             .is_some()
         {
-            return Ok(LedgerError::Stale(format!(
-                "step {} of generation {g} is already sealed",
-                parse_id(id).map_or(0, |p| p.0)
-            )));
+            return Ok(LedgerError::AlreadySealed(describe_id(id)));
         }
         let (cur, _) = self.current_generation().await?;
         if cur != g {

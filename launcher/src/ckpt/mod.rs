@@ -70,29 +70,37 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Writes the manifest file of `m` next to its files if it is not there yet, and (when `dir`
-/// is set) points `<dir>/latest` at it. Returns the manifest file's path.
+/// Writes (atomically replaces) the manifest file of `m` next to its files and, when `dir` is
+/// set, points `<dir>/latest` at it — unless `latest` names a newer checkpoint of the same run.
+/// Returns the manifest file's path.
 ///
 /// # Errors
-/// I/O errors (the caller logs them: the ledger in the store stays authoritative).
-pub fn publish(m: &Manifest, dir: Option<&Path>) -> std::io::Result<PathBuf> {
+/// One line naming the file that could not be written (the caller logs it: the ledger in the
+/// store stays authoritative).
+pub fn publish(m: &Manifest, dir: Option<&Path>) -> Result<PathBuf, String> {
     let path = manifest_path(m);
-    if !path.exists() {
+    let same = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
+        .is_some_and(|old| old == *m);
+    if !same {
         write_atomic(
             &path,
             &serde_json::to_vec_pretty(m).expect("Manifest serializes"),
-        )?;
+        )
+        .map_err(|e| format!("cannot write the manifest file {}: {e}", path.display()))?;
     }
     if let Some(d) = dir {
         let newer = match read_latest(d) {
-            Some(cur) => (cur.step, cur.generation) <= (m.step, m.generation),
-            None => true,
+            Some(cur) if cur.run_id == m.run_id => {
+                (cur.step, cur.generation) <= (m.step, m.generation)
+            }
+            _ => true,
         };
         if newer {
-            write_atomic(
-                &d.join(LATEST_FILE),
-                format!("{}\n", path.display()).as_bytes(),
-            )?;
+            let pointer = d.join(LATEST_FILE);
+            write_atomic(&pointer, format!("{}\n", path.display()).as_bytes())
+                .map_err(|e| format!("cannot write {}: {e}", pointer.display()))?;
         }
     }
     Ok(path)
@@ -118,14 +126,19 @@ pub fn read_latest(dir: &Path) -> Option<Manifest> {
 }
 
 /// Deletes what retention dropped: `garbage` files, the manifest files of `dropped`, and the
-/// directories that become empty. Errors are logged, never fatal.
-pub fn remove_garbage(garbage: &[String], dropped: &[Manifest]) {
+/// directories that become empty — only inside `root` (`--ckpt-dir`), never `root` itself.
+/// Errors are logged, never fatal.
+pub fn remove_garbage(root: &Path, garbage: &[String], dropped: &[Manifest]) {
     let mut dirs = Vec::new();
     let files = garbage
         .iter()
         .map(PathBuf::from)
         .chain(dropped.iter().map(manifest_path));
     for f in files {
+        if !f.starts_with(root) || f == root {
+            tracing::debug!(path = %f.display(), "not deleting a file outside --ckpt-dir");
+            continue;
+        }
         match std::fs::remove_file(&f) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -133,7 +146,7 @@ pub fn remove_garbage(garbage: &[String], dropped: &[Manifest]) {
                 tracing::warn!(path = %f.display(), error = %e, "cannot remove an old checkpoint file")
             }
         }
-        if let Some(p) = f.parent() {
+        if let Some(p) = f.parent().filter(|p| p.starts_with(root) && *p != root) {
             dirs.push(p.to_path_buf());
         }
     }
@@ -179,10 +192,19 @@ mod tests {
         publish(&manifest(d.path(), 4), Some(d.path())).unwrap();
         assert_eq!(read_latest(d.path()).unwrap().step, 8);
         assert!(d.path().join("step-4/drun-manifest-4-1.json").exists());
+        let outside = tempfile::tempdir().unwrap();
+        let precious = outside.path().join("dataset.bin");
+        std::fs::write(&precious, b"data").unwrap();
         remove_garbage(
-            &[d.path().join("step-4/rank0.bin").display().to_string()],
+            d.path(),
+            &[
+                d.path().join("step-4/rank0.bin").display().to_string(),
+                precious.display().to_string(),
+            ],
             &[manifest(d.path(), 4)],
         );
         assert!(!d.path().join("step-4").exists(), "emptied dir removed");
+        assert!(precious.exists(), "nothing outside --ckpt-dir is deleted");
+        assert!(d.path().exists());
     }
 }

@@ -2,7 +2,8 @@
 //! has reported it, and the answers back to the ranks.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use drun_rendezvous::ledger::cursor_disagreement;
 use drun_rendezvous::{CommitOutcome, Cursor, Manifest, NodeCommit, Plan, ShardFile};
@@ -27,14 +28,21 @@ pub struct NodeLedger {
     first: u32,
     slots: u32,
     resume_step: Option<u64>,
+    /// `--ckpt-dir`: committed files must be inside it.
+    root: Option<PathBuf>,
+    /// Highest step this node sent for recording.
+    last_step: Option<u64>,
+    /// Steps some local ranks reported: when the first did, whether the wait was reported.
+    started: BTreeMap<u64, (Instant, bool)>,
     steps: BTreeMap<u64, BTreeMap<u32, RankCommit>>,
     inflight: BTreeMap<u64, Vec<Reply>>,
     progress: BTreeMap<u32, u64>,
 }
 
 impl NodeLedger {
-    /// Ledger state for `node_id` running `plan`. A node absent from the plan has no ranks.
-    pub fn new(plan: &Plan, node_id: &str) -> Self {
+    /// Ledger state for `node_id` running `plan`; files must be inside `root` when given. A node
+    /// absent from the plan has no ranks.
+    pub fn new(plan: &Plan, node_id: &str, root: Option<&Path>) -> Self {
         let (first, slots) = plan
             .member(node_id)
             .map_or((0, 0), |m| (m.base_rank, m.slots));
@@ -44,6 +52,9 @@ impl NodeLedger {
             first,
             slots,
             resume_step: plan.resume.as_ref().map(|m| m.step),
+            root: root.map(Path::to_path_buf),
+            last_step: None,
+            started: BTreeMap::new(),
             steps: BTreeMap::new(),
             inflight: BTreeMap::new(),
             progress: BTreeMap::new(),
@@ -94,8 +105,16 @@ impl NodeLedger {
             Some(format!(
                 "step {step} is already being committed by this node"
             ))
+        } else if let Some(last) = self.last_step.filter(|l| step <= *l) {
+            Some(format!(
+                "step {step} is not after step {last}, already committed in this generation"
+            ))
+        } else if files.is_empty() {
+            Some("a commit names at least one file".to_string())
         } else {
-            files.iter().find_map(|f| check_file(f).err())
+            files
+                .iter()
+                .find_map(|f| check_file(f, self.root.as_deref()).err())
         };
         if let Some(p) = problem {
             let _ = reply.send(refused(p));
@@ -110,6 +129,9 @@ impl NodeLedger {
                 sha256: f.sha256,
             })
             .collect();
+        self.started
+            .entry(step)
+            .or_insert_with(|| (Instant::now(), false));
         let ranks = self.steps.entry(step).or_default();
         if let Some(old) = ranks.insert(
             rank,
@@ -127,6 +149,7 @@ impl NodeLedger {
             return None;
         }
         let ranks = self.steps.remove(&step).expect("present");
+        self.started.remove(&step);
         let disagreement = cursor_disagreement(
             ranks
                 .iter()
@@ -154,7 +177,31 @@ impl NodeLedger {
             replies.push(c.reply);
         }
         self.inflight.insert(step, replies);
+        self.last_step = Some(self.last_step.map_or(step, |l| l.max(step)));
         Some(batch)
+    }
+
+    /// One line for each step some local ranks have waited on for longer than `after` (reported
+    /// once per step): which ranks have not committed it.
+    pub fn stalled(&mut self, after: Duration) -> Vec<String> {
+        let mut out = Vec::new();
+        for (step, (since, told)) in self.started.iter_mut() {
+            if *told || since.elapsed() < after {
+                continue;
+            }
+            *told = true;
+            let done = self.steps.get(step);
+            let missing: Vec<String> = (self.first..self.first + self.slots)
+                .filter(|r| done.is_none_or(|d| !d.contains_key(r)))
+                .map(|r| r.to_string())
+                .collect();
+            out.push(format!(
+                "checkpoint step {step}: waiting {:.0} s for rank(s) {} of this node to commit it too (every rank commits every checkpointed step)",
+                since.elapsed().as_secs_f64(),
+                missing.join(",")
+            ));
+        }
+        out
     }
 
     /// Answers the ranks waiting on `step` with the rendezvous' verdict. `manifest_file` is where
@@ -203,9 +250,17 @@ impl NodeLedger {
     }
 }
 
-fn check_file(f: &FileReport) -> Result<(), String> {
-    if !Path::new(&f.path).is_absolute() {
+fn check_file(f: &FileReport, root: Option<&Path>) -> Result<(), String> {
+    let path = Path::new(&f.path);
+    if !path.is_absolute() {
         return Err(format!("file path '{}' must be absolute", f.path));
+    }
+    if let Some(root) = root.filter(|r| !path.starts_with(r)) {
+        return Err(format!(
+            "'{}' is outside --ckpt-dir {}; checkpoint files live inside it",
+            f.path,
+            root.display()
+        ));
     }
     if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(format!(
@@ -214,6 +269,7 @@ fn check_file(f: &FileReport) -> Result<(), String> {
         ));
     }
     match std::fs::metadata(&f.path) {
+        Ok(m) if !m.is_file() => Err(format!("'{}' is not a regular file", f.path)),
         Ok(m) if m.len() == f.bytes => Ok(()),
         Ok(m) => Err(format!(
             "'{}' has {} bytes, the commit says {} (was it fully written before commit?)",
@@ -279,7 +335,7 @@ mod tests {
     #[test]
     fn batches_when_every_local_rank_reported() {
         let d = tempfile::tempdir().unwrap();
-        let mut l = NodeLedger::new(&plan(2), "a");
+        let mut l = NodeLedger::new(&plan(2), "a", None);
         let (t0, _r0) = oneshot::channel();
         assert!(l
             .commit(0, 3, 5, vec![file(d.path(), 0)], cursor(8), t0)
@@ -303,7 +359,7 @@ mod tests {
     #[test]
     fn refuses_stale_misaligned_and_foreign_commits() {
         let d = tempfile::tempdir().unwrap();
-        let mut l = NodeLedger::new(&plan(2), "a");
+        let mut l = NodeLedger::new(&plan(2), "a", None);
         let (t, mut r) = oneshot::channel();
         assert!(l.commit(0, 2, 5, vec![], cursor(8), t).is_none());
         assert!(r.try_recv().unwrap()["error"]
@@ -324,10 +380,40 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("has 3 bytes, the commit says 99"));
+        let (t, mut r) = oneshot::channel();
+        assert!(l.commit(0, 3, 5, vec![], cursor(8), t).is_none());
+        assert!(r.try_recv().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("at least one file"));
+        let (t, mut r) = oneshot::channel();
+        let dir_as_file = FileReport {
+            path: d.path().display().to_string(),
+            bytes: 0,
+            sha256: "0".repeat(64),
+        };
+        assert!(l.commit(0, 3, 5, vec![dir_as_file], cursor(8), t).is_none());
+        assert!(r.try_recv().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("is not a regular file"));
+        let mut inside = NodeLedger::new(&plan(2), "a", Some(Path::new("/nonexistent-ckpt")));
+        let (t, mut r) = oneshot::channel();
+        assert!(inside
+            .commit(0, 3, 5, vec![file(d.path(), 0)], cursor(8), t)
+            .is_none());
+        assert!(r.try_recv().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("is outside --ckpt-dir /nonexistent-ckpt"));
         let (t0, mut r0) = oneshot::channel();
         let (t1, _r1) = oneshot::channel();
-        assert!(l.commit(0, 3, 6, vec![], cursor(8), t0).is_none());
-        assert!(l.commit(1, 3, 6, vec![], cursor(9), t1).is_none());
+        assert!(l
+            .commit(0, 3, 6, vec![file(d.path(), 0)], cursor(8), t0)
+            .is_none());
+        assert!(l
+            .commit(1, 3, 6, vec![file(d.path(), 1)], cursor(9), t1)
+            .is_none());
         let e = r0.try_recv().unwrap()["error"]
             .as_str()
             .unwrap()
@@ -337,5 +423,36 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("rank 1 report cursor"), "{e}");
+    }
+
+    #[test]
+    fn steps_go_forward_and_a_missing_rank_is_named() {
+        let d = tempfile::tempdir().unwrap();
+        let mut l = NodeLedger::new(&plan(2), "a", Some(d.path()));
+        for r in 0..2 {
+            let (t, _) = oneshot::channel();
+            l.commit(r, 3, 4, vec![file(d.path(), r)], cursor(32), t);
+        }
+        let (t, mut r) = oneshot::channel();
+        assert!(l
+            .commit(0, 3, 2, vec![file(d.path(), 0)], cursor(16), t)
+            .is_none());
+        assert!(r.try_recv().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .contains("step 2 is not after step 4"));
+        let (t, _r) = oneshot::channel();
+        assert!(l
+            .commit(0, 3, 6, vec![file(d.path(), 0)], cursor(48), t)
+            .is_none());
+        assert!(l.stalled(Duration::from_secs(3600)).is_empty());
+        let lines = l.stalled(Duration::ZERO);
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].contains("for rank(s) 1 of this node"),
+            "{}",
+            lines[0]
+        );
+        assert!(l.stalled(Duration::ZERO).is_empty(), "said once");
     }
 }
