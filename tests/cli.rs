@@ -229,5 +229,9 @@ fn bad_checkpoint_and_preemption_flags_are_one_line_exit_2() {
     );
     rejects(&["--ckpt-verify", "bogus"], "--ckpt-verify");
     rejects(&["--requeue"], "needs --on-preempt checkpoint");
+    rejects(
+        &["--standalone", "--on-preempt", "checkpoint"],
+        "needs --ckpt-dir DIR with an in-memory rendezvous",
+    );
     rejects(&["--preempt-signal", "SIGNOPE"], "--preempt-signal");
 }

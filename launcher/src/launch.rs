@@ -700,6 +700,17 @@ impl LaunchConfig {
                 "needs --on-preempt checkpoint (the job requeues after its checkpoint is sealed)",
             ));
         }
+        let store_is_ephemeral = matches!(
+            rendezvous,
+            RendezvousMode::Embedded { .. } | RendezvousMode::C10d { .. }
+        );
+        if a.on_preempt == OnPreempt::Checkpoint && store_is_ephemeral && ckpt_dir.is_none() {
+            return Err(invalid(
+                "--on-preempt",
+                "checkpoint",
+                "needs --ckpt-dir DIR with an in-memory rendezvous: the restarted job finds the checkpoint through DIR/latest",
+            ));
+        }
         let ckpt = CkptConfig {
             dir: ckpt_dir,
             verify: a.ckpt_verify,
