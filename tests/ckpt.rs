@@ -25,6 +25,8 @@ struct Rdzv {
     _etcd: Option<Etcd>,
     _server: Option<RdzvServer>,
     args: Vec<String>,
+    /// `drun-rendezvous status` flags that reach the same store.
+    status: Vec<String>,
 }
 
 fn rdzv(store: Store, run: &str, nnodes: &str) -> Rdzv {
@@ -42,12 +44,14 @@ fn rdzv(store: Store, run: &str, nnodes: &str) -> Rdzv {
             _etcd: None,
             _server: None,
             args: vec!["--standalone".into()],
+            status: vec![],
         },
         (Store::Memory, false) => {
             let server = RdzvServer::start(&["--store", "memory"]);
             let args = base(vec!["--rdzv-endpoint".into(), server.endpoint.clone()]);
             Rdzv {
                 _etcd: None,
+                status: vec!["--endpoint".into(), server.endpoint.clone()],
                 _server: Some(server),
                 args,
             }
@@ -61,6 +65,7 @@ fn rdzv(store: Store, run: &str, nnodes: &str) -> Rdzv {
                 etcd.endpoint.clone(),
             ]);
             Rdzv {
+                status: vec!["--etcd-endpoints".into(), etcd.endpoint.clone()],
                 _etcd: Some(etcd),
                 _server: None,
                 args,
@@ -543,6 +548,21 @@ fn no_skip_no_duplicate(store: Store) {
     assert!(
         ea.contains("resuming from checkpoint step"),
         "the agent says what it resumes from:\n{ea}"
+    );
+
+    // The ledger as the operator sees it.
+    let o = Command::new(crate::harness::cluster::rendezvous_bin())
+        .args(["status", "ckpt-torch"])
+        .args(&r.status)
+        .output()
+        .unwrap();
+    let status: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("status JSON: {e}: {}", String::from_utf8_lossy(&o.stderr)));
+    assert_eq!(status["checkpoints"]["latest"]["step"], 128, "{status}");
+    assert_eq!(status["checkpoints"]["latest"]["world_size"], 4, "{status}");
+    assert_eq!(
+        status["checkpoints"]["latest"]["cursor"]["epoch"], 2,
+        "{status}"
     );
 
     let summary = check(
