@@ -177,7 +177,7 @@ fn slurm_ranks_follow_the_node_id() {
         assert_eq!(env["MASTER_ADDR"], "n1");
     }
     assert!(
-        text.contains(&format!("slurm job {id}: run id {id}, --nnodes 2, node rank 1, address n2, rendezvous embedded on n1:")),
+        text.contains(&format!("slurm job {id}: run id {id}, --nnodes 1:2, node rank 1, address n2, rendezvous embedded on n1:")),
         "what was taken from Slurm is printed:\n{text}"
     );
 }
@@ -217,6 +217,16 @@ fn slurm_example_trains_and_recovers_a_worker_failure() {
 
 #[test]
 fn slurm_preemption_warning_checkpoints_requeues_and_resumes_at_the_same_sample() {
+    preemption(&["--signal=USR1"]);
+}
+
+#[test]
+fn slurm_preemption_warning_to_the_batch_shell_only_works_too() {
+    // `scancel -b` / `--signal=B:USR1@N`: the example's batch script passes it to srun.
+    preemption(&["-b", "--signal=USR1"]);
+}
+
+fn preemption(scancel: &[&str]) {
     if !cluster() {
         return;
     }
@@ -235,7 +245,8 @@ fn slurm_preemption_warning_checkpoints_requeues_and_resumes_at_the_same_sample(
         out_of(dir.path()).contains("[rank0]:step=20 ")
     });
     assert!(Command::new("scancel")
-        .args(["--signal=USR1", &id])
+        .args(scancel)
+        .arg(&id)
         .status()
         .unwrap()
         .success());
@@ -386,4 +397,73 @@ fn slurm_scancel_forwards_sigterm_and_waits_for_the_save() {
     })
     .unwrap_or_default();
     scancel_lets_workers_save(&proctrack);
+}
+
+/// The drun agent of `job` running on virtual node `node` (all nodes share one PID space).
+fn agent_on(job: &str, node: &str) -> Option<i32> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != "drun" {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let vars: Vec<String> = env
+            .split(|b| *b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        let has = |kv: &str| vars.iter().any(|v| v == kv);
+        // The agent itself, not its guard (same binary): the guard has no DRUN_AGENT_ID child env
+        // of its own but the same environment; tell them apart by argv.
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if has(&format!("SLURM_JOB_ID={job}"))
+            && has(&format!("SLURMD_NODENAME={node}"))
+            && !String::from_utf8_lossy(&cmdline).contains("__drun_guard")
+        {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn slurm_job_survives_the_loss_of_a_node() {
+    if !cluster() {
+        return;
+    }
+    let Some(python) = torch_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let env = example_env(
+        &python,
+        dir.path(),
+        "--epochs 2 --global-batch 64 --ckpt-every 8 --step-sleep 0.05",
+    );
+    let id = submit_example(dir.path(), &env);
+    let _c = Cancel(id.clone());
+    wait_for(
+        "a checkpoint at world size 4",
+        Duration::from_secs(120),
+        || out_of(dir.path()).contains("checkpoint step 16 (generation 1) sealed"),
+    );
+    let victim = agent_on(&id, "n2").expect("the agent on n2");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let (_, _) = wait_done(&id, Duration::from_secs(240));
+    let text = out_of(dir.path());
+    // The task killed on n2 makes srun (and so the job) report a failure; the training itself
+    // went on at world size 2 from the last checkpoint and finished.
+    assert!(
+        text.contains("world formed: 1 node(s)") && text.contains("world size 2"),
+        "the survivor re-formed alone:\n{text}"
+    );
+    assert!(text.contains("resuming from checkpoint step 16"), "{text}");
+    assert!(
+        text.contains("[rank0]:done steps=128") && text.contains("world_size=2"),
+        "{text}"
+    );
 }

@@ -74,14 +74,14 @@ pub async fn run(cfg: LaunchConfig) -> AgentExit {
     let mut agent = match Agent::new(cfg).await {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("drun: error: {e}");
+            crate::say!("drun: error: {e}");
             return e.exit();
         }
     };
     let exit = match agent.run().await {
         Ok(exit) => exit,
         Err(e) => {
-            eprintln!("drun: error: {e}");
+            crate::say!("drun: error: {e}");
             e.exit()
         }
     };
@@ -241,7 +241,7 @@ impl Agent {
             tracing::info!(
                 run = %self.cfg.run_id,
                 node = %self.cfg.node_id,
-                "rendezvous {:?}; nnodes {}:{}, join_timeout {:?}, last_call {:?}, lease_ttl {:?}, keep_alive {:?}",
+                "rendezvous {}; nnodes {}:{}, join_timeout {:?}, last_call {:?}, lease_ttl {:?}, keep_alive {:?}",
                 self.cfg.rendezvous,
                 self.cfg.min_nodes,
                 self.cfg.max_nodes,
@@ -297,6 +297,23 @@ impl Agent {
     fn resume_hint(&self) -> Option<Box<drun_rendezvous::Manifest>> {
         let dir = self.cfg.ckpt.dir.as_deref()?;
         let m = ckpt::read_latest(dir)?;
+        if self
+            .cfg
+            .slurm
+            .as_ref()
+            .is_some_and(|j| !j.may_resume_files())
+        {
+            static FRESH: std::sync::Once = std::sync::Once::new();
+            FRESH.call_once(|| {
+                tracing::info!(
+                    "{}/latest (run {}, step {}) is not resumed: this Slurm job is not a requeued one (SLURM_RESTART_COUNT unset), and job ids are reused",
+                    dir.display(),
+                    m.run_id,
+                    m.step
+                );
+            });
+            return None;
+        }
         if m.run_id != self.cfg.run_id {
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
@@ -355,7 +372,7 @@ impl Agent {
             tracing::info!(run = %self.cfg.run_id, "run finished: {}", end.reason);
             AgentExit::Success
         } else {
-            eprintln!("drun: run {} failed: {}", self.cfg.run_id, end.reason);
+            crate::say!("drun: run {} failed: {}", self.cfg.run_id, end.reason);
             AgentExit::WorkerFailure
         }
     }
@@ -469,7 +486,7 @@ impl Agent {
                     return Ok(self.run_ended(&end));
                 }
                 Outcome::Preempted(id) => {
-                    eprintln!(
+                    crate::say!(
                         "drun: preempted: checkpoint {} sealed; stopping the workers (exit 5: requeue to resume from it)",
                         drun_rendezvous::ledger::describe_id(&id)
                     );
@@ -513,7 +530,7 @@ impl Agent {
                     if restart {
                         continue;
                     }
-                    eprint!(
+                    crate::say_raw!(
                         "{}",
                         summary::format_summary(
                             &self.cfg.entrypoint.script,
@@ -581,7 +598,7 @@ impl Agent {
             match self.report_failure(link, g, description.clone()).await? {
                 Ok((true, _)) => None,
                 Ok((false, _)) => {
-                    eprintln!("drun: {description}");
+                    crate::say!("drun: {description}");
                     Some(AgentExit::WorkerFailure)
                 }
                 Err(exit) => Some(exit),
@@ -744,7 +761,7 @@ impl Agent {
                 Ok(ResumeCheck::Use(file))
             }
             Err(reason) => {
-                eprintln!(
+                crate::say!(
                     "drun: checkpoint step {} (generation {}) failed verification: {reason}; marked bad, falling back to the previous checkpoint",
                     m.step, m.generation
                 );
@@ -848,7 +865,7 @@ impl Agent {
                 }
             }
             Ok(_) => {}
-            Err(e) => eprintln!("drun: checkpoint commit of step {step} refused: {e}"),
+            Err(e) => crate::say!("drun: checkpoint commit of step {step} refused: {e}"),
         }
         ledger.answered(step, &result, file.as_deref());
     }
@@ -1044,7 +1061,7 @@ impl Agent {
     /// `scontrol requeue $SLURM_JOB_ID` (node rank 0 only, after a preemption checkpoint).
     fn requeue(&mut self) {
         let Some(job) = self.cfg.slurm.as_ref().map(|j| j.job_id.clone()) else {
-            eprintln!("drun: --requeue: not inside a Slurm job; nothing to requeue");
+            crate::say!("drun: --requeue: not inside a Slurm job; nothing to requeue");
             return;
         };
         match std::process::Command::new("scontrol")
@@ -1054,18 +1071,18 @@ impl Agent {
             Ok(o) if o.status.success() => {
                 tracing::info!("requeued Slurm job {job} (scontrol requeue)");
             }
-            Ok(o) => eprintln!(
+            Ok(o) => crate::say!(
                 "drun: scontrol requeue {job} failed: {}",
                 String::from_utf8_lossy(&o.stderr).trim()
             ),
-            Err(e) => eprintln!("drun: cannot run scontrol requeue {job}: {e}"),
+            Err(e) => crate::say!("drun: cannot run scontrol requeue {job}: {e}"),
         }
     }
 
     /// Secondary problems after the primary error, one line each.
     fn print_also(&mut self) {
         for a in self.also.drain(..) {
-            eprintln!("drun: also: {a}");
+            crate::say!("drun: also: {a}");
         }
     }
 

@@ -51,6 +51,38 @@ pub enum RendezvousMode {
     },
 }
 
+impl std::fmt::Display for RendezvousMode {
+    /// As printed at start: the backend in the README's words.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RendezvousMode::Embedded { .. } => write!(f, "embedded (this agent, in memory)"),
+            RendezvousMode::Static {
+                master_addr,
+                master_port,
+                ..
+            } => write!(f, "static (master {master_addr}:{master_port})"),
+            RendezvousMode::Server { endpoints } => {
+                write!(f, "drun servers {}", endpoints.join(","))
+            }
+            RendezvousMode::C10d {
+                endpoint,
+                is_host: Some(true),
+            } => write!(f, "embedded on {endpoint}, hosted by this agent"),
+            RendezvousMode::C10d {
+                endpoint,
+                is_host: Some(false),
+            } => write!(f, "embedded on {endpoint}, hosted by another agent"),
+            RendezvousMode::C10d { endpoint, .. } => {
+                write!(
+                    f,
+                    "c10d on {endpoint} (hosted by the agent that can bind it)"
+                )
+            }
+            RendezvousMode::Etcd { endpoints } => write!(f, "etcd {}", endpoints.join(",")),
+        }
+    }
+}
+
 fn rendezvous_is_static(m: &RendezvousMode) -> bool {
     matches!(
         m,
@@ -509,7 +541,10 @@ impl LaunchConfig {
             _ => None,
         };
         let mut filled = a.clone();
-        let slurm_line = slurm.as_ref().map(|job| job.fill(&mut filled));
+        let slurm_line = match &slurm {
+            Some(job) => Some(job.fill(&mut filled)?),
+            None => None,
+        };
         let a = &filled;
         let unsupported = |flag: &'static str, why: &str| ConfigError::Unsupported {
             flag,

@@ -18,6 +18,25 @@
 //!    allows, re-formed as the next generation; else the failure summary ([`summary`]) and exit 1.
 //!    A handled signal is forwarded once, the group stopped the same way, exit 128+N.
 
+/// `eprintln!` that never panics: a closed stderr (`drun ... 2>&1 | head -1`) must not turn a
+/// clean shutdown into a panic.
+#[macro_export]
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
+/// `eprint!` that never panics (see [`say!`]).
+#[macro_export]
+macro_rules! say_raw {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($t)*);
+    }};
+}
+
 pub mod agent;
 pub mod ckpt;
 pub mod command;

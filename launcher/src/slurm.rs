@@ -56,8 +56,11 @@ pub struct SlurmJob {
     pub hosts: Vec<String>,
     /// `SLURM_RESTART_COUNT` (0 for the first run; a requeued job counts up).
     pub restart_count: u32,
-    /// `SLURM_GPUS_ON_NODE`, else `SLURM_NTASKS_PER_NODE`, for `--nproc-per-node auto`.
+    /// `SLURM_GPUS_ON_NODE`, for `--nproc-per-node auto`.
     pub procs_hint: Option<u32>,
+    /// Tasks and nodes of the srun step drun runs in (`SLURM_STEP_NUM_TASKS`,
+    /// `SLURM_STEP_NUM_NODES`), when inside one.
+    pub step_tasks: Option<(u32, u32)>,
 }
 
 /// Default port of the embedded rendezvous: 20000 + job id mod 10000, so two jobs sharing their
@@ -100,25 +103,36 @@ pub fn detect(env: impl Fn(&str) -> Option<String>) -> Result<Option<SlurmJob>, 
         node_name: get("SLURMD_NODENAME"),
         hosts,
         restart_count: num("SLURM_RESTART_COUNT").unwrap_or(0),
-        procs_hint: num("SLURM_GPUS_ON_NODE").or_else(|| {
-            get("SLURM_NTASKS_PER_NODE")
-                .and_then(|v| v.split('(').next().and_then(|n| n.trim().parse().ok()))
-        }),
+        procs_hint: num("SLURM_GPUS_ON_NODE"),
+        step_tasks: num("SLURM_STEP_NUM_TASKS").zip(num("SLURM_STEP_NUM_NODES")),
     }))
 }
 
 impl SlurmJob {
     /// Completes `a` with what the user did not set; returns one line saying what was taken.
-    pub fn fill(&self, a: &mut Args) -> String {
+    ///
+    /// # Errors
+    /// More than one task per node in the srun step (drun is the one task of its node and starts
+    /// the workers itself); a multi-node job without a node list and no `--rdzv-endpoint`.
+    pub fn fill(&self, a: &mut Args) -> Result<String, ConfigError> {
+        if let Some((tasks, nodes)) = self.step_tasks.filter(|(t, n)| t > n) {
+            return Err(ConfigError::Invalid {
+                flag: "srun",
+                value: format!("{tasks} tasks on {nodes} nodes"),
+                why: "run one drun per node (srun --ntasks-per-node=1); drun starts the workers itself (--nproc-per-node)".into(),
+            });
+        }
         let mut taken = Vec::new();
         if a.rdzv_id == "none" {
             a.rdzv_id = self.run_id.clone();
             taken.push(format!("run id {}", self.run_id));
         }
         if a.nnodes == "1:1" {
-            if let Some(n) = self.nnodes {
-                a.nnodes = n.to_string();
-                taken.push(format!("--nnodes {n}"));
+            if let Some(n) = self.nnodes.filter(|n| *n > 1) {
+                // Elastic down to one node: Slurm never replaces a lost node, so the survivors
+                // carry on (from the last checkpoint) instead of waiting for it.
+                a.nnodes = format!("1:{n}");
+                taken.push(format!("--nnodes 1:{n}"));
             }
         }
         if a.node_rank.is_none() {
@@ -136,34 +150,45 @@ impl SlurmJob {
         if a.nproc_per_node.trim() == "auto" {
             if let Some(p) = self.procs_hint {
                 a.nproc_per_node = p.to_string();
-                taken.push(format!("--nproc-per-node {p}"));
+                taken.push(format!("--nproc-per-node {p} (SLURM_GPUS_ON_NODE)"));
             }
         }
         let multi = self.nnodes.unwrap_or(1) > 1;
         if a.rdzv_endpoint.trim().is_empty() && a.rdzv_backend.is_none() && multi {
-            if let Some(first) = self.hosts.first() {
-                a.rdzv_endpoint = format!("{first}:{}", rendezvous_port(&self.job_id));
-                a.rdzv_backend = Some("embedded".into());
-                taken.push(format!(
-                    "rendezvous embedded on {} (hosted by the agent on {first})",
-                    a.rdzv_endpoint
-                ));
-            }
+            let Some(first) = self.hosts.first() else {
+                return Err(ConfigError::Invalid {
+                    flag: "SLURM_JOB_NODELIST",
+                    value: String::new(),
+                    why:
+                        "a multi-node Slurm job without a node list: give --rdzv-endpoint HOST:PORT"
+                            .into(),
+                });
+            };
+            a.rdzv_endpoint = format!("{first}:{}", rendezvous_port(&self.job_id));
+            a.rdzv_backend = Some("embedded".into());
+            taken.push(format!(
+                "rendezvous embedded on {} (hosted by the agent on {first})",
+                a.rdzv_endpoint
+            ));
         }
-        format!(
-            "slurm job {}{}: {}",
-            self.job_id,
-            if self.restart_count > 0 {
-                format!(" (requeued, restart {})", self.restart_count)
-            } else {
-                String::new()
-            },
-            if taken.is_empty() {
-                "every setting given on the command line".to_string()
-            } else {
-                taken.join(", ")
-            }
-        )
+        let restart = if self.restart_count > 0 {
+            format!(" (requeued, restart {})", self.restart_count)
+        } else {
+            String::new()
+        };
+        let what = if taken.is_empty() {
+            "every setting given on the command line".to_string()
+        } else {
+            taken.join(", ")
+        };
+        Ok(format!("slurm job {}{restart}: {what}", self.job_id))
+    }
+
+    /// Whether checkpoint files of an earlier job may be resumed: only by a requeued job (same
+    /// id, `SLURM_RESTART_COUNT` > 0). A fresh job whose id was used before (ids restart after a
+    /// controller state loss, or on another cluster sharing the filesystem) starts fresh.
+    pub fn may_resume_files(&self) -> bool {
+        self.restart_count > 0
     }
 
     /// Whether this agent hosts the embedded rendezvous: it runs on the allocation's first node.
@@ -320,17 +345,17 @@ mod tests {
         assert!(!job.hosts_rendezvous());
         use clap::Parser;
         let mut a = Args::try_parse_from(["drun", "--nproc-per-node", "2", "t.py"]).unwrap();
-        let line = job.fill(&mut a);
+        let line = job.fill(&mut a).unwrap();
         assert_eq!(
             (a.rdzv_id.as_str(), a.nnodes.as_str(), a.node_rank),
-            ("6", "2", Some(1))
+            ("6", "1:2", Some(1))
         );
         assert_eq!(a.rdzv_endpoint, "n1:20006");
         assert_eq!(a.rdzv_backend.as_deref(), Some("embedded"));
         assert_eq!(a.local_addr.as_deref(), Some("n2"));
         assert_eq!(a.nproc_per_node, "2", "an explicit --nproc-per-node wins");
         assert!(
-            line.starts_with("slurm job 6: run id 6, --nnodes 2, node rank 1"),
+            line.starts_with("slurm job 6: run id 6, --nnodes 1:2, node rank 1"),
             "{line}"
         );
         let mut b = Args::try_parse_from([
@@ -346,7 +371,7 @@ mod tests {
             "t.py",
         ])
         .unwrap();
-        job.fill(&mut b);
+        job.fill(&mut b).unwrap();
         assert_eq!(
             (
                 b.rdzv_id.as_str(),
@@ -369,6 +394,24 @@ mod tests {
             ("40_3", Some(8), 1)
         );
         assert_eq!(detect(env(&[])).unwrap(), None);
+        let crowded = detect(env(&[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_STEP_NUM_TASKS", "4"),
+            ("SLURM_STEP_NUM_NODES", "2"),
+        ]))
+        .unwrap()
+        .unwrap();
+        let mut c = Args::try_parse_from(["drun", "t.py"]).unwrap();
+        assert!(crowded
+            .fill(&mut c)
+            .unwrap_err()
+            .to_string()
+            .contains("srun --ntasks-per-node=1"));
+        let listless = detect(env(&[("SLURM_JOB_ID", "8"), ("SLURM_JOB_NUM_NODES", "2")]))
+            .unwrap()
+            .unwrap();
+        let mut d = Args::try_parse_from(["drun", "t.py"]).unwrap();
+        assert!(listless.fill(&mut d).is_err());
     }
 
     #[test]

@@ -23,7 +23,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!(
+            drun_launcher::say!(
                 "drun: {} (see drun --help)",
                 one_line(&e.render().to_string())
             );
@@ -34,7 +34,7 @@ fn main() -> ExitCode {
     let cfg = match LaunchConfig::from_args(&args) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("drun: error: {e}");
+            drun_launcher::say!("drun: error: {e}");
             return ExitCode::from(AgentExit::Usage.code());
         }
     };
@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("drun: error: cannot start the async runtime: {e}");
+            drun_launcher::say!("drun: error: cannot start the async runtime: {e}");
             return ExitCode::from(AgentExit::WorkerFailure.code());
         }
     };

@@ -83,6 +83,17 @@ impl Guard {
 
 /// Body of the guard process. Never returns.
 pub fn guard_main(agent_id: &str) -> ! {
+    // Only the agent's end (its pipe closing) ends the guard: a SIGTERM meant for the job (Slurm
+    // with proctrack/linuxproc signals every process) must not remove the safety net while the
+    // agent is still stopping its workers.
+    super::spawn::ignore_signals(&[
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+    ]);
     let mut groups = BTreeSet::new();
     for line in io::stdin().lock().lines() {
         let Ok(line) = line else { break };

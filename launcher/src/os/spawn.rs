@@ -191,3 +191,11 @@ pub fn reap() -> Vec<(Pid, ExitKind)> {
     }
     out
 }
+
+/// Sets `signals` to SIG_IGN in this process (the guard: only its pipe ends it).
+pub fn ignore_signals(signals: &[Signal]) {
+    for sig in signals {
+        // SAFETY: SIG_IGN installs no handler code, so nothing can run in signal context.
+        let _ = unsafe { nix::sys::signal::signal(*sig, nix::sys::signal::SigHandler::SigIgn) };
+    }
+}

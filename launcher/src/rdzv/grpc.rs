@@ -103,7 +103,7 @@ async fn run(
         }
         if !ever_connected && started.elapsed() > FIRST_CONNECT_WINDOW {
             let _ = events.send(Event::Error(format!(
-                "cannot reach the rendezvous server at {} for {:?}; is `drun-rendezvous serve` running there?",
+                "cannot reach the rendezvous at {} for {:?}; is `drun-rendezvous serve` (or, with the c10d/embedded backend, the hosting agent) running there?",
                 endpoints.join(", "),
                 FIRST_CONNECT_WINDOW
             )));

@@ -161,10 +161,9 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
                 match host(endpoint).await {
                     Ok(h) => Some(h),
                     Err(e) if *is_host == Some(true) => {
-                        return Err(LaunchError::os(
-                            format!("is_host=1 but cannot serve the rendezvous on {endpoint}"),
-                            e,
-                        ));
+                        return Err(LaunchError::RendezvousFailed(format!(
+                            "this agent must host the rendezvous but cannot serve it on {endpoint}: {e} (another job may hold the port; give every node --rdzv-endpoint HOST:PORT with a free port)"
+                        )));
                     }
                     Err(e) => {
                         tracing::debug!(%endpoint, error = %e, "not the c10d host; connecting as a client");
@@ -183,7 +182,7 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
 async fn host(endpoint: &str) -> std::io::Result<HostedServer> {
     let listener = tokio::net::TcpListener::bind(endpoint).await?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "hosting the rendezvous for this job (c10d backend, in-memory store)");
+    tracing::info!(%addr, "hosting the rendezvous for this job (in-memory store)");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let service = RendezvousService::new(store);
