@@ -72,6 +72,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| EnvFilter::new("info,h2=warn,tower=warn")),
         )
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .compact()
