@@ -576,21 +576,10 @@ fn no_skip_no_duplicate(store: Store) {
         "{status}"
     );
 
-    let summary = check(
-        &python,
-        &[
-            "indices",
-            d.out.join("idx").to_str().unwrap(),
-            "--dataset-len",
-            "4096",
-            "--seed",
-            "1234",
-            "--global-batch",
-            "64",
-            "--epochs",
-            "2",
-        ],
-    );
+    let prefix = d.out.join("idx");
+    let mut args = vec!["indices", prefix.to_str().unwrap()];
+    args.extend(crate::harness::EXAMPLE_DATA_ARGS);
+    let summary = check(&python, &args);
     // World sizes by generation that ran workers: 4, then 2 (node lost), then 4 (scaled back).
     let worlds: Vec<usize> = summary["generations"]
         .as_object()

@@ -114,6 +114,20 @@ fn example_env<'a>(python: &'a Path, dir: &'a Path, train_args: &'a str) -> Vec<
     ]
 }
 
+/// Submits the example batch script with `train_args`: (python, job dir, job id, cancel guard);
+/// `None` when the test is skipped (no cluster or no torch).
+fn start_example(train_args: &str) -> Option<(PathBuf, tempfile::TempDir, String, Cancel)> {
+    if !cluster() {
+        return None;
+    }
+    let python = torch_python()?;
+    let dir = tempfile::tempdir().unwrap();
+    let env = example_env(&python, dir.path(), train_args);
+    let id = submit_example(dir.path(), &env);
+    let cancel = Cancel(id.clone());
+    Some((python, dir, id, cancel))
+}
+
 fn submit_example(dir: &Path, env: &[(&str, String)]) -> String {
     let out = dir.join("job.out");
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -135,30 +149,7 @@ fn slurm_ranks_follow_the_node_id() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("env.sbatch");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/bash\nsrun {} --nproc-per-node 2 {} {}\n",
-            drun_bin().display(),
-            worker("envdump.py"),
-            dir.path().display()
-        ),
-    )
-    .unwrap();
-    let out = dir.path().join("job.out");
-    let id = sbatch(
-        &[
-            "-N",
-            "2",
-            "--ntasks-per-node",
-            "1",
-            "-o",
-            out.to_str().unwrap(),
-            script.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let (id, out) = submit_worker_job("envdump.py", dir.path());
     let _c = Cancel(id.clone());
     let (st, code) = wait_done(&id, Duration::from_secs(60));
     let text = std::fs::read_to_string(&out).unwrap_or_default();
@@ -184,18 +175,11 @@ fn slurm_ranks_follow_the_node_id() {
 
 #[test]
 fn slurm_example_trains_and_recovers_a_worker_failure() {
-    if !cluster() {
+    let Some((_python, dir, id, _c)) =
+        start_example("--epochs 2 --global-batch 64 --ckpt-every 10 --fail-at-step 25")
+    else {
         return;
-    }
-    let Some(python) = torch_python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let env = example_env(
-        &python,
-        dir.path(),
-        "--epochs 2 --global-batch 64 --ckpt-every 10 --fail-at-step 25",
-    );
-    let id = submit_example(dir.path(), &env);
-    let _c = Cancel(id.clone());
+    };
     let (st, code) = wait_done(&id, Duration::from_secs(240));
     let text = out_of(dir.path());
     assert_eq!((st.as_str(), code.as_str()), ("COMPLETED", "0:0"), "{text}");
@@ -281,16 +265,7 @@ fn preemption(scancel: &[&str]) {
         .args(["indices"])
         .arg(&idx)
         .arg(format!("{}.r1", idx.display()))
-        .args([
-            "--dataset-len",
-            "4096",
-            "--seed",
-            "1234",
-            "--global-batch",
-            "64",
-            "--epochs",
-            "2",
-        ])
+        .args(crate::harness::EXAMPLE_DATA_ARGS)
         .output()
         .unwrap();
     let summary = String::from_utf8_lossy(&check.stdout);
@@ -301,14 +276,16 @@ fn preemption(scancel: &[&str]) {
     eprintln!("sealed at step {sealed}; data order: {summary}");
 }
 
-fn slow_save_job(dir: &Path) -> (String, PathBuf) {
-    let script = dir.join("save.sbatch");
+/// Submits a 2-node job whose step is `srun drun --nproc-per-node 2 <worker> <dir>`; returns the
+/// job id and its output file.
+fn submit_worker_job(worker_name: &str, dir: &Path) -> (String, PathBuf) {
+    let script = dir.join("job.sbatch");
     std::fs::write(
         &script,
         format!(
             "#!/bin/bash\nsrun {} --nproc-per-node 2 {} {}\n",
             drun_bin().display(),
-            worker("slow_save.py"),
+            worker(worker_name),
             dir.display()
         ),
     )
@@ -347,7 +324,7 @@ fn logs(dir: &Path) -> Vec<(String, String)> {
 
 fn scancel_lets_workers_save(proctrack: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (id, out) = slow_save_job(dir.path());
+    let (id, out) = submit_worker_job("slow_save.py", dir.path());
     let _c = Cancel(id.clone());
     wait_for("4 workers running", Duration::from_secs(60), || {
         logs(dir.path()).len() == 4
@@ -430,18 +407,11 @@ fn agent_on(job: &str, node: &str) -> Option<i32> {
 
 #[test]
 fn slurm_job_survives_the_loss_of_a_node() {
-    if !cluster() {
+    let Some((_python, dir, id, _c)) =
+        start_example("--epochs 2 --global-batch 64 --ckpt-every 8 --step-sleep 0.05")
+    else {
         return;
-    }
-    let Some(python) = torch_python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let env = example_env(
-        &python,
-        dir.path(),
-        "--epochs 2 --global-batch 64 --ckpt-every 8 --step-sleep 0.05",
-    );
-    let id = submit_example(dir.path(), &env);
-    let _c = Cancel(id.clone());
+    };
     wait_for(
         "a checkpoint at world size 4",
         Duration::from_secs(120),

@@ -258,3 +258,16 @@ pub fn holds_for(what: &str, duration: Duration, mut cond: impl FnMut() -> bool)
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `check_indices.py indices` arguments for `examples/train_ddp.py --epochs 2 --global-batch 64`
+/// (its dataset: 4,096 samples, seed 1234).
+pub const EXAMPLE_DATA_ARGS: [&str; 8] = [
+    "--dataset-len",
+    "4096",
+    "--seed",
+    "1234",
+    "--global-batch",
+    "64",
+    "--epochs",
+    "2",
+];
