@@ -95,6 +95,12 @@ fn commit(plan: &Plan, node: &str, step: u64, samples: u64) -> NodeCommit {
     }
 }
 
+/// Steps of every sealed manifest, oldest first.
+async fn sealed_steps(ledger: &Ledger) -> Vec<u64> {
+    let manifests = ledger.manifests().await.unwrap();
+    manifests.iter().map(|m| m.step).collect()
+}
+
 const KEEP_ALL: Retention = Retention {
     keep_last: 0,
     keep_every: 0,
@@ -152,13 +158,7 @@ fn seals_complete_aligned_steps_and_refuses_misaligned_and_stale_ones() {
         );
         assert!(text.contains("ranks 0-1 report cursor"), "{text}");
         assert!(text.contains("ranks 2-3 report cursor"), "{text}");
-        let steps: Vec<u64> = ledger
-            .manifests()
-            .await
-            .unwrap()
-            .iter()
-            .map(|m| m.step)
-            .collect();
+        let steps = sealed_steps(&ledger).await;
         assert_eq!(steps, [4, 8], "step 12 was not sealed");
 
         // A step not after the resume point is refused.
@@ -267,13 +267,7 @@ fn resume_point_is_the_newest_good_manifest_and_retention_collects() {
         assert!(garbage
             .iter()
             .all(|p| p.contains("step-2-") || p.contains("step-6-")));
-        let steps: Vec<u64> = ledger
-            .manifests()
-            .await
-            .unwrap()
-            .iter()
-            .map(|m| m.step)
-            .collect();
+        let steps = sealed_steps(&ledger).await;
         assert_eq!(steps, [4, 8, 10]);
     });
 }

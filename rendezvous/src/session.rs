@@ -356,6 +356,14 @@ impl Actor {
         let _ = self.events.send(ev);
     }
 
+    /// Reports a `gen/<g>/preempt` value (a [`SaveRequest`]) to the agent.
+    fn emit_save_request(&self, value: &[u8]) {
+        match serde_json::from_slice::<SaveRequest>(value) {
+            Ok(req) => self.emit(Event::SaveRequested(req)),
+            Err(e) => tracing::warn!(error = %e, "ignoring an undecodable save request"),
+        }
+    }
+
     async fn finished(&self) -> Result<Option<RunEnd>, StoreError> {
         let key = self.round.keys().finished();
         match self.store.get(&key).await? {
@@ -620,9 +628,7 @@ impl Actor {
             return Ok(Phase::Idle);
         }
         if let Some(kv) = self.store.get(&keys.preempt(plan.generation)).await? {
-            if let Ok(req) = serde_json::from_slice::<SaveRequest>(&kv.value) {
-                self.emit(Event::SaveRequested(req));
-            }
+            self.emit_save_request(&kv.value);
         }
         if let Some(reason) = self.closed_reason(&plan).await? {
             self.emit(Event::Reform {
@@ -753,9 +759,7 @@ impl Actor {
                 return Ok(Phase::Idle);
             }
             WatchEvent::Put(kv) if kv.key == keys.preempt(g) => {
-                if let Ok(req) = serde_json::from_slice::<SaveRequest>(&kv.value) {
-                    self.emit(Event::SaveRequested(req));
-                }
+                self.emit_save_request(&kv.value);
             }
             WatchEvent::Put(kv) if kv.key == keys.ckpt_latest() => {
                 self.emit(Event::Sealed(kv.value_str()));

@@ -10,7 +10,6 @@ use drun_proto::v1::rendezvous_client::RendezvousClient;
 use drun_proto::v1::StatusRequest;
 use drun_rendezvous::service::{serve, status_json, RendezvousService};
 use drun_rendezvous::{EtcdStore, MemoryStore, Store};
-use tracing_subscriber::EnvFilter;
 
 /// drun's rendezvous server: forms multi-node groups for `drun` agents.
 #[derive(Debug, Parser)]
@@ -64,19 +63,12 @@ enum Command {
     },
 }
 
+#[path = "common/logging.rs"]
+mod logging;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("DRUN_LOG")
-                .unwrap_or_else(|_| EnvFilter::new("info,h2=warn,tower=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .compact()
-        .init();
+    logging::install("info");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -84,7 +76,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
-            eprintln!("drun-rendezvous: error: {msg}");
+            drun_launcher::say!("drun-rendezvous: error: {msg}");
             ExitCode::from(code)
         }
     }

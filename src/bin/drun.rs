@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::Parser;
 use drun_launcher::{AgentExit, Args, LaunchConfig, GUARD_ARG};
-use tracing_subscriber::EnvFilter;
+
+#[path = "common/logging.rs"]
+mod logging;
 
 fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
@@ -62,23 +64,10 @@ fn one_line(rendered: &str) -> String {
 }
 
 fn install_tracing(verbose: u8, quiet: bool) {
-    let default = match (quiet, verbose) {
+    logging::install(match (quiet, verbose) {
         (true, _) => "warn",
         (false, 0) => "info",
         (false, 1) => "debug",
         _ => "trace",
-    };
-    let filter = std::env::var("DRUN_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .ok()
-        .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new(format!("{default},h2=warn,tower=warn")));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .compact()
-        .init();
+    });
 }
