@@ -183,6 +183,7 @@ fn verify_throughput(total_mb: u64) {
             cursor: Cursor::default(),
             files: shards.clone(),
             sealed_at_ms: 0,
+            adopted_from: None,
         };
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
         let t = Instant::now();

@@ -234,4 +234,38 @@ fn bad_checkpoint_and_preemption_flags_are_one_line_exit_2() {
         "needs --ckpt-dir DIR with an in-memory rendezvous",
     );
     rejects(&["--preempt-signal", "SIGNOPE"], "--preempt-signal");
+    // --ckpt-resume-from: nothing there, not a manifest, a file of it missing or cut short.
+    let empty = tempfile::tempdir().unwrap();
+    let dir = empty.path().to_str().unwrap();
+    rejects(
+        &["--ckpt-resume-from", dir],
+        "has no readable `latest` pointer",
+    );
+    rejects(
+        &["--ckpt-resume-from", file],
+        "is not a drun checkpoint manifest",
+    );
+    let shard = empty.path().join("rank0.pt");
+    std::fs::write(&shard, b"weights").unwrap();
+    let manifest = empty.path().join("drun-manifest-4-1.json");
+    std::fs::write(
+        &manifest,
+        serde_json::json!({
+            "run_id": "old", "step": 4, "generation": 1, "world_size": 1,
+            "cursor": {"consumed_in_epoch": 32},
+            "files": [{"rank": 0, "path": shard, "bytes": 8, "sha256": ""}],
+            "sealed_at_ms": 0
+        })
+        .to_string(),
+    )
+    .unwrap();
+    rejects(
+        &["--ckpt-resume-from", manifest.to_str().unwrap()],
+        "has 7 bytes, the manifest says 8",
+    );
+    std::fs::remove_file(&shard).unwrap();
+    rejects(
+        &["--ckpt-resume-from", manifest.to_str().unwrap()],
+        "rank0.pt (rank 0) of step 4: No such file",
+    );
 }

@@ -263,6 +263,57 @@ fn slurm_example_trains_and_recovers_a_worker_failure() {
 }
 
 #[test]
+fn slurm_a_new_job_starts_from_an_earlier_jobs_checkpoint() {
+    // A new job id is a new run: without --ckpt-resume-from it would start fresh.
+    let Some((python, first, id1, _c1)) =
+        start_example("--epochs 1 --global-batch 64 --ckpt-every 10")
+    else {
+        return;
+    };
+    let (st, code) = wait_done(&id1, Duration::from_secs(240));
+    assert_eq!(
+        (st.as_str(), code.as_str()),
+        ("COMPLETED", "0:0"),
+        "{}\n{}",
+        out_of(first.path()),
+        slurm_trace(&id1)
+    );
+    let old_ckpt = first.path().join("ckpt");
+    let pointer = std::fs::read_to_string(old_ckpt.join("latest")).unwrap();
+    let step = read_json(Path::new(pointer.trim()))["step"]
+        .as_u64()
+        .unwrap();
+    let second = tempfile::tempdir().unwrap();
+    let mut env = example_env(
+        &python,
+        second.path(),
+        "--epochs 2 --global-batch 64 --ckpt-every 10",
+    );
+    env.push(("RESUME_FROM", old_ckpt.display().to_string()));
+    let id2 = submit_example(second.path(), &env);
+    let _c2 = Cancel(id2.clone());
+    let (st, code) = wait_done(&id2, Duration::from_secs(240));
+    let text = out_of(second.path());
+    assert_eq!(
+        (st.as_str(), code.as_str()),
+        ("COMPLETED", "0:0"),
+        "{text}\n{}",
+        slurm_trace(&id2)
+    );
+    assert!(
+        text.contains(&format!(
+            "resuming from checkpoint step {step} of run {id1} (--ckpt-resume-from)"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("[rank0]:resumed at step={step} ")),
+        "{text}"
+    );
+    assert!(text.contains("[rank0]:done steps=128"), "{text}");
+}
+
+#[test]
 fn slurm_preemption_warning_checkpoints_requeues_and_resumes_at_the_same_sample() {
     preemption(&["--signal=USR1"]);
 }

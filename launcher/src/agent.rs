@@ -292,9 +292,38 @@ impl Agent {
         }
     }
 
+    /// What this node offers the rendezvous as a resume point for a store that knows no
+    /// checkpoint: its own run's latest manifest file, else the `--ckpt-resume-from` one.
+    fn resume_hint(&self) -> Option<Box<drun_rendezvous::Manifest>> {
+        self.own_resume_hint().or_else(|| self.adopted_hint())
+    }
+
+    /// The `--ckpt-resume-from` checkpoint, relabelled as this run's (`adopted_from` keeps the
+    /// run it came from). Re-read at each join: once this run seals its own checkpoints the
+    /// ledger prefers those (they are later steps).
+    fn adopted_hint(&self) -> Option<Box<drun_rendezvous::Manifest>> {
+        let path = self.cfg.ckpt.resume_from.as_deref()?;
+        match ckpt::read_adoptable(path) {
+            Ok((_, mut m)) => {
+                if m.run_id != self.cfg.run_id {
+                    m.adopted_from =
+                        Some(std::mem::replace(&mut m.run_id, self.cfg.run_id.clone()));
+                }
+                Some(Box::new(m))
+            }
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    crate::say!("drun: --ckpt-resume-from no longer usable: {e}");
+                });
+                None
+            }
+        }
+    }
+
     /// The manifest `--ckpt-dir`'s `latest` points at, when it belongs to this run (a manifest of
     /// another run is ignored, and said so once).
-    fn resume_hint(&self) -> Option<Box<drun_rendezvous::Manifest>> {
+    fn own_resume_hint(&self) -> Option<Box<drun_rendezvous::Manifest>> {
         let dir = self.cfg.ckpt.dir.as_deref()?;
         let m = ckpt::read_latest(dir)?;
         if self
@@ -315,15 +344,19 @@ impl Agent {
             return None;
         }
         if m.run_id != self.cfg.run_id {
+            if self.cfg.ckpt.resume_from.is_some() {
+                return None;
+            }
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| {
                 tracing::info!(
-                    "{}/latest is a checkpoint of run {} (step {}), not of this run {}: not resuming from it (pass --rdzv-id {} to resume that run)",
+                    "{}/latest is a checkpoint of run {} (step {}), not of this run {}: not resuming from it (pass --rdzv-id {} to resume that run, or --ckpt-resume-from {} to start this one from it)",
                     dir.display(),
                     m.run_id,
                     m.step,
                     self.cfg.run_id,
-                    m.run_id
+                    m.run_id,
+                    dir.display()
                 );
             });
             return None;
@@ -694,6 +727,14 @@ impl Agent {
         let Some(m) = plan.resume.clone() else {
             if let Some(p) = self.reached_before.take() {
                 tracing::warn!("no usable checkpoint: restarting from the beginning (the local ranks had reached step {p}; all of it is repeated)");
+            } else if let Some(f) = &self.cfg.ckpt.resume_from {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    crate::say!(
+                        "drun: not resuming from {} (--ckpt-resume-from): it failed verification or cannot be read; workers start from the beginning",
+                        f.display()
+                    );
+                });
             }
             return Ok(ResumeCheck::Use(None));
         };
@@ -742,8 +783,13 @@ impl Agent {
                     }
                     _ => String::new(),
                 };
+                let from = m
+                    .adopted_from
+                    .as_deref()
+                    .map(|r| format!(" of run {r} (--ckpt-resume-from)"))
+                    .unwrap_or_default();
                 tracing::info!(
-                    "resuming from checkpoint step {} (saved by generation {} at world size {}, now {}); data: epoch {}, sample {} of its permutation{lost}",
+                    "resuming from checkpoint step {}{from} (saved by generation {} at world size {}, now {}); data: epoch {}, sample {} of its permutation{lost}",
                     m.step,
                     m.generation,
                     m.world_size,
@@ -751,11 +797,16 @@ impl Agent {
                     m.cursor.epoch,
                     m.cursor.consumed_in_epoch
                 );
-                let file = match ckpt::publish(&m, None) {
-                    Ok(p) => Some(p),
-                    Err(e) => {
-                        tracing::warn!("{e}");
-                        None
+                let file = if m.adopted_from.is_some() {
+                    // The other run's own manifest file: never rewritten under this run's id.
+                    self.cfg.ckpt.resume_from.clone()
+                } else {
+                    match ckpt::publish(&m, None) {
+                        Ok(p) => Some(p),
+                        Err(e) => {
+                            tracing::warn!("{e}");
+                            None
+                        }
                     }
                 };
                 Ok(ResumeCheck::Use(file))

@@ -294,6 +294,17 @@ pub struct Args {
     )]
     pub ckpt_verify: crate::ckpt::VerifyMode,
 
+    /// Start from another run's sealed checkpoint (a failed run, an earlier job): PATH is its
+    /// `drun-manifest-<step>-<generation>.json` file or its --ckpt-dir (whose `latest` pointer is
+    /// used). Used while this run has no checkpoint of its own; verified like any resume point
+    /// (--ckpt-verify); its files are never deleted or rewritten by this run.
+    #[arg(
+        long = "ckpt-resume-from",
+        value_name = "PATH",
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_resume_from: Option<PathBuf>,
+
     /// Keep only the newest K sealed checkpoints and delete the files of older ones (0: keep
     /// all, delete nothing).
     #[arg(

@@ -746,7 +746,16 @@ impl LaunchConfig {
                 "needs --ckpt-dir DIR with an in-memory rendezvous: the restarted job finds the checkpoint through DIR/latest",
             ));
         }
+        let resume_from = match &a.ckpt_resume_from {
+            None => None,
+            Some(p) => {
+                let (file, _) = crate::ckpt::read_adoptable(p)
+                    .map_err(|why| invalid("--ckpt-resume-from", p.display().to_string(), why))?;
+                Some(std::fs::canonicalize(&file).unwrap_or(file))
+            }
+        };
         let ckpt = CkptConfig {
+            resume_from,
             dir: ckpt_dir,
             verify: a.ckpt_verify,
             retention: drun_rendezvous::Retention {

@@ -99,6 +99,11 @@ pub struct Manifest {
     pub files: Vec<ShardFile>,
     /// When it was sealed, milliseconds since the Unix epoch.
     pub sealed_at_ms: u64,
+    /// Set when this run adopted the checkpoint from another run (`drun --ckpt-resume-from`):
+    /// that run's id. Its files belong to that run: retention never deletes them and no
+    /// manifest file is written over that run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted_from: Option<String>,
 }
 
 impl Manifest {
@@ -384,6 +389,7 @@ impl Ledger {
             cursor: rec.cursor.clone(),
             files,
             sealed_at_ms: now_ms(),
+            adopted_from: None,
         };
         loop {
             let latest = self.store.get(&self.keys.ckpt_latest()).await?;
@@ -512,6 +518,11 @@ impl Ledger {
             for (i, m) in all.into_iter().enumerate() {
                 let milestone = keep.keep_every > 0 && m.step % keep.keep_every == 0;
                 if i < keep.keep_last as usize || milestone || m.id() == sealed.id() {
+                    kept_paths.extend(m.files.iter().map(|f| f.path.clone()));
+                } else if m.adopted_from.is_some() {
+                    // Another run's checkpoint: forget the record, keep its files.
+                    ops.push(Op::Delete(self.keys.ckpt_manifest(&m.id())));
+                    ops.push(Op::Delete(self.keys.ckpt_bad(&m.id())));
                     kept_paths.extend(m.files.iter().map(|f| f.path.clone()));
                 } else {
                     ops.push(Op::Delete(self.keys.ckpt_manifest(&m.id())));
@@ -684,6 +695,7 @@ mod tests {
             cursor: cursor(0),
             files: vec![f("/c/step-1/rank0.pt"), f("/c/step-1/rank1.pt")],
             sealed_at_ms: 0,
+            adopted_from: None,
         };
         assert_eq!(m.dir(), std::path::PathBuf::from("/c/step-1"));
         m.files.push(f("/c/extra/x"));

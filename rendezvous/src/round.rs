@@ -220,7 +220,7 @@ impl Round {
                     .decide_once(g, rev, opened_at, &mut min_reached_at)
                     .await?
                 {
-                    Step::Formed(plan) if plan.member(node_id).is_some() => return Ok(plan),
+                    Step::Formed(plan) if plan.member(node_id).is_some() => return Ok(*plan),
                     Step::Formed(_) | Step::Retry => {
                         waiting_events = None;
                         check = true;
@@ -438,7 +438,7 @@ impl Round {
                     Err(e) => Err(e.into()),
                     Ok(r) if r.succeeded => {
                         tracing::debug!(run = %self.run_id, gen = g + 1, %reason, "group formed");
-                        Ok(Step::Formed(plan))
+                        Ok(Step::Formed(Box::new(plan)))
                     }
                     Ok(_) => Ok(Step::Retry),
                 }
@@ -454,7 +454,7 @@ const RECHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One step of the decider.
 enum Step {
-    Formed(Plan),
+    Formed(Box<Plan>),
     Retry,
     Wait(String, Instant),
     Failed(String, usize),

@@ -43,6 +43,9 @@ pub struct CkptConfig {
     pub verify: VerifyMode,
     /// `--ckpt-keep-last`, `--ckpt-keep-every`.
     pub retention: Retention,
+    /// `--ckpt-resume-from`: the manifest file of another run's checkpoint (absolute) this run
+    /// starts from while it has no checkpoint of its own.
+    pub resume_from: Option<PathBuf>,
 }
 
 /// Name of the pointer file in `--ckpt-dir`: one line, the path of the newest manifest file.
@@ -125,6 +128,56 @@ pub fn read_latest(dir: &Path) -> Option<Manifest> {
     }
 }
 
+/// Reads the checkpoint `--ckpt-resume-from PATH` names: a manifest file
+/// (`drun-manifest-<step>-<generation>.json`), or a directory whose `latest` pointer names one
+/// (the earlier run's `--ckpt-dir`). Returns the manifest file's path and the manifest; checks
+/// that every file it lists exists with its recorded size in bytes (one `stat` each).
+///
+/// # Errors
+/// One line saying what is missing or wrong (no manifest, undecodable, nothing saved, a file
+/// missing or of another size).
+pub fn read_adoptable(path: &Path) -> Result<(PathBuf, Manifest), String> {
+    let file = if path.is_dir() {
+        let pointer = path.join(LATEST_FILE);
+        let line = std::fs::read_to_string(&pointer).map_err(|e| {
+            format!(
+                "{} has no readable `latest` pointer ({e}); name a drun-manifest-*.json file instead",
+                path.display()
+            )
+        })?;
+        let p = PathBuf::from(line.trim());
+        if p.is_absolute() {
+            p
+        } else {
+            path.join(p)
+        }
+    } else {
+        path.to_path_buf()
+    };
+    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
+        format!(
+            "{} is not a drun checkpoint manifest ({e}); name a drun-manifest-*.json file or a --ckpt-dir with a `latest` pointer",
+            file.display()
+        )
+    })?;
+    if m.files.is_empty() {
+        return Err(format!("{} lists no files", file.display()));
+    }
+    for f in &m.files {
+        let len = std::fs::metadata(&f.path)
+            .map_err(|e| format!("{} (rank {}) of step {}: {e}", f.path, f.rank, m.step))?
+            .len();
+        if len != f.bytes {
+            return Err(format!(
+                "{} (rank {}) of step {} has {len} bytes, the manifest says {}",
+                f.path, f.rank, m.step, f.bytes
+            ));
+        }
+    }
+    Ok((file, m))
+}
+
 /// Deletes what retention dropped: `garbage` files, the manifest files of `dropped`, and the
 /// directories that become empty — only inside `root` (`--ckpt-dir`), never `root` itself.
 /// Errors are logged, never fatal.
@@ -179,6 +232,7 @@ mod tests {
                 sha256: String::new(),
             }],
             sealed_at_ms: 0,
+            adopted_from: None,
         }
     }
 

@@ -152,6 +152,7 @@ mod tests {
             cursor: Cursor::default(),
             files,
             sealed_at_ms: 0,
+            adopted_from: None,
         };
         assert_eq!(verify(&m, VerifyMode::Digest, 3).unwrap().files, 4);
         // Same size, one byte flipped: only the digest notices.
