@@ -166,6 +166,7 @@ async fn simulated(n: usize) -> (f64, f64) {
             keep_alive_interval: Duration::from_secs(20),
             max_restarts: 0,
             auto_keep_alive: true,
+            scale_up_save: None,
         };
         links.push(spawn_session(store.clone(), cfg, None));
     }

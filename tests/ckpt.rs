@@ -493,10 +493,25 @@ const EXAMPLE_ARGS: &[&str] = &[
 ];
 
 fn example_agent(python: &Path, i: usize, r: &Rdzv, d: &Dirs, out: &str) -> Agent {
+    example_agent_with(python, i, r, d, out, &[], &[])
+}
+
+/// [`example_agent`] with more drun flags and more training arguments (which win over
+/// `EXAMPLE_ARGS`: argparse keeps the last).
+fn example_agent_with(
+    python: &Path,
+    i: usize,
+    r: &Rdzv,
+    d: &Dirs,
+    out: &str,
+    drun_extra: &[&str],
+    train_extra: &[&str],
+) -> Agent {
     let mut c: Command = drun();
     c.arg("--python")
         .arg(python)
         .args(&r.args)
+        .args(drun_extra)
         .args([
             "--nproc-per-node",
             "2",
@@ -509,6 +524,7 @@ fn example_agent(python: &Path, i: usize, r: &Rdzv, d: &Dirs, out: &str) -> Agen
         .arg(&d.ckpt)
         .arg(crate::harness::root().join("examples/train_ddp.py"))
         .args(EXAMPLE_ARGS)
+        .args(train_extra)
         .arg("--record-indices")
         .arg(d.out.join("idx"))
         .arg("--out")
@@ -811,4 +827,109 @@ fn a_new_run_adopts_a_failed_runs_checkpoint_memory() {
 #[test]
 fn a_new_run_adopts_a_failed_runs_checkpoint_etcd() {
     a_new_run_adopts_a_failed_runs_checkpoint(Store::Etcd);
+}
+
+// --- Scale-up: a checkpoint before admitting a newcomer (failure case 13) -----------------------
+
+/// The torch example alone on one node (`--nnodes 1:2`, no periodic checkpoint); a second node
+/// arrives mid-epoch. With `--on-scale-up checkpoint` every rank saves the same step first, the
+/// group re-forms once it is sealed, and the 4 workers resume from it: no sample skipped or
+/// repeated, and only the steps run between the seal and the re-form are repeated.
+fn scale_up_waits_for_a_checkpoint(store: Store) {
+    let Some(python) = crate::harness::torch_python() else {
+        return;
+    };
+    let d = dirs();
+    let r = rdzv(store, "scale-up-ckpt", "1:2");
+    let policy = ["--on-scale-up", "checkpoint"];
+    let no_periodic = ["--ckpt-every", "100000"];
+    let a = example_agent_with(&python, 0, &r, &d, "scaled", &policy, &no_periodic);
+    let alone = d.out.join("idx.rank0.gen1");
+    wait_for(
+        "the first node to train alone to step 15",
+        Duration::from_secs(120),
+        || std::fs::read_to_string(&alone).is_ok_and(|t| t.lines().count() >= 15),
+    );
+    let b = example_agent_with(&python, 1, &r, &d, "scaled", &policy, &no_periodic);
+    let (ca, oa, ea) = a.wait(Duration::from_secs(240));
+    let (cb, _, eb) = b.wait(Duration::from_secs(60));
+    assert_eq!((ca, cb), (0, 0), "A:\n{ea}\nB:\n{eb}");
+    let sealed: u64 = ea
+        .lines()
+        .find_map(|l| l.split("admitted after step ").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("the re-form waited for a checkpoint:\n{ea}"));
+    assert!(
+        sealed >= 15,
+        "saved after the newcomer came (step {sealed})"
+    );
+    assert!(
+        oa.contains(&format!("resumed at step={sealed} ")) && oa.contains("now 4)"),
+        "the 4 workers resume from the scale-up checkpoint:\n{oa}"
+    );
+    let prefix = d.out.join("idx");
+    let mut args = vec!["indices", prefix.to_str().unwrap()];
+    args.extend(crate::harness::EXAMPLE_DATA_ARGS);
+    let summary = check(&python, &args);
+    let alone_steps = std::fs::read_to_string(&alone).unwrap().lines().count() as u64;
+    let replayed = summary["steps_run_again"].as_u64().unwrap();
+    assert_eq!(
+        replayed,
+        alone_steps - sealed,
+        "only the steps after the seal are repeated: {summary}"
+    );
+    assert!(
+        replayed < sealed,
+        "less is repeated than was saved: {summary}"
+    );
+    eprintln!("scale-up checkpoint at step {sealed}, {replayed} step(s) repeated: {summary}");
+}
+
+#[test]
+fn torch_scale_up_waits_for_a_checkpoint_memory() {
+    scale_up_waits_for_a_checkpoint(Store::Memory);
+}
+
+/// Workers that never ask `should_save`: the newcomer is admitted after
+/// `--scale-up-save-timeout` anyway, and the log says there was no checkpoint.
+fn scale_up_save_times_out(store: Store) {
+    let d = dirs();
+    let r = rdzv(store, "scale-up-timeout", "1:2");
+    let extra = [
+        "--on-scale-up",
+        "checkpoint",
+        "--scale-up-save-timeout",
+        "1",
+    ];
+    let env = [("CKPT_EVERY", "1000"), ("CKPT_STEPS", "80")];
+    let a = agent(0, &r, &d, 2, &extra, &env);
+    wait_for("the first node's workers", Duration::from_secs(30), || {
+        count(&events(&d), "start", |e| e["gen"] == 1) == 2
+    });
+    let b = agent(1, &r, &d, 2, &extra, &env);
+    let (ca, _, ea) = a.wait(Duration::from_secs(60));
+    let (cb, _, eb) = b.wait(Duration::from_secs(60));
+    assert_eq!((ca, cb), (0, 0), "A:\n{ea}\nB:\n{eb}");
+    assert!(
+        ea.contains("no checkpoint was sealed within 1s, re-forming without one"),
+        "{ea}"
+    );
+    let evs = events(&d);
+    assert_eq!(
+        count(&evs, "start", |e| e["gen"] == 2 && e["world"] == 4),
+        4,
+        "{evs:?}"
+    );
+    assert_eq!(count(&evs, "done", |_| true), 4);
+}
+
+#[test]
+fn scale_up_save_times_out_memory() {
+    scale_up_save_times_out(Store::Memory);
+}
+
+#[test]
+fn scale_up_save_times_out_etcd() {
+    scale_up_save_times_out(Store::Etcd);
 }

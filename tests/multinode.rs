@@ -380,3 +380,82 @@ fn ddp_all_reduce_across_four_agents() {
     assert!(done.contains("world_size=8"), "{done}");
     assert!(out.path().join("final.pt").is_file());
 }
+
+/// `--nnodes 1:2` at MAX: a third agent is a standby. Even though it alone meets MIN it must not
+/// form a second world beside the running one; it joins when the group re-forms (here after a
+/// node is SIGKILLed).
+#[test]
+fn a_standby_never_forms_a_second_world_beside_a_running_group() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let rdzv = [
+        "--rdzv-endpoint",
+        server.endpoint.as_str(),
+        "--rdzv-conf",
+        "lease_ttl=3,last_call_timeout=0.5",
+    ];
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let start = |i: usize| {
+        let mut c = agent_cmd(i, "standby", "1:2", &rdzv);
+        c.arg(worker("trap.py")).arg(dirs[i].path()).arg("0");
+        Agent::start(c)
+    };
+    let status = || -> Value {
+        let out = Command::new(rendezvous_bin())
+            .args(["status", "standby", "--endpoint", &server.endpoint])
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    };
+    let ready = |i: usize, ranks: &[u32]| {
+        ranks
+            .iter()
+            .all(|r| dirs[i].path().join(format!("ready_{r}")).exists())
+    };
+    let a = start(0);
+    let b = start(1);
+    wait_for("a 2-node group", Duration::from_secs(30), || {
+        ready(0, &[0, 1]) && ready(1, &[2, 3])
+    });
+    let c = start(2);
+    wait_for(
+        "the third agent to decide it is a standby",
+        Duration::from_secs(30),
+        || {
+            status()["progress"]
+                .as_str()
+                .is_some_and(|p| p.contains("standing by"))
+        },
+    );
+    let s = status();
+    assert_eq!(s["generation"], 1, "no second world formed: {s}");
+    assert_eq!(s["waiting"].as_array().map(Vec::len), Some(1), "{s}");
+    assert_eq!(
+        std::fs::read_dir(dirs[2].path()).unwrap().count(),
+        0,
+        "the standby runs no worker"
+    );
+    b.signal(Signal::SIGKILL);
+    drop(b);
+    wait_for(
+        "A and the standby to form generation 2",
+        Duration::from_secs(60),
+        || {
+            let s = status();
+            s["generation"].as_u64() >= Some(2)
+                && s["plan"]["world_size"] == 4
+                && s["plan"]["members"].as_array().is_some_and(|m| {
+                    m.iter().any(|n| {
+                        n["advertise_addr"]
+                            .as_str()
+                            .is_some_and(|a| a.starts_with("127.0.0.3"))
+                    })
+                })
+        },
+    );
+    wait_for(
+        "the former standby's workers",
+        Duration::from_secs(30),
+        || dirs[2].path().join("ready_2").exists() || dirs[2].path().join("ready_0").exists(),
+    );
+    drop((a, c));
+}

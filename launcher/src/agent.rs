@@ -112,8 +112,12 @@ struct Agent {
     ledger: Option<NodeLedger>,
     /// Highest step the local ranks announced in the previous generation (lost-work report).
     reached_before: Option<u64>,
-    /// A coordinated save was requested (the `should_save` answer): `ckpt/latest` at the time.
+    /// A coordinated save was requested for a preemption (the `should_save` answer):
+    /// `ckpt/latest` at the time. Its seal stops the workers (exit 5).
     save_requested: Option<String>,
+    /// A coordinated save was requested before admitting a newcomer (`--on-scale-up
+    /// checkpoint`): `ckpt/latest` at the time. Its seal only ends the request.
+    scale_up_save: Option<String>,
 }
 
 impl Agent {
@@ -185,6 +189,7 @@ impl Agent {
             ledger: None,
             reached_before: None,
             save_requested: None,
+            scale_up_save: None,
             inherited: std::env::vars_os().collect(),
             cfg,
             spawner,
@@ -235,6 +240,7 @@ impl Agent {
             keep_alive_interval: t.keep_alive_interval,
             max_restarts: self.cfg.max_restarts,
             auto_keep_alive: true,
+            scale_up_save: self.cfg.ckpt.scale_up_save,
         };
         if self.cfg.max_nodes > 1 || !matches!(self.cfg.rendezvous, RendezvousMode::Embedded { .. })
         {
@@ -466,6 +472,7 @@ impl Agent {
                 self.cfg.ckpt.dir.as_deref(),
             ));
             self.save_requested = None;
+            self.scale_up_save = None;
             let outcome = self
                 .supervise(&mut group, link, &plan, resume_file.as_deref())
                 .await;
@@ -856,7 +863,7 @@ impl Agent {
             }
             ApiRequest::ShouldSave { .. } => {
                 let _ = reply
-                    .send(serde_json::json!({"ok": true, "save": self.save_requested.is_some()}));
+                    .send(serde_json::json!({"ok": true, "save": self.save_requested.is_some() || self.scale_up_save.is_some()}));
             }
             ApiRequest::Progress { rank, step } => {
                 let _ = reply.send(ledger.progress(rank, step));
@@ -1005,6 +1012,12 @@ impl Agent {
                 Some((req, reply)) = self.api_rx.recv() => self.on_api(req, reply, link, plan, resume_file),
                 ev = link.rx.recv() => match ev {
                     Some(Event::Committed { generation, step, result }) => self.on_committed(generation, step, result),
+                    Some(Event::SaveRequested(req)) if req.scale_up => {
+                        if self.scale_up_save.is_none() {
+                            tracing::info!("coordinated checkpoint requested ({}); workers see should_save = true", req.reason);
+                        }
+                        self.scale_up_save = Some(req.latest_before);
+                    }
                     Some(Event::SaveRequested(req)) => {
                         if self.save_requested.is_none() {
                             tracing::warn!("coordinated checkpoint requested ({}); workers see should_save = true", req.reason);
@@ -1015,6 +1028,9 @@ impl Agent {
                         tracing::info!("checkpoint {} sealed", drun_rendezvous::ledger::describe_id(&id));
                         if self.save_requested.as_ref().is_some_and(|before| id > *before) {
                             return Outcome::Preempted(id);
+                        }
+                        if self.scale_up_save.as_ref().is_some_and(|before| id > *before) {
+                            self.scale_up_save = None;
                         }
                     }
                     Some(Event::Reform { reason, .. }) => return Outcome::Reform(reason),

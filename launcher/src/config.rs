@@ -305,6 +305,29 @@ pub struct Args {
     )]
     pub ckpt_resume_from: Option<PathBuf>,
 
+    /// What a node arriving while the group runs below MAX nodes (--nnodes MIN:MAX) does: `now`
+    /// re-forms at once, as torchrun does (work since the last checkpoint is repeated);
+    /// `checkpoint` first asks every rank for a coordinated checkpoint (`should_save` turns
+    /// true), re-forms once it is sealed, so the bigger group resumes from that step (failure
+    /// case 13), or after --scale-up-save-timeout without one.
+    #[arg(
+        long = "on-scale-up",
+        value_enum,
+        default_value = "now",
+        help_heading = "Checkpoints"
+    )]
+    pub on_scale_up: crate::ckpt::OnScaleUp,
+
+    /// With --on-scale-up checkpoint: the longest wait for that checkpoint, seconds (> 0); the
+    /// group then re-forms without it.
+    #[arg(
+        long = "scale-up-save-timeout",
+        value_name = "SECONDS",
+        default_value_t = 120.0,
+        help_heading = "Checkpoints"
+    )]
+    pub scale_up_save_timeout: f64,
+
     /// Keep only the newest K sealed checkpoints and delete the files of older ones (0: keep
     /// all, delete nothing).
     #[arg(

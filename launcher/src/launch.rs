@@ -754,7 +754,11 @@ impl LaunchConfig {
                 Some(std::fs::canonicalize(&file).unwrap_or(file))
             }
         };
+        let scale_up_save_timeout =
+            seconds("--scale-up-save-timeout", a.scale_up_save_timeout, false)?;
         let ckpt = CkptConfig {
+            scale_up_save: (a.on_scale_up == crate::ckpt::OnScaleUp::Checkpoint)
+                .then_some(scale_up_save_timeout),
             resume_from,
             dir: ckpt_dir,
             verify: a.ckpt_verify,

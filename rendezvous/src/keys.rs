@@ -96,6 +96,14 @@ impl RunKeys {
         format!("{}gen/{g}/preempt", self.prefix)
     }
 
+    /// A coordinated checkpoint before admitting a newcomer was requested in generation `g`
+    /// (`--on-scale-up checkpoint`; JSON [`crate::session::SaveRequest`]); under the
+    /// generation's prefix, so members see it. Separate from [`Self::preempt`], so a
+    /// preemption warning during it is still recorded.
+    pub fn scale_up_save(&self, g: u64) -> String {
+        format!("{}gen/{g}/scale-up-save", self.prefix)
+    }
+
     /// Prefix of every shard record of the checkpoint ledger.
     pub fn ckpt_shards_prefix(&self) -> String {
         format!("{}ckpt/shards/", self.prefix)

@@ -165,7 +165,7 @@ impl Round {
         lease: LeaseId,
         mut progress: impl FnMut(&str),
     ) -> Result<Plan, RendezvousError> {
-        let opened_at = Instant::now();
+        let mut opened_at = Instant::now();
         let mut min_reached_at: Option<Instant> = None;
         let mut round_events = self.store.watch_prefix(&self.keys.gen_current(), 0).await?;
         let (now_gen, _) = self.current_generation().await?;
@@ -217,7 +217,7 @@ impl Round {
                 }
                 let (g, rev) = self.current_generation().await?;
                 match self
-                    .decide_once(g, rev, opened_at, &mut min_reached_at)
+                    .decide_once(g, rev, &mut opened_at, &mut min_reached_at)
                     .await?
                 {
                     Step::Formed(plan) if plan.member(node_id).is_some() => return Ok(*plan),
@@ -349,12 +349,30 @@ impl Round {
         }
     }
 
+    /// Whether generation `plan` still runs: not closed, the run not finished, and a member
+    /// alive (a membership key under its lease, or `starting`: a member's join not yet replaced
+    /// by its membership key). A generation whose members all died (leases expired) has ended.
+    async fn running(&self, plan: &Plan, starting: bool) -> Result<bool, StoreError> {
+        let g = plan.generation;
+        if self.store.get(&self.keys.closed(g)).await?.is_some()
+            || self.store.get(&self.keys.finished()).await?.is_some()
+        {
+            return Ok(false);
+        }
+        Ok(starting
+            || !self
+                .store
+                .get_prefix(&self.keys.members_prefix(g))
+                .await?
+                .is_empty())
+    }
+
     /// The decider's step: read the waiting set, decide, and form the next generation if due.
     async fn decide_once(
         &self,
         g: u64,
         rev: i64,
-        opened_at: Instant,
+        opened_at: &mut Instant,
         min_reached_at: &mut Option<Instant>,
     ) -> Result<Step, RendezvousError> {
         let mut waiting = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
@@ -363,6 +381,7 @@ impl Round {
         // join that got it in; the node deletes it once it starts. Not a new candidate.
         let current = if g > 0 { self.plan(g).await? } else { None };
         let mut candidates = Vec::with_capacity(waiting.len());
+        let mut starting = false;
         for kv in waiting {
             let c: Candidate =
                 serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
@@ -373,18 +392,37 @@ impl Round {
                 && current
                     .as_ref()
                     .is_some_and(|p| p.member(&c.node_id).is_some());
-            if !consumed {
+            if consumed {
+                starting = true;
+            } else {
                 candidates.push(c);
             }
         }
         let now = Instant::now();
+        if let Some(plan) = &current {
+            if self.running(plan, starting).await? {
+                // Standbys (the group is at MAX, or its re-form is pending): forming from them
+                // would start a second world beside the running one. The round starts over when
+                // the generation closes; its members then join this waiting set.
+                *opened_at = now;
+                *min_reached_at = None;
+                return Ok(Step::Wait(
+                    format!(
+                        "generation {g} is running with {} node(s); {} node(s) standing by until it re-forms",
+                        plan.members.len(),
+                        candidates.len()
+                    ),
+                    now + PROGRESS_EVERY,
+                ));
+            }
+        }
         if candidates.len() >= self.cfg.min_nodes {
             min_reached_at.get_or_insert(now);
         } else {
             *min_reached_at = None;
         }
         let view = RoundView {
-            opened_at,
+            opened_at: *opened_at,
             min_reached_at: *min_reached_at,
             candidates,
         };

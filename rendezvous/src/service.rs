@@ -78,6 +78,8 @@ fn session_config(h: &pb::Hello) -> SessionConfig {
         keep_alive_interval: ttl / 3,
         max_restarts: h.max_restarts,
         auto_keep_alive: false,
+        scale_up_save: (h.scale_up_save_timeout_ms > 0)
+            .then(|| Duration::from_millis(h.scale_up_save_timeout_ms)),
     }
 }
 
@@ -180,6 +182,7 @@ pub async fn status_json(
         .await?
         .and_then(|kv| serde_json::from_slice(&kv.value).ok());
     let restarts = round.restarts().await?;
+    let progress = store.get(&keys.progress()).await?.map(|kv| kv.value_str());
     let ledger = crate::Ledger::new(store.clone(), run);
     let sealed = ledger.manifests().await?;
     let bad = ledger.bad().await?;
@@ -201,6 +204,7 @@ pub async fn status_json(
         "generation": generation,
         "plan": plan,
         "waiting": waiting,
+        "progress": progress,
         "restarts": { "failures": restarts.failures, "membership": restarts.membership },
         "finished": finished,
         "checkpoints": checkpoints,

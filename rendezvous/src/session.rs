@@ -52,6 +52,10 @@ pub struct SessionConfig {
     pub max_restarts: u32,
     /// Renew the lease on a timer (agent-side). `false`: only on [`Request::KeepAlive`].
     pub auto_keep_alive: bool,
+    /// `--on-scale-up checkpoint`: before a newcomer below MAX re-forms the group, ask every
+    /// rank for a coordinated checkpoint and wait this long at most for its seal (failure case
+    /// 13: lost work stays under one step). `None`: re-form at once (torchrun's behaviour).
+    pub scale_up_save: Option<Duration>,
 }
 
 /// State carried over when an agent reconnects to another server replica.
@@ -100,6 +104,23 @@ pub struct SaveRequest {
     pub latest_before: String,
     /// When, milliseconds since the Unix epoch.
     pub at_ms: u64,
+    /// Asked before admitting a newcomer (`--on-scale-up checkpoint`), not for a preemption:
+    /// the agents carry on after the seal instead of stopping.
+    #[serde(default)]
+    pub scale_up: bool,
+}
+
+/// A newcomer held at the door of generation `generation` until a coordinated checkpoint is
+/// sealed (`--on-scale-up checkpoint`).
+#[derive(Debug, Clone)]
+struct PendingScaleUp {
+    generation: u64,
+    /// The newcomer that asked to join.
+    node: String,
+    /// `ckpt/latest` when the save was requested: a newer manifest id is the save.
+    latest_before: String,
+    /// Re-form without a checkpoint after this.
+    deadline: Instant,
 }
 
 /// From the agent to its session.
@@ -258,6 +279,8 @@ struct Actor {
     keeper: Option<tokio::task::JoinHandle<()>>,
     /// When the running generation's successor must have written its membership key.
     succ_deadline: Option<Instant>,
+    /// Node rank 0 only: a newcomer waits while a coordinated checkpoint is taken.
+    scale_up: Option<PendingScaleUp>,
     lost_tx: mpsc::UnboundedSender<(LeaseId, String)>,
     lost_rx: mpsc::UnboundedReceiver<(LeaseId, String)>,
 }
@@ -281,6 +304,7 @@ impl Actor {
             heard,
             keeper: None,
             succ_deadline: None,
+            scale_up: None,
             lost_tx,
             lost_rx,
         }
@@ -484,6 +508,13 @@ impl Actor {
                             Err(e) => return Err(e),
                         }
                     }
+                    _ = sleep_until_opt(self.scale_up.as_ref().map(|p| p.deadline)) => {
+                        match self.scale_up_timed_out(&plan).await {
+                            Ok(()) => Phase::Running(plan, watch),
+                            Err(e) if is_transient(&e) => self.rewatch(plan).await,
+                            Err(e) => return Err(e),
+                        }
+                    }
                 },
             };
         }
@@ -630,12 +661,22 @@ impl Actor {
         if let Some(kv) = self.store.get(&keys.preempt(plan.generation)).await? {
             self.emit_save_request(&kv.value);
         }
+        if let Some(kv) = self.store.get(&keys.scale_up_save(plan.generation)).await? {
+            self.emit_save_request(&kv.value);
+        }
         if let Some(reason) = self.closed_reason(&plan).await? {
             self.emit(Event::Reform {
                 generation: plan.generation,
                 reason,
             });
             return Ok(Phase::Idle);
+        }
+        if self
+            .scale_up
+            .as_ref()
+            .is_some_and(|p| p.generation != plan.generation)
+        {
+            self.scale_up = None;
         }
         // The successor writes its membership key as soon as it sees the plan; if it has not
         // within a lease TTL, it died before starting.
@@ -761,8 +802,26 @@ impl Actor {
             WatchEvent::Put(kv) if kv.key == keys.preempt(g) => {
                 self.emit_save_request(&kv.value);
             }
+            WatchEvent::Put(kv) if kv.key == keys.scale_up_save(g) => {
+                self.emit_save_request(&kv.value);
+            }
             WatchEvent::Put(kv) if kv.key == keys.ckpt_latest() => {
-                self.emit(Event::Sealed(kv.value_str()));
+                let id = kv.value_str();
+                self.emit(Event::Sealed(id.clone()));
+                if let Some(p) = self
+                    .scale_up
+                    .take_if(|p| p.generation == g && id > p.latest_before)
+                {
+                    self.close(
+                        g,
+                        format!(
+                            "node {} is waiting to join (scale-up), admitted after {} was sealed",
+                            p.node,
+                            crate::ledger::describe_id(&id)
+                        ),
+                    )
+                    .await?;
+                }
             }
             WatchEvent::Put(kv) if kv.key == keys.finished() => {
                 let end: RunEnd =
@@ -776,8 +835,17 @@ impl Actor {
             WatchEvent::Put(kv) if kv.key.starts_with(&keys.waiting_prefix()) => {
                 let node = &kv.key[keys.waiting_prefix().len()..];
                 if plan.member(node).is_none() && plan.members.len() < self.cfg.round.max_nodes {
-                    self.close(g, format!("node {node} is waiting to join (scale-up)"))
-                        .await?;
+                    match self.cfg.scale_up_save {
+                        None => {
+                            self.close(g, format!("node {node} is waiting to join (scale-up)"))
+                                .await?;
+                        }
+                        Some(limit) => {
+                            if self.scale_up.as_ref().is_none_or(|p| p.generation != g) {
+                                self.request_scale_up_save(g, node, limit).await?;
+                            }
+                        }
+                    }
                 }
             }
             WatchEvent::Put(kv)
@@ -795,6 +863,76 @@ impl Actor {
             _ => {}
         }
         Ok(Phase::Running(plan, watch))
+    }
+
+    /// Asks every rank of generation `g` for a coordinated checkpoint before `node` is admitted;
+    /// the generation closes when it is sealed, or after `limit` without one.
+    async fn request_scale_up_save(
+        &mut self,
+        g: u64,
+        node: &str,
+        limit: Duration,
+    ) -> Result<(), RendezvousError> {
+        let keys = self.round.keys().clone();
+        let latest_before = self
+            .store
+            .get(&keys.ckpt_latest())
+            .await?
+            .map(|kv| kv.value_str())
+            .unwrap_or_default();
+        let req = SaveRequest {
+            node_id: self.cfg.node_id.clone(),
+            reason: format!("node {node} is waiting to join (scale-up)"),
+            latest_before: latest_before.clone(),
+            at_ms: now_ms(),
+            scale_up: true,
+        };
+        self.store
+            .txn(Txn {
+                compares: vec![
+                    Compare::Missing(keys.scale_up_save(g)),
+                    Compare::ValueEquals(keys.gen_current(), g.to_string().into()),
+                ],
+                success: vec![Op::put(
+                    keys.scale_up_save(g),
+                    serde_json::to_vec(&req).expect("serializes"),
+                )],
+                failure: vec![],
+            })
+            .await?;
+        tracing::info!(
+            run = %self.cfg.run_id,
+            gen = g,
+            "node {node} is waiting to join: asking every rank for a checkpoint first (--on-scale-up checkpoint, up to {limit:?})"
+        );
+        self.scale_up = Some(PendingScaleUp {
+            generation: g,
+            node: node.to_string(),
+            latest_before,
+            deadline: Instant::now() + limit,
+        });
+        Ok(())
+    }
+
+    /// The scale-up save was not sealed in time: admit the newcomer anyway.
+    async fn scale_up_timed_out(&mut self, plan: &Plan) -> Result<(), RendezvousError> {
+        // Taken whatever its generation: a deadline left from an older one must not fire again.
+        if let Some(p) = self
+            .scale_up
+            .take()
+            .filter(|p| p.generation == plan.generation)
+        {
+            let limit = self.cfg.scale_up_save.unwrap_or_default();
+            self.close(
+                p.generation,
+                format!(
+                    "node {} is waiting to join (scale-up); no checkpoint was sealed within {limit:?}, re-forming without one",
+                    p.node
+                ),
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     async fn maybe_finish(&self, plan: &Plan) -> Result<(), RendezvousError> {
@@ -931,6 +1069,7 @@ impl Actor {
                     reason,
                     latest_before,
                     at_ms: now_ms(),
+                    scale_up: false,
                 };
                 self.store
                     .txn(Txn {
@@ -1093,6 +1232,7 @@ mod tests {
             keep_alive_interval: Duration::from_secs(10),
             max_restarts: 0,
             auto_keep_alive: true,
+            scale_up_save: None,
         }
     }
 

@@ -34,6 +34,17 @@ pub enum VerifyMode {
     None,
 }
 
+/// What a node arriving while the group runs below MAX nodes does (`--on-scale-up`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OnScaleUp {
+    /// Re-form at once (torchrun's behaviour): work since the last checkpoint is repeated.
+    #[default]
+    Now,
+    /// Ask every rank for a coordinated checkpoint first; re-form once it is sealed (or after
+    /// `--scale-up-save-timeout` without one).
+    Checkpoint,
+}
+
 /// Checkpoint settings of a launch.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CkptConfig {
@@ -43,6 +54,9 @@ pub struct CkptConfig {
     pub verify: VerifyMode,
     /// `--ckpt-keep-last`, `--ckpt-keep-every`.
     pub retention: Retention,
+    /// `--on-scale-up checkpoint`: the longest wait for the coordinated checkpoint before a
+    /// newcomer is admitted (`--scale-up-save-timeout`); `None`: admit at once.
+    pub scale_up_save: Option<std::time::Duration>,
     /// `--ckpt-resume-from`: the manifest file of another run's checkpoint (absolute) this run
     /// starts from while it has no checkpoint of its own.
     pub resume_from: Option<PathBuf>,

@@ -65,6 +65,7 @@ fn hello(cfg: &SessionConfig, t: &Track) -> pb::AgentMessage {
             lease_ttl_ms: cfg.lease_ttl.as_millis() as u64,
             max_restarts: cfg.max_restarts,
             resume: resume.as_ref().map(Into::into),
+            scale_up_save_timeout_ms: cfg.scale_up_save.map_or(0, |d| d.as_millis() as u64),
         })),
     }
 }
