@@ -124,10 +124,15 @@ fn count(evs: &[Value], event: &str, pred: impl Fn(&Value) -> bool) -> usize {
         .count()
 }
 
+/// The manifest file `<ckpt>/latest` points at (the pointer is relative to `<ckpt>`).
+fn latest_file(d: &Dirs) -> Option<PathBuf> {
+    let p = std::fs::read_to_string(d.ckpt.join("latest")).ok()?;
+    Some(d.ckpt.join(p.trim()))
+}
+
 /// The manifest `<ckpt>/latest` points at.
 fn latest(d: &Dirs) -> Option<Value> {
-    let p = std::fs::read_to_string(d.ckpt.join("latest")).ok()?;
-    Some(read_json(Path::new(p.trim())))
+    Some(read_json(&latest_file(d)?))
 }
 
 fn latest_step(d: &Dirs) -> u64 {
@@ -735,8 +740,7 @@ fn a_new_run_adopts_a_failed_runs_checkpoint(store: Store) {
         (old["run_id"].as_str(), old["step"].as_u64()),
         (Some("adopt-a"), Some(6))
     );
-    let pointer = std::fs::read_to_string(d.ckpt.join("latest")).unwrap();
-    let old_manifest = PathBuf::from(pointer.trim());
+    let old_manifest = latest_file(&d).unwrap();
     let old_bytes = std::fs::read(&old_manifest).unwrap();
     let old_files: Vec<PathBuf> = old["files"]
         .as_array()
@@ -817,6 +821,103 @@ fn a_new_run_adopts_a_failed_runs_checkpoint(store: Store) {
             .collect::<Vec<_>>(),
         [(12, 1)]
     );
+    // `latest` now names B's checkpoint, yet a relaunch of A still resumes A's own step 6.
+    std::fs::rename(d.out.join("events.jsonl"), d.out.join("events-b.jsonl")).unwrap();
+    let ra = rdzv(store, "adopt-a", "1");
+    let a = agent(
+        0,
+        &ra,
+        &d,
+        2,
+        &["--rdzv-id", "adopt-a"],
+        &[("CKPT_STEPS", "8")],
+    );
+    let (code, _, err) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "run A relaunched:\n{err}");
+    let evs = events(&d);
+    assert_eq!(
+        count(&evs, "start", |e| e["resume_step"] == 6),
+        2,
+        "A resumes its own step 6: {evs:?}"
+    );
+}
+
+/// `--ckpt-resume-from` names a copy of the checkpoint directory: the copy's files are used (the
+/// original is corrupt here, and `--ckpt-verify digest` would say so). Naming the corrupt
+/// original is refused in one line, exit 2, and no worker starts from scratch instead.
+#[test]
+fn adopting_uses_the_copy_it_is_given_and_refuses_a_corrupt_checkpoint() {
+    let d = dirs();
+    let ra = rdzv(Store::Memory, "copy-a", "1");
+    let a = agent(
+        0,
+        &ra,
+        &d,
+        2,
+        &["--rdzv-id", "copy-a"],
+        &[("CKPT_STEPS", "4")],
+    );
+    let (code, _, err) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    let copy = d.out.join("copy");
+    assert!(Command::new("cp")
+        .arg("-a")
+        .arg(&d.ckpt)
+        .arg(&copy)
+        .status()
+        .unwrap()
+        .success());
+    let m = latest(&d).unwrap();
+    let original = m["files"][0]["path"].as_str().unwrap().to_string();
+    let mut bytes = std::fs::read(&original).unwrap();
+    bytes[3] ^= 0x20;
+    std::fs::write(&original, &bytes).unwrap();
+    std::fs::rename(d.out.join("events.jsonl"), d.out.join("events-a.jsonl")).unwrap();
+
+    let b = |from: &Path, run: &str| {
+        let r = rdzv(Store::Memory, run, "1");
+        let from = from.to_str().unwrap().to_string();
+        let c = agent(
+            0,
+            &r,
+            &d,
+            2,
+            &[
+                "--rdzv-id",
+                run,
+                "--ckpt-verify",
+                "digest",
+                "--ckpt-resume-from",
+                &from,
+            ],
+            &[("CKPT_STEPS", "6")],
+        );
+        c.wait(Duration::from_secs(60))
+    };
+    let (code, _, err) = b(&copy, "copy-b");
+    assert_eq!(code, 0, "the copy verifies:\n{err}");
+    let evs = events(&d);
+    for e in evs.iter().filter(|e| e["event"] == "start") {
+        assert_eq!(e["resume_step"], 4, "{e}");
+        let path = e["env_resume"]["DRUN_RESUME_PATH"].as_str().unwrap();
+        assert!(path.starts_with(copy.to_str().unwrap()), "{e}");
+    }
+    std::fs::rename(d.out.join("events.jsonl"), d.out.join("events-b.jsonl")).unwrap();
+
+    // B shares the directory, so `<ckpt>/latest` is B's now; `<ckpt>/copy-a/` holds A's pointer.
+    let (code, _, err) = b(&d.ckpt.join("copy-a"), "copy-c");
+    assert_eq!(code, 2, "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("drun: ")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("--ckpt-resume-from")
+            && lines[0].contains("checkpoint step 4 of run copy-a failed verification")
+            && lines[0].contains("not starting run copy-c from the beginning"),
+        "{}",
+        lines[0]
+    );
+    assert!(events(&d).is_empty(), "no worker started from scratch");
+    eprintln!("refused: {}", lines[0]);
 }
 
 #[test]

@@ -280,7 +280,7 @@ fn slurm_a_new_job_starts_from_an_earlier_jobs_checkpoint() {
     );
     let old_ckpt = first.path().join("ckpt");
     let pointer = std::fs::read_to_string(old_ckpt.join("latest")).unwrap();
-    let step = read_json(Path::new(pointer.trim()))["step"]
+    let step = read_json(&old_ckpt.join(pointer.trim()))["step"]
         .as_u64()
         .unwrap();
     let second = tempfile::tempdir().unwrap();

@@ -115,6 +115,9 @@ struct Agent {
     /// A coordinated save was requested for a preemption (the `should_save` answer):
     /// `ckpt/latest` at the time. Its seal stops the workers (exit 5).
     save_requested: Option<String>,
+    /// Why the `--ckpt-resume-from` checkpoint could not be read at the last join, if it could
+    /// not.
+    adoption_failed: Option<String>,
     /// A coordinated save was requested before admitting a newcomer (`--on-scale-up
     /// checkpoint`): `ckpt/latest` at the time. Its seal only ends the request.
     scale_up_save: Option<String>,
@@ -190,6 +193,7 @@ impl Agent {
             reached_before: None,
             save_requested: None,
             scale_up_save: None,
+            adoption_failed: None,
             inherited: std::env::vars_os().collect(),
             cfg,
             spawner,
@@ -273,7 +277,7 @@ impl Agent {
         result
     }
 
-    fn candidate(&self, master_port: u16) -> Candidate {
+    fn candidate(&mut self, master_port: u16) -> Candidate {
         let advertise_addr = match &self.cfg.rendezvous {
             RendezvousMode::Embedded { master_addr, .. } => master_addr.clone(),
             RendezvousMode::Static { master_addr, .. } => master_addr.clone(),
@@ -300,14 +304,14 @@ impl Agent {
 
     /// What this node offers the rendezvous as a resume point for a store that knows no
     /// checkpoint: its own run's latest manifest file, else the `--ckpt-resume-from` one.
-    fn resume_hint(&self) -> Option<Box<drun_rendezvous::Manifest>> {
+    fn resume_hint(&mut self) -> Option<Box<drun_rendezvous::Manifest>> {
         self.own_resume_hint().or_else(|| self.adopted_hint())
     }
 
     /// The `--ckpt-resume-from` checkpoint, relabelled as this run's (`adopted_from` keeps the
     /// run it came from). Re-read at each join: once this run seals its own checkpoints the
     /// ledger prefers those (they are later steps).
-    fn adopted_hint(&self) -> Option<Box<drun_rendezvous::Manifest>> {
+    fn adopted_hint(&mut self) -> Option<Box<drun_rendezvous::Manifest>> {
         let path = self.cfg.ckpt.resume_from.as_deref()?;
         match ckpt::read_adoptable(path) {
             Ok((_, mut m)) => {
@@ -318,10 +322,10 @@ impl Agent {
                 Some(Box::new(m))
             }
             Err(e) => {
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| {
-                    crate::say!("drun: --ckpt-resume-from no longer usable: {e}");
-                });
+                // Matters only while the run has no checkpoint of its own: then check_resume
+                // refuses to start from the beginning, with this reason.
+                self.adoption_failed
+                    .get_or_insert_with(|| format!("no longer usable: {e}"));
                 None
             }
         }
@@ -331,13 +335,20 @@ impl Agent {
     /// another run is ignored, and said so once).
     fn own_resume_hint(&self) -> Option<Box<drun_rendezvous::Manifest>> {
         let dir = self.cfg.ckpt.dir.as_deref()?;
-        let m = ckpt::read_latest(dir)?;
+        // This run's own pointer first: another run sharing the directory moves `latest`.
+        let m = ckpt::run_pointer_dir(dir, &self.cfg.run_id)
+            .and_then(|d| ckpt::read_latest(d.as_path()))
+            .filter(|m| m.run_id == self.cfg.run_id)
+            .or_else(|| ckpt::read_latest(dir))?;
         if self
             .cfg
             .slurm
             .as_ref()
             .is_some_and(|j| !j.may_resume_files())
         {
+            if self.cfg.ckpt.resume_from.is_some() {
+                return None;
+            }
             static FRESH: std::sync::Once = std::sync::Once::new();
             FRESH.call_once(|| {
                 tracing::info!(
@@ -732,19 +743,48 @@ impl Agent {
         plan: &Plan,
     ) -> Result<ResumeCheck, LaunchError> {
         let Some(m) = plan.resume.clone() else {
+            if let Some(f) = &self.cfg.ckpt.resume_from {
+                if let Some(why) = self.adoption_failed.take() {
+                    // Asked for explicitly: never a silent start from scratch.
+                    return Err(LaunchError::Config(crate::error::ConfigError::Invalid {
+                        flag: "--ckpt-resume-from",
+                        value: f.display().to_string(),
+                        why: format!(
+                            "{why}; not starting run {} from the beginning instead (fix the checkpoint, name another one, or drop the flag)",
+                            self.cfg.run_id
+                        ),
+                    }));
+                }
+                if plan.generation > 1 {
+                    static LATE: std::sync::Once = std::sync::Once::new();
+                    LATE.call_once(|| {
+                        tracing::warn!(
+                            "--ckpt-resume-from {} is not used: run {} had already started (generation {}) without it, and has no checkpoint yet",
+                            f.display(),
+                            self.cfg.run_id,
+                            plan.generation
+                        );
+                    });
+                }
+            }
             if let Some(p) = self.reached_before.take() {
                 tracing::warn!("no usable checkpoint: restarting from the beginning (the local ranks had reached step {p}; all of it is repeated)");
-            } else if let Some(f) = &self.cfg.ckpt.resume_from {
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| {
-                    crate::say!(
-                        "drun: not resuming from {} (--ckpt-resume-from): it failed verification or cannot be read; workers start from the beginning",
-                        f.display()
-                    );
-                });
             }
             return Ok(ResumeCheck::Use(None));
         };
+        if m.adopted_from.is_none() {
+            if let Some(f) = &self.cfg.ckpt.resume_from {
+                static OWN: std::sync::Once = std::sync::Once::new();
+                OWN.call_once(|| {
+                    tracing::info!(
+                        "--ckpt-resume-from {} is not used: run {} has its own checkpoint (step {})",
+                        f.display(),
+                        self.cfg.run_id,
+                        m.step
+                    );
+                });
+            }
+        }
         let mode = self.cfg.ckpt.verify;
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
         let checked = {
@@ -817,6 +857,29 @@ impl Agent {
                     }
                 };
                 Ok(ResumeCheck::Use(file))
+            }
+            Err(reason) if m.adopted_from.is_some() => {
+                let _ = link.tx.send(Request::MarkBad {
+                    generation: plan.generation,
+                    id: m.id(),
+                    reason: reason.clone(),
+                });
+                Err(LaunchError::Config(crate::error::ConfigError::Invalid {
+                    flag: "--ckpt-resume-from",
+                    value: self
+                        .cfg
+                        .ckpt
+                        .resume_from
+                        .as_deref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                    why: format!(
+                        "checkpoint step {} of run {} failed verification: {reason}; not starting run {} from the beginning instead (fix the checkpoint, name another one, or drop the flag)",
+                        m.step,
+                        m.adopted_from.as_deref().unwrap_or_default(),
+                        self.cfg.run_id
+                    ),
+                }))
             }
             Err(reason) => {
                 crate::say!(

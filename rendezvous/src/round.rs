@@ -442,9 +442,12 @@ impl Round {
                 )?;
                 // Every rank of the generation resumes from the same checkpoint: the newest
                 // sealed one not marked bad (or one a node found in its checkpoint directory).
+                // Another run's checkpoint (`--ckpt-resume-from`) only starts a run: adopted
+                // later, it would throw away the progress of the generations so far.
                 let hints: Vec<&Manifest> = admitted
                     .iter()
                     .filter_map(|c| c.resume_hint.as_deref())
+                    .filter(|m| g == 0 || m.adopted_from.is_none())
                     .collect();
                 let ledger = Ledger::new(self.store.clone(), &self.run_id);
                 let resume = ledger.resume_point(&hints).await?;

@@ -87,8 +87,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Where run `run`'s own `latest` pointer lives inside `--ckpt-dir` `dir`: `<dir>/<run>/` (the
+/// directory `drun.shard_path()` writes the run's files under). `None` for a run id that is not
+/// a plain file name (`/`, `.`, `..`, empty).
+pub fn run_pointer_dir(dir: &Path, run: &str) -> Option<PathBuf> {
+    let plain = !run.is_empty() && run != "." && run != ".." && !run.contains('/');
+    plain.then(|| dir.join(run))
+}
+
 /// Writes (atomically replaces) the manifest file of `m` next to its files and, when `dir` is
-/// set, points `<dir>/latest` at it — unless `latest` names a newer checkpoint of the same run.
+/// set, points `<dir>/latest` and this run's `<dir>/<run>/latest` at it — unless the pointer
+/// names a newer checkpoint of the same run. Pointers hold the manifest's path relative to
+/// their directory when it lies inside it (so a moved or copied directory still resolves).
 /// Returns the manifest file's path.
 ///
 /// # Errors
@@ -108,16 +118,20 @@ pub fn publish(m: &Manifest, dir: Option<&Path>) -> Result<PathBuf, String> {
         .map_err(|e| format!("cannot write the manifest file {}: {e}", path.display()))?;
     }
     if let Some(d) = dir {
-        let newer = match read_latest(d) {
-            Some(cur) if cur.run_id == m.run_id => {
-                (cur.step, cur.generation) <= (m.step, m.generation)
+        let own = run_pointer_dir(d, &m.run_id).filter(|r| path.starts_with(r));
+        for pointer_dir in std::iter::once(d.to_path_buf()).chain(own) {
+            let newer = match read_latest(&pointer_dir) {
+                Some(cur) if cur.run_id == m.run_id => {
+                    (cur.step, cur.generation) <= (m.step, m.generation)
+                }
+                _ => true,
+            };
+            if newer {
+                let pointer = pointer_dir.join(LATEST_FILE);
+                let target = path.strip_prefix(&pointer_dir).unwrap_or(&path);
+                write_atomic(&pointer, format!("{}\n", target.display()).as_bytes())
+                    .map_err(|e| format!("cannot write {}: {e}", pointer.display()))?;
             }
-            _ => true,
-        };
-        if newer {
-            let pointer = d.join(LATEST_FILE);
-            write_atomic(&pointer, format!("{}\n", path.display()).as_bytes())
-                .map_err(|e| format!("cannot write {}: {e}", pointer.display()))?;
         }
     }
     Ok(path)
@@ -169,7 +183,7 @@ pub fn read_adoptable(path: &Path) -> Result<(PathBuf, Manifest), String> {
         path.to_path_buf()
     };
     let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
+    let mut m: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
         format!(
             "{} is not a drun checkpoint manifest ({e}); name a drun-manifest-*.json file or a --ckpt-dir with a `latest` pointer",
             file.display()
@@ -177,6 +191,30 @@ pub fn read_adoptable(path: &Path) -> Result<(PathBuf, Manifest), String> {
     })?;
     if m.files.is_empty() {
         return Err(format!("{} lists no files", file.display()));
+    }
+    // A directory that was moved or copied: the files are where the manifest file is now,
+    // at the same places relative to it.
+    let recorded = m.dir();
+    let here = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if !same(&recorded, &here) {
+        let moved: Option<Vec<String>> = m
+            .files
+            .iter()
+            .map(|f| {
+                let rel = Path::new(&f.path).strip_prefix(&recorded).ok()?;
+                let p = here.join(rel);
+                p.exists().then(|| p.display().to_string())
+            })
+            .collect();
+        if let Some(paths) = moved {
+            for (f, p) in m.files.iter_mut().zip(paths) {
+                f.path = p;
+            }
+        }
     }
     for f in &m.files {
         let len = std::fs::metadata(&f.path)
