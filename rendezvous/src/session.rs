@@ -873,32 +873,12 @@ impl Actor {
         node: &str,
         limit: Duration,
     ) -> Result<(), RendezvousError> {
-        let keys = self.round.keys().clone();
         let latest_before = self
-            .store
-            .get(&keys.ckpt_latest())
-            .await?
-            .map(|kv| kv.value_str())
-            .unwrap_or_default();
-        let req = SaveRequest {
-            node_id: self.cfg.node_id.clone(),
-            reason: format!("node {node} is waiting to join (scale-up)"),
-            latest_before: latest_before.clone(),
-            at_ms: now_ms(),
-            scale_up: true,
-        };
-        self.store
-            .txn(Txn {
-                compares: vec![
-                    Compare::Missing(keys.scale_up_save(g)),
-                    Compare::ValueEquals(keys.gen_current(), g.to_string().into()),
-                ],
-                success: vec![Op::put(
-                    keys.scale_up_save(g),
-                    serde_json::to_vec(&req).expect("serializes"),
-                )],
-                failure: vec![],
-            })
+            .request_save(
+                g,
+                format!("node {node} is waiting to join (scale-up)"),
+                true,
+            )
             .await?;
         tracing::info!(
             run = %self.cfg.run_id,
@@ -912,6 +892,47 @@ impl Actor {
             deadline: Instant::now() + limit,
         });
         Ok(())
+    }
+
+    /// Writes generation `g`'s request for a coordinated checkpoint, once (`gen/<g>/preempt`, or
+    /// `gen/<g>/scale-up-save` for a scale-up); every member sees it through its watch. Returns
+    /// `ckpt/latest` at the time: a newer manifest id is the requested save.
+    async fn request_save(
+        &self,
+        g: u64,
+        reason: String,
+        scale_up: bool,
+    ) -> Result<String, RendezvousError> {
+        let keys = self.round.keys();
+        let key = if scale_up {
+            keys.scale_up_save(g)
+        } else {
+            keys.preempt(g)
+        };
+        let latest_before = self
+            .store
+            .get(&keys.ckpt_latest())
+            .await?
+            .map(|kv| kv.value_str())
+            .unwrap_or_default();
+        let req = SaveRequest {
+            node_id: self.cfg.node_id.clone(),
+            reason,
+            latest_before: latest_before.clone(),
+            at_ms: now_ms(),
+            scale_up,
+        };
+        self.store
+            .txn(Txn {
+                compares: vec![
+                    Compare::Missing(key.clone()),
+                    Compare::ValueEquals(keys.gen_current(), g.to_string().into()),
+                ],
+                success: vec![Op::put(key, serde_json::to_vec(&req).expect("serializes"))],
+                failure: vec![],
+            })
+            .await?;
+        Ok(latest_before)
     }
 
     /// The scale-up save was not sealed in time: admit the newcomer anyway.
@@ -1057,33 +1078,7 @@ impl Actor {
                 Ok(None)
             }
             Request::Preempt { generation, reason } => {
-                let keys = self.round.keys().clone();
-                let latest_before = self
-                    .store
-                    .get(&keys.ckpt_latest())
-                    .await?
-                    .map(|kv| kv.value_str())
-                    .unwrap_or_default();
-                let req = SaveRequest {
-                    node_id: self.cfg.node_id.clone(),
-                    reason,
-                    latest_before,
-                    at_ms: now_ms(),
-                    scale_up: false,
-                };
-                self.store
-                    .txn(Txn {
-                        compares: vec![
-                            Compare::Missing(keys.preempt(generation)),
-                            Compare::ValueEquals(keys.gen_current(), generation.to_string().into()),
-                        ],
-                        success: vec![Op::put(
-                            keys.preempt(generation),
-                            serde_json::to_vec(&req).expect("serializes"),
-                        )],
-                        failure: vec![],
-                    })
-                    .await?;
+                self.request_save(generation, reason, false).await?;
                 Ok(None)
             }
             Request::MarkBad {
