@@ -294,10 +294,12 @@ pub struct Args {
     )]
     pub ckpt_verify: crate::ckpt::VerifyMode,
 
-    /// Start from another run's sealed checkpoint (a failed run, an earlier job): PATH is its
-    /// `drun-manifest-<step>-<generation>.json` file or its --ckpt-dir (whose `latest` pointer is
-    /// used). Used while this run has no checkpoint of its own; verified like any resume point
-    /// (--ckpt-verify); its files are never deleted or rewritten by this run.
+    /// Start a new run from another run's sealed checkpoint (a failed run, an earlier job): PATH
+    /// is its `drun-manifest-<step>-<generation>.json` file, its --ckpt-dir or
+    /// `<ckpt-dir>/<run id>` (whose `latest` pointer is used). Only the run's first generation
+    /// adopts it, and only while the run has no checkpoint of its own; verified like any resume
+    /// point (--ckpt-verify; a failure is exit 2, never a start from step 0); its files are never
+    /// deleted or rewritten by this run.
     #[arg(
         long = "ckpt-resume-from",
         value_name = "PATH",
@@ -308,8 +310,8 @@ pub struct Args {
     /// What a node arriving while the group runs below MAX nodes (--nnodes MIN:MAX) does: `now`
     /// re-forms at once, as torchrun does (work since the last checkpoint is repeated);
     /// `checkpoint` first asks every rank for a coordinated checkpoint (`should_save` turns
-    /// true), re-forms once it is sealed, so the bigger group resumes from that step (failure
-    /// case 13), or after --scale-up-save-timeout without one.
+    /// true), re-forms once it is sealed, so the bigger group resumes from that step, or after
+    /// --scale-up-save-timeout without one.
     #[arg(
         long = "on-scale-up",
         value_enum,
