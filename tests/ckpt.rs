@@ -980,10 +980,6 @@ fn scale_up_waits_for_a_checkpoint(store: Store) {
         alone_steps - sealed,
         "only the steps after the seal are repeated: {summary}"
     );
-    assert!(
-        replayed < sealed,
-        "less is repeated than was saved: {summary}"
-    );
     eprintln!("scale-up checkpoint at step {sealed}, {replayed} step(s) repeated: {summary}");
 }
 
