@@ -1030,3 +1030,92 @@ fn scale_up_save_times_out_memory() {
 fn scale_up_save_times_out_etcd() {
     scale_up_save_times_out(Store::Etcd);
 }
+
+/// The newcomer stops waiting (SIGTERM: it leaves, its lease is revoked) while the scale-up
+/// checkpoint is pending: the scale-up is called off, the running group is not re-formed, not
+/// even when the timeout passes.
+#[test]
+fn a_scale_up_is_called_off_when_the_newcomer_leaves() {
+    let d = dirs();
+    let r = rdzv(Store::Etcd, "scale-up-off", "1:2");
+    let extra = [
+        "--on-scale-up",
+        "checkpoint",
+        "--scale-up-save-timeout",
+        "2",
+    ];
+    let env = [
+        ("CKPT_EVERY", "1000"),
+        ("CKPT_STEPS", "120"),
+        ("CKPT_SLEEP", "0.05"),
+    ];
+    let a = agent(0, &r, &d, 2, &extra, &env);
+    wait_for("the first node's workers", Duration::from_secs(30), || {
+        count(&events(&d), "start", |e| e["gen"] == 1) == 2
+    });
+    let b = agent(1, &r, &d, 2, &extra, &env);
+    wait_for(
+        "the scale-up checkpoint request",
+        Duration::from_secs(30),
+        || {
+            a.stderr_so_far()
+                .contains("is waiting to join (scale-up)); workers see should_save")
+        },
+    );
+    b.signal(Signal::SIGTERM);
+    let (cb, _, eb) = b.wait(Duration::from_secs(30));
+    assert_eq!(cb, 143, "{eb}");
+    let (ca, _, ea) = a.wait(Duration::from_secs(60));
+    assert_eq!(ca, 0, "{ea}");
+    assert!(
+        ea.contains("the scale-up is called off, no re-form"),
+        "{ea}"
+    );
+    assert!(!ea.contains("re-forming the group"), "{ea}");
+    let evs = events(&d);
+    assert_eq!(
+        count(&evs, "start", |_| true),
+        2,
+        "only generation 1 ran: {evs:?}"
+    );
+    assert_eq!(count(&evs, "done", |e| e["gen"] == 1), 2);
+}
+
+/// A preemption warning whose checkpoint is not sealed yet survives a re-form (a node joined):
+/// the new generation is asked again, saves, and every agent exits 5.
+#[test]
+fn a_preemption_request_survives_a_reform() {
+    let d = dirs();
+    let r = rdzv(Store::Memory, "preempt-reform", "1:2");
+    let extra = ["--on-preempt", "checkpoint"];
+    // Generation 1 ignores the request (so it is still pending when B arrives); later ones save.
+    let env = [
+        ("CKPT_EVERY", "1000"),
+        ("CKPT_STEPS", "400"),
+        ("CKPT_SAVE_ON_REQUEST_FROM_GEN", "2"),
+    ];
+    let a = agent(0, &r, &d, 1, &extra, &env);
+    wait_for("the first node's worker", Duration::from_secs(30), || {
+        count(&events(&d), "start", |e| e["gen"] == 1) == 1
+    });
+    a.signal(Signal::SIGUSR1);
+    wait_for("the preemption request", Duration::from_secs(30), || {
+        a.stderr_so_far()
+            .contains("coordinated checkpoint requested (SIGUSR1")
+    });
+    let b = agent(1, &r, &d, 1, &extra, &env);
+    let (ca, _, ea) = a.wait(Duration::from_secs(60));
+    let (cb, _, eb) = b.wait(Duration::from_secs(60));
+    assert_eq!((ca, cb), (5, 5), "A:\n{ea}\nB:\n{eb}");
+    assert!(
+        ea.contains("(generation 2) sealed; stopping the workers"),
+        "{ea}"
+    );
+    let evs = events(&d);
+    assert_eq!(count(&evs, "start", |e| e["gen"] == 2), 2, "{evs:?}");
+    assert_eq!(
+        count(&evs, "done", |_| true),
+        0,
+        "stopped, not finished: {evs:?}"
+    );
+}

@@ -234,6 +234,24 @@ fn bad_checkpoint_and_preemption_flags_are_one_line_exit_2() {
         "needs --ckpt-dir DIR with an in-memory rendezvous",
     );
     rejects(&["--preempt-signal", "SIGNOPE"], "--preempt-signal");
+    // Seconds: huge, infinite and sub-millisecond values are refused, never a panic.
+    rejects(
+        &["--scale-up-save-timeout", "1e30"],
+        "at most 2592000 seconds",
+    );
+    rejects(
+        &["--scale-up-save-timeout", "inf"],
+        "a finite number of seconds",
+    );
+    rejects(
+        &["--scale-up-save-timeout", "0.0001"],
+        "at least 0.001 seconds",
+    );
+    rejects(&["--shutdown-timeout", "1e300"], "at most 2592000 seconds");
+    rejects(
+        &["--rdzv-conf", "join_timeout=1e30"],
+        "expected seconds from 0",
+    );
     // --ckpt-resume-from: nothing there, not a manifest, a file of it missing or cut short.
     let empty = tempfile::tempdir().unwrap();
     let dir = empty.path().to_str().unwrap();

@@ -459,3 +459,61 @@ fn a_standby_never_forms_a_second_world_beside_a_running_group() {
     );
     drop((a, c));
 }
+
+/// A standby of a run that finishes never forms a generation of its own: it ends as a late
+/// joiner of a finished run does (one line, exit 3), having started no worker.
+#[test]
+fn a_standby_of_a_finished_run_starts_nothing() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let rdzv = [
+        "--rdzv-endpoint",
+        server.endpoint.as_str(),
+        "--rdzv-conf",
+        "lease_ttl=3,last_call_timeout=0.5",
+    ];
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let start = |i: usize| {
+        let mut c = agent_cmd(i, "standby-end", "1", &rdzv);
+        c.arg(worker("trap.py")).arg(dirs[i].path()).arg("0");
+        Agent::start(c)
+    };
+    let a = start(0);
+    wait_for("the running worker", Duration::from_secs(30), || {
+        dirs[0].path().join("ready_0").exists()
+    });
+    let c = start(1);
+    wait_for("a standby", Duration::from_secs(30), || {
+        let out = Command::new(rendezvous_bin())
+            .args(["status", "standby-end", "--endpoint", &server.endpoint])
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|s| {
+            s["progress"]
+                .as_str()
+                .is_some_and(|p| p.contains("standing by"))
+        })
+    });
+    // The workers "save" on SIGTERM and exit 0: the run succeeds.
+    for rank in 0..2 {
+        let ready = dirs[0].path().join(format!("ready_{rank}"));
+        wait_for("the worker's handlers", Duration::from_secs(30), || {
+            ready.exists()
+        });
+        let pid: i32 = std::fs::read_to_string(ready)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+    }
+    let (ca, _, ea) = a.wait(Duration::from_secs(30));
+    assert_eq!(ca, 0, "{ea}");
+    let (cc, _, ec) = c.wait(Duration::from_secs(30));
+    assert_eq!(cc, 3, "{ec}");
+    assert!(ec.contains("run standby-end already finished"), "{ec}");
+    assert_eq!(
+        std::fs::read_dir(dirs[1].path()).unwrap().count(),
+        0,
+        "the standby started no worker"
+    );
+}

@@ -115,6 +115,9 @@ struct Agent {
     /// A coordinated save was requested for a preemption (the `should_save` answer):
     /// `ckpt/latest` at the time. Its seal stops the workers (exit 5).
     save_requested: Option<String>,
+    /// A preemption warning whose checkpoint is not sealed yet (the reason line), kept across
+    /// re-forms: each new generation is asked again until the seal stops the workers.
+    preempt_pending: Option<String>,
     /// Why the `--ckpt-resume-from` checkpoint could not be read at the last join, if it could
     /// not.
     adoption_failed: Option<String>,
@@ -194,6 +197,7 @@ impl Agent {
             save_requested: None,
             scale_up_save: None,
             adoption_failed: None,
+            preempt_pending: None,
             inherited: std::env::vars_os().collect(),
             cfg,
             spawner,
@@ -484,6 +488,14 @@ impl Agent {
             ));
             self.save_requested = None;
             self.scale_up_save = None;
+            if let Some(reason) = &self.preempt_pending {
+                // A preemption warning outlives a re-form that came before its checkpoint: the
+                // new generation is asked again (once per generation; any member may ask).
+                let _ = link.tx.send(Request::Preempt {
+                    generation: plan.generation,
+                    reason: reason.clone(),
+                });
+            }
             let outcome = self
                 .supervise(&mut group, link, &plan, resume_file.as_deref())
                 .await;
@@ -1056,9 +1068,11 @@ impl Agent {
                             "{}: preemption warning; asking every rank of the job for a coordinated checkpoint",
                             sig.as_str()
                         );
+                        let reason = format!("{} (preemption warning) on node {}", sig.as_str(), self.cfg.node_id);
+                        self.preempt_pending.get_or_insert(reason.clone());
                         let _ = link.tx.send(Request::Preempt {
                             generation: plan.generation,
-                            reason: format!("{} (preemption warning) on node {}", sig.as_str(), self.cfg.node_id),
+                            reason,
                         });
                     }
                     if preempt {
@@ -1085,6 +1099,7 @@ impl Agent {
                         if self.save_requested.is_none() {
                             tracing::warn!("coordinated checkpoint requested ({}); workers see should_save = true", req.reason);
                         }
+                        self.preempt_pending.get_or_insert(req.reason);
                         self.save_requested = Some(req.latest_before);
                     }
                     Some(Event::Sealed(id)) => {

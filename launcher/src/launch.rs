@@ -120,10 +120,14 @@ impl Timing {
                     .trim()
                     .parse::<f64>()
                     .ok()
-                    .filter(|s| s.is_finite() && *s >= 0.0)
+                    .filter(|s| s.is_finite() && (0.0..=MAX_SECONDS).contains(s))
                     .map(Duration::from_secs_f64)
                     .ok_or_else(|| {
-                        invalid("--rdzv-conf", format!("{key}={v}"), "expected seconds >= 0")
+                        invalid(
+                            "--rdzv-conf",
+                            format!("{key}={v}"),
+                            "expected seconds from 0 to 2592000 (30 days)",
+                        )
                     }),
             }
         };
@@ -517,14 +521,26 @@ pub fn parse_rdzv_conf(v: &str) -> Result<BTreeMap<String, String>, ConfigError>
     Ok(m)
 }
 
+/// The longest duration a seconds flag accepts: 30 days.
+const MAX_SECONDS: f64 = 30.0 * 24.0 * 3600.0;
+
+/// A seconds flag as a [`Duration`]: finite, at most [`MAX_SECONDS`], and (unless `allow_zero`)
+/// at least one millisecond, the resolution drun works at.
 fn seconds(flag: &'static str, v: f64, allow_zero: bool) -> Result<Duration, ConfigError> {
-    if !v.is_finite() || v < 0.0 || (!allow_zero && v == 0.0) {
-        let bound = if allow_zero { ">= 0" } else { "> 0" };
-        return Err(invalid(
-            flag,
-            v.to_string(),
-            format!("must be {bound} seconds"),
-        ));
+    let bad = |why: &str| Err(invalid(flag, v.to_string(), why));
+    if !v.is_finite() {
+        return bad("must be a finite number of seconds");
+    }
+    if v > MAX_SECONDS {
+        return bad("must be at most 2592000 seconds (30 days)");
+    }
+    if v < 0.0 || (!allow_zero && v < 0.001) {
+        let bound = if allow_zero {
+            ">= 0 seconds"
+        } else {
+            "at least 0.001 seconds"
+        };
+        return bad(&format!("must be {bound}"));
     }
     Ok(Duration::from_secs_f64(v))
 }

@@ -242,7 +242,8 @@ def commit(step, paths, cursor, timeout=600.0):
 
 def should_save(sync=True):
     """True when drun asks for a coordinated checkpoint (``--on-preempt checkpoint`` after a
-    preemption warning): save and :func:`commit` now, at the same step on every rank.
+    preemption warning, or ``--on-scale-up checkpoint`` before admitting a new node): save and
+    :func:`commit` now, at the same step on every rank.
 
     With ``sync`` (default) and ``torch.distributed`` initialized, the answers of all ranks are
     combined with an ``all_reduce(MAX)`` so every rank decides the same at the same step: it is

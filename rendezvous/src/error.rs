@@ -49,4 +49,7 @@ pub enum RendezvousError {
     /// The admitted set cannot be ranked (e.g. two nodes asked for the same `--node-rank`).
     #[error("cannot assign node ranks: {0}")]
     Assignment(String),
+    /// The run ended (key `finished`) while this node was waiting: nothing to form.
+    #[error("run {0} finished while this node was waiting to join")]
+    RunFinished(String),
 }

@@ -186,6 +186,9 @@ impl Round {
             let now = Instant::now();
             let mut leader = waiting_events.is_some();
             if check {
+                if self.store.get(&self.keys.finished()).await?.is_some() {
+                    return Err(RendezvousError::RunFinished(self.run_id.clone()));
+                }
                 let (g, _) = self.current_generation().await?;
                 if g > after {
                     if let Some(plan) = self.plan(g).await? {
@@ -349,14 +352,12 @@ impl Round {
         }
     }
 
-    /// Whether generation `plan` still runs: not closed, the run not finished, and a member
+    /// Whether generation `plan` still runs: not closed, and a member
     /// alive (a membership key under its lease, or `starting`: a member's join not yet replaced
     /// by its membership key). A generation whose members all died (leases expired) has ended.
     async fn running(&self, plan: &Plan, starting: bool) -> Result<bool, StoreError> {
         let g = plan.generation;
-        if self.store.get(&self.keys.closed(g)).await?.is_some()
-            || self.store.get(&self.keys.finished()).await?.is_some()
-        {
+        if self.store.get(&self.keys.closed(g)).await?.is_some() {
             return Ok(false);
         }
         Ok(starting
@@ -399,6 +400,9 @@ impl Round {
             }
         }
         let now = Instant::now();
+        if self.store.get(&self.keys.finished()).await?.is_some() {
+            return Err(RendezvousError::RunFinished(self.run_id.clone()));
+        }
         if let Some(plan) = &current {
             if self.running(plan, starting).await? {
                 // Standbys (the group is at MAX, or its re-form is pending): forming from them

@@ -471,6 +471,15 @@ impl Actor {
                                 Err(e) => return Err(e),
                             }
                         }
+                        Err(RendezvousError::RunFinished(_)) => {
+                            // A standby (or a late joiner) of a run that ended: the agent ends
+                            // as a joiner of a finished run does.
+                            match self.finished().await {
+                                Ok(Some(end)) => self.emit(Event::Finished(end)),
+                                _ => self.emit(Event::Error(format!("run {} finished", self.cfg.run_id))),
+                            }
+                            Phase::Idle
+                        }
                         Err(RendezvousError::Store(e)) if self.lease.is_some() => {
                             tracing::warn!(error = %e, "rendezvous store error while waiting; retrying");
                             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -812,6 +821,10 @@ impl Actor {
                     .scale_up
                     .take_if(|p| p.generation == g && id > p.latest_before)
                 {
+                    if !self.newcomer_waiting(&plan).await? {
+                        tracing::info!(run = %self.cfg.run_id, gen = g, "node {} stopped waiting before the checkpoint was sealed: no re-form", p.node);
+                        return Ok(Phase::Running(plan, watch));
+                    }
                     self.close(
                         g,
                         format!(
@@ -853,6 +866,15 @@ impl Actor {
                     && is_succ(&kv.key[keys.members_prefix(g).len()..]) =>
             {
                 self.succ_deadline = None;
+            }
+            WatchEvent::Delete(key, _)
+                if key.starts_with(&keys.waiting_prefix())
+                    && self.scale_up.as_ref().is_some_and(|p| p.generation == g) =>
+            {
+                let off = !self.newcomer_waiting(&plan).await?;
+                if let Some(p) = self.scale_up.take_if(|_| off) {
+                    tracing::info!(run = %self.cfg.run_id, gen = g, "node {} stopped waiting to join: the scale-up is called off, no re-form", p.node);
+                }
             }
             WatchEvent::Delete(key, _) if key.starts_with(&keys.members_prefix(g)) => {
                 let node = &key[keys.members_prefix(g).len()..];
@@ -935,6 +957,17 @@ impl Actor {
         Ok(latest_before)
     }
 
+    /// Whether a node outside `plan` is waiting to join (a newcomer, not a member's own join).
+    async fn newcomer_waiting(&self, plan: &Plan) -> Result<bool, RendezvousError> {
+        let prefix = self.round.keys().waiting_prefix();
+        Ok(self
+            .store
+            .get_prefix(&prefix)
+            .await?
+            .iter()
+            .any(|kv| plan.member(&kv.key[prefix.len()..]).is_none()))
+    }
+
     /// The scale-up save was not sealed in time: admit the newcomer anyway.
     async fn scale_up_timed_out(&mut self, plan: &Plan) -> Result<(), RendezvousError> {
         // Taken whatever its generation: a deadline left from an older one must not fire again.
@@ -943,6 +976,9 @@ impl Actor {
             .take()
             .filter(|p| p.generation == plan.generation)
         {
+            if !self.newcomer_waiting(plan).await? {
+                return Ok(());
+            }
             let limit = self.cfg.scale_up_save.unwrap_or_default();
             self.close(
                 p.generation,

@@ -11,6 +11,9 @@ Environment knobs (all optional):
                       $CKPT_OUT/crash, then rank 0 exits 1
   CKPT_REFUSED_EXIT   exit status after a refused commit (default 3)
   CKPT_PROGRESS       0: send no step beacons
+  CKPT_SAVE_ON_REQUEST_FROM_GEN  G: from generation G on, once drun.should_save() is true the
+                      rank commits every step (ranks that see the request a step apart still
+                      meet on the later steps)
 """
 
 import json
@@ -55,12 +58,18 @@ log("start", resume_step=info and info["step"], resume_samples=info and info["gl
 bad_cursor = knob("CKPT_BAD_CURSOR")
 die = knob("CKPT_DIE_MIDWRITE")
 hold = os.environ.get("CKPT_HOLD_AT")
+save_from_gen = os.environ.get("CKPT_SAVE_ON_REQUEST_FROM_GEN")
+saving = False
 
 for step in range(start + 1, STEPS + 1):
     time.sleep(SLEEP)
     if os.environ.get("CKPT_PROGRESS", "1") == "1":
         drun.progress(step)
-    if step % EVERY:
+    if save_from_gen is not None and GEN >= int(save_from_gen) and not saving:
+        saving = drun.should_save(sync=False)
+        if saving:
+            log("save_requested", step=step)
+    if step % EVERY and not saving:
         continue
     path = drun.shard_path(step)
     payload = (("rank %d step %d " % (RANK, step)) * 200).encode()
