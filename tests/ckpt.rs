@@ -999,7 +999,8 @@ fn scale_up_save_times_out(store: Store) {
         "--scale-up-save-timeout",
         "1",
     ];
-    let env = [("CKPT_EVERY", "1000"), ("CKPT_STEPS", "80")];
+    // Generation 1 must outlast the newcomer's join plus the 1 s timeout (8 s of steps).
+    let env = [("CKPT_EVERY", "1000"), ("CKPT_STEPS", "160")];
     let a = agent(0, &r, &d, 2, &extra, &env);
     wait_for("the first node's workers", Duration::from_secs(30), || {
         count(&events(&d), "start", |e| e["gen"] == 1) == 2
@@ -1042,11 +1043,11 @@ fn a_scale_up_is_called_off_when_the_newcomer_leaves() {
         "--on-scale-up",
         "checkpoint",
         "--scale-up-save-timeout",
-        "2",
+        "5",
     ];
     let env = [
         ("CKPT_EVERY", "1000"),
-        ("CKPT_STEPS", "120"),
+        ("CKPT_STEPS", "240"),
         ("CKPT_SLEEP", "0.05"),
     ];
     let a = agent(0, &r, &d, 2, &extra, &env);
