@@ -381,6 +381,22 @@ fn ddp_all_reduce_across_four_agents() {
     assert!(out.path().join("final.pt").is_file());
 }
 
+/// `drun-rendezvous status RUN --endpoint SERVER` as JSON (`null` while it cannot answer).
+fn memory_status(run: &str, endpoint: &str) -> Value {
+    let out = Command::new(rendezvous_bin())
+        .args(["status", run, "--endpoint", endpoint])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// Whether the round's progress line says a node decided to stand by.
+fn standing_by(status: &Value) -> bool {
+    status["progress"]
+        .as_str()
+        .is_some_and(|p| p.contains("standing by"))
+}
+
 /// `--nnodes 1:2` at MAX: a third agent is a standby. Even though it alone meets MIN it must not
 /// form a second world beside the running one; it joins when the group re-forms (here after a
 /// node is SIGKILLed).
@@ -399,13 +415,7 @@ fn a_standby_never_forms_a_second_world_beside_a_running_group() {
         c.arg(worker("trap.py")).arg(dirs[i].path()).arg("0");
         Agent::start(c)
     };
-    let status = || -> Value {
-        let out = Command::new(rendezvous_bin())
-            .args(["status", "standby", "--endpoint", &server.endpoint])
-            .output()
-            .unwrap();
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-    };
+    let status = || memory_status("standby", &server.endpoint);
     let ready = |i: usize, ranks: &[u32]| {
         ranks
             .iter()
@@ -420,11 +430,7 @@ fn a_standby_never_forms_a_second_world_beside_a_running_group() {
     wait_for(
         "the third agent to decide it is a standby",
         Duration::from_secs(30),
-        || {
-            status()["progress"]
-                .as_str()
-                .is_some_and(|p| p.contains("standing by"))
-        },
+        || standing_by(&status()),
     );
     let s = status();
     assert_eq!(s["generation"], 1, "no second world formed: {s}");
@@ -483,15 +489,7 @@ fn a_standby_of_a_finished_run_starts_nothing() {
     });
     let c = start(1);
     wait_for("a standby", Duration::from_secs(30), || {
-        let out = Command::new(rendezvous_bin())
-            .args(["status", "standby-end", "--endpoint", &server.endpoint])
-            .output()
-            .unwrap();
-        serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|s| {
-            s["progress"]
-                .as_str()
-                .is_some_and(|p| p.contains("standing by"))
-        })
+        standing_by(&memory_status("standby-end", &server.endpoint))
     });
     // The workers "save" on SIGTERM and exit 0: the run succeeds.
     for rank in 0..2 {

@@ -143,6 +143,20 @@ fn wait_done(id: &str, timeout: Duration) -> (String, String) {
     }
 }
 
+/// Waits up to `timeout` for job `id` to end and asserts it COMPLETED with exit 0 (else panics
+/// with its output file `out` and Slurm's trace); returns the output.
+fn completes(id: &str, out: &Path, timeout: Duration) -> String {
+    let (st, code) = wait_done(id, timeout);
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    assert_eq!(
+        (st.as_str(), code.as_str()),
+        ("COMPLETED", "0:0"),
+        "{text}\n{}",
+        slurm_trace(id)
+    );
+    text
+}
+
 /// Cancels the job if the test fails half-way.
 struct Cancel(String);
 
@@ -204,14 +218,7 @@ fn slurm_ranks_follow_the_node_id() {
     let dir = tempfile::tempdir().unwrap();
     let (id, out) = submit_worker_job("envdump.py", dir.path());
     let _c = Cancel(id.clone());
-    let (st, code) = wait_done(&id, Duration::from_secs(60));
-    let text = std::fs::read_to_string(&out).unwrap_or_default();
-    assert_eq!(
-        (st.as_str(), code.as_str()),
-        ("COMPLETED", "0:0"),
-        "{text}\n{}",
-        slurm_trace(&id)
-    );
+    let text = completes(&id, &out, Duration::from_secs(60));
     for (rank, node, group) in [
         (0, "n1", "0"),
         (1, "n1", "0"),
@@ -238,14 +245,7 @@ fn slurm_example_trains_and_recovers_a_worker_failure() {
     else {
         return;
     };
-    let (st, code) = wait_done(&id, Duration::from_secs(240));
-    let text = out_of(dir.path());
-    assert_eq!(
-        (st.as_str(), code.as_str()),
-        ("COMPLETED", "0:0"),
-        "{text}\n{}",
-        slurm_trace(&id)
-    );
+    let text = completes(&id, &dir.path().join("job.out"), Duration::from_secs(240));
     assert!(
         text.contains("rank 3: simulated failure at step 25"),
         "{text}"
@@ -270,13 +270,10 @@ fn slurm_a_new_job_starts_from_an_earlier_jobs_checkpoint() {
     else {
         return;
     };
-    let (st, code) = wait_done(&id1, Duration::from_secs(240));
-    assert_eq!(
-        (st.as_str(), code.as_str()),
-        ("COMPLETED", "0:0"),
-        "{}\n{}",
-        out_of(first.path()),
-        slurm_trace(&id1)
+    completes(
+        &id1,
+        &first.path().join("job.out"),
+        Duration::from_secs(240),
     );
     let old_ckpt = first.path().join("ckpt");
     let pointer = std::fs::read_to_string(old_ckpt.join("latest")).unwrap();
@@ -292,13 +289,10 @@ fn slurm_a_new_job_starts_from_an_earlier_jobs_checkpoint() {
     env.push(("RESUME_FROM", old_ckpt.display().to_string()));
     let id2 = submit_example(second.path(), &env);
     let _c2 = Cancel(id2.clone());
-    let (st, code) = wait_done(&id2, Duration::from_secs(240));
-    let text = out_of(second.path());
-    assert_eq!(
-        (st.as_str(), code.as_str()),
-        ("COMPLETED", "0:0"),
-        "{text}\n{}",
-        slurm_trace(&id2)
+    let text = completes(
+        &id2,
+        &second.path().join("job.out"),
+        Duration::from_secs(240),
     );
     assert!(
         text.contains(&format!(
@@ -369,14 +363,7 @@ fn preemption(scancel: &[&str]) {
     let _ = Command::new("scontrol")
         .args(["update", &format!("JobId={id}"), "StartTime=now"])
         .status();
-    let (st, code) = wait_done(&id, Duration::from_secs(240));
-    let text = out_of(dir.path());
-    assert_eq!(
-        (st.as_str(), code.as_str()),
-        ("COMPLETED", "0:0"),
-        "{text}\n{}",
-        slurm_trace(&id)
-    );
+    let text = completes(&id, &dir.path().join("job.out"), Duration::from_secs(240));
     let sealed = text
         .lines()
         .find_map(|l| l.split("drun: preempted: checkpoint step ").nth(1))
