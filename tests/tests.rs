@@ -13,4 +13,5 @@ mod python_helper;
 mod slurm;
 mod standalone;
 mod supervision;
+mod terminal;
 mod torch_e2e;

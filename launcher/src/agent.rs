@@ -141,6 +141,17 @@ impl Agent {
         wanted.push(cfg.preempt_signal);
         wanted.sort_by_key(|s| *s as i32);
         wanted.dedup();
+        // `nohup drun ...`: a signal ignored at start stays ignored, for drun and its workers.
+        wanted.retain(|sig| {
+            let ignored = spawn::is_ignored(*sig);
+            if ignored {
+                tracing::debug!(
+                    "{} was ignored when drun started (nohup?): it stays ignored for drun and its workers",
+                    sig.as_str()
+                );
+            }
+            !ignored
+        });
         for sig in wanted {
             let mut stream = signal(SignalKind::from_raw(sig as i32))
                 .map_err(|e| LaunchError::os(format!("cannot handle {}", sig.as_str()), e))?;

@@ -277,6 +277,18 @@ pub struct Args {
     )]
     pub peer_exit_wait: f64,
 
+    /// The local rank that reads drun's stdin (for `pdb`/`breakpoint()` at a terminal). Every
+    /// other worker, and every worker without this flag, reads `/dev/null` (end-of-file at
+    /// once), so a stray `input()` cannot hang the job on the terminal.
+    #[arg(
+        long = "stdin-rank",
+        visible_alias = "stdin_rank",
+        env = "DRUN_STDIN_RANK",
+        value_name = "LOCAL_RANK",
+        help_heading = "Supervision"
+    )]
+    pub stdin_rank: Option<u32>,
+
     /// Checkpoint directory: exported to workers as DRUN_CKPT_DIR; drun keeps the `latest`
     /// pointer file here and reads it back when the rendezvous store knows no checkpoint (a
     /// fresh etcd, a requeued job). Created if missing.

@@ -18,7 +18,7 @@ use crate::env::{worker_env, WorkerSlot};
 use crate::logs::{self, Console, Sink, Tail};
 use crate::os::guard::Guard;
 use crate::os::procs;
-use crate::os::spawn::{ExitKind, Output, SpawnSpec, Spawner};
+use crate::os::spawn::{ExitKind, Input, Output, SpawnSpec, Spawner};
 use crate::summary::Failure;
 use crate::{LaunchConfig, LaunchError};
 
@@ -175,7 +175,11 @@ impl WorkerGroup {
                     args: cfg.entrypoint.argv(local_rank),
                     env,
                     output: Output::Piped,
-                    stdin: None,
+                    stdin: if cfg.stdin_rank == Some(local_rank) {
+                        Input::Inherit
+                    } else {
+                        Input::Null
+                    },
                     die_with_agent: true,
                 })
                 .await

@@ -367,6 +367,8 @@ pub struct LaunchConfig {
     pub shutdown_timeout: Duration,
     /// How long a partial success may last before it counts as a failure.
     pub peer_exit_wait: Duration,
+    /// `--stdin-rank`: the local rank that reads drun's stdin; the others read `/dev/null`.
+    pub stdin_rank: Option<u32>,
     /// Parsed `--rdzv-conf`.
     pub rdzv_conf: BTreeMap<String, String>,
     /// Rendezvous timing knobs.
@@ -621,6 +623,17 @@ impl LaunchConfig {
         };
         let shutdown_timeout = seconds("--shutdown-timeout", shutdown, true)?;
         let peer_exit_wait = seconds("--peer-exit-wait", a.peer_exit_wait, true)?;
+        if let Some(r) = a.stdin_rank.filter(|r| *r >= nproc_per_node) {
+            return Err(invalid(
+                "--stdin-rank",
+                r.to_string(),
+                format!(
+                    "this node runs local ranks 0..{} (--nproc-per-node {}); name one of them",
+                    nproc_per_node - 1,
+                    nproc_per_node
+                ),
+            ));
+        }
         let redirects = StdSpec::parse("--redirects", &a.redirects)?;
         let tee = StdSpec::parse("--tee", &a.tee)?;
         let local_ranks_filter = if a.local_ranks_filter.trim().is_empty() {
@@ -803,6 +816,7 @@ impl LaunchConfig {
             signals_to_handle: a.signals_to_handle.clone(),
             shutdown_timeout,
             peer_exit_wait,
+            stdin_rank: a.stdin_rank,
             rdzv_conf,
             timing,
             requested_node_rank,

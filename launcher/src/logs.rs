@@ -42,12 +42,25 @@ pub struct Tail {
 }
 
 impl Tail {
-    fn push(&mut self, line: &[u8]) {
-        if self.lines.len() == TAIL_LINES {
-            self.lines.pop_front();
+    /// Adds a line, or with `continuation` the rest of the last one (a partial line that was
+    /// shown early is still one line). Keeps what a terminal would show: text after the last
+    /// `\r` (a progress bar redrawn in place).
+    fn push(&mut self, piece: &[u8], continuation: bool) {
+        let piece = String::from_utf8_lossy(piece);
+        match self.lines.back_mut() {
+            Some(last) if continuation => last.push_str(&piece),
+            _ => {
+                if self.lines.len() == TAIL_LINES {
+                    self.lines.pop_front();
+                }
+                self.lines.push_back(piece.into_owned());
+            }
         }
-        self.lines
-            .push_back(String::from_utf8_lossy(line).into_owned());
+        if let Some(last) = self.lines.back_mut() {
+            if let Some(cr) = last.trim_end_matches('\r').rfind('\r') {
+                last.drain(..=cr);
+            }
+        }
     }
 
     /// The kept lines, oldest first.
@@ -74,14 +87,7 @@ impl Sink {
         let Some((console, prefix)) = &self.console else {
             return false;
         };
-        let mut buf = Vec::with_capacity(prefix.len() + bytes.len() + 1);
-        if !continuation {
-            buf.extend_from_slice(prefix.as_bytes());
-        }
-        buf.extend_from_slice(bytes);
-        if complete {
-            buf.push(b'\n');
-        }
+        let buf = console_bytes(prefix, bytes, continuation, complete);
         // One locked write per piece: no interleaving between ranks.
         let res = match console {
             Console::Stdout => {
@@ -102,13 +108,31 @@ impl Sink {
 
     fn line(&mut self, line: &[u8], continuation: bool) {
         self.console(line, continuation, true);
-        self.tail.lock().expect("tail mutex poisoned").push(line);
+        self.tail
+            .lock()
+            .expect("tail mutex poisoned")
+            .push(line, continuation);
     }
 
     /// Nothing consumes the stream any more (console gone, no file).
     fn is_dead(&self) -> bool {
         self.console.is_none() && self.file.is_none()
     }
+}
+
+/// What one console write holds: `prefix + bytes (+ '\n')`, without the prefix for a
+/// continuation or when the line already starts with it (torch prefixes some lines itself,
+/// `[rank1]: Traceback ...`, and the default prefix is the same text).
+fn console_bytes(prefix: &str, bytes: &[u8], continuation: bool, complete: bool) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(prefix.len() + bytes.len() + 1);
+    if !continuation && !bytes.starts_with(prefix.as_bytes()) {
+        buf.extend_from_slice(prefix.as_bytes());
+    }
+    buf.extend_from_slice(bytes);
+    if complete {
+        buf.push(b'\n');
+    }
+    buf
 }
 
 /// Waits up to `timeout` for `fd` to become readable (or hung up).
@@ -132,12 +156,12 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
         loop {
             if !pending.is_empty() && !readable(&reader, IDLE_FLUSH) {
                 sink.console(&pending, continuation, false);
-                continuation = true;
                 // Keep the bytes for the tail, but they are on screen now.
                 sink.tail
                     .lock()
                     .expect("tail mutex poisoned")
-                    .push(&pending);
+                    .push(&pending, continuation);
+                continuation = true;
                 pending.clear();
                 continue;
             }
@@ -223,6 +247,25 @@ mod tests {
             ),
             "[trainer1|5@box]:"
         );
+    }
+
+    #[test]
+    fn a_line_torch_already_prefixed_is_not_prefixed_again() {
+        let b = |line: &[u8], cont| String::from_utf8(console_bytes("[rank1]:", line, cont, true));
+        assert_eq!(b(b"[rank1]: Traceback", false).unwrap(), "[rank1]: Traceback\n");
+        assert_eq!(b(b" Traceback", false).unwrap(), "[rank1]: Traceback\n");
+        assert_eq!(b(b"[rank10]: x", false).unwrap(), "[rank1]:[rank10]: x\n");
+        assert_eq!(b(b"rest", true).unwrap(), "rest\n");
+    }
+
+    #[test]
+    fn tail_keeps_lines_as_a_terminal_shows_them() {
+        let mut t = Tail::default();
+        t.push(b"(Pdb) ", false);
+        t.push(b"continue", true);
+        t.push(b"\r 10%\r 50%\r100%", false);
+        t.push(b"next", false);
+        assert_eq!(t.lines(), ["(Pdb) continue", "100%", "next"]);
     }
 
     #[test]

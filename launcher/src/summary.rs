@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::os::spawn::ExitKind;
@@ -65,13 +66,24 @@ impl Failure {
                 self.rank, self.local_rank, self.pid
             ),
             ExitKind::Signal(s) => format!(
-                "rank {} (local_rank {}) was killed by {} (pid {})",
+                "rank {} (local_rank {}) was killed by {}{} (pid {})",
                 self.rank,
                 self.local_rank,
                 s.as_str(),
+                signal_short_cause(s).map_or(String::new(), |c| format!(" ({c})")),
                 self.pid
             ),
         }
+    }
+
+    /// The output tail without blank lines at its end.
+    fn shown_tail(&self) -> &[String] {
+        let end = self
+            .tail
+            .iter()
+            .rposition(|l| !l.trim().is_empty())
+            .map_or(0, |i| i + 1);
+        &self.tail[..end]
     }
 
     fn traceback(&self) -> String {
@@ -88,17 +100,25 @@ impl Failure {
         }
         let mut lines = Vec::new();
         if let ExitKind::Signal(s) = self.exit {
-            lines.push(format!(
+            let mut line = format!(
                 "Signal {} ({}) received by PID {}",
                 s as i32,
                 s.as_str(),
                 self.pid
-            ));
+            );
+            if let Some(hint) = signal_cause(s) {
+                line.push_str(": ");
+                line.push_str(hint);
+            }
+            lines.push(line);
         }
-        if !self.tail.is_empty() {
-            lines.push(format!("last {} lines of output:", self.tail.len()));
-            lines.extend(self.tail.iter().map(|l| format!("    {l}")));
+        let shown = self.shown_tail();
+        match shown.len() {
+            0 => {}
+            1 => lines.push("last line of output:".into()),
+            n => lines.push(format!("last {n} lines of output:")),
         }
+        lines.extend(shown.iter().map(|l| format!("    {l}")));
         if lines.is_empty() {
             lines.push(
                 "no error file and no output; wrap main with torch's @record for a traceback"
@@ -107,6 +127,35 @@ impl Failure {
         }
         lines.join("\n")
     }
+}
+
+/// The usual reason a worker dies of `sig` when drun did not send it (drun's own stops are
+/// never reported as failures), with what to do about it.
+pub fn signal_cause(sig: Signal) -> Option<&'static str> {
+    Some(match sig {
+        Signal::SIGHUP => "the terminal hung up (an ssh session or window closed); start drun under nohup, tmux or screen",
+        Signal::SIGKILL => "drun did not send it: the kernel's OOM killer (check `dmesg` or the cgroup's memory.events) or an outside `kill -9`",
+        Signal::SIGPIPE => "its output was closed (a reader such as `| head` went away)",
+        Signal::SIGABRT => "a native abort: a C++ exception or assertion, often in a destructor at exit",
+        Signal::SIGSEGV => "a segmentation fault in native code (an extension, a driver, or memory corruption)",
+        Signal::SIGBUS => "a bus error: often /dev/shm too small for the data loader's shared memory (containers)",
+        Signal::SIGTERM => "terminated from outside drun (a scheduler, an operator, or a parent process)",
+        Signal::SIGINT => "interrupted from outside drun (Ctrl-C reaches only drun, so someone signalled the worker)",
+        _ => return None,
+    })
+}
+
+/// A few words for [`signal_cause`] in one-line reports.
+fn signal_short_cause(sig: Signal) -> Option<&'static str> {
+    Some(match sig {
+        Signal::SIGHUP => "terminal hang-up",
+        Signal::SIGKILL => "OOM killer or outside kill",
+        Signal::SIGPIPE => "output closed",
+        Signal::SIGABRT => "native abort",
+        Signal::SIGSEGV => "segmentation fault",
+        Signal::SIGBUS => "bus error",
+        _ => return None,
+    })
 }
 
 /// Index of the root cause: earliest timestamp, ties broken by order of observation.
@@ -204,7 +253,6 @@ pub fn root_cause_json(f: &Failure) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nix::sys::signal::Signal;
 
     fn failure(rank: u32, exit: ExitKind, at: u64, error: Option<Value>) -> Failure {
         Failure {
@@ -252,7 +300,9 @@ mod tests {
         assert!(s.contains("  error_file: /logs/1/error.json"), "{s}");
         assert!(s.contains("ValueError: boom"), "{s}");
         assert!(
-            s.contains("rank 0 (local_rank 0) was killed by SIGKILL (pid 100)"),
+            s.contains(
+                "rank 0 (local_rank 0) was killed by SIGKILL (OOM killer or outside kill) (pid 100)"
+            ),
             "{s}"
         );
         let j = root_cause_json(&fs[1]);
@@ -268,5 +318,23 @@ mod tests {
         assert!(s.contains("<NO_OTHER_FAILURES>"), "{s}");
         assert!(s.contains("ValueError: x"), "{s}");
         assert_eq!(root_cause_json(&fs[0])["message"]["errorCode"], -11);
+    }
+
+    #[test]
+    fn a_hang_up_names_its_usual_cause_and_the_tail_counts_what_it_shows() {
+        let mut f = failure(1, ExitKind::Signal(Signal::SIGHUP), 5, None);
+        f.tail = vec!["epoch 3".into(), "".into(), " ".into()];
+        let s = format_summary("w.py", "h", &[f.clone()], &[]);
+        assert!(s.contains("exitcode  : -1 (pid: 101)"), "{s}");
+        assert!(
+            s.contains("Signal 1 (SIGHUP) received by PID 101: the terminal hung up"),
+            "{s}"
+        );
+        assert!(s.contains("nohup, tmux or screen"), "{s}");
+        assert!(s.contains("last line of output:\n"), "{s}");
+        assert!(f.one_line().contains("killed by SIGHUP (terminal hang-up)"));
+        for sig in [Signal::SIGKILL, Signal::SIGPIPE, Signal::SIGABRT] {
+            assert!(signal_cause(sig).is_some(), "{sig:?}");
+        }
     }
 }

@@ -17,7 +17,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use crate::os::procs;
-use crate::os::spawn::{Output, SpawnSpec, Spawner};
+use crate::os::spawn::{Input, Output, SpawnSpec, Spawner};
 
 /// argv[1] that makes the `drun` binary run [`guard_main`].
 pub const GUARD_ARG: &str = "__drun_guard";
@@ -44,7 +44,7 @@ impl Guard {
                 args: vec![GUARD_ARG.to_string(), agent_id.to_string()],
                 env,
                 output: Output::Null,
-                stdin: Some(read),
+                stdin: Input::Fd(read),
                 die_with_agent: false,
             })
             .await?;

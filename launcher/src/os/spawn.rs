@@ -42,6 +42,17 @@ pub enum Output {
     Null,
 }
 
+/// A spawned process's stdin.
+#[derive(Debug)]
+pub enum Input {
+    /// The agent's own stdin (a terminal, for `--stdin-rank`).
+    Inherit,
+    /// `/dev/null`: reads see end-of-file at once (the default for workers).
+    Null,
+    /// This descriptor (the guard's command pipe).
+    Fd(OwnedFd),
+}
+
 /// What to start.
 #[derive(Debug)]
 pub struct SpawnSpec {
@@ -53,8 +64,8 @@ pub struct SpawnSpec {
     pub env: BTreeMap<OsString, OsString>,
     /// stdout/stderr handling.
     pub output: Output,
-    /// stdin: `None` inherits the agent's, `Some(fd)` uses that descriptor.
-    pub stdin: Option<OwnedFd>,
+    /// What the process reads as stdin.
+    pub stdin: Input,
     /// Set `PR_SET_PDEATHSIG(SIGKILL)` (workers: yes; the guard: no).
     pub die_with_agent: bool,
 }
@@ -115,8 +126,14 @@ fn spawn_now(spec: SpawnSpec) -> io::Result<Spawned> {
         Output::Null => (Stdio::null(), Stdio::null()),
     };
     cmd.stdout(out).stderr(err);
-    if let Some(fd) = spec.stdin {
-        cmd.stdin(Stdio::from(fd));
+    match spec.stdin {
+        Input::Inherit => {}
+        Input::Null => {
+            cmd.stdin(Stdio::null());
+        }
+        Input::Fd(fd) => {
+            cmd.stdin(Stdio::from(fd));
+        }
     }
     let parent = nix::unistd::getpid();
     let die_with_agent = spec.die_with_agent;
@@ -197,5 +214,18 @@ pub fn ignore_signals(signals: &[Signal]) {
     for sig in signals {
         // SAFETY: SIG_IGN installs no handler code, so nothing can run in signal context.
         let _ = unsafe { nix::sys::signal::signal(*sig, nix::sys::signal::SigHandler::SigIgn) };
+    }
+}
+
+/// Whether `sig` is ignored (`SIG_IGN`) in this process right now. Checked at start: a signal
+/// ignored when drun started (`nohup` ignores SIGHUP) stays ignored — drun installs no handler
+/// for it, so its workers inherit the ignore through `exec`, as they would without drun.
+pub fn is_ignored(sig: Signal) -> bool {
+    // SAFETY: `sigaction` with a null new action only reads the current disposition into
+    // `old`, a plain C struct that zeroed memory initialises validly.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig as i32, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
     }
 }
