@@ -1010,7 +1010,7 @@ fn scale_up_save_times_out(store: Store) {
     let (cb, _, eb) = b.wait(Duration::from_secs(60));
     assert_eq!((ca, cb), (0, 0), "A:\n{ea}\nB:\n{eb}");
     assert!(
-        ea.contains("no checkpoint was sealed within 1s, re-forming without one"),
+        ea.contains("no checkpoint was sealed within 1 s, re-forming without one"),
         "{ea}"
     );
     let evs = events(&d);

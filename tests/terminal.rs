@@ -56,7 +56,10 @@ fn stdin_rank_outside_the_local_ranks_is_a_usage_error() {
         .arg("stdin");
     let (code, _, err) = run(c, Duration::from_secs(30));
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--stdin-rank") && err.contains("0..1"), "{err}");
+    assert!(
+        err.contains("--stdin-rank") && err.contains("0..1"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
 }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, UNIX_EPOCH};
 
+use drun_rendezvous::human::duration as human;
 use drun_rendezvous::session::{Event, Request, RunEnd, SessionConfig};
 use drun_rendezvous::{Candidate, Plan, RoundConfig};
 use nix::sys::signal::Signal;
@@ -71,6 +72,17 @@ enum EndWait {
 /// Runs a validated launch to its end and returns the exit status. Errors are printed as one
 /// line on stderr.
 pub async fn run(cfg: LaunchConfig) -> AgentExit {
+    use tracing::Instrument as _;
+    // In a multi-node run every agent line names its node (`node=n2`).
+    let span = if cfg.max_nodes > 1 {
+        tracing::info_span!("agent", node = %cfg.node_id)
+    } else {
+        tracing::Span::none()
+    };
+    run_agent(cfg).instrument(span).await
+}
+
+async fn run_agent(cfg: LaunchConfig) -> AgentExit {
     let mut agent = match Agent::new(cfg).await {
         Ok(a) => a,
         Err(e) => {
@@ -233,7 +245,10 @@ impl Agent {
             tracing::warn!("{note}");
         }
         if let Some(line) = &self.cfg.slurm_line {
-            tracing::info!("{line}; shutdown grace {:?}", self.cfg.shutdown_timeout);
+            tracing::info!(
+                "{line}; shutdown grace {}",
+                human(self.cfg.shutdown_timeout)
+            );
         }
         if self.cfg.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
             tracing::info!(
@@ -265,15 +280,14 @@ impl Agent {
         {
             tracing::info!(
                 run = %self.cfg.run_id,
-                node = %self.cfg.node_id,
-                "rendezvous {}; nnodes {}:{}, join_timeout {:?}, last_call {:?}, lease_ttl {:?}, keep_alive {:?}",
+                "rendezvous {}; nnodes {}:{}, join_timeout {}, last_call {}, lease_ttl {}, keep_alive {}",
                 self.cfg.rendezvous,
                 self.cfg.min_nodes,
                 self.cfg.max_nodes,
-                t.join_timeout,
-                session.round.last_call,
-                t.lease_ttl,
-                t.keep_alive_interval
+                human(t.join_timeout),
+                human(session.round.last_call),
+                human(t.lease_ttl),
+                human(t.keep_alive_interval)
             );
         }
         let mut link = rdzv::open(&self.cfg, session).await?;
@@ -604,6 +618,15 @@ impl Agent {
                     if restart {
                         continue;
                     }
+                    let mut failures = failures.clone();
+                    if self.temp_log_dir {
+                        for f in failures.iter_mut().filter(|f| f.error.is_some()) {
+                            f.error_file = PathBuf::from(format!(
+                                "{} (removed at exit; pass --log-dir DIR to keep it)",
+                                f.error_file.display()
+                            ));
+                        }
+                    }
                     crate::say_raw!(
                         "{}",
                         summary::format_summary(
@@ -702,8 +725,8 @@ impl Agent {
                 },
                 _ = tokio::time::sleep_until(deadline) => {
                     return Ok(EndWait::PeersLate(format!(
-                        "partial success: the workers of node {} finished, the other nodes' did not within --peer-exit-wait {:?}",
-                        self.cfg.node_id, self.cfg.peer_exit_wait
+                        "partial success: the workers of node {} finished, the other nodes' did not within --peer-exit-wait {}",
+                        self.cfg.node_id, human(self.cfg.peer_exit_wait)
                     )));
                 }
                 sig = self.next_teardown_signal() => return Ok(EndWait::Exit(AgentExit::Signal(sig as i32))),
@@ -1261,9 +1284,9 @@ impl Agent {
         if let Some(g) = self.guard.take() {
             g.into_inner().expect("guard mutex poisoned").disarm();
         }
-        let never_started =
-            std::fs::read_dir(&self.run_log_dir).is_ok_and(|mut d| d.next().is_none());
-        if never_started || (exit == AgentExit::Success && self.temp_log_dir) {
+        // Without --log-dir the directory is scratch: nothing is left behind in the temp dir
+        // (the summary already showed the error file's content and the output tail).
+        if self.temp_log_dir || !has_content(&self.run_log_dir) {
             let _ = std::fs::remove_dir_all(&self.run_log_dir);
         } else if exit != AgentExit::Success {
             tracing::info!(
@@ -1272,4 +1295,16 @@ impl Agent {
             );
         }
     }
+}
+
+/// Whether `dir` holds a non-empty file anywhere below it (empty log files and empty attempt
+/// directories are not worth pointing at).
+fn has_content(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => has_content(&e.path()),
+            Ok(_) => e.metadata().is_ok_and(|m| m.len() > 0),
+            Err(_) => false,
+        })
+    })
 }

@@ -331,7 +331,10 @@ impl WorkerGroup {
             .filter(|w| w.state.is_running())
             .map(|w| w.rank)
             .collect();
-        format!("ranks {done:?} exited 0 but ranks {running:?} still ran after --peer-exit-wait {waited:?}")
+        format!(
+            "ranks {done:?} exited 0 but ranks {running:?} still ran after --peer-exit-wait {}",
+            drun_rendezvous::human::duration(waited)
+        )
     }
 
     /// Workers still running.

@@ -252,7 +252,10 @@ mod tests {
     #[test]
     fn a_line_torch_already_prefixed_is_not_prefixed_again() {
         let b = |line: &[u8], cont| String::from_utf8(console_bytes("[rank1]:", line, cont, true));
-        assert_eq!(b(b"[rank1]: Traceback", false).unwrap(), "[rank1]: Traceback\n");
+        assert_eq!(
+            b(b"[rank1]: Traceback", false).unwrap(),
+            "[rank1]: Traceback\n"
+        );
         assert_eq!(b(b" Traceback", false).unwrap(), "[rank1]: Traceback\n");
         assert_eq!(b(b"[rank10]: x", false).unwrap(), "[rank1]:[rank10]: x\n");
         assert_eq!(b(b"rest", true).unwrap(), "rest\n");

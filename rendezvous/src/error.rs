@@ -33,7 +33,7 @@ pub enum RendezvousError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Not enough nodes joined before `join_timeout` (seconds) ran out.
-    #[error("rendezvous of run {run} timed out after {waited:?}: {joined}/{min} nodes joined ({detail})")]
+    #[error("rendezvous of run {run} failed after {}: {detail}", crate::human::duration(*waited))]
     Timeout {
         /// Run id.
         run: String,

@@ -18,6 +18,7 @@
 pub mod core;
 pub mod error;
 pub mod etcd;
+pub mod human;
 pub mod keys;
 pub mod ledger;
 pub mod memory;

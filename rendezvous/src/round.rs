@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::core::RoundView;
+use crate::human::without_countdown;
 use crate::keys::RunKeys;
 use crate::ledger::{Ledger, Manifest};
 use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
@@ -180,6 +181,7 @@ impl Round {
         let mut waiting_events: Option<mpsc::UnboundedReceiver<WatchEvent>> = None;
         let mut last_reason = String::new();
         let mut last_published = None::<Instant>;
+        let mut published = String::new();
         // Whether the generation/decider state must be re-read (start, or an event said so).
         let mut check = true;
         loop {
@@ -202,7 +204,7 @@ impl Round {
                     waiting_events = None;
                     if let Some(kv) = self.store.get(&self.keys.progress()).await? {
                         let reason = kv.value_str();
-                        if reason != last_reason {
+                        if without_countdown(&reason) != without_countdown(&last_reason) {
                             progress(&reason);
                             last_reason = reason;
                         }
@@ -239,17 +241,21 @@ impl Round {
                         });
                     }
                     Step::Wait(reason, wake_at) => {
-                        if reason != last_reason {
+                        // One line per change of state, not one per second of countdown.
+                        if without_countdown(&reason) != without_countdown(&last_reason) {
                             progress(&reason);
-                            // Published at most once a second: every waiting node watches it.
-                            if last_published.is_none_or(|t| now - t >= PROGRESS_EVERY) {
-                                let _ = self
-                                    .store
-                                    .put(&self.keys.progress(), reason.clone().into_bytes(), None)
-                                    .await;
-                                last_published = Some(now);
-                            }
-                            last_reason = reason;
+                            last_reason = reason.clone();
+                        }
+                        // Published at most once a second: every waiting node watches it.
+                        if without_countdown(&reason) != without_countdown(&published)
+                            && last_published.is_none_or(|t| now - t >= PROGRESS_EVERY)
+                        {
+                            let _ = self
+                                .store
+                                .put(&self.keys.progress(), reason.clone().into_bytes(), None)
+                                .await;
+                            last_published = Some(now);
+                            published = reason;
                         }
                         wake_at.min(now + PROGRESS_EVERY)
                     }

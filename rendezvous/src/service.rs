@@ -116,7 +116,13 @@ impl Rendezvous for RendezvousService {
             ));
         }
         let cfg = session_config(&hello);
-        tracing::info!(run = %cfg.run_id, node = %cfg.node_id, ?peer, resume = hello.resume.is_some(), "agent session opened");
+        tracing::info!(
+            run = %cfg.run_id,
+            node = %cfg.node_id,
+            peer = %peer.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
+            resume = hello.resume.is_some(),
+            "agent session opened"
+        );
         let (req_tx, events) = spawn_session(
             self.store.clone(),
             cfg.clone(),

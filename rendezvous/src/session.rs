@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::human::duration as human;
 use crate::ledger::{CommitOutcome, Ledger, LedgerError, NodeCommit, Retention};
 use crate::round::{RestartCause, Restarts};
 use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
@@ -241,13 +242,14 @@ pub fn spawn_session(
             }
         }
     });
-    tokio::spawn(async move {
+    // The caller's span (an agent's `node=...`) stays on the session's lines.
+    tokio::spawn(tracing::Instrument::in_current_span(async move {
         let mut actor = Actor::new(store, cfg, ev_tx, heard);
         if let Err(e) = actor.run(resume, req_rx).await {
             actor.emit(Event::Error(e.to_string()));
         }
         actor.stop_keeper();
-    });
+    }));
     (req_tx, ev_rx)
 }
 
@@ -262,6 +264,8 @@ type Waiter =
 
 enum Phase {
     Idle,
+    /// The agent left (its lease is revoked): the session ends, closing its event stream.
+    Left,
     Waiting(Candidate, Waiter),
     Running(Plan, mpsc::UnboundedReceiver<Option<WatchEvent>>),
 }
@@ -342,7 +346,7 @@ impl Actor {
                     Ok(r) => r,
                     Err(_) => Err(StoreError::Unavailable {
                         endpoint: store.name(),
-                        reason: format!("no answer to the keep-alive within {left:?}"),
+                        reason: format!("no answer to the keep-alive within {}", human(left)),
                     }),
                 };
                 match renewed {
@@ -356,8 +360,9 @@ impl Actor {
                         let _ = lost.send((
                             lease,
                             format!(
-                                "could not renew lease {lease:#x} for {:?} (TTL {ttl:?}): {e}",
-                                last_ok.elapsed()
+                                "could not renew lease {lease:#x} for {} (TTL {}): {e}",
+                                human(last_ok.elapsed()),
+                                human(ttl)
                             ),
                         ));
                         return;
@@ -450,6 +455,7 @@ impl Actor {
         }
         loop {
             phase = match phase {
+                Phase::Left => return Ok(()),
                 Phase::Idle => tokio::select! {
                     req = requests.recv() => match req {
                         None => return Ok(()),
@@ -542,8 +548,8 @@ impl Actor {
                 self.close(
                     plan.generation,
                     format!(
-                        "node {succ} did not start within the lease TTL ({:?})",
-                        self.cfg.lease_ttl
+                        "node {succ} did not start within the lease TTL ({})",
+                        human(self.cfg.lease_ttl)
                     ),
                 )
                 .await?;
@@ -764,6 +770,20 @@ impl Actor {
         Ok(None)
     }
 
+    /// Whether generation `g` was asked for a preemption checkpoint that is now sealed: its
+    /// agents are stopping for good.
+    async fn preemption_sealed(&self, g: u64) -> Result<bool, RendezvousError> {
+        let keys = self.round.keys();
+        let Some(req) = self.store.get(&keys.preempt(g)).await? else {
+            return Ok(false);
+        };
+        let Ok(req) = serde_json::from_slice::<SaveRequest>(&req.value) else {
+            return Ok(false);
+        };
+        let latest = self.store.get(&keys.ckpt_latest()).await?;
+        Ok(latest.is_some_and(|kv| kv.value_str() > req.latest_before))
+    }
+
     /// Closes generation `g` once (guarded) for a membership change, with `reason`, and counts
     /// one membership restart.
     async fn close(&self, g: u64, reason: String) -> Result<bool, RendezvousError> {
@@ -879,7 +899,13 @@ impl Actor {
             WatchEvent::Delete(key, _) if key.starts_with(&keys.members_prefix(g)) => {
                 let node = &key[keys.members_prefix(g).len()..];
                 if is_succ(node) {
-                    self.close(g, format!("node {node} left the group")).await?;
+                    if self.preemption_sealed(g).await? {
+                        // Every node stops after a preemption checkpoint (exit 5): nothing
+                        // re-forms, and saying so would mislead.
+                        tracing::debug!(run = %self.cfg.run_id, gen = g, "node {node} left after the preemption checkpoint");
+                    } else {
+                        self.close(g, format!("node {node} left the group")).await?;
+                    }
                 }
             }
             _ => {}
@@ -905,7 +931,7 @@ impl Actor {
         tracing::info!(
             run = %self.cfg.run_id,
             gen = g,
-            "node {node} is waiting to join: asking every rank for a checkpoint first (--on-scale-up checkpoint, up to {limit:?})"
+            "node {node} is waiting to join: asking every rank for a checkpoint first (--on-scale-up checkpoint, up to {})", human(limit)
         );
         self.scale_up = Some(PendingScaleUp {
             generation: g,
@@ -983,8 +1009,9 @@ impl Actor {
             self.close(
                 p.generation,
                 format!(
-                    "node {} is waiting to join (scale-up); no checkpoint was sealed within {limit:?}, re-forming without one",
-                    p.node
+                    "node {} is waiting to join (scale-up); no checkpoint was sealed within {}, re-forming without one",
+                    p.node,
+                    human(limit)
                 ),
             )
             .await?;
@@ -1140,7 +1167,7 @@ impl Actor {
                     self.store.lease_revoke(l).await?;
                     self.lease = None;
                 }
-                Ok(Some(Phase::Idle))
+                Ok(Some(Phase::Left))
             }
         }
     }

@@ -6,6 +6,7 @@
 //! generation, waiting candidate), so a killed replica disturbs nothing. If no replica answers for
 //! a whole lease TTL the lease must be considered expired: the task reports [`Event::Fenced`].
 
+use drun_rendezvous::human::duration as human;
 use std::time::Duration;
 
 use drun_proto::v1 as pb;
@@ -20,6 +21,23 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 /// How long the first connection may take before the rendezvous is declared unreachable.
 const FIRST_CONNECT_WINDOW: Duration = Duration::from_secs(10);
+/// How long a first connection may fail quietly (peers start at slightly different times).
+const QUIET_FIRST_CONNECT: Duration = Duration::from_secs(2);
+
+/// An error with its causes (`transport error: tcp connect error: Connection refused`).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let c_s = c.to_string();
+        if !s.ends_with(&c_s) {
+            s.push_str(": ");
+            s.push_str(&c_s);
+        }
+        cur = c.source();
+    }
+    s
+}
 
 #[derive(Default)]
 struct Track {
@@ -43,7 +61,9 @@ pub fn connect(
 ) {
     let (req_tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(endpoints, cfg, req_rx, ev_tx));
+    tokio::spawn(tracing::Instrument::in_current_span(run(
+        endpoints, cfg, req_rx, ev_tx,
+    )));
     (req_tx, ev_rx)
 }
 
@@ -87,6 +107,7 @@ async fn run(
     let mut t = Track::default();
     let started = Instant::now();
     let mut ever_connected = false;
+    let mut said_waiting = false;
     let mut last_contact = Instant::now();
     let mut attempt = 0usize;
     let mut backoff = Duration::from_millis(100);
@@ -95,18 +116,18 @@ async fn run(
         attempt += 1;
         if t.lease.is_some() && last_contact.elapsed() > cfg.lease_ttl {
             let _ = events.send(Event::Fenced(format!(
-                "no rendezvous server reachable for {:?} (TTL {:?}; tried {})",
-                last_contact.elapsed(),
-                cfg.lease_ttl,
+                "no rendezvous server reachable for {} (TTL {}; tried {})",
+                human(last_contact.elapsed()),
+                human(cfg.lease_ttl),
                 endpoints.join(", ")
             )));
             t = Track::default();
         }
         if !ever_connected && started.elapsed() > FIRST_CONNECT_WINDOW {
             let _ = events.send(Event::Error(format!(
-                "cannot reach the rendezvous at {} for {:?}; is `drun-rendezvous serve` (or, with the c10d/embedded backend, the hosting agent) running there?",
+                "cannot reach the rendezvous at {} for {}; is `drun-rendezvous serve` (or, with the c10d/embedded backend, the hosting agent) running there?",
                 endpoints.join(", "),
-                FIRST_CONNECT_WINDOW
+                human(FIRST_CONNECT_WINDOW)
             )));
             return;
         }
@@ -114,9 +135,9 @@ async fn run(
         // timeout (the longest this node would wait for a group anyway) it is an error.
         if ever_connected && last_contact.elapsed() > cfg.round.join_timeout.max(cfg.lease_ttl) {
             let _ = events.send(Event::Error(format!(
-                "lost the rendezvous server ({}) for {:?}; giving up",
+                "lost the rendezvous server ({}) for {}; giving up",
                 endpoints.join(", "),
-                last_contact.elapsed()
+                human(last_contact.elapsed())
             )));
             return;
         }
@@ -135,7 +156,18 @@ async fn run(
         let channel = match channel.connect().await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(%endpoint, error = %e, "rendezvous server unreachable; trying again");
+                let why = error_chain(&e);
+                if ever_connected {
+                    tracing::warn!(
+                        "rendezvous server {endpoint} unreachable ({why}); trying again"
+                    );
+                } else if !said_waiting && started.elapsed() >= QUIET_FIRST_CONNECT {
+                    // At start the host (embedded/c10d) or the server may simply not be up yet.
+                    tracing::info!("waiting for the rendezvous at {endpoint} to come up ({why})");
+                    said_waiting = true;
+                } else {
+                    tracing::debug!("rendezvous at {endpoint} not reachable yet ({why})");
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;

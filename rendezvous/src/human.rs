@@ -1,0 +1,44 @@
+//! Durations and progress lines as people read them (`3.3 s`, not `3.333333333s` or `0ns`).
+
+use std::time::Duration;
+
+/// A duration for a log line: `0 s`, `250 ms`, `3.3 s`, `30 s`, `600 s` (whole seconds from
+/// 10 s on, one decimal below, milliseconds under a second).
+///
+/// ```
+/// use std::time::Duration;
+/// use drun_rendezvous::human::duration;
+/// assert_eq!(duration(Duration::from_secs_f64(10.0 / 3.0)), "3.3 s");
+/// assert_eq!(duration(Duration::from_secs_f64(25.001338091)), "25 s");
+/// assert_eq!(duration(Duration::ZERO), "0 s");
+/// assert_eq!(duration(Duration::from_millis(250)), "250 ms");
+/// ```
+pub fn duration(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s == 0.0 {
+        "0 s".into()
+    } else if s < 1.0 {
+        format!("{} ms", d.as_millis().max(1))
+    } else if s < 10.0 {
+        let r = format!("{s:.1}");
+        format!("{} s", r.strip_suffix(".0").unwrap_or(&r))
+    } else {
+        format!("{} s", s.round() as u64)
+    }
+}
+
+/// A progress line without its countdown (`, last call in 12 s`, `, join timeout in 580 s`):
+/// what must change for the line to be worth printing again.
+///
+/// ```
+/// use drun_rendezvous::human::without_countdown;
+/// assert_eq!(without_countdown("1/2 nodes joined (min 1), last call in 3 s"), "1/2 nodes joined (min 1)");
+/// assert_eq!(without_countdown("waiting for 1 more node (1/2), join timeout in 9 s"), "waiting for 1 more node (1/2)");
+/// assert_eq!(without_countdown("generation 3 is running"), "generation 3 is running");
+/// ```
+pub fn without_countdown(line: &str) -> &str {
+    [", last call in ", ", join timeout in "]
+        .iter()
+        .find_map(|m| line.find(m))
+        .map_or(line, |i| &line[..i])
+}
