@@ -8,6 +8,8 @@ mod elastic;
 mod ledger;
 mod logs;
 mod multinode;
+mod node_loss;
+mod output;
 mod ports;
 mod python_helper;
 mod slurm;

@@ -538,9 +538,8 @@ impl Agent {
                         EndWait::Exit(exit) => return Ok(exit),
                         EndWait::Reform => continue,
                         EndWait::PeersLate(description) => {
-                            if let Some(exit) = self
-                                .fail_without_summary(link, plan.generation, description)
-                                .await?
+                            if let Some(exit) =
+                                self.fail_without_summary(link, &plan, description).await?
                             {
                                 return Ok(exit);
                             }
@@ -592,10 +591,7 @@ impl Agent {
                     if let Some(sig) = self.interrupted {
                         return Ok(AgentExit::Signal(sig as i32));
                     }
-                    if let Some(exit) = self
-                        .fail_without_summary(link, plan.generation, description)
-                        .await?
-                    {
+                    if let Some(exit) = self.fail_without_summary(link, &plan, description).await? {
                         return Ok(exit);
                     }
                 }
@@ -608,13 +604,11 @@ impl Agent {
                     let root =
                         &failures[root_cause(&failures).expect("a failed group has failures")];
                     let description = format!("{} on node {}", root.one_line(), self.cfg.node_id);
-                    let (restart, history) = match self
-                        .report_failure(link, plan.generation, description)
-                        .await?
-                    {
-                        Ok(d) => d,
-                        Err(exit) => return Ok(exit),
-                    };
+                    let (restart, history) =
+                        match self.report_failure(link, &plan, description).await? {
+                            Ok(d) => d,
+                            Err(exit) => return Ok(exit),
+                        };
                     if restart {
                         continue;
                     }
@@ -649,18 +643,24 @@ impl Agent {
     async fn report_failure(
         &mut self,
         link: &mut Link,
-        g: u64,
+        plan: &Plan,
         description: String,
     ) -> Result<Result<(bool, Vec<String>), AgentExit>, LaunchError> {
         let _ = link.tx.send(Request::Failed {
-            generation: g,
+            generation: plan.generation,
             description: description.clone(),
         });
         loop {
             tokio::select! {
                 ev = link.rx.recv() => match ev {
                     Some(Event::FailureDecision { restart, restarts }) => {
-                        if restart {
+                        if restart && restarts.failures <= plan.restarts_failures {
+                            tracing::warn!(
+                                "{description}; the group re-forms for a membership change (a lost node, see the re-form reason): the restart budget is not spent ({}/{} used)",
+                                restarts.failures,
+                                self.cfg.max_restarts
+                            );
+                        } else if restart {
                             tracing::warn!(
                                 "{description}; restarting the worker group ({}/{} restarts used)",
                                 restarts.failures,
@@ -688,11 +688,11 @@ impl Agent {
     async fn fail_without_summary(
         &mut self,
         link: &mut Link,
-        g: u64,
+        plan: &Plan,
         description: String,
     ) -> Result<Option<AgentExit>, LaunchError> {
         Ok(
-            match self.report_failure(link, g, description.clone()).await? {
+            match self.report_failure(link, plan, description.clone()).await? {
                 Ok((true, _)) => None,
                 Ok((false, _)) => {
                     crate::say!("drun: {description}");

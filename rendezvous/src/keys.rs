@@ -50,6 +50,19 @@ impl RunKeys {
         format!("{}waiting/{node}", self.prefix)
     }
 
+    /// The session that currently speaks for `node` (a token), attached to the agent's lease:
+    /// a server-side session whose agent vanished revokes the lease only if no newer session
+    /// (the agent reconnected, possibly to another replica) took over.
+    pub fn session_owner(&self, node: &str) -> String {
+        format!("{}sessions/{node}", self.prefix)
+    }
+
+    /// Why `node` was dropped (e.g. "connection to its agent closed"), written just before its
+    /// lease is revoked; read to name a node loss. No lease: it outlives the node.
+    pub fn lost(&self, node: &str) -> String {
+        format!("{}lost/{node}", self.prefix)
+    }
+
     /// Membership of `node` in generation `g`, attached to the agent's lease.
     pub fn member(&self, g: u64, node: &str) -> String {
         format!("{}members/{g}/{node}", self.prefix)

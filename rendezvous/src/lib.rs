@@ -21,6 +21,7 @@ pub mod etcd;
 pub mod human;
 pub mod keys;
 pub mod ledger;
+pub mod loss;
 pub mod memory;
 pub mod plan;
 pub mod round;

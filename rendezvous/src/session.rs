@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use crate::human::duration as human;
 use crate::ledger::{CommitOutcome, Ledger, LedgerError, NodeCommit, Retention};
+use crate::loss;
 use crate::round::{RestartCause, Restarts};
 use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
 use crate::{Candidate, Plan, RendezvousError, Round, RoundConfig, StoreError};
@@ -287,6 +288,8 @@ struct Actor {
     scale_up: Option<PendingScaleUp>,
     lost_tx: mpsc::UnboundedSender<(LeaseId, String)>,
     lost_rx: mpsc::UnboundedReceiver<(LeaseId, String)>,
+    /// This session's token under `sessions/<node>` (server-side sessions).
+    token: String,
 }
 
 impl Actor {
@@ -311,7 +314,93 @@ impl Actor {
             scale_up: None,
             lost_tx,
             lost_rx,
+            token: {
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                format!(
+                    "{}-{}-{}",
+                    std::process::id(),
+                    now_ms(),
+                    NEXT.fetch_add(1, Ordering::Relaxed)
+                )
+            },
         }
+    }
+
+    /// Server-side: records that this session now speaks for the node (see
+    /// [`crate::keys::RunKeys::session_owner`]).
+    async fn claim(&self, lease: LeaseId) -> Result<(), StoreError> {
+        if self.cfg.auto_keep_alive {
+            return Ok(());
+        }
+        self.store
+            .put(
+                &self.round.keys().session_owner(&self.cfg.node_id),
+                self.token.clone().into_bytes(),
+                Some(lease),
+            )
+            .await
+            .map(drop)
+    }
+
+    /// The agent's stream ended without a Leave (its process died, or its connection broke).
+    /// Server-side, after [`loss::RECONNECT_GRACE`], the lease is revoked unless the agent
+    /// reconnected meanwhile (another session claimed the node) or the run is over: the others
+    /// learn of a crashed agent in about a second instead of a lease TTL.
+    async fn abandoned(&mut self) -> Result<(), RendezvousError> {
+        let Some(lease) = self.lease.filter(|_| !self.cfg.auto_keep_alive) else {
+            return Ok(());
+        };
+        tokio::time::sleep(loss::RECONNECT_GRACE).await;
+        let keys = self.round.keys().clone();
+        let owner = self
+            .store
+            .get(&keys.session_owner(&self.cfg.node_id))
+            .await?;
+        if owner.is_none_or(|kv| kv.value != self.token.as_bytes())
+            || self.finished().await?.is_some()
+        {
+            return Ok(());
+        }
+        tracing::warn!(
+            run = %self.cfg.run_id,
+            node = %self.cfg.node_id,
+            "the agent's connection closed without leaving and it did not come back within {}: revoking its lease",
+            human(loss::RECONNECT_GRACE)
+        );
+        self.stop_keeper();
+        self.store
+            .put(
+                &keys.lost(&self.cfg.node_id),
+                loss::CONNECTION_CLOSED.into(),
+                None,
+            )
+            .await?;
+        self.store.lease_revoke(lease).await?;
+        self.lease = None;
+        Ok(())
+    }
+
+    /// Members of `plan` (other than this node) that are gone now, each described with why.
+    async fn lost_members(&self, plan: &Plan) -> Result<Vec<String>, RendezvousError> {
+        let keys = self.round.keys();
+        let prefix = keys.members_prefix(plan.generation);
+        let present: Vec<String> = self
+            .store
+            .get_prefix(&prefix)
+            .await?
+            .iter()
+            .map(|kv| kv.key[prefix.len()..].to_string())
+            .collect();
+        let mut out = Vec::new();
+        for node in loss::missing(plan, &self.cfg.node_id, &present) {
+            let why = self
+                .store
+                .get(&keys.lost(&node))
+                .await?
+                .map_or_else(|| loss::LEASE_EXPIRED.to_string(), |kv| kv.value_str());
+            out.push(loss::describe(plan, &node, &why));
+        }
+        Ok(out)
     }
 
     /// Renews `lease` every keep-alive interval on its own task, so slow store operations of the
@@ -415,6 +504,7 @@ impl Actor {
         let l = self.store.lease_grant(self.cfg.lease_ttl).await?;
         self.lease = Some(l);
         self.start_keeper(l);
+        self.claim(l).await?;
         self.emit(Event::Opened { lease: l });
         Ok(l)
     }
@@ -429,6 +519,7 @@ impl Actor {
             Some(r) if self.store.lease_keep_alive(r.lease).await.is_ok() => {
                 self.lease = Some(r.lease);
                 self.start_keeper(r.lease);
+                self.claim(r.lease).await?;
                 self.emit(Event::Opened { lease: r.lease });
                 if r.generation > 0 {
                     if let Some(plan) = self.round.plan(r.generation).await? {
@@ -458,14 +549,14 @@ impl Actor {
                 Phase::Left => return Ok(()),
                 Phase::Idle => tokio::select! {
                     req = requests.recv() => match req {
-                        None => return Ok(()),
+                        None => return self.abandoned().await,
                         Some(r) => self.on_request(r, Phase::Idle).await?,
                     },
                     Some((l, reason)) = self.lost_rx.recv() => { self.lease_lost(l, reason); Phase::Idle }
                 },
                 Phase::Waiting(cand, mut waiter) => tokio::select! {
                     req = requests.recv() => match req {
-                        None => return Ok(()),
+                        None => return self.abandoned().await,
                         Some(r) => self.on_request(r, Phase::Waiting(cand, waiter)).await?,
                     },
                     plan = &mut waiter => match plan {
@@ -500,7 +591,7 @@ impl Actor {
                 },
                 Phase::Running(plan, mut watch) => tokio::select! {
                     req = requests.recv() => match req {
-                        None => return Ok(()),
+                        None => return self.abandoned().await,
                         Some(r) => self.on_request(r, Phase::Running(plan, watch)).await?,
                     },
                     ev = watch.recv() => match ev.flatten() {
@@ -574,16 +665,20 @@ impl Actor {
 
     async fn join(&mut self, cand: Candidate) -> Result<Phase, RendezvousError> {
         let mut lease = self.ensure_lease().await?;
+        // A node that comes back is no longer lost; its old membership goes.
+        let mut stale = vec![Op::Delete(self.round.keys().lost(&self.cfg.node_id))];
         if self.last_gen > 0 {
-            let old = self.round.keys().member(self.last_gen, &self.cfg.node_id);
-            self.store
-                .txn(Txn {
-                    compares: vec![],
-                    success: vec![Op::Delete(old)],
-                    failure: vec![],
-                })
-                .await?;
+            stale.push(Op::Delete(
+                self.round.keys().member(self.last_gen, &self.cfg.node_id),
+            ));
         }
+        self.store
+            .txn(Txn {
+                compares: vec![],
+                success: stale,
+                failure: vec![],
+            })
+            .await?;
         let joined = self.round.join(&cand, lease).await;
         if let Err(StoreError::LeaseLost(_)) = joined {
             // The lease ran out while this node was stopped or cut off (the keeper has not said
@@ -899,12 +994,17 @@ impl Actor {
             WatchEvent::Delete(key, _) if key.starts_with(&keys.members_prefix(g)) => {
                 let node = &key[keys.members_prefix(g).len()..];
                 if is_succ(node) {
+                    let why = self
+                        .store
+                        .get(&keys.lost(node))
+                        .await?
+                        .map_or_else(|| loss::LEASE_EXPIRED.to_string(), |kv| kv.value_str());
                     if self.preemption_sealed(g).await? {
                         // Every node stops after a preemption checkpoint (exit 5): nothing
                         // re-forms, and saying so would mislead.
                         tracing::debug!(run = %self.cfg.run_id, gen = g, "node {node} left after the preemption checkpoint");
                     } else {
-                        self.close(g, format!("node {node} left the group")).await?;
+                        self.close(g, loss::describe(&plan, node, &why)).await?;
                     }
                 }
             }
@@ -1164,11 +1264,48 @@ impl Actor {
             Request::Leave => {
                 if let Some(l) = self.lease {
                     self.stop_keeper();
+                    let lost = self.round.keys().lost(&self.cfg.node_id);
+                    self.store.put(&lost, loss::LEFT.into(), None).await?;
                     self.store.lease_revoke(l).await?;
                     self.lease = None;
                 }
                 Ok(Some(Phase::Left))
             }
+        }
+    }
+
+    /// A worker failure of generation `g` that coincides with a membership loss (see
+    /// [`loss`]): waits up to [`loss::ATTRIBUTION_WINDOW`] for a member to vanish, or for
+    /// someone to close `g`. On a loss, closes `g` as a membership restart naming the lost
+    /// node(s) first and returns the restart counts; `None`: the failure is the workers' own.
+    async fn attribute_to_loss(
+        &self,
+        g: u64,
+        description: &str,
+    ) -> Result<Option<Restarts>, RendezvousError> {
+        let Some(plan) = self.round.plan(g).await? else {
+            return Ok(None);
+        };
+        if plan.members.len() < 2 {
+            return Ok(None);
+        }
+        let keys = self.round.keys();
+        let deadline = Instant::now() + loss::ATTRIBUTION_WINDOW;
+        loop {
+            if self.store.get(&keys.closed(g)).await?.is_some() {
+                // A re-form is under way (a loss, or a peer that failed first): decided there.
+                return Ok(None);
+            }
+            let lost = self.lost_members(&plan).await?;
+            if !lost.is_empty() {
+                let reason = loss::attributed(&lost, description);
+                self.close(g, reason).await?;
+                return Ok(Some(self.round.restarts().await?));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -1178,6 +1315,9 @@ impl Actor {
         g: u64,
         description: &str,
     ) -> Result<(bool, Restarts), RendezvousError> {
+        if let Some(restarts) = self.attribute_to_loss(g, description).await? {
+            return Ok((true, restarts));
+        }
         let keys = self.round.keys();
         loop {
             let restarts = self.round.restarts().await?;

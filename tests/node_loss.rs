@@ -1,0 +1,95 @@
+//! A crashed node is named, noticed in about a second through its closed connection, and its
+//! peers' collective errors do not spend the restart budget (real torch, gloo on loopback).
+
+use std::path::Path;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::harness::cluster::{Etcd, RdzvServer};
+use crate::harness::{node_cmd, read_json, torch_python, wait_for, Agent};
+
+fn records(dir: &Path, g: u64) -> Vec<Value> {
+    let prefix = format!("gen{g}_rank");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(&prefix) && n.ends_with(".json")
+        })
+        .map(|e| read_json(&e.path()))
+        .collect()
+}
+
+/// 3 agents (1 worker each, `--nnodes 2:3`, default `--max-restarts 0`) through a
+/// `drun-rendezvous` server on `store`; SIGKILL of the agent of node 3 (its guard kills its
+/// worker). The survivors' gloo errors are attributed to the loss: generation 2 runs at world
+/// 2 and the job ends with exit 0.
+fn crashed_node_is_a_membership_restart(store: &[&str]) {
+    let Some(python) = torch_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = RdzvServer::start(store);
+    let rdzv = [
+        "--rdzv-endpoint".to_string(),
+        server.endpoint.clone(),
+        "--rdzv-conf".into(),
+        "last_call_timeout=1".into(),
+    ];
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| {
+            let mut c = node_cmd(i, "loss", "2:3", &rdzv);
+            c.args(["--nproc-per-node", "1", "--shutdown-timeout", "3"])
+                .arg("--python")
+                .arg(&python)
+                .arg(crate::harness::worker("steps.py"))
+                .arg(dir.path())
+                .arg("150");
+            Agent::start(c)
+        })
+        .collect();
+    wait_for("generation 1 with 3 ranks", Duration::from_secs(90), || {
+        records(dir.path(), 1).len() == 3
+    });
+    let mut agents = agents;
+    let victim = agents.pop().unwrap();
+    victim.signal(Signal::SIGKILL);
+    let (_, _, victim_err) = victim.wait(Duration::from_secs(10));
+    wait_for("generation 2 with 2 ranks", Duration::from_secs(90), || {
+        records(dir.path(), 2).len() == 2
+    });
+    for r in records(dir.path(), 2) {
+        assert_eq!(r["world_size"], 2, "{r}");
+    }
+    let mut all_err = String::new();
+    for a in agents {
+        let (code, out, err) = a.wait(Duration::from_secs(120));
+        assert_eq!(
+            code, 0,
+            "a survivor must finish\nstdout:\n{out}\nstderr:\n{err}\nvictim:\n{victim_err}"
+        );
+        assert!(out.contains("done gen=2"), "{out}");
+        assert!(out.contains("world=2 sum=2"), "{out}");
+        all_err.push_str(&err);
+    }
+    assert!(
+        all_err.contains("(127.0.0.3, rank 2) lost: connection to its agent closed"),
+        "the re-form names the lost node and how it was noticed:\n{all_err}"
+    );
+    assert!(
+        !all_err.contains("restart budget spent"),
+        "the loss must not end the job as a worker failure:\n{all_err}"
+    );
+}
+
+#[test]
+fn crashed_node_is_a_membership_restart_memory() {
+    crashed_node_is_a_membership_restart(&["--store", "memory"]);
+}
+
+#[test]
+fn crashed_node_is_a_membership_restart_etcd() {
+    let etcd = Etcd::start();
+    crashed_node_is_a_membership_restart(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
+}

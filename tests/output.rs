@@ -1,0 +1,79 @@
+//! What a user reads on the agent's stderr: node names on multi-node lines, rounded durations,
+//! one progress line per state change, no warning on an ordinary start.
+
+use std::time::Duration;
+
+use crate::harness::cluster::free_port;
+use crate::harness::{node_cmd, Agent};
+
+#[test]
+fn a_multi_node_start_reads_cleanly() {
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let rdzv = [
+        "--rdzv-backend".to_string(),
+        "c10d".into(),
+        "--rdzv-endpoint".into(),
+        endpoint,
+    ];
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| {
+            let mut c = node_cmd(i, "clean", "2", &rdzv);
+            c.args(["--no-python", "true"]);
+            Agent::start(c)
+        })
+        .collect();
+    for a in agents {
+        let (code, out, err) = a.wait(Duration::from_secs(60));
+        assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+        assert!(
+            !err.contains("WARN"),
+            "no warning on an ordinary start:\n{err}"
+        );
+        let formed = err
+            .lines()
+            .find(|l| l.contains("world formed"))
+            .unwrap_or_else(|| panic!("world formed line:\n{err}"));
+        assert!(
+            formed.contains("node="),
+            "agent lines name the node: {formed}"
+        );
+        let rdzv_line = err
+            .lines()
+            .find(|l| l.contains("join_timeout"))
+            .unwrap_or_else(|| panic!("rendezvous line:\n{err}"));
+        assert!(
+            rdzv_line.contains("join_timeout 600 s")
+                && rdzv_line.contains("last_call 0 s")
+                && rdzv_line.contains("keep_alive 3.3 s"),
+            "durations are rounded: {rdzv_line}"
+        );
+        for bad in ["ns,", "333333", "Some("] {
+            assert!(!err.contains(bad), "{bad:?} in:\n{err}");
+        }
+    }
+}
+
+#[test]
+fn the_last_call_countdown_is_one_line() {
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let rdzv = [
+        "--rdzv-backend".to_string(),
+        "c10d".into(),
+        "--rdzv-endpoint".into(),
+        endpoint,
+        "--rdzv-conf".into(),
+        "last_call_timeout=3".into(),
+    ];
+    let mut c = node_cmd(0, "countdown", "1:2", &rdzv);
+    c.args(["--no-python", "true"]);
+    let (code, out, err) = Agent::start(c).wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let progress = err
+        .lines()
+        .filter(|l| l.contains("nodes joined (min 1)"))
+        .count();
+    assert_eq!(
+        progress, 1,
+        "one line per state change, not one per second:\n{err}"
+    );
+}

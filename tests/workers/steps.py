@@ -1,0 +1,43 @@
+"""Torch test worker: STEPS gloo all_reduce steps, 0.1 s apart, then a clean exit.
+
+Usage: steps.py OUTDIR STEPS
+
+On start writes OUTDIR/gen<DRUN_GENERATION>_rank<RANK>.json with its pid, world size and
+GROUP_RANK; after the last step prints "done gen=<g> rank=<r> world=<w> sum=<all_reduce of 1s>".
+A lost peer makes the all_reduce raise (gloo: connection closed/reset), and the worker exits 1.
+"""
+
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    outdir, steps = sys.argv[1], int(sys.argv[2])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = os.environ.get("DRUN_GENERATION")
+    path = os.path.join(outdir, f"gen{g}_rank{rank}.json")
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"pid": os.getpid(), "rank": rank, "world_size": world,
+                   "group_rank": int(os.environ["GROUP_RANK"])}, f)
+    os.replace(tmp, path)
+    t = torch.ones(1)
+    for _ in range(steps):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        time.sleep(0.1)
+    print(f"done gen={g} rank={rank} world={world} sum={int(t.item())}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
