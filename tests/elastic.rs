@@ -10,6 +10,8 @@ use serde_json::Value;
 use crate::harness::cluster::{Etcd, RdzvServer};
 use crate::harness::{alive, drun, holds_for, read_json, torch_python, wait_for, worker, Agent};
 
+mod pins;
+
 /// Lease TTL used by these tests, in seconds.
 const TTL: u64 = 3;
 

@@ -748,6 +748,9 @@ impl Agent {
             self.cfg.max_restarts,
             plan.restarts_membership
         );
+        for note in &plan.notes {
+            tracing::warn!(run = %plan.run_id, gen = plan.generation, "{note}");
+        }
         if let Some(m) = plan.member(&self.cfg.node_id) {
             for lr in 0..m.slots {
                 tracing::debug!(

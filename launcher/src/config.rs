@@ -208,7 +208,8 @@ pub struct Args {
     )]
     pub log_line_prefix_template: Option<String>,
 
-    /// This node's rank: required by a multi-node static launch, a pinned rank otherwise.
+    /// This node's rank: required by a multi-node static launch; with a dynamic backend a pin
+    /// that orders the nodes (pinned first, in pin order; gaps left by lost nodes close up).
     #[arg(
         long = "node-rank",
         visible_alias = "node_rank",

@@ -7,6 +7,13 @@
 //! joined; with at least `min_nodes`, form when the last-call window (counted from the moment the
 //! minimum was reached) closes; fail when `join_timeout` (counted from the opening of the round)
 //! passes below the minimum. Arrivals beyond `max_nodes` are standbys, not errors.
+//!
+//! A set that is due to form but cannot be ranked into a plan ([`crate::plan::formable`]) fails
+//! the round at once ([`FailCause::Unformable`]) rather than waiting for a set that can: the
+//! decider publishes the verdict and every waiting node ends with the same line (see
+//! [`crate::Round::wait_for_plan`]). With pinned node ranks as an order (see [`crate::plan`]),
+//! nothing a drun agent sends is unformable; what is left are malformed candidates from a foreign
+//! or broken client (no worker slots, a world size beyond `u32`).
 
 use std::time::Duration;
 
@@ -87,11 +94,22 @@ pub enum Decision {
         /// Next instant at which the answer can change by time alone.
         wake_at: Instant,
     },
-    /// The round failed: too few nodes before `join_timeout`.
+    /// The round failed for every waiting node.
     Fail {
-        /// What came and what was missing.
+        /// What came and what was missing, or why the set cannot form.
         reason: String,
+        /// Which rule failed it.
+        cause: FailCause,
     },
+}
+
+/// Why a round failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailCause {
+    /// Fewer than `min_nodes` joined before `join_timeout`.
+    JoinTimeout,
+    /// The nodes due to form cannot be ranked into a plan (waiting longer would not help).
+    Unformable,
 }
 
 /// Decides the round. Pure: same inputs, same answer.
@@ -104,8 +122,27 @@ pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let unformable = |admitted: &[Candidate]| {
+        crate::plan::formable(admitted)
+            .err()
+            .map(|why| Decision::Fail {
+                reason: format!(
+                    "the {} node(s) due to form [{}] cannot form a group: {why}",
+                    admitted.len(),
+                    admitted
+                        .iter()
+                        .map(|c| c.node_id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                cause: FailCause::Unformable,
+            })
+    };
     if n >= cfg.max_nodes {
         let (admitted, standby) = view.candidates.split_at(cfg.max_nodes);
+        if let Some(fail) = unformable(admitted) {
+            return fail;
+        }
         return Decision::Form {
             admitted: admitted.to_vec(),
             standby: standby.to_vec(),
@@ -121,6 +158,9 @@ pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
         let since = view.min_reached_at.unwrap_or(now);
         let deadline = since + cfg.last_call;
         if now >= deadline {
+            if let Some(fail) = unformable(&view.candidates) {
+                return fail;
+            }
             return Decision::Form {
                 admitted: view.candidates.clone(),
                 standby: vec![],
@@ -151,6 +191,7 @@ pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
                 cfg.join_timeout.as_secs(),
                 names()
             ),
+            cause: FailCause::JoinTimeout,
         };
     }
     let missing = cfg.min_nodes - n;
@@ -272,11 +313,58 @@ mod tests {
             candidates: vec![cand("a")],
         };
         match decide(&view, t0 + Duration::from_secs(600), &cfg(3, 3)) {
-            Decision::Fail { reason } => {
+            Decision::Fail { reason, cause } => {
+                assert_eq!(cause, FailCause::JoinTimeout);
                 assert!(reason.contains("only 1 of min 3"), "{reason}");
                 assert!(reason.contains("[a]"), "{reason}");
             }
             d => panic!("{d:?}"),
         }
+    }
+
+    #[test]
+    fn a_set_due_to_form_that_cannot_be_ranked_fails_at_once_for_all() {
+        let t0 = Instant::now();
+        let mut broken = cand("b");
+        broken.slots = 0;
+        let view = RoundView {
+            opened_at: t0,
+            min_reached_at: Some(t0),
+            candidates: vec![cand("a"), broken.clone()],
+        };
+        // At MAX: at once, not after the join timeout.
+        match decide(&view, t0, &cfg(2, 2)) {
+            Decision::Fail { reason, cause } => {
+                assert_eq!(cause, FailCause::Unformable);
+                assert!(reason.contains("[a, b] cannot form a group"), "{reason}");
+                assert!(reason.contains("node b offers no worker slots"), "{reason}");
+            }
+            d => panic!("{d:?}"),
+        }
+        // Below MAX: it waits for the last call like any set, then fails instead of forming.
+        assert!(matches!(
+            decide(&view, t0 + Duration::from_secs(29), &cfg(2, 3)),
+            Decision::Wait { .. }
+        ));
+        assert!(matches!(
+            decide(&view, t0 + Duration::from_secs(30), &cfg(2, 3)),
+            Decision::Fail {
+                cause: FailCause::Unformable,
+                ..
+            }
+        ));
+        // Pins never make a set unformable: duplicates and gaps are an order.
+        let pinned = |id: &str, r| Candidate {
+            requested_node_rank: Some(r),
+            ..cand(id)
+        };
+        let view = RoundView {
+            candidates: vec![pinned("x", 2), pinned("y", 2), pinned("z", 7)],
+            ..view
+        };
+        assert!(matches!(
+            decide(&view, t0, &cfg(2, 3)),
+            Decision::Form { .. }
+        ));
     }
 }

@@ -46,9 +46,22 @@ pub enum RendezvousError {
         /// Which nodes came.
         detail: String,
     },
-    /// The admitted set cannot be ranked (e.g. two nodes asked for the same `--node-rank`).
+    /// The admitted set cannot be ranked into a plan.
     #[error("cannot assign node ranks: {0}")]
     Assignment(String),
+    /// The nodes due to form cannot form a group (see [`crate::plan::formable`]).
+    #[error("run {run}: {reason}")]
+    Unformable {
+        /// Run id.
+        run: String,
+        /// Which nodes, and why not.
+        reason: String,
+    },
+    /// The round this node waited in failed by another participant's verdict, published at
+    /// `gen/current.failed`: the message is that participant's error, so every node of the round
+    /// reports the same line.
+    #[error("{0}")]
+    RoundFailed(String),
     /// The run ended (key `finished`) while this node was waiting: nothing to form.
     #[error("run {0} finished while this node was waiting to join")]
     RunFinished(String),

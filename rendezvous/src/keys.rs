@@ -35,6 +35,13 @@ impl RunKeys {
         format!("{}gen/current.progress", self.prefix)
     }
 
+    /// The verdict of a failed round (JSON [`crate::round::RoundFailure`]): every node it names
+    /// that joined before it was written ends with its message. Under `gen/current` so the
+    /// waiting nodes' one prefix watch sees it.
+    pub fn round_failed(&self) -> String {
+        format!("{}gen/current.failed", self.prefix)
+    }
+
     /// Assignment of generation `g` (JSON [`crate::Plan`]).
     pub fn plan(&self, g: u64) -> String {
         format!("{}gen/{g}/plan", self.prefix)

@@ -9,9 +9,11 @@
 //!   configuration that says "form now", "wait" or "fail", with a human-readable reason. It sleeps
 //!   on nothing and is tested with synthetic instants.
 //! * [`plan`] turns an admitted set of nodes into the assignment every agent receives: node
-//!   ranks, contiguous global ranks per node, world size, master address and port.
+//!   ranks (pinned ranks are an order, so losing any node still forms), contiguous global ranks
+//!   per node, world size, master address and port.
 //! * [`round`] drives one run through the store: join, decide, write the plan of generation `g`
-//!   under a compare on `gen/current`, re-form into `g + 1`.
+//!   under a compare on `gen/current`, re-form into `g + 1`; or publish a failed round's verdict
+//!   to every node waiting in it.
 //!
 //! Keys live under `/drun/v1/<run>/` (see `design.md` §3 in the shared docs).
 

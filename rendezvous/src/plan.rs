@@ -1,10 +1,21 @@
 //! The assignment every agent of a generation receives (stored at `gen/<g>/plan`).
 //!
-//! Node ranks: nodes that pinned a rank (`--node-rank`, later `SLURM_NODEID`) get it; the rest
-//! fill the free ranks in sorted `node_id` order (torchrun's c10d backend sorts by node identity
-//! too). Global ranks are contiguous per node in node-rank order:
+//! Node ranks ([`rank_order`]): in an elastic (dynamic-backend) run a pinned node rank
+//! (`--node-rank`, `PET_NODE_RANK`, `SLURM_NODEID`) is an **order**, not an address: the
+//! admitted nodes are ranked `0..n-1`, pinned nodes first in pin order, then the unpinned ones in
+//! sorted `node_id` order (torchrun's c10d backend sorts by node identity too). So a gap left by a
+//! lost node closes up (pins 1 and 2 of a group that lost pin 0 become node ranks 0 and 1) and
+//! losing any node still forms; a full set of pins `0..n-1` gets exactly its pins. Two nodes
+//! pinning the same rank are ordered by `node_id` (a [`Plan::notes`] line says so on every
+//! agent) — never a deadlock. Only the `static` backend needs exact ranks, and it checks them
+//! itself without a plan from here.
+//!
+//! Global ranks are contiguous per node in node-rank order:
 //! `RANK = Σ slots of lower node ranks + LOCAL_RANK` (torchrun `_assign_worker_ranks`), so
 //! heterogeneous `--nproc-per-node` works. MASTER_ADDR/MASTER_PORT come from node rank 0.
+//!
+//! A set that cannot be ranked at all ([`formable`]: no worker slots on a node, a world size
+//! beyond `u32`) is refused by the decision core before a plan is attempted.
 
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +60,10 @@ pub struct Plan {
     /// formation (`None`: start fresh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<Manifest>,
+    /// Lines every agent prints as a warning when the generation forms (e.g. two nodes pinned
+    /// the same node rank and the tie went by node id).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl Plan {
@@ -58,7 +73,97 @@ impl Plan {
     }
 }
 
-/// Ranks an admitted set into a [`Plan`] for `generation`.
+/// The node-rank order of an admitted set: indices into it, and the lines to print about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ranking {
+    /// `order[r]` is the index in the admitted set of the node with node rank `r`.
+    pub order: Vec<usize>,
+    /// One line per pin tie, naming the nodes and the ranks they got.
+    pub notes: Vec<String>,
+}
+
+/// Orders an admitted set into node ranks `0..n-1` (pure): pinned nodes first by
+/// `(pin, node_id)`, then unpinned nodes by `node_id`. Pins are an order, so gaps close up and
+/// ties go by node id (with a note).
+///
+/// ```
+/// use drun_rendezvous::{plan::rank_order, Candidate};
+/// let node = |id: &str, pin| Candidate {
+///     node_id: id.into(), advertise_addr: id.into(), slots: 1,
+///     requested_node_rank: pin, master_port: 1, resume_hint: None,
+/// };
+/// // Node rank 0 was lost: pins 1 and 2 close the gap; the unpinned node comes last.
+/// let r = rank_order(&[node("u", None), node("c", Some(2)), node("b", Some(1))]);
+/// assert_eq!(r.order, [2, 1, 0]);
+/// assert!(r.notes.is_empty());
+/// ```
+pub fn rank_order(admitted: &[Candidate]) -> Ranking {
+    let mut order: Vec<usize> = (0..admitted.len()).collect();
+    // `None` sorts before `Some`: map pins to (false, pin) and the unpinned to (true, 0).
+    order.sort_by(|&a, &b| {
+        let key = |c: &Candidate| {
+            (
+                c.requested_node_rank.is_none(),
+                c.requested_node_rank.unwrap_or(0),
+            )
+        };
+        key(&admitted[a])
+            .cmp(&key(&admitted[b]))
+            .then_with(|| admitted[a].node_id.cmp(&admitted[b].node_id))
+    });
+    let mut notes = Vec::new();
+    let mut i = 0;
+    while i < order.len() {
+        let Some(pin) = admitted[order[i]].requested_node_rank else {
+            break;
+        };
+        let mut j = i + 1;
+        while j < order.len() && admitted[order[j]].requested_node_rank == Some(pin) {
+            j += 1;
+        }
+        if j - i > 1 {
+            let who = (i..j)
+                .map(|r| format!("{} → node rank {r}", admitted[order[r]].node_id))
+                .collect::<Vec<_>>()
+                .join(", ");
+            notes.push(format!(
+                "{} nodes pinned node rank {pin} (--node-rank/SLURM_NODEID); pins are an order and ties go by node id: {who}",
+                j - i
+            ));
+        }
+        i = j;
+    }
+    Ranking { order, notes }
+}
+
+/// Whether an admitted set can be ranked into a plan (pure); `Err` says why not, in one line.
+///
+/// Pins never make a set unformable (see [`rank_order`]); what does is a node without worker
+/// slots (LOCAL_WORLD_SIZE 0: a foreign or broken client) or a world size beyond `u32`.
+pub fn formable(admitted: &[Candidate]) -> Result<(), String> {
+    if admitted.is_empty() {
+        return Err("no nodes".into());
+    }
+    if let Some(c) = admitted.iter().find(|c| c.slots == 0) {
+        return Err(format!(
+            "node {} offers no worker slots (--nproc-per-node 0)",
+            c.node_id
+        ));
+    }
+    admitted
+        .iter()
+        .try_fold(0u32, |sum, c| sum.checked_add(c.slots))
+        .map(|_| ())
+        .ok_or_else(|| {
+            format!(
+                "the world size of {} nodes exceeds {}",
+                admitted.len(),
+                u32::MAX
+            )
+        })
+}
+
+/// Ranks an admitted set into a [`Plan`] for `generation` (node ranks by [`rank_order`]).
 ///
 /// ```
 /// use drun_rendezvous::{assign, Candidate};
@@ -74,8 +179,8 @@ impl Plan {
 /// ```
 ///
 /// # Errors
-/// [`RendezvousError::Assignment`] when two nodes pin the same rank or a pinned rank is not below
-/// the number of admitted nodes.
+/// [`RendezvousError::Assignment`] when the set is not [`formable`] (the decision core refuses
+/// such a set before it gets here).
 pub fn assign(
     run_id: &str,
     generation: u64,
@@ -83,38 +188,12 @@ pub fn assign(
     restarts_failures: u32,
     restarts_membership: u32,
 ) -> Result<Plan, RendezvousError> {
-    let n = admitted.len();
-    let mut slots: Vec<Option<&Candidate>> = vec![None; n];
-    for c in admitted {
-        if let Some(r) = c.requested_node_rank {
-            let r = r as usize;
-            if r >= n {
-                return Err(RendezvousError::Assignment(format!(
-                    "node {} asked for node rank {r} but only {n} nodes are in the group",
-                    c.node_id
-                )));
-            }
-            if let Some(other) = slots[r] {
-                return Err(RendezvousError::Assignment(format!(
-                    "nodes {} and {} both asked for node rank {r}",
-                    other.node_id, c.node_id
-                )));
-            }
-            slots[r] = Some(c);
-        }
-    }
-    let mut rest: Vec<&Candidate> = admitted
-        .iter()
-        .filter(|c| c.requested_node_rank.is_none())
-        .collect();
-    rest.sort_by(|a, b| a.node_id.cmp(&b.node_id));
-    let mut rest = rest.into_iter();
-    let mut members = Vec::with_capacity(n);
+    formable(admitted).map_err(RendezvousError::Assignment)?;
+    let Ranking { order, notes } = rank_order(admitted);
+    let mut members = Vec::with_capacity(order.len());
     let mut base = 0u32;
-    for (rank, slot) in slots.into_iter().enumerate() {
-        let c = slot
-            .or_else(|| rest.next())
-            .expect("pinned + unpinned nodes fill every rank exactly once");
+    for (rank, &i) in order.iter().enumerate() {
+        let c = &admitted[i];
         members.push(Member {
             node_id: c.node_id.clone(),
             advertise_addr: c.advertise_addr.clone(),
@@ -124,10 +203,7 @@ pub fn assign(
         });
         base += c.slots;
     }
-    let master = admitted
-        .iter()
-        .find(|c| c.node_id == members[0].node_id)
-        .expect("rank 0 comes from the admitted set");
+    let master = &admitted[order[0]];
     Ok(Plan {
         run_id: run_id.to_string(),
         generation,
@@ -138,6 +214,7 @@ pub fn assign(
         restarts_failures,
         restarts_membership,
         resume: None,
+        notes,
     })
 }
 
@@ -184,8 +261,15 @@ mod tests {
         assert_eq!(plan.generation, 3);
     }
 
+    fn ranks(plan: &Plan) -> Vec<(&str, u32)> {
+        plan.members
+            .iter()
+            .map(|m| (m.node_id.as_str(), m.node_rank))
+            .collect()
+    }
+
     #[test]
-    fn pinned_ranks_win_and_conflicts_are_errors() {
+    fn a_full_set_of_pins_gets_exactly_its_pins() {
         let plan = assign(
             "r",
             1,
@@ -194,21 +278,94 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(plan.members[0].node_id, "b");
+        assert_eq!(ranks(&plan), [("b", 0), ("a", 1)]);
         assert_eq!(plan.master_port, 2);
-        let err = assign(
+        assert!(plan.notes.is_empty());
+    }
+
+    #[test]
+    fn pins_are_an_order_so_gaps_close_up() {
+        // Pinned 0/1/2; node rank 0 lost: 1 and 2 become 0 and 1 (b is the new master).
+        let plan = assign(
             "r",
-            1,
-            &[cand("a", 1, Some(0), 1), cand("b", 1, Some(0), 2)],
+            2,
+            &[cand("c", 1, Some(2), 3), cand("b", 1, Some(1), 2)],
             0,
             0,
         )
-        .unwrap_err();
-        assert!(
-            err.to_string().contains("both asked for node rank 0"),
-            "{err}"
+        .unwrap();
+        assert_eq!(ranks(&plan), [("b", 0), ("c", 1)]);
+        assert_eq!(plan.master_port, 2);
+        // Node rank 1 lost instead.
+        let plan = assign(
+            "r",
+            2,
+            &[cand("c", 1, Some(2), 3), cand("a", 1, Some(0), 1)],
+            0,
+            0,
+        )
+        .unwrap();
+        assert_eq!(ranks(&plan), [("a", 0), ("c", 1)]);
+        // A pin far beyond the group size is an order too.
+        let plan = assign("r", 1, &[cand("a", 1, Some(5), 1)], 0, 0).unwrap();
+        assert_eq!(ranks(&plan), [("a", 0)]);
+        assert!(plan.notes.is_empty());
+    }
+
+    #[test]
+    fn ties_go_by_node_id_with_a_note() {
+        let admitted = [
+            cand("n3", 1, Some(0), 3),
+            cand("n1", 1, Some(1), 1),
+            cand("n2", 1, Some(0), 2),
+        ];
+        let plan = assign("r", 1, &admitted, 0, 0).unwrap();
+        assert_eq!(ranks(&plan), [("n2", 0), ("n3", 1), ("n1", 2)]);
+        assert_eq!(plan.master_port, 2);
+        assert_eq!(
+            plan.notes,
+            ["2 nodes pinned node rank 0 (--node-rank/SLURM_NODEID); pins are an order and ties go by node id: n2 → node rank 0, n3 → node rank 1"]
         );
-        let err = assign("r", 1, &[cand("a", 1, Some(5), 1)], 0, 0).unwrap_err();
-        assert!(err.to_string().contains("only 1 nodes"), "{err}");
+        // The same set in any arrival order gives the same plan.
+        let mut reversed = admitted.to_vec();
+        reversed.reverse();
+        assert_eq!(assign("r", 1, &reversed, 0, 0).unwrap(), plan);
+    }
+
+    #[test]
+    fn pinned_first_then_unpinned_by_node_id() {
+        let plan = assign(
+            "r",
+            1,
+            &[
+                cand("a", 2, None, 1),
+                cand("z", 1, Some(3), 2),
+                cand("c", 4, None, 3),
+                cand("y", 1, Some(1), 4),
+            ],
+            0,
+            0,
+        )
+        .unwrap();
+        assert_eq!(ranks(&plan), [("y", 0), ("z", 1), ("a", 2), ("c", 3)]);
+        let bases: Vec<u32> = plan.members.iter().map(|m| m.base_rank).collect();
+        assert_eq!(bases, [0, 1, 2, 4]);
+        assert_eq!(plan.world_size, 8);
+    }
+
+    #[test]
+    fn unformable_sets_are_refused_with_the_reason() {
+        assert_eq!(
+            formable(&[cand("a", 1, None, 1), cand("b", 0, None, 2)]),
+            Err("node b offers no worker slots (--nproc-per-node 0)".into())
+        );
+        assert!(
+            formable(&[cand("a", u32::MAX, None, 1), cand("b", 1, None, 2)])
+                .unwrap_err()
+                .contains("exceeds")
+        );
+        assert!(formable(&[]).is_err());
+        let err = assign("r", 1, &[cand("a", 0, Some(0), 1)], 0, 0).unwrap_err();
+        assert!(err.to_string().contains("no worker slots"), "{err}");
     }
 }

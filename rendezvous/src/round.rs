@@ -5,6 +5,14 @@
 //! transaction guarded by the `mod_revision` of `gen/current` it read. Losers of that race see
 //! the winner's plan on their next pass. So the same code serves the embedded single-node group,
 //! a server replica, or every agent acting as a replica against etcd.
+//!
+//! A round that fails (too few nodes before `join_timeout`, or a set that cannot form) fails for
+//! every node in it, with one line: the decider publishes its error at `gen/current.failed`
+//! ([`RoundFailure`], naming the waiting nodes) in a transaction, and every named node that
+//! joined before it — all of them watch `gen/current*` anyway — ends with that message. A node
+//! that joins later starts a new round; the record is overwritten by the next failure and deleted
+//! by the next formation. A follower ends on its own (with its own line) only when no verdict
+//! comes within `join_timeout` plus a grace: the decider was stuck.
 
 use std::sync::Arc;
 
@@ -12,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::core::RoundView;
+use crate::core::{FailCause, RoundView};
 use crate::human::without_countdown;
 use crate::keys::RunKeys;
 use crate::ledger::{Ledger, Manifest};
@@ -29,6 +37,17 @@ pub struct Restarts {
     /// Every worker failure of the run, oldest first ("generation 2: rank 3 ... on node b").
     #[serde(default)]
     pub history: Vec<String>,
+}
+
+/// The verdict of a failed round (key `gen/current.failed`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoundFailure {
+    /// The decider's error, one line: what every named node reports.
+    pub message: String,
+    /// The nodes that were waiting in the round.
+    pub nodes: Vec<String>,
+    /// When, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
 }
 
 /// Why the group is restarted.
@@ -158,7 +177,10 @@ impl Round {
     /// decider dies its key expires with its lease and another participant takes over.
     ///
     /// # Errors
-    /// [`RendezvousError::Timeout`] when `join_timeout` passes below `min_nodes`; store errors.
+    /// [`RendezvousError::Timeout`] when `join_timeout` passes below `min_nodes`;
+    /// [`RendezvousError::Unformable`] when the nodes due to form cannot; either published to
+    /// every node of the round, which report it as [`RendezvousError::RoundFailed`] with the same
+    /// message; store errors.
     pub async fn wait_for_plan(
         &self,
         node_id: &str,
@@ -169,6 +191,12 @@ impl Round {
         let mut opened_at = Instant::now();
         let mut min_reached_at: Option<Instant> = None;
         let mut round_events = self.store.watch_prefix(&self.keys.gen_current(), 0).await?;
+        // This node's join: a published verdict counts for it only when written after it.
+        let join_rev = self
+            .store
+            .get(&self.keys.waiting(node_id))
+            .await?
+            .map_or(0, |kv| kv.mod_revision);
         let (now_gen, _) = self.current_generation().await?;
         let after = if now_gen < after {
             // The store lost its history (etcd restarted with a wiped data dir): generations
@@ -190,6 +218,9 @@ impl Round {
             if check {
                 if self.store.get(&self.keys.finished()).await?.is_some() {
                     return Err(RendezvousError::RunFinished(self.run_id.clone()));
+                }
+                if let Some(message) = self.failure_for(node_id, join_rev).await? {
+                    return Err(RendezvousError::RoundFailed(message));
                 }
                 let (g, _) = self.current_generation().await?;
                 if g > after {
@@ -231,14 +262,25 @@ impl Round {
                         check = true;
                         continue;
                     }
-                    Step::Failed(detail, joined) => {
-                        return Err(RendezvousError::Timeout {
-                            run: self.run_id.clone(),
-                            waited: now - opened_at,
-                            joined,
-                            min: self.cfg.min_nodes,
-                            detail,
-                        });
+                    Step::Failed {
+                        reason,
+                        cause,
+                        nodes,
+                    } => {
+                        let err = match cause {
+                            FailCause::JoinTimeout => RendezvousError::Timeout {
+                                run: self.run_id.clone(),
+                                waited: now - opened_at,
+                                joined: nodes.len(),
+                                min: self.cfg.min_nodes,
+                                detail: reason,
+                            },
+                            FailCause::Unformable => RendezvousError::Unformable {
+                                run: self.run_id.clone(),
+                                reason,
+                            },
+                        };
+                        return Err(self.publish_failure(err, nodes, node_id, join_rev).await);
                     }
                     Step::Wait(reason, wake_at) => {
                         // One line per change of state, not one per second of countdown.
@@ -261,7 +303,9 @@ impl Round {
                     }
                 }
             } else {
-                let deadline = opened_at + self.cfg.join_timeout;
+                // The decider's verdict normally comes first (it opened the round no later);
+                // this is for a decider that never gives one.
+                let deadline = opened_at + self.cfg.join_timeout + FOLLOWER_GRACE;
                 if now >= deadline {
                     return Err(RendezvousError::Timeout {
                         run: self.run_id.clone(),
@@ -329,6 +373,109 @@ impl Round {
             WatchEvent::Put(kv) if kv.key == self.keys.leader() => false,
             _ => true,
         }
+    }
+
+    /// The published verdict on this node's round, if any: a [`RoundFailure`] naming `node_id`,
+    /// written after its join (`join_rev`).
+    async fn failure_for(
+        &self,
+        node_id: &str,
+        join_rev: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let key = self.keys.round_failed();
+        let Some(kv) = self.store.get(&key).await? else {
+            return Ok(None);
+        };
+        if kv.mod_revision <= join_rev {
+            return Ok(None); // an earlier round's
+        }
+        let f: RoundFailure =
+            serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
+                key,
+                reason: e.to_string(),
+            })?;
+        Ok(f.nodes.iter().any(|n| n == node_id).then_some(f.message))
+    }
+
+    /// Publishes the decider's verdict `err` to every node of the round (`nodes`) and returns
+    /// what this node reports: `err`, or the verdict another participant published on the same
+    /// round first. Best effort: a store error leaves the others to their own deadline.
+    async fn publish_failure(
+        &self,
+        err: RendezvousError,
+        nodes: Vec<String>,
+        node_id: &str,
+        join_rev: i64,
+    ) -> RendezvousError {
+        let record = RoundFailure {
+            message: err.to_string(),
+            nodes,
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        };
+        for _ in 0..5 {
+            match self.try_publish(&record, node_id, join_rev).await {
+                Ok(Published::Raced) => continue,
+                Ok(Published::Mine) => {
+                    tracing::debug!(run = %self.run_id, "round failed: {}", record.message);
+                    return err;
+                }
+                Ok(Published::Earlier(message)) => return RendezvousError::RoundFailed(message),
+                Err(e) => {
+                    tracing::warn!(run = %self.run_id, error = %e, "could not publish the round's failure; the other nodes end at their own deadline");
+                    return err;
+                }
+            }
+        }
+        err
+    }
+
+    /// One attempt of [`Self::publish_failure`].
+    async fn try_publish(
+        &self,
+        record: &RoundFailure,
+        node_id: &str,
+        join_rev: i64,
+    ) -> Result<Published, StoreError> {
+        let key = self.keys.round_failed();
+        if let Some(message) = self.failure_for(node_id, join_rev).await? {
+            return Ok(Published::Earlier(message));
+        }
+        // Missing, or an earlier round's record (replaced).
+        let compare = match self.store.get(&key).await? {
+            None => Compare::Missing(key.clone()),
+            Some(kv) => Compare::ModRevisionEquals(key.clone(), kv.mod_revision),
+        };
+        let resp = self
+            .store
+            .txn(Txn {
+                compares: vec![compare],
+                success: vec![Op::put(
+                    key,
+                    serde_json::to_vec(record).expect("RoundFailure serializes"),
+                )],
+                failure: vec![],
+            })
+            .await?;
+        if !resp.succeeded {
+            return Ok(Published::Raced);
+        }
+        // A new round need not wait for this decider's lease to expire.
+        self.store
+            .txn(Txn {
+                compares: vec![Compare::ValueEquals(
+                    self.keys.leader(),
+                    node_id.as_bytes().to_vec(),
+                )],
+                success: vec![
+                    Op::Delete(self.keys.leader()),
+                    Op::Delete(self.keys.progress()),
+                ],
+                failure: vec![],
+            })
+            .await?;
+        Ok(Published::Mine)
     }
 
     /// Takes or confirms the decider role of the current round.
@@ -438,7 +585,11 @@ impl Round {
         };
         match decide(&view, now, &self.cfg) {
             Decision::Wait { reason, wake_at } => Ok(Step::Wait(reason, wake_at)),
-            Decision::Fail { reason } => Ok(Step::Failed(reason, view.candidates.len())),
+            Decision::Fail { reason, cause } => Ok(Step::Failed {
+                reason,
+                cause,
+                nodes: view.candidates.iter().map(|c| c.node_id.clone()).collect(),
+            }),
             Decision::Form {
                 admitted, reason, ..
             } => {
@@ -472,6 +623,7 @@ impl Round {
                     ),
                     Op::Delete(self.keys.leader()),
                     Op::Delete(self.keys.progress()),
+                    Op::Delete(self.keys.round_failed()),
                 ];
                 if let (true, Some(m)) = (resume.import, &resume.manifest) {
                     ops.extend(ledger.import_ops(m));
@@ -503,12 +655,31 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How often a waiting node re-reads the round without an event (a safety net).
 const RECHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long a follower waits past `join_timeout` for the decider's verdict before it gives up
+/// on its own.
+const FOLLOWER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One step of the decider.
 enum Step {
     Formed(Box<Plan>),
     Retry,
     Wait(String, Instant),
-    Failed(String, usize),
+    Failed {
+        reason: String,
+        cause: FailCause,
+        /// Every node waiting in the round.
+        nodes: Vec<String>,
+    },
+}
+
+/// What [`Round::try_publish`] achieved.
+enum Published {
+    /// This node's verdict is the round's.
+    Mine,
+    /// Another participant's verdict on this round came first: its message.
+    Earlier(String),
+    /// The record changed under the attempt: try again.
+    Raced,
 }
 
 #[cfg(test)]
@@ -619,6 +790,108 @@ mod tests {
         assert!(
             seen[0].contains("waiting for 1 more node (1/2)"),
             "{seen:?}"
+        );
+    }
+
+    /// Two participants in a round that fails: the decider's verdict is published and the
+    /// follower ends with the same line, long before its own deadline.
+    async fn both_fail_alike(cfg: RoundConfig, b_slots: u32) -> (RendezvousError, RendezvousError) {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let a = Round::new(store.clone(), "job", cfg);
+        let b = Round::new(store.clone(), "job", cfg);
+        let la = store.lease_grant(Duration::from_secs(100)).await.unwrap();
+        let lb = store.lease_grant(Duration::from_secs(100)).await.unwrap();
+        a.join(&cand("a", 1), la).await.unwrap();
+        let wait_a = tokio::spawn(async move { a.wait_for_plan("a", 0, la, |_| {}).await });
+        // b joins once a is the decider.
+        while store
+            .get("/drun/v1/job/gen/current.leader")
+            .await
+            .unwrap()
+            .is_none()
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        b.join(
+            &Candidate {
+                slots: b_slots,
+                ..cand("b", 2)
+            },
+            lb,
+        )
+        .await
+        .unwrap();
+        let t0 = Instant::now();
+        let eb = b.wait_for_plan("b", 0, lb, |_| {}).await.unwrap_err();
+        assert!(
+            t0.elapsed() < cfg.join_timeout + FOLLOWER_GRACE,
+            "the follower heard the verdict before its own deadline"
+        );
+        let ea = wait_a.await.unwrap().unwrap_err();
+        assert_eq!(ea.to_string(), eb.to_string(), "one line on every node");
+        assert!(
+            matches!(eb, RendezvousError::RoundFailed(_)),
+            "the follower reports the decider's verdict: {eb:?}"
+        );
+        // The verdict was for that round only: a node joining afterwards forms a new one, and
+        // the formation clears the record.
+        let one = RoundConfig {
+            min_nodes: 1,
+            max_nodes: 1,
+            last_call: Duration::ZERO,
+            join_timeout: Duration::from_secs(5),
+        };
+        let c = Round::new(store.clone(), "job", one);
+        let lc = store.lease_grant(Duration::from_secs(100)).await.unwrap();
+        store.lease_revoke(la).await.unwrap();
+        store.lease_revoke(lb).await.unwrap();
+        c.join(&cand("a", 3), lc).await.unwrap();
+        let plan = c.wait_for_plan("a", 0, lc, |_| {}).await.unwrap();
+        assert_eq!(plan.generation, 1);
+        assert!(store
+            .get("/drun/v1/job/gen/current.failed")
+            .await
+            .unwrap()
+            .is_none());
+        (ea, eb)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_join_timeout_ends_every_waiting_node_with_the_same_line() {
+        let cfg = RoundConfig {
+            min_nodes: 3,
+            max_nodes: 3,
+            last_call: Duration::ZERO,
+            join_timeout: Duration::from_secs(5),
+        };
+        let (ea, _) = both_fail_alike(cfg, 2).await;
+        assert!(
+            matches!(
+                ea,
+                RendezvousError::Timeout {
+                    joined: 2,
+                    min: 3,
+                    ..
+                }
+            ),
+            "{ea:?}"
+        );
+        assert!(ea.to_string().contains("only 2 of min 3"), "{ea}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unformable_set_ends_every_waiting_node_with_the_same_line() {
+        let cfg = RoundConfig {
+            min_nodes: 2,
+            max_nodes: 2,
+            last_call: Duration::ZERO,
+            join_timeout: Duration::from_secs(600),
+        };
+        let (ea, _) = both_fail_alike(cfg, 0).await;
+        assert!(matches!(ea, RendezvousError::Unformable { .. }), "{ea:?}");
+        assert!(
+            ea.to_string().contains("node b offers no worker slots"),
+            "{ea}"
         );
     }
 }

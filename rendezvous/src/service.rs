@@ -168,7 +168,8 @@ impl Rendezvous for RendezvousService {
     }
 }
 
-/// A run's state as JSON: generation, plan, waiting nodes (standbys), restarts, finished.
+/// A run's state as JSON: generation, plan, waiting nodes (standbys), the last failed round,
+/// restarts, finished.
 pub async fn status_json(
     store: &Arc<dyn Store>,
     run: &str,
@@ -189,6 +190,10 @@ pub async fn status_json(
         .and_then(|kv| serde_json::from_slice(&kv.value).ok());
     let restarts = round.restarts().await?;
     let progress = store.get(&keys.progress()).await?.map(|kv| kv.value_str());
+    let round_failed: Option<serde_json::Value> = store
+        .get(&keys.round_failed())
+        .await?
+        .and_then(|kv| serde_json::from_slice(&kv.value).ok());
     let ledger = crate::Ledger::new(store.clone(), run);
     let sealed = ledger.manifests().await?;
     let bad = ledger.bad().await?;
@@ -211,6 +216,7 @@ pub async fn status_json(
         "plan": plan,
         "waiting": waiting,
         "progress": progress,
+        "round_failed": round_failed,
         "restarts": { "failures": restarts.failures, "membership": restarts.membership },
         "finished": finished,
         "checkpoints": checkpoints,

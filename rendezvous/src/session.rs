@@ -9,7 +9,9 @@
 //! a timer, renew the lease, so a dead agent's lease really expires).
 //!
 //! * **Join** writes `waiting/<node>` under the lease and runs [`Round::wait_for_plan`]; when the
-//!   group forms the node's `members/<g>/<node>` key is written and [`Event::Formed`] sent.
+//!   group forms the node's `members/<g>/<node>` key is written and [`Event::Formed`] sent. A
+//!   round that fails (join timeout, a set that cannot form) is published by its decider, so
+//!   every session waiting in it sends the same [`Event::Error`] line.
 //! * While generation `g` runs, a prefix watch looks for what ends it: `gen/<g>/closed` (someone
 //!   asked for a re-form), a member key of `g` deleted (a node left or its lease expired), a new
 //!   node waiting while the group is below MAX (scale-up), or `finished`. Whoever sees a cause

@@ -63,6 +63,7 @@ impl From<&Plan> for pb::Plan {
                 .as_ref()
                 .map(|m| serde_json::to_string(m).expect("Manifest serializes"))
                 .unwrap_or_default(),
+            notes: p.notes.clone(),
         }
     }
 }
@@ -89,6 +90,7 @@ impl From<pb::Plan> for Plan {
             restarts_failures: p.restarts_failures,
             restarts_membership: p.restarts_membership,
             resume: serde_json::from_str(&p.resume_json).ok(),
+            notes: p.notes,
         }
     }
 }

@@ -67,6 +67,7 @@ pub fn spawn(
                         restarts_failures: restarts.failures,
                         restarts_membership: 0,
                         resume: None,
+                        notes: vec![],
                     })
                 }
                 Request::Failed {
