@@ -161,6 +161,7 @@ async fn simulated(n: usize) -> (f64, f64) {
                 max_nodes: n,
                 last_call: Duration::ZERO,
                 join_timeout: Duration::from_secs(600),
+                settle: Duration::ZERO,
             },
             lease_ttl: Duration::from_secs(60),
             keep_alive_interval: Duration::from_secs(20),

@@ -1,5 +1,6 @@
-//! A crashed node is named, noticed in about a second through its closed connection, and its
-//! peers' collective errors do not spend the restart budget (real torch, gloo on loopback).
+//! A crashed node is named, noticed in about a second through its closed connection, its
+//! peers' collective errors do not spend the restart budget, and the survivors re-form without
+//! waiting out the last call — at the default settings (real torch, gloo on loopback).
 
 use std::path::Path;
 use std::time::Duration;
@@ -31,12 +32,9 @@ fn crashed_node_is_a_membership_restart(store: &[&str]) {
     let Some(python) = torch_python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let server = RdzvServer::start(store);
-    let rdzv = [
-        "--rdzv-endpoint".to_string(),
-        server.endpoint.clone(),
-        "--rdzv-conf".into(),
-        "last_call_timeout=1".into(),
-    ];
+    // Default lease_ttl (10 s) and last_call_timeout (30 s): the loss is known through the
+    // closed connection, and the re-form does not wait out the last call.
+    let rdzv = ["--rdzv-endpoint".to_string(), server.endpoint.clone()];
     let agents: Vec<Agent> = (0..3)
         .map(|i| {
             let mut c = node_cmd(i, "loss", "2:3", &rdzv);
@@ -76,6 +74,10 @@ fn crashed_node_is_a_membership_restart(store: &[&str]) {
     assert!(
         all_err.contains("(127.0.0.3, rank 2) lost: connection to its agent closed"),
         "the re-form names the lost node and how it was noticed:\n{all_err}"
+    );
+    assert!(
+        all_err.contains("formed now: every surviving member rejoined with 2 nodes"),
+        "generation 2 formed without a last-call wait:\n{all_err}"
     );
     assert!(
         !all_err.contains("restart budget spent"),

@@ -269,6 +269,7 @@ impl Agent {
                     t.last_call
                 },
                 join_timeout: t.join_timeout,
+                settle: t.settle,
             },
             lease_ttl: t.lease_ttl,
             keep_alive_interval: t.keep_alive_interval,
@@ -748,6 +749,9 @@ impl Agent {
             self.cfg.max_restarts,
             plan.restarts_membership
         );
+        if plan.generation > 1 && !plan.formed_because.is_empty() {
+            tracing::info!(run = %plan.run_id, gen = plan.generation, "formed now: {}", plan.formed_because);
+        }
         for note in &plan.notes {
             tracing::warn!(run = %plan.run_id, gen = plan.generation, "{note}");
         }

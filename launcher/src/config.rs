@@ -86,7 +86,8 @@ pub struct Args {
 
     /// Extra rendezvous settings `key=value,...`: `join_timeout` (s, default 600),
     /// `last_call_timeout` (s, 30), `lease_ttl` (s, 10), `keep_alive_interval` (s, lease_ttl/3),
-    /// `is_host` (c10d: 1 hosts, 0 never hosts).
+    /// `reform_settle` (s, 1: a re-form whose surviving members all rejoined forms this long
+    /// after MIN instead of waiting out the last call), `is_host` (c10d: 1 hosts, 0 never hosts).
     #[arg(
         long = "rdzv-conf",
         visible_alias = "rdzv_conf",

@@ -105,6 +105,9 @@ pub struct Timing {
     pub lease_ttl: Duration,
     /// Keep-alive period (`keep_alive_interval`, default lease_ttl / 3).
     pub keep_alive_interval: Duration,
+    /// Settle window of a re-form whose surviving members all rejoined (`reform_settle`,
+    /// default 1 s; never longer than the last call).
+    pub settle: Duration,
 }
 
 impl Timing {
@@ -139,7 +142,7 @@ impl Timing {
         if keep_alive_interval.is_zero() || keep_alive_interval >= lease_ttl {
             return Err(invalid(
                 "--rdzv-conf",
-                format!("keep_alive_interval={keep_alive_interval:?}"),
+                format!("keep_alive_interval={}", keep_alive_interval.as_secs_f64()),
                 "must be > 0 and below lease_ttl",
             ));
         }
@@ -148,6 +151,10 @@ impl Timing {
             last_call: secs("last_call_timeout", 30.0)?,
             lease_ttl,
             keep_alive_interval,
+            settle: secs(
+                "reform_settle",
+                drun_rendezvous::core::DEFAULT_SETTLE.as_secs_f64(),
+            )?,
         })
     }
 }

@@ -50,7 +50,14 @@ pub struct RoundConfig {
     pub last_call: Duration,
     /// Give up below MIN after this long (torchrun `join_timeout`, default 600 s).
     pub join_timeout: Duration,
+    /// A re-form whose surviving members have all joined again forms this long after MIN was
+    /// reached, batching arrivals, instead of waiting out `last_call` (`reform_settle`,
+    /// default [`DEFAULT_SETTLE`]).
+    pub settle: Duration,
 }
+
+/// Default settle window of a re-form: 1 s.
+pub const DEFAULT_SETTLE: Duration = Duration::from_secs(1);
 
 impl RoundConfig {
     /// A one-node group (`--standalone`): forms as soon as its only node joins.
@@ -60,6 +67,7 @@ impl RoundConfig {
             max_nodes: 1,
             last_call: Duration::ZERO,
             join_timeout: Duration::from_secs(600),
+            settle: Duration::ZERO,
         }
     }
 }
@@ -73,6 +81,9 @@ pub struct RoundView {
     pub min_reached_at: Option<Instant>,
     /// Waiting nodes in arrival order.
     pub candidates: Vec<Candidate>,
+    /// For a re-form, the members of the previous generation that are still alive (their
+    /// membership lease holds) and have not joined again yet; `None` for the first formation.
+    pub outstanding: Option<Vec<String>>,
 }
 
 /// What to do.
@@ -156,7 +167,16 @@ pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
     }
     if n >= cfg.min_nodes {
         let since = view.min_reached_at.unwrap_or(now);
-        let deadline = since + cfg.last_call;
+        // A re-form waits for the survivors, not for latecomers nobody expects: once every
+        // live member of the previous generation is back, only the settle window remains (a
+        // lost node that returns later is a scale-up).
+        let (deadline, why) = match &view.outstanding {
+            Some(left) if left.is_empty() => (
+                since + cfg.settle.min(cfg.last_call),
+                "every surviving member rejoined".to_string(),
+            ),
+            _ => (since + cfg.last_call, "last call closed".to_string()),
+        };
         if now >= deadline {
             if let Some(fail) = unformable(&view.candidates) {
                 return fail;
@@ -165,20 +185,33 @@ pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
                 admitted: view.candidates.clone(),
                 standby: vec![],
                 reason: format!(
-                    "last call closed with {n} nodes (min {}, max {}) [{}]",
+                    "{why} with {n} nodes (min {}, max {}) [{}]",
                     cfg.min_nodes,
                     cfg.max_nodes,
                     names()
                 ),
             };
         }
-        return Decision::Wait {
-            reason: format!(
-                "{n}/{} nodes joined (min {}), last call in {} s",
+        let left = (deadline - now).as_secs_f64().ceil() as u64;
+        let reason = match &view.outstanding {
+            Some(out) if out.is_empty() => format!(
+                "{n}/{} nodes rejoined (min {}), every surviving member is back, forming in {left} s",
+                cfg.max_nodes, cfg.min_nodes
+            ),
+            Some(out) => format!(
+                "{n}/{} nodes joined (min {}), waiting for {} member(s) of the last generation to rejoin [{}], last call in {left} s",
                 cfg.max_nodes,
                 cfg.min_nodes,
-                (deadline - now).as_secs_f64().ceil() as u64
+                out.len(),
+                out.join(", ")
             ),
+            None => format!(
+                "{n}/{} nodes joined (min {}), last call in {left} s",
+                cfg.max_nodes, cfg.min_nodes
+            ),
+        };
+        return Decision::Wait {
+            reason,
             wake_at: deadline,
         };
     }
@@ -227,7 +260,84 @@ mod tests {
             max_nodes: max,
             last_call: Duration::from_secs(30),
             join_timeout: Duration::from_secs(600),
+            settle: DEFAULT_SETTLE,
         }
+    }
+
+    fn reform(t0: Instant, nodes: &[&str], outstanding: &[&str]) -> RoundView {
+        RoundView {
+            opened_at: t0,
+            min_reached_at: Some(t0),
+            candidates: nodes.iter().map(|n| cand(n)).collect(),
+            outstanding: Some(outstanding.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn a_reform_with_every_survivor_back_forms_after_the_settle_window() {
+        let t0 = Instant::now();
+        let view = reform(t0, &["a", "b"], &[]);
+        match decide(&view, t0 + Duration::from_millis(300), &cfg(2, 3)) {
+            Decision::Wait { reason, wake_at } => {
+                assert_eq!(wake_at, t0 + DEFAULT_SETTLE, "not the 30 s last call");
+                assert!(
+                    reason.contains("every surviving member is back, forming in 1 s"),
+                    "{reason}"
+                );
+            }
+            d => panic!("{d:?}"),
+        }
+        match decide(&view, t0 + DEFAULT_SETTLE, &cfg(2, 3)) {
+            Decision::Form {
+                admitted, reason, ..
+            } => {
+                assert_eq!(admitted.len(), 2);
+                assert!(
+                    reason.starts_with("every surviving member rejoined with 2 nodes"),
+                    "{reason}"
+                );
+            }
+            d => panic!("{d:?}"),
+        }
+    }
+
+    #[test]
+    fn a_reform_waits_for_live_members_up_to_the_last_call() {
+        let t0 = Instant::now();
+        let view = reform(t0, &["a", "b"], &["c"]);
+        match decide(&view, t0 + Duration::from_secs(5), &cfg(2, 3)) {
+            Decision::Wait { reason, wake_at } => {
+                assert_eq!(wake_at, t0 + Duration::from_secs(30));
+                assert!(
+                    reason.contains("waiting for 1 member(s) of the last generation to rejoin [c]"),
+                    "{reason}"
+                );
+            }
+            d => panic!("{d:?}"),
+        }
+        assert!(matches!(
+            decide(&view, t0 + Duration::from_secs(30), &cfg(2, 3)),
+            Decision::Form { .. }
+        ));
+    }
+
+    #[test]
+    fn the_first_formation_still_waits_out_the_last_call() {
+        let t0 = Instant::now();
+        let mut view = reform(t0, &["a", "b"], &[]);
+        view.outstanding = None;
+        assert!(matches!(
+            decide(&view, t0 + DEFAULT_SETTLE, &cfg(2, 3)),
+            Decision::Wait { .. }
+        ));
+        // A settle window longer than the last call never delays a formation.
+        let mut c = cfg(2, 3);
+        c.last_call = Duration::from_millis(100);
+        let view = reform(t0, &["a", "b"], &[]);
+        assert!(matches!(
+            decide(&view, t0 + Duration::from_millis(100), &c),
+            Decision::Form { .. }
+        ));
     }
 
     #[test]
@@ -237,6 +347,7 @@ mod tests {
             opened_at: t0,
             min_reached_at: Some(t0),
             candidates: vec![cand("a")],
+            outstanding: None,
         };
         assert!(matches!(
             decide(&view, t0, &RoundConfig::single_node()),
@@ -252,6 +363,7 @@ mod tests {
             opened_at: t0,
             min_reached_at: None,
             candidates: vec![cand("a")],
+            outstanding: None,
         };
         match decide(&view, t0 + Duration::from_secs(5), &c) {
             Decision::Wait { reason, wake_at } => {
@@ -286,6 +398,7 @@ mod tests {
             opened_at: t0,
             min_reached_at: Some(t0),
             candidates: vec![cand("a"), cand("b"), cand("c")],
+            outstanding: None,
         };
         match decide(&view, t0, &cfg(1, 2)) {
             Decision::Form {
@@ -311,6 +424,7 @@ mod tests {
             opened_at: t0,
             min_reached_at: None,
             candidates: vec![cand("a")],
+            outstanding: None,
         };
         match decide(&view, t0 + Duration::from_secs(600), &cfg(3, 3)) {
             Decision::Fail { reason, cause } => {
@@ -331,6 +445,7 @@ mod tests {
             opened_at: t0,
             min_reached_at: Some(t0),
             candidates: vec![cand("a"), broken.clone()],
+            outstanding: None,
         };
         // At MAX: at once, not after the join timeout.
         match decide(&view, t0, &cfg(2, 2)) {

@@ -37,7 +37,7 @@ pub fn duration(d: Duration) -> String {
 /// assert_eq!(without_countdown("generation 3 is running"), "generation 3 is running");
 /// ```
 pub fn without_countdown(line: &str) -> &str {
-    [", last call in ", ", join timeout in "]
+    [", last call in ", ", join timeout in ", ", forming in "]
         .iter()
         .find_map(|m| line.find(m))
         .map_or(line, |i| &line[..i])

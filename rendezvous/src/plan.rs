@@ -64,6 +64,10 @@ pub struct Plan {
     /// the same node rank and the tie went by node id).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Why the group formed when it did, from the decision core ("3 of max 3 nodes joined",
+    /// "every surviving member rejoined with 2 nodes ..."); empty for a static plan.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub formed_because: String,
 }
 
 impl Plan {
@@ -215,6 +219,7 @@ pub fn assign(
         restarts_membership,
         resume: None,
         notes,
+        formed_because: String::new(),
     })
 }
 

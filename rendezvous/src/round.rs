@@ -578,10 +578,35 @@ impl Round {
         } else {
             *min_reached_at = None;
         }
+        // A re-form: which live members of generation `g` are still to rejoin.
+        let outstanding = match &current {
+            Some(plan) => {
+                let prefix = self.keys.members_prefix(g);
+                let live: Vec<String> = self
+                    .store
+                    .get_prefix(&prefix)
+                    .await?
+                    .iter()
+                    .map(|kv| kv.key[prefix.len()..].to_string())
+                    .collect();
+                Some(
+                    plan.members
+                        .iter()
+                        .map(|m| &m.node_id)
+                        .filter(|id| {
+                            live.contains(id) && !candidates.iter().any(|c| &c.node_id == *id)
+                        })
+                        .cloned()
+                        .collect(),
+                )
+            }
+            None => None,
+        };
         let view = RoundView {
             opened_at: *opened_at,
             min_reached_at: *min_reached_at,
             candidates,
+            outstanding,
         };
         match decide(&view, now, &self.cfg) {
             Decision::Wait { reason, wake_at } => Ok(Step::Wait(reason, wake_at)),
@@ -613,6 +638,7 @@ impl Round {
                 let ledger = Ledger::new(self.store.clone(), &self.run_id);
                 let resume = ledger.resume_point(&hints).await?;
                 plan.resume = resume.manifest.clone();
+                plan.formed_because = reason.clone();
                 // Constant size whatever the node count (etcd allows 128 ops per txn): admitted
                 // nodes find themselves in the plan and write their own membership keys.
                 let mut ops = vec![
@@ -640,7 +666,7 @@ impl Round {
                 match self.store.txn(txn).await {
                     Err(e) => Err(e.into()),
                     Ok(r) if r.succeeded => {
-                        tracing::debug!(run = %self.run_id, gen = g + 1, %reason, "group formed");
+                        tracing::debug!(run = %self.run_id, gen = g + 1, "group formed: {reason}");
                         Ok(Step::Formed(Box::new(plan)))
                     }
                     Ok(_) => Ok(Step::Retry),
@@ -743,6 +769,7 @@ mod tests {
             max_nodes: 2,
             last_call: Duration::ZERO,
             join_timeout: Duration::from_secs(30),
+            settle: Duration::ZERO,
         };
         let a = Round::new(store.clone(), "job", cfg);
         let b = Round::new(store.clone(), "job", cfg);
@@ -766,6 +793,7 @@ mod tests {
             max_nodes: 2,
             last_call: Duration::ZERO,
             join_timeout: Duration::from_secs(5),
+            settle: Duration::ZERO,
         };
         let round = Round::new(store.clone(), "job", cfg);
         let lease = store.lease_grant(Duration::from_secs(100)).await.unwrap();
@@ -840,6 +868,7 @@ mod tests {
             max_nodes: 1,
             last_call: Duration::ZERO,
             join_timeout: Duration::from_secs(5),
+            settle: Duration::ZERO,
         };
         let c = Round::new(store.clone(), "job", one);
         let lc = store.lease_grant(Duration::from_secs(100)).await.unwrap();
@@ -863,6 +892,7 @@ mod tests {
             max_nodes: 3,
             last_call: Duration::ZERO,
             join_timeout: Duration::from_secs(5),
+            settle: Duration::ZERO,
         };
         let (ea, _) = both_fail_alike(cfg, 2).await;
         assert!(
@@ -886,6 +916,7 @@ mod tests {
             max_nodes: 2,
             last_call: Duration::ZERO,
             join_timeout: Duration::from_secs(600),
+            settle: Duration::ZERO,
         };
         let (ea, _) = both_fail_alike(cfg, 0).await;
         assert!(matches!(ea, RendezvousError::Unformable { .. }), "{ea:?}");

@@ -73,6 +73,9 @@ fn session_config(h: &pb::Hello) -> SessionConfig {
             max_nodes: h.max_nodes.max(h.min_nodes).max(1) as usize,
             last_call: Duration::from_millis(h.last_call_ms),
             join_timeout: Duration::from_millis(h.join_timeout_ms),
+            settle: h
+                .reform_settle_ms
+                .map_or(crate::core::DEFAULT_SETTLE, Duration::from_millis),
         },
         lease_ttl: ttl,
         keep_alive_interval: ttl / 3,

@@ -1427,6 +1427,7 @@ mod tests {
                 max_nodes: n,
                 last_call: Duration::ZERO,
                 join_timeout: Duration::from_secs(60),
+                settle: Duration::ZERO,
             },
             lease_ttl: Duration::from_secs(30),
             keep_alive_interval: Duration::from_secs(10),

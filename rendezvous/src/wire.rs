@@ -64,6 +64,7 @@ impl From<&Plan> for pb::Plan {
                 .map(|m| serde_json::to_string(m).expect("Manifest serializes"))
                 .unwrap_or_default(),
             notes: p.notes.clone(),
+            formed_because: p.formed_because.clone(),
         }
     }
 }
@@ -91,6 +92,7 @@ impl From<pb::Plan> for Plan {
             restarts_membership: p.restarts_membership,
             resume: serde_json::from_str(&p.resume_json).ok(),
             notes: p.notes,
+            formed_because: p.formed_because,
         }
     }
 }

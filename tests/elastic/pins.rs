@@ -229,7 +229,9 @@ fn duplicate_pins_form(backend: Backend, run_id: &str) {
             .unwrap_or_else(|| panic!("agent {i} warns about the tie: {err}"))
             .to_string();
         assert!(w.contains("ties go by node id"), "{w}");
-        warnings.push(w[w.find("2 nodes pinned").unwrap()..].to_string());
+        // The message itself, without the agent's own `node=` field.
+        let msg = &w[w.find("2 nodes pinned").unwrap()..];
+        warnings.push(msg[..msg.find(" node=").unwrap_or(msg.len())].to_string());
     }
     assert_eq!(warnings[0], warnings[1], "the same line on every agent");
     for rank in 0..2 {

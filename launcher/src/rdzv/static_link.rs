@@ -68,6 +68,7 @@ pub fn spawn(
                         restarts_membership: 0,
                         resume: None,
                         notes: vec![],
+                        formed_because: String::new(),
                     })
                 }
                 Request::Failed {
