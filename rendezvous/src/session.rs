@@ -265,6 +265,8 @@ fn now_ms() -> u64 {
 type Waiter =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Plan, RendezvousError>> + Send>>;
 
+// One value per session, moved between states: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Phase {
     Idle,
     /// The agent left (its lease is revoked): the session ends, closing its event stream.
