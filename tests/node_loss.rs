@@ -80,6 +80,13 @@ fn crashed_node_is_a_membership_restart(store: &[&str]) {
         "generation 2 formed without a last-call wait:\n{all_err}"
     );
     assert!(
+        all_err.contains("restart into generation 2 took")
+            && all_err.contains("workers stopped")
+            && all_err.contains("group formed")
+            && all_err.contains("workers spawned"),
+        "the restart phases are printed:\n{all_err}"
+    );
+    assert!(
         !all_err.contains("restart budget spent"),
         "the loss must not end the job as a worker failure:\n{all_err}"
     );

@@ -136,6 +136,8 @@ struct Agent {
     /// A coordinated save was requested before admitting a newcomer (`--on-scale-up
     /// checkpoint`): `ckpt/latest` at the time. Its seal only ends the request.
     scale_up_save: Option<String>,
+    /// The restart under way, timed phase by phase (printed once its workers are spawned).
+    restart_clock: Option<crate::phases::RestartClock>,
 }
 
 impl Agent {
@@ -219,6 +221,7 @@ impl Agent {
             reached_before: None,
             save_requested: None,
             scale_up_save: None,
+            restart_clock: None,
             adoption_failed: None,
             preempt_pending: None,
             inherited: std::env::vars_os().collect(),
@@ -483,6 +486,9 @@ impl Agent {
             };
             formed_before = true;
             last_gen = plan.generation;
+            if let Some(c) = self.restart_clock.as_mut() {
+                c.formed = Some(Instant::now());
+            }
             self.announce(&plan);
             let resume_file = match self.check_resume(link, &plan).await? {
                 ResumeCheck::Use(file) => file,
@@ -507,6 +513,14 @@ impl Agent {
                     return Err(e);
                 }
             };
+            if let Some(c) = self.restart_clock.take() {
+                tracing::info!(
+                    run = %plan.run_id,
+                    gen = plan.generation,
+                    "{}",
+                    c.line(plan.generation, Instant::now())
+                );
+            }
             self.ledger = Some(NodeLedger::new(
                 &plan,
                 &self.cfg.node_id,
@@ -525,6 +539,7 @@ impl Agent {
             let outcome = self
                 .supervise(&mut group, link, &plan, resume_file.as_deref())
                 .await;
+            self.restart_clock = Some(crate::phases::RestartClock::detected(Instant::now()));
             // Ranks still waiting on a commit are told the group is stopping.
             self.reached_before = self.ledger.take().and_then(|l| l.reached());
             match outcome {
@@ -1212,6 +1227,9 @@ impl Agent {
                     self.reap_into(group);
                 }
             }
+        }
+        if let Some(c) = self.restart_clock.as_mut() {
+            c.stopped.get_or_insert_with(Instant::now);
         }
         self.sweep_descendants().await;
         group.drain_output(Instant::now() + DRAIN_WAIT).await;

@@ -48,6 +48,7 @@ pub mod group;
 pub mod launch;
 pub mod logs;
 pub mod os;
+pub mod phases;
 pub mod rdzv;
 pub mod slurm;
 pub mod std_spec;
