@@ -1,6 +1,7 @@
-//! drun inside real Slurm jobs: the 2-node cluster of `slurm-up.sh` (slurmctld, munge, two
-//! slurmd "nodes" n1, n2 on 127.0.2.x). Skipped when no cluster answers, unless
-//! `DRUN_REQUIRE_SLURM=1` (CI brings the cluster up in `.ci/test` and sets it).
+//! drun inside real Slurm jobs: the cluster of `slurm-up.sh` (slurmctld, munge, slurmd "nodes"
+//! n1, n2, n3 on 127.0.2.x; most jobs use 2 nodes, the loss of node rank 0 needs 3). Skipped
+//! when no cluster answers, unless `DRUN_REQUIRE_SLURM=1` (CI brings up 3 nodes in `.ci/test`
+//! and sets it).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,6 +11,11 @@ use crate::harness::{drun_bin, read_json, root, torch_python, wait_for, worker};
 
 /// Whether a Slurm cluster with 2 idle nodes answers.
 fn cluster() -> bool {
+    cluster_of(2)
+}
+
+/// Whether a Slurm cluster with `n` idle nodes answers.
+fn cluster_of(n: usize) -> bool {
     let idle = Command::new("sinfo")
         .args(["-h", "-N", "-o", "%T"])
         .output()
@@ -22,15 +28,15 @@ fn cluster() -> bool {
                 .count()
         })
         .unwrap_or(0);
-    if idle < 2 {
+    if idle < n {
         assert_ne!(
             std::env::var("DRUN_REQUIRE_SLURM").as_deref(),
             Ok("1"),
-            "DRUN_REQUIRE_SLURM=1 but no 2-node Slurm cluster answers (run slurm-up.sh up 2)"
+            "DRUN_REQUIRE_SLURM=1 but no {n}-node Slurm cluster answers (run slurm-up.sh up 3)"
         );
-        eprintln!("skipping: no Slurm cluster (slurm-up.sh up 2)");
+        eprintln!("skipping: no {n}-node Slurm cluster (slurm-up.sh up 3)");
     }
-    idle >= 2
+    idle >= n
 }
 
 fn sbatch(args: &[&str], env: &[(&str, &str)]) -> String {
@@ -92,7 +98,7 @@ fn slurm_trace(id: &str) -> String {
     };
     let mut logs: Vec<String> = setting("SlurmctldLogFile").into_iter().collect();
     if let Some(slurmd) = setting("SlurmdLogFile") {
-        logs.extend(["n1", "n2"].map(|n| slurmd.replace("%n", n)));
+        logs.extend(["n1", "n2", "n3"].map(|n| slurmd.replace("%n", n)));
     }
     let needles = [
         format!("JobId={id} "),
@@ -551,4 +557,120 @@ fn slurm_job_survives_the_loss_of_a_node() {
         text.contains("[rank0]:done steps=128") && text.contains("world_size=2"),
         "{text}"
     );
+}
+
+/// Records `gen<g>_rank<r>.json` of `tests/workers/elastic.py` for generation `g`.
+fn elastic_records(dir: &Path, g: u64) -> Vec<serde_json::Value> {
+    let prefix = format!("gen{g}_rank");
+    let mut v: Vec<serde_json::Value> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(&prefix) && n.ends_with(".json")
+        })
+        .map(|e| read_json(&e.path()))
+        .collect();
+    v.sort_by_key(|r| r["rank"].as_str().unwrap().parse::<u32>().unwrap());
+    v
+}
+
+/// The newest generation after `after` whose records show `world` ranks of that world size.
+fn newest_world(dir: &Path, after: u64, world: usize) -> Option<(u64, Vec<serde_json::Value>)> {
+    (after + 1..after + 50).rev().find_map(|g| {
+        let r = elastic_records(dir, g);
+        (r.len() == world
+            && r.iter()
+                .all(|x| x["world_size"].as_str() == Some(world.to_string().as_str())))
+        .then_some((g, r))
+    })
+}
+
+/// Node name → node rank in `records` (one worker per node).
+fn node_ranks(records: &[serde_json::Value]) -> Vec<(String, String)> {
+    records
+        .iter()
+        .map(|r| {
+            (
+                r["label"].as_str().unwrap().to_string(),
+                r["group_rank"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn slurm_etcd_job_survives_the_loss_of_node_rank_0() {
+    // The documented HA setup: node ranks pinned from SLURM_NODEID, the rendezvous in an external
+    // etcd. Losing the node with SLURM_NODEID 0 must re-form the other two (pins are an order).
+    if !cluster_of(3) {
+        return;
+    }
+    let etcd = crate::harness::cluster::Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("job.sbatch");
+    // One worker per node, labelled with its node's name.
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nsrun --kill-on-bad-exit=0 bash -c 'exec {} --nnodes 2:3 --nproc-per-node 1 --rdzv-backend etcd --rdzv-endpoint {} --rdzv-conf lease_ttl=3,last_call_timeout=2 --shutdown-timeout 3 {} {} \"$SLURMD_NODENAME\"'\n",
+            drun_bin().display(),
+            etcd.endpoint,
+            worker("elastic.py"),
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("job.out");
+    let id = sbatch(
+        &[
+            "-N",
+            "3",
+            "--ntasks-per-node",
+            "1",
+            "-o",
+            out.to_str().unwrap(),
+            script.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let _c = Cancel(id.clone());
+    let text = || std::fs::read_to_string(&out).unwrap_or_default();
+    wait_for("3 nodes formed", Duration::from_secs(90), || {
+        newest_world(dir.path(), 0, 3).is_some()
+    });
+    let (g1, first) = newest_world(dir.path(), 0, 3).unwrap();
+    assert_eq!(
+        node_ranks(&first),
+        [("n1", "0"), ("n2", "1"), ("n3", "2")].map(|(n, r)| (n.to_string(), r.to_string())),
+        "node ranks from SLURM_NODEID:\n{}",
+        text()
+    );
+    let victim = agent_on(&id, "n1").expect("the agent on n1");
+    let victim_worker = first[0]["pid"].as_i64().unwrap() as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for(
+        "the survivors to re-form at world 2",
+        Duration::from_secs(60),
+        || newest_world(dir.path(), g1, 2).is_some(),
+    );
+    let (_, second) = newest_world(dir.path(), g1, 2).unwrap();
+    assert_eq!(
+        node_ranks(&second),
+        [("n2", "0"), ("n3", "1")].map(|(n, r)| (n.to_string(), r.to_string())),
+        "the gap left by node rank 0 closed up:\n{}",
+        text()
+    );
+    assert!(
+        !crate::harness::alive(victim_worker),
+        "the killed agent's worker is gone"
+    );
+    assert!(!text().contains("cannot assign node ranks"), "{}", text());
+    // End the job: the survivors stop their workers on Slurm's SIGTERM.
+    assert!(Command::new("scancel").arg(&id).status().unwrap().success());
+    wait_done(&id, Duration::from_secs(60));
 }
