@@ -11,6 +11,7 @@ use crate::harness::cluster::{Etcd, RdzvServer};
 use crate::harness::{alive, drun, holds_for, read_json, torch_python, wait_for, worker, Agent};
 
 mod pins;
+mod reconnect;
 
 /// Lease TTL used by these tests, in seconds.
 const TTL: u64 = 3;

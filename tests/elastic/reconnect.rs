@@ -1,0 +1,84 @@
+//! An agent whose connection to the rendezvous server breaks, and which reconnects within the
+//! reconnect grace, keeps its membership: the server revokes the lease of a vanished agent only
+//! (see `rendezvous/src/loss.rs`).
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{agent, gen, pids, stop_all, wait_gen};
+use crate::harness::cluster::RdzvServer;
+use crate::harness::{alive, holds_for, Agent};
+
+/// A loopback TCP proxy whose open connections can be cut at once, while it keeps accepting.
+struct Proxy {
+    addr: String,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let open = Arc::new(Mutex::new(Vec::new()));
+        let conns = open.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let mut o = conns.lock().unwrap();
+                o.push(client.try_clone().unwrap());
+                o.push(server.try_clone().unwrap());
+                pipe(client.try_clone().unwrap(), server.try_clone().unwrap());
+                pipe(server, client);
+            }
+        });
+        Proxy { addr, open }
+    }
+
+    /// Breaks every connection made so far (both directions, both ends).
+    fn cut(&self) {
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+fn pipe(mut from: TcpStream, mut to: TcpStream) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+    });
+}
+
+#[test]
+fn an_agent_that_reconnects_within_the_grace_keeps_its_membership() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let proxy = Proxy::start(server.endpoint.clone());
+    let dir = tempfile::tempdir().unwrap();
+    // Agent 0 talks through the proxy, agent 1 directly; default lease_ttl (10 s).
+    let via_proxy = vec!["--rdzv-endpoint".to_string(), proxy.addr.clone()];
+    let direct = vec!["--rdzv-endpoint".to_string(), server.endpoint.clone()];
+    let agents: Vec<Agent> = vec![
+        agent(0, "reconnect", "2", &via_proxy, &[], dir.path()),
+        agent(1, "reconnect", "2", &direct, &[], dir.path()),
+    ];
+    let g1 = wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    proxy.cut();
+    // Well past the 1 s grace: a revoked lease would have re-formed the group by now.
+    holds_for(
+        "generation 1 undisturbed after the connection broke",
+        Duration::from_secs(4),
+        || pids(&g1).iter().all(|p| alive(*p)) && gen(dir.path(), 2).is_empty(),
+    );
+    let err = agents[0].stderr_so_far();
+    assert!(!err.contains("fenced"), "{err}");
+    stop_all(agents);
+}
