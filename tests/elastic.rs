@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::harness::cluster::{Etcd, RdzvServer};
-use crate::harness::{alive, drun, holds_for, read_json, torch_python, wait_for, worker, Agent};
+use crate::harness::{alive, drun, holds_for, torch_python, wait_for, worker, Agent};
 
 mod pins;
 mod reconnect;
@@ -39,16 +39,7 @@ fn agent(i: usize, run: &str, nnodes: &str, rdzv: &[String], extra: &[&str], dir
 
 /// Records of generation `g` (one per rank).
 fn gen(dir: &Path, g: u64) -> Vec<Value> {
-    let prefix = format!("gen{g}_rank");
-    let mut v: Vec<Value> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with(&prefix) && n.ends_with(".json")
-        })
-        .map(|e| read_json(&e.path()))
-        .collect();
+    let mut v = crate::harness::gen_records(dir, g);
     v.sort_by_key(|r| r["rank"].as_str().unwrap().parse::<u32>().unwrap());
     v
 }

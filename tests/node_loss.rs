@@ -2,27 +2,12 @@
 //! peers' collective errors do not spend the restart budget, and the survivors re-form without
 //! waiting out the last call — at the default settings (real torch, gloo on loopback).
 
-use std::path::Path;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use serde_json::Value;
 
 use crate::harness::cluster::{Etcd, RdzvServer};
-use crate::harness::{node_cmd, read_json, torch_python, wait_for, Agent};
-
-fn records(dir: &Path, g: u64) -> Vec<Value> {
-    let prefix = format!("gen{g}_rank");
-    std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with(&prefix) && n.ends_with(".json")
-        })
-        .map(|e| read_json(&e.path()))
-        .collect()
-}
+use crate::harness::{gen_records, node_cmd, torch_python, wait_for, Agent};
 
 /// 3 agents (1 worker each, `--nnodes 2:3`, default `--max-restarts 0`) through a
 /// `drun-rendezvous` server on `store`; SIGKILL of the agent of node 3 (its guard kills its
@@ -48,16 +33,16 @@ fn crashed_node_is_a_membership_restart(store: &[&str]) {
         })
         .collect();
     wait_for("generation 1 with 3 ranks", Duration::from_secs(90), || {
-        records(dir.path(), 1).len() == 3
+        gen_records(dir.path(), 1).len() == 3
     });
     let mut agents = agents;
     let victim = agents.pop().unwrap();
     victim.signal(Signal::SIGKILL);
     let (_, _, victim_err) = victim.wait(Duration::from_secs(10));
     wait_for("generation 2 with 2 ranks", Duration::from_secs(90), || {
-        records(dir.path(), 2).len() == 2
+        gen_records(dir.path(), 2).len() == 2
     });
-    for r in records(dir.path(), 2) {
+    for r in gen_records(dir.path(), 2) {
         assert_eq!(r["world_size"], 2, "{r}");
     }
     let mut all_err = String::new();

@@ -6,15 +6,23 @@ use std::time::Duration;
 use crate::harness::cluster::free_port;
 use crate::harness::{node_cmd, Agent};
 
-#[test]
-fn a_multi_node_start_reads_cleanly() {
-    let endpoint = format!("127.0.0.1:{}", free_port());
-    let rdzv = [
+/// The c10d backend on a free loopback port, plus `conf` (`--rdzv-conf`) if not empty.
+fn c10d(conf: &str) -> Vec<String> {
+    let mut v = vec![
         "--rdzv-backend".to_string(),
         "c10d".into(),
         "--rdzv-endpoint".into(),
-        endpoint,
+        format!("127.0.0.1:{}", free_port()),
     ];
+    if !conf.is_empty() {
+        v.extend(["--rdzv-conf".to_string(), conf.to_string()]);
+    }
+    v
+}
+
+#[test]
+fn a_multi_node_start_reads_cleanly() {
+    let rdzv = c10d("");
     let agents: Vec<Agent> = (0..2)
         .map(|i| {
             let mut c = node_cmd(i, "clean", "2", &rdzv);
@@ -55,15 +63,7 @@ fn a_multi_node_start_reads_cleanly() {
 
 #[test]
 fn the_last_call_countdown_is_one_line() {
-    let endpoint = format!("127.0.0.1:{}", free_port());
-    let rdzv = [
-        "--rdzv-backend".to_string(),
-        "c10d".into(),
-        "--rdzv-endpoint".into(),
-        endpoint,
-        "--rdzv-conf".into(),
-        "last_call_timeout=3".into(),
-    ];
+    let rdzv = c10d("last_call_timeout=3");
     let mut c = node_cmd(0, "countdown", "1:2", &rdzv);
     c.args(["--no-python", "true"]);
     let (code, out, err) = Agent::start(c).wait(Duration::from_secs(60));

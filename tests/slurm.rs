@@ -561,16 +561,7 @@ fn slurm_job_survives_the_loss_of_a_node() {
 
 /// Records `gen<g>_rank<r>.json` of `tests/workers/elastic.py` for generation `g`.
 fn elastic_records(dir: &Path, g: u64) -> Vec<serde_json::Value> {
-    let prefix = format!("gen{g}_rank");
-    let mut v: Vec<serde_json::Value> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            n.starts_with(&prefix) && n.ends_with(".json")
-        })
-        .map(|e| read_json(&e.path()))
-        .collect();
+    let mut v = crate::harness::gen_records(dir, g);
     v.sort_by_key(|r| r["rank"].as_str().unwrap().parse::<u32>().unwrap());
     v
 }

@@ -143,6 +143,19 @@ impl Round {
         }
     }
 
+    /// Node ids whose membership key of generation `g` still exists (their lease holds and
+    /// they have not joined again yet).
+    pub async fn live_members(&self, g: u64) -> Result<Vec<String>, StoreError> {
+        let prefix = self.keys.members_prefix(g);
+        Ok(self
+            .store
+            .get_prefix(&prefix)
+            .await?
+            .iter()
+            .map(|kv| kv.key[prefix.len()..].to_string())
+            .collect())
+    }
+
     /// Adds one restart of `cause` to the job-wide counters (compare-and-swap loop).
     pub async fn record_restart(&self, cause: RestartCause) -> Result<Restarts, StoreError> {
         loop {
@@ -581,14 +594,7 @@ impl Round {
         // A re-form: which live members of generation `g` are still to rejoin.
         let outstanding = match &current {
             Some(plan) => {
-                let prefix = self.keys.members_prefix(g);
-                let live: Vec<String> = self
-                    .store
-                    .get_prefix(&prefix)
-                    .await?
-                    .iter()
-                    .map(|kv| kv.key[prefix.len()..].to_string())
-                    .collect();
+                let live = self.live_members(g).await?;
                 Some(
                     plan.members
                         .iter()

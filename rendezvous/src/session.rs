@@ -387,14 +387,7 @@ impl Actor {
     /// Members of `plan` (other than this node) that are gone now, each described with why.
     async fn lost_members(&self, plan: &Plan) -> Result<Vec<String>, RendezvousError> {
         let keys = self.round.keys();
-        let prefix = keys.members_prefix(plan.generation);
-        let present: Vec<String> = self
-            .store
-            .get_prefix(&prefix)
-            .await?
-            .iter()
-            .map(|kv| kv.key[prefix.len()..].to_string())
-            .collect();
+        let present = self.round.live_members(plan.generation).await?;
         let mut out = Vec::new();
         for node in loss::missing(plan, &self.cfg.node_id, &present) {
             let why = self

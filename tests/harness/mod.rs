@@ -125,6 +125,21 @@ pub fn alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// The `gen<g>_rank<r>.json` records test workers write for generation `g` (`elastic.py`,
+/// `steps.py`, ...), in no particular order.
+pub fn gen_records(dir: &Path, g: u64) -> Vec<serde_json::Value> {
+    let prefix = format!("gen{g}_rank");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with(&prefix) && n.ends_with(".json")
+        })
+        .map(|e| read_json(&e.path()))
+        .collect()
+}
+
 /// Reads a JSON file written by a worker.
 pub fn read_json(path: &Path) -> serde_json::Value {
     let text =
