@@ -666,13 +666,20 @@ impl Agent {
             generation: plan.generation,
             description: description.clone(),
         });
+        // Why the generation closed, if the session says (before or after the decision).
+        let mut reform: Option<String> = None;
         loop {
             tokio::select! {
                 ev = link.rx.recv() => match ev {
                     Some(Event::FailureDecision { restart, restarts }) => {
                         if restart && restarts.failures <= plan.restarts_failures {
+                            // Not the workers' own failure: say what closed the generation.
+                            if reform.is_none() {
+                                reform = self.reform_reason(link).await;
+                            }
                             tracing::warn!(
-                                "{description}; the group re-forms for a membership change (a lost node, see the re-form reason): the restart budget is not spent ({}/{} used)",
+                                "{description}; re-forming the group: {}; the restart budget is not spent ({}/{} used)",
+                                reform.as_deref().unwrap_or("a membership change"),
                                 restarts.failures,
                                 self.cfg.max_restarts
                             );
@@ -685,6 +692,7 @@ impl Agent {
                         }
                         return Ok(Ok((restart, restarts.history)));
                     }
+                    Some(Event::Reform { reason, .. }) => reform = Some(reason),
                     // The worker failure stays the primary error; the rendezvous trouble is
                     // appended (failure case 25), and nothing restarts without a decision.
                     Some(Event::Error(e)) | Some(Event::Fenced(e)) => {
@@ -695,6 +703,22 @@ impl Agent {
                     Some(_) => {}
                 },
                 sig = self.next_teardown_signal() => return Ok(Err(AgentExit::Signal(sig as i32))),
+            }
+        }
+    }
+
+    /// The reason of the re-form the session announces next (it follows a failure decision
+    /// that the loss of a node caused); `None` if none comes within 2 s.
+    async fn reform_reason(&mut self, link: &mut Link) -> Option<String> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            tokio::select! {
+                ev = link.rx.recv() => match ev {
+                    Some(Event::Reform { reason, .. }) => return Some(reason),
+                    None => return None,
+                    Some(_) => {}
+                },
+                _ = tokio::time::sleep_until(deadline) => return None,
             }
         }
     }
