@@ -367,6 +367,8 @@ pub struct LaunchConfig {
     pub shutdown_timeout: Duration,
     /// How long a partial success may last before it counts as a failure.
     pub peer_exit_wait: Duration,
+    /// Who hosts the workers' c10d store (`--worker-store`).
+    pub worker_store: crate::worker_store::WorkerStoreMode,
     /// Parsed `--rdzv-conf`.
     pub rdzv_conf: BTreeMap<String, String>,
     /// Rendezvous timing knobs.
@@ -803,6 +805,15 @@ impl LaunchConfig {
             signals_to_handle: a.signals_to_handle.clone(),
             shutdown_timeout,
             peer_exit_wait,
+            worker_store: crate::worker_store::WorkerStoreMode::parse(&a.worker_store).ok_or_else(
+                || {
+                    invalid(
+                        "--worker-store",
+                        a.worker_store.clone(),
+                        "expected agent or rank0",
+                    )
+                },
+            )?,
             rdzv_conf,
             timing,
             requested_node_rank,
