@@ -14,3 +14,4 @@ mod slurm;
 mod standalone;
 mod supervision;
 mod torch_e2e;
+mod worker_store;
