@@ -193,10 +193,3 @@ def main():
 
 if __name__ == "__main__":
     main()
-    # Everything is saved and the group is destroyed. Leave without running C++ static
-    # destructors: when worker rank 0 hosts the c10d store (TORCHELASTIC_USE_AGENT_STORE=False,
-    # as under drun) and exits first, a peer's store client thread can abort in its destructor
-    # ("terminate called without an active exception") although all work succeeded.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -12,7 +12,10 @@ fn concurrent_jobs_get_distinct_working_master_ports() {
             .iter()
             .map(|d| {
                 let mut c = drun();
+                // Worker rank 0 binds MASTER_PORT itself here, as it does with
+                // --worker-store rank0 (with the default, the agent listens there).
                 c.args(["--standalone", "--nproc-per-node", "2"])
+                    .args(["--worker-store", "rank0"])
                     .arg(worker("portcheck.py"))
                     .arg(d.path());
                 Agent::start(c)

@@ -46,7 +46,7 @@ fn workers_get_torchrun_environment_and_inherited_rank_is_overwritten() {
         assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
         assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], "0");
         assert_eq!(env["TORCHELASTIC_MAX_RESTARTS"], "4");
-        assert_eq!(env["TORCHELASTIC_USE_AGENT_STORE"], "False");
+        assert_eq!(env["TORCHELASTIC_USE_AGENT_STORE"], "True");
         assert_eq!(
             env["TORCHELASTIC_SIGNALS_TO_HANDLE"],
             "SIGTERM,SIGINT,SIGHUP,SIGQUIT"

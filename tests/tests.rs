@@ -17,3 +17,4 @@ mod standalone;
 mod supervision;
 mod terminal;
 mod torch_e2e;
+mod worker_store;

@@ -52,7 +52,6 @@ const EXPECTED_TO_DIFFER: &[&str] = &[
     "MASTER_ADDR",
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_ERROR_FILE",
-    "TORCHELASTIC_USE_AGENT_STORE",
 ];
 
 fn dump_env(launcher: Command, dir: &Path, ranks: u32) -> Vec<BTreeMap<String, Value>> {

@@ -470,7 +470,7 @@ impl Agent {
                 RendezvousMode::Static { master_port, .. } => Some(*master_port),
                 _ => None,
             };
-            let reserved = match fixed_port {
+            let mut reserved = match fixed_port {
                 Some(_) => None,
                 None => Some(
                     ReservedPort::new()
@@ -490,6 +490,15 @@ impl Agent {
                 c.formed = Some(Instant::now());
             }
             self.announce(&plan);
+            // Served until this iteration ends: through the wait for the other nodes after
+            // local success; closed on a re-form and when the agent leaves.
+            let _worker_store = crate::worker_store::host(
+                self.cfg.worker_store,
+                &plan,
+                &self.cfg.node_id,
+                &mut reserved,
+            )
+            .await?;
             let resume_file = match self.check_resume(link, &plan).await? {
                 ResumeCheck::Use(file) => file,
                 ResumeCheck::Rejoin => continue,

@@ -291,6 +291,20 @@ pub struct Args {
     )]
     pub stdin_rank: Option<u32>,
 
+    /// Who hosts the workers' c10d store on MASTER_PORT: `agent` (the agent of node rank 0
+    /// serves torch's TCPStore protocol and outlives every worker, as torchrun;
+    /// TORCHELASTIC_USE_AGENT_STORE=True) or `rank0` (worker rank 0 hosts it;
+    /// TORCHELASTIC_USE_AGENT_STORE=False).
+    #[arg(
+        long = "worker-store",
+        visible_alias = "worker_store",
+        env = "DRUN_WORKER_STORE",
+        default_value = "agent",
+        value_parser = ["agent", "rank0"],
+        help_heading = "Rendezvous"
+    )]
+    pub worker_store: String,
+
     /// Checkpoint directory: exported to workers as DRUN_CKPT_DIR; drun keeps the `latest`
     /// pointer file here and reads it back when the rendezvous store knows no checkpoint (a
     /// fresh etcd, a requeued job). Created if missing.

@@ -30,6 +30,8 @@ pub struct WorkerSlot<'a> {
     pub error_file: &'a Path,
     /// TORCHELASTIC_SIGNALS_TO_HANDLE.
     pub signals_to_handle: &'a str,
+    /// TORCHELASTIC_USE_AGENT_STORE: `True` when the agent hosts the store, else `False`.
+    pub use_agent_store: &'static str,
     /// DRUN_AGENT_ID: unique per agent process; drun finds escaped descendants by it.
     pub agent_id: &'a str,
     /// DRUN_AGENT_SOCK: the agent's worker API socket.
@@ -106,8 +108,9 @@ pub fn worker_env(
     set("TORCHELASTIC_RESTART_COUNT", slot.restart_count.to_string());
     set("TORCHELASTIC_MAX_RESTARTS", slot.max_restarts.to_string());
     set("TORCHELASTIC_RUN_ID", plan.run_id.clone());
-    // drun hosts no c10d TCPStore: worker rank 0 creates it on MASTER_PORT.
-    set("TORCHELASTIC_USE_AGENT_STORE", "False".into());
+    // `True`: every worker is a client of the store the agent of node rank 0 serves on
+    // MASTER_PORT (crate::worker_store); `False`: worker rank 0 creates it there.
+    set("TORCHELASTIC_USE_AGENT_STORE", slot.use_agent_store.into());
     set(
         "TORCHELASTIC_ERROR_FILE",
         slot.error_file.to_string_lossy().into_owned(),
@@ -185,6 +188,7 @@ mod tests {
             role: "trainer",
             error_file: Path::new("/tmp/e.json"),
             signals_to_handle: "SIGTERM",
+            use_agent_store: "True",
             agent_id: "agent",
             agent_sock: None,
             ckpt_dir: None,
@@ -222,6 +226,12 @@ mod tests {
             "user value kept"
         );
         assert_eq!(get(&env, "DRUN_GENERATION"), "2");
+        assert_eq!(get(&env, "TORCHELASTIC_USE_AGENT_STORE"), "True");
+        let rank0 = WorkerSlot {
+            use_agent_store: crate::worker_store::WorkerStoreMode::Rank0.use_agent_store(),
+            ..slot(0)
+        };
+        let env = worker_env(&inherited, &p, &p.members[0], &rank0);
         assert_eq!(get(&env, "TORCHELASTIC_USE_AGENT_STORE"), "False");
     }
 

@@ -162,6 +162,7 @@ impl WorkerGroup {
                     role: &cfg.role,
                     error_file: &error_file,
                     signals_to_handle: &cfg.signals_to_handle,
+                    use_agent_store: cfg.worker_store.use_agent_store(),
                     agent_id: ctx.agent_id,
                     agent_sock: ctx.agent_sock,
                     ckpt_dir: cfg.ckpt.dir.as_deref(),

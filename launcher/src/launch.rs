@@ -376,6 +376,8 @@ pub struct LaunchConfig {
     pub peer_exit_wait: Duration,
     /// `--stdin-rank`: the local rank that reads drun's stdin; the others read `/dev/null`.
     pub stdin_rank: Option<u32>,
+    /// Who hosts the workers' c10d store (`--worker-store`).
+    pub worker_store: crate::worker_store::WorkerStoreMode,
     /// Parsed `--rdzv-conf`.
     pub rdzv_conf: BTreeMap<String, String>,
     /// Rendezvous timing knobs.
@@ -824,6 +826,15 @@ impl LaunchConfig {
             shutdown_timeout,
             peer_exit_wait,
             stdin_rank: a.stdin_rank,
+            worker_store: crate::worker_store::WorkerStoreMode::parse(&a.worker_store).ok_or_else(
+                || {
+                    invalid(
+                        "--worker-store",
+                        a.worker_store.clone(),
+                        "expected agent or rank0",
+                    )
+                },
+            )?,
             rdzv_conf,
             timing,
             requested_node_rank,

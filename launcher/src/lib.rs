@@ -17,6 +17,9 @@
 //!    process group, `--shutdown-timeout`, SIGKILL, orphans swept) and, while `--max-restarts`
 //!    allows, re-formed as the next generation; else the failure summary ([`summary`]) and exit 1.
 //!    A handled signal is forwarded once, the group stopped the same way, exit 128+N.
+//!
+//! The agent that is node rank 0 of a generation also serves the workers' c10d store on
+//! MASTER_PORT ([`worker_store`]) until it leaves that generation, as torchrun's agent does.
 
 /// `eprintln!` that never panics: a closed stderr (`drun ... 2>&1 | head -1`) must not turn a
 /// clean shutdown into a panic.
@@ -53,6 +56,7 @@ pub mod rdzv;
 pub mod slurm;
 pub mod std_spec;
 pub mod summary;
+pub mod worker_store;
 
 pub use agent::run;
 pub use config::Args;

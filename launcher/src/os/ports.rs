@@ -5,14 +5,16 @@
 //! listening, for the whole generation: the kernel will not hand the port to anyone else's
 //! `bind(0)`, while the rank-0 worker's TCPStore (which also sets `SO_REUSEADDR`, as libuv and
 //! c10d's socket code do) may still bind and listen on it, because Linux allows reuse between
-//! sockets none of which is listening yet.
+//! sockets none of which is listening yet. When the agent hosts the worker store itself it
+//! listens on the reserved socket ([`ReservedPort::into_listener`]).
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
 use std::os::fd::OwnedFd;
 
 use nix::sys::socket::{
-    bind, getsockname, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+    bind, getsockname, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
+    SockaddrIn,
 };
 
 /// A port held for one generation; released when dropped.
@@ -47,6 +49,36 @@ impl ReservedPort {
     pub fn port(&self) -> u16 {
         self.port
     }
+
+    /// Starts listening on the reserved port (the agent's worker store): no window in which
+    /// another process could take it.
+    pub fn into_listener(self) -> io::Result<TcpListener> {
+        listen(self._socket)
+    }
+}
+
+/// A listener on `port` of all IPv4 interfaces with `SO_REUSEADDR`, as torch's TCPStore server
+/// binds (a `--master-port` the user fixed). `EADDRINUSE` if another socket listens there.
+pub fn bind_listener(port: u16) -> io::Result<TcpListener> {
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)),
+    )?;
+    listen(fd)
+}
+
+/// `listen(2)` with the system's maximum backlog (torch's server also asks for it: every worker
+/// of a large job connects at once).
+fn listen(fd: OwnedFd) -> io::Result<TcpListener> {
+    nix::sys::socket::listen(&fd, Backlog::MAXCONN)?;
+    Ok(TcpListener::from(fd))
 }
 
 /// The local IP this host uses to reach `endpoint` (`host:port`), found by "connecting" a UDP
@@ -88,5 +120,20 @@ mod tests {
         let addr = SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, held[0].port()));
         bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).unwrap();
         nix::sys::socket::listen(&fd, nix::sys::socket::Backlog::new(8).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_reserved_port_becomes_a_listener_on_the_same_port() {
+        let r = ReservedPort::new().unwrap();
+        let port = r.port();
+        let l = r.into_listener().unwrap();
+        assert_eq!(l.local_addr().unwrap().port(), port);
+        let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(s.peer_addr().unwrap(), c.local_addr().unwrap());
+        assert!(
+            bind_listener(port).is_err(),
+            "a listening port cannot be bound again"
+        );
     }
 }
