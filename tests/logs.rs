@@ -189,3 +189,26 @@ fn empty_prefix_template_prints_bare_lines() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "{\"json\": 1}\n");
 }
+
+#[test]
+fn without_log_dir_nothing_is_left_in_the_temp_dir() {
+    let worker_args = |ok: bool| -> Vec<String> {
+        if ok {
+            vec!["--no-python".into(), "true".into()]
+        } else {
+            vec![worker("exit_code.py"), "3".into(), "1".into()]
+        }
+    };
+    for ok in [true, false] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut c = drun();
+        c.env("TMPDIR", tmp.path())
+            .args(["--standalone", "--nproc-per-node", "2"])
+            .args(worker_args(ok));
+        let (exit, _, err) = run(c, Duration::from_secs(60));
+        assert_eq!(exit, if ok { 0 } else { 1 }, "{err}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
+        assert!(left.is_empty(), "success={ok}: left behind {left:?}\n{err}");
+        assert!(!err.contains("worker logs and error files"), "{err}");
+    }
+}
