@@ -19,10 +19,12 @@
 //! the port reserved: worker rank 0 hosts the store, as drun did before.
 
 pub mod codec;
+#[cfg(test)]
+mod codec_tests;
 pub mod server;
 pub mod state;
 #[cfg(test)]
-mod tests;
+mod state_tests;
 
 use std::time::Duration;
 
