@@ -217,39 +217,32 @@ fn double_dash_right_after_the_script_is_dropped_like_argparse() {
 #[test]
 fn static_endpoint_is_the_master_address() {
     let dir = tempfile::tempdir().unwrap();
+    let port = crate::harness::cluster::free_port().to_string();
     let mut c = drun();
-    c.args([
-        "--rdzv-backend",
-        "static",
-        "--rdzv-endpoint",
-        "localhost:29600",
-    ])
-    .arg(worker("envdump.py"))
-    .arg(dir.path());
+    c.args(["--rdzv-backend", "static", "--rdzv-endpoint"])
+        .arg(format!("localhost:{port}"))
+        .arg(worker("envdump.py"))
+        .arg(dir.path());
     let (code, _, err) = run(c, Duration::from_secs(30));
     assert_eq!(code, 0, "{err}");
     let env = &env_of(dir.path(), 0)["env"];
     assert_eq!(env["MASTER_ADDR"], "localhost");
-    assert_eq!(env["MASTER_PORT"], "29600");
+    assert_eq!(env["MASTER_PORT"], port.as_str());
 }
 
 #[test]
 fn static_backend_uses_master_addr_and_port() {
     let dir = tempfile::tempdir().unwrap();
+    // Now the agent listens on a fixed --master-port (it hosts the worker store): a free one.
+    let port = crate::harness::cluster::free_port().to_string();
     let mut c = drun();
-    c.args([
-        "--master-port",
-        "29511",
-        "--master-addr",
-        "127.0.0.1",
-        "--rdzv-id",
-        "job7",
-    ])
-    .arg(worker("envdump.py"))
-    .arg(dir.path());
+    c.args(["--master-port", &port])
+        .args(["--master-addr", "127.0.0.1", "--rdzv-id", "job7"])
+        .arg(worker("envdump.py"))
+        .arg(dir.path());
     let (code, _, err) = run(c, Duration::from_secs(30));
     assert_eq!(code, 0, "{err}");
     let env = &env_of(dir.path(), 0)["env"];
-    assert_eq!(env["MASTER_PORT"], "29511");
+    assert_eq!(env["MASTER_PORT"], port.as_str());
     assert_eq!(env["TORCHELASTIC_RUN_ID"], "job7");
 }
