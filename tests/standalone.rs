@@ -246,3 +246,22 @@ fn static_backend_uses_master_addr_and_port() {
     assert_eq!(env["MASTER_PORT"], port.as_str());
     assert_eq!(env["TORCHELASTIC_RUN_ID"], "job7");
 }
+
+#[test]
+fn a_taken_master_port_is_a_usage_error_naming_the_fix() {
+    let taken = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let mut c = drun();
+    c.args(["--master-port", &port, "--master-addr", "127.0.0.1"])
+        .args(["--no-python", "true"]);
+    let (code, _, err) = run(c, Duration::from_secs(30));
+    assert_eq!(code, 2, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("drun: error:"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        line.contains(&format!("--master-port '{port}'")) && line.contains("--worker-store rank0"),
+        "{line}"
+    );
+}

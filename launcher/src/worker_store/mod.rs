@@ -73,7 +73,8 @@ const FIXED_PORT_RETRY: Duration = Duration::from_secs(5);
 /// the plan's fixed port. `None` when another agent, or worker rank 0, hosts it.
 ///
 /// # Errors
-/// The port cannot be listened on (e.g. another process listens on a fixed `--master-port`).
+/// [`crate::ConfigError::Invalid`] (exit 2) when another process listens on a fixed
+/// `--master-port`; an OS error when the port cannot be listened on otherwise.
 pub async fn host(
     mode: WorkerStoreMode,
     plan: &Plan,
@@ -98,6 +99,13 @@ pub async fn host(
                             && tokio::time::Instant::now() < deadline =>
                     {
                         tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                        return Err(LaunchError::Config(crate::ConfigError::Invalid {
+                            flag: "--master-port",
+                            value: port.to_string(),
+                            why: "another process listens on that port, and node rank 0's agent serves the workers' store there: choose a free port, or pass --worker-store rank0 to let worker rank 0 bind it".into(),
+                        }));
                     }
                     Err(e) => return Err(LaunchError::os(what(), e)),
                 }
