@@ -212,3 +212,33 @@ fn without_log_dir_nothing_is_left_in_the_temp_dir() {
         assert!(!err.contains("worker logs and error files"), "{err}");
     }
 }
+
+#[test]
+fn a_sigkilled_agent_leaves_no_scratch_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ready = tmp.path().join("ready");
+    let mut c = drun();
+    c.env("TMPDIR", tmp.path())
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--no-python",
+            "sh",
+            "-c",
+        ])
+        .arg("touch \"$0\"; sleep 60")
+        .arg(&ready);
+    let agent = crate::harness::Agent::start(c);
+    crate::harness::wait_for("the worker started", Duration::from_secs(30), || {
+        ready.exists()
+    });
+    std::fs::remove_file(&ready).unwrap();
+    agent.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = agent.wait(Duration::from_secs(10));
+    crate::harness::wait_for(
+        "the guard to remove the scratch log directory",
+        Duration::from_secs(10),
+        || std::fs::read_dir(tmp.path()).unwrap().next().is_none(),
+    );
+}

@@ -57,7 +57,8 @@ fn crashed_node_is_a_membership_restart(store: &[&str]) {
         all_err.push_str(&err);
     }
     assert!(
-        all_err.contains("(127.0.0.3, rank 2) lost: connection to its agent closed"),
+        all_err
+            .contains("(127.0.0.3, rank 2) lost: its agent's connection to the rendezvous closed"),
         "the re-form names the lost node and how it was noticed:\n{all_err}"
     );
     assert!(
@@ -86,4 +87,58 @@ fn crashed_node_is_a_membership_restart_memory() {
 fn crashed_node_is_a_membership_restart_etcd() {
     let etcd = Etcd::start();
     crashed_node_is_a_membership_restart(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
+}
+
+/// An agent stopped (SIGSTOP) past its lease while its worker runs on: the others re-form
+/// without it, its worker fails in the old world, and when the agent resumes it is fenced while
+/// reporting that failure: it joins again as a newcomer instead of ending the job with exit 1.
+#[test]
+fn an_agent_stopped_past_its_lease_rejoins_instead_of_failing_the_job() {
+    let Some(python) = torch_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let rdzv = [
+        "--rdzv-endpoint".to_string(),
+        server.endpoint.clone(),
+        "--rdzv-conf".into(),
+        "lease_ttl=3".into(),
+    ];
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| {
+            let mut c = node_cmd(i, "paused", "2:3", &rdzv);
+            c.args(["--nproc-per-node", "1", "--shutdown-timeout", "3"])
+                .arg("--python")
+                .arg(&python)
+                .arg(crate::harness::worker("steps.py"))
+                .arg(dir.path())
+                .arg("100000");
+            Agent::start(c)
+        })
+        .collect();
+    wait_for("generation 1 with 3 ranks", Duration::from_secs(90), || {
+        gen_records(dir.path(), 1).len() == 3
+    });
+    let paused = &agents[2];
+    paused.signal(Signal::SIGSTOP);
+    wait_for(
+        "the others re-form without it",
+        Duration::from_secs(60),
+        || gen_records(dir.path(), 2).len() == 2,
+    );
+    paused.signal(Signal::SIGCONT);
+    // Fenced while reporting its worker's failure, or before it saw that failure: either way
+    // it joins again.
+    wait_for(
+        "the resumed agent to be fenced and join again",
+        Duration::from_secs(60),
+        || paused.stderr_so_far().contains("fenced"),
+    );
+    wait_for(
+        "a generation with all 3 nodes again",
+        Duration::from_secs(60),
+        || (3..10).any(|g| gen_records(dir.path(), g).len() == 3),
+    );
+    let err = paused.stderr_so_far();
+    assert!(!err.contains("FAILED"), "no failure summary: {err}");
+    assert!(!err.contains("could not report the failure"), "{err}");
 }

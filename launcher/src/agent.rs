@@ -178,7 +178,7 @@ impl Agent {
                 }
             });
         }
-        let guard = Guard::start(&spawner, &agent_id)
+        let mut guard = Guard::start(&spawner, &agent_id)
             .await
             .map_err(|e| LaunchError::os("cannot start the cleanup guard process", e))?;
         let hostname = nix::unistd::gethostname()
@@ -207,8 +207,16 @@ impl Agent {
                 source,
             })
         })?;
+        if temp_log_dir {
+            guard.scratch(&run_log_dir);
+        }
         let (api, api_rx) = match ApiServer::start() {
-            Ok((server, rx)) => (Some(server), rx),
+            Ok((server, rx)) => {
+                if let Some(dir) = server.path().parent() {
+                    guard.scratch(dir);
+                }
+                (Some(server), rx)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot open the worker API socket; checkpoint commits are unavailable (DRUN_AGENT_SOCK unset)");
                 (None, mpsc::unbounded_channel().1)
@@ -702,8 +710,16 @@ impl Agent {
                         return Ok(Ok((restart, restarts.history)));
                     }
                     Some(Event::Reform { reason, .. }) => reform = Some(reason),
-                    // The worker failure stays the primary error; the rendezvous trouble is
-                    // appended (failure case 25), and nothing restarts without a decision.
+                    // Fenced by the rendezvous (this agent was stopped past its lease): the
+                    // group went on without this node, so its failure is moot; it joins again
+                    // as a newcomer, as after any fence.
+                    Some(Event::Fenced(e)) if !e.starts_with(crate::rdzv::grpc::UNREACHABLE) => {
+                        tracing::warn!("{description}; fenced while reporting it: {e}; the group went on without this node: joining again");
+                        return Ok(Ok((true, Vec::new())));
+                    }
+                    // The worker failure stays the primary error when the rendezvous is gone;
+                    // the rendezvous trouble is appended, and nothing restarts without a
+                    // decision.
                     Some(Event::Error(e)) | Some(Event::Fenced(e)) => {
                         self.also.push(format!("could not report the failure to the rendezvous: {e}"));
                         return Ok(Ok((false, Vec::new())));

@@ -94,6 +94,16 @@ fn rendezvous_is_static(m: &RendezvousMode) -> bool {
     )
 }
 
+/// The `--rdzv-conf` keys drun reads; others are reported once at start.
+pub const RDZV_CONF_KEYS: [&str; 6] = [
+    "join_timeout",
+    "last_call_timeout",
+    "lease_ttl",
+    "keep_alive_interval",
+    "reform_settle",
+    "is_host",
+];
+
 /// Rendezvous timing, from `--rdzv-conf` (seconds) with torchrun's defaults where it has them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
@@ -674,6 +684,16 @@ impl LaunchConfig {
         });
 
         let mut notes = Vec::new();
+        for key in rdzv_conf
+            .keys()
+            .filter(|k| !RDZV_CONF_KEYS.contains(&k.as_str()))
+        {
+            // torchrun passes unknown keys to custom handlers; drun has none: say so once.
+            notes.push(format!(
+                "--rdzv-conf {key} is not used by drun (it reads {})",
+                RDZV_CONF_KEYS.join(", ")
+            ));
+        }
         let timing = Timing::from_conf(&rdzv_conf)?;
         let (rendezvous, run_id) = rendezvous_mode(
             a,

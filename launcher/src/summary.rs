@@ -133,7 +133,7 @@ impl Failure {
 /// never reported as failures), with what to do about it.
 pub fn signal_cause(sig: Signal) -> Option<&'static str> {
     Some(match sig {
-        Signal::SIGHUP => "the terminal hung up (an ssh session or window closed); start drun under nohup, tmux or screen",
+        Signal::SIGHUP => "a hang-up from outside drun (workers have no terminal of their own, and drun stops its workers itself when its terminal hangs up); if a terminal or ssh session closing is the cause, start drun under nohup, tmux or screen",
         Signal::SIGKILL => "drun did not send it: the kernel's OOM killer (check `dmesg` or the cgroup's memory.events) or an outside `kill -9`",
         Signal::SIGPIPE => "its output was closed (a reader such as `| head` went away)",
         Signal::SIGABRT => "a native abort: a C++ exception or assertion, often in a destructor at exit",
@@ -327,7 +327,7 @@ mod tests {
         let s = format_summary("w.py", "h", &[f.clone()], &[]);
         assert!(s.contains("exitcode  : -1 (pid: 101)"), "{s}");
         assert!(
-            s.contains("Signal 1 (SIGHUP) received by PID 101: the terminal hung up"),
+            s.contains("Signal 1 (SIGHUP) received by PID 101: a hang-up from outside drun"),
             "{s}"
         );
         assert!(s.contains("nohup, tmux or screen"), "{s}");

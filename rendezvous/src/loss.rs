@@ -26,7 +26,8 @@ pub const LEASE_EXPIRED: &str =
     "lease expired (no keep-alive within lease_ttl: host down, hung or partitioned)";
 
 /// What the server records for an agent whose connection closed without a Leave.
-pub const CONNECTION_CLOSED: &str = "connection to its agent closed (agent process gone)";
+pub const CONNECTION_CLOSED: &str =
+    "its agent's connection to the rendezvous closed and did not come back (agent process gone, or its host hung or unreachable)";
 
 /// What an agent that leaves on purpose records.
 pub const LEFT: &str = "its agent left (stopped by a signal or an error)";

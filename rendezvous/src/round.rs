@@ -248,7 +248,9 @@ impl Round {
                     waiting_events = None;
                     if let Some(kv) = self.store.get(&self.keys.progress()).await? {
                         let reason = kv.value_str();
-                        if without_countdown(&reason) != without_countdown(&last_reason) {
+                        if !reason.is_empty()
+                            && without_countdown(&reason) != without_countdown(&last_reason)
+                        {
                             progress(&reason);
                             last_reason = reason;
                         }
@@ -297,12 +299,15 @@ impl Round {
                     }
                     Step::Wait(reason, wake_at) => {
                         // One line per change of state, not one per second of countdown.
-                        if without_countdown(&reason) != without_countdown(&last_reason) {
+                        if !reason.is_empty()
+                            && without_countdown(&reason) != without_countdown(&last_reason)
+                        {
                             progress(&reason);
                             last_reason = reason.clone();
                         }
                         // Published at most once a second: every waiting node watches it.
-                        if without_countdown(&reason) != without_countdown(&published)
+                        if !reason.is_empty()
+                            && without_countdown(&reason) != without_countdown(&published)
                             && last_published.is_none_or(|t| now - t >= PROGRESS_EVERY)
                         {
                             let _ = self
@@ -576,14 +581,18 @@ impl Round {
                 // the generation closes; its members then join this waiting set.
                 *opened_at = now;
                 *min_reached_at = None;
-                return Ok(Step::Wait(
+                // No line when nobody stands by: the waiting keys are the members' own, whose
+                // agents are about to see the plan.
+                let reason = if candidates.is_empty() {
+                    String::new()
+                } else {
                     format!(
                         "generation {g} is running with {} node(s); {} node(s) standing by until it re-forms",
                         plan.members.len(),
                         candidates.len()
-                    ),
-                    now + PROGRESS_EVERY,
-                ));
+                    )
+                };
+                return Ok(Step::Wait(reason, now + PROGRESS_EVERY));
             }
         }
         if candidates.len() >= self.cfg.min_nodes {

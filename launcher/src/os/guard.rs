@@ -7,7 +7,8 @@
 //! `unpg <pgid>`) and says `done` before a normal exit. If the pipe reaches end-of-file without
 //! `done`, the agent died: the guard SIGKILLs the remembered groups and every process whose
 //! environment carries `DRUN_AGENT_ID=<agent-id>` (which catches children that left the group
-//! with `setsid`), rescans a few times to catch forks in flight, and exits.
+//! with `setsid`), rescans a few times to catch forks in flight, removes the agent's scratch log
+//! directory (`scratch <dir>`, only without `--log-dir`), and exits.
 
 use std::collections::BTreeSet;
 use std::io::{self, BufRead, Write};
@@ -75,6 +76,13 @@ impl Guard {
         self.say(&format!("unpg {pgid}"));
     }
 
+    /// A scratch directory (the worker API socket's, the worker log directory without
+    /// `--log-dir`) to remove after the cleanup if the agent dies; the agent removes it itself
+    /// on a normal exit.
+    pub fn scratch(&mut self, dir: &std::path::Path) {
+        self.say(&format!("scratch {}", dir.display()));
+    }
+
     /// Normal exit: the guard leaves without killing anything.
     pub fn disarm(mut self) {
         self.say("done");
@@ -95,6 +103,7 @@ pub fn guard_main(agent_id: &str) -> ! {
         Signal::SIGUSR2,
     ]);
     let mut groups = BTreeSet::new();
+    let mut scratch: Vec<std::path::PathBuf> = Vec::new();
     for line in io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         match line.split_once(' ') {
@@ -108,6 +117,7 @@ pub fn guard_main(agent_id: &str) -> ! {
                     groups.remove(&n);
                 }
             }
+            Some(("scratch", dir)) => scratch.push(dir.into()),
             _ if line == "done" => std::process::exit(0),
             _ => {}
         }
@@ -125,6 +135,9 @@ pub fn guard_main(agent_id: &str) -> ! {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for dir in scratch {
+        let _ = std::fs::remove_dir_all(dir);
     }
     std::process::exit(0)
 }

@@ -21,6 +21,11 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 /// How long the first connection may take before the rendezvous is declared unreachable.
 const FIRST_CONNECT_WINDOW: Duration = Duration::from_secs(10);
+/// How the fence this link declares itself begins: no server could be reached for a whole
+/// lease TTL. Unlike a fence the server declares (the lease expired while this agent was
+/// stopped), the rendezvous is gone, so a worker failure stays the primary error.
+pub const UNREACHABLE: &str = "no rendezvous server reachable";
+
 /// How long a first connection may fail quietly (peers start at slightly different times).
 const QUIET_FIRST_CONNECT: Duration = Duration::from_secs(2);
 
@@ -117,7 +122,7 @@ async fn run(
         attempt += 1;
         if t.lease.is_some() && last_contact.elapsed() > cfg.lease_ttl {
             let _ = events.send(Event::Fenced(format!(
-                "no rendezvous server reachable for {} (TTL {}; tried {})",
+                "{UNREACHABLE} for {} (TTL {}; tried {})",
                 human(last_contact.elapsed()),
                 human(cfg.lease_ttl),
                 endpoints.join(", ")
