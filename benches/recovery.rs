@@ -31,8 +31,10 @@
 //!    in total since the agent started. In each run one drun and one torchrun are started at
 //!    the same moment and read over the same window (the readings are per process).
 //!
-//! A run that does not recover within `DRUN_BENCH_BOUND` seconds (default 120) is reported as
-//! such, never as a number; after one such run that launcher's row is not repeated. Rows are
+//! A run that does not recover within `DRUN_BENCH_BOUND` seconds (default 120) counts as
+//! infinite: the median is a number only when most runs recovered, else the cell says "did not
+//! recover"; in the hung-host row a launcher's first such run is not repeated (torchrun has no
+//! hang detector; only the workers' collective timeout, 30 min for gloo, would end it). Rows are
 //! chosen with `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP` (comma-separated of `loss`, `loss-etcd`,
 //! `hung`, `fail`, `launch`, `rdzv`, `idle`). Every process of a run carries the run's tag in
 //! its environment; at the end of the run every launcher's process group and every tagged
@@ -369,6 +371,9 @@ enum Unit {
 fn fmt(v: f64, unit: Unit) -> String {
     match unit {
         Unit::Mib => format!("{v:.1} MiB"),
+        // /proc counts CPU time in 10 ms ticks.
+        Unit::CpuSeconds if v < 0.01 => "< 10 ms".into(),
+        Unit::CpuSeconds if v < 1.0 => format!("{:.0} ms", v * 1e3),
         Unit::Seconds | Unit::CpuSeconds => {
             if v >= 10.0 {
                 format!("{v:.1} s")
@@ -476,6 +481,10 @@ impl Row {
 
     fn ratio(&self, bound: Duration) -> String {
         match (self.drun.median(), self.torchrun.median()) {
+            (Some(_), Some(t)) if matches!(self.unit, Unit::CpuSeconds) && t < 0.01 => "—".into(),
+            (Some(d), Some(t)) if matches!(self.unit, Unit::CpuSeconds) && d < 0.01 => {
+                format!("< {:.3}", 0.01 / t)
+            }
             (Some(d), Some(t)) if d.is_finite() && t.is_finite() => format!("{:.3}", d / t),
             (Some(d), Some(_)) if d.is_finite() => {
                 format!("< {:.3}", d / bound.as_secs_f64())
@@ -494,7 +503,16 @@ fn launchers(b: &Bench) -> Vec<Launcher> {
 }
 
 /// Rows 1-3: a recovery scenario, both launchers alternating.
-fn recovery_rows(b: &Bench, what: &str, fault: Fault, store: Store, with_torch: bool) -> [Row; 2] {
+/// With `give_up`, a launcher's first run that does not recover ends its part of the row (for a
+/// hang torchrun has no detector: only the workers' collective timeout, 30 min for gloo, ends it).
+fn recovery_rows(
+    b: &Bench,
+    what: &str,
+    fault: Fault,
+    store: Store,
+    with_torch: bool,
+    give_up: bool,
+) -> [Row; 2] {
     let mut started = Row::new(format!("{what} → both new workers started"), Unit::Seconds);
     let mut ready = Row::new(
         format!("{what} → new group's first all_reduce"),
@@ -506,7 +524,7 @@ fn recovery_rows(b: &Bench, what: &str, fault: Fault, store: Store, with_torch: 
         .collect();
     for run in 0..b.runs {
         for &l in &ls {
-            if started.cell(l).gave_up() {
+            if give_up && started.cell(l).gave_up() {
                 continue;
             }
             let sample = recovery(b, l, fault, store, run);
@@ -701,6 +719,7 @@ fn main() {
             Fault::Crash,
             Store::Memory,
             true,
+            false,
         ));
     }
     if selected("loss-etcd") {
@@ -709,6 +728,7 @@ fn main() {
             &format!("{loss}, drun etcd store"),
             Fault::Crash,
             Store::Etcd,
+            false,
             false,
         ));
     }
@@ -719,6 +739,7 @@ fn main() {
             Fault::Hang,
             Store::Memory,
             true,
+            true,
         ));
     }
     if selected("fail") {
@@ -728,6 +749,7 @@ fn main() {
             Fault::WorkerExit,
             Store::Memory,
             true,
+            false,
         ));
     }
     launch_rows(&b, &mut rows);
