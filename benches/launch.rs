@@ -7,47 +7,28 @@
 //! sets N (default 10).
 
 mod common;
-use common::torchrun;
+use common::{runs, time_once, torchrun, LAUNCH_ARGS};
 
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-fn time_runs(label: &str, mut make: impl FnMut() -> Command, runs: usize) -> (Duration, Duration) {
-    let mut samples = Vec::with_capacity(runs);
-    for _ in 0..runs {
-        let mut cmd = make();
-        cmd.stdout(Stdio::null()).stderr(Stdio::null());
-        let t0 = Instant::now();
-        let status = cmd.status().unwrap_or_else(|e| panic!("{label}: {e}"));
-        samples.push(t0.elapsed());
-        assert!(status.success(), "{label} failed: {status}");
-    }
+fn time_runs(label: &str, launcher: &Path, runs: usize) -> (Duration, Duration) {
+    let mut samples: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let mut c = Command::new(launcher);
+            c.args(LAUNCH_ARGS);
+            time_once(label, c)
+        })
+        .collect();
     samples.sort();
     (samples[0], samples[samples.len() / 2])
 }
 
 fn main() {
-    let runs: usize = std::env::var("DRUN_BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
-    let args = [
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--no-python",
-        "true",
-    ];
-    let drun = env!("CARGO_BIN_EXE_drun");
-    let (d_min, d_med) = time_runs(
-        "drun",
-        || {
-            let mut c = Command::new(drun);
-            c.args(args);
-            c
-        },
-        runs,
-    );
+    let runs = runs(10);
+    let drun = Path::new(env!("CARGO_BIN_EXE_drun"));
+    let (d_min, d_med) = time_runs("drun", drun, runs);
     println!("launch of 2 trivial workers, {runs} runs each");
     println!(
         "drun      min {:>8.1} ms   median {:>8.1} ms",
@@ -56,15 +37,7 @@ fn main() {
     );
     match torchrun() {
         Some(t) => {
-            let (t_min, t_med) = time_runs(
-                "torchrun",
-                || {
-                    let mut c = Command::new(&t);
-                    c.args(args);
-                    c
-                },
-                runs,
-            );
+            let (t_min, t_med) = time_runs("torchrun", &t, runs);
             println!(
                 "torchrun  min {:>8.1} ms   median {:>8.1} ms",
                 t_min.as_secs_f64() * 1e3,

@@ -12,57 +12,16 @@
 //!    `DRUN_BENCH_REAL=0` skips part 1.
 
 mod common;
-use common::{free_port, torchrun, Etcd};
+use common::{free_port, rendezvous_drun, rendezvous_time, rendezvous_torchrun, torchrun};
+use common::{Etcd, RdzvServer};
 
-use std::io::BufRead;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use drun_rendezvous::session::{spawn_session, Event, Request, SessionConfig};
 use drun_rendezvous::{Candidate, EtcdStore, RoundConfig, Store};
 
-fn now_ns() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
-/// Starts N launchers built by `make(i)`; returns seconds from the last start to the last worker
-/// start (workers write their start time in ns to `dir/<RANK>`).
-fn measure(n: usize, dir: &Path, mut make: impl FnMut(usize) -> Command) -> f64 {
-    let mut children: Vec<Child> = Vec::new();
-    let mut last_start = 0;
-    for i in 0..n {
-        let mut c = make(i);
-        c.stdout(Stdio::null()).stderr(Stdio::null());
-        children.push(c.spawn().expect("start launcher"));
-        last_start = now_ns();
-    }
-    for mut c in children {
-        let st = c.wait().unwrap();
-        assert!(st.success(), "a launcher failed: {st}");
-    }
-    let last_worker = (0..n)
-        .map(|r| {
-            std::fs::read_to_string(dir.join(r.to_string()))
-                .unwrap()
-                .trim()
-                .parse::<u128>()
-                .unwrap()
-        })
-        .max()
-        .unwrap();
-    (last_worker.saturating_sub(last_start)) as f64 / 1e9
-}
-
-const WORKER: &str = "date +%s%N > \"$0/$RANK\"";
-
 fn real_agents() {
-    let drun = env!("CARGO_BIN_EXE_drun");
-    let server_bin = env!("CARGO_BIN_EXE_drun-rendezvous");
     let torchrun = torchrun();
     println!("rendezvous time, last agent started -> last worker started (1 worker per agent)");
     println!(
@@ -71,67 +30,18 @@ fn real_agents() {
     );
     for n in [2usize, 4, 8, 16] {
         let etcd = Etcd::start();
-        let mut server = Command::new(server_bin)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--store",
-                "etcd",
-                "--etcd-endpoints",
-                &etcd.2,
-            ])
-            .env("DRUN_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(server.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let endpoint = line.split_whitespace().nth(3).unwrap().to_string();
+        let server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.2]);
         let dir = tempfile::tempdir().unwrap();
-        let d = measure(n, dir.path(), |i| {
-            let mut c = Command::new(drun);
-            c.args([
-                "-q",
-                "--nnodes",
-                &n.to_string(),
-                "--rdzv-endpoint",
-                &endpoint,
-                "--rdzv-id",
-                &format!("bench{n}"),
-            ])
-            .arg("--local-addr")
-            .arg(format!("127.0.0.{}", i + 1))
-            .args(["--no-python", "sh", "-c", WORKER])
-            .arg(dir.path());
-            c
+        let id = format!("bench{n}");
+        let d = rendezvous_time(n, dir.path(), |i| {
+            rendezvous_drun(n, i, &server.1, &id, dir.path())
         });
-        let _ = server.kill();
-        let _ = server.wait();
+        drop(server);
         let t = torchrun.as_ref().map(|t| {
             let dir = tempfile::tempdir().unwrap();
             let port = free_port();
-            measure(n, dir.path(), |_| {
-                let mut c = Command::new(t);
-                c.args([
-                    "--nnodes",
-                    &n.to_string(),
-                    "--nproc-per-node",
-                    "1",
-                    "--rdzv-backend",
-                    "c10d",
-                ])
-                .args([
-                    "--rdzv-endpoint",
-                    &format!("127.0.0.1:{port}"),
-                    "--rdzv-id",
-                    &format!("bench{n}"),
-                ])
-                .args(["--no-python", "sh", "-c", WORKER])
-                .arg(dir.path());
-                c
+            rendezvous_time(n, dir.path(), |_| {
+                rendezvous_torchrun(t, n, port, &id, dir.path())
             })
         });
         match t {

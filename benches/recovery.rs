@@ -1,0 +1,789 @@
+//! Recovery, launch and footprint: drun vs torchrun side by side in one invocation, one table.
+//!
+//! `cargo bench --bench recovery` (needs `etcd` on PATH, and torch: `$DRUN_TORCH_PYTHON` or
+//! `~/.cache/drun/venv/bin/python`, with `torchrun` beside it; without torchrun only drun is
+//! measured). Each row is the median over `DRUN_BENCH_RUNS` runs (default 5), drun and torchrun
+//! runs alternating, with [min–max] and the ratio drun/torchrun:
+//!
+//! 1. **Node loss, crashed agent, default settings.** 3 agents `--nnodes 2:3`, 1 worker each, on
+//!    127.0.0.1-3, running `benches/workers/recovery.py` (real torch, a gloo all_reduce every
+//!    0.1 s). drun goes through `drun-rendezvous serve --store memory` (and, as its own row,
+//!    `--store etcd`) with its default `--max-restarts 0`; torchrun through its c10d backend
+//!    (the store hosted by the first agent) with `--max-restarts 3`. No `--rdzv-conf`. Once
+//!    every worker did its first all_reduce (and 1 s more), the third agent is SIGKILLed: under
+//!    drun the agent process only (its guard kills its worker); under torchrun the agent and
+//!    its worker (which torchrun starts in a session of its own) together. Measured: the time
+//!    from the SIGKILL until both survivors' new workers (world size 2) had started — their
+//!    first statement, before `import torch` — and, as a second row, until both had finished
+//!    their first all_reduce in the new group.
+//! 2. **Hung host.** The same job; the third agent and its worker (and drun's guard) get
+//!    SIGSTOP instead. Same measurement.
+//! 3. **Worker failure.** 2 agents × 1 worker, `--max-restarts 1` for both launchers; rank 1
+//!    exits 1 once. From that worker's exit until both new workers
+//!    started (and did their first all_reduce).
+//! 4. **Launch overhead** (`--standalone`, 2 trivial workers `--no-python true`, as
+//!    `benches/launch.rs`) and **rendezvous time** for N agents (`DRUN_BENCH_RDZV_N`, default
+//!    2,4,8; last agent started -> last worker started, as `benches/rendezvous.rs`: drun through
+//!    a `drun-rendezvous` server on etcd, torchrun c10d).
+//! 5. **Agent footprint.** `--standalone`, 2 workers sleeping: the agent process's peak RSS
+//!    (`VmHWM`) and its own CPU time (`utime`+`stime` from `/proc/<pid>/stat`, children not
+//!    included) during `DRUN_BENCH_IDLE` seconds (default 30) after both workers started, and
+//!    in total since the agent started. In each run one drun and one torchrun are started at
+//!    the same moment and read over the same window (the readings are per process).
+//!
+//! A run that does not recover within `DRUN_BENCH_BOUND` seconds (default 120) counts as
+//! infinite: the median is a number only when most runs recovered, else the cell says "did not
+//! recover"; in the hung-host row a launcher's first such run is not repeated (torchrun has no
+//! hang detector; only the workers' collective timeout, 30 min for gloo, would end it). Rows are
+//! chosen with `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP` (comma-separated of `loss`, `loss-etcd`,
+//! `hung`, `fail`, `launch`, `rdzv`, `idle`). Every process of a run carries the run's tag in
+//! its environment; at the end of the run every launcher's process group and every tagged
+//! process (workers that left their group included) is SIGKILLed. Agent logs of a run that
+//! fails to start are printed to stderr, with progress lines; the table goes to stdout as
+//! Markdown (`DRUN_BENCH_KEEP=1` keeps each run's worker records and agent logs). Only loopback
+//! addresses are used.
+
+mod common;
+use common::procs::{cpu_time, listening, peak_rss_kib, Procs};
+use common::{
+    free_port, now_ns, rendezvous_drun, rendezvous_time, rendezvous_torchrun, runs, time_once,
+    torch_python, torchrun, Etcd, RdzvServer, LAUNCH_ARGS,
+};
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+
+const ROWS: [&str; 7] = [
+    "loss",
+    "loss-etcd",
+    "hung",
+    "fail",
+    "launch",
+    "rdzv",
+    "idle",
+];
+
+fn env_secs(key: &str, default: u64) -> Duration {
+    Duration::from_secs(
+        std::env::var(key)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default),
+    )
+}
+
+/// Whether row `key` is selected by `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP`.
+fn selected(key: &str) -> bool {
+    let list = |var: &str| {
+        std::env::var(var).ok().map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+    };
+    let only = list("DRUN_BENCH_ONLY").is_none_or(|l| l.iter().any(|k| k == key));
+    let skip = list("DRUN_BENCH_SKIP").is_some_and(|l| l.iter().any(|k| k == key));
+    only && !skip
+}
+
+struct Bench {
+    python: PathBuf,
+    torchrun: Option<PathBuf>,
+    runs: usize,
+    bound: Duration,
+    idle: Duration,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Launcher {
+    Drun,
+    Torchrun,
+}
+
+impl Launcher {
+    fn name(self) -> &'static str {
+        match self {
+            Launcher::Drun => "drun",
+            Launcher::Torchrun => "torchrun",
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Store {
+    Memory,
+    Etcd,
+}
+
+/// What happens in a recovery scenario.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL of the third agent (drun) or of the third agent and its worker (torchrun).
+    Crash,
+    /// SIGSTOP of every process of the third node.
+    Hang,
+    /// Rank 1 exits 1 in the first generation.
+    WorkerExit,
+}
+
+/// One recovery run.
+enum Sample {
+    /// Seconds from the fault until both new workers started, and until both did their first
+    /// all_reduce.
+    Recovered { started: f64, ready: f64 },
+    /// Not within the bound.
+    NotRecovered,
+    /// The job never reached its first generation (an environment problem, not a result).
+    SetupFailed,
+}
+
+/// One worker's record, written by `benches/workers/recovery.py`.
+struct Rec {
+    rank: u64,
+    world: u64,
+    start_ns: u128,
+    ready_ns: Option<u128>,
+    exit_ns: Option<u128>,
+}
+
+fn records(dir: &Path) -> Vec<Rec> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("json") {
+            continue;
+        }
+        let Some(v) = std::fs::read_to_string(&p)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        else {
+            continue;
+        };
+        let ns = |k: &str| v[k].as_u64().map(u128::from);
+        let (Some(rank), Some(world), Some(start_ns)) =
+            (v["rank"].as_u64(), v["world"].as_u64(), ns("start_ns"))
+        else {
+            continue;
+        };
+        out.push(Rec {
+            rank,
+            world,
+            start_ns,
+            ready_ns: ns("ready_ns"),
+            exit_ns: ns("exit_ns"),
+        });
+    }
+    out
+}
+
+/// When every rank 0..world of a world-`world` group started after `t0` reached its first
+/// all_reduce: (latest start, latest first all_reduce) in ns after `t0`. Per rank the worker
+/// that got there first counts.
+fn group_ready(recs: &[Rec], t0: u128, world: u64) -> Option<(u128, u128)> {
+    let (mut started, mut ready) = (0, 0);
+    for rank in 0..world {
+        let r = recs
+            .iter()
+            .filter(|r| r.rank == rank && r.world == world && r.start_ns > t0)
+            .filter(|r| r.ready_ns.is_some())
+            .min_by_key(|r| r.ready_ns)?;
+        started = started.max(r.start_ns - t0);
+        ready = ready.max(r.ready_ns.unwrap() - t0);
+    }
+    Some((started, ready))
+}
+
+fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn log_tails(logs: &Path, n: usize) {
+    for i in 0..n {
+        let text = std::fs::read_to_string(logs.join(format!("agent{i}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!("  --- agent {i} log (last 20 lines) ---");
+        for l in &lines[lines.len().saturating_sub(20)..] {
+            eprintln!("  {l}");
+        }
+    }
+}
+
+/// One run of a recovery scenario with launcher `l`.
+fn recovery(b: &Bench, l: Launcher, fault: Fault, store: Store, run: usize) -> Sample {
+    let (nodes, nnodes) = match fault {
+        Fault::WorkerExit => (2, "2"),
+        Fault::Crash | Fault::Hang => (3, "2:3"),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (recs, logs) = (dir.path().join("rec"), dir.path().join("log"));
+    std::fs::create_dir_all(&recs).unwrap();
+    std::fs::create_dir_all(&logs).unwrap();
+    let worker = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/workers/recovery.py");
+    let id = format!("rec{run}");
+    let etcd = (store == Store::Etcd && l == Launcher::Drun).then(Etcd::start);
+    let server = (l == Launcher::Drun).then(|| match &etcd {
+        Some(e) => RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &e.2]),
+        None => RdzvServer::start(&["--store", "memory"]),
+    });
+    let port = free_port();
+    let make = |i: usize| {
+        let mut c = match l {
+            Launcher::Drun => {
+                let mut c = Command::new(env!("CARGO_BIN_EXE_drun"));
+                c.args(["--rdzv-endpoint", &server.as_ref().unwrap().1]);
+                if fault == Fault::WorkerExit {
+                    c.args(["--max-restarts", "1"]);
+                }
+                c.arg("--python").arg(&b.python);
+                c
+            }
+            Launcher::Torchrun => {
+                let mut c = Command::new(b.torchrun.as_ref().unwrap());
+                c.args(["--rdzv-backend", "c10d"])
+                    .args(["--rdzv-endpoint", &format!("127.0.0.1:{port}")])
+                    .args([
+                        "--max-restarts",
+                        if fault == Fault::WorkerExit { "1" } else { "3" },
+                    ]);
+                c
+            }
+        };
+        c.args([
+            "--nnodes",
+            nnodes,
+            "--nproc-per-node",
+            "1",
+            "--rdzv-id",
+            &id,
+        ])
+        .arg("--local-addr")
+        .arg(format!("127.0.0.{}", i + 1))
+        .arg(&worker)
+        .arg(&recs);
+        if fault == Fault::WorkerExit {
+            c.args(["1", "10"]);
+        }
+        for k in [
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "DRUN_LOG",
+            "RUST_LOG",
+        ] {
+            c.env_remove(k);
+        }
+        let log = File::create(logs.join(format!("agent{i}.log"))).unwrap();
+        c.stdout(log.try_clone().unwrap()).stderr(log);
+        c
+    };
+    let mut procs = Procs::new(&format!("{}-{}", l.name(), id));
+    let mut agents = Vec::new();
+    for i in 0..nodes {
+        agents.push(procs.spawn(make(i), i).expect("start launcher"));
+        if l == Launcher::Torchrun && i == 0 {
+            // The first agent hosts the c10d store, so that the victim (the third) is not it.
+            poll(Duration::from_secs(60), || listening(port).then_some(()));
+        }
+    }
+    let formed = poll(Duration::from_secs(180), || {
+        group_ready(&records(&recs), 0, nodes as u64)
+    });
+    if formed.is_none() {
+        eprintln!("  {} did not start its first generation:", l.name());
+        log_tails(&logs, nodes);
+        return Sample::SetupFailed;
+    }
+    let t0 = match fault {
+        Fault::Crash | Fault::Hang => {
+            std::thread::sleep(Duration::from_secs(1));
+            let t0 = now_ns();
+            match (fault, l) {
+                (Fault::Crash, Launcher::Drun) => kill(agents[2], Signal::SIGKILL).unwrap(),
+                (Fault::Crash, Launcher::Torchrun) => {
+                    procs.signal_node(2, Signal::SIGKILL);
+                }
+                _ => {
+                    procs.signal_node(2, Signal::SIGSTOP);
+                }
+            }
+            t0
+        }
+        Fault::WorkerExit => {
+            match poll(Duration::from_secs(60), || {
+                records(&recs).iter().find_map(|r| r.exit_ns)
+            }) {
+                Some(t) => t,
+                None => {
+                    eprintln!("  the failing worker never exited:");
+                    log_tails(&logs, nodes);
+                    return Sample::SetupFailed;
+                }
+            }
+        }
+    };
+    let after = poll(b.bound, || group_ready(&records(&recs), t0, 2));
+    let sample = match after {
+        Some((s, r)) => Sample::Recovered {
+            started: s as f64 / 1e9,
+            ready: r as f64 / 1e9,
+        },
+        None => Sample::NotRecovered,
+    };
+    if l == Launcher::Drun {
+        let text = std::fs::read_to_string(logs.join("agent0.log")).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("restart into generation")) {
+            let at = line.find("restart into").unwrap();
+            eprintln!("  drun agent 0: {}", &line[at..]);
+        } else if matches!(sample, Sample::NotRecovered) {
+            log_tails(&logs, nodes);
+        }
+    }
+    procs.kill_all();
+    if std::env::var_os("DRUN_BENCH_KEEP").is_some() {
+        eprintln!("  kept {}", dir.keep().display());
+    }
+    sample
+}
+
+/// The unit a row is measured in.
+#[derive(Clone, Copy)]
+enum Unit {
+    Seconds,
+    Mib,
+    CpuSeconds,
+}
+
+fn fmt(v: f64, unit: Unit) -> String {
+    match unit {
+        Unit::Mib => format!("{v:.1} MiB"),
+        // /proc counts CPU time in 10 ms ticks.
+        Unit::CpuSeconds if v < 0.01 => "< 10 ms".into(),
+        Unit::CpuSeconds if v < 1.0 => format!("{:.0} ms", v * 1e3),
+        Unit::Seconds | Unit::CpuSeconds => {
+            if v >= 10.0 {
+                format!("{v:.1} s")
+            } else if v >= 1.0 {
+                format!("{v:.2} s")
+            } else if v >= 0.01 {
+                format!("{:.0} ms", v * 1e3)
+            } else {
+                format!("{:.1} ms", v * 1e3)
+            }
+        }
+    }
+}
+
+/// One launcher's samples of one row; `f64::INFINITY` is a run that did not recover.
+#[derive(Default)]
+struct Cell {
+    values: Vec<f64>,
+    setup_failed: usize,
+    /// Why it was not measured at all.
+    absent: Option<String>,
+}
+
+impl Cell {
+    fn absent(why: &str) -> Cell {
+        Cell {
+            absent: Some(why.into()),
+            ..Cell::default()
+        }
+    }
+
+    fn gave_up(&self) -> bool {
+        self.values.iter().any(|v| v.is_infinite())
+    }
+
+    fn median(&self) -> Option<f64> {
+        let mut v = self.values.clone();
+        v.sort_by(f64::total_cmp);
+        (!v.is_empty()).then(|| v[v.len() / 2])
+    }
+
+    fn show(&self, unit: Unit, bound: Duration, runs: usize) -> String {
+        if let Some(why) = &self.absent {
+            return why.clone();
+        }
+        let failed = if self.setup_failed > 0 {
+            format!(" ({} runs failed to start)", self.setup_failed)
+        } else {
+            String::new()
+        };
+        let Some(med) = self.median() else {
+            return format!("no sample{failed}");
+        };
+        let lost = self.values.iter().filter(|v| v.is_infinite()).count();
+        let n = self.values.len();
+        if med.is_infinite() {
+            let not_repeated = if n < runs { "; not repeated" } else { "" };
+            return format!(
+                "did not recover in {} s ({lost}/{n} runs{not_repeated}){failed}",
+                bound.as_secs()
+            );
+        }
+        let lo = self.values.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = self.values.iter().copied().fold(0.0, f64::max);
+        let mut s = if n > 1 {
+            format!("{} [{}–{}]", fmt(med, unit), fmt(lo, unit), fmt(hi, unit))
+        } else {
+            fmt(med, unit)
+        };
+        if hi.is_infinite() {
+            s = format!(
+                "{} [{}–∞] ({lost}/{n} did not recover in {} s)",
+                fmt(med, unit),
+                fmt(lo, unit),
+                bound.as_secs()
+            );
+        }
+        s + &failed
+    }
+}
+
+struct Row {
+    name: String,
+    unit: Unit,
+    drun: Cell,
+    torchrun: Cell,
+}
+
+impl Row {
+    fn new(name: impl Into<String>, unit: Unit) -> Row {
+        Row {
+            name: name.into(),
+            unit,
+            drun: Cell::default(),
+            torchrun: Cell::default(),
+        }
+    }
+
+    fn cell(&mut self, l: Launcher) -> &mut Cell {
+        match l {
+            Launcher::Drun => &mut self.drun,
+            Launcher::Torchrun => &mut self.torchrun,
+        }
+    }
+
+    fn ratio(&self, bound: Duration) -> String {
+        match (self.drun.median(), self.torchrun.median()) {
+            (Some(_), Some(t)) if matches!(self.unit, Unit::CpuSeconds) && t < 0.01 => "—".into(),
+            (Some(d), Some(t)) if matches!(self.unit, Unit::CpuSeconds) && d < 0.01 => {
+                format!("< {:.3}", 0.01 / t)
+            }
+            (Some(d), Some(t)) if d.is_finite() && t.is_finite() => format!("{:.3}", d / t),
+            (Some(d), Some(_)) if d.is_finite() => {
+                format!("< {:.3}", d / bound.as_secs_f64())
+            }
+            _ => "—".into(),
+        }
+    }
+}
+
+fn launchers(b: &Bench) -> Vec<Launcher> {
+    let mut v = vec![Launcher::Drun];
+    if b.torchrun.is_some() {
+        v.push(Launcher::Torchrun);
+    }
+    v
+}
+
+/// Rows 1-3: a recovery scenario, both launchers alternating.
+/// With `give_up`, a launcher's first run that does not recover ends its part of the row (for a
+/// hang torchrun has no detector: only the workers' collective timeout, 30 min for gloo, ends it).
+fn recovery_rows(
+    b: &Bench,
+    what: &str,
+    fault: Fault,
+    store: Store,
+    with_torch: bool,
+    give_up: bool,
+) -> [Row; 2] {
+    let mut started = Row::new(format!("{what} → both new workers started"), Unit::Seconds);
+    let mut ready = Row::new(
+        format!("{what} → new group's first all_reduce"),
+        Unit::Seconds,
+    );
+    let ls: Vec<Launcher> = launchers(b)
+        .into_iter()
+        .filter(|&l| with_torch || l == Launcher::Drun)
+        .collect();
+    for run in 0..b.runs {
+        for &l in &ls {
+            if give_up && started.cell(l).gave_up() {
+                continue;
+            }
+            let sample = recovery(b, l, fault, store, run);
+            let (s, r) = match sample {
+                Sample::Recovered { started, ready } => {
+                    eprintln!(
+                        "[{what}] run {}/{} {}: new workers started after {}, first all_reduce after {}",
+                        run + 1,
+                        b.runs,
+                        l.name(),
+                        fmt(started, Unit::Seconds),
+                        fmt(ready, Unit::Seconds)
+                    );
+                    (started, ready)
+                }
+                Sample::NotRecovered => {
+                    eprintln!(
+                        "[{what}] run {}/{} {}: did not recover in {} s",
+                        run + 1,
+                        b.runs,
+                        l.name(),
+                        b.bound.as_secs()
+                    );
+                    (f64::INFINITY, f64::INFINITY)
+                }
+                Sample::SetupFailed => {
+                    started.cell(l).setup_failed += 1;
+                    ready.cell(l).setup_failed += 1;
+                    continue;
+                }
+            };
+            started.cell(l).values.push(s);
+            ready.cell(l).values.push(r);
+        }
+    }
+    if !with_torch {
+        for row in [&mut started, &mut ready] {
+            row.torchrun = Cell::absent("— (c10d only; see above)");
+        }
+    }
+    [started, ready]
+}
+
+/// Row 4: launch overhead and rendezvous time.
+fn launch_rows(b: &Bench, rows: &mut Vec<Row>) {
+    if selected("launch") {
+        let mut row = Row::new(
+            "launch, `--standalone`, 2 trivial workers (`--no-python true`)",
+            Unit::Seconds,
+        );
+        for _ in 0..b.runs {
+            for l in launchers(b) {
+                let mut c = match l {
+                    Launcher::Drun => Command::new(env!("CARGO_BIN_EXE_drun")),
+                    Launcher::Torchrun => Command::new(b.torchrun.as_ref().unwrap()),
+                };
+                c.args(LAUNCH_ARGS);
+                let took = time_once(l.name(), c).as_secs_f64();
+                row.cell(l).values.push(took);
+            }
+        }
+        eprintln!("[launch] done");
+        rows.push(row);
+    }
+    if !selected("rdzv") {
+        return;
+    }
+    let sizes: Vec<usize> = std::env::var("DRUN_BENCH_RDZV_N")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![2, 4, 8]);
+    for n in sizes {
+        let mut row = Row::new(
+            format!("rendezvous, {n} agents: last agent started → last worker started (drun: server on etcd; torchrun: c10d)"),
+            Unit::Seconds,
+        );
+        let etcd = Etcd::start();
+        let server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.2]);
+        for run in 0..b.runs {
+            for l in launchers(b) {
+                let dir = tempfile::tempdir().unwrap();
+                let id = format!("rv{n}-{run}");
+                let took = match l {
+                    Launcher::Drun => rendezvous_time(n, dir.path(), |i| {
+                        rendezvous_drun(n, i, &server.1, &id, dir.path())
+                    }),
+                    Launcher::Torchrun => {
+                        let port = free_port();
+                        let t = b.torchrun.as_ref().unwrap();
+                        rendezvous_time(n, dir.path(), |_| {
+                            rendezvous_torchrun(t, n, port, &id, dir.path())
+                        })
+                    }
+                };
+                row.cell(l).values.push(took);
+            }
+        }
+        eprintln!("[rdzv] N={n} done");
+        rows.push(row);
+    }
+}
+
+/// Row 5: in each run one drun and one torchrun agent (`--standalone`, 2 sleeping workers),
+/// started together and read over the same idle window.
+fn idle_rows(b: &Bench) -> [Row; 3] {
+    let secs = b.idle.as_secs();
+    let mut rss = Row::new(
+        "agent peak RSS (VmHWM), `--standalone`, 2 workers sleeping",
+        Unit::Mib,
+    );
+    let mut cpu = Row::new(
+        format!("agent CPU time (user+sys) during {secs} s idle"),
+        Unit::CpuSeconds,
+    );
+    let mut total = Row::new(
+        format!("agent CPU time since start (startup + {secs} s idle)"),
+        Unit::CpuSeconds,
+    );
+    const SLEEPER: &str = "touch \"$0/$RANK\"; exec sleep 3600";
+    for run in 0..b.runs {
+        let mut procs = Procs::new(&format!("idle{run}"));
+        let mut agents = Vec::new();
+        for (i, l) in launchers(b).into_iter().enumerate() {
+            let dir = tempfile::tempdir().unwrap();
+            let mut c = match l {
+                Launcher::Drun => Command::new(env!("CARGO_BIN_EXE_drun")),
+                Launcher::Torchrun => Command::new(b.torchrun.as_ref().unwrap()),
+            };
+            c.args(["--standalone", "--nproc-per-node", "2", "--no-python"])
+                .args(["sh", "-c", SLEEPER])
+                .arg(dir.path())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            let pid = procs.spawn(c, i).expect("start launcher");
+            agents.push((l, pid, dir));
+        }
+        let up = poll(Duration::from_secs(120), || {
+            agents
+                .iter()
+                .all(|(_, _, d)| d.path().join("0").exists() && d.path().join("1").exists())
+                .then_some(())
+        });
+        assert!(up.is_some(), "idle run {run}: workers did not start");
+        let cpu0: Vec<Duration> = agents
+            .iter()
+            .map(|(_, p, _)| cpu_time(*p).expect("agent alive"))
+            .collect();
+        std::thread::sleep(b.idle);
+        for ((l, pid, _), c0) in agents.iter().zip(cpu0) {
+            let c1 = cpu_time(*pid).expect("agent alive after the idle window");
+            let hwm = peak_rss_kib(*pid).expect("VmHWM");
+            rss.cell(*l).values.push(hwm as f64 / 1024.0);
+            cpu.cell(*l).values.push((c1 - c0).as_secs_f64());
+            total.cell(*l).values.push(c1.as_secs_f64());
+        }
+        procs.kill_all();
+        eprintln!("[idle] run {}/{} done", run + 1, b.runs);
+    }
+    [rss, cpu, total]
+}
+
+fn main() {
+    let started = Instant::now();
+    let python = torch_python().expect("python with torch: set DRUN_TORCH_PYTHON");
+    let b = Bench {
+        python,
+        torchrun: torchrun(),
+        runs: runs(5),
+        bound: env_secs("DRUN_BENCH_BOUND", 120),
+        idle: env_secs("DRUN_BENCH_IDLE", 30),
+    };
+    let unknown: Vec<String> = ["DRUN_BENCH_ONLY", "DRUN_BENCH_SKIP"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .flat_map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .filter(|k| !k.is_empty() && !ROWS.contains(&k.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "unknown rows {unknown:?}; known: {ROWS:?}"
+    );
+    let mut rows: Vec<Row> = Vec::new();
+    let loss = "node loss, SIGKILL of 1 of 3 agents, defaults";
+    if selected("loss") {
+        rows.extend(recovery_rows(
+            &b,
+            &format!("{loss}, drun memory store"),
+            Fault::Crash,
+            Store::Memory,
+            true,
+            false,
+        ));
+    }
+    if selected("loss-etcd") {
+        rows.extend(recovery_rows(
+            &b,
+            &format!("{loss}, drun etcd store"),
+            Fault::Crash,
+            Store::Etcd,
+            false,
+            false,
+        ));
+    }
+    if selected("hung") {
+        rows.extend(recovery_rows(
+            &b,
+            "hung host, SIGSTOP of 1 of 3 agents and its worker, defaults",
+            Fault::Hang,
+            Store::Memory,
+            true,
+            true,
+        ));
+    }
+    if selected("fail") {
+        rows.extend(recovery_rows(
+            &b,
+            "worker exits 1 (2 agents, `--max-restarts 1`)",
+            Fault::WorkerExit,
+            Store::Memory,
+            true,
+            false,
+        ));
+    }
+    launch_rows(&b, &mut rows);
+    if selected("idle") {
+        rows.extend(idle_rows(&b));
+    }
+
+    let torch_version = Command::new(&b.python)
+        .args(["-c", "import torch; print(torch.__version__)"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!();
+    println!(
+        "drun vs torchrun {torch_version}: medians of {} runs each, alternating [min–max]; {cores} cores; bench took {:.0} s",
+        b.runs,
+        started.elapsed().as_secs_f64()
+    );
+    println!();
+    println!("| measurement | drun | torchrun | drun/torchrun |");
+    println!("|---|---|---|---|");
+    for r in &rows {
+        let torch = if b.torchrun.is_none() && r.torchrun.absent.is_none() {
+            "— (torchrun not found)".to_string()
+        } else {
+            r.torchrun.show(r.unit, b.bound, b.runs)
+        };
+        println!(
+            "| {} | {} | {} | {} |",
+            r.name,
+            r.drun.show(r.unit, b.bound, b.runs),
+            torch,
+            r.ratio(b.bound)
+        );
+    }
+}
