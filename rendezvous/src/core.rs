@@ -126,12 +126,11 @@ pub enum FailCause {
 /// Decides the round. Pure: same inputs, same answer.
 pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
     let n = view.candidates.len();
+    // Sorted, as unpinned node ranks are: the same order as the "world formed" line.
     let names = || {
-        view.candidates
-            .iter()
-            .map(|c| c.node_id.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
+        let mut ids: Vec<&str> = view.candidates.iter().map(|c| c.node_id.as_str()).collect();
+        ids.sort_unstable();
+        ids.join(", ")
     };
     let unformable = |admitted: &[Candidate]| {
         crate::plan::formable(admitted)
