@@ -2,12 +2,34 @@
 //! peers' collective errors do not spend the restart budget, and the survivors re-form without
 //! waiting out the last call — at the default settings (real torch, gloo on loopback).
 
+use std::path::Path;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
 use crate::harness::cluster::{Etcd, RdzvServer};
 use crate::harness::{alive, gen_records, node_cmd, torch_python, wait_for, Agent};
+
+/// 3 agents `--nnodes 2:3` on 127.0.0.1-3, 1 torch worker each doing `steps` all_reduce steps
+/// (`tests/workers/steps.py`); returns once generation 1 runs with all 3 ranks.
+fn three_agents(run: &str, rdzv: &[String], python: &Path, dir: &Path, steps: u32) -> Vec<Agent> {
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| {
+            let mut c = node_cmd(i, run, "2:3", rdzv);
+            c.args(["--nproc-per-node", "1", "--shutdown-timeout", "3"])
+                .arg("--python")
+                .arg(python)
+                .arg(crate::harness::worker("steps.py"))
+                .arg(dir)
+                .arg(steps.to_string());
+            Agent::start(c)
+        })
+        .collect();
+    wait_for("generation 1 with 3 ranks", Duration::from_secs(90), || {
+        gen_records(dir, 1).len() == 3
+    });
+    agents
+}
 
 /// 3 agents (1 worker each, `--nnodes 2:3`, default `--max-restarts 0`) through a
 /// `drun-rendezvous` server on `store`; SIGKILL of the agent of node 3 (its guard kills its
@@ -20,22 +42,7 @@ fn crashed_node_is_a_membership_restart(store: &[&str]) {
     // Default lease_ttl (10 s) and last_call_timeout (30 s): the loss is known through the
     // closed connection, and the re-form does not wait out the last call.
     let rdzv = ["--rdzv-endpoint".to_string(), server.endpoint.clone()];
-    let agents: Vec<Agent> = (0..3)
-        .map(|i| {
-            let mut c = node_cmd(i, "loss", "2:3", &rdzv);
-            c.args(["--nproc-per-node", "1", "--shutdown-timeout", "3"])
-                .arg("--python")
-                .arg(&python)
-                .arg(crate::harness::worker("steps.py"))
-                .arg(dir.path())
-                .arg("150");
-            Agent::start(c)
-        })
-        .collect();
-    wait_for("generation 1 with 3 ranks", Duration::from_secs(90), || {
-        gen_records(dir.path(), 1).len() == 3
-    });
-    let mut agents = agents;
+    let mut agents = three_agents("loss", &rdzv, &python, dir.path(), 150);
     let victim = agents.pop().unwrap();
     victim.signal(Signal::SIGKILL);
     let (_, _, victim_err) = victim.wait(Duration::from_secs(10));
@@ -103,21 +110,7 @@ fn an_agent_stopped_past_its_lease_rejoins_instead_of_failing_the_job() {
         "--rdzv-conf".into(),
         "lease_ttl=3".into(),
     ];
-    let agents: Vec<Agent> = (0..3)
-        .map(|i| {
-            let mut c = node_cmd(i, "paused", "2:3", &rdzv);
-            c.args(["--nproc-per-node", "1", "--shutdown-timeout", "3"])
-                .arg("--python")
-                .arg(&python)
-                .arg(crate::harness::worker("steps.py"))
-                .arg(dir.path())
-                .arg("100000");
-            Agent::start(c)
-        })
-        .collect();
-    wait_for("generation 1 with 3 ranks", Duration::from_secs(90), || {
-        gen_records(dir.path(), 1).len() == 3
-    });
+    let agents = three_agents("paused", &rdzv, &python, dir.path(), 100_000);
     let paused = &agents[2];
     paused.signal(Signal::SIGSTOP);
     wait_for(

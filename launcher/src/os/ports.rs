@@ -27,17 +27,7 @@ pub struct ReservedPort {
 impl ReservedPort {
     /// Reserves a free TCP port on all IPv4 interfaces.
     pub fn new() -> io::Result<Self> {
-        let fd = socket(
-            AddressFamily::Inet,
-            SockType::Stream,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )?;
-        setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-        bind(
-            std::os::fd::AsRawFd::as_raw_fd(&fd),
-            &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
-        )?;
+        let fd = bound(0)?;
         let addr: SockaddrIn = getsockname(std::os::fd::AsRawFd::as_raw_fd(&fd))?;
         Ok(Self {
             port: addr.port(),
@@ -60,6 +50,11 @@ impl ReservedPort {
 /// A listener on `port` of all IPv4 interfaces with `SO_REUSEADDR`, as torch's TCPStore server
 /// binds (a `--master-port` the user fixed). `EADDRINUSE` if another socket listens there.
 pub fn bind_listener(port: u16) -> io::Result<TcpListener> {
+    listen(bound(port)?)
+}
+
+/// A TCP socket bound to `port` (0: any free one) on all IPv4 interfaces, with `SO_REUSEADDR`.
+fn bound(port: u16) -> io::Result<OwnedFd> {
     let fd = socket(
         AddressFamily::Inet,
         SockType::Stream,
@@ -71,7 +66,7 @@ pub fn bind_listener(port: u16) -> io::Result<TcpListener> {
         std::os::fd::AsRawFd::as_raw_fd(&fd),
         &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)),
     )?;
-    listen(fd)
+    Ok(fd)
 }
 
 /// `listen(2)` with the system's maximum backlog (torch's server also asks for it: every worker
