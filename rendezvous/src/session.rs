@@ -35,6 +35,8 @@ use tokio::time::Instant;
 use crate::human::duration as human;
 use crate::ledger::{CommitOutcome, Ledger, LedgerError, NodeCommit, Retention};
 use crate::loss;
+
+mod membership;
 use crate::round::{RestartCause, Restarts};
 use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
 use crate::{Candidate, Plan, RendezvousError, Round, RoundConfig, StoreError};
@@ -328,76 +330,6 @@ impl Actor {
                 )
             },
         }
-    }
-
-    /// Server-side: records that this session now speaks for the node (see
-    /// [`crate::keys::RunKeys::session_owner`]).
-    async fn claim(&self, lease: LeaseId) -> Result<(), StoreError> {
-        if self.cfg.auto_keep_alive {
-            return Ok(());
-        }
-        self.store
-            .put(
-                &self.round.keys().session_owner(&self.cfg.node_id),
-                self.token.clone().into_bytes(),
-                Some(lease),
-            )
-            .await
-            .map(drop)
-    }
-
-    /// The agent's stream ended without a Leave (its process died, or its connection broke).
-    /// Server-side, after [`loss::RECONNECT_GRACE`], the lease is revoked unless the agent
-    /// reconnected meanwhile (another session claimed the node) or the run is over: the others
-    /// learn of a crashed agent in about a second instead of a lease TTL.
-    async fn abandoned(&mut self) -> Result<(), RendezvousError> {
-        let Some(lease) = self.lease.filter(|_| !self.cfg.auto_keep_alive) else {
-            return Ok(());
-        };
-        tokio::time::sleep(loss::RECONNECT_GRACE).await;
-        let keys = self.round.keys().clone();
-        let owner = self
-            .store
-            .get(&keys.session_owner(&self.cfg.node_id))
-            .await?;
-        if owner.is_none_or(|kv| kv.value != self.token.as_bytes())
-            || self.finished().await?.is_some()
-        {
-            return Ok(());
-        }
-        tracing::warn!(
-            run = %self.cfg.run_id,
-            node = %self.cfg.node_id,
-            "the agent's connection closed without leaving and it did not come back within {}: revoking its lease",
-            human(loss::RECONNECT_GRACE)
-        );
-        self.stop_keeper();
-        self.store
-            .put(
-                &keys.lost(&self.cfg.node_id),
-                loss::CONNECTION_CLOSED.into(),
-                None,
-            )
-            .await?;
-        self.store.lease_revoke(lease).await?;
-        self.lease = None;
-        Ok(())
-    }
-
-    /// Members of `plan` (other than this node) that are gone now, each described with why.
-    async fn lost_members(&self, plan: &Plan) -> Result<Vec<String>, RendezvousError> {
-        let keys = self.round.keys();
-        let present = self.round.live_members(plan.generation).await?;
-        let mut out = Vec::new();
-        for node in loss::missing(plan, &self.cfg.node_id, &present) {
-            let why = self
-                .store
-                .get(&keys.lost(&node))
-                .await?
-                .map_or_else(|| loss::LEASE_EXPIRED.to_string(), |kv| kv.value_str());
-            out.push(loss::describe(plan, &node, &why));
-        }
-        Ok(out)
     }
 
     /// Renews `lease` every keep-alive interval on its own task, so slow store operations of the
@@ -862,20 +794,6 @@ impl Actor {
         Ok(None)
     }
 
-    /// Whether generation `g` was asked for a preemption checkpoint that is now sealed: its
-    /// agents are stopping for good.
-    async fn preemption_sealed(&self, g: u64) -> Result<bool, RendezvousError> {
-        let keys = self.round.keys();
-        let Some(req) = self.store.get(&keys.preempt(g)).await? else {
-            return Ok(false);
-        };
-        let Ok(req) = serde_json::from_slice::<SaveRequest>(&req.value) else {
-            return Ok(false);
-        };
-        let latest = self.store.get(&keys.ckpt_latest()).await?;
-        Ok(latest.is_some_and(|kv| kv.value_str() > req.latest_before))
-    }
-
     /// Closes generation `g` once (guarded) for a membership change, with `reason`, and counts
     /// one membership restart.
     async fn close(&self, g: u64, reason: String) -> Result<bool, RendezvousError> {
@@ -1268,41 +1186,6 @@ impl Actor {
                 }
                 Ok(Some(Phase::Left))
             }
-        }
-    }
-
-    /// A worker failure of generation `g` that coincides with a membership loss (see
-    /// [`loss`]): waits up to [`loss::ATTRIBUTION_WINDOW`] for a member to vanish, or for
-    /// someone to close `g`. On a loss, closes `g` as a membership restart naming the lost
-    /// node(s) first and returns the restart counts; `None`: the failure is the workers' own.
-    async fn attribute_to_loss(
-        &self,
-        g: u64,
-        description: &str,
-    ) -> Result<Option<Restarts>, RendezvousError> {
-        let Some(plan) = self.round.plan(g).await? else {
-            return Ok(None);
-        };
-        if plan.members.len() < 2 {
-            return Ok(None);
-        }
-        let keys = self.round.keys();
-        let deadline = Instant::now() + loss::ATTRIBUTION_WINDOW;
-        loop {
-            if self.store.get(&keys.closed(g)).await?.is_some() {
-                // A re-form is under way (a loss, or a peer that failed first): decided there.
-                return Ok(None);
-            }
-            let lost = self.lost_members(&plan).await?;
-            if !lost.is_empty() {
-                let reason = loss::attributed(&lost, description);
-                self.close(g, reason).await?;
-                return Ok(Some(self.round.restarts().await?));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
