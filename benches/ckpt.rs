@@ -231,7 +231,7 @@ fn main() {
         Some(e) => {
             for nodes in [2, 8] {
                 let (c, s) = rt.block_on(async {
-                    let store = EtcdStore::connect(std::slice::from_ref(&e.2))
+                    let store = EtcdStore::connect(std::slice::from_ref(&e.endpoint))
                         .await
                         .unwrap();
                     ledger_latency(Arc::new(store), nodes, 50).await

@@ -235,7 +235,7 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, store: Store, run: usize) -> S
     let id = format!("rec{run}");
     let etcd = (store == Store::Etcd && l == Launcher::Drun).then(Etcd::start);
     let server = (l == Launcher::Drun).then(|| match &etcd {
-        Some(e) => RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &e.2]),
+        Some(e) => RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &e.endpoint]),
         None => RdzvServer::start(&["--store", "memory"]),
     });
     let port = free_port();
@@ -602,7 +602,7 @@ fn launch_rows(b: &Bench, rows: &mut Vec<Row>) {
             Unit::Seconds,
         );
         let etcd = Etcd::start();
-        let server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.2]);
+        let server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
         for run in 0..b.runs {
             for l in launchers(b) {
                 let dir = tempfile::tempdir().unwrap();

@@ -30,7 +30,7 @@ fn real_agents() {
     );
     for n in [2usize, 4, 8, 16] {
         let etcd = Etcd::start();
-        let server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.2]);
+        let server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
         let dir = tempfile::tempdir().unwrap();
         let id = format!("bench{n}");
         let d = rendezvous_time(n, dir.path(), |i| {
@@ -57,7 +57,7 @@ fn real_agents() {
 async fn simulated(n: usize) -> (f64, f64) {
     let etcd = Etcd::start();
     let store: Arc<dyn Store> = Arc::new(
-        EtcdStore::connect(std::slice::from_ref(&etcd.2))
+        EtcdStore::connect(std::slice::from_ref(&etcd.endpoint))
             .await
             .unwrap(),
     );

@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::harness::cluster::{Etcd, RdzvServer};
-use crate::harness::{alive, drun, read_json, wait_for, worker, Agent};
+use crate::harness::{alive, drun, read_json, wait_for, worker, Agent, DrunCmd};
 
 /// Lease TTL of these tests, seconds.
 const TTL: u64 = 3;
@@ -97,9 +97,10 @@ fn dirs() -> Dirs {
 fn agent(i: usize, r: &Rdzv, d: &Dirs, nproc: u32, extra: &[&str], env: &[(&str, &str)]) -> Agent {
     let mut c: Command = drun();
     c.args(&r.args)
-        .args(["--nproc-per-node", &nproc.to_string(), "--local-addr"])
-        .arg(format!("127.0.0.{}", i + 1))
-        .args(["--shutdown-timeout", "3", "--ckpt-dir"])
+        .nproc(nproc)
+        .node(i)
+        .quick_shutdown()
+        .arg("--ckpt-dir")
         .arg(&d.ckpt)
         .args(extra)
         .arg(worker("ckpt_worker.py"))
@@ -513,19 +514,18 @@ fn example_agent_with(
     train_extra: &[&str],
 ) -> Agent {
     let mut c: Command = drun();
-    c.arg("--python")
-        .arg(python)
+    c.python(python)
         .args(&r.args)
         .args(drun_extra)
+        .nproc(2)
+        .node(i)
         .args([
-            "--nproc-per-node",
-            "2",
             "--max-restarts",
             "3",
-            "--local-addr",
+            "--shutdown-timeout",
+            "5",
+            "--ckpt-dir",
         ])
-        .arg(format!("127.0.0.{}", i + 1))
-        .args(["--shutdown-timeout", "5", "--ckpt-dir"])
         .arg(&d.ckpt)
         .arg(crate::harness::root().join("examples/train_ddp.py"))
         .args(EXAMPLE_ARGS)
@@ -622,8 +622,7 @@ fn no_skip_no_duplicate(store: Store) {
     // The same job without faults, at the same global batch: the same model.
     let base = dirs();
     let mut c = drun();
-    c.arg("--python")
-        .arg(&python)
+    c.python(&python)
         .args(["--standalone", "--nproc-per-node", "2", "--ckpt-dir"])
         .arg(&base.ckpt)
         .arg(crate::harness::root().join("examples/train_ddp.py"))

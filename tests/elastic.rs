@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::harness::cluster::{Etcd, RdzvServer};
-use crate::harness::{alive, drun, holds_for, torch_python, wait_for, worker, Agent};
+use crate::harness::{alive, drun, holds_for, torch_python, wait_for, worker, Agent, DrunCmd};
 
 mod pins;
 mod reconnect;
@@ -29,7 +29,7 @@ fn rdzv_etcd(etcd: &Etcd) -> Vec<String> {
 
 fn agent(i: usize, run: &str, nnodes: &str, rdzv: &[String], extra: &[&str], dir: &Path) -> Agent {
     let mut c: Command = crate::harness::node_cmd(i, run, nnodes, rdzv);
-    c.args(["--shutdown-timeout", "3"])
+    c.quick_shutdown()
         .args(extra)
         .arg(worker("elastic.py"))
         .arg(dir)
@@ -195,24 +195,16 @@ fn restart_budget_is_job_wide_and_the_summary_names_both_failures() {
     // the second failure ends the job on both nodes.
     let mk = |i: usize| {
         let mut c = drun();
-        c.args([
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "2",
-            "--rdzv-id",
-            "budget",
-            "--max-restarts",
-            "1",
-        ])
-        .args(["--shutdown-timeout", "3", "--node-rank", &i.to_string()])
-        .arg("--local-addr")
-        .arg(format!("127.0.0.{}", i + 1))
-        .args(&rdzv)
-        .arg(worker("elastic.py"))
-        .arg(dir.path())
-        .arg(format!("agent{i}"))
-        .arg("0:0,1:1");
+        c.job("budget", "2")
+            .nproc(2)
+            .node(i)
+            .quick_shutdown()
+            .args(["--max-restarts", "1", "--node-rank", &i.to_string()])
+            .args(&rdzv)
+            .arg(worker("elastic.py"))
+            .arg(dir.path())
+            .arg(format!("agent{i}"))
+            .arg("0:0,1:1");
         Agent::start(c)
     };
     let agents = vec![mk(0), mk(1)];
@@ -307,23 +299,15 @@ fn a_killed_worker_stops_peers_blocked_in_a_collective() {
     let agents: Vec<Agent> = (0..2)
         .map(|i| {
             let mut c = drun();
-            c.args([
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "1",
-                "--rdzv-id",
-                "ring",
-                "--max-restarts",
-                "1",
-            ])
-            .args(["--shutdown-timeout", "3", "--python"])
-            .arg(&python)
-            .arg("--local-addr")
-            .arg(format!("127.0.0.{}", i + 1))
-            .args(&rdzv)
-            .arg(worker("ring.py"))
-            .arg(dir.path());
+            c.job("ring", "2")
+                .nproc(1)
+                .node(i)
+                .quick_shutdown()
+                .python(&python)
+                .args(["--max-restarts", "1"])
+                .args(&rdzv)
+                .arg(worker("ring.py"))
+                .arg(dir.path());
             Agent::start(c)
         })
         .collect();
@@ -542,8 +526,7 @@ fn a_worker_failure_stays_the_primary_error_when_the_rendezvous_is_gone() {
             let mut c = drun();
             c.args(["-q", "--nnodes", "2", "--rdzv-id", "gone", "--max-restarts", "3"])
                 .args(["--rdzv-endpoint", &server.endpoint, "--rdzv-conf", &format!("lease_ttl={TTL}")])
-                .arg("--local-addr")
-                .arg(format!("127.0.0.{}", i + 1))
+                .node(i)
                 .args(["--no-python", "sh", "-c"])
                 .arg("touch \"$0.$RANK\"; while [ ! -e \"$0\" ]; do sleep 0.05; done; echo boom >&2; exit 7")
                 .arg(&trigger);

@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::harness::cluster::{free_port, rendezvous_bin, Etcd, RdzvServer};
-use crate::harness::{holds_for, read_json, run, torch_python, wait_for, worker, Agent};
+use crate::harness::{holds_for, read_json, run, torch_python, wait_for, worker, Agent, DrunCmd};
 
 /// `drun` for agent `i` of a multi-node job: its own loopback address and run id `run`.
 fn agent_cmd(i: usize, run: &str, nnodes: &str, rdzv: &[&str]) -> Command {
@@ -359,8 +359,7 @@ fn ddp_all_reduce_across_four_agents() {
     let agents: Vec<Agent> = (0..4)
         .map(|i| {
             let mut c = agent_cmd(i, "ddp8", "4", &["--rdzv-endpoint", &server.endpoint]);
-            c.arg("--python")
-                .arg(&python)
+            c.python(&python)
                 .arg(crate::harness::root().join("examples/train_ddp.py"))
                 .args(["--epochs", "2", "--out"])
                 .arg(out.path());

@@ -8,7 +8,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::harness::cluster::{Etcd, RdzvServer};
-use crate::harness::{alive, gen_records, node_cmd, torch_python, wait_for, Agent};
+use crate::harness::{alive, gen_records, node_cmd, torch_python, wait_for, Agent, DrunCmd};
 
 /// 3 agents `--nnodes 2:3` on 127.0.0.1-3, 1 torch worker each doing `steps` all_reduce steps
 /// (`tests/workers/steps.py`); returns once generation 1 runs with all 3 ranks.
@@ -16,9 +16,9 @@ fn three_agents(run: &str, rdzv: &[String], python: &Path, dir: &Path, steps: u3
     let agents: Vec<Agent> = (0..3)
         .map(|i| {
             let mut c = node_cmd(i, run, "2:3", rdzv);
-            c.args(["--nproc-per-node", "1", "--shutdown-timeout", "3"])
-                .arg("--python")
-                .arg(python)
+            c.nproc(1)
+                .quick_shutdown()
+                .python(python)
                 .arg(crate::harness::worker("steps.py"))
                 .arg(dir)
                 .arg(steps.to_string());

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::harness::{drun, read_json, root, run, torch_python, worker};
+use crate::harness::{drun, read_json, root, run, torch_python, worker, DrunCmd};
 
 fn loss_of(line: &str, key: &str) -> f64 {
     line.split_whitespace()
@@ -22,8 +22,7 @@ fn ddp_example_trains_and_loss_falls() {
     let Some(python) = torch_python() else { return };
     let out_dir = tempfile::tempdir().unwrap();
     let mut c = drun();
-    c.arg("--python")
-        .arg(&python)
+    c.python(&python)
         .args(["--standalone", "--nproc-per-node", "2"])
         .arg(root().join("examples/train_ddp.py"))
         .arg("--out")
@@ -102,8 +101,7 @@ fn parity_case(python: &Path, cwd: &Path, launcher_args: &[&str], entry: &[Strin
     let mut t = clean(Command::new(&torchrun));
     t.args(launcher_args).args(with_dir(t_dir.path()));
     let mut d = clean(drun());
-    d.arg("--python")
-        .arg(python)
+    d.python(python)
         .args(launcher_args)
         .args(with_dir(d_dir.path()));
     let t_env = dump_env(t, t_dir.path(), 2);

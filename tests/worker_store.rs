@@ -1,11 +1,11 @@
 //! The worker store hosted by the agent of node rank 0, with real torch clients (gloo on CPU).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use crate::harness::cluster::free_port;
-use crate::harness::{drun, node_cmd, read_json, run, torch_python, worker, Agent};
+use crate::harness::{drun, node_cmd, read_json, run, torch_python, worker, Agent, DrunCmd};
 
 /// Two agents (127.0.0.1 and 127.0.0.2, c10d rendezvous) × 2 workers of `early_exit.py`, with
 /// `--worker-store mode`: the agents' exit codes and stderr.
@@ -20,8 +20,7 @@ fn two_nodes_early_exit(python: &Path, out: &Path, mode: &str) -> Vec<(i32, Stri
                 "2",
                 &["--rdzv-backend", "c10d", "--rdzv-endpoint", &endpoint],
             );
-            c.arg("--python")
-                .arg(python)
+            c.python(python)
                 .args(["--worker-store", mode])
                 .arg(worker("early_exit.py"))
                 .arg(out);
@@ -76,8 +75,7 @@ fn store_outlives_worker_rank_0_across_two_nodes_only_when_the_agent_hosts_it() 
 fn store_ops(python: &Path, args: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let mut c = drun();
-    c.arg("--python")
-        .arg(python)
+    c.python(python)
         .args(["--nproc-per-node", "2"])
         .args(args)
         .arg(worker("store_ops.py"))
@@ -137,8 +135,7 @@ fn every_generation_gets_an_empty_store() {
     let Some(python) = torch_python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut c = drun();
-    c.arg("--python")
-        .arg(&python)
+    c.python(&python)
         .args([
             "--standalone",
             "--nproc-per-node",
@@ -160,10 +157,9 @@ fn every_generation_gets_an_empty_store() {
     }
 }
 
-fn ddp_destroy_once(python: &PathBuf, mode: &str) -> (i32, String) {
+fn ddp_destroy_once(python: &Path, mode: &str) -> (i32, String) {
     let mut c: Command = drun();
-    c.arg("--python")
-        .arg(python)
+    c.python(python)
         .args([
             "--standalone",
             "--nproc-per-node",

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::{gen, pids, stop_all, TTL};
 use crate::harness::cluster::{Etcd, RdzvServer};
-use crate::harness::{alive, drun, read_json, torch_python, wait_for, worker, Agent};
+use crate::harness::{alive, drun, read_json, torch_python, wait_for, worker, Agent, DrunCmd};
 
 /// The rendezvous under test, kept alive for the test's duration.
 enum Backend {
@@ -66,14 +66,14 @@ impl Job<'_> {
     /// Agent `i` (address 127.0.0.(i+1), label `agent<i>`) with `--node-rank pin`.
     fn agent(&self, i: usize, pin: usize) -> Agent {
         let mut c = drun();
-        c.args(["--nnodes", self.nnodes, "--rdzv-id", self.run_id])
-            .args(["--nproc-per-node", &self.nproc.to_string()])
-            .args(["--node-rank", &pin.to_string(), "--shutdown-timeout", "3"])
-            .arg("--local-addr")
-            .arg(format!("127.0.0.{}", i + 1))
+        c.job(self.run_id, self.nnodes)
+            .nproc(self.nproc)
+            .node(i)
+            .quick_shutdown()
+            .args(["--node-rank", &pin.to_string()])
             .args(&self.rdzv);
         if let Some(p) = self.python {
-            c.arg("--python").arg(p);
+            c.python(p);
         }
         c.arg(worker(self.script))
             .arg(self.dir)

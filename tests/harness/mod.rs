@@ -3,6 +3,10 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+mod cmd;
+pub mod etcd;
+
+pub use cmd::DrunCmd;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,17 +50,7 @@ pub fn node_cmd<S: AsRef<std::ffi::OsStr>>(
     rdzv: &[S],
 ) -> Command {
     let mut c = drun();
-    c.args([
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        "2",
-        "--rdzv-id",
-        run,
-    ])
-    .arg("--local-addr")
-    .arg(format!("127.0.0.{}", i + 1))
-    .args(rdzv);
+    c.job(run, nnodes).nproc(2).node(i).args(rdzv);
     c
 }
 

@@ -8,11 +8,12 @@ RANK, GROUP_RANK, WORLD_SIZE and the sum (the same record layout as elastic.py, 
 "allreduce"). Then it sleeps, out of any collective, until SIGTERM/SIGINT and exits 0.
 """
 
-import json
 import os
 import signal
 import sys
 import time
+
+from atomic import write_json
 
 import torch
 import torch.distributed as dist
@@ -40,10 +41,7 @@ def main():
         "allreduce": total,
     }
     path = os.path.join(outdir, f"gen{env.get('DRUN_GENERATION')}_rank{env['RANK']}.json")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, path)
+    write_json(path, record)
     deadline = time.monotonic() + 600
     while not stop and time.monotonic() < deadline:
         time.sleep(0.05)

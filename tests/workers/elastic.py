@@ -10,11 +10,12 @@ FAIL_PLAN (optional) is "R:G,R:G": the worker exits 1 after 0.5 s when its
 TORCHELASTIC_RESTART_COUNT is R and its GROUP_RANK is G (one failure per listed pair).
 """
 
-import json
 import os
 import signal
 import sys
 import time
+
+from atomic import write_json
 
 
 def main():
@@ -33,10 +34,7 @@ def main():
         "rank": env.get("RANK"),
     }
     path = os.path.join(outdir, f"gen{env.get('DRUN_GENERATION')}_rank{env.get('RANK')}.json")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, path)
+    write_json(path, record)
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

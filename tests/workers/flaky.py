@@ -12,16 +12,9 @@ import os
 import sys
 import time
 
+from atomic import write_atomic
+
 KEYS = ("TORCHELASTIC_RESTART_COUNT", "RANK", "WORLD_SIZE", "DRUN_GENERATION", "MASTER_PORT")
-
-
-def write_atomic(path, text):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def main():

@@ -15,16 +15,9 @@ import socket
 import sys
 import time
 
+from atomic import write_atomic
+
 CONNECT_TIMEOUT_S = 30.0
-
-
-def write_atomic(path, text):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def serve(port, world_size, run_id):

@@ -8,11 +8,12 @@ the process exits 1 with a traceback on stderr. Other ranks sleep up to 600 s.
 """
 
 import functools
-import json
 import os
 import sys
 import time
 import traceback
+
+from atomic import write_json
 
 
 def record(fn):
@@ -32,10 +33,7 @@ def record(fn):
                         },
                     }
                 }
-                tmp = f"{path}.tmp.{os.getpid()}"
-                with open(tmp, "w") as f:
-                    json.dump(payload, f)
-                os.replace(tmp, path)
+                write_json(path, payload)
             raise
 
     return wrapper

@@ -8,10 +8,11 @@ OUTDIR/gen<DRUN_GENERATION>_rank<RANK>.json with its pid and WORLD_SIZE.
 """
 
 import datetime
-import json
 import os
 import sys
 import time
+
+from atomic import write_json
 
 import torch
 import torch.distributed as dist
@@ -23,10 +24,7 @@ def main():
     rank = dist.get_rank()
     env = os.environ
     path = os.path.join(outdir, f"gen{env.get('DRUN_GENERATION')}_rank{rank}.json")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"pid": os.getpid(), "rank": str(rank), "world_size": str(dist.get_world_size())}, f)
-    os.replace(tmp, path)
+    write_json(path, {"pid": os.getpid(), "rank": str(rank), "world_size": str(dist.get_world_size())})
     t = torch.ones(4)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

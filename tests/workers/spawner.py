@@ -14,14 +14,7 @@ import subprocess
 import sys
 import time
 
-
-def write_atomic(path, text):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from atomic import write_atomic
 
 
 def main():

@@ -8,10 +8,11 @@ A lost peer makes the all_reduce raise (gloo: connection closed/reset), and the 
 """
 
 import datetime
-import json
 import os
 import sys
 import time
+
+from atomic import write_json
 
 import torch
 import torch.distributed as dist
@@ -23,11 +24,8 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     g = os.environ.get("DRUN_GENERATION")
     path = os.path.join(outdir, f"gen{g}_rank{rank}.json")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"pid": os.getpid(), "rank": rank, "world_size": world,
-                   "group_rank": int(os.environ["GROUP_RANK"])}, f)
-    os.replace(tmp, path)
+    write_json(path, {"pid": os.getpid(), "rank": rank, "world_size": world,
+                      "group_rank": int(os.environ["GROUP_RANK"])})
     t = torch.ones(1)
     for _ in range(steps):
         t = torch.ones(1)

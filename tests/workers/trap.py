@@ -14,21 +14,14 @@ import signal
 import sys
 import time
 
+from atomic import write_atomic
+
 WATCHED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 TERMINATING = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"}
 
 outdir = ""
 rank = ""
 stop_requested = False
-
-
-def write_atomic(path, text):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def on_signal(signum, _frame):

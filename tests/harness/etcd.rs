@@ -1,0 +1,153 @@
+//! etcd for tests and benchmarks: a single member or an n-member cluster on free loopback
+//! ports, healthy when started, killed on drop. Self-contained (std, nix, tempfile) so the
+//! benchmarks include this same file (`benches/common`).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// A free TCP port on 127.0.0.1 (bound and released; tests tolerate the tiny race).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One etcd member started by the test.
+pub struct Etcd {
+    child: Child,
+    /// `127.0.0.1:PORT` for clients.
+    pub endpoint: String,
+    data: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+fn http_get(endpoint: &str, path: &str) -> Option<String> {
+    let mut s =
+        TcpStream::connect_timeout(&endpoint.parse().ok()?, Duration::from_millis(300)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {endpoint}\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+impl Etcd {
+    /// A single-member etcd on free loopback ports, healthy when this returns.
+    pub fn start() -> Etcd {
+        Self::cluster(1).pop().unwrap()
+    }
+
+    /// An `n`-member cluster, every member healthy when this returns.
+    pub fn cluster(n: usize) -> Vec<Etcd> {
+        let token = format!("drun-test-{}", std::process::id());
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("e{i}=http://127.0.0.1:{peer}"))
+            .collect();
+        let members: Vec<Etcd> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (client, peer))| {
+                let data = tempfile::tempdir().unwrap();
+                let args: Vec<String> = [
+                    "--name".to_string(),
+                    format!("e{i}"),
+                    "--listen-client-urls".into(),
+                    format!("http://127.0.0.1:{client}"),
+                    "--advertise-client-urls".into(),
+                    format!("http://127.0.0.1:{client}"),
+                    "--listen-peer-urls".into(),
+                    format!("http://127.0.0.1:{peer}"),
+                    "--initial-advertise-peer-urls".into(),
+                    format!("http://127.0.0.1:{peer}"),
+                    "--initial-cluster".into(),
+                    initial.join(","),
+                    "--initial-cluster-token".into(),
+                    token.clone(),
+                    "--initial-cluster-state".into(),
+                    "new".into(),
+                    "--logger".into(),
+                    "zap".into(),
+                    "--log-level".into(),
+                    "error".into(),
+                ]
+                .into();
+                Etcd {
+                    child: spawn_etcd(&args, data.path()),
+                    endpoint: format!("127.0.0.1:{client}"),
+                    data,
+                    args,
+                }
+            })
+            .collect();
+        for m in &members {
+            m.wait_healthy("etcd to become healthy");
+        }
+        members
+    }
+
+    /// Kills this (single-member) etcd, wipes its data directory and starts it again on the same
+    /// ports: a store that lost all its state.
+    pub fn restart_wiped(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for e in std::fs::read_dir(self.data.path()).unwrap().flatten() {
+            std::fs::remove_dir_all(e.path()).unwrap();
+        }
+        self.child = spawn_etcd(&self.args, self.data.path());
+        self.wait_healthy("etcd to come back");
+    }
+
+    /// Polls `/health` until it reports healthy; panics with `what` after 30 s.
+    fn wait_healthy(&self, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !http_get(&self.endpoint, "/health")
+            .is_some_and(|b| b.contains("\"health\":\"true\""))
+        {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether this member is the raft leader (from its /metrics).
+    pub fn is_leader(&self) -> bool {
+        http_get(&self.endpoint, "/metrics")
+            .is_some_and(|b| b.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        kill(self.pid(), sig).unwrap();
+    }
+}
+
+fn spawn_etcd(args: &[String], data: &std::path::Path) -> Child {
+    Command::new("etcd")
+        .args(args)
+        .arg("--data-dir")
+        .arg(data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcd (apt-get install etcd-server)")
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = kill(self.pid(), Signal::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
