@@ -49,12 +49,17 @@ pub fn torchrun() -> Option<PathBuf> {
 #[path = "../../tests/harness/etcd.rs"]
 mod etcd;
 #[allow(unused_imports)] // each bench uses a different part
-pub use etcd::{free_port, Etcd};
+pub use etcd::{free_port, http_get as etcd_http_get, Etcd};
 
 /// A `drun-rendezvous serve` process on a free loopback port, killed on drop.
 pub struct RdzvServer(Child, pub String);
 
 impl RdzvServer {
+    /// The server's process id.
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.0.id() as i32)
+    }
+
     /// Starts a server with `store_args` (e.g. `["--store", "memory"]`); returns once it
     /// printed its endpoint.
     pub fn start(store_args: &[&str]) -> RdzvServer {

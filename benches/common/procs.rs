@@ -112,6 +112,13 @@ pub fn peak_rss_kib(pid: Pid) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// `VmRSS` (current resident set) of `pid` in KiB.
+pub fn rss_kib(pid: Pid) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// User + system CPU time of `pid` itself (not its children), from `/proc/<pid>/stat`.
 pub fn cpu_time(pid: Pid) -> Option<Duration> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

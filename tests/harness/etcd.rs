@@ -28,7 +28,8 @@ pub struct Etcd {
     args: Vec<String>,
 }
 
-fn http_get(endpoint: &str, path: &str) -> Option<String> {
+/// `GET path` over HTTP/1.0 from `endpoint` (`host:port`); the raw response, or None.
+pub fn http_get(endpoint: &str, path: &str) -> Option<String> {
     let mut s =
         TcpStream::connect_timeout(&endpoint.parse().ok()?, Duration::from_millis(300)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;

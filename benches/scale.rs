@@ -1,0 +1,317 @@
+//! Control-plane scale: many simulated agents speaking drun.v1 to one real `drun-rendezvous`
+//! server on one real etcd.
+//!
+//! `cargo bench --bench scale` (needs `etcd` on PATH). One process holds every simulated agent:
+//! a tokio task per agent with its own session stream (Hello, Join, a keep-alive every
+//! `lease_ttl / 3` — the agent's default — and a new Join after each re-form), spread over one
+//! HTTP/2 connection per 64 agents. Nothing of drun's own code runs in this process: the server
+//! sees exactly what real agents send.
+//!
+//! For each size N it prints
+//! 1. **formation**: from the first Hello to the last agent holding the plan, and the etcd
+//!    requests that cost (gRPC messages the etcd server received, from its `/metrics`), per agent;
+//! 2. **steady state**: server and etcd CPU (cores) and server RSS per agent over a window of
+//!    keep-alives at the default interval;
+//! 3. **re-form after 1 % of the agents crash** (their streams dropped without a Leave): from the
+//!    crash to the last survivor holding the new plan, and its etcd requests.
+//!
+//! `DRUN_SCALE_SIZES` (comma-separated, default `256,1024`) picks the sizes;
+//! `DRUN_SCALE_WINDOW` the steady-state window in seconds (default 10).
+
+mod common;
+use common::{Etcd, RdzvServer};
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use drun_proto::v1 as pb;
+use drun_proto::v1::rendezvous_client::RendezvousClient;
+use drun_proto::PROTOCOL_VERSION;
+use pb::agent_message::Kind as Out;
+use pb::server_event::Kind as In;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::Channel;
+
+/// The agent's default lease TTL; keep-alives go every third of it.
+const LEASE_TTL: Duration = Duration::from_secs(10);
+/// Agents sharing one HTTP/2 connection.
+const PER_CONNECTION: usize = 64;
+
+/// What a simulated agent reports.
+#[derive(Debug)]
+enum Report {
+    /// It holds the plan of this generation.
+    Formed { generation: u64, at: Instant },
+    /// The server ended its session with an error.
+    Error(String),
+}
+
+fn hello(run: &str, node: &str, n: usize) -> pb::AgentMessage {
+    pb::AgentMessage {
+        kind: Some(Out::Hello(pb::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            run_id: run.to_string(),
+            node_id: node.to_string(),
+            min_nodes: 1,
+            max_nodes: n as u32,
+            last_call_ms: 30_000,
+            join_timeout_ms: 900_000,
+            lease_ttl_ms: LEASE_TTL.as_millis() as u64,
+            max_restarts: 0,
+            resume: None,
+            scale_up_save_timeout_ms: 0,
+            reform_settle_ms: Some(1_000),
+        })),
+    }
+}
+
+fn join(node: &str, i: usize, after: u64) -> pb::AgentMessage {
+    pb::AgentMessage {
+        kind: Some(Out::Join(pb::Join {
+            candidate: Some(pb::Candidate {
+                node_id: node.to_string(),
+                advertise_addr: "127.0.0.1".into(),
+                slots: 1,
+                requested_node_rank: -1,
+                master_port: 20_000 + (i % 40_000) as u32,
+                resume_hint_json: String::new(),
+            }),
+            after_generation: after,
+        })),
+    }
+}
+
+/// One simulated agent: joins, keeps alive, rejoins after every re-form, until `crash` turns
+/// true (its stream is dropped without a Leave, as when the process dies).
+async fn agent(
+    ch: Channel,
+    run: String,
+    i: usize,
+    n: usize,
+    reports: mpsc::UnboundedSender<Report>,
+    mut crash: watch::Receiver<bool>,
+) {
+    let node = format!("sim-{i:05}");
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(hello(&run, &node, n));
+    let _ = tx.send(join(&node, i, 0));
+    let mut client = RendezvousClient::new(ch);
+    let mut inbound = match client.session(UnboundedReceiverStream::new(rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            let _ = reports.send(Report::Error(s.to_string()));
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(LEASE_TTL / 3);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let _ = tx.send(pb::AgentMessage { kind: Some(Out::KeepAlive(true)) });
+            }
+            _ = crash.changed() => return,
+            msg = inbound.message() => match msg {
+                Ok(Some(ev)) => match ev.kind {
+                    Some(In::Formed(p)) => {
+                        let _ = reports.send(Report::Formed { generation: p.generation, at: Instant::now() });
+                    }
+                    Some(In::Reform(r)) => { let _ = tx.send(join(&node, i, r.generation)); }
+                    Some(In::Error(e)) | Some(In::Fenced(e)) => {
+                        let _ = reports.send(Report::Error(e));
+                        return;
+                    }
+                    _ => {}
+                },
+                Ok(None) => return,
+                Err(s) => {
+                    let _ = reports.send(Report::Error(s.to_string()));
+                    return;
+                }
+            },
+        }
+    }
+}
+
+/// Sum of the gRPC messages etcd's server received, by method, from its `/metrics`.
+fn etcd_requests(endpoint: &str) -> BTreeMap<String, f64> {
+    let body = common::etcd_http_get(endpoint, "/metrics").unwrap_or_default();
+    let mut by = BTreeMap::new();
+    for l in body.lines() {
+        let Some(rest) = l.strip_prefix("grpc_server_msg_received_total{") else {
+            continue;
+        };
+        let method = rest
+            .split("grpc_method=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .unwrap_or("?");
+        let v: f64 = l
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *by.entry(method.to_string()).or_insert(0.0) += v;
+    }
+    by
+}
+
+fn delta(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, v)| *v > 0.0)
+        .collect()
+}
+
+fn show(d: &BTreeMap<String, f64>, n: usize) -> String {
+    let total: f64 = d.values().sum();
+    let parts: Vec<String> = d.iter().map(|(k, v)| format!("{k} {v:.0}")).collect();
+    format!(
+        "{total:.0} etcd requests = {:.1} per agent ({})",
+        total / n as f64,
+        parts.join(", ")
+    )
+}
+
+/// Waits until every agent in `alive` reported a plan of a generation above `after`; returns
+/// the instant of the last one and that generation, or why not within `limit`.
+async fn wait_formed(
+    reports: &mut mpsc::UnboundedReceiver<Report>,
+    alive: usize,
+    after: u64,
+    limit: Duration,
+) -> Result<(Instant, u64), String> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut count: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut last = Instant::now();
+    loop {
+        match tokio::time::timeout_at(deadline, reports.recv()).await {
+            Ok(Some(Report::Formed { generation, at })) if generation > after => {
+                let c = count.entry(generation).or_default();
+                *c += 1;
+                last = last.max(at);
+                if *c == alive {
+                    return Ok((last, generation));
+                }
+            }
+            Ok(Some(Report::Formed { .. })) => {}
+            Ok(Some(Report::Error(e))) => return Err(format!("an agent's session ended: {e}")),
+            Ok(None) => return Err("every agent ended".into()),
+            Err(_) => {
+                return Err(format!(
+                    "not formed within {limit:?} (plans seen: {count:?} of {alive} agents)"
+                ))
+            }
+        }
+    }
+}
+
+async fn one_size(n: usize, window: Duration) {
+    let etcd = Etcd::start();
+    let server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
+    let run = format!("scale{n}");
+    let url = format!("http://{}", server.1);
+    let mut channels = Vec::new();
+    for _ in 0..n.div_ceil(PER_CONNECTION) {
+        let ch = tonic::transport::Endpoint::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect to drun-rendezvous");
+        channels.push(ch);
+    }
+    let (rep_tx, mut reports) = mpsc::unbounded_channel();
+    let mut crash = Vec::new();
+    let before = etcd_requests(&etcd.endpoint);
+    let t0 = Instant::now();
+    for i in 0..n {
+        let (c_tx, c_rx) = watch::channel(false);
+        crash.push(c_tx);
+        tokio::spawn(agent(
+            channels[i / PER_CONNECTION].clone(),
+            run.clone(),
+            i,
+            n,
+            rep_tx.clone(),
+            c_rx,
+        ));
+    }
+    let limit = Duration::from_secs(60) + Duration::from_millis(30 * n as u64);
+    let (at, g) = match wait_formed(&mut reports, n, 0, limit).await {
+        Ok(v) => v,
+        Err(e) => {
+            println!("{n:>6} agents: formation FAILED: {e}");
+            return;
+        }
+    };
+    let formed = etcd_requests(&etcd.endpoint);
+    println!(
+        "{n:>6} agents: formed generation {g} in {:.3} s; {}",
+        (at - t0).as_secs_f64(),
+        show(&delta(&formed, &before), n)
+    );
+
+    let spid = server.pid();
+    let cpu = |p| common::procs::cpu_time(p).unwrap_or_default();
+    let (s0, e0) = (cpu(spid), cpu(etcd.pid()));
+    let w0 = Instant::now();
+    tokio::time::sleep(window).await;
+    let secs = w0.elapsed().as_secs_f64();
+    let (s1, e1) = (cpu(spid), cpu(etcd.pid()));
+    let rss = common::procs::rss_kib(spid).unwrap_or(0);
+    let steady = etcd_requests(&etcd.endpoint);
+    println!(
+        "        steady state over {secs:.0} s: server {:.3} cores, etcd {:.3} cores, server RSS {:.1} MiB = {:.1} KiB per agent; {:.0} etcd requests/s",
+        (s1 - s0).as_secs_f64() / secs,
+        (e1 - e0).as_secs_f64() / secs,
+        rss as f64 / 1024.0,
+        rss as f64 / n as f64,
+        delta(&steady, &formed).values().sum::<f64>() / secs,
+    );
+
+    let lost = (n / 100).max(1);
+    let before = etcd_requests(&etcd.endpoint);
+    let t_crash = Instant::now();
+    for c in crash.iter().take(lost) {
+        let _ = c.send(true);
+    }
+    match wait_formed(&mut reports, n - lost, g, Duration::from_secs(120)).await {
+        Ok((at, g2)) => println!(
+            "        {lost} of {n} crashed: generation {g2} held by all {} survivors {:.3} s later; {}",
+            n - lost,
+            (at - t_crash).as_secs_f64(),
+            show(&delta(&etcd_requests(&etcd.endpoint), &before), n)
+        ),
+        Err(e) => println!("        {lost} of {n} crashed: re-form FAILED: {e}"),
+    }
+    for c in &crash {
+        let _ = c.send(true);
+    }
+}
+
+fn main() {
+    let sizes: Vec<usize> = std::env::var("DRUN_SCALE_SIZES")
+        .unwrap_or_else(|_| "256,1024".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let window = Duration::from_secs(
+        std::env::var("DRUN_SCALE_WINDOW")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10),
+    );
+    println!(
+        "simulated drun.v1 agents -> one drun-rendezvous server on one etcd (lease TTL {} s, keep-alive every {:.1} s)",
+        LEASE_TTL.as_secs(),
+        (LEASE_TTL / 3).as_secs_f64()
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for n in sizes {
+        rt.block_on(one_size(n, window));
+    }
+}
