@@ -44,6 +44,10 @@
 //! addresses are used.
 
 mod common;
+#[path = "recovery/records.rs"]
+mod records;
+#[path = "recovery/table.rs"]
+mod table;
 use common::procs::{cpu_time, listening, peak_rss_kib, Procs};
 use common::{
     free_port, now_ns, rendezvous_drun, rendezvous_time, rendezvous_torchrun, runs, time_once,
@@ -56,6 +60,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
+use records::{group_ready, log_tails, poll, records};
+use table::{fmt, Cell, Row, Unit};
 
 const ROWS: [&str; 7] = [
     "loss",
@@ -139,86 +145,6 @@ enum Sample {
     NotRecovered,
     /// The job never reached its first generation (an environment problem, not a result).
     SetupFailed,
-}
-
-/// One worker's record, written by `benches/workers/recovery.py`.
-struct Rec {
-    rank: u64,
-    world: u64,
-    start_ns: u128,
-    ready_ns: Option<u128>,
-    exit_ns: Option<u128>,
-}
-
-fn records(dir: &Path) -> Vec<Rec> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.extension().and_then(|x| x.to_str()) != Some("json") {
-            continue;
-        }
-        let Some(v) = std::fs::read_to_string(&p)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        else {
-            continue;
-        };
-        let ns = |k: &str| v[k].as_u64().map(u128::from);
-        let (Some(rank), Some(world), Some(start_ns)) =
-            (v["rank"].as_u64(), v["world"].as_u64(), ns("start_ns"))
-        else {
-            continue;
-        };
-        out.push(Rec {
-            rank,
-            world,
-            start_ns,
-            ready_ns: ns("ready_ns"),
-            exit_ns: ns("exit_ns"),
-        });
-    }
-    out
-}
-
-/// When every rank 0..world of a world-`world` group started after `t0` reached its first
-/// all_reduce: (latest start, latest first all_reduce) in ns after `t0`. Per rank the worker
-/// that got there first counts.
-fn group_ready(recs: &[Rec], t0: u128, world: u64) -> Option<(u128, u128)> {
-    let (mut started, mut ready) = (0, 0);
-    for rank in 0..world {
-        let r = recs
-            .iter()
-            .filter(|r| r.rank == rank && r.world == world && r.start_ns > t0)
-            .filter(|r| r.ready_ns.is_some())
-            .min_by_key(|r| r.ready_ns)?;
-        started = started.max(r.start_ns - t0);
-        ready = ready.max(r.ready_ns.unwrap() - t0);
-    }
-    Some((started, ready))
-}
-
-fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn log_tails(logs: &Path, n: usize) {
-    for i in 0..n {
-        let text = std::fs::read_to_string(logs.join(format!("agent{i}.log"))).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        eprintln!("  --- agent {i} log (last 20 lines) ---");
-        for l in &lines[lines.len().saturating_sub(20)..] {
-            eprintln!("  {l}");
-        }
-    }
 }
 
 /// One run of a recovery scenario with launcher `l`.
@@ -308,7 +234,39 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, store: Store, run: usize) -> S
         log_tails(&logs, nodes);
         return Sample::SetupFailed;
     }
-    let t0 = match fault {
+    let Some(t0) = inject(fault, l, &agents, &procs, &recs) else {
+        eprintln!("  the failing worker never exited:");
+        log_tails(&logs, nodes);
+        return Sample::SetupFailed;
+    };
+    let after = poll(b.bound, || group_ready(&records(&recs), t0, 2));
+    let sample = match after {
+        Some((s, r)) => Sample::Recovered {
+            started: s as f64 / 1e9,
+            ready: r as f64 / 1e9,
+        },
+        None => Sample::NotRecovered,
+    };
+    if l == Launcher::Drun {
+        show_drun_restart(&logs, nodes, &sample);
+    }
+    procs.kill_all();
+    if std::env::var_os("DRUN_BENCH_KEEP").is_some() {
+        eprintln!("  kept {}", dir.keep().display());
+    }
+    sample
+}
+
+/// Injects `fault` into the third agent (or waits for the failing worker's exit): the fault's
+/// instant in ns, or None when the worker never exited.
+fn inject(
+    fault: Fault,
+    l: Launcher,
+    agents: &[nix::unistd::Pid],
+    procs: &Procs,
+    recs: &Path,
+) -> Option<u128> {
+    match fault {
         Fault::Crash | Fault::Hang => {
             std::thread::sleep(Duration::from_secs(1));
             let t0 = now_ns();
@@ -321,176 +279,22 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, store: Store, run: usize) -> S
                     procs.signal_node(2, Signal::SIGSTOP);
                 }
             }
-            t0
+            Some(t0)
         }
-        Fault::WorkerExit => {
-            match poll(Duration::from_secs(60), || {
-                records(&recs).iter().find_map(|r| r.exit_ns)
-            }) {
-                Some(t) => t,
-                None => {
-                    eprintln!("  the failing worker never exited:");
-                    log_tails(&logs, nodes);
-                    return Sample::SetupFailed;
-                }
-            }
-        }
-    };
-    let after = poll(b.bound, || group_ready(&records(&recs), t0, 2));
-    let sample = match after {
-        Some((s, r)) => Sample::Recovered {
-            started: s as f64 / 1e9,
-            ready: r as f64 / 1e9,
-        },
-        None => Sample::NotRecovered,
-    };
-    if l == Launcher::Drun {
-        let text = std::fs::read_to_string(logs.join("agent0.log")).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains("restart into generation")) {
-            let at = line.find("restart into").unwrap();
-            eprintln!("  drun agent 0: {}", &line[at..]);
-        } else if matches!(sample, Sample::NotRecovered) {
-            log_tails(&logs, nodes);
-        }
-    }
-    procs.kill_all();
-    if std::env::var_os("DRUN_BENCH_KEEP").is_some() {
-        eprintln!("  kept {}", dir.keep().display());
-    }
-    sample
-}
-
-/// The unit a row is measured in.
-#[derive(Clone, Copy)]
-enum Unit {
-    Seconds,
-    Mib,
-    CpuSeconds,
-}
-
-fn fmt(v: f64, unit: Unit) -> String {
-    match unit {
-        Unit::Mib => format!("{v:.1} MiB"),
-        // /proc counts CPU time in 10 ms ticks.
-        Unit::CpuSeconds if v < 0.01 => "< 10 ms".into(),
-        Unit::CpuSeconds if v < 1.0 => format!("{:.0} ms", v * 1e3),
-        Unit::Seconds | Unit::CpuSeconds => {
-            if v >= 10.0 {
-                format!("{v:.1} s")
-            } else if v >= 1.0 {
-                format!("{v:.2} s")
-            } else if v >= 0.01 {
-                format!("{:.0} ms", v * 1e3)
-            } else {
-                format!("{:.1} ms", v * 1e3)
-            }
-        }
+        Fault::WorkerExit => poll(Duration::from_secs(60), || {
+            records(recs).iter().find_map(|r| r.exit_ns)
+        }),
     }
 }
 
-/// One launcher's samples of one row; `f64::INFINITY` is a run that did not recover.
-#[derive(Default)]
-struct Cell {
-    values: Vec<f64>,
-    setup_failed: usize,
-    /// Why it was not measured at all.
-    absent: Option<String>,
-}
-
-impl Cell {
-    fn absent(why: &str) -> Cell {
-        Cell {
-            absent: Some(why.into()),
-            ..Cell::default()
-        }
-    }
-
-    fn gave_up(&self) -> bool {
-        self.values.iter().any(|v| v.is_infinite())
-    }
-
-    fn median(&self) -> Option<f64> {
-        let mut v = self.values.clone();
-        v.sort_by(f64::total_cmp);
-        (!v.is_empty()).then(|| v[v.len() / 2])
-    }
-
-    fn show(&self, unit: Unit, bound: Duration, runs: usize) -> String {
-        if let Some(why) = &self.absent {
-            return why.clone();
-        }
-        let failed = if self.setup_failed > 0 {
-            format!(" ({} runs failed to start)", self.setup_failed)
-        } else {
-            String::new()
-        };
-        let Some(med) = self.median() else {
-            return format!("no sample{failed}");
-        };
-        let lost = self.values.iter().filter(|v| v.is_infinite()).count();
-        let n = self.values.len();
-        if med.is_infinite() {
-            let not_repeated = if n < runs { "; not repeated" } else { "" };
-            return format!(
-                "did not recover in {} s ({lost}/{n} runs{not_repeated}){failed}",
-                bound.as_secs()
-            );
-        }
-        let lo = self.values.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = self.values.iter().copied().fold(0.0, f64::max);
-        let mut s = if n > 1 {
-            format!("{} [{}–{}]", fmt(med, unit), fmt(lo, unit), fmt(hi, unit))
-        } else {
-            fmt(med, unit)
-        };
-        if hi.is_infinite() {
-            s = format!(
-                "{} [{}–∞] ({lost}/{n} did not recover in {} s)",
-                fmt(med, unit),
-                fmt(lo, unit),
-                bound.as_secs()
-            );
-        }
-        s + &failed
-    }
-}
-
-struct Row {
-    name: String,
-    unit: Unit,
-    drun: Cell,
-    torchrun: Cell,
-}
-
-impl Row {
-    fn new(name: impl Into<String>, unit: Unit) -> Row {
-        Row {
-            name: name.into(),
-            unit,
-            drun: Cell::default(),
-            torchrun: Cell::default(),
-        }
-    }
-
-    fn cell(&mut self, l: Launcher) -> &mut Cell {
-        match l {
-            Launcher::Drun => &mut self.drun,
-            Launcher::Torchrun => &mut self.torchrun,
-        }
-    }
-
-    fn ratio(&self, bound: Duration) -> String {
-        match (self.drun.median(), self.torchrun.median()) {
-            (Some(_), Some(t)) if matches!(self.unit, Unit::CpuSeconds) && t < 0.01 => "—".into(),
-            (Some(d), Some(t)) if matches!(self.unit, Unit::CpuSeconds) && d < 0.01 => {
-                format!("< {:.3}", 0.01 / t)
-            }
-            (Some(d), Some(t)) if d.is_finite() && t.is_finite() => format!("{:.3}", d / t),
-            (Some(d), Some(_)) if d.is_finite() => {
-                format!("< {:.3}", d / bound.as_secs_f64())
-            }
-            _ => "—".into(),
-        }
+/// Prints drun agent 0's restart line (or, when it did not recover, the agents' log tails).
+fn show_drun_restart(logs: &Path, nodes: usize, sample: &Sample) {
+    let text = std::fs::read_to_string(logs.join("agent0.log")).unwrap_or_default();
+    if let Some(line) = text.lines().find(|l| l.contains("restart into generation")) {
+        let at = line.find("restart into").unwrap();
+        eprintln!("  drun agent 0: {}", &line[at..]);
+    } else if matches!(sample, Sample::NotRecovered) {
+        log_tails(logs, nodes);
     }
 }
 

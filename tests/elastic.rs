@@ -1,4 +1,4 @@
-//! Elastic re-formation with real agents, real etcd and real signals (failure cases 1–4, 6, 27).
+//! Elastic re-formation with real agents, real etcd and real signals (docs/architecture.md §2).
 
 use std::path::Path;
 use std::process::Command;

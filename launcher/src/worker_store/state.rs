@@ -105,19 +105,7 @@ impl State {
                 expected,
                 desired,
             } => {
-                let now = match self.values.get(&key) {
-                    None if expected.is_empty() => {
-                        self.set(key, desired.clone(), &mut out);
-                        desired
-                    }
-                    // Absent and something else expected: torch answers with `expected`.
-                    None => expected,
-                    Some(cur) if *cur == expected => {
-                        self.set(key, desired.clone(), &mut out);
-                        desired
-                    }
-                    Some(cur) => cur.clone(),
-                };
+                let now = self.compare_set(key, expected, desired, &mut out);
                 out.push((from, Reply::Bytes(now)));
             }
             Query::Get { key } => {
@@ -125,32 +113,14 @@ impl State {
                 out.push((from, Reply::Bytes(v)));
             }
             Query::Add { key, delta } => {
-                let old = match self.values.get(&key) {
-                    None => 0,
-                    Some(v) => parse_counter(v)
-                        .ok_or_else(|| StoreError::NotANumber { key: text(&key) })?,
-                };
-                let new = old
-                    .checked_add(delta)
-                    .ok_or_else(|| StoreError::Overflow { key: text(&key) })?;
-                self.set(key, new.to_string().into_bytes(), &mut out);
+                let new = self.add(key, delta, &mut out)?;
                 out.push((from, Reply::I64(new)));
             }
             Query::Check { keys } => {
                 let ready = keys.iter().all(|k| self.present(k));
                 out.push((from, Reply::Check(ready)));
             }
-            Query::Wait { keys } => {
-                if keys.iter().all(|k| self.present(k)) {
-                    out.push((from, Reply::Wait(WaitReply::StopWaiting)));
-                } else {
-                    let missing: Vec<Key> = keys.into_iter().filter(|k| !self.present(k)).collect();
-                    self.awaited.insert(from, missing.len());
-                    for k in missing {
-                        self.waiting.entry(k).or_default().push(from);
-                    }
-                }
-            }
+            Query::Wait { keys } => self.wait(from, keys, &mut out),
             Query::NumKeys => out.push((from, Reply::I64(self.values.len() as i64))),
             Query::DeleteKey { key } => {
                 let n = i64::from(self.values.remove(&key).is_some());
@@ -197,26 +167,87 @@ impl State {
                 out.push((from, Reply::I64(len as i64)));
             }
             Query::ListKeys => out.push((from, Reply::Keys(self.values.keys().cloned().collect()))),
-            Query::Barrier { key, world_size } => {
-                let count = match self.values.get(&key) {
-                    None => 1,
-                    Some(v) => parse_counter(v)
-                        .and_then(|c| c.checked_add(1))
-                        .ok_or_else(|| StoreError::NotANumber { key: text(&key) })?,
-                };
-                // Stored without waking: the barrier's own waiters are woken below, together.
-                self.values
-                    .insert(key.clone(), count.to_string().into_bytes());
-                if count >= world_size {
-                    self.wake_all(&key, &mut out);
-                    out.push((from, Reply::Wait(WaitReply::StopWaiting)));
-                } else {
-                    self.waiting.entry(key).or_default().push(from);
-                    self.awaited.insert(from, 1);
-                }
-            }
+            Query::Barrier { key, world_size } => self.barrier(from, key, world_size, &mut out)?,
         }
         Ok(out)
+    }
+
+    /// `compareSet`: the value the key holds afterwards, which is the reply.
+    fn compare_set(
+        &mut self,
+        key: Key,
+        expected: Vec<u8>,
+        desired: Vec<u8>,
+        out: &mut Outbox,
+    ) -> Vec<u8> {
+        match self.values.get(&key) {
+            None if expected.is_empty() => {
+                self.set(key, desired.clone(), out);
+                desired
+            }
+            // Absent and something else expected: torch answers with `expected`.
+            None => expected,
+            Some(cur) if *cur == expected => {
+                self.set(key, desired.clone(), out);
+                desired
+            }
+            Some(cur) => cur.clone(),
+        }
+    }
+
+    /// `add`: the counter's new value.
+    fn add(&mut self, key: Key, delta: i64, out: &mut Outbox) -> Result<i64, StoreError> {
+        let old = match self.values.get(&key) {
+            None => 0,
+            Some(v) => {
+                parse_counter(v).ok_or_else(|| StoreError::NotANumber { key: text(&key) })?
+            }
+        };
+        let new = old
+            .checked_add(delta)
+            .ok_or_else(|| StoreError::Overflow { key: text(&key) })?;
+        self.set(key, new.to_string().into_bytes(), out);
+        Ok(new)
+    }
+
+    /// `wait`: answered now when every key exists, else parked until the missing ones appear.
+    fn wait(&mut self, from: ClientId, keys: Vec<Key>, out: &mut Outbox) {
+        if keys.iter().all(|k| self.present(k)) {
+            out.push((from, Reply::Wait(WaitReply::StopWaiting)));
+            return;
+        }
+        let missing: Vec<Key> = keys.into_iter().filter(|k| !self.present(k)).collect();
+        self.awaited.insert(from, missing.len());
+        for k in missing {
+            self.waiting.entry(k).or_default().push(from);
+        }
+    }
+
+    /// A barrier arrival: counts it and releases everyone once `world_size` arrived.
+    fn barrier(
+        &mut self,
+        from: ClientId,
+        key: Key,
+        world_size: i64,
+        out: &mut Outbox,
+    ) -> Result<(), StoreError> {
+        let count = match self.values.get(&key) {
+            None => 1,
+            Some(v) => parse_counter(v)
+                .and_then(|c| c.checked_add(1))
+                .ok_or_else(|| StoreError::NotANumber { key: text(&key) })?,
+        };
+        // Stored without waking: the barrier's own waiters are woken below, together.
+        self.values
+            .insert(key.clone(), count.to_string().into_bytes());
+        if count >= world_size {
+            self.wake_all(&key, out);
+            out.push((from, Reply::Wait(WaitReply::StopWaiting)));
+        } else {
+            self.waiting.entry(key).or_default().push(from);
+            self.awaited.insert(from, 1);
+        }
+        Ok(())
     }
 
     /// Forgets client `c`'s pending wait (it cancelled it or disconnected).

@@ -1,0 +1,84 @@
+//! The workers' timing records and the polling helpers of the recovery benchmark.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// One worker's record, written by `benches/workers/recovery.py`.
+pub(super) struct Rec {
+    pub(super) rank: u64,
+    pub(super) world: u64,
+    pub(super) start_ns: u128,
+    pub(super) ready_ns: Option<u128>,
+    pub(super) exit_ns: Option<u128>,
+}
+
+pub(super) fn records(dir: &Path) -> Vec<Rec> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("json") {
+            continue;
+        }
+        let Some(v) = std::fs::read_to_string(&p)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        else {
+            continue;
+        };
+        let ns = |k: &str| v[k].as_u64().map(u128::from);
+        let (Some(rank), Some(world), Some(start_ns)) =
+            (v["rank"].as_u64(), v["world"].as_u64(), ns("start_ns"))
+        else {
+            continue;
+        };
+        out.push(Rec {
+            rank,
+            world,
+            start_ns,
+            ready_ns: ns("ready_ns"),
+            exit_ns: ns("exit_ns"),
+        });
+    }
+    out
+}
+
+/// When every rank 0..world of a world-`world` group started after `t0` reached its first
+/// all_reduce: (latest start, latest first all_reduce) in ns after `t0`. Per rank the worker
+/// that got there first counts.
+pub(super) fn group_ready(recs: &[Rec], t0: u128, world: u64) -> Option<(u128, u128)> {
+    let (mut started, mut ready) = (0, 0);
+    for rank in 0..world {
+        let r = recs
+            .iter()
+            .filter(|r| r.rank == rank && r.world == world && r.start_ns > t0)
+            .filter(|r| r.ready_ns.is_some())
+            .min_by_key(|r| r.ready_ns)?;
+        started = started.max(r.start_ns - t0);
+        ready = ready.max(r.ready_ns.unwrap() - t0);
+    }
+    Some((started, ready))
+}
+
+pub(super) fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub(super) fn log_tails(logs: &Path, n: usize) {
+    for i in 0..n {
+        let text = std::fs::read_to_string(logs.join(format!("agent{i}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!("  --- agent {i} log (last 20 lines) ---");
+        for l in &lines[lines.len().saturating_sub(20)..] {
+            eprintln!("  {l}");
+        }
+    }
+}

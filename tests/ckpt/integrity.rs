@@ -1,0 +1,313 @@
+//! Integrity of the ledger: a corrupted shard, a rank killed mid-write, misaligned cursors, a stale
+//! agent.
+
+use super::*;
+
+// --- A corrupted shard -------------------------------------------------------------------------
+
+fn corrupted_shard_falls_back(store: Store) {
+    let d = dirs();
+    let r = rdzv(store, "ckpt-corrupt", "1");
+    let a = agent(
+        0,
+        &r,
+        &d,
+        2,
+        &["--max-restarts", "2", "--ckpt-verify", "digest"],
+        &[("CKPT_HOLD_AT", "6"), ("CKPT_STEPS", "10")],
+    );
+    wait_for(
+        "both ranks to hold after step 6",
+        Duration::from_secs(30),
+        || count(&events(&d), "holding", |_| true) == 2 && latest_step(&d) == 6,
+    );
+    // Flip one byte of rank 1's sealed file: same size, different content.
+    let m = latest(&d).unwrap();
+    let f = m["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["rank"] == 1)
+        .unwrap()["path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut bytes = std::fs::read(&f).unwrap();
+    bytes[10] ^= 0x55;
+    std::fs::write(&f, &bytes).unwrap();
+    std::fs::write(d.out.join("crash"), b"").unwrap();
+
+    let (code, _, err) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "recovered and finished:\n{err}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("drun: ") && l.contains("failed verification"))
+        .collect();
+    assert_eq!(lines.len(), 1, "said once, in one line:\n{err}");
+    assert!(
+        lines[0].starts_with("drun: checkpoint step 6 (generation 1) failed verification:")
+            && lines[0].contains("(rank 1) has sha256")
+            && lines[0].ends_with("falling back to the previous checkpoint"),
+        "{}",
+        lines[0]
+    );
+    let evs = events(&d);
+    let last_gen = evs
+        .iter()
+        .map(|e| e["gen"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert!(
+        last_gen >= 3,
+        "gen 2 was re-formed away without starting workers"
+    );
+    for e in evs
+        .iter()
+        .filter(|e| e["event"] == "start" && e["gen"] == last_gen)
+    {
+        assert_eq!(e["resume_step"], 4, "every rank resumes from step 4: {e}");
+        assert_eq!(e["env_resume"]["DRUN_RESUME_STEP"], "4");
+    }
+    assert_eq!(count(&evs, "start", |e| e["gen"] == last_gen), 2);
+    assert_eq!(
+        count(&evs, "start", |e| e["gen"] == 2),
+        0,
+        "no worker resumed from the corrupt step"
+    );
+    assert_eq!(count(&evs, "done", |_| true), 2);
+    assert_eq!(latest_step(&d), 10);
+}
+
+#[test]
+fn corrupted_shard_falls_back_memory() {
+    corrupted_shard_falls_back(Store::Memory);
+}
+
+#[test]
+fn corrupted_shard_falls_back_etcd() {
+    corrupted_shard_falls_back(Store::Etcd);
+}
+
+// --- A rank killed while writing its shard ------------------------------------------------------
+
+fn killed_mid_write_never_seals(store: Store) {
+    let d = dirs();
+    let r = rdzv(store, "ckpt-midwrite", "1");
+    let a = agent(
+        0,
+        &r,
+        &d,
+        2,
+        &["--max-restarts", "1"],
+        &[("CKPT_DIE_MIDWRITE", "1:4"), ("CKPT_STEPS", "8")],
+    );
+    let (code, _, err) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    let evs = events(&d);
+    assert_eq!(
+        count(&evs, "dying", |e| e["rank"] == 1 && e["step"] == 4),
+        1
+    );
+    assert_eq!(
+        count(&evs, "committed", |e| e["gen"] == 1 && e["step"] == 4),
+        0,
+        "rank 0's commit of step 4 waits for rank 1 and never completes"
+    );
+    assert!(
+        !manifest_files(&d).contains(&(4, 1)),
+        "no manifest of step 4 in generation 1: {:?}",
+        manifest_files(&d)
+    );
+    for e in evs
+        .iter()
+        .filter(|e| e["event"] == "start" && e["gen"] == 2)
+    {
+        assert_eq!(e["resume_step"], 2, "previous checkpoint used: {e}");
+        assert_eq!(e["resume_samples"], 16);
+    }
+    assert_eq!(count(&evs, "start", |e| e["gen"] == 2), 2);
+    assert!(
+        !files_under(&d.ckpt)
+            .iter()
+            .any(|f| f.ends_with("step-00000004-g1/rank1.pt")),
+        "the half-written file never reached its final name"
+    );
+    assert_eq!(latest_step(&d), 8);
+}
+
+#[test]
+fn killed_mid_write_never_seals_memory() {
+    killed_mid_write_never_seals(Store::Memory);
+}
+
+#[test]
+fn killed_mid_write_never_seals_etcd() {
+    killed_mid_write_never_seals(Store::Etcd);
+}
+
+// --- Misaligned cursors across nodes ----------------------------------------------------------
+
+fn misaligned_cursor_is_refused(store: Store) {
+    let d = dirs();
+    let r = rdzv(store, "ckpt-misaligned", "2");
+    let env = [("CKPT_BAD_CURSOR", "1:4"), ("CKPT_STEPS", "40")];
+    let a = agent(0, &r, &d, 1, &[], &env);
+    let b = agent(1, &r, &d, 1, &[], &env);
+    let (ca, _, ea) = a.wait(Duration::from_secs(60));
+    let (cb, _, eb) = b.wait(Duration::from_secs(60));
+    assert_eq!(
+        (ca, cb),
+        (1, 1),
+        "the refused rank exits 3, the job fails:\n{ea}\n{eb}"
+    );
+    let both = format!("{ea}\n{eb}");
+    let line = both
+        .lines()
+        .find(|l| l.contains("misaligned data"))
+        .unwrap_or_else(|| panic!("the refusal is reported:\n{both}"));
+    assert!(
+        line.contains("step 4 not sealed")
+            && line.contains("rank 0 report cursor")
+            && line.contains("rank 1 report cursor")
+            && line.contains("\"consumed_in_epoch\":33"),
+        "{line}"
+    );
+    let evs = events(&d);
+    // The node whose record completes the step is told (both, when they complete it at once).
+    assert!(
+        count(&evs, "refused", |e| e["step"] == 4
+            && e["error"].as_str().unwrap().contains("misaligned data"))
+            >= 1
+    );
+    let sealed = manifest_files(&d);
+    assert!(sealed.contains(&(2, 1)), "{sealed:?}");
+    assert!(
+        sealed.iter().all(|(s, _)| *s != 4),
+        "step 4 never sealed: {sealed:?}"
+    );
+}
+
+#[test]
+fn misaligned_cursor_is_refused_memory() {
+    misaligned_cursor_is_refused(Store::Memory);
+}
+
+#[test]
+fn misaligned_cursor_is_refused_etcd() {
+    misaligned_cursor_is_refused(Store::Etcd);
+}
+
+// --- A stale agent ------------------------------------------------------------------------------
+
+fn stale_agent_cannot_commit(store: Store) {
+    let d = dirs();
+    let r = rdzv(store, "ckpt-stale", "1:2");
+    let env = [
+        ("CKPT_EVERY", "1"),
+        ("CKPT_SLEEP", "0.2"),
+        ("CKPT_STEPS", "100000"),
+        ("CKPT_REFUSED_EXIT", "0"),
+        ("CKPT_PROGRESS", "0"),
+    ];
+    let a = agent(0, &r, &d, 1, &[], &env);
+    let b = agent(1, &r, &d, 1, &[], &env);
+    wait_for(
+        "a checkpoint sealed at world size 2",
+        Duration::from_secs(30),
+        || latest(&d).is_some_and(|m| m["world_size"] == 2 && m["step"].as_u64().unwrap() >= 2),
+    );
+    let b_worker = events(&d)
+        .iter()
+        .rev()
+        .find(|e| e["event"] == "start" && e["rank"] == 1)
+        .unwrap()["pid"]
+        .as_i64()
+        .unwrap() as i32;
+    // Stop B (agent and worker) right after one of B's commits was answered, so no commit of
+    // B is in flight; its lease expires and A re-forms alone and seals in a new generation.
+    wait_for(
+        "a fresh answer to B's worker",
+        Duration::from_secs(10),
+        || {
+            let evs = events(&d);
+            let last = evs.iter().rev().find(|e| e["pid"] == b_worker);
+            last.is_some_and(|e| {
+                e["event"] == "committed" && now() - e["t"].as_f64().unwrap() < 0.08
+            })
+        },
+    );
+    b.signal(Signal::SIGSTOP);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(b_worker), Signal::SIGSTOP).unwrap();
+    let stopped_at = now();
+    wait_for(
+        "A alone to seal a checkpoint in a new generation",
+        Duration::from_secs(30),
+        || latest(&d).is_some_and(|m| m["world_size"] == 1),
+    );
+    // B's worker wakes first and asks its agent, stale by now, to commit its next step.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(b_worker), Signal::SIGCONT).unwrap();
+    wait_for(
+        "B's worker to ask for a commit after its lease expired",
+        Duration::from_secs(10),
+        || {
+            count(&events(&d), "committing", |e| {
+                e["pid"] == b_worker && e["t"].as_f64().unwrap() > stopped_at
+            }) == 1
+        },
+    );
+    b.signal(Signal::SIGCONT);
+    wait_for(
+        "B's stale worker to be answered or stopped",
+        Duration::from_secs(20),
+        || !alive(b_worker) || count(&events(&d), "refused", |e| e["pid"] == b_worker) > 0,
+    );
+    let evs = events(&d);
+    assert_eq!(
+        count(&evs, "committed", |e| e["pid"] == b_worker
+            && e["t"].as_f64().unwrap() > stopped_at),
+        0,
+        "the stale agent's commit was not accepted"
+    );
+    for e in evs
+        .iter()
+        .filter(|e| e["event"] == "refused" && e["pid"] == b_worker)
+    {
+        let msg = e["error"].as_str().unwrap();
+        assert!(
+            msg.contains("stale") || msg.contains("stopping") || msg.contains("is over"),
+            "refused as stale: {msg}"
+        );
+    }
+    // B's last accepted commit before the stop may be sealed (its manifest file written by the
+    // sealing agent a moment later); nothing after it can be.
+    let b_last = evs
+        .iter()
+        .filter(|e| {
+            e["event"] == "committed"
+                && e["pid"] == b_worker
+                && e["t"].as_f64().unwrap() < stopped_at
+        })
+        .filter_map(|e| e["step"].as_u64())
+        .max()
+        .unwrap_or(0);
+    let stale_seals: Vec<_> = manifest_files(&d)
+        .into_iter()
+        .filter(|m| m.1 == 1 && m.0 > b_last)
+        .collect();
+    assert!(
+        stale_seals.is_empty(),
+        "nothing of generation 1 after step {b_last} sealed: {stale_seals:?}"
+    );
+    drop(a);
+    drop(b);
+}
+
+#[test]
+fn stale_agent_cannot_commit_memory() {
+    stale_agent_cannot_commit(Store::Memory);
+}
+
+#[test]
+fn stale_agent_cannot_commit_etcd() {
+    stale_agent_cannot_commit(Store::Etcd);
+}

@@ -1,0 +1,168 @@
+//! The data promise with real torch (no sample skipped or repeated across world sizes) and shell
+//! workers through `drun-ckpt`.
+
+use super::*;
+
+// --- No sample skipped, none repeated, across 4 → 2 → 4 workers (real torch) ------------------
+
+fn no_skip_no_duplicate(store: Store) {
+    let Some(python) = crate::harness::torch_python() else {
+        return;
+    };
+    let d = dirs();
+    let r = rdzv(store, "ckpt-torch", "1:2");
+    let a = example_agent(&python, 0, &r, &d, "faults");
+    let b = example_agent(&python, 1, &r, &d, "faults");
+    wait_for(
+        "a checkpoint sealed by 4 workers",
+        Duration::from_secs(120),
+        || latest(&d).is_some_and(|m| m["world_size"] == 4 && m["step"].as_u64().unwrap() >= 12),
+    );
+    b.signal(Signal::SIGKILL);
+    drop(b);
+    wait_for(
+        "a checkpoint sealed by the 2 survivors",
+        Duration::from_secs(120),
+        || latest(&d).is_some_and(|m| m["world_size"] == 2),
+    );
+    let b2 = example_agent(&python, 1, &r, &d, "faults");
+    let (ca, oa, ea) = a.wait(Duration::from_secs(240));
+    let (cb, _, eb) = b2.wait(Duration::from_secs(60));
+    assert_eq!((ca, cb), (0, 0), "A:\n{ea}\nB':\n{eb}");
+    assert!(oa.contains("resumed at step="), "{oa}");
+    assert!(
+        ea.contains("resuming from checkpoint step"),
+        "the agent says what it resumes from:\n{ea}"
+    );
+
+    // The ledger as the operator sees it.
+    let o = Command::new(crate::harness::cluster::rendezvous_bin())
+        .args(["status", "ckpt-torch"])
+        .args(&r.status)
+        .output()
+        .unwrap();
+    let status: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("status JSON: {e}: {}", String::from_utf8_lossy(&o.stderr)));
+    assert_eq!(status["checkpoints"]["latest"]["step"], 128, "{status}");
+    assert_eq!(status["checkpoints"]["latest"]["world_size"], 4, "{status}");
+    assert_eq!(
+        status["checkpoints"]["latest"]["cursor"]["epoch"], 2,
+        "{status}"
+    );
+
+    let prefix = d.out.join("idx");
+    let mut args = vec!["indices", prefix.to_str().unwrap()];
+    args.extend(crate::harness::EXAMPLE_DATA_ARGS);
+    let summary = check(&python, &args);
+    // World sizes by generation that ran workers: 4, then 2 (node lost), then 4 (scaled back).
+    let worlds: Vec<usize> = summary["generations"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|r| r.as_array().unwrap().len())
+        .collect();
+    let shape: Vec<usize> = worlds.iter().fold(Vec::new(), |mut v, w| {
+        if v.last() != Some(w) {
+            v.push(*w);
+        }
+        v
+    });
+    assert!(
+        shape.windows(3).any(|w| w == [4, 2, 4]),
+        "ran at 4, then 2, then 4 workers: {summary}"
+    );
+
+    // The same job without faults, at the same global batch: the same model.
+    let base = dirs();
+    let mut c = drun();
+    c.python(&python)
+        .args(["--standalone", "--nproc-per-node", "2", "--ckpt-dir"])
+        .arg(&base.ckpt)
+        .arg(crate::harness::root().join("examples/train_ddp.py"))
+        .args(EXAMPLE_ARGS)
+        .args(["--step-sleep", "0", "--out"])
+        .arg(base.out.join("clean"));
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(240));
+    assert_eq!(code, 0, "{err}");
+    let cmp = check(
+        &python,
+        &[
+            "compare",
+            d.out.join("faults/final.pt").to_str().unwrap(),
+            base.out.join("clean/final.pt").to_str().unwrap(),
+            "--tol",
+            "1e-5",
+        ],
+    );
+    eprintln!("data order: {summary}; final model vs no-fault run: {cmp}");
+}
+
+#[test]
+fn torch_no_sample_skipped_or_repeated_across_world_sizes_etcd() {
+    no_skip_no_duplicate(Store::Etcd);
+}
+
+#[test]
+fn torch_no_sample_skipped_or_repeated_across_world_sizes_memory() {
+    no_skip_no_duplicate(Store::Memory);
+}
+
+// --- Shell workers through drun-ckpt -------------------------------------------------------------
+
+#[test]
+fn shell_workers_commit_with_drun_ckpt() {
+    let d = dirs();
+    let script = d.out.join("worker.sh");
+    std::fs::write(
+        &script,
+        r#"set -eu
+f="$DRUN_CKPT_DIR/step-3-rank$RANK.bin"
+printf 'weights of rank %s' "$RANK" > "$f"
+"$DRUN_CKPT_BIN" commit --step 3 --samples 24 "$f" > "$OUT/commit$RANK.json"
+if "$DRUN_CKPT_BIN" should-save; then exit 9; fi
+"$DRUN_CKPT_BIN" resume > "$OUT/resume$RANK.json"
+"#,
+    )
+    .unwrap();
+    let mut c = drun();
+    c.args(["--standalone", "--nproc-per-node", "2", "--ckpt-dir"])
+        .arg(&d.ckpt)
+        .args(["--no-python", "bash"])
+        .arg(&script)
+        .env("DRUN_CKPT_BIN", env!("CARGO_BIN_EXE_drun-ckpt"))
+        .env("OUT", &d.out);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(30));
+    assert_eq!(code, 0, "{err}");
+    let answers: Vec<Value> = (0..2)
+        .map(|r| read_json(&d.out.join(format!("commit{r}.json"))))
+        .collect();
+    // One node: its batched record completes the step, so both ranks hear "sealed".
+    assert!(
+        answers
+            .iter()
+            .all(|a| a["sealed"] == true && a["manifest"] == answers[0]["manifest"]),
+        "{answers:?}"
+    );
+    let m = latest(&d).expect("latest points at the manifest");
+    assert_eq!(m["step"], 3);
+    assert_eq!(m["cursor"]["consumed_in_epoch"], 24);
+    assert_eq!(m["files"].as_array().unwrap().len(), 2);
+    let resume = read_json(&d.out.join("resume0.json"));
+    assert_eq!(
+        resume["resume"],
+        Value::Null,
+        "first generation starts fresh"
+    );
+    assert_eq!(resume["world_size"], 2);
+    // Outside drun the client says so and exits 2.
+    let o = Command::new(env!("CARGO_BIN_EXE_drun-ckpt"))
+        .arg("resume")
+        .env_remove("DRUN_AGENT_SOCK")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).trim(),
+        "drun-ckpt: not running under drun (DRUN_AGENT_SOCK is unset)"
+    );
+}
