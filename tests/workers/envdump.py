@@ -7,7 +7,10 @@ import json
 import os
 import sys
 
-from atomic import write_atomic
+# `--run-path` runs this file through runpy.run_path, which (unlike `python FILE`) does not put
+# the script's directory on sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic import write_atomic  # noqa: E402
 
 
 def main():
