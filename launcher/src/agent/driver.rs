@@ -401,6 +401,8 @@ impl Agent {
     /// `sig` to every running worker's process group, once.
     fn stop(&self, sig: Signal, w: &mut World) {
         w.reached_before = w.ledger.take().and_then(|l| l.reached());
+        // Reported afresh: the stop waits for "no worker runs", even if none ran already.
+        w.workers = None;
         let Some(group) = w.group.as_mut() else {
             return;
         };

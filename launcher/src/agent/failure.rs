@@ -1,6 +1,6 @@
 //! Reporting a worker failure to the rendezvous and acting on the job-wide decision: restart,
 //! end, or — when the failure came from a lost node or this node was fenced — re-form without
-//! spending the restart budget. Transitions of [`Phase::Reporting`], pure like [`super::step`].
+//! spending the restart budget. Transitions of [`Phase::Reporting`], pure like [`super::step()`].
 
 use drun_rendezvous::round::Restarts;
 use drun_rendezvous::session::Request;

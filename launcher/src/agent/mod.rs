@@ -1,10 +1,10 @@
 //! The agent: rendezvous → spawn → supervise → restart or exit, as an explicit state machine.
 //!
 //! * [`state`] — the state ([`state::Machine`], [`state::Phase`]), its inputs and effects;
-//! * [`step`] (with [`failure`]) — the transitions, a pure function of (state, input, now);
-//! * [`driver`] — the one loop that `select!`s over the inputs (session events, SIGCHLD,
+//! * [`mod@step`] (with `failure`) — the transitions, a pure function of (state, input, now);
+//! * `driver` — the one loop that `select!`s over the inputs (session events, SIGCHLD,
 //!   signals, worker API requests, deadlines) and carries out the effects;
-//! * [`world`] — what the effects touch: candidate, announcement, teardown sweep, summary.
+//! * `world` — what the effects touch: candidate, announcement, teardown sweep, summary.
 //!
 //! The state diagram is in the crate's theory of operation ([`crate`]).
 

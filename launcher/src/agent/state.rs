@@ -1,5 +1,5 @@
 //! The agent's state ([`Machine`], [`Phase`]), what drives it ([`Input`]) and what it asks the
-//! loop to do ([`Effect`]). The transitions are in [`super::step`].
+//! loop to do ([`Effect`]). The transitions are in [`super::step()`].
 
 use std::path::PathBuf;
 use std::time::Duration;
