@@ -26,6 +26,7 @@ mod driver;
 mod failure;
 pub mod state;
 pub mod step;
+mod supervise;
 #[cfg(test)]
 mod tests;
 mod world;
