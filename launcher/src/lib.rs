@@ -21,7 +21,7 @@
 //!    allows, a new generation; else the failure summary ([`summary`]) and exit 1. A handled
 //!    signal is forwarded once, the group stopped the same way, exit 128+N.
 //!
-//! The agent's states ([`agent::Phase`]; details in `docs/architecture.md`):
+//! The agent's states ([`agent::Phase`]; supervision: `docs/architecture.md` §6):
 //!
 //! ```text
 //!                 Formed               verified + spawned

@@ -1,5 +1,6 @@
-//! The agent's side of the checkpoint ledger (`docs/architecture.md`, checkpoints): the local worker API, batching of the
-//! node's ranks, verification of the resume point, manifest files next to the checkpoints.
+//! The agent's side of the checkpoint ledger (`docs/architecture.md` §4): the
+//! local worker API, batching of the node's ranks, verification of the resume point, manifest
+//! files next to the checkpoints.
 //!
 //! # Theory of operation
 //!
@@ -9,6 +10,10 @@
 //!   reported step `s` with the same cursor, one [`drun_rendezvous::NodeCommit`] goes to the
 //!   rendezvous, which seals the step when every node has reported it.
 //! * [`verify`] checks a manifest's files (size or SHA-256) before workers resume from it.
+//! * [`resume`] is what the agent calls about the resume point: the hint a joining node offers
+//!   (its own `latest`, or the adopted `--ckpt-resume-from` checkpoint) and the check of the
+//!   plan's resume point ([`resume::Verdict`]).
+//! * Every problem is a [`CkptError`] naming the file, rank, step or generation.
 //! * This module writes the manifest file next to the checkpoint, the atomically replaced
 //!   `latest` pointer in `--ckpt-dir`, and reads that pointer back when the store knows no
 //!   checkpoint (a fresh etcd, a requeued job on the embedded store).
