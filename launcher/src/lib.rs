@@ -10,7 +10,7 @@
 //! 2. joins the rendezvous (for one node: the in-process [`drun_rendezvous::Round`] on the
 //!    embedded in-memory store) with a freshly reserved MASTER_PORT and receives the plan of a
 //!    new generation;
-//! 3. spawns the local workers with torchrun's environment ([`env`]), each in its own session
+//! 3. spawns the local workers with torchrun's environment ([`mod@env`]), each in its own session
 //!    and process group, their output pumped line by line ([`logs`]);
 //! 4. supervises them: one loop `select!`s over SIGCHLD, a `--monitor-interval` tick, the
 //!    handled signals, the session's events and the worker API, and feeds each to the pure

@@ -1,6 +1,6 @@
 //! The agent's transitions: [`step`], a pure function of (state, input, now) returning the next
 //! state and the effects for the loop to carry out. Every session [`Event`] is matched here,
-//! in [`on_event`], exhaustively.
+//! in `on_event`, exhaustively.
 
 use drun_rendezvous::session::{Request, RunEnd, SaveRequest};
 use drun_rendezvous::{Event, Plan};
