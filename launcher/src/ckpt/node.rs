@@ -90,13 +90,7 @@ impl NodeLedger {
         cursor: Cursor,
         reply: Reply,
     ) -> Option<NodeCommit> {
-        let bad = |why: String| {
-            Some(CkptError::BadCommit {
-                generation,
-                step,
-                why,
-            })
-        };
+        let bad = |why| Some(bad_commit(generation, step, why));
         let problem = if generation != self.generation {
             bad(format!(
                 "stale commit: generation {generation} is over; this node runs generation {}",
@@ -283,6 +277,14 @@ impl NodeLedger {
     /// Highest step any local rank announced, if any did.
     pub fn reached(&self) -> Option<u64> {
         self.progress.values().copied().max()
+    }
+}
+
+fn bad_commit(generation: u64, step: u64, why: String) -> CkptError {
+    CkptError::BadCommit {
+        generation,
+        step,
+        why,
     }
 }
 
