@@ -807,8 +807,13 @@ impl LaunchConfig {
         let resume_from = match &a.ckpt_resume_from {
             None => None,
             Some(p) => {
-                let (file, _) = crate::ckpt::read_adoptable(p)
-                    .map_err(|why| invalid("--ckpt-resume-from", p.display().to_string(), why))?;
+                let (file, _) = crate::ckpt::read_adoptable(p).map_err(|why| {
+                    invalid(
+                        "--ckpt-resume-from",
+                        p.display().to_string(),
+                        why.to_string(),
+                    )
+                })?;
                 Some(std::fs::canonicalize(&file).unwrap_or(file))
             }
         };

@@ -10,13 +10,38 @@
 //! 2. joins the rendezvous (for one node: the in-process [`drun_rendezvous::Round`] on the
 //!    embedded in-memory store) with a freshly reserved MASTER_PORT and receives the plan of a
 //!    new generation;
-//! 3. spawns the local workers with torchrun's environment ([`env`]), each in its own session
+//! 3. spawns the local workers with torchrun's environment ([`mod@env`]), each in its own session
 //!    and process group, their output pumped line by line ([`logs`]);
-//! 4. supervises them: one task `select!`s over SIGCHLD, a `--monitor-interval` tick and the
-//!    handled signals. All exit 0 → exit 0. One fails → the group is stopped (SIGTERM to each
-//!    process group, `--shutdown-timeout`, SIGKILL, orphans swept) and, while `--max-restarts`
-//!    allows, re-formed as the next generation; else the failure summary ([`summary`]) and exit 1.
-//!    A handled signal is forwarded once, the group stopped the same way, exit 128+N.
+//! 4. supervises them: one loop `select!`s over SIGCHLD, a `--monitor-interval` tick, the
+//!    handled signals, the session's events and the worker API, and feeds each to the pure
+//!    transition function [`agent::step()`]; the effects it returns (spawn, stop, send a request,
+//!    summary, requeue ...) are carried out by the same loop. All exit 0 → exit 0. One fails →
+//!    the group is stopped (SIGTERM to each process group, `--shutdown-timeout`, SIGKILL,
+//!    orphans swept), the failure reported, and the session decides: while `--max-restarts`
+//!    allows, a new generation; else the failure summary ([`summary`]) and exit 1. A handled
+//!    signal is forwarded once, the group stopped the same way, exit 128+N.
+//!
+//! The agent's states ([`agent::Phase`]; supervision: `docs/architecture.md` §6):
+//!
+//! ```text
+//!                 Formed               verified + spawned
+//!   ┌─▶ Forming ───────────▶ Verifying ──────────────────▶ Running { save }
+//!   │     │ ▲ Fenced: same       │ bad resume point            │ exit, failure, partial success,
+//!   │     └─┘ candidate, 200 ms  ▼                             │ Reform, Fenced (SIGKILL), Finished,
+//!   │                      AwaitingReform                      │ signal, preemption seal
+//!   │                            │ Reform                      ▼
+//!   ├────────────────────────────┘           Stopping { Grace ─▶ Killing ─▶ Cleaning; then }
+//!   │                                          │ Rejoin     │ Report         │ AwaitEnd
+//!   ├──────────────────────────────────────────┘            ▼                ▼
+//!   ├──────────────── restart ──────────────────── Reporting ◀─ late ─ AwaitingEnd
+//!   │                                                │ no restart            │ Finished
+//!   └──────────────── Reform / Fenced ───────────────┼───────────────────────┘
+//!                                                    ▼                       ▼
+//!                                       Done(1: summary)   Done(exit: 0/1, 128+N, 5, error)
+//! ```
+//!
+//! A teardown signal ends every phase without workers at once (exit 128+N); while stopping it
+//! is noted (a second SIGINT kills at once) and wins over a re-join.
 //!
 //! The agent that is node rank 0 of a generation also serves the workers' c10d store on
 //! MASTER_PORT ([`worker_store`]) until it leaves that generation, as torchrun's agent does.

@@ -297,6 +297,25 @@ fn expand(item: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// `scontrol requeue $SLURM_JOB_ID`, after a preemption checkpoint (node rank 0 only, with
+/// `--requeue`). Problems are said on stderr, never fatal: the checkpoint is sealed either way.
+pub fn requeue(job: Option<&SlurmJob>) {
+    let Some(job) = job.map(|j| j.job_id.as_str()) else {
+        crate::say!("drun: --requeue: not inside a Slurm job; nothing to requeue");
+        return;
+    };
+    match Command::new("scontrol").args(["requeue", job]).output() {
+        Ok(o) if o.status.success() => {
+            tracing::info!("requeued Slurm job {job} (scontrol requeue)");
+        }
+        Ok(o) => crate::say!(
+            "drun: scontrol requeue {job} failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => crate::say!("drun: cannot run scontrol requeue {job}: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

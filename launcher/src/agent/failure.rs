@@ -1,112 +1,150 @@
 //! Reporting a worker failure to the rendezvous and acting on the job-wide decision: restart,
 //! end, or — when the failure came from a lost node or this node was fenced — re-form without
-//! spending the restart budget.
+//! spending the restart budget. Transitions of [`Phase::Reporting`], pure like [`super::step()`].
 
-use std::time::Duration;
-
-use drun_rendezvous::session::{Event, Request};
+use drun_rendezvous::round::Restarts;
+use drun_rendezvous::session::Request;
 use drun_rendezvous::Plan;
-use tokio::time::Instant;
 
-use super::Agent;
-use crate::rdzv::Link;
-use crate::{AgentExit, LaunchError};
+use super::state::{Effect, End, Level, Machine, Phase, Reporting, REFORM_REASON_WAIT};
+use super::step::{rejoin, Cx};
+use crate::AgentExit;
 
-impl Agent {
-    /// Reports a failure of generation `g` and waits for the job-wide decision: `Ok((restart,
-    /// history))`, or `Err(exit)` when a signal or the end of the session came first.
-    pub(super) async fn report_failure(
-        &mut self,
-        link: &mut Link,
-        plan: &Plan,
-        description: String,
-    ) -> Result<Result<(bool, Vec<String>), AgentExit>, LaunchError> {
-        let _ = link.tx.send(Request::Failed {
-            generation: plan.generation,
-            description: description.clone(),
-        });
-        // Why the generation closed, if the session says (before or after the decision).
-        let mut reform: Option<String> = None;
-        loop {
-            tokio::select! {
-                ev = link.rx.recv() => match ev {
-                    Some(Event::FailureDecision { restart, restarts }) => {
-                        if restart && restarts.failures <= plan.restarts_failures {
-                            // Not the workers' own failure: say what closed the generation.
-                            if reform.is_none() {
-                                reform = self.reform_reason(link).await;
-                            }
-                            tracing::warn!(
-                                "{description}; re-forming the group: {}; the restart budget is not spent ({}/{} used)",
-                                reform.as_deref().unwrap_or("a membership change"),
-                                restarts.failures,
-                                self.cfg.max_restarts
-                            );
-                        } else if restart {
-                            tracing::warn!(
-                                "{description}; restarting the worker group ({}/{} restarts used)",
-                                restarts.failures,
-                                self.cfg.max_restarts
-                            );
-                        }
-                        return Ok(Ok((restart, restarts.history)));
-                    }
-                    Some(Event::Reform { reason, .. }) => reform = Some(reason),
-                    // Fenced by the rendezvous (this agent was stopped past its lease): the
-                    // group went on without this node, so its failure is moot; it joins again
-                    // as a newcomer, as after any fence.
-                    Some(Event::Fenced(e)) if !e.starts_with(crate::rdzv::grpc::UNREACHABLE) => {
-                        tracing::warn!("{description}; fenced while reporting it: {e}; the group went on without this node: joining again");
-                        return Ok(Ok((true, Vec::new())));
-                    }
-                    // The worker failure stays the primary error when the rendezvous is gone;
-                    // the rendezvous trouble is appended, and nothing restarts without a
-                    // decision.
-                    Some(Event::Error(e)) | Some(Event::Fenced(e)) => {
-                        self.also.push(format!("could not report the failure to the rendezvous: {e}"));
-                        return Ok(Ok((false, Vec::new())));
-                    }
-                    None => return Ok(Ok((false, Vec::new()))),
-                    Some(_) => {}
-                },
-                sig = self.next_teardown_signal() => return Ok(Err(AgentExit::Signal(sig as i32))),
-            }
-        }
+/// Reports `description`, a failure of `plan`'s generation, and waits for the decision
+/// (`summary`: a worker failed, print the summary if the run ends).
+pub(super) fn report(
+    plan: Box<Plan>,
+    description: String,
+    summary: bool,
+    cx: &mut Cx<'_>,
+) -> Phase {
+    cx.fx.push(Effect::Send(Request::Failed {
+        generation: plan.generation,
+        description: description.clone(),
+    }));
+    Phase::Reporting(Reporting {
+        plan,
+        description,
+        summary,
+        reform: None,
+        decided: None,
+    })
+}
+
+/// The session decided: restart (spending the budget or not) or end.
+pub(super) fn decided(
+    m: &mut Machine,
+    mut r: Reporting,
+    restart: bool,
+    restarts: Restarts,
+    cx: &mut Cx<'_>,
+) -> Phase {
+    if restart && restarts.failures <= r.plan.restarts_failures {
+        // Not the workers' own failure: say what closed the generation (the re-form follows
+        // the decision that the loss of a node caused).
+        r.decided = Some((restarts, cx.now + REFORM_REASON_WAIT));
+        return if r.reform.is_some() {
+            concluded(m, r, cx)
+        } else {
+            Phase::Reporting(r)
+        };
     }
-
-    /// The reason of the re-form the session announces next (it follows a failure decision
-    /// that the loss of a node caused); `None` if none comes within 2 s.
-    async fn reform_reason(&mut self, link: &mut Link) -> Option<String> {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            tokio::select! {
-                ev = link.rx.recv() => match ev {
-                    Some(Event::Reform { reason, .. }) => return Some(reason),
-                    None => return None,
-                    Some(_) => {}
-                },
-                _ = tokio::time::sleep_until(deadline) => return None,
-            }
-        }
+    if restart {
+        cx.log(
+            Level::Warn,
+            None,
+            format!(
+                "{}; restarting the worker group ({}/{} restarts used)",
+                r.description, restarts.failures, cx.p.max_restarts
+            ),
+        );
+        return rejoin(m, cx);
     }
+    end(r, restarts.history, cx)
+}
 
-    /// A failure with no worker exit to summarise (a partial success): reports it and returns
-    /// `Some(exit)` when the run ends here, `None` when the group restarts.
-    pub(super) async fn fail_without_summary(
-        &mut self,
-        link: &mut Link,
-        plan: &Plan,
-        description: String,
-    ) -> Result<Option<AgentExit>, LaunchError> {
-        Ok(
-            match self.report_failure(link, plan, description.clone()).await? {
-                Ok((true, _)) => None,
-                Ok((false, _)) => {
-                    crate::say!("drun: {description}");
-                    Some(AgentExit::WorkerFailure)
-                }
-                Err(exit) => Some(exit),
-            },
-        )
+/// A re-form without spending the budget, its reason known (or waited for long enough).
+pub(super) fn concluded(m: &mut Machine, r: Reporting, cx: &mut Cx<'_>) -> Phase {
+    let used = r.decided.as_ref().map_or(0, |(d, _)| d.failures);
+    cx.log(
+        Level::Warn,
+        None,
+        format!(
+            "{}; re-forming the group: {}; the restart budget is not spent ({used}/{} used)",
+            r.description,
+            r.reform.as_deref().unwrap_or("a membership change"),
+            cx.p.max_restarts
+        ),
+    );
+    rejoin(m, cx)
+}
+
+/// The session announced a re-form: why the generation closed.
+pub(super) fn reform(m: &mut Machine, mut r: Reporting, reason: String, cx: &mut Cx<'_>) -> Phase {
+    r.reform = Some(reason);
+    if r.decided.is_some() {
+        concluded(m, r, cx)
+    } else {
+        Phase::Reporting(r)
     }
+}
+
+/// Fenced while reporting: a fence by the rendezvous means the group went on without this node
+/// (its failure is moot; it joins again as a newcomer); an unreachable rendezvous leaves the
+/// failure undecided.
+pub(super) fn fenced(m: &mut Machine, r: Reporting, reason: String, cx: &mut Cx<'_>) -> Phase {
+    if r.decided.is_some() {
+        return Phase::Reporting(r);
+    }
+    if reason.starts_with(crate::rdzv::grpc::UNREACHABLE) {
+        return unreported(m, r, Some(reason), cx);
+    }
+    cx.log(
+        Level::Warn,
+        None,
+        format!(
+            "{}; fenced while reporting it: {reason}; the group went on without this node: joining again",
+            r.description
+        ),
+    );
+    rejoin(m, cx)
+}
+
+/// No decision will come (`why`: the rendezvous trouble, appended after the failure, which
+/// stays the primary error): nothing restarts.
+pub(super) fn unreported(
+    m: &mut Machine,
+    r: Reporting,
+    why: Option<String>,
+    cx: &mut Cx<'_>,
+) -> Phase {
+    if r.decided.is_some() {
+        return Phase::Reporting(r);
+    }
+    let _ = m;
+    if let Some(e) = why {
+        cx.fx.push(Effect::Also(format!(
+            "could not report the failure to the rendezvous: {e}"
+        )));
+    }
+    end(r, Vec::new(), cx)
+}
+
+/// The session closed while reporting.
+pub(super) fn closed(m: &mut Machine, r: Reporting, cx: &mut Cx<'_>) -> Phase {
+    if r.decided.is_some() {
+        concluded(m, r, cx)
+    } else {
+        unreported(m, r, None, cx)
+    }
+}
+
+/// The run ends with this failure: the summary (or its one line), exit 1.
+fn end(r: Reporting, history: Vec<String>, cx: &mut Cx<'_>) -> Phase {
+    if r.summary {
+        cx.fx.push(Effect::Summarize(history));
+    } else {
+        cx.fx.push(Effect::Say(format!("drun: {}", r.description)));
+    }
+    Phase::Done(End::Exit(AgentExit::WorkerFailure))
 }

@@ -1,5 +1,6 @@
-//! The agent's side of the checkpoint ledger (design §4): the local worker API, batching of the
-//! node's ranks, verification of the resume point, manifest files next to the checkpoints.
+//! The agent's side of the checkpoint ledger (`docs/architecture.md` §4): the
+//! local worker API, batching of the node's ranks, verification of the resume point, manifest
+//! files next to the checkpoints.
 //!
 //! # Theory of operation
 //!
@@ -9,13 +10,21 @@
 //!   reported step `s` with the same cursor, one [`drun_rendezvous::NodeCommit`] goes to the
 //!   rendezvous, which seals the step when every node has reported it.
 //! * [`verify`] checks a manifest's files (size or SHA-256) before workers resume from it.
+//! * [`resume`] is what the agent calls about the resume point: the hint a joining node offers
+//!   (its own `latest`, or the adopted `--ckpt-resume-from` checkpoint) and the check of the
+//!   plan's resume point ([`resume::Verdict`]).
+//! * Every problem is a [`CkptError`] naming the file, rank, step or generation.
 //! * This module writes the manifest file next to the checkpoint, the atomically replaced
 //!   `latest` pointer in `--ckpt-dir`, and reads that pointer back when the store knows no
 //!   checkpoint (a fresh etcd, a requeued job on the embedded store).
 
 pub mod api;
+mod error;
 pub mod node;
+pub mod resume;
 pub mod verify;
+
+pub use error::CkptError;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -104,7 +113,7 @@ pub fn run_pointer_dir(dir: &Path, run: &str) -> Option<PathBuf> {
 /// # Errors
 /// One line naming the file that could not be written (the caller logs it: the ledger in the
 /// store stays authoritative).
-pub fn publish(m: &Manifest, dir: Option<&Path>) -> Result<PathBuf, String> {
+pub fn publish(m: &Manifest, dir: Option<&Path>) -> Result<PathBuf, CkptError> {
     let path = manifest_path(m);
     let same = std::fs::read(&path)
         .ok()
@@ -115,7 +124,10 @@ pub fn publish(m: &Manifest, dir: Option<&Path>) -> Result<PathBuf, String> {
             &path,
             &serde_json::to_vec_pretty(m).expect("Manifest serializes"),
         )
-        .map_err(|e| format!("cannot write the manifest file {}: {e}", path.display()))?;
+        .map_err(|source| CkptError::WriteManifest {
+            path: path.clone(),
+            source,
+        })?;
     }
     if let Some(d) = dir {
         let own = run_pointer_dir(d, &m.run_id).filter(|r| path.starts_with(r));
@@ -129,8 +141,12 @@ pub fn publish(m: &Manifest, dir: Option<&Path>) -> Result<PathBuf, String> {
             if newer {
                 let pointer = pointer_dir.join(LATEST_FILE);
                 let target = path.strip_prefix(&pointer_dir).unwrap_or(&path);
-                write_atomic(&pointer, format!("{}\n", target.display()).as_bytes())
-                    .map_err(|e| format!("cannot write {}: {e}", pointer.display()))?;
+                write_atomic(&pointer, format!("{}\n", target.display()).as_bytes()).map_err(
+                    |source| CkptError::WritePointer {
+                        path: pointer.clone(),
+                        source,
+                    },
+                )?;
             }
         }
     }
@@ -164,14 +180,12 @@ pub fn read_latest(dir: &Path) -> Option<Manifest> {
 /// # Errors
 /// One line saying what is missing or wrong (no manifest, undecodable, nothing saved, a file
 /// missing or of another size).
-pub fn read_adoptable(path: &Path) -> Result<(PathBuf, Manifest), String> {
+pub fn read_adoptable(path: &Path) -> Result<(PathBuf, Manifest), CkptError> {
     let file = if path.is_dir() {
         let pointer = path.join(LATEST_FILE);
-        let line = std::fs::read_to_string(&pointer).map_err(|e| {
-            format!(
-                "{} has no readable `latest` pointer ({e}); name a drun-manifest-*.json file instead",
-                path.display()
-            )
+        let line = std::fs::read_to_string(&pointer).map_err(|source| CkptError::NoPointer {
+            dir: path.to_path_buf(),
+            source,
         })?;
         let p = PathBuf::from(line.trim());
         if p.is_absolute() {
@@ -182,15 +196,17 @@ pub fn read_adoptable(path: &Path) -> Result<(PathBuf, Manifest), String> {
     } else {
         path.to_path_buf()
     };
-    let bytes = std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    let mut m: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
-        format!(
-            "{} is not a drun checkpoint manifest ({e}); name a drun-manifest-*.json file or a --ckpt-dir with a `latest` pointer",
-            file.display()
-        )
+    let bytes = std::fs::read(&file).map_err(|source| CkptError::ReadManifest {
+        path: file.clone(),
+        source,
     })?;
+    let mut m: Manifest =
+        serde_json::from_slice(&bytes).map_err(|source| CkptError::NotManifest {
+            path: file.clone(),
+            source,
+        })?;
     if m.files.is_empty() {
-        return Err(format!("{} lists no files", file.display()));
+        return Err(CkptError::NoFiles { path: file });
     }
     // A directory that was moved or copied: the files are where the manifest file is now,
     // at the same places relative to it.
@@ -218,13 +234,21 @@ pub fn read_adoptable(path: &Path) -> Result<(PathBuf, Manifest), String> {
     }
     for f in &m.files {
         let len = std::fs::metadata(&f.path)
-            .map_err(|e| format!("{} (rank {}) of step {}: {e}", f.path, f.rank, m.step))?
+            .map_err(|source| CkptError::Unreadable {
+                path: f.path.clone(),
+                rank: f.rank,
+                step: Some(m.step),
+                source,
+            })?
             .len();
         if len != f.bytes {
-            return Err(format!(
-                "{} (rank {}) of step {} has {len} bytes, the manifest says {}",
-                f.path, f.rank, m.step, f.bytes
-            ));
+            return Err(CkptError::Size {
+                path: f.path.clone(),
+                rank: f.rank,
+                step: Some(m.step),
+                found: len,
+                expected: f.bytes,
+            });
         }
     }
     Ok((file, m))

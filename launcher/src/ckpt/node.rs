@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::api::{refused, FileReport};
+use super::CkptError;
 
 type Reply = oneshot::Sender<Value>;
 
@@ -66,14 +67,14 @@ impl NodeLedger {
         self.generation
     }
 
-    fn check_rank(&self, rank: u32) -> Result<(), String> {
+    fn check_rank(&self, rank: u32) -> Result<(), CkptError> {
         if rank < self.first || rank >= self.first + self.slots {
-            return Err(format!(
-                "rank {rank} does not run on node {} (ranks {}..{})",
-                self.node_id,
-                self.first,
-                self.first + self.slots
-            ));
+            return Err(CkptError::ForeignRank {
+                rank,
+                node: self.node_id.clone(),
+                first: self.first,
+                end: self.first + self.slots,
+            });
         }
         Ok(())
     }
@@ -89,28 +90,29 @@ impl NodeLedger {
         cursor: Cursor,
         reply: Reply,
     ) -> Option<NodeCommit> {
+        let bad = |why| Some(bad_commit(generation, step, why));
         let problem = if generation != self.generation {
-            Some(format!(
+            bad(format!(
                 "stale commit: generation {generation} is over; this node runs generation {}",
                 self.generation
             ))
         } else if let Err(e) = self.check_rank(rank) {
             Some(e)
         } else if self.resume_step.is_some_and(|r| step <= r) {
-            Some(format!(
+            bad(format!(
                 "step {step} is not after the step this generation resumed from ({})",
                 self.resume_step.unwrap_or(0)
             ))
         } else if self.inflight.contains_key(&step) {
-            Some(format!(
+            bad(format!(
                 "step {step} is already being committed by this node"
             ))
         } else if let Some(last) = self.last_step.filter(|l| step <= *l) {
-            Some(format!(
+            bad(format!(
                 "step {step} is not after step {last}, already committed in this generation"
             ))
         } else if files.is_empty() {
-            Some("a commit names at least one file".to_string())
+            bad("a commit names at least one file".to_string())
         } else {
             files
                 .iter()
@@ -232,6 +234,34 @@ impl NodeLedger {
         }
     }
 
+    /// The rendezvous' answer to this node's commit of `step` of `generation` (an answer for
+    /// another generation is dropped): publishes a checkpoint sealed here under `dir`, then
+    /// answers the waiting ranks.
+    pub fn on_committed(
+        &mut self,
+        generation: u64,
+        step: u64,
+        result: &Result<CommitOutcome, String>,
+        dir: Option<&Path>,
+    ) {
+        if generation != self.generation {
+            return;
+        }
+        let file = match result {
+            Ok(CommitOutcome::Sealed {
+                manifest,
+                dropped,
+                garbage,
+            }) => super::resume::sealed_here(step, manifest, dropped, garbage, dir),
+            Ok(_) => None,
+            Err(e) => {
+                crate::say!("drun: checkpoint commit of step {step} refused: {e}");
+                None
+            }
+        };
+        self.answered(step, result, file.as_deref());
+    }
+
     /// Notes rank `rank`'s step beacon.
     pub fn progress(&mut self, rank: u32, step: u64) -> Value {
         match self.check_rank(rank) {
@@ -250,34 +280,48 @@ impl NodeLedger {
     }
 }
 
-fn check_file(f: &FileReport, root: Option<&Path>) -> Result<(), String> {
+fn bad_commit(generation: u64, step: u64, why: String) -> CkptError {
+    CkptError::BadCommit {
+        generation,
+        step,
+        why,
+    }
+}
+
+fn check_file(f: &FileReport, root: Option<&Path>) -> Result<(), CkptError> {
+    let bad = |why: String| {
+        Err(CkptError::BadCommitFile {
+            path: f.path.clone(),
+            why,
+        })
+    };
     let path = Path::new(&f.path);
     if !path.is_absolute() {
-        return Err(format!("file path '{}' must be absolute", f.path));
+        return bad(format!("file path '{}' must be absolute", f.path));
     }
     if let Some(root) = root.filter(|r| !path.starts_with(r)) {
-        return Err(format!(
+        return bad(format!(
             "'{}' is outside --ckpt-dir {}; checkpoint files live inside it",
             f.path,
             root.display()
         ));
     }
     if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!(
+        return bad(format!(
             "sha256 of '{}' must be 64 hex digits, got '{}'",
             f.path, f.sha256
         ));
     }
     match std::fs::metadata(&f.path) {
-        Ok(m) if !m.is_file() => Err(format!("'{}' is not a regular file", f.path)),
+        Ok(m) if !m.is_file() => bad(format!("'{}' is not a regular file", f.path)),
         Ok(m) if m.len() == f.bytes => Ok(()),
-        Ok(m) => Err(format!(
+        Ok(m) => bad(format!(
             "'{}' has {} bytes, the commit says {} (was it fully written before commit?)",
             f.path,
             m.len(),
             f.bytes
         )),
-        Err(e) => Err(format!("'{}': {e}", f.path)),
+        Err(e) => bad(format!("'{}': {e}", f.path)),
     }
 }
 

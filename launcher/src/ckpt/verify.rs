@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use drun_rendezvous::{Manifest, ShardFile};
 use sha2::{Digest, Sha256};
 
-use super::VerifyMode;
+use super::{CkptError, VerifyMode};
 
 /// Read size of the digest loop, in bytes.
 const CHUNK: usize = 1 << 20;
@@ -56,35 +56,38 @@ pub struct Verified {
     pub took: Duration,
 }
 
-fn check(f: &ShardFile, mode: VerifyMode) -> Result<(), String> {
+fn check(f: &ShardFile, mode: VerifyMode) -> Result<(), CkptError> {
     let path = Path::new(&f.path);
+    let size = |found| CkptError::Size {
+        path: f.path.clone(),
+        rank: f.rank,
+        step: None,
+        found,
+        expected: f.bytes,
+    };
+    let unreadable = |source| CkptError::Unreadable {
+        path: f.path.clone(),
+        rank: f.rank,
+        step: None,
+        source,
+    };
     match mode {
         VerifyMode::None => Ok(()),
         VerifyMode::Size => match std::fs::metadata(path) {
             Ok(m) if m.len() == f.bytes => Ok(()),
-            Ok(m) => Err(format!(
-                "{} (rank {}) has {} bytes, the manifest says {}",
-                f.path,
-                f.rank,
-                m.len(),
-                f.bytes
-            )),
-            Err(e) => Err(format!("{} (rank {}): {e}", f.path, f.rank)),
+            Ok(m) => Err(size(m.len())),
+            Err(e) => Err(unreadable(e)),
         },
         VerifyMode::Digest => match sha256_file(path) {
             Ok((d, n)) if n == f.bytes && d == f.sha256 => Ok(()),
-            Ok((_, n)) if n != f.bytes => Err(format!(
-                "{} (rank {}) has {n} bytes, the manifest says {}",
-                f.path, f.rank, f.bytes
-            )),
-            Ok((d, _)) => Err(format!(
-                "{} (rank {}) has sha256 {}…, the manifest says {}…",
-                f.path,
-                f.rank,
-                &d[..12],
-                f.sha256.get(..12).unwrap_or(&f.sha256)
-            )),
-            Err(e) => Err(format!("{} (rank {}): {e}", f.path, f.rank)),
+            Ok((_, n)) if n != f.bytes => Err(size(n)),
+            Ok((d, _)) => Err(CkptError::Digest {
+                path: f.path.clone(),
+                rank: f.rank,
+                found: d,
+                expected: f.sha256.clone(),
+            }),
+            Err(e) => Err(unreadable(e)),
         },
     }
 }
@@ -94,10 +97,10 @@ fn check(f: &ShardFile, mode: VerifyMode) -> Result<(), String> {
 ///
 /// # Errors
 /// A missing or unreadable file, a size or digest that differs from the manifest.
-pub fn verify(m: &Manifest, mode: VerifyMode, threads: usize) -> Result<Verified, String> {
+pub fn verify(m: &Manifest, mode: VerifyMode, threads: usize) -> Result<Verified, CkptError> {
     let start = Instant::now();
     let next = AtomicUsize::new(0);
-    let problem = Mutex::new(None::<String>);
+    let problem = Mutex::new(None::<CkptError>);
     let threads = threads.clamp(1, m.files.len().max(1));
     std::thread::scope(|s| {
         for _ in 0..threads {
@@ -161,10 +164,10 @@ mod tests {
         bytes[100] ^= 0xff;
         std::fs::write(&p, &bytes).unwrap();
         assert!(verify(&m, VerifyMode::Size, 3).is_ok());
-        let e = verify(&m, VerifyMode::Digest, 3).unwrap_err();
+        let e = verify(&m, VerifyMode::Digest, 3).unwrap_err().to_string();
         assert!(e.contains("rank2.bin (rank 2) has sha256"), "{e}");
         std::fs::remove_file(d.path().join("rank1.bin")).unwrap();
-        let e = verify(&m, VerifyMode::Size, 1).unwrap_err();
+        let e = verify(&m, VerifyMode::Size, 1).unwrap_err().to_string();
         assert!(e.contains("rank1.bin (rank 1)"), "{e}");
         assert_eq!(
             sha256_file(&d.path().join("rank0.bin")).unwrap().0.len(),

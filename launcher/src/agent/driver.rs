@@ -1,0 +1,490 @@
+//! The agent's one loop: `select!`s over its inputs (session events, SIGCHLD, handled signals,
+//! worker API requests, the phase's deadline, the monitor tick, the resume verification),
+//! steps the [`Machine`] and carries out the effects it returns.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use drun_rendezvous::session::Request;
+use drun_rendezvous::{Candidate, Plan, RendezvousError};
+use nix::sys::signal::Signal;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::state::{Checked, Effect, End, Input, Level, Machine, Params, Workers};
+use super::{step, Agent};
+use crate::ckpt::api::{refused, ApiCall, ApiRequest, ApiServer};
+use crate::ckpt::node::{resume_answer, NodeLedger};
+use crate::ckpt::resume::{self, Verdict};
+use crate::group::{GroupContext, WorkerGroup};
+use crate::os::ports::ReservedPort;
+use crate::os::spawn;
+use crate::rdzv::Link;
+use crate::slurm::OnPreempt;
+use crate::summary::{self, root_cause};
+use crate::worker_store::WorkerStore;
+use crate::{AgentExit, LaunchError, RendezvousMode};
+
+/// How long the agent waits for output readers after the workers are gone.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+/// How long some local ranks may wait for the others to commit a step before the agent says so.
+const STALLED_COMMIT: Duration = Duration::from_secs(30);
+/// How often a stopping agent reaps, in case a SIGCHLD was coalesced.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// What the effects act on: the workers, their generation, the ports and the checkpoint ledger.
+#[derive(Default)]
+struct World {
+    group: Option<WorkerGroup>,
+    plan: Option<Box<Plan>>,
+    resume_file: Option<PathBuf>,
+    ledger: Option<NodeLedger>,
+    /// Highest step the local ranks announced in the previous generation (lost-work report).
+    reached_before: Option<u64>,
+    reserved: Option<ReservedPort>,
+    /// Served from the plan's arrival until the next join.
+    worker_store: Option<WorkerStore>,
+    candidate: Option<Candidate>,
+    verifying: Option<JoinHandle<Verdict>>,
+    /// The error a [`End::Fatal`] ends with.
+    fatal: Option<LaunchError>,
+    /// The workers as last reported to the machine.
+    workers: Option<Workers>,
+    /// When the first worker exited 0 (wall clock), as an [`Instant`].
+    first_success: Option<(SystemTime, Instant)>,
+    /// The API request being answered.
+    call: Option<ApiCall>,
+}
+
+impl Agent {
+    fn params(&self) -> Params {
+        Params {
+            run_id: self.cfg.run_id.clone(),
+            node_id: self.cfg.node_id.clone(),
+            max_restarts: self.cfg.max_restarts,
+            peer_exit_wait: self.cfg.peer_exit_wait,
+            shutdown_timeout: self.cfg.shutdown_timeout,
+            preempt_signal: (self.cfg.on_preempt == OnPreempt::Checkpoint)
+                .then_some(self.cfg.preempt_signal),
+            requeue: self.cfg.requeue,
+        }
+    }
+
+    /// Runs the machine to its end.
+    pub(super) async fn drive(&mut self, link: &mut Link) -> Result<AgentExit, LaunchError> {
+        let p = self.params();
+        let mut w = World::default();
+        let (mut m, fx) = Machine::start();
+        m = self.carry_out(m, fx, &mut w, link, &p).await?;
+        let mut monitor = tokio::time::interval(self.cfg.monitor_interval);
+        let mut poll = tokio::time::interval(STOP_POLL);
+        while !m.is_done() {
+            let deadline = m.deadline();
+            let stopping = matches!(m.phase, super::Phase::Stopping(_));
+            let input = tokio::select! {
+                ev = link.rx.recv(), if m.reads_session() => {
+                    Some(ev.map_or(Input::SessionClosed, Input::Event))
+                }
+                Some(call) = self.api_rx.recv(), if m.reads_session() => {
+                    w.call = Some(call);
+                    Some(Input::Api)
+                }
+                Some(sig) = self.signals.recv(), if m.reads_signals() => Some(Input::Signal(sig)),
+                _ = self.sigchld.recv() => None,
+                _ = poll.tick(), if stopping => None,
+                _ = monitor.tick() => Some(Input::Monitor),
+                _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
+                v = join(&mut w.verifying), if w.verifying.is_some() => {
+                    w.verifying = None;
+                    Some(Input::Verified(self.checked(v, &mut w)))
+                }
+            };
+            m = self.feed(m, input, &mut w, link, &p).await?;
+        }
+        let super::Phase::Done(end) = m.phase else {
+            unreachable!("the loop ends when the machine is done")
+        };
+        self.ended(end, &mut w)
+    }
+
+    fn ended(&self, end: End, w: &mut World) -> Result<AgentExit, LaunchError> {
+        match end {
+            End::Exit(exit) => Ok(exit),
+            End::RunFinished(end) => Err(LaunchError::RunFinished {
+                run: self.cfg.run_id.clone(),
+                at: summary::format_time(UNIX_EPOCH + Duration::from_millis(end.at_ms)),
+                outcome: if end.success {
+                    "succeeded".into()
+                } else {
+                    format!("failed: {}", end.reason)
+                },
+            }),
+            End::RendezvousFailed(e) => Err(LaunchError::RendezvousFailed(e)),
+            End::SessionEnded => Err(LaunchError::Rendezvous(RendezvousError::Assignment(
+                "the rendezvous session ended".into(),
+            ))),
+            End::Fatal => Err(w
+                .fatal
+                .take()
+                .expect("a fatal end follows an error the loop kept")),
+        }
+    }
+
+    /// The verdict on the resume point, less the error (kept for the end).
+    fn checked(&self, v: Result<Verdict, tokio::task::JoinError>, w: &mut World) -> Checked {
+        match v {
+            Ok(Verdict::Use(file)) => {
+                w.reached_before = None;
+                Checked::Use(file)
+            }
+            Ok(Verdict::Bad { id, reason }) => Checked::Bad { id, reason },
+            Ok(Verdict::Refuse { mark_bad, error }) => {
+                w.fatal = Some(LaunchError::Config(error));
+                Checked::Refuse(mark_bad)
+            }
+            Err(e) => {
+                w.fatal = Some(LaunchError::os(
+                    "the resume point check failed",
+                    std::io::Error::other(e.to_string()),
+                ));
+                Checked::Refuse(None)
+            }
+        }
+    }
+
+    /// Steps the machine with `input` (if any), carries out the effects, then reports the
+    /// workers' state when it changed — until nothing follows.
+    async fn feed(
+        &mut self,
+        mut m: Machine,
+        input: Option<Input>,
+        w: &mut World,
+        link: &mut Link,
+        p: &Params,
+    ) -> Result<Machine, LaunchError> {
+        let mut next = input;
+        loop {
+            if let Some(input) = next.take() {
+                let (after, fx) = step(m, input, Instant::now(), p);
+                m = self.carry_out(after, fx, w, link, p).await?;
+            }
+            match self.reaped(w) {
+                Some(workers) if !m.is_done() => next = Some(Input::Workers(workers)),
+                _ => return Ok(m),
+            }
+        }
+    }
+
+    /// Carries out `fx` in order; an effect that answers (spawned, stopped) steps the machine.
+    async fn carry_out(
+        &mut self,
+        mut m: Machine,
+        fx: Vec<Effect>,
+        w: &mut World,
+        link: &mut Link,
+        p: &Params,
+    ) -> Result<Machine, LaunchError> {
+        let mut queue = std::collections::VecDeque::from(fx);
+        while let Some(effect) = queue.pop_front() {
+            if let Some(input) = self.execute(effect, w, link).await? {
+                let (after, more) = step(m, input, Instant::now(), p);
+                m = after;
+                queue.extend(more);
+            }
+        }
+        Ok(m)
+    }
+
+    /// Reaps exited workers; the workers' state if it changed since last reported.
+    fn reaped(&self, w: &mut World) -> Option<Workers> {
+        let group = w.group.as_mut()?;
+        for (pid, exit) in spawn::reap() {
+            if group.record(pid, exit) {
+                self.guard()
+                    .lock()
+                    .expect("guard mutex poisoned")
+                    .unwatch(pid);
+                tracing::debug!(pid = pid.as_raw(), ?exit, "worker exited");
+            } else {
+                tracing::debug!(pid = pid.as_raw(), ?exit, "reaped a re-parented descendant");
+            }
+        }
+        let first_success = group.first_success_at().map(|at| {
+            let instant = match w.first_success {
+                Some((t, i)) if t == at => i,
+                _ => {
+                    let waited = at.elapsed().unwrap_or_default();
+                    let now = Instant::now();
+                    now.checked_sub(waited).unwrap_or(now)
+                }
+            };
+            w.first_success = Some((at, instant));
+            (instant, group.partial_success_line(self.cfg.peer_exit_wait))
+        });
+        let now = Workers {
+            running: group.any_running(),
+            failed: group.has_failure(),
+            all_succeeded: group.all_succeeded(),
+            first_success,
+        };
+        if w.workers.as_ref() == Some(&now) {
+            return None;
+        }
+        w.workers = Some(now.clone());
+        Some(now)
+    }
+
+    /// One effect; `Some(input)` when it answers the machine at once.
+    async fn execute(
+        &mut self,
+        effect: Effect,
+        w: &mut World,
+        link: &mut Link,
+    ) -> Result<Option<Input>, LaunchError> {
+        match effect {
+            Effect::Log(level, gen, text) => log(level, gen, &self.cfg.run_id, &text),
+            Effect::Say(line) => crate::say!("{line}"),
+            Effect::Send(req) => {
+                let _ = link.tx.send(req);
+            }
+            Effect::Join { fresh, after } => self.join(fresh, after, w, link)?,
+            Effect::Formed(plan) => self.formed(plan, w).await?,
+            Effect::Spawn(file) => return Ok(Some(self.spawn(file, w).await)),
+            Effect::Relay(sig) => {
+                if let Some(g) = &w.group {
+                    g.signal_running(sig);
+                }
+            }
+            Effect::Stop(sig) => self.stop(sig, w),
+            Effect::Kill => {
+                if let Some(g) = &w.group {
+                    g.signal_running(Signal::SIGKILL);
+                }
+            }
+            Effect::Cleanup => return Ok(Some(self.cleanup(w).await)),
+            Effect::ReleasePort => w.reserved = None,
+            Effect::Committed {
+                generation,
+                step,
+                result,
+            } => {
+                if let Some(l) = w.ledger.as_mut() {
+                    l.on_committed(generation, step, &result, self.cfg.ckpt.dir.as_deref());
+                }
+            }
+            Effect::CheckStalled => {
+                if let Some(l) = w.ledger.as_mut() {
+                    for line in l.stalled(STALLED_COMMIT) {
+                        tracing::warn!("{line}");
+                    }
+                }
+            }
+            Effect::Serve { should_save } => self.serve(should_save, w, link),
+            Effect::Refuse => {
+                if let Some((_, reply)) = w.call.take() {
+                    let _ = reply.send(refused("no worker group is running"));
+                }
+            }
+            Effect::Also(line) => self.also.push(line),
+            Effect::Summarize(history) => {
+                if let Some(g) = w.group.take() {
+                    self.summarize(&g, &history);
+                    w.group = Some(g);
+                }
+            }
+            Effect::Requeue => crate::slurm::requeue(self.cfg.slurm.as_ref()),
+        }
+        Ok(None)
+    }
+
+    /// Joins the rendezvous: with a newly reserved MASTER_PORT (`fresh`), or the last candidate.
+    fn join(
+        &mut self,
+        fresh: bool,
+        after: u64,
+        w: &mut World,
+        link: &mut Link,
+    ) -> Result<(), LaunchError> {
+        if fresh || w.candidate.is_none() {
+            // The last generation's store and port go; a verification under way is moot.
+            w.worker_store = None;
+            w.reserved = None;
+            if let Some(h) = w.verifying.take() {
+                h.abort();
+            }
+            let fixed_port = match &self.cfg.rendezvous {
+                RendezvousMode::Embedded { fixed_port, .. } => *fixed_port,
+                RendezvousMode::Static { master_port, .. } => Some(*master_port),
+                _ => None,
+            };
+            if fixed_port.is_none() {
+                w.reserved = Some(
+                    ReservedPort::new()
+                        .map_err(|e| LaunchError::os("cannot reserve a MASTER_PORT", e))?,
+                );
+            }
+            let port =
+                fixed_port.unwrap_or_else(|| w.reserved.as_ref().map_or(0, ReservedPort::port));
+            w.candidate = Some(self.candidate(port));
+        }
+        let cand = w.candidate.clone().expect("a candidate was built above");
+        let _ = link.tx.send(Request::Join(cand, after));
+        Ok(())
+    }
+
+    /// A plan arrived: announce it, serve the workers' store, start the resume check.
+    async fn formed(&mut self, plan: Box<Plan>, w: &mut World) -> Result<(), LaunchError> {
+        self.announce(&plan);
+        w.worker_store = crate::worker_store::host(
+            self.cfg.worker_store,
+            &plan,
+            &self.cfg.node_id,
+            &mut w.reserved,
+        )
+        .await?;
+        let run_id = self.cfg.run_id.clone();
+        let ckpt = self.cfg.ckpt.clone();
+        let may_resume_files = self.may_resume_files();
+        let reached = w.reached_before;
+        let adoption_failed = self.adoption_failed.clone();
+        let checked = plan.clone();
+        w.verifying = Some(tokio::spawn(async move {
+            let src = resume::Source {
+                run_id: &run_id,
+                ckpt: &ckpt,
+                may_resume_files,
+            };
+            resume::check(src, &checked, reached, adoption_failed).await
+        }));
+        w.plan = Some(plan);
+        Ok(())
+    }
+
+    async fn spawn(&mut self, file: Option<PathBuf>, w: &mut World) -> Input {
+        let plan = w
+            .plan
+            .clone()
+            .expect("workers are spawned for a formed plan");
+        w.resume_file = file;
+        let ctx = GroupContext {
+            agent_sock: self.api.as_ref().map(ApiServer::path),
+            resume_manifest: w.resume_file.as_deref(),
+            cfg: &self.cfg,
+            spawner: &self.spawner,
+            guard: self.guard(),
+            agent_id: &self.agent_id,
+            hostname: &self.hostname,
+            inherited: &self.inherited,
+            run_log_dir: &self.run_log_dir,
+        };
+        w.workers = None;
+        w.first_success = None;
+        match WorkerGroup::start(&ctx, &plan, plan.restarts_failures).await {
+            Ok(g) => {
+                w.group = Some(g);
+                w.ledger = Some(NodeLedger::new(
+                    &plan,
+                    &self.cfg.node_id,
+                    self.cfg.ckpt.dir.as_deref(),
+                ));
+                Input::Spawned
+            }
+            Err((partial, e)) => {
+                w.group = Some(partial);
+                w.fatal = Some(e);
+                Input::SpawnFailed
+            }
+        }
+    }
+
+    /// Closes the ledger (ranks waiting on a commit are told the group is stopping) and sends
+    /// `sig` to every running worker's process group, once.
+    fn stop(&self, sig: Signal, w: &mut World) {
+        w.reached_before = w.ledger.take().and_then(|l| l.reached());
+        // Reported afresh: the stop waits for "no worker runs", even if none ran already.
+        w.workers = None;
+        let Some(group) = w.group.as_mut() else {
+            return;
+        };
+        group.mark_stopping();
+        if group.any_running() {
+            group.signal_running(sig);
+        }
+    }
+
+    /// Every worker is gone: kill what they left behind, drain their output; the root cause
+    /// when a worker failed.
+    async fn cleanup(&mut self, w: &mut World) -> Input {
+        self.sweep_descendants().await;
+        let mut failure = None;
+        if let Some(group) = w.group.as_mut() {
+            group.drain_output(Instant::now() + DRAIN_WAIT).await;
+            let failures = group.failures();
+            failure = root_cause(&failures)
+                .map(|i| format!("{} on node {}", failures[i].one_line(), self.cfg.node_id));
+        }
+        Input::Stopped { failure }
+    }
+
+    /// Answers one worker API request (see [`crate::ckpt::api`]).
+    fn serve(&mut self, should_save: bool, w: &mut World, link: &Link) {
+        let Some((req, reply)) = w.call.take() else {
+            return;
+        };
+        let (Some(ledger), Some(plan)) = (w.ledger.as_mut(), w.plan.as_deref()) else {
+            let _ = reply.send(refused("no worker group is running"));
+            return;
+        };
+        match req {
+            ApiRequest::Resume => {
+                let _ = reply.send(resume_answer(plan, w.resume_file.as_deref()));
+            }
+            ApiRequest::ShouldSave { .. } => {
+                let _ = reply.send(serde_json::json!({"ok": true, "save": should_save}));
+            }
+            ApiRequest::Progress { rank, step } => {
+                let _ = reply.send(ledger.progress(rank, step));
+            }
+            ApiRequest::Commit {
+                rank,
+                generation,
+                step,
+                files,
+                cursor,
+            } => {
+                if let Some(batch) = ledger.commit(rank, generation, step, files, cursor, reply) {
+                    let _ = link.tx.send(Request::Commit {
+                        commit: batch,
+                        retention: self.cfg.ckpt.retention,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// One log line of the machine, with the run and generation when it names one.
+fn log(level: Level, gen: Option<u64>, run: &str, text: &str) {
+    match (level, gen) {
+        (Level::Info, Some(gen)) => tracing::info!(run = %run, gen, "{text}"),
+        (Level::Info, None) => tracing::info!("{text}"),
+        (Level::Warn, Some(gen)) => tracing::warn!(run = %run, gen, "{text}"),
+        (Level::Warn, None) => tracing::warn!("{text}"),
+        (Level::Error, Some(gen)) => tracing::error!(run = %run, gen, "{text}"),
+        (Level::Error, None) => tracing::error!("{text}"),
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn join(h: &mut Option<JoinHandle<Verdict>>) -> Result<Verdict, tokio::task::JoinError> {
+    match h {
+        Some(h) => h.await,
+        None => std::future::pending().await,
+    }
+}

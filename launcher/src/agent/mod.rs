@@ -1,0 +1,196 @@
+//! The agent: rendezvous → spawn → supervise → restart or exit, as an explicit state machine.
+//!
+//! * [`state`] — the state ([`state::Machine`], [`state::Phase`]), its inputs and effects;
+//! * [`mod@step`] (with `failure`) — the transitions, a pure function of (state, input, now);
+//! * `driver` — the one loop that `select!`s over the inputs (session events, SIGCHLD,
+//!   signals, worker API requests, deadlines) and carries out the effects;
+//! * `world` — what the effects touch: candidate, announcement, teardown sweep, summary.
+//!
+//! The state diagram is in the crate's theory of operation ([`crate`]).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+use crate::ckpt::api::{ApiCall, ApiServer};
+use crate::os::guard::Guard;
+use crate::os::spawn::{self, Spawner};
+use crate::{AgentExit, LaunchConfig, LaunchError};
+
+mod driver;
+mod failure;
+pub mod state;
+pub mod step;
+mod supervise;
+#[cfg(test)]
+mod tests;
+mod world;
+
+pub use state::{Effect, Input, Machine, Phase};
+pub use step::step;
+
+use state::RELAYED;
+
+/// Runs a validated launch to its end and returns the exit status. Errors are printed as one
+/// line on stderr.
+pub async fn run(cfg: LaunchConfig) -> AgentExit {
+    use tracing::Instrument as _;
+    // In a multi-node run every agent line names its node (`node=n2`).
+    let span = if cfg.max_nodes > 1 {
+        tracing::info_span!("agent", node = %cfg.node_id)
+    } else {
+        tracing::Span::none()
+    };
+    run_agent(cfg).instrument(span).await
+}
+
+async fn run_agent(cfg: LaunchConfig) -> AgentExit {
+    let mut agent = match Agent::new(cfg).await {
+        Ok(a) => a,
+        Err(e) => {
+            crate::say!("drun: error: {e}");
+            return e.exit();
+        }
+    };
+    let exit = match agent.run().await {
+        Ok(exit) => exit,
+        Err(e) => {
+            crate::say!("drun: error: {e}");
+            e.exit()
+        }
+    };
+    agent.close(exit).await;
+    exit
+}
+
+struct Agent {
+    cfg: LaunchConfig,
+    spawner: Spawner,
+    guard: Option<Mutex<Guard>>,
+    agent_id: String,
+    hostname: String,
+    inherited: BTreeMap<OsString, OsString>,
+    run_log_dir: PathBuf,
+    temp_log_dir: bool,
+    signals: mpsc::UnboundedReceiver<Signal>,
+    sigchld: tokio::signal::unix::Signal,
+    /// Secondary problems, printed as "also: ..." after the primary error.
+    also: Vec<String>,
+    /// The worker API socket (`DRUN_AGENT_SOCK`); `None` if it could not be opened.
+    api: Option<ApiServer>,
+    /// Worker API requests.
+    api_rx: mpsc::UnboundedReceiver<ApiCall>,
+    /// Why the `--ckpt-resume-from` checkpoint could not be read at the last join, if it could
+    /// not.
+    adoption_failed: Option<String>,
+}
+
+impl Agent {
+    async fn new(cfg: LaunchConfig) -> Result<Self, LaunchError> {
+        spawn::become_subreaper()
+            .map_err(|e| LaunchError::os("cannot become a child subreaper", e))?;
+        let spawner =
+            Spawner::start().map_err(|e| LaunchError::os("cannot start the spawner thread", e))?;
+        let agent_id = uuid::Uuid::new_v4().to_string();
+        let sigchld =
+            signal(SignalKind::child()).map_err(|e| LaunchError::os("cannot watch SIGCHLD", e))?;
+        let (tx, signals) = mpsc::unbounded_channel();
+        let mut wanted: Vec<Signal> = cfg.signals.clone();
+        wanted.extend(RELAYED);
+        wanted.push(cfg.preempt_signal);
+        wanted.sort_by_key(|s| *s as i32);
+        wanted.dedup();
+        // `nohup drun ...`: a signal ignored at start stays ignored, for drun and its workers.
+        wanted.retain(|sig| {
+            let ignored = spawn::is_ignored(*sig);
+            if ignored {
+                tracing::debug!(
+                    "{} was ignored when drun started (nohup?): it stays ignored for drun and its workers",
+                    sig.as_str()
+                );
+            }
+            !ignored
+        });
+        for sig in wanted {
+            let mut stream = signal(SignalKind::from_raw(sig as i32))
+                .map_err(|e| LaunchError::os(format!("cannot handle {}", sig.as_str()), e))?;
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while stream.recv().await.is_some() {
+                    if tx.send(sig).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        let mut guard = Guard::start(&spawner, &agent_id)
+            .await
+            .map_err(|e| LaunchError::os("cannot start the cleanup guard process", e))?;
+        let hostname = nix::unistd::gethostname()
+            .map(|h| {
+                h.to_string_lossy()
+                    .split('.')
+                    .next()
+                    .unwrap_or("localhost")
+                    .to_string()
+            })
+            .unwrap_or_else(|_| "localhost".into());
+        let (base, temp_log_dir) = match &cfg.log_dir {
+            Some(d) => (d.clone(), false),
+            None => (std::env::temp_dir(), true),
+        };
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+        let run_log_dir = if temp_log_dir {
+            base.join(format!("drun_{}_{suffix}", cfg.run_id))
+        } else {
+            base.join(format!("{}_{suffix}", cfg.run_id))
+        };
+        std::fs::create_dir_all(&run_log_dir).map_err(|source| {
+            LaunchError::Config(crate::ConfigError::Path {
+                what: "log directory",
+                path: run_log_dir.clone(),
+                source,
+            })
+        })?;
+        if temp_log_dir {
+            guard.scratch(&run_log_dir);
+        }
+        let (api, api_rx) = match ApiServer::start() {
+            Ok((server, rx)) => {
+                if let Some(dir) = server.path().parent() {
+                    guard.scratch(dir);
+                }
+                (Some(server), rx)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open the worker API socket; checkpoint commits are unavailable (DRUN_AGENT_SOCK unset)");
+                (None, mpsc::unbounded_channel().1)
+            }
+        };
+        Ok(Self {
+            api,
+            api_rx,
+            adoption_failed: None,
+            inherited: std::env::vars_os().collect(),
+            cfg,
+            spawner,
+            guard: Some(Mutex::new(guard)),
+            agent_id,
+            hostname,
+            run_log_dir,
+            temp_log_dir,
+            signals,
+            sigchld,
+            also: Vec::new(),
+        })
+    }
+
+    fn guard(&self) -> &Mutex<Guard> {
+        self.guard.as_ref().expect("guard lives until close()")
+    }
+}

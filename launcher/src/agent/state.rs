@@ -1,0 +1,394 @@
+//! The agent's state ([`Machine`], [`Phase`]), what drives it ([`Input`]) and what it asks the
+//! loop to do ([`Effect`]). The transitions are in [`super::step()`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use drun_rendezvous::round::Restarts;
+use drun_rendezvous::session::{Request, RunEnd};
+use drun_rendezvous::{Event, Plan};
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
+
+use crate::phases::RestartClock;
+use crate::AgentExit;
+
+/// How long teardown waits for SIGKILLed workers (e.g. in uninterruptible sleep) to be reaped.
+pub const KILL_WAIT: Duration = Duration::from_secs(10);
+/// How long a node whose failure the loss of another node caused waits for the session to say
+/// why the generation closed.
+pub const REFORM_REASON_WAIT: Duration = Duration::from_secs(2);
+/// How long a fenced node waits before it joins again.
+pub const REJOIN_PAUSE: Duration = Duration::from_millis(200);
+/// Signals relayed to workers without tearing anything down.
+pub const RELAYED: [Signal; 2] = [Signal::SIGUSR1, Signal::SIGUSR2];
+
+/// What the transitions need to know about the launch (plain values: tests build them).
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// This run (`--rdzv-id`).
+    pub run_id: String,
+    /// This node.
+    pub node_id: String,
+    /// `--max-restarts` (for the log lines; the session decides).
+    pub max_restarts: u32,
+    /// `--peer-exit-wait`.
+    pub peer_exit_wait: Duration,
+    /// `--shutdown-timeout`.
+    pub shutdown_timeout: Duration,
+    /// `--preempt-signal`, when `--on-preempt checkpoint` (else `None`: no preemption warning).
+    pub preempt_signal: Option<Signal>,
+    /// `--requeue`.
+    pub requeue: bool,
+}
+
+/// The whole state of the agent.
+#[derive(Debug)]
+pub struct Machine {
+    /// Where the run is.
+    pub phase: Phase,
+    /// The first teardown signal received, if any: once set, the agent exits 128+N instead
+    /// of joining again.
+    pub interrupted: Option<Signal>,
+    /// A preemption warning whose checkpoint is not sealed yet (the reason line), kept across
+    /// re-forms: each new generation is asked again until the seal stops the workers.
+    pub preempt_pending: Option<String>,
+    /// Whether this node was ever part of a generation.
+    pub formed_before: bool,
+    /// The last generation this node ran workers of: a Join says "after this one".
+    pub last_gen: u64,
+    /// The restart under way, timed phase by phase (printed once its workers are spawned).
+    pub clock: Option<RestartClock>,
+}
+
+/// Where the agent is.
+#[derive(Debug)]
+pub enum Phase {
+    /// Joined the rendezvous; waiting for a plan. After a fence, joins again at `rejoin_at`.
+    Forming {
+        /// When to send the Join again (after a fence), if at all.
+        rejoin_at: Option<Instant>,
+    },
+    /// The plan's resume point is being verified; the workers start once it passes.
+    Verifying {
+        /// The new generation.
+        plan: Box<Plan>,
+        /// Coordinated checkpoints requested meanwhile.
+        save: Save,
+    },
+    /// The resume point failed verification and was marked bad: waiting for the re-form.
+    AwaitingReform {
+        /// The generation that will not run.
+        plan: Box<Plan>,
+    },
+    /// The workers run.
+    Running {
+        /// Their generation.
+        plan: Box<Plan>,
+        /// Coordinated checkpoints requested of them.
+        save: Save,
+        /// Some local workers exited 0 and others still run: when that becomes a failure,
+        /// and the line saying so.
+        partial: Option<(Instant, String)>,
+    },
+    /// The workers are being stopped; `then` says what comes next.
+    Stopping(Stopping),
+    /// A worker failure was reported: waiting for the job-wide decision.
+    Reporting(Reporting),
+    /// Every local worker exited 0: waiting for the run to end (the exit barrier) until
+    /// `deadline` (`--peer-exit-wait`).
+    AwaitingEnd {
+        /// The generation that finished here.
+        plan: Box<Plan>,
+        /// When the other nodes are late.
+        deadline: Instant,
+    },
+    /// The agent is done.
+    Done(End),
+}
+
+/// Coordinated checkpoints requested of the running generation (`should_save` is true while
+/// one is). Each holds `ckpt/latest` at the time of the request: a later seal fulfils it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Save {
+    /// None requested.
+    #[default]
+    Idle,
+    /// Before admitting a newcomer (`--on-scale-up checkpoint`): its seal only ends the request.
+    ScaleUp {
+        /// `ckpt/latest` when requested.
+        latest_before: String,
+    },
+    /// For a preemption: its seal stops the workers (exit 5).
+    Preempt {
+        /// `ckpt/latest` when requested.
+        latest_before: String,
+    },
+}
+
+/// Stopping the workers: the signal went to every process group; SIGKILL after the grace.
+#[derive(Debug)]
+pub struct Stopping {
+    /// The generation being stopped.
+    pub plan: Box<Plan>,
+    /// Where teardown is.
+    pub stage: StopStage,
+    /// SIGINTs received (a second one kills at once).
+    pub sigints: usize,
+    /// What follows.
+    pub then: Then,
+}
+
+/// Where teardown is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopStage {
+    /// Signalled; SIGKILL at `deadline` (`--shutdown-timeout`).
+    Grace {
+        /// End of the grace period.
+        deadline: Instant,
+    },
+    /// SIGKILLed; waiting for the reaping until `deadline` at most.
+    Killing {
+        /// When the agent gives up waiting.
+        deadline: Instant,
+    },
+    /// Every worker is gone: descendants swept, output drained.
+    Cleaning,
+}
+
+/// What follows a stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Then {
+    /// The local workers succeeded: tell the session, await the end.
+    AwaitEnd,
+    /// Report the worker failure (`partial`: a partial success, with its description).
+    Report {
+        /// A partial success's description; `None`: a worker failed (summary on the end).
+        partial: Option<String>,
+    },
+    /// Join the next generation.
+    Rejoin,
+    /// The run ended.
+    Finished(RunEnd),
+    /// A handled signal: exit 128+N.
+    Exit(Signal),
+    /// The preemption checkpoint was sealed: requeue (rank 0, `--requeue`), exit 5.
+    Preempted,
+    /// The workers could not be started: exit with that error.
+    Fail,
+}
+
+/// Waiting for the job-wide decision on a reported failure.
+#[derive(Debug)]
+pub struct Reporting {
+    /// The generation that failed.
+    pub plan: Box<Plan>,
+    /// One line: which rank, which exit (or the partial success).
+    pub description: String,
+    /// Whether the end prints the failure summary (a worker failed) or just the description.
+    pub summary: bool,
+    /// Why the generation closed, when the session said (before or after the decision).
+    pub reform: Option<String>,
+    /// A decision to re-form without spending the budget, waiting up to `deadline` for the
+    /// reason of the re-form.
+    pub decided: Option<(Restarts, Instant)>,
+}
+
+/// How the agent ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// With this exit status.
+    Exit(AgentExit),
+    /// The run had already ended before this node ever joined it.
+    RunFinished(RunEnd),
+    /// The rendezvous failed for good (one line).
+    RendezvousFailed(String),
+    /// The session closed while forming.
+    SessionEnded,
+    /// With the error the loop holds (the workers could not start, the resume point is
+    /// unusable).
+    Fatal,
+}
+
+/// What the local workers look like after the last reaping.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Workers {
+    /// Some still run.
+    pub running: bool,
+    /// Some failed on their own.
+    pub failed: bool,
+    /// All exited 0.
+    pub all_succeeded: bool,
+    /// Some exited 0 while others still run: when the first did, and the line saying so.
+    pub first_success: Option<(Instant, String)>,
+}
+
+/// What drives the machine.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // moved once, straight into `step`
+pub enum Input {
+    /// From the rendezvous session.
+    Event(Event),
+    /// The session's channel closed.
+    SessionClosed,
+    /// A handled signal.
+    Signal(Signal),
+    /// The workers after a reaping.
+    Workers(Workers),
+    /// Time passed (a deadline of the phase may be due).
+    Tick,
+    /// `--monitor-interval` tick.
+    Monitor,
+    /// The verdict on the resume point.
+    Verified(Checked),
+    /// The workers were spawned.
+    Spawned,
+    /// The workers could not all be spawned (the loop holds the error).
+    SpawnFailed,
+    /// Teardown finished; the root-cause line when a worker failed.
+    Stopped {
+        /// "rank 1 (pid 42) exited with 1 on node n1".
+        failure: Option<String>,
+    },
+    /// A worker API request (the loop holds it and its reply).
+    Api,
+}
+
+/// The verdict on the resume point ([`crate::ckpt::resume::Verdict`] less the error, which
+/// the loop holds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    /// Start from it; the manifest file to hand the workers, if there is a resume point.
+    Use(Option<PathBuf>),
+    /// This run's checkpoint failed verification: mark it bad, wait for the re-form.
+    Bad {
+        /// Manifest id.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The run cannot start (exit with the error the loop holds), after marking this
+    /// manifest (id, reason) bad, if set.
+    Refuse(Option<(String, String)>),
+}
+
+/// Log levels of [`Effect::Log`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// `tracing::info!`.
+    Info,
+    /// `tracing::warn!`.
+    Warn,
+    /// `tracing::error!`.
+    Error,
+}
+
+/// What the loop does for the machine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// One log line (with the generation, if any).
+    Log(Level, Option<u64>, String),
+    /// One line on stderr (`drun: ...`).
+    Say(String),
+    /// A request to the session.
+    Send(Request),
+    /// Join the generation after `after`: with a freshly reserved port (`fresh`), or the
+    /// candidate of the last Join again (after a fence while forming).
+    Join {
+        /// Reserve a new port, build a new candidate.
+        fresh: bool,
+        /// The last generation this node ran.
+        after: u64,
+    },
+    /// A plan arrived: announce it, serve the workers' store (node rank 0), check its resume
+    /// point (answered by [`Input::Verified`]).
+    Formed(Box<Plan>),
+    /// Spawn the workers (answered by [`Input::Spawned`] or [`Input::SpawnFailed`]).
+    Spawn(Option<PathBuf>),
+    /// Send the signal to every running worker.
+    Relay(Signal),
+    /// Mark the group stopping and send it the signal (the ledger closes).
+    Stop(Signal),
+    /// SIGKILL every worker still running.
+    Kill,
+    /// Sweep descendants, drain output (answered by [`Input::Stopped`]).
+    Cleanup,
+    /// Release the reserved MASTER_PORT.
+    ReleasePort,
+    /// Pass the session's answer to a commit to the ledger.
+    Committed {
+        /// Generation.
+        generation: u64,
+        /// Step.
+        step: u64,
+        /// The answer.
+        result: Result<drun_rendezvous::CommitOutcome, String>,
+    },
+    /// Warn about ranks that wait on a commit the others have not made.
+    CheckStalled,
+    /// Answer the held API request (`should_save` as given).
+    Serve {
+        /// A coordinated checkpoint is requested.
+        should_save: bool,
+    },
+    /// Refuse the held API request: no worker group runs.
+    Refuse,
+    /// A secondary problem, printed after the primary error.
+    Also(String),
+    /// Print the failure summary (earlier failures: `history` less its last line).
+    Summarize(Vec<String>),
+    /// `scontrol requeue` the Slurm job.
+    Requeue,
+}
+
+impl Machine {
+    /// A new agent: forming its first generation (and the Join that starts it).
+    pub fn start() -> (Self, Vec<Effect>) {
+        let m = Self {
+            phase: Phase::Forming { rejoin_at: None },
+            interrupted: None,
+            preempt_pending: None,
+            formed_before: false,
+            last_gen: 0,
+            clock: None,
+        };
+        (
+            m,
+            vec![Effect::Join {
+                fresh: true,
+                after: 0,
+            }],
+        )
+    }
+
+    /// The next instant at which [`Input::Tick`] is due, if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Forming { rejoin_at } => *rejoin_at,
+            Phase::Running { partial, .. } => partial.as_ref().map(|(d, _)| *d),
+            Phase::Stopping(s) => match s.stage {
+                StopStage::Grace { deadline } | StopStage::Killing { deadline } => Some(deadline),
+                StopStage::Cleaning => None,
+            },
+            Phase::Reporting(r) => r.decided.as_ref().map(|(_, d)| *d),
+            Phase::AwaitingEnd { deadline, .. } => Some(*deadline),
+            Phase::Verifying { .. } | Phase::AwaitingReform { .. } | Phase::Done(_) => None,
+        }
+    }
+
+    /// Whether the loop reads session events and API requests now: not while stopping (they
+    /// wait for the phase that follows, as does a failure's re-form reason).
+    pub fn reads_session(&self) -> bool {
+        !matches!(self.phase, Phase::Stopping(_) | Phase::Done(_))
+    }
+
+    /// Whether the loop reads signals now.
+    pub fn reads_signals(&self) -> bool {
+        !matches!(self.phase, Phase::Done(_))
+    }
+
+    /// Whether the agent is done.
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done(_))
+    }
+}

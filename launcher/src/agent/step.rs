@@ -1,0 +1,435 @@
+//! The agent's transitions: [`step`], a pure function of (state, input, now) returning the next
+//! state and the effects for the loop to carry out. Every session [`Event`] is matched here,
+//! in `on_event`, exhaustively.
+
+use drun_rendezvous::session::{Request, RunEnd, SaveRequest};
+use drun_rendezvous::{Event, Plan};
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
+
+use super::failure;
+use super::state::{
+    Checked, Effect, End, Input, Level, Machine, Params, Phase, Save, StopStage, Stopping, Then,
+    REJOIN_PAUSE,
+};
+use super::supervise::{on_signal, on_stopped, on_tick, on_workers};
+use crate::phases::RestartClock;
+use crate::AgentExit;
+
+/// What a transition sees besides the state: the time, the launch, and the effects so far.
+pub(super) struct Cx<'a> {
+    pub now: Instant,
+    pub p: &'a Params,
+    pub fx: Vec<Effect>,
+}
+
+impl Cx<'_> {
+    pub fn log(&mut self, level: Level, gen: Option<u64>, text: impl Into<String>) {
+        self.fx.push(Effect::Log(level, gen, text.into()));
+    }
+}
+
+/// One transition: the machine after `input` at `now`, and what the loop must do.
+pub fn step(mut m: Machine, input: Input, now: Instant, p: &Params) -> (Machine, Vec<Effect>) {
+    let mut cx = Cx {
+        now,
+        p,
+        fx: Vec::new(),
+    };
+    let phase = std::mem::replace(&mut m.phase, Phase::Done(End::Fatal));
+    m.phase = match input {
+        Input::Event(ev) => on_event(&mut m, phase, ev, &mut cx),
+        Input::SessionClosed => on_closed(&mut m, phase, &mut cx),
+        Input::Signal(sig) => on_signal(&mut m, phase, sig, &mut cx),
+        Input::Workers(w) => on_workers(&mut m, phase, w, &mut cx),
+        Input::Tick => on_tick(&mut m, phase, &mut cx),
+        Input::Monitor => {
+            if matches!(phase, Phase::Running { .. }) {
+                cx.fx.push(Effect::CheckStalled);
+            }
+            phase
+        }
+        Input::Verified(v) => on_verified(&mut m, phase, v, &mut cx),
+        Input::Spawned => on_spawned(&mut m, phase, &mut cx),
+        Input::SpawnFailed => match phase {
+            Phase::Verifying { plan, .. } => {
+                stop(&mut m, plan, Signal::SIGKILL, Then::Fail, &mut cx)
+            }
+            other => other,
+        },
+        Input::Stopped { failure } => on_stopped(&mut m, phase, failure, &mut cx),
+        Input::Api => {
+            cx.fx.push(match &phase {
+                Phase::Running { save, .. } => Effect::Serve {
+                    should_save: *save != Save::Idle,
+                },
+                _ => Effect::Refuse,
+            });
+            phase
+        }
+    };
+    (m, cx.fx)
+}
+
+/// The one place every session event is handled (no catch-all: a new variant does not compile
+/// until it is).
+fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase {
+    match ev {
+        Event::Opened { .. } => phase,
+        Event::Waiting(line) => {
+            if matches!(phase, Phase::Forming { .. }) {
+                cx.log(Level::Info, None, line);
+            }
+            phase
+        }
+        Event::Formed(plan) => match phase {
+            Phase::Forming { .. } => formed(m, plan, cx),
+            other => other,
+        },
+        Event::Reform { reason, .. } => on_reform(m, phase, reason, cx),
+        Event::Finished(end) => on_finished(m, phase, end, cx),
+        Event::FailureDecision { restart, restarts } => match phase {
+            Phase::Reporting(r) if r.decided.is_none() => {
+                failure::decided(m, r, restart, restarts, cx)
+            }
+            other => other,
+        },
+        Event::Fenced(reason) => on_fenced(m, phase, reason, cx),
+        Event::Error(e) => on_error(m, phase, e, cx),
+        Event::SaveRequested(req) => on_save_requested(m, phase, req, cx),
+        Event::Sealed(id) => on_sealed(m, phase, id, cx),
+        Event::Committed {
+            generation,
+            step,
+            result,
+        } => {
+            if matches!(phase, Phase::Running { .. }) {
+                cx.fx.push(Effect::Committed {
+                    generation,
+                    step,
+                    result,
+                });
+            }
+            phase
+        }
+    }
+}
+
+fn formed(m: &mut Machine, plan: Plan, cx: &mut Cx<'_>) -> Phase {
+    m.formed_before = true;
+    m.last_gen = plan.generation;
+    if let Some(c) = m.clock.as_mut() {
+        c.formed = Some(cx.now);
+    }
+    let plan = Box::new(plan);
+    cx.fx.push(Effect::Formed(plan.clone()));
+    Phase::Verifying {
+        plan,
+        save: Save::Idle,
+    }
+}
+
+/// Joins the next generation with a fresh candidate.
+pub(super) fn rejoin(m: &Machine, cx: &mut Cx<'_>) -> Phase {
+    cx.fx.push(Effect::Join {
+        fresh: true,
+        after: m.last_gen,
+    });
+    Phase::Forming { rejoin_at: None }
+}
+
+/// Stops the workers of `plan` with `sig`; `then` follows once they are gone.
+pub(super) fn stop(
+    m: &mut Machine,
+    plan: Box<Plan>,
+    sig: Signal,
+    then: Then,
+    cx: &mut Cx<'_>,
+) -> Phase {
+    if then != Then::Fail {
+        m.clock = Some(RestartClock::detected(cx.now));
+    }
+    cx.fx.push(Effect::Stop(sig));
+    Phase::Stopping(Stopping {
+        plan,
+        stage: StopStage::Grace {
+            deadline: cx.now + cx.p.shutdown_timeout,
+        },
+        sigints: usize::from(sig == Signal::SIGINT),
+        then,
+    })
+}
+
+pub(super) fn exit(e: AgentExit) -> Phase {
+    Phase::Done(End::Exit(e))
+}
+
+pub(super) fn signal_exit(sig: Signal) -> Phase {
+    exit(AgentExit::Signal(sig as i32))
+}
+
+/// The run ended: exit 0 when it succeeded, 1 when not.
+pub(super) fn run_ended(end: &RunEnd, cx: &mut Cx<'_>) -> Phase {
+    if end.success {
+        cx.log(Level::Info, None, format!("run finished: {}", end.reason));
+        exit(AgentExit::Success)
+    } else {
+        cx.fx.push(Effect::Say(format!(
+            "drun: run {} failed: {}",
+            cx.p.run_id, end.reason
+        )));
+        exit(AgentExit::WorkerFailure)
+    }
+}
+
+fn on_reform(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> Phase {
+    match phase {
+        Phase::Running { plan, .. } => {
+            let gen = Some(plan.generation);
+            cx.log(Level::Warn, gen, format!("re-forming the group: {reason}"));
+            stop(m, plan, Signal::SIGTERM, Then::Rejoin, cx)
+        }
+        Phase::Verifying { plan, .. } => {
+            let gen = Some(plan.generation);
+            cx.log(Level::Warn, gen, format!("re-forming the group: {reason}"));
+            rejoin(m, cx)
+        }
+        Phase::AwaitingReform { .. } => rejoin(m, cx),
+        Phase::Reporting(r) => failure::reform(m, r, reason, cx),
+        Phase::AwaitingEnd { .. } => {
+            cx.log(
+                Level::Warn,
+                None,
+                format!("the group re-forms after this node finished: {reason}"),
+            );
+            rejoin(m, cx)
+        }
+        other @ (Phase::Forming { .. } | Phase::Stopping(_) | Phase::Done(_)) => other,
+    }
+}
+
+fn on_finished(m: &mut Machine, phase: Phase, end: RunEnd, cx: &mut Cx<'_>) -> Phase {
+    match phase {
+        Phase::Forming { .. } if !m.formed_before => Phase::Done(End::RunFinished(end)),
+        Phase::Forming { .. }
+        | Phase::Verifying { .. }
+        | Phase::AwaitingReform { .. }
+        | Phase::AwaitingEnd { .. } => run_ended(&end, cx),
+        Phase::Running { plan, .. } => stop(m, plan, Signal::SIGTERM, Then::Finished(end), cx),
+        // The decision on the failure comes first (the end of the run follows it).
+        other @ (Phase::Reporting(_) | Phase::Stopping(_) | Phase::Done(_)) => other,
+    }
+}
+
+fn on_fenced(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> Phase {
+    match phase {
+        Phase::Forming { .. } => {
+            cx.log(
+                Level::Warn,
+                None,
+                format!("{reason}; joining again as a new member"),
+            );
+            Phase::Forming {
+                rejoin_at: Some(cx.now + REJOIN_PAUSE),
+            }
+        }
+        Phase::Verifying { plan, .. } => {
+            let gen = Some(plan.generation);
+            cx.log(
+                Level::Error,
+                gen,
+                format!("fenced: {reason}; joining again"),
+            );
+            rejoin(m, cx)
+        }
+        Phase::AwaitingReform { .. } => rejoin(m, cx),
+        Phase::Running { plan, .. } => {
+            let gen = Some(plan.generation);
+            cx.log(
+                Level::Error,
+                gen,
+                format!("fenced: {reason}; killing workers and joining again"),
+            );
+            stop(m, plan, Signal::SIGKILL, Then::Rejoin, cx)
+        }
+        Phase::Reporting(r) => failure::fenced(m, r, reason, cx),
+        Phase::AwaitingEnd { .. } => {
+            cx.log(
+                Level::Warn,
+                None,
+                format!("fenced after this node finished: {reason}"),
+            );
+            rejoin(m, cx)
+        }
+        other @ (Phase::Stopping(_) | Phase::Done(_)) => other,
+    }
+}
+
+fn on_error(m: &mut Machine, phase: Phase, e: String, cx: &mut Cx<'_>) -> Phase {
+    match phase {
+        Phase::Forming { .. } | Phase::AwaitingReform { .. } | Phase::AwaitingEnd { .. } => {
+            Phase::Done(End::RendezvousFailed(e))
+        }
+        p @ (Phase::Verifying { .. } | Phase::Running { .. }) => {
+            on_fenced(m, p, format!("rendezvous error: {e}"), cx)
+        }
+        Phase::Reporting(r) => failure::unreported(m, r, Some(e), cx),
+        other @ (Phase::Stopping(_) | Phase::Done(_)) => other,
+    }
+}
+
+fn on_closed(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
+    const ENDED: &str = "the rendezvous session ended";
+    match phase {
+        Phase::Forming { .. } => Phase::Done(End::SessionEnded),
+        p @ (Phase::Verifying { .. } | Phase::Running { .. }) => on_fenced(m, p, ENDED.into(), cx),
+        Phase::AwaitingReform { .. } => Phase::Done(End::RendezvousFailed(ENDED.into())),
+        Phase::Reporting(r) => failure::closed(m, r, cx),
+        Phase::AwaitingEnd { .. } => exit(AgentExit::Success),
+        other @ (Phase::Stopping(_) | Phase::Done(_)) => other,
+    }
+}
+
+fn on_save_requested(m: &mut Machine, phase: Phase, req: SaveRequest, cx: &mut Cx<'_>) -> Phase {
+    let update = |save: Save, m: &mut Machine, cx: &mut Cx<'_>| {
+        let line = format!(
+            "coordinated checkpoint requested ({}); workers see should_save = true",
+            req.reason
+        );
+        if req.scale_up {
+            match save {
+                Save::Preempt { .. } => save,
+                Save::Idle | Save::ScaleUp { .. } => {
+                    if save == Save::Idle {
+                        cx.log(Level::Info, None, line);
+                    }
+                    Save::ScaleUp {
+                        latest_before: req.latest_before.clone(),
+                    }
+                }
+            }
+        } else {
+            if !matches!(save, Save::Preempt { .. }) {
+                cx.log(Level::Warn, None, line);
+            }
+            m.preempt_pending.get_or_insert(req.reason.clone());
+            Save::Preempt {
+                latest_before: req.latest_before.clone(),
+            }
+        }
+    };
+    match phase {
+        Phase::Verifying { plan, save } => Phase::Verifying {
+            plan,
+            save: update(save, m, cx),
+        },
+        Phase::Running {
+            plan,
+            save,
+            partial,
+        } => Phase::Running {
+            plan,
+            save: update(save, m, cx),
+            partial,
+        },
+        other => other,
+    }
+}
+
+fn on_sealed(m: &mut Machine, phase: Phase, id: String, cx: &mut Cx<'_>) -> Phase {
+    let (plan, save, partial) = match phase {
+        Phase::Verifying { plan, save } => (plan, save, None),
+        Phase::Running {
+            plan,
+            save,
+            partial,
+        } => (plan, save, Some(partial)),
+        other => return other,
+    };
+    let described = drun_rendezvous::ledger::describe_id(&id);
+    cx.log(Level::Info, None, format!("checkpoint {described} sealed"));
+    let save = match save {
+        Save::Preempt { latest_before } if id > latest_before => {
+            cx.fx.push(Effect::Say(format!(
+                "drun: preempted: checkpoint {described} sealed; stopping the workers (exit 5: requeue to resume from it)"
+            )));
+            return match partial {
+                Some(_) => stop(m, plan, Signal::SIGTERM, Then::Preempted, cx),
+                None => preempted(&plan, cx),
+            };
+        }
+        Save::ScaleUp { latest_before } if id > latest_before => Save::Idle,
+        other => other,
+    };
+    match partial {
+        Some(partial) => Phase::Running {
+            plan,
+            save,
+            partial,
+        },
+        None => Phase::Verifying { plan, save },
+    }
+}
+
+/// The preemption checkpoint is sealed and no worker runs: requeue (node rank 0), exit 5.
+pub(super) fn preempted(plan: &Plan, cx: &mut Cx<'_>) -> Phase {
+    let first = plan.member(&cx.p.node_id).is_some_and(|m| m.node_rank == 0);
+    if cx.p.requeue && first {
+        cx.fx.push(Effect::Requeue);
+    }
+    exit(AgentExit::Preempted)
+}
+
+fn on_verified(m: &mut Machine, phase: Phase, v: Checked, cx: &mut Cx<'_>) -> Phase {
+    let Phase::Verifying { plan, save } = phase else {
+        return phase;
+    };
+    match v {
+        Checked::Use(file) => {
+            cx.fx.push(Effect::Spawn(file));
+            Phase::Verifying { plan, save }
+        }
+        Checked::Bad { id, reason } => {
+            cx.fx.push(Effect::Send(Request::MarkBad {
+                generation: plan.generation,
+                id,
+                reason,
+            }));
+            Phase::AwaitingReform { plan }
+        }
+        Checked::Refuse(mark_bad) => {
+            if let Some((id, reason)) = mark_bad {
+                cx.fx.push(Effect::Send(Request::MarkBad {
+                    generation: plan.generation,
+                    id,
+                    reason,
+                }));
+            }
+            let _ = m;
+            Phase::Done(End::Fatal)
+        }
+    }
+}
+
+fn on_spawned(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
+    let Phase::Verifying { plan, save } = phase else {
+        return phase;
+    };
+    if let Some(c) = m.clock.take() {
+        let line = c.line(plan.generation, cx.now);
+        cx.log(Level::Info, Some(plan.generation), line);
+    }
+    if let Some(reason) = &m.preempt_pending {
+        // A preemption warning outlives a re-form that came before its checkpoint: the new
+        // generation is asked again (once per generation; any member may ask).
+        cx.fx.push(Effect::Send(Request::Preempt {
+            generation: plan.generation,
+            reason: reason.clone(),
+        }));
+    }
+    Phase::Running {
+        plan,
+        save,
+        partial: None,
+    }
+}

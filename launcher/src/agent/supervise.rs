@@ -1,0 +1,258 @@
+//! The agent's transitions driven by the workers, signals and deadlines: supervision,
+//! teardown (grace, SIGKILL, cleanup) and what follows a stop. Pure, like [`super::step()`].
+
+use drun_rendezvous::session::Request;
+use nix::sys::signal::Signal;
+
+use super::failure;
+use super::state::{
+    Effect, End, Level, Machine, Phase, StopStage, Stopping, Then, Workers, KILL_WAIT, RELAYED,
+};
+use super::step::{preempted, rejoin, run_ended, signal_exit, stop, Cx};
+
+pub(super) fn on_signal(m: &mut Machine, phase: Phase, sig: Signal, cx: &mut Cx<'_>) -> Phase {
+    match phase {
+        Phase::Running { plan, .. }
+            if !RELAYED.contains(&sig) && Some(sig) != cx.p.preempt_signal =>
+        {
+            m.interrupted.get_or_insert(sig);
+            cx.log(
+                Level::Warn,
+                None,
+                format!(
+                    "received {}; forwarding it to workers and shutting down",
+                    sig.as_str()
+                ),
+            );
+            stop(m, plan, sig, Then::Exit(sig), cx)
+        }
+        Phase::Running { ref plan, .. } if Some(sig) == cx.p.preempt_signal => {
+            let generation = plan.generation;
+            let reason = preemption_warning(m, sig, cx);
+            cx.fx
+                .push(Effect::Send(Request::Preempt { generation, reason }));
+            phase
+        }
+        Phase::Verifying { .. } if Some(sig) == cx.p.preempt_signal => {
+            // Asked of the generation once its workers run.
+            preemption_warning(m, sig, cx);
+            phase
+        }
+        Phase::Running { .. } => {
+            cx.log(
+                Level::Info,
+                None,
+                format!("relaying {} to workers", sig.as_str()),
+            );
+            cx.fx.push(Effect::Relay(sig));
+            phase
+        }
+        Phase::Stopping(s) => stopping_signal(m, s, sig, cx),
+        Phase::Done(_) => phase,
+        _ if RELAYED.contains(&sig) => {
+            cx.log(
+                Level::Info,
+                None,
+                format!(
+                    "received {} before workers started; nothing to relay",
+                    sig.as_str()
+                ),
+            );
+            phase
+        }
+        _ => {
+            m.interrupted.get_or_insert(sig);
+            signal_exit(sig)
+        }
+    }
+}
+
+/// Notes a preemption warning (kept across re-forms until its checkpoint is sealed); returns
+/// its reason line.
+fn preemption_warning(m: &mut Machine, sig: Signal, cx: &mut Cx<'_>) -> String {
+    cx.log(
+        Level::Warn,
+        None,
+        format!(
+            "{}: preemption warning; asking every rank of the job for a coordinated checkpoint",
+            sig.as_str()
+        ),
+    );
+    let reason = format!(
+        "{} (preemption warning) on node {}",
+        sig.as_str(),
+        cx.p.node_id
+    );
+    m.preempt_pending.get_or_insert(reason.clone());
+    reason
+}
+
+/// A signal while stopping: USR1/USR2 are relayed; others were forwarded once already, except
+/// that a second SIGINT kills at once.
+fn stopping_signal(m: &mut Machine, mut s: Stopping, sig: Signal, cx: &mut Cx<'_>) -> Phase {
+    if RELAYED.contains(&sig) {
+        cx.fx.push(Effect::Relay(sig));
+        return Phase::Stopping(s);
+    }
+    m.interrupted.get_or_insert(sig);
+    if sig == Signal::SIGINT {
+        s.sigints += 1;
+    }
+    if s.sigints >= 2 && matches!(s.stage, StopStage::Grace { .. }) {
+        cx.log(Level::Warn, None, "second SIGINT: killing workers now");
+        return kill(s, cx);
+    }
+    cx.log(
+        Level::Info,
+        None,
+        format!(
+            "{} received while stopping; already forwarded once",
+            sig.as_str()
+        ),
+    );
+    Phase::Stopping(s)
+}
+
+fn kill(mut s: Stopping, cx: &mut Cx<'_>) -> Phase {
+    cx.log(Level::Warn, None, "workers still running; sending SIGKILL");
+    cx.fx.push(Effect::Kill);
+    s.stage = StopStage::Killing {
+        deadline: cx.now + KILL_WAIT,
+    };
+    Phase::Stopping(s)
+}
+
+fn cleanup(mut s: Stopping, cx: &mut Cx<'_>) -> Phase {
+    cx.fx.push(Effect::Cleanup);
+    s.stage = StopStage::Cleaning;
+    Phase::Stopping(s)
+}
+
+pub(super) fn on_workers(m: &mut Machine, phase: Phase, w: Workers, cx: &mut Cx<'_>) -> Phase {
+    match phase {
+        Phase::Running { plan, save, .. } => {
+            if w.failed {
+                return stop(m, plan, Signal::SIGTERM, Then::Report { partial: None }, cx);
+            }
+            if w.all_succeeded {
+                return stop(m, plan, Signal::SIGTERM, Then::AwaitEnd, cx);
+            }
+            let partial = w
+                .first_success
+                .map(|(at, line)| (at + cx.p.peer_exit_wait, line));
+            partial_due(
+                m,
+                Phase::Running {
+                    plan,
+                    save,
+                    partial,
+                },
+                cx,
+            )
+        }
+        Phase::Stopping(s) if !w.running && s.stage != StopStage::Cleaning => cleanup(s, cx),
+        other => other,
+    }
+}
+
+/// A running group whose partial success waited `--peer-exit-wait`: a failure.
+fn partial_due(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
+    match phase {
+        Phase::Running {
+            plan,
+            partial: Some((deadline, line)),
+            ..
+        } if deadline <= cx.now => {
+            let description = format!("partial success on node {}: {line}", cx.p.node_id);
+            let then = Then::Report {
+                partial: Some(description),
+            };
+            stop(m, plan, Signal::SIGTERM, then, cx)
+        }
+        other => other,
+    }
+}
+
+pub(super) fn on_tick(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
+    match phase {
+        Phase::Forming {
+            rejoin_at: Some(at),
+        } if at <= cx.now => {
+            cx.fx.push(Effect::Join {
+                fresh: false,
+                after: m.last_gen,
+            });
+            Phase::Forming { rejoin_at: None }
+        }
+        p @ Phase::Running { .. } => partial_due(m, p, cx),
+        Phase::Stopping(s) => match s.stage {
+            StopStage::Grace { deadline } if deadline <= cx.now => kill(s, cx),
+            StopStage::Killing { deadline } if deadline <= cx.now => cleanup(s, cx),
+            _ => Phase::Stopping(s),
+        },
+        Phase::Reporting(r) if r.decided.as_ref().is_some_and(|(_, d)| *d <= cx.now) => {
+            failure::concluded(m, r, cx)
+        }
+        Phase::AwaitingEnd { plan, deadline } if deadline <= cx.now => {
+            let description = format!(
+                "partial success: the workers of node {} finished, the other nodes' did not within --peer-exit-wait {}",
+                cx.p.node_id,
+                drun_rendezvous::human::duration(cx.p.peer_exit_wait)
+            );
+            failure::report(plan, description, false, cx)
+        }
+        other => other,
+    }
+}
+
+pub(super) fn on_stopped(
+    m: &mut Machine,
+    phase: Phase,
+    failure: Option<String>,
+    cx: &mut Cx<'_>,
+) -> Phase {
+    let Phase::Stopping(s) = phase else {
+        return phase;
+    };
+    if s.stage != StopStage::Cleaning {
+        return Phase::Stopping(s);
+    }
+    if let Some(c) = m.clock.as_mut() {
+        c.stopped.get_or_insert(cx.now);
+    }
+    let plan = s.plan;
+    match s.then {
+        Then::Finished(end) => return run_ended(&end, cx),
+        Then::Exit(sig) => return signal_exit(sig),
+        Then::Preempted => return preempted(&plan, cx),
+        Then::Fail => return Phase::Done(End::Fatal),
+        Then::AwaitEnd | Then::Rejoin | Then::Report { .. } => {}
+    }
+    if let Some(sig) = m.interrupted {
+        return signal_exit(sig);
+    }
+    match s.then {
+        Then::AwaitEnd => {
+            cx.fx.push(Effect::ReleasePort);
+            if plan.members.len() > 1 {
+                cx.log(
+                    Level::Info,
+                    Some(plan.generation),
+                    "local workers succeeded; waiting for the other nodes",
+                );
+            }
+            cx.fx
+                .push(Effect::Send(Request::Succeeded(plan.generation)));
+            Phase::AwaitingEnd {
+                plan,
+                deadline: cx.now + cx.p.peer_exit_wait,
+            }
+        }
+        Then::Report { partial: Some(d) } => failure::report(plan, d, false, cx),
+        Then::Report { partial: None } => {
+            let d = failure.unwrap_or_else(|| format!("a worker failed on node {}", cx.p.node_id));
+            failure::report(plan, d, true, cx)
+        }
+        _ => rejoin(m, cx),
+    }
+}

@@ -1,0 +1,161 @@
+//! Checkpoints: preemption and scale-up saves, resume verification, the worker API.
+
+#[allow(unused_imports)]
+use super::*;
+
+#[test]
+fn a_reform_during_a_preemption_save_asks_the_next_generation_again() {
+    let mut t = T::running(1, 2);
+    let fx = t.feed(Input::Signal(Signal::SIGUSR1));
+    let reason = "SIGUSR1 (preemption warning) on node n0".to_string();
+    assert_eq!(
+        fx.last(),
+        Some(&Effect::Send(Request::Preempt {
+            generation: 1,
+            reason: reason.clone(),
+        }))
+    );
+    t.ev(save(&reason, "0004-0001", false));
+    assert_eq!(
+        t.feed(Input::Api),
+        vec![Effect::Serve { should_save: true }]
+    );
+    t.ev(Event::Reform {
+        generation: 1,
+        reason: "node n1 was lost".into(),
+    });
+    t.workers_gone(None);
+    t.ev(Event::Formed(plan(2, 1, 0)));
+    t.feed(Input::Verified(Checked::Use(None)));
+    let fx = t.feed(Input::Spawned);
+    assert!(fx.contains(&Effect::Send(Request::Preempt {
+        generation: 2,
+        reason,
+    })));
+    // The new generation starts without a request of its own until the session repeats it.
+    assert_eq!(
+        t.feed(Input::Api),
+        vec![Effect::Serve { should_save: false }]
+    );
+}
+
+#[test]
+fn a_preemption_warning_saves_then_stops_and_requeues() {
+    let mut t = T::running(1, 1);
+    t.feed(Input::Signal(Signal::SIGUSR1));
+    t.ev(save(
+        "SIGUSR1 (preemption warning) on node n0",
+        "0004-0001",
+        false,
+    ));
+    // An older seal does not fulfil the request.
+    assert!(!t
+        .ev(Event::Sealed("0004-0001".into()))
+        .contains(&Effect::Stop(Signal::SIGTERM)));
+    let fx = t.ev(Event::Sealed("0006-0001".into()));
+    assert!(
+        logged(
+            &fx,
+            "drun: preempted: checkpoint step 6 (generation 1) sealed"
+        ),
+        "{fx:?}"
+    );
+    assert_eq!(fx.last(), Some(&Effect::Stop(Signal::SIGTERM)));
+    assert_eq!(t.workers_gone(None), vec![Effect::Requeue]);
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::Preempted)));
+}
+
+#[test]
+fn a_scale_up_save_ends_with_its_seal_and_the_workers_go_on() {
+    let mut t = T::running(1, 1);
+    t.ev(save("node n1 waits to join", "0004-0001", true));
+    assert_eq!(
+        t.feed(Input::Api),
+        vec![Effect::Serve { should_save: true }]
+    );
+    let fx = t.ev(Event::Sealed("0008-0001".into()));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Stop(_))));
+    assert!(matches!(
+        t.phase(),
+        Phase::Running {
+            save: Save::Idle,
+            ..
+        }
+    ));
+    assert_eq!(
+        t.feed(Input::Api),
+        vec![Effect::Serve { should_save: false }]
+    );
+}
+
+#[test]
+fn a_lease_lost_during_resume_verification_joins_again_without_spawning() {
+    let mut t = T::new();
+    t.ev(Event::Formed(plan(2, 2, 0)));
+    let fx = t.ev(Event::Fenced("lease lost".into()));
+    assert_eq!(
+        fx.last(),
+        Some(&Effect::Join {
+            fresh: true,
+            after: 2
+        })
+    );
+    // The verdict that arrives afterwards is moot.
+    assert!(t.feed(Input::Verified(Checked::Use(None))).is_empty());
+    assert!(matches!(t.phase(), Phase::Forming { .. }));
+}
+
+#[test]
+fn a_bad_resume_point_is_marked_and_the_group_reforms_onto_the_previous() {
+    let mut t = T::new();
+    t.ev(Event::Formed(plan(2, 1, 0)));
+    let fx = t.feed(Input::Verified(Checked::Bad {
+        id: "0008-0001".into(),
+        reason: "rank0.bin has 3 bytes".into(),
+    }));
+    assert_eq!(
+        fx,
+        vec![Effect::Send(Request::MarkBad {
+            generation: 2,
+            id: "0008-0001".into(),
+            reason: "rank0.bin has 3 bytes".into(),
+        })]
+    );
+    assert!(matches!(t.phase(), Phase::AwaitingReform { .. }));
+    let fx = t.ev(Event::Reform {
+        generation: 2,
+        reason: "checkpoint marked bad".into(),
+    });
+    assert_eq!(
+        fx,
+        vec![Effect::Join {
+            fresh: true,
+            after: 2
+        }]
+    );
+}
+
+#[test]
+fn the_worker_api_is_refused_while_no_group_runs() {
+    let mut t = T::new();
+    assert_eq!(t.feed(Input::Api), vec![Effect::Refuse]);
+    assert!(t.feed(Input::Monitor).is_empty());
+    let mut t = T::running(1, 1);
+    assert_eq!(t.feed(Input::Monitor), vec![Effect::CheckStalled]);
+}
+
+#[test]
+fn commits_reach_the_ledger_only_while_workers_run() {
+    let committed = || Event::Committed {
+        generation: 1,
+        step: 4,
+        result: Err("stale".into()),
+    };
+    let mut t = T::new();
+    assert!(t.ev(committed()).is_empty());
+    let mut t = T::running(1, 1);
+    assert!(matches!(
+        &t.ev(committed())[..],
+        [Effect::Committed { step: 4, .. }]
+    ));
+}

@@ -1,0 +1,208 @@
+//! Worker failures, the restart decision, success and the exit barrier.
+
+#[allow(unused_imports)]
+use super::*;
+
+#[test]
+fn worker_failure_with_budget_left_restarts_the_group() {
+    let mut t = T::running(1, 2);
+    report_failure(&mut t);
+    let fx = t.ev(Event::FailureDecision {
+        restart: true,
+        restarts: restarts(1, &["generation 1: rank 1"]),
+    });
+    assert!(
+        logged(&fx, "restarting the worker group (1/3 restarts used)"),
+        "{fx:?}"
+    );
+    assert_eq!(
+        fx.last(),
+        Some(&Effect::Join {
+            fresh: true,
+            after: 1
+        })
+    );
+    assert!(matches!(t.phase(), Phase::Forming { rejoin_at: None }));
+}
+
+#[test]
+fn worker_failure_with_budget_spent_prints_the_summary_and_exits_1() {
+    let mut t = T::running(1, 1);
+    report_failure(&mut t);
+    let history = ["generation 1: rank 0", "generation 2: rank 1"];
+    let fx = t.ev(Event::FailureDecision {
+        restart: false,
+        restarts: restarts(3, &history),
+    });
+    assert_eq!(
+        fx,
+        vec![Effect::Summarize(
+            history.iter().map(|s| s.to_string()).collect()
+        )]
+    );
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::WorkerFailure)));
+}
+
+#[test]
+fn a_failure_caused_by_a_lost_node_waits_for_the_reason_and_spends_nothing() {
+    let mut t = T::running(1, 2);
+    report_failure(&mut t);
+    // Budget unchanged (0 used, as the plan says): not the workers' own failure.
+    let fx = t.ev(Event::FailureDecision {
+        restart: true,
+        restarts: restarts(0, &[]),
+    });
+    assert!(fx.is_empty());
+    assert_eq!(t.machine().deadline(), Some(t.now + REFORM_REASON_WAIT));
+    let fx = t.ev(Event::Reform {
+        generation: 1,
+        reason: "node n1 was lost".into(),
+    });
+    assert!(
+        logged(
+            &fx,
+            "re-forming the group: node n1 was lost; the restart budget is not spent (0/3 used)"
+        ),
+        "{fx:?}"
+    );
+    assert_eq!(
+        fx.last(),
+        Some(&Effect::Join {
+            fresh: true,
+            after: 1
+        })
+    );
+}
+
+#[test]
+fn a_reason_that_never_comes_is_a_membership_change() {
+    let mut t = T::running(1, 2);
+    report_failure(&mut t);
+    t.ev(Event::FailureDecision {
+        restart: true,
+        restarts: restarts(0, &[]),
+    });
+    assert!(t.after(REFORM_REASON_WAIT / 2).is_empty());
+    let fx = t.after(REFORM_REASON_WAIT);
+    assert!(
+        logged(&fx, "re-forming the group: a membership change"),
+        "{fx:?}"
+    );
+    assert!(matches!(t.phase(), Phase::Forming { .. }));
+}
+
+#[test]
+fn fenced_while_reporting_joins_again_as_a_newcomer() {
+    let mut t = T::running(1, 2);
+    report_failure(&mut t);
+    let fx = t.ev(Event::Fenced("lease expired".into()));
+    assert!(
+        logged(&fx, "fenced while reporting it: lease expired"),
+        "{fx:?}"
+    );
+    assert_eq!(
+        fx.last(),
+        Some(&Effect::Join {
+            fresh: true,
+            after: 1
+        })
+    );
+}
+
+#[test]
+fn an_unreachable_rendezvous_leaves_the_failure_primary() {
+    let mut t = T::running(1, 2);
+    report_failure(&mut t);
+    let why = format!("{} for 10 s", crate::rdzv::grpc::UNREACHABLE);
+    let fx = t.ev(Event::Fenced(why.clone()));
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Also(format!(
+                "could not report the failure to the rendezvous: {why}"
+            )),
+            Effect::Summarize(Vec::new()),
+        ]
+    );
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::WorkerFailure)));
+}
+
+#[test]
+fn all_workers_succeed_then_the_node_reports_and_awaits_the_end() {
+    let mut t = T::running(1, 2);
+    let fx = t.feed(Input::Workers(Workers {
+        all_succeeded: true,
+        ..Workers::default()
+    }));
+    assert_eq!(fx, vec![Effect::Stop(Signal::SIGTERM)]);
+    let fx = t.workers_gone(None);
+    assert_eq!(fx.first(), Some(&Effect::ReleasePort));
+    assert_eq!(fx.last(), Some(&Effect::Send(Request::Succeeded(1))));
+    assert_eq!(t.machine().deadline(), Some(t.now + PEER_WAIT));
+    t.ev(Event::Finished(end(true)));
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::Success)));
+}
+
+#[test]
+fn peers_that_never_finish_make_a_partial_success_a_failure() {
+    let mut t = T::running(1, 2);
+    t.feed(Input::Workers(Workers {
+        all_succeeded: true,
+        ..Workers::default()
+    }));
+    t.workers_gone(None);
+    let fx = t.after(PEER_WAIT);
+    assert!(
+        matches!(&fx[..], [Effect::Send(Request::Failed { description, .. })]
+        if description.starts_with("partial success: the workers of node n0 finished"))
+    );
+    let fx = t.ev(Event::FailureDecision {
+        restart: false,
+        restarts: restarts(0, &[]),
+    });
+    assert!(matches!(&fx[..], [Effect::Say(l)] if l.starts_with("drun: partial success")));
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::WorkerFailure)));
+}
+
+#[test]
+fn local_workers_still_running_after_peer_exit_wait_are_a_partial_success() {
+    let mut t = T::running(1, 1);
+    let line = "ranks [0] exited 0 but ranks [1] still ran after --peer-exit-wait 30 s";
+    let fx = t.feed(Input::Workers(Workers {
+        running: true,
+        first_success: Some((t.now, line.into())),
+        ..Workers::default()
+    }));
+    assert!(fx.is_empty());
+    assert_eq!(t.machine().deadline(), Some(t.now + PEER_WAIT));
+    assert_eq!(t.after(PEER_WAIT), vec![Effect::Stop(Signal::SIGTERM)]);
+    let fx = t.workers_gone(None);
+    assert!(
+        matches!(&fx[..], [Effect::Send(Request::Failed { description, .. })]
+        if description == &format!("partial success on node n0: {line}"))
+    );
+}
+
+#[test]
+fn a_run_ended_by_another_node_stops_the_workers_and_exits_with_its_outcome() {
+    let mut t = T::running(1, 2);
+    assert_eq!(
+        t.ev(Event::Finished(end(false))),
+        vec![Effect::Stop(Signal::SIGTERM)]
+    );
+    let fx = t.workers_gone(None);
+    assert!(logged(&fx, "drun: run r failed"), "{fx:?}");
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::WorkerFailure)));
+}
+
+#[test]
+fn a_session_that_closes_after_local_success_is_a_success() {
+    let mut t = T::running(1, 1);
+    t.feed(Input::Workers(Workers {
+        all_succeeded: true,
+        ..Workers::default()
+    }));
+    t.workers_gone(None);
+    t.feed(Input::SessionClosed);
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::Success)));
+}

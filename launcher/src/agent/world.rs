@@ -1,0 +1,267 @@
+//! What the agent's effects touch besides the workers: the rendezvous link's opening and
+//! closing, the candidate, the announcement of a plan, the teardown sweep, the failure summary,
+//! the log directory at exit.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use drun_rendezvous::human::duration as human;
+use drun_rendezvous::session::{Request, SessionConfig};
+use drun_rendezvous::{Candidate, Plan, RoundConfig};
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
+
+use super::state::KILL_WAIT;
+use super::Agent;
+use crate::ckpt::resume;
+use crate::group::WorkerGroup;
+use crate::os::ports;
+use crate::os::procs;
+use crate::os::spawn;
+use crate::rdzv;
+use crate::summary::{self, root_cause};
+use crate::{AgentExit, LaunchError, RendezvousMode};
+
+impl Agent {
+    pub(super) async fn run(&mut self) -> Result<AgentExit, LaunchError> {
+        for note in &self.cfg.notes {
+            tracing::warn!("{note}");
+        }
+        if let Some(line) = &self.cfg.slurm_line {
+            tracing::info!(
+                "{line}; shutdown grace {}",
+                human(self.cfg.shutdown_timeout)
+            );
+        }
+        if self.cfg.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+            tracing::info!(
+                "OMP_NUM_THREADS is unset; setting it to 1 for each worker, as torchrun does \
+                 (export it to tune)"
+            );
+        }
+        let t = self.cfg.timing;
+        let session = SessionConfig {
+            run_id: self.cfg.run_id.clone(),
+            node_id: self.cfg.node_id.clone(),
+            round: RoundConfig {
+                min_nodes: self.cfg.min_nodes as usize,
+                max_nodes: self.cfg.max_nodes as usize,
+                last_call: if self.cfg.min_nodes == self.cfg.max_nodes {
+                    Duration::ZERO
+                } else {
+                    t.last_call
+                },
+                join_timeout: t.join_timeout,
+                settle: t.settle,
+            },
+            lease_ttl: t.lease_ttl,
+            keep_alive_interval: t.keep_alive_interval,
+            max_restarts: self.cfg.max_restarts,
+            auto_keep_alive: true,
+            scale_up_save: self.cfg.ckpt.scale_up_save,
+        };
+        if self.cfg.max_nodes > 1 || !matches!(self.cfg.rendezvous, RendezvousMode::Embedded { .. })
+        {
+            tracing::info!(
+                run = %self.cfg.run_id,
+                "rendezvous {}; nnodes {}:{}, join_timeout {}, last_call {}, lease_ttl {}, keep_alive {}",
+                self.cfg.rendezvous,
+                self.cfg.min_nodes,
+                self.cfg.max_nodes,
+                human(t.join_timeout),
+                human(session.round.last_call),
+                human(t.lease_ttl),
+                human(t.keep_alive_interval)
+            );
+        }
+        let mut link = rdzv::open(&self.cfg, session).await?;
+        let result = self.drive(&mut link).await;
+        if !matches!(result, Ok(AgentExit::Success | AgentExit::WorkerFailure)) {
+            // Leaving (not ending) the run: survivors re-form without this node.
+            let _ = link.tx.send(Request::Leave);
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                while link.rx.recv().await.is_some() {}
+            })
+            .await;
+        }
+        if let Some(h) = link.hosted.take() {
+            h.shutdown().await;
+        }
+        result
+    }
+
+    /// False inside a Slurm job that is not a requeued one (job ids are reused).
+    pub(super) fn may_resume_files(&self) -> bool {
+        self.cfg.slurm.as_ref().is_none_or(|j| j.may_resume_files())
+    }
+
+    pub(super) fn candidate(&mut self, master_port: u16) -> Candidate {
+        let advertise_addr = match &self.cfg.rendezvous {
+            RendezvousMode::Embedded { master_addr, .. } => master_addr.clone(),
+            RendezvousMode::Static { master_addr, .. } => master_addr.clone(),
+            // Empty: the server fills in the address it sees the agent connect from.
+            RendezvousMode::Server { .. } | RendezvousMode::C10d { .. } => {
+                self.cfg.advertise_addr.clone().unwrap_or_default()
+            }
+            RendezvousMode::Etcd { endpoints } => self
+                .cfg
+                .advertise_addr
+                .clone()
+                .or_else(|| endpoints.first().and_then(|e| ports::route_local_ip(e)))
+                .unwrap_or_else(|| self.hostname.clone()),
+        };
+        Candidate {
+            node_id: self.cfg.node_id.clone(),
+            advertise_addr,
+            slots: self.cfg.nproc_per_node,
+            requested_node_rank: self.cfg.requested_node_rank,
+            master_port,
+            resume_hint: resume::hint(
+                resume::Source {
+                    run_id: &self.cfg.run_id,
+                    ckpt: &self.cfg.ckpt,
+                    may_resume_files: self.may_resume_files(),
+                },
+                &mut self.adoption_failed,
+            ),
+        }
+    }
+
+    pub(super) fn announce(&self, plan: &Plan) {
+        tracing::info!(
+            run = %plan.run_id,
+            gen = plan.generation,
+            "world formed: {} node(s) [{}], world size {}, master {}:{}, restarts {}/{} (+{} membership)",
+            plan.members.len(),
+            plan.members.iter().map(|m| m.node_id.as_str()).collect::<Vec<_>>().join(", "),
+            plan.world_size,
+            plan.master_addr,
+            plan.master_port,
+            plan.restarts_failures,
+            self.cfg.max_restarts,
+            plan.restarts_membership
+        );
+        if plan.generation > 1 && !plan.formed_because.is_empty() {
+            tracing::info!(run = %plan.run_id, gen = plan.generation, "formed now: {}", plan.formed_because);
+        }
+        for note in &plan.notes {
+            tracing::warn!(run = %plan.run_id, gen = plan.generation, "{note}");
+        }
+        if let Some(m) = plan.member(&self.cfg.node_id) {
+            for lr in 0..m.slots {
+                tracing::debug!(
+                    rank = m.base_rank + lr,
+                    local_rank = lr,
+                    node_rank = m.node_rank,
+                    "rank assignment"
+                );
+            }
+        }
+        tracing::debug!(logs = %self.run_log_dir.display(), "worker log directory");
+    }
+
+    /// SIGKILLs whatever the workers left behind: children re-parented to the agent and any
+    /// process carrying this agent's DRUN_AGENT_ID. Bounded: gives up after `KILL_WAIT`.
+    pub(super) async fn sweep_descendants(&mut self) {
+        let me = nix::unistd::getpid();
+        let guard_pid = self.guard().lock().expect("guard mutex poisoned").pid();
+        let deadline = Instant::now() + KILL_WAIT;
+        loop {
+            let mut left = procs::children_of(me);
+            left.retain(|p| *p != guard_pid);
+            left.extend(procs::with_env("DRUN_AGENT_ID", &self.agent_id));
+            left.sort_unstable();
+            left.dedup();
+            let _ = spawn::reap();
+            if left.is_empty() || Instant::now() >= deadline {
+                if !left.is_empty() {
+                    tracing::error!(?left, "could not kill every descendant");
+                }
+                return;
+            }
+            tracing::debug!(?left, "killing leftover descendants");
+            for p in left {
+                procs::signal_process(p, Signal::SIGKILL);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The failure summary of the last group (`history`: the run's failures, this one last).
+    pub(super) fn summarize(&mut self, group: &WorkerGroup, history: &[String]) {
+        let mut failures = group.failures();
+        let Some(root) = root_cause(&failures) else {
+            return;
+        };
+        let root = failures[root].clone();
+        if self.temp_log_dir {
+            for f in failures.iter_mut().filter(|f| f.error.is_some()) {
+                f.error_file = PathBuf::from(format!(
+                    "{} (removed at exit; pass --log-dir DIR to keep it)",
+                    f.error_file.display()
+                ));
+            }
+        }
+        crate::say_raw!(
+            "{}",
+            summary::format_summary(
+                &self.cfg.entrypoint.script,
+                &self.hostname,
+                &failures,
+                history.split_last().map_or(&[][..], |(_, earlier)| earlier)
+            )
+        );
+        self.write_root_cause(&root);
+        self.print_also();
+    }
+
+    /// Secondary problems after the primary error, one line each.
+    fn print_also(&mut self) {
+        for a in self.also.drain(..) {
+            crate::say!("drun: also: {a}");
+        }
+    }
+
+    fn write_root_cause(&self, root: &summary::Failure) {
+        let Some(path) = std::env::var_os("TORCHELASTIC_ERROR_FILE").filter(|p| !p.is_empty())
+        else {
+            return;
+        };
+        let json = summary::root_cause_json(root);
+        if let Err(e) = std::fs::write(
+            &path,
+            serde_json::to_vec_pretty(&json).expect("json serializes"),
+        ) {
+            tracing::warn!(path = %PathBuf::from(&path).display(), error = %e, "cannot write TORCHELASTIC_ERROR_FILE");
+        }
+    }
+
+    pub(super) async fn close(&mut self, exit: AgentExit) {
+        let _ = spawn::reap();
+        if let Some(g) = self.guard.take() {
+            g.into_inner().expect("guard mutex poisoned").disarm();
+        }
+        // Without --log-dir the directory is scratch: nothing is left behind in the temp dir
+        // (the summary already showed the error file's content and the output tail).
+        if self.temp_log_dir || !has_content(&self.run_log_dir) {
+            let _ = std::fs::remove_dir_all(&self.run_log_dir);
+        } else if exit != AgentExit::Success {
+            tracing::info!(
+                "worker logs and error files: {}",
+                self.run_log_dir.display()
+            );
+        }
+    }
+}
+
+/// Whether `dir` holds a non-empty file anywhere below it (empty log files and empty attempt
+/// directories are not worth pointing at).
+fn has_content(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => has_content(&e.path()),
+            Ok(_) => e.metadata().is_ok_and(|m| m.len() > 0),
+            Err(_) => false,
+        })
+    })
+}
