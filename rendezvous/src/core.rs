@@ -84,7 +84,23 @@ pub struct RoundView {
     /// For a re-form, the members of the previous generation that are still alive (their
     /// membership lease holds) and have not joined again yet; `None` for the first formation.
     pub outstanding: Option<Vec<String>>,
+    /// The previous generation, if it still runs (not closed, a member alive or starting):
+    /// nobody forms beside it.
+    pub running: Option<RunningGeneration>,
 }
+
+/// A generation that still runs while nodes wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunningGeneration {
+    /// Its number.
+    pub generation: u64,
+    /// How many nodes it has.
+    pub members: usize,
+}
+
+/// How often the decider re-reads a round that waits on a running generation (and publishes
+/// its progress line, at most).
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// What to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +142,25 @@ pub enum FailCause {
 /// Decides the round. Pure: same inputs, same answer.
 pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
     let n = view.candidates.len();
+    if let Some(run) = view.running {
+        // Standbys (the group is at MAX, or its re-form is pending): forming from them would
+        // start a second world beside the running one. The round starts over when the
+        // generation closes; its members then join this waiting set. No line when nobody
+        // stands by: the waiting keys are the members' own, whose agents are about to see the
+        // plan.
+        let reason = if n == 0 {
+            String::new()
+        } else {
+            format!(
+                "generation {} is running with {} node(s); {n} node(s) standing by until it re-forms",
+                run.generation, run.members
+            )
+        };
+        return Decision::Wait {
+            reason,
+            wake_at: now + PROGRESS_EVERY,
+        };
+    }
     // Sorted, as unpinned node ranks are: the same order as the "world formed" line.
     let names = || {
         let mut ids: Vec<&str> = view.candidates.iter().map(|c| c.node_id.as_str()).collect();
@@ -269,6 +304,7 @@ mod tests {
             min_reached_at: Some(t0),
             candidates: nodes.iter().map(|n| cand(n)).collect(),
             outstanding: Some(outstanding.iter().map(|s| s.to_string()).collect()),
+            running: None,
         }
     }
 
@@ -347,6 +383,7 @@ mod tests {
             min_reached_at: Some(t0),
             candidates: vec![cand("a")],
             outstanding: None,
+            running: None,
         };
         assert!(matches!(
             decide(&view, t0, &RoundConfig::single_node()),
@@ -363,6 +400,7 @@ mod tests {
             min_reached_at: None,
             candidates: vec![cand("a")],
             outstanding: None,
+            running: None,
         };
         match decide(&view, t0 + Duration::from_secs(5), &c) {
             Decision::Wait { reason, wake_at } => {
@@ -398,6 +436,7 @@ mod tests {
             min_reached_at: Some(t0),
             candidates: vec![cand("a"), cand("b"), cand("c")],
             outstanding: None,
+            running: None,
         };
         match decide(&view, t0, &cfg(1, 2)) {
             Decision::Form {
@@ -424,6 +463,7 @@ mod tests {
             min_reached_at: None,
             candidates: vec![cand("a")],
             outstanding: None,
+            running: None,
         };
         match decide(&view, t0 + Duration::from_secs(600), &cfg(3, 3)) {
             Decision::Fail { reason, cause } => {
@@ -445,6 +485,7 @@ mod tests {
             min_reached_at: Some(t0),
             candidates: vec![cand("a"), broken.clone()],
             outstanding: None,
+            running: None,
         };
         // At MAX: at once, not after the join timeout.
         match decide(&view, t0, &cfg(2, 2)) {
@@ -480,5 +521,88 @@ mod tests {
             decide(&view, t0, &cfg(2, 3)),
             Decision::Form { .. }
         ));
+    }
+
+    fn running(g: u64, members: usize) -> Option<RunningGeneration> {
+        Some(RunningGeneration {
+            generation: g,
+            members,
+        })
+    }
+
+    #[test]
+    fn no_second_world_forms_beside_a_running_generation() {
+        let t0 = Instant::now();
+        // Enough standbys to reach MAX at once: still no formation while generation 4 runs.
+        let view = RoundView {
+            opened_at: t0,
+            min_reached_at: Some(t0),
+            candidates: vec![cand("d"), cand("e"), cand("f")],
+            outstanding: None,
+            running: running(4, 3),
+        };
+        match decide(&view, t0 + Duration::from_secs(3600), &cfg(1, 3)) {
+            Decision::Wait { reason, wake_at } => {
+                assert_eq!(
+                    reason,
+                    "generation 4 is running with 3 node(s); 3 node(s) standing by until it re-forms"
+                );
+                assert_eq!(wake_at, t0 + Duration::from_secs(3600) + PROGRESS_EVERY);
+            }
+            d => panic!("{d:?}"),
+        }
+    }
+
+    #[test]
+    fn a_running_generation_never_fails_its_standbys_on_the_join_timeout() {
+        let t0 = Instant::now();
+        let view = RoundView {
+            opened_at: t0,
+            min_reached_at: None,
+            candidates: vec![cand("d")],
+            outstanding: None,
+            running: running(2, 2),
+        };
+        assert!(matches!(
+            decide(&view, t0 + Duration::from_secs(601), &cfg(3, 3)),
+            Decision::Wait { .. }
+        ));
+    }
+
+    #[test]
+    fn a_running_generation_with_only_its_members_own_joins_says_nothing() {
+        let t0 = Instant::now();
+        let view = RoundView {
+            opened_at: t0,
+            min_reached_at: None,
+            candidates: vec![],
+            outstanding: None,
+            running: running(1, 2),
+        };
+        match decide(&view, t0, &cfg(1, 2)) {
+            Decision::Wait { reason, .. } => assert_eq!(reason, ""),
+            d => panic!("{d:?}"),
+        }
+    }
+
+    #[test]
+    fn standbys_are_promoted_once_the_generation_stops_running() {
+        let t0 = Instant::now();
+        let mut view = RoundView {
+            opened_at: t0,
+            min_reached_at: Some(t0),
+            candidates: vec![cand("a"), cand("b"), cand("d")],
+            outstanding: Some(vec![]),
+            running: running(5, 2),
+        };
+        assert!(matches!(
+            decide(&view, t0, &cfg(2, 3)),
+            Decision::Wait { .. }
+        ));
+        view.running = None;
+        match decide(&view, t0, &cfg(2, 3)) {
+            Decision::Form { admitted, .. } => assert_eq!(admitted.len(), 3),
+            d => panic!("{d:?}"),
+        }
     }
 }

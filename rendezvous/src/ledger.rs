@@ -1,6 +1,6 @@
 //! The checkpoint ledger: which checkpoint every rank resumes from, and where the data stands.
 //!
-//! # Theory of operation (design §4)
+//! # Theory of operation (`docs/architecture.md` §4)
 //!
 //! * A rank saves its shard, then tells its agent `{step, rank, files (bytes, sha256), cursor}`.
 //!   The agent batches its ranks into one [`NodeCommit`] per step and [`Ledger::commit`]s it:
@@ -20,7 +20,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -28,7 +27,7 @@ use crate::keys::RunKeys;
 use crate::store::{Compare, Op, Store, Txn};
 use crate::{Plan, StoreError};
 
-/// Where the data stands after a committed step, identical on every rank (design §4.5).
+/// Where the data stands after a committed step, identical on every rank (`docs/architecture.md` §4, item 5).
 ///
 /// All counts are in samples of the global (world-size independent) epoch permutation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -245,12 +244,6 @@ fn corrupt(key: &str, e: serde_json::Error) -> StoreError {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// "ranks 0-3" / "ranks 0,2,5" / "rank 4".
 fn ranks_text(ranks: &[u32]) -> String {
     let mut r = ranks.to_vec();
@@ -388,7 +381,7 @@ impl Ledger {
             world_size: plan.world_size,
             cursor: rec.cursor.clone(),
             files,
-            sealed_at_ms: now_ms(),
+            sealed_at_ms: crate::clock::now_ms(),
             adopted_from: None,
         };
         loop {
@@ -454,10 +447,9 @@ impl Ledger {
     }
 
     async fn current_generation(&self) -> Result<(u64, i64), StoreError> {
-        Ok(match self.store.get(&self.keys.gen_current()).await? {
-            None => (0, 0),
-            Some(kv) => (kv.value_str().parse().unwrap_or(0), kv.mod_revision),
-        })
+        crate::run_state::RunState::new(self.store.clone(), &self.run_id)
+            .current_generation()
+            .await
     }
 
     async fn why_refused(&self, g: u64, node: &str, id: &str) -> Result<LedgerError, StoreError> {

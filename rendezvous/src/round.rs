@@ -20,10 +20,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::core::{FailCause, RoundView};
+use crate::core::{FailCause, RoundView, RunningGeneration, PROGRESS_EVERY};
 use crate::human::without_countdown;
 use crate::keys::RunKeys;
 use crate::ledger::{Ledger, Manifest};
+use crate::run_state::{self, RunState};
 use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
 use crate::{assign, decide, Candidate, Decision, Plan, RendezvousError, RoundConfig, StoreError};
 
@@ -64,6 +65,7 @@ pub enum RestartCause {
 pub struct Round {
     store: Arc<dyn Store>,
     keys: RunKeys,
+    state: RunState,
     run_id: String,
     cfg: RoundConfig,
 }
@@ -72,6 +74,7 @@ impl Round {
     /// The rendezvous of run `run_id` with completion rules `cfg`.
     pub fn new(store: Arc<dyn Store>, run_id: &str, cfg: RoundConfig) -> Self {
         Self {
+            state: RunState::new(store.clone(), run_id),
             store,
             keys: RunKeys::new(run_id),
             run_id: run_id.to_string(),
@@ -81,34 +84,17 @@ impl Round {
 
     /// Current generation (0 before the first formation) and the `mod_revision` of its key.
     pub async fn current_generation(&self) -> Result<(u64, i64), StoreError> {
-        let key = self.keys.gen_current();
-        match self.store.get(&key).await? {
-            None => Ok((0, 0)),
-            Some(kv) => {
-                let g = kv
-                    .value_str()
-                    .parse::<u64>()
-                    .map_err(|e| StoreError::Corrupt {
-                        key,
-                        reason: e.to_string(),
-                    })?;
-                Ok((g, kv.mod_revision))
-            }
-        }
+        self.state.current_generation().await
     }
 
     /// The plan of generation `g`, if written.
     pub async fn plan(&self, g: u64) -> Result<Option<Plan>, StoreError> {
-        let key = self.keys.plan(g);
-        let Some(kv) = self.store.get(&key).await? else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&kv.value)
-            .map(Some)
-            .map_err(|e| StoreError::Corrupt {
-                key,
-                reason: e.to_string(),
-            })
+        self.state.plan(g).await
+    }
+
+    /// The run's typed keys.
+    pub fn state(&self) -> &RunState {
+        &self.state
     }
 
     /// The key layout of this run.
@@ -131,16 +117,7 @@ impl Round {
     }
 
     async fn read_restarts(&self) -> Result<(Restarts, i64), StoreError> {
-        let key = self.keys.restarts();
-        match self.store.get(&key).await? {
-            None => Ok((Restarts::default(), 0)),
-            Some(kv) => serde_json::from_slice(&kv.value)
-                .map(|r| (r, kv.mod_revision))
-                .map_err(|e| StoreError::Corrupt {
-                    key,
-                    reason: e.to_string(),
-                }),
-        }
+        self.state.restarts().await
     }
 
     /// Node ids whose membership key of generation `g` still exists (their lease holds and
@@ -169,7 +146,7 @@ impl Round {
                 .store
                 .txn(Txn {
                     compares: vec![Compare::ModRevisionEquals(key.clone(), rev)],
-                    success: vec![Op::put(key, serde_json::to_vec(&r).expect("serializes"))],
+                    success: vec![Op::put(key, run_state::encode(&r))],
                     failure: vec![],
                 })
                 .await?;
@@ -428,9 +405,7 @@ impl Round {
         let record = RoundFailure {
             message: err.to_string(),
             nodes,
-            at_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            at_ms: crate::clock::now_ms(),
         };
         for _ in 0..5 {
             match self.try_publish(&record, node_id, join_rev).await {
@@ -574,35 +549,25 @@ impl Round {
         if self.store.get(&self.keys.finished()).await?.is_some() {
             return Err(RendezvousError::RunFinished(self.run_id.clone()));
         }
-        if let Some(plan) = &current {
-            if self.running(plan, starting).await? {
-                // Standbys (the group is at MAX, or its re-form is pending): forming from them
-                // would start a second world beside the running one. The round starts over when
-                // the generation closes; its members then join this waiting set.
-                *opened_at = now;
-                *min_reached_at = None;
-                // No line when nobody stands by: the waiting keys are the members' own, whose
-                // agents are about to see the plan.
-                let reason = if candidates.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "generation {g} is running with {} node(s); {} node(s) standing by until it re-forms",
-                        plan.members.len(),
-                        candidates.len()
-                    )
-                };
-                return Ok(Step::Wait(reason, now + PROGRESS_EVERY));
-            }
-        }
-        if candidates.len() >= self.cfg.min_nodes {
+        let running = match &current {
+            Some(plan) if self.running(plan, starting).await? => Some(RunningGeneration {
+                generation: g,
+                members: plan.members.len(),
+            }),
+            _ => None,
+        };
+        if running.is_some() {
+            // Nobody forms beside it (see `core::decide`); the round starts over when it closes.
+            *opened_at = now;
+            *min_reached_at = None;
+        } else if candidates.len() >= self.cfg.min_nodes {
             min_reached_at.get_or_insert(now);
         } else {
             *min_reached_at = None;
         }
         // A re-form: which live members of generation `g` are still to rejoin.
         let outstanding = match &current {
-            Some(plan) => {
+            Some(plan) if running.is_none() => {
                 let live = self.live_members(g).await?;
                 Some(
                     plan.members
@@ -615,13 +580,14 @@ impl Round {
                         .collect(),
                 )
             }
-            None => None,
+            _ => None,
         };
         let view = RoundView {
             opened_at: *opened_at,
             min_reached_at: *min_reached_at,
             candidates,
             outstanding,
+            running,
         };
         match decide(&view, now, &self.cfg) {
             Decision::Wait { reason, wake_at } => Ok(Step::Wait(reason, wake_at)),
@@ -657,11 +623,8 @@ impl Round {
                 // Constant size whatever the node count (etcd allows 128 ops per txn): admitted
                 // nodes find themselves in the plan and write their own membership keys.
                 let mut ops = vec![
-                    Op::put(self.keys.gen_current(), (g + 1).to_string()),
-                    Op::put(
-                        self.keys.plan(g + 1),
-                        serde_json::to_vec(&plan).expect("Plan serializes"),
-                    ),
+                    Op::put(self.keys.gen_current(), run_state::encode_generation(g + 1)),
+                    Op::put(self.keys.plan(g + 1), run_state::encode(&plan)),
                     Op::Delete(self.keys.leader()),
                     Op::Delete(self.keys.progress()),
                     Op::Delete(self.keys.round_failed()),
@@ -691,8 +654,6 @@ impl Round {
     }
 }
 
-/// How often the decider publishes its progress line, at most.
-const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How often a waiting node re-reads the round without an event (a safety net).
 const RECHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 

@@ -147,11 +147,7 @@ async fn run(cmd: Command) -> Result<(), (u8, String)> {
         } => {
             let json: serde_json::Value = match endpoint {
                 Some(ep) => {
-                    let url = if ep.contains("://") {
-                        ep.clone()
-                    } else {
-                        format!("http://{ep}")
-                    };
+                    let url = drun_rendezvous::error::endpoint_url(&ep);
                     let mut client = RendezvousClient::connect(url).await.map_err(|e| {
                         (
                             3,

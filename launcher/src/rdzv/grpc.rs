@@ -96,14 +96,6 @@ fn hello(cfg: &SessionConfig, t: &Track) -> pb::AgentMessage {
     }
 }
 
-fn url(endpoint: &str) -> String {
-    if endpoint.contains("://") {
-        endpoint.to_string()
-    } else {
-        format!("http://{endpoint}")
-    }
-}
-
 async fn run(
     endpoints: Vec<String>,
     cfg: SessionConfig,
@@ -147,7 +139,7 @@ async fn run(
             )));
             return;
         }
-        let channel = match tonic::transport::Endpoint::from_shared(url(endpoint)) {
+        let channel = match tonic::transport::Endpoint::from_shared(drun_rendezvous::error::endpoint_url(endpoint)) {
             Ok(e) => e
                 .connect_timeout(Duration::from_secs(2))
                 .http2_keep_alive_interval(Duration::from_secs(2))
@@ -187,10 +179,7 @@ async fn run(
         let mut client = RendezvousClient::new(channel);
         let mut inbound = match client.session(UnboundedReceiverStream::new(out_rx)).await {
             Ok(r) => r.into_inner(),
-            Err(s)
-                if s.code() == tonic::Code::FailedPrecondition
-                    || s.code() == tonic::Code::InvalidArgument =>
-            {
+            Err(s) if drun_rendezvous::error::ServiceError::from_status(&s).is_refusal() => {
                 let _ = events.send(Event::Error(format!(
                     "rendezvous server {endpoint} refused the session: {}",
                     s.message()
