@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use drun_rendezvous::human::duration as human;
 use drun_rendezvous::session::{Event, Request, RunEnd, SessionConfig};
-use drun_rendezvous::{Candidate, Plan, RoundConfig};
+use drun_rendezvous::{Candidate, Join, Plan, RoundConfig};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -320,7 +320,7 @@ impl Agent {
         result
     }
 
-    fn candidate(&mut self, master_port: u16) -> Candidate {
+    fn candidate(&mut self, master_port: u16) -> Join {
         let advertise_addr = match &self.cfg.rendezvous {
             RendezvousMode::Embedded { master_addr, .. } => master_addr.clone(),
             RendezvousMode::Static { master_addr, .. } => master_addr.clone(),
@@ -335,12 +335,14 @@ impl Agent {
                 .or_else(|| endpoints.first().and_then(|e| ports::route_local_ip(e)))
                 .unwrap_or_else(|| self.hostname.clone()),
         };
-        Candidate {
-            node_id: self.cfg.node_id.clone(),
-            advertise_addr,
-            slots: self.cfg.nproc_per_node,
-            requested_node_rank: self.cfg.requested_node_rank,
-            master_port,
+        Join {
+            candidate: Candidate {
+                node_id: self.cfg.node_id.clone(),
+                advertise_addr,
+                slots: self.cfg.nproc_per_node,
+                requested_node_rank: self.cfg.requested_node_rank,
+                master_port,
+            },
             resume_hint: self.resume_hint(),
         }
     }
@@ -428,7 +430,7 @@ impl Agent {
     async fn form(
         &mut self,
         link: &mut Link,
-        cand: &Candidate,
+        cand: &Join,
         formed_before: bool,
         after: u64,
     ) -> Result<Result<Plan, AgentExit>, LaunchError> {

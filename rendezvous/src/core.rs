@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-/// A node asking to join, as written under `waiting/<node>`.
+/// A node asking to join: what the decision and the ranking need to know of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Candidate {
     /// Stable node identity (the rank sort key, like torchrun's `--local-addr`/FQDN).
@@ -33,10 +33,28 @@ pub struct Candidate {
     pub requested_node_rank: Option<u32>,
     /// A port this node holds reserved for MASTER_PORT should it become node rank 0.
     pub master_port: u16,
+}
+
+/// A node's request to join, as written under `waiting/<node>`: its [`Candidate`] record and,
+/// beside it, the checkpoint it found on disk. Serialized flat, as one JSON object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Join {
+    /// Who asks.
+    #[serde(flatten)]
+    pub candidate: Candidate,
     /// The newest manifest found in this node's checkpoint directory (`--ckpt-dir`), so a run
     /// whose store is new (fresh etcd, requeued job on the embedded store) can resume from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_hint: Option<Box<crate::ledger::Manifest>>,
+}
+
+impl From<Candidate> for Join {
+    fn from(candidate: Candidate) -> Self {
+        Join {
+            candidate,
+            resume_hint: None,
+        }
+    }
 }
 
 /// Knobs of one rendezvous round.
@@ -284,7 +302,6 @@ mod tests {
             slots: 2,
             requested_node_rank: None,
             master_port: 29500,
-            resume_hint: None,
         }
     }
 

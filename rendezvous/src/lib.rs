@@ -63,7 +63,7 @@ pub mod session;
 pub mod store;
 pub mod wire;
 
-pub use crate::core::{decide, Candidate, Decision, RoundConfig};
+pub use crate::core::{decide, Candidate, Decision, Join, RoundConfig};
 pub use error::{endpoint_url, RendezvousError, ServiceError, StoreError};
 pub use etcd::EtcdStore;
 pub use ledger::{

@@ -142,10 +142,10 @@ impl Rendezvous for RendezvousService {
                 let Some(mut req) = request_from_wire(m) else {
                     continue;
                 };
-                if let Request::Join(c, _) = &mut req {
-                    if c.advertise_addr.is_empty() {
+                if let Request::Join(j, _) = &mut req {
+                    if j.candidate.advertise_addr.is_empty() {
                         if let Some(p) = peer {
-                            c.advertise_addr = p.ip().to_string();
+                            j.candidate.advertise_addr = p.ip().to_string();
                         }
                     }
                 }

@@ -124,8 +124,8 @@ mod tests {
                     slots: 2,
                     requested_node_rank: None,
                     master_port: 1,
-                    resume_hint: None,
-                },
+                }
+                .into(),
                 0,
             ))
             .unwrap();

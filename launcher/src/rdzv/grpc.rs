@@ -14,7 +14,7 @@ use drun_proto::v1::rendezvous_client::RendezvousClient;
 use drun_proto::PROTOCOL_VERSION;
 use drun_rendezvous::session::{Event, Request, Resume, SessionConfig};
 use drun_rendezvous::wire::{event_from_wire, request_to_wire};
-use drun_rendezvous::Candidate;
+use drun_rendezvous::Join;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -48,7 +48,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 struct Track {
     lease: Option<i64>,
     generation: u64,
-    waiting: Option<Candidate>,
+    waiting: Option<Join>,
     /// The `after` generation of the pending Join.
     after: u64,
     succeeded: Option<u64>,
@@ -139,7 +139,9 @@ async fn run(
             )));
             return;
         }
-        let channel = match tonic::transport::Endpoint::from_shared(drun_rendezvous::error::endpoint_url(endpoint)) {
+        let channel = match tonic::transport::Endpoint::from_shared(
+            drun_rendezvous::error::endpoint_url(endpoint),
+        ) {
             Ok(e) => e
                 .connect_timeout(Duration::from_secs(2))
                 .http2_keep_alive_interval(Duration::from_secs(2))

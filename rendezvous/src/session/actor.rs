@@ -13,7 +13,7 @@ use crate::clock::now_ms;
 use crate::ledger::{Ledger, LedgerError, NodeCommit, Retention};
 use crate::loss;
 use crate::store::{LeaseId, Op, Store, Txn, WatchEvent};
-use crate::{Candidate, Plan, RendezvousError, Round, StoreError};
+use crate::{Join, Plan, RendezvousError, Round, StoreError};
 
 /// The rendezvous of a joining node, resolving to its generation's plan.
 pub(super) type Waiter =
@@ -30,8 +30,8 @@ pub(super) enum Phase {
     Idle,
     /// The agent left (its lease is revoked): the session ends, closing its event stream.
     Left,
-    /// Joined the round with this candidate; the waiter resolves to the plan.
-    Waiting(Candidate, Waiter),
+    /// Joined the round with this request; the waiter resolves to the plan.
+    Waiting(Join, Waiter),
     /// A member of a running generation, watching it.
     Running(Running, Watch),
 }
@@ -273,7 +273,7 @@ impl Actor {
     async fn formed(
         &mut self,
         plan: Result<Plan, RendezvousError>,
-        cand: Candidate,
+        cand: Join,
     ) -> Result<Phase, RendezvousError> {
         Ok(match plan {
             Ok(plan) => {
@@ -312,7 +312,7 @@ impl Actor {
         self.emit(Event::Fenced(reason));
     }
 
-    pub async fn join(&mut self, cand: Candidate) -> Result<Phase, RendezvousError> {
+    pub async fn join(&mut self, cand: Join) -> Result<Phase, RendezvousError> {
         let mut lease = self.ensure_lease().await?;
         // A node that comes back is no longer lost; its old membership goes.
         let mut stale = vec![Op::Delete(self.round.keys().lost(&self.cfg.node_id))];

@@ -15,7 +15,6 @@ fn cand(id: &str) -> Candidate {
         slots: 2,
         requested_node_rank: None,
         master_port: 1,
-        resume_hint: None,
     }
 }
 

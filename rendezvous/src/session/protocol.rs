@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::ledger::{CommitOutcome, NodeCommit, Retention};
 use crate::round::Restarts;
 use crate::store::LeaseId;
-use crate::{Candidate, Plan, RoundConfig};
+use crate::{Join, Plan, RoundConfig};
 
 /// Settings of one node's session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,8 +39,8 @@ pub struct Resume {
     pub lease: LeaseId,
     /// Generation the agent runs workers of (0: none).
     pub generation: u64,
-    /// The candidate the agent is waiting with, if it is waiting.
-    pub waiting: Option<Candidate>,
+    /// The join the agent is waiting with, if it is waiting.
+    pub waiting: Option<Join>,
 }
 
 /// How a run ended (key `finished`).
@@ -78,7 +78,7 @@ pub enum Request {
     /// Ask to be admitted to the generation after the given one (the last this agent ran
     /// workers of, 0 for none). Duplicates are ignored: while already waiting, or when the
     /// session already runs a newer generation than the agent has seen.
-    Join(Candidate, u64),
+    Join(Join, u64),
     /// Renew the lease (server-side sessions).
     KeepAlive,
     /// Every local worker of generation `g` exited 0.
