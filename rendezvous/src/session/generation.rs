@@ -505,3 +505,7 @@ pub(crate) fn join_is_duplicate(waiting: bool, running: Option<u64>, after: u64)
 #[cfg(test)]
 #[path = "generation_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "generation_verdict_tests.rs"]
+mod verdict_tests;
