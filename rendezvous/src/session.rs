@@ -17,7 +17,7 @@
 //!   node waiting while the group is below MAX (scale-up), or `finished`. Whoever sees a cause
 //!   first closes `g` in a transaction guarded by `gen/current == g`, so all members receive the
 //!   same [`Event::Reform`].
-//! * **Succeeded** records `gen/<g>/done/<node>`; when every member of `g` has, `finished` is
+//! * **Succeeded** records `done/<g>/<node>`; when every member of `g` has, `finished` is
 //!   written once and every session reports [`Event::Finished`] (the exit barrier).
 //! * **Failed** spends one unit of the job-wide `--max-restarts` budget in a transaction and
 //!   closes `g`, or, with the budget spent, ends the run as failed.
