@@ -45,7 +45,6 @@ async fn ledger_latency(store: Arc<dyn Store>, nodes: usize, steps: u64) -> (Dur
             slots: 8,
             requested_node_rank: None,
             master_port: 1,
-            resume_hint: None,
         })
         .collect();
     let plan = assign(&run, 1, &cands, 0, 0).unwrap();

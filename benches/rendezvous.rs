@@ -89,9 +89,8 @@ async fn simulated(n: usize) -> (f64, f64) {
             slots: 8,
             requested_node_rank: None,
             master_port: 29500,
-            resume_hint: None,
         };
-        tx.send(Request::Join(cand, 0)).unwrap();
+        tx.send(Request::Join(cand.into(), 0)).unwrap();
     }
     let last_join = Instant::now();
     for (_, rx) in links.iter_mut() {

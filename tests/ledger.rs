@@ -37,7 +37,6 @@ fn node(id: &str) -> Candidate {
         slots: 2,
         requested_node_rank: None,
         master_port: 1,
-        resume_hint: None,
     }
 }
 

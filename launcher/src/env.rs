@@ -174,7 +174,6 @@ mod tests {
                 slots: *s,
                 requested_node_rank: None,
                 master_port: 1234,
-                resume_hint: None,
             })
             .collect();
         assign("job", 2, &cands, 1, 0).unwrap()

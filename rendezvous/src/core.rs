@@ -20,7 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-/// A node asking to join, as written under `waiting/<node>`.
+/// A node asking to join: what the decision and the ranking need to know of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Candidate {
     /// Stable node identity (the rank sort key, like torchrun's `--local-addr`/FQDN).
@@ -33,10 +33,28 @@ pub struct Candidate {
     pub requested_node_rank: Option<u32>,
     /// A port this node holds reserved for MASTER_PORT should it become node rank 0.
     pub master_port: u16,
+}
+
+/// A node's request to join, as written under `waiting/<node>`: its [`Candidate`] record and,
+/// beside it, the checkpoint it found on disk. Serialized flat, as one JSON object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Join {
+    /// Who asks.
+    #[serde(flatten)]
+    pub candidate: Candidate,
     /// The newest manifest found in this node's checkpoint directory (`--ckpt-dir`), so a run
     /// whose store is new (fresh etcd, requeued job on the embedded store) can resume from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_hint: Option<Box<crate::ledger::Manifest>>,
+}
+
+impl From<Candidate> for Join {
+    fn from(candidate: Candidate) -> Self {
+        Join {
+            candidate,
+            resume_hint: None,
+        }
+    }
 }
 
 /// Knobs of one rendezvous round.
@@ -84,7 +102,23 @@ pub struct RoundView {
     /// For a re-form, the members of the previous generation that are still alive (their
     /// membership lease holds) and have not joined again yet; `None` for the first formation.
     pub outstanding: Option<Vec<String>>,
+    /// The previous generation, if it still runs (not closed, a member alive or starting):
+    /// nobody forms beside it.
+    pub running: Option<RunningGeneration>,
 }
+
+/// A generation that still runs while nodes wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunningGeneration {
+    /// Its number.
+    pub generation: u64,
+    /// How many nodes it has.
+    pub members: usize,
+}
+
+/// How often the decider re-reads a round that waits on a running generation (and publishes
+/// its progress line, at most).
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// What to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,94 +160,140 @@ pub enum FailCause {
 /// Decides the round. Pure: same inputs, same answer.
 pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
     let n = view.candidates.len();
-    // Sorted, as unpinned node ranks are: the same order as the "world formed" line.
-    let names = || {
-        let mut ids: Vec<&str> = view.candidates.iter().map(|c| c.node_id.as_str()).collect();
-        ids.sort_unstable();
-        ids.join(", ")
-    };
-    let unformable = |admitted: &[Candidate]| {
-        crate::plan::formable(admitted)
-            .err()
-            .map(|why| Decision::Fail {
-                reason: format!(
-                    "the {} node(s) due to form [{}] cannot form a group: {why}",
-                    admitted.len(),
-                    admitted
-                        .iter()
-                        .map(|c| c.node_id.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                cause: FailCause::Unformable,
-            })
-    };
+    if let Some(run) = view.running {
+        return standing_by(run, n, now);
+    }
     if n >= cfg.max_nodes {
-        let (admitted, standby) = view.candidates.split_at(cfg.max_nodes);
-        if let Some(fail) = unformable(admitted) {
+        return at_max(view, cfg);
+    }
+    if n >= cfg.min_nodes {
+        return above_min(view, now, cfg);
+    }
+    below_min(view, now, cfg)
+}
+
+/// Nodes wait while generation `run` still runs: no second world beside it.
+fn standing_by(run: RunningGeneration, n: usize, now: Instant) -> Decision {
+    // Standbys (the group is at MAX, or its re-form is pending): forming from them would
+    // start a second world beside the running one. The round starts over when the
+    // generation closes; its members then join this waiting set. No line when nobody
+    // stands by: the waiting keys are the members' own, whose agents are about to see the
+    // plan.
+    let reason = if n == 0 {
+        String::new()
+    } else {
+        format!(
+            "generation {} is running with {} node(s); {n} node(s) standing by until it re-forms",
+            run.generation, run.members
+        )
+    };
+    Decision::Wait {
+        reason,
+        wake_at: now + PROGRESS_EVERY,
+    }
+}
+
+/// The waiting nodes' ids, sorted as unpinned node ranks are: the same order as the "world
+/// formed" line.
+fn names(view: &RoundView) -> String {
+    let mut ids: Vec<&str> = view.candidates.iter().map(|c| c.node_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.join(", ")
+}
+
+/// A failure if the set due to form cannot be ranked into a plan.
+fn unformable(admitted: &[Candidate]) -> Option<Decision> {
+    crate::plan::formable(admitted)
+        .err()
+        .map(|why| Decision::Fail {
+            reason: format!(
+                "the {} node(s) due to form [{}] cannot form a group: {why}",
+                admitted.len(),
+                admitted
+                    .iter()
+                    .map(|c| c.node_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            cause: FailCause::Unformable,
+        })
+}
+
+/// MAX nodes joined: form at once; the rest stand by.
+fn at_max(view: &RoundView, cfg: &RoundConfig) -> Decision {
+    let (admitted, standby) = view.candidates.split_at(cfg.max_nodes);
+    if let Some(fail) = unformable(admitted) {
+        return fail;
+    }
+    Decision::Form {
+        admitted: admitted.to_vec(),
+        standby: standby.to_vec(),
+        reason: format!(
+            "{} of max {} nodes joined [{}]",
+            cfg.max_nodes,
+            cfg.max_nodes,
+            names(view)
+        ),
+    }
+}
+
+/// At least MIN joined: form when the last call (or, for a re-form whose survivors are all
+/// back, the settle window) closes.
+fn above_min(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
+    let n = view.candidates.len();
+    let since = view.min_reached_at.unwrap_or(now);
+    // A re-form waits for the survivors, not for latecomers nobody expects: once every
+    // live member of the previous generation is back, only the settle window remains (a
+    // lost node that returns later is a scale-up).
+    let (deadline, why) = match &view.outstanding {
+        Some(left) if left.is_empty() => (
+            since + cfg.settle.min(cfg.last_call),
+            "every surviving member rejoined".to_string(),
+        ),
+        _ => (since + cfg.last_call, "last call closed".to_string()),
+    };
+    if now >= deadline {
+        if let Some(fail) = unformable(&view.candidates) {
             return fail;
         }
         return Decision::Form {
-            admitted: admitted.to_vec(),
-            standby: standby.to_vec(),
+            admitted: view.candidates.clone(),
+            standby: vec![],
             reason: format!(
-                "{} of max {} nodes joined [{}]",
-                cfg.max_nodes,
-                cfg.max_nodes,
-                names()
-            ),
-        };
-    }
-    if n >= cfg.min_nodes {
-        let since = view.min_reached_at.unwrap_or(now);
-        // A re-form waits for the survivors, not for latecomers nobody expects: once every
-        // live member of the previous generation is back, only the settle window remains (a
-        // lost node that returns later is a scale-up).
-        let (deadline, why) = match &view.outstanding {
-            Some(left) if left.is_empty() => (
-                since + cfg.settle.min(cfg.last_call),
-                "every surviving member rejoined".to_string(),
-            ),
-            _ => (since + cfg.last_call, "last call closed".to_string()),
-        };
-        if now >= deadline {
-            if let Some(fail) = unformable(&view.candidates) {
-                return fail;
-            }
-            return Decision::Form {
-                admitted: view.candidates.clone(),
-                standby: vec![],
-                reason: format!(
-                    "{why} with {n} nodes (min {}, max {}) [{}]",
-                    cfg.min_nodes,
-                    cfg.max_nodes,
-                    names()
-                ),
-            };
-        }
-        let left = (deadline - now).as_secs_f64().ceil() as u64;
-        let reason = match &view.outstanding {
-            Some(out) if out.is_empty() => format!(
-                "{n}/{} nodes rejoined (min {}), every surviving member is back, forming in {left} s",
-                cfg.max_nodes, cfg.min_nodes
-            ),
-            Some(out) => format!(
-                "{n}/{} nodes joined (min {}), waiting for {} member(s) of the last generation to rejoin [{}], last call in {left} s",
-                cfg.max_nodes,
+                "{why} with {n} nodes (min {}, max {}) [{}]",
                 cfg.min_nodes,
-                out.len(),
-                out.join(", ")
+                cfg.max_nodes,
+                names(view)
             ),
-            None => format!(
-                "{n}/{} nodes joined (min {}), last call in {left} s",
-                cfg.max_nodes, cfg.min_nodes
-            ),
-        };
-        return Decision::Wait {
-            reason,
-            wake_at: deadline,
         };
     }
+    let left = (deadline - now).as_secs_f64().ceil() as u64;
+    let reason = match &view.outstanding {
+        Some(out) if out.is_empty() => format!(
+            "{n}/{} nodes rejoined (min {}), every surviving member is back, forming in {left} s",
+            cfg.max_nodes, cfg.min_nodes
+        ),
+        Some(out) => format!(
+            "{n}/{} nodes joined (min {}), waiting for {} member(s) of the last generation to rejoin [{}], last call in {left} s",
+            cfg.max_nodes,
+            cfg.min_nodes,
+            out.len(),
+            out.join(", ")
+        ),
+        None => format!(
+            "{n}/{} nodes joined (min {}), last call in {left} s",
+            cfg.max_nodes, cfg.min_nodes
+        ),
+    };
+    Decision::Wait {
+        reason,
+        wake_at: deadline,
+    }
+}
+
+/// Below MIN: wait, or fail the round once `join_timeout` passed.
+fn below_min(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
+    let n = view.candidates.len();
     let deadline = view.opened_at + cfg.join_timeout;
     if now >= deadline {
         return Decision::Fail {
@@ -221,7 +301,7 @@ pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
                 "only {n} of min {} nodes joined within join_timeout {} s (came: [{}])",
                 cfg.min_nodes,
                 cfg.join_timeout.as_secs(),
-                names()
+                names(view)
             ),
             cause: FailCause::JoinTimeout,
         };
@@ -239,246 +319,5 @@ pub fn decide(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn cand(id: &str) -> Candidate {
-        Candidate {
-            node_id: id.into(),
-            advertise_addr: "127.0.0.1".into(),
-            slots: 2,
-            requested_node_rank: None,
-            master_port: 29500,
-            resume_hint: None,
-        }
-    }
-
-    fn cfg(min: usize, max: usize) -> RoundConfig {
-        RoundConfig {
-            min_nodes: min,
-            max_nodes: max,
-            last_call: Duration::from_secs(30),
-            join_timeout: Duration::from_secs(600),
-            settle: DEFAULT_SETTLE,
-        }
-    }
-
-    fn reform(t0: Instant, nodes: &[&str], outstanding: &[&str]) -> RoundView {
-        RoundView {
-            opened_at: t0,
-            min_reached_at: Some(t0),
-            candidates: nodes.iter().map(|n| cand(n)).collect(),
-            outstanding: Some(outstanding.iter().map(|s| s.to_string()).collect()),
-        }
-    }
-
-    #[test]
-    fn a_reform_with_every_survivor_back_forms_after_the_settle_window() {
-        let t0 = Instant::now();
-        let view = reform(t0, &["a", "b"], &[]);
-        match decide(&view, t0 + Duration::from_millis(300), &cfg(2, 3)) {
-            Decision::Wait { reason, wake_at } => {
-                assert_eq!(wake_at, t0 + DEFAULT_SETTLE, "not the 30 s last call");
-                assert!(
-                    reason.contains("every surviving member is back, forming in 1 s"),
-                    "{reason}"
-                );
-            }
-            d => panic!("{d:?}"),
-        }
-        match decide(&view, t0 + DEFAULT_SETTLE, &cfg(2, 3)) {
-            Decision::Form {
-                admitted, reason, ..
-            } => {
-                assert_eq!(admitted.len(), 2);
-                assert!(
-                    reason.starts_with("every surviving member rejoined with 2 nodes"),
-                    "{reason}"
-                );
-            }
-            d => panic!("{d:?}"),
-        }
-    }
-
-    #[test]
-    fn a_reform_waits_for_live_members_up_to_the_last_call() {
-        let t0 = Instant::now();
-        let view = reform(t0, &["a", "b"], &["c"]);
-        match decide(&view, t0 + Duration::from_secs(5), &cfg(2, 3)) {
-            Decision::Wait { reason, wake_at } => {
-                assert_eq!(wake_at, t0 + Duration::from_secs(30));
-                assert!(
-                    reason.contains("waiting for 1 member(s) of the last generation to rejoin [c]"),
-                    "{reason}"
-                );
-            }
-            d => panic!("{d:?}"),
-        }
-        assert!(matches!(
-            decide(&view, t0 + Duration::from_secs(30), &cfg(2, 3)),
-            Decision::Form { .. }
-        ));
-    }
-
-    #[test]
-    fn the_first_formation_still_waits_out_the_last_call() {
-        let t0 = Instant::now();
-        let mut view = reform(t0, &["a", "b"], &[]);
-        view.outstanding = None;
-        assert!(matches!(
-            decide(&view, t0 + DEFAULT_SETTLE, &cfg(2, 3)),
-            Decision::Wait { .. }
-        ));
-        // A settle window longer than the last call never delays a formation.
-        let mut c = cfg(2, 3);
-        c.last_call = Duration::from_millis(100);
-        let view = reform(t0, &["a", "b"], &[]);
-        assert!(matches!(
-            decide(&view, t0 + Duration::from_millis(100), &c),
-            Decision::Form { .. }
-        ));
-    }
-
-    #[test]
-    fn single_node_forms_immediately() {
-        let t0 = Instant::now();
-        let view = RoundView {
-            opened_at: t0,
-            min_reached_at: Some(t0),
-            candidates: vec![cand("a")],
-            outstanding: None,
-        };
-        assert!(matches!(
-            decide(&view, t0, &RoundConfig::single_node()),
-            Decision::Form { .. }
-        ));
-    }
-
-    #[test]
-    fn waits_for_min_then_last_call_then_forms() {
-        let t0 = Instant::now();
-        let c = cfg(2, 3);
-        let mut view = RoundView {
-            opened_at: t0,
-            min_reached_at: None,
-            candidates: vec![cand("a")],
-            outstanding: None,
-        };
-        match decide(&view, t0 + Duration::from_secs(5), &c) {
-            Decision::Wait { reason, wake_at } => {
-                assert!(reason.contains("waiting for 1 more node (1/2)"), "{reason}");
-                assert_eq!(wake_at, t0 + Duration::from_secs(600));
-            }
-            d => panic!("{d:?}"),
-        }
-        view.candidates.push(cand("b"));
-        view.min_reached_at = Some(t0 + Duration::from_secs(10));
-        match decide(&view, t0 + Duration::from_secs(28), &c) {
-            Decision::Wait { reason, .. } => {
-                assert!(reason.contains("last call in 12 s"), "{reason}")
-            }
-            d => panic!("{d:?}"),
-        }
-        match decide(&view, t0 + Duration::from_secs(40), &c) {
-            Decision::Form {
-                admitted, standby, ..
-            } => {
-                assert_eq!(admitted.len(), 2);
-                assert!(standby.is_empty());
-            }
-            d => panic!("{d:?}"),
-        }
-    }
-
-    #[test]
-    fn max_forms_at_once_and_extra_become_standbys() {
-        let t0 = Instant::now();
-        let view = RoundView {
-            opened_at: t0,
-            min_reached_at: Some(t0),
-            candidates: vec![cand("a"), cand("b"), cand("c")],
-            outstanding: None,
-        };
-        match decide(&view, t0, &cfg(1, 2)) {
-            Decision::Form {
-                admitted, standby, ..
-            } => {
-                assert_eq!(
-                    admitted
-                        .iter()
-                        .map(|c| c.node_id.as_str())
-                        .collect::<Vec<_>>(),
-                    ["a", "b"]
-                );
-                assert_eq!(standby[0].node_id, "c");
-            }
-            d => panic!("{d:?}"),
-        }
-    }
-
-    #[test]
-    fn join_timeout_fails_with_who_came() {
-        let t0 = Instant::now();
-        let view = RoundView {
-            opened_at: t0,
-            min_reached_at: None,
-            candidates: vec![cand("a")],
-            outstanding: None,
-        };
-        match decide(&view, t0 + Duration::from_secs(600), &cfg(3, 3)) {
-            Decision::Fail { reason, cause } => {
-                assert_eq!(cause, FailCause::JoinTimeout);
-                assert!(reason.contains("only 1 of min 3"), "{reason}");
-                assert!(reason.contains("[a]"), "{reason}");
-            }
-            d => panic!("{d:?}"),
-        }
-    }
-
-    #[test]
-    fn a_set_due_to_form_that_cannot_be_ranked_fails_at_once_for_all() {
-        let t0 = Instant::now();
-        let mut broken = cand("b");
-        broken.slots = 0;
-        let view = RoundView {
-            opened_at: t0,
-            min_reached_at: Some(t0),
-            candidates: vec![cand("a"), broken.clone()],
-            outstanding: None,
-        };
-        // At MAX: at once, not after the join timeout.
-        match decide(&view, t0, &cfg(2, 2)) {
-            Decision::Fail { reason, cause } => {
-                assert_eq!(cause, FailCause::Unformable);
-                assert!(reason.contains("[a, b] cannot form a group"), "{reason}");
-                assert!(reason.contains("node b offers no worker slots"), "{reason}");
-            }
-            d => panic!("{d:?}"),
-        }
-        // Below MAX: it waits for the last call like any set, then fails instead of forming.
-        assert!(matches!(
-            decide(&view, t0 + Duration::from_secs(29), &cfg(2, 3)),
-            Decision::Wait { .. }
-        ));
-        assert!(matches!(
-            decide(&view, t0 + Duration::from_secs(30), &cfg(2, 3)),
-            Decision::Fail {
-                cause: FailCause::Unformable,
-                ..
-            }
-        ));
-        // Pins never make a set unformable: duplicates and gaps are an order.
-        let pinned = |id: &str, r| Candidate {
-            requested_node_rank: Some(r),
-            ..cand(id)
-        };
-        let view = RoundView {
-            candidates: vec![pinned("x", 2), pinned("y", 2), pinned("z", 7)],
-            ..view
-        };
-        assert!(matches!(
-            decide(&view, t0, &cfg(2, 3)),
-            Decision::Form { .. }
-        ));
-    }
-}
+#[path = "core_tests.rs"]
+mod tests;

@@ -66,3 +66,88 @@ pub enum RendezvousError {
     #[error("run {0} finished while this node was waiting to join")]
     RunFinished(String),
 }
+
+/// Why a `drun-rendezvous` server turned a request down, as the gRPC status carries it. One
+/// function maps it to a [`tonic::Status`] ([`ServiceError::to_status`]) and one back
+/// ([`ServiceError::from_status`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServiceError {
+    /// The request is malformed (e.g. a session that does not start with Hello). Retrying the
+    /// same request cannot help.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// Agent and server cannot work together (e.g. protocol versions differ). Retrying cannot
+    /// help.
+    #[error("{0}")]
+    Incompatible(String),
+    /// The server or its store cannot answer now; another attempt (or replica) may.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl ServiceError {
+    /// The gRPC status of this error.
+    pub fn to_status(&self) -> tonic::Status {
+        match self {
+            ServiceError::InvalidRequest(m) => tonic::Status::invalid_argument(m.clone()),
+            ServiceError::Incompatible(m) => tonic::Status::failed_precondition(m.clone()),
+            ServiceError::Unavailable(m) => tonic::Status::unavailable(m.clone()),
+        }
+    }
+
+    /// The error a gRPC status carries; codes other than the two refusals are "unavailable"
+    /// (transport errors, a replica going away).
+    pub fn from_status(s: &tonic::Status) -> ServiceError {
+        let m = s.message().to_string();
+        match s.code() {
+            tonic::Code::InvalidArgument => ServiceError::InvalidRequest(m),
+            tonic::Code::FailedPrecondition => ServiceError::Incompatible(m),
+            _ => ServiceError::Unavailable(m),
+        }
+    }
+
+    /// A refusal: the same request to any replica fails the same way, so do not retry.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, ServiceError::Unavailable(_))
+    }
+}
+
+impl From<ServiceError> for tonic::Status {
+    fn from(e: ServiceError) -> Self {
+        e.to_status()
+    }
+}
+
+/// The URL of a `drun-rendezvous` endpoint: `host:port` gets `http://`; a URL stays as it is.
+pub fn endpoint_url(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_errors_round_trip_through_grpc_status() {
+        for e in [
+            ServiceError::InvalidRequest("no Hello".into()),
+            ServiceError::Incompatible("drun.v2".into()),
+            ServiceError::Unavailable("etcd down".into()),
+        ] {
+            assert_eq!(ServiceError::from_status(&e.to_status()), e);
+        }
+        let other = tonic::Status::internal("boom");
+        assert!(!ServiceError::from_status(&other).is_refusal());
+        assert!(ServiceError::from_status(&tonic::Status::failed_precondition("x")).is_refusal());
+    }
+
+    #[test]
+    fn endpoints_become_urls() {
+        assert_eq!(endpoint_url("10.0.0.1:29400"), "http://10.0.0.1:29400");
+        assert_eq!(endpoint_url("https://rdzv:443"), "https://rdzv:443");
+    }
+}

@@ -1,4 +1,4 @@
-//! Key layout under `/drun/v1/<run>/` (design §3). One place builds every key.
+//! Key layout under `/drun/v1/<run>/` (`docs/architecture.md` §3). One place builds every key.
 
 /// Keys of one run.
 #[derive(Debug, Clone)]

@@ -1,6 +1,6 @@
 //! The checkpoint ledger: which checkpoint every rank resumes from, and where the data stands.
 //!
-//! # Theory of operation (design §4)
+//! # Theory of operation (`docs/architecture.md` §4)
 //!
 //! * A rank saves its shard, then tells its agent `{step, rank, files (bytes, sha256), cursor}`.
 //!   The agent batches its ranks into one [`NodeCommit`] per step and [`Ledger::commit`]s it:
@@ -18,17 +18,15 @@
 //! * The cursor is global: samples of the epoch's permutation consumed by committed steps. No
 //!   per-rank offset is ever stored, so a world-size change re-splits what remains.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use crate::keys::RunKeys;
-use crate::store::{Compare, Op, Store, Txn};
+use crate::store::Store;
 use crate::{Plan, StoreError};
 
-/// Where the data stands after a committed step, identical on every rank (design §4.5).
+/// Where the data stands after a committed step, identical on every rank (`docs/architecture.md` §4, item 5).
 ///
 /// All counts are in samples of the global (world-size independent) epoch permutation.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -245,12 +243,6 @@ fn corrupt(key: &str, e: serde_json::Error) -> StoreError {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// "ranks 0-3" / "ranks 0,2,5" / "rank 4".
 fn ranks_text(ranks: &[u32]) -> String {
     let mut r = ranks.to_vec();
@@ -306,345 +298,10 @@ impl Ledger {
             run_id: run_id.to_string(),
         }
     }
-
-    /// Records `rec` for the running generation `plan` and seals the step if it is complete.
-    ///
-    /// # Errors
-    /// [`LedgerError::Stale`] when `plan` is not the current generation or the node's membership
-    /// key is gone (lease expired); [`LedgerError::Misaligned`] when the step is complete but the
-    /// cursors differ (nothing is sealed); [`LedgerError::NotAfterResume`]; store errors.
-    pub async fn commit(
-        &self,
-        plan: &Plan,
-        rec: &NodeCommit,
-        keep: Retention,
-    ) -> Result<CommitOutcome, LedgerError> {
-        let g = plan.generation;
-        if rec.generation != g {
-            return Err(LedgerError::Stale(format!(
-                "generation {} is over; the node runs generation {g}",
-                rec.generation
-            )));
-        }
-        if let Some(r) = &plan.resume {
-            if rec.step <= r.step {
-                return Err(LedgerError::NotAfterResume {
-                    step: rec.step,
-                    resumed: r.step,
-                });
-            }
-        }
-        let id = manifest_id(rec.step, g);
-        let gen_is_current = Compare::ValueEquals(self.keys.gen_current(), g.to_string().into());
-        let resp = self
-            .store
-            .txn(Txn {
-                compares: vec![
-                    gen_is_current.clone(),
-                    Compare::Exists(self.keys.member(g, &rec.node_id)),
-                    Compare::Missing(self.keys.ckpt_manifest(&id)),
-                ],
-                success: vec![Op::put(
-                    self.keys.ckpt_shard(g, rec.step, &rec.node_id),
-                    serde_json::to_vec(rec).expect("NodeCommit serializes"),
-                )],
-                failure: vec![],
-            })
-            .await?;
-        if !resp.succeeded {
-            return Err(self.why_refused(g, &rec.node_id, &id).await?);
-        }
-        let prefix = self.keys.ckpt_step_prefix(g, rec.step);
-        let mut records = Vec::new();
-        for kv in self.store.get_prefix(&prefix).await? {
-            let r: NodeCommit =
-                serde_json::from_slice(&kv.value).map_err(|e| corrupt(&kv.key, e))?;
-            records.push(r);
-        }
-        let waiting_for: Vec<String> = plan
-            .members
-            .iter()
-            .filter(|m| !records.iter().any(|r| r.node_id == m.node_id))
-            .map(|m| m.node_id.clone())
-            .collect();
-        if !waiting_for.is_empty() {
-            return Ok(CommitOutcome::Recorded { waiting_for });
-        }
-        records.retain(|r| plan.member(&r.node_id).is_some());
-        if let Some(detail) =
-            cursor_disagreement(records.iter().map(|r| (r.ranks.as_slice(), &r.cursor)))
-        {
-            return Err(LedgerError::Misaligned {
-                step: rec.step,
-                detail,
-            });
-        }
-        let mut files: Vec<ShardFile> = records.iter().flat_map(|r| r.files.clone()).collect();
-        files.sort_by(|a, b| (a.rank, &a.path).cmp(&(b.rank, &b.path)));
-        let manifest = Manifest {
-            run_id: self.run_id.clone(),
-            step: rec.step,
-            generation: g,
-            world_size: plan.world_size,
-            cursor: rec.cursor.clone(),
-            files,
-            sealed_at_ms: now_ms(),
-            adopted_from: None,
-        };
-        loop {
-            let latest = self.store.get(&self.keys.ckpt_latest()).await?;
-            let (latest_rev, moves) = match &latest {
-                None => (0, true),
-                Some(kv) => (
-                    kv.mod_revision,
-                    parse_id(&kv.value_str()).is_none_or(|l| l < (rec.step, g)),
-                ),
-            };
-            let mut success = vec![
-                Op::put(
-                    self.keys.ckpt_manifest(&id),
-                    serde_json::to_vec(&manifest).expect("Manifest serializes"),
-                ),
-                Op::DeletePrefix(prefix.clone()),
-            ];
-            if moves {
-                success.push(Op::put(self.keys.ckpt_latest(), id.clone()));
-            }
-            let resp = self
-                .store
-                .txn(Txn {
-                    compares: vec![
-                        gen_is_current.clone(),
-                        Compare::ModRevisionEquals(self.keys.ckpt_latest(), latest_rev),
-                        Compare::Missing(self.keys.ckpt_manifest(&id)),
-                    ],
-                    success,
-                    failure: vec![],
-                })
-                .await?;
-            if resp.succeeded {
-                break;
-            }
-            if self
-                .store
-                .get(&self.keys.ckpt_manifest(&id))
-                .await?
-                .is_some()
-            {
-                // A peer completed the same step at the same moment and sealed it.
-                return Ok(CommitOutcome::Recorded {
-                    waiting_for: vec![],
-                });
-            }
-            let (cur, _) = self.current_generation().await?;
-            if cur != g {
-                return Err(LedgerError::Stale(format!(
-                    "generation {g} ended (now {cur}) before step {} was sealed",
-                    rec.step
-                )));
-            }
-        }
-        tracing::debug!(run = %self.run_id, step = rec.step, gen = g, files = manifest.files.len(), "checkpoint sealed");
-        let (dropped, garbage) = self.collect(&manifest, keep).await?;
-        Ok(CommitOutcome::Sealed {
-            manifest,
-            dropped,
-            garbage,
-        })
-    }
-
-    async fn current_generation(&self) -> Result<(u64, i64), StoreError> {
-        Ok(match self.store.get(&self.keys.gen_current()).await? {
-            None => (0, 0),
-            Some(kv) => (kv.value_str().parse().unwrap_or(0), kv.mod_revision),
-        })
-    }
-
-    async fn why_refused(&self, g: u64, node: &str, id: &str) -> Result<LedgerError, StoreError> {
-        if self
-            .store
-            .get(&self.keys.ckpt_manifest(id))
-            .await?
-            .is_some()
-        {
-            return Ok(LedgerError::AlreadySealed(describe_id(id)));
-        }
-        let (cur, _) = self.current_generation().await?;
-        if cur != g {
-            return Ok(LedgerError::Stale(format!(
-                "generation {g} is over (the group runs generation {cur})"
-            )));
-        }
-        Ok(LedgerError::Stale(format!(
-            "node {node} is no longer a member of generation {g} (its lease expired)"
-        )))
-    }
-
-    /// Retention and garbage collection after sealing `sealed`: drops manifests outside the
-    /// retention policy, and the shard records of dead generations and of earlier steps.
-    async fn collect(
-        &self,
-        sealed: &Manifest,
-        keep: Retention,
-    ) -> Result<(Vec<Manifest>, Vec<String>), StoreError> {
-        let mut ops = Vec::new();
-        let mut unsealed_files = Vec::new();
-        let mut in_flight = BTreeSet::new();
-        for kv in self
-            .store
-            .get_prefix(&self.keys.ckpt_shards_prefix())
-            .await?
-        {
-            let Ok(r) = serde_json::from_slice::<NodeCommit>(&kv.value) else {
-                ops.push(Op::Delete(kv.key));
-                continue;
-            };
-            if r.generation < sealed.generation
-                || (r.generation == sealed.generation && r.step < sealed.step)
-            {
-                unsealed_files.extend(r.files.into_iter().map(|f| f.path));
-                ops.push(Op::Delete(kv.key));
-            } else {
-                // A later step still in flight: its files are not garbage.
-                in_flight.extend(r.files.into_iter().map(|f| f.path));
-            }
-        }
-        let mut dropped = Vec::new();
-        let mut kept_paths = in_flight;
-        kept_paths.extend(sealed.files.iter().map(|f| f.path.clone()));
-        if keep.keep_last > 0 {
-            let mut all = self.manifests().await?;
-            all.sort_by_key(|m| std::cmp::Reverse((m.step, m.generation)));
-            for (i, m) in all.into_iter().enumerate() {
-                let milestone = keep.keep_every > 0 && m.step % keep.keep_every == 0;
-                if i < keep.keep_last as usize || milestone || m.id() == sealed.id() {
-                    kept_paths.extend(m.files.iter().map(|f| f.path.clone()));
-                } else if m.adopted_from.is_some() {
-                    // Another run's checkpoint: forget the record, keep its files.
-                    ops.push(Op::Delete(self.keys.ckpt_manifest(&m.id())));
-                    ops.push(Op::Delete(self.keys.ckpt_bad(&m.id())));
-                    kept_paths.extend(m.files.iter().map(|f| f.path.clone()));
-                } else {
-                    ops.push(Op::Delete(self.keys.ckpt_manifest(&m.id())));
-                    ops.push(Op::Delete(self.keys.ckpt_bad(&m.id())));
-                    dropped.push(m);
-                }
-            }
-        }
-        for chunk in ops.chunks(100) {
-            self.store
-                .txn(Txn {
-                    compares: vec![],
-                    success: chunk.to_vec(),
-                    failure: vec![],
-                })
-                .await?;
-        }
-        let mut garbage = Vec::new();
-        if keep.keep_last > 0 {
-            let candidates = dropped
-                .iter()
-                .flat_map(|m| m.files.iter().map(|f| f.path.clone()))
-                .chain(unsealed_files);
-            let set: BTreeSet<String> = candidates.filter(|p| !kept_paths.contains(p)).collect();
-            garbage.extend(set);
-        }
-        Ok((dropped, garbage))
-    }
-
-    /// Every sealed manifest, oldest first.
-    ///
-    /// # Errors
-    /// Store errors; a manifest that does not decode is [`StoreError::Corrupt`].
-    pub async fn manifests(&self) -> Result<Vec<Manifest>, StoreError> {
-        let mut out = Vec::new();
-        for kv in self
-            .store
-            .get_prefix(&self.keys.ckpt_manifest_prefix())
-            .await?
-        {
-            out.push(
-                serde_json::from_slice::<Manifest>(&kv.value).map_err(|e| corrupt(&kv.key, e))?,
-            );
-        }
-        out.sort_by_key(|m| (m.step, m.generation));
-        Ok(out)
-    }
-
-    /// Manifests marked bad: id → why.
-    ///
-    /// # Errors
-    /// Store errors.
-    pub async fn bad(&self) -> Result<BTreeMap<String, String>, StoreError> {
-        let prefix = self.keys.ckpt_bad_prefix();
-        Ok(self
-            .store
-            .get_prefix(&prefix)
-            .await?
-            .into_iter()
-            .map(|kv| (kv.key[prefix.len()..].to_string(), kv.value_str()))
-            .collect())
-    }
-
-    /// The newest sealed manifest not marked bad, among the ledger's and `hints` (manifests read
-    /// from checkpoint directories by the joining nodes, for a run whose store is new).
-    ///
-    /// # Errors
-    /// Store errors.
-    pub async fn resume_point(&self, hints: &[&Manifest]) -> Result<ResumePoint, StoreError> {
-        let latest_revision = self
-            .store
-            .get(&self.keys.ckpt_latest())
-            .await?
-            .map_or(0, |kv| kv.mod_revision);
-        let bad = self.bad().await?;
-        let stored = self.manifests().await?;
-        let best_stored = stored
-            .into_iter()
-            .rev()
-            .find(|m| !bad.contains_key(&m.id()));
-        let best_hint = hints
-            .iter()
-            .filter(|m| m.run_id == self.run_id && !bad.contains_key(&m.id()))
-            .max_by_key(|m| (m.step, m.generation))
-            .map(|m| (*m).clone());
-        let (manifest, import) = match (best_stored, best_hint) {
-            (Some(s), Some(h)) if (h.step, h.generation) > (s.step, s.generation) => {
-                (Some(h), true)
-            }
-            (Some(s), _) => (Some(s), false),
-            (None, Some(h)) => (Some(h), true),
-            (None, None) => (None, false),
-        };
-        Ok(ResumePoint {
-            manifest,
-            latest_revision,
-            import,
-        })
-    }
-
-    /// The formation ops that record an imported manifest (from a manifest file) in the ledger.
-    pub fn import_ops(&self, m: &Manifest) -> Vec<Op> {
-        vec![
-            Op::put(
-                self.keys.ckpt_manifest(&m.id()),
-                serde_json::to_vec(m).expect("Manifest serializes"),
-            ),
-            Op::put(self.keys.ckpt_latest(), m.id()),
-        ]
-    }
-
-    /// Marks manifest `id` bad (it failed verification); later formations skip it.
-    ///
-    /// # Errors
-    /// Store errors.
-    pub async fn mark_bad(&self, id: &str, reason: &str) -> Result<(), StoreError> {
-        self.store
-            .put(&self.keys.ckpt_bad(id), reason.as_bytes().to_vec(), None)
-            .await?;
-        Ok(())
-    }
 }
+
+mod read;
+mod write;
 
 #[cfg(test)]
 mod tests {

@@ -15,8 +15,38 @@
 //!   under a compare on `gen/current`, re-form into `g + 1`; or publish a failed round's verdict
 //!   to every node waiting in it.
 //!
-//! Keys live under `/drun/v1/<run>/` (see `design.md` §3 in the shared docs).
+//! * [`session`] is one node's side of a run: an actor that holds the node's lease, joins rounds
+//!   on its behalf and turns store changes into events for the agent. Its decisions while a
+//!   generation runs live in the pure generation core (`session/generation.rs`).
+//!
+//! Keys live under `/drun/v1/<run>/` (`docs/architecture.md` §3); the rules are in §2.
+//!
+//! ## The session's states
+//!
+//! ```text
+//!              open (fresh lease, or a reconnect's resume)
+//!                         │
+//!                         ▼
+//!   ┌─────────────────▶ Idle ◀──────────── Fenced (lease lost: keeper, or a join's txn)
+//!   │                     │ Join(candidate, after)
+//!   │                     ▼
+//!   │                 Waiting ── round failed / run finished ──▶ Idle (Error / Finished)
+//!   │                     │ plan of g formed: members/<g>/<node>, watch gen/<g>/…
+//!   │                     ▼
+//!   │   Running { plan, successor_deadline, scale_up: Option<PendingScaleUp> }
+//!   │     │  watch event or deadline ──▶ generation::step ──▶ effects (close g, ask a save…)
+//!   │     │  Failed  ──▶ failure_verdict: spend one restart and close g │ end the run
+//!   │     │  Succeeded ──▶ exit_barrier: the last node writes `finished`
+//!   └─────┤  gen/<g>/closed ──▶ Reform          finished ──▶ Finished
+//!         └─ Leave ──▶ Left (lease revoked; the session ends)
+//! ```
+//!
+//! Where the decisions live: forming a round — [`core::decide`] (including "no second world
+//! beside a running generation"); ranks — [`plan::assign`]; a running generation's re-form,
+//! scale-up admission, successor start, failure budget and exit barrier — the session's
+//! generation core; node loss wording — [`loss`]; checkpoints — [`ledger`].
 
+pub mod clock;
 pub mod core;
 pub mod error;
 pub mod etcd;
@@ -27,13 +57,14 @@ pub mod loss;
 pub mod memory;
 pub mod plan;
 pub mod round;
+pub mod run_state;
 pub mod service;
 pub mod session;
 pub mod store;
 pub mod wire;
 
-pub use crate::core::{decide, Candidate, Decision, RoundConfig};
-pub use error::{RendezvousError, StoreError};
+pub use crate::core::{decide, Candidate, Decision, Join, RoundConfig};
+pub use error::{endpoint_url, RendezvousError, ServiceError, StoreError};
 pub use etcd::EtcdStore;
 pub use ledger::{
     CommitOutcome, Cursor, Ledger, LedgerError, Manifest, NodeCommit, Retention, ShardFile,

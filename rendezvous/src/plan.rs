@@ -94,7 +94,7 @@ pub struct Ranking {
 /// use drun_rendezvous::{plan::rank_order, Candidate};
 /// let node = |id: &str, pin| Candidate {
 ///     node_id: id.into(), advertise_addr: id.into(), slots: 1,
-///     requested_node_rank: pin, master_port: 1, resume_hint: None,
+///     requested_node_rank: pin, master_port: 1,
 /// };
 /// // Node rank 0 was lost: pins 1 and 2 close the gap; the unpinned node comes last.
 /// let r = rank_order(&[node("u", None), node("c", Some(2)), node("b", Some(1))]);
@@ -173,7 +173,7 @@ pub fn formable(admitted: &[Candidate]) -> Result<(), String> {
 /// use drun_rendezvous::{assign, Candidate};
 /// let node = |id: &str, slots| Candidate {
 ///     node_id: id.into(), advertise_addr: format!("{id}.cluster"), slots,
-///     requested_node_rank: None, master_port: 29500, resume_hint: None,
+///     requested_node_rank: None, master_port: 29500,
 /// };
 /// let plan = assign("job", 1, &[node("b", 4), node("a", 2)], 0, 0).unwrap();
 /// assert_eq!(plan.members[1].node_id, "b");
@@ -234,7 +234,6 @@ mod tests {
             slots,
             requested_node_rank: rank,
             master_port: port,
-            resume_hint: None,
         }
     }
 

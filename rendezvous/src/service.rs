@@ -18,6 +18,7 @@ use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
+use crate::error::ServiceError;
 use crate::session::{spawn_session, Request, SessionConfig};
 use crate::wire::{event_to_wire, request_from_wire};
 use crate::{Round, RoundConfig, Store};
@@ -101,22 +102,25 @@ impl Rendezvous for RendezvousService {
         let hello = match inbound.message().await?.and_then(|m| m.kind) {
             Some(pb::agent_message::Kind::Hello(h)) => h,
             _ => {
-                return Err(Status::invalid_argument(
-                    "the first message of a session must be Hello",
-                ))
+                return Err(ServiceError::InvalidRequest(
+                    "the first message of a session must be Hello".into(),
+                )
+                .to_status())
             }
         };
         if hello.protocol_version != PROTOCOL_VERSION {
-            return Err(Status::failed_precondition(format!(
+            return Err(ServiceError::Incompatible(format!(
                 "protocol mismatch: the agent speaks drun.v{} but this server speaks drun.v{PROTOCOL_VERSION}; \
                  run the same drun release on agents and servers",
                 hello.protocol_version
-            )));
+            ))
+            .to_status());
         }
         if hello.run_id.is_empty() || hello.node_id.is_empty() {
-            return Err(Status::invalid_argument(
-                "Hello needs a run id and a node id",
-            ));
+            return Err(
+                ServiceError::InvalidRequest("Hello needs a run id and a node id".into())
+                    .to_status(),
+            );
         }
         let cfg = session_config(&hello);
         tracing::info!(
@@ -138,10 +142,10 @@ impl Rendezvous for RendezvousService {
                 let Some(mut req) = request_from_wire(m) else {
                     continue;
                 };
-                if let Request::Join(c, _) = &mut req {
-                    if c.advertise_addr.is_empty() {
+                if let Request::Join(j, _) = &mut req {
+                    if j.candidate.advertise_addr.is_empty() {
                         if let Some(p) = peer {
-                            c.advertise_addr = p.ip().to_string();
+                            j.candidate.advertise_addr = p.ip().to_string();
                         }
                     }
                 }
@@ -164,7 +168,7 @@ impl Rendezvous for RendezvousService {
         let run = request.into_inner().run_id;
         let json = status_json(&self.store, &run)
             .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+            .map_err(|e| ServiceError::Unavailable(e.to_string()).to_status())?;
         Ok(Response::new(pb::StatusResponse {
             json: json.to_string(),
         }))
@@ -241,7 +245,7 @@ mod tests {
             RendezvousService::new(store),
             std::future::pending(),
         ));
-        let mut client = RendezvousClient::connect(format!("http://{addr}"))
+        let mut client = RendezvousClient::connect(crate::error::endpoint_url(&addr.to_string()))
             .await
             .unwrap();
         let hello = pb::AgentMessage {

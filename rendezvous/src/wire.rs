@@ -5,17 +5,18 @@ use drun_proto::v1 as pb;
 use crate::ledger::Retention;
 use crate::round::Restarts;
 use crate::session::{Event, Request, Resume, RunEnd};
-use crate::{Candidate, Member, Plan};
+use crate::{Candidate, Join, Member, Plan};
 
-impl From<&Candidate> for pb::Candidate {
-    fn from(c: &Candidate) -> Self {
+impl From<&Join> for pb::Candidate {
+    fn from(j: &Join) -> Self {
+        let c = &j.candidate;
         pb::Candidate {
             node_id: c.node_id.clone(),
             advertise_addr: c.advertise_addr.clone(),
             slots: c.slots,
             requested_node_rank: c.requested_node_rank.map_or(-1, |r| r as i32),
             master_port: u32::from(c.master_port),
-            resume_hint_json: c
+            resume_hint_json: j
                 .resume_hint
                 .as_ref()
                 .map(|m| serde_json::to_string(m).expect("Manifest serializes"))
@@ -24,14 +25,16 @@ impl From<&Candidate> for pb::Candidate {
     }
 }
 
-impl From<pb::Candidate> for Candidate {
+impl From<pb::Candidate> for Join {
     fn from(c: pb::Candidate) -> Self {
-        Candidate {
-            node_id: c.node_id,
-            advertise_addr: c.advertise_addr,
-            slots: c.slots,
-            requested_node_rank: u32::try_from(c.requested_node_rank).ok(),
-            master_port: u16::try_from(c.master_port).unwrap_or(0),
+        Join {
+            candidate: Candidate {
+                node_id: c.node_id,
+                advertise_addr: c.advertise_addr,
+                slots: c.slots,
+                requested_node_rank: u32::try_from(c.requested_node_rank).ok(),
+                master_port: u16::try_from(c.master_port).unwrap_or(0),
+            },
             resume_hint: serde_json::from_str(&c.resume_hint_json).ok(),
         }
     }

@@ -147,11 +147,7 @@ async fn run(cmd: Command) -> Result<(), (u8, String)> {
         } => {
             let json: serde_json::Value = match endpoint {
                 Some(ep) => {
-                    let url = if ep.contains("://") {
-                        ep.clone()
-                    } else {
-                        format!("http://{ep}")
-                    };
+                    let url = drun_rendezvous::error::endpoint_url(&ep);
                     let mut client = RendezvousClient::connect(url).await.map_err(|e| {
                         (
                             3,
@@ -163,7 +159,10 @@ async fn run(cmd: Command) -> Result<(), (u8, String)> {
                             run_id: run.clone(),
                         })
                         .await
-                        .map_err(|e| (3, format!("status failed: {}", e.message())))?;
+                        .map_err(|e| {
+                            let e = drun_rendezvous::ServiceError::from_status(&e);
+                            (3, format!("status failed: {e}"))
+                        })?;
                     serde_json::from_str(&resp.into_inner().json).map_err(|e| (1, e.to_string()))?
                 }
                 None => {

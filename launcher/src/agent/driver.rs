@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use drun_rendezvous::session::Request;
-use drun_rendezvous::{Candidate, Plan, RendezvousError};
+use drun_rendezvous::{Join, Plan, RendezvousError};
 use nix::sys::signal::Signal;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -44,7 +44,7 @@ struct World {
     reserved: Option<ReservedPort>,
     /// Served from the plan's arrival until the next join.
     worker_store: Option<WorkerStore>,
-    candidate: Option<Candidate>,
+    candidate: Option<Join>,
     verifying: Option<JoinHandle<Verdict>>,
     /// The error a [`End::Fatal`] ends with.
     fatal: Option<LaunchError>,

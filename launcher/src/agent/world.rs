@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use drun_rendezvous::human::duration as human;
 use drun_rendezvous::session::{Request, SessionConfig};
-use drun_rendezvous::{Candidate, Plan, RoundConfig};
+use drun_rendezvous::{Candidate, Join, Plan, RoundConfig};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
@@ -95,7 +95,8 @@ impl Agent {
         self.cfg.slurm.as_ref().is_none_or(|j| j.may_resume_files())
     }
 
-    pub(super) fn candidate(&mut self, master_port: u16) -> Candidate {
+    /// This node's Join: its candidacy and, apart from it, the checkpoint it could resume from.
+    pub(super) fn candidate(&mut self, master_port: u16) -> Join {
         let advertise_addr = match &self.cfg.rendezvous {
             RendezvousMode::Embedded { master_addr, .. } => master_addr.clone(),
             RendezvousMode::Static { master_addr, .. } => master_addr.clone(),
@@ -110,12 +111,15 @@ impl Agent {
                 .or_else(|| endpoints.first().and_then(|e| ports::route_local_ip(e)))
                 .unwrap_or_else(|| self.hostname.clone()),
         };
-        Candidate {
+        let candidate = Candidate {
             node_id: self.cfg.node_id.clone(),
             advertise_addr,
             slots: self.cfg.nproc_per_node,
             requested_node_rank: self.cfg.requested_node_rank,
             master_port,
+        };
+        Join {
+            candidate,
             resume_hint: resume::hint(
                 resume::Source {
                     run_id: &self.cfg.run_id,

@@ -354,7 +354,6 @@ mod tests {
             slots,
             requested_node_rank: None,
             master_port: 1,
-            resume_hint: None,
         };
         assign("run", 3, &[c], 0, 0).unwrap()
     }

@@ -14,7 +14,7 @@ use drun_proto::v1::rendezvous_client::RendezvousClient;
 use drun_proto::PROTOCOL_VERSION;
 use drun_rendezvous::session::{Event, Request, Resume, SessionConfig};
 use drun_rendezvous::wire::{event_from_wire, request_to_wire};
-use drun_rendezvous::Candidate;
+use drun_rendezvous::Join;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -48,7 +48,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 struct Track {
     lease: Option<i64>,
     generation: u64,
-    waiting: Option<Candidate>,
+    waiting: Option<Join>,
     /// The `after` generation of the pending Join.
     after: u64,
     succeeded: Option<u64>,
@@ -96,14 +96,6 @@ fn hello(cfg: &SessionConfig, t: &Track) -> pb::AgentMessage {
     }
 }
 
-fn url(endpoint: &str) -> String {
-    if endpoint.contains("://") {
-        endpoint.to_string()
-    } else {
-        format!("http://{endpoint}")
-    }
-}
-
 async fn run(
     endpoints: Vec<String>,
     cfg: SessionConfig,
@@ -147,7 +139,9 @@ async fn run(
             )));
             return;
         }
-        let channel = match tonic::transport::Endpoint::from_shared(url(endpoint)) {
+        let channel = match tonic::transport::Endpoint::from_shared(
+            drun_rendezvous::error::endpoint_url(endpoint),
+        ) {
             Ok(e) => e
                 .connect_timeout(Duration::from_secs(2))
                 .http2_keep_alive_interval(Duration::from_secs(2))
@@ -187,10 +181,7 @@ async fn run(
         let mut client = RendezvousClient::new(channel);
         let mut inbound = match client.session(UnboundedReceiverStream::new(out_rx)).await {
             Ok(r) => r.into_inner(),
-            Err(s)
-                if s.code() == tonic::Code::FailedPrecondition
-                    || s.code() == tonic::Code::InvalidArgument =>
-            {
+            Err(s) if drun_rendezvous::error::ServiceError::from_status(&s).is_refusal() => {
                 let _ = events.send(Event::Error(format!(
                     "rendezvous server {endpoint} refused the session: {}",
                     s.message()

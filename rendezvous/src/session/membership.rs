@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{human, loss, Actor, SaveRequest};
+use super::actor::Actor;
+use super::protocol::SaveRequest;
+use crate::human::duration as human;
+use crate::loss;
 use crate::round::Restarts;
 use crate::store::LeaseId;
 use crate::{Plan, RendezvousError, StoreError};
@@ -68,15 +71,10 @@ impl Actor {
 
     /// Members of `plan` (other than this node) that are gone now, each described with why.
     pub(super) async fn lost_members(&self, plan: &Plan) -> Result<Vec<String>, RendezvousError> {
-        let keys = self.round.keys();
         let present = self.round.live_members(plan.generation).await?;
         let mut out = Vec::new();
         for node in loss::missing(plan, &self.cfg.node_id, &present) {
-            let why = self
-                .store
-                .get(&keys.lost(&node))
-                .await?
-                .map_or_else(|| loss::LEASE_EXPIRED.to_string(), |kv| kv.value_str());
+            let why = self.round.state().lost(&node).await?;
             out.push(loss::describe(plan, &node, &why));
         }
         Ok(out)

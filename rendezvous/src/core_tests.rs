@@ -1,0 +1,331 @@
+//! Tests of the round decision on synthetic instants.
+
+use super::*;
+
+fn cand(id: &str) -> Candidate {
+    Candidate {
+        node_id: id.into(),
+        advertise_addr: "127.0.0.1".into(),
+        slots: 2,
+        requested_node_rank: None,
+        master_port: 29500,
+    }
+}
+
+fn cfg(min: usize, max: usize) -> RoundConfig {
+    RoundConfig {
+        min_nodes: min,
+        max_nodes: max,
+        last_call: Duration::from_secs(30),
+        join_timeout: Duration::from_secs(600),
+        settle: DEFAULT_SETTLE,
+    }
+}
+
+fn reform(t0: Instant, nodes: &[&str], outstanding: &[&str]) -> RoundView {
+    RoundView {
+        opened_at: t0,
+        min_reached_at: Some(t0),
+        candidates: nodes.iter().map(|n| cand(n)).collect(),
+        outstanding: Some(outstanding.iter().map(|s| s.to_string()).collect()),
+        running: None,
+    }
+}
+
+#[test]
+fn a_reform_with_every_survivor_back_forms_after_the_settle_window() {
+    let t0 = Instant::now();
+    let view = reform(t0, &["a", "b"], &[]);
+    match decide(&view, t0 + Duration::from_millis(300), &cfg(2, 3)) {
+        Decision::Wait { reason, wake_at } => {
+            assert_eq!(wake_at, t0 + DEFAULT_SETTLE, "not the 30 s last call");
+            assert!(
+                reason.contains("every surviving member is back, forming in 1 s"),
+                "{reason}"
+            );
+        }
+        d => panic!("{d:?}"),
+    }
+    match decide(&view, t0 + DEFAULT_SETTLE, &cfg(2, 3)) {
+        Decision::Form {
+            admitted, reason, ..
+        } => {
+            assert_eq!(admitted.len(), 2);
+            assert!(
+                reason.starts_with("every surviving member rejoined with 2 nodes"),
+                "{reason}"
+            );
+        }
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn a_reform_waits_for_live_members_up_to_the_last_call() {
+    let t0 = Instant::now();
+    let view = reform(t0, &["a", "b"], &["c"]);
+    match decide(&view, t0 + Duration::from_secs(5), &cfg(2, 3)) {
+        Decision::Wait { reason, wake_at } => {
+            assert_eq!(wake_at, t0 + Duration::from_secs(30));
+            assert!(
+                reason.contains("waiting for 1 member(s) of the last generation to rejoin [c]"),
+                "{reason}"
+            );
+        }
+        d => panic!("{d:?}"),
+    }
+    assert!(matches!(
+        decide(&view, t0 + Duration::from_secs(30), &cfg(2, 3)),
+        Decision::Form { .. }
+    ));
+}
+
+#[test]
+fn the_first_formation_still_waits_out_the_last_call() {
+    let t0 = Instant::now();
+    let mut view = reform(t0, &["a", "b"], &[]);
+    view.outstanding = None;
+    assert!(matches!(
+        decide(&view, t0 + DEFAULT_SETTLE, &cfg(2, 3)),
+        Decision::Wait { .. }
+    ));
+    // A settle window longer than the last call never delays a formation.
+    let mut c = cfg(2, 3);
+    c.last_call = Duration::from_millis(100);
+    let view = reform(t0, &["a", "b"], &[]);
+    assert!(matches!(
+        decide(&view, t0 + Duration::from_millis(100), &c),
+        Decision::Form { .. }
+    ));
+}
+
+#[test]
+fn single_node_forms_immediately() {
+    let t0 = Instant::now();
+    let view = RoundView {
+        opened_at: t0,
+        min_reached_at: Some(t0),
+        candidates: vec![cand("a")],
+        outstanding: None,
+        running: None,
+    };
+    assert!(matches!(
+        decide(&view, t0, &RoundConfig::single_node()),
+        Decision::Form { .. }
+    ));
+}
+
+#[test]
+fn waits_for_min_then_last_call_then_forms() {
+    let t0 = Instant::now();
+    let c = cfg(2, 3);
+    let mut view = RoundView {
+        opened_at: t0,
+        min_reached_at: None,
+        candidates: vec![cand("a")],
+        outstanding: None,
+        running: None,
+    };
+    match decide(&view, t0 + Duration::from_secs(5), &c) {
+        Decision::Wait { reason, wake_at } => {
+            assert!(reason.contains("waiting for 1 more node (1/2)"), "{reason}");
+            assert_eq!(wake_at, t0 + Duration::from_secs(600));
+        }
+        d => panic!("{d:?}"),
+    }
+    view.candidates.push(cand("b"));
+    view.min_reached_at = Some(t0 + Duration::from_secs(10));
+    match decide(&view, t0 + Duration::from_secs(28), &c) {
+        Decision::Wait { reason, .. } => {
+            assert!(reason.contains("last call in 12 s"), "{reason}")
+        }
+        d => panic!("{d:?}"),
+    }
+    match decide(&view, t0 + Duration::from_secs(40), &c) {
+        Decision::Form {
+            admitted, standby, ..
+        } => {
+            assert_eq!(admitted.len(), 2);
+            assert!(standby.is_empty());
+        }
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn max_forms_at_once_and_extra_become_standbys() {
+    let t0 = Instant::now();
+    let view = RoundView {
+        opened_at: t0,
+        min_reached_at: Some(t0),
+        candidates: vec![cand("a"), cand("b"), cand("c")],
+        outstanding: None,
+        running: None,
+    };
+    match decide(&view, t0, &cfg(1, 2)) {
+        Decision::Form {
+            admitted, standby, ..
+        } => {
+            assert_eq!(
+                admitted
+                    .iter()
+                    .map(|c| c.node_id.as_str())
+                    .collect::<Vec<_>>(),
+                ["a", "b"]
+            );
+            assert_eq!(standby[0].node_id, "c");
+        }
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn join_timeout_fails_with_who_came() {
+    let t0 = Instant::now();
+    let view = RoundView {
+        opened_at: t0,
+        min_reached_at: None,
+        candidates: vec![cand("a")],
+        outstanding: None,
+        running: None,
+    };
+    match decide(&view, t0 + Duration::from_secs(600), &cfg(3, 3)) {
+        Decision::Fail { reason, cause } => {
+            assert_eq!(cause, FailCause::JoinTimeout);
+            assert!(reason.contains("only 1 of min 3"), "{reason}");
+            assert!(reason.contains("[a]"), "{reason}");
+        }
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn a_set_due_to_form_that_cannot_be_ranked_fails_at_once_for_all() {
+    let t0 = Instant::now();
+    let mut broken = cand("b");
+    broken.slots = 0;
+    let view = RoundView {
+        opened_at: t0,
+        min_reached_at: Some(t0),
+        candidates: vec![cand("a"), broken.clone()],
+        outstanding: None,
+        running: None,
+    };
+    // At MAX: at once, not after the join timeout.
+    match decide(&view, t0, &cfg(2, 2)) {
+        Decision::Fail { reason, cause } => {
+            assert_eq!(cause, FailCause::Unformable);
+            assert!(reason.contains("[a, b] cannot form a group"), "{reason}");
+            assert!(reason.contains("node b offers no worker slots"), "{reason}");
+        }
+        d => panic!("{d:?}"),
+    }
+    // Below MAX: it waits for the last call like any set, then fails instead of forming.
+    assert!(matches!(
+        decide(&view, t0 + Duration::from_secs(29), &cfg(2, 3)),
+        Decision::Wait { .. }
+    ));
+    assert!(matches!(
+        decide(&view, t0 + Duration::from_secs(30), &cfg(2, 3)),
+        Decision::Fail {
+            cause: FailCause::Unformable,
+            ..
+        }
+    ));
+    // Pins never make a set unformable: duplicates and gaps are an order.
+    let pinned = |id: &str, r| Candidate {
+        requested_node_rank: Some(r),
+        ..cand(id)
+    };
+    let view = RoundView {
+        candidates: vec![pinned("x", 2), pinned("y", 2), pinned("z", 7)],
+        ..view
+    };
+    assert!(matches!(
+        decide(&view, t0, &cfg(2, 3)),
+        Decision::Form { .. }
+    ));
+}
+
+fn running(g: u64, members: usize) -> Option<RunningGeneration> {
+    Some(RunningGeneration {
+        generation: g,
+        members,
+    })
+}
+
+#[test]
+fn no_second_world_forms_beside_a_running_generation() {
+    let t0 = Instant::now();
+    // Enough standbys to reach MAX at once: still no formation while generation 4 runs.
+    let view = RoundView {
+        opened_at: t0,
+        min_reached_at: Some(t0),
+        candidates: vec![cand("d"), cand("e"), cand("f")],
+        outstanding: None,
+        running: running(4, 3),
+    };
+    match decide(&view, t0 + Duration::from_secs(3600), &cfg(1, 3)) {
+        Decision::Wait { reason, wake_at } => {
+            assert_eq!(
+                reason,
+                "generation 4 is running with 3 node(s); 3 node(s) standing by until it re-forms"
+            );
+            assert_eq!(wake_at, t0 + Duration::from_secs(3600) + PROGRESS_EVERY);
+        }
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn a_running_generation_never_fails_its_standbys_on_the_join_timeout() {
+    let t0 = Instant::now();
+    let view = RoundView {
+        opened_at: t0,
+        min_reached_at: None,
+        candidates: vec![cand("d")],
+        outstanding: None,
+        running: running(2, 2),
+    };
+    assert!(matches!(
+        decide(&view, t0 + Duration::from_secs(601), &cfg(3, 3)),
+        Decision::Wait { .. }
+    ));
+}
+
+#[test]
+fn a_running_generation_with_only_its_members_own_joins_says_nothing() {
+    let t0 = Instant::now();
+    let view = RoundView {
+        opened_at: t0,
+        min_reached_at: None,
+        candidates: vec![],
+        outstanding: None,
+        running: running(1, 2),
+    };
+    match decide(&view, t0, &cfg(1, 2)) {
+        Decision::Wait { reason, .. } => assert_eq!(reason, ""),
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn standbys_are_promoted_once_the_generation_stops_running() {
+    let t0 = Instant::now();
+    let mut view = RoundView {
+        opened_at: t0,
+        min_reached_at: Some(t0),
+        candidates: vec![cand("a"), cand("b"), cand("d")],
+        outstanding: Some(vec![]),
+        running: running(5, 2),
+    };
+    assert!(matches!(
+        decide(&view, t0, &cfg(2, 3)),
+        Decision::Wait { .. }
+    ));
+    view.running = None;
+    match decide(&view, t0, &cfg(2, 3)) {
+        Decision::Form { admitted, .. } => assert_eq!(admitted.len(), 3),
+        d => panic!("{d:?}"),
+    }
+}

@@ -1,0 +1,186 @@
+//! The decider's step: read the waiting set, ask the decision core, write the next generation's plan.
+
+use tokio::time::Instant;
+
+use super::Round;
+use crate::core::{FailCause, RoundView, RunningGeneration};
+use crate::ledger::{Ledger, Manifest};
+use crate::run_state;
+use crate::store::{Compare, Op, Txn};
+use crate::{assign, decide, Candidate, Decision, Join, Plan, RendezvousError};
+
+impl Round {
+    /// The decider's step: read the waiting set, decide, and form the next generation if due.
+    pub(super) async fn decide_once(
+        &self,
+        g: u64,
+        rev: i64,
+        opened_at: &mut Instant,
+        min_reached_at: &mut Option<Instant>,
+    ) -> Result<Step, RendezvousError> {
+        // A waiting key written before generation `g` formed, by a node admitted to `g`, is the
+        // join that got it in; the node deletes it once it starts. Not a new candidate.
+        let current = if g > 0 { self.plan(g).await? } else { None };
+        let (joins, starting) = self.read_waiting(rev, current.as_ref()).await?;
+        let candidates: Vec<Candidate> = joins.iter().map(|j| j.candidate.clone()).collect();
+        let now = Instant::now();
+        if self.store.get(&self.keys.finished()).await?.is_some() {
+            return Err(RendezvousError::RunFinished(self.run_id.clone()));
+        }
+        let running = match &current {
+            Some(plan) if self.running(plan, starting).await? => Some(RunningGeneration {
+                generation: g,
+                members: plan.members.len(),
+            }),
+            _ => None,
+        };
+        if running.is_some() {
+            // Nobody forms beside it (see `core::decide`); the round starts over when it closes.
+            *opened_at = now;
+            *min_reached_at = None;
+        } else if candidates.len() >= self.cfg.min_nodes {
+            min_reached_at.get_or_insert(now);
+        } else {
+            *min_reached_at = None;
+        }
+        // A re-form: which live members of generation `g` are still to rejoin.
+        let outstanding = match &current {
+            Some(plan) if running.is_none() => {
+                let live = self.live_members(g).await?;
+                Some(
+                    plan.members
+                        .iter()
+                        .map(|m| &m.node_id)
+                        .filter(|id| {
+                            live.contains(id) && !candidates.iter().any(|c| &c.node_id == *id)
+                        })
+                        .cloned()
+                        .collect(),
+                )
+            }
+            _ => None,
+        };
+        let view = RoundView {
+            opened_at: *opened_at,
+            min_reached_at: *min_reached_at,
+            candidates,
+            outstanding,
+            running,
+        };
+        match decide(&view, now, &self.cfg) {
+            Decision::Wait { reason, wake_at } => Ok(Step::Wait(reason, wake_at)),
+            Decision::Fail { reason, cause } => Ok(Step::Failed {
+                reason,
+                cause,
+                nodes: view.candidates.iter().map(|c| c.node_id.clone()).collect(),
+            }),
+            Decision::Form {
+                admitted, reason, ..
+            } => self.form(g, rev, &admitted, &joins, reason).await,
+        }
+    }
+
+    /// The waiting set in arrival order, less the joins of generation `current`'s members that
+    /// got them in (`rev`: `gen/current`'s revision); and whether such a member is starting.
+    async fn read_waiting(
+        &self,
+        rev: i64,
+        current: Option<&Plan>,
+    ) -> Result<(Vec<Join>, bool), RendezvousError> {
+        let mut waiting = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
+        waiting.sort_by_key(|kv| kv.create_revision);
+        let mut joins = Vec::with_capacity(waiting.len());
+        let mut starting = false;
+        for kv in waiting {
+            let j: Join = run_state::decode(&kv.key, &kv.value)?;
+            let consumed = kv.mod_revision <= rev
+                && current.is_some_and(|p| p.member(&j.candidate.node_id).is_some());
+            if consumed {
+                starting = true;
+            } else {
+                joins.push(j);
+            }
+        }
+        Ok((joins, starting))
+    }
+
+    /// Writes generation `g + 1` of `admitted` (guarded on `gen/current`'s revision `rev` and
+    /// on `ckpt/latest`), resuming from the newest sealed checkpoint or a node's hint in `joins`.
+    async fn form(
+        &self,
+        g: u64,
+        rev: i64,
+        admitted: &[Candidate],
+        joins: &[Join],
+        reason: String,
+    ) -> Result<Step, RendezvousError> {
+        let (restarts, _) = self.read_restarts().await?;
+        let mut plan = assign(
+            &self.run_id,
+            g + 1,
+            admitted,
+            restarts.failures,
+            restarts.membership,
+        )?;
+        // Every rank of the generation resumes from the same checkpoint: the newest sealed one
+        // not marked bad (or one a node found in its checkpoint directory). Another run's
+        // checkpoint (`--ckpt-resume-from`) only starts a run: adopted later, it would throw
+        // away the progress of the generations so far.
+        let hints: Vec<&Manifest> = admitted
+            .iter()
+            .filter_map(|c| {
+                joins
+                    .iter()
+                    .find(|j| j.candidate.node_id == c.node_id)
+                    .and_then(|j| j.resume_hint.as_deref())
+            })
+            .filter(|m| g == 0 || m.adopted_from.is_none())
+            .collect();
+        let ledger = Ledger::new(self.store.clone(), &self.run_id);
+        let resume = ledger.resume_point(&hints).await?;
+        plan.resume = resume.manifest.clone();
+        plan.formed_because = reason.clone();
+        // Constant size whatever the node count (etcd allows 128 ops per txn): admitted nodes
+        // find themselves in the plan and write their own membership keys.
+        let mut ops = vec![
+            Op::put(self.keys.gen_current(), run_state::encode_generation(g + 1)),
+            Op::put(self.keys.plan(g + 1), run_state::encode(&plan)),
+            Op::Delete(self.keys.leader()),
+            Op::Delete(self.keys.progress()),
+            Op::Delete(self.keys.round_failed()),
+        ];
+        if let (true, Some(m)) = (resume.import, &resume.manifest) {
+            ops.extend(ledger.import_ops(m));
+        }
+        let txn = Txn {
+            compares: vec![
+                Compare::ModRevisionEquals(self.keys.gen_current(), rev),
+                // A seal that landed since the read: decide again with it.
+                Compare::ModRevisionEquals(self.keys.ckpt_latest(), resume.latest_revision),
+            ],
+            success: ops,
+            failure: vec![],
+        };
+        match self.store.txn(txn).await {
+            Err(e) => Err(e.into()),
+            Ok(r) if r.succeeded => {
+                tracing::debug!(run = %self.run_id, gen = g + 1, "group formed: {reason}");
+                Ok(Step::Formed(Box::new(plan)))
+            }
+            Ok(_) => Ok(Step::Retry),
+        }
+    }
+}
+
+/// One step of the decider.
+pub(super) enum Step {
+    Formed(Box<Plan>),
+    Retry,
+    Wait(String, Instant),
+    Failed {
+        reason: String,
+        cause: FailCause,
+        /// Every node waiting in the round.
+        nodes: Vec<String>,
+    },
+}

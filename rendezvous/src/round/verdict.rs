@@ -1,0 +1,118 @@
+//! A failed round's verdict: published once by its decider, read by every node waiting in it.
+
+use super::{Round, RoundFailure};
+use crate::store::{Compare, Op, Txn};
+use crate::{RendezvousError, StoreError};
+
+impl Round {
+    /// The published verdict on this node's round, if any: a [`RoundFailure`] naming `node_id`,
+    /// written after its join (`join_rev`).
+    pub(super) async fn failure_for(
+        &self,
+        node_id: &str,
+        join_rev: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let key = self.keys.round_failed();
+        let Some(kv) = self.store.get(&key).await? else {
+            return Ok(None);
+        };
+        if kv.mod_revision <= join_rev {
+            return Ok(None); // an earlier round's
+        }
+        let f: RoundFailure =
+            serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
+                key,
+                reason: e.to_string(),
+            })?;
+        Ok(f.nodes.iter().any(|n| n == node_id).then_some(f.message))
+    }
+
+    /// Publishes the decider's verdict `err` to every node of the round (`nodes`) and returns
+    /// what this node reports: `err`, or the verdict another participant published on the same
+    /// round first. Best effort: a store error leaves the others to their own deadline.
+    pub(super) async fn publish_failure(
+        &self,
+        err: RendezvousError,
+        nodes: Vec<String>,
+        node_id: &str,
+        join_rev: i64,
+    ) -> RendezvousError {
+        let record = RoundFailure {
+            message: err.to_string(),
+            nodes,
+            at_ms: crate::clock::now_ms(),
+        };
+        for _ in 0..5 {
+            match self.try_publish(&record, node_id, join_rev).await {
+                Ok(Published::Raced) => continue,
+                Ok(Published::Mine) => {
+                    tracing::debug!(run = %self.run_id, "round failed: {}", record.message);
+                    return err;
+                }
+                Ok(Published::Earlier(message)) => return RendezvousError::RoundFailed(message),
+                Err(e) => {
+                    tracing::warn!(run = %self.run_id, error = %e, "could not publish the round's failure; the other nodes end at their own deadline");
+                    return err;
+                }
+            }
+        }
+        err
+    }
+
+    /// One attempt of [`Self::publish_failure`].
+    async fn try_publish(
+        &self,
+        record: &RoundFailure,
+        node_id: &str,
+        join_rev: i64,
+    ) -> Result<Published, StoreError> {
+        let key = self.keys.round_failed();
+        if let Some(message) = self.failure_for(node_id, join_rev).await? {
+            return Ok(Published::Earlier(message));
+        }
+        // Missing, or an earlier round's record (replaced).
+        let compare = match self.store.get(&key).await? {
+            None => Compare::Missing(key.clone()),
+            Some(kv) => Compare::ModRevisionEquals(key.clone(), kv.mod_revision),
+        };
+        let resp = self
+            .store
+            .txn(Txn {
+                compares: vec![compare],
+                success: vec![Op::put(
+                    key,
+                    serde_json::to_vec(record).expect("RoundFailure serializes"),
+                )],
+                failure: vec![],
+            })
+            .await?;
+        if !resp.succeeded {
+            return Ok(Published::Raced);
+        }
+        // A new round need not wait for this decider's lease to expire.
+        self.store
+            .txn(Txn {
+                compares: vec![Compare::ValueEquals(
+                    self.keys.leader(),
+                    node_id.as_bytes().to_vec(),
+                )],
+                success: vec![
+                    Op::Delete(self.keys.leader()),
+                    Op::Delete(self.keys.progress()),
+                ],
+                failure: vec![],
+            })
+            .await?;
+        Ok(Published::Mine)
+    }
+}
+
+/// What [`Round::try_publish`] achieved.
+enum Published {
+    /// This node's verdict is the round's.
+    Mine,
+    /// Another participant's verdict on this round came first: its message.
+    Earlier(String),
+    /// The record changed under the attempt: try again.
+    Raced,
+}

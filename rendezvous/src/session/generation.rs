@@ -1,0 +1,511 @@
+//! The pure generation core: what a session does about its running generation, given an input and the time.
+//!
+//! Every decision a session takes while a generation runs lives here, as functions of (the
+//! session's view of the generation, a watch event or a timer tick, now, the rules) returning
+//! effects for the actor to carry out and a reason a human can read. Nothing here touches the
+//! store, spawns or sleeps: the tests drive it with synthetic instants. The actor
+//! (`session/actor.rs`) classifies store events into [`Input`]s, calls [`step`], and executes the
+//! [`Effect`]s; a few effects are guarded by one store read (does a newcomer still wait? did the
+//! successor start?) whose answer is again judged here ([`successor_lost`]).
+//!
+//! See `docs/architecture.md` §2 (re-form, restarts, end) for the rules themselves.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::protocol::{Event, RunEnd};
+use crate::human::duration as human;
+use crate::keys::RunKeys;
+use crate::round::Restarts;
+use crate::store::{LeaseId, WatchEvent};
+use crate::{Plan, StoreError};
+
+/// The knobs the generation core needs, taken from [`super::SessionConfig`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rules {
+    /// `--nnodes` MAX: a newcomer is admitted only below it.
+    pub max_nodes: usize,
+    /// `--on-scale-up checkpoint`: how long a newcomer waits for a checkpoint's seal.
+    pub scale_up_save: Option<Duration>,
+    /// The successor must write its membership key within this (the lease TTL).
+    pub lease_ttl: Duration,
+    /// Job-wide worker-failure restart budget.
+    pub max_restarts: u32,
+}
+
+/// A newcomer held at the door until a coordinated checkpoint is sealed (`--on-scale-up
+/// checkpoint`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PendingScaleUp {
+    /// The newcomer that asked to join.
+    pub node: String,
+    /// `ckpt/latest` when the save was requested: a newer manifest id is the save.
+    pub latest_before: String,
+    /// Re-form without a checkpoint after this.
+    pub deadline: Instant,
+}
+
+/// The session's view of the generation it runs, with the deadlines it owns.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Running {
+    /// The generation's plan.
+    pub plan: Plan,
+    /// This node.
+    pub node: String,
+    /// The node after this one in node-rank order (the one this node watches), if any.
+    pub successor: Option<String>,
+    /// When the successor must have written its membership key; `None`: it has, or none.
+    pub successor_deadline: Option<Instant>,
+    /// Node rank 0 only: a newcomer waits while a coordinated checkpoint is taken.
+    pub scale_up: Option<PendingScaleUp>,
+}
+
+impl Running {
+    /// Enters `plan`'s generation as `node`. `before` is the view this session had (a re-watch
+    /// of the same generation keeps its pending scale-up; another generation's is dropped).
+    /// `successor_started`: the successor's membership key exists; if not, it has one lease TTL.
+    pub fn enter(
+        plan: Plan,
+        node: &str,
+        before: Option<Running>,
+        successor_started: bool,
+        now: Instant,
+        rules: &Rules,
+    ) -> Running {
+        let successor = successor(&plan, node);
+        let scale_up = before
+            .filter(|b| b.plan.generation == plan.generation)
+            .and_then(|b| b.scale_up);
+        let successor_deadline =
+            (successor.is_some() && !successor_started).then(|| now + rules.lease_ttl);
+        Running {
+            plan,
+            node: node.to_string(),
+            successor,
+            successor_deadline,
+            scale_up,
+        }
+    }
+
+    /// The generation number.
+    pub fn generation(&self) -> u64 {
+        self.plan.generation
+    }
+
+    /// The earliest instant at which a [`Input::Tick`] can change anything.
+    pub fn wake_at(&self) -> Option<Instant> {
+        let scale_up = self.scale_up.as_ref().map(|p| p.deadline);
+        match (self.successor_deadline, scale_up) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The scale-up save of `node` was written (`latest_before` was `ckpt/latest` then): hold
+    /// the newcomer until its seal or `now + limit`.
+    pub fn scale_up_requested(
+        &mut self,
+        node: &str,
+        latest_before: String,
+        now: Instant,
+        limit: Duration,
+    ) {
+        self.scale_up = Some(PendingScaleUp {
+            node: node.to_string(),
+            latest_before,
+            deadline: now + limit,
+        });
+    }
+
+    /// Nobody waits any more: the pending scale-up is called off (returns its newcomer).
+    pub fn call_off_scale_up(&mut self) -> Option<String> {
+        self.scale_up.take().map(|p| p.node)
+    }
+}
+
+/// What the store showed a running generation, or a timer.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Input {
+    /// `gen/<g>/closed` was written; the value is the reason.
+    Closed(String),
+    /// A coordinated checkpoint was requested (`gen/<g>/preempt` or `scale-up-save`; raw value).
+    SaveRequest(Vec<u8>),
+    /// `ckpt/latest` moved to this manifest id.
+    Sealed(String),
+    /// The run ended (`finished`).
+    Finished(RunEnd),
+    /// `waiting/<node>` was written: a node asks to join.
+    Waiting(String),
+    /// A `waiting/<node>` key went away.
+    WaitingGone,
+    /// `members/<g>/<node>` was written: the node started.
+    MemberUp(String),
+    /// `members/<g>/<node>` went away: the node left or its lease expired.
+    MemberGone(String),
+    /// A watched key this core has no use for.
+    Other,
+    /// Time passed: deadlines at or before `now` are due.
+    Tick,
+}
+
+/// Turns a watch event of generation `g` into an [`Input`]. A corrupt `finished` is an error.
+pub(crate) fn classify(keys: &RunKeys, g: u64, ev: WatchEvent) -> Result<Input, StoreError> {
+    let waiting = keys.waiting_prefix();
+    let members = keys.members_prefix(g);
+    Ok(match ev {
+        WatchEvent::Put(kv) if kv.key == keys.closed(g) => Input::Closed(kv.value_str()),
+        WatchEvent::Put(kv) if kv.key == keys.preempt(g) || kv.key == keys.scale_up_save(g) => {
+            Input::SaveRequest(kv.value)
+        }
+        WatchEvent::Put(kv) if kv.key == keys.ckpt_latest() => Input::Sealed(kv.value_str()),
+        WatchEvent::Put(kv) if kv.key == keys.finished() => Input::Finished(
+            serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
+                key: kv.key.clone(),
+                reason: e.to_string(),
+            })?,
+        ),
+        WatchEvent::Put(kv) if kv.key.starts_with(&waiting) => {
+            Input::Waiting(kv.key[waiting.len()..].to_string())
+        }
+        WatchEvent::Put(kv) if kv.key.starts_with(&members) => {
+            Input::MemberUp(kv.key[members.len()..].to_string())
+        }
+        WatchEvent::Delete(key, _) if key.starts_with(&waiting) => Input::WaitingGone,
+        WatchEvent::Delete(key, _) if key.starts_with(&members) => {
+            Input::MemberGone(key[members.len()..].to_string())
+        }
+        _ => Input::Other,
+    })
+}
+
+/// What the actor must do.
+// Short-lived, a few per step: the size of `Emit` does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Effect {
+    /// Tell the agent.
+    Emit(Event),
+    /// Tell the agent about a save request (raw value; undecodable ones are logged).
+    ReportSaveRequest(Vec<u8>),
+    /// Close the generation once (guarded on `gen/current`), with this reason.
+    Close(String),
+    /// Close the generation with `reason` only if a newcomer still waits; otherwise, when
+    /// `gone_note` is set, log it.
+    AdmitIfWaiting {
+        /// The close reason.
+        reason: String,
+        /// Logged when nobody waits any more.
+        gone_note: Option<String>,
+    },
+    /// Ask every rank for a checkpoint before admitting `node`; then
+    /// [`Running::scale_up_requested`].
+    RequestScaleUpSave {
+        /// The newcomer.
+        node: String,
+        /// How long to wait for the seal.
+        limit: Duration,
+    },
+    /// Call the pending scale-up off if no newcomer waits any more
+    /// ([`Running::call_off_scale_up`]).
+    CallOffIfNobodyWaits,
+    /// The successor vanished: read why and whether a preemption save is sealed, then judge
+    /// with [`successor_lost`].
+    SuccessorLost(String),
+    /// The successor's start deadline passed: close if its membership key is still missing,
+    /// with this reason.
+    CheckSuccessorStarted {
+        /// The successor.
+        node: String,
+        /// The close reason if it did not start.
+        reason: String,
+    },
+}
+
+/// The outcome of one [`step`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Step {
+    /// In order.
+    pub effects: Vec<Effect>,
+    /// The generation is over for this session (re-form or end): the session goes idle.
+    pub ends: bool,
+    /// Why, for a human (empty: nothing happened).
+    pub reason: String,
+}
+
+impl Step {
+    fn nothing(reason: impl Into<String>) -> Step {
+        Step {
+            effects: vec![],
+            ends: false,
+            reason: reason.into(),
+        }
+    }
+
+    fn does(effects: Vec<Effect>, reason: impl Into<String>) -> Step {
+        Step {
+            effects,
+            ends: false,
+            reason: reason.into(),
+        }
+    }
+
+    fn ends(effect: Effect, reason: impl Into<String>) -> Step {
+        Step {
+            effects: vec![effect],
+            ends: true,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The core: one input to a running generation. Pure: same inputs, same answer.
+pub(crate) fn step(run: &mut Running, input: Input, now: Instant, rules: &Rules) -> Step {
+    let g = run.generation();
+    match input {
+        Input::Closed(reason) => Step::ends(
+            Effect::Emit(Event::Reform {
+                generation: g,
+                reason: reason.clone(),
+            }),
+            format!("generation {g} closed: {reason}"),
+        ),
+        Input::Finished(end) => {
+            let why = format!("the run ended: {}", end.reason);
+            Step::ends(Effect::Emit(Event::Finished(end)), why)
+        }
+        Input::SaveRequest(v) => Step::does(
+            vec![Effect::ReportSaveRequest(v)],
+            "a coordinated checkpoint was requested",
+        ),
+        Input::Sealed(id) => sealed(run, id),
+        Input::Waiting(node) => newcomer(run, node, rules),
+        Input::WaitingGone if run.scale_up.is_some() => Step::does(
+            vec![Effect::CallOffIfNobodyWaits],
+            "a node stopped waiting while a scale-up is pending",
+        ),
+        Input::MemberUp(node) if run.successor.as_deref() == Some(node.as_str()) => {
+            run.successor_deadline = None;
+            Step::nothing(format!("successor {node} started"))
+        }
+        Input::MemberGone(node) if run.successor.as_deref() == Some(node.as_str()) => Step::does(
+            vec![Effect::SuccessorLost(node.clone())],
+            format!("successor {node} is gone"),
+        ),
+        Input::Tick => tick(run, now, rules),
+        Input::WaitingGone | Input::MemberUp(_) | Input::MemberGone(_) | Input::Other => {
+            Step::nothing("")
+        }
+    }
+}
+
+/// `ckpt/latest` moved: report it, and admit a newcomer held for this save.
+fn sealed(run: &mut Running, id: String) -> Step {
+    let mut effects = vec![Effect::Emit(Event::Sealed(id.clone()))];
+    let Some(p) = run.scale_up.take_if(|p| id > p.latest_before) else {
+        return Step::does(effects, format!("checkpoint {id} sealed"));
+    };
+    let reason = format!(
+        "node {} is waiting to join (scale-up), admitted after {} was sealed",
+        p.node,
+        crate::ledger::describe_id(&id)
+    );
+    effects.push(Effect::AdmitIfWaiting {
+        reason: reason.clone(),
+        gone_note: Some(format!(
+            "node {} stopped waiting before the checkpoint was sealed: no re-form",
+            p.node
+        )),
+    });
+    Step::does(effects, reason)
+}
+
+/// A node asks to join while the generation runs: a newcomer below MAX re-forms the group (at
+/// once, or after a coordinated checkpoint); a member's own join, or anyone at MAX, stands by.
+fn newcomer(run: &mut Running, node: String, rules: &Rules) -> Step {
+    if run.plan.member(&node).is_some() {
+        return Step::nothing(format!("node {node} is a member of the running generation"));
+    }
+    if run.plan.members.len() >= rules.max_nodes {
+        return Step::nothing(format!(
+            "node {node} stands by: the group is at its maximum of {} nodes",
+            rules.max_nodes
+        ));
+    }
+    let reason = format!("node {node} is waiting to join (scale-up)");
+    match rules.scale_up_save {
+        None => Step::does(vec![Effect::Close(reason.clone())], reason),
+        Some(_) if run.scale_up.is_some() => {
+            Step::nothing(format!("node {node} waits for the pending scale-up save"))
+        }
+        Some(limit) => Step::does(
+            vec![Effect::RequestScaleUpSave {
+                node: node.clone(),
+                limit,
+            }],
+            format!("{reason}: asking for a checkpoint first"),
+        ),
+    }
+}
+
+/// Deadlines at or before `now`: the successor's start, the scale-up save's seal.
+fn tick(run: &mut Running, now: Instant, rules: &Rules) -> Step {
+    let mut effects = vec![];
+    let mut why = vec![];
+    if run.successor_deadline.is_some_and(|d| d <= now) {
+        run.successor_deadline = None;
+        if let Some(succ) = &run.successor {
+            why.push(format!("successor {succ}'s start deadline passed"));
+            effects.push(Effect::CheckSuccessorStarted {
+                node: succ.clone(),
+                reason: format!(
+                    "node {succ} did not start within the lease TTL ({})",
+                    human(rules.lease_ttl)
+                ),
+            });
+        }
+    }
+    if let Some(p) = run.scale_up.take_if(|p| p.deadline <= now) {
+        let limit = rules.scale_up_save.unwrap_or_default();
+        let reason = format!(
+            "node {} is waiting to join (scale-up); no checkpoint was sealed within {}, re-forming without one",
+            p.node,
+            human(limit)
+        );
+        why.push(reason.clone());
+        effects.push(Effect::AdmitIfWaiting {
+            reason,
+            gone_note: None,
+        });
+    }
+    Step::does(effects, why.join("; "))
+}
+
+/// The successor `node` vanished, `why` (its `lost/<node>` record). `None`: no re-form, because
+/// every node stops after a sealed preemption checkpoint (exit 5) and saying so would mislead.
+pub(crate) fn successor_lost(
+    plan: &Plan,
+    node: &str,
+    why: &str,
+    preemption_sealed: bool,
+) -> Option<String> {
+    (!preemption_sealed).then(|| crate::loss::describe(plan, node, why))
+}
+
+/// Whether `node` watches the waiting set of `plan`: node rank 0 of a group below MAX.
+pub(crate) fn watches_newcomers(plan: &Plan, node: &str, rules: &Rules) -> bool {
+    plan.members.first().is_some_and(|m| m.node_id == node) && plan.members.len() < rules.max_nodes
+}
+
+/// The node after `node` in node-rank order (wrapping), if the group has another node.
+pub(crate) fn successor(plan: &Plan, node: &str) -> Option<String> {
+    let n = plan.members.len();
+    let i = plan.members.iter().position(|m| m.node_id == node)?;
+    (n > 1).then(|| plan.members[(i + 1) % n].node_id.clone())
+}
+
+/// What a worker failure of generation `g` does to the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FailureVerdict {
+    /// A re-form is already under way, or `g` is over: restart, spending nothing.
+    Joins {
+        /// Counters as they are.
+        restarts: Restarts,
+        /// Why nothing is spent.
+        reason: String,
+    },
+    /// Spend one unit of the budget and close `g` with `closed`.
+    Spend {
+        /// Counters after spending.
+        next: Restarts,
+        /// The close reason.
+        closed: String,
+    },
+    /// The budget is spent: end the run as failed.
+    End {
+        /// The run's end.
+        end: RunEnd,
+        /// Counters with this failure in the history.
+        last: Restarts,
+    },
+}
+
+/// The failure budget: a failure of generation `g` (`description`), given the counters, the
+/// current generation and `gen/<g>/closed`. `at_ms`: the time of a run end.
+pub(crate) fn failure_verdict(
+    g: u64,
+    description: &str,
+    restarts: &Restarts,
+    current: u64,
+    closed: Option<&str>,
+    rules: &Rules,
+    at_ms: u64,
+) -> FailureVerdict {
+    if let Some(why) = closed {
+        return FailureVerdict::Joins {
+            restarts: restarts.clone(),
+            reason: format!("the failure joins an ongoing re-form ({why})"),
+        };
+    }
+    if current != g {
+        return FailureVerdict::Joins {
+            restarts: restarts.clone(),
+            reason: format!("generation {g} is over (current: {current})"),
+        };
+    }
+    let mut next = restarts.clone();
+    next.history.push(format!("generation {g}: {description}"));
+    if restarts.failures < rules.max_restarts {
+        next.failures += 1;
+        return FailureVerdict::Spend {
+            next,
+            closed: format!("worker failure: {description}"),
+        };
+    }
+    FailureVerdict::End {
+        end: RunEnd {
+            success: false,
+            reason: format!(
+                "{description}; restart budget spent ({} of {} used)",
+                restarts.failures, rules.max_restarts
+            ),
+            at_ms,
+        },
+        last: next,
+    }
+}
+
+/// The exit barrier: when every member of `plan` has succeeded (`done` holds their node ids),
+/// the run's successful end; `None` while a node is still late.
+pub(crate) fn exit_barrier(plan: &Plan, done: &[String], at_ms: u64) -> Option<RunEnd> {
+    plan.members
+        .iter()
+        .all(|m| done.contains(&m.node_id))
+        .then(|| RunEnd {
+            success: true,
+            reason: format!(
+                "all {} workers of generation {} succeeded",
+                plan.world_size, plan.generation
+            ),
+            at_ms,
+        })
+}
+
+/// The keeper gave up on lease `lost`: fence unless the session holds another lease by now.
+pub(crate) fn fences(held: Option<LeaseId>, lost: LeaseId) -> bool {
+    held == Some(lost)
+}
+
+/// A Join of an agent that last ran generation `after`, while the session runs `running`
+/// (`None`: not running) or waits: ignored as a duplicate.
+pub(crate) fn join_is_duplicate(waiting: bool, running: Option<u64>, after: u64) -> bool {
+    waiting || running.is_some_and(|g| g > after)
+}
+
+#[cfg(test)]
+#[path = "generation_tests.rs"]
+mod tests;
+
+#[cfg(test)]
+#[path = "generation_verdict_tests.rs"]
+mod verdict_tests;

@@ -1,0 +1,214 @@
+//! Unit tests of the generation core's verdicts: failure budget, exit barrier, fence, joins, watch events.
+
+use std::time::Duration;
+
+use super::*;
+use crate::store::KeyValue;
+use crate::{assign, Candidate};
+
+fn cand(id: &str) -> Candidate {
+    Candidate {
+        node_id: id.into(),
+        advertise_addr: "127.0.0.1".into(),
+        slots: 2,
+        requested_node_rank: None,
+        master_port: 1,
+    }
+}
+
+fn plan(g: u64, nodes: &[&str]) -> Plan {
+    let cands: Vec<Candidate> = nodes.iter().map(|n| cand(n)).collect();
+    assign("run", g, &cands, 0, 0).expect("formable")
+}
+
+fn rules() -> Rules {
+    Rules {
+        max_nodes: 4,
+        scale_up_save: None,
+        lease_ttl: Duration::from_secs(10),
+        max_restarts: 2,
+    }
+}
+
+// ---- failure budget ----
+
+#[test]
+fn a_worker_failure_with_budget_left_spends_one_restart() {
+    let r = Restarts::default();
+    let v = failure_verdict(3, "rank 1 exited 1", &r, 3, None, &rules(), 5);
+    let FailureVerdict::Spend { next, closed } = v else {
+        panic!("{v:?}")
+    };
+    assert_eq!(next.failures, 1);
+    assert_eq!(
+        next.history,
+        vec!["generation 3: rank 1 exited 1".to_string()]
+    );
+    assert_eq!(closed, "worker failure: rank 1 exited 1");
+}
+
+#[test]
+fn a_worker_failure_with_the_budget_spent_ends_the_run() {
+    let r = Restarts {
+        failures: 2,
+        membership: 1,
+        history: vec!["generation 1: x".into(), "generation 2: y".into()],
+    };
+    let v = failure_verdict(3, "rank 0 killed by SIGSEGV", &r, 3, None, &rules(), 42);
+    let FailureVerdict::End { end, last } = v else {
+        panic!("{v:?}")
+    };
+    assert!(!end.success);
+    assert_eq!(end.at_ms, 42);
+    assert_eq!(
+        end.reason,
+        "rank 0 killed by SIGSEGV; restart budget spent (2 of 2 used)"
+    );
+    assert_eq!(last.failures, 2, "nothing more spent");
+    assert_eq!(last.history.len(), 3);
+}
+
+#[test]
+fn a_zero_budget_ends_the_run_at_the_first_failure() {
+    let zero = Rules {
+        max_restarts: 0,
+        ..rules()
+    };
+    let v = failure_verdict(
+        1,
+        "rank 0 exited 1",
+        &Restarts::default(),
+        1,
+        None,
+        &zero,
+        0,
+    );
+    assert!(matches!(v, FailureVerdict::End { .. }));
+}
+
+#[test]
+fn a_failure_during_a_reform_spends_nothing() {
+    let r = Restarts::default();
+    let v = failure_verdict(
+        3,
+        "rank 1 exited 1",
+        &r,
+        3,
+        Some("node b left"),
+        &rules(),
+        0,
+    );
+    assert!(matches!(v, FailureVerdict::Joins { ref restarts, .. } if restarts == &r));
+    let spent = Restarts {
+        failures: 2,
+        ..Restarts::default()
+    };
+    let v = failure_verdict(3, "x", &spent, 3, Some("worker failure: y"), &rules(), 0);
+    assert!(
+        matches!(v, FailureVerdict::Joins { .. }),
+        "even with the budget spent"
+    );
+}
+
+#[test]
+fn a_failure_of_an_older_generation_spends_nothing() {
+    let v = failure_verdict(3, "x", &Restarts::default(), 4, None, &rules(), 0);
+    assert!(matches!(v, FailureVerdict::Joins { ref reason, .. } if reason.contains("over")));
+}
+
+// ---- exit barrier ----
+
+#[test]
+fn the_exit_barrier_waits_for_the_late_node() {
+    let p = plan(3, &["a", "b", "c"]);
+    assert_eq!(exit_barrier(&p, &["a".into(), "c".into()], 1), None);
+    assert_eq!(exit_barrier(&p, &[], 1), None);
+}
+
+#[test]
+fn the_exit_barrier_ends_the_run_when_every_node_finished() {
+    let p = plan(3, &["a", "b", "c"]);
+    let done = vec!["c".to_string(), "a".into(), "b".into(), "stranger".into()];
+    let end = exit_barrier(&p, &done, 9).expect("finished");
+    assert!(end.success);
+    assert_eq!(end.at_ms, 9);
+    assert_eq!(end.reason, "all 6 workers of generation 3 succeeded");
+}
+
+// ---- fence, lease lost, duplicate joins ----
+
+#[test]
+fn a_lost_lease_fences_only_when_it_is_the_held_one() {
+    assert!(fences(Some(7), 7));
+    assert!(!fences(Some(8), 7), "a lease already replaced");
+    assert!(!fences(None, 7), "already fenced");
+}
+
+#[test]
+fn duplicate_joins_are_ignored() {
+    assert!(join_is_duplicate(true, None, 0), "already waiting");
+    assert!(
+        join_is_duplicate(false, Some(4), 3),
+        "runs a newer generation"
+    );
+    assert!(
+        !join_is_duplicate(false, Some(3), 3),
+        "re-joins after its generation"
+    );
+    assert!(!join_is_duplicate(false, None, 3), "idle");
+}
+
+// ---- classification of watch events ----
+
+fn put(key: String, value: &str) -> WatchEvent {
+    WatchEvent::Put(KeyValue {
+        key,
+        value: value.as_bytes().to_vec(),
+        create_revision: 1,
+        mod_revision: 1,
+        lease: None,
+    })
+}
+
+#[test]
+fn watch_events_are_classified_by_key() {
+    let k = RunKeys::new("run");
+    let c = |ev| classify(&k, 3, ev).expect("decodes");
+    assert_eq!(c(put(k.closed(3), "why")), Input::Closed("why".into()));
+    assert_eq!(
+        c(put(k.preempt(3), "{}")),
+        Input::SaveRequest(b"{}".to_vec())
+    );
+    assert_eq!(
+        c(put(k.scale_up_save(3), "{}")),
+        Input::SaveRequest(b"{}".to_vec())
+    );
+    assert_eq!(c(put(k.ckpt_latest(), "id")), Input::Sealed("id".into()));
+    assert_eq!(c(put(k.waiting("d"), "{}")), Input::Waiting("d".into()));
+    assert_eq!(c(put(k.member(3, "b"), "{}")), Input::MemberUp("b".into()));
+    assert_eq!(
+        c(put(k.member(2, "b"), "{}")),
+        Input::Other,
+        "another generation"
+    );
+    assert_eq!(c(WatchEvent::Delete(k.waiting("d"), 2)), Input::WaitingGone);
+    assert_eq!(
+        c(WatchEvent::Delete(k.member(3, "b"), 2)),
+        Input::MemberGone("b".into())
+    );
+    assert_eq!(c(put(k.plan(3), "{}")), Input::Other);
+}
+
+#[test]
+fn a_corrupt_run_end_is_an_error() {
+    let k = RunKeys::new("run");
+    assert!(matches!(
+        classify(&k, 3, put(k.finished(), "not json")),
+        Err(StoreError::Corrupt { .. })
+    ));
+    let end = r#"{"success":true,"reason":"ok","at_ms":1}"#;
+    assert!(matches!(
+        classify(&k, 3, put(k.finished(), end)),
+        Ok(Input::Finished(RunEnd { success: true, .. }))
+    ));
+}

@@ -1,0 +1,167 @@
+//! The session's protocol: the requests an agent sends, the events it receives, and the records a session writes.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::{CommitOutcome, NodeCommit, Retention};
+use crate::round::Restarts;
+use crate::store::LeaseId;
+use crate::{Join, Plan, RoundConfig};
+
+/// Settings of one node's session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Run id.
+    pub run_id: String,
+    /// This node's identity.
+    pub node_id: String,
+    /// Completion rules of each round.
+    pub round: RoundConfig,
+    /// Lease time-to-live (etcd rounds it up to whole seconds); default 10 s.
+    pub lease_ttl: Duration,
+    /// Keep-alive period; default TTL/3.
+    pub keep_alive_interval: Duration,
+    /// Job-wide worker-failure restart budget (`--max-restarts`).
+    pub max_restarts: u32,
+    /// Renew the lease on a timer (agent-side). `false`: only on [`Request::KeepAlive`].
+    pub auto_keep_alive: bool,
+    /// `--on-scale-up checkpoint`: before a newcomer below MAX re-forms the group, ask every
+    /// rank for a coordinated checkpoint and wait this long at most for its seal (lost work
+    /// stays under one step; `docs/architecture.md` §4). `None`: re-form at once (torchrun's behaviour).
+    pub scale_up_save: Option<Duration>,
+}
+
+/// State carried over when an agent reconnects to another server replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume {
+    /// The lease the agent holds.
+    pub lease: LeaseId,
+    /// Generation the agent runs workers of (0: none).
+    pub generation: u64,
+    /// The join the agent is waiting with, if it is waiting.
+    pub waiting: Option<Join>,
+}
+
+/// How a run ended (key `finished`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunEnd {
+    /// All workers of the last generation exited 0.
+    pub success: bool,
+    /// Human-readable cause.
+    pub reason: String,
+    /// When, in milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// A job-wide request for a coordinated checkpoint (key `gen/<g>/preempt`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SaveRequest {
+    /// Node that asked.
+    pub node_id: String,
+    /// Why (e.g. "SIGUSR1: preemption warning").
+    pub reason: String,
+    /// `ckpt/latest` when asked (a manifest id; empty: none): the save is done when a newer
+    /// manifest is sealed.
+    pub latest_before: String,
+    /// When, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// Asked before admitting a newcomer (`--on-scale-up checkpoint`), not for a preemption:
+    /// the agents carry on after the seal instead of stopping.
+    #[serde(default)]
+    pub scale_up: bool,
+}
+
+/// From the agent to its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Ask to be admitted to the generation after the given one (the last this agent ran
+    /// workers of, 0 for none). Duplicates are ignored: while already waiting, or when the
+    /// session already runs a newer generation than the agent has seen.
+    Join(Join, u64),
+    /// Renew the lease (server-side sessions).
+    KeepAlive,
+    /// Every local worker of generation `g` exited 0.
+    Succeeded(u64),
+    /// A local worker of generation `generation` failed.
+    Failed {
+        /// Generation.
+        generation: u64,
+        /// One line: which rank, which exit.
+        description: String,
+    },
+    /// Leave the run: revoke the lease (survivors re-form).
+    Leave,
+    /// Ask every rank of generation `generation` for a coordinated checkpoint (once per
+    /// generation; every member gets [`Event::SaveRequested`]).
+    Preempt {
+        /// Generation.
+        generation: u64,
+        /// Why, one line.
+        reason: String,
+    },
+    /// Record this node's checkpoint report of a step; answered by [`Event::Committed`].
+    Commit {
+        /// The node's batched report.
+        commit: NodeCommit,
+        /// Retention policy applied when this commit seals the step.
+        retention: Retention,
+    },
+    /// The resume point of generation `generation` failed verification on this node: mark
+    /// manifest `id` bad and re-form (onto the previous manifest).
+    MarkBad {
+        /// Generation whose plan carried the manifest.
+        generation: u64,
+        /// Manifest id.
+        id: String,
+        /// One line: which file, what differed.
+        reason: String,
+    },
+}
+
+/// From the session to the agent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The session holds `lease`.
+    Opened {
+        /// Lease id.
+        lease: LeaseId,
+    },
+    /// Rendezvous progress (e.g. "waiting for 1 more node (1/2)").
+    Waiting(String),
+    /// The group formed and this node is a member.
+    Formed(Plan),
+    /// The running generation ended; stop workers and join again.
+    Reform {
+        /// The generation that ended.
+        generation: u64,
+        /// Why.
+        reason: String,
+    },
+    /// The run ended (or had already ended when the session opened).
+    Finished(RunEnd),
+    /// Answer to [`Request::Failed`]: restart (budget left) or not.
+    FailureDecision {
+        /// Whether the group restarts.
+        restart: bool,
+        /// Counters after the decision.
+        restarts: Restarts,
+    },
+    /// The lease is gone: this node is no longer a member.
+    Fenced(String),
+    /// The rendezvous failed for good (e.g. join timeout); one line.
+    Error(String),
+    /// A coordinated checkpoint was requested for the running generation.
+    SaveRequested(SaveRequest),
+    /// A checkpoint was sealed (`ckpt/latest` moved to this manifest id).
+    Sealed(String),
+    /// Answer to [`Request::Commit`].
+    Committed {
+        /// Generation of the commit.
+        generation: u64,
+        /// Step of the commit.
+        step: u64,
+        /// What it achieved, or one line saying why it was refused.
+        result: Result<CommitOutcome, String>,
+    },
+}

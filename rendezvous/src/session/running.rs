@@ -1,0 +1,293 @@
+//! Entering and watching a running generation: the store I/O around the pure generation core.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::actor::{is_transient, Actor, Phase, Watch};
+use super::generation::{self, Effect, Input, Running};
+use super::protocol::{Event, SaveRequest};
+use crate::human::duration as human;
+use crate::store::{Op, Txn, WatchEvent};
+use crate::{Plan, RendezvousError, StoreError};
+
+impl Actor {
+    /// Re-establishes the watch of a running generation after the store hiccuped, retrying
+    /// transient errors; the agent hears nothing unless something really changed.
+    pub(super) async fn rewatch(&mut self, run: Running) -> Phase {
+        let plan = run.plan.clone();
+        self.rewatch_plan(plan, Some(run)).await
+    }
+
+    /// [`Self::rewatch`] from a plan (and the view before, if any).
+    pub(super) async fn rewatch_plan(&mut self, plan: Plan, before: Option<Running>) -> Phase {
+        loop {
+            match self.running(plan.clone(), before.clone(), false).await {
+                Ok(p) => return p,
+                Err(e) if is_transient(&e) && self.lease.is_some() => {
+                    tracing::warn!(error = %e, "store unavailable; retrying the watch");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => {
+                    self.emit(Event::Error(e.to_string()));
+                    return Phase::Idle;
+                }
+            }
+        }
+    }
+
+    /// Enters generation `plan.generation`: membership key, watch, and a check of what may have
+    /// happened before the watch started. `before`: this session's view of it, on a re-watch.
+    pub(super) async fn running(
+        &mut self,
+        plan: Plan,
+        before: Option<Running>,
+        announce: bool,
+    ) -> Result<Phase, RendezvousError> {
+        let Some(lease) = self.lease else {
+            return Ok(Phase::Idle);
+        };
+        let keys = self.round.keys().clone();
+        // Membership of generation g, under our lease, replaces the join that got us in. A
+        // lease that is gone fences us; a generation already closed is reported below.
+        let member = keys.member(plan.generation, &self.cfg.node_id);
+        let resp = self
+            .store
+            .txn(Txn {
+                compares: vec![],
+                success: vec![
+                    Op::Put {
+                        key: member,
+                        value: b"{}".to_vec(),
+                        lease: Some(lease),
+                    },
+                    Op::Delete(keys.waiting(&self.cfg.node_id)),
+                ],
+                failure: vec![],
+            })
+            .await;
+        match resp {
+            Err(StoreError::LeaseLost(_)) => {
+                self.fence(format!(
+                    "lease lost before joining generation {}",
+                    plan.generation
+                ));
+                return Ok(Phase::Idle);
+            }
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
+        }
+        let watch = self.watch_generation(&plan).await?;
+        // Watch first, then read: whatever happened before the watch began is seen here.
+        if announce {
+            self.emit(Event::Formed(plan.clone()));
+        }
+        if let Some(end) = self.finished().await? {
+            self.emit(Event::Finished(end));
+            return Ok(Phase::Idle);
+        }
+        if let Some(kv) = self.store.get(&keys.preempt(plan.generation)).await? {
+            self.emit_save_request(&kv.value);
+        }
+        if let Some(kv) = self.store.get(&keys.scale_up_save(plan.generation)).await? {
+            self.emit_save_request(&kv.value);
+        }
+        if let Some(reason) = self.closed_reason(&plan).await? {
+            self.emit(Event::Reform {
+                generation: plan.generation,
+                reason,
+            });
+            return Ok(Phase::Idle);
+        }
+        // The successor writes its membership key as soon as it sees the plan; if it has not
+        // within a lease TTL, it died before starting.
+        let successor_started = match generation::successor(&plan, &self.cfg.node_id) {
+            Some(succ) => self
+                .store
+                .get(&keys.member(plan.generation, &succ))
+                .await?
+                .is_some(),
+            None => true,
+        };
+        let run = Running::enter(
+            plan,
+            &self.cfg.node_id,
+            before,
+            successor_started,
+            Instant::now(),
+            &self.rules,
+        );
+        Ok(Phase::Running(run, watch))
+    }
+
+    /// The watches of a running generation, merged into one channel (`None` = a watch broke).
+    ///
+    /// Kept linear in the group size: each node watches the end of its generation
+    /// (`gen/<g>/`), the end of the run, and only its successor's membership key in node-rank
+    /// order, so every loss is seen by exactly one node; node rank 0 alone watches the
+    /// waiting set for scale-up. Done records live outside `gen/<g>/` so nobody watches them: the
+    /// last node to succeed writes the end of the run.
+    async fn watch_generation(&self, plan: &Plan) -> Result<Watch, StoreError> {
+        let keys = self.round.keys();
+        let g = plan.generation;
+        let mut prefixes = vec![
+            keys.generation_prefix(g),
+            keys.finished(),
+            keys.ckpt_latest(),
+        ];
+        if let Some(succ) = generation::successor(plan, &self.cfg.node_id) {
+            prefixes.push(keys.member(g, &succ));
+        }
+        if generation::watches_newcomers(plan, &self.cfg.node_id, &self.rules) {
+            prefixes.push(keys.waiting_prefix());
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        for prefix in prefixes {
+            let mut source = self.store.watch_prefix(&prefix, 0).await?;
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        ev = source.recv() => {
+                            let done = ev.is_none();
+                            if tx.send(ev).is_err() || done {
+                                return;
+                            }
+                        }
+                        _ = tx.closed() => return,
+                    }
+                }
+            });
+        }
+        Ok(rx)
+    }
+
+    async fn closed_reason(&self, plan: &Plan) -> Result<Option<String>, RendezvousError> {
+        let keys = self.round.keys();
+        if let Some(kv) = self.store.get(&keys.closed(plan.generation)).await? {
+            return Ok(Some(kv.value_str()));
+        }
+        let (g, _) = self.round.current_generation().await?;
+        if g > plan.generation {
+            return Ok(Some(format!("generation {g} formed")));
+        }
+        Ok(None)
+    }
+
+    /// Reports a `gen/<g>/preempt` value (a [`SaveRequest`]) to the agent.
+    pub(super) fn emit_save_request(&self, value: &[u8]) {
+        match serde_json::from_slice::<SaveRequest>(value) {
+            Ok(req) => self.emit(Event::SaveRequested(req)),
+            Err(e) => tracing::warn!(error = %e, "ignoring an undecodable save request"),
+        }
+    }
+
+    /// A watch event of the running generation.
+    pub(super) async fn on_watch(
+        &mut self,
+        run: Running,
+        watch: Watch,
+        ev: WatchEvent,
+    ) -> Result<Phase, RendezvousError> {
+        let input = generation::classify(self.round.keys(), run.generation(), ev)?;
+        self.on_input(run, watch, input).await
+    }
+
+    /// A deadline of the running generation passed.
+    pub(super) async fn on_deadline(
+        &mut self,
+        run: Running,
+        watch: Watch,
+    ) -> Result<Phase, RendezvousError> {
+        self.on_input(run, watch, Input::Tick).await
+    }
+
+    /// Asks the core, carries out its effects; a transient store error re-watches.
+    async fn on_input(
+        &mut self,
+        mut run: Running,
+        watch: Watch,
+        input: Input,
+    ) -> Result<Phase, RendezvousError> {
+        let step = generation::step(&mut run, input, Instant::now(), &self.rules);
+        if !step.reason.is_empty() {
+            tracing::debug!(run = %self.cfg.run_id, gen = run.generation(), "{}", step.reason);
+        }
+        for effect in step.effects {
+            match self.execute(&mut run, effect).await {
+                Ok(()) => {}
+                Err(e) if is_transient(&e) => {
+                    tracing::warn!(error = %e, "store error while watching the group; re-watching");
+                    return Ok(self.rewatch(run).await);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(if step.ends {
+            Phase::Idle
+        } else {
+            Phase::Running(run, watch)
+        })
+    }
+
+    /// Carries out one effect of the generation core.
+    async fn execute(&mut self, run: &mut Running, effect: Effect) -> Result<(), RendezvousError> {
+        let g = run.generation();
+        match effect {
+            Effect::Emit(ev) => self.emit(ev),
+            Effect::ReportSaveRequest(v) => self.emit_save_request(&v),
+            Effect::Close(reason) => {
+                self.close(g, reason).await?;
+            }
+            Effect::AdmitIfWaiting { reason, gone_note } => {
+                if self.newcomer_waiting(&run.plan).await? {
+                    self.close(g, reason).await?;
+                } else if let Some(note) = gone_note {
+                    tracing::info!(run = %self.cfg.run_id, gen = g, "{note}");
+                }
+            }
+            Effect::RequestScaleUpSave { node, limit } => {
+                let latest_before = self
+                    .request_save(
+                        g,
+                        format!("node {node} is waiting to join (scale-up)"),
+                        true,
+                    )
+                    .await?;
+                tracing::info!(
+                    run = %self.cfg.run_id,
+                    gen = g,
+                    "node {node} is waiting to join: asking every rank for a checkpoint first (--on-scale-up checkpoint, up to {})", human(limit)
+                );
+                run.scale_up_requested(&node, latest_before, Instant::now(), limit);
+            }
+            Effect::CallOffIfNobodyWaits => {
+                if !self.newcomer_waiting(&run.plan).await? {
+                    if let Some(node) = run.call_off_scale_up() {
+                        tracing::info!(run = %self.cfg.run_id, gen = g, "node {node} stopped waiting to join: the scale-up is called off, no re-form");
+                    }
+                }
+            }
+            Effect::SuccessorLost(node) => {
+                let why = self.round.state().lost(&node).await?;
+                let sealed = self.preemption_sealed(g).await?;
+                match generation::successor_lost(&run.plan, &node, &why, sealed) {
+                    Some(reason) => {
+                        self.close(g, reason).await?;
+                    }
+                    None => {
+                        tracing::debug!(run = %self.cfg.run_id, gen = g, "node {node} left after the preemption checkpoint");
+                    }
+                }
+            }
+            Effect::CheckSuccessorStarted { node, reason } => {
+                let key = self.round.keys().member(g, &node);
+                if self.store.get(&key).await?.is_none() {
+                    self.close(g, reason).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,190 @@
+//! The session's guarded store writes: close a generation, request a save, the exit barrier, the failure budget.
+
+use super::actor::Actor;
+use super::generation::{self, FailureVerdict};
+use super::protocol::SaveRequest;
+use crate::clock::now_ms;
+use crate::round::{RestartCause, Restarts};
+use crate::run_state;
+use crate::store::{Compare, Op, Txn};
+use crate::{Plan, RendezvousError};
+
+impl Actor {
+    /// Closes generation `g` once (guarded) for a membership change, with `reason`, and counts
+    /// one membership restart.
+    pub(super) async fn close(&self, g: u64, reason: String) -> Result<bool, RendezvousError> {
+        let keys = self.round.keys();
+        let (cur, rev) = self.round.current_generation().await?;
+        if cur != g {
+            return Ok(false);
+        }
+        let resp = self
+            .store
+            .txn(Txn {
+                compares: vec![
+                    Compare::ModRevisionEquals(keys.gen_current(), rev),
+                    Compare::Missing(keys.closed(g)),
+                ],
+                success: vec![Op::put(keys.closed(g), reason.clone())],
+                failure: vec![],
+            })
+            .await?;
+        if resp.succeeded {
+            tracing::info!(run = %self.cfg.run_id, gen = g, %reason, "generation closed for re-form");
+            self.round.record_restart(RestartCause::Membership).await?;
+        }
+        Ok(resp.succeeded)
+    }
+
+    /// Writes generation `g`'s request for a coordinated checkpoint, once (`gen/<g>/preempt`, or
+    /// `gen/<g>/scale-up-save` for a scale-up); every member sees it through its watch. Returns
+    /// `ckpt/latest` at the time: a newer manifest id is the requested save.
+    pub(super) async fn request_save(
+        &self,
+        g: u64,
+        reason: String,
+        scale_up: bool,
+    ) -> Result<String, RendezvousError> {
+        let keys = self.round.keys();
+        let key = if scale_up {
+            keys.scale_up_save(g)
+        } else {
+            keys.preempt(g)
+        };
+        let latest_before = self
+            .store
+            .get(&keys.ckpt_latest())
+            .await?
+            .map(|kv| kv.value_str())
+            .unwrap_or_default();
+        let req = SaveRequest {
+            node_id: self.cfg.node_id.clone(),
+            reason,
+            latest_before: latest_before.clone(),
+            at_ms: now_ms(),
+            scale_up,
+        };
+        self.store
+            .txn(Txn {
+                compares: vec![
+                    Compare::Missing(key.clone()),
+                    Compare::ValueEquals(keys.gen_current(), g.to_string().into()),
+                ],
+                success: vec![Op::put(key, serde_json::to_vec(&req).expect("serializes"))],
+                failure: vec![],
+            })
+            .await?;
+        Ok(latest_before)
+    }
+
+    /// Whether a node outside `plan` is waiting to join (a newcomer, not a member's own join).
+    pub(super) async fn newcomer_waiting(&self, plan: &Plan) -> Result<bool, RendezvousError> {
+        let prefix = self.round.keys().waiting_prefix();
+        Ok(self
+            .store
+            .get_prefix(&prefix)
+            .await?
+            .iter()
+            .any(|kv| plan.member(&kv.key[prefix.len()..]).is_none()))
+    }
+
+    /// The exit barrier: writes `finished` once every member of `plan` recorded its success.
+    pub(super) async fn maybe_finish(&self, plan: &Plan) -> Result<(), RendezvousError> {
+        let keys = self.round.keys();
+        let prefix = keys.done_prefix(plan.generation);
+        let done: Vec<String> = self
+            .store
+            .get_prefix(&prefix)
+            .await?
+            .into_iter()
+            .filter_map(|kv| kv.key.strip_prefix(&prefix).map(str::to_string))
+            .collect();
+        if let Some(end) = generation::exit_barrier(plan, &done, now_ms()) {
+            self.store
+                .txn(Txn {
+                    compares: vec![
+                        Compare::Missing(keys.finished()),
+                        Compare::Missing(keys.closed(plan.generation)),
+                    ],
+                    success: vec![Op::put(keys.finished(), run_state::encode(&end))],
+                    failure: vec![],
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Spends one restart of the job-wide budget and closes `g`, or ends the run as failed
+    /// (the verdict is [`generation::failure_verdict`]'s).
+    pub(super) async fn decide_failure(
+        &self,
+        g: u64,
+        description: &str,
+    ) -> Result<(bool, Restarts), RendezvousError> {
+        if let Some(restarts) = self.attribute_to_loss(g, description).await? {
+            return Ok((true, restarts));
+        }
+        let keys = self.round.keys();
+        loop {
+            let restarts = self.round.restarts().await?;
+            let (cur, cur_rev) = self.round.current_generation().await?;
+            let closed = self.round.state().closed(g).await?;
+            let verdict = generation::failure_verdict(
+                g,
+                description,
+                &restarts,
+                cur,
+                closed.as_deref(),
+                &self.rules,
+                now_ms(),
+            );
+            match verdict {
+                FailureVerdict::Joins { restarts, reason } => {
+                    if closed.is_some() {
+                        tracing::info!(gen = g, "{reason}");
+                    }
+                    return Ok((true, restarts));
+                }
+                FailureVerdict::Spend { next, closed } => {
+                    let restarts_key = keys.restarts();
+                    let rev = self
+                        .store
+                        .get(&restarts_key)
+                        .await?
+                        .map_or(0, |kv| kv.mod_revision);
+                    let resp = self
+                        .store
+                        .txn(Txn {
+                            compares: vec![
+                                Compare::ModRevisionEquals(keys.gen_current(), cur_rev),
+                                Compare::ModRevisionEquals(restarts_key.clone(), rev),
+                                Compare::Missing(keys.closed(g)),
+                            ],
+                            success: vec![
+                                Op::put(restarts_key, run_state::encode(&next)),
+                                Op::put(keys.closed(g), closed),
+                            ],
+                            failure: vec![],
+                        })
+                        .await?;
+                    if resp.succeeded {
+                        return Ok((true, next));
+                    }
+                }
+                FailureVerdict::End { end, last } => {
+                    self.store
+                        .txn(Txn {
+                            compares: vec![Compare::Missing(keys.finished())],
+                            success: vec![
+                                Op::put(keys.finished(), run_state::encode(&end)),
+                                Op::put(keys.restarts(), run_state::encode(&last)),
+                            ],
+                            failure: vec![],
+                        })
+                        .await?;
+                    return Ok((false, last));
+                }
+            }
+        }
+    }
+}
