@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use std::time::{Duration, UNIX_EPOCH};
 
 use drun_rendezvous::human::duration as human;
-use drun_rendezvous::session::{Event, Request, RunEnd, SessionConfig};
-use drun_rendezvous::{Candidate, Plan, RoundConfig};
+use drun_rendezvous::session::{Event, Request, RunEnd};
+use drun_rendezvous::{Candidate, Plan};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -270,26 +270,7 @@ impl Agent {
             );
         }
         let t = self.cfg.timing;
-        let session = SessionConfig {
-            run_id: self.cfg.run_id.clone(),
-            node_id: self.cfg.node_id.clone(),
-            round: RoundConfig {
-                min_nodes: self.cfg.min_nodes as usize,
-                max_nodes: self.cfg.max_nodes as usize,
-                last_call: if self.cfg.min_nodes == self.cfg.max_nodes {
-                    Duration::ZERO
-                } else {
-                    t.last_call
-                },
-                join_timeout: t.join_timeout,
-                settle: t.settle,
-            },
-            lease_ttl: t.lease_ttl,
-            keep_alive_interval: t.keep_alive_interval,
-            max_restarts: self.cfg.max_restarts,
-            auto_keep_alive: true,
-            scale_up_save: self.cfg.ckpt.scale_up_save,
-        };
+        let session = self.cfg.session_config();
         if self.cfg.max_nodes > 1 || !matches!(self.cfg.rendezvous, RendezvousMode::Embedded { .. })
         {
             tracing::info!(

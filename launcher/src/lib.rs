@@ -42,13 +42,13 @@ macro_rules! say_raw {
 
 pub mod agent;
 pub mod ckpt;
+pub mod cli;
 pub mod command;
 pub mod config;
 pub mod env;
 pub mod error;
 pub mod exit;
 pub mod group;
-pub mod launch;
 pub mod logs;
 pub mod os;
 pub mod phases;
@@ -59,8 +59,8 @@ pub mod summary;
 pub mod worker_store;
 
 pub use agent::run;
-pub use config::Args;
+pub use cli::Args;
+pub use config::{LaunchConfig, RendezvousMode, Timing};
 pub use error::{ConfigError, LaunchError};
 pub use exit::AgentExit;
-pub use launch::{LaunchConfig, RendezvousMode, Timing};
 pub use os::guard::{guard_main, GUARD_ARG};
