@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use drun_rendezvous::human::duration as human;
@@ -20,8 +20,8 @@ use crate::ckpt::{self, verify, VerifyMode};
 use crate::group::{GroupContext, WorkerGroup};
 use crate::os::guard::Guard;
 use crate::os::ports::{self, ReservedPort};
-use crate::os::procs;
 use crate::os::spawn::{self, Spawner};
+use crate::os::{LinuxOs, Os};
 use crate::rdzv::{self, Link};
 use crate::slurm::OnPreempt;
 use crate::summary::{self, root_cause};
@@ -105,7 +105,7 @@ async fn run_agent(cfg: LaunchConfig) -> AgentExit {
 
 struct Agent {
     cfg: LaunchConfig,
-    spawner: Spawner,
+    os: Arc<dyn Os>,
     guard: Option<Mutex<Guard>>,
     agent_id: String,
     hostname: String,
@@ -148,6 +148,7 @@ impl Agent {
             .map_err(|e| LaunchError::os("cannot become a child subreaper", e))?;
         let spawner =
             Spawner::start().map_err(|e| LaunchError::os("cannot start the spawner thread", e))?;
+        let os: Arc<dyn Os> = Arc::new(LinuxOs::new(spawner.clone()));
         let agent_id = uuid::Uuid::new_v4().to_string();
         let sigchld =
             signal(SignalKind::child()).map_err(|e| LaunchError::os("cannot watch SIGCHLD", e))?;
@@ -183,15 +184,12 @@ impl Agent {
         let mut guard = Guard::start(&spawner, &agent_id)
             .await
             .map_err(|e| LaunchError::os("cannot start the cleanup guard process", e))?;
-        let hostname = nix::unistd::gethostname()
-            .map(|h| {
-                h.to_string_lossy()
-                    .split('.')
-                    .next()
-                    .unwrap_or("localhost")
-                    .to_string()
-            })
-            .unwrap_or_else(|_| "localhost".into());
+        let hostname = os
+            .hostname()
+            .split('.')
+            .next()
+            .unwrap_or("localhost")
+            .to_string();
         let (base, temp_log_dir) = match &cfg.log_dir {
             Some(d) => (d.clone(), false),
             None => (std::env::temp_dir(), true),
@@ -236,7 +234,7 @@ impl Agent {
             preempt_pending: None,
             inherited: std::env::vars_os().collect(),
             cfg,
-            spawner,
+            os,
             guard: Some(Mutex::new(guard)),
             agent_id,
             hostname,
@@ -499,7 +497,7 @@ impl Agent {
                 agent_sock: self.api.as_ref().map(ApiServer::path),
                 resume_manifest: resume_file.as_deref(),
                 cfg: &self.cfg,
-                spawner: &self.spawner,
+                os: self.os.clone(),
                 guard: self.guard(),
                 agent_id: &self.agent_id,
                 hostname: &self.hostname,
@@ -995,8 +993,8 @@ impl Agent {
     }
 
     fn reap_into(&self, group: &mut WorkerGroup) {
-        for (pid, exit) in spawn::reap() {
-            if group.record(pid, exit) {
+        for (pid, exit, ours) in group.reap() {
+            if ours {
                 self.guard()
                     .lock()
                     .expect("guard mutex poisoned")
@@ -1173,16 +1171,11 @@ impl Agent {
     /// SIGKILLs whatever the workers left behind: children re-parented to the agent and any
     /// process carrying this agent's DRUN_AGENT_ID. Bounded: gives up after `KILL_WAIT`.
     async fn sweep_descendants(&mut self) {
-        let me = nix::unistd::getpid();
         let guard_pid = self.guard().lock().expect("guard mutex poisoned").pid();
         let deadline = Instant::now() + KILL_WAIT;
         loop {
-            let mut left = procs::children_of(me);
-            left.retain(|p| *p != guard_pid);
-            left.extend(procs::with_env("DRUN_AGENT_ID", &self.agent_id));
-            left.sort_unstable();
-            left.dedup();
-            let _ = spawn::reap();
+            let left = self.os.descendants(&self.agent_id, guard_pid);
+            let _ = self.os.reap();
             if left.is_empty() || Instant::now() >= deadline {
                 if !left.is_empty() {
                     tracing::error!(?left, "could not kill every descendant");
@@ -1191,7 +1184,7 @@ impl Agent {
             }
             tracing::debug!(?left, "killing leftover descendants");
             for p in left {
-                procs::signal_process(p, Signal::SIGKILL);
+                self.os.signal_process(p, Signal::SIGKILL);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -1240,7 +1233,7 @@ impl Agent {
     }
 
     async fn close(&mut self, exit: AgentExit) {
-        let _ = spawn::reap();
+        let _ = self.os.reap();
         if let Some(g) = self.guard.take() {
             g.into_inner().expect("guard mutex poisoned").disarm();
         }

@@ -1,6 +1,12 @@
 //! One generation's local worker group: spawn, record exits, signal, drain output.
 //!
 //! All worker state transitions happen here ([`WorkerState`]); the agent loop decides when.
+//! The group reaches the operating system only through [`Os`] (so it is tested with
+//! [`crate::os::fake::FakeOs`]), and stopping it is the pure [`stop::StopSequence`].
+
+pub mod stop;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -11,14 +17,15 @@ use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime};
 
 use drun_rendezvous::Plan;
+use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use crate::env::{worker_env, WorkerSlot};
 use crate::logs::{self, Console, Sink, Tail};
 use crate::os::guard::Guard;
-use crate::os::procs;
-use crate::os::spawn::{ExitKind, Input, Output, SpawnSpec, Spawner};
+use crate::os::spawn::{ExitKind, Input, Output, SpawnSpec};
+use crate::os::Os;
 use crate::summary::Failure;
 use crate::{LaunchConfig, LaunchError};
 
@@ -76,8 +83,8 @@ pub struct Worker {
 pub struct GroupContext<'a> {
     /// Launch configuration.
     pub cfg: &'a LaunchConfig,
-    /// Fork thread.
-    pub spawner: &'a Spawner,
+    /// The operating system (spawning, reaping, signalling).
+    pub os: Arc<dyn Os>,
     /// Cleanup guard to tell about process groups.
     pub guard: &'a Mutex<Guard>,
     /// DRUN_AGENT_ID.
@@ -102,6 +109,7 @@ pub struct WorkerGroup {
     /// Generation they belong to.
     pub generation: u64,
     stopping: bool,
+    os: Arc<dyn Os>,
 }
 
 fn open_log(dir: &Path, name: &str) -> Result<File, LaunchError> {
@@ -122,6 +130,7 @@ impl WorkerGroup {
             workers: Vec::new(),
             generation: plan.generation,
             stopping: false,
+            os: ctx.os.clone(),
         };
         match group.spawn_all(ctx, plan, restart_count).await {
             Ok(()) => Ok(group),
@@ -170,7 +179,7 @@ impl WorkerGroup {
                 },
             );
             let spawned = ctx
-                .spawner
+                .os
                 .spawn(SpawnSpec {
                     program: cfg.entrypoint.program.clone(),
                     args: cfg.entrypoint.argv(local_rank),
@@ -348,11 +357,54 @@ impl WorkerGroup {
         self.stopping = true;
     }
 
-    /// Sends `sig` to the process group of every running worker.
-    pub fn signal_running(&self, sig: Signal) {
+    /// Collects exited children from the OS and records this group's workers among them;
+    /// returns each reaped pid with its exit and whether it was one of the workers (else a
+    /// re-parented descendant).
+    pub fn reap(&mut self) -> Vec<(Pid, ExitKind, bool)> {
+        let reaped = self.os.reap();
+        reaped
+            .into_iter()
+            .map(|(pid, exit)| (pid, exit, self.record(pid, exit)))
+            .collect()
+    }
+
+    /// Sends `sig` to the process group of every running worker. A group that is already
+    /// gone (ESRCH) counts as success; returns how many could not be signalled otherwise.
+    pub fn signal_running(&self, sig: Signal) -> usize {
+        let mut failed = 0;
         for w in self.workers.iter().filter(|w| w.state.is_running()) {
-            procs::signal_group(w.pid, sig);
+            match self.os.killpg(w.pid, sig) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(pgid = w.pid.as_raw(), ?sig, error = %e, "killpg failed");
+                }
+            }
         }
+        failed
+    }
+
+    /// Feeds `input` to the stop sequence `seq` after collecting exits (as [`Self::reap`],
+    /// returned), and carries out its effects. `Start` marks the group as stopping first, so
+    /// the exits it causes are not failures.
+    pub fn stop_step(
+        &mut self,
+        seq: &mut stop::StopSequence,
+        input: stop::StopInput,
+        now: Instant,
+    ) -> Vec<(Pid, ExitKind, bool)> {
+        if matches!(input, stop::StopInput::Start(_)) {
+            self.mark_stopping();
+        }
+        let reaped = self.reap();
+        for effect in seq.step(input, self.any_running(), now) {
+            match effect {
+                stop::StopEffect::SignalRunning(sig) => {
+                    self.signal_running(sig);
+                }
+            }
+        }
+        reaped
     }
 
     /// Failures in order of observation, with error files and output tails loaded.

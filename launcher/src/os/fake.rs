@@ -1,6 +1,7 @@
 //! [`FakeOs`]: an [`Os`] for unit tests that records every call and lets the test script exits.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::OsString;
 use std::io;
 use std::sync::Mutex;
 
@@ -20,6 +21,8 @@ pub enum Call {
         program: String,
         /// Arguments.
         args: Vec<String>,
+        /// Its complete environment.
+        env: BTreeMap<OsString, OsString>,
         /// Pid given to it.
         pid: Option<Pid>,
     },
@@ -110,6 +113,7 @@ impl Os for FakeOs {
         st.calls.push(Call::Spawn {
             program: spec.program.display().to_string(),
             args: spec.args,
+            env: spec.env,
             pid,
         });
         let result = match (pid, failure) {

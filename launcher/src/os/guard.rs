@@ -55,6 +55,18 @@ impl Guard {
         })
     }
 
+    /// A guard with no process behind it, whose messages go to `/dev/null` (unit tests).
+    #[cfg(test)]
+    pub(crate) fn detached() -> Self {
+        Self {
+            pipe: std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .expect("/dev/null opens for writing"),
+            pid: Pid::from_raw(0),
+        }
+    }
+
     /// The guard's pid (excluded from orphan sweeps).
     pub fn pid(&self) -> Pid {
         self.pid
