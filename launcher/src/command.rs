@@ -105,20 +105,18 @@ impl Entrypoint {
                 python()?
             }
             EntryKind::Module => python()?,
+            EntryKind::Binary if script.contains('/') => {
+                check_file()?;
+                if !is_executable(script_path) {
+                    return Err(ConfigError::NotExecutable(script_path.to_path_buf()));
+                }
+                script_path.to_path_buf()
+            }
             EntryKind::Binary => {
-                let program = if script.contains('/') {
-                    check_file()?;
-                    if !is_executable(script_path) {
-                        return Err(ConfigError::NotExecutable(script_path.to_path_buf()));
-                    }
-                    script_path.to_path_buf()
-                } else {
-                    find_on_path(script).ok_or_else(|| ConfigError::MissingScript {
-                        path: script_path.to_path_buf(),
-                        hint: " on PATH (--no-python runs an executable)".into(),
-                    })?
-                };
-                program
+                find_on_path(script).ok_or_else(|| ConfigError::MissingScript {
+                    path: script_path.to_path_buf(),
+                    hint: " on PATH (--no-python runs an executable)".into(),
+                })?
             }
         };
         Ok(Entrypoint {

@@ -78,7 +78,8 @@ impl Fixture {
         }
     }
 
-    fn start(&self, restart_count: u32) -> Result<WorkerGroup, (WorkerGroup, LaunchError)> {
+    /// Starts a group; a failure comes back with the partial group and the error's message.
+    fn start(&self, restart_count: u32) -> Result<WorkerGroup, (WorkerGroup, String)> {
         let ctx = GroupContext {
             cfg: &self.cfg,
             os: self.os.clone(),
@@ -91,12 +92,13 @@ impl Fixture {
             resume_manifest: None,
         };
         let plan = plan(&self.cfg, 4);
-        futures_lite_block_on(WorkerGroup::start(&ctx, &plan, restart_count))
+        block_on(WorkerGroup::start(&ctx, &plan, restart_count))
+            .map_err(|(g, e)| (g, e.to_string()))
     }
 }
 
 /// Drives a future that never waits (the fake OS answers at once) to completion.
-fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime")
