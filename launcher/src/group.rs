@@ -11,6 +11,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -112,6 +113,9 @@ pub struct WorkerGroup {
     os: Arc<dyn Os>,
 }
 
+/// A worker's stdout tail, stderr tail and their reader threads.
+type Pumps = (Arc<Mutex<Tail>>, Arc<Mutex<Tail>>, Vec<JoinHandle<()>>);
+
 fn open_log(dir: &Path, name: &str) -> Result<File, LaunchError> {
     let p = dir.join(name);
     File::create(&p)
@@ -155,130 +159,162 @@ impl WorkerGroup {
                 .map_err(|e| LaunchError::os(format!("cannot clear {}", attempt.display()), e))?;
         }
         for local_rank in 0..member.slots {
-            let dir = attempt.join(local_rank.to_string());
-            std::fs::create_dir_all(&dir).map_err(|e| {
-                LaunchError::os(format!("cannot create log dir {}", dir.display()), e)
-            })?;
-            let error_file = dir.join("error.json");
-            let env = worker_env(
-                ctx.inherited,
-                plan,
-                member,
-                &WorkerSlot {
-                    local_rank,
-                    restart_count,
-                    max_restarts: cfg.max_restarts,
-                    role: &cfg.role,
-                    error_file: &error_file,
-                    signals_to_handle: &cfg.signals_to_handle,
-                    use_agent_store: cfg.worker_store.use_agent_store(),
-                    agent_id: ctx.agent_id,
-                    agent_sock: ctx.agent_sock,
-                    ckpt_dir: cfg.ckpt.dir.as_deref(),
-                    resume_manifest: ctx.resume_manifest,
-                },
-            );
-            let spawned = ctx
-                .os
-                .spawn(SpawnSpec {
-                    program: cfg.entrypoint.program.clone(),
-                    args: cfg.entrypoint.argv(local_rank),
-                    env,
-                    output: Output::Piped,
-                    stdin: if cfg.stdin_rank == Some(local_rank) {
-                        Input::Inherit
-                    } else {
-                        Input::Null
-                    },
-                    die_with_agent: true,
-                })
-                .await
-                .map_err(|e| {
-                    LaunchError::os(
-                        format!(
-                            "cannot start local rank {local_rank} ({})",
-                            cfg.entrypoint.program.display()
-                        ),
-                        e,
-                    )
-                })?;
-            ctx.guard
-                .lock()
-                .expect("guard mutex poisoned")
-                .watch(spawned.pid);
-            let rank = member.base_rank + local_rank;
-            let redirect = cfg.redirects.for_rank(local_rank);
-            let tee = cfg.tee.for_rank(local_rank);
-            let shown = cfg
-                .local_ranks_filter
-                .as_ref()
-                .is_none_or(|f| f.contains(&local_rank));
-            let prefix = logs::prefix(
-                cfg.prefix_template.as_deref(),
-                &cfg.role,
-                local_rank,
-                rank,
-                ctx.hostname,
-            );
-            let out_tail = Arc::new(Mutex::new(Tail::default()));
-            let err_tail = Arc::new(Mutex::new(Tail::default()));
-            let mut readers = Vec::new();
-            for (fd, console, redirected, teed, file_name, tail, tag) in [
-                (
-                    spawned.stdout,
-                    Console::Stdout,
-                    redirect.out,
-                    tee.out,
-                    "stdout.log",
-                    &out_tail,
-                    "out",
-                ),
-                (
-                    spawned.stderr,
-                    Console::Stderr,
-                    redirect.err,
-                    tee.err,
-                    "stderr.log",
-                    &err_tail,
-                    "err",
-                ),
-            ] {
-                let Some(fd) = fd else { continue };
-                let file = if redirected || teed {
-                    Some(open_log(&dir, file_name)?)
-                } else {
-                    None
-                };
-                let to_console = shown && (teed || !redirected);
-                let sink = Sink {
-                    console: to_console.then(|| (console, prefix.clone())),
-                    file,
-                    tail: tail.clone(),
-                };
-                let h = logs::pump(fd, sink, format!("drun-log-{rank}-{tag}"))
-                    .map_err(|e| LaunchError::os("cannot start an output reader thread", e))?;
-                readers.push(h);
-            }
-            tracing::debug!(
-                rank,
-                local_rank,
-                pid = spawned.pid.as_raw(),
-                "worker started"
-            );
-            self.workers.push(Worker {
-                local_rank,
-                rank,
-                pid: spawned.pid,
-                state: WorkerState::Running {
-                    since: Instant::now(),
-                },
-                error_file,
-                out_tail,
-                err_tail,
-                readers,
-            });
+            let worker = Self::spawn_one(ctx, plan, &attempt, local_rank, restart_count).await?;
+            self.workers.push(worker);
         }
         Ok(())
+    }
+
+    /// Spawns local rank `local_rank` with its environment and log directory under `attempt`,
+    /// and starts its output readers.
+    async fn spawn_one(
+        ctx: &GroupContext<'_>,
+        plan: &Plan,
+        attempt: &Path,
+        local_rank: u32,
+        restart_count: u32,
+    ) -> Result<Worker, LaunchError> {
+        let cfg = ctx.cfg;
+        let member = plan
+            .member(&cfg.node_id)
+            .expect("the agent only starts workers of plans it is a member of");
+        let dir = attempt.join(local_rank.to_string());
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| LaunchError::os(format!("cannot create log dir {}", dir.display()), e))?;
+        let error_file = dir.join("error.json");
+        let env = worker_env(
+            ctx.inherited,
+            plan,
+            member,
+            &WorkerSlot {
+                local_rank,
+                restart_count,
+                max_restarts: cfg.max_restarts,
+                role: &cfg.role,
+                error_file: &error_file,
+                signals_to_handle: &cfg.signals_to_handle,
+                use_agent_store: cfg.worker_store.use_agent_store(),
+                agent_id: ctx.agent_id,
+                agent_sock: ctx.agent_sock,
+                ckpt_dir: cfg.ckpt.dir.as_deref(),
+                resume_manifest: ctx.resume_manifest,
+            },
+        );
+        let spawned = ctx
+            .os
+            .spawn(SpawnSpec {
+                program: cfg.entrypoint.program.clone(),
+                args: cfg.entrypoint.argv(local_rank),
+                env,
+                output: Output::Piped,
+                stdin: if cfg.stdin_rank == Some(local_rank) {
+                    Input::Inherit
+                } else {
+                    Input::Null
+                },
+                die_with_agent: true,
+            })
+            .await
+            .map_err(|e| {
+                LaunchError::os(
+                    format!(
+                        "cannot start local rank {local_rank} ({})",
+                        cfg.entrypoint.program.display()
+                    ),
+                    e,
+                )
+            })?;
+        ctx.guard
+            .lock()
+            .expect("guard mutex poisoned")
+            .watch(spawned.pid);
+        let rank = member.base_rank + local_rank;
+        let (out_tail, err_tail, readers) =
+            Self::pump_output(ctx, &dir, rank, local_rank, spawned.stdout, spawned.stderr)?;
+        tracing::debug!(
+            rank,
+            local_rank,
+            pid = spawned.pid.as_raw(),
+            "worker started"
+        );
+        Ok(Worker {
+            local_rank,
+            rank,
+            pid: spawned.pid,
+            state: WorkerState::Running {
+                since: Instant::now(),
+            },
+            error_file,
+            out_tail,
+            err_tail,
+            readers,
+        })
+    }
+
+    /// Starts the readers of a worker's stdout and stderr: console (prefixed, filtered),
+    /// log files (--redirects/--tee) and the tails kept for the failure summary.
+    fn pump_output(
+        ctx: &GroupContext<'_>,
+        dir: &Path,
+        rank: u32,
+        local_rank: u32,
+        stdout: Option<OwnedFd>,
+        stderr: Option<OwnedFd>,
+    ) -> Result<Pumps, LaunchError> {
+        let cfg = ctx.cfg;
+        let redirect = cfg.redirects.for_rank(local_rank);
+        let tee = cfg.tee.for_rank(local_rank);
+        let shown = cfg
+            .local_ranks_filter
+            .as_ref()
+            .is_none_or(|f| f.contains(&local_rank));
+        let prefix = logs::prefix(
+            cfg.prefix_template.as_deref(),
+            &cfg.role,
+            local_rank,
+            rank,
+            ctx.hostname,
+        );
+        let out_tail = Arc::new(Mutex::new(Tail::default()));
+        let err_tail = Arc::new(Mutex::new(Tail::default()));
+        let mut readers = Vec::new();
+        for (fd, console, redirected, teed, file_name, tail, tag) in [
+            (
+                stdout,
+                Console::Stdout,
+                redirect.out,
+                tee.out,
+                "stdout.log",
+                &out_tail,
+                "out",
+            ),
+            (
+                stderr,
+                Console::Stderr,
+                redirect.err,
+                tee.err,
+                "stderr.log",
+                &err_tail,
+                "err",
+            ),
+        ] {
+            let Some(fd) = fd else { continue };
+            let file = if redirected || teed {
+                Some(open_log(dir, file_name)?)
+            } else {
+                None
+            };
+            let to_console = shown && (teed || !redirected);
+            let sink = Sink {
+                console: to_console.then(|| (console, prefix.clone())),
+                file,
+                tail: tail.clone(),
+            };
+            let h = logs::pump(fd, sink, format!("drun-log-{rank}-{tag}"))
+                .map_err(|e| LaunchError::os("cannot start an output reader thread", e))?;
+            readers.push(h);
+        }
+        Ok((out_tail, err_tail, readers))
     }
 
     /// Records a reaped pid; returns false if it is not one of this group's workers.

@@ -6,11 +6,12 @@
 //! and GPU counts, environment, Slurm's `KillWait`); [`validate`] is a pure function of the
 //! [`Args`] and the [`Host`] that checks every flag and chooses the rendezvous; [`prepare`]
 //! does the filesystem work (resolving the worker command, creating `--ckpt-dir`, reading the
-//! `--ckpt-resume-from` manifest). Each concern lives in one file: [`rendezvous`] (backend,
-//! endpoints, run id), [`timing`] (`--rdzv-conf` and durations), [`parse`] (single flag
-//! values), [`host`] (the machine and [`prepare`]), and private files for the checkpoint flags,
-//! the entrypoint and the torchrun flags drun refuses.
+//! `--ckpt-resume-from` manifest). Each concern lives in one file: [`rendezvous`] (the modes),
+//! `backend` (choosing one: endpoints, run id), [`timing`] (`--rdzv-conf` and durations),
+//! [`parse`] (single flag values), [`host`] (the machine and [`prepare`]), and private files
+//! for the checkpoint flags, the entrypoint and the torchrun flags drun refuses.
 
+mod backend;
 mod ckpt;
 mod entry;
 pub mod host;
@@ -22,6 +23,8 @@ mod validate;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_rendezvous;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

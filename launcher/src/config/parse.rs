@@ -112,6 +112,21 @@ pub(super) fn parse_preempt_signal(v: &str) -> Result<Signal, ConfigError> {
         })
 }
 
+/// `--stdin-rank` must name one of this node's local ranks.
+pub(super) fn check_stdin_rank(stdin_rank: Option<u32>, nproc: u32) -> Result<(), ConfigError> {
+    match stdin_rank.filter(|r| *r >= nproc) {
+        None => Ok(()),
+        Some(r) => Err(invalid(
+            "--stdin-rank",
+            r.to_string(),
+            format!(
+                "this node runs local ranks 0..{} (--nproc-per-node {nproc}); name one of them",
+                nproc - 1,
+            ),
+        )),
+    }
+}
+
 /// `--local-ranks-filter`: comma-separated local ranks; empty = every rank (`None`).
 pub(super) fn parse_ranks_filter(v: &str) -> Result<Option<BTreeSet<u32>>, ConfigError> {
     if v.trim().is_empty() {

@@ -1,8 +1,10 @@
 //! [`validate`]: the command line and the host in, a [`LaunchConfig`] or one error out. Pure.
 
+use super::backend::{rendezvous_mode, Nodes};
 use super::entry::entrypoint;
-use super::parse::{parse_nnodes, parse_nproc, parse_ranks_filter, parse_signals};
-use super::rendezvous::{rendezvous_mode, Nodes};
+use super::parse::{
+    check_stdin_rank, parse_nnodes, parse_nproc, parse_ranks_filter, parse_signals,
+};
 use super::timing::{parse_rdzv_conf, seconds, shutdown_timeout, unused_conf_notes, Timing};
 use super::unsupported::refuse_unsupported;
 use super::{invalid, Host, LaunchConfig};
@@ -35,16 +37,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
     let monitor_interval = seconds("--monitor-interval", a.monitor_interval, false)?;
     let shutdown_timeout = shutdown_timeout(a.shutdown_timeout, slurm.is_some(), host)?;
     let peer_exit_wait = seconds("--peer-exit-wait", a.peer_exit_wait, true)?;
-    if let Some(r) = a.stdin_rank.filter(|r| *r >= nproc_per_node) {
-        return Err(invalid(
-            "--stdin-rank",
-            r.to_string(),
-            format!(
-                "this node runs local ranks 0..{} (--nproc-per-node {nproc_per_node}); name one of them",
-                nproc_per_node - 1,
-            ),
-        ));
-    }
+    check_stdin_rank(a.stdin_rank, nproc_per_node)?;
     let redirects = StdSpec::parse("--redirects", &a.redirects)?;
     let tee = StdSpec::parse("--tee", &a.tee)?;
     let local_ranks_filter = parse_ranks_filter(&a.local_ranks_filter)?;
