@@ -363,7 +363,7 @@ impl WorkerGroup {
             .min()
     }
 
-    /// "ranks [0] exited 0 but ranks [1] still run after 300s".
+    /// "ranks \[0\] exited 0 but ranks \[1\] still ran after --peer-exit-wait 300 s".
     pub fn partial_success_line(&self, waited: std::time::Duration) -> String {
         let done: Vec<u32> = self
             .workers

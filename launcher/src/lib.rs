@@ -3,14 +3,17 @@
 //! # Theory of operation
 //!
 //! `drun` parses torchrun's command line ([`Args`]) and validates it into a [`LaunchConfig`]
-//! (bad input stops here: one line, exit 2, nothing spawned). The agent ([`run`]) then:
+//! (bad input stops here: one line, exit 2, nothing spawned): [`config::validate`] is a pure
+//! function of the arguments and what was read from the machine ([`config::Host`]), and
+//! [`config::prepare`] does the filesystem work after it. The agent ([`run`]) then (spawning,
+//! reaping, signalling and sweeping workers through [`os::Os`], which unit tests fake):
 //!
 //! 1. becomes a child subreaper and starts the spawner thread and the cleanup guard
 //!    ([`os`]), so no worker or grandchild can outlive it, even under SIGKILL;
 //! 2. joins the rendezvous (for one node: the in-process [`drun_rendezvous::Round`] on the
 //!    embedded in-memory store) with a freshly reserved MASTER_PORT and receives the plan of a
 //!    new generation;
-//! 3. spawns the local workers with torchrun's environment ([`env`]), each in its own session
+//! 3. spawns the local workers with torchrun's environment ([`mod@env`]), each in its own session
 //!    and process group, their output pumped line by line ([`logs`]);
 //! 4. supervises them: one task `select!`s over SIGCHLD, a `--monitor-interval` tick and the
 //!    handled signals. All exit 0 → exit 0. One fails → the group is stopped (SIGTERM to each

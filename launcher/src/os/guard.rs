@@ -20,7 +20,7 @@ use nix::unistd::Pid;
 use crate::os::procs;
 use crate::os::spawn::{Input, Output, SpawnSpec, Spawner};
 
-/// argv[1] that makes the `drun` binary run [`guard_main`].
+/// `argv[1]` that makes the `drun` binary run [`guard_main`].
 pub const GUARD_ARG: &str = "__drun_guard";
 
 /// Agent-side handle to the guard.
