@@ -52,6 +52,27 @@ impl Entrypoint {
             .collect()
     }
 
+    /// The entrypoint as given, without looking at the filesystem: `program` is the requested
+    /// interpreter (`python`, else `python3`) or, with `--no-python`, the script itself.
+    /// [`Entrypoint::resolve`] makes it absolute and checks that it exists.
+    pub fn unresolved(kind: EntryKind, script_and_args: &[String], python: Option<&Path>) -> Self {
+        let (script, args) = script_and_args
+            .split_first()
+            .expect("clap requires the training script");
+        let program = match (kind, python) {
+            (EntryKind::Binary, _) => PathBuf::from(script),
+            (_, Some(p)) => p.to_path_buf(),
+            (_, None) => PathBuf::from("python3"),
+        };
+        Entrypoint {
+            kind,
+            program,
+            leading: leading(kind, script),
+            script: script.clone(),
+            args: args.to_vec(),
+        }
+    }
+
     /// Resolves the entrypoint; checks that the script/executable and the interpreter exist.
     ///
     /// `python` is the interpreter chosen by flag or environment (see [`resolve_python`]).
@@ -78,47 +99,44 @@ impl Entrypoint {
             }
         };
         let python = || resolve_python(python);
-        let (program, leading) = match kind {
-            EntryKind::Script => {
+        let program = match kind {
+            EntryKind::Script | EntryKind::RunPath => {
                 check_file()?;
-                (python()?, vec!["-u".to_string(), script.clone()])
+                python()?
             }
-            EntryKind::Module => (python()?, vec!["-u".into(), "-m".into(), script.clone()]),
-            EntryKind::RunPath => {
+            EntryKind::Module => python()?,
+            EntryKind::Binary if script.contains('/') => {
                 check_file()?;
-                (
-                    python()?,
-                    vec![
-                        "-u".into(),
-                        "-c".into(),
-                        RUN_PATH_SHIM.into(),
-                        script.clone(),
-                    ],
-                )
+                if !is_executable(script_path) {
+                    return Err(ConfigError::NotExecutable(script_path.to_path_buf()));
+                }
+                script_path.to_path_buf()
             }
             EntryKind::Binary => {
-                let program = if script.contains('/') {
-                    check_file()?;
-                    if !is_executable(script_path) {
-                        return Err(ConfigError::NotExecutable(script_path.to_path_buf()));
-                    }
-                    script_path.to_path_buf()
-                } else {
-                    find_on_path(script).ok_or_else(|| ConfigError::MissingScript {
-                        path: script_path.to_path_buf(),
-                        hint: " on PATH (--no-python runs an executable)".into(),
-                    })?
-                };
-                (program, vec![])
+                find_on_path(script).ok_or_else(|| ConfigError::MissingScript {
+                    path: script_path.to_path_buf(),
+                    hint: " on PATH (--no-python runs an executable)".into(),
+                })?
             }
         };
         Ok(Entrypoint {
             kind,
             program,
-            leading,
+            leading: leading(kind, script),
             script: script.clone(),
             args: args.to_vec(),
         })
+    }
+}
+
+/// Fixed arguments between the program and the user's arguments.
+fn leading(kind: EntryKind, script: &str) -> Vec<String> {
+    let script = script.to_string();
+    match kind {
+        EntryKind::Script => vec!["-u".into(), script],
+        EntryKind::Module => vec!["-u".into(), "-m".into(), script],
+        EntryKind::RunPath => vec!["-u".into(), "-c".into(), RUN_PATH_SHIM.into(), script],
+        EntryKind::Binary => vec![],
     }
 }
 

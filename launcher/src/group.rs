@@ -1,24 +1,32 @@
 //! One generation's local worker group: spawn, record exits, signal, drain output.
 //!
 //! All worker state transitions happen here ([`WorkerState`]); the agent loop decides when.
+//! The group reaches the operating system only through [`Os`] (so it is tested with
+//! [`crate::os::fake::FakeOs`]). The stop sequence (signal, grace, SIGKILL) is the agent's
+//! `Stopping` phase ([`crate::agent::state::StopStage`]); the group only signals and records.
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::File;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime};
 
 use drun_rendezvous::Plan;
+use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
 use crate::env::{worker_env, WorkerSlot};
 use crate::logs::{self, Console, Sink, Tail};
 use crate::os::guard::Guard;
-use crate::os::procs;
-use crate::os::spawn::{ExitKind, Input, Output, SpawnSpec, Spawner};
+use crate::os::spawn::{ExitKind, Input, Output, SpawnSpec};
+use crate::os::Os;
 use crate::summary::Failure;
 use crate::{LaunchConfig, LaunchError};
 
@@ -76,8 +84,8 @@ pub struct Worker {
 pub struct GroupContext<'a> {
     /// Launch configuration.
     pub cfg: &'a LaunchConfig,
-    /// Fork thread.
-    pub spawner: &'a Spawner,
+    /// The operating system (spawning, reaping, signalling).
+    pub os: Arc<dyn Os>,
     /// Cleanup guard to tell about process groups.
     pub guard: &'a Mutex<Guard>,
     /// DRUN_AGENT_ID.
@@ -102,7 +110,11 @@ pub struct WorkerGroup {
     /// Generation they belong to.
     pub generation: u64,
     stopping: bool,
+    os: Arc<dyn Os>,
 }
+
+/// A worker's stdout tail, stderr tail and their reader threads.
+type Pumps = (Arc<Mutex<Tail>>, Arc<Mutex<Tail>>, Vec<JoinHandle<()>>);
 
 fn open_log(dir: &Path, name: &str) -> Result<File, LaunchError> {
     let p = dir.join(name);
@@ -122,6 +134,7 @@ impl WorkerGroup {
             workers: Vec::new(),
             generation: plan.generation,
             stopping: false,
+            os: ctx.os.clone(),
         };
         match group.spawn_all(ctx, plan, restart_count).await {
             Ok(()) => Ok(group),
@@ -146,130 +159,162 @@ impl WorkerGroup {
                 .map_err(|e| LaunchError::os(format!("cannot clear {}", attempt.display()), e))?;
         }
         for local_rank in 0..member.slots {
-            let dir = attempt.join(local_rank.to_string());
-            std::fs::create_dir_all(&dir).map_err(|e| {
-                LaunchError::os(format!("cannot create log dir {}", dir.display()), e)
-            })?;
-            let error_file = dir.join("error.json");
-            let env = worker_env(
-                ctx.inherited,
-                plan,
-                member,
-                &WorkerSlot {
-                    local_rank,
-                    restart_count,
-                    max_restarts: cfg.max_restarts,
-                    role: &cfg.role,
-                    error_file: &error_file,
-                    signals_to_handle: &cfg.signals_to_handle,
-                    use_agent_store: cfg.worker_store.use_agent_store(),
-                    agent_id: ctx.agent_id,
-                    agent_sock: ctx.agent_sock,
-                    ckpt_dir: cfg.ckpt.dir.as_deref(),
-                    resume_manifest: ctx.resume_manifest,
-                },
-            );
-            let spawned = ctx
-                .spawner
-                .spawn(SpawnSpec {
-                    program: cfg.entrypoint.program.clone(),
-                    args: cfg.entrypoint.argv(local_rank),
-                    env,
-                    output: Output::Piped,
-                    stdin: if cfg.stdin_rank == Some(local_rank) {
-                        Input::Inherit
-                    } else {
-                        Input::Null
-                    },
-                    die_with_agent: true,
-                })
-                .await
-                .map_err(|e| {
-                    LaunchError::os(
-                        format!(
-                            "cannot start local rank {local_rank} ({})",
-                            cfg.entrypoint.program.display()
-                        ),
-                        e,
-                    )
-                })?;
-            ctx.guard
-                .lock()
-                .expect("guard mutex poisoned")
-                .watch(spawned.pid);
-            let rank = member.base_rank + local_rank;
-            let redirect = cfg.redirects.for_rank(local_rank);
-            let tee = cfg.tee.for_rank(local_rank);
-            let shown = cfg
-                .local_ranks_filter
-                .as_ref()
-                .is_none_or(|f| f.contains(&local_rank));
-            let prefix = logs::prefix(
-                cfg.prefix_template.as_deref(),
-                &cfg.role,
-                local_rank,
-                rank,
-                ctx.hostname,
-            );
-            let out_tail = Arc::new(Mutex::new(Tail::default()));
-            let err_tail = Arc::new(Mutex::new(Tail::default()));
-            let mut readers = Vec::new();
-            for (fd, console, redirected, teed, file_name, tail, tag) in [
-                (
-                    spawned.stdout,
-                    Console::Stdout,
-                    redirect.out,
-                    tee.out,
-                    "stdout.log",
-                    &out_tail,
-                    "out",
-                ),
-                (
-                    spawned.stderr,
-                    Console::Stderr,
-                    redirect.err,
-                    tee.err,
-                    "stderr.log",
-                    &err_tail,
-                    "err",
-                ),
-            ] {
-                let Some(fd) = fd else { continue };
-                let file = if redirected || teed {
-                    Some(open_log(&dir, file_name)?)
-                } else {
-                    None
-                };
-                let to_console = shown && (teed || !redirected);
-                let sink = Sink {
-                    console: to_console.then(|| (console, prefix.clone())),
-                    file,
-                    tail: tail.clone(),
-                };
-                let h = logs::pump(fd, sink, format!("drun-log-{rank}-{tag}"))
-                    .map_err(|e| LaunchError::os("cannot start an output reader thread", e))?;
-                readers.push(h);
-            }
-            tracing::debug!(
-                rank,
-                local_rank,
-                pid = spawned.pid.as_raw(),
-                "worker started"
-            );
-            self.workers.push(Worker {
-                local_rank,
-                rank,
-                pid: spawned.pid,
-                state: WorkerState::Running {
-                    since: Instant::now(),
-                },
-                error_file,
-                out_tail,
-                err_tail,
-                readers,
-            });
+            let worker = Self::spawn_one(ctx, plan, &attempt, local_rank, restart_count).await?;
+            self.workers.push(worker);
         }
         Ok(())
+    }
+
+    /// Spawns local rank `local_rank` with its environment and log directory under `attempt`,
+    /// and starts its output readers.
+    async fn spawn_one(
+        ctx: &GroupContext<'_>,
+        plan: &Plan,
+        attempt: &Path,
+        local_rank: u32,
+        restart_count: u32,
+    ) -> Result<Worker, LaunchError> {
+        let cfg = ctx.cfg;
+        let member = plan
+            .member(&cfg.node_id)
+            .expect("the agent only starts workers of plans it is a member of");
+        let dir = attempt.join(local_rank.to_string());
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| LaunchError::os(format!("cannot create log dir {}", dir.display()), e))?;
+        let error_file = dir.join("error.json");
+        let env = worker_env(
+            ctx.inherited,
+            plan,
+            member,
+            &WorkerSlot {
+                local_rank,
+                restart_count,
+                max_restarts: cfg.max_restarts,
+                role: &cfg.role,
+                error_file: &error_file,
+                signals_to_handle: &cfg.signals_to_handle,
+                use_agent_store: cfg.worker_store.use_agent_store(),
+                agent_id: ctx.agent_id,
+                agent_sock: ctx.agent_sock,
+                ckpt_dir: cfg.ckpt.dir.as_deref(),
+                resume_manifest: ctx.resume_manifest,
+            },
+        );
+        let spawned = ctx
+            .os
+            .spawn(SpawnSpec {
+                program: cfg.entrypoint.program.clone(),
+                args: cfg.entrypoint.argv(local_rank),
+                env,
+                output: Output::Piped,
+                stdin: if cfg.stdin_rank == Some(local_rank) {
+                    Input::Inherit
+                } else {
+                    Input::Null
+                },
+                die_with_agent: true,
+            })
+            .await
+            .map_err(|e| {
+                LaunchError::os(
+                    format!(
+                        "cannot start local rank {local_rank} ({})",
+                        cfg.entrypoint.program.display()
+                    ),
+                    e,
+                )
+            })?;
+        ctx.guard
+            .lock()
+            .expect("guard mutex poisoned")
+            .watch(spawned.pid);
+        let rank = member.base_rank + local_rank;
+        let (out_tail, err_tail, readers) =
+            Self::pump_output(ctx, &dir, rank, local_rank, spawned.stdout, spawned.stderr)?;
+        tracing::debug!(
+            rank,
+            local_rank,
+            pid = spawned.pid.as_raw(),
+            "worker started"
+        );
+        Ok(Worker {
+            local_rank,
+            rank,
+            pid: spawned.pid,
+            state: WorkerState::Running {
+                since: Instant::now(),
+            },
+            error_file,
+            out_tail,
+            err_tail,
+            readers,
+        })
+    }
+
+    /// Starts the readers of a worker's stdout and stderr: console (prefixed, filtered),
+    /// log files (--redirects/--tee) and the tails kept for the failure summary.
+    fn pump_output(
+        ctx: &GroupContext<'_>,
+        dir: &Path,
+        rank: u32,
+        local_rank: u32,
+        stdout: Option<OwnedFd>,
+        stderr: Option<OwnedFd>,
+    ) -> Result<Pumps, LaunchError> {
+        let cfg = ctx.cfg;
+        let redirect = cfg.redirects.for_rank(local_rank);
+        let tee = cfg.tee.for_rank(local_rank);
+        let shown = cfg
+            .local_ranks_filter
+            .as_ref()
+            .is_none_or(|f| f.contains(&local_rank));
+        let prefix = logs::prefix(
+            cfg.prefix_template.as_deref(),
+            &cfg.role,
+            local_rank,
+            rank,
+            ctx.hostname,
+        );
+        let out_tail = Arc::new(Mutex::new(Tail::default()));
+        let err_tail = Arc::new(Mutex::new(Tail::default()));
+        let mut readers = Vec::new();
+        for (fd, console, redirected, teed, file_name, tail, tag) in [
+            (
+                stdout,
+                Console::Stdout,
+                redirect.out,
+                tee.out,
+                "stdout.log",
+                &out_tail,
+                "out",
+            ),
+            (
+                stderr,
+                Console::Stderr,
+                redirect.err,
+                tee.err,
+                "stderr.log",
+                &err_tail,
+                "err",
+            ),
+        ] {
+            let Some(fd) = fd else { continue };
+            let file = if redirected || teed {
+                Some(open_log(dir, file_name)?)
+            } else {
+                None
+            };
+            let to_console = shown && (teed || !redirected);
+            let sink = Sink {
+                console: to_console.then(|| (console, prefix.clone())),
+                file,
+                tail: tail.clone(),
+            };
+            let h = logs::pump(fd, sink, format!("drun-log-{rank}-{tag}"))
+                .map_err(|e| LaunchError::os("cannot start an output reader thread", e))?;
+            readers.push(h);
+        }
+        Ok((out_tail, err_tail, readers))
     }
 
     /// Records a reaped pid; returns false if it is not one of this group's workers.
@@ -318,7 +363,7 @@ impl WorkerGroup {
             .min()
     }
 
-    /// "ranks [0] exited 0 but ranks [1] still run after 300s".
+    /// "ranks \[0\] exited 0 but ranks \[1\] still ran after --peer-exit-wait 300 s".
     pub fn partial_success_line(&self, waited: std::time::Duration) -> String {
         let done: Vec<u32> = self
             .workers
@@ -348,11 +393,31 @@ impl WorkerGroup {
         self.stopping = true;
     }
 
-    /// Sends `sig` to the process group of every running worker.
-    pub fn signal_running(&self, sig: Signal) {
+    /// Collects exited children from the OS and records this group's workers among them;
+    /// returns each reaped pid with its exit and whether it was one of the workers (else a
+    /// re-parented descendant).
+    pub fn reap(&mut self) -> Vec<(Pid, ExitKind, bool)> {
+        let reaped = self.os.reap();
+        reaped
+            .into_iter()
+            .map(|(pid, exit)| (pid, exit, self.record(pid, exit)))
+            .collect()
+    }
+
+    /// Sends `sig` to the process group of every running worker. A group that is already
+    /// gone (ESRCH) counts as success; returns how many could not be signalled otherwise.
+    pub fn signal_running(&self, sig: Signal) -> usize {
+        let mut failed = 0;
         for w in self.workers.iter().filter(|w| w.state.is_running()) {
-            procs::signal_group(w.pid, sig);
+            match self.os.killpg(w.pid, sig) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(pgid = w.pid.as_raw(), ?sig, error = %e, "killpg failed");
+                }
+            }
         }
+        failed
     }
 
     /// Failures in order of observation, with error files and output tails loaded.

@@ -3,7 +3,10 @@
 //! # Theory of operation
 //!
 //! `drun` parses torchrun's command line ([`Args`]) and validates it into a [`LaunchConfig`]
-//! (bad input stops here: one line, exit 2, nothing spawned). The agent ([`run`]) then:
+//! (bad input stops here: one line, exit 2, nothing spawned): [`config::validate`] is a pure
+//! function of the arguments and what was read from the machine ([`config::Host`]), and
+//! [`config::prepare`] does the filesystem work after it. The agent ([`run`]) then (spawning,
+//! reaping, signalling and sweeping workers through [`os::Os`], which unit tests fake):
 //!
 //! 1. becomes a child subreaper and starts the spawner thread and the cleanup guard
 //!    ([`os`]), so no worker or grandchild can outlive it, even under SIGKILL;
@@ -67,13 +70,13 @@ macro_rules! say_raw {
 
 pub mod agent;
 pub mod ckpt;
+pub mod cli;
 pub mod command;
 pub mod config;
 pub mod env;
 pub mod error;
 pub mod exit;
 pub mod group;
-pub mod launch;
 pub mod logs;
 pub mod os;
 pub mod phases;
@@ -84,8 +87,8 @@ pub mod summary;
 pub mod worker_store;
 
 pub use agent::run;
-pub use config::Args;
+pub use cli::Args;
+pub use config::{LaunchConfig, RendezvousMode, Timing};
 pub use error::{ConfigError, LaunchError};
 pub use exit::AgentExit;
-pub use launch::{LaunchConfig, RendezvousMode, Timing};
 pub use os::guard::{guard_main, GUARD_ARG};

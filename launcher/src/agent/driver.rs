@@ -18,7 +18,6 @@ use crate::ckpt::node::{resume_answer, NodeLedger};
 use crate::ckpt::resume::{self, Verdict};
 use crate::group::{GroupContext, WorkerGroup};
 use crate::os::ports::ReservedPort;
-use crate::os::spawn;
 use crate::rdzv::Link;
 use crate::slurm::OnPreempt;
 use crate::summary::{self, root_cause};
@@ -198,8 +197,8 @@ impl Agent {
     /// Reaps exited workers; the workers' state if it changed since last reported.
     fn reaped(&self, w: &mut World) -> Option<Workers> {
         let group = w.group.as_mut()?;
-        for (pid, exit) in spawn::reap() {
-            if group.record(pid, exit) {
+        for (pid, exit, ours) in group.reap() {
+            if ours {
                 self.guard()
                     .lock()
                     .expect("guard mutex poisoned")
@@ -370,7 +369,7 @@ impl Agent {
             agent_sock: self.api.as_ref().map(ApiServer::path),
             resume_manifest: w.resume_file.as_deref(),
             cfg: &self.cfg,
-            spawner: &self.spawner,
+            os: self.os.clone(),
             guard: self.guard(),
             agent_id: &self.agent_id,
             hostname: &self.hostname,

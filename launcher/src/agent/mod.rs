@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{signal, SignalKind};
@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use crate::ckpt::api::{ApiCall, ApiServer};
 use crate::os::guard::Guard;
 use crate::os::spawn::{self, Spawner};
+use crate::os::{LinuxOs, Os};
 use crate::{AgentExit, LaunchConfig, LaunchError};
 
 mod driver;
@@ -70,7 +71,7 @@ async fn run_agent(cfg: LaunchConfig) -> AgentExit {
 
 struct Agent {
     cfg: LaunchConfig,
-    spawner: Spawner,
+    os: Arc<dyn Os>,
     guard: Option<Mutex<Guard>>,
     agent_id: String,
     hostname: String,
@@ -96,6 +97,7 @@ impl Agent {
             .map_err(|e| LaunchError::os("cannot become a child subreaper", e))?;
         let spawner =
             Spawner::start().map_err(|e| LaunchError::os("cannot start the spawner thread", e))?;
+        let os: Arc<dyn Os> = Arc::new(LinuxOs::new(spawner.clone()));
         let agent_id = uuid::Uuid::new_v4().to_string();
         let sigchld =
             signal(SignalKind::child()).map_err(|e| LaunchError::os("cannot watch SIGCHLD", e))?;
@@ -131,15 +133,12 @@ impl Agent {
         let mut guard = Guard::start(&spawner, &agent_id)
             .await
             .map_err(|e| LaunchError::os("cannot start the cleanup guard process", e))?;
-        let hostname = nix::unistd::gethostname()
-            .map(|h| {
-                h.to_string_lossy()
-                    .split('.')
-                    .next()
-                    .unwrap_or("localhost")
-                    .to_string()
-            })
-            .unwrap_or_else(|_| "localhost".into());
+        let hostname = os
+            .hostname()
+            .split('.')
+            .next()
+            .unwrap_or("localhost")
+            .to_string();
         let (base, temp_log_dir) = match &cfg.log_dir {
             Some(d) => (d.clone(), false),
             None => (std::env::temp_dir(), true),
@@ -178,7 +177,7 @@ impl Agent {
             adoption_failed: None,
             inherited: std::env::vars_os().collect(),
             cfg,
-            spawner,
+            os,
             guard: Some(Mutex::new(guard)),
             agent_id,
             hostname,

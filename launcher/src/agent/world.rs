@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use drun_rendezvous::human::duration as human;
-use drun_rendezvous::session::{Request, SessionConfig};
-use drun_rendezvous::{Candidate, Join, Plan, RoundConfig};
+use drun_rendezvous::session::Request;
+use drun_rendezvous::{Candidate, Join, Plan};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
@@ -16,8 +16,6 @@ use super::Agent;
 use crate::ckpt::resume;
 use crate::group::WorkerGroup;
 use crate::os::ports;
-use crate::os::procs;
-use crate::os::spawn;
 use crate::rdzv;
 use crate::summary::{self, root_cause};
 use crate::{AgentExit, LaunchError, RendezvousMode};
@@ -40,26 +38,7 @@ impl Agent {
             );
         }
         let t = self.cfg.timing;
-        let session = SessionConfig {
-            run_id: self.cfg.run_id.clone(),
-            node_id: self.cfg.node_id.clone(),
-            round: RoundConfig {
-                min_nodes: self.cfg.min_nodes as usize,
-                max_nodes: self.cfg.max_nodes as usize,
-                last_call: if self.cfg.min_nodes == self.cfg.max_nodes {
-                    Duration::ZERO
-                } else {
-                    t.last_call
-                },
-                join_timeout: t.join_timeout,
-                settle: t.settle,
-            },
-            lease_ttl: t.lease_ttl,
-            keep_alive_interval: t.keep_alive_interval,
-            max_restarts: self.cfg.max_restarts,
-            auto_keep_alive: true,
-            scale_up_save: self.cfg.ckpt.scale_up_save,
-        };
+        let session = self.cfg.session_config();
         if self.cfg.max_nodes > 1 || !matches!(self.cfg.rendezvous, RendezvousMode::Embedded { .. })
         {
             tracing::info!(
@@ -167,16 +146,11 @@ impl Agent {
     /// SIGKILLs whatever the workers left behind: children re-parented to the agent and any
     /// process carrying this agent's DRUN_AGENT_ID. Bounded: gives up after `KILL_WAIT`.
     pub(super) async fn sweep_descendants(&mut self) {
-        let me = nix::unistd::getpid();
         let guard_pid = self.guard().lock().expect("guard mutex poisoned").pid();
         let deadline = Instant::now() + KILL_WAIT;
         loop {
-            let mut left = procs::children_of(me);
-            left.retain(|p| *p != guard_pid);
-            left.extend(procs::with_env("DRUN_AGENT_ID", &self.agent_id));
-            left.sort_unstable();
-            left.dedup();
-            let _ = spawn::reap();
+            let left = self.os.descendants(&self.agent_id, guard_pid);
+            let _ = self.os.reap();
             if left.is_empty() || Instant::now() >= deadline {
                 if !left.is_empty() {
                     tracing::error!(?left, "could not kill every descendant");
@@ -185,7 +159,7 @@ impl Agent {
             }
             tracing::debug!(?left, "killing leftover descendants");
             for p in left {
-                procs::signal_process(p, Signal::SIGKILL);
+                self.os.signal_process(p, Signal::SIGKILL);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -241,7 +215,7 @@ impl Agent {
     }
 
     pub(super) async fn close(&mut self, exit: AgentExit) {
-        let _ = spawn::reap();
+        let _ = self.os.reap();
         if let Some(g) = self.guard.take() {
             g.into_inner().expect("guard mutex poisoned").disarm();
         }

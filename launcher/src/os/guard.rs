@@ -20,7 +20,7 @@ use nix::unistd::Pid;
 use crate::os::procs;
 use crate::os::spawn::{Input, Output, SpawnSpec, Spawner};
 
-/// argv[1] that makes the `drun` binary run [`guard_main`].
+/// `argv[1]` that makes the `drun` binary run [`guard_main`].
 pub const GUARD_ARG: &str = "__drun_guard";
 
 /// Agent-side handle to the guard.
@@ -53,6 +53,18 @@ impl Guard {
             pipe: std::fs::File::from(write),
             pid: spawned.pid,
         })
+    }
+
+    /// A guard with no process behind it, whose messages go to `/dev/null` (unit tests).
+    #[cfg(test)]
+    pub(crate) fn detached() -> Self {
+        Self {
+            pipe: std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/null")
+                .expect("/dev/null opens for writing"),
+            pid: Pid::from_raw(0),
+        }
     }
 
     /// The guard's pid (excluded from orphan sweeps).

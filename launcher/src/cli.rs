@@ -4,7 +4,7 @@
 //! also accepts its underscore spelling, every flag but `--logs-specs`, `--numa-binding` and
 //! `--print-completion` reads `PET_<DEST>` when absent from the command line (Kubeflow injects
 //! these), and everything after the training script is handed to it untouched. [`Args`] is the
-//! raw parse; [`crate::LaunchConfig::from_args`] validates it. As with argparse, a repeated flag
+//! raw parse; [`crate::config::validate`] validates it. As with argparse, a repeated flag
 //! takes its last value, and boolean `PET_*` variables take `1`/`0` (also `true`/`false`).
 
 use std::path::PathBuf;

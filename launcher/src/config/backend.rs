@@ -1,0 +1,217 @@
+//! Choosing the rendezvous backend and run id from the command line, by torchrun's rules.
+
+use std::collections::BTreeMap;
+
+use super::{invalid, Host, RendezvousMode};
+use crate::slurm::SlurmJob;
+use crate::{Args, ConfigError};
+
+/// What [`rendezvous_mode`] needs besides the command line.
+pub(super) struct Nodes<'a> {
+    /// `--nnodes` MIN.
+    pub min: u32,
+    /// `--nnodes` MAX.
+    pub max: u32,
+    /// Parsed `--rdzv-conf`.
+    pub conf: &'a BTreeMap<String, String>,
+    /// The Slurm job, if any.
+    pub slurm: Option<&'a SlurmJob>,
+}
+
+/// Chooses the rendezvous mode and run id following torchrun's rules, plus drun's refusals
+/// (no silent localhost fallback, no shared default run id across nodes).
+pub(super) fn rendezvous_mode(
+    a: &Args,
+    n: &Nodes<'_>,
+    host: &Host,
+    notes: &mut Vec<String>,
+) -> Result<(RendezvousMode, String), ConfigError> {
+    let backend = match a.rdzv_backend.as_deref() {
+        Some(b) => b,
+        None if a.rdzv_endpoint.is_empty() => "static",
+        None => "drun",
+    };
+    if !matches!(
+        backend,
+        "static" | "c10d" | "embedded" | "etcd" | "etcd-v2" | "drun"
+    ) {
+        return Err(invalid(
+            "--rdzv-backend",
+            backend,
+            "expected drun, c10d, embedded, etcd, etcd-v2 or static",
+        ));
+    }
+    // torchrun run(): static + no endpoint + no --master-port + one node = standalone.
+    let implicit_standalone =
+        backend == "static" && a.rdzv_endpoint.is_empty() && a.master_port.is_none() && n.max == 1;
+    if a.standalone || implicit_standalone {
+        return standalone(a, n.max, host, notes);
+    }
+    if backend == "static" {
+        return static_mode(a, n, host);
+    }
+    dynamic_mode(a, backend, n, host, notes)
+}
+
+/// `--standalone` (or torchrun's implicit standalone): the in-process rendezvous.
+fn standalone(
+    a: &Args,
+    max_nodes: u32,
+    host: &Host,
+    notes: &mut Vec<String>,
+) -> Result<(RendezvousMode, String), ConfigError> {
+    if max_nodes > 1 {
+        return Err(invalid(
+            "--nnodes",
+            a.nnodes.clone(),
+            "--standalone runs one node; drop --standalone or use --nnodes 1",
+        ));
+    }
+    if a.standalone && (!a.rdzv_endpoint.is_empty() || a.rdzv_backend.is_some()) {
+        notes.push(
+            "--standalone: ignoring the explicit --rdzv-endpoint/--rdzv-backend, as torchrun does"
+                .into(),
+        );
+    }
+    let mode = RendezvousMode::Embedded {
+        master_addr: a.local_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
+        fixed_port: None,
+    };
+    // torchrun draws a random run id; an explicit --rdzv-id is kept so that a later launch
+    // with the same id resumes this run's checkpoints (from --ckpt-dir).
+    let run_id = if a.rdzv_id != "none" {
+        a.rdzv_id.clone()
+    } else {
+        host.random_run_id.clone()
+    };
+    Ok((mode, run_id))
+}
+
+/// torchrun's static backend: one node on a fixed port, or several with `--node-rank`.
+fn static_mode(
+    a: &Args,
+    n: &Nodes<'_>,
+    host: &Host,
+) -> Result<(RendezvousMode, String), ConfigError> {
+    let run_id = if a.rdzv_id != "none" {
+        a.rdzv_id.clone()
+    } else {
+        host.var("SLURM_JOB_ID")
+            .filter(|j| !j.is_empty())
+            .map_or_else(|| a.rdzv_id.clone(), str::to_string)
+    };
+    // torchrun: a static launch's endpoint, when given, is the master address and port.
+    let (master_addr, master_port) = if a.rdzv_endpoint.trim().is_empty() {
+        (a.master_addr.clone(), a.master_port.unwrap_or(29500))
+    } else {
+        let ep =
+            crate::rdzv::endpoints(&a.rdzv_endpoint, a.master_port.unwrap_or(29500))?.remove(0);
+        let (host, port) = ep.rsplit_once(':').expect("endpoints() adds a port");
+        (
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            port.parse().expect("endpoints() validated the port"),
+        )
+    };
+    if n.max == 1 {
+        let mode = RendezvousMode::Embedded {
+            master_addr,
+            fixed_port: Some(master_port),
+        };
+        return Ok((mode, run_id));
+    }
+    if n.min != n.max {
+        return Err(invalid(
+            "--nnodes",
+            a.nnodes.clone(),
+            "the static backend needs a fixed node count; use --rdzv-endpoint for MIN:MAX",
+        ));
+    }
+    let node_rank = a.node_rank.ok_or_else(|| {
+        invalid(
+            "--nnodes",
+            a.nnodes.clone(),
+            "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (dynamic rendezvous), or --node-rank with --master-addr/--master-port on every node (static); drun never assumes localhost",
+        )
+    })?;
+    if node_rank >= n.max {
+        return Err(invalid(
+            "--node-rank",
+            node_rank.to_string(),
+            format!("must be below --nnodes {}", n.max),
+        ));
+    }
+    let mode = RendezvousMode::Static {
+        node_rank,
+        master_addr,
+        master_port,
+    };
+    Ok((mode, run_id))
+}
+
+/// A dynamic backend (drun, embedded, c10d, etcd): needs an endpoint and a shared run id.
+fn dynamic_mode(
+    a: &Args,
+    backend: &str,
+    n: &Nodes<'_>,
+    host: &Host,
+    notes: &mut Vec<String>,
+) -> Result<(RendezvousMode, String), ConfigError> {
+    let run_id = if a.rdzv_id != "none" {
+        a.rdzv_id.clone()
+    } else if let Some(job) = host.var("SLURM_JOB_ID").filter(|j| !j.is_empty()) {
+        job.to_string()
+    } else if n.max > 1 {
+        return Err(invalid(
+            "--rdzv-id",
+            "none",
+            "multi-node runs need a run id shared by all nodes (e.g. --rdzv-id myjob-42); the default would mix jobs",
+        ));
+    } else {
+        a.rdzv_id.clone()
+    };
+    if a.rdzv_endpoint.trim().is_empty() {
+        return Err(invalid(
+            "--rdzv-endpoint",
+            "(missing)",
+            format!(
+                "--rdzv-backend {backend} needs --rdzv-endpoint HOST:PORT (a drun-rendezvous server, the c10d host, or etcd); drun never falls back to localhost"
+            ),
+        ));
+    }
+    if a.master_port.is_some() {
+        notes.push("--master-port only applies to the static backend; MASTER_PORT comes from the rendezvous".into());
+    }
+    let mode = match backend {
+        "drun" => RendezvousMode::Server {
+            endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 29400)?,
+        },
+        "embedded" => {
+            // The agent on the endpoint's host serves the rendezvous (Slurm: the first node).
+            let endpoint = crate::rdzv::endpoints(&a.rdzv_endpoint, 29400)?.remove(0);
+            let is_host = n.slurm.map(SlurmJob::hosts_rendezvous);
+            RendezvousMode::C10d { endpoint, is_host }
+        }
+        "c10d" => {
+            let is_host = match n.conf.get("is_host").map(|v| v.trim().to_ascii_lowercase()) {
+                None => None,
+                Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => Some(true),
+                Some(v) if matches!(v.as_str(), "0" | "false" | "no" | "off") => Some(false),
+                Some(v) => {
+                    return Err(invalid(
+                        "--rdzv-conf",
+                        format!("is_host={v}"),
+                        "expected 1 or 0",
+                    ))
+                }
+            };
+            let endpoint = crate::rdzv::endpoints(&a.rdzv_endpoint, 29400)?.remove(0);
+            RendezvousMode::C10d { endpoint, is_host }
+        }
+        _ => RendezvousMode::Etcd {
+            endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 2379)?,
+        },
+    };
+    Ok((mode, run_id))
+}

@@ -1,0 +1,67 @@
+//! Checkpoint and preemption flags: `--ckpt-*`, `--on-scale-up`, `--on-preempt`, `--requeue`.
+
+use nix::sys::signal::Signal;
+
+use super::parse::parse_preempt_signal;
+use super::timing::seconds;
+use super::{invalid, RendezvousMode};
+use crate::ckpt::{CkptConfig, OnScaleUp};
+use crate::slurm::OnPreempt;
+use crate::{Args, ConfigError};
+
+/// Checks the checkpoint and preemption flags of `a` against each other and the rendezvous;
+/// returns the checkpoint settings (paths as given: [`super::prepare`] makes them absolute)
+/// and the preemption signal.
+///
+/// # Errors
+/// Retention without a directory, `--requeue` without `--on-preempt checkpoint`, a preemption
+/// checkpoint on an in-memory rendezvous without `--ckpt-dir`, a bad signal or timeout.
+pub(super) fn checkpoint_flags(
+    a: &Args,
+    rendezvous: &RendezvousMode,
+) -> Result<(CkptConfig, Signal), ConfigError> {
+    if a.ckpt_keep_every > 0 && a.ckpt_keep_last == 0 {
+        return Err(invalid(
+            "--ckpt-keep-every",
+            a.ckpt_keep_every.to_string(),
+            "needs --ckpt-keep-last K (without it every checkpoint is kept anyway)",
+        ));
+    }
+    if a.ckpt_keep_last > 0 && a.ckpt_dir.is_none() {
+        return Err(invalid(
+            "--ckpt-keep-last",
+            a.ckpt_keep_last.to_string(),
+            "needs --ckpt-dir DIR (retention only ever deletes files inside it)",
+        ));
+    }
+    let preempt_signal = parse_preempt_signal(&a.preempt_signal)?;
+    if a.requeue && a.on_preempt != OnPreempt::Checkpoint {
+        return Err(invalid(
+            "--requeue",
+            "true",
+            "needs --on-preempt checkpoint (the job requeues after its checkpoint is sealed)",
+        ));
+    }
+    if a.on_preempt == OnPreempt::Checkpoint
+        && rendezvous.store_is_ephemeral()
+        && a.ckpt_dir.is_none()
+    {
+        return Err(invalid(
+            "--on-preempt",
+            "checkpoint",
+            "needs --ckpt-dir DIR with an in-memory rendezvous: the restarted job finds the checkpoint through DIR/latest",
+        ));
+    }
+    let scale_up_save_timeout = seconds("--scale-up-save-timeout", a.scale_up_save_timeout, false)?;
+    let ckpt = CkptConfig {
+        scale_up_save: (a.on_scale_up == OnScaleUp::Checkpoint).then_some(scale_up_save_timeout),
+        resume_from: a.ckpt_resume_from.clone(),
+        dir: a.ckpt_dir.clone(),
+        verify: a.ckpt_verify,
+        retention: drun_rendezvous::Retention {
+            keep_last: a.ckpt_keep_last,
+            keep_every: a.ckpt_keep_every,
+        },
+    };
+    Ok((ckpt, preempt_signal))
+}

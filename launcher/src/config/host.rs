@@ -1,0 +1,135 @@
+//! What validation reads from the machine ([`Host`]), and the side effects after it ([`prepare`]).
+//!
+//! [`Host::probe`] only reads (hostname, core and GPU counts, the environment, Slurm's
+//! `KillWait`) so that [`super::validate`] can be a pure function of the command line and the
+//! host. [`prepare`] then does what touches the filesystem: it resolves the worker command
+//! (the script and interpreter must exist), creates and canonicalizes `--ckpt-dir`, and reads
+//! the `--ckpt-resume-from` manifest.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{invalid, LaunchConfig};
+use crate::command::Entrypoint;
+use crate::slurm::{self, SlurmMode};
+use crate::{Args, ConfigError};
+
+/// What was read from the machine for validation. Tests build it as a plain struct.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Host {
+    /// Full hostname (the node id's address when `--local-addr` is absent).
+    pub hostname: String,
+    /// The agent's pid (part of the node id).
+    pub pid: u32,
+    /// Usable CPU cores (`--nproc-per-node cpu`).
+    pub cpu_count: u32,
+    /// Visible NVIDIA GPUs (`--nproc-per-node gpu`).
+    pub gpu_count: u32,
+    /// The environment (variables whose name and value are UTF-8).
+    pub env: BTreeMap<String, String>,
+    /// Run id of a standalone launch without `--rdzv-id` (torchrun draws a random one).
+    pub random_run_id: String,
+    /// Slurm's `KillWait`, probed only inside Slurm when no shutdown timeout was given.
+    pub slurm_kill_wait: Option<Duration>,
+}
+
+impl Host {
+    /// Reads this machine: what [`super::validate`] needs for `a`.
+    pub fn probe(a: &Args) -> Self {
+        let env: BTreeMap<String, String> = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect();
+        let lookup = |k: &str| env.get(k).cloned();
+        // `scontrol show config` takes up to 3 s: only when its answer is the default used.
+        let needs_kill_wait = a.slurm == SlurmMode::Auto
+            && !a.standalone
+            && a.shutdown_timeout.is_none()
+            && !env.contains_key("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+            && matches!(slurm::detect(lookup), Ok(Some(_)));
+        Host {
+            hostname: crate::os::hostname(),
+            pid: std::process::id(),
+            cpu_count: cpu_count(),
+            gpu_count: gpu_count(env.get("CUDA_VISIBLE_DEVICES").map(String::as_str)),
+            random_run_id: uuid::Uuid::new_v4().to_string(),
+            slurm_kill_wait: if needs_kill_wait {
+                slurm::kill_wait()
+            } else {
+                None
+            },
+            env,
+        }
+    }
+
+    /// An environment variable.
+    pub fn var(&self, key: &str) -> Option<&str> {
+        self.env.get(key).map(String::as_str)
+    }
+}
+
+/// Usable CPU cores (affinity- and cgroup-aware, like `os.sched_getaffinity`).
+pub fn cpu_count() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
+/// NVIDIA devices the workers would see: the driver's device list, narrowed by
+/// `CUDA_VISIBLE_DEVICES` when set (like `torch.cuda.device_count()`).
+pub fn gpu_count(cuda_visible_devices: Option<&str>) -> u32 {
+    let physical = std::fs::read_dir("/proc/driver/nvidia/gpus")
+        .map(|d| d.count() as u32)
+        .unwrap_or(0);
+    match cuda_visible_devices {
+        Some(v) => (v.split(',').filter(|s| !s.trim().is_empty()).count() as u32).min(physical),
+        None => physical,
+    }
+}
+
+/// The side effects of a validated launch: resolves the worker command, creates
+/// `--ckpt-dir` (and checks it is writable), reads the `--ckpt-resume-from` manifest; paths
+/// become absolute.
+///
+/// # Errors
+/// A missing script or interpreter, an unusable checkpoint directory, an unreadable manifest.
+pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
+    let e = &cfg.entrypoint;
+    let script_and_args: Vec<String> = std::iter::once(e.script.clone())
+        .chain(e.args.iter().cloned())
+        .collect();
+    cfg.entrypoint = Entrypoint::resolve(e.kind, &script_and_args, cfg.python.as_deref())?;
+    if let Some(d) = cfg.ckpt.dir.take() {
+        cfg.ckpt.dir = Some(checkpoint_dir(d)?);
+    }
+    if let Some(p) = cfg.ckpt.resume_from.take() {
+        let (file, _) = crate::ckpt::read_adoptable(&p).map_err(|why| {
+            invalid(
+                "--ckpt-resume-from",
+                p.display().to_string(),
+                why.to_string(),
+            )
+        })?;
+        cfg.ckpt.resume_from = Some(std::fs::canonicalize(&file).unwrap_or(file));
+    }
+    Ok(cfg)
+}
+
+/// Creates `--ckpt-dir`, checks that files can be written in it, returns it absolute.
+fn checkpoint_dir(d: PathBuf) -> Result<PathBuf, ConfigError> {
+    let path_err = |source| ConfigError::Path {
+        what: "checkpoint directory (--ckpt-dir)",
+        path: d.clone(),
+        source,
+    };
+    if d.exists() && !d.is_dir() {
+        return Err(invalid(
+            "--ckpt-dir",
+            d.display().to_string(),
+            "exists and is not a directory",
+        ));
+    }
+    std::fs::create_dir_all(&d).map_err(path_err)?;
+    // Checkpoints, manifests and the `latest` pointer are written here: fail now, not at the
+    // first commit.
+    tempfile::tempfile_in(&d).map_err(path_err)?;
+    std::fs::canonicalize(&d).map_err(path_err)
+}

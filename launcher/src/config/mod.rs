@@ -1,0 +1,164 @@
+//! The validated launch ([`LaunchConfig`]): pure validation of the command line, then side effects.
+//!
+//! # Theory of operation
+//!
+//! [`LaunchConfig::from_args`] is three steps: [`Host::probe`] reads the machine (hostname, core
+//! and GPU counts, environment, Slurm's `KillWait`); [`validate`] is a pure function of the
+//! [`Args`] and the [`Host`] that checks every flag and chooses the rendezvous; [`prepare`]
+//! does the filesystem work (resolving the worker command, creating `--ckpt-dir`, reading the
+//! `--ckpt-resume-from` manifest). Each concern lives in one file: [`rendezvous`] (the modes),
+//! `backend` (choosing one: endpoints, run id), [`timing`] (`--rdzv-conf` and durations),
+//! [`parse`] (single flag values), [`host`] (the machine and [`prepare`]), and private files
+//! for the checkpoint flags, the entrypoint and the torchrun flags drun refuses.
+
+mod backend;
+mod ckpt;
+mod entry;
+pub mod host;
+pub mod parse;
+pub mod rendezvous;
+pub mod timing;
+mod unsupported;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_rendezvous;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use drun_rendezvous::session::SessionConfig;
+use drun_rendezvous::RoundConfig;
+use nix::sys::signal::Signal;
+
+pub use crate::cli::Args;
+pub use host::{cpu_count, gpu_count, prepare, Host};
+pub use parse::{parse_nnodes, parse_nproc, parse_signals};
+pub use rendezvous::RendezvousMode;
+pub use timing::{parse_rdzv_conf, Timing, RDZV_CONF_KEYS};
+pub use validate::validate;
+
+use crate::ckpt::CkptConfig;
+use crate::command::Entrypoint;
+use crate::slurm::{OnPreempt, SlurmJob};
+use crate::std_spec::StdSpec;
+use crate::ConfigError;
+
+/// A validated launch.
+#[derive(Debug, Clone)]
+pub struct LaunchConfig {
+    /// `--nnodes` MIN.
+    pub min_nodes: u32,
+    /// `--nnodes` MAX.
+    pub max_nodes: u32,
+    /// Workers on this node (LOCAL_WORLD_SIZE), ≥ 1.
+    pub nproc_per_node: u32,
+    /// How the group forms.
+    pub rendezvous: RendezvousMode,
+    /// Run id (TORCHELASTIC_RUN_ID, DRUN_RUN_ID).
+    pub run_id: String,
+    /// Identity of this node in the rendezvous.
+    pub node_id: String,
+    /// Worker-failure restart budget.
+    pub max_restarts: u32,
+    /// Poll interval of worker state.
+    pub monitor_interval: Duration,
+    /// ROLE_NAME.
+    pub role: String,
+    /// The worker command (program resolved by [`prepare`]).
+    pub entrypoint: Entrypoint,
+    /// `--python` / `DRUN_PYTHON`, as given (resolved into the entrypoint by [`prepare`]).
+    pub python: Option<PathBuf>,
+    /// `--log-dir` base, or `None` for a temporary directory.
+    pub log_dir: Option<PathBuf>,
+    /// Streams sent only to files.
+    pub redirects: StdSpec,
+    /// Streams sent to files and the console.
+    pub tee: StdSpec,
+    /// Local ranks whose output reaches the console; `None` = all.
+    pub local_ranks_filter: Option<BTreeSet<u32>>,
+    /// Console line prefix template; `None` = `[rank${rank}]:`.
+    pub prefix_template: Option<String>,
+    /// Signals that trigger forward + teardown.
+    pub signals: Vec<Signal>,
+    /// `--signals-to-handle` as given (exported as TORCHELASTIC_SIGNALS_TO_HANDLE).
+    pub signals_to_handle: String,
+    /// Grace between the termination signal and SIGKILL.
+    pub shutdown_timeout: Duration,
+    /// How long a partial success may last before it counts as a failure.
+    pub peer_exit_wait: Duration,
+    /// `--stdin-rank`: the local rank that reads drun's stdin; the others read `/dev/null`.
+    pub stdin_rank: Option<u32>,
+    /// Who hosts the workers' c10d store (`--worker-store`).
+    pub worker_store: crate::worker_store::WorkerStoreMode,
+    /// Parsed `--rdzv-conf`.
+    pub rdzv_conf: BTreeMap<String, String>,
+    /// Rendezvous timing knobs.
+    pub timing: Timing,
+    /// `--node-rank` pinned for a dynamic rendezvous.
+    pub requested_node_rank: Option<u32>,
+    /// `--local-addr`: address other nodes use to reach this one (else chosen per backend).
+    pub advertise_addr: Option<String>,
+    /// Notes about ignored or defaulted flags, printed once at start.
+    pub notes: Vec<String>,
+    /// Checkpoint ledger settings.
+    pub ckpt: CkptConfig,
+    /// The Slurm job drun runs in, if any.
+    pub slurm: Option<SlurmJob>,
+    /// What was taken from Slurm, one line (printed at start).
+    pub slurm_line: Option<String>,
+    /// `--on-preempt`.
+    pub on_preempt: OnPreempt,
+    /// `--preempt-signal`.
+    pub preempt_signal: Signal,
+    /// `--requeue`.
+    pub requeue: bool,
+}
+
+impl LaunchConfig {
+    /// Validates the command line against this machine and prepares the launch:
+    /// [`Host::probe`], [`validate`], [`prepare`].
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the flag and the fix.
+    pub fn from_args(a: &Args) -> Result<Self, ConfigError> {
+        prepare(validate(a, &Host::probe(a))?)
+    }
+
+    /// This node's rendezvous session settings: the round's node counts and timing, the lease,
+    /// the restart budget. A fixed-size group has no last call.
+    pub fn session_config(&self) -> SessionConfig {
+        let t = self.timing;
+        SessionConfig {
+            run_id: self.run_id.clone(),
+            node_id: self.node_id.clone(),
+            round: RoundConfig {
+                min_nodes: self.min_nodes as usize,
+                max_nodes: self.max_nodes as usize,
+                last_call: if self.min_nodes == self.max_nodes {
+                    Duration::ZERO
+                } else {
+                    t.last_call
+                },
+                join_timeout: t.join_timeout,
+                settle: t.settle,
+            },
+            lease_ttl: t.lease_ttl,
+            keep_alive_interval: t.keep_alive_interval,
+            max_restarts: self.max_restarts,
+            auto_keep_alive: true,
+            scale_up_save: self.ckpt.scale_up_save,
+        }
+    }
+}
+
+fn invalid(flag: &'static str, value: impl Into<String>, why: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        flag,
+        value: value.into(),
+        why: why.into(),
+    }
+}

@@ -1,0 +1,271 @@
+//! Pure tests of [`validate`]: command lines against synthetic hosts, no filesystem.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::*;
+use crate::command::EntryKind;
+
+pub(super) fn host() -> Host {
+    Host {
+        hostname: "node-a.example".into(),
+        pid: 42,
+        cpu_count: 8,
+        gpu_count: 0,
+        env: BTreeMap::new(),
+        random_run_id: "random-id".into(),
+        slurm_kill_wait: None,
+    }
+}
+
+pub(super) fn with_env(pairs: &[(&str, &str)]) -> Host {
+    let mut h = host();
+    for (k, v) in pairs {
+        h.env.insert((*k).into(), (*v).into());
+    }
+    h
+}
+
+pub(super) fn args(v: &[&str]) -> Args {
+    Args::try_parse_from(std::iter::once("drun").chain(v.iter().copied())).expect("clap parse")
+}
+
+pub(super) fn ok(v: &[&str]) -> LaunchConfig {
+    validate(&args(v), &host()).expect("valid")
+}
+
+pub(super) fn err(v: &[&str], h: &Host) -> String {
+    validate(&args(v), h).expect_err("invalid").to_string()
+}
+
+#[test]
+fn a_bare_script_is_a_standalone_run_on_this_host() {
+    let c = ok(&["train.py", "--lr", "1"]);
+    assert_eq!(
+        c.rendezvous,
+        RendezvousMode::Embedded {
+            master_addr: "127.0.0.1".into(),
+            fixed_port: None
+        }
+    );
+    assert_eq!(
+        (c.run_id.as_str(), c.node_id.as_str()),
+        ("random-id", "node-a.example_42")
+    );
+    assert_eq!((c.min_nodes, c.max_nodes, c.nproc_per_node), (1, 1, 1));
+    assert_eq!(c.shutdown_timeout, Duration::from_secs(30));
+    assert_eq!(c.entrypoint.kind, EntryKind::Script);
+    assert_eq!(c.entrypoint.program, PathBuf::from("python3"));
+    assert_eq!(c.entrypoint.argv(0), ["-u", "train.py", "--lr", "1"]);
+    assert!(c.notes.is_empty() && c.slurm.is_none() && c.requested_node_rank.is_none());
+}
+
+#[test]
+fn nproc_words_use_the_host_counts() {
+    assert_eq!(ok(&["--nproc-per-node", "cpu", "t.py"]).nproc_per_node, 8);
+    assert_eq!(ok(&["--nproc-per-node", "auto", "t.py"]).nproc_per_node, 8);
+    let gpus = Host {
+        gpu_count: 4,
+        ..host()
+    };
+    let c = validate(&args(&["--nproc-per-node", "gpu", "t.py"]), &gpus).unwrap();
+    assert_eq!(c.nproc_per_node, 4);
+    assert!(err(&["--nproc-per-node", "gpu", "t.py"], &host()).contains("no NVIDIA GPU"));
+    assert!(err(&["--nproc-per-node", "xpu", "t.py"], &host()).contains("Intel XPUs"));
+}
+
+#[test]
+fn inside_slurm_the_job_fills_unset_flags_and_kill_wait_sets_the_grace() {
+    let mut h = with_env(&[
+        ("SLURM_JOB_ID", "6"),
+        ("SLURM_JOB_NUM_NODES", "2"),
+        ("SLURM_NODEID", "0"),
+        ("SLURMD_NODENAME", "n1"),
+        ("SLURM_JOB_NODELIST", "n[1-2]"),
+    ]);
+    h.slurm_kill_wait = Some(Duration::from_secs(10));
+    let c = validate(&args(&["t.py"]), &h).unwrap();
+    assert_eq!((c.run_id.as_str(), c.min_nodes, c.max_nodes), ("6", 1, 2));
+    assert_eq!(
+        c.rendezvous,
+        RendezvousMode::C10d {
+            endpoint: "n1:20006".into(),
+            is_host: Some(true)
+        }
+    );
+    assert_eq!(c.node_id, "n1_42");
+    assert_eq!(c.shutdown_timeout, Duration::from_secs(8));
+    assert!(c.slurm_line.unwrap().starts_with("slurm job 6: run id 6"));
+    let c = validate(&args(&["--standalone", "t.py"]), &h).unwrap();
+    assert!(c.slurm.is_none(), "--standalone ignores Slurm");
+    assert_eq!(c.shutdown_timeout, Duration::from_secs(30));
+}
+
+#[test]
+fn shutdown_timeout_flag_then_torch_variable_then_default() {
+    let h = with_env(&[("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", " 7 ")]);
+    let c = validate(&args(&["t.py"]), &h).unwrap();
+    assert_eq!(c.shutdown_timeout, Duration::from_secs(7));
+    let c = validate(&args(&["--shutdown-timeout", "2.5", "t.py"]), &h).unwrap();
+    assert_eq!(c.shutdown_timeout, Duration::from_millis(2500));
+    let bad = with_env(&[("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon")]);
+    assert!(err(&["t.py"], &bad).contains("is not a number"));
+    assert!(err(&["--shutdown-timeout", "-1", "t.py"], &host()).contains(">= 0 seconds"));
+    assert!(err(&["--monitor-interval", "0", "t.py"], &host()).contains("at least 0.001"));
+}
+
+#[test]
+fn prefix_template_from_flag_else_non_empty_variable() {
+    let h = with_env(&[("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}>")]);
+    let c = validate(&args(&["t.py"]), &h).unwrap();
+    assert_eq!(c.prefix_template.as_deref(), Some("${rank}>"));
+    let c = validate(&args(&["--log-line-prefix-template", "", "t.py"]), &h).unwrap();
+    assert_eq!(
+        c.prefix_template.as_deref(),
+        Some(""),
+        "an explicit empty template wins"
+    );
+    let empty = with_env(&[("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "")]);
+    assert_eq!(
+        validate(&args(&["t.py"]), &empty).unwrap().prefix_template,
+        None
+    );
+}
+
+#[test]
+fn rdzv_conf_sets_timing_and_notes_unknown_keys() {
+    let c = ok(&[
+        "--rdzv-conf",
+        "join_timeout=5,lease_ttl=6,colour=red",
+        "t.py",
+    ]);
+    assert_eq!(c.timing.join_timeout, Duration::from_secs(5));
+    assert_eq!(c.timing.keep_alive_interval, Duration::from_secs(2));
+    assert_eq!(c.notes.len(), 1);
+    assert!(c.notes[0].starts_with("--rdzv-conf colour is not used"));
+    let e = err(
+        &["--rdzv-conf", "lease_ttl=3,keep_alive_interval=3", "t.py"],
+        &host(),
+    );
+    assert!(e.contains("below lease_ttl"), "{e}");
+    assert!(err(&["--rdzv-conf", "lonely", "t.py"], &host()).contains("has no value"));
+}
+
+#[test]
+fn unsupported_torchrun_flags_are_refused_by_name() {
+    assert!(err(&["--numa-binding", "node", "t.py"], &host()).starts_with("--numa-binding"));
+    assert!(err(&["--logs-specs", "x", "t.py"], &host()).starts_with("--logs-specs"));
+    assert!(err(&["--print-completion", "bash", "t.py"], &host()).contains("completion"));
+    assert!(err(&["--event-log-handler", "console", "t.py"], &host()).contains("got 'console'"));
+    ok(&["--event-log-handler", "null", "t.py"]);
+}
+
+#[test]
+fn entrypoint_kinds_and_the_script_position() {
+    assert!(err(&["--no-python", "-m", "t.py"], &host()).contains("cannot be combined"));
+    assert!(err(&["--nproc-per-nodes", "2"], &host()).contains("unknown flag '--nproc-per-nodes'"));
+    let c = ok(&["-m", "pkg.mod", "--", "x"]);
+    assert_eq!(
+        c.entrypoint.argv(0),
+        ["-u", "-m", "pkg.mod", "x"],
+        "one `--` is dropped"
+    );
+    let c = ok(&["--no-python", "./bin", "${local_rank}"]);
+    assert_eq!(c.entrypoint.program, PathBuf::from("./bin"));
+    assert_eq!(c.entrypoint.argv(3), ["3"]);
+    let c = ok(&["--python", "/opt/py", "--run-path", "--no-python", "t.py"]);
+    assert_eq!(c.entrypoint.kind, EntryKind::RunPath, "--run-path wins");
+    assert_eq!(c.entrypoint.program, PathBuf::from("/opt/py"));
+}
+
+#[test]
+fn checkpoint_flags_are_checked_without_touching_the_directory() {
+    let dir = "/nonexistent/drun-validate-test/ckpt";
+    let c = ok(&["--ckpt-dir", dir, "--ckpt-keep-last", "2", "t.py"]);
+    assert_eq!(c.ckpt.dir.as_deref(), Some(std::path::Path::new(dir)));
+    assert_eq!(c.ckpt.retention.keep_last, 2);
+    assert!(
+        !std::path::Path::new(dir).exists(),
+        "validate creates nothing"
+    );
+    assert!(err(&["--ckpt-keep-last", "2", "t.py"], &host()).contains("needs --ckpt-dir DIR"));
+    assert!(err(&["--ckpt-keep-every", "5", "t.py"], &host()).contains("needs --ckpt-keep-last"));
+    assert!(err(&["--requeue", "t.py"], &host()).contains("needs --on-preempt checkpoint"));
+    assert!(err(&["--on-preempt", "checkpoint", "t.py"], &host()).contains("in-memory"));
+    assert!(err(&["--preempt-signal", "SIGNOPE", "t.py"], &host()).contains("--preempt-signal"));
+    let c = ok(&[
+        "--on-scale-up",
+        "checkpoint",
+        "--scale-up-save-timeout",
+        "9",
+        "t.py",
+    ]);
+    assert_eq!(c.ckpt.scale_up_save, Some(Duration::from_secs(9)));
+}
+
+#[test]
+fn stdin_rank_and_filters_name_local_ranks() {
+    let e = err(
+        &["--nproc-per-node", "2", "--stdin-rank", "2", "t.py"],
+        &host(),
+    );
+    assert!(e.contains("local ranks 0..1 (--nproc-per-node 2)"), "{e}");
+    let c = ok(&["--nproc-per-node", "2", "--local-ranks-filter", "1", "t.py"]);
+    assert_eq!(c.local_ranks_filter, Some([1].into()));
+    assert!(err(&["--local-ranks-filter", "x", "t.py"], &host()).contains("comma-separated"));
+    assert!(err(
+        &["--worker-store", "rank0", "--redirects", "9", "t.py"],
+        &host()
+    )
+    .contains("--redirects"));
+}
+
+#[test]
+fn local_addr_names_the_node_and_the_standalone_master() {
+    let c = ok(&["--local-addr", "10.0.0.5", "--rdzv-id", "keep", "t.py"]);
+    assert_eq!(c.node_id, "10.0.0.5_42");
+    assert_eq!(c.run_id, "keep", "an explicit id survives standalone");
+    assert!(
+        matches!(c.rendezvous, RendezvousMode::Embedded { ref master_addr, .. } if master_addr == "10.0.0.5")
+    );
+    let c = ok(&["--standalone", "--rdzv-endpoint", "x:1", "t.py"]);
+    assert!(c.notes[0].contains("ignoring the explicit --rdzv-endpoint"));
+    assert!(err(&["--standalone", "--nnodes", "2", "t.py"], &host()).contains("runs one node"));
+}
+
+#[test]
+fn session_config_has_no_last_call_for_a_fixed_size_group() {
+    let fixed = ok(&[
+        "--rdzv-conf",
+        "last_call_timeout=7",
+        "--max-restarts",
+        "3",
+        "t.py",
+    ]);
+    let s = fixed.session_config();
+    assert_eq!(s.round.last_call, Duration::ZERO);
+    assert_eq!(
+        (s.round.min_nodes, s.round.max_nodes, s.max_restarts),
+        (1, 1, 3)
+    );
+    assert_eq!((s.run_id, s.node_id), (fixed.run_id, fixed.node_id));
+    assert!(s.auto_keep_alive);
+    let elastic = ok(&[
+        "--nnodes",
+        "1:2",
+        "--rdzv-id",
+        "j",
+        "--rdzv-endpoint",
+        "h",
+        "--rdzv-conf",
+        "last_call_timeout=7",
+        "t.py",
+    ]);
+    let s = elastic.session_config();
+    assert_eq!(s.round.last_call, Duration::from_secs(7));
+    assert_eq!(s.lease_ttl, Duration::from_secs(10));
+    assert_eq!(s.round.join_timeout, Duration::from_secs(600));
+}

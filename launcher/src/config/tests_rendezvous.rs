@@ -1,0 +1,152 @@
+//! Pure tests of the rendezvous choice: backends, endpoints, run ids, static ranks.
+
+use super::tests::{args, err, host, ok, with_env};
+use super::*;
+
+#[test]
+fn multi_node_static_needs_a_node_rank_below_nnodes() {
+    assert!(err(&["--nnodes", "2", "t.py"], &host()).contains("never assumes localhost"));
+    assert!(
+        err(&["--nnodes", "1:2", "--node-rank", "0", "t.py"], &host()).contains("fixed node count")
+    );
+    assert!(err(&["--nnodes", "2", "--node-rank", "2", "t.py"], &host())
+        .contains("must be below --nnodes 2"));
+    let c = ok(&[
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "m",
+        "t.py",
+    ]);
+    assert_eq!(
+        c.rendezvous,
+        RendezvousMode::Static {
+            node_rank: 1,
+            master_addr: "m".into(),
+            master_port: 29500
+        }
+    );
+    assert_eq!(c.requested_node_rank, None, "a static rank is not a pin");
+    assert_eq!(c.run_id, "none");
+}
+
+#[test]
+fn one_node_static_with_a_port_or_endpoint_keeps_it() {
+    let c = ok(&["--master-port", "1234", "t.py"]);
+    assert_eq!(
+        c.rendezvous,
+        RendezvousMode::Embedded {
+            master_addr: "127.0.0.1".into(),
+            fixed_port: Some(1234)
+        }
+    );
+    let c = ok(&[
+        "--rdzv-backend",
+        "static",
+        "--rdzv-endpoint",
+        "[::1]:77",
+        "t.py",
+    ]);
+    assert_eq!(
+        c.rendezvous,
+        RendezvousMode::Embedded {
+            master_addr: "::1".into(),
+            fixed_port: Some(77)
+        }
+    );
+}
+
+#[test]
+fn dynamic_backends_get_their_default_ports_and_keep_pins() {
+    let c = ok(&[
+        "--nnodes",
+        "1:3",
+        "--rdzv-id",
+        "j",
+        "--rdzv-endpoint",
+        "a,b:5",
+        "--node-rank",
+        "2",
+        "t.py",
+    ]);
+    assert_eq!(
+        c.rendezvous,
+        RendezvousMode::Server {
+            endpoints: vec!["a:29400".into(), "b:5".into()]
+        }
+    );
+    assert_eq!(c.requested_node_rank, Some(2));
+    let c = ok(&[
+        "--rdzv-backend",
+        "etcd-v2",
+        "--rdzv-endpoint",
+        "e",
+        "--rdzv-id",
+        "j",
+        "t.py",
+    ]);
+    assert_eq!(
+        c.rendezvous,
+        RendezvousMode::Etcd {
+            endpoints: vec!["e:2379".into()]
+        }
+    );
+    assert!(err(&["--rdzv-backend", "zk", "t.py"], &host()).contains("expected drun, c10d"));
+    assert!(err(&["--rdzv-backend", "c10d", "t.py"], &host()).contains("never falls back"));
+}
+
+#[test]
+fn c10d_is_host_comes_from_rdzv_conf() {
+    let base = [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "h",
+        "--rdzv-conf",
+    ];
+    let mode = |conf: &str| {
+        let mut v = base.to_vec();
+        v.extend([conf, "t.py"]);
+        ok(&v).rendezvous
+    };
+    assert_eq!(
+        mode("is_host=yes"),
+        RendezvousMode::C10d {
+            endpoint: "h:29400".into(),
+            is_host: Some(true)
+        }
+    );
+    assert!(matches!(
+        mode("is_host=0"),
+        RendezvousMode::C10d {
+            is_host: Some(false),
+            ..
+        }
+    ));
+    assert!(matches!(
+        mode(""),
+        RendezvousMode::C10d { is_host: None, .. }
+    ));
+    let mut v = base.to_vec();
+    v.extend(["is_host=maybe", "t.py"]);
+    assert!(err(&v, &host()).contains("expected 1 or 0"));
+}
+
+#[test]
+fn a_multi_node_run_id_comes_from_the_flag_or_the_slurm_job_variable() {
+    let v = [
+        "--slurm",
+        "off",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        "h:1",
+        "t.py",
+    ];
+    assert!(err(&v, &host()).contains("--rdzv-id"));
+    let c = validate(&args(&v), &with_env(&[("SLURM_JOB_ID", "77")])).unwrap();
+    assert_eq!(c.run_id, "77");
+    assert!(c.slurm.is_none(), "--slurm off");
+}

@@ -1,0 +1,117 @@
+//! [`validate`]: the command line and the host in, a [`LaunchConfig`] or one error out. Pure.
+
+use super::backend::{rendezvous_mode, Nodes};
+use super::entry::entrypoint;
+use super::parse::{
+    check_stdin_rank, parse_nnodes, parse_nproc, parse_ranks_filter, parse_signals,
+};
+use super::timing::{parse_rdzv_conf, seconds, shutdown_timeout, unused_conf_notes, Timing};
+use super::unsupported::refuse_unsupported;
+use super::{invalid, Host, LaunchConfig};
+use crate::slurm::{self, SlurmMode};
+use crate::std_spec::StdSpec;
+use crate::worker_store::WorkerStoreMode;
+use crate::{Args, ConfigError};
+
+/// Validates the command line against what was read from the host. Touches nothing: no
+/// filesystem, no environment, no clock, no randomness (all of those come in `host`). Inside
+/// Slurm (`--slurm auto`, `SLURM_JOB_ID` in `host.env`) the flags the user left unset are
+/// filled from the job first.
+///
+/// # Errors
+/// [`ConfigError`] naming the flag and the fix; the first problem found, in flag order.
+pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
+    let slurm = match args.slurm {
+        SlurmMode::Auto if !args.standalone => slurm::detect(|k| host.var(k).map(str::to_string))?,
+        _ => None,
+    };
+    let mut filled = args.clone();
+    let slurm_line = match &slurm {
+        Some(job) => Some(job.fill(&mut filled)?),
+        None => None,
+    };
+    let a = &filled;
+    refuse_unsupported(a)?;
+    let (min_nodes, max_nodes) = parse_nnodes(&a.nnodes)?;
+    let nproc_per_node = parse_nproc(&a.nproc_per_node, host.cpu_count, host.gpu_count)?;
+    let monitor_interval = seconds("--monitor-interval", a.monitor_interval, false)?;
+    let shutdown_timeout = shutdown_timeout(a.shutdown_timeout, slurm.is_some(), host)?;
+    let peer_exit_wait = seconds("--peer-exit-wait", a.peer_exit_wait, true)?;
+    check_stdin_rank(a.stdin_rank, nproc_per_node)?;
+    let redirects = StdSpec::parse("--redirects", &a.redirects)?;
+    let tee = StdSpec::parse("--tee", &a.tee)?;
+    let local_ranks_filter = parse_ranks_filter(&a.local_ranks_filter)?;
+    let signals = parse_signals(&a.signals_to_handle)?;
+    let rdzv_conf = parse_rdzv_conf(&a.rdzv_conf)?;
+    // An explicit empty template means "no prefix"; the environment variable only counts
+    // when non-empty (torchrun treats it so).
+    let prefix_template = a.log_line_prefix_template.clone().or_else(|| {
+        host.var("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+    });
+    let mut notes = unused_conf_notes(&rdzv_conf);
+    let timing = Timing::from_conf(&rdzv_conf)?;
+    let nodes = Nodes {
+        min: min_nodes,
+        max: max_nodes,
+        conf: &rdzv_conf,
+        slurm: slurm.as_ref(),
+    };
+    let (rendezvous, run_id) = rendezvous_mode(a, &nodes, host, &mut notes)?;
+    let requested_node_rank = a.node_rank.filter(|_| !rendezvous.is_static());
+    if a.start_method != "spawn" {
+        notes.push(format!(
+            "--start-method {} only affects function entrypoints in torchrun; drun starts processes directly",
+            a.start_method
+        ));
+    }
+    let entrypoint = entrypoint(a)?;
+    // Like torchrun's node descriptor (address, pid): unique even for several agents per host,
+    // and sorted first by address so ranks follow hosts.
+    let address = a.local_addr.as_deref().unwrap_or(&host.hostname);
+    let node_id = format!("{address}_{}", host.pid);
+    let (ckpt, preempt_signal) = super::ckpt::checkpoint_flags(a, &rendezvous)?;
+    let worker_store = WorkerStoreMode::parse(&a.worker_store).ok_or_else(|| {
+        invalid(
+            "--worker-store",
+            a.worker_store.clone(),
+            "expected agent or rank0",
+        )
+    })?;
+    Ok(LaunchConfig {
+        min_nodes,
+        max_nodes,
+        nproc_per_node,
+        rendezvous,
+        run_id,
+        node_id,
+        max_restarts: a.max_restarts,
+        monitor_interval,
+        role: a.role.clone(),
+        entrypoint,
+        python: a.python.clone(),
+        log_dir: a.log_dir.clone(),
+        redirects,
+        tee,
+        local_ranks_filter,
+        prefix_template,
+        signals,
+        signals_to_handle: a.signals_to_handle.clone(),
+        shutdown_timeout,
+        peer_exit_wait,
+        stdin_rank: a.stdin_rank,
+        worker_store,
+        rdzv_conf,
+        timing,
+        requested_node_rank,
+        advertise_addr: a.local_addr.clone(),
+        notes,
+        ckpt,
+        slurm,
+        slurm_line,
+        on_preempt: a.on_preempt,
+        preempt_signal,
+        requeue: a.requeue,
+    })
+}
