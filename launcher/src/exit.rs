@@ -1,4 +1,4 @@
-//! Agent exit codes (design §8). Documented in `drun --help` and the README.
+//! Agent exit codes (`docs/architecture.md` §5). Documented in `drun --help` and the README.
 
 /// Text appended to `drun --help`.
 pub const EXIT_CODES_HELP: &str = "\
