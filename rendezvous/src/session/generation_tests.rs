@@ -18,12 +18,12 @@ fn cand(id: &str) -> Candidate {
 }
 
 /// A generation `g` of the given nodes (node ranks follow the ids' order).
-fn plan(g: u64, nodes: &[&str]) -> Plan {
+pub(super) fn plan(g: u64, nodes: &[&str]) -> Plan {
     let cands: Vec<Candidate> = nodes.iter().map(|n| cand(n)).collect();
     assign("run", g, &cands, 0, 0).expect("formable")
 }
 
-fn rules() -> Rules {
+pub(super) fn rules() -> Rules {
     Rules {
         max_nodes: 4,
         scale_up_save: None,

@@ -1,34 +1,9 @@
 //! Unit tests of the generation core's verdicts: failure budget, exit barrier, fence, joins, watch events.
 
-use std::time::Duration;
-
 use super::*;
 use crate::store::KeyValue;
-use crate::{assign, Candidate};
 
-fn cand(id: &str) -> Candidate {
-    Candidate {
-        node_id: id.into(),
-        advertise_addr: "127.0.0.1".into(),
-        slots: 2,
-        requested_node_rank: None,
-        master_port: 1,
-    }
-}
-
-fn plan(g: u64, nodes: &[&str]) -> Plan {
-    let cands: Vec<Candidate> = nodes.iter().map(|n| cand(n)).collect();
-    assign("run", g, &cands, 0, 0).expect("formable")
-}
-
-fn rules() -> Rules {
-    Rules {
-        max_nodes: 4,
-        scale_up_save: None,
-        lease_ttl: Duration::from_secs(10),
-        max_restarts: 2,
-    }
-}
+use super::tests::{plan, rules};
 
 // ---- failure budget ----
 
