@@ -1,10 +1,10 @@
-//! Worker-group tests against [`FakeOs`]: no processes, no sleeping, synthetic instants.
+//! Worker-group tests against [`FakeOs`]: no processes, no sleeping.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
 use drun_rendezvous::plan::Member;
@@ -17,9 +17,6 @@ use super::*;
 use crate::config::{validate, Host};
 use crate::os::fake::{Call, FakeOs};
 use crate::os::guard::Guard;
-
-const GRACE: Duration = Duration::from_secs(30);
-const KILL_WAIT: Duration = Duration::from_secs(5);
 
 fn config(nproc: u32) -> LaunchConfig {
     let args =
