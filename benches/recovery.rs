@@ -24,7 +24,9 @@
 //! 4. **Launch overhead** (`--standalone`, 2 trivial workers `--no-python true`, as
 //!    `benches/launch.rs`) and **rendezvous time** for N agents (`DRUN_BENCH_RDZV_N`, default
 //!    2,4,8; last agent started -> last worker started, as `benches/rendezvous.rs`: drun through
-//!    a `drun-rendezvous` server on etcd, torchrun c10d).
+//!    a `drun-rendezvous` server on etcd, torchrun c10d), and **spawning 128 local workers**
+//!    (`--standalone --nproc-per-node 128`, each worker stamping its start: launcher start →
+//!    last worker started).
 //! 5. **Agent footprint.** `--standalone`, 2 workers sleeping: the agent process's peak RSS
 //!    (`VmHWM`) and its own CPU time (`utime`+`stime` from `/proc/<pid>/stat`, children not
 //!    included) during `DRUN_BENCH_IDLE` seconds (default 30) after both workers started, and
@@ -36,8 +38,8 @@
 //! recover"; in the hung-host row a launcher's first such run is not repeated (torchrun has no
 //! hang detector; only the workers' collective timeout, 30 min for gloo, would end it). Rows are
 //! chosen with `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP` (comma-separated of `loss`, `loss-etcd`,
-//! `hung`, `fail`, `launch`, `rdzv`, `idle`). Every process of a run carries the run's tag in
-//! its environment; at the end of the run every launcher's process group and every tagged
+//! `hung`, `fail`, `launch`, `spawn`, `rdzv`, `idle`). Every process of a run carries the run's
+//! tag in its environment; at the end of the run every launcher's process group and every tagged
 //! process (workers that left their group included) is SIGKILLed. Agent logs of a run that
 //! fails to start are printed to stderr, with progress lines; the table goes to stdout as
 //! Markdown (`DRUN_BENCH_KEEP=1` keeps each run's worker records and agent logs). Only loopback
@@ -51,7 +53,7 @@ mod table;
 use common::procs::{cpu_time, listening, peak_rss_kib, Procs};
 use common::{
     free_port, now_ns, rendezvous_drun, rendezvous_time, rendezvous_torchrun, runs, time_once,
-    torch_python, torchrun, Etcd, RdzvServer, LAUNCH_ARGS,
+    torch_python, torchrun, Etcd, RdzvServer, LAUNCH_ARGS, STAMP_WORKER,
 };
 
 use std::fs::File;
@@ -63,12 +65,13 @@ use nix::sys::signal::{kill, Signal};
 use records::{group_ready, log_tails, poll, records};
 use table::{fmt, Cell, Row, Unit};
 
-const ROWS: [&str; 7] = [
+const ROWS: [&str; 8] = [
     "loss",
     "loss-etcd",
     "hung",
     "fail",
     "launch",
+    "spawn",
     "rdzv",
     "idle",
 ];
@@ -393,6 +396,9 @@ fn launch_rows(b: &Bench, rows: &mut Vec<Row>) {
         eprintln!("[launch] done");
         rows.push(row);
     }
+    if selected("spawn") {
+        rows.push(spawn_row(b, 128));
+    }
     if !selected("rdzv") {
         return;
     }
@@ -429,6 +435,44 @@ fn launch_rows(b: &Bench, rows: &mut Vec<Row>) {
         eprintln!("[rdzv] N={n} done");
         rows.push(row);
     }
+}
+
+/// `--standalone --nproc-per-node n`, each worker stamping its start: from the launcher's start
+/// to the last worker's first statement.
+fn spawn_row(b: &Bench, n: usize) -> Row {
+    let mut row = Row::new(
+        format!("spawn, `--standalone`, {n} local workers: launcher start → last worker started"),
+        Unit::Seconds,
+    );
+    for _ in 0..b.runs {
+        for l in launchers(b) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut c = match l {
+                Launcher::Drun => Command::new(env!("CARGO_BIN_EXE_drun")),
+                Launcher::Torchrun => Command::new(b.torchrun.as_ref().unwrap()),
+            };
+            c.args([
+                "--standalone",
+                "--nproc-per-node",
+                &n.to_string(),
+                "--no-python",
+            ])
+            .args(["sh", "-c", STAMP_WORKER])
+            .arg(dir.path());
+            let t0 = now_ns();
+            time_once(l.name(), c);
+            let last = (0..n)
+                .filter_map(|r| std::fs::read_to_string(dir.path().join(r.to_string())).ok())
+                .filter_map(|t| t.trim().parse::<u128>().ok())
+                .max();
+            match last {
+                Some(t) if t > t0 => row.cell(l).values.push((t - t0) as f64 / 1e9),
+                _ => row.cell(l).setup_failed += 1,
+            }
+        }
+    }
+    eprintln!("[spawn] done");
+    row
 }
 
 /// Row 5: in each run one drun and one torchrun agent (`--standalone`, 2 sleeping workers),
