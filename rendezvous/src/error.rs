@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// Failure of a [`crate::Store`] operation.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The lease does not exist any more (expired or revoked). Keys attached to it are gone.
     #[error("lease {0:#x} expired or was revoked")]

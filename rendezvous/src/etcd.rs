@@ -5,6 +5,9 @@
 //! exchange, and a prefix watch is forwarded into a channel by a task that ends when the receiver is
 //! dropped. Every failure of the cluster surfaces as [`StoreError::Unavailable`] naming the
 //! endpoints, so callers can retry with backoff until their lease really expires.
+//! Within one process identical prefix watches share one etcd watch and identical reads are
+//! batched ([`crate::etcd_share`]): a server with a thousand sessions makes one watch and a few
+//! reads where it made a thousand.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use async_trait::async_trait;
 use etcd_client as etcd;
 use tokio::sync::mpsc;
 
+use crate::etcd_share::{Reads, Watches};
 use crate::store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};
 use crate::StoreError;
 
@@ -32,6 +36,9 @@ pub struct EtcdStore {
     clients: Arc<Vec<etcd::Client>>,
     current: Arc<AtomicUsize>,
     endpoints: String,
+    /// Reads of the same key batched, prefix watches shared (`etcd_share.rs`).
+    reads: Arc<Reads>,
+    watches: Arc<Watches>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -107,6 +114,8 @@ impl EtcdStore {
             clients: Arc::new(clients),
             current: Arc::new(AtomicUsize::new(0)),
             endpoints: joined,
+            reads: Arc::default(),
+            watches: Arc::default(),
         };
         // Connecting is lazy: prove the cluster answers.
         store.get("/drun/v1/.ping").await?;
@@ -172,11 +181,13 @@ impl Store for EtcdStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        let resp = self
-            .retry(|mut c| async move { c.get(key, None).await })
+        let this = self.clone();
+        self.reads
+            .get(key, move |key| {
+                let this = this.clone();
+                async move { this.get_once(&key).await }
+            })
             .await
-            .map_err(|e| self.unavailable(e))?;
-        Ok(resp.kvs().first().map(to_kv))
     }
 
     async fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
@@ -272,6 +283,32 @@ impl Store for EtcdStore {
     }
 
     async fn watch_prefix(
+        &self,
+        prefix: &str,
+        after: i64,
+    ) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
+        if after > 0 {
+            return self.watch_once(prefix, after).await;
+        }
+        self.watches
+            .watch(prefix, || self.watch_once(prefix, 0))
+            .await
+    }
+}
+
+impl EtcdStore {
+    /// One etcd read of `key`.
+    async fn get_once(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let resp = self
+            .retry(|mut c| async move { c.get(key, None).await })
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        Ok(resp.kvs().first().map(to_kv))
+    }
+
+    /// One etcd watch of `prefix` after revision `after` (0: from now), forwarded into a
+    /// channel by a task that ends when the receiver is dropped.
+    async fn watch_once(
         &self,
         prefix: &str,
         after: i64,
