@@ -207,6 +207,15 @@ mod tests {
         }
     }
 
+    /// Polls `cond` (yielding to the tasks under test) until it holds; fails after 5 s.
+    async fn until(what: &str, cond: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !cond() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// A read that counts its calls, waits for `go` and answers "read <n>".
     fn counting(
         calls: Arc<AtomicUsize>,
@@ -232,9 +241,10 @@ mod tests {
             let (r, f) = (reads.clone(), counting(calls.clone(), go.clone()));
             async move { r.get("k", f).await }
         });
-        while calls.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
+        until("the first read started", || {
+            calls.load(Ordering::SeqCst) > 0
+        })
+        .await;
         let later: Vec<_> = (0..5)
             .map(|_| {
                 let (r, f) = (reads.clone(), counting(calls.clone(), go.clone()));
@@ -244,9 +254,10 @@ mod tests {
         go.notify_one();
         let v = first.await.unwrap().unwrap().unwrap();
         assert_eq!(v.value, b"read 1");
-        while calls.load(Ordering::SeqCst) < 2 {
-            tokio::task::yield_now().await;
-        }
+        until("the second read started", || {
+            calls.load(Ordering::SeqCst) >= 2
+        })
+        .await;
         go.notify_one();
         for h in later {
             assert_eq!(h.await.unwrap().unwrap().unwrap().value, b"read 2");
@@ -307,7 +318,12 @@ mod tests {
         drop(a);
         // The next event finds no subscriber: the hub closes.
         up_tx.send(WatchEvent::Put(kv("x"))).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while watches.hubs.lock().await.contains_key("p/") {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the hub never closed"
+            );
             tokio::task::yield_now().await;
         }
         let (up2_tx, up2_rx) = mpsc::unbounded_channel();

@@ -223,22 +223,25 @@ fn submit_example(dir: &Path, env: &[(&str, String)]) -> String {
 /// Submits a 2-node job whose step is `srun drun --nproc-per-node 2 <worker> <dir>`; returns the
 /// job id and its output file.
 fn submit_worker_job(worker_name: &str, dir: &Path) -> (String, PathBuf) {
+    let body = format!(
+        "srun {} --nproc-per-node 2 {} {}",
+        drun_bin().display(),
+        worker(worker_name),
+        dir.display()
+    );
+    submit_script(dir, &body, 2)
+}
+
+/// Writes `body` as `dir/job.sbatch` and submits it on `nodes` nodes, one task each: the job id
+/// and its output file.
+fn submit_script(dir: &Path, body: &str, nodes: u32) -> (String, PathBuf) {
     let script = dir.join("job.sbatch");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/bash\nsrun {} --nproc-per-node 2 {} {}\n",
-            drun_bin().display(),
-            worker(worker_name),
-            dir.display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
     let out = dir.join("job.out");
     let id = sbatch(
         &[
             "-N",
-            "2",
+            &nodes.to_string(),
             "--ntasks-per-node",
             "1",
             "-o",

@@ -104,32 +104,15 @@ fn slurm_etcd_job_survives_the_loss_of_node_rank_0() {
     }
     let etcd = crate::harness::cluster::Etcd::start();
     let dir = tempfile::tempdir().unwrap();
-    let script = dir.path().join("job.sbatch");
     // One worker per node, labelled with its node's name.
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/bash\nsrun --kill-on-bad-exit=0 bash -c 'exec {} --nnodes 2:3 --nproc-per-node 1 --rdzv-backend etcd --rdzv-endpoint {} --rdzv-conf lease_ttl=3,last_call_timeout=2 --shutdown-timeout 3 {} {} \"$SLURMD_NODENAME\"'\n",
-            drun_bin().display(),
-            etcd.endpoint,
-            worker("elastic.py"),
-            dir.path().display()
-        ),
-    )
-    .unwrap();
-    let out = dir.path().join("job.out");
-    let id = sbatch(
-        &[
-            "-N",
-            "3",
-            "--ntasks-per-node",
-            "1",
-            "-o",
-            out.to_str().unwrap(),
-            script.to_str().unwrap(),
-        ],
-        &[],
+    let body = format!(
+        "srun --kill-on-bad-exit=0 bash -c 'exec {} --nnodes 2:3 --nproc-per-node 1 --rdzv-backend etcd --rdzv-endpoint {} --rdzv-conf lease_ttl=3,last_call_timeout=2 --shutdown-timeout 3 {} {} \"$SLURMD_NODENAME\"'",
+        drun_bin().display(),
+        etcd.endpoint,
+        worker("elastic.py"),
+        dir.path().display()
     );
+    let (id, out) = submit_script(dir.path(), &body, 3);
     let _c = Cancel(id.clone());
     let text = || std::fs::read_to_string(&out).unwrap_or_default();
     wait_for("3 nodes formed", Duration::from_secs(90), || {

@@ -41,7 +41,6 @@ struct State {
     spawns: usize,
     exits: VecDeque<(Pid, ExitKind)>,
     killpg_errors: Vec<(Pid, Errno)>,
-    descendants: Vec<Pid>,
 }
 
 /// A scripted operating system: pids count up from 1000, spawned processes have no output
@@ -76,11 +75,6 @@ impl FakeOs {
     /// Makes `killpg` of `pgid` fail with `errno` (e.g. ESRCH: already gone).
     pub fn killpg_fails(&self, pgid: Pid, errno: Errno) {
         self.lock().killpg_errors.push((pgid, errno));
-    }
-
-    /// Sets what `descendants` answers.
-    pub fn set_descendants(&self, pids: Vec<Pid>) {
-        self.lock().descendants = pids;
     }
 
     /// Every call so far, in order.
@@ -144,10 +138,9 @@ impl Os for FakeOs {
         self.lock().calls.push(Call::Signal(pid, sig));
     }
 
-    fn descendants(&self, _agent_id: &str, except: Pid) -> Vec<Pid> {
-        let mut d = self.lock().descendants.clone();
-        d.retain(|p| *p != except);
-        d
+    /// No process is left behind in the fake.
+    fn descendants(&self, _agent_id: &str, _except: Pid) -> Vec<Pid> {
+        Vec::new()
     }
 
     fn hostname(&self) -> String {
