@@ -101,7 +101,7 @@ pub fn worker_env(
     set("ROLE_NAME", slot.role.to_string());
     set("LOCAL_WORLD_SIZE", member.slots.to_string());
     set("WORLD_SIZE", plan.world_size.to_string());
-    set("GROUP_WORLD_SIZE", plan.members.len().to_string());
+    set("GROUP_WORLD_SIZE", plan.node_count().to_string());
     set("ROLE_WORLD_SIZE", plan.world_size.to_string());
     set("MASTER_ADDR", plan.master_addr.clone());
     set("MASTER_PORT", plan.master_port.to_string());

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use etcd_client as etcd;
 use tokio::sync::mpsc;
 
+use crate::etcd_batch::{Admit, Batcher};
 use crate::etcd_share::{Reads, Watches};
 use crate::store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};
 use crate::StoreError;
@@ -39,6 +40,69 @@ pub struct EtcdStore {
     /// Reads of the same key batched, prefix watches shared (`etcd_share.rs`).
     reads: Arc<Reads>,
     watches: Arc<Watches>,
+    /// Reads of different keys, and unconditional writes, combined into one transaction each
+    /// (`etcd_batch.rs`).
+    read_batch: Arc<Batcher<ReadReq, Result<Option<KeyValue>, StoreError>>>,
+    write_batch: Arc<Batcher<WriteReq, Result<TxnResponse, StoreError>>>,
+}
+
+/// A read of one key, for a combined read transaction.
+struct ReadReq(String);
+
+impl Admit for ReadReq {
+    fn ops(&self) -> usize {
+        1
+    }
+    fn bytes(&self) -> usize {
+        self.0.len()
+    }
+    fn fits_with(&self, _: &[Self]) -> bool {
+        true
+    }
+}
+
+/// The ops of an unconditional transaction, for a combined write transaction.
+struct WriteReq(Vec<Op>);
+
+impl WriteReq {
+    /// The keys it writes.
+    fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|op| match op {
+            Op::Put { key, .. } | Op::Delete(key) | Op::DeletePrefix(key) => key.as_str(),
+        })
+    }
+
+    /// Whether `txn` may share a transaction with others: no compares, no failure branch, no
+    /// prefix delete (it could cover another request's key).
+    fn combinable(txn: &Txn) -> bool {
+        txn.compares.is_empty()
+            && txn.failure.is_empty()
+            && !txn.success.is_empty()
+            && !txn
+                .success
+                .iter()
+                .any(|op| matches!(op, Op::DeletePrefix(_)))
+    }
+}
+
+impl Admit for WriteReq {
+    fn ops(&self) -> usize {
+        self.0.len()
+    }
+    fn bytes(&self) -> usize {
+        self.0
+            .iter()
+            .map(|op| match op {
+                Op::Put { key, value, .. } => key.len() + value.len(),
+                Op::Delete(key) | Op::DeletePrefix(key) => key.len(),
+            })
+            .sum()
+    }
+    /// etcd refuses a transaction that writes one key twice.
+    fn fits_with(&self, batch: &[Self]) -> bool {
+        self.keys()
+            .all(|k| batch.iter().all(|other| other.keys().all(|o| o != k)))
+    }
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -116,6 +180,8 @@ impl EtcdStore {
             endpoints: joined,
             reads: Arc::default(),
             watches: Arc::default(),
+            read_batch: Arc::default(),
+            write_batch: Arc::default(),
         };
         // Connecting is lazy: prove the cluster answers.
         store.get("/drun/v1/.ping").await?;
@@ -185,7 +251,7 @@ impl Store for EtcdStore {
         self.reads
             .get(key, move |key| {
                 let this = this.clone();
-                async move { this.get_once(&key).await }
+                async move { this.get_batched(key).await }
             })
             .await
     }
@@ -202,35 +268,17 @@ impl Store for EtcdStore {
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
-        let t = etcd::Txn::new()
-            .when(txn.compares.iter().map(to_compare).collect::<Vec<_>>())
-            .and_then(txn.success.iter().map(to_op).collect::<Vec<_>>())
-            .or_else(txn.failure.iter().map(to_op).collect::<Vec<_>>());
-        let resp = self
-            .retry(|mut c| {
-                let t = t.clone();
-                async move { c.txn(t).await }
+        if !WriteReq::combinable(&txn) {
+            return self.txn_once(txn).await;
+        }
+        let this = self.clone();
+        self.write_batch
+            .call(WriteReq(txn.success), move |batch| {
+                let this = this.clone();
+                async move { this.write_combined(batch).await }
             })
             .await
-            .map_err(|e| match e {
-                etcd::Error::GRpcStatus(s) if s.message().contains("lease not found") => {
-                    let lease = txn
-                        .success
-                        .iter()
-                        .chain(&txn.failure)
-                        .find_map(|op| match op {
-                            Op::Put { lease: Some(l), .. } => Some(*l),
-                            _ => None,
-                        })
-                        .unwrap_or(0);
-                    StoreError::LeaseLost(lease)
-                }
-                e => self.unavailable(e),
-            })?;
-        Ok(TxnResponse {
-            succeeded: resp.succeeded(),
-            revision: resp.header().map_or(0, |h| h.revision()),
-        })
+            .unwrap_or_else(|| Err(self.dropped("write")))
     }
 
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
@@ -291,12 +339,139 @@ impl Store for EtcdStore {
             return self.watch_once(prefix, after).await;
         }
         self.watches
-            .watch(prefix, || self.watch_once(prefix, 0))
+            .watch(prefix, |hub| async move { self.watch_once(&hub, 0).await })
             .await
     }
 }
 
 impl EtcdStore {
+    /// One etcd transaction of its own.
+    async fn txn_once(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
+        let t = etcd::Txn::new()
+            .when(txn.compares.iter().map(to_compare).collect::<Vec<_>>())
+            .and_then(txn.success.iter().map(to_op).collect::<Vec<_>>())
+            .or_else(txn.failure.iter().map(to_op).collect::<Vec<_>>());
+        let resp = self
+            .retry(|mut c| {
+                let t = t.clone();
+                async move { c.txn(t).await }
+            })
+            .await
+            .map_err(|e| match e {
+                etcd::Error::GRpcStatus(s) if s.message().contains("lease not found") => {
+                    let lease = txn
+                        .success
+                        .iter()
+                        .chain(&txn.failure)
+                        .find_map(|op| match op {
+                            Op::Put { lease: Some(l), .. } => Some(*l),
+                            _ => None,
+                        })
+                        .unwrap_or(0);
+                    StoreError::LeaseLost(lease)
+                }
+                e => self.unavailable(e),
+            })?;
+        Ok(TxnResponse {
+            succeeded: resp.succeeded(),
+            revision: resp.header().map_or(0, |h| h.revision()),
+        })
+    }
+
+    /// One combined transaction of unconditional writes: every request gets its revision. When
+    /// it fails because a lease is gone, each request is sent alone, so only the writes under
+    /// that lease fail (with [`StoreError::LeaseLost`]).
+    async fn write_combined(&self, batch: Vec<WriteReq>) -> Vec<Result<TxnResponse, StoreError>> {
+        let n = batch.len();
+        let txns: Vec<Txn> = batch
+            .into_iter()
+            .map(|w| Txn {
+                compares: vec![],
+                success: w.0,
+                failure: vec![],
+            })
+            .collect();
+        if n == 1 {
+            return vec![self.txn_once(txns.into_iter().next().expect("one")).await];
+        }
+        let all = Txn {
+            compares: vec![],
+            success: txns.iter().flat_map(|t| t.success.clone()).collect(),
+            failure: vec![],
+        };
+        match self.txn_once(all).await {
+            Ok(r) => vec![Ok(r); n],
+            Err(StoreError::LeaseLost(_)) => {
+                let mut out = Vec::with_capacity(n);
+                for t in txns {
+                    out.push(self.txn_once(t).await);
+                }
+                out
+            }
+            Err(e) => vec![Err(e); n],
+        }
+    }
+
+    /// One combined read transaction: the value of each key, in order.
+    async fn read_combined(
+        &self,
+        batch: Vec<ReadReq>,
+    ) -> Vec<Result<Option<KeyValue>, StoreError>> {
+        if batch.len() == 1 {
+            return vec![self.get_once(&batch[0].0).await];
+        }
+        let t = etcd::Txn::new().and_then(
+            batch
+                .iter()
+                .map(|r| etcd::TxnOp::get(r.0.as_bytes(), None))
+                .collect::<Vec<_>>(),
+        );
+        let resp = self
+            .retry(|mut c| {
+                let t = t.clone();
+                async move { c.txn(t).await }
+            })
+            .await;
+        match resp {
+            Ok(resp) => {
+                let mut out: Vec<_> = resp
+                    .op_responses()
+                    .into_iter()
+                    .map(|r| match r {
+                        etcd::TxnOpResponse::Get(g) => Ok(g.kvs().first().map(to_kv)),
+                        _ => Err(StoreError::Unavailable {
+                            endpoint: self.endpoints.clone(),
+                            reason: "a read transaction answered with a write".into(),
+                        }),
+                    })
+                    .collect();
+                out.resize_with(batch.len(), || Err(self.dropped("read")));
+                out
+            }
+            Err(e) => vec![Err(self.unavailable(e)); batch.len()],
+        }
+    }
+
+    /// Reads `key` in the next combined read transaction.
+    async fn get_batched(&self, key: String) -> Result<Option<KeyValue>, StoreError> {
+        let this = self.clone();
+        self.read_batch
+            .call(ReadReq(key), move |batch| {
+                let this = this.clone();
+                async move { this.read_combined(batch).await }
+            })
+            .await
+            .unwrap_or_else(|| Err(self.dropped("read")))
+    }
+
+    /// The error of a combined request whose answer was lost.
+    fn dropped(&self, what: &str) -> StoreError {
+        StoreError::Unavailable {
+            endpoint: self.endpoints.clone(),
+            reason: format!("the combined {what} was dropped"),
+        }
+    }
+
     /// One etcd read of `key`.
     async fn get_once(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         let resp = self

@@ -93,14 +93,56 @@ impl Reads {
     }
 }
 
-/// The subscribers of one shared watch; `closed` once its task ended or is ending.
+/// The subscribers of one shared watch, by the prefix each asked for; `closed` once its task
+/// ended or is ending.
 #[derive(Default)]
 struct Subscribers {
     closed: bool,
-    txs: Vec<mpsc::UnboundedSender<WatchEvent>>,
+    by_prefix: HashMap<String, Vec<mpsc::UnboundedSender<WatchEvent>>>,
 }
 
-/// Shared prefix watches, by prefix.
+impl Subscribers {
+    fn add(&mut self, prefix: &str, tx: mpsc::UnboundedSender<WatchEvent>) {
+        self.by_prefix
+            .entry(prefix.to_string())
+            .or_default()
+            .push(tx);
+    }
+
+    /// Sends `ev` to every subscriber whose prefix starts its key (the prefixes of the key
+    /// at least as long as the hub's), dropping those that went away.
+    fn deliver(&mut self, hub: &str, ev: &WatchEvent) {
+        let key = match ev {
+            WatchEvent::Put(kv) => kv.key.as_str(),
+            WatchEvent::Delete(key, _) => key.as_str(),
+        };
+        for end in hub.len()..=key.len() {
+            if !key.is_char_boundary(end) {
+                continue;
+            }
+            if let Some(txs) = self.by_prefix.get_mut(&key[..end]) {
+                txs.retain(|t| t.send(ev.clone()).is_ok());
+            }
+        }
+        self.by_prefix.retain(|_, txs| !txs.is_empty());
+    }
+
+    fn prune(&mut self) {
+        self.by_prefix.retain(|_, txs| {
+            txs.retain(|t| !t.is_closed());
+            !txs.is_empty()
+        });
+    }
+}
+
+/// The hub a watch of `prefix` shares: its "directory", up to and including the last `/`
+/// (`/drun/v1/r/members/1/node-a` → `/drun/v1/r/members/1/`). So the one-key watches of a
+/// thousand sessions (each its successor's membership key) are one etcd watch.
+pub fn hub_of(prefix: &str) -> &str {
+    prefix.rfind('/').map_or(prefix, |i| &prefix[..=i])
+}
+
+/// Shared prefix watches, by hub ([`hub_of`]).
 #[derive(Default)]
 pub struct Watches {
     hubs: tokio::sync::Mutex<HashMap<String, Arc<Mutex<Subscribers>>>>,
@@ -108,7 +150,8 @@ pub struct Watches {
 
 impl Watches {
     /// A channel of the events under `prefix` from now on: a subscription to the running watch
-    /// of that prefix, or a new one made with `open` (an etcd watch from now).
+    /// of its hub, or a new one made with `open(hub)` (an etcd watch of the hub from now),
+    /// forwarding only the events under `prefix`.
     ///
     /// # Errors
     /// `open`'s [`StoreError`].
@@ -118,43 +161,43 @@ impl Watches {
         open: F,
     ) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError>
     where
-        F: FnOnce() -> Fut,
+        F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError>>,
     {
+        let hub = hub_of(prefix);
         let (tx, rx) = mpsc::unbounded_channel();
-        if let Some(subs) = self.hubs.lock().await.get(prefix) {
+        if let Some(subs) = self.hubs.lock().await.get(hub) {
             let mut s = subs.lock().expect("subscribers mutex poisoned");
             if !s.closed {
-                s.txs.push(tx);
+                s.add(prefix, tx);
                 return Ok(rx);
             }
         }
-        // Not under the map's lock: watches of other prefixes open meanwhile.
-        let upstream = open().await?;
+        // Not under the map's lock: watches of other hubs open meanwhile.
+        let upstream = open(hub.to_string()).await?;
         let mut hubs = self.hubs.lock().await;
-        if let Some(subs) = hubs.get(prefix) {
+        if let Some(subs) = hubs.get(hub) {
             let mut s = subs.lock().expect("subscribers mutex poisoned");
             if !s.closed {
                 // Another caller opened it first: share theirs, drop ours.
-                s.txs.push(tx);
+                s.add(prefix, tx);
                 return Ok(rx);
             }
         }
-        let subs = Arc::new(Mutex::new(Subscribers {
-            closed: false,
-            txs: vec![tx],
-        }));
-        hubs.insert(prefix.to_string(), subs.clone());
+        let mut first = Subscribers::default();
+        first.add(prefix, tx);
+        let subs = Arc::new(Mutex::new(first));
+        hubs.insert(hub.to_string(), subs.clone());
         drop(hubs);
-        tokio::spawn(self.clone().forward(prefix.to_string(), upstream, subs));
+        tokio::spawn(self.clone().forward(hub.to_string(), upstream, subs));
         Ok(rx)
     }
 
-    /// Forwards the etcd watch's events to every live subscriber until the watch breaks or no
-    /// subscriber is left; then closes the hub (the subscribers' channels end).
+    /// Forwards the etcd watch's events to the live subscribers they concern until the watch
+    /// breaks or no subscriber is left; then closes the hub (the subscribers' channels end).
     async fn forward(
         self: Arc<Self>,
-        prefix: String,
+        hub: String,
         mut upstream: mpsc::UnboundedReceiver<WatchEvent>,
         subs: Arc<Mutex<Subscribers>>,
     ) {
@@ -165,19 +208,19 @@ impl Watches {
                 ev = upstream.recv() => {
                     let mut s = subs.lock().expect("subscribers mutex poisoned");
                     match ev {
-                        Some(ev) => s.txs.retain(|t| t.send(ev.clone()).is_ok()),
+                        Some(ev) => s.deliver(&hub, &ev),
                         // The etcd watch broke: every subscriber's channel ends.
-                        None => s.txs.clear(),
+                        None => s.by_prefix.clear(),
                     }
-                    if s.txs.is_empty() {
+                    if s.by_prefix.is_empty() {
                         s.closed = true;
                         break;
                     }
                 }
                 _ = prune.tick() => {
                     let mut s = subs.lock().expect("subscribers mutex poisoned");
-                    s.txs.retain(|t| !t.is_closed());
-                    if s.txs.is_empty() {
+                    s.prune();
+                    if s.by_prefix.is_empty() {
                         s.closed = true;
                         break;
                     }
@@ -185,8 +228,8 @@ impl Watches {
             }
         }
         let mut hubs = self.hubs.lock().await;
-        if hubs.get(&prefix).is_some_and(|h| Arc::ptr_eq(h, &subs)) {
-            hubs.remove(&prefix);
+        if hubs.get(&hub).is_some_and(|h| Arc::ptr_eq(h, &subs)) {
+            hubs.remove(&hub);
         }
     }
 }
@@ -199,7 +242,7 @@ mod tests {
 
     fn kv(v: &str) -> KeyValue {
         KeyValue {
-            key: "k".into(),
+            key: format!("p/{v}"),
             value: v.as_bytes().to_vec(),
             create_revision: 1,
             mod_revision: 1,
@@ -287,7 +330,7 @@ mod tests {
         let (up_tx, up_rx) = mpsc::unbounded_channel();
         let mut up_rx = Some(up_rx);
         let mut a = watches
-            .watch("p/", || {
+            .watch("p/", |_| {
                 opened.fetch_add(1, Ordering::SeqCst);
                 let rx = up_rx.take().unwrap();
                 async move { Ok(rx) }
@@ -295,7 +338,7 @@ mod tests {
             .await
             .unwrap();
         let mut b = watches
-            .watch("p/", || async {
+            .watch("p/", |_| async {
                 unreachable!("the running watch is shared")
             })
             .await
@@ -314,7 +357,7 @@ mod tests {
     async fn once_every_subscriber_left_the_next_watch_opens_a_new_upstream() {
         let watches = Arc::new(Watches::default());
         let (up_tx, up_rx) = mpsc::unbounded_channel();
-        let a = watches.watch("p/", || async { Ok(up_rx) }).await.unwrap();
+        let a = watches.watch("p/", |_| async { Ok(up_rx) }).await.unwrap();
         drop(a);
         // The next event finds no subscriber: the hub closes.
         up_tx.send(WatchEvent::Put(kv("x"))).unwrap();
@@ -327,8 +370,74 @@ mod tests {
             tokio::task::yield_now().await;
         }
         let (up2_tx, up2_rx) = mpsc::unbounded_channel();
-        let mut c = watches.watch("p/", || async { Ok(up2_rx) }).await.unwrap();
+        let mut c = watches.watch("p/", |_| async { Ok(up2_rx) }).await.unwrap();
         up2_tx.send(WatchEvent::Put(kv("y"))).unwrap();
         assert!(matches!(c.recv().await, Some(WatchEvent::Put(_))));
+    }
+}
+
+#[cfg(test)]
+mod hub_tests {
+    use super::*;
+
+    fn put(key: &str) -> WatchEvent {
+        WatchEvent::Put(KeyValue {
+            key: key.into(),
+            value: vec![],
+            create_revision: 1,
+            mod_revision: 1,
+            lease: None,
+        })
+    }
+
+    #[test]
+    fn a_watch_shares_the_hub_of_its_directory() {
+        assert_eq!(hub_of("/r/members/1/node-a"), "/r/members/1/");
+        assert_eq!(hub_of("/r/waiting/"), "/r/waiting/");
+        assert_eq!(hub_of("/r/gen/current"), "/r/gen/");
+        assert_eq!(hub_of("no-slash"), "no-slash");
+    }
+
+    #[tokio::test]
+    async fn one_upstream_serves_many_keys_and_each_subscriber_gets_only_its_own() {
+        let watches = Arc::new(Watches::default());
+        let (up_tx, up_rx) = mpsc::unbounded_channel();
+        let mut up_rx = Some(up_rx);
+        let mut open = |hub: String| {
+            assert_eq!(hub, "/r/m/");
+            let rx = up_rx.take().expect("one upstream for the hub");
+            async move { Ok(rx) }
+        };
+        let mut a = watches.watch("/r/m/a", &mut open).await.unwrap();
+        let mut ab = watches.watch("/r/m/ab", &mut open).await.unwrap();
+        let mut all = watches.watch("/r/m/", &mut open).await.unwrap();
+        up_tx.send(put("/r/m/ab")).unwrap();
+        up_tx.send(WatchEvent::Delete("/r/m/a".into(), 2)).unwrap();
+        up_tx.send(put("/r/m/c")).unwrap();
+        drop(up_tx);
+        let drain = |rx: &mut mpsc::UnboundedReceiver<WatchEvent>| {
+            let mut keys = Vec::new();
+            while let Ok(ev) = rx.try_recv() {
+                keys.push(match ev {
+                    WatchEvent::Put(kv) => kv.key,
+                    WatchEvent::Delete(k, _) => k,
+                });
+            }
+            keys
+        };
+        // Wait until the forwarder ended (the upstream closed): every channel then ends.
+        assert!(all.recv().await.is_some());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while watches.hubs.lock().await.contains_key("/r/m/") {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the hub never closed"
+            );
+            tokio::task::yield_now().await;
+        }
+        // A prefix watch of "/r/m/a" also sees "/r/m/ab", as etcd's would.
+        assert_eq!(drain(&mut a), vec!["/r/m/ab", "/r/m/a"]);
+        assert_eq!(drain(&mut ab), vec!["/r/m/ab"]);
+        assert_eq!(drain(&mut all), vec!["/r/m/a", "/r/m/c"]);
     }
 }

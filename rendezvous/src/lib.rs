@@ -50,6 +50,7 @@ pub mod clock;
 pub mod core;
 pub mod error;
 pub mod etcd;
+pub mod etcd_batch;
 pub mod etcd_share;
 pub mod human;
 pub mod keys;

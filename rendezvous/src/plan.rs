@@ -17,6 +17,8 @@
 //! A set that cannot be ranked at all ([`formable`]: no worker slots on a node, a world size
 //! beyond `u32`) is refused by the decision core before a plan is attempted.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::Manifest;
@@ -44,8 +46,9 @@ pub struct Plan {
     pub run_id: String,
     /// Generation number, ≥ 1; the fencing token.
     pub generation: u64,
-    /// Members in node-rank order.
-    pub members: Vec<Member>,
+    /// Members in node-rank order. Shared: a server holds one copy of a thousand-node plan
+    /// for all the sessions of its generation, not one each.
+    pub members: Arc<[Member]>,
     /// Sum of all slots (WORLD_SIZE).
     pub world_size: u32,
     /// Node rank 0's advertised address.
@@ -68,12 +71,51 @@ pub struct Plan {
     /// "every surviving member rejoined with 2 nodes ..."); empty for a static plan.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub formed_because: String,
+    /// The number of nodes when `members` lists only the receiving node's entry: a plan of
+    /// more than [`FULL_PLAN_NODES`] nodes as a `drun-rendezvous` server sends it to one agent
+    /// (what the agent needs is its own entry, the world size and the master). 0: `members`
+    /// is complete.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub node_count: u32,
+}
+
+/// Plans of at most this many nodes reach every agent whole (its log names every node);
+/// larger ones carry only the receiving node's entry, so a formation of N agents sends O(N)
+/// bytes, not O(N²).
+pub const FULL_PLAN_NODES: usize = 64;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Plan {
     /// This node's entry, if it is a member.
     pub fn member(&self, node_id: &str) -> Option<&Member> {
         self.members.iter().find(|m| m.node_id == node_id)
+    }
+
+    /// The number of nodes of the generation (GROUP_WORLD_SIZE).
+    pub fn node_count(&self) -> usize {
+        (self.node_count as usize).max(self.members.len())
+    }
+
+    /// Whether `members` lists every node (not only the receiving one's entry).
+    pub fn complete(&self) -> bool {
+        self.node_count as usize <= self.members.len()
+    }
+
+    /// The plan as sent to agent `node_id`: whole up to [`FULL_PLAN_NODES`] nodes, else with
+    /// only that node's entry and the node count.
+    pub fn for_node(&self, node_id: &str) -> Plan {
+        if self.members.len() <= FULL_PLAN_NODES {
+            return self.clone();
+        }
+        let own: Vec<Member> = self.member(node_id).cloned().into_iter().collect();
+        Plan {
+            members: own.into(),
+            node_count: self.node_count() as u32,
+            ..self.clone()
+        }
     }
 }
 
@@ -214,12 +256,13 @@ pub fn assign(
         world_size: base,
         master_addr: master.advertise_addr.clone(),
         master_port: master.master_port,
-        members,
+        members: members.into(),
         restarts_failures,
         restarts_membership,
         resume: None,
         notes,
         formed_because: String::new(),
+        node_count: 0,
     })
 }
 
@@ -235,6 +278,30 @@ mod tests {
             requested_node_rank: rank,
             master_port: port,
         }
+    }
+
+    #[test]
+    fn a_large_plan_reaches_each_agent_with_its_own_entry_and_the_node_count() {
+        let nodes: Vec<Candidate> = (0..FULL_PLAN_NODES + 1)
+            .map(|i| cand(&format!("n{i:03}"), 2, None, 1))
+            .collect();
+        let plan = assign("r", 1, &nodes, 0, 0).unwrap();
+        let sent = plan.for_node("n007");
+        assert_eq!(sent.members.len(), 1);
+        assert_eq!(sent.member("n007"), plan.member("n007"));
+        assert_eq!(sent.node_count(), FULL_PLAN_NODES + 1);
+        assert!(!sent.complete() && plan.complete());
+        assert_eq!(
+            (sent.world_size, &sent.master_addr),
+            (plan.world_size, &plan.master_addr)
+        );
+        // Through the wire and back, the count survives.
+        let back: Plan = drun_proto::v1::Plan::from(&sent).into();
+        assert_eq!(back, sent);
+        // A small plan goes whole.
+        let small = assign("r", 1, &nodes[..3], 0, 0).unwrap();
+        assert_eq!(small.for_node("n001"), small);
+        assert_eq!(small.node_count(), 3);
     }
 
     #[test]

@@ -45,6 +45,35 @@ pub fn decode<T: DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, StoreEr
     })
 }
 
+/// Plans decoded lately, newest last: (key, stored bytes, plan).
+type PlanCache = Vec<(String, Vec<u8>, Plan)>;
+
+/// How many decoded plans [`decode_plan`] keeps.
+const PLANS_KEPT: usize = 8;
+
+/// Decodes the plan stored at `key` as `value`, or returns the copy decoded earlier from the
+/// very same bytes (a clone of a [`Plan`] shares its member list). A server's sessions all read
+/// one plan at a formation; decoding a 1,024-member plan a thousand times was most of a
+/// formation's CPU.
+pub fn decode_plan(key: &str, value: &[u8]) -> Result<Plan, StoreError> {
+    static PLANS: std::sync::Mutex<PlanCache> = std::sync::Mutex::new(Vec::new());
+    if let Some((_, _, plan)) = PLANS
+        .lock()
+        .expect("plan cache poisoned")
+        .iter()
+        .find(|(k, v, _)| k == key && v == value)
+    {
+        return Ok(plan.clone());
+    }
+    let plan: Plan = decode(key, value)?;
+    let mut plans = PLANS.lock().expect("plan cache poisoned");
+    if plans.len() >= PLANS_KEPT {
+        plans.remove(0);
+    }
+    plans.push((key.to_string(), value.to_vec(), plan.clone()));
+    Ok(plan)
+}
+
 /// The typed keys of one run on a store. Cheap to clone.
 #[derive(Clone)]
 pub struct RunState {
@@ -74,12 +103,13 @@ impl RunState {
         }
     }
 
-    /// The plan of generation `g`, if written.
+    /// The plan of generation `g`, if written. Decoded once per process: the thousand sessions
+    /// of a server that read the same plan share one decoded copy ([`decode_plan`]).
     pub async fn plan(&self, g: u64) -> Result<Option<Plan>, StoreError> {
         let key = self.keys.plan(g);
         self.get(&key)
             .await?
-            .map(|kv| decode(&key, &kv.value))
+            .map(|kv| decode_plan(&key, &kv.value))
             .transpose()
     }
 

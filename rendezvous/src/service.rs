@@ -19,7 +19,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
 use crate::error::ServiceError;
-use crate::session::{spawn_session, Request, SessionConfig};
+use crate::session::{spawn_session, Event, Request, SessionConfig};
 use crate::wire::{event_to_wire, request_from_wire};
 use crate::{Round, RoundConfig, Store};
 
@@ -137,6 +137,7 @@ impl Rendezvous for RendezvousService {
         );
         let sessions = self.sessions.clone();
         sessions.fetch_add(1, Ordering::SeqCst);
+        let node = cfg.node_id.clone();
         tokio::spawn(async move {
             while let Ok(Some(m)) = inbound.message().await {
                 let Some(mut req) = request_from_wire(m) else {
@@ -157,7 +158,10 @@ impl Rendezvous for RendezvousService {
             sessions.fetch_sub(1, Ordering::SeqCst);
             tracing::info!(run = %cfg.run_id, node = %cfg.node_id, "agent session closed");
         });
-        let out = UnboundedReceiverStream::new(events).map(|e| Ok(event_to_wire(&e)));
+        let out = UnboundedReceiverStream::new(events).map(move |e| match e {
+            Event::Formed(plan) => Ok(event_to_wire(&Event::Formed(plan.for_node(&node)))),
+            e => Ok(event_to_wire(&e)),
+        });
         Ok(Response::new(Box::pin(out)))
     }
 

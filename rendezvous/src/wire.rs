@@ -68,6 +68,7 @@ impl From<&Plan> for pb::Plan {
                 .unwrap_or_default(),
             notes: p.notes.clone(),
             formed_because: p.formed_because.clone(),
+            node_count: p.node_count,
         }
     }
 }
@@ -96,6 +97,7 @@ impl From<pb::Plan> for Plan {
             resume: serde_json::from_str(&p.resume_json).ok(),
             notes: p.notes,
             formed_because: p.formed_because,
+            node_count: p.node_count,
         }
     }
 }

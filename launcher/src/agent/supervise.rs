@@ -234,7 +234,7 @@ pub(super) fn on_stopped(
     match s.then {
         Then::AwaitEnd => {
             cx.fx.push(Effect::ReleasePort);
-            if plan.members.len() > 1 {
+            if plan.node_count() > 1 {
                 cx.log(
                     Level::Info,
                     Some(plan.generation),

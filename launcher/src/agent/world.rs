@@ -114,9 +114,9 @@ impl Agent {
         tracing::info!(
             run = %plan.run_id,
             gen = plan.generation,
-            "world formed: {} node(s) [{}], world size {}, master {}:{}, restarts {}/{} (+{} membership)",
-            plan.members.len(),
-            plan.members.iter().map(|m| m.node_id.as_str()).collect::<Vec<_>>().join(", "),
+            "world formed: {} node(s){}, world size {}, master {}:{}, restarts {}/{} (+{} membership)",
+            plan.node_count(),
+            node_list(plan),
             plan.world_size,
             plan.master_addr,
             plan.master_port,
@@ -242,4 +242,14 @@ fn has_content(dir: &std::path::Path) -> bool {
             Err(_) => false,
         })
     })
+}
+
+/// ` [a, b, c]`: the nodes of `plan` as the "world formed" line names them; empty for a large
+/// plan, which reaches the agent with its own entry only.
+fn node_list(plan: &Plan) -> String {
+    if !plan.complete() {
+        return String::new();
+    }
+    let ids: Vec<&str> = plan.members.iter().map(|m| m.node_id.as_str()).collect();
+    format!(" [{}]", ids.join(", "))
 }

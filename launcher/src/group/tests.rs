@@ -42,7 +42,8 @@ fn plan(cfg: &LaunchConfig, base_rank: u32) -> Plan {
             node_rank: 0,
             slots: cfg.nproc_per_node,
             base_rank,
-        }],
+        }]
+        .into(),
         world_size: base_rank + cfg.nproc_per_node,
         master_addr: "h".into(),
         master_port: 29500,
@@ -51,6 +52,7 @@ fn plan(cfg: &LaunchConfig, base_rank: u32) -> Plan {
         resume: None,
         notes: vec![],
         formed_because: String::new(),
+        node_count: 0,
     }
 }
 

@@ -69,6 +69,7 @@ pub fn spawn(
                         resume: None,
                         notes: vec![],
                         formed_because: String::new(),
+                        node_count: 0,
                     })
                 }
                 Request::Failed {

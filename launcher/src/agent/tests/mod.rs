@@ -56,6 +56,7 @@ pub(super) fn plan(generation: u64, nodes: u32, restarts_failures: u32) -> Plan 
         resume: None,
         notes: Vec::new(),
         formed_because: String::new(),
+        node_count: 0,
     }
 }
 
