@@ -10,8 +10,9 @@
 //! For each size N it prints
 //! 1. **formation**: from the first Hello to the last agent holding the plan, and the etcd
 //!    requests that cost (gRPC messages the etcd server received, from its `/metrics`), per agent;
-//! 2. **steady state**: server and etcd CPU (cores) and server RSS per agent over a window of
-//!    keep-alives at the default interval;
+//! 2. **steady state**: server and etcd CPU (cores), server RSS per agent and the keep-alive
+//!    latency (agent's KeepAlive → the server's `kept_alive` answer; p50, p99, max) over a
+//!    window of keep-alives at the default interval;
 //! 3. **re-form after 1 % of the agents crash** (their streams dropped without a Leave): from the
 //!    crash to the last survivor holding the new plan, and its etcd requests.
 //!
@@ -45,6 +46,8 @@ enum Report {
     Formed { generation: u64, at: Instant },
     /// The server ended its session with an error.
     Error(String),
+    /// The server answered a keep-alive this long after it was sent.
+    KeptAlive(Duration),
 }
 
 fn hello(run: &str, node: &str, n: usize) -> pb::AgentMessage {
@@ -105,9 +108,13 @@ async fn agent(
         }
     };
     let mut tick = tokio::time::interval(LEASE_TTL / 3);
+    // Agents start their keep-alives spread over the interval, as real ones do.
+    tick.reset_after(LEASE_TTL / 3 * (i % 1000) as u32 / 1000);
+    let mut sent = std::collections::VecDeque::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {
+                sent.push_back(Instant::now());
                 let _ = tx.send(pb::AgentMessage { kind: Some(Out::KeepAlive(true)) });
             }
             _ = crash.changed() => return,
@@ -117,6 +124,11 @@ async fn agent(
                         let _ = reports.send(Report::Formed { generation: p.generation, at: Instant::now() });
                     }
                     Some(In::Reform(r)) => { let _ = tx.send(join(&node, i, r.generation)); }
+                    Some(In::KeptAlive(_)) => {
+                        if let Some(at) = sent.pop_front() {
+                            let _ = reports.send(Report::KeptAlive(at.elapsed()));
+                        }
+                    }
                     Some(In::Error(e)) | Some(In::Fenced(e)) => {
                         let _ = reports.send(Report::Error(e));
                         return;
@@ -195,7 +207,7 @@ async fn wait_formed(
                     return Ok((last, generation));
                 }
             }
-            Ok(Some(Report::Formed { .. })) => {}
+            Ok(Some(Report::Formed { .. } | Report::KeptAlive(_))) => {}
             Ok(Some(Report::Error(e))) => return Err(format!("an agent's session ended: {e}")),
             Ok(None) => return Err("every agent ended".into()),
             Err(_) => {
@@ -256,13 +268,33 @@ async fn one_size(n: usize, window: Duration) {
     let cpu = |p| common::procs::cpu_time(p).unwrap_or_default();
     let (s0, e0) = (cpu(spid), cpu(etcd.pid()));
     let w0 = Instant::now();
-    tokio::time::sleep(window).await;
+    let mut kept = Vec::new();
+    let _ = tokio::time::timeout(window, async {
+        while let Some(r) = reports.recv().await {
+            if let Report::KeptAlive(d) = r {
+                kept.push(d);
+            }
+        }
+    })
+    .await;
     let secs = w0.elapsed().as_secs_f64();
+    kept.sort();
+    let pct = |p: f64| {
+        kept.get(((kept.len() as f64 * p) as usize).min(kept.len().saturating_sub(1)))
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+    };
     let (s1, e1) = (cpu(spid), cpu(etcd.pid()));
     let rss = common::procs::rss_kib(spid).unwrap_or(0);
     let steady = etcd_requests(&etcd.endpoint);
     println!(
-        "        steady state over {secs:.0} s: server {:.3} cores, etcd {:.3} cores, server RSS {:.1} MiB = {:.1} KiB per agent; {:.0} etcd requests/s",
+        "        steady state over {secs:.0} s: {} keep-alives answered, latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        kept.len(),
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+    println!(
+        "        server {:.3} cores, etcd {:.3} cores, server RSS {:.1} MiB = {:.1} KiB per agent; {:.0} etcd requests/s",
         (s1 - s0).as_secs_f64() / secs,
         (e1 - e0).as_secs_f64() / secs,
         rss as f64 / 1024.0,

@@ -17,10 +17,16 @@ use async_trait::async_trait;
 use etcd_client as etcd;
 use tokio::sync::mpsc;
 
-use crate::etcd_batch::{Admit, Batcher};
+use crate::etcd_batch::Batcher;
 use crate::etcd_share::{Reads, Watches};
+
+mod combine;
+mod keep_alive;
+
 use crate::store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};
 use crate::StoreError;
+use combine::{ReadReq, WriteReq};
+use keep_alive::KeepAlives;
 
 /// Timeout of one etcd request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -44,65 +50,8 @@ pub struct EtcdStore {
     /// (`etcd_batch.rs`).
     read_batch: Arc<Batcher<ReadReq, Result<Option<KeyValue>, StoreError>>>,
     write_batch: Arc<Batcher<WriteReq, Result<TxnResponse, StoreError>>>,
-}
-
-/// A read of one key, for a combined read transaction.
-struct ReadReq(String);
-
-impl Admit for ReadReq {
-    fn ops(&self) -> usize {
-        1
-    }
-    fn bytes(&self) -> usize {
-        self.0.len()
-    }
-    fn fits_with(&self, _: &[Self]) -> bool {
-        true
-    }
-}
-
-/// The ops of an unconditional transaction, for a combined write transaction.
-struct WriteReq(Vec<Op>);
-
-impl WriteReq {
-    /// The keys it writes.
-    fn keys(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|op| match op {
-            Op::Put { key, .. } | Op::Delete(key) | Op::DeletePrefix(key) => key.as_str(),
-        })
-    }
-
-    /// Whether `txn` may share a transaction with others: no compares, no failure branch, no
-    /// prefix delete (it could cover another request's key).
-    fn combinable(txn: &Txn) -> bool {
-        txn.compares.is_empty()
-            && txn.failure.is_empty()
-            && !txn.success.is_empty()
-            && !txn
-                .success
-                .iter()
-                .any(|op| matches!(op, Op::DeletePrefix(_)))
-    }
-}
-
-impl Admit for WriteReq {
-    fn ops(&self) -> usize {
-        self.0.len()
-    }
-    fn bytes(&self) -> usize {
-        self.0
-            .iter()
-            .map(|op| match op {
-                Op::Put { key, value, .. } => key.len() + value.len(),
-                Op::Delete(key) | Op::DeletePrefix(key) => key.len(),
-            })
-            .sum()
-    }
-    /// etcd refuses a transaction that writes one key twice.
-    fn fits_with(&self, batch: &[Self]) -> bool {
-        self.keys()
-            .all(|k| batch.iter().all(|other| other.keys().all(|o| o != k)))
-    }
+    /// Each kept lease's keep-alive stream, reused from one renewal to the next.
+    keep_alives: Arc<std::sync::Mutex<KeepAlives>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -182,6 +131,7 @@ impl EtcdStore {
             watches: Arc::default(),
             read_batch: Arc::default(),
             write_batch: Arc::default(),
+            keep_alives: Arc::default(),
         };
         // Connecting is lazy: prove the cluster answers.
         store.get("/drun/v1/.ping").await?;
@@ -226,10 +176,10 @@ impl EtcdStore {
 /// Failures that say "this member/connection is down", not "the request is wrong".
 fn retryable(e: &etcd::Error) -> bool {
     match e {
-        etcd::Error::TransportError(_)
-        | etcd::Error::IoError(_)
-        | etcd::Error::LeaseKeepAliveError(_)
-        | etcd::Error::WatchError(_) => true,
+        etcd::Error::LeaseKeepAliveError(m) => !m.contains("lease not found"),
+        etcd::Error::TransportError(_) | etcd::Error::IoError(_) | etcd::Error::WatchError(_) => {
+            true
+        }
         etcd::Error::GRpcStatus(s) => {
             matches!(
                 s.code(),
@@ -287,39 +237,22 @@ impl Store for EtcdStore {
             .retry(|mut c| async move { c.lease_grant(secs, None).await })
             .await
             .map_err(|e| self.unavailable(e))?;
+        self.keep_alives
+            .lock()
+            .expect("keep-alive cache poisoned")
+            .granted(resp.id(), secs);
         Ok(resp.id())
     }
 
     async fn lease_keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
-        // One short keep-alive stream per renewal, on whichever member answers: a cached stream
-        // to a member that died would fail every renewal until the lease expired.
-        let resp = self
-            .retry(|mut c| async move {
-                let renew = async {
-                    let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
-                    keeper.keep_alive().await?;
-                    stream.message().await
-                };
-                match tokio::time::timeout(REQUEST_TIMEOUT, renew).await {
-                    Ok(r) => r,
-                    Err(_) => Err(etcd::Error::GRpcStatus(tonic::Status::deadline_exceeded(
-                        "keep-alive timed out",
-                    ))),
-                }
-            })
-            .await
-            .map_err(|e| self.unavailable(e))?;
-        match resp {
-            Some(r) if r.ttl() > 0 => Ok(Duration::from_secs(r.ttl() as u64)),
-            Some(_) => Err(StoreError::LeaseLost(lease)),
-            None => Err(StoreError::Unavailable {
-                endpoint: self.endpoints.clone(),
-                reason: "keep-alive stream closed".into(),
-            }),
-        }
+        self.keep_alive(lease).await
     }
 
     async fn lease_revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
+        self.keep_alives
+            .lock()
+            .expect("keep-alive cache poisoned")
+            .forget(lease);
         match self
             .retry(|mut c| async move { c.lease_revoke(lease).await })
             .await
@@ -376,100 +309,6 @@ impl EtcdStore {
             succeeded: resp.succeeded(),
             revision: resp.header().map_or(0, |h| h.revision()),
         })
-    }
-
-    /// One combined transaction of unconditional writes: every request gets its revision. When
-    /// it fails because a lease is gone, each request is sent alone, so only the writes under
-    /// that lease fail (with [`StoreError::LeaseLost`]).
-    async fn write_combined(&self, batch: Vec<WriteReq>) -> Vec<Result<TxnResponse, StoreError>> {
-        let n = batch.len();
-        let txns: Vec<Txn> = batch
-            .into_iter()
-            .map(|w| Txn {
-                compares: vec![],
-                success: w.0,
-                failure: vec![],
-            })
-            .collect();
-        if n == 1 {
-            return vec![self.txn_once(txns.into_iter().next().expect("one")).await];
-        }
-        let all = Txn {
-            compares: vec![],
-            success: txns.iter().flat_map(|t| t.success.clone()).collect(),
-            failure: vec![],
-        };
-        match self.txn_once(all).await {
-            Ok(r) => vec![Ok(r); n],
-            Err(StoreError::LeaseLost(_)) => {
-                let mut out = Vec::with_capacity(n);
-                for t in txns {
-                    out.push(self.txn_once(t).await);
-                }
-                out
-            }
-            Err(e) => vec![Err(e); n],
-        }
-    }
-
-    /// One combined read transaction: the value of each key, in order.
-    async fn read_combined(
-        &self,
-        batch: Vec<ReadReq>,
-    ) -> Vec<Result<Option<KeyValue>, StoreError>> {
-        if batch.len() == 1 {
-            return vec![self.get_once(&batch[0].0).await];
-        }
-        let t = etcd::Txn::new().and_then(
-            batch
-                .iter()
-                .map(|r| etcd::TxnOp::get(r.0.as_bytes(), None))
-                .collect::<Vec<_>>(),
-        );
-        let resp = self
-            .retry(|mut c| {
-                let t = t.clone();
-                async move { c.txn(t).await }
-            })
-            .await;
-        match resp {
-            Ok(resp) => {
-                let mut out: Vec<_> = resp
-                    .op_responses()
-                    .into_iter()
-                    .map(|r| match r {
-                        etcd::TxnOpResponse::Get(g) => Ok(g.kvs().first().map(to_kv)),
-                        _ => Err(StoreError::Unavailable {
-                            endpoint: self.endpoints.clone(),
-                            reason: "a read transaction answered with a write".into(),
-                        }),
-                    })
-                    .collect();
-                out.resize_with(batch.len(), || Err(self.dropped("read")));
-                out
-            }
-            Err(e) => vec![Err(self.unavailable(e)); batch.len()],
-        }
-    }
-
-    /// Reads `key` in the next combined read transaction.
-    async fn get_batched(&self, key: String) -> Result<Option<KeyValue>, StoreError> {
-        let this = self.clone();
-        self.read_batch
-            .call(ReadReq(key), move |batch| {
-                let this = this.clone();
-                async move { this.read_combined(batch).await }
-            })
-            .await
-            .unwrap_or_else(|| Err(self.dropped("read")))
-    }
-
-    /// The error of a combined request whose answer was lost.
-    fn dropped(&self, what: &str) -> StoreError {
-        StoreError::Unavailable {
-            endpoint: self.endpoints.clone(),
-            reason: format!("the combined {what} was dropped"),
-        }
     }
 
     /// One etcd read of `key`.

@@ -14,10 +14,12 @@ use std::time::Duration;
 use drun_proto::v1 as pb;
 use drun_proto::v1::rendezvous_server::{Rendezvous, RendezvousServer};
 use drun_proto::PROTOCOL_VERSION;
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
+use crate::clock::now_ms;
 use crate::error::ServiceError;
 use crate::session::{spawn_session, Event, Request, SessionConfig};
 use crate::wire::{event_to_wire, request_from_wire};
@@ -138,6 +140,7 @@ impl Rendezvous for RendezvousService {
         let sessions = self.sessions.clone();
         sessions.fetch_add(1, Ordering::SeqCst);
         let node = cfg.node_id.clone();
+        let (ack_tx, ack_rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Ok(Some(m)) = inbound.message().await {
                 let Some(mut req) = request_from_wire(m) else {
@@ -151,17 +154,20 @@ impl Rendezvous for RendezvousService {
                     }
                 }
                 let leave = req == Request::Leave;
+                let keep_alive = req == Request::KeepAlive;
                 if req_tx.send(req).is_err() || leave {
                     break;
+                }
+                if keep_alive {
+                    let _ = ack_tx.send(pb::ServerEvent {
+                        kind: Some(pb::server_event::Kind::KeptAlive(now_ms())),
+                    });
                 }
             }
             sessions.fetch_sub(1, Ordering::SeqCst);
             tracing::info!(run = %cfg.run_id, node = %cfg.node_id, "agent session closed");
         });
-        let out = UnboundedReceiverStream::new(events).map(move |e| match e {
-            Event::Formed(plan) => Ok(event_to_wire(&Event::Formed(plan.for_node(&node)))),
-            e => Ok(event_to_wire(&e)),
-        });
+        let out = UnboundedReceiverStream::new(outbound(events, ack_rx, node)).map(Ok);
         Ok(Response::new(Box::pin(out)))
     }
 
@@ -232,6 +238,33 @@ pub async fn status_json(
         "finished": finished,
         "checkpoints": checkpoints,
     }))
+}
+
+/// The messages of one session's stream to its agent: the session's events (a large plan cut
+/// to the agent's own entry, [`crate::Plan::for_node`]) and the keep-alive answers, until the
+/// session ends.
+fn outbound(
+    mut events: mpsc::UnboundedReceiver<Event>,
+    mut acks: mpsc::UnboundedReceiver<pb::ServerEvent>,
+    node: String,
+) -> mpsc::UnboundedReceiver<pb::ServerEvent> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let msg = tokio::select! {
+                ev = events.recv() => match ev {
+                    Some(Event::Formed(plan)) => event_to_wire(&Event::Formed(plan.for_node(&node))),
+                    Some(ev) => event_to_wire(&ev),
+                    None => return,
+                },
+                Some(ack) = acks.recv() => ack,
+            };
+            if tx.send(msg).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 #[cfg(test)]

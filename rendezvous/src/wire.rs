@@ -226,6 +226,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
     use pb::server_event::Kind;
     Some(match e.kind? {
         Kind::OpenedLease(lease) => Event::Opened { lease },
+        Kind::KeptAlive(_) => return None,
         Kind::Waiting(t) => Event::Waiting(t),
         Kind::Formed(p) => Event::Formed(p.into()),
         Kind::Reform(r) => Event::Reform {
