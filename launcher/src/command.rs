@@ -89,6 +89,8 @@ impl Entrypoint {
             // Python also runs a directory (or zip) holding __main__.py.
             if script_path.is_file() || script_path.join("__main__.py").is_file() {
                 Ok(())
+            } else if script_path.is_dir() {
+                Err(ConfigError::Directory(script_path.to_path_buf()))
             } else {
                 Err(ConfigError::MissingScript {
                     path: script_path.to_path_buf(),
@@ -106,6 +108,9 @@ impl Entrypoint {
             }
             EntryKind::Module => python()?,
             EntryKind::Binary if script.contains('/') => {
+                if script_path.is_dir() {
+                    return Err(ConfigError::Directory(script_path.to_path_buf()));
+                }
                 check_file()?;
                 if !is_executable(script_path) {
                     return Err(ConfigError::NotExecutable(script_path.to_path_buf()));
@@ -299,6 +304,14 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("on PATH"), "{err}");
         let ok = Entrypoint::resolve(EntryKind::Binary, &["true".into()], None).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().display().to_string();
+        for kind in [EntryKind::Script, EntryKind::Binary] {
+            let err =
+                Entrypoint::resolve(kind, std::slice::from_ref(&dir), Some(Path::new("/bin/sh")))
+                    .unwrap_err();
+            assert!(err.to_string().contains("is a directory"), "{err}");
+        }
         assert!(ok.program.is_absolute());
     }
 }

@@ -33,6 +33,9 @@ pub enum ConfigError {
         /// e.g. " in the current directory /x" or " on PATH".
         hint: String,
     },
+    /// The training script (or executable) is a directory (without a `__main__.py`).
+    #[error("{} is a directory, not a script or program; name the file in it", .0.display())]
+    Directory(PathBuf),
     /// `--no-python` names a file that cannot be executed.
     #[error("{} is not executable; chmod +x it or drop --no-python", .0.display())]
     NotExecutable(PathBuf),
@@ -87,6 +90,10 @@ pub enum LaunchError {
     /// The store underneath failed (exit 3).
     #[error("rendezvous store failed: {0}")]
     Store(#[from] drun_rendezvous::StoreError),
+    /// A worker's program could not be started (exit 1, after the job-wide decision): why, in
+    /// words (see [`crate::os::exec_error`]).
+    #[error("cannot start worker: {0}")]
+    WorkerStart(String),
     /// An OS-level failure while setting up the agent or spawning workers (exit 1).
     #[error("{what}: {source}")]
     Os {
@@ -115,7 +122,7 @@ impl LaunchError {
             | LaunchError::RendezvousFailed(_)
             | LaunchError::RunFinished { .. }
             | LaunchError::Store(_) => AgentExit::Rendezvous,
-            LaunchError::Os { .. } => AgentExit::WorkerFailure,
+            LaunchError::Os { .. } | LaunchError::WorkerStart(_) => AgentExit::WorkerFailure,
         }
     }
 }

@@ -184,8 +184,7 @@ fn a_failed_spawn_returns_the_workers_already_started() {
         "rank 0 started, rank 2 never tried"
     );
     assert!(
-        e.to_string()
-            .starts_with("cannot start local rank 1 (python3)"),
+        e.to_string().starts_with("cannot start worker: python3: "),
         "{e}"
     );
     assert_eq!(f.os.calls().len(), 2);

@@ -1,0 +1,51 @@
+//! What a fresh user hits with real scripts: workers that cannot be exec'd, descriptors the
+//! agent holds, a rendezvous server that is not up yet.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::harness::cluster::RdzvServer;
+use crate::harness::{node_cmd, Agent, DrunCmd};
+
+/// A script with mode 0755 and `text`.
+fn script(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn a_worker_that_cannot_exec_fails_the_job_on_every_node_promptly() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = script(dir.path(), "train.py", "#!/no/such/python\nprint('hi')\n");
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let rdzv = [
+        "--rdzv-backend",
+        "drun",
+        "--rdzv-endpoint",
+        &server.endpoint,
+    ];
+    let mut healthy = node_cmd(0, "noexec", "2", &rdzv);
+    healthy
+        .quick_shutdown()
+        .args(["--no-python", "sleep", "300"]);
+    let mut broken = node_cmd(1, "noexec", "2", &rdzv);
+    broken.quick_shutdown().arg("--no-python").arg(&bad);
+    let healthy = Agent::start(healthy);
+    let broken = Agent::start(broken);
+    let (code, _, err) = broken.wait(Duration::from_secs(60));
+    let broken_done = Instant::now();
+    assert_eq!(code, 1, "{err}");
+    let want = format!(
+        "drun: error: cannot start worker: interpreter /no/such/python named in the first line of {bad} does not exist"
+    );
+    assert!(err.contains(&want), "{err}");
+    // Not the 600 s join timeout: the failure went to the session, which ended the run.
+    let (code, _, err) = healthy.wait(Duration::from_secs(30));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("run noexec failed"), "{err}");
+    assert!(err.contains("/no/such/python"), "{err}");
+    assert!(broken_done.elapsed() < Duration::from_secs(20));
+}
