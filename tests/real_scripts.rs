@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::harness::cluster::RdzvServer;
-use crate::harness::{node_cmd, Agent, DrunCmd};
+use crate::harness::{drun, node_cmd, run, Agent, DrunCmd};
 
 /// A script with mode 0755 and `text`.
 fn script(dir: &Path, name: &str, text: &str) -> String {
@@ -48,4 +48,35 @@ fn a_worker_that_cannot_exec_fails_the_job_on_every_node_promptly() {
     assert!(err.contains("run noexec failed"), "{err}");
     assert!(err.contains("/no/such/python"), "{err}");
     assert!(broken_done.elapsed() < Duration::from_secs(20));
+}
+
+#[test]
+fn workers_get_no_descriptor_the_agent_inherited() {
+    use std::os::fd::AsRawFd;
+    // Opened without O_CLOEXEC: drun inherits it, as from a shell or a batch system.
+    let held = nix::fcntl::open(
+        "/dev/null",
+        nix::fcntl::OFlag::O_RDONLY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .unwrap();
+    assert!(held.as_raw_fd() > 2);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("fds.txt");
+    let fds = script(
+        dir.path(),
+        "fds.py",
+        "import os, sys\n\
+         def is_open(fd):\n    try:\n        os.fstat(fd)\n        return True\n    except OSError:\n        return False\n\
+         fds = [fd for fd in range(3, 4096) if is_open(fd)]\n\
+         open(sys.argv[1], 'w').write(repr(fds))\n",
+    );
+    let mut c = drun();
+    c.args(["--standalone", "--nproc-per-node", "1"])
+        .arg(&fds)
+        .arg(&out);
+    let (code, _, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "[]");
+    drop(held);
 }
