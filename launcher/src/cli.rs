@@ -69,10 +69,9 @@ pub struct Args {
         long = "rdzv-endpoint",
         visible_alias = "rdzv_endpoint",
         env = "PET_RDZV_ENDPOINT",
-        default_value = "",
         help_heading = "Rendezvous"
     )]
-    pub rdzv_endpoint: String,
+    pub rdzv_endpoint: Option<String>,
 
     /// Run id shared by every node of the job (becomes TORCHELASTIC_RUN_ID).
     #[arg(

@@ -17,6 +17,22 @@ pub enum ConfigError {
         /// What is wrong and what would be accepted.
         why: String,
     },
+    /// A flag the launch needs was not given.
+    #[error("{flag} is missing: {why}")]
+    Missing {
+        /// The flag.
+        flag: &'static str,
+        /// Why it is needed and what to pass.
+        why: String,
+    },
+    /// A flag was given an empty value.
+    #[error("{flag} is empty: {why}")]
+    Empty {
+        /// The flag.
+        flag: &'static str,
+        /// What to pass instead.
+        why: String,
+    },
     /// A torchrun flag drun does not implement yet.
     #[error("{flag} is a torchrun flag drun does not implement yet; remove it ({why})")]
     Unsupported {
