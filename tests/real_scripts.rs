@@ -5,8 +5,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::harness::cluster::RdzvServer;
-use crate::harness::{drun, node_cmd, run, Agent, DrunCmd};
+use crate::harness::cluster::{free_port, RdzvServer};
+use crate::harness::{drun, node_cmd, run, wait_for, Agent, DrunCmd};
 
 /// A script with mode 0755 and `text`.
 fn script(dir: &Path, name: &str, text: &str) -> String {
@@ -79,4 +79,66 @@ fn workers_get_no_descriptor_the_agent_inherited() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "[]");
     drop(held);
+}
+
+/// One node on `--rdzv-backend drun` at `endpoint` with `join_timeout`, running `envdump.py`.
+fn late_server_cmd(endpoint: &str, join_timeout: u32, dir: &Path) -> std::process::Command {
+    let mut c = drun();
+    c.args([
+        "--nnodes",
+        "1",
+        "--rdzv-id",
+        "late",
+        "--rdzv-backend",
+        "drun",
+    ])
+    .args(["--rdzv-endpoint", endpoint])
+    .arg("--rdzv-conf")
+    .arg(format!("join_timeout={join_timeout}"))
+    .arg(crate::harness::worker("envdump.py"))
+    .arg(dir);
+    c
+}
+
+#[test]
+fn an_unreachable_server_is_waited_for_up_to_the_join_timeout_then_one_line_exit_3() {
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let (code, _, err) = run(
+        late_server_cmd(&endpoint, 4, dir.path()),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 3, "{err}");
+    assert!(started.elapsed() >= Duration::from_secs(4), "{err}");
+    assert!(
+        err.contains(&format!(
+            "waiting for the rendezvous server at {endpoint}: connection refused; giving up in"
+        )),
+        "{err}"
+    );
+    let last = err.lines().last().unwrap();
+    assert!(
+        last.starts_with(&format!(
+            "drun: error: rendezvous failed: cannot reach the rendezvous server at {endpoint} (connection refused) within the join timeout of 4 s;"
+        )),
+        "{err}"
+    );
+    assert!(last.contains("join_timeout="), "{err}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_server_that_comes_up_after_the_node_is_joined_once_it_does() {
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(late_server_cmd(&endpoint, 600, dir.path()));
+    // Two progress lines (2 s, 12 s): longer than the fixed 10 s the link used to give up after.
+    wait_for("two progress lines", Duration::from_secs(30), || {
+        agent.stderr_so_far().matches("giving up in").count() >= 2
+    });
+    let _server = RdzvServer::start_on(&endpoint, &["--store", "memory"]);
+    let (code, _, err) = agent.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "{err}");
 }
