@@ -155,7 +155,8 @@ pub struct Args {
     pub run_path: bool,
 
     /// Python interpreter for workers (default: $DRUN_PYTHON, then $PYTHON_EXEC, then `python3` on PATH).
-    #[arg(long, env = "DRUN_PYTHON", help_heading = "Entrypoint")]
+    // DRUN_PYTHON is read (and checked) by `config::validate`, which can then name the source.
+    #[arg(long, help_heading = "Entrypoint")]
     pub python: Option<PathBuf>,
 
     /// Base directory for `<run>_<rand>/attempt_<n>/<local_rank>/{stdout,stderr}.log,error.json`.

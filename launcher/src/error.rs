@@ -75,8 +75,13 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// No Python interpreter could be found.
-    #[error("python interpreter '{0}' not found; pass --python PATH or set DRUN_PYTHON")]
-    MissingPython(String),
+    #[error("python interpreter '{python}'{} not found; {}", .from.origin(), .from.fix())]
+    MissingPython {
+        /// The interpreter as asked for.
+        python: String,
+        /// Where it was asked for.
+        from: crate::command::PythonSource,
+    },
 }
 
 /// Anything that ends the agent with a non-zero code other than a worker failure.

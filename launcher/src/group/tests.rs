@@ -27,6 +27,7 @@ fn config(nproc: u32) -> LaunchConfig {
         pid: 1,
         cpu_count: 1,
         random_run_id: "run".into(),
+        env: [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
         ..Host::default()
     };
     validate(&args, &host).expect("valid")
