@@ -29,6 +29,18 @@ pub fn explain(program: &Path, errno: i32, facts: &Facts) -> String {
         return format!("{p} is a directory, not a program; name the script or executable in it");
     }
     match (errno, &facts.interpreter) {
+        (libc::ENOENT, Some(i))
+            if facts.exists
+                && !facts.interpreter_exists
+                && i.as_os_str().as_encoded_bytes().ends_with(b"\r") =>
+        {
+            let shown = i.display().to_string();
+            format!(
+                "the first line of {p} ends in a carriage return (Windows line endings), so its interpreter {} is looked up as '{}\\r'; convert the file (dos2unix {p})",
+                shown.trim_end_matches('\r'),
+                shown.trim_end_matches('\r'),
+            )
+        }
         (libc::ENOENT, Some(i)) if facts.exists && !facts.interpreter_exists => format!(
             "interpreter {} named in the first line of {p} does not exist",
             i.display()
@@ -117,6 +129,15 @@ mod tests {
         assert_eq!(
             explain(Path::new("t.sh"), libc::EACCES, &f),
             "interpreter /etc/passwd named in the first line of t.sh is not executable"
+        );
+    }
+
+    #[test]
+    fn windows_line_endings_are_named() {
+        let f = with_interp("/usr/bin/python3\r", false, false);
+        assert_eq!(
+            explain(Path::new("t.py"), libc::ENOENT, &f),
+            "the first line of t.py ends in a carriage return (Windows line endings), so its interpreter /usr/bin/python3 is looked up as '/usr/bin/python3\\r'; convert the file (dos2unix t.py)"
         );
     }
 
