@@ -287,3 +287,40 @@ fn bad_checkpoint_and_preemption_flags_are_one_line_exit_2() {
         "rank0.pt (rank 0) of step 4: No such file",
     );
 }
+
+#[test]
+fn an_empty_drun_python_or_path_is_one_line_exit_2() {
+    for (var, value, needle) in [
+        ("DRUN_PYTHON", Some(""), "DRUN_PYTHON is empty: unset it"),
+        (
+            "PATH",
+            Some(""),
+            "PATH is empty: python3 is looked up on PATH",
+        ),
+        (
+            "PATH",
+            None,
+            "PATH is missing: python3 is looked up on PATH",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = drun();
+        match value {
+            Some(v) => c.env(var, v),
+            None => c.env_remove(var),
+        };
+        c.env_remove("PYTHON_EXEC")
+            .args(["--standalone"])
+            .arg(worker("envdump.py"))
+            .arg(dir.path());
+        let (code, _, err) = run(c, Duration::from_secs(20));
+        assert_eq!(code, 2, "{var}={value:?}: {err}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "{err}");
+        assert!(lines[0].contains(needle), "{var}={value:?}: {err}");
+    }
+    rejects(
+        &["--nnodes", "2", "--rdzv-id", "j", "--rdzv-endpoint", ""],
+        "--rdzv-endpoint is empty",
+    );
+}

@@ -12,6 +12,7 @@ mod node_loss;
 mod output;
 mod ports;
 mod python_helper;
+mod real_scripts;
 mod slurm;
 mod standalone;
 mod supervision;

@@ -69,10 +69,9 @@ pub struct Args {
         long = "rdzv-endpoint",
         visible_alias = "rdzv_endpoint",
         env = "PET_RDZV_ENDPOINT",
-        default_value = "",
         help_heading = "Rendezvous"
     )]
-    pub rdzv_endpoint: String,
+    pub rdzv_endpoint: Option<String>,
 
     /// Run id shared by every node of the job (becomes TORCHELASTIC_RUN_ID).
     #[arg(
@@ -156,7 +155,8 @@ pub struct Args {
     pub run_path: bool,
 
     /// Python interpreter for workers (default: $DRUN_PYTHON, then $PYTHON_EXEC, then `python3` on PATH).
-    #[arg(long, env = "DRUN_PYTHON", help_heading = "Entrypoint")]
+    // DRUN_PYTHON is read (and checked) by `config::validate`, which can then name the source.
+    #[arg(long, help_heading = "Entrypoint")]
     pub python: Option<PathBuf>,
 
     /// Base directory for `<run>_<rand>/attempt_<n>/<local_rank>/{stdout,stderr}.log,error.json`.

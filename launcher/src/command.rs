@@ -75,11 +75,12 @@ impl Entrypoint {
 
     /// Resolves the entrypoint; checks that the script/executable and the interpreter exist.
     ///
-    /// `python` is the interpreter chosen by flag or environment (see [`resolve_python`]).
+    /// `python` is the interpreter chosen by flag or environment and where it came from (see
+    /// [`resolve_python`]); `None`: `python3` on PATH.
     pub fn resolve(
         kind: EntryKind,
         script_and_args: &[String],
-        python: Option<&Path>,
+        python: Option<(&Path, PythonSource)>,
     ) -> Result<Self, ConfigError> {
         let (script, args) = script_and_args
             .split_first()
@@ -89,6 +90,8 @@ impl Entrypoint {
             // Python also runs a directory (or zip) holding __main__.py.
             if script_path.is_file() || script_path.join("__main__.py").is_file() {
                 Ok(())
+            } else if script_path.is_dir() {
+                Err(ConfigError::Directory(script_path.to_path_buf()))
             } else {
                 Err(ConfigError::MissingScript {
                     path: script_path.to_path_buf(),
@@ -106,6 +109,9 @@ impl Entrypoint {
             }
             EntryKind::Module => python()?,
             EntryKind::Binary if script.contains('/') => {
+                if script_path.is_dir() {
+                    return Err(ConfigError::Directory(script_path.to_path_buf()));
+                }
                 check_file()?;
                 if !is_executable(script_path) {
                     return Err(ConfigError::NotExecutable(script_path.to_path_buf()));
@@ -140,22 +146,61 @@ fn leading(kind: EntryKind, script: &str) -> Vec<String> {
     }
 }
 
-/// The worker interpreter: `explicit` (`--python`/`DRUN_PYTHON`), else `$PYTHON_EXEC` (torchrun's
-/// override), else `python3` on PATH (so an activated venv wins). Returned as an absolute path.
-pub fn resolve_python(explicit: Option<&Path>) -> Result<PathBuf, ConfigError> {
-    let wanted = explicit
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("PYTHON_EXEC").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("python3"));
+/// Where the worker interpreter's name came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PythonSource {
+    /// `--python`.
+    Flag,
+    /// `$DRUN_PYTHON`.
+    DrunPython,
+    /// `$PYTHON_EXEC` (torchrun's override).
+    PythonExec,
+    /// Nothing asked: `python3` on PATH (so an activated venv wins).
+    #[default]
+    Default,
+}
+
+impl PythonSource {
+    /// ` (from DRUN_PYTHON)`, for messages; empty for the flag and the default.
+    pub fn origin(self) -> &'static str {
+        match self {
+            PythonSource::DrunPython => " (from DRUN_PYTHON)",
+            PythonSource::PythonExec => " (from PYTHON_EXEC)",
+            PythonSource::Flag | PythonSource::Default => "",
+        }
+    }
+
+    /// How to fix an interpreter that does not exist.
+    pub fn fix(self) -> &'static str {
+        match self {
+            PythonSource::Flag => "pass an existing interpreter to --python",
+            PythonSource::DrunPython => "fix or unset DRUN_PYTHON, or pass --python PATH",
+            PythonSource::PythonExec => "fix or unset PYTHON_EXEC, or pass --python PATH",
+            PythonSource::Default => "pass --python PATH or set DRUN_PYTHON",
+        }
+    }
+}
+
+/// The worker interpreter `explicit` (with where it came from), else `python3` on PATH.
+/// Returned as an absolute path.
+pub fn resolve_python(explicit: Option<(&Path, PythonSource)>) -> Result<PathBuf, ConfigError> {
+    let (wanted, from) = explicit.map_or(
+        (PathBuf::from("python3"), PythonSource::Default),
+        |(p, s)| (p.to_path_buf(), s),
+    );
     let s = wanted.to_string_lossy().into_owned();
+    let missing = || ConfigError::MissingPython {
+        python: s.clone(),
+        from,
+    };
     if s.contains('/') {
         if wanted.is_file() {
             Ok(wanted)
         } else {
-            Err(ConfigError::MissingPython(s))
+            Err(missing())
         }
     } else {
-        find_on_path(&s).ok_or(ConfigError::MissingPython(s))
+        find_on_path(&s).ok_or_else(missing)
     }
 }
 
@@ -277,7 +322,7 @@ mod tests {
                 "--nproc-per-node".into(),
                 "${local_rank}".into(),
             ],
-            Some(Path::new("/bin/sh")),
+            Some((Path::new("/bin/sh"), PythonSource::Flag)),
         )
         .unwrap();
         assert_eq!(e.argv(4), ["-u", "-m", "pkg.mod", "--nproc-per-node", "4"]);
@@ -288,7 +333,7 @@ mod tests {
         let err = Entrypoint::resolve(
             EntryKind::Script,
             &["/nonexistent/x.py".into()],
-            Some(Path::new("/bin/sh")),
+            Some((Path::new("/bin/sh"), PythonSource::Flag)),
         )
         .unwrap_err();
         assert!(
@@ -299,6 +344,27 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("on PATH"), "{err}");
         let ok = Entrypoint::resolve(EntryKind::Binary, &["true".into()], None).unwrap();
+        let err = Entrypoint::resolve(
+            EntryKind::Script,
+            &["/bin/sh".into()],
+            Some((Path::new("/no/such/py"), PythonSource::DrunPython)),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "python interpreter '/no/such/py' (from DRUN_PYTHON) not found; fix or unset DRUN_PYTHON, or pass --python PATH"
+        );
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().display().to_string();
+        for kind in [EntryKind::Script, EntryKind::Binary] {
+            let err = Entrypoint::resolve(
+                kind,
+                std::slice::from_ref(&dir),
+                Some((Path::new("/bin/sh"), PythonSource::Flag)),
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains("is a directory"), "{err}");
+        }
         assert!(ok.program.is_absolute());
     }
 }

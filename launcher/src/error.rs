@@ -17,6 +17,22 @@ pub enum ConfigError {
         /// What is wrong and what would be accepted.
         why: String,
     },
+    /// A flag the launch needs was not given.
+    #[error("{flag} is missing: {why}")]
+    Missing {
+        /// The flag.
+        flag: &'static str,
+        /// Why it is needed and what to pass.
+        why: String,
+    },
+    /// A flag was given an empty value.
+    #[error("{flag} is empty: {why}")]
+    Empty {
+        /// The flag.
+        flag: &'static str,
+        /// What to pass instead.
+        why: String,
+    },
     /// A torchrun flag drun does not implement yet.
     #[error("{flag} is a torchrun flag drun does not implement yet; remove it ({why})")]
     Unsupported {
@@ -33,6 +49,9 @@ pub enum ConfigError {
         /// e.g. " in the current directory /x" or " on PATH".
         hint: String,
     },
+    /// The training script (or executable) is a directory (without a `__main__.py`).
+    #[error("{} is a directory, not a script or program; name the file in it", .0.display())]
+    Directory(PathBuf),
     /// `--no-python` names a file that cannot be executed.
     #[error("{} is not executable; chmod +x it or drop --no-python", .0.display())]
     NotExecutable(PathBuf),
@@ -56,8 +75,13 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// No Python interpreter could be found.
-    #[error("python interpreter '{0}' not found; pass --python PATH or set DRUN_PYTHON")]
-    MissingPython(String),
+    #[error("python interpreter '{python}'{} not found; {}", .from.origin(), .from.fix())]
+    MissingPython {
+        /// The interpreter as asked for.
+        python: String,
+        /// Where it was asked for.
+        from: crate::command::PythonSource,
+    },
 }
 
 /// Anything that ends the agent with a non-zero code other than a worker failure.
@@ -87,6 +111,10 @@ pub enum LaunchError {
     /// The store underneath failed (exit 3).
     #[error("rendezvous store failed: {0}")]
     Store(#[from] drun_rendezvous::StoreError),
+    /// A worker's program could not be started (exit 1, after the job-wide decision): why, in
+    /// words (see [`crate::os::exec_error`]).
+    #[error("cannot start worker: {0}")]
+    WorkerStart(String),
     /// An OS-level failure while setting up the agent or spawning workers (exit 1).
     #[error("{what}: {source}")]
     Os {
@@ -115,7 +143,7 @@ impl LaunchError {
             | LaunchError::RendezvousFailed(_)
             | LaunchError::RunFinished { .. }
             | LaunchError::Store(_) => AgentExit::Rendezvous,
-            LaunchError::Os { .. } => AgentExit::WorkerFailure,
+            LaunchError::Os { .. } | LaunchError::WorkerStart(_) => AgentExit::WorkerFailure,
         }
     }
 }

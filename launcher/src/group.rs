@@ -258,13 +258,10 @@ impl WorkerGroup {
             })
             .await
             .map_err(|e| {
-                LaunchError::os(
-                    format!(
-                        "cannot start local rank {local_rank} ({})",
-                        cfg.entrypoint.program.display()
-                    ),
-                    e,
-                )
+                LaunchError::WorkerStart(crate::os::exec_error::describe(
+                    &cfg.entrypoint.program,
+                    &e,
+                ))
             })?;
         ctx.guard
             .lock()

@@ -154,7 +154,7 @@ impl SlurmJob {
             }
         }
         let multi = self.nnodes.unwrap_or(1) > 1;
-        if a.rdzv_endpoint.trim().is_empty() && a.rdzv_backend.is_none() && multi {
+        if a.rdzv_endpoint.is_none() && a.rdzv_backend.is_none() && multi {
             let Some(first) = self.hosts.first() else {
                 return Err(ConfigError::Invalid {
                     flag: "SLURM_JOB_NODELIST",
@@ -164,12 +164,12 @@ impl SlurmJob {
                             .into(),
                 });
             };
-            a.rdzv_endpoint = format!("{first}:{}", rendezvous_port(&self.job_id));
+            let endpoint = format!("{first}:{}", rendezvous_port(&self.job_id));
             a.rdzv_backend = Some("embedded".into());
             taken.push(format!(
-                "rendezvous embedded on {} (hosted by the agent on {first})",
-                a.rdzv_endpoint
+                "rendezvous embedded on {endpoint} (hosted by the agent on {first})"
             ));
+            a.rdzv_endpoint = Some(endpoint);
         }
         let restart = if self.restart_count > 0 {
             format!(" (requeued, restart {})", self.restart_count)
@@ -369,7 +369,7 @@ mod tests {
             (a.rdzv_id.as_str(), a.nnodes.as_str(), a.node_rank),
             ("6", "1:2", Some(1))
         );
-        assert_eq!(a.rdzv_endpoint, "n1:20006");
+        assert_eq!(a.rdzv_endpoint.as_deref(), Some("n1:20006"));
         assert_eq!(a.rdzv_backend.as_deref(), Some("embedded"));
         assert_eq!(a.local_addr.as_deref(), Some("n2"));
         assert_eq!(a.nproc_per_node, "2", "an explicit --nproc-per-node wins");
@@ -395,9 +395,9 @@ mod tests {
             (
                 b.rdzv_id.as_str(),
                 b.nnodes.as_str(),
-                b.rdzv_endpoint.as_str()
+                b.rdzv_endpoint.as_deref()
             ),
-            ("mine", "1:2", "e:2379")
+            ("mine", "1:2", Some("e:2379"))
         );
         let array = detect(env(&[
             ("SLURM_JOB_ID", "41"),

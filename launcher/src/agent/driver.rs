@@ -390,8 +390,9 @@ impl Agent {
             }
             Err((partial, e)) => {
                 w.group = Some(partial);
+                let why = e.to_string();
                 w.fatal = Some(e);
-                Input::SpawnFailed
+                Input::SpawnFailed(why)
             }
         }
     }

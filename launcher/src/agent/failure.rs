@@ -6,16 +6,16 @@ use drun_rendezvous::round::Restarts;
 use drun_rendezvous::session::Request;
 use drun_rendezvous::Plan;
 
-use super::state::{Effect, End, Level, Machine, Phase, Reporting, REFORM_REASON_WAIT};
+use super::state::{Effect, End, Ending, Level, Machine, Phase, Reporting, REFORM_REASON_WAIT};
 use super::step::{rejoin, Cx};
 use crate::AgentExit;
 
 /// Reports `description`, a failure of `plan`'s generation, and waits for the decision
-/// (`summary`: a worker failed, print the summary if the run ends).
+/// (`ending`: what to print if the run ends with it).
 pub(super) fn report(
     plan: Box<Plan>,
     description: String,
-    summary: bool,
+    ending: Ending,
     cx: &mut Cx<'_>,
 ) -> Phase {
     cx.fx.push(Effect::Send(Request::Failed {
@@ -25,7 +25,7 @@ pub(super) fn report(
     Phase::Reporting(Reporting {
         plan,
         description,
-        summary,
+        ending,
         reform: None,
         decided: None,
     })
@@ -139,12 +139,12 @@ pub(super) fn closed(m: &mut Machine, r: Reporting, cx: &mut Cx<'_>) -> Phase {
     }
 }
 
-/// The run ends with this failure: the summary (or its one line), exit 1.
+/// The run ends with this failure: the summary, its one line or the loop's error; exit 1.
 fn end(r: Reporting, history: Vec<String>, cx: &mut Cx<'_>) -> Phase {
-    if r.summary {
-        cx.fx.push(Effect::Summarize(history));
-    } else {
-        cx.fx.push(Effect::Say(format!("drun: {}", r.description)));
+    match r.ending {
+        Ending::Summary => cx.fx.push(Effect::Summarize(history)),
+        Ending::Line => cx.fx.push(Effect::Say(format!("drun: {}", r.description))),
+        Ending::Fatal => return Phase::Done(End::Fatal),
     }
     Phase::Done(End::Exit(AgentExit::WorkerFailure))
 }

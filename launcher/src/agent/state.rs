@@ -174,8 +174,9 @@ pub enum Then {
     Exit(Signal),
     /// The preemption checkpoint was sealed: requeue (rank 0, `--requeue`), exit 5.
     Preempted,
-    /// The workers could not be started: exit with that error.
-    Fail,
+    /// The workers could not be started (this description): report it as this node's worker
+    /// failure; if the run ends, it ends with the error the loop holds.
+    ReportUnstarted(String),
 }
 
 /// Waiting for the job-wide decision on a reported failure.
@@ -185,13 +186,24 @@ pub struct Reporting {
     pub plan: Box<Plan>,
     /// One line: which rank, which exit (or the partial success).
     pub description: String,
-    /// Whether the end prints the failure summary (a worker failed) or just the description.
-    pub summary: bool,
+    /// What the end prints if the run ends with this failure.
+    pub ending: Ending,
     /// Why the generation closed, when the session said (before or after the decision).
     pub reform: Option<String>,
     /// A decision to re-form without spending the budget, waiting up to `deadline` for the
     /// reason of the re-form.
     pub decided: Option<(Restarts, Instant)>,
+}
+
+/// What a node whose failure ends the run prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The failure summary (a worker failed).
+    Summary,
+    /// The description, one line (a partial success).
+    Line,
+    /// The error the loop holds (the workers could not be started): [`End::Fatal`].
+    Fatal,
 }
 
 /// How the agent ends.
@@ -243,8 +255,8 @@ pub enum Input {
     Verified(Checked),
     /// The workers were spawned.
     Spawned,
-    /// The workers could not all be spawned (the loop holds the error).
-    SpawnFailed,
+    /// The workers could not all be spawned: why, one line (the loop holds the error).
+    SpawnFailed(String),
     /// Teardown finished; the root-cause line when a worker failed.
     Stopped {
         /// "rank 1 (pid 42) exited with 1 on node n1".

@@ -51,9 +51,18 @@ pub fn step(mut m: Machine, input: Input, now: Instant, p: &Params) -> (Machine,
         }
         Input::Verified(v) => on_verified(&mut m, phase, v, &mut cx),
         Input::Spawned => on_spawned(&mut m, phase, &mut cx),
-        Input::SpawnFailed => match phase {
+        Input::SpawnFailed(why) => match phase {
             Phase::Verifying { plan, .. } => {
-                stop(&mut m, plan, Signal::SIGKILL, Then::Fail, &mut cx)
+                // A worker failure of this node, like a worker exiting non-zero: the session
+                // decides job-wide (restart, or end every node), so no other node waits.
+                let d = format!("{why} (node {})", cx.p.node_id);
+                stop(
+                    &mut m,
+                    plan,
+                    Signal::SIGKILL,
+                    Then::ReportUnstarted(d),
+                    &mut cx,
+                )
             }
             other => other,
         },
@@ -146,9 +155,7 @@ pub(super) fn stop(
     then: Then,
     cx: &mut Cx<'_>,
 ) -> Phase {
-    if then != Then::Fail {
-        m.clock = Some(RestartClock::detected(cx.now));
-    }
+    m.clock = Some(RestartClock::detected(cx.now));
     cx.fx.push(Effect::Stop(sig));
     Phase::Stopping(Stopping {
         plan,

@@ -6,7 +6,7 @@ use nix::sys::signal::Signal;
 
 use super::failure;
 use super::state::{
-    Effect, End, Level, Machine, Phase, StopStage, Stopping, Then, Workers, KILL_WAIT, RELAYED,
+    Effect, Ending, Level, Machine, Phase, StopStage, Stopping, Then, Workers, KILL_WAIT, RELAYED,
 };
 use super::step::{preempted, rejoin, run_ended, signal_exit, stop, Cx};
 
@@ -199,7 +199,7 @@ pub(super) fn on_tick(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
                 cx.p.node_id,
                 drun_rendezvous::human::duration(cx.p.peer_exit_wait)
             );
-            failure::report(plan, description, false, cx)
+            failure::report(plan, description, Ending::Line, cx)
         }
         other => other,
     }
@@ -225,8 +225,7 @@ pub(super) fn on_stopped(
         Then::Finished(end) => return run_ended(&end, cx),
         Then::Exit(sig) => return signal_exit(sig),
         Then::Preempted => return preempted(&plan, cx),
-        Then::Fail => return Phase::Done(End::Fatal),
-        Then::AwaitEnd | Then::Rejoin | Then::Report { .. } => {}
+        Then::AwaitEnd | Then::Rejoin | Then::Report { .. } | Then::ReportUnstarted(_) => {}
     }
     if let Some(sig) = m.interrupted {
         return signal_exit(sig);
@@ -248,11 +247,12 @@ pub(super) fn on_stopped(
                 deadline: cx.now + cx.p.peer_exit_wait,
             }
         }
-        Then::Report { partial: Some(d) } => failure::report(plan, d, false, cx),
+        Then::Report { partial: Some(d) } => failure::report(plan, d, Ending::Line, cx),
         Then::Report { partial: None } => {
             let d = failure.unwrap_or_else(|| format!("a worker failed on node {}", cx.p.node_id));
-            failure::report(plan, d, true, cx)
+            failure::report(plan, d, Ending::Summary, cx)
         }
+        Then::ReportUnstarted(d) => failure::report(plan, d, Ending::Fatal, cx),
         _ => rejoin(m, cx),
     }
 }

@@ -26,9 +26,16 @@ pub(super) fn rendezvous_mode(
     host: &Host,
     notes: &mut Vec<String>,
 ) -> Result<(RendezvousMode, String), ConfigError> {
+    let endpoint = a.rdzv_endpoint.as_deref().unwrap_or_default();
+    if a.rdzv_endpoint.is_some() && endpoint.trim().is_empty() && !a.standalone {
+        return Err(ConfigError::Empty {
+            flag: "--rdzv-endpoint",
+            why: "give HOST:PORT (the rendezvous server, the c10d host, or etcd), or drop the flag for a one-node run".into(),
+        });
+    }
     let backend = match a.rdzv_backend.as_deref() {
         Some(b) => b,
-        None if a.rdzv_endpoint.is_empty() => "static",
+        None if endpoint.is_empty() => "static",
         None => "drun",
     };
     if !matches!(
@@ -43,7 +50,7 @@ pub(super) fn rendezvous_mode(
     }
     // torchrun run(): static + no endpoint + no --master-port + one node = standalone.
     let implicit_standalone =
-        backend == "static" && a.rdzv_endpoint.is_empty() && a.master_port.is_none() && n.max == 1;
+        backend == "static" && endpoint.is_empty() && a.master_port.is_none() && n.max == 1;
     if a.standalone || implicit_standalone {
         return standalone(a, n.max, host, notes);
     }
@@ -67,7 +74,7 @@ fn standalone(
             "--standalone runs one node; drop --standalone or use --nnodes 1",
         ));
     }
-    if a.standalone && (!a.rdzv_endpoint.is_empty() || a.rdzv_backend.is_some()) {
+    if a.standalone && (a.rdzv_endpoint.is_some() || a.rdzv_backend.is_some()) {
         notes.push(
             "--standalone: ignoring the explicit --rdzv-endpoint/--rdzv-backend, as torchrun does"
                 .into(),
@@ -93,6 +100,7 @@ fn static_mode(
     n: &Nodes<'_>,
     host: &Host,
 ) -> Result<(RendezvousMode, String), ConfigError> {
+    let endpoint = a.rdzv_endpoint.as_deref().unwrap_or_default();
     let run_id = if a.rdzv_id != "none" {
         a.rdzv_id.clone()
     } else {
@@ -101,11 +109,10 @@ fn static_mode(
             .map_or_else(|| a.rdzv_id.clone(), str::to_string)
     };
     // torchrun: a static launch's endpoint, when given, is the master address and port.
-    let (master_addr, master_port) = if a.rdzv_endpoint.trim().is_empty() {
+    let (master_addr, master_port) = if endpoint.trim().is_empty() {
         (a.master_addr.clone(), a.master_port.unwrap_or(29500))
     } else {
-        let ep =
-            crate::rdzv::endpoints(&a.rdzv_endpoint, a.master_port.unwrap_or(29500))?.remove(0);
+        let ep = crate::rdzv::endpoints(endpoint, a.master_port.unwrap_or(29500))?.remove(0);
         let (host, port) = ep.rsplit_once(':').expect("endpoints() adds a port");
         (
             host.trim_start_matches('[')
@@ -158,38 +165,37 @@ fn dynamic_mode(
     host: &Host,
     notes: &mut Vec<String>,
 ) -> Result<(RendezvousMode, String), ConfigError> {
+    let endpoint = a.rdzv_endpoint.as_deref().unwrap_or_default();
     let run_id = if a.rdzv_id != "none" {
         a.rdzv_id.clone()
     } else if let Some(job) = host.var("SLURM_JOB_ID").filter(|j| !j.is_empty()) {
         job.to_string()
     } else if n.max > 1 {
-        return Err(invalid(
-            "--rdzv-id",
-            "none",
-            "multi-node runs need a run id shared by all nodes (e.g. --rdzv-id myjob-42); the default would mix jobs",
-        ));
+        return Err(ConfigError::Missing {
+            flag: "--rdzv-id",
+            why: "a multi-node run needs a run id shared by all its nodes; pass the same one on every node (e.g. --rdzv-id myjob-42)".into(),
+        });
     } else {
         a.rdzv_id.clone()
     };
-    if a.rdzv_endpoint.trim().is_empty() {
-        return Err(invalid(
-            "--rdzv-endpoint",
-            "(missing)",
-            format!(
+    if endpoint.trim().is_empty() {
+        return Err(ConfigError::Missing {
+            flag: "--rdzv-endpoint",
+            why: format!(
                 "--rdzv-backend {backend} needs --rdzv-endpoint HOST:PORT (a drun-rendezvous server, the c10d host, or etcd); drun never falls back to localhost"
             ),
-        ));
+        });
     }
     if a.master_port.is_some() {
         notes.push("--master-port only applies to the static backend; MASTER_PORT comes from the rendezvous".into());
     }
     let mode = match backend {
         "drun" => RendezvousMode::Server {
-            endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 29400)?,
+            endpoints: crate::rdzv::endpoints(endpoint, 29400)?,
         },
         "embedded" => {
             // The agent on the endpoint's host serves the rendezvous (Slurm: the first node).
-            let endpoint = crate::rdzv::endpoints(&a.rdzv_endpoint, 29400)?.remove(0);
+            let endpoint = crate::rdzv::endpoints(endpoint, 29400)?.remove(0);
             let is_host = n.slurm.map(SlurmJob::hosts_rendezvous);
             RendezvousMode::C10d { endpoint, is_host }
         }
@@ -206,11 +212,11 @@ fn dynamic_mode(
                     ))
                 }
             };
-            let endpoint = crate::rdzv::endpoints(&a.rdzv_endpoint, 29400)?.remove(0);
+            let endpoint = crate::rdzv::endpoints(endpoint, 29400)?.remove(0);
             RendezvousMode::C10d { endpoint, is_host }
         }
         _ => RendezvousMode::Etcd {
-            endpoints: crate::rdzv::endpoints(&a.rdzv_endpoint, 2379)?,
+            endpoints: crate::rdzv::endpoints(endpoint, 2379)?,
         },
     };
     Ok((mode, run_id))

@@ -1,13 +1,15 @@
 //! The worker command as the command line gives it (`-m`, `--no-python`, `--run-path`).
 
+use std::path::Path;
+
 use crate::command::{EntryKind, Entrypoint};
 use crate::{Args, ConfigError};
 
-/// The entrypoint of `a`, not yet resolved against the filesystem (see [`super::prepare`]).
+/// The entrypoint of `a` run with `python` (see [`super::python`]), not yet resolved against the filesystem (see [`super::prepare`]).
 ///
 /// # Errors
 /// `--no-python` with `-m`; a flag where the training script should be.
-pub(super) fn entrypoint(a: &Args) -> Result<Entrypoint, ConfigError> {
+pub(super) fn entrypoint(a: &Args, python: Option<&Path>) -> Result<Entrypoint, ConfigError> {
     let kind = if a.run_path {
         EntryKind::RunPath
     } else if a.no_python {
@@ -28,9 +30,5 @@ pub(super) fn entrypoint(a: &Args) -> Result<Entrypoint, ConfigError> {
     if script_and_args.get(1).is_some_and(|a| a == "--") {
         script_and_args.remove(1);
     }
-    Ok(Entrypoint::unresolved(
-        kind,
-        &script_and_args,
-        a.python.as_deref(),
-    ))
+    Ok(Entrypoint::unresolved(kind, &script_and_args, python))
 }

@@ -96,7 +96,8 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
     let script_and_args: Vec<String> = std::iter::once(e.script.clone())
         .chain(e.args.iter().cloned())
         .collect();
-    cfg.entrypoint = Entrypoint::resolve(e.kind, &script_and_args, cfg.python.as_deref())?;
+    let python = cfg.python.as_deref().map(|p| (p, cfg.python_source));
+    cfg.entrypoint = Entrypoint::resolve(e.kind, &script_and_args, python)?;
     if let Some(d) = cfg.ckpt.dir.take() {
         cfg.ckpt.dir = Some(checkpoint_dir(d)?);
     }

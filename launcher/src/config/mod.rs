@@ -16,6 +16,7 @@ mod ckpt;
 mod entry;
 pub mod host;
 pub mod parse;
+mod python;
 pub mod rendezvous;
 pub mod timing;
 mod unsupported;
@@ -70,8 +71,11 @@ pub struct LaunchConfig {
     pub role: String,
     /// The worker command (program resolved by [`prepare`]).
     pub entrypoint: Entrypoint,
-    /// `--python` / `DRUN_PYTHON`, as given (resolved into the entrypoint by [`prepare`]).
+    /// `--python`, `DRUN_PYTHON` or `PYTHON_EXEC`, as given (resolved into the entrypoint by
+    /// [`prepare`]); `None`: `python3` on PATH.
     pub python: Option<PathBuf>,
+    /// Where `python` came from (for the message when it does not exist).
+    pub python_source: crate::command::PythonSource,
     /// `--log-dir` base, or `None` for a temporary directory.
     pub log_dir: Option<PathBuf>,
     /// Streams sent only to files.

@@ -15,7 +15,7 @@ pub(super) fn host() -> Host {
         pid: 42,
         cpu_count: 8,
         gpu_count: 0,
-        env: BTreeMap::new(),
+        env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
         random_run_id: "random-id".into(),
         slurm_kill_wait: None,
     }
@@ -268,4 +268,59 @@ fn session_config_has_no_last_call_for_a_fixed_size_group() {
     assert_eq!(s.round.last_call, Duration::from_secs(7));
     assert_eq!(s.lease_ttl, Duration::from_secs(10));
     assert_eq!(s.round.join_timeout, Duration::from_secs(600));
+}
+
+#[test]
+fn the_interpreter_comes_from_the_flag_then_drun_python_then_python_exec() {
+    use crate::command::PythonSource;
+    let h = with_env(&[
+        ("DRUN_PYTHON", "/venv/bin/python"),
+        ("PYTHON_EXEC", "/x/py"),
+    ]);
+    let c = validate(&args(&["t.py"]), &h).unwrap();
+    assert_eq!(
+        (c.python.as_deref(), c.python_source),
+        (
+            Some(std::path::Path::new("/venv/bin/python")),
+            PythonSource::DrunPython
+        )
+    );
+    assert_eq!(c.entrypoint.program, PathBuf::from("/venv/bin/python"));
+    let c = validate(&args(&["--python", "/f/py", "t.py"]), &h).unwrap();
+    assert_eq!(c.python_source, PythonSource::Flag);
+    let c = validate(&args(&["t.py"]), &with_env(&[("PYTHON_EXEC", "/x/py")])).unwrap();
+    assert_eq!(c.python_source, PythonSource::PythonExec);
+    let e = err(&["t.py"], &with_env(&[("DRUN_PYTHON", "")]));
+    assert!(
+        e.starts_with("DRUN_PYTHON is empty: unset it, or name"),
+        "{e}"
+    );
+    let e = err(
+        &["t.py"],
+        &with_env(&[("PATH", "/bin"), ("PYTHON_EXEC", " ")]),
+    );
+    assert!(e.starts_with("PYTHON_EXEC is empty"), "{e}");
+}
+
+#[test]
+fn a_program_looked_up_on_an_unset_or_empty_path_is_refused_up_front() {
+    let mut no_path = host();
+    no_path.env.clear();
+    let e = err(&["t.py"], &no_path);
+    assert!(
+        e.starts_with("PATH is missing: python3 is looked up on PATH; set it"),
+        "{e}"
+    );
+    assert!(e.contains("--python /path/to/python"), "{e}");
+    let e = err(&["--no-python", "trainer"], &with_env(&[("PATH", "")]));
+    assert!(e.starts_with("PATH is empty: trainer is looked up"), "{e}");
+    assert!(e.contains("full path"), "{e}");
+    let e = err(
+        &["t.py"],
+        &with_env(&[("PATH", ":"), ("DRUN_PYTHON", "python3.11")]),
+    );
+    assert!(e.starts_with("PATH is empty: python3.11"), "{e}");
+    // Nothing to look up: no PATH needed.
+    validate(&args(&["--python", "/usr/bin/python3", "t.py"]), &no_path).unwrap();
+    validate(&args(&["--no-python", "./bin/train"]), &no_path).unwrap();
 }

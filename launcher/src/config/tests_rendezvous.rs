@@ -145,8 +145,45 @@ fn a_multi_node_run_id_comes_from_the_flag_or_the_slurm_job_variable() {
         "h:1",
         "t.py",
     ];
-    assert!(err(&v, &host()).contains("--rdzv-id"));
+    let e = err(&v, &host());
+    assert!(
+        e.starts_with("--rdzv-id is missing: a multi-node run needs a run id"),
+        "{e}"
+    );
+    assert!(!e.contains("'none'"), "{e}");
     let c = validate(&args(&v), &with_env(&[("SLURM_JOB_ID", "77")])).unwrap();
     assert_eq!(c.run_id, "77");
     assert!(c.slurm.is_none(), "--slurm off");
+}
+
+#[test]
+fn an_empty_endpoint_is_named_as_one_not_as_an_nnodes_problem() {
+    for extra in [&[][..], &["--rdzv-backend", "c10d"][..]] {
+        let mut v = vec!["--nnodes", "2", "--rdzv-id", "j", "--rdzv-endpoint", ""];
+        v.extend_from_slice(extra);
+        v.push("t.py");
+        let e = err(&v, &host());
+        assert!(
+            e.starts_with("--rdzv-endpoint is empty: give HOST:PORT"),
+            "{e}"
+        );
+    }
+    let e = err(
+        &[
+            "--nnodes",
+            "2",
+            "--rdzv-backend",
+            "drun",
+            "--rdzv-id",
+            "j",
+            "t.py",
+        ],
+        &host(),
+    );
+    assert!(
+        e.starts_with("--rdzv-endpoint is missing: --rdzv-backend drun needs"),
+        "{e}"
+    );
+    // --standalone ignores the rendezvous flags, an empty endpoint too.
+    ok(&["--standalone", "--rdzv-endpoint", "", "t.py"]);
 }

@@ -66,7 +66,9 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             a.start_method
         ));
     }
-    let entrypoint = entrypoint(a)?;
+    let (python, python_source) = super::python::interpreter(a, host)?;
+    let entrypoint = entrypoint(a, python.as_deref())?;
+    super::python::check_path(entrypoint.kind, &entrypoint.script, python.as_deref(), host)?;
     // Like torchrun's node descriptor (address, pid): unique even for several agents per host,
     // and sorted first by address so ranks follow hosts.
     let address = a.local_addr.as_deref().unwrap_or(&host.hostname);
@@ -90,7 +92,8 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         monitor_interval,
         role: a.role.clone(),
         entrypoint,
-        python: a.python.clone(),
+        python,
+        python_source,
         log_dir: a.log_dir.clone(),
         redirects,
         tee,

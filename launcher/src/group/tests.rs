@@ -27,6 +27,7 @@ fn config(nproc: u32) -> LaunchConfig {
         pid: 1,
         cpu_count: 1,
         random_run_id: "run".into(),
+        env: [("PATH".to_string(), "/usr/bin:/bin".to_string())].into(),
         ..Host::default()
     };
     validate(&args, &host).expect("valid")
@@ -186,8 +187,7 @@ fn a_failed_spawn_returns_the_workers_already_started() {
         "rank 0 started, rank 2 never tried"
     );
     assert!(
-        e.to_string()
-            .starts_with("cannot start local rank 1 (python3)"),
+        e.to_string().starts_with("cannot start worker: python3: "),
         "{e}"
     );
     assert_eq!(f.os.calls().len(), 2);

@@ -13,6 +13,8 @@
 //! * Children are started with `clone(CLONE_VM | CLONE_VFORK)`, as `posix_spawn` does, not with
 //!   `fork`: forking the threaded agent copied its page tables and made its memory copy-on-write
 //!   for every worker, which cost milliseconds per worker (seconds for hundreds).
+//! * Workers get stdin, stdout and stderr and no other descriptor: every one from 3 up is
+//!   closed before `execve` ([`close_inherited`]), as `subprocess` with `close_fds=True` does.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
@@ -290,8 +292,32 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 return fail(a, AGENT_GONE);
             }
         }
+        close_inherited();
         libc::execve(a.path, a.argv, a.envp);
         fail(a, *libc::__errno_location())
+    }
+}
+
+/// Closes every descriptor from 3 up in the child, as Python's `subprocess` (`close_fds=True`,
+/// which torchrun uses) does: whatever the agent holds or itself inherited without `CLOEXEC`
+/// never reaches a worker (workers get only stdin, stdout and stderr; the worker API is a socket
+/// *path* in the environment). Runs between clone and exec: system calls only.
+///
+/// # Safety
+/// Only in the child between clone and exec, after stdio is in place.
+unsafe fn close_inherited() {
+    if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) == 0 {
+        return;
+    }
+    // Kernels before 5.9 (ENOSYS): one close per possible descriptor.
+    let mut lim: libc::rlimit = std::mem::zeroed();
+    let max = if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+        lim.rlim_cur.min(1 << 20) as libc::c_int
+    } else {
+        1024
+    };
+    for fd in 3..max {
+        libc::close(fd);
     }
 }
 
@@ -414,81 +440,5 @@ pub fn is_ignored(sig: Signal) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Read;
-
-    fn spec(program: &str, args: &[&str], env: &[(&str, &str)]) -> SpawnSpec {
-        SpawnSpec {
-            program: program.into(),
-            args: args.iter().map(|a| a.to_string()).collect(),
-            env: env
-                .iter()
-                .map(|(k, v)| ((*k).into(), (*v).into()))
-                .collect(),
-            output: Output::Piped,
-            stdin: Input::Null,
-            die_with_agent: true,
-        }
-    }
-
-    fn read_all(fd: Option<OwnedFd>) -> String {
-        let mut s = String::new();
-        std::fs::File::from(fd.expect("piped"))
-            .read_to_string(&mut s)
-            .unwrap();
-        s
-    }
-
-    #[test]
-    fn the_child_gets_exactly_its_environment_arguments_and_pipes() {
-        let s = spec(
-            "sh",
-            &[
-                "-c",
-                "echo \"$0 $FOO ${HOME:-nohome}\"; echo err >&2; read x || echo eof",
-                "zero",
-            ],
-            &[("FOO", "bar"), ("PATH", "/usr/bin:/bin")],
-        );
-        let child = spawn_now(s).unwrap();
-        assert_eq!(read_all(child.stdout), "zero bar nohome\neof\n");
-        assert_eq!(read_all(child.stderr), "err\n");
-        assert_eq!(
-            waitpid(child.pid, None).unwrap(),
-            WaitStatus::Exited(child.pid, 0)
-        );
-    }
-
-    #[test]
-    fn the_child_leads_its_own_session_and_process_group() {
-        let child = spawn_now(spec("/bin/sleep", &["5"], &[])).unwrap();
-        assert_eq!(nix::unistd::getsid(Some(child.pid)).unwrap(), child.pid);
-        assert_eq!(nix::unistd::getpgid(Some(child.pid)).unwrap(), child.pid);
-        nix::sys::signal::kill(child.pid, Signal::SIGKILL).unwrap();
-        assert!(matches!(
-            waitpid(child.pid, None).unwrap(),
-            WaitStatus::Signaled(_, Signal::SIGKILL, _)
-        ));
-    }
-
-    #[test]
-    fn a_missing_program_is_enoent_and_leaves_no_child() {
-        let e = spawn_now(spec("drun-no-such-program", &[], &[("PATH", "/usr/bin")])).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
-        let e = spawn_now(spec("/nonexistent/prog", &[], &[])).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
-    }
-
-    #[test]
-    fn a_program_is_looked_up_on_the_childs_path() {
-        let dir = tempfile::tempdir().unwrap();
-        let exe = dir.path().join("hello-drun");
-        std::fs::write(&exe, "#!/bin/sh\necho found\n").unwrap();
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let path = format!("{}:/usr/bin:/bin", dir.path().display());
-        let child = spawn_now(spec("hello-drun", &[], &[("PATH", &path)])).unwrap();
-        assert_eq!(read_all(child.stdout), "found\n");
-        waitpid(child.pid, None).unwrap();
-    }
-}
+#[path = "spawn_tests.rs"]
+mod tests;

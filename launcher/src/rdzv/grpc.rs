@@ -5,8 +5,9 @@
 //! reconnects — to the next endpoint of `--rdzv-endpoint a:p,b:p` — with `Hello.resume` (lease,
 //! generation, waiting candidate), so a killed replica disturbs nothing. If no replica answers for
 //! a whole lease TTL the lease must be considered expired: the task reports [`Event::Fenced`].
+//! The first connection waits up to the join timeout (the server may start after this node);
+//! when to give up is decided by [`super::reach::Reach`], what to replay by [`super::track::Track`].
 
-use drun_rendezvous::human::duration as human;
 use std::time::Duration;
 
 use drun_proto::v1 as pb;
@@ -14,20 +15,17 @@ use drun_proto::v1::rendezvous_client::RendezvousClient;
 use drun_proto::PROTOCOL_VERSION;
 use drun_rendezvous::session::{Event, Request, Resume, SessionConfig};
 use drun_rendezvous::wire::{event_from_wire, request_to_wire};
-use drun_rendezvous::Join;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-/// How long the first connection may take before the rendezvous is declared unreachable.
-const FIRST_CONNECT_WINDOW: Duration = Duration::from_secs(10);
+use super::reach::{Limits, Reach};
+use super::track::Track;
+
 /// How the fence this link declares itself begins: no server could be reached for a whole
 /// lease TTL. Unlike a fence the server declares (the lease expired while this agent was
 /// stopped), the rendezvous is gone, so a worker failure stays the primary error.
 pub const UNREACHABLE: &str = "no rendezvous server reachable";
-
-/// How long a first connection may fail quietly (peers start at slightly different times).
-const QUIET_FIRST_CONNECT: Duration = Duration::from_secs(2);
 
 /// An error with its causes (`transport error: tcp connect error: Connection refused`).
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -42,76 +40,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
-}
-
-/// What a reconnect must restore: the session's lease and generation, the pending Join, the
-/// success and the commits not answered yet. Updated by [`Track::sent`] and
-/// [`Track::received`], pure functions of the traffic.
-#[derive(Default, Debug)]
-struct Track {
-    lease: Option<i64>,
-    generation: u64,
-    waiting: Option<Join>,
-    /// The `after` generation of the pending Join.
-    after: u64,
-    succeeded: Option<u64>,
-    /// Commits sent and not answered yet.
-    commits: Vec<Request>,
-}
-
-impl Track {
-    /// Records a request sent to the server.
-    fn sent(&mut self, req: &Request) {
-        match req {
-            Request::Join(c, after) => {
-                self.waiting = Some(c.clone());
-                self.after = *after;
-                self.generation = 0;
-                self.succeeded = None;
-            }
-            Request::Succeeded(g) => self.succeeded = Some(*g),
-            Request::Commit { .. } => self.commits.push(req.clone()),
-            _ => {}
-        }
-    }
-
-    /// Records an event received from the server.
-    fn received(&mut self, ev: &Event) {
-        match ev {
-            Event::Opened { lease } => self.lease = Some(*lease),
-            Event::Formed(p) => {
-                self.generation = p.generation;
-                self.waiting = None;
-            }
-            Event::Reform { .. } => {
-                self.generation = 0;
-                self.commits.clear();
-            }
-            Event::Committed {
-                generation, step, ..
-            } => self.commits.retain(|c| {
-                !matches!(c, Request::Commit { commit, .. }
-                    if commit.generation == *generation && commit.step == *step)
-            }),
-            Event::Fenced(_) => *self = Track::default(),
-            _ => {}
-        }
-    }
-
-    /// What to send on a new stream after the Hello: the pending Join (when there is no lease
-    /// to resume it with), the success, and the unanswered commits (recording them again is
-    /// idempotent).
-    fn replay(&self) -> Vec<Request> {
-        let mut out = Vec::new();
-        if let Some(c) = self.waiting.clone().filter(|_| self.lease.is_none()) {
-            out.push(Request::Join(c, self.after));
-        }
-        if self.lease.is_some() {
-            out.extend(self.succeeded.map(Request::Succeeded));
-            out.extend(self.commits.iter().cloned());
-        }
-        out
-    }
 }
 
 /// Connects to the replicas `endpoints` (`host:port`) for the session described by `cfg`.
@@ -177,10 +105,7 @@ struct Client {
     cfg: SessionConfig,
     events: mpsc::UnboundedSender<Event>,
     t: Track,
-    started: Instant,
-    ever_connected: bool,
-    said_waiting: bool,
-    last_contact: Instant,
+    reach: Reach,
     attempt: usize,
     backoff: Duration,
 }
@@ -196,10 +121,7 @@ async fn run(
         cfg,
         events,
         t: Track::default(),
-        started: Instant::now(),
-        ever_connected: false,
-        said_waiting: false,
-        last_contact: Instant::now(),
+        reach: Reach::new(Instant::now()),
         attempt: 0,
         backoff: Duration::from_millis(100),
     };
@@ -226,34 +148,27 @@ async fn run(
 }
 
 impl Client {
-    /// Declares the fence after a whole lease TTL without a server, and gives up (true) when no
-    /// server answered at first or the server is gone for longer than this node would wait.
+    /// Declares the fence after a whole lease TTL without a server, logs the wait for a first
+    /// connection, and gives up (true) when no server answered within the join timeout, at
+    /// first or later (see [`Reach::check`]).
     fn give_up(&mut self) -> bool {
-        let (cfg, all) = (&self.cfg, self.endpoints.join(", "));
-        if self.t.lease.is_some() && self.last_contact.elapsed() > cfg.lease_ttl {
-            let _ = self.events.send(Event::Fenced(format!(
-                "{UNREACHABLE} for {} (TTL {}; tried {all})",
-                human(self.last_contact.elapsed()),
-                human(cfg.lease_ttl),
-            )));
+        let limits = Limits {
+            lease_ttl: self.cfg.lease_ttl,
+            join_timeout: self.cfg.round.join_timeout,
+        };
+        let all = self.endpoints.join(", ");
+        let v = self
+            .reach
+            .check(Instant::now(), self.t.lease.is_some(), limits, &all);
+        if let Some(line) = v.fence {
+            let _ = self.events.send(Event::Fenced(line));
             self.t = Track::default();
         }
-        if !self.ever_connected && self.started.elapsed() > FIRST_CONNECT_WINDOW {
-            let _ = self.events.send(Event::Error(format!(
-                "cannot reach the rendezvous at {all} for {}; is `drun-rendezvous serve` (or, with the c10d/embedded backend, the hosting agent) running there?",
-                human(FIRST_CONNECT_WINDOW)
-            )));
-            return true;
+        if let Some(line) = v.progress {
+            tracing::info!("{line}");
         }
-        // A server gone for good must not keep the agent retrying forever: past the join
-        // timeout (the longest this node would wait for a group anyway) it is an error.
-        if self.ever_connected
-            && self.last_contact.elapsed() > cfg.round.join_timeout.max(cfg.lease_ttl)
-        {
-            let _ = self.events.send(Event::Error(format!(
-                "lost the rendezvous server ({all}) for {}; giving up",
-                human(self.last_contact.elapsed())
-            )));
+        if let Some(line) = v.give_up {
+            let _ = self.events.send(Event::Error(line));
             return true;
         }
         false
@@ -279,17 +194,16 @@ impl Client {
             Ok(c) => Conn::Ready(c),
             Err(e) => {
                 let why = error_chain(&e);
-                if self.ever_connected {
+                if self.reach.ever_connected() {
                     tracing::warn!(
                         "rendezvous server {endpoint} unreachable ({why}); trying again"
                     );
-                } else if !self.said_waiting && self.started.elapsed() >= QUIET_FIRST_CONNECT {
-                    // At start the host (embedded/c10d) or the server may simply not be up yet.
-                    tracing::info!("waiting for the rendezvous at {endpoint} to come up ({why})");
-                    self.said_waiting = true;
                 } else {
+                    // At start the host (embedded/c10d) or the server may simply not be up
+                    // yet: `give_up` says so every 10 s.
                     tracing::debug!("rendezvous at {endpoint} not reachable yet ({why})");
                 }
+                self.reach.failed(&why);
                 tokio::time::sleep(self.backoff).await;
                 self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
                 Conn::Retry
@@ -308,12 +222,11 @@ impl Client {
         let mut client = RendezvousClient::new(channel);
         match client.session(UnboundedReceiverStream::new(out_rx)).await {
             Ok(r) => {
-                if self.ever_connected {
+                if self.reach.ever_connected() {
                     tracing::info!(%endpoint, "reconnected to the rendezvous");
                 }
-                self.ever_connected = true;
+                self.reach.contact(Instant::now());
                 self.backoff = Duration::from_millis(100);
-                self.last_contact = Instant::now();
                 Some(Opened::Stream(out_tx, Box::new(r.into_inner())))
             }
             Err(s) if drun_rendezvous::error::ServiceError::from_status(&s).is_refusal() => {
@@ -357,7 +270,7 @@ impl Client {
                 }
                 msg = inbound.message() => match msg {
                     Ok(Some(m)) => {
-                        self.last_contact = Instant::now();
+                        self.reach.contact(Instant::now());
                         let Some(ev) = event_from_wire(m) else { continue };
                         let end = matches!(ev, Event::Finished(_) | Event::Error(_));
                         self.t.received(&ev);
@@ -369,7 +282,7 @@ impl Client {
                     }
                     Ok(None) | Err(_) => {
                         // HTTP/2 keep-alive pings (2 s) vouch for the stream until now.
-                        self.last_contact = Instant::now();
+                        self.reach.contact(Instant::now());
                         tracing::warn!(%endpoint, "lost the rendezvous server; reconnecting");
                         return Next::Reconnect;
                     }
@@ -389,112 +302,4 @@ enum Opened {
         Box<tonic::Streaming<pb::ServerEvent>>,
     ),
     Refused,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use drun_rendezvous::ledger::{NodeCommit, Retention};
-    use drun_rendezvous::{assign, Candidate};
-
-    fn join(node: &str) -> Join {
-        Candidate {
-            node_id: node.into(),
-            advertise_addr: "127.0.0.1".into(),
-            slots: 1,
-            requested_node_rank: None,
-            master_port: 29500,
-        }
-        .into()
-    }
-
-    fn commit(generation: u64, step: u64) -> Request {
-        Request::Commit {
-            commit: NodeCommit {
-                node_id: "a".into(),
-                generation,
-                step,
-                ranks: vec![0],
-                cursor: Default::default(),
-                files: vec![],
-            },
-            retention: Retention::default(),
-        }
-    }
-
-    fn formed(generation: u64) -> Event {
-        let Join { candidate, .. } = join("a");
-        Event::Formed(assign("run", generation, &[candidate], 0, 0).unwrap())
-    }
-
-    #[test]
-    fn a_join_without_a_lease_is_replayed_on_the_next_stream() {
-        let mut t = Track::default();
-        t.sent(&Request::Join(join("a"), 3));
-        assert_eq!(t.replay(), vec![Request::Join(join("a"), 3)]);
-    }
-
-    #[test]
-    fn with_a_lease_the_join_rides_on_the_hello_not_the_replay() {
-        let mut t = Track::default();
-        t.received(&Event::Opened { lease: 7 });
-        t.sent(&Request::Join(join("a"), 0));
-        assert!(t.replay().is_empty());
-        assert_eq!(t.waiting, Some(join("a")));
-    }
-
-    #[test]
-    fn formed_records_the_generation_and_ends_the_wait() {
-        let mut t = Track::default();
-        t.sent(&Request::Join(join("a"), 0));
-        t.received(&formed(4));
-        assert_eq!((t.generation, t.waiting.is_none()), (4, true));
-    }
-
-    #[test]
-    fn success_and_unanswered_commits_are_replayed_under_a_lease() {
-        let mut t = Track::default();
-        t.received(&Event::Opened { lease: 1 });
-        t.sent(&commit(2, 10));
-        t.sent(&commit(2, 20));
-        t.sent(&Request::Succeeded(2));
-        t.received(&Event::Committed {
-            generation: 2,
-            step: 10,
-            result: Err("refused".into()),
-        });
-        assert_eq!(t.replay(), vec![Request::Succeeded(2), commit(2, 20)]);
-    }
-
-    #[test]
-    fn a_reform_drops_the_commits_and_the_generation() {
-        let mut t = Track::default();
-        t.received(&Event::Opened { lease: 1 });
-        t.received(&formed(2));
-        t.sent(&commit(2, 10));
-        t.received(&Event::Reform {
-            generation: 2,
-            reason: "node b lost".into(),
-        });
-        assert_eq!((t.generation, t.commits.len()), (0, 0));
-    }
-
-    #[test]
-    fn a_new_join_forgets_the_last_success() {
-        let mut t = Track::default();
-        t.received(&Event::Opened { lease: 1 });
-        t.sent(&Request::Succeeded(2));
-        t.sent(&Request::Join(join("a"), 2));
-        assert_eq!(t.succeeded, None);
-    }
-
-    #[test]
-    fn a_fence_forgets_the_lease_and_everything_with_it() {
-        let mut t = Track::default();
-        t.received(&Event::Opened { lease: 1 });
-        t.received(&formed(3));
-        t.sent(&commit(3, 5));
-        t.received(&Event::Fenced("lease expired".into()));
-        assert_eq!((t.lease, t.generation, t.commits.len()), (None, 0, 0));
-    }
 }

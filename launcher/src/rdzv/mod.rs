@@ -12,7 +12,9 @@
 //! | `static` | no rendezvous: ranks from `--node-rank`, `--master-addr`, `--master-port` ([`static_link`]) |
 
 pub mod grpc;
+pub mod reach;
 pub mod static_link;
+mod track;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -169,17 +169,47 @@ fn a_fence_while_forming_joins_again_with_the_same_candidate_after_a_pause() {
     );
 }
 
-#[test]
-fn workers_that_cannot_start_are_killed_and_the_error_ends_the_agent() {
-    let mut t = T::new();
-    t.ev(Event::Formed(plan(1, 1, 0)));
+/// The workers of a formed generation could not start: a failure of this node.
+fn unstarted(t: &mut T) {
+    t.ev(Event::Formed(plan(1, 2, 0)));
     t.feed(Input::Verified(Checked::Use(None)));
     assert_eq!(
-        t.feed(Input::SpawnFailed),
+        t.feed(Input::SpawnFailed(
+            "cannot start worker: x not found".into()
+        )),
         vec![Effect::Stop(Signal::SIGKILL)]
     );
-    assert!(t.workers_gone(None).is_empty());
+    assert_eq!(
+        t.workers_gone(None),
+        vec![Effect::Send(Request::Failed {
+            generation: 1,
+            description: "cannot start worker: x not found (node n0)".into(),
+        })]
+    );
+}
+
+#[test]
+fn workers_that_cannot_start_are_reported_and_the_error_ends_the_agent() {
+    let mut t = T::new();
+    unstarted(&mut t);
+    let fx = t.ev(Event::FailureDecision {
+        restart: false,
+        restarts: restarts(0, &["generation 1: cannot start worker"]),
+    });
+    assert!(fx.is_empty(), "the loop prints its error: {fx:?}");
     assert_eq!(t.done(), Some(&End::Fatal));
+}
+
+#[test]
+fn workers_that_cannot_start_restart_with_budget_left() {
+    let mut t = T::new();
+    unstarted(&mut t);
+    let fx = t.ev(Event::FailureDecision {
+        restart: true,
+        restarts: restarts(1, &["generation 1: cannot start worker"]),
+    });
+    assert!(logged(&fx, "restarting the worker group"), "{fx:?}");
+    assert!(matches!(t.phase(), Phase::Forming { rejoin_at: None }));
 }
 
 #[test]

@@ -1,0 +1,217 @@
+//! Whether the gRPC link keeps trying to reach its rendezvous server ([`Reach`]): a pure
+//! function of the connection history and the instant, tested with synthetic instants.
+//!
+//! * **First connection.** Nodes start in any order (Kubernetes, Slurm) and the server, or the
+//!   agent hosting it, may come up later: like torchrun, the link waits up to the join timeout,
+//!   with one progress line every [`PROGRESS_EVERY`] (the first after [`QUIET`]), then gives up
+//!   with one line naming the endpoint and the fix.
+//! * **Later.** No server for a whole lease TTL means the lease must be taken as expired (a
+//!   fence); no server for longer than the join timeout ends the link.
+
+use std::time::Duration;
+
+use drun_rendezvous::human::duration as human;
+use tokio::time::Instant;
+
+use super::grpc::UNREACHABLE;
+
+/// How long a first connection may fail quietly (peers start at slightly different times).
+pub const QUIET: Duration = Duration::from_secs(2);
+/// How often a node still waiting for its first connection says so.
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// How long the link waits (from the session's configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `--rdzv-conf lease_ttl`: no server this long is a fence.
+    pub lease_ttl: Duration,
+    /// `--rdzv-conf join_timeout`: no server this long ends the link.
+    pub join_timeout: Duration,
+}
+
+/// What to do before the next connection attempt.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// The lease must be taken as expired: this fence line (the link forgets the lease).
+    pub fence: Option<String>,
+    /// A progress line to log.
+    pub progress: Option<String>,
+    /// The link ends with this error line (exit 3).
+    pub give_up: Option<String>,
+}
+
+/// The link's connection history.
+#[derive(Debug, Clone)]
+pub struct Reach {
+    started: Instant,
+    ever_connected: bool,
+    last_contact: Instant,
+    next_progress: Instant,
+    last_error: Option<String>,
+}
+
+impl Reach {
+    /// A link started at `now`, never connected.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            started: now,
+            ever_connected: false,
+            last_contact: now,
+            next_progress: now + QUIET,
+            last_error: None,
+        }
+    }
+
+    /// Whether a session stream was ever opened.
+    pub fn ever_connected(&self) -> bool {
+        self.ever_connected
+    }
+
+    /// The server answered at `now` (a session opened, an event, a keep-alive).
+    pub fn contact(&mut self, now: Instant) {
+        self.ever_connected = true;
+        self.last_contact = now;
+    }
+
+    /// An attempt failed: why, as the connection error says it.
+    pub fn failed(&mut self, why: &str) {
+        self.last_error = Some(short_reason(why));
+    }
+
+    /// The verdict at `now` (`leased`: the session holds a lease; `endpoints`: as tried).
+    pub fn check(&mut self, now: Instant, leased: bool, l: Limits, endpoints: &str) -> Verdict {
+        let mut v = Verdict::default();
+        let why = self.last_error.as_deref().unwrap_or("no answer");
+        if !self.ever_connected {
+            let waited = now.saturating_duration_since(self.started);
+            if waited >= l.join_timeout {
+                v.give_up = Some(format!(
+                    "cannot reach the rendezvous server at {endpoints} ({why}) within the join timeout of {}; start `drun-rendezvous serve` there (with the c10d/embedded backend: the agent on that host), check the address, or raise --rdzv-conf join_timeout=SECONDS",
+                    human(l.join_timeout)
+                ));
+            } else if now >= self.next_progress {
+                v.progress = Some(format!(
+                    "waiting for the rendezvous server at {endpoints}: {why}; giving up in {}",
+                    human(l.join_timeout - waited)
+                ));
+                while self.next_progress <= now {
+                    self.next_progress += PROGRESS_EVERY;
+                }
+            }
+            return v;
+        }
+        let gone = now.saturating_duration_since(self.last_contact);
+        if leased && gone > l.lease_ttl {
+            v.fence = Some(format!(
+                "{UNREACHABLE} for {} (TTL {}; tried {endpoints})",
+                human(gone),
+                human(l.lease_ttl),
+            ));
+        }
+        // A server gone for good must not keep the agent retrying forever: past the join
+        // timeout (the longest this node would wait for a group anyway) it is an error.
+        if gone > l.join_timeout.max(l.lease_ttl) {
+            v.give_up = Some(format!(
+                "lost the rendezvous server ({endpoints}) for {}; giving up",
+                human(gone)
+            ));
+        }
+        v
+    }
+}
+
+/// The last cause of a connection error chain, without the OS error number:
+/// `transport error: tcp connect error: Connection refused (os error 111)` →
+/// `connection refused`.
+pub fn short_reason(chain: &str) -> String {
+    let last = chain.rsplit(": ").next().unwrap_or(chain).trim();
+    let last = match last.rfind(" (os error ") {
+        Some(i) if last.ends_with(')') => &last[..i],
+        _ => last,
+    };
+    let mut c = last.chars();
+    match c.next() {
+        Some(f) if c.clone().next().is_some_and(char::is_lowercase) => {
+            f.to_lowercase().chain(c).collect()
+        }
+        _ => last.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: Limits = Limits {
+        lease_ttl: Duration::from_secs(30),
+        join_timeout: Duration::from_secs(600),
+    };
+    const EP: &str = "h:29400";
+
+    fn s(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn the_first_connection_waits_up_to_the_join_timeout_with_progress_every_10_s() {
+        let t0 = Instant::now();
+        let mut r = Reach::new(t0);
+        r.failed("transport error: tcp connect error: Connection refused (os error 111)");
+        assert_eq!(r.check(t0 + s(1), false, L, EP), Verdict::default());
+        let v = r.check(t0 + s(2), false, L, EP);
+        assert_eq!(
+            v.progress.as_deref(),
+            Some("waiting for the rendezvous server at h:29400: connection refused; giving up in 598 s")
+        );
+        assert_eq!(r.check(t0 + s(5), false, L, EP), Verdict::default());
+        let v = r.check(t0 + s(12), false, L, EP);
+        assert!(v.progress.unwrap().ends_with("giving up in 588 s"));
+        // A long attempt skips the lines it missed: one line, not a burst.
+        assert!(r.check(t0 + s(45), false, L, EP).progress.is_some());
+        assert_eq!(r.check(t0 + s(50), false, L, EP), Verdict::default());
+        assert!(r.check(t0 + s(599), false, L, EP).give_up.is_none());
+        let v = r.check(t0 + s(600), false, L, EP);
+        let line = v.give_up.expect("gives up at the join timeout");
+        assert!(
+            line.starts_with("cannot reach the rendezvous server at h:29400 (connection refused) within the join timeout of 600 s;"),
+            "{line}"
+        );
+        assert!(line.contains("join_timeout="), "{line}");
+    }
+
+    #[test]
+    fn after_a_connection_a_ttl_without_server_fences_and_the_join_timeout_ends() {
+        let t0 = Instant::now();
+        let mut r = Reach::new(t0);
+        r.contact(t0 + s(1));
+        r.contact(t0 + s(700));
+        assert_eq!(r.check(t0 + s(730), true, L, EP), Verdict::default());
+        let v = r.check(t0 + s(731), true, L, EP);
+        assert!(v.fence.unwrap().starts_with(UNREACHABLE));
+        assert!(v.give_up.is_none());
+        assert!(
+            r.check(t0 + s(731), false, L, EP).fence.is_none(),
+            "no lease"
+        );
+        let v = r.check(t0 + s(1301), false, L, EP);
+        assert!(v
+            .give_up
+            .unwrap()
+            .starts_with("lost the rendezvous server (h:29400)"));
+    }
+
+    #[test]
+    fn the_reason_is_the_last_cause_in_plain_words() {
+        assert_eq!(
+            short_reason("transport error: tcp connect error: Connection refused (os error 111)"),
+            "connection refused"
+        );
+        assert_eq!(
+            short_reason(
+                "dns error: failed to lookup address information: Name or service not known"
+            ),
+            "name or service not known"
+        );
+        assert_eq!(short_reason("HTTP/2 error"), "HTTP/2 error");
+    }
+}

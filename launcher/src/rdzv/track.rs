@@ -1,0 +1,182 @@
+//! What a reconnect of the gRPC link must restore ([`Track`]): a pure function of the traffic.
+
+use drun_rendezvous::session::{Event, Request};
+use drun_rendezvous::Join;
+
+/// What a reconnect must restore: the session's lease and generation, the pending Join, the
+/// success and the commits not answered yet. Updated by [`Track::sent`] and
+/// [`Track::received`], pure functions of the traffic.
+#[derive(Default, Debug)]
+pub(super) struct Track {
+    pub lease: Option<i64>,
+    pub generation: u64,
+    pub waiting: Option<Join>,
+    /// The `after` generation of the pending Join.
+    after: u64,
+    succeeded: Option<u64>,
+    /// Commits sent and not answered yet.
+    commits: Vec<Request>,
+}
+
+impl Track {
+    /// Records a request sent to the server.
+    pub fn sent(&mut self, req: &Request) {
+        match req {
+            Request::Join(c, after) => {
+                self.waiting = Some(c.clone());
+                self.after = *after;
+                self.generation = 0;
+                self.succeeded = None;
+            }
+            Request::Succeeded(g) => self.succeeded = Some(*g),
+            Request::Commit { .. } => self.commits.push(req.clone()),
+            _ => {}
+        }
+    }
+
+    /// Records an event received from the server.
+    pub fn received(&mut self, ev: &Event) {
+        match ev {
+            Event::Opened { lease } => self.lease = Some(*lease),
+            Event::Formed(p) => {
+                self.generation = p.generation;
+                self.waiting = None;
+            }
+            Event::Reform { .. } => {
+                self.generation = 0;
+                self.commits.clear();
+            }
+            Event::Committed {
+                generation, step, ..
+            } => self.commits.retain(|c| {
+                !matches!(c, Request::Commit { commit, .. }
+                    if commit.generation == *generation && commit.step == *step)
+            }),
+            Event::Fenced(_) => *self = Track::default(),
+            _ => {}
+        }
+    }
+
+    /// What to send on a new stream after the Hello: the pending Join (when there is no lease
+    /// to resume it with), the success, and the unanswered commits (recording them again is
+    /// idempotent).
+    pub fn replay(&self) -> Vec<Request> {
+        let mut out = Vec::new();
+        if let Some(c) = self.waiting.clone().filter(|_| self.lease.is_none()) {
+            out.push(Request::Join(c, self.after));
+        }
+        if self.lease.is_some() {
+            out.extend(self.succeeded.map(Request::Succeeded));
+            out.extend(self.commits.iter().cloned());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drun_rendezvous::ledger::{NodeCommit, Retention};
+    use drun_rendezvous::{assign, Candidate};
+
+    fn join(node: &str) -> Join {
+        Candidate {
+            node_id: node.into(),
+            advertise_addr: "127.0.0.1".into(),
+            slots: 1,
+            requested_node_rank: None,
+            master_port: 29500,
+        }
+        .into()
+    }
+
+    fn commit(generation: u64, step: u64) -> Request {
+        Request::Commit {
+            commit: NodeCommit {
+                node_id: "a".into(),
+                generation,
+                step,
+                ranks: vec![0],
+                cursor: Default::default(),
+                files: vec![],
+            },
+            retention: Retention::default(),
+        }
+    }
+
+    fn formed(generation: u64) -> Event {
+        let Join { candidate, .. } = join("a");
+        Event::Formed(assign("run", generation, &[candidate], 0, 0).unwrap())
+    }
+
+    #[test]
+    fn a_join_without_a_lease_is_replayed_on_the_next_stream() {
+        let mut t = Track::default();
+        t.sent(&Request::Join(join("a"), 3));
+        assert_eq!(t.replay(), vec![Request::Join(join("a"), 3)]);
+    }
+
+    #[test]
+    fn with_a_lease_the_join_rides_on_the_hello_not_the_replay() {
+        let mut t = Track::default();
+        t.received(&Event::Opened { lease: 7 });
+        t.sent(&Request::Join(join("a"), 0));
+        assert!(t.replay().is_empty());
+        assert_eq!(t.waiting, Some(join("a")));
+    }
+
+    #[test]
+    fn formed_records_the_generation_and_ends_the_wait() {
+        let mut t = Track::default();
+        t.sent(&Request::Join(join("a"), 0));
+        t.received(&formed(4));
+        assert_eq!((t.generation, t.waiting.is_none()), (4, true));
+    }
+
+    #[test]
+    fn success_and_unanswered_commits_are_replayed_under_a_lease() {
+        let mut t = Track::default();
+        t.received(&Event::Opened { lease: 1 });
+        t.sent(&commit(2, 10));
+        t.sent(&commit(2, 20));
+        t.sent(&Request::Succeeded(2));
+        t.received(&Event::Committed {
+            generation: 2,
+            step: 10,
+            result: Err("refused".into()),
+        });
+        assert_eq!(t.replay(), vec![Request::Succeeded(2), commit(2, 20)]);
+    }
+
+    #[test]
+    fn a_reform_drops_the_commits_and_the_generation() {
+        let mut t = Track::default();
+        t.received(&Event::Opened { lease: 1 });
+        t.received(&formed(2));
+        t.sent(&commit(2, 10));
+        t.received(&Event::Reform {
+            generation: 2,
+            reason: "node b lost".into(),
+        });
+        assert_eq!((t.generation, t.commits.len()), (0, 0));
+    }
+
+    #[test]
+    fn a_new_join_forgets_the_last_success() {
+        let mut t = Track::default();
+        t.received(&Event::Opened { lease: 1 });
+        t.sent(&Request::Succeeded(2));
+        t.sent(&Request::Join(join("a"), 2));
+        assert_eq!(t.succeeded, None);
+    }
+
+    #[test]
+    fn a_fence_forgets_the_lease_and_everything_with_it() {
+        let mut t = Track::default();
+        t.received(&Event::Opened { lease: 1 });
+        t.received(&formed(3));
+        t.sent(&commit(3, 5));
+        t.received(&Event::Fenced("lease expired".into()));
+        assert_eq!((t.lease, t.generation, t.commits.len()), (None, 0, 0));
+    }
+}
