@@ -294,12 +294,17 @@ async fn one_size(n: usize, window: Duration) {
         pct(1.0)
     );
     println!(
-        "        server {:.3} cores, etcd {:.3} cores, server RSS {:.1} MiB = {:.1} KiB per agent; {:.0} etcd requests/s",
+        "        server {:.3} cores, etcd {:.3} cores, server RSS {:.1} MiB = {:.1} KiB per agent; {:.0} etcd requests/s ({})",
         (s1 - s0).as_secs_f64() / secs,
         (e1 - e0).as_secs_f64() / secs,
         rss as f64 / 1024.0,
         rss as f64 / n as f64,
         delta(&steady, &formed).values().sum::<f64>() / secs,
+        delta(&steady, &formed)
+            .iter()
+            .map(|(k, v)| format!("{k} {:.0}/s", v / secs))
+            .collect::<Vec<_>>()
+            .join(", "),
     );
 
     let lost = (n / 100).max(1);

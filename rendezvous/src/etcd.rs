@@ -65,7 +65,7 @@ impl std::fmt::Debug for EtcdStore {
 fn to_kv(kv: &etcd::KeyValue) -> KeyValue {
     KeyValue {
         key: String::from_utf8_lossy(kv.key()).into_owned(),
-        value: kv.value().to_vec(),
+        value: bytes::Bytes::copy_from_slice(kv.value()),
         create_revision: kv.create_revision(),
         mod_revision: kv.mod_revision(),
         lease: (kv.lease() != 0).then_some(kv.lease()),

@@ -243,7 +243,7 @@ mod tests {
     fn kv(v: &str) -> KeyValue {
         KeyValue {
             key: format!("p/{v}"),
-            value: v.as_bytes().to_vec(),
+            value: v.as_bytes().to_vec().into(),
             create_revision: 1,
             mod_revision: 1,
             lease: None,
@@ -296,14 +296,14 @@ mod tests {
             .collect();
         go.notify_one();
         let v = first.await.unwrap().unwrap().unwrap();
-        assert_eq!(v.value, b"read 1");
+        assert_eq!(&v.value[..], b"read 1");
         until("the second read started", || {
             calls.load(Ordering::SeqCst) >= 2
         })
         .await;
         go.notify_one();
         for h in later {
-            assert_eq!(h.await.unwrap().unwrap().unwrap().value, b"read 2");
+            assert_eq!(&h.await.unwrap().unwrap().unwrap().value[..], b"read 2");
         }
         assert_eq!(calls.load(Ordering::SeqCst), 2);
     }
@@ -383,7 +383,7 @@ mod hub_tests {
     fn put(key: &str) -> WatchEvent {
         WatchEvent::Put(KeyValue {
             key: key.into(),
-            value: vec![],
+            value: bytes::Bytes::new(),
             create_revision: 1,
             mod_revision: 1,
             lease: None,

@@ -92,7 +92,7 @@ impl State {
 
     fn holds(&self, c: &Compare) -> bool {
         match c {
-            Compare::ValueEquals(k, v) => self.kv.get(k).is_some_and(|kv| &kv.value == v),
+            Compare::ValueEquals(k, v) => self.kv.get(k).is_some_and(|kv| kv.value == v),
             Compare::ModRevisionEquals(k, rev) => {
                 self.kv.get(k).map_or(0, |kv| kv.mod_revision) == *rev
             }
@@ -115,7 +115,7 @@ impl State {
                     .map_or(self.revision, |kv| kv.create_revision);
                 let kv = KeyValue {
                     key: key.clone(),
-                    value,
+                    value: value.into(),
                     create_revision,
                     mod_revision: self.revision,
                     lease,
@@ -297,8 +297,8 @@ mod tests {
             .await
             .unwrap();
         assert!(!lost.succeeded);
-        assert_eq!(s.get("/a").await.unwrap().unwrap().value, b"2");
-        assert_eq!(s.get("/b").await.unwrap().unwrap().value, b"x");
+        assert_eq!(&s.get("/a").await.unwrap().unwrap().value[..], b"2");
+        assert_eq!(&s.get("/b").await.unwrap().unwrap().value[..], b"x");
 
         let won = s
             .txn(Txn {

@@ -17,9 +17,10 @@
 //! A set that cannot be ranked at all ([`formable`]: no worker slots on a node, a world size
 //! beyond `u32`) is refused by the decision core before a plan is attempted.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
+
+mod members;
+pub use members::Members;
 
 use crate::ledger::Manifest;
 use crate::{Candidate, RendezvousError};
@@ -48,7 +49,7 @@ pub struct Plan {
     pub generation: u64,
     /// Members in node-rank order. Shared: a server holds one copy of a thousand-node plan
     /// for all the sessions of its generation, not one each.
-    pub members: Arc<[Member]>,
+    pub members: Members,
     /// Sum of all slots (WORLD_SIZE).
     pub world_size: u32,
     /// Node rank 0's advertised address.
@@ -91,7 +92,7 @@ fn is_zero(n: &u32) -> bool {
 impl Plan {
     /// This node's entry, if it is a member.
     pub fn member(&self, node_id: &str) -> Option<&Member> {
-        self.members.iter().find(|m| m.node_id == node_id)
+        self.members.position(node_id).map(|i| &self.members[i])
     }
 
     /// The number of nodes of the generation (GROUP_WORLD_SIZE).
@@ -298,6 +299,12 @@ mod tests {
         // Through the wire and back, the count survives.
         let back: Plan = drun_proto::v1::Plan::from(&sent).into();
         assert_eq!(back, sent);
+        // The lookup index changes nothing a plan compares or serializes as.
+        let json = serde_json::to_string(&plan).unwrap();
+        let fresh: Plan = serde_json::from_str(&json).unwrap();
+        assert_eq!(fresh, plan);
+        assert_eq!(plan.members.position("n064"), Some(64));
+        assert_eq!(plan.members.position("nobody"), None);
         // A small plan goes whole.
         let small = assign("r", 1, &nodes[..3], 0, 0).unwrap();
         assert_eq!(small.for_node("n001"), small);

@@ -46,7 +46,7 @@ pub fn decode<T: DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, StoreEr
 }
 
 /// Plans decoded lately, newest last: (key, stored bytes, plan).
-type PlanCache = Vec<(String, Vec<u8>, Plan)>;
+type PlanCache = Vec<(String, bytes::Bytes, Plan)>;
 
 /// How many decoded plans [`decode_plan`] keeps.
 const PLANS_KEPT: usize = 8;
@@ -55,13 +55,16 @@ const PLANS_KEPT: usize = 8;
 /// very same bytes (a clone of a [`Plan`] shares its member list). A server's sessions all read
 /// one plan at a formation; decoding a 1,024-member plan a thousand times was most of a
 /// formation's CPU.
-pub fn decode_plan(key: &str, value: &[u8]) -> Result<Plan, StoreError> {
+pub fn decode_plan(key: &str, value: &bytes::Bytes) -> Result<Plan, StoreError> {
     static PLANS: std::sync::Mutex<PlanCache> = std::sync::Mutex::new(Vec::new());
     if let Some((_, _, plan)) = PLANS
         .lock()
         .expect("plan cache poisoned")
         .iter()
-        .find(|(k, v, _)| k == key && v == value)
+        // The same buffer (a read shared by many sessions) needs no byte comparison.
+        .find(|(k, v, _)| {
+            k == key && ((v.as_ptr() == value.as_ptr() && v.len() == value.len()) || v == value)
+        })
     {
         return Ok(plan.clone());
     }
@@ -70,7 +73,7 @@ pub fn decode_plan(key: &str, value: &[u8]) -> Result<Plan, StoreError> {
     if plans.len() >= PLANS_KEPT {
         plans.remove(0);
     }
-    plans.push((key.to_string(), value.to_vec(), plan.clone()));
+    plans.push((key.to_string(), value.clone(), plan.clone()));
     Ok(plan)
 }
 

@@ -156,7 +156,7 @@ pub(crate) fn classify(keys: &RunKeys, g: u64, ev: WatchEvent) -> Result<Input, 
     Ok(match ev {
         WatchEvent::Put(kv) if kv.key == keys.closed(g) => Input::Closed(kv.value_str()),
         WatchEvent::Put(kv) if kv.key == keys.preempt(g) || kv.key == keys.scale_up_save(g) => {
-            Input::SaveRequest(kv.value)
+            Input::SaveRequest(kv.value.to_vec())
         }
         WatchEvent::Put(kv) if kv.key == keys.ckpt_latest() => Input::Sealed(kv.value_str()),
         WatchEvent::Put(kv) if kv.key == keys.finished() => Input::Finished(
@@ -400,7 +400,7 @@ pub(crate) fn watches_newcomers(plan: &Plan, node: &str, rules: &Rules) -> bool 
 /// The node after `node` in node-rank order (wrapping), if the group has another node.
 pub(crate) fn successor(plan: &Plan, node: &str) -> Option<String> {
     let n = plan.members.len();
-    let i = plan.members.iter().position(|m| m.node_id == node)?;
+    let i = plan.members.position(node)?;
     (n > 1).then(|| plan.members[(i + 1) % n].node_id.clone())
 }
 

@@ -138,7 +138,7 @@ fn duplicate_joins_are_ignored() {
 fn put(key: String, value: &str) -> WatchEvent {
     WatchEvent::Put(KeyValue {
         key,
-        value: value.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec().into(),
         create_revision: 1,
         mod_revision: 1,
         lease: None,

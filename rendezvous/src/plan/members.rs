@@ -1,0 +1,84 @@
+//! [`Members`]: a plan's member list, shared between clones, with a lookup by node id.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use serde::{Deserialize, Serialize};
+
+use super::Member;
+
+/// A plan's member list in node-rank order, shared by every clone of the plan, with a lookup by
+/// node id built once on first use (a server's thousand sessions each look themselves up in one
+/// thousand-member plan). Compares, prints and serializes as the plain list.
+#[derive(Clone, Default)]
+pub struct Members {
+    list: Arc<[Member]>,
+    by_id: Arc<OnceLock<HashMap<String, usize>>>,
+}
+
+impl Members {
+    /// The index of `node_id` in node-rank order, if it is a member.
+    pub fn position(&self, node_id: &str) -> Option<usize> {
+        if self.list.len() <= 8 {
+            return self.list.iter().position(|m| m.node_id == node_id);
+        }
+        self.by_id
+            .get_or_init(|| {
+                self.list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| (m.node_id.clone(), i))
+                    .collect()
+            })
+            .get(node_id)
+            .copied()
+    }
+}
+
+impl std::ops::Deref for Members {
+    type Target = [Member];
+    fn deref(&self) -> &[Member] {
+        &self.list
+    }
+}
+
+impl PartialEq for Members {
+    fn eq(&self, other: &Self) -> bool {
+        self.list == other.list
+    }
+}
+
+impl Eq for Members {}
+
+impl std::fmt::Debug for Members {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.list.fmt(f)
+    }
+}
+
+impl From<Vec<Member>> for Members {
+    fn from(v: Vec<Member>) -> Self {
+        Members {
+            list: v.into(),
+            by_id: Arc::default(),
+        }
+    }
+}
+
+impl FromIterator<Member> for Members {
+    fn from_iter<I: IntoIterator<Item = Member>>(iter: I) -> Self {
+        iter.into_iter().collect::<Vec<_>>().into()
+    }
+}
+
+impl Serialize for Members {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.list.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Vec::<Member>::deserialize(d).map(Into::into)
+    }
+}
