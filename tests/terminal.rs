@@ -107,3 +107,49 @@ fn under_nohup_a_hang_up_leaves_the_run_going() {
         );
     }
 }
+
+/// The state letter of process `pid` (`/proc/<pid>/stat`: R, S, T for stopped, ...).
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+#[test]
+fn ctrl_z_stops_the_workers_with_the_agent_and_fg_resumes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.args(["--standalone", "--nproc-per-node", "2"])
+        .arg(worker("terminal.py"))
+        .arg("hup")
+        .arg(dir.path())
+        .process_group(0);
+    let agent = Agent::start(c);
+    wait_for("both workers ready", Duration::from_secs(30), || {
+        ready_pid(dir.path(), 0).is_some() && ready_pid(dir.path(), 1).is_some()
+    });
+    let workers: Vec<i32> = (0..2).map(|r| ready_pid(dir.path(), r).unwrap()).collect();
+    let group = Pid::from_raw(agent.pid());
+    // Ctrl-Z: the terminal sends SIGTSTP to the foreground process group (the agent's; the
+    // workers run in sessions of their own).
+    killpg(group, Signal::SIGTSTP).unwrap();
+    wait_for("workers and agent stopped", Duration::from_secs(10), || {
+        workers.iter().all(|&p| proc_state(p) == Some('T')) && proc_state(agent.pid()) == Some('T')
+    });
+    // fg: the shell sends SIGCONT to the job's process group.
+    killpg(group, Signal::SIGCONT).unwrap();
+    wait_for("workers running again", Duration::from_secs(10), || {
+        workers
+            .iter()
+            .all(|&p| proc_state(p).is_some_and(|s| s != 'T'))
+    });
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let (code, out, err) = agent.wait(Duration::from_secs(30));
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        err.contains("suspended (SIGTSTP)") || out.contains("suspended (SIGTSTP)"),
+        "{err}"
+    );
+    for r in 0..2 {
+        assert!(out.contains(&format!("rank{r} still here")), "{out}");
+    }
+}

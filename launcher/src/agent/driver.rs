@@ -254,6 +254,10 @@ impl Agent {
                     g.signal_running(sig);
                 }
             }
+            Effect::SuspendSelf => {
+                // Continued by SIGCONT (fg, bg, kill -CONT), which the agent then relays.
+                let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+            }
             Effect::Stop(sig) => self.stop(sig, w),
             Effect::Kill => {
                 if let Some(g) = &w.group {

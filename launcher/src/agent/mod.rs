@@ -35,7 +35,7 @@ mod world;
 pub use state::{Effect, Input, Machine, Phase};
 pub use step::step;
 
-use state::RELAYED;
+use state::{JOB_CONTROL, RELAYED};
 
 /// Runs a validated launch to its end and returns the exit status. Errors are printed as one
 /// line on stderr.
@@ -104,6 +104,7 @@ impl Agent {
         let (tx, signals) = mpsc::unbounded_channel();
         let mut wanted: Vec<Signal> = cfg.signals.clone();
         wanted.extend(RELAYED);
+        wanted.extend(JOB_CONTROL);
         wanted.push(cfg.preempt_signal);
         wanted.sort_by_key(|s| *s as i32);
         wanted.dedup();

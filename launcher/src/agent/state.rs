@@ -23,6 +23,12 @@ pub const REJOIN_PAUSE: Duration = Duration::from_millis(200);
 /// Signals relayed to workers without tearing anything down.
 pub const RELAYED: [Signal; 2] = [Signal::SIGUSR1, Signal::SIGUSR2];
 
+/// Job control: Ctrl-Z (SIGTSTP) stops the workers, then the agent; `fg`/`bg` (SIGCONT, which
+/// the shell sends to the agent's process group only) resumes them. Workers run in sessions of
+/// their own, so without this the terminal would stop the agent alone — torchrun's workers share
+/// its process group and stop with it.
+pub const JOB_CONTROL: [Signal; 2] = [Signal::SIGTSTP, Signal::SIGCONT];
+
 /// What the transitions need to know about the launch (plain values: tests build them).
 #[derive(Debug, Clone)]
 pub struct Params {
@@ -319,6 +325,8 @@ pub enum Effect {
     Spawn(Option<PathBuf>),
     /// Send the signal to every running worker.
     Relay(Signal),
+    /// Stop the agent itself (SIGSTOP), after its workers were stopped.
+    SuspendSelf,
     /// Mark the group stopping and send it the signal (the ledger closes).
     Stop(Signal),
     /// SIGKILL every worker still running.

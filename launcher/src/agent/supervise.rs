@@ -6,11 +6,16 @@ use nix::sys::signal::Signal;
 
 use super::failure;
 use super::state::{
-    Effect, Ending, Level, Machine, Phase, StopStage, Stopping, Then, Workers, KILL_WAIT, RELAYED,
+    Effect, Ending, Level, Machine, Phase, StopStage, Stopping, Then, Workers, JOB_CONTROL,
+    KILL_WAIT, RELAYED,
 };
 use super::step::{preempted, rejoin, run_ended, signal_exit, stop, Cx};
 
 pub(super) fn on_signal(m: &mut Machine, phase: Phase, sig: Signal, cx: &mut Cx<'_>) -> Phase {
+    if JOB_CONTROL.contains(&sig) {
+        job_control(sig, cx);
+        return phase;
+    }
     match phase {
         Phase::Running { plan, .. }
             if !RELAYED.contains(&sig) && Some(sig) != cx.p.preempt_signal =>
@@ -254,5 +259,24 @@ pub(super) fn on_stopped(
         }
         Then::ReportUnstarted(d) => failure::report(plan, d, Ending::Fatal, cx),
         _ => rejoin(m, cx),
+    }
+}
+
+/// Ctrl-Z (SIGTSTP) stops the workers (SIGSTOP) and then the agent; SIGCONT (`fg`, `bg`) resumes the workers. In
+/// any phase: a relay to no running worker does nothing.
+fn job_control(sig: Signal, cx: &mut Cx<'_>) {
+    if sig == Signal::SIGTSTP {
+        cx.log(
+            Level::Info,
+            None,
+            "suspended (SIGTSTP): workers and agent stopped; fg or SIGCONT resumes them",
+        );
+        // SIGSTOP, not SIGTSTP: each worker leads a session of its own, an orphaned process
+        // group to which the kernel does not deliver the terminal's stop signals.
+        cx.fx.push(Effect::Relay(Signal::SIGSTOP));
+        cx.fx.push(Effect::SuspendSelf);
+    } else {
+        cx.log(Level::Info, None, "resumed (SIGCONT): workers continue");
+        cx.fx.push(Effect::Relay(Signal::SIGCONT));
     }
 }

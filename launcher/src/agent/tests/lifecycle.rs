@@ -120,6 +120,27 @@ fn usr1_and_usr2_are_relayed_and_never_tear_down() {
 }
 
 #[test]
+fn ctrl_z_stops_the_workers_then_the_agent_and_sigcont_resumes_them() {
+    let mut t = T::running(1, 1);
+    let fx = t.feed(Input::Signal(Signal::SIGTSTP));
+    let tail: Vec<_> = fx.iter().rev().take(2).rev().cloned().collect();
+    assert_eq!(
+        tail,
+        vec![Effect::Relay(Signal::SIGSTOP), Effect::SuspendSelf]
+    );
+    assert!(logged(&fx, "suspended (SIGTSTP)"));
+    let fx = t.feed(Input::Signal(Signal::SIGCONT));
+    assert_eq!(fx.last(), Some(&Effect::Relay(Signal::SIGCONT)));
+    // Neither tears anything down.
+    assert!(matches!(t.phase(), Phase::Running { .. }));
+    // While forming, the agent still stops itself (nothing to relay to).
+    let mut t = T::new();
+    let fx = t.feed(Input::Signal(Signal::SIGTSTP));
+    assert_eq!(fx.last(), Some(&Effect::SuspendSelf));
+    assert!(matches!(t.phase(), Phase::Forming { .. }));
+}
+
+#[test]
 fn a_signal_while_forming_exits_at_once() {
     let mut t = T::new();
     assert!(t.feed(Input::Signal(Signal::SIGINT)).is_empty());
