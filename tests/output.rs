@@ -77,3 +77,27 @@ fn the_last_call_countdown_is_one_line() {
         "one line per state change, not one per second:\n{err}"
     );
 }
+
+#[test]
+fn a_line_longer_than_one_console_write_stays_one_prefixed_line() {
+    let mut c = crate::harness::drun();
+    c.args([
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "--no-python",
+        "python3",
+        "-c",
+    ])
+    .arg("import sys; sys.stdout.write('x' * 2_500_000 + '\\ndone\\n')");
+    let (code, out, err) = crate::harness::run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "stderr:\n{err}");
+    let xs: Vec<&str> = out.lines().filter(|l| l.contains("xxx")).collect();
+    assert_eq!(xs.len(), 1, "one console line, not pieces");
+    assert_eq!(xs[0], format!("[rank0]:{}", "x".repeat(2_500_000)));
+    assert!(
+        out.lines().any(|l| l == "[rank0]:done"),
+        "{}",
+        &out[out.len().saturating_sub(200)..]
+    );
+}
