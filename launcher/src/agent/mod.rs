@@ -89,6 +89,9 @@ struct Agent {
     /// Why the `--ckpt-resume-from` checkpoint could not be read at the last join, if it could
     /// not.
     adoption_failed: Option<String>,
+    /// This node's environment fingerprint, sent with every Join (collected once at start;
+    /// empty for a one-node group, which has nobody to compare with).
+    fingerprint: drun_rendezvous::envcheck::Fingerprint,
 }
 
 impl Agent {
@@ -175,6 +178,7 @@ impl Agent {
             api,
             api_rx,
             adoption_failed: None,
+            fingerprint: Default::default(),
             inherited: std::env::vars_os().collect(),
             cfg,
             os,

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use super::state::KILL_WAIT;
 use super::Agent;
 use crate::ckpt::resume;
+use crate::fingerprint;
 use crate::group::WorkerGroup;
 use crate::os::ports;
 use crate::rdzv;
@@ -53,6 +54,7 @@ impl Agent {
                 human(t.keep_alive_interval)
             );
         }
+        self.collect_fingerprint().await;
         let mut link = rdzv::open(&self.cfg, session).await?;
         let result = self.drive(&mut link).await;
         if !matches!(result, Ok(AgentExit::Success | AgentExit::WorkerFailure)) {
@@ -67,6 +69,33 @@ impl Agent {
             h.shutdown().await;
         }
         result
+    }
+
+    /// Collects this node's fingerprint for the environment check, unless the group can only
+    /// ever be this one node (nothing to compare). Collected with `--env-check off` too: the
+    /// strictest setting among the nodes wins, and a launch-config mismatch is refused whatever
+    /// the setting.
+    async fn collect_fingerprint(&mut self) {
+        if self.cfg.max_nodes <= 1 || matches!(self.cfg.rendezvous, RendezvousMode::Static { .. })
+        {
+            return;
+        }
+        let cfg = self.cfg.clone();
+        let env: std::collections::BTreeMap<String, String> = self
+            .inherited
+            .iter()
+            .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v.to_str()?.to_string())))
+            .collect();
+        let started = std::time::Instant::now();
+        let collected = tokio::task::spawn_blocking(move || fingerprint::collect(&cfg, &env))
+            .await
+            .unwrap_or_default();
+        tracing::debug!(
+            keys = collected.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "environment fingerprint collected"
+        );
+        self.fingerprint = collected;
     }
 
     /// False inside a Slurm job that is not a requeued one (job ids are reused).
@@ -107,6 +136,8 @@ impl Agent {
                 },
                 &mut self.adoption_failed,
             ),
+            fingerprint: self.fingerprint.clone(),
+            env_check: Some(self.cfg.env_check),
         }
     }
 

@@ -9,6 +9,7 @@ use super::timing::{parse_rdzv_conf, seconds, shutdown_timeout, unused_conf_note
 use super::unsupported::refuse_unsupported;
 use super::{invalid, Host, LaunchConfig};
 use crate::slurm::{self, SlurmMode};
+use drun_rendezvous::envcheck::EnvCheck;
 use crate::std_spec::StdSpec;
 use crate::worker_store::WorkerStoreMode;
 use crate::{Args, ConfigError};
@@ -116,5 +117,13 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         on_preempt: a.on_preempt,
         preempt_signal,
         requeue: a.requeue,
+        env_check: EnvCheck::parse(&a.env_check).ok_or_else(|| {
+            invalid(
+                "--env-check",
+                a.env_check.clone(),
+                "expected off, warn or strict",
+            )
+        })?,
+        fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
     })
 }

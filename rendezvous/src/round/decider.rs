@@ -4,6 +4,7 @@ use tokio::time::Instant;
 
 use super::Round;
 use crate::core::{FailCause, RoundView, RunningGeneration};
+use crate::envcheck::{self, Report, Verdict};
 use crate::ledger::{Ledger, Manifest};
 use crate::run_state;
 use crate::store::{Compare, Op, Txn};
@@ -76,7 +77,15 @@ impl Round {
             }),
             Decision::Form {
                 admitted, reason, ..
-            } => self.form(g, rev, &admitted, &joins, reason).await,
+            } => match env_verdict(&admitted, &joins) {
+                Verdict::Refuse(why) => Ok(Step::Failed {
+                    reason: why,
+                    cause: FailCause::Unformable,
+                    nodes: view.candidates.iter().map(|c| c.node_id.clone()).collect(),
+                }),
+                Verdict::Warn(table) => self.form(g, rev, &admitted, &joins, reason, Some(table)).await,
+                Verdict::Consistent => self.form(g, rev, &admitted, &joins, reason, None).await,
+            },
         }
     }
 
@@ -113,6 +122,7 @@ impl Round {
         admitted: &[Candidate],
         joins: &[Join],
         reason: String,
+        env_table: Option<String>,
     ) -> Result<Step, RendezvousError> {
         let (restarts, _) = self.read_restarts().await?;
         let mut plan = assign(
@@ -140,6 +150,7 @@ impl Round {
         let resume = ledger.resume_point(&hints).await?;
         plan.resume = resume.manifest.clone();
         plan.formed_because = reason.clone();
+        plan.notes.extend(env_table);
         // Constant size whatever the node count (etcd allows 128 ops per txn): admitted nodes
         // find themselves in the plan and write their own membership keys.
         let mut ops = vec![
@@ -170,6 +181,21 @@ impl Round {
             Ok(_) => Ok(Step::Retry),
         }
     }
+}
+
+/// The environment check of the admitted set (pure; see [`crate::envcheck`]): each admitted
+/// node's fingerprint is the one its join carries.
+fn env_verdict(admitted: &[Candidate], joins: &[Join]) -> Verdict {
+    let reports: Vec<Report<'_>> = admitted
+        .iter()
+        .filter_map(|c| joins.iter().find(|j| j.candidate.node_id == c.node_id))
+        .map(|j| Report {
+            node_id: &j.candidate.node_id,
+            fingerprint: &j.fingerprint,
+            env_check: j.env_check,
+        })
+        .collect();
+    envcheck::verdict(&reports)
 }
 
 /// One step of the decider.
