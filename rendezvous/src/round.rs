@@ -521,4 +521,7 @@ use decider::Step;
 mod verdict;
 
 #[cfg(test)]
+mod envcheck_tests;
+
+#[cfg(test)]
 mod tests;
