@@ -99,9 +99,18 @@ fn warn_prints_one_table_of_the_differing_keys() {
     let lines: Vec<&str> = t.lines().collect();
     assert!(lines[0].contains("differ in 2 key(s)"), "{t}");
     assert_eq!(lines.len(), 6, "{t}");
-    assert!(lines[2].contains("fingerprint-cmd") && lines[2].ends_with("a, c"), "{t}");
-    assert!(lines[3].contains("sha256:img2") && lines[3].ends_with(" b"), "{t}");
-    assert!(lines[5].contains("2.4.0") && lines[5].ends_with("a, b"), "{t}");
+    assert!(
+        lines[2].contains("fingerprint-cmd") && lines[2].ends_with("a, c"),
+        "{t}"
+    );
+    assert!(
+        lines[3].contains("sha256:img2") && lines[3].ends_with(" b"),
+        "{t}"
+    );
+    assert!(
+        lines[5].contains("2.4.0") && lines[5].ends_with("a, b"),
+        "{t}"
+    );
     // Keys that agree are not listed.
     assert!(!t.contains("drun"), "{t}");
 }
@@ -153,7 +162,10 @@ fn members_without_a_fingerprint_are_left_out() {
 #[test]
 fn long_values_are_cut() {
     let long = "x".repeat(200);
-    let nodes = [("a", base(), WARN), ("b", with(base(), "torch", &long), WARN)];
+    let nodes = [
+        ("a", base(), WARN),
+        ("b", with(base(), "torch", &long), WARN),
+    ];
     let Verdict::Warn(t) = verdict(&reports(&nodes)) else {
         panic!();
     };

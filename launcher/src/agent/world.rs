@@ -76,8 +76,7 @@ impl Agent {
     /// strictest setting among the nodes wins, and a launch-config mismatch is refused whatever
     /// the setting.
     async fn collect_fingerprint(&mut self) {
-        if self.cfg.max_nodes <= 1 || matches!(self.cfg.rendezvous, RendezvousMode::Static { .. })
-        {
+        if self.cfg.max_nodes <= 1 || matches!(self.cfg.rendezvous, RendezvousMode::Static { .. }) {
             return;
         }
         let cfg = self.cfg.clone();

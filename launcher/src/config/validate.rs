@@ -9,10 +9,10 @@ use super::timing::{parse_rdzv_conf, seconds, shutdown_timeout, unused_conf_note
 use super::unsupported::refuse_unsupported;
 use super::{invalid, Host, LaunchConfig};
 use crate::slurm::{self, SlurmMode};
-use drun_rendezvous::envcheck::EnvCheck;
 use crate::std_spec::StdSpec;
 use crate::worker_store::WorkerStoreMode;
 use crate::{Args, ConfigError};
+use drun_rendezvous::envcheck::EnvCheck;
 
 /// Validates the command line against what was read from the host. Touches nothing: no
 /// filesystem, no environment, no clock, no randomness (all of those come in `host`). Inside

@@ -105,7 +105,12 @@ fn cache_file(dir: &Path, python: &Path, env: &BTreeMap<String, String>) -> Opti
     let mut h = Sha256::new();
     h.update(python.as_os_str().as_encoded_bytes());
     h.update(mtime(python)?.to_le_bytes());
-    for k in ["PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE"] {
+    for k in [
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONNOUSERSITE",
+        "PYTHONUSERBASE",
+    ] {
         h.update(k.as_bytes());
         h.update(env.get(k).map_or(&[][..], |v| v.as_bytes()));
         h.update([0]);

@@ -83,7 +83,10 @@ impl Round {
                     cause: FailCause::Unformable,
                     nodes: view.candidates.iter().map(|c| c.node_id.clone()).collect(),
                 }),
-                Verdict::Warn(table) => self.form(g, rev, &admitted, &joins, reason, Some(table)).await,
+                Verdict::Warn(table) => {
+                    self.form(g, rev, &admitted, &joins, reason, Some(table))
+                        .await
+                }
                 Verdict::Consistent => self.form(g, rev, &admitted, &joins, reason, None).await,
             },
         }

@@ -38,13 +38,7 @@ fn two() -> RoundConfig {
 }
 
 /// Both nodes join and wait; their results.
-async fn form(
-    a: Join,
-    b: Join,
-) -> (
-    Result<Plan, RendezvousError>,
-    Result<Plan, RendezvousError>,
-) {
+async fn form(a: Join, b: Join) -> (Result<Plan, RendezvousError>, Result<Plan, RendezvousError>) {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let (ra, rb) = (
         Round::new(store.clone(), "job", two()),
