@@ -52,6 +52,9 @@ fn three(etcd: &Etcd, run: &str, tmp: &Path, extra: &[&str], extra_node: usize) 
                 .env("XDG_CACHE_HOME", tmp.join("cache"))
                 .env("PYTHONPATH", if i == 2 { &torch_b } else { &torch_a })
                 .args(["--rdzv-conf", "join_timeout=60"]);
+            if i == 0 {
+                c.env("CUDA_VISIBLE_DEVICES", "0,1");
+            }
             if i == extra_node {
                 c.args(extra);
             }
@@ -75,9 +78,13 @@ fn warn_forms_and_every_agent_prints_the_differing_keys_once() {
         .enumerate()
         .map(|(i, a)| node_id(a, i))
         .collect();
+    let mut tables = Vec::new();
     for (i, a) in agents.into_iter().enumerate() {
         let (code, _, err) = a.wait(Duration::from_secs(90));
         assert_eq!(code, 0, "agent {i}: {err}");
+        if err.contains("rank table of generation 1") {
+            tables.push(err.clone());
+        }
         assert_eq!(
             err.matches("environments differ in").count(),
             1,
@@ -94,6 +101,37 @@ fn warn_forms_and_every_agent_prints_the_differing_keys_once() {
         assert!(row("", "sha256:bbbb").ends_with(&ids[1]));
         assert!(row("torch", "2.3.1").ends_with(&ids[2]));
         assert!(row("", "2.4.0").contains(&format!("{}, {}", ids[0], ids[1])));
+    }
+    assert_eq!(tables.len(), 1, "node rank 0 alone prints the rank table");
+    rank_table_matches_the_workers(&tables[0], &tmp.path().join("out"));
+}
+
+/// The rank table in node rank 0's `stderr` lists every rank once and agrees with the workers'
+/// own environment dumps in `dir` (pids and CUDA_VISIBLE_DEVICES for node rank 0's workers).
+fn rank_table_matches_the_workers(stderr: &str, dir: &Path) {
+    let rows: Vec<Vec<&str>> = stderr
+        .lines()
+        .skip_while(|l| !l.contains("rank table of generation 1"))
+        .skip(2)
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .take_while(|r| r.len() >= 6 && r[0].parse::<u32>().is_ok())
+        .collect();
+    let ranks: Vec<&str> = rows.iter().map(|r| r[0]).collect();
+    assert_eq!(ranks, ["0", "1", "2", "3", "4", "5"], "{stderr}");
+    for r in &rows {
+        let dump = crate::harness::read_json(&dir.join(format!("env_{}.json", r[0])));
+        let env = &dump["env"];
+        assert_eq!(env["GROUP_RANK"], r[1], "{r:?}");
+        assert_eq!(env["LOCAL_RANK"], r[3], "{r:?}");
+        let host = format!("127.0.0.{}", r[1].parse::<u32>().unwrap() + 1);
+        assert_eq!(r[2], host, "nodes rank by address here: {r:?}");
+        if r[1] == "0" {
+            assert_eq!(env["MASTER_ADDR"], r[2], "{r:?}");
+            assert_eq!(dump["pid"].to_string(), r[4], "{r:?}");
+            assert_eq!(env["CUDA_VISIBLE_DEVICES"], r[5], "{r:?}");
+        } else {
+            assert_eq!((r[4], r[5]), ("-", "-"), "{r:?}");
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! * [`mod@step`] (with `failure`) — the transitions, a pure function of (state, input, now);
 //! * `driver` — the one loop that `select!`s over the inputs (session events, SIGCHLD,
 //!   signals, worker API requests, deadlines) and carries out the effects;
-//! * `world` — what the effects touch: candidate, announcement, teardown sweep, summary.
+//! * `world` — what the effects touch: candidate, announcement, teardown sweep, summary;
+//! * [`rank_table`] — the rank table node rank 0 prints at each formation (pure).
 //!
 //! The state diagram is in the crate's theory of operation ([`crate`]).
 
@@ -25,6 +26,7 @@ use crate::{AgentExit, LaunchConfig, LaunchError};
 
 mod driver;
 mod failure;
+pub mod rank_table;
 pub mod state;
 pub mod step;
 mod supervise;

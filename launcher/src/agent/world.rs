@@ -11,6 +11,7 @@ use drun_rendezvous::{Candidate, Join, Plan};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
+use super::rank_table::{rank_table, LocalWorker};
 use super::state::KILL_WAIT;
 use super::Agent;
 use crate::ckpt::resume;
@@ -171,6 +172,35 @@ impl Agent {
             }
         }
         tracing::debug!(logs = %self.run_log_dir.display(), "worker log directory");
+    }
+
+    /// Node rank 0's rank table of the generation it just started (see [`super::rank_table`]):
+    /// at info level for a multi-node group, at debug level for one node.
+    pub(super) fn print_rank_table(&self, plan: &Plan, group: &WorkerGroup) {
+        if plan
+            .member(&self.cfg.node_id)
+            .is_none_or(|m| m.node_rank != 0)
+        {
+            return;
+        }
+        let local: Vec<LocalWorker> = group
+            .workers
+            .iter()
+            .map(|w| LocalWorker {
+                local_rank: w.local_rank,
+                pid: w.pid.as_raw(),
+            })
+            .collect();
+        let devices = self
+            .inherited
+            .get(std::ffi::OsStr::new("CUDA_VISIBLE_DEVICES"))
+            .and_then(|v| v.to_str());
+        let table = rank_table(plan, &self.cfg.node_id, &local, devices);
+        if plan.node_count() > 1 {
+            tracing::info!(run = %plan.run_id, gen = plan.generation, "{table}");
+        } else {
+            tracing::debug!(run = %plan.run_id, gen = plan.generation, "{table}");
+        }
     }
 
     /// SIGKILLs whatever the workers left behind: children re-parented to the agent and any
