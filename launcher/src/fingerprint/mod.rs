@@ -125,9 +125,14 @@ fn run_fingerprint_cmd(cmd: &str, env: &BTreeMap<String, String>) -> String {
     }
 }
 
-/// `gpu` (`N x MODEL`, models joined by `+` when mixed) and `gpu.driver`, from `nvidia-smi`;
-/// nothing when it is not installed or fails.
+/// `gpu` (`N x MODEL`, models joined by `+` when mixed) and `gpu.driver`: from the NVIDIA
+/// driver's files under `/proc/driver/nvidia` (microseconds), else from `nvidia-smi` (tens to
+/// hundreds of milliseconds); nothing when neither answers (no NVIDIA GPU: skipped quietly).
 fn gpus() -> Fingerprint {
+    let from_proc = proc_gpus(Path::new("/proc/driver/nvidia"));
+    if !from_proc.is_empty() {
+        return from_proc;
+    }
     let smi = Path::new("nvidia-smi");
     let Ok(out) = Command::new(smi)
         .args(["--query-gpu=name,driver_version", "--format=csv,noheader"])
@@ -141,6 +146,45 @@ fn gpus() -> Fingerprint {
         return Fingerprint::new();
     }
     parse_smi(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The GPUs as the loaded NVIDIA driver lists them under `root` (`version`,
+/// `gpus/<bus id>/information`), in `nvidia-smi`'s CSV shape for [`parse_smi`].
+fn proc_gpus(root: &Path) -> Fingerprint {
+    let Ok(version) = std::fs::read_to_string(root.join("version")) else {
+        return Fingerprint::new();
+    };
+    let driver = driver_version(&version).unwrap_or_default();
+    let mut csv = String::new();
+    let mut dirs: Vec<_> = std::fs::read_dir(root.join("gpus"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    for d in dirs {
+        let Ok(info) = std::fs::read_to_string(d.join("information")) else {
+            continue;
+        };
+        if let Some(model) = info
+            .lines()
+            .find_map(|l| l.strip_prefix("Model:"))
+            .map(str::trim)
+        {
+            csv.push_str(&format!("{model}, {driver}\n"));
+        }
+    }
+    parse_smi(&csv)
+}
+
+/// The driver version in `/proc/driver/nvidia/version` ("NVRM version: NVIDIA UNIX x86_64
+/// Kernel Module  550.54.15  ..."): the first word shaped like `N.N[.N]`.
+fn driver_version(text: &str) -> Option<&str> {
+    text.lines().next()?.split_whitespace().find(|w| {
+        let parts: Vec<&str> = w.split('.').collect();
+        parts.len() >= 2
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    })
 }
 
 /// Parses `nvidia-smi --query-gpu=name,driver_version --format=csv,noheader` (pure).
@@ -202,5 +246,29 @@ mod tests {
         let mixed = parse_smi("NVIDIA A100, 535.1\nNVIDIA H100, 535.1\n");
         assert_eq!(mixed["gpu"], "1 x NVIDIA A100 + 1 x NVIDIA H100");
         assert!(parse_smi("").is_empty());
+    }
+
+    #[test]
+    fn the_drivers_proc_files_give_the_same_keys() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::write(
+            root.join("version"),
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Mar  4 11:00:00 UTC 2025\nGCC version:  gcc version 12.3.0\n",
+        )
+        .unwrap();
+        for bus in ["0000:18:00.0", "0000:2a:00.0"] {
+            let d = root.join("gpus").join(bus);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(
+                d.join("information"),
+                "Model: \t\t NVIDIA H200\nIRQ:   \t\t 123\n",
+            )
+            .unwrap();
+        }
+        let f = proc_gpus(root);
+        assert_eq!(f["gpu"], "2 x NVIDIA H200");
+        assert_eq!(f["gpu.driver"], "570.124.06");
+        assert!(proc_gpus(&root.join("absent")).is_empty());
     }
 }

@@ -202,6 +202,63 @@ mod tests {
     }
 
     #[test]
+    fn the_probe_reads_metadata_and_version_py_without_importing_torch_and_caches_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let site = tmp.path().join("site");
+        let info = site.join("torch-9.9.9.dist-info");
+        std::fs::create_dir_all(&info).unwrap();
+        std::fs::write(
+            info.join("METADATA"),
+            "Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(site.join("torch")).unwrap();
+        std::fs::write(site.join("torch/__init__.py"), "raise SystemExit(7)\n").unwrap();
+        std::fs::write(
+            site.join("torch/version.py"),
+            "__version__ = '9.9.9'\ncuda = '12.4'\ngit_version = '0123456789abcdef'\n",
+        )
+        .unwrap();
+        let env: BTreeMap<String, String> = [
+            ("PYTHONPATH", site.to_str().unwrap()),
+            ("XDG_CACHE_HOME", tmp.path().join("cache").to_str().unwrap()),
+            ("PATH", &std::env::var("PATH").unwrap_or_default()),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let python = which("python3");
+        let v = python_versions(&python, &env);
+        assert_eq!(v.get("torch").map(String::as_str), Some("9.9.9"), "{v:?}");
+        assert_eq!(v["torch.cuda"], "12.4");
+        assert_eq!(v["torch.git"], "0123456789ab");
+        assert!(v["python"].starts_with('3'), "{v:?}");
+        let cached: Vec<_> = std::fs::read_dir(tmp.path().join("cache/drun"))
+            .unwrap()
+            .flatten()
+            .collect();
+        assert_eq!(cached.len(), 1, "one cache file");
+        assert_eq!(python_versions(&python, &env), v, "the cached answer");
+        // Another version installed on the path: its directory changed, the cache is not used.
+        std::fs::rename(&info, site.join("torch-9.9.10.dist-info")).unwrap();
+        std::fs::write(
+            site.join("torch-9.9.10.dist-info/METADATA"),
+            "Metadata-Version: 2.1\nName: torch\nVersion: 9.9.10\n",
+        )
+        .unwrap();
+        assert_eq!(python_versions(&python, &env)["torch"], "9.9.10");
+    }
+
+    fn which(name: &str) -> PathBuf {
+        std::env::var_os("PATH")
+            .iter()
+            .flat_map(std::env::split_paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+            .expect("python3 on PATH")
+    }
+
+    #[test]
     fn a_cached_result_is_dropped_when_a_directory_it_read_changes() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("site");
