@@ -309,8 +309,8 @@ pub struct Args {
     /// table of the differing keys (drun, torch, CUDA, NCCL, cuDNN, Python, OS, GPUs, NCCL_*/
     /// TORCH_*/GLOO_* variables, --fingerprint-cmd output, launch config) per node on every
     /// agent; `strict` refuses to form (exit 2 on every node, naming the nodes and keys); `off`
-    /// compares nothing. The strictest setting among the nodes wins. Different --nnodes or a
-    /// different script (SHA-256) are refused whatever the setting.
+    /// prints nothing. The strictest setting among the nodes wins. Different --nnodes or a
+    /// different script (SHA-256) are refused whatever the setting (exit 2).
     #[arg(
         long = "env-check",
         env = "DRUN_ENV_CHECK",
@@ -321,7 +321,8 @@ pub struct Args {
     pub env_check: String,
 
     /// A shell command whose output (trimmed) joins this node's environment fingerprint, e.g.
-    /// the container image digest; run once at start with `sh -c`. Default: none.
+    /// the container image digest; run once at start with `sh -c` (the agent waits for it: keep
+    /// it quick). Default: none.
     #[arg(
         long = "fingerprint-cmd",
         env = "DRUN_FINGERPRINT_CMD",
