@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::harness::cluster::Etcd;
+use crate::harness::cluster::{Etcd, RdzvServer};
 use crate::harness::{worker, Agent};
 
 /// A directory holding a fake torch `version` installation: package metadata and
@@ -34,19 +34,14 @@ fn fake_torch(root: &Path, version: &str) -> PathBuf {
     dir
 }
 
-/// Agent `i` of a three-node job `run` on `etcd`: node 1 has another image digest, node 2
+/// The three agents of job `run` on rendezvous `rdzv`: node 1 has another image digest, node 2
 /// another torch; `extra` flags go to node `extra_node` only.
-fn three(etcd: &Etcd, run: &str, tmp: &Path, extra: &[&str], extra_node: usize) -> Vec<Agent> {
+fn three(rdzv: &[&str], run: &str, tmp: &Path, extra: &[&str], extra_node: usize) -> Vec<Agent> {
     let torch_a = fake_torch(tmp, "2.4.0");
     let torch_b = fake_torch(tmp, "2.3.1");
     (0..3)
         .map(|i| {
-            let mut c = crate::harness::node_cmd(
-                i,
-                run,
-                "3",
-                &["--rdzv-backend", "etcd", "--rdzv-endpoint", &etcd.endpoint],
-            );
+            let mut c = crate::harness::node_cmd(i, run, "3", rdzv);
             let image = if i == 1 { "sha256:bbbb" } else { "sha256:aaaa" };
             c.args(["--fingerprint-cmd", &format!("echo {image}")])
                 .env("XDG_CACHE_HOME", tmp.join("cache"))
@@ -72,7 +67,7 @@ fn node_id(a: &Agent, i: usize) -> String {
 fn warn_forms_and_every_agent_prints_the_differing_keys_once() {
     let etcd = Etcd::start();
     let tmp = tempfile::tempdir().unwrap();
-    let agents = three(&etcd, "envwarn", tmp.path(), &[], 0);
+    let agents = three(&on_etcd(&etcd), "envwarn", tmp.path(), &[], 0);
     let ids: Vec<String> = agents
         .iter()
         .enumerate()
@@ -135,17 +130,25 @@ fn rank_table_matches_the_workers(stderr: &str, dir: &Path) {
     }
 }
 
+fn on_etcd(etcd: &Etcd) -> [&str; 4] {
+    ["--rdzv-backend", "etcd", "--rdzv-endpoint", &etcd.endpoint]
+}
+
 #[test]
 fn strict_on_one_node_refuses_on_every_node_naming_node_and_key() {
     let etcd = Etcd::start();
+    strict_refuses(&on_etcd(&etcd));
+}
+
+#[test]
+fn strict_refuses_through_a_rendezvous_server_too() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    strict_refuses(&["--rdzv-endpoint", &server.endpoint]);
+}
+
+fn strict_refuses(rdzv: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
-    let agents = three(
-        &etcd,
-        "envstrict",
-        tmp.path(),
-        &["--env-check", "strict"],
-        1,
-    );
+    let agents = three(rdzv, "envstrict", tmp.path(), &["--env-check", "strict"], 1);
     let ids: Vec<String> = agents
         .iter()
         .enumerate()
