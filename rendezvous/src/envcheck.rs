@@ -33,6 +33,9 @@ pub const REFUSAL_MARK: &str = "env-check refused to form the group";
 /// Longest value shown in a table or message; longer ones are cut with `…`.
 const MAX_VALUE: usize = 60;
 
+/// Most nodes named per value; the rest are counted (a large group's majority row stays short).
+const MAX_NODES: usize = 8;
+
 /// `--env-check`: what a difference between the members' environments does.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
@@ -180,7 +183,7 @@ fn inline(diffs: &[&Difference]) -> String {
             let vals: Vec<String> = d
                 .values
                 .iter()
-                .map(|(v, nodes)| format!("{} on {}", cut(v), nodes.join(", ")))
+                .map(|(v, nodes)| format!("{} on {}", cut(v), node_list(nodes)))
                 .collect();
             format!("{} ({})", d.key, vals.join("; "))
         })
@@ -209,11 +212,23 @@ fn table(diffs: &[&Difference]) -> String {
             out.push_str(&format!(
                 "\n  {key:kw$}  {:vw$}  {}",
                 cut(v),
-                nodes.join(", ")
+                node_list(nodes)
             ));
         }
     }
     out
+}
+
+/// `a, b, c`, or the first [`MAX_NODES`] and `(+N more)`.
+fn node_list(nodes: &[String]) -> String {
+    if nodes.len() <= MAX_NODES {
+        return nodes.join(", ");
+    }
+    format!(
+        "{} (+{} more)",
+        nodes[..MAX_NODES].join(", "),
+        nodes.len() - MAX_NODES
+    )
 }
 
 /// `v` cut to [`MAX_VALUE`] characters.

@@ -180,3 +180,27 @@ fn settings_parse() {
     assert_eq!(EnvCheck::parse("loud"), None);
     assert!(EnvCheck::Strict > EnvCheck::Warn && EnvCheck::Warn > EnvCheck::Off);
 }
+
+#[test]
+fn a_large_groups_majority_is_counted_not_listed() {
+    let mut nodes: Vec<(String, Fingerprint, Option<EnvCheck>)> = (0..20)
+        .map(|i| (format!("n{i:02}"), base(), WARN))
+        .collect();
+    nodes[7].1 = with(base(), "torch", "2.3.1");
+    let reports: Vec<Report<'_>> = nodes
+        .iter()
+        .map(|(id, f, c)| Report {
+            node_id: id,
+            fingerprint: f,
+            env_check: *c,
+        })
+        .collect();
+    let Verdict::Warn(t) = verdict(&reports) else {
+        panic!();
+    };
+    assert!(t.contains("2.3.1  n07"), "{t}");
+    assert!(
+        t.contains("n00, n01, n02, n03, n04, n05, n06, n08 (+11 more)"),
+        "{t}"
+    );
+}
