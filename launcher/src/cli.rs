@@ -310,7 +310,7 @@ pub struct Args {
     /// TORCH_*/GLOO_* variables, --fingerprint-cmd output, launch config) per node on every
     /// agent; `strict` refuses to form (exit 2 on every node, naming the nodes and keys); `off`
     /// prints nothing. The strictest setting among the nodes wins. Different --nnodes or a
-    /// different script (SHA-256) are refused whatever the setting (exit 2).
+    /// different Python script (SHA-256) are refused whatever the setting (exit 2).
     #[arg(
         long = "env-check",
         env = "DRUN_ENV_CHECK",

@@ -8,6 +8,7 @@
 //! | `drun` | drun's version |
 //! | `config.nnodes`, `config.nproc-per-node`, `config.max-restarts` | the resolved launch config |
 //! | `config.script`, `config.script-sha256`, `config.args` | the entrypoint, its file's SHA-256, its arguments |
+//! | `config.program-sha256` | with `--no-python`: the executable's SHA-256 instead (reported, never refused: a system binary or wrapper may legitimately differ between nodes) |
 //! | `os`, `kernel` | OS and architecture; the kernel release |
 //! | `python`, `torch`, `torch.cuda`, `torch.git`, `nccl`, `cudnn` | the worker interpreter's, see [`probe`] |
 //! | `gpu`, `gpu.driver` | `N x MODEL` and the driver, when `nvidia-smi` exists |
@@ -51,7 +52,12 @@ pub fn config_keys(cfg: &LaunchConfig, script_sha256: Option<String>) -> Fingerp
         serde_json::to_string(&cfg.entrypoint.args).expect("strings serialize"),
     );
     if let Some(h) = script_sha256 {
-        put("config.script-sha256", h);
+        let key = if cfg.entrypoint.kind == EntryKind::Binary {
+            "config.program-sha256"
+        } else {
+            "config.script-sha256"
+        };
+        put(key, h);
     }
     f
 }
@@ -89,7 +95,8 @@ pub fn collect(cfg: &LaunchConfig, env: &BTreeMap<String, String>) -> Fingerprin
 }
 
 /// SHA-256 of the script file (a script, `--run-path` or `--no-python` executable); `None` for
-/// a module or a file that cannot be read.
+/// a module or a file that cannot be read. [`config_keys`] files an executable's under
+/// `config.program-sha256`, which is not one of the refused keys.
 pub fn script_sha256(cfg: &LaunchConfig) -> Option<String> {
     let path = match cfg.entrypoint.kind {
         EntryKind::Module => return None,
