@@ -78,11 +78,18 @@ impl Round {
             Decision::Form {
                 admitted, reason, ..
             } => match env_verdict(&admitted, &joins) {
-                Verdict::Refuse(why) => Ok(Step::Failed {
-                    reason: why,
-                    cause: FailCause::Unformable,
-                    nodes: view.candidates.iter().map(|c| c.node_id.clone()).collect(),
-                }),
+                Verdict::Refuse(why) => match turned_away(current.as_ref(), &admitted, &joins) {
+                    // A re-form refused because of newcomers only: they are turned away (and
+                    // end with the refusal); the running job re-forms without them.
+                    Some(nodes) if nodes.len() < admitted.len() => {
+                        Ok(Step::TurnAway { reason: why, nodes })
+                    }
+                    _ => Ok(Step::Failed {
+                        reason: why,
+                        cause: FailCause::Unformable,
+                        nodes: view.candidates.iter().map(|c| c.node_id.clone()).collect(),
+                    }),
+                },
                 Verdict::Warn(table) => {
                     self.form(g, rev, &admitted, &joins, reason, Some(table))
                         .await
@@ -201,6 +208,26 @@ fn env_verdict(admitted: &[Candidate], joins: &[Join]) -> Verdict {
     envcheck::verdict(&reports)
 }
 
+/// For a re-form (`current`: the previous generation's plan) that the environment check
+/// refuses: the newcomers (admitted nodes not in `current`) when the previous generation's
+/// members alone pass the check, so the refusal is theirs; `None` otherwise (a first formation,
+/// or the members themselves disagree: the whole round is refused).
+fn turned_away(
+    current: Option<&Plan>,
+    admitted: &[Candidate],
+    joins: &[Join],
+) -> Option<Vec<String>> {
+    let plan = current?;
+    let (old, new): (Vec<Candidate>, Vec<Candidate>) = admitted
+        .iter()
+        .cloned()
+        .partition(|c| plan.member(&c.node_id).is_some());
+    if new.is_empty() || old.is_empty() || matches!(env_verdict(&old, joins), Verdict::Refuse(_)) {
+        return None;
+    }
+    Some(new.into_iter().map(|c| c.node_id).collect())
+}
+
 /// One step of the decider.
 pub(super) enum Step {
     Formed(Box<Plan>),
@@ -210,6 +237,12 @@ pub(super) enum Step {
         reason: String,
         cause: FailCause,
         /// Every node waiting in the round.
+        nodes: Vec<String>,
+    },
+    /// The environment check refuses these newcomers of a re-form (the others wait for them
+    /// to leave, then form).
+    TurnAway {
+        reason: String,
         nodes: Vec<String>,
     },
 }

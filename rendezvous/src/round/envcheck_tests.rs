@@ -103,3 +103,54 @@ async fn the_fingerprint_survives_the_wire() {
     let back: Join = old.into();
     assert!(back.fingerprint.is_empty() && back.env_check.is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_newcomer_of_a_re_form_is_turned_away_and_the_job_re_forms_without_it() {
+    let cfg = RoundConfig {
+        max_nodes: 3,
+        ..two()
+    };
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let round = |_: &str| Round::new(store.clone(), "job", cfg);
+    let lease = || store.lease_grant(Duration::from_secs(100));
+    let (la, lb, lc) = (
+        lease().await.unwrap(),
+        lease().await.unwrap(),
+        lease().await.unwrap(),
+    );
+    let (a, b) = (
+        join("a", "2.4.0", EnvCheck::Strict),
+        join("b", "2.4.0", EnvCheck::Strict),
+    );
+    round("a").join(&a, la).await.unwrap();
+    round("b").join(&b, lb).await.unwrap();
+    let (ra, rb) = (round("a"), round("b"));
+    let wa = tokio::spawn(async move { ra.wait_for_plan("a", 0, la, |_| {}).await });
+    let g1 = round("b").wait_for_plan("b", 0, lb, |_| {}).await.unwrap();
+    assert_eq!(wa.await.unwrap().unwrap().generation, 1);
+    // Generation 1 closes; a newcomer with another torch joins with the members.
+    store
+        .put("/drun/v1/job/gen/1/closed", b"x".to_vec(), None)
+        .await
+        .unwrap();
+    round("c")
+        .join(&join("c", "2.3.1", EnvCheck::Warn), lc)
+        .await
+        .unwrap();
+    round("a").join(&a, la).await.unwrap();
+    round("b").join(&b, lb).await.unwrap();
+    let (ra, rb2) = (round("a"), round("b"));
+    let wa = tokio::spawn(async move { ra.wait_for_plan("a", 1, la, |_| {}).await });
+    let wb = tokio::spawn(async move { rb2.wait_for_plan("b", 1, lb, |_| {}).await });
+    let ec = rb.wait_for_plan("c", 0, lc, |_| {}).await.unwrap_err();
+    let ec = ec.to_string();
+    assert!(is_refusal(&ec), "{ec}");
+    assert!(ec.contains("torch (2.3.1 on c; 2.4.0 on a, b)"), "{ec}");
+    // The refused agent leaves (exit 2): its lease goes, and the members form without it.
+    store.lease_revoke(lc).await.unwrap();
+    let (pa, pb) = (wa.await.unwrap().unwrap(), wb.await.unwrap().unwrap());
+    assert_eq!(pa, pb);
+    assert_eq!(pa.generation, g1.generation + 1);
+    let ids: Vec<&str> = pa.members.iter().map(|m| m.node_id.as_str()).collect();
+    assert_eq!(ids, ["a", "b"]);
+}
