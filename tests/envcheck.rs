@@ -204,3 +204,45 @@ fn agents_started_with_different_nnodes_are_refused() {
         assert!(err.contains("2:3 on"), "agent {i}: {err}");
     }
 }
+
+#[test]
+fn a_newcomer_with_another_nnodes_is_turned_away_and_the_job_goes_on() {
+    let etcd = Etcd::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = |i: usize, nnodes: &str| {
+        let mut c = crate::harness::node_cmd(i, "envnew", nnodes, &on_etcd(&etcd));
+        c.env("XDG_CACHE_HOME", tmp.path().join("cache")).args([
+            "--rdzv-conf",
+            "last_call_timeout=0",
+            "--no-python",
+            "sleep",
+            "4",
+        ]);
+        Agent::start(c)
+    };
+    let members = [agent(0, "2:3"), agent(1, "2:3")];
+    crate::harness::wait_for("generation 1 runs", Duration::from_secs(30), || {
+        members
+            .iter()
+            .all(|a| a.stderr_so_far().contains("world formed"))
+    });
+    let newcomer = agent(2, "3");
+    let c_id = node_id(&newcomer, 2);
+    let (code, _, err) = newcomer.wait(Duration::from_secs(60));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("env-check refused to form the group"), "{err}");
+    assert!(err.contains(&format!("3:3 on {c_id}")), "{err}");
+    for (i, a) in members.into_iter().enumerate() {
+        let (code, _, err) = a.wait(Duration::from_secs(60));
+        assert_eq!(code, 0, "member {i}: {err}");
+        // The scale-up re-formed the group once; the newcomer is not in it.
+        let formed = err
+            .lines()
+            .find(|l| l.contains("world formed") && l.contains("gen=2"))
+            .unwrap_or_else(|| panic!("generation 2 on member {i}: {err}"));
+        assert!(
+            formed.contains("2 node(s)") && !formed.contains(&c_id),
+            "{formed}"
+        );
+    }
+}

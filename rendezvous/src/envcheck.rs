@@ -16,6 +16,9 @@
 //!
 //! A refusal's message contains [`REFUSAL_MARK`]: it reaches every node of the round as one line
 //! (the published verdict of a failed round), and agents end with exit 2 on it ([`is_refusal`]).
+//! At a re-form, when the previous generation's members alone pass the check, only the
+//! newcomers are refused (turned away; see `round/decider.rs`): a misconfigured node arriving
+//! later cannot end a running job.
 
 use std::collections::{BTreeMap, BTreeSet};
 
