@@ -196,9 +196,13 @@ impl Round {
 /// The environment check of the admitted set (pure; see [`crate::envcheck`]): each admitted
 /// node's fingerprint is the one its join carries.
 fn env_verdict(admitted: &[Candidate], joins: &[Join]) -> Verdict {
+    let by_id: std::collections::HashMap<&str, &Join> = joins
+        .iter()
+        .map(|j| (j.candidate.node_id.as_str(), j))
+        .collect();
     let reports: Vec<Report<'_>> = admitted
         .iter()
-        .filter_map(|c| joins.iter().find(|j| j.candidate.node_id == c.node_id))
+        .filter_map(|c| by_id.get(c.node_id.as_str()).copied())
         .map(|j| Report {
             node_id: &j.candidate.node_id,
             fingerprint: &j.fingerprint,
