@@ -79,6 +79,7 @@ fn join(node: &str, i: usize, after: u64) -> pb::AgentMessage {
                 requested_node_rank: -1,
                 master_port: 20_000 + (i % 40_000) as u32,
                 resume_hint_json: String::new(),
+                ..Default::default()
             }),
             after_generation: after,
         })),

@@ -5,6 +5,7 @@ mod harness;
 mod ckpt;
 mod cli;
 mod elastic;
+mod envcheck;
 mod ledger;
 mod logs;
 mod multinode;

@@ -305,6 +305,32 @@ pub struct Args {
     )]
     pub worker_store: String,
 
+    /// What differences between the nodes' environments do at formation: `warn` prints one
+    /// table of the differing keys (drun, torch, CUDA, NCCL, cuDNN, Python, OS, GPUs, NCCL_*/
+    /// TORCH_*/GLOO_* variables, --fingerprint-cmd output, launch config) per node on every
+    /// agent; `strict` refuses to form (exit 2 on every node, naming the nodes and keys); `off`
+    /// prints nothing. The strictest setting among the nodes wins. Different --nnodes or a
+    /// different Python script (SHA-256) are refused whatever the setting (exit 2).
+    #[arg(
+        long = "env-check",
+        env = "DRUN_ENV_CHECK",
+        default_value = "warn",
+        value_parser = ["off", "warn", "strict"],
+        help_heading = "Environment check"
+    )]
+    pub env_check: String,
+
+    /// A shell command whose output (trimmed) joins this node's environment fingerprint, e.g.
+    /// the container image digest; run once at start with `sh -c` (the agent waits for it: keep
+    /// it quick). Default: none.
+    #[arg(
+        long = "fingerprint-cmd",
+        env = "DRUN_FINGERPRINT_CMD",
+        value_name = "CMD",
+        help_heading = "Environment check"
+    )]
+    pub fingerprint_cmd: Option<String>,
+
     /// Checkpoint directory: exported to workers as DRUN_CKPT_DIR; drun keeps the `latest`
     /// pointer file here and reads it back when the rendezvous store knows no checkpoint (a
     /// fresh etcd, a requeued job). Created if missing.

@@ -139,6 +139,13 @@ impl LaunchError {
     pub fn exit(&self) -> AgentExit {
         match self {
             LaunchError::Config(_) => AgentExit::Usage,
+            // The nodes' configs or environments do not match (`--env-check`): a usage error
+            // on every node, as a bad flag on one would be.
+            LaunchError::Rendezvous(_) | LaunchError::RendezvousFailed(_)
+                if drun_rendezvous::envcheck::is_refusal(&self.to_string()) =>
+            {
+                AgentExit::Usage
+            }
             LaunchError::Rendezvous(_)
             | LaunchError::RendezvousFailed(_)
             | LaunchError::RunFinished { .. }

@@ -76,6 +76,7 @@ pub mod config;
 pub mod env;
 pub mod error;
 pub mod exit;
+pub mod fingerprint;
 pub mod group;
 pub mod logs;
 pub mod os;

@@ -46,6 +46,13 @@ pub struct Join {
     /// whose store is new (fresh etcd, requeued job on the embedded store) can resume from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_hint: Option<Box<crate::ledger::Manifest>>,
+    /// The node's environment and launch config, compared across the members at formation
+    /// ([`crate::envcheck`]); empty: an agent that sends none.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub fingerprint: crate::envcheck::Fingerprint,
+    /// The node's `--env-check`; `None`: not sent (an older agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_check: Option<crate::envcheck::EnvCheck>,
 }
 
 impl From<Candidate> for Join {
@@ -53,6 +60,8 @@ impl From<Candidate> for Join {
         Join {
             candidate,
             resume_hint: None,
+            fingerprint: Default::default(),
+            env_check: None,
         }
     }
 }

@@ -48,6 +48,7 @@
 
 pub mod clock;
 pub mod core;
+pub mod envcheck;
 pub mod error;
 pub mod etcd;
 pub mod etcd_batch;

@@ -350,6 +350,20 @@ impl Round {
                 };
                 Err(self.publish_failure(err, nodes, node_id, join_rev).await)
             }
+            Step::TurnAway { reason, nodes } => {
+                let err = RendezvousError::Unformable {
+                    run: self.run_id.clone(),
+                    reason,
+                };
+                if nodes.iter().any(|n| n == node_id) {
+                    return Err(self.publish_failure(err, nodes, node_id, join_rev).await);
+                }
+                if !self.turned_away_already(&nodes).await? {
+                    self.publish_turn_away(&err, nodes).await?;
+                }
+                // Decide again once they left (their waiting keys go with their leases).
+                Ok(LeadStep::WakeAt(now + PROGRESS_EVERY))
+            }
             Step::Wait(reason, wake_at) => {
                 // One line per change of state, not one per second of countdown.
                 if !reason.is_empty()
@@ -519,6 +533,9 @@ enum LeadStep {
 mod decider;
 use decider::Step;
 mod verdict;
+
+#[cfg(test)]
+mod envcheck_tests;
 
 #[cfg(test)]
 mod tests;

@@ -21,6 +21,15 @@ impl From<&Join> for pb::Candidate {
                 .as_ref()
                 .map(|m| serde_json::to_string(m).expect("Manifest serializes"))
                 .unwrap_or_default(),
+            fingerprint: j
+                .fingerprint
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            env_check: j
+                .env_check
+                .map(|c| c.as_str().to_string())
+                .unwrap_or_default(),
         }
     }
 }
@@ -36,6 +45,8 @@ impl From<pb::Candidate> for Join {
                 master_port: u16::try_from(c.master_port).unwrap_or(0),
             },
             resume_hint: serde_json::from_str(&c.resume_hint_json).ok(),
+            fingerprint: c.fingerprint.into_iter().collect(),
+            env_check: crate::envcheck::EnvCheck::parse(&c.env_check),
         }
     }
 }

@@ -384,6 +384,7 @@ impl Agent {
         w.first_success = None;
         match WorkerGroup::start(&ctx, &plan, plan.restarts_failures).await {
             Ok(g) => {
+                self.print_rank_table(&plan, &g);
                 w.group = Some(g);
                 w.ledger = Some(NodeLedger::new(
                     &plan,

@@ -4,7 +4,8 @@
 //! * [`mod@step`] (with `failure`) — the transitions, a pure function of (state, input, now);
 //! * `driver` — the one loop that `select!`s over the inputs (session events, SIGCHLD,
 //!   signals, worker API requests, deadlines) and carries out the effects;
-//! * `world` — what the effects touch: candidate, announcement, teardown sweep, summary.
+//! * `world` — what the effects touch: candidate, announcement, teardown sweep, summary;
+//! * [`rank_table`] — the rank table node rank 0 prints at each formation (pure).
 //!
 //! The state diagram is in the crate's theory of operation ([`crate`]).
 
@@ -25,6 +26,7 @@ use crate::{AgentExit, LaunchConfig, LaunchError};
 
 mod driver;
 mod failure;
+pub mod rank_table;
 pub mod state;
 pub mod step;
 mod supervise;
@@ -89,6 +91,9 @@ struct Agent {
     /// Why the `--ckpt-resume-from` checkpoint could not be read at the last join, if it could
     /// not.
     adoption_failed: Option<String>,
+    /// This node's environment fingerprint, sent with every Join (collected once at start;
+    /// empty for a one-node group, which has nobody to compare with).
+    fingerprint: drun_rendezvous::envcheck::Fingerprint,
 }
 
 impl Agent {
@@ -176,6 +181,7 @@ impl Agent {
             api,
             api_rx,
             adoption_failed: None,
+            fingerprint: Default::default(),
             inherited: std::env::vars_os().collect(),
             cfg,
             os,

@@ -11,9 +11,11 @@ use drun_rendezvous::{Candidate, Join, Plan};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
+use super::rank_table::{rank_table, LocalWorker};
 use super::state::KILL_WAIT;
 use super::Agent;
 use crate::ckpt::resume;
+use crate::fingerprint;
 use crate::group::WorkerGroup;
 use crate::os::ports;
 use crate::rdzv;
@@ -53,6 +55,7 @@ impl Agent {
                 human(t.keep_alive_interval)
             );
         }
+        self.collect_fingerprint().await;
         let mut link = rdzv::open(&self.cfg, session).await?;
         let result = self.drive(&mut link).await;
         if !matches!(result, Ok(AgentExit::Success | AgentExit::WorkerFailure)) {
@@ -67,6 +70,32 @@ impl Agent {
             h.shutdown().await;
         }
         result
+    }
+
+    /// Collects this node's fingerprint for the environment check, unless the group can only
+    /// ever be this one node (nothing to compare). Collected with `--env-check off` too: the
+    /// strictest setting among the nodes wins, and a launch-config mismatch is refused whatever
+    /// the setting.
+    async fn collect_fingerprint(&mut self) {
+        if self.cfg.max_nodes <= 1 || matches!(self.cfg.rendezvous, RendezvousMode::Static { .. }) {
+            return;
+        }
+        let cfg = self.cfg.clone();
+        let env: std::collections::BTreeMap<String, String> = self
+            .inherited
+            .iter()
+            .filter_map(|(k, v)| Some((k.to_str()?.to_string(), v.to_str()?.to_string())))
+            .collect();
+        let started = std::time::Instant::now();
+        let collected = tokio::task::spawn_blocking(move || fingerprint::collect(&cfg, &env))
+            .await
+            .unwrap_or_default();
+        tracing::debug!(
+            keys = collected.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "environment fingerprint collected"
+        );
+        self.fingerprint = collected;
     }
 
     /// False inside a Slurm job that is not a requeued one (job ids are reused).
@@ -107,6 +136,8 @@ impl Agent {
                 },
                 &mut self.adoption_failed,
             ),
+            fingerprint: self.fingerprint.clone(),
+            env_check: Some(self.cfg.env_check),
         }
     }
 
@@ -141,6 +172,35 @@ impl Agent {
             }
         }
         tracing::debug!(logs = %self.run_log_dir.display(), "worker log directory");
+    }
+
+    /// Node rank 0's rank table of the generation it just started (see [`super::rank_table`]):
+    /// at info level for a multi-node group, at debug level for one node.
+    pub(super) fn print_rank_table(&self, plan: &Plan, group: &WorkerGroup) {
+        if plan
+            .member(&self.cfg.node_id)
+            .is_none_or(|m| m.node_rank != 0)
+        {
+            return;
+        }
+        let local: Vec<LocalWorker> = group
+            .workers
+            .iter()
+            .map(|w| LocalWorker {
+                local_rank: w.local_rank,
+                pid: w.pid.as_raw(),
+            })
+            .collect();
+        let devices = self
+            .inherited
+            .get(std::ffi::OsStr::new("CUDA_VISIBLE_DEVICES"))
+            .and_then(|v| v.to_str());
+        let table = rank_table(plan, &self.cfg.node_id, &local, devices);
+        if plan.node_count() > 1 {
+            tracing::info!(run = %plan.run_id, gen = plan.generation, "{table}");
+        } else {
+            tracing::debug!(run = %plan.run_id, gen = plan.generation, "{table}");
+        }
     }
 
     /// SIGKILLs whatever the workers left behind: children re-parented to the agent and any

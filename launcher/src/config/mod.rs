@@ -120,6 +120,10 @@ pub struct LaunchConfig {
     pub preempt_signal: Signal,
     /// `--requeue`.
     pub requeue: bool,
+    /// `--env-check`.
+    pub env_check: drun_rendezvous::envcheck::EnvCheck,
+    /// `--fingerprint-cmd`.
+    pub fingerprint_cmd: Option<String>,
 }
 
 impl LaunchConfig {

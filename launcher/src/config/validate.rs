@@ -12,6 +12,7 @@ use crate::slurm::{self, SlurmMode};
 use crate::std_spec::StdSpec;
 use crate::worker_store::WorkerStoreMode;
 use crate::{Args, ConfigError};
+use drun_rendezvous::envcheck::EnvCheck;
 
 /// Validates the command line against what was read from the host. Touches nothing: no
 /// filesystem, no environment, no clock, no randomness (all of those come in `host`). Inside
@@ -116,5 +117,13 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         on_preempt: a.on_preempt,
         preempt_signal,
         requeue: a.requeue,
+        env_check: EnvCheck::parse(&a.env_check).ok_or_else(|| {
+            invalid(
+                "--env-check",
+                a.env_check.clone(),
+                "expected off, warn or strict",
+            )
+        })?,
+        fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
     })
 }

@@ -4,6 +4,7 @@ use tokio::time::Instant;
 
 use super::Round;
 use crate::core::{FailCause, RoundView, RunningGeneration};
+use crate::envcheck::{self, Report, Verdict};
 use crate::ledger::{Ledger, Manifest};
 use crate::run_state;
 use crate::store::{Compare, Op, Txn};
@@ -76,7 +77,25 @@ impl Round {
             }),
             Decision::Form {
                 admitted, reason, ..
-            } => self.form(g, rev, &admitted, &joins, reason).await,
+            } => match env_verdict(&admitted, &joins) {
+                Verdict::Refuse(why) => match turned_away(current.as_ref(), &admitted, &joins) {
+                    // A re-form refused because of newcomers only: they are turned away (and
+                    // end with the refusal); the running job re-forms without them.
+                    Some(nodes) if nodes.len() < admitted.len() => {
+                        Ok(Step::TurnAway { reason: why, nodes })
+                    }
+                    _ => Ok(Step::Failed {
+                        reason: why,
+                        cause: FailCause::Unformable,
+                        nodes: view.candidates.iter().map(|c| c.node_id.clone()).collect(),
+                    }),
+                },
+                Verdict::Warn(table) => {
+                    self.form(g, rev, &admitted, &joins, reason, Some(table))
+                        .await
+                }
+                Verdict::Consistent => self.form(g, rev, &admitted, &joins, reason, None).await,
+            },
         }
     }
 
@@ -113,6 +132,7 @@ impl Round {
         admitted: &[Candidate],
         joins: &[Join],
         reason: String,
+        env_table: Option<String>,
     ) -> Result<Step, RendezvousError> {
         let (restarts, _) = self.read_restarts().await?;
         let mut plan = assign(
@@ -140,6 +160,7 @@ impl Round {
         let resume = ledger.resume_point(&hints).await?;
         plan.resume = resume.manifest.clone();
         plan.formed_because = reason.clone();
+        plan.notes.extend(env_table);
         // Constant size whatever the node count (etcd allows 128 ops per txn): admitted nodes
         // find themselves in the plan and write their own membership keys.
         let mut ops = vec![
@@ -172,6 +193,45 @@ impl Round {
     }
 }
 
+/// The environment check of the admitted set (pure; see [`crate::envcheck`]): each admitted
+/// node's fingerprint is the one its join carries.
+fn env_verdict(admitted: &[Candidate], joins: &[Join]) -> Verdict {
+    let by_id: std::collections::HashMap<&str, &Join> = joins
+        .iter()
+        .map(|j| (j.candidate.node_id.as_str(), j))
+        .collect();
+    let reports: Vec<Report<'_>> = admitted
+        .iter()
+        .filter_map(|c| by_id.get(c.node_id.as_str()).copied())
+        .map(|j| Report {
+            node_id: &j.candidate.node_id,
+            fingerprint: &j.fingerprint,
+            env_check: j.env_check,
+        })
+        .collect();
+    envcheck::verdict(&reports)
+}
+
+/// For a re-form (`current`: the previous generation's plan) that the environment check
+/// refuses: the newcomers (admitted nodes not in `current`) when the previous generation's
+/// members alone pass the check, so the refusal is theirs; `None` otherwise (a first formation,
+/// or the members themselves disagree: the whole round is refused).
+fn turned_away(
+    current: Option<&Plan>,
+    admitted: &[Candidate],
+    joins: &[Join],
+) -> Option<Vec<String>> {
+    let plan = current?;
+    let (old, new): (Vec<Candidate>, Vec<Candidate>) = admitted
+        .iter()
+        .cloned()
+        .partition(|c| plan.member(&c.node_id).is_some());
+    if new.is_empty() || old.is_empty() || matches!(env_verdict(&old, joins), Verdict::Refuse(_)) {
+        return None;
+    }
+    Some(new.into_iter().map(|c| c.node_id).collect())
+}
+
 /// One step of the decider.
 pub(super) enum Step {
     Formed(Box<Plan>),
@@ -181,6 +241,12 @@ pub(super) enum Step {
         reason: String,
         cause: FailCause,
         /// Every node waiting in the round.
+        nodes: Vec<String>,
+    },
+    /// The environment check refuses these newcomers of a re-form (the others wait for them
+    /// to leave, then form).
+    TurnAway {
+        reason: String,
         nodes: Vec<String>,
     },
 }

@@ -59,6 +59,44 @@ impl Round {
         err
     }
 
+    /// Whether the published verdict already names every node of `nodes` (turned away by an
+    /// earlier step of this decider or of the previous one).
+    pub(super) async fn turned_away_already(&self, nodes: &[String]) -> Result<bool, StoreError> {
+        let key = self.keys.round_failed();
+        let Some(kv) = self.store.get(&key).await? else {
+            return Ok(false);
+        };
+        let f: RoundFailure =
+            serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
+                key,
+                reason: e.to_string(),
+            })?;
+        Ok(nodes.iter().all(|n| f.nodes.contains(n)))
+    }
+
+    /// Publishes `err` as the verdict for the newcomers `nodes` only (a re-form's environment
+    /// check turned them away); the decider stays and forms without them once they left.
+    pub(super) async fn publish_turn_away(
+        &self,
+        err: &RendezvousError,
+        nodes: Vec<String>,
+    ) -> Result<(), StoreError> {
+        tracing::warn!(run = %self.run_id, ?nodes, "turning newcomers away: {err}");
+        let record = RoundFailure {
+            message: err.to_string(),
+            nodes,
+            at_ms: crate::clock::now_ms(),
+        };
+        self.store
+            .put(
+                &self.keys.round_failed(),
+                serde_json::to_vec(&record).expect("RoundFailure serializes"),
+                None,
+            )
+            .await?;
+        Ok(())
+    }
+
     /// One attempt of [`Self::publish_failure`].
     async fn try_publish(
         &self,
