@@ -33,6 +33,8 @@ mod actor;
 mod generation;
 mod keeper;
 mod membership;
+#[cfg(test)]
+mod outage_tests;
 mod protocol;
 mod running;
 mod writes;

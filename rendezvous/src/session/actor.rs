@@ -92,7 +92,7 @@ pub(super) struct Actor {
     heard: Arc<AtomicU64>,
     keeper: Option<tokio::task::JoinHandle<()>>,
     lost_tx: mpsc::UnboundedSender<Lost>,
-    lost_rx: mpsc::UnboundedReceiver<Lost>,
+    pub(super) lost_rx: mpsc::UnboundedReceiver<Lost>,
     /// This session's token under `sessions/<node>` (server-side sessions).
     pub token: String,
 }
@@ -354,12 +354,37 @@ impl Actor {
         Ok(Phase::Waiting(cand, waiter))
     }
 
-    /// Handles a request, retrying transient store errors for up to ~10 s.
+    /// Handles a request, retrying transient store errors for up to ~10 s. A lease lost
+    /// meanwhile fences at once (fencing stays bounded by the TTL, not by these retries).
     async fn on_request(&mut self, req: Request, phase: Phase) -> Result<Phase, RendezvousError> {
+        let mut lost_rx = std::mem::replace(&mut self.lost_rx, mpsc::unbounded_channel().1);
+        let r = self.on_request_or_lost(req, phase, &mut lost_rx).await;
+        self.lost_rx = lost_rx;
+        r
+    }
+
+    async fn on_request_or_lost(
+        &mut self,
+        req: Request,
+        phase: Phase,
+        lost_rx: &mut mpsc::UnboundedReceiver<Lost>,
+    ) -> Result<Phase, RendezvousError> {
         let mut phase = phase;
-        for attempt in 0..20 {
-            match self.handle(req.clone(), &mut phase).await {
+        let mut attempt = 0;
+        loop {
+            let result = tokio::select! {
+                r = self.handle(req.clone(), &mut phase) => r,
+                Some((l, reason)) = lost_rx.recv() => {
+                    if generation::fences(self.lease, l) {
+                        self.fence(reason);
+                        return Ok(Phase::Idle);
+                    }
+                    continue;
+                }
+            };
+            match result {
                 Err(e) if is_transient(&e) && attempt < 19 => {
+                    attempt += 1;
                     tracing::warn!(error = %e, ?req, "store unavailable; retrying the request");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
@@ -368,7 +393,6 @@ impl Actor {
                 Err(e) => return Err(e),
             }
         }
-        unreachable!("the last attempt returns")
     }
 
     /// One attempt at a request; `Some(phase)` replaces the phase.

@@ -21,20 +21,45 @@ impl Actor {
     }
 
     /// [`Self::rewatch`] from a plan (and the view before, if any).
+    ///
+    /// A lease lost meanwhile (the store stayed away for a whole TTL) fences at once: the keeper's
+    /// verdict is not left waiting behind the retries, so fencing stays bounded by the TTL.
     pub(super) async fn rewatch_plan(&mut self, plan: Plan, before: Option<Running>) -> Phase {
-        loop {
-            match self.running(plan.clone(), before.clone(), false).await {
-                Ok(p) => return p,
+        // Borrowed out of `self` for the duration, so it can be raced against `self.running`.
+        let mut lost_rx = std::mem::replace(&mut self.lost_rx, mpsc::unbounded_channel().1);
+        let phase = loop {
+            let attempt = tokio::select! {
+                r = self.running(plan.clone(), before.clone(), false) => r,
+                Some((l, reason)) = lost_rx.recv() => {
+                    if generation::fences(self.lease, l) {
+                        self.fence(reason);
+                        break Phase::Idle;
+                    }
+                    continue;
+                }
+            };
+            match attempt {
+                Ok(p) => break p,
                 Err(e) if is_transient(&e) && self.lease.is_some() => {
                     tracing::warn!(error = %e, "store unavailable; retrying the watch");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                        Some((l, reason)) = lost_rx.recv() => {
+                            if generation::fences(self.lease, l) {
+                                self.fence(reason);
+                                break Phase::Idle;
+                            }
+                        }
+                    }
                 }
                 Err(e) => {
                     self.emit(Event::Error(e.to_string()));
-                    return Phase::Idle;
+                    break Phase::Idle;
                 }
             }
-        }
+        };
+        self.lost_rx = lost_rx;
+        phase
     }
 
     /// Enters generation `plan.generation`: membership key, watch, and a check of what may have
