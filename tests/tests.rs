@@ -14,6 +14,7 @@ mod output;
 mod ports;
 mod python_helper;
 mod real_scripts;
+mod root_cause;
 mod slurm;
 mod standalone;
 mod supervision;

@@ -2,6 +2,7 @@
 //! end, or — when the failure came from a lost node or this node was fenced — re-form without
 //! spending the restart budget. Transitions of [`Phase::Reporting`], pure like [`super::step()`].
 
+use drun_rendezvous::root_cause::RootCause;
 use drun_rendezvous::round::Restarts;
 use drun_rendezvous::session::Request;
 use drun_rendezvous::Plan;
@@ -10,21 +11,28 @@ use super::state::{Effect, End, Ending, Level, Machine, Phase, Reporting, REFORM
 use super::step::{rejoin, Cx};
 use crate::AgentExit;
 
-/// Reports `description`, a failure of `plan`'s generation, and waits for the decision
-/// (`ending`: what to print if the run ends with it).
+/// Reports `description`, a failure of `plan`'s generation (`cause`: the failed worker, when
+/// one failed), and waits for the decision (`ending`: what to print if the run ends with it).
 pub(super) fn report(
     plan: Box<Plan>,
     description: String,
+    cause: Option<RootCause>,
     ending: Ending,
     cx: &mut Cx<'_>,
 ) -> Phase {
+    let cause = cause.map(|c| RootCause {
+        generation: plan.generation,
+        ..c
+    });
     cx.fx.push(Effect::Send(Request::Failed {
         generation: plan.generation,
         description: description.clone(),
+        cause: cause.clone(),
     }));
     Phase::Reporting(Reporting {
         plan,
         description,
+        cause,
         ending,
         reform: None,
         decided: None,

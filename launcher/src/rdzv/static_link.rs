@@ -75,6 +75,7 @@ pub fn spawn(
                 Request::Failed {
                     generation,
                     description,
+                    ..
                 } => {
                     let restart = restarts.failures < session.max_restarts;
                     restarts
@@ -93,6 +94,7 @@ pub fn spawn(
                     success: true,
                     reason: format!("local workers of generation {g} succeeded"),
                     at_ms: 0,
+                    root_cause: None,
                 }),
                 Request::KeepAlive | Request::MarkBad { .. } | Request::Preempt { .. } => continue,
                 Request::Commit { commit, .. } => Event::Committed {

@@ -406,8 +406,11 @@ impl Actor {
             Request::Failed {
                 generation,
                 description,
+                cause,
             } => {
-                let (restart, restarts) = self.decide_failure(generation, &description).await?;
+                let (restart, restarts) = self
+                    .decide_failure(generation, &description, cause.as_ref())
+                    .await?;
                 self.emit(Event::FailureDecision { restart, restarts });
                 Ok(None)
             }

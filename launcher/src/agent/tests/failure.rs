@@ -196,6 +196,36 @@ fn a_run_ended_by_another_node_stops_the_workers_and_exits_with_its_outcome() {
 }
 
 #[test]
+fn a_run_ended_by_another_node_names_that_node_root_cause_before_the_failure_line() {
+    let cause = drun_rendezvous::root_cause::RootCause {
+        node: "n1".into(),
+        rank: 3,
+        exitcode: 7,
+        message: "ValueError: boom".into(),
+        ..Default::default()
+    };
+    for (node, named) in [("n1", true), ("n0", false)] {
+        let mut t = T::running(1, 2);
+        let mut e = end(false);
+        e.root_cause = Some(drun_rendezvous::root_cause::RootCause {
+            node: node.into(),
+            ..cause.clone()
+        });
+        t.ev(Event::Finished(e));
+        let fx = t.workers_gone(None);
+        let remote = fx
+            .iter()
+            .position(|f| matches!(f, Effect::RemoteCause(c) if c.node == "n1" && c.rank == 3));
+        // This node's own failure is in its own summary: not repeated as a remote cause.
+        assert_eq!(remote.is_some(), named, "{node}: {fx:?}");
+        let line = fx
+            .iter()
+            .position(|f| matches!(f, Effect::Say(l) if l.starts_with("drun: run r failed")));
+        assert!(line > remote, "{fx:?}");
+    }
+}
+
+#[test]
 fn a_session_that_closes_after_local_success_is_a_success() {
     let mut t = T::running(1, 1);
     t.feed(Input::Workers(Workers {

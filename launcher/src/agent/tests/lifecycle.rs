@@ -160,7 +160,10 @@ fn a_stop_timeout_sends_sigkill_then_gives_up_waiting() {
     assert_eq!(fx.last(), Some(&Effect::Kill));
     assert_eq!(t.after(KILL_WAIT), vec![Effect::Cleanup]);
     assert_eq!(
-        t.feed(Input::Stopped { failure: None }),
+        t.feed(Input::Stopped {
+            failure: None,
+            cause: None
+        }),
         vec![Effect::Join {
             fresh: true,
             after: 1
@@ -205,6 +208,7 @@ fn unstarted(t: &mut T) {
         vec![Effect::Send(Request::Failed {
             generation: 1,
             description: "cannot start worker: x not found (node n0)".into(),
+            cause: None,
         })]
     );
 }
