@@ -348,6 +348,29 @@ mod tests {
     }
 
     #[test]
+    fn the_reported_root_cause_carries_signal_likely_reason_and_message() {
+        let f = failure(2, ExitKind::Signal(Signal::SIGKILL), 5, None);
+        let c = f.root_cause("b", "hb");
+        assert_eq!((c.node.as_str(), c.rank, c.exitcode), ("b", 2, -9));
+        assert_eq!(c.signal.as_deref(), Some("SIGKILL"));
+        assert!(c
+            .likely
+            .as_deref()
+            .is_some_and(|l| l.contains("OOM killer")));
+        assert_eq!(c.message, "ValueError: x", "the tail's last line");
+        assert_eq!(c.at_ms, 5000);
+        for sig in [Signal::SIGHUP, Signal::SIGPIPE] {
+            let c = failure(0, ExitKind::Signal(sig), 5, None).root_cause("b", "hb");
+            assert!(c.likely.is_some(), "{sig:?}");
+        }
+        let err =
+            serde_json::json!({"message": {"message": "RuntimeError: bad\n", "extraInfo": {}}});
+        let c = failure(1, ExitKind::Code(1), 5, Some(err)).root_cause("b", "hb");
+        assert_eq!(c.message, "RuntimeError: bad", "the error file's message");
+        assert_eq!(c.signal, None);
+    }
+
+    #[test]
     fn signal_death_without_error_file_shows_signal_and_tail() {
         let fs = vec![failure(2, ExitKind::Signal(Signal::SIGSEGV), 5, None)];
         let s = format_summary("w.py", "h", &fs, &[]);
