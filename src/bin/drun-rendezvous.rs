@@ -17,6 +17,16 @@ use drun_rendezvous::{EtcdStore, MemoryStore, Store};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The server's log records: `human` lines or `json`, one object per line with `run` and
+    /// `node` as fields where a record concerns one.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "DRUN_LOG_FORMAT",
+        default_value_t = drun_launcher::LogFormat::Human
+    )]
+    log_format: drun_launcher::LogFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -68,7 +78,7 @@ mod logging;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::install("info");
+    logging::install("info", cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

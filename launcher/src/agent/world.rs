@@ -142,6 +142,9 @@ impl Agent {
     }
 
     pub(super) fn announce(&self, plan: &Plan) {
+        // From here on every record of the agent's span names this generation (JSON logs; a
+        // span without the field ignores it).
+        tracing::Span::current().record("gen", plan.generation);
         tracing::info!(
             run = %plan.run_id,
             gen = plan.generation,
