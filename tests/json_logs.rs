@@ -52,6 +52,12 @@ fn a_single_node_run_with_json_logs_writes_one_record_per_line_each_naming_the_r
         .find(|r| r["message"].as_str().unwrap().starts_with("run finished"))
         .unwrap_or_else(|| panic!("no end record: {err}"));
     assert_eq!(finished["gen"], 1, "{finished}");
+    // A record about one worker names its rank (at -v).
+    let exited = recs
+        .iter()
+        .find(|r| r["message"] == "worker exited")
+        .unwrap_or_else(|| panic!("no worker exit record: {err}"));
+    assert_eq!(exited["rank"], 0, "{exited}");
 }
 
 #[test]

@@ -204,7 +204,8 @@ impl Agent {
                     .lock()
                     .expect("guard mutex poisoned")
                     .unwatch(pid);
-                tracing::debug!(pid = pid.as_raw(), ?exit, "worker exited");
+                let rank = group.rank_of(pid);
+                tracing::debug!(rank, pid = pid.as_raw(), ?exit, "worker exited");
             } else {
                 tracing::debug!(pid = pid.as_raw(), ?exit, "reaped a re-parented descendant");
             }

@@ -74,3 +74,59 @@ impl Visit for Fields<'_> {
         self.0.insert(field.name().into(), value.into());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("buffer lock").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn span_and_event_fields_are_top_level_and_the_event_wins() {
+        let buf = Buf::default();
+        let out = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson)
+            .with_writer(move || out.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span =
+                tracing::info_span!("agent", run = "r", node = "n", gen = tracing::field::Empty);
+            let _g = span.enter();
+            tracing::info!("before");
+            span.record("gen", 2u64);
+            tracing::warn!(rank = 3, gen = 5u64, ok = true, "after {}", "x");
+        });
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[0]["run"], "r");
+        assert_eq!(lines[0]["node"], "n");
+        assert_eq!(lines[0]["message"], "before");
+        assert_eq!(lines[0]["level"], "INFO");
+        assert!(lines[0].get("gen").is_none(), "{text}");
+        assert_eq!(lines[1]["gen"], 5, "the event's own field wins: {text}");
+        assert_eq!(lines[1]["rank"], 3);
+        assert_eq!(lines[1]["ok"], true);
+        assert_eq!(lines[1]["message"], "after x");
+        assert_eq!(lines[1]["node"], "n");
+    }
+}
