@@ -64,8 +64,11 @@ fn a_single_node_run_with_json_logs_writes_one_record_per_line_each_naming_the_r
 fn the_server_writes_json_records_naming_run_and_node() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("server.log");
-    let mut server =
-        RdzvServer::start_logging(&["--store", "memory", "--log-format", "json"], &log);
+    let mut server = RdzvServer::start_logging(
+        &["--store", "memory", "--log-format", "json"],
+        "info,drun_rendezvous=debug",
+        &log,
+    );
     let mut c = drun();
     // The agent takes the format from the environment here.
     c.env("DRUN_LOG_FORMAT", "json")
@@ -86,16 +89,22 @@ fn the_server_writes_json_records_naming_run_and_node() {
     records(&err, |l| l == "[rank0]:rank 0 exiting with 0");
     server.kill();
     let text = std::fs::read_to_string(&log).unwrap();
-    let mut sessions = 0;
+    let mut session_records = 0;
     for line in text.lines() {
         let v: Value = serde_json::from_str(line)
             .unwrap_or_else(|e| panic!("server line not JSON ({e}): {line:?}\n{text}"));
         assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
-        if v["message"].as_str().unwrap().starts_with("agent session") {
+        // Every record of the server about an agent's session (opened, the group formed by it,
+        // the run's end, closed) names the run and the node.
+        if v["target"]
+            .as_str()
+            .unwrap()
+            .starts_with("drun_rendezvous::")
+        {
             assert_eq!(v["run"], "srvjson", "{line}");
             assert!(v["node"].is_string(), "{line}");
-            sessions += 1;
+            session_records += 1;
         }
     }
-    assert!(sessions >= 1, "no session record: {text}");
+    assert!(session_records >= 3, "too few session records: {text}");
 }

@@ -83,7 +83,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(run(cli.command)) {
+    match runtime.block_on(run(cli.command, cli.log_format)) {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
             drun_launcher::say!("drun-rendezvous: error: {msg}");
@@ -115,7 +115,7 @@ async fn open_store(kind: StoreKind, endpoints: &[String]) -> Result<Arc<dyn Sto
     }
 }
 
-async fn run(cmd: Command) -> Result<(), (u8, String)> {
+async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (u8, String)> {
     match cmd {
         Command::Serve {
             listen,
@@ -146,9 +146,14 @@ async fn run(cmd: Command) -> Result<(), (u8, String)> {
                     _ = tokio::signal::ctrl_c() => {}
                 }
             };
-            serve(listener, RendezvousService::new(store), shutdown)
-                .await
-                .map_err(|e| (1, format!("server failed: {e}")))
+            serve(
+                listener,
+                RendezvousService::new(store)
+                    .with_run_on_records(log_format == drun_launcher::LogFormat::Json),
+                shutdown,
+            )
+            .await
+            .map_err(|e| (1, format!("server failed: {e}")))
         }
         Command::Status {
             run,

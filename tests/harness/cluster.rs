@@ -31,11 +31,11 @@ impl RdzvServer {
         Self::spawn(listen, store_args, "warn", Stdio::inherit())
     }
 
-    /// Starts a replica on a free port with `args` (store and log flags) whose log records at
-    /// info go to the file `log`.
-    pub fn start_logging(args: &[&str], log: &std::path::Path) -> RdzvServer {
+    /// Starts a replica on a free port with `args` (store and log flags) whose log records
+    /// (`level`: a `DRUN_LOG` filter) go to the file `log`.
+    pub fn start_logging(args: &[&str], level: &str, log: &std::path::Path) -> RdzvServer {
         let file = std::fs::File::create(log).expect("create the server's log file");
-        Self::spawn("127.0.0.1:0", args, "info", file.into())
+        Self::spawn("127.0.0.1:0", args, level, file.into())
     }
 
     fn spawn(listen: &str, args: &[&str], level: &str, stderr: Stdio) -> RdzvServer {
