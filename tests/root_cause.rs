@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::harness::cluster::RdzvServer;
+use crate::harness::cluster::{rendezvous_bin, RdzvServer};
 use crate::harness::{node_cmd, worker, Agent};
 
 /// Two agents × 2 workers, `--max-restarts 0`; rank 3 (node rank 1's local rank 1) prints a line
@@ -44,6 +44,20 @@ fn a_worker_failure_on_node_b_is_named_in_node_a_summary() {
     ] {
         assert!(err_a.contains(want), "node A lacks {want:?}:\n{err_a}");
     }
+    // The store holds it: `status` lists it with the run's end.
+    let out = std::process::Command::new(rendezvous_bin())
+        .args(["status", "rootcause", "--endpoint", &server.endpoint])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("status is not JSON ({e}): {out:?}"));
+    let recorded = &status["root_causes"][0];
+    assert_eq!(recorded["node"], b_node.as_str(), "{status}");
+    assert_eq!(recorded["generation"], 1, "{status}");
+    assert_eq!(recorded["rank"], 3, "{status}");
+    assert_eq!(recorded["exitcode"], 7, "{status}");
+    assert_eq!(recorded["message"], "rank 3 exiting with 7", "{status}");
+    assert_eq!(status["finished"]["root_cause"], *recorded, "{status}");
     let failed = err_a
         .lines()
         .find(|l| l.starts_with("drun: run rootcause failed:"))

@@ -88,7 +88,12 @@ impl RunKeys {
     /// The first worker failure of generation `g` (a JSON [`crate::root_cause::RootCause`]),
     /// written with the decision on it. Outside `gen/<g>/`: no member's watch wakes for it.
     pub fn root_cause(&self, g: u64) -> String {
-        format!("{}root-cause/{g}", self.prefix)
+        format!("{}{g}", self.root_cause_prefix())
+    }
+
+    /// The prefix of every generation's root cause.
+    pub fn root_cause_prefix(&self) -> String {
+        format!("{}root-cause/", self.prefix)
     }
 
     /// Keys of generation `g` itself (plan, closed); watched by its members.

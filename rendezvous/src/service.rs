@@ -224,6 +224,7 @@ pub async fn status_json(
         .await?
         .and_then(|kv| serde_json::from_slice(&kv.value).ok());
     let restarts = round.restarts().await?;
+    let root_causes = round.state().root_causes().await?;
     let progress = store.get(&keys.progress()).await?.map(|kv| kv.value_str());
     let round_failed: Option<serde_json::Value> = store
         .get(&keys.round_failed())
@@ -254,6 +255,8 @@ pub async fn status_json(
         "round_failed": round_failed,
         "restarts": { "failures": restarts.failures, "membership": restarts.membership },
         "finished": finished,
+        // The first worker failure of each generation that one ended, oldest first.
+        "root_causes": root_causes,
         "checkpoints": checkpoints,
     }))
 }
