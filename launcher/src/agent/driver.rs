@@ -204,8 +204,8 @@ impl Agent {
                     .lock()
                     .expect("guard mutex poisoned")
                     .unwatch(pid);
-                let rank = group.rank_of(pid);
-                tracing::debug!(rank, pid = pid.as_raw(), ?exit, "worker exited");
+                let (rank, pid) = (group.rank_of(pid), pid.as_raw());
+                tracing::debug!(rank, pid, ?exit, "worker exited");
             } else {
                 tracing::debug!(pid = pid.as_raw(), ?exit, "reaped a re-parented descendant");
             }
@@ -297,13 +297,7 @@ impl Agent {
                     w.group = Some(g);
                 }
             }
-            Effect::RemoteCause(c) => crate::say_raw!(
-                "{}",
-                c.block(
-                    &self.cfg.entrypoint.script,
-                    &summary::format_time(UNIX_EPOCH + Duration::from_millis(c.at_ms))
-                )
-            ),
+            Effect::RemoteCause(c) => self.summarize_remote(&c),
             Effect::Requeue => crate::slurm::requeue(self.cfg.slurm.as_ref()),
         }
         Ok(None)
