@@ -68,3 +68,68 @@ fn a_worker_failure_on_node_b_is_named_in_node_a_summary() {
         "{failed}"
     );
 }
+
+/// Both nodes' workers fail at once (ranks 0 and 3): whichever failure the rendezvous decides
+/// first is the run's root cause, and the other node names it after its own summary.
+#[test]
+fn when_both_nodes_fail_at_once_each_names_the_one_root_cause() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let rdzv = [
+        "--rdzv-backend",
+        "drun",
+        "--rdzv-endpoint",
+        &server.endpoint,
+    ];
+    let start = |i: usize| {
+        let mut c = node_cmd(i, "bothfail", "2", &rdzv);
+        c.args(["--node-rank", &i.to_string(), "--max-restarts", "0"])
+            .args(["--shutdown-timeout", "3"])
+            .arg(worker("exit_code.py"))
+            .args(["5", "0,3", "1"]);
+        Agent::start(c)
+    };
+    let agents = [start(0), start(1)];
+    let nodes: Vec<String> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("127.0.0.{}_{}", i + 1, a.pid()))
+        .collect();
+    let errs: Vec<String> = agents
+        .into_iter()
+        .map(|a| {
+            let (code, _, err) = a.wait(Duration::from_secs(90));
+            assert_eq!(code, 1, "{err}");
+            err
+        })
+        .collect();
+    let out = std::process::Command::new(rendezvous_bin())
+        .args(["status", "bothfail", "--endpoint", &server.endpoint])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let root = &status["root_causes"][0];
+    let root_node = root["node"].as_str().expect("a recorded root cause");
+    let i = nodes
+        .iter()
+        .position(|n| n == root_node)
+        .unwrap_or_else(|| panic!("{root_node} is not one of {nodes:?}"));
+    let rank = if i == 0 { 0 } else { 3 };
+    assert_eq!(root["rank"], rank, "{status}");
+    let other = &errs[1 - i];
+    for want in [
+        format!("Root Cause (first failure of generation 1, on node {root_node})"),
+        format!("message   : rank {rank} exiting with 5"),
+    ] {
+        assert!(
+            other.contains(&want),
+            "node {} lacks {want:?}:\n{other}",
+            1 - i
+        );
+    }
+    assert!(
+        errs[i].contains("Root Cause (first observed failure)")
+            && !errs[i].contains("Root Cause (first failure of generation"),
+        "the root node prints its own summary only:\n{}",
+        errs[i]
+    );
+}

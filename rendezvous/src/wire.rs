@@ -206,14 +206,17 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
             at_ms: end.at_ms,
             root_cause_json: cause_to_wire(end.root_cause.as_ref()),
         }),
-        Event::FailureDecision { restart, restarts } => {
-            Kind::FailureDecision(pb::FailureDecision {
-                restart: *restart,
-                restarts_failures: restarts.failures,
-                restarts_membership: restarts.membership,
-                history: restarts.history.clone(),
-            })
-        }
+        Event::FailureDecision {
+            restart,
+            restarts,
+            cause,
+        } => Kind::FailureDecision(pb::FailureDecision {
+            restart: *restart,
+            restarts_failures: restarts.failures,
+            restarts_membership: restarts.membership,
+            history: restarts.history.clone(),
+            root_cause_json: cause_to_wire(cause.as_ref()),
+        }),
         Event::Fenced(r) => Kind::Fenced(r.clone()),
         Event::Error(r) => Kind::Error(r.clone()),
         Event::SaveRequested(r) => {
@@ -262,6 +265,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
                 membership: d.restarts_membership,
                 history: d.history,
             },
+            cause: cause_from_wire(&d.root_cause_json),
         },
         Kind::Fenced(r) => Event::Fenced(r),
         Kind::Error(r) => Event::Error(r),

@@ -39,12 +39,14 @@ pub(super) fn report(
     })
 }
 
-/// The session decided: restart (spending the budget or not) or end.
+/// The session decided: restart (spending the budget or not) or end (`cause`: the run's root
+/// cause, perhaps another node's failure).
 pub(super) fn decided(
     m: &mut Machine,
     mut r: Reporting,
     restart: bool,
     restarts: Restarts,
+    cause: Option<RootCause>,
     cx: &mut Cx<'_>,
 ) -> Phase {
     if restart && restarts.failures <= r.plan.restarts_failures {
@@ -68,7 +70,7 @@ pub(super) fn decided(
         );
         return rejoin(m, cx);
     }
-    end(r, restarts.history, cx)
+    end(r, restarts.history, cause, cx)
 }
 
 /// A re-form without spending the budget, its reason known (or waited for long enough).
@@ -135,7 +137,7 @@ pub(super) fn unreported(
             "could not report the failure to the rendezvous: {e}"
         )));
     }
-    end(r, Vec::new(), cx)
+    end(r, Vec::new(), None, cx)
 }
 
 /// The session closed while reporting.
@@ -148,11 +150,15 @@ pub(super) fn closed(m: &mut Machine, r: Reporting, cx: &mut Cx<'_>) -> Phase {
 }
 
 /// The run ends with this failure: the summary, its one line or the loop's error; exit 1.
-fn end(r: Reporting, history: Vec<String>, cx: &mut Cx<'_>) -> Phase {
+/// When another node's failure ended the run first (`cause`), its summary follows this node's.
+fn end(r: Reporting, history: Vec<String>, cause: Option<RootCause>, cx: &mut Cx<'_>) -> Phase {
     match r.ending {
         Ending::Summary => cx.fx.push(Effect::Summarize(history)),
         Ending::Line => cx.fx.push(Effect::Say(format!("drun: {}", r.description))),
         Ending::Fatal => return Phase::Done(End::Fatal),
+    }
+    if let Some(c) = cause.filter(|c| c.node != cx.p.node_id) {
+        cx.fx.push(Effect::RemoteCause(c));
     }
     Phase::Done(End::Exit(AgentExit::WorkerFailure))
 }

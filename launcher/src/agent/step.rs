@@ -97,9 +97,13 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
         },
         Event::Reform { reason, .. } => on_reform(m, phase, reason, cx),
         Event::Finished(end) => on_finished(m, phase, end, cx),
-        Event::FailureDecision { restart, restarts } => match phase {
+        Event::FailureDecision {
+            restart,
+            restarts,
+            cause,
+        } => match phase {
             Phase::Reporting(r) if r.decided.is_none() => {
-                failure::decided(m, r, restart, restarts, cx)
+                failure::decided(m, r, restart, restarts, cause, cx)
             }
             other => other,
         },

@@ -88,6 +88,7 @@ pub fn spawn(
                     Event::FailureDecision {
                         restart,
                         restarts: restarts.clone(),
+                        cause: None,
                     }
                 }
                 Request::Succeeded(g) => Event::Finished(RunEnd {

@@ -408,10 +408,14 @@ impl Actor {
                 description,
                 cause,
             } => {
-                let (restart, restarts) = self
+                let (restart, restarts, cause) = self
                     .decide_failure(generation, &description, cause.as_ref())
                     .await?;
-                self.emit(Event::FailureDecision { restart, restarts });
+                self.emit(Event::FailureDecision {
+                    restart,
+                    restarts,
+                    cause,
+                });
                 Ok(None)
             }
             Request::Commit { commit, retention } => {

@@ -152,6 +152,9 @@ pub enum Event {
         restart: bool,
         /// Counters after the decision.
         restarts: Restarts,
+        /// When the run ends: its root cause as recorded, which may be another node's failure
+        /// that ended it first.
+        cause: Option<RootCause>,
     },
     /// The lease is gone: this node is no longer a member.
     Fenced(String),

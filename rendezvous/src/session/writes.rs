@@ -118,15 +118,17 @@ impl Actor {
 
     /// Spends one restart of the job-wide budget and closes `g`, or ends the run as failed
     /// (the verdict is [`generation::failure_verdict`]'s). The failure that decides (`cause`,
-    /// when a worker failed) is recorded as `g`'s root cause and named in a failed run's end.
+    /// when a worker failed) is recorded as `g`'s root cause and named in a failed run's end;
+    /// an end returns the run's root cause as recorded (another node's when its failure ended
+    /// the run first).
     pub(super) async fn decide_failure(
         &self,
         g: u64,
         description: &str,
         cause: Option<&RootCause>,
-    ) -> Result<(bool, Restarts), RendezvousError> {
+    ) -> Result<(bool, Restarts, Option<RootCause>), RendezvousError> {
         if let Some(restarts) = self.attribute_to_loss(g, description).await? {
-            return Ok((true, restarts));
+            return Ok((true, restarts, None));
         }
         let keys = self.round.keys();
         loop {
@@ -147,7 +149,7 @@ impl Actor {
                     if closed.is_some() {
                         tracing::info!(gen = g, "{reason}");
                     }
-                    return Ok((true, restarts));
+                    return Ok((true, restarts, None));
                 }
                 FailureVerdict::Spend { next, closed } => {
                     let restarts_key = keys.restarts();
@@ -175,7 +177,7 @@ impl Actor {
                         })
                         .await?;
                     if resp.succeeded {
-                        return Ok((true, next));
+                        return Ok((true, next, None));
                     }
                 }
                 FailureVerdict::End { mut end, last } => {
@@ -193,7 +195,9 @@ impl Actor {
                             failure: vec![],
                         })
                         .await?;
-                    return Ok((false, last));
+                    let recorded = self.round.state().finished().await?;
+                    let cause = recorded.and_then(|e| e.root_cause).or(end.root_cause);
+                    return Ok((false, last, cause));
                 }
             }
         }

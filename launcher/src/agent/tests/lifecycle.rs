@@ -220,6 +220,7 @@ fn workers_that_cannot_start_are_reported_and_the_error_ends_the_agent() {
     let fx = t.ev(Event::FailureDecision {
         restart: false,
         restarts: restarts(0, &["generation 1: cannot start worker"]),
+        cause: None,
     });
     assert!(fx.is_empty(), "the loop prints its error: {fx:?}");
     assert_eq!(t.done(), Some(&End::Fatal));
@@ -232,6 +233,7 @@ fn workers_that_cannot_start_restart_with_budget_left() {
     let fx = t.ev(Event::FailureDecision {
         restart: true,
         restarts: restarts(1, &["generation 1: cannot start worker"]),
+        cause: None,
     });
     assert!(logged(&fx, "restarting the worker group"), "{fx:?}");
     assert!(matches!(t.phase(), Phase::Forming { rejoin_at: None }));
