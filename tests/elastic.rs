@@ -219,9 +219,10 @@ fn restart_budget_is_job_wide_and_the_summary_names_both_failures() {
         g2.iter().all(|r| r["restart_count"] == "1"),
         "every rank sees the same count: {g2:?}"
     );
+    // The failing node's own summary; the other node names the same failure as a remote one.
     let summary = errs
         .iter()
-        .find(|e| e.contains("FAILED"))
+        .find(|e| e.contains("Root Cause (first observed failure)"))
         .expect("a failure summary");
     let first = summary
         .find("earlier, generation 1:")
@@ -238,9 +239,14 @@ fn restart_budget_is_job_wide_and_the_summary_names_both_failures() {
     );
     let other = errs
         .iter()
-        .find(|e| !e.contains("FAILED"))
+        .find(|e| !e.contains("Root Cause (first observed failure)"))
         .expect("the other agent");
     assert!(other.contains("restart budget spent"), "{other}");
+    assert!(
+        other.contains("Root Cause (first failure of generation 2, on node 127.0.0.2_")
+            && other.contains("rank      : 2 (local_rank: 0)"),
+        "the other node names node rank 1's failure: {other}"
+    );
 }
 
 #[test]

@@ -13,6 +13,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
 use crate::exit::EXIT_CODES_HELP;
+use crate::log_format::LogFormat;
 
 /// `drun [OPTIONS] TRAINING_SCRIPT [ARGS]...` — the raw, unvalidated command line.
 #[derive(Debug, Clone, Parser)]
@@ -448,6 +449,17 @@ pub struct Args {
     /// Only warnings and errors from the agent itself.
     #[arg(short = 'q', long, help_heading = "Agent logs")]
     pub quiet: bool,
+
+    /// The agent's log records: `human` lines or `json`, one object per line with `run`, `gen`,
+    /// `node` (and `rank` where one is meant) as fields. Worker output is never reformatted.
+    #[arg(
+        long,
+        value_enum,
+        env = "DRUN_LOG_FORMAT",
+        default_value_t = LogFormat::Human,
+        help_heading = "Agent logs"
+    )]
+    pub log_format: LogFormat,
 
     /// torchrun flag not implemented by drun (rejected).
     #[arg(long = "numa-binding", alias = "numa_binding", hide = true)]

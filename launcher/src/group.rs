@@ -372,6 +372,11 @@ impl WorkerGroup {
         }
     }
 
+    /// The global rank of the worker with `pid`, if it is one of this group's.
+    pub fn rank_of(&self, pid: Pid) -> Option<u32> {
+        self.workers.iter().find(|w| w.pid == pid).map(|w| w.rank)
+    }
+
     /// Any worker failed on its own.
     pub fn has_failure(&self) -> bool {
         self.workers.iter().any(|w| w.state.is_failure())
@@ -448,7 +453,7 @@ impl WorkerGroup {
                 Ok(()) | Err(Errno::ESRCH) => {}
                 Err(e) => {
                     failed += 1;
-                    tracing::warn!(pgid = w.pid.as_raw(), ?sig, error = %e, "killpg failed");
+                    tracing::warn!(rank = w.rank, pgid = w.pid.as_raw(), ?sig, error = %e, "killpg failed");
                 }
             }
         }

@@ -11,6 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use drun_rendezvous::root_cause::{self, RootCause};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -73,6 +74,43 @@ impl Failure {
                 signal_short_cause(s).map_or(String::new(), |c| format!(" ({c})")),
                 self.pid
             ),
+        }
+    }
+
+    /// What the worker said about its failure: the error file's message, else the last
+    /// meaningful line of its output (empty when there is neither), one line, cut short.
+    pub fn message(&self) -> String {
+        self.error
+            .as_ref()
+            .and_then(|v| v.pointer("/message/message"))
+            .and_then(Value::as_str)
+            .and_then(|m| m.lines().map(str::trim).rfind(|l| !l.is_empty()))
+            .map(root_cause::cut)
+            .unwrap_or_else(|| root_cause::last_meaningful(&self.tail))
+    }
+
+    /// This failure as the job-wide root cause reported from node `node` on host `host`
+    /// (generation 0: the report fills it in).
+    pub fn root_cause(&self, node: &str, host: &str) -> RootCause {
+        let signal = match self.exit {
+            ExitKind::Signal(s) => Some(s),
+            ExitKind::Code(_) => None,
+        };
+        RootCause {
+            generation: 0,
+            node: node.to_string(),
+            host: host.to_string(),
+            rank: self.rank,
+            local_rank: self.local_rank,
+            pid: self.pid,
+            exitcode: self.exit.torch_exitcode(),
+            signal: signal.map(|s| s.as_str().to_string()),
+            likely: signal.and_then(signal_cause).map(str::to_string),
+            message: self.message(),
+            at_ms: self
+                .timestamp()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
         }
     }
 
@@ -307,6 +345,29 @@ mod tests {
         );
         let j = root_cause_json(&fs[1]);
         assert_eq!(j["message"]["errorCode"], 3);
+    }
+
+    #[test]
+    fn the_reported_root_cause_carries_signal_likely_reason_and_message() {
+        let f = failure(2, ExitKind::Signal(Signal::SIGKILL), 5, None);
+        let c = f.root_cause("b", "hb");
+        assert_eq!((c.node.as_str(), c.rank, c.exitcode), ("b", 2, -9));
+        assert_eq!(c.signal.as_deref(), Some("SIGKILL"));
+        assert!(c
+            .likely
+            .as_deref()
+            .is_some_and(|l| l.contains("OOM killer")));
+        assert_eq!(c.message, "ValueError: x", "the tail's last line");
+        assert_eq!(c.at_ms, 5000);
+        for sig in [Signal::SIGHUP, Signal::SIGPIPE] {
+            let c = failure(0, ExitKind::Signal(sig), 5, None).root_cause("b", "hb");
+            assert!(c.likely.is_some(), "{sig:?}");
+        }
+        let err =
+            serde_json::json!({"message": {"message": "RuntimeError: bad\n", "extraInfo": {}}});
+        let c = failure(1, ExitKind::Code(1), 5, Some(err)).root_cause("b", "hb");
+        assert_eq!(c.message, "RuntimeError: bad", "the error file's message");
+        assert_eq!(c.signal, None);
     }
 
     #[test]

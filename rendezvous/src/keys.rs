@@ -85,6 +85,17 @@ impl RunKeys {
         format!("{}gen/{g}/closed", self.prefix)
     }
 
+    /// The first worker failure of generation `g` (a JSON [`crate::root_cause::RootCause`]),
+    /// written with the decision on it. Outside `gen/<g>/`: no member's watch wakes for it.
+    pub fn root_cause(&self, g: u64) -> String {
+        format!("{}{g}", self.root_cause_prefix())
+    }
+
+    /// The prefix of every generation's root cause.
+    pub fn root_cause_prefix(&self) -> String {
+        format!("{}root-cause/", self.prefix)
+    }
+
     /// Keys of generation `g` itself (plan, closed); watched by its members.
     pub fn generation_prefix(&self, g: u64) -> String {
         format!("{}gen/{g}/", self.prefix)

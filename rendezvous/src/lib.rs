@@ -59,6 +59,7 @@ pub mod ledger;
 pub mod loss;
 pub mod memory;
 pub mod plan;
+pub mod root_cause;
 pub mod round;
 pub mod run_state;
 pub mod service;

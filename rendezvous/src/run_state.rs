@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::keys::RunKeys;
 use crate::loss;
+use crate::root_cause::RootCause;
 use crate::round::Restarts;
 use crate::session::RunEnd;
 use crate::store::{KeyValue, Store};
@@ -132,6 +133,19 @@ impl RunState {
             .await?
             .map(|kv| decode(&key, &kv.value))
             .transpose()
+    }
+
+    /// The run's recorded root causes, one per generation a worker failure ended, oldest first.
+    pub async fn root_causes(&self) -> Result<Vec<RootCause>, StoreError> {
+        let mut all = self
+            .store
+            .get_prefix(&self.keys.root_cause_prefix())
+            .await?
+            .iter()
+            .map(|kv| decode::<RootCause>(&kv.key, &kv.value))
+            .collect::<Result<Vec<_>, _>>()?;
+        all.sort_by_key(|c| c.generation);
+        Ok(all)
     }
 
     /// Why generation `g` must re-form, if it must.

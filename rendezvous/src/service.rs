@@ -30,6 +30,7 @@ use crate::{Round, RoundConfig, Store};
 pub struct RendezvousService {
     store: Arc<dyn Store>,
     sessions: Arc<AtomicUsize>,
+    run_on_records: bool,
 }
 
 impl RendezvousService {
@@ -38,7 +39,16 @@ impl RendezvousService {
         Self {
             store,
             sessions: Arc::new(AtomicUsize::new(0)),
+            run_on_records: false,
         }
+    }
+
+    /// Every log record of an agent's session names the run as well as the node (`on`: for
+    /// JSON logs, where each record stands alone). Off, a session's human lines name its node
+    /// (`session: ... node=n2`) and the run only where the record itself does.
+    pub fn with_run_on_records(mut self, on: bool) -> Self {
+        self.run_on_records = on;
+        self
     }
 
     /// Agent sessions currently open on this replica.
@@ -132,11 +142,19 @@ impl Rendezvous for RendezvousService {
             resume = hello.resume.is_some(),
             "agent session opened"
         );
-        let (req_tx, events) = spawn_session(
-            self.store.clone(),
-            cfg.clone(),
-            hello.resume.map(Into::into),
-        );
+        // The session's records name its node (and its run, for JSON logs).
+        let span = if self.run_on_records {
+            tracing::info_span!("session", run = %cfg.run_id, node = %cfg.node_id)
+        } else {
+            tracing::info_span!("session", node = %cfg.node_id)
+        };
+        let (req_tx, events) = span.in_scope(|| {
+            spawn_session(
+                self.store.clone(),
+                cfg.clone(),
+                hello.resume.map(Into::into),
+            )
+        });
         let sessions = self.sessions.clone();
         sessions.fetch_add(1, Ordering::SeqCst);
         let node = cfg.node_id.clone();
@@ -206,6 +224,7 @@ pub async fn status_json(
         .await?
         .and_then(|kv| serde_json::from_slice(&kv.value).ok());
     let restarts = round.restarts().await?;
+    let root_causes = round.state().root_causes().await?;
     let progress = store.get(&keys.progress()).await?.map(|kv| kv.value_str());
     let round_failed: Option<serde_json::Value> = store
         .get(&keys.round_failed())
@@ -236,6 +255,8 @@ pub async fn status_json(
         "round_failed": round_failed,
         "restarts": { "failures": restarts.failures, "membership": restarts.membership },
         "finished": finished,
+        // The first worker failure of each generation that one ended, oldest first.
+        "root_causes": root_causes,
         "checkpoints": checkpoints,
     }))
 }

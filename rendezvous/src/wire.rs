@@ -3,6 +3,7 @@
 use drun_proto::v1 as pb;
 
 use crate::ledger::Retention;
+use crate::root_cause::RootCause;
 use crate::round::Restarts;
 use crate::session::{Event, Request, Resume, RunEnd};
 use crate::{Candidate, Join, Member, Plan};
@@ -126,9 +127,11 @@ pub fn request_to_wire(r: &Request) -> pb::AgentMessage {
         Request::Failed {
             generation,
             description,
+            cause,
         } => Kind::Failed(pb::Failed {
             generation: *generation,
             description: description.clone(),
+            root_cause_json: cause_to_wire(cause.as_ref()),
         }),
         Request::Leave => Kind::Leave(true),
         Request::Commit { commit, retention } => Kind::Commit(pb::Commit {
@@ -164,6 +167,7 @@ pub fn request_from_wire(m: pb::AgentMessage) -> Option<Request> {
         Kind::Failed(f) => Request::Failed {
             generation: f.generation,
             description: f.description,
+            cause: cause_from_wire(&f.root_cause_json),
         },
         Kind::Leave(_) => Request::Leave,
         Kind::Commit(c) => Request::Commit {
@@ -200,15 +204,19 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
             success: end.success,
             reason: end.reason.clone(),
             at_ms: end.at_ms,
+            root_cause_json: cause_to_wire(end.root_cause.as_ref()),
         }),
-        Event::FailureDecision { restart, restarts } => {
-            Kind::FailureDecision(pb::FailureDecision {
-                restart: *restart,
-                restarts_failures: restarts.failures,
-                restarts_membership: restarts.membership,
-                history: restarts.history.clone(),
-            })
-        }
+        Event::FailureDecision {
+            restart,
+            restarts,
+            cause,
+        } => Kind::FailureDecision(pb::FailureDecision {
+            restart: *restart,
+            restarts_failures: restarts.failures,
+            restarts_membership: restarts.membership,
+            history: restarts.history.clone(),
+            root_cause_json: cause_to_wire(cause.as_ref()),
+        }),
         Event::Fenced(r) => Kind::Fenced(r.clone()),
         Event::Error(r) => Kind::Error(r.clone()),
         Event::SaveRequested(r) => {
@@ -248,6 +256,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
             success: f.success,
             reason: f.reason,
             at_ms: f.at_ms,
+            root_cause: cause_from_wire(&f.root_cause_json),
         }),
         Kind::FailureDecision(d) => Event::FailureDecision {
             restart: d.restart,
@@ -256,6 +265,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
                 membership: d.restarts_membership,
                 history: d.history,
             },
+            cause: cause_from_wire(&d.root_cause_json),
         },
         Kind::Fenced(r) => Event::Fenced(r),
         Kind::Error(r) => Event::Error(r),
@@ -292,4 +302,17 @@ impl From<pb::Resume> for Resume {
             waiting: r.waiting.map(Into::into),
         }
     }
+}
+
+/// A root cause as its wire field: JSON, empty for none.
+fn cause_to_wire(c: Option<&RootCause>) -> String {
+    c.map(|c| serde_json::to_string(c).expect("RootCause serializes"))
+        .unwrap_or_default()
+}
+
+/// A root cause from its wire field; none when empty or unreadable (a newer peer's shape).
+fn cause_from_wire(json: &str) -> Option<RootCause> {
+    (!json.is_empty())
+        .then(|| serde_json::from_str(json).ok())
+        .flatten()
 }

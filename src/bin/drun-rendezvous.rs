@@ -17,6 +17,16 @@ use drun_rendezvous::{EtcdStore, MemoryStore, Store};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The server's log records: `human` lines or `json`, one object per line with `run` and
+    /// `node` as fields where a record concerns one.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "DRUN_LOG_FORMAT",
+        default_value_t = drun_launcher::LogFormat::Human
+    )]
+    log_format: drun_launcher::LogFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -68,12 +78,12 @@ mod logging;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::install("info");
+    logging::install("info", cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(run(cli.command)) {
+    match runtime.block_on(run(cli.command, cli.log_format)) {
         Ok(()) => ExitCode::SUCCESS,
         Err((code, msg)) => {
             drun_launcher::say!("drun-rendezvous: error: {msg}");
@@ -105,7 +115,7 @@ async fn open_store(kind: StoreKind, endpoints: &[String]) -> Result<Arc<dyn Sto
     }
 }
 
-async fn run(cmd: Command) -> Result<(), (u8, String)> {
+async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (u8, String)> {
     match cmd {
         Command::Serve {
             listen,
@@ -136,9 +146,14 @@ async fn run(cmd: Command) -> Result<(), (u8, String)> {
                     _ = tokio::signal::ctrl_c() => {}
                 }
             };
-            serve(listener, RendezvousService::new(store), shutdown)
-                .await
-                .map_err(|e| (1, format!("server failed: {e}")))
+            serve(
+                listener,
+                RendezvousService::new(store)
+                    .with_run_on_records(log_format == drun_launcher::LogFormat::Json),
+                shutdown,
+            )
+            .await
+            .map_err(|e| (1, format!("server failed: {e}")))
         }
         Command::Status {
             run,

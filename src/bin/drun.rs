@@ -32,7 +32,7 @@ fn main() -> ExitCode {
             return ExitCode::from(AgentExit::Usage.code());
         }
     };
-    install_tracing(args.verbose, args.quiet);
+    install_tracing(args.verbose, args.quiet, args.log_format);
     let cfg = match LaunchConfig::from_args(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -63,11 +63,14 @@ fn one_line(rendered: &str) -> String {
     head.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn install_tracing(verbose: u8, quiet: bool) {
-    logging::install(match (quiet, verbose) {
-        (true, _) => "warn",
-        (false, 0) => "info",
-        (false, 1) => "debug",
-        _ => "trace",
-    });
+fn install_tracing(verbose: u8, quiet: bool, format: drun_launcher::LogFormat) {
+    logging::install(
+        match (quiet, verbose) {
+            (true, _) => "warn",
+            (false, 0) => "info",
+            (false, 1) => "debug",
+            _ => "trace",
+        },
+        format,
+    );
 }

@@ -28,12 +28,24 @@ impl RdzvServer {
 
     /// Starts a replica listening on `listen`.
     pub fn start_on(listen: &str, store_args: &[&str]) -> RdzvServer {
+        Self::spawn(listen, store_args, "warn", Stdio::inherit())
+    }
+
+    /// Starts a replica on a free port with `args` (store and log flags) whose log records
+    /// (`level`: a `DRUN_LOG` filter) go to the file `log`.
+    pub fn start_logging(args: &[&str], level: &str, log: &std::path::Path) -> RdzvServer {
+        let file = std::fs::File::create(log).expect("create the server's log file");
+        Self::spawn("127.0.0.1:0", args, level, file.into())
+    }
+
+    fn spawn(listen: &str, args: &[&str], level: &str, stderr: Stdio) -> RdzvServer {
         let mut child = Command::new(rendezvous_bin())
             .args(["serve", "--listen", listen])
-            .args(store_args)
-            .env("DRUN_LOG", "warn")
+            .args(args)
+            .env("DRUN_LOG", level)
+            .env_remove("DRUN_LOG_FORMAT")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start drun-rendezvous");
         let mut line = String::new();

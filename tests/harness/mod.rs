@@ -67,6 +67,7 @@ pub fn clean_env(mut c: Command) -> Command {
         "OMP_NUM_THREADS",
         "RUST_LOG",
         "DRUN_LOG",
+        "DRUN_LOG_FORMAT",
     ] {
         c.env_remove(k);
     }

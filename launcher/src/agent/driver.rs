@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use drun_rendezvous::root_cause::RootCause;
 use drun_rendezvous::session::Request;
 use drun_rendezvous::{Join, Plan, RendezvousError};
 use nix::sys::signal::Signal;
@@ -203,7 +204,8 @@ impl Agent {
                     .lock()
                     .expect("guard mutex poisoned")
                     .unwatch(pid);
-                tracing::debug!(pid = pid.as_raw(), ?exit, "worker exited");
+                let (rank, pid) = (group.rank_of(pid), pid.as_raw());
+                tracing::debug!(rank, pid, ?exit, "worker exited");
             } else {
                 tracing::debug!(pid = pid.as_raw(), ?exit, "reaped a re-parented descendant");
             }
@@ -295,6 +297,7 @@ impl Agent {
                     w.group = Some(g);
                 }
             }
+            Effect::RemoteCause(c) => self.summarize_remote(&c),
             Effect::Requeue => crate::slurm::requeue(self.cfg.slurm.as_ref()),
         }
         Ok(None)
@@ -421,14 +424,17 @@ impl Agent {
     /// when a worker failed.
     async fn cleanup(&mut self, w: &mut World) -> Input {
         self.sweep_descendants().await;
-        let mut failure = None;
+        let mut cause = None;
         if let Some(group) = w.group.as_mut() {
             group.drain_output(Instant::now() + DRAIN_WAIT).await;
             let failures = group.failures();
-            failure = root_cause(&failures)
-                .map(|i| format!("{} on node {}", failures[i].one_line(), self.cfg.node_id));
+            cause = root_cause(&failures)
+                .map(|i| failures[i].root_cause(&self.cfg.node_id, &self.hostname));
         }
-        Input::Stopped { failure }
+        Input::Stopped {
+            failure: cause.as_ref().map(RootCause::line),
+            cause,
+        }
     }
 
     /// Answers one worker API request (see [`crate::ckpt::api`]).

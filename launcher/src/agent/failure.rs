@@ -2,6 +2,7 @@
 //! end, or — when the failure came from a lost node or this node was fenced — re-form without
 //! spending the restart budget. Transitions of [`Phase::Reporting`], pure like [`super::step()`].
 
+use drun_rendezvous::root_cause::RootCause;
 use drun_rendezvous::round::Restarts;
 use drun_rendezvous::session::Request;
 use drun_rendezvous::Plan;
@@ -10,33 +11,42 @@ use super::state::{Effect, End, Ending, Level, Machine, Phase, Reporting, REFORM
 use super::step::{rejoin, Cx};
 use crate::AgentExit;
 
-/// Reports `description`, a failure of `plan`'s generation, and waits for the decision
-/// (`ending`: what to print if the run ends with it).
+/// Reports `description`, a failure of `plan`'s generation (`cause`: the failed worker, when
+/// one failed), and waits for the decision (`ending`: what to print if the run ends with it).
 pub(super) fn report(
     plan: Box<Plan>,
     description: String,
+    cause: Option<RootCause>,
     ending: Ending,
     cx: &mut Cx<'_>,
 ) -> Phase {
+    let cause = cause.map(|c| RootCause {
+        generation: plan.generation,
+        ..c
+    });
     cx.fx.push(Effect::Send(Request::Failed {
         generation: plan.generation,
         description: description.clone(),
+        cause: cause.clone(),
     }));
     Phase::Reporting(Reporting {
         plan,
         description,
+        cause,
         ending,
         reform: None,
         decided: None,
     })
 }
 
-/// The session decided: restart (spending the budget or not) or end.
+/// The session decided: restart (spending the budget or not) or end (`cause`: the run's root
+/// cause, perhaps another node's failure).
 pub(super) fn decided(
     m: &mut Machine,
     mut r: Reporting,
     restart: bool,
     restarts: Restarts,
+    cause: Option<RootCause>,
     cx: &mut Cx<'_>,
 ) -> Phase {
     if restart && restarts.failures <= r.plan.restarts_failures {
@@ -60,7 +70,7 @@ pub(super) fn decided(
         );
         return rejoin(m, cx);
     }
-    end(r, restarts.history, cx)
+    end(r, restarts.history, cause, cx)
 }
 
 /// A re-form without spending the budget, its reason known (or waited for long enough).
@@ -127,7 +137,7 @@ pub(super) fn unreported(
             "could not report the failure to the rendezvous: {e}"
         )));
     }
-    end(r, Vec::new(), cx)
+    end(r, Vec::new(), None, cx)
 }
 
 /// The session closed while reporting.
@@ -140,11 +150,15 @@ pub(super) fn closed(m: &mut Machine, r: Reporting, cx: &mut Cx<'_>) -> Phase {
 }
 
 /// The run ends with this failure: the summary, its one line or the loop's error; exit 1.
-fn end(r: Reporting, history: Vec<String>, cx: &mut Cx<'_>) -> Phase {
+/// When another node's failure ended the run first (`cause`), its summary follows this node's.
+fn end(r: Reporting, history: Vec<String>, cause: Option<RootCause>, cx: &mut Cx<'_>) -> Phase {
     match r.ending {
         Ending::Summary => cx.fx.push(Effect::Summarize(history)),
         Ending::Line => cx.fx.push(Effect::Say(format!("drun: {}", r.description))),
         Ending::Fatal => return Phase::Done(End::Fatal),
+    }
+    if let Some(c) = cause.filter(|c| c.node != cx.p.node_id) {
+        cx.fx.push(Effect::RemoteCause(c));
     }
     Phase::Done(End::Exit(AgentExit::WorkerFailure))
 }

@@ -43,8 +43,11 @@ use state::{JOB_CONTROL, RELAYED};
 /// line on stderr.
 pub async fn run(cfg: LaunchConfig) -> AgentExit {
     use tracing::Instrument as _;
-    // In a multi-node run every agent line names its node (`node=n2`).
-    let span = if cfg.max_nodes > 1 {
+    // In a multi-node run every agent line names its node (`node=n2`); every JSON record
+    // names the run, the node and (once formed) the generation.
+    let span = if cfg.log_format == crate::LogFormat::Json {
+        tracing::info_span!("agent", run = %cfg.run_id, node = %cfg.node_id, gen = tracing::field::Empty)
+    } else if cfg.max_nodes > 1 {
         tracing::info_span!("agent", node = %cfg.node_id)
     } else {
         tracing::Span::none()

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use drun_rendezvous::root_cause::RootCause;
 use drun_rendezvous::round::Restarts;
 use drun_rendezvous::session::{Request, RunEnd};
 use drun_rendezvous::{Event, Plan};
@@ -192,6 +193,8 @@ pub struct Reporting {
     pub plan: Box<Plan>,
     /// One line: which rank, which exit (or the partial success).
     pub description: String,
+    /// The failed worker in detail, when one failed.
+    pub cause: Option<RootCause>,
     /// What the end prints if the run ends with this failure.
     pub ending: Ending,
     /// Why the generation closed, when the session said (before or after the decision).
@@ -267,6 +270,8 @@ pub enum Input {
     Stopped {
         /// "rank 1 (pid 42) exited with 1 on node n1".
         failure: Option<String>,
+        /// That failure in detail (reported to the session as the generation's root cause).
+        cause: Option<RootCause>,
     },
     /// A worker API request (the loop holds it and its reply).
     Api,
@@ -357,6 +362,8 @@ pub enum Effect {
     Also(String),
     /// Print the failure summary (earlier failures: `history` less its last line).
     Summarize(Vec<String>),
+    /// Print the failure summary of a run that another node's worker failure ended.
+    RemoteCause(RootCause),
     /// `scontrol requeue` the Slurm job.
     Requeue,
 }

@@ -66,7 +66,7 @@ pub fn step(mut m: Machine, input: Input, now: Instant, p: &Params) -> (Machine,
             }
             other => other,
         },
-        Input::Stopped { failure } => on_stopped(&mut m, phase, failure, &mut cx),
+        Input::Stopped { failure, cause } => on_stopped(&mut m, phase, failure, cause, &mut cx),
         Input::Api => {
             cx.fx.push(match &phase {
                 Phase::Running { save, .. } => Effect::Serve {
@@ -97,9 +97,13 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
         },
         Event::Reform { reason, .. } => on_reform(m, phase, reason, cx),
         Event::Finished(end) => on_finished(m, phase, end, cx),
-        Event::FailureDecision { restart, restarts } => match phase {
+        Event::FailureDecision {
+            restart,
+            restarts,
+            cause,
+        } => match phase {
             Phase::Reporting(r) if r.decided.is_none() => {
-                failure::decided(m, r, restart, restarts, cx)
+                failure::decided(m, r, restart, restarts, cause, cx)
             }
             other => other,
         },
@@ -181,6 +185,10 @@ pub(super) fn run_ended(end: &RunEnd, cx: &mut Cx<'_>) -> Phase {
         cx.log(Level::Info, None, format!("run finished: {}", end.reason));
         exit(AgentExit::Success)
     } else {
+        // The failing node prints its own workers' summary; every other node names its cause.
+        if let Some(c) = end.root_cause.as_ref().filter(|c| c.node != cx.p.node_id) {
+            cx.fx.push(Effect::RemoteCause(c.clone()));
+        }
         cx.fx.push(Effect::Say(format!(
             "drun: run {} failed: {}",
             cx.p.run_id, end.reason

@@ -1,6 +1,7 @@
 //! The agent's transitions driven by the workers, signals and deadlines: supervision,
 //! teardown (grace, SIGKILL, cleanup) and what follows a stop. Pure, like [`super::step()`].
 
+use drun_rendezvous::root_cause::RootCause;
 use drun_rendezvous::session::Request;
 use nix::sys::signal::Signal;
 
@@ -204,7 +205,7 @@ pub(super) fn on_tick(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
                 cx.p.node_id,
                 drun_rendezvous::human::duration(cx.p.peer_exit_wait)
             );
-            failure::report(plan, description, Ending::Line, cx)
+            failure::report(plan, description, None, Ending::Line, cx)
         }
         other => other,
     }
@@ -214,6 +215,7 @@ pub(super) fn on_stopped(
     m: &mut Machine,
     phase: Phase,
     failure: Option<String>,
+    cause: Option<RootCause>,
     cx: &mut Cx<'_>,
 ) -> Phase {
     let Phase::Stopping(s) = phase else {
@@ -252,12 +254,12 @@ pub(super) fn on_stopped(
                 deadline: cx.now + cx.p.peer_exit_wait,
             }
         }
-        Then::Report { partial: Some(d) } => failure::report(plan, d, Ending::Line, cx),
+        Then::Report { partial: Some(d) } => failure::report(plan, d, None, Ending::Line, cx),
         Then::Report { partial: None } => {
             let d = failure.unwrap_or_else(|| format!("a worker failed on node {}", cx.p.node_id));
-            failure::report(plan, d, Ending::Summary, cx)
+            failure::report(plan, d, cause, Ending::Summary, cx)
         }
-        Then::ReportUnstarted(d) => failure::report(plan, d, Ending::Fatal, cx),
+        Then::ReportUnstarted(d) => failure::report(plan, d, None, Ending::Fatal, cx),
         _ => rejoin(m, cx),
     }
 }

@@ -3,9 +3,10 @@
 //! the log directory at exit.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use drun_rendezvous::human::duration as human;
+use drun_rendezvous::root_cause::RootCause;
 use drun_rendezvous::session::Request;
 use drun_rendezvous::{Candidate, Join, Plan};
 use nix::sys::signal::Signal;
@@ -142,6 +143,9 @@ impl Agent {
     }
 
     pub(super) fn announce(&self, plan: &Plan) {
+        // From here on every record of the agent's span names this generation (JSON logs; a
+        // span without the field ignores it).
+        tracing::Span::current().record("gen", plan.generation);
         tracing::info!(
             run = %plan.run_id,
             gen = plan.generation,
@@ -251,6 +255,15 @@ impl Agent {
         );
         self.write_root_cause(&root);
         self.print_also();
+    }
+
+    /// The summary of a run another node's worker failure ended: that failure, `cause`.
+    pub(super) fn summarize_remote(&self, cause: &RootCause) {
+        let at = UNIX_EPOCH + Duration::from_millis(cause.at_ms);
+        crate::say_raw!(
+            "{}",
+            cause.block(&self.cfg.entrypoint.script, &summary::format_time(at))
+        );
     }
 
     /// Secondary problems after the primary error, one line each.

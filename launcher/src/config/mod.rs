@@ -63,6 +63,8 @@ pub struct LaunchConfig {
     pub run_id: String,
     /// Identity of this node in the rendezvous.
     pub node_id: String,
+    /// `--log-format`: JSON records carry the run and the node on every line.
+    pub log_format: crate::LogFormat,
     /// Worker-failure restart budget.
     pub max_restarts: u32,
     /// Poll interval of worker state.

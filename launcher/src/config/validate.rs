@@ -87,6 +87,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         max_nodes,
         nproc_per_node,
         rendezvous,
+        log_format: a.log_format,
         run_id,
         node_id,
         max_restarts: a.max_restarts,

@@ -160,7 +160,7 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
         }
         RendezvousMode::C10d { endpoint, is_host } => {
             let hosted = if *is_host != Some(false) {
-                match host(endpoint).await {
+                match host(endpoint, cfg.log_format == crate::LogFormat::Json).await {
                     Ok(h) => Some(h),
                     Err(e) if *is_host == Some(true) => {
                         return Err(LaunchError::RendezvousFailed(format!(
@@ -181,13 +181,14 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
     }
 }
 
-async fn host(endpoint: &str) -> std::io::Result<HostedServer> {
+/// Serves the job's rendezvous on `endpoint` (`json`: its sessions' records name the run).
+async fn host(endpoint: &str, json: bool) -> std::io::Result<HostedServer> {
     let listener = tokio::net::TcpListener::bind(endpoint).await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "hosting the rendezvous for this job (in-memory store)");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let service = RendezvousService::new(store);
+    let service = RendezvousService::new(store).with_run_on_records(json);
     let served = service.clone();
     let task = tokio::spawn(async move {
         let shutdown = async {

@@ -75,6 +75,7 @@ pub fn spawn(
                 Request::Failed {
                     generation,
                     description,
+                    ..
                 } => {
                     let restart = restarts.failures < session.max_restarts;
                     restarts
@@ -87,12 +88,14 @@ pub fn spawn(
                     Event::FailureDecision {
                         restart,
                         restarts: restarts.clone(),
+                        cause: None,
                     }
                 }
                 Request::Succeeded(g) => Event::Finished(RunEnd {
                     success: true,
                     reason: format!("local workers of generation {g} succeeded"),
                     at_ms: 0,
+                    root_cause: None,
                 }),
                 Request::KeepAlive | Request::MarkBad { .. } | Request::Preempt { .. } => continue,
                 Request::Commit { commit, .. } => Event::Committed {

@@ -430,9 +430,16 @@ impl Actor {
             Request::Failed {
                 generation,
                 description,
+                cause,
             } => {
-                let (restart, restarts) = self.decide_failure(generation, &description).await?;
-                self.emit(Event::FailureDecision { restart, restarts });
+                let (restart, restarts, cause) = self
+                    .decide_failure(generation, &description, cause.as_ref())
+                    .await?;
+                self.emit(Event::FailureDecision {
+                    restart,
+                    restarts,
+                    cause,
+                });
                 Ok(None)
             }
             Request::Commit { commit, retention } => {

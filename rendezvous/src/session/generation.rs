@@ -470,6 +470,7 @@ pub(crate) fn failure_verdict(
                 restarts.failures, rules.max_restarts
             ),
             at_ms,
+            root_cause: None,
         },
         last: next,
     }
@@ -488,6 +489,7 @@ pub(crate) fn exit_barrier(plan: &Plan, done: &[String], at_ms: u64) -> Option<R
                 plan.world_size, plan.generation
             ),
             at_ms,
+            root_cause: None,
         })
 }
 

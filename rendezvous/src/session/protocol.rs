@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::ledger::{CommitOutcome, NodeCommit, Retention};
+use crate::root_cause::RootCause;
 use crate::round::Restarts;
 use crate::store::LeaseId;
 use crate::{Join, Plan, RoundConfig};
@@ -52,6 +53,9 @@ pub struct RunEnd {
     pub reason: String,
     /// When, in milliseconds since the Unix epoch.
     pub at_ms: u64,
+    /// A failed run's root cause: the worker failure that spent the budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_cause: Option<RootCause>,
 }
 
 /// A job-wide request for a coordinated checkpoint (key `gen/<g>/preempt`).
@@ -89,6 +93,8 @@ pub enum Request {
         generation: u64,
         /// One line: which rank, which exit.
         description: String,
+        /// The failed worker in detail, when a worker failed (not for a partial success).
+        cause: Option<RootCause>,
     },
     /// Leave the run: revoke the lease (survivors re-form).
     Leave,
@@ -146,6 +152,9 @@ pub enum Event {
         restart: bool,
         /// Counters after the decision.
         restarts: Restarts,
+        /// When the run ends: its root cause as recorded, which may be another node's failure
+        /// that ended it first.
+        cause: Option<RootCause>,
     },
     /// The lease is gone: this node is no longer a member.
     Fenced(String),

@@ -4,6 +4,8 @@ use super::actor::Actor;
 use super::generation::{self, FailureVerdict};
 use super::protocol::SaveRequest;
 use crate::clock::now_ms;
+use crate::keys::RunKeys;
+use crate::root_cause::RootCause;
 use crate::round::{RestartCause, Restarts};
 use crate::run_state;
 use crate::store::{Compare, Op, Txn};
@@ -115,14 +117,18 @@ impl Actor {
     }
 
     /// Spends one restart of the job-wide budget and closes `g`, or ends the run as failed
-    /// (the verdict is [`generation::failure_verdict`]'s).
+    /// (the verdict is [`generation::failure_verdict`]'s). The failure that decides (`cause`,
+    /// when a worker failed) is recorded as `g`'s root cause and named in a failed run's end;
+    /// an end returns the run's root cause as recorded (another node's when its failure ended
+    /// the run first).
     pub(super) async fn decide_failure(
         &self,
         g: u64,
         description: &str,
-    ) -> Result<(bool, Restarts), RendezvousError> {
+        cause: Option<&RootCause>,
+    ) -> Result<(bool, Restarts, Option<RootCause>), RendezvousError> {
         if let Some(restarts) = self.attribute_to_loss(g, description).await? {
-            return Ok((true, restarts));
+            return Ok((true, restarts, None));
         }
         let keys = self.round.keys();
         loop {
@@ -143,7 +149,7 @@ impl Actor {
                     if closed.is_some() {
                         tracing::info!(gen = g, "{reason}");
                     }
-                    return Ok((true, restarts));
+                    return Ok((true, restarts, None));
                 }
                 FailureVerdict::Spend { next, closed } => {
                     let restarts_key = keys.restarts();
@@ -160,31 +166,50 @@ impl Actor {
                                 Compare::ModRevisionEquals(restarts_key.clone(), rev),
                                 Compare::Missing(keys.closed(g)),
                             ],
-                            success: vec![
+                            success: [
                                 Op::put(restarts_key, run_state::encode(&next)),
                                 Op::put(keys.closed(g), closed),
-                            ],
+                            ]
+                            .into_iter()
+                            .chain(root_cause_put(keys, g, cause))
+                            .collect(),
                             failure: vec![],
                         })
                         .await?;
                     if resp.succeeded {
-                        return Ok((true, next));
+                        return Ok((true, next, None));
                     }
                 }
-                FailureVerdict::End { end, last } => {
+                FailureVerdict::End { mut end, last } => {
+                    end.root_cause = cause.cloned();
                     self.store
                         .txn(Txn {
                             compares: vec![Compare::Missing(keys.finished())],
-                            success: vec![
+                            success: [
                                 Op::put(keys.finished(), run_state::encode(&end)),
                                 Op::put(keys.restarts(), run_state::encode(&last)),
-                            ],
+                            ]
+                            .into_iter()
+                            .chain(root_cause_put(keys, g, cause))
+                            .collect(),
                             failure: vec![],
                         })
                         .await?;
-                    return Ok((false, last));
+                    let recorded = self.round.state().finished().await?;
+                    let cause = recorded.and_then(|e| e.root_cause).or(end.root_cause);
+                    return Ok((false, last, cause));
                 }
             }
         }
     }
+}
+
+/// The write of `g`'s root cause, when a worker failed.
+fn root_cause_put(keys: &RunKeys, g: u64, cause: Option<&RootCause>) -> Option<Op> {
+    cause.map(|c| {
+        Op::put(
+            keys.root_cause(g),
+            serde_json::to_vec(c).expect("RootCause serializes"),
+        )
+    })
 }

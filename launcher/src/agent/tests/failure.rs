@@ -10,6 +10,7 @@ fn worker_failure_with_budget_left_restarts_the_group() {
     let fx = t.ev(Event::FailureDecision {
         restart: true,
         restarts: restarts(1, &["generation 1: rank 1"]),
+        cause: None,
     });
     assert!(
         logged(&fx, "restarting the worker group (1/3 restarts used)"),
@@ -33,6 +34,7 @@ fn worker_failure_with_budget_spent_prints_the_summary_and_exits_1() {
     let fx = t.ev(Event::FailureDecision {
         restart: false,
         restarts: restarts(3, &history),
+        cause: None,
     });
     assert_eq!(
         fx,
@@ -44,6 +46,30 @@ fn worker_failure_with_budget_spent_prints_the_summary_and_exits_1() {
 }
 
 #[test]
+fn an_end_decided_by_another_node_failure_prints_it_after_this_node_summary() {
+    for (node, named) in [("n1", true), ("n0", false)] {
+        let mut t = T::running(1, 2);
+        report_failure(&mut t);
+        let cause = drun_rendezvous::root_cause::RootCause {
+            node: node.into(),
+            rank: 3,
+            ..Default::default()
+        };
+        let fx = t.ev(Event::FailureDecision {
+            restart: false,
+            restarts: restarts(0, &[]),
+            cause: Some(cause.clone()),
+        });
+        let mut want = vec![Effect::Summarize(Vec::new())];
+        if named {
+            want.push(Effect::RemoteCause(cause));
+        }
+        assert_eq!(fx, want, "{node}");
+        assert_eq!(t.done(), Some(&End::Exit(AgentExit::WorkerFailure)));
+    }
+}
+
+#[test]
 fn a_failure_caused_by_a_lost_node_waits_for_the_reason_and_spends_nothing() {
     let mut t = T::running(1, 2);
     report_failure(&mut t);
@@ -51,6 +77,7 @@ fn a_failure_caused_by_a_lost_node_waits_for_the_reason_and_spends_nothing() {
     let fx = t.ev(Event::FailureDecision {
         restart: true,
         restarts: restarts(0, &[]),
+        cause: None,
     });
     assert!(fx.is_empty());
     assert_eq!(t.machine().deadline(), Some(t.now + REFORM_REASON_WAIT));
@@ -81,6 +108,7 @@ fn a_reason_that_never_comes_is_a_membership_change() {
     t.ev(Event::FailureDecision {
         restart: true,
         restarts: restarts(0, &[]),
+        cause: None,
     });
     assert!(t.after(REFORM_REASON_WAIT / 2).is_empty());
     let fx = t.after(REFORM_REASON_WAIT);
@@ -159,6 +187,7 @@ fn peers_that_never_finish_make_a_partial_success_a_failure() {
     let fx = t.ev(Event::FailureDecision {
         restart: false,
         restarts: restarts(0, &[]),
+        cause: None,
     });
     assert!(matches!(&fx[..], [Effect::Say(l)] if l.starts_with("drun: partial success")));
     assert_eq!(t.done(), Some(&End::Exit(AgentExit::WorkerFailure)));
@@ -193,6 +222,36 @@ fn a_run_ended_by_another_node_stops_the_workers_and_exits_with_its_outcome() {
     let fx = t.workers_gone(None);
     assert!(logged(&fx, "drun: run r failed"), "{fx:?}");
     assert_eq!(t.done(), Some(&End::Exit(AgentExit::WorkerFailure)));
+}
+
+#[test]
+fn a_run_ended_by_another_node_names_that_node_root_cause_before_the_failure_line() {
+    let cause = drun_rendezvous::root_cause::RootCause {
+        node: "n1".into(),
+        rank: 3,
+        exitcode: 7,
+        message: "ValueError: boom".into(),
+        ..Default::default()
+    };
+    for (node, named) in [("n1", true), ("n0", false)] {
+        let mut t = T::running(1, 2);
+        let mut e = end(false);
+        e.root_cause = Some(drun_rendezvous::root_cause::RootCause {
+            node: node.into(),
+            ..cause.clone()
+        });
+        t.ev(Event::Finished(e));
+        let fx = t.workers_gone(None);
+        let remote = fx
+            .iter()
+            .position(|f| matches!(f, Effect::RemoteCause(c) if c.node == "n1" && c.rank == 3));
+        // This node's own failure is in its own summary: not repeated as a remote cause.
+        assert_eq!(remote.is_some(), named, "{node}: {fx:?}");
+        let line = fx
+            .iter()
+            .position(|f| matches!(f, Effect::Say(l) if l.starts_with("drun: run r failed")));
+        assert!(line > remote, "{fx:?}");
+    }
 }
 
 #[test]

@@ -160,7 +160,10 @@ fn a_stop_timeout_sends_sigkill_then_gives_up_waiting() {
     assert_eq!(fx.last(), Some(&Effect::Kill));
     assert_eq!(t.after(KILL_WAIT), vec![Effect::Cleanup]);
     assert_eq!(
-        t.feed(Input::Stopped { failure: None }),
+        t.feed(Input::Stopped {
+            failure: None,
+            cause: None
+        }),
         vec![Effect::Join {
             fresh: true,
             after: 1
@@ -205,6 +208,7 @@ fn unstarted(t: &mut T) {
         vec![Effect::Send(Request::Failed {
             generation: 1,
             description: "cannot start worker: x not found (node n0)".into(),
+            cause: None,
         })]
     );
 }
@@ -216,6 +220,7 @@ fn workers_that_cannot_start_are_reported_and_the_error_ends_the_agent() {
     let fx = t.ev(Event::FailureDecision {
         restart: false,
         restarts: restarts(0, &["generation 1: cannot start worker"]),
+        cause: None,
     });
     assert!(fx.is_empty(), "the loop prints its error: {fx:?}");
     assert_eq!(t.done(), Some(&End::Fatal));
@@ -228,6 +233,7 @@ fn workers_that_cannot_start_restart_with_budget_left() {
     let fx = t.ev(Event::FailureDecision {
         restart: true,
         restarts: restarts(1, &["generation 1: cannot start worker"]),
+        cause: None,
     });
     assert!(logged(&fx, "restarting the worker group"), "{fx:?}");
     assert!(matches!(t.phase(), Phase::Forming { rejoin_at: None }));

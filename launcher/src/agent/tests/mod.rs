@@ -137,6 +137,7 @@ impl T {
         assert_eq!(fx, vec![Effect::Cleanup]);
         self.feed(Input::Stopped {
             failure: failure.map(String::from),
+            cause: None,
         })
     }
 }
@@ -179,6 +180,7 @@ pub(super) fn end(success: bool) -> RunEnd {
         success,
         reason: "the last generation's workers exited".into(),
         at_ms: 0,
+        root_cause: None,
     }
 }
 
@@ -194,6 +196,7 @@ pub(super) fn report_failure(t: &mut T) {
         vec![Effect::Send(Request::Failed {
             generation: 1,
             description: "rank 1 exited with 3 on node n0".into(),
+            cause: None,
         })]
     );
     assert!(matches!(t.phase(), Phase::Reporting(_)));
