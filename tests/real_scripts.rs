@@ -142,3 +142,31 @@ fn a_server_that_comes_up_after_the_node_is_joined_once_it_does() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "{err}");
 }
+
+#[test]
+fn an_endpoint_that_is_not_a_drun_server_is_named_as_such_and_the_wait_is_bounded() {
+    // etcd answers HTTP/2 and gRPC, but not drun.v1: the classic missing --rdzv-backend etcd.
+    let etcd = crate::harness::etcd::Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let (code, _, err) = run(
+        late_server_cmd(&etcd.endpoint, 3, dir.path()),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "bounded by the join timeout"
+    );
+    let last = err.lines().last().unwrap();
+    assert!(
+        last.contains("not as a drun-rendezvous server") && last.contains("--rdzv-backend etcd"),
+        "{err}"
+    );
+    // Backed off between attempts: a handful of log lines, not thousands.
+    assert!(
+        err.lines().count() < 50,
+        "{} lines:\n{err}",
+        err.lines().count()
+    );
+}

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::reach::{Limits, Reach};
+use super::reach::{short_reason, Limits, Reach};
 use super::track::Track;
 
 /// How the fence this link declares itself begins: no server could be reached for a whole
@@ -174,6 +174,12 @@ impl Client {
         false
     }
 
+    /// Waits the backoff, then doubles it (at most 2 s).
+    async fn back_off(&mut self) {
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
+    }
+
     /// A channel to `endpoint`; `Retry` after the backoff; `Fatal` for an invalid endpoint.
     async fn connect(&mut self, endpoint: &str) -> Conn {
         let channel = match tonic::transport::Endpoint::from_shared(
@@ -221,14 +227,10 @@ impl Client {
         }
         let mut client = RendezvousClient::new(channel);
         match client.session(UnboundedReceiverStream::new(out_rx)).await {
-            Ok(r) => {
-                if self.reach.ever_connected() {
-                    tracing::info!(%endpoint, "reconnected to the rendezvous");
-                }
-                self.reach.contact(Instant::now());
-                self.backoff = Duration::from_millis(100);
-                Some(Opened::Stream(out_tx, Box::new(r.into_inner())))
-            }
+            // Counted as contact only once the server says something (its first answer to a
+            // keep-alive comes at once): an HTTP/2 endpoint that is not a drun server (a proxy,
+            // an ingress without a route) accepts the stream and ends it.
+            Ok(r) => Some(Opened::Stream(out_tx, Box::new(r.into_inner()))),
             Err(s) if drun_rendezvous::error::ServiceError::from_status(&s).is_refusal() => {
                 let _ = self.events.send(Event::Error(format!(
                     "rendezvous server {endpoint} refused the session: {}",
@@ -237,8 +239,10 @@ impl Client {
                 Some(Opened::Refused)
             }
             Err(s) => {
-                tracing::warn!(%endpoint, error = %s, "rendezvous session failed; trying again");
-                tokio::time::sleep(self.backoff).await;
+                let why = not_a_session(&s);
+                tracing::debug!(%endpoint, "rendezvous session failed ({why}); trying again");
+                self.reach.failed_because(why);
+                self.back_off().await;
                 None
             }
         }
@@ -253,6 +257,8 @@ impl Client {
         mut inbound: Box<tonic::Streaming<pb::ServerEvent>>,
     ) -> Next {
         let mut tick = tokio::time::interval(self.cfg.keep_alive_interval);
+        // Whether this stream brought anything from the server yet.
+        let mut heard = false;
         loop {
             tokio::select! {
                 req = requests.recv() => {
@@ -270,6 +276,13 @@ impl Client {
                 }
                 msg = inbound.message() => match msg {
                     Ok(Some(m)) => {
+                        if !heard {
+                            heard = true;
+                            if self.reach.ever_connected() {
+                                tracing::info!(%endpoint, "reconnected to the rendezvous");
+                            }
+                            self.backoff = Duration::from_millis(100);
+                        }
                         self.reach.contact(Instant::now());
                         let Some(ev) = event_from_wire(m) else { continue };
                         let end = matches!(ev, Event::Finished(_) | Event::Error(_));
@@ -279,6 +292,17 @@ impl Client {
                             // session next; nothing to reconnect for.
                             return Next::End;
                         }
+                    }
+                    Ok(None) | Err(_) if !heard => {
+                        // Ended before the server said anything: not a working session.
+                        let why = match msg {
+                            Err(s) => not_a_session(&s),
+                            _ => "the session ended at once".to_string(),
+                        };
+                        tracing::debug!(%endpoint, "rendezvous session failed ({why}); trying again");
+                        self.reach.failed_because(why);
+                        self.back_off().await;
+                        return Next::Reconnect;
                     }
                     Ok(None) | Err(_) => {
                         // HTTP/2 keep-alive pings (2 s) vouch for the stream until now.
@@ -292,6 +316,18 @@ impl Client {
                 }
             }
         }
+    }
+}
+
+/// Why a session could not be opened, in words: an endpoint that answers but does not serve
+/// drun.v1 (etcd itself, another gRPC service, an HTTP/2 proxy) is named as such.
+fn not_a_session(s: &tonic::Status) -> String {
+    match s.code() {
+        tonic::Code::Unimplemented | tonic::Code::NotFound => format!(
+            "it answered, but not as a drun-rendezvous server ({}); for an etcd endpoint use --rdzv-backend etcd",
+            s.message().trim()
+        ),
+        _ => short_reason(s.message()),
     }
 }
 

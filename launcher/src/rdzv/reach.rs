@@ -78,6 +78,11 @@ impl Reach {
         self.last_error = Some(short_reason(why));
     }
 
+    /// An attempt failed for a reason already in words (kept as it is).
+    pub fn failed_because(&mut self, why: String) {
+        self.last_error = Some(why);
+    }
+
     /// The verdict at `now` (`leased`: the session holds a lease; `endpoints`: as tried).
     pub fn check(&mut self, now: Instant, leased: bool, l: Limits, endpoints: &str) -> Verdict {
         let mut v = Verdict::default();
