@@ -22,7 +22,7 @@ use std::time::Duration;
 
 /// Longest piece of a line written to the console in one write, in bytes: a longer line is
 /// written in pieces of this size, each continuing the last (no prefix, no newline between).
-pub const MAX_LINE: usize = 1024 * 1024;
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
 /// Longest line kept for the failure summary, in bytes (the rest is cut).
 pub const TAIL_LINE_MAX: usize = 4096;
 /// Lines of each stream kept for the failure summary.

@@ -20,6 +20,14 @@ use crate::StoreError;
 /// Events kept for watches that start from a past revision.
 const HISTORY_LIMIT: usize = 10_000;
 
+/// How often the expiry task runs.
+const TICK: Duration = Duration::from_millis(100);
+
+/// A gap this long between two runs of the expiry task means the store itself did not run (its
+/// process was stopped — Ctrl-Z on the agent that embeds it — or starved): nobody could renew a
+/// lease meanwhile, so that time does not count against the leases.
+const PAUSE_GAP: Duration = Duration::from_secs(2);
+
 #[derive(Debug)]
 struct Lease {
     ttl: Duration,
@@ -34,6 +42,8 @@ struct State {
     leases: HashMap<LeaseId, Lease>,
     history: Vec<(i64, WatchEvent)>,
     watchers: Vec<(String, mpsc::UnboundedSender<WatchEvent>)>,
+    /// When the expiry task last ran (None without one: outside a tokio runtime).
+    last_tick: Option<Instant>,
 }
 
 impl State {
@@ -56,6 +66,21 @@ impl State {
         if self.kv.remove(key).is_some() {
             self.emit(WatchEvent::Delete(key.to_string(), self.revision));
         }
+    }
+
+    /// The expiry task's run at `now`: a gap of [`PAUSE_GAP`] or more since its last run (the
+    /// store was not running) moves every lease's deadline on by the gap; then expires.
+    fn tick(&mut self, now: Instant) {
+        if let Some(last) = self.last_tick {
+            let gap = now.saturating_duration_since(last);
+            if gap >= PAUSE_GAP {
+                for l in self.leases.values_mut() {
+                    l.deadline += gap - TICK;
+                }
+            }
+        }
+        self.last_tick = Some(now);
+        self.expire(now);
     }
 
     /// Drops expired leases and their keys; one revision for all of them.
@@ -154,24 +179,36 @@ impl MemoryStore {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let weak: Weak<Mutex<State>> = Arc::downgrade(&store.state);
             handle.spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(100));
+                let mut tick = tokio::time::interval(TICK);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
                     let Some(state) = weak.upgrade() else { return };
                     state
                         .lock()
                         .expect("memory store mutex poisoned")
-                        .expire(Instant::now());
+                        .tick(Instant::now());
                 }
             });
         }
         store
     }
 
+    /// The state, after a run of the expiry task's pause check and expiry (an operation that
+    /// comes first after a pause sees the leases moved on, not expired).
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        let mut st = self.state.lock().expect("memory store mutex poisoned");
-        st.expire(Instant::now());
+        let mut st = self.lock_raw();
+        let now = Instant::now();
+        if st.last_tick.is_some() {
+            st.tick(now);
+        } else {
+            st.expire(now);
+        }
         st
+    }
+
+    fn lock_raw(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("memory store mutex poisoned")
     }
 }
 
@@ -366,5 +403,30 @@ mod tests {
             WatchEvent::Put(kv) => assert_eq!(kv.key, "/p/4"),
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn time_the_store_itself_did_not_run_does_not_count_against_leases() {
+        let s = MemoryStore::new();
+        let lease = s.lease_grant(Duration::from_secs(3)).await.unwrap();
+        s.put("/run/members/1/n", b"{}".to_vec(), Some(lease))
+            .await
+            .unwrap();
+        // Let the expiry task run once, then the whole process stops for 20 s (Ctrl-Z on the
+        // agent that embeds the store): no tick, no keep-alive, time goes on.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert!(
+            s.get("/run/members/1/n").await.unwrap().is_some(),
+            "not expired by the pause"
+        );
+        // Running again, the lease expires as usual without keep-alives.
+        for _ in 0..40 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            s.get("/run/members/1/n").await.unwrap().is_none(),
+            "expired after its TTL"
+        );
     }
 }
