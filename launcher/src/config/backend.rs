@@ -33,6 +33,7 @@ pub(super) fn rendezvous_mode(
             why: "give HOST:PORT (the rendezvous server, the c10d host, or etcd), or drop the flag for a one-node run".into(),
         });
     }
+    check_run_id(&a.rdzv_id)?;
     let backend = match a.rdzv_backend.as_deref() {
         Some(b) => b,
         None if endpoint.is_empty() => "static",
@@ -92,6 +93,26 @@ fn standalone(
         host.random_run_id.clone()
     };
     Ok((mode, run_id))
+}
+
+/// A run id names the run's keys in the store (`/drun/v1/<run>/...`): it must not be empty
+/// (`--rdzv-id ''`, `PET_RDZV_ID=`) nor hold a `/` (run `a` would then see run `a/waiting`'s
+/// keys as its own), whitespace or control characters.
+fn check_run_id(id: &str) -> Result<(), ConfigError> {
+    if id.trim().is_empty() {
+        return Err(ConfigError::Empty {
+            flag: "--rdzv-id",
+            why: "give the run a name shared by all its nodes (e.g. --rdzv-id myjob-42), or drop the flag for a one-node run".into(),
+        });
+    }
+    if id.contains('/') || id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ConfigError::Invalid {
+            flag: "--rdzv-id",
+            value: id.escape_debug().to_string(),
+            why: "a run id names the run's keys in the store: use letters, digits and -_.:@ (no '/', spaces or control characters)".into(),
+        });
+    }
+    Ok(())
 }
 
 /// torchrun's static backend: one node on a fixed port, or several with `--node-rank`.

@@ -187,3 +187,27 @@ fn an_empty_endpoint_is_named_as_one_not_as_an_nnodes_problem() {
     // --standalone ignores the rendezvous flags, an empty endpoint too.
     ok(&["--standalone", "--rdzv-endpoint", "", "t.py"]);
 }
+
+#[test]
+fn an_empty_or_path_like_run_id_is_refused_up_front() {
+    let with_id = |id: &'static str| {
+        vec![
+            "--slurm",
+            "off",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            "h:1",
+            "--rdzv-id",
+            id,
+            "t.py",
+        ]
+    };
+    let e = err(&with_id(""), &host());
+    assert!(e.starts_with("--rdzv-id is empty:"), "{e}");
+    for bad in ["a/b", "a/../b", "job 1"] {
+        let e = err(&with_id(bad), &host());
+        assert!(e.starts_with("invalid --rdzv-id"), "{bad}: {e}");
+    }
+    assert!(validate(&args(&with_id("job-42.a_b:c@d")), &host()).is_ok());
+}
