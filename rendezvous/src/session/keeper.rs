@@ -41,10 +41,8 @@ pub(crate) fn spawn_keeper(
     let KeeperConfig { ttl, every, auto } = cfg;
     tokio::spawn(async move {
         let mut last_ok = Instant::now();
-        let mut wait = first_wait(every, lease);
         loop {
-            tokio::time::sleep(wait).await;
-            wait = every;
+            tokio::time::sleep(every).await;
             if !auto
                 && now_ms().saturating_sub(heard.load(Ordering::SeqCst)) > ttl.as_millis() as u64
             {
@@ -84,36 +82,4 @@ pub(crate) fn spawn_keeper(
             }
         }
     })
-}
-
-/// The wait before a lease's first renewal: between half an interval and a whole one, spread by
-/// the lease id. A server's thousands of sessions get their leases within a second or two of
-/// each other; renewing them all on the same beat would hit etcd in bursts of thousands.
-pub(crate) fn first_wait(every: Duration, lease: LeaseId) -> Duration {
-    // A multiplicative hash: consecutive lease ids land far apart in [0, 1).
-    let frac =
-        ((lease as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as f64 / (1u64 << 24) as f64;
-    every / 2 + every.mul_f64(frac / 2.0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn first_renewals_of_consecutive_leases_spread_over_half_an_interval() {
-        let every = Duration::from_millis(3_333);
-        let mut buckets = [0usize; 10];
-        for lease in 0x3fea_2349_29db_0000_i64..0x3fea_2349_29db_0000 + 1_000 {
-            let w = first_wait(every, lease);
-            assert!(w >= every / 2 && w < every, "{w:?}");
-            let b = ((w - every / 2).as_secs_f64() / (every / 2).as_secs_f64() * 10.0) as usize;
-            buckets[b.min(9)] += 1;
-        }
-        // Each tenth of the window gets a fair share (100 expected).
-        assert!(
-            buckets.iter().all(|&n| (60..=140).contains(&n)),
-            "{buckets:?}"
-        );
-    }
 }
