@@ -5,26 +5,30 @@ use std::time::Duration;
 use crate::harness::cluster::{rendezvous_bin, RdzvServer};
 use crate::harness::{node_cmd, worker, Agent};
 
-/// Two agents × 2 workers, `--max-restarts 0`; rank 3 (node rank 1's local rank 1) prints a line
-/// to stderr and exits 7. Both agents fail; A, whose workers were only stopped, names B's node,
-/// rank, exit code and the worker's last line.
-#[test]
-fn a_worker_failure_on_node_b_is_named_in_node_a_summary() {
-    let server = RdzvServer::start(&["--store", "memory"]);
+/// Node `i` of a 2-node run `run` on `server`, 2 workers, `--max-restarts 0`: the ranks in
+/// `ranks` (comma-separated) print a line to stderr and exit with `code`.
+fn failing_node(server: &RdzvServer, run: &str, i: usize, code: &str, ranks: &str) -> Agent {
     let rdzv = [
         "--rdzv-backend",
         "drun",
         "--rdzv-endpoint",
         &server.endpoint,
     ];
-    let start = |i: usize| {
-        let mut c = node_cmd(i, "rootcause", "2", &rdzv);
-        c.args(["--node-rank", &i.to_string(), "--max-restarts", "0"])
-            .args(["--shutdown-timeout", "3"])
-            .arg(worker("exit_code.py"))
-            .args(["7", "3", "1"]);
-        Agent::start(c)
-    };
+    let mut c = node_cmd(i, run, "2", &rdzv);
+    c.args(["--node-rank", &i.to_string(), "--max-restarts", "0"])
+        .args(["--shutdown-timeout", "3"])
+        .arg(worker("exit_code.py"))
+        .args([code, ranks, "1"]);
+    Agent::start(c)
+}
+
+/// Two agents × 2 workers, `--max-restarts 0`; rank 3 (node rank 1's local rank 1) prints a line
+/// to stderr and exits 7. Both agents fail; A, whose workers were only stopped, names B's node,
+/// rank, exit code and the worker's last line.
+#[test]
+fn a_worker_failure_on_node_b_is_named_in_node_a_summary() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let start = |i: usize| failing_node(&server, "rootcause", i, "7", "3");
     let a = start(0);
     let b = start(1);
     let b_node = format!("127.0.0.2_{}", b.pid());
@@ -74,20 +78,7 @@ fn a_worker_failure_on_node_b_is_named_in_node_a_summary() {
 #[test]
 fn when_both_nodes_fail_at_once_each_names_the_one_root_cause() {
     let server = RdzvServer::start(&["--store", "memory"]);
-    let rdzv = [
-        "--rdzv-backend",
-        "drun",
-        "--rdzv-endpoint",
-        &server.endpoint,
-    ];
-    let start = |i: usize| {
-        let mut c = node_cmd(i, "bothfail", "2", &rdzv);
-        c.args(["--node-rank", &i.to_string(), "--max-restarts", "0"])
-            .args(["--shutdown-timeout", "3"])
-            .arg(worker("exit_code.py"))
-            .args(["5", "0,3", "1"]);
-        Agent::start(c)
-    };
+    let start = |i: usize| failing_node(&server, "bothfail", i, "5", "0,3");
     let agents = [start(0), start(1)];
     let nodes: Vec<String> = agents
         .iter()

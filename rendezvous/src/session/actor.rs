@@ -249,9 +249,8 @@ impl Actor {
                 return Ok(None);
             }
             (Wake::Request(Some(r)), phase) => self.on_request(r, phase).await?,
-            (Wake::LeaseLost((l, reason)), phase) => {
-                if generation::fences(self.lease, l) {
-                    self.fence(reason);
+            (Wake::LeaseLost(lost), phase) => {
+                if self.fence_if_current(lost) {
                     Phase::Idle
                 } else {
                     phase
@@ -303,6 +302,16 @@ impl Actor {
                 Phase::Idle
             }
         })
+    }
+
+    /// Fences when `lost` is this session's current lease (a stale keeper's report is not);
+    /// true when it did.
+    pub(super) fn fence_if_current(&mut self, (lease, reason): Lost) -> bool {
+        let current = generation::fences(self.lease, lease);
+        if current {
+            self.fence(reason);
+        }
+        current
     }
 
     pub fn fence(&mut self, reason: String) {
@@ -374,9 +383,8 @@ impl Actor {
         loop {
             let result = tokio::select! {
                 r = self.handle(req.clone(), &mut phase) => r,
-                Some((l, reason)) = lost_rx.recv() => {
-                    if generation::fences(self.lease, l) {
-                        self.fence(reason);
+                Some(lost) = lost_rx.recv() => {
+                    if self.fence_if_current(lost) {
                         return Ok(Phase::Idle);
                     }
                     continue;

@@ -30,9 +30,8 @@ impl Actor {
         let phase = loop {
             let attempt = tokio::select! {
                 r = self.running(plan.clone(), before.clone(), false) => r,
-                Some((l, reason)) = lost_rx.recv() => {
-                    if generation::fences(self.lease, l) {
-                        self.fence(reason);
+                Some(lost) = lost_rx.recv() => {
+                    if self.fence_if_current(lost) {
                         break Phase::Idle;
                     }
                     continue;
@@ -44,9 +43,8 @@ impl Actor {
                     tracing::warn!(error = %e, "store unavailable; retrying the watch");
                     tokio::select! {
                         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                        Some((l, reason)) = lost_rx.recv() => {
-                            if generation::fences(self.lease, l) {
-                                self.fence(reason);
+                        Some(lost) = lost_rx.recv() => {
+                            if self.fence_if_current(lost) {
                                 break Phase::Idle;
                             }
                         }
