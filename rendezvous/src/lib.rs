@@ -64,6 +64,7 @@ pub mod round;
 pub mod run_state;
 pub mod service;
 pub mod session;
+pub mod shared_lease;
 pub mod store;
 pub mod wire;
 

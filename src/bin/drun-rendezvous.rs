@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use drun_proto::v1::rendezvous_client::RendezvousClient;
 use drun_proto::v1::StatusRequest;
 use drun_rendezvous::service::{serve, status_json, RendezvousService};
+use drun_rendezvous::shared_lease::SharedLeases;
 use drun_rendezvous::{EtcdStore, MemoryStore, Store};
 
 /// drun's rendezvous server: forms multi-node groups for `drun` agents.
@@ -128,7 +129,12 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                     format!("invalid --listen '{listen}': {e} (expected HOST:PORT)"),
                 )
             })?;
-            let store = open_store(store, &etcd_endpoints).await?;
+            let store = match open_store(store, &etcd_endpoints).await? {
+                // Agents' leases live in this server on a few shared etcd leases
+                // (`drun_rendezvous::shared_lease`): etcd sees no per-agent keep-alives.
+                s if store == StoreKind::Etcd => Arc::new(SharedLeases::new(s)) as Arc<dyn Store>,
+                s => s,
+            };
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| (2, format!("cannot listen on {addr}: {e}")))?;

@@ -1,0 +1,114 @@
+//! An agent lease's registry record, and adopting a lease another replica held: the agent
+//! reconnected here, so its keys move under this server's carrier.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::{registry_key, SharedLeases};
+use crate::store::{Compare, LeaseId, Op, Txn};
+use crate::StoreError;
+
+/// Attempts at moving the keys before giving the lease up (each fails only when one of its
+/// keys changed meanwhile).
+const ATTEMPTS: usize = 3;
+
+/// The registry record of one agent lease.
+#[derive(Debug, Serialize, Deserialize)]
+struct Record {
+    /// The lease's TTL, milliseconds.
+    ttl_ms: u64,
+    /// Keys that may be attached to it.
+    keys: Vec<String>,
+}
+
+/// The encoded registry record of a lease living `ttl` with `keys`.
+pub(super) fn record(ttl: Duration, keys: &[String]) -> Vec<u8> {
+    serde_json::to_vec(&Record {
+        ttl_ms: ttl.as_millis() as u64,
+        keys: keys.to_vec(),
+    })
+    .expect("a record serializes")
+}
+
+impl SharedLeases {
+    /// Adopts agent lease `lease` from the replica that held it: its keys still attached to that
+    /// replica's carrier are rewritten under ours, with the registry record, in one transaction
+    /// guarded by their revisions. `LeaseLost` when the record is gone (the lease ended).
+    pub(super) async fn adopt(self: &Arc<Self>, lease: LeaseId) -> Result<Duration, StoreError> {
+        let reg = registry_key(lease);
+        for _ in 0..ATTEMPTS {
+            if let Some(ttl) = self.table().renew(lease, Instant::now()) {
+                return Ok(ttl); // adopted meanwhile by a concurrent call
+            }
+            let Some(kv) = self.inner.get(&reg).await? else {
+                return Err(StoreError::LeaseLost(lease));
+            };
+            let rec: Record =
+                serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
+                    key: reg.clone(),
+                    reason: e.to_string(),
+                })?;
+            let ttl = Duration::from_millis(rec.ttl_ms);
+            let carrier = self.carrier(ttl).await?;
+            if kv.lease == Some(carrier) {
+                return Err(StoreError::LeaseLost(lease)); // ours, and ended here
+            }
+            let mut compares = vec![Compare::ModRevisionEquals(reg.clone(), kv.mod_revision)];
+            let mut moved = Vec::new();
+            for key in &rec.keys {
+                let Some(k) = self.inner.get(key).await? else {
+                    compares.push(Compare::Missing(key.clone()));
+                    continue;
+                };
+                compares.push(Compare::ModRevisionEquals(key.clone(), k.mod_revision));
+                if k.lease == kv.lease {
+                    moved.push(Op::Put {
+                        key: key.clone(),
+                        value: k.value.to_vec(),
+                        lease: Some(carrier),
+                    });
+                }
+            }
+            let kept: Vec<String> = moved
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Put { key, .. } => Some(key.clone()),
+                    _ => None,
+                })
+                .collect();
+            let mut success = moved;
+            success.push(Op::Put {
+                key: reg.clone(),
+                value: record(ttl, &kept),
+                lease: Some(carrier),
+            });
+            let resp = self
+                .inner
+                .txn(Txn {
+                    compares,
+                    success,
+                    failure: vec![],
+                })
+                .await?;
+            if !resp.succeeded {
+                continue;
+            }
+            let mut t = self.table();
+            t.grant(lease, ttl, carrier, Instant::now());
+            for key in kept.iter().chain(std::iter::once(&reg)) {
+                t.writing(lease, key);
+                t.wrote(key, Some(lease), resp.revision);
+            }
+            tracing::info!(
+                lease = format!("{lease:#x}"),
+                keys = kept.len(),
+                "took over an agent lease from another server"
+            );
+            return Ok(ttl);
+        }
+        Err(StoreError::LeaseLost(lease))
+    }
+}

@@ -1,0 +1,192 @@
+//! Shared leases over the embedded store: expiry, revoke, one carrier for many agents, and an
+//! agent lease taken over by another replica.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{registry_key, SharedLeases};
+use crate::store::{Store, WatchEvent};
+use crate::{MemoryStore, StoreError};
+
+const TTL: Duration = Duration::from_secs(3);
+
+fn replica(inner: &Arc<dyn Store>) -> Arc<dyn Store> {
+    Arc::new(SharedLeases::new(inner.clone()))
+}
+
+async fn wait_gone(s: &Arc<dyn Store>, key: &str) {
+    for _ in 0..200 {
+        if s.get(key).await.unwrap().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{key} still there");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_lease_expires_on_its_own_deadline_and_watchers_see_the_delete() {
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let s = replica(&inner);
+    let kept = s.lease_grant(TTL).await.unwrap();
+    let idle = s.lease_grant(TTL).await.unwrap();
+    s.put("/run/m/kept", b"1".to_vec(), Some(kept))
+        .await
+        .unwrap();
+    s.put("/run/m/idle", b"1".to_vec(), Some(idle))
+        .await
+        .unwrap();
+    let mut w = s.watch_prefix("/run/m/", 0).await.unwrap();
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(s.lease_keep_alive(kept).await.unwrap(), TTL);
+    }
+    assert!(s.get("/run/m/kept").await.unwrap().is_some(), "kept alive");
+    assert!(
+        s.get("/run/m/idle").await.unwrap().is_none(),
+        "expired after 3 s"
+    );
+    match w.recv().await.unwrap() {
+        WatchEvent::Delete(k, _) => assert_eq!(k, "/run/m/idle"),
+        other => panic!("expected the delete, got {other:?}"),
+    }
+    assert!(inner.get(&registry_key(idle)).await.unwrap().is_none());
+    assert!(matches!(
+        s.lease_keep_alive(idle).await,
+        Err(StoreError::LeaseLost(l)) if l == idle
+    ));
+    assert!(matches!(
+        s.put("/run/m/late", vec![], Some(idle)).await,
+        Err(StoreError::LeaseLost(l)) if l == idle
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_agent_leases_share_one_store_lease_and_a_revoke_deletes_only_its_keys() {
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let s = replica(&inner);
+    let mut leases = Vec::new();
+    for i in 0..50 {
+        let l = s.lease_grant(TTL).await.unwrap();
+        s.put(&format!("/run/m/{i}"), b"1".to_vec(), Some(l))
+            .await
+            .unwrap();
+        leases.push(l);
+    }
+    let kvs = inner.get_prefix("/run/m/").await.unwrap();
+    let carrier = kvs[0].lease;
+    assert!(carrier.is_some());
+    assert!(kvs.iter().all(|kv| kv.lease == carrier), "one carrier");
+    s.lease_revoke(leases[7]).await.unwrap();
+    assert!(
+        inner.get("/run/m/7").await.unwrap().is_none(),
+        "gone on return"
+    );
+    assert_eq!(inner.get_prefix("/run/m/").await.unwrap().len(), 49);
+    s.lease_revoke(leases[7]).await.unwrap(); // twice: not an error
+                                              // A key rewritten without a lease leaves the lease: its expiry does not delete it.
+    s.put("/run/m/8", b"2".to_vec(), None).await.unwrap();
+    s.lease_revoke(leases[8]).await.unwrap();
+    assert!(inner.get("/run/m/8").await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_takes_over_a_reconnected_agents_lease_and_the_old_one_deletes_nothing() {
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let a = replica(&inner);
+    let b = replica(&inner);
+    let l = a.lease_grant(TTL).await.unwrap();
+    a.put("/run/waiting/n", b"w".to_vec(), Some(l))
+        .await
+        .unwrap();
+    a.put("/run/owner/n", b"a".to_vec(), Some(l)).await.unwrap();
+    let a_carrier = inner.get(&registry_key(l)).await.unwrap().unwrap().lease;
+    // The agent reconnects to b, which renews (adopts) its lease and claims the node.
+    assert_eq!(b.lease_keep_alive(l).await.unwrap(), TTL);
+    b.put("/run/owner/n", b"b".to_vec(), Some(l)).await.unwrap();
+    // a hears nothing more: its table entry expires. b keeps renewing.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        b.lease_keep_alive(l).await.unwrap();
+    }
+    let w = inner
+        .get("/run/waiting/n")
+        .await
+        .unwrap()
+        .expect("moved, not deleted");
+    assert_eq!(w.value_str(), "w");
+    assert_eq!(
+        inner
+            .get("/run/owner/n")
+            .await
+            .unwrap()
+            .unwrap()
+            .value_str(),
+        "b"
+    );
+    assert!(inner.get(&registry_key(l)).await.unwrap().unwrap().lease != a_carrier);
+    // The agent leaves through b: every key goes.
+    b.lease_revoke(l).await.unwrap();
+    for k in ["/run/waiting/n", "/run/owner/n"] {
+        assert!(inner.get(k).await.unwrap().is_none(), "{k}");
+    }
+    assert!(inner.get(&registry_key(l)).await.unwrap().is_none());
+    assert!(matches!(
+        a.lease_keep_alive(l).await,
+        Err(StoreError::LeaseLost(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_a_replica_dies_its_agents_keys_go_with_its_carrier_unless_taken_over() {
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let a = replica(&inner);
+    let moved = a.lease_grant(TTL).await.unwrap();
+    let stayed = a.lease_grant(TTL).await.unwrap();
+    a.put("/run/m/moved", b"1".to_vec(), Some(moved))
+        .await
+        .unwrap();
+    a.put("/run/m/stayed", b"1".to_vec(), Some(stayed))
+        .await
+        .unwrap();
+    drop(a); // the replica is gone: nothing renews its carrier
+    let b = replica(&inner);
+    b.lease_keep_alive(moved).await.unwrap();
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        b.lease_keep_alive(moved).await.unwrap();
+    }
+    wait_gone(&inner, "/run/m/stayed").await;
+    assert!(inner.get("/run/m/moved").await.unwrap().is_some());
+    assert!(matches!(
+        b.lease_keep_alive(stayed).await,
+        Err(StoreError::LeaseLost(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_carrier_loses_its_agent_leases() {
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let s = replica(&inner);
+    let l = s.lease_grant(TTL).await.unwrap();
+    s.put("/run/m/n", b"1".to_vec(), Some(l)).await.unwrap();
+    let carrier = inner.get("/run/m/n").await.unwrap().unwrap().lease.unwrap();
+    inner.lease_revoke(carrier).await.unwrap();
+    let mut lost = false;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if matches!(s.lease_keep_alive(l).await, Err(StoreError::LeaseLost(_))) {
+            lost = true;
+            break;
+        }
+        let _ = s.lease_keep_alive(l).await;
+    }
+    assert!(lost, "the agent lease is lost with its carrier");
+    // A new grant gets a new carrier.
+    let l2 = s.lease_grant(TTL).await.unwrap();
+    s.put("/run/m/n2", b"1".to_vec(), Some(l2)).await.unwrap();
+    assert_ne!(
+        inner.get("/run/m/n2").await.unwrap().unwrap().lease,
+        Some(carrier)
+    );
+}
