@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use super::{agent, gen, pids, stop_all, wait_gen};
 use crate::harness::cluster::RdzvServer;
+use crate::harness::etcd::Etcd;
 use crate::harness::{alive, holds_for, Agent};
 
 /// A loopback TCP proxy whose open connections can be cut at once, while it keeps accepting.
@@ -76,6 +77,45 @@ fn an_agent_that_reconnects_within_the_grace_keeps_its_membership() {
     holds_for(
         "generation 1 undisturbed after the connection broke",
         Duration::from_secs(4),
+        || pids(&g1).iter().all(|p| alive(*p)) && gen(dir.path(), 2).is_empty(),
+    );
+    let err = agents[0].stderr_so_far();
+    assert!(!err.contains("fenced"), "{err}");
+    stop_all(agents);
+}
+
+#[test]
+fn an_agent_whose_server_replica_dies_keeps_its_membership_on_the_other_replica() {
+    // Two replicas on one etcd. Agent 0 talks to replica 1 (and knows replica 2); agent 1 talks
+    // to replica 2 only. Replica 1 is SIGKILLed while generation 1 runs: agent 0 reconnects to
+    // replica 2, which takes over its lease (`rendezvous/src/shared_lease.rs`). Replica 1's
+    // shared etcd lease expires after one TTL (3 s here); had the keys not moved, agent 0's
+    // membership would go with it and the group would re-form.
+    let etcd = Etcd::start();
+    let store = [
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        etcd.endpoint.as_str(),
+    ];
+    let mut s1 = RdzvServer::start(&store);
+    let s2 = RdzvServer::start(&store);
+    let dir = tempfile::tempdir().unwrap();
+    let conf = ["--rdzv-conf", "lease_ttl=3"];
+    let both = vec![
+        "--rdzv-endpoint".to_string(),
+        format!("{},{}", s1.endpoint, s2.endpoint),
+    ];
+    let only_2 = vec!["--rdzv-endpoint".to_string(), s2.endpoint.clone()];
+    let agents: Vec<Agent> = vec![
+        agent(0, "replica-dies", "2", &both, &conf, dir.path()),
+        agent(1, "replica-dies", "2", &only_2, &conf, dir.path()),
+    ];
+    let g1 = wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    s1.kill();
+    holds_for(
+        "generation 1 undisturbed past replica 1's lease TTL",
+        Duration::from_secs(7),
         || pids(&g1).iter().all(|p| alive(*p)) && gen(dir.path(), 2).is_empty(),
     );
     let err = agents[0].stderr_so_far();
