@@ -32,6 +32,15 @@ use keep_alive::KeepAlives;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Timeout of establishing a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Largest etcd answer decoded (etcd-client's default is 4 MiB). A watch that falls behind gets
+/// up to 1,000 revisions per answer, and a revision of a combined write holds up to 128 keys: a
+/// burst of 10,000 agents' joins went past 4 MiB and broke the watch.
+const MAX_MESSAGE: usize = 512 << 20;
+
+/// A KV client of `c` that decodes answers up to [`MAX_MESSAGE`].
+fn kv(c: &etcd::Client) -> etcd::KvClient {
+    c.kv_client().max_decoding_message_size(MAX_MESSAGE)
+}
 
 /// An etcd v3 cluster.
 ///
@@ -208,8 +217,9 @@ impl Store for EtcdStore {
 
     async fn get_prefix(&self, prefix: &str) -> Result<Vec<KeyValue>, StoreError> {
         let resp = self
-            .retry(|mut c| async move {
-                c.get(prefix, Some(etcd::GetOptions::new().with_prefix()))
+            .retry(|c| async move {
+                kv(&c)
+                    .get(prefix, Some(etcd::GetOptions::new().with_prefix()))
                     .await
             })
             .await
@@ -285,9 +295,9 @@ impl EtcdStore {
             .and_then(txn.success.iter().map(to_op).collect::<Vec<_>>())
             .or_else(txn.failure.iter().map(to_op).collect::<Vec<_>>());
         let resp = self
-            .retry(|mut c| {
+            .retry(|c| {
                 let t = t.clone();
-                async move { c.txn(t).await }
+                async move { kv(&c).txn(t).await }
             })
             .await
             .map_err(|e| match e {
@@ -314,40 +324,59 @@ impl EtcdStore {
     /// One etcd read of `key`.
     async fn get_once(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         let resp = self
-            .retry(|mut c| async move { c.get(key, None).await })
+            .retry(|c| async move { kv(&c).get(key, None).await })
             .await
             .map_err(|e| self.unavailable(e))?;
         Ok(resp.kvs().first().map(to_kv))
     }
 
     /// One etcd watch of `prefix` after revision `after` (0: from now), forwarded into a
-    /// channel by a task that ends when the receiver is dropped.
+    /// channel by a task that ends when the receiver is dropped. A broken watch stream is
+    /// resumed after the last revision seen, so no event is lost; the channel closes only when
+    /// etcd cancels the watch (e.g. its start revision was compacted) or cannot be reached.
     async fn watch_once(
         &self,
         prefix: &str,
         after: i64,
     ) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
-        let mut opts = etcd::WatchOptions::new().with_prefix();
-        if after > 0 {
-            opts = opts.with_start_revision(after + 1);
-        }
-        let mut stream = self
-            .retry(|mut c| {
-                let opts = opts.clone();
-                async move { c.watch(prefix, Some(opts)).await }
-            })
-            .await
-            .map_err(|e| self.unavailable(e))?;
+        let mut stream = self.open_watch(prefix, after).await?;
         let (tx, rx) = mpsc::unbounded_channel();
+        let this = self.clone();
+        let prefix = prefix.to_string();
         tokio::spawn(async move {
+            // Events up to this revision were forwarded (0: none yet, watching from `after`).
+            let mut seen = after;
             loop {
                 let msg = tokio::select! {
                     m = stream.message() => m,
                     _ = tx.closed() => return,
                 };
-                let Ok(Some(resp)) = msg else { return };
+                let resp = match msg {
+                    Ok(Some(resp)) => resp,
+                    broken => {
+                        tracing::warn!(prefix = %prefix, after = seen, error = ?broken.err(), "etcd watch stream broke; resuming it");
+                        let from = seen;
+                        // Not a hot loop when the same answer breaks it again.
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        match this.open_watch(&prefix, from).await {
+                            Ok(s) => {
+                                stream = s;
+                                seen = from;
+                                continue;
+                            }
+                            Err(e) => {
+                                tracing::error!(prefix = %prefix, error = %e, "could not resume an etcd watch");
+                                return;
+                            }
+                        }
+                    }
+                };
                 if resp.canceled() {
                     return;
+                }
+                if seen == 0 && resp.created() {
+                    // Watching from now: events after this revision.
+                    seen = resp.header().map_or(0, |h| h.revision());
                 }
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
@@ -358,6 +387,7 @@ impl EtcdStore {
                             kv.mod_revision(),
                         ),
                     };
+                    seen = seen.max(kv.mod_revision());
                     if tx.send(out).is_err() {
                         return;
                     }
@@ -365,5 +395,25 @@ impl EtcdStore {
             }
         });
         Ok(rx)
+    }
+
+    /// Opens a watch stream of `prefix` after revision `after` (0: from now) that decodes
+    /// answers up to [`MAX_MESSAGE`].
+    async fn open_watch(&self, prefix: &str, after: i64) -> Result<etcd::WatchStream, StoreError> {
+        let mut opts = etcd::WatchOptions::new().with_prefix();
+        if after > 0 {
+            opts = opts.with_start_revision(after + 1);
+        }
+        self.retry(|c| {
+            let opts = opts.clone();
+            async move {
+                c.watch_client()
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .watch(prefix, Some(opts))
+                    .await
+            }
+        })
+        .await
+        .map_err(|e| self.unavailable(e))
     }
 }

@@ -120,9 +120,9 @@ impl EtcdStore {
                 .collect::<Vec<_>>(),
         );
         let resp = self
-            .retry(|mut c| {
+            .retry(|c| {
                 let t = t.clone();
-                async move { c.txn(t).await }
+                async move { super::kv(&c).txn(t).await }
             })
             .await;
         match resp {
