@@ -161,7 +161,11 @@ impl EtcdStore {
         let n = self.clients.len();
         let mut attempt = 0;
         loop {
-            match f(self.client()).await {
+            let r = f(self.client()).await;
+            if r.is_err() {
+                crate::metrics::global().etcd_errors.inc();
+            }
+            match r {
                 Err(e) if attempt < 2 * n + 1 && retryable(&e) => {
                     attempt += 1;
                     self.current.fetch_add(1, Ordering::SeqCst);

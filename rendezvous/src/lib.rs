@@ -58,6 +58,7 @@ pub mod keys;
 pub mod ledger;
 pub mod loss;
 pub mod memory;
+pub mod metrics;
 pub mod plan;
 pub mod root_cause;
 pub mod round;

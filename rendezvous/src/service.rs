@@ -157,6 +157,7 @@ impl Rendezvous for RendezvousService {
         });
         let sessions = self.sessions.clone();
         sessions.fetch_add(1, Ordering::SeqCst);
+        crate::metrics::global().session(&cfg.run_id, 1);
         let node = cfg.node_id.clone();
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -183,6 +184,7 @@ impl Rendezvous for RendezvousService {
                 }
             }
             sessions.fetch_sub(1, Ordering::SeqCst);
+            crate::metrics::global().session(&cfg.run_id, -1);
             tracing::info!(run = %cfg.run_id, node = %cfg.node_id, "agent session closed");
         });
         let out = UnboundedReceiverStream::new(outbound(events, ack_rx, node)).map(Ok);
@@ -274,7 +276,10 @@ fn outbound(
         loop {
             let msg = tokio::select! {
                 ev = events.recv() => match ev {
-                    Some(Event::Formed(plan)) => event_to_wire(&Event::Formed(plan.for_node(&node))),
+                    Some(Event::Formed(plan)) => {
+                        crate::metrics::global().formed(&plan);
+                        event_to_wire(&Event::Formed(plan.for_node(&node)))
+                    }
                     Some(ev) => event_to_wire(&ev),
                     None => return,
                 },

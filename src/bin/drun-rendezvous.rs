@@ -55,6 +55,12 @@ enum Command {
             value_delimiter = ','
         )]
         etcd_endpoints: Vec<String>,
+        /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (OpenMetrics text: sessions,
+        /// generation, members and world size per run, re-forms by cause, lease keep-alive
+        /// failures, etcd request errors). Port 0 picks a free one, printed at start.
+        /// Off by default.
+        #[arg(long, env = "DRUN_RDZV_METRICS_ADDR", value_name = "HOST:PORT")]
+        metrics_addr: Option<String>,
     },
     /// Print a run's state (generation, plan, standbys, restarts, end) as JSON, read from etcd.
     Status {
@@ -116,12 +122,26 @@ async fn open_store(kind: StoreKind, endpoints: &[String]) -> Result<Arc<dyn Sto
     }
 }
 
+/// The listener of `--metrics-addr` (exit 2 when it is not `HOST:PORT` or cannot be bound).
+async fn bind_metrics(addr: &str) -> Result<tokio::net::TcpListener, (u8, String)> {
+    let parsed: SocketAddr = addr.parse().map_err(|e| {
+        (
+            2,
+            format!("invalid --metrics-addr '{addr}': {e} (expected HOST:PORT)"),
+        )
+    })?;
+    tokio::net::TcpListener::bind(parsed)
+        .await
+        .map_err(|e| (2, format!("cannot serve metrics on {parsed}: {e}")))
+}
+
 async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (u8, String)> {
     match cmd {
         Command::Serve {
             listen,
             store,
             etcd_endpoints,
+            metrics_addr,
         } => {
             let addr: SocketAddr = listen.parse().map_err(|e| {
                 (
@@ -129,6 +149,10 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                     format!("invalid --listen '{listen}': {e} (expected HOST:PORT)"),
                 )
             })?;
+            let metrics = match metrics_addr {
+                Some(m) => Some(bind_metrics(&m).await?),
+                None => None,
+            };
             let store = match open_store(store, &etcd_endpoints).await? {
                 // Agents' leases live in this server on a few shared etcd leases
                 // (`drun_rendezvous::shared_lease`): etcd sees no per-agent keep-alives.
@@ -143,6 +167,14 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 "drun-rendezvous listening on {local} (store: {})",
                 store.name()
             );
+            if let Some(listener) = metrics {
+                let at = listener.local_addr().map_err(|e| (1, e.to_string()))?;
+                println!("drun-rendezvous: metrics at http://{at}/metrics");
+                drun_rendezvous::metrics::http::spawn(
+                    listener,
+                    Arc::new(|| drun_rendezvous::metrics::global().render()),
+                );
+            }
             let shutdown = async {
                 let mut term =
                     tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -59,6 +59,9 @@ pub(crate) fn spawn_keeper(
                     reason: format!("no answer to the keep-alive within {}", human(left)),
                 }),
             };
+            if renewed.is_err() {
+                crate::metrics::global().keepalive_failures.inc();
+            }
             match renewed {
                 Ok(_) => last_ok = Instant::now(),
                 Err(StoreError::LeaseLost(_)) => {

@@ -33,6 +33,7 @@ impl Actor {
             .await?;
         if resp.succeeded {
             tracing::info!(run = %self.cfg.run_id, gen = g, %reason, "generation closed for re-form");
+            crate::metrics::global().reformed(&self.cfg.run_id, &reason);
             self.round.record_restart(RestartCause::Membership).await?;
         }
         Ok(resp.succeeded)
@@ -168,7 +169,7 @@ impl Actor {
                             ],
                             success: [
                                 Op::put(restarts_key, run_state::encode(&next)),
-                                Op::put(keys.closed(g), closed),
+                                Op::put(keys.closed(g), closed.clone()),
                             ]
                             .into_iter()
                             .chain(root_cause_put(keys, g, cause))
@@ -177,6 +178,7 @@ impl Actor {
                         })
                         .await?;
                     if resp.succeeded {
+                        crate::metrics::global().reformed(&self.cfg.run_id, &closed);
                         return Ok((true, next, None));
                     }
                 }

@@ -1,0 +1,214 @@
+//! Prometheus metrics of the rendezvous side, served at `drun-rendezvous serve
+//! --metrics-addr HOST:PORT` (see `README.md`, "Operating drun").
+//!
+//! The families live in one process-wide [`RendezvousMetrics`] ([`global`]): the sessions,
+//! the lease keeper and the etcd client count into it wherever they run — in a server, or
+//! inside an agent for `--rdzv-backend etcd` and the embedded store. Label cardinality is
+//! bounded: a run id and a cause from [`CAUSES`], never a node id.
+//!
+//! * [`cause`] — the re-form reason as a label;
+//! * [`http`] — the tiny `GET /metrics` server both binaries use.
+
+use std::sync::OnceLock;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+mod cause;
+pub mod http;
+
+pub use cause::{reform_cause, CAUSES};
+
+use crate::Plan;
+
+/// `{run}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunLabel {
+    /// The run id (`--rdzv-id`).
+    pub run: String,
+}
+
+/// `{run, cause}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReformLabels {
+    /// The run id.
+    pub run: String,
+    /// One of [`CAUSES`].
+    pub cause: String,
+}
+
+/// The rendezvous side's metric families (names as exposed, `drun_rdzv_` prefix).
+#[derive(Debug)]
+pub struct RendezvousMetrics {
+    registry: Registry,
+    /// `drun_rdzv_sessions{run}`: agent sessions open on this process.
+    pub sessions: Family<RunLabel, Gauge>,
+    /// `drun_rdzv_generation{run}`: the newest generation a session here announced.
+    pub generation: Family<RunLabel, Gauge>,
+    /// `drun_rdzv_members{run}`: nodes in that generation.
+    pub members: Family<RunLabel, Gauge>,
+    /// `drun_rdzv_world_size{run}`: workers in that generation.
+    pub world_size: Family<RunLabel, Gauge>,
+    /// `drun_rdzv_reforms_total{run,cause}`: generations this process closed for a re-form.
+    pub reforms: Family<ReformLabels, Counter>,
+    /// `drun_rdzv_lease_keepalive_failures_total`: lease renewals that failed (retried until
+    /// the TTL, then the agent is fenced).
+    pub keepalive_failures: Counter,
+    /// `drun_rdzv_etcd_request_errors_total`: etcd requests that failed (each attempt).
+    pub etcd_errors: Counter,
+}
+
+impl RendezvousMetrics {
+    /// A fresh set of families, registered under `drun_rdzv_`.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("drun_rdzv");
+        let m = Self {
+            registry: Registry::default(),
+            sessions: Family::default(),
+            generation: Family::default(),
+            members: Family::default(),
+            world_size: Family::default(),
+            reforms: Family::default(),
+            keepalive_failures: Counter::default(),
+            etcd_errors: Counter::default(),
+        };
+        registry.register(
+            "sessions",
+            "Agent sessions open on this process",
+            m.sessions.clone(),
+        );
+        registry.register(
+            "generation",
+            "Newest generation formed (the fencing token)",
+            m.generation.clone(),
+        );
+        registry.register(
+            "members",
+            "Nodes in the newest generation",
+            m.members.clone(),
+        );
+        registry.register(
+            "world_size",
+            "Workers (ranks) in the newest generation",
+            m.world_size.clone(),
+        );
+        registry.register(
+            "reforms",
+            "Generations closed for a re-form by this process, by cause",
+            m.reforms.clone(),
+        );
+        registry.register(
+            "lease_keepalive_failures",
+            "Lease keep-alive requests that failed",
+            m.keepalive_failures.clone(),
+        );
+        registry.register(
+            "etcd_request_errors",
+            "etcd requests that failed (every attempt)",
+            m.etcd_errors.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// A generation formed: its number, nodes and ranks for its run (never moves back).
+    pub fn formed(&self, plan: &Plan) {
+        let l = RunLabel {
+            run: plan.run_id.clone(),
+        };
+        let g = i64::try_from(plan.generation).unwrap_or(i64::MAX);
+        if self.generation.get_or_create(&l).get() > g {
+            return;
+        }
+        self.generation.get_or_create(&l).set(g);
+        self.members.get_or_create(&l).set(plan.node_count() as i64);
+        self.world_size
+            .get_or_create(&l)
+            .set(i64::from(plan.world_size));
+    }
+
+    /// This process closed a generation of `run` for a re-form, with `reason`.
+    pub fn reformed(&self, run: &str, reason: &str) {
+        self.reforms
+            .get_or_create(&ReformLabels {
+                run: run.to_string(),
+                cause: reform_cause(reason).to_string(),
+            })
+            .inc();
+    }
+
+    /// An agent session of `run` opened (`+1`) or closed (`-1`).
+    pub fn session(&self, run: &str, delta: i64) {
+        self.sessions
+            .get_or_create(&RunLabel {
+                run: run.to_string(),
+            })
+            .inc_by(delta);
+    }
+
+    /// The OpenMetrics text of every family (ends with `# EOF`).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("encoding into a String cannot fail");
+        out
+    }
+}
+
+impl Default for RendezvousMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The process-wide families.
+pub fn global() -> &'static RendezvousMetrics {
+    static GLOBAL: OnceLock<RendezvousMetrics> = OnceLock::new();
+    GLOBAL.get_or_init(RendezvousMetrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{assign, Candidate};
+
+    fn plan(g: u64, nodes: &[&str]) -> Plan {
+        let c: Vec<Candidate> = nodes
+            .iter()
+            .map(|id| Candidate {
+                node_id: id.to_string(),
+                advertise_addr: id.to_string(),
+                slots: 2,
+                requested_node_rank: None,
+                master_port: 1,
+            })
+            .collect();
+        assign("r1", g, &c, 0, 0).unwrap()
+    }
+
+    #[test]
+    fn families_encode_with_prefix_labels_and_total_suffix() {
+        let m = RendezvousMetrics::new();
+        m.session("r1", 1);
+        m.formed(&plan(2, &["a", "b", "c"]));
+        m.formed(&plan(1, &["a"])); // late news of an older generation changes nothing
+        m.reformed("r1", "node c (c, ranks 4-5) lost: lease expired");
+        m.keepalive_failures.inc();
+        let text = m.render();
+        for line in [
+            "drun_rdzv_sessions{run=\"r1\"} 1",
+            "drun_rdzv_generation{run=\"r1\"} 2",
+            "drun_rdzv_members{run=\"r1\"} 3",
+            "drun_rdzv_world_size{run=\"r1\"} 6",
+            "drun_rdzv_reforms_total{run=\"r1\",cause=\"node_lost\"} 1",
+            "drun_rdzv_lease_keepalive_failures_total 1",
+            "drun_rdzv_etcd_request_errors_total 0",
+            "# TYPE drun_rdzv_reforms counter",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in:\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}
