@@ -332,6 +332,20 @@ pub struct Args {
     )]
     pub fingerprint_cmd: Option<String>,
 
+    /// Serve Prometheus metrics at `http://<this host>:PORT/metrics`, on all interfaces
+    /// (OpenMetrics text: generation, members, re-forms and restarts by cause, restart-phase
+    /// durations in seconds, worker exits, checkpoint commits/seals, lost work, goodput,
+    /// per-rank seconds per step and samples/s, worker memory in bytes and CPU seconds; see the
+    /// README's "Operating drun"). 0 picks a free port; the address is printed at start.
+    /// Default: off.
+    #[arg(
+        long = "metrics-port",
+        env = "DRUN_METRICS_PORT",
+        value_name = "PORT",
+        help_heading = "Metrics"
+    )]
+    pub metrics_port: Option<u16>,
+
     /// Checkpoint directory: exported to workers as DRUN_CKPT_DIR; drun keeps the `latest`
     /// pointer file here and reads it back when the rendezvous store knows no checkpoint (a
     /// fresh etcd, a requeued job). Created if missing.

@@ -423,6 +423,15 @@ impl WorkerGroup {
         )
     }
 
+    /// The running workers: global rank and pid.
+    pub fn running(&self) -> Vec<(u32, i32)> {
+        self.workers
+            .iter()
+            .filter(|w| w.state.is_running())
+            .map(|w| (w.rank, w.pid.as_raw()))
+            .collect()
+    }
+
     /// Workers still running.
     pub fn any_running(&self) -> bool {
         self.workers.iter().any(|w| w.state.is_running())

@@ -80,6 +80,7 @@ pub mod fingerprint;
 pub mod group;
 pub mod log_format;
 pub mod logs;
+pub mod metrics;
 pub mod os;
 pub mod phases;
 pub mod rdzv;

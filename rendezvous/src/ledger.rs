@@ -153,7 +153,8 @@ pub fn describe_id(id: &str) -> String {
     }
 }
 
-fn parse_id(id: &str) -> Option<(u64, u64)> {
+/// The `(step, generation)` a manifest id names, if it is one (`"000012-3"` → `(12, 3)`).
+pub fn parse_id(id: &str) -> Option<(u64, u64)> {
     let (s, g) = id.split_once('-')?;
     Some((s.parse().ok()?, g.parse().ok()?))
 }

@@ -165,7 +165,7 @@ impl Agent {
         let mut next = input;
         loop {
             if let Some(input) = next.take() {
-                let (after, fx) = step(m, input, Instant::now(), p);
+                let (after, fx) = self.step(m, input, w, p);
                 m = self.carry_out(after, fx, w, link, p).await?;
             }
             match self.reaped(w) {
@@ -187,7 +187,7 @@ impl Agent {
         let mut queue = std::collections::VecDeque::from(fx);
         while let Some(effect) = queue.pop_front() {
             if let Some(input) = self.execute(effect, w, link).await? {
-                let (after, more) = step(m, input, Instant::now(), p);
+                let (after, more) = self.step(m, input, w, p);
                 m = after;
                 queue.extend(more);
             }
@@ -195,11 +195,32 @@ impl Agent {
         Ok(m)
     }
 
+    /// [`step`] at the current instant, telling the metrics (if any) what the input says.
+    fn step(&self, m: Machine, input: Input, w: &World, p: &Params) -> (Machine, Vec<Effect>) {
+        let now = Instant::now();
+        if let Some(metrics) = &self.metrics {
+            let spawned = || {
+                let resume = w.plan.as_ref().and_then(|p| p.resume.as_ref());
+                let workers = w
+                    .group
+                    .as_ref()
+                    .map(WorkerGroup::running)
+                    .unwrap_or_default();
+                (resume.map_or(0, |r| r.step), workers)
+            };
+            super::observe::input(metrics, &m, &input, spawned, now);
+        }
+        step(m, input, now, p)
+    }
+
     /// Reaps exited workers; the workers' state if it changed since last reported.
     fn reaped(&self, w: &mut World) -> Option<Workers> {
         let group = w.group.as_mut()?;
         for (pid, exit, ours) in group.reap() {
             if ours {
+                if let Some(m) = &self.metrics {
+                    m.worker_exit(exit);
+                }
                 self.guard()
                     .lock()
                     .expect("guard mutex poisoned")
@@ -409,6 +430,9 @@ impl Agent {
     /// `sig` to every running worker's process group, once.
     fn stop(&self, sig: Signal, w: &mut World) {
         w.reached_before = w.ledger.take().and_then(|l| l.reached());
+        if let Some(m) = &self.metrics {
+            m.stopping(Instant::now());
+        }
         // Reported afresh: the stop waits for "no worker runs", even if none ran already.
         w.workers = None;
         let Some(group) = w.group.as_mut() else {
@@ -453,7 +477,14 @@ impl Agent {
             ApiRequest::ShouldSave { .. } => {
                 let _ = reply.send(serde_json::json!({"ok": true, "save": should_save}));
             }
-            ApiRequest::Progress { rank, step } => {
+            ApiRequest::Progress {
+                rank,
+                step,
+                samples,
+            } => {
+                if let Some(m) = &self.metrics {
+                    m.progress(rank, step, samples, Instant::now());
+                }
                 let _ = reply.send(ledger.progress(rank, step));
             }
             ApiRequest::Commit {
@@ -464,6 +495,9 @@ impl Agent {
                 cursor,
             } => {
                 if let Some(batch) = ledger.commit(rank, generation, step, files, cursor, reply) {
+                    if let Some(m) = &self.metrics {
+                        m.committed();
+                    }
                     let _ = link.tx.send(Request::Commit {
                         commit: batch,
                         retention: self.cfg.ckpt.retention,

@@ -19,6 +19,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::ckpt::api::{ApiCall, ApiServer};
+use crate::metrics::AgentMetrics;
 use crate::os::guard::Guard;
 use crate::os::spawn::{self, Spawner};
 use crate::os::{LinuxOs, Os};
@@ -26,6 +27,7 @@ use crate::{AgentExit, LaunchConfig, LaunchError};
 
 mod driver;
 mod failure;
+mod observe;
 pub mod rank_table;
 pub mod state;
 pub mod step;
@@ -97,6 +99,8 @@ struct Agent {
     /// This node's environment fingerprint, sent with every Join (collected once at start;
     /// empty for a one-node group, which has nobody to compare with).
     fingerprint: drun_rendezvous::envcheck::Fingerprint,
+    /// `--metrics-port`: what the loop records, served at `/metrics`.
+    metrics: Option<Arc<AgentMetrics>>,
 }
 
 impl Agent {
@@ -107,6 +111,10 @@ impl Agent {
             Spawner::start().map_err(|e| LaunchError::os("cannot start the spawner thread", e))?;
         let os: Arc<dyn Os> = Arc::new(LinuxOs::new(spawner.clone()));
         let agent_id = uuid::Uuid::new_v4().to_string();
+        let metrics = match cfg.metrics_port {
+            Some(port) => Some(serve_metrics(port, &os.hostname()).await?),
+            None => None,
+        };
         let sigchld =
             signal(SignalKind::child()).map_err(|e| LaunchError::os("cannot watch SIGCHLD", e))?;
         let (tx, signals) = mpsc::unbounded_channel();
@@ -181,6 +189,7 @@ impl Agent {
             }
         };
         Ok(Self {
+            metrics,
             api,
             api_rx,
             adoption_failed: None,
@@ -202,4 +211,28 @@ impl Agent {
     fn guard(&self) -> &Mutex<Guard> {
         self.guard.as_ref().expect("guard lives until close()")
     }
+}
+
+/// Serves the agent's metrics on all interfaces at `port` (0: a free one) and prints where.
+async fn serve_metrics(port: u16, hostname: &str) -> Result<Arc<AgentMetrics>, LaunchError> {
+    let listener = tokio::net::TcpListener::bind(("0.0.0.0", port))
+        .await
+        .map_err(|e| {
+            LaunchError::Config(crate::ConfigError::Invalid {
+                flag: "--metrics-port",
+                value: port.to_string(),
+                why: format!("cannot listen on 0.0.0.0:{port}: {e}"),
+            })
+        })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| LaunchError::os("cannot read the metrics address", e))?;
+    let metrics = AgentMetrics::new();
+    let shared = metrics.clone();
+    drun_rendezvous::metrics::http::spawn(listener, Arc::new(move || shared.render()));
+    crate::say!(
+        "drun: metrics at http://{hostname}:{}/metrics",
+        bound.port()
+    );
+    Ok(metrics)
 }

@@ -60,6 +60,10 @@ pub enum ApiRequest {
         rank: u32,
         /// Step reached.
         step: u64,
+        /// Samples this rank processes per step, if the worker said (`drun.progress(step,
+        /// samples=N)`): gives `drun_rank_samples_per_second`.
+        #[serde(default)]
+        samples: Option<u64>,
     },
     /// Is a coordinated save requested?
     ShouldSave {

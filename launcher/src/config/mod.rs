@@ -126,6 +126,8 @@ pub struct LaunchConfig {
     pub env_check: drun_rendezvous::envcheck::EnvCheck,
     /// `--fingerprint-cmd`.
     pub fingerprint_cmd: Option<String>,
+    /// `--metrics-port` (0: any free port); `None`: no metrics endpoint.
+    pub metrics_port: Option<u16>,
 }
 
 impl LaunchConfig {

@@ -126,5 +126,6 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             )
         })?,
         fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
+        metrics_port: a.metrics_port,
     })
 }

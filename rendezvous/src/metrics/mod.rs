@@ -207,7 +207,10 @@ mod tests {
             "drun_rdzv_etcd_request_errors_total 0",
             "# TYPE drun_rdzv_reforms counter",
         ] {
-            assert!(text.lines().any(|l| l == line), "{line} missing in:\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing in:\n{text}"
+            );
         }
         assert!(text.ends_with("# EOF\n"), "{text}");
     }

@@ -1,0 +1,209 @@
+//! The agent's metric families and their registration (`drun_` prefix, base units, `_total`
+//! counters); the names, types and labels are listed in `README.md`, "Operating drun".
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// A float gauge.
+pub type GaugeF = Gauge<f64, AtomicU64>;
+/// A float counter.
+pub type CounterF = Counter<f64, AtomicU64>;
+
+/// Buckets of the duration histograms, in seconds (10 ms to 10 min).
+pub const SECONDS_BUCKETS: [f64; 14] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 180.0, 600.0,
+];
+
+fn seconds_histogram() -> Histogram {
+    Histogram::new(SECONDS_BUCKETS)
+}
+
+/// `{cause}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabel {
+    /// For re-forms one of `drun_rendezvous::metrics::CAUSES`; for restarts `failure` or
+    /// `membership`.
+    pub cause: String,
+}
+
+/// `{phase}`: `stop`, `form`, `spawn` or `first_progress`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    /// The restart phase.
+    pub phase: String,
+}
+
+/// `{rank}`: a global rank of this node.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RankLabel {
+    /// The global rank (`RANK`).
+    pub rank: u32,
+}
+
+/// `{code, signal}`: one of them set, the other empty.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExitLabels {
+    /// Exit status, or empty when killed by a signal.
+    pub code: String,
+    /// Signal name (`SIGKILL`), or empty for an exit status.
+    pub signal: String,
+}
+
+/// Every family of the agent.
+#[derive(Debug)]
+pub struct Families {
+    pub(super) generation: Gauge,
+    pub(super) members: Gauge,
+    pub(super) world_size: Gauge,
+    pub(super) reforms: Family<CauseLabel, Counter>,
+    pub(super) restarts: Family<CauseLabel, Counter>,
+    pub(super) phases: Family<PhaseLabel, Histogram, fn() -> Histogram>,
+    pub(super) restart_seconds: Histogram,
+    pub(super) worker_exits: Family<ExitLabels, Counter>,
+    pub(super) ckpt_commits: Counter,
+    pub(super) ckpt_seals: Counter,
+    pub(super) ckpt_verify: Histogram,
+    pub(super) lost_seconds: CounterF,
+    pub(super) lost_steps: Counter,
+    pub(super) committed_seconds: CounterF,
+    pub(super) goodput: GaugeF,
+    pub(super) rank_step_seconds: Family<RankLabel, GaugeF>,
+    pub(super) rank_steps: Family<RankLabel, Counter>,
+    pub(super) rank_samples: Family<RankLabel, GaugeF>,
+    pub(super) worker_rss: Family<RankLabel, Gauge>,
+    pub(super) worker_cpu: Family<RankLabel, CounterF>,
+}
+
+impl Families {
+    /// Every family, empty.
+    pub fn new() -> Self {
+        Self {
+            generation: Gauge::default(),
+            members: Gauge::default(),
+            world_size: Gauge::default(),
+            reforms: Family::default(),
+            restarts: Family::default(),
+            phases: Family::new_with_constructor(seconds_histogram),
+            restart_seconds: seconds_histogram(),
+            worker_exits: Family::default(),
+            ckpt_commits: Counter::default(),
+            ckpt_seals: Counter::default(),
+            ckpt_verify: seconds_histogram(),
+            lost_seconds: CounterF::default(),
+            lost_steps: Counter::default(),
+            committed_seconds: CounterF::default(),
+            goodput: GaugeF::default(),
+            rank_step_seconds: Family::default(),
+            rank_steps: Family::default(),
+            rank_samples: Family::default(),
+            worker_rss: Family::default(),
+            worker_cpu: Family::default(),
+        }
+    }
+
+    /// Registers every family in `r` (which adds the `drun_` prefix).
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "generation",
+            "Generation this node runs (the fencing token)",
+            self.generation.clone(),
+        );
+        r.register(
+            "members",
+            "Nodes in this node's generation",
+            self.members.clone(),
+        );
+        r.register(
+            "world_size",
+            "Workers (ranks) in this node's generation",
+            self.world_size.clone(),
+        );
+        r.register(
+            "reforms",
+            "Re-forms this node went through, by cause",
+            self.reforms.clone(),
+        );
+        r.register(
+            "restarts",
+            "Job-wide group restarts, by cause (failure: spends --max-restarts; membership: free)",
+            self.restarts.clone(),
+        );
+        r.register("restart_phase_seconds", "Duration of each restart phase: stop (failure detected to workers stopped), form (to group formed), spawn (to workers spawned), first_progress (to the first step beacon)", self.phases.clone());
+        r.register(
+            "restart_seconds",
+            "Duration of a restart, failure detected to workers spawned",
+            self.restart_seconds.clone(),
+        );
+        r.register(
+            "worker_exits",
+            "Worker process exits, by exit code or signal",
+            self.worker_exits.clone(),
+        );
+        r.register(
+            "ckpt_commits",
+            "Checkpoint commits this node sent (one per step, its ranks batched)",
+            self.ckpt_commits.clone(),
+        );
+        r.register(
+            "ckpt_seals",
+            "Checkpoints sealed while this node ran",
+            self.ckpt_seals.clone(),
+        );
+        r.register(
+            "ckpt_verify_seconds",
+            "Verification of the resume point before spawning",
+            self.ckpt_verify.clone(),
+        );
+        r.register(
+            "lost_work_seconds",
+            "Wall time since the last sealed checkpoint, thrown away at re-forms",
+            self.lost_seconds.clone(),
+        );
+        r.register(
+            "lost_work_steps",
+            "Steps since the last sealed checkpoint, thrown away at re-forms",
+            self.lost_steps.clone(),
+        );
+        r.register(
+            "committed_step_seconds",
+            "Wall time of this node's steps that a sealed checkpoint made durable",
+            self.committed_seconds.clone(),
+        );
+        r.register(
+            "goodput_ratio",
+            "committed_step_seconds over the agent's wall time (0..1)",
+            self.goodput.clone(),
+        );
+        r.register(
+            "rank_step_seconds",
+            "Seconds per step of each local rank, between its last two step beacons",
+            self.rank_step_seconds.clone(),
+        );
+        r.register(
+            "rank_steps",
+            "Steps each local rank advanced, from its step beacons",
+            self.rank_steps.clone(),
+        );
+        r.register(
+            "rank_samples_per_second",
+            "Samples per second of each local rank (beacons that carry samples)",
+            self.rank_samples.clone(),
+        );
+        r.register(
+            "worker_resident_memory_bytes",
+            "Resident memory of each running worker process",
+            self.worker_rss.clone(),
+        );
+        r.register(
+            "worker_cpu_seconds",
+            "CPU time (user + system) of each rank's worker processes",
+            self.worker_cpu.clone(),
+        );
+    }
+}
