@@ -9,6 +9,7 @@ mod envcheck;
 mod json_logs;
 mod ledger;
 mod logs;
+mod metrics;
 mod multinode;
 mod node_loss;
 mod output;

@@ -270,11 +270,18 @@ def should_save(sync=True):
     return bool(flag.item())
 
 
-def progress(step):
-    """Step beacon: lets drun report how much work a re-form loses. Cheap; call every step."""
+def progress(step, samples=None):
+    """Step beacon: lets drun report how much work a re-form loses and this rank's seconds per
+    step (``drun_rank_step_seconds`` with ``drun --metrics-port``). Cheap; call every step.
+
+    ``samples``: how many samples this rank processes per step (optional); with it drun also
+    reports ``drun_rank_samples_per_second``.
+    """
     if available():
-        _client.request({"op": "progress", "rank": _env_int("RANK", 0), "step": int(step)},
-                        timeout=30.0)
+        req = {"op": "progress", "rank": _env_int("RANK", 0), "step": int(step)}
+        if samples is not None:
+            req["samples"] = int(samples)
+        _client.request(req, timeout=30.0)
 
 
 def _permutation(n, seed, epoch, shuffle):

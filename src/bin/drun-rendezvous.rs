@@ -169,7 +169,11 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             );
             if let Some(listener) = metrics {
                 let at = listener.local_addr().map_err(|e| (1, e.to_string()))?;
-                println!("drun-rendezvous: metrics at http://{at}/metrics");
+                // Whoever reads the first line only may have closed stdout since: never panic.
+                let _ = writeln!(
+                    std::io::stdout(),
+                    "drun-rendezvous: metrics at http://{at}/metrics"
+                );
                 drun_rendezvous::metrics::http::spawn(
                     listener,
                     Arc::new(|| drun_rendezvous::metrics::global().render()),

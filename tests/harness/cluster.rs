@@ -14,6 +14,10 @@ pub struct RdzvServer {
     child: Child,
     /// `127.0.0.1:PORT`.
     pub endpoint: String,
+    /// `127.0.0.1:PORT` of `/metrics`, when started with [`RdzvServer::start_with_metrics`].
+    pub metrics: Option<String>,
+    /// The rest of its stdout (kept open: a closed pipe would fail its later lines).
+    stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
 }
 
 pub fn rendezvous_bin() -> PathBuf {
@@ -24,6 +28,24 @@ impl RdzvServer {
     /// Starts a replica on a free port; `store_args` e.g. `["--store", "memory"]`.
     pub fn start(store_args: &[&str]) -> RdzvServer {
         Self::start_on("127.0.0.1:0", store_args)
+    }
+
+    /// Starts a replica on a free port that serves `/metrics` on another free port.
+    pub fn start_with_metrics(store_args: &[&str]) -> RdzvServer {
+        let mut args = store_args.to_vec();
+        args.extend(["--metrics-addr", "127.0.0.1:0"]);
+        let mut s = Self::spawn("127.0.0.1:0", &args, "warn", Stdio::inherit());
+        let mut line = String::new();
+        s.stdout
+            .as_mut()
+            .expect("stdout kept")
+            .read_line(&mut line)
+            .unwrap();
+        s.metrics = Some(
+            super::scrape::announced(&line)
+                .unwrap_or_else(|| panic!("no metrics address: {line:?}")),
+        );
+        s
     }
 
     /// Starts a replica listening on `listen`.
@@ -49,15 +71,19 @@ impl RdzvServer {
             .spawn()
             .expect("start drun-rendezvous");
         let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
         let endpoint = line
             .split_whitespace()
             .nth(3)
             .unwrap_or_else(|| panic!("drun-rendezvous did not start: {line:?}"))
             .to_string();
-        RdzvServer { child, endpoint }
+        RdzvServer {
+            child,
+            endpoint,
+            metrics: None,
+            stdout: Some(stdout),
+        }
     }
 
     pub fn pid(&self) -> Pid {
