@@ -80,6 +80,12 @@ pub struct Families {
     pub(super) worker_cpu: Family<RankLabel, CounterF>,
 }
 
+impl Default for Families {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Families {
     /// Every family, empty.
     pub fn new() -> Self {
