@@ -199,16 +199,8 @@ impl Agent {
     fn step(&self, m: Machine, input: Input, w: &World, p: &Params) -> (Machine, Vec<Effect>) {
         let now = Instant::now();
         if let Some(metrics) = &self.metrics {
-            let spawned = || {
-                let resume = w.plan.as_ref().and_then(|p| p.resume.as_ref());
-                let workers = w
-                    .group
-                    .as_ref()
-                    .map(WorkerGroup::running)
-                    .unwrap_or_default();
-                (resume.map_or(0, |r| r.step), workers)
-            };
-            super::observe::input(metrics, &m, &input, spawned, now);
+            let (plan, group) = (w.plan.as_deref(), w.group.as_ref());
+            super::observe::input(metrics, &m, &input, plan, group, now);
         }
         step(m, input, now, p)
     }
