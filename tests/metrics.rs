@@ -82,6 +82,7 @@ fn a_node_kill_shows_in_the_metrics_of_a_survivor_and_of_the_server() {
     );
     let s = &last;
     assert!(has(s, "drun_members", &[], 2.0), "{s:?}");
+    assert!(has(s, "drun_waiting", &[], 0.0), "{s:?}");
     assert!(
         has(s, "drun_reforms_total", &[("cause", "node_lost")], 1.0),
         "{s:?}"
@@ -124,6 +125,7 @@ fn a_node_kill_shows_in_the_metrics_of_a_survivor_and_of_the_server() {
         "{srv:?}"
     );
     assert!(has(&srv, "drun_rdzv_sessions", &[run], 2.0), "{srv:?}");
+    assert!(has(&srv, "drun_rdzv_waiting", &[run], 0.0), "{srv:?}");
 
     for a in agents {
         let (code, _, err) = a.wait(Duration::from_secs(120));
@@ -186,5 +188,14 @@ fn metrics_port_in_use_is_a_usage_error() {
     let (code, _, err) = run(c, Duration::from_secs(20));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("invalid --metrics-port"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    let mut c = drun();
+    c.args(["--standalone", "--metrics-port", "70000"])
+        .arg(worker("exit_code.py"))
+        .arg("0");
+    let (code, _, err) = run(c, Duration::from_secs(20));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--metrics-port"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }

@@ -159,7 +159,9 @@ impl Rendezvous for RendezvousService {
         sessions.fetch_add(1, Ordering::SeqCst);
         crate::metrics::global().session(&cfg.run_id, 1);
         let node = cfg.node_id.clone();
+        let waiting = Waiting::new(&cfg.run_id);
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+        let joined = waiting.clone();
         tokio::spawn(async move {
             while let Ok(Some(m)) = inbound.message().await {
                 let Some(mut req) = request_from_wire(m) else {
@@ -171,6 +173,9 @@ impl Rendezvous for RendezvousService {
                             j.candidate.advertise_addr = p.ip().to_string();
                         }
                     }
+                }
+                if matches!(req, Request::Join(..)) {
+                    joined.set(true);
                 }
                 let leave = req == Request::Leave;
                 let keep_alive = req == Request::KeepAlive;
@@ -185,9 +190,10 @@ impl Rendezvous for RendezvousService {
             }
             sessions.fetch_sub(1, Ordering::SeqCst);
             crate::metrics::global().session(&cfg.run_id, -1);
+            joined.set(false);
             tracing::info!(run = %cfg.run_id, node = %cfg.node_id, "agent session closed");
         });
-        let out = UnboundedReceiverStream::new(outbound(events, ack_rx, node)).map(Ok);
+        let out = UnboundedReceiverStream::new(outbound(events, ack_rx, node, waiting)).map(Ok);
         Ok(Response::new(Box::pin(out)))
     }
 
@@ -270,6 +276,7 @@ fn outbound(
     mut events: mpsc::UnboundedReceiver<Event>,
     mut acks: mpsc::UnboundedReceiver<pb::ServerEvent>,
     node: String,
+    waiting: Waiting,
 ) -> mpsc::UnboundedReceiver<pb::ServerEvent> {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -278,6 +285,7 @@ fn outbound(
                 ev = events.recv() => match ev {
                     Some(Event::Formed(plan)) => {
                         crate::metrics::global().formed(&plan);
+                        waiting.set(false);
                         event_to_wire(&Event::Formed(plan.for_node(&node)))
                     }
                     Some(ev) => event_to_wire(&ev),
@@ -291,6 +299,29 @@ fn outbound(
         }
     });
     rx
+}
+
+/// Whether one session's agent waits for a plan (counted in `drun_rdzv_waiting{run}`): set by
+/// its Join, cleared by its plan or the session's end.
+#[derive(Clone)]
+struct Waiting {
+    run: Arc<str>,
+    on: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Waiting {
+    fn new(run: &str) -> Self {
+        Self {
+            run: run.into(),
+            on: Arc::default(),
+        }
+    }
+
+    fn set(&self, on: bool) {
+        if self.on.swap(on, Ordering::SeqCst) != on {
+            crate::metrics::global().waiting(&self.run, if on { 1 } else { -1 });
+        }
+    }
 }
 
 #[cfg(test)]

@@ -55,9 +55,9 @@ enum Command {
             value_delimiter = ','
         )]
         etcd_endpoints: Vec<String>,
-        /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (OpenMetrics text: sessions,
-        /// generation, members and world size per run, re-forms by cause, lease keep-alive
-        /// failures, etcd request errors). Port 0 picks a free one, printed at start.
+        /// Serve Prometheus metrics at `http://HOST:PORT/metrics` (OpenMetrics text per run:
+        /// sessions, waiting agents (standbys), generation, members and world size, re-forms by
+        /// cause; lease keep-alive failures, etcd request errors). Port 0 picks a free one, printed at start.
         /// Off by default.
         #[arg(long, env = "DRUN_RDZV_METRICS_ADDR", value_name = "HOST:PORT")]
         metrics_addr: Option<String>,

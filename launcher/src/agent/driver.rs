@@ -347,6 +347,9 @@ impl Agent {
             w.candidate = Some(self.candidate(port));
         }
         let cand = w.candidate.clone().expect("a candidate was built above");
+        if let Some(m) = &self.metrics {
+            m.joining();
+        }
         let _ = link.tx.send(Request::Join(cand, after));
         Ok(())
     }

@@ -59,6 +59,7 @@ pub struct ExitLabels {
 #[derive(Debug)]
 pub struct Families {
     pub(super) generation: Gauge,
+    pub(super) waiting: Gauge,
     pub(super) members: Gauge,
     pub(super) world_size: Gauge,
     pub(super) reforms: Family<CauseLabel, Counter>,
@@ -91,6 +92,7 @@ impl Families {
     pub fn new() -> Self {
         Self {
             generation: Gauge::default(),
+            waiting: Gauge::default(),
             members: Gauge::default(),
             world_size: Gauge::default(),
             reforms: Family::default(),
@@ -119,6 +121,11 @@ impl Families {
             "generation",
             "Generation this node runs (the fencing token)",
             self.generation.clone(),
+        );
+        r.register(
+            "waiting",
+            "1 while this node asked to join and has no plan yet (a standby while a generation runs)",
+            self.waiting.clone(),
         );
         r.register(
             "members",

@@ -85,6 +85,7 @@ impl AgentMetrics {
     pub fn formed(&self, plan: &Plan, now: Instant) {
         let mut t = self.t();
         let g = plan.generation;
+        self.f.waiting.set(0);
         self.f.generation.set(i64::try_from(g).unwrap_or(i64::MAX));
         self.f.members.set(plan.node_count() as i64);
         self.f.world_size.set(i64::from(plan.world_size));
@@ -114,6 +115,11 @@ impl AgentMetrics {
         // Ranks of an earlier world may be gone.
         self.f.rank_step_seconds.clear();
         self.f.rank_samples.clear();
+    }
+
+    /// This node asked to join the next generation.
+    pub fn joining(&self) {
+        self.f.waiting.set(1);
     }
 
     /// The session said generation `generation` closed, with `reason`.

@@ -29,6 +29,8 @@ fn value(text: &str, series: &str) -> Option<f64> {
 #[test]
 fn a_node_loss_shows_as_generation_reform_cause_phases_and_step_times() {
     let m = AgentMetrics::new();
+    m.joining();
+    assert_eq!(value(&m.render(), "drun_waiting"), Some(1.0));
     let t0 = Instant::now();
     let s = |x: f64| t0 + Duration::from_secs_f64(x);
     m.formed(&plan(1, 3, 0, 0), s(0.0));
@@ -55,6 +57,7 @@ fn a_node_loss_shows_as_generation_reform_cause_phases_and_step_times() {
     let v = |series: &str| value(&text, series).unwrap_or_else(|| panic!("{series}:\n{text}"));
     assert_eq!(v("drun_generation"), 2.0);
     assert_eq!(v("drun_members"), 2.0);
+    assert_eq!(v("drun_waiting"), 0.0);
     assert_eq!(v("drun_reforms_total{cause=\"node_lost\"}"), 1.0);
     assert_eq!(v("drun_restarts_total{cause=\"membership\"}"), 1.0);
     assert_eq!(v("drun_restarts_total{cause=\"failure\"}"), 0.0);

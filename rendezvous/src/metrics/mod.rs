@@ -47,6 +47,9 @@ pub struct RendezvousMetrics {
     registry: Registry,
     /// `drun_rdzv_sessions{run}`: agent sessions open on this process.
     pub sessions: Family<RunLabel, Gauge>,
+    /// `drun_rdzv_waiting{run}`: sessions here whose agent asked to join and has no plan yet
+    /// (standbys while a generation runs; nodes gathering before a formation).
+    pub waiting: Family<RunLabel, Gauge>,
     /// `drun_rdzv_generation{run}`: the newest generation a session here announced.
     pub generation: Family<RunLabel, Gauge>,
     /// `drun_rdzv_members{run}`: nodes in that generation.
@@ -69,6 +72,7 @@ impl RendezvousMetrics {
         let m = Self {
             registry: Registry::default(),
             sessions: Family::default(),
+            waiting: Family::default(),
             generation: Family::default(),
             members: Family::default(),
             world_size: Family::default(),
@@ -80,6 +84,11 @@ impl RendezvousMetrics {
             "sessions",
             "Agent sessions open on this process",
             m.sessions.clone(),
+        );
+        registry.register(
+            "waiting",
+            "Agents here waiting to join: standbys while a generation runs, or nodes gathering",
+            m.waiting.clone(),
         );
         registry.register(
             "generation",
@@ -149,6 +158,15 @@ impl RendezvousMetrics {
             .inc_by(delta);
     }
 
+    /// An agent session of `run` started (`+1`) or stopped (`-1`) waiting for a plan.
+    pub fn waiting(&self, run: &str, delta: i64) {
+        self.waiting
+            .get_or_create(&RunLabel {
+                run: run.to_string(),
+            })
+            .inc_by(delta);
+    }
+
     /// The OpenMetrics text of every family (ends with `# EOF`).
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -192,6 +210,8 @@ mod tests {
     fn families_encode_with_prefix_labels_and_total_suffix() {
         let m = RendezvousMetrics::new();
         m.session("r1", 1);
+        m.waiting("r1", 1);
+        m.waiting("r1", -1);
         m.formed(&plan(2, &["a", "b", "c"]));
         m.formed(&plan(1, &["a"])); // late news of an older generation changes nothing
         m.reformed("r1", "node c (c, ranks 4-5) lost: lease expired");
@@ -199,6 +219,7 @@ mod tests {
         let text = m.render();
         for line in [
             "drun_rdzv_sessions{run=\"r1\"} 1",
+            "drun_rdzv_waiting{run=\"r1\"} 0",
             "drun_rdzv_generation{run=\"r1\"} 2",
             "drun_rdzv_members{run=\"r1\"} 3",
             "drun_rdzv_world_size{run=\"r1\"} 6",
