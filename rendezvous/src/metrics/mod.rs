@@ -58,8 +58,8 @@ pub struct RendezvousMetrics {
     pub world_size: Family<RunLabel, Gauge>,
     /// `drun_rdzv_reforms_total{run,cause}`: generations this process closed for a re-form.
     pub reforms: Family<ReformLabels, Counter>,
-    /// `drun_rdzv_lease_keepalive_failures_total`: lease renewals that failed (retried until
-    /// the TTL, then the agent is fenced).
+    /// `drun_rdzv_lease_keepalive_failures_total`: lease renewals that failed — an agent's
+    /// (retried until its TTL, then it is fenced) or a server's shared carrier lease.
     pub keepalive_failures: Counter,
     /// `drun_rdzv_etcd_request_errors_total`: etcd requests that failed (each attempt).
     pub etcd_errors: Counter,
@@ -112,7 +112,7 @@ impl RendezvousMetrics {
         );
         registry.register(
             "lease_keepalive_failures",
-            "Lease keep-alive requests that failed",
+            "Lease keep-alives that failed (agent leases, and the server's shared carrier leases)",
             m.keepalive_failures.clone(),
         );
         registry.register(

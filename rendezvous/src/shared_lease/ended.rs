@@ -110,7 +110,11 @@ pub(super) async fn keep_carrier(this: Weak<SharedLeases>, c: LeaseId, ttl: Dura
         let left = ttl
             .saturating_sub(last_ok.elapsed())
             .max(Duration::from_millis(100));
-        match tokio::time::timeout(left, this.inner.lease_keep_alive(c)).await {
+        let renewed = tokio::time::timeout(left, this.inner.lease_keep_alive(c)).await;
+        if !matches!(renewed, Ok(Ok(_))) {
+            crate::metrics::global().keepalive_failures.inc();
+        }
+        match renewed {
             Ok(Ok(_)) => last_ok = Instant::now(),
             Ok(Err(StoreError::LeaseLost(_))) => {
                 this.carrier_lost(c, "it expired in the store").await;
