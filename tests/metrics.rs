@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use crate::harness::cluster::RdzvServer;
+use crate::harness::cluster::{Etcd, RdzvServer};
 use crate::harness::scrape::{self, get, scrape, value, Sample};
 use crate::harness::{
     drun, gen_records, node_cmd, run, torch_python, wait_for, worker, Agent, DrunCmd,
@@ -19,12 +19,11 @@ fn has(samples: &[Sample], name: &str, want: &[(&str, &str)], v: f64) -> bool {
 /// 3 agents (`--nnodes 2:3`, 1 torch worker each sending step beacons) through a server with
 /// metrics; the survivor at node 0 shows generation 1, then, after SIGKILL of node 3's agent,
 /// generation 2, one re-form caused by `node_lost`, non-empty restart-phase histograms and
-/// its rank's step time; the server shows the same generation and re-form.
-#[test]
-fn a_node_kill_shows_in_the_metrics_of_a_survivor_and_of_the_server() {
+/// its rank's step time; the server (on `store`) shows the same generation and re-form.
+fn node_kill_in_the_metrics(store: &[&str]) {
     let Some(python) = torch_python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let server = RdzvServer::start_with_metrics(&["--store", "memory"]);
+    let server = RdzvServer::start_with_metrics(store);
     let rdzv = ["--rdzv-endpoint".to_string(), server.endpoint.clone()];
     let mut agents: Vec<Agent> = (0..3)
         .map(|i| {
@@ -131,6 +130,17 @@ fn a_node_kill_shows_in_the_metrics_of_a_survivor_and_of_the_server() {
         let (code, _, err) = a.wait(Duration::from_secs(120));
         assert_eq!(code, 0, "a survivor must finish:\n{err}");
     }
+}
+
+#[test]
+fn a_node_kill_shows_in_the_metrics_of_a_survivor_and_of_the_server_memory() {
+    node_kill_in_the_metrics(&["--store", "memory"]);
+}
+
+#[test]
+fn a_node_kill_shows_in_the_metrics_of_a_survivor_and_of_the_server_etcd() {
+    let etcd = Etcd::start();
+    node_kill_in_the_metrics(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
 }
 
 /// The server's endpoint answers `/metrics` in OpenMetrics text and 404 elsewhere; a bad
