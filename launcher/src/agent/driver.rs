@@ -477,10 +477,11 @@ impl Agent {
                 step,
                 samples,
             } => {
-                if let Some(m) = &self.metrics {
+                let answer = ledger.progress(rank, step);
+                if let Some(m) = self.metrics.as_ref().filter(|_| answer["ok"] == true) {
                     m.progress(rank, step, samples, Instant::now());
                 }
-                let _ = reply.send(ledger.progress(rank, step));
+                let _ = reply.send(answer);
             }
             ApiRequest::Commit {
                 rank,
