@@ -95,3 +95,35 @@ async fn an_unknown_run_reads_as_unknown_and_old_json_decodes() {
     assert_eq!(old.restarts.failures, 1);
     assert!(old.nodes.is_empty() && old.formation.is_none());
 }
+
+#[tokio::test]
+async fn a_formation_is_recorded_with_its_plan_and_a_re_form_counts_lost_work() {
+    use std::time::Duration;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let round = Round::new(store.clone(), "job", RoundConfig::single_node());
+    let lease = store.lease_grant(Duration::from_secs(10)).await.unwrap();
+    let cand = |port| Candidate {
+        node_id: "n0".into(),
+        advertise_addr: "127.0.0.1".into(),
+        slots: 2,
+        requested_node_rank: None,
+        master_port: port,
+    };
+    round.join(&cand(4000).into(), lease).await.unwrap();
+    round.wait_for_plan("n0", 0, lease, |_| {}).await.unwrap();
+    let s = read_status(&store, "job").await.unwrap();
+    let f = s.formation.expect("generation 1's formation is recorded");
+    assert!(f.record.formed_at_ms >= f.record.round_opened_at_ms);
+    assert_eq!(f.record.lost_work, None, "a first formation loses nothing");
+    assert!(!f.because.is_empty());
+    // The node has not written its membership key: it is still joining.
+    assert_eq!(s.nodes.len(), 1);
+    assert_eq!(s.nodes[0].ranks, Some((0, 1)));
+
+    round.join(&cand(4001).into(), lease).await.unwrap();
+    round.wait_for_plan("n0", 1, lease, |_| {}).await.unwrap();
+    let s = read_status(&store, "job").await.unwrap();
+    assert_eq!(s.generation, 2);
+    let lost = s.formation.unwrap().record.lost_work;
+    assert_eq!(lost.map(|l| l.resume_step), Some(None), "no checkpoint: from the start");
+}
