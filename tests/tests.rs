@@ -18,6 +18,7 @@ mod real_scripts;
 mod root_cause;
 mod slurm;
 mod standalone;
+mod status;
 mod supervision;
 mod terminal;
 mod torch_e2e;
