@@ -166,6 +166,31 @@ fn status_during_a_job_names_the_actual_members_and_the_standby() {
     }
     let _ = watch.kill();
     let _ = watch.wait();
+
+    // A member's agent is killed: the standby takes its place, the dead node is shown lost
+    // (with why) and the re-form's lost work is counted.
+    let victim = ids.iter().position(|id| *id == members[1]).unwrap();
+    agents[victim].signal(nix::sys::signal::Signal::SIGKILL);
+    wait_for("generation 2 with the former standby", Duration::from_secs(60), || {
+        server_json().is_some_and(|s| {
+            s["generation"] == 2
+                && states(&s).values().filter(|v| *v == "running").count() == 3
+        })
+    });
+    let s = server_json().unwrap();
+    let dead = &s["nodes"].as_array().unwrap().iter().find(|n| n["node"] == members[1].as_str());
+    let dead = dead.unwrap_or_else(|| panic!("the killed node is listed: {s}"));
+    assert_eq!(dead["state"], "lost", "{s}");
+    assert!(dead["why"].as_str().is_some_and(|w| !w.is_empty()), "{s}");
+    assert!(s["formation"]["lost_work"]["ms"].as_u64().is_some(), "{s}");
+    assert_eq!(s["restarts"]["membership"], 1, "{s}");
+    let (code, view, err) = output(
+        Command::new(rendezvous_bin()).args(["status", "statusrun", "--endpoint", &server.endpoint]),
+    );
+    assert_eq!(code, 0, "{err}");
+    check_view(&view, &[(members[1].clone(), "lost")]);
+    assert!(view.contains("at the last re-form (restarted from the beginning)"), "{view}");
+    eprintln!("{view}");
     drop(agents);
 }
 
