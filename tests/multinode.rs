@@ -187,7 +187,13 @@ fn elastic_min_max_forms_after_last_call_and_parks_standbys() {
     );
     let status = || -> Value {
         let out = Command::new(rendezvous_bin())
-            .args(["status", "elastic5", "--json", "--etcd-endpoints", &etcd.endpoint])
+            .args([
+                "status",
+                "elastic5",
+                "--json",
+                "--etcd-endpoints",
+                &etcd.endpoint,
+            ])
             .output()
             .unwrap();
         assert!(

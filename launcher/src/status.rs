@@ -148,12 +148,15 @@ pub async fn fetch(
                     .await
                     .map_err(|e| unreachable(&e))?,
             );
-            let status = read_status(&store, run).await.map_err(|e| unreachable(&e))?;
+            let status = read_status(&store, run)
+                .await
+                .map_err(|e| unreachable(&e))?;
             serde_json::to_value(status).expect("a run status serializes")
         }
         Source::Server(endpoints) => ask_servers(endpoints, run).await?,
     };
-    let status = serde_json::from_value(json.clone()).map_err(|e| StatusError::Decode(e.to_string()))?;
+    let status =
+        serde_json::from_value(json.clone()).map_err(|e| StatusError::Decode(e.to_string()))?;
     Ok((json, status))
 }
 
@@ -163,7 +166,9 @@ async fn ask_servers(endpoints: &[String], run: &str) -> Result<serde_json::Valu
     for ep in endpoints {
         let answer = async {
             let url = drun_rendezvous::endpoint_url(ep);
-            let mut client = RendezvousClient::connect(url).await.map_err(|e| e.to_string())?;
+            let mut client = RendezvousClient::connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
             let resp = client
                 .status(StatusRequest {
                     run_id: run.to_string(),
@@ -213,7 +218,9 @@ pub async fn show(query: &StatusQuery) -> Result<(), StatusError> {
             Ok((json, _)) if query.json => json.to_string(),
             Ok((_, s)) if s.is_unknown() => StatusError::UnknownRun(query.run.clone()).to_string(),
             Ok((_, s)) => view(&s).join("\n") + if clear { "" } else { "\n" },
-            Err(e) if query.json => serde_json::json!({ "run": query.run, "error": e.to_string() }).to_string(),
+            Err(e) if query.json => {
+                serde_json::json!({ "run": query.run, "error": e.to_string() }).to_string()
+            }
             Err(e) => e.to_string(),
         };
         print(&text, clear);
@@ -266,7 +273,10 @@ mod tests {
             endpoint: "h:1".into(),
             is_host: None,
         };
-        assert_eq!(Source::of(&c10d).unwrap(), Source::Server(vec!["h:1".into()]));
+        assert_eq!(
+            Source::of(&c10d).unwrap(),
+            Source::Server(vec!["h:1".into()])
+        );
     }
 
     #[test]

@@ -22,8 +22,8 @@ use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 use crate::clock::now_ms;
 use crate::error::ServiceError;
 use crate::session::{spawn_session, Event, Request, SessionConfig};
-use crate::wire::{event_to_wire, request_from_wire};
 pub use crate::status::status_json;
+use crate::wire::{event_to_wire, request_from_wire};
 use crate::{RoundConfig, Store};
 
 /// The service over one store.

@@ -300,14 +300,17 @@ pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus,
     };
     let nodes = node_states(plan.as_ref(), previous.as_ref(), &facts);
     let (restarts, _): (Restarts, _) = state.restarts().await?;
-    let formation = state.formation(generation).await?.map(|record| FormationStatus {
-        duration_ms: record.duration_ms(),
-        because: plan
-            .as_ref()
-            .map(|p| p.formed_because.clone())
-            .unwrap_or_default(),
-        record,
-    });
+    let formation = state
+        .formation(generation)
+        .await?
+        .map(|record| FormationStatus {
+            duration_ms: record.duration_ms(),
+            because: plan
+                .as_ref()
+                .map(|p| p.formed_because.clone())
+                .unwrap_or_default(),
+            record,
+        });
     let ledger = Ledger::new(store.clone(), run);
     let sealed = ledger.manifests().await?;
     let bad = ledger.bad().await?;

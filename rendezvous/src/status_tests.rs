@@ -28,7 +28,10 @@ fn members_standbys_and_the_lost_each_get_a_state() {
     let now = plan(2, &["a", "b"]);
     let before = plan(1, &["a", "b", "c", "d"]);
     let present = ids(&["a"]);
-    let waiting = vec![("b".to_string(), "h".to_string()), ("s".into(), "hs".into())];
+    let waiting = vec![
+        ("b".to_string(), "h".to_string()),
+        ("s".into(), "hs".into()),
+    ];
     let mut lost = BTreeMap::new();
     lost.insert("c".to_string(), loss::CONNECTION_CLOSED.to_string());
     lost.insert("d".to_string(), loss::LEFT.to_string());
@@ -125,5 +128,9 @@ async fn a_formation_is_recorded_with_its_plan_and_a_re_form_counts_lost_work() 
     let s = read_status(&store, "job").await.unwrap();
     assert_eq!(s.generation, 2);
     let lost = s.formation.unwrap().record.lost_work;
-    assert_eq!(lost.map(|l| l.resume_step), Some(None), "no checkpoint: from the start");
+    assert_eq!(
+        lost.map(|l| l.resume_step),
+        Some(None),
+        "no checkpoint: from the start"
+    );
 }

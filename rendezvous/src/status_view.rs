@@ -35,7 +35,10 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
     };
     let ago = |t: u64| match t {
         0 => "-".to_string(),
-        t => format!("{} ago", duration(Duration::from_millis(now.saturating_sub(t)))),
+        t => format!(
+            "{} ago",
+            duration(Duration::from_millis(now.saturating_sub(t)))
+        ),
     };
     let mut out = Vec::new();
     let nodes = status.plan.as_ref().map_or(0, |p| p.node_count());
@@ -76,7 +79,11 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
             r.membership
         ),
     );
-    let lost = match status.formation.as_ref().and_then(|f| f.record.lost_work.as_ref()) {
+    let lost = match status
+        .formation
+        .as_ref()
+        .and_then(|f| f.record.lost_work.as_ref())
+    {
         Some(l) => format!(
             "{} at the last re-form ({})",
             duration(Duration::from_millis(l.ms)),
@@ -111,7 +118,11 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
     table(&mut out, &status.nodes);
     for n in status.nodes.iter().filter(|n| n.why.is_some()) {
         let why = n.why.as_deref().unwrap_or_default();
-        wrap(&mut out, "", &format!("{} {}: {why}", n.node, state_word(n.state)));
+        wrap(
+            &mut out,
+            "",
+            &format!("{} {}: {why}", n.node, state_word(n.state)),
+        );
     }
     out
 }

@@ -21,7 +21,10 @@ fn status(n: usize) -> RunStatus {
     plan.formed_because = format!("{n} of max {n} nodes joined");
     let present: Vec<String> = cands[1..].iter().map(|c| c.node_id.clone()).collect();
     let mut lost = std::collections::BTreeMap::new();
-    lost.insert(cands[0].node_id.clone(), loss::CONNECTION_CLOSED.to_string());
+    lost.insert(
+        cands[0].node_id.clone(),
+        loss::CONNECTION_CLOSED.to_string(),
+    );
     let waiting = vec![("standby-9".to_string(), "10.128.9.209".to_string())];
     let facts = NodeFacts {
         present,
@@ -73,7 +76,11 @@ fn eight_nodes_fit_80_columns_and_every_member_is_named_with_its_ranks() {
     let lines = render(&s, 0);
     let text = lines.join("\n");
     for l in &lines {
-        assert!(l.chars().count() <= WIDTH, "{} columns: {l}\n{text}", l.chars().count());
+        assert!(
+            l.chars().count() <= WIDTH,
+            "{} columns: {l}\n{text}",
+            l.chars().count()
+        );
     }
     for (i, m) in s.plan.as_ref().unwrap().members.iter().enumerate() {
         let row = lines
@@ -86,13 +93,31 @@ fn eight_nodes_fit_80_columns_and_every_member_is_named_with_its_ranks() {
         assert!(row.ends_with(state), "{row}");
     }
     assert!(text.contains("standby-9"), "{text}");
-    assert!(lines[0].starts_with("run job42: generation 3, running; 8 nodes, world size 64"), "{text}");
-    assert!(text.contains("formed     41 s ago in 2.1 s: 8 of max 8 nodes joined"), "{text}");
-    assert!(text.contains("restarts   1 failure, 2 membership"), "{text}");
-    assert!(text.contains("lost work  12 s at the last re-form (resumed from step 300)"), "{text}");
-    assert!(text.contains("checkpoint step 400 of generation 3, sealed 5 s ago (64 ranks, 1.2 MB)"), "{text}");
+    assert!(
+        lines[0].starts_with("run job42: generation 3, running; 8 nodes, world size 64"),
+        "{text}"
+    );
+    assert!(
+        text.contains("formed     41 s ago in 2.1 s: 8 of max 8 nodes joined"),
+        "{text}"
+    );
+    assert!(
+        text.contains("restarts   1 failure, 2 membership"),
+        "{text}"
+    );
+    assert!(
+        text.contains("lost work  12 s at the last re-form (resumed from step 300)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("checkpoint step 400 of generation 3, sealed 5 s ago (64 ranks, 1.2 MB)"),
+        "{text}"
+    );
     // The lost node's reason, wrapped under the table.
-    assert!(text.contains("gpu-node-00.cluster.example lost: its agent's connection"), "{text}");
+    assert!(
+        text.contains("gpu-node-00.cluster.example lost: its agent's connection"),
+        "{text}"
+    );
 }
 
 #[test]

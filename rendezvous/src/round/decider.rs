@@ -3,8 +3,8 @@
 use tokio::time::Instant;
 
 use super::Round;
-use crate::core::{FailCause, RoundView, RunningGeneration};
 use crate::clock::now_ms;
+use crate::core::{FailCause, RoundView, RunningGeneration};
 use crate::envcheck::{self, Report, Verdict};
 use crate::formation::{lost_work, Formation};
 use crate::ledger::{Ledger, Manifest};
