@@ -187,7 +187,13 @@ fn elastic_min_max_forms_after_last_call_and_parks_standbys() {
     );
     let status = || -> Value {
         let out = Command::new(rendezvous_bin())
-            .args(["status", "elastic5", "--etcd-endpoints", &etcd.endpoint])
+            .args([
+                "status",
+                "elastic5",
+                "--json",
+                "--etcd-endpoints",
+                &etcd.endpoint,
+            ])
             .output()
             .unwrap();
         assert!(
@@ -232,7 +238,7 @@ fn killing_one_of_two_server_replicas_during_rendezvous_loses_nothing() {
         Duration::from_secs(30),
         || {
             let out = Command::new(rendezvous_bin())
-                .args(["status", "ha", "--etcd-endpoints", &etcd.endpoint])
+                .args(["status", "ha", "--json", "--etcd-endpoints", &etcd.endpoint])
                 .output()
                 .unwrap();
             serde_json::from_slice::<Value>(&out.stdout)
@@ -383,7 +389,7 @@ fn ddp_all_reduce_across_four_agents() {
 /// `drun-rendezvous status RUN --endpoint SERVER` as JSON (`null` while it cannot answer).
 fn memory_status(run: &str, endpoint: &str) -> Value {
     let out = Command::new(rendezvous_bin())
-        .args(["status", run, "--endpoint", endpoint])
+        .args(["status", run, "--json", "--endpoint", endpoint])
         .output()
         .unwrap();
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)

@@ -50,7 +50,13 @@ fn a_worker_failure_on_node_b_is_named_in_node_a_summary() {
     }
     // The store holds it: `status` lists it with the run's end.
     let out = std::process::Command::new(rendezvous_bin())
-        .args(["status", "rootcause", "--endpoint", &server.endpoint])
+        .args([
+            "status",
+            "rootcause",
+            "--json",
+            "--endpoint",
+            &server.endpoint,
+        ])
         .output()
         .unwrap();
     let status: serde_json::Value = serde_json::from_slice(&out.stdout)
@@ -94,7 +100,13 @@ fn when_both_nodes_fail_at_once_each_names_the_one_root_cause() {
         })
         .collect();
     let out = std::process::Command::new(rendezvous_bin())
-        .args(["status", "bothfail", "--endpoint", &server.endpoint])
+        .args([
+            "status",
+            "bothfail",
+            "--json",
+            "--endpoint",
+            &server.endpoint,
+        ])
         .output()
         .unwrap();
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -19,6 +19,7 @@ mod real_scripts;
 mod root_cause;
 mod slurm;
 mod standalone;
+mod status;
 mod store;
 mod supervision;
 mod terminal;

@@ -475,6 +475,34 @@ pub struct Args {
     )]
     pub log_format: LogFormat,
 
+    /// Print the state of the run this agent's rendezvous flags name (--rdzv-backend,
+    /// --rdzv-endpoint, --rdzv-id, or their PET_*/Slurm values) and exit instead of launching:
+    /// members, generation, ranks, each node's state, standbys, restarts, the last formation,
+    /// the latest checkpoint. Asks the drun-rendezvous server or the c10d/embedded host (its
+    /// Status RPC), or reads etcd; a --standalone or static run has nothing to ask (exit 2).
+    /// Exit 3: unreachable rendezvous or unknown run.
+    #[arg(long, help_heading = "Run status")]
+    pub status: bool,
+
+    /// With --status: print one JSON document (`drun-rendezvous status --json`) instead of the
+    /// human view; with --watch, one compact document per line per refresh.
+    #[arg(long, requires = "status", help_heading = "Run status")]
+    pub json: bool,
+
+    /// With --status: redraw every INTERVAL until Ctrl-C. INTERVAL is seconds (`5`, `0.5`) or
+    /// `500ms`/`2s`/`1m`, from 50 ms to 1 day; `--watch` alone: 2 s.
+    #[arg(
+        long,
+        requires = "status",
+        value_name = "INTERVAL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "2",
+        value_parser = crate::status::parse_interval,
+        help_heading = "Run status"
+    )]
+    pub watch: Option<std::time::Duration>,
+
     /// torchrun flag not implemented by drun (rejected).
     #[arg(long = "numa-binding", alias = "numa_binding", hide = true)]
     pub numa_binding: Option<String>,
@@ -521,7 +549,7 @@ pub struct Args {
     /// The training script (or module with -m, or executable with --no-python) and its arguments,
     /// passed through untouched; `${local_rank}` in them is replaced by the worker's local rank.
     #[arg(
-        required = true,
+        required_unless_present = "status",
         trailing_var_arg = true,
         allow_hyphen_values = true,
         value_name = "TRAINING_SCRIPT [ARGS]"

@@ -85,6 +85,7 @@ pub mod os;
 pub mod phases;
 pub mod rdzv;
 pub mod slurm;
+pub mod status;
 pub mod std_spec;
 pub mod summary;
 pub mod worker_store;

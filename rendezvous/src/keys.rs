@@ -112,6 +112,13 @@ impl RunKeys {
         format!("{}done/{g}/{node}", self.prefix)
     }
 
+    /// When generation `g` formed and what its re-form lost (JSON
+    /// [`crate::formation::Formation`]), written with its plan. Outside `gen/<g>/`: no member's
+    /// watch wakes for it.
+    pub fn formation(&self, g: u64) -> String {
+        format!("{}formation/{g}", self.prefix)
+    }
+
     /// Job-wide restart counters (JSON).
     pub fn restarts(&self) -> String {
         format!("{}restarts", self.prefix)

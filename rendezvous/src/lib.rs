@@ -53,6 +53,7 @@ pub mod error;
 pub mod etcd;
 pub mod etcd_batch;
 pub mod etcd_share;
+pub mod formation;
 pub mod human;
 pub mod keys;
 pub mod ledger;
@@ -66,6 +67,8 @@ pub mod run_state;
 pub mod service;
 pub mod session;
 pub mod shared_lease;
+pub mod status;
+pub mod status_view;
 pub mod store;
 pub mod wire;
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::formation::Formation;
 use crate::keys::RunKeys;
 use crate::loss;
 use crate::root_cause::RootCause;
@@ -114,6 +115,16 @@ impl RunState {
         self.get(&key)
             .await?
             .map(|kv| decode_plan(&key, &kv.value))
+            .transpose()
+    }
+
+    /// When generation `g` formed ([`crate::formation::Formation`]); `None` before it did, or
+    /// when an older drun formed it.
+    pub async fn formation(&self, g: u64) -> Result<Option<Formation>, StoreError> {
+        let key = self.keys.formation(g);
+        self.get(&key)
+            .await?
+            .map(|kv| decode(&key, &kv.value))
             .transpose()
     }
 

@@ -22,8 +22,9 @@ use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 use crate::clock::now_ms;
 use crate::error::ServiceError;
 use crate::session::{spawn_session, Event, Request, SessionConfig};
+pub use crate::status::status_json;
 use crate::wire::{event_to_wire, request_from_wire};
-use crate::{Round, RoundConfig, Store};
+use crate::{RoundConfig, Store};
 
 /// The service over one store.
 #[derive(Clone)]
@@ -209,64 +210,6 @@ impl Rendezvous for RendezvousService {
             json: json.to_string(),
         }))
     }
-}
-
-/// A run's state as JSON: generation, plan, waiting nodes (standbys), the last failed round,
-/// restarts, finished.
-pub async fn status_json(
-    store: &Arc<dyn Store>,
-    run: &str,
-) -> Result<serde_json::Value, crate::StoreError> {
-    let round = Round::new(store.clone(), run, RoundConfig::single_node());
-    let keys = round.keys().clone();
-    let (generation, _) = round.current_generation().await?;
-    let plan = round.plan(generation).await?;
-    let waiting: Vec<serde_json::Value> = store
-        .get_prefix(&keys.waiting_prefix())
-        .await?
-        .iter()
-        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
-        .collect();
-    let finished: Option<serde_json::Value> = store
-        .get(&keys.finished())
-        .await?
-        .and_then(|kv| serde_json::from_slice(&kv.value).ok());
-    let restarts = round.restarts().await?;
-    let root_causes = round.state().root_causes().await?;
-    let progress = store.get(&keys.progress()).await?.map(|kv| kv.value_str());
-    let round_failed: Option<serde_json::Value> = store
-        .get(&keys.round_failed())
-        .await?
-        .and_then(|kv| serde_json::from_slice(&kv.value).ok());
-    let ledger = crate::Ledger::new(store.clone(), run);
-    let sealed = ledger.manifests().await?;
-    let bad = ledger.bad().await?;
-    let checkpoints = serde_json::json!({
-        "latest": sealed.iter().rev().find(|m| !bad.contains_key(&m.id())).map(|m| serde_json::json!({
-            "step": m.step,
-            "generation": m.generation,
-            "world_size": m.world_size,
-            "cursor": m.cursor,
-            "files": m.files.len(),
-            "bytes": m.bytes(),
-            "path": m.dir(),
-        })),
-        "sealed": sealed.iter().map(|m| serde_json::json!({"step": m.step, "generation": m.generation})).collect::<Vec<_>>(),
-        "bad": bad,
-    });
-    Ok(serde_json::json!({
-        "run": run,
-        "generation": generation,
-        "plan": plan,
-        "waiting": waiting,
-        "progress": progress,
-        "round_failed": round_failed,
-        "restarts": { "failures": restarts.failures, "membership": restarts.membership },
-        "finished": finished,
-        // The first worker failure of each generation that one ended, oldest first.
-        "root_causes": root_causes,
-        "checkpoints": checkpoints,
-    }))
 }
 
 /// The messages of one session's stream to its agent: the session's events (a large plan cut

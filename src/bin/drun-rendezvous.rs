@@ -6,9 +6,8 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use drun_proto::v1::rendezvous_client::RendezvousClient;
-use drun_proto::v1::StatusRequest;
-use drun_rendezvous::service::{serve, status_json, RendezvousService};
+use drun_launcher::status::{Source, StatusQuery};
+use drun_rendezvous::service::{serve, RendezvousService};
 use drun_rendezvous::shared_lease::SharedLeases;
 use drun_rendezvous::{EtcdStore, MemoryStore, Store};
 
@@ -62,11 +61,14 @@ enum Command {
         #[arg(long, env = "DRUN_RDZV_METRICS_ADDR", value_name = "HOST:PORT")]
         metrics_addr: Option<String>,
     },
-    /// Print a run's state (generation, plan, standbys, restarts, end) as JSON, read from etcd.
+    /// Print a run's state: members, generation, ranks, each node's state, standbys, restarts by
+    /// cause, the last formation and its duration, the latest checkpoint and the work the last
+    /// re-form lost. Read from etcd (--etcd-endpoints) or asked of a running server
+    /// (--endpoint). Exit 2: bad flags; 3: store or server unreachable, or no such run.
     Status {
-        /// The run id.
+        /// The run id (the agents' --rdzv-id).
         run: String,
-        /// etcd client endpoints, comma-separated.
+        /// etcd client endpoints, comma-separated `HOST:PORT`, read directly.
         #[arg(
             long = "etcd-endpoints",
             env = "DRUN_ETCD_ENDPOINTS",
@@ -74,9 +76,26 @@ enum Command {
             required_unless_present = "endpoint"
         )]
         etcd_endpoints: Vec<String>,
-        /// Ask a running server instead (`HOST:PORT`), e.g. one with `--store memory`.
-        #[arg(long, conflicts_with = "etcd_endpoints")]
-        endpoint: Option<String>,
+        /// Ask a running drun-rendezvous server (or the agent hosting a c10d/embedded
+        /// rendezvous) instead, `HOST:PORT`; comma-separated replicas are tried in turn. The
+        /// only way to read a server with `--store memory`.
+        #[arg(long, conflicts_with = "etcd_endpoints", value_delimiter = ',')]
+        endpoint: Vec<String>,
+        /// Print one JSON document (a stable superset of the fields the human view shows)
+        /// instead of the human view; with --watch, one compact document per line per refresh.
+        #[arg(long)]
+        json: bool,
+        /// Redraw every INTERVAL until Ctrl-C: seconds (`5`, `0.5`) or `500ms`/`2s`/`1m`,
+        /// from 50 ms to 1 day; `--watch` alone: 2 s.
+        #[arg(
+            long,
+            value_name = "INTERVAL",
+            num_args = 0..=1,
+            require_equals = true,
+            default_missing_value = "2",
+            value_parser = drun_launcher::status::parse_interval
+        )]
+        watch: Option<std::time::Duration>,
     },
 }
 
@@ -201,52 +220,23 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             run,
             etcd_endpoints,
             endpoint,
+            json,
+            watch,
         } => {
-            let json: serde_json::Value = match endpoint {
-                Some(ep) => {
-                    let url = drun_rendezvous::error::endpoint_url(&ep);
-                    let mut client = RendezvousClient::connect(url).await.map_err(|e| {
-                        (
-                            3,
-                            format!("cannot reach the rendezvous server at {ep}: {e}"),
-                        )
-                    })?;
-                    let resp = client
-                        .status(StatusRequest {
-                            run_id: run.clone(),
-                        })
-                        .await
-                        .map_err(|e| {
-                            let e = drun_rendezvous::ServiceError::from_status(&e);
-                            (3, format!("status failed: {e}"))
-                        })?;
-                    serde_json::from_str(&resp.into_inner().json).map_err(|e| (1, e.to_string()))?
-                }
-                None => {
-                    let store = open_store(StoreKind::Etcd, &etcd_endpoints).await?;
-                    status_json(&store, &run)
-                        .await
-                        .map_err(|e| (3, e.to_string()))?
-                }
+            let source = if endpoint.is_empty() {
+                Source::Etcd(etcd_endpoints)
+            } else {
+                Source::Server(endpoint)
             };
-            let unknown = json["generation"] == 0
-                && json["finished"].is_null()
-                && json["waiting"].as_array().is_none_or(|w| w.is_empty());
-            if unknown {
-                return Err((
-                    3,
-                    format!(
-                        "no run named '{run}' in this store (nothing waiting, formed or finished)"
-                    ),
-                ));
-            }
-            // A closed pipe (`| head`) is not an error worth a panic.
-            let _ = writeln!(
-                std::io::stdout(),
-                "{}",
-                serde_json::to_string_pretty(&json).expect("json")
-            );
-            Ok(())
+            let query = StatusQuery {
+                run,
+                source,
+                json,
+                watch,
+            };
+            drun_launcher::status::show(&query)
+                .await
+                .map_err(|e| (e.code(), e.to_string()))
         }
     }
 }

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::Parser;
+use drun_launcher::status::{Source, StatusQuery};
 use drun_launcher::{AgentExit, Args, LaunchConfig, GUARD_ARG};
 
 #[path = "common/logging.rs"]
@@ -33,6 +34,9 @@ fn main() -> ExitCode {
         }
     };
     install_tracing(args.verbose, args.quiet, args.log_format);
+    if args.status {
+        return status(&args);
+    }
     let cfg = match LaunchConfig::from_args(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -55,6 +59,37 @@ fn main() -> ExitCode {
     let exit = runtime.block_on(drun_launcher::run(cfg));
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     ExitCode::from(exit.code())
+}
+
+/// `drun --status`: the state of the run this agent's rendezvous flags name.
+fn status(args: &Args) -> ExitCode {
+    let fail = |code: u8, msg: &dyn std::fmt::Display| {
+        drun_launcher::say!("drun: error: {msg}");
+        ExitCode::from(code)
+    };
+    let host = drun_launcher::config::Host::probe(args);
+    let (mode, run) = match drun_launcher::config::status_target(args, &host) {
+        Ok(t) => t,
+        Err(e) => return fail(AgentExit::Usage.code(), &e),
+    };
+    let source = match Source::of(&mode) {
+        Ok(s) => s,
+        Err(e) => return fail(e.code(), &e),
+    };
+    let query = StatusQuery {
+        run,
+        source,
+        json: args.json,
+        watch: args.watch,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime on the main thread");
+    match runtime.block_on(drun_launcher::status::show(&query)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e.code(), &e),
+    }
 }
 
 /// clap's message up to its usage/tip section, on one line.

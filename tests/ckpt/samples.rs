@@ -37,7 +37,7 @@ fn no_skip_no_duplicate(store: Store) {
 
     // The ledger as the operator sees it.
     let o = Command::new(crate::harness::cluster::rendezvous_bin())
-        .args(["status", "ckpt-torch"])
+        .args(["status", "ckpt-torch", "--json"])
         .args(&r.status)
         .output()
         .unwrap();

@@ -3,8 +3,10 @@
 use tokio::time::Instant;
 
 use super::Round;
+use crate::clock::now_ms;
 use crate::core::{FailCause, RoundView, RunningGeneration};
 use crate::envcheck::{self, Report, Verdict};
+use crate::formation::{lost_work, Formation};
 use crate::ledger::{Ledger, Manifest};
 use crate::run_state;
 use crate::store::{Compare, Op, Txn};
@@ -91,10 +93,15 @@ impl Round {
                     }),
                 },
                 Verdict::Warn(table) => {
-                    self.form(g, rev, &admitted, &joins, reason, Some(table))
+                    let opened = opened_ms(*opened_at, now);
+                    self.form(g, rev, &admitted, &joins, reason, Some(table), opened)
                         .await
                 }
-                Verdict::Consistent => self.form(g, rev, &admitted, &joins, reason, None).await,
+                Verdict::Consistent => {
+                    let opened = opened_ms(*opened_at, now);
+                    self.form(g, rev, &admitted, &joins, reason, None, opened)
+                        .await
+                }
             },
         }
     }
@@ -124,7 +131,9 @@ impl Round {
     }
 
     /// Writes generation `g + 1` of `admitted` (guarded on `gen/current`'s revision `rev` and
-    /// on `ckpt/latest`), resuming from the newest sealed checkpoint or a node's hint in `joins`.
+    /// on `ckpt/latest`), resuming from the newest sealed checkpoint or a node's hint in `joins`;
+    /// with it the [`Formation`] record (`opened_at_ms`: when the round opened, wall clock).
+    #[allow(clippy::too_many_arguments)]
     async fn form(
         &self,
         g: u64,
@@ -133,6 +142,7 @@ impl Round {
         joins: &[Join],
         reason: String,
         env_table: Option<String>,
+        opened_at_ms: u64,
     ) -> Result<Step, RendezvousError> {
         let (restarts, _) = self.read_restarts().await?;
         let mut plan = assign(
@@ -161,11 +171,15 @@ impl Round {
         plan.resume = resume.manifest.clone();
         plan.formed_because = reason.clone();
         plan.notes.extend(env_table);
+        let formation = self
+            .formation_record(g, opened_at_ms, plan.resume.as_ref())
+            .await?;
         // Constant size whatever the node count (etcd allows 128 ops per txn): admitted nodes
         // find themselves in the plan and write their own membership keys.
         let mut ops = vec![
             Op::put(self.keys.gen_current(), run_state::encode_generation(g + 1)),
             Op::put(self.keys.plan(g + 1), run_state::encode(&plan)),
+            Op::put(self.keys.formation(g + 1), run_state::encode(&formation)),
             Op::Delete(self.keys.leader()),
             Op::Delete(self.keys.progress()),
             Op::Delete(self.keys.round_failed()),
@@ -191,6 +205,33 @@ impl Round {
             Ok(_) => Ok(Step::Retry),
         }
     }
+}
+
+impl Round {
+    /// The record of generation `g + 1`'s formation: the round opened at `opened_at_ms` and
+    /// closes now; a re-form (`g > 0`) also counts the work of generation `g` it repeats.
+    async fn formation_record(
+        &self,
+        g: u64,
+        opened_at_ms: u64,
+        resume: Option<&Manifest>,
+    ) -> Result<Formation, RendezvousError> {
+        let previous = if g > 0 {
+            self.state().formation(g).await?
+        } else {
+            None
+        };
+        Ok(Formation {
+            round_opened_at_ms: opened_at_ms,
+            formed_at_ms: now_ms(),
+            lost_work: previous.map(|p| lost_work(p.formed_at_ms, opened_at_ms, resume)),
+        })
+    }
+}
+
+/// The wall-clock time of `opened_at` (milliseconds since the Unix epoch), `now` being now.
+fn opened_ms(opened_at: Instant, now: Instant) -> u64 {
+    now_ms().saturating_sub((now - opened_at).as_millis() as u64)
 }
 
 /// The environment check of the admitted set (pure; see [`crate::envcheck`]): each admitted

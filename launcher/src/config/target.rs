@@ -1,0 +1,35 @@
+//! [`status_target`]: the rendezvous and run id a `drun --status` asks, chosen from the same
+//! flags (and `PET_*`/Slurm variables) by the same rules as the agent's own.
+
+use super::backend::{rendezvous_mode, Nodes};
+use super::parse::parse_nnodes;
+use super::timing::parse_rdzv_conf;
+use super::{Host, RendezvousMode};
+use crate::slurm::{self, SlurmMode};
+use crate::{Args, ConfigError};
+
+/// The rendezvous an agent started with `args` on `host` would join, and its run id. Pure,
+/// like [`super::validate`]; the training script is not needed.
+///
+/// # Errors
+/// [`ConfigError`] for a rendezvous flag the agent would refuse too (bad endpoint, `/` in the
+/// run id, a malformed `--nnodes` or `--rdzv-conf`).
+pub fn status_target(args: &Args, host: &Host) -> Result<(RendezvousMode, String), ConfigError> {
+    let slurm = match args.slurm {
+        SlurmMode::Auto if !args.standalone => slurm::detect(|k| host.var(k).map(str::to_string))?,
+        _ => None,
+    };
+    let mut filled = args.clone();
+    if let Some(job) = &slurm {
+        job.fill(&mut filled)?;
+    }
+    let (min, max) = parse_nnodes(&filled.nnodes)?;
+    let conf = parse_rdzv_conf(&filled.rdzv_conf)?;
+    let nodes = Nodes {
+        min,
+        max,
+        conf: &conf,
+        slurm: slurm.as_ref(),
+    };
+    rendezvous_mode(&filled, &nodes, host, &mut Vec::new())
+}

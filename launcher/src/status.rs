@@ -1,0 +1,287 @@
+//! Asking a run's rendezvous for its state and printing it: `drun-rendezvous status` and
+//! `drun --status` (the human view of [`drun_rendezvous::status_view`], or `--json`), once or
+//! every `--watch` interval until Ctrl-C.
+//!
+//! Where the state comes from ([`Source`]): a `drun-rendezvous` server, or the agent hosting a
+//! c10d/embedded rendezvous, answers the `Status` RPC; etcd is read directly. A `--standalone`
+//! or static run has no rendezvous another process could ask.
+
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use drun_proto::v1::rendezvous_client::RendezvousClient;
+use drun_proto::v1::StatusRequest;
+use drun_rendezvous::status::{read_status, RunStatus};
+use drun_rendezvous::{status_view, EtcdStore, ServiceError, Store};
+
+use crate::RendezvousMode;
+
+/// The default `--watch` interval.
+pub const DEFAULT_WATCH: Duration = Duration::from_secs(2);
+
+/// Where a run's state is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// etcd v3 client endpoints (`HOST:PORT`), read directly.
+    Etcd(Vec<String>),
+    /// `drun-rendezvous` replicas or a c10d/embedded host (`HOST:PORT`), asked in turn.
+    Server(Vec<String>),
+}
+
+impl Source {
+    /// Where an agent of `mode` finds its rendezvous.
+    ///
+    /// # Errors
+    /// [`StatusError::NoRendezvous`] for the embedded (`--standalone`, one node) and static
+    /// modes.
+    pub fn of(mode: &RendezvousMode) -> Result<Source, StatusError> {
+        match mode {
+            RendezvousMode::Server { endpoints } => Ok(Source::Server(endpoints.clone())),
+            RendezvousMode::C10d { endpoint, .. } => Ok(Source::Server(vec![endpoint.clone()])),
+            RendezvousMode::Etcd { endpoints } => Ok(Source::Etcd(endpoints.clone())),
+            RendezvousMode::Embedded { .. } | RendezvousMode::Static { .. } => {
+                Err(StatusError::NoRendezvous)
+            }
+        }
+    }
+}
+
+/// What `status` prints, and how often.
+#[derive(Debug, Clone)]
+pub struct StatusQuery {
+    /// The run id.
+    pub run: String,
+    /// Where to read it.
+    pub source: Source,
+    /// One JSON document instead of the human view.
+    pub json: bool,
+    /// Refresh every this long until Ctrl-C (`None`: print once).
+    pub watch: Option<Duration>,
+}
+
+/// Why `status` printed nothing useful. [`StatusError::code`] is the exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// A `--standalone` or static run: nothing to ask.
+    #[error("this run has no rendezvous to ask: --standalone and static runs keep their state inside the agent; give the job's --rdzv-backend, --rdzv-endpoint and --rdzv-id")]
+    NoRendezvous,
+    /// No run id given.
+    #[error("--rdzv-id is missing: give the run id the job was started with")]
+    NoRunId,
+    /// The server or etcd did not answer.
+    #[error("cannot reach {what} at {endpoints}: {detail}; is it running, and is that the job's --rdzv-endpoint?")]
+    Unreachable {
+        /// "the rendezvous server" or "etcd".
+        what: &'static str,
+        /// The endpoints tried.
+        endpoints: String,
+        /// The last error.
+        detail: String,
+    },
+    /// The store knows nothing of the run.
+    #[error("no run named '{0}' in this store (nothing waiting, formed or finished); check the run id (--rdzv-id) and the endpoint")]
+    UnknownRun(String),
+    /// The answer did not decode (a newer or foreign server).
+    #[error("the status answer does not decode: {0}")]
+    Decode(String),
+}
+
+impl StatusError {
+    /// The exit code: 2 for usage (nothing to ask, no run id), 3 for the rendezvous (unreachable,
+    /// unknown run, undecodable answer), as the agent's codes (README "Exit codes").
+    pub fn code(&self) -> u8 {
+        match self {
+            StatusError::NoRendezvous | StatusError::NoRunId => 2,
+            _ => 3,
+        }
+    }
+}
+
+/// A `--watch` interval: seconds (`2`, `0.5`) or with a unit (`500ms`, `2s`, `1m`); > 0.
+///
+/// ```
+/// use std::time::Duration;
+/// use drun_launcher::status::parse_interval;
+/// assert_eq!(parse_interval("2").unwrap(), Duration::from_secs(2));
+/// assert_eq!(parse_interval("500ms").unwrap(), Duration::from_millis(500));
+/// assert!(parse_interval("0").is_err());
+/// ```
+pub fn parse_interval(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v * scale >= 0.05 && v * scale <= 86_400.0 => {
+            Ok(Duration::from_secs_f64(v * scale))
+        }
+        _ => Err(format!(
+            "'{s}' is not an interval of 50 ms to 1 day: give seconds (2, 0.5) or 500ms, 2s, 1m"
+        )),
+    }
+}
+
+/// The run's state from `source`: the document as served (a superset of [`RunStatus`] when a
+/// newer server answers) and its decoded form.
+///
+/// # Errors
+/// [`StatusError::Unreachable`] when no endpoint answers, [`StatusError::Decode`].
+pub async fn fetch(
+    source: &Source,
+    run: &str,
+) -> Result<(serde_json::Value, RunStatus), StatusError> {
+    let json = match source {
+        Source::Etcd(endpoints) => {
+            let unreachable = |e: &dyn std::fmt::Display| StatusError::Unreachable {
+                what: "etcd",
+                endpoints: endpoints.join(","),
+                detail: e.to_string(),
+            };
+            let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(
+                EtcdStore::connect(endpoints)
+                    .await
+                    .map_err(|e| unreachable(&e))?,
+            );
+            let status = read_status(&store, run)
+                .await
+                .map_err(|e| unreachable(&e))?;
+            serde_json::to_value(status).expect("a run status serializes")
+        }
+        Source::Server(endpoints) => ask_servers(endpoints, run).await?,
+    };
+    let status =
+        serde_json::from_value(json.clone()).map_err(|e| StatusError::Decode(e.to_string()))?;
+    Ok((json, status))
+}
+
+/// The `Status` RPC of the first of `endpoints` that answers.
+async fn ask_servers(endpoints: &[String], run: &str) -> Result<serde_json::Value, StatusError> {
+    let mut last = String::from("no endpoint given");
+    for ep in endpoints {
+        let answer = async {
+            let url = drun_rendezvous::endpoint_url(ep);
+            let mut client = RendezvousClient::connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let resp = client
+                .status(StatusRequest {
+                    run_id: run.to_string(),
+                })
+                .await
+                .map_err(|e| ServiceError::from_status(&e).to_string())?;
+            serde_json::from_str(&resp.into_inner().json).map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(Duration::from_secs(10), answer).await {
+            Ok(Ok(json)) => return Ok(json),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = "no answer within 10 s".into(),
+        }
+    }
+    Err(StatusError::Unreachable {
+        what: "the rendezvous server",
+        endpoints: endpoints.join(","),
+        detail: last,
+    })
+}
+
+/// Prints the run's state once, or every `query.watch` until Ctrl-C (then `Ok`).
+///
+/// # Errors
+/// Printing once: every [`StatusError`], including [`StatusError::UnknownRun`]. Watching, a
+/// failed refresh is shown in place of the view and the next one tried.
+pub async fn show(query: &StatusQuery) -> Result<(), StatusError> {
+    if query.run.is_empty() || query.run == "none" {
+        return Err(StatusError::NoRunId);
+    }
+    let Some(every) = query.watch else {
+        let (json, status) = fetch(&query.source, &query.run).await?;
+        if status.is_unknown() {
+            return Err(StatusError::UnknownRun(query.run.clone()));
+        }
+        let text = if query.json {
+            serde_json::to_string_pretty(&json).expect("json")
+        } else {
+            view(&status).join("\n")
+        };
+        print(&text, false);
+        return Ok(());
+    };
+    let clear = !query.json && std::io::stdout().is_terminal();
+    loop {
+        let text = match fetch(&query.source, &query.run).await {
+            Ok((json, _)) if query.json => json.to_string(),
+            Ok((_, s)) if s.is_unknown() => StatusError::UnknownRun(query.run.clone()).to_string(),
+            Ok((_, s)) => view(&s).join("\n") + if clear { "" } else { "\n" },
+            Err(e) if query.json => {
+                serde_json::json!({ "run": query.run, "error": e.to_string() }).to_string()
+            }
+            Err(e) => e.to_string(),
+        };
+        print(&text, clear);
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        }
+    }
+}
+
+fn view(status: &RunStatus) -> Vec<String> {
+    status_view::render(status, drun_rendezvous::clock::now_ms())
+}
+
+/// Writes `text` and a newline to stdout (after clearing the screen if `clear`); a closed
+/// pipe (`| head`) is not an error worth a panic.
+fn print(text: &str, clear: bool) {
+    let mut out = std::io::stdout().lock();
+    if clear {
+        let _ = write!(out, "\x1b[H\x1b[2J");
+    }
+    let _ = writeln!(out, "{text}");
+    let _ = out.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_take_seconds_or_a_unit() {
+        assert_eq!(parse_interval("0.5").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_interval("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_interval("1m").unwrap(), Duration::from_secs(60));
+        for bad in ["", "x", "-1", "0.01", "inf", "2h"] {
+            assert!(parse_interval(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn standalone_and_static_runs_have_nothing_to_ask() {
+        let embedded = RendezvousMode::Embedded {
+            master_addr: "127.0.0.1".into(),
+            fixed_port: None,
+        };
+        let err = Source::of(&embedded).unwrap_err();
+        assert_eq!(err.code(), 2);
+        assert!(err.to_string().contains("--rdzv-endpoint"), "{err}");
+        let c10d = RendezvousMode::C10d {
+            endpoint: "h:1".into(),
+            is_host: None,
+        };
+        assert_eq!(
+            Source::of(&c10d).unwrap(),
+            Source::Server(vec!["h:1".into()])
+        );
+    }
+
+    #[test]
+    fn exit_codes_split_usage_from_rendezvous_errors() {
+        assert_eq!(StatusError::NoRunId.code(), 2);
+        assert_eq!(StatusError::UnknownRun("r".into()).code(), 3);
+    }
+}

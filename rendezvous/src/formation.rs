@@ -1,0 +1,111 @@
+//! The record of one formation (key `formation/<g>`): when the round opened and when the plan
+//! was written, and the work the re-form threw away.
+//!
+//! Written by the decider in the same transaction as the plan of generation `g`, read only by
+//! `status` ([`crate::status`]). A store written by an older drun has no such key: `status`
+//! then shows `-` for what it would have said.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::Manifest;
+
+/// When generation `g` formed, and what its re-form lost.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Formation {
+    /// When the decider's round opened (its own join, or the end of the previous generation),
+    /// milliseconds since the Unix epoch.
+    pub round_opened_at_ms: u64,
+    /// When the plan was written, milliseconds since the Unix epoch.
+    pub formed_at_ms: u64,
+    /// The work the previous generation did that this one repeats; `None` for the first
+    /// generation, or when the previous generation's formation was not recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_work: Option<LostWork>,
+}
+
+impl Formation {
+    /// How long the formation took (round opened → plan written), milliseconds.
+    pub fn duration_ms(&self) -> u64 {
+        self.formed_at_ms.saturating_sub(self.round_opened_at_ms)
+    }
+}
+
+/// The work of a generation that its successor repeats: the generation's running time after
+/// the checkpoint the successor resumes from (all of it when that checkpoint is older than the
+/// generation, or there is none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostWork {
+    /// Running time lost, milliseconds.
+    pub ms: u64,
+    /// The step the successor resumes from (`None`: from the start, no checkpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_step: Option<u64>,
+}
+
+/// The work lost by re-forming (pure): the previous generation ran from `prev_formed_at_ms`
+/// until `closed_at_ms` (both milliseconds since the Unix epoch); what it did before `resume`
+/// was sealed is kept.
+///
+/// ```
+/// use drun_rendezvous::formation::lost_work;
+/// // Formed at t=10 s, closed at t=70 s, no checkpoint: all 60 s are lost.
+/// assert_eq!(lost_work(10_000, 70_000, None).ms, 60_000);
+/// ```
+pub fn lost_work(prev_formed_at_ms: u64, closed_at_ms: u64, resume: Option<&Manifest>) -> LostWork {
+    let kept_until = resume.map_or(prev_formed_at_ms, |m| m.sealed_at_ms.max(prev_formed_at_ms));
+    LostWork {
+        ms: closed_at_ms.saturating_sub(kept_until),
+        resume_step: resume.map(|m| m.step),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(step: u64, sealed_at_ms: u64) -> Manifest {
+        Manifest {
+            run_id: "r".into(),
+            step,
+            generation: 1,
+            world_size: 2,
+            cursor: Default::default(),
+            files: vec![],
+            sealed_at_ms,
+            adopted_from: None,
+        }
+    }
+
+    #[test]
+    fn work_after_the_resume_checkpoint_is_lost() {
+        let m = manifest(300, 50_000);
+        let lost = lost_work(10_000, 70_000, Some(&m));
+        assert_eq!(lost.ms, 20_000);
+        assert_eq!(lost.resume_step, Some(300));
+    }
+
+    #[test]
+    fn a_checkpoint_older_than_the_generation_keeps_none_of_it() {
+        let m = manifest(100, 5_000);
+        assert_eq!(lost_work(10_000, 70_000, Some(&m)).ms, 60_000);
+    }
+
+    #[test]
+    fn clocks_that_went_backwards_lose_nothing_rather_than_wrap() {
+        assert_eq!(lost_work(70_000, 10_000, None).ms, 0);
+        let f = Formation {
+            round_opened_at_ms: 9,
+            formed_at_ms: 5,
+            lost_work: None,
+        };
+        assert_eq!(f.duration_ms(), 0);
+    }
+
+    #[test]
+    fn an_old_record_without_lost_work_decodes() {
+        let f: Formation =
+            serde_json::from_str(r#"{"round_opened_at_ms":1,"formed_at_ms":3}"#).unwrap();
+        assert_eq!(f.duration_ms(), 2);
+        assert_eq!(f.lost_work, None);
+    }
+}

@@ -1,0 +1,251 @@
+//! The human view of a [`RunStatus`] (pure): lines of at most [`WIDTH`] columns, for
+//! `drun-rendezvous status` and `drun --status`.
+//!
+//! ```text
+//! run job42: generation 3, running; 3 nodes, world size 6
+//! formed     41 s ago in 2.1 s: 3 of max 3 nodes joined
+//! restarts   1 failure, 1 membership
+//! lost work  12 s at the last re-form (resumed from step 300)
+//! checkpoint step 400 of generation 3, sealed 5 s ago (6 ranks, 1.2 MB)
+//!
+//! NODE             RANK  RANKS      ADDRESS          STATE
+//! a                0     0-1        10.0.0.1         running
+//! ```
+//!
+//! What the store does not know (a formation recorded by an older drun, no re-form yet) is `-`.
+
+use std::time::Duration;
+
+use crate::human::duration;
+use crate::status::{NodeState, NodeStatus, RunStatus};
+
+/// The widest line of the view, in characters.
+pub const WIDTH: usize = 80;
+
+/// Where the values of the labelled lines start.
+const LABEL: usize = 11;
+
+/// The view of `status`, `now_ms` (milliseconds since the Unix epoch) being the time ages are
+/// counted from when the status does not carry its own reading time.
+pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
+    let now = if status.now_ms > 0 {
+        status.now_ms
+    } else {
+        now_ms
+    };
+    let ago = |t: u64| match t {
+        0 => "-".to_string(),
+        t => format!(
+            "{} ago",
+            duration(Duration::from_millis(now.saturating_sub(t)))
+        ),
+    };
+    let mut out = Vec::new();
+    let nodes = status.plan.as_ref().map_or(0, |p| p.node_count());
+    let world = status.plan.as_ref().map_or(0, |p| p.world_size);
+    wrap(
+        &mut out,
+        "",
+        &format!(
+            "run {}: generation {}, {}; {nodes} node{}, world size {world}",
+            status.run,
+            status.generation,
+            run_state(status),
+            if nodes == 1 { "" } else { "s" }
+        ),
+    );
+    let formed = match &status.formation {
+        Some(f) => format!(
+            "{} in {}{}",
+            ago(f.record.formed_at_ms),
+            duration(Duration::from_millis(f.duration_ms)),
+            if f.because.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", f.because)
+            }
+        ),
+        None => "-".into(),
+    };
+    wrap(&mut out, "formed", &formed);
+    let r = &status.restarts;
+    wrap(
+        &mut out,
+        "restarts",
+        &format!(
+            "{} failure{}, {} membership",
+            r.failures,
+            if r.failures == 1 { "" } else { "s" },
+            r.membership
+        ),
+    );
+    let lost = match status
+        .formation
+        .as_ref()
+        .and_then(|f| f.record.lost_work.as_ref())
+    {
+        Some(l) => format!(
+            "{} at the last re-form ({})",
+            duration(Duration::from_millis(l.ms)),
+            l.resume_step.map_or_else(
+                || "restarted from the beginning".to_string(),
+                |s| format!("resumed from step {s}")
+            )
+        ),
+        None => "-".into(),
+    };
+    wrap(&mut out, "lost work", &lost);
+    let ckpt = match &status.checkpoints.latest {
+        Some(c) => format!(
+            "step {} of generation {}, sealed {} ({} ranks, {})",
+            c.step,
+            c.generation,
+            ago(c.sealed_at_ms),
+            c.world_size,
+            bytes(c.bytes)
+        ),
+        None => "-".into(),
+    };
+    wrap(&mut out, "checkpoint", &ckpt);
+    if let Some(cause) = status.root_causes.last() {
+        wrap(
+            &mut out,
+            "failure",
+            &format!("generation {}: {}", cause.generation, cause.line()),
+        );
+    }
+    out.push(String::new());
+    table(&mut out, &status.nodes);
+    for n in status.nodes.iter().filter(|n| n.why.is_some()) {
+        let why = n.why.as_deref().unwrap_or_default();
+        wrap(
+            &mut out,
+            "",
+            &format!("{} {}: {why}", n.node, state_word(n.state)),
+        );
+    }
+    out
+}
+
+/// One phrase for the run as a whole.
+fn run_state(s: &RunStatus) -> String {
+    if let Some(end) = &s.finished {
+        let how = if end.success { "succeeded" } else { "failed" };
+        return format!("{how}: {}", end.reason);
+    }
+    if let Some(why) = &s.closed {
+        return format!("re-forming: {why}");
+    }
+    if let Some(f) = &s.round_failed {
+        return format!("round failed: {}", f["reason"].as_str().unwrap_or("-"));
+    }
+    match (&s.plan, &s.progress) {
+        (None, Some(p)) => format!("forming: {p}"),
+        (None, None) => "forming".into(),
+        (Some(_), _) => "running".into(),
+    }
+}
+
+fn state_word(s: NodeState) -> &'static str {
+    match s {
+        NodeState::Running => "running",
+        NodeState::Joining => "joining",
+        NodeState::Done => "done",
+        NodeState::Ended => "ended",
+        NodeState::Standby => "standby",
+        NodeState::Lost => "lost",
+        NodeState::Left => "left",
+    }
+}
+
+/// The node table: NODE, RANK, RANKS, ADDRESS, STATE. ADDRESS takes up to 22 columns, NODE
+/// what is left of [`WIDTH`]; longer cells are cut with `…`.
+fn table(out: &mut Vec<String>, nodes: &[NodeStatus]) {
+    let ranks_of = |n: &NodeStatus| match n.ranks {
+        Some((a, b)) if a == b => a.to_string(),
+        Some((a, b)) => format!("{a}-{b}"),
+        None => "-".into(),
+    };
+    let widest = |f: &dyn Fn(&NodeStatus) -> usize, min: usize| {
+        nodes.iter().map(f).max().unwrap_or(0).max(min)
+    };
+    let ranks_w = widest(&|n| ranks_of(n).chars().count(), 5).min(11);
+    let addr_w = widest(&|n| n.addr.chars().count(), 7).min(22);
+    let state_w = widest(&|n| state_word(n.state).len(), 5);
+    let rest = 2 + 4 + 2 + ranks_w + 2 + addr_w + 2 + state_w;
+    let node_w = widest(&|n| n.node.chars().count(), 4).min(WIDTH.saturating_sub(rest).max(4));
+    let row = |node: &str, rank: &str, ranks: &str, addr: &str, state: &str| {
+        let line = format!(
+            "{:<node_w$}  {:<4}  {:<ranks_w$}  {:<addr_w$}  {state}",
+            cut(node, node_w),
+            rank,
+            cut(ranks, ranks_w),
+            cut(addr, addr_w),
+        );
+        cut(line.trim_end(), WIDTH)
+    };
+    out.push(row("NODE", "RANK", "RANKS", "ADDRESS", "STATE"));
+    for n in nodes {
+        let rank = n.node_rank.map_or("-".into(), |r| r.to_string());
+        let addr = if n.addr.is_empty() { "-" } else { &n.addr };
+        out.push(row(&n.node, &rank, &ranks_of(n), addr, state_word(n.state)));
+    }
+}
+
+/// `s` cut to `width` characters, the last one `…` when cut.
+fn cut(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        return s.to_string();
+    }
+    let mut t: String = s.chars().take(width.saturating_sub(1)).collect();
+    t.push('…');
+    t
+}
+
+/// `label` then `text`, wrapped at word boundaries to [`WIDTH`], continuation lines indented
+/// to the value column (a word longer than a line is cut).
+fn wrap(out: &mut Vec<String>, label: &str, text: &str) {
+    let indent = if label.is_empty() { 2 } else { LABEL };
+    let mut line = if label.is_empty() {
+        String::new()
+    } else {
+        format!("{label:<LABEL$}")
+    };
+    let mut empty = true;
+    for word in text.split_whitespace() {
+        let len = line.chars().count();
+        if !empty && len + 1 + word.chars().count() > WIDTH {
+            out.push(line);
+            line = " ".repeat(indent);
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    out.push(cut(&line, WIDTH));
+}
+
+/// A byte count as people read it: `512 B`, `1.2 MB` (powers of 1000).
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
+    if n < 1000 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1000.0;
+    let mut unit = UNITS[0];
+    for u in &UNITS[1..] {
+        if v < 1000.0 {
+            break;
+        }
+        v /= 1000.0;
+        unit = u;
+    }
+    format!("{v:.1} {unit}")
+}
+
+#[cfg(test)]
+#[path = "status_view_tests.rs"]
+mod tests;
