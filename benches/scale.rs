@@ -17,7 +17,8 @@
 //!    crash to the last survivor holding the new plan, and its etcd requests.
 //!
 //! `DRUN_SCALE_SIZES` (comma-separated, default `256,1024`) picks the sizes;
-//! `DRUN_SCALE_WINDOW` the steady-state window in seconds (default 10).
+//! `DRUN_SCALE_WINDOW` the steady-state window in seconds (default 10);
+//! `DRUN_BENCH_SERVER_LOG` the server's log filter (default `warn`).
 
 mod common;
 use common::{Etcd, RdzvServer};

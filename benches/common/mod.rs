@@ -66,7 +66,10 @@ impl RdzvServer {
         let mut child = Command::new(env!("CARGO_BIN_EXE_drun-rendezvous"))
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(store_args)
-            .env("DRUN_LOG", "warn")
+            .env(
+                "DRUN_LOG",
+                std::env::var("DRUN_BENCH_SERVER_LOG").unwrap_or("warn".into()),
+            )
             .stdout(Stdio::piped())
             .spawn()
             .expect("start drun-rendezvous");

@@ -362,6 +362,12 @@ impl EtcdStore {
                         let from = seen;
                         // Not a hot loop when the same answer breaks it again.
                         tokio::time::sleep(Duration::from_millis(200)).await;
+                        if this.revision().await.is_ok_and(|now| now < from) {
+                            // etcd came back without its history (a wiped data dir): close, so
+                            // the subscriber re-reads the store instead of waiting for revisions
+                            // that will mean something else.
+                            return;
+                        }
                         match this.open_watch(&prefix, from).await {
                             Ok(s) => {
                                 stream = s;
@@ -399,6 +405,22 @@ impl EtcdStore {
             }
         });
         Ok(rx)
+    }
+
+    /// The store's current revision.
+    async fn revision(&self) -> Result<i64, StoreError> {
+        let resp = self
+            .retry(|c| async move {
+                kv(&c)
+                    .get(
+                        "/drun/v1/.revision",
+                        Some(etcd::GetOptions::new().with_count_only()),
+                    )
+                    .await
+            })
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
     }
 
     /// Opens a watch stream of `prefix` after revision `after` (0: from now) that decodes

@@ -103,13 +103,30 @@ impl Round {
 
     /// Asks to be admitted to the next generation; the key lives as long as `lease`.
     pub async fn join(&self, join: &Join, lease: LeaseId) -> Result<(), StoreError> {
-        let value = run_state::encode(join);
+        self.join_replacing(join, lease, vec![]).await
+    }
+
+    /// [`Self::join`], applying `replaced` (deletes of the node's previous membership) in the
+    /// same transaction: a decider never sees a survivor of a re-form in neither the old
+    /// generation's members nor the waiting set, so it never forms without it (see
+    /// `decider.rs`, which reads the members before the waiting set).
+    pub async fn join_replacing(
+        &self,
+        join: &Join,
+        lease: LeaseId,
+        mut replaced: Vec<Op>,
+    ) -> Result<(), StoreError> {
+        replaced.push(Op::Put {
+            key: self.keys.waiting(&join.candidate.node_id),
+            value: run_state::encode(join),
+            lease: Some(lease),
+        });
         self.store
-            .put(
-                &self.keys.waiting(&join.candidate.node_id),
-                value,
-                Some(lease),
-            )
+            .txn(Txn {
+                compares: vec![],
+                success: replaced,
+                failure: vec![],
+            })
             .await?;
         Ok(())
     }

@@ -1,5 +1,7 @@
 //! The decider's step: read the waiting set, ask the decision core, write the next generation's plan.
 
+use std::collections::HashSet;
+
 use tokio::time::Instant;
 
 use super::Round;
@@ -24,6 +26,13 @@ impl Round {
         // A waiting key written before generation `g` formed, by a node admitted to `g`, is the
         // join that got it in; the node deletes it once it starts. Not a new candidate.
         let current = if g > 0 { self.plan(g).await? } else { None };
+        // Members of `g` still live, read BEFORE the waiting set: a survivor moves from one to
+        // the other in one transaction (`Round::join_replacing`), so each is seen in at least
+        // one of the two reads and none is left out of a re-form.
+        let live: HashSet<String> = match &current {
+            Some(_) => self.live_members(g).await?.into_iter().collect(),
+            None => HashSet::new(),
+        };
         let (joins, starting) = self.read_waiting(rev, current.as_ref()).await?;
         let candidates: Vec<Candidate> = joins.iter().map(|j| j.candidate.clone()).collect();
         let now = Instant::now();
@@ -49,14 +58,12 @@ impl Round {
         // A re-form: which live members of generation `g` are still to rejoin.
         let outstanding = match &current {
             Some(plan) if running.is_none() => {
-                let live = self.live_members(g).await?;
+                let joined: HashSet<&str> = candidates.iter().map(|c| c.node_id.as_str()).collect();
                 Some(
                     plan.members
                         .iter()
                         .map(|m| &m.node_id)
-                        .filter(|id| {
-                            live.contains(id) && !candidates.iter().any(|c| &c.node_id == *id)
-                        })
+                        .filter(|id| live.contains(*id) && !joined.contains(id.as_str()))
                         .cloned()
                         .collect(),
                 )

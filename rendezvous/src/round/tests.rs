@@ -216,3 +216,35 @@ async fn an_unformable_set_ends_every_waiting_node_with_the_same_line() {
         "{ea}"
     );
 }
+
+#[tokio::test]
+async fn a_rejoin_replaces_the_old_membership_in_one_revision() {
+    // The decider reads the members of g, then the waiting set: a survivor must never be in
+    // neither, or a re-form could close without it.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let round = Round::new(store.clone(), "job", RoundConfig::single_node());
+    let keys = round.keys().clone();
+    let lease = store.lease_grant(Duration::from_secs(10)).await.unwrap();
+    store
+        .put(&keys.member(1, "n0"), b"{}".to_vec(), Some(lease))
+        .await
+        .unwrap();
+    let mut w = store.watch_prefix(keys.prefix(), 0).await.unwrap();
+    round
+        .join_replacing(
+            &cand("n0", 4000).into(),
+            lease,
+            vec![Op::Delete(keys.member(1, "n0"))],
+        )
+        .await
+        .unwrap();
+    let (a, b) = (w.recv().await.unwrap(), w.recv().await.unwrap());
+    let rev = |ev: &WatchEvent| match ev {
+        WatchEvent::Put(kv) => (kv.key.clone(), kv.mod_revision),
+        WatchEvent::Delete(k, r) => (k.clone(), *r),
+    };
+    let ((ka, ra), (kb, rb)) = (rev(&a), rev(&b));
+    assert_eq!(ra, rb, "{ka} and {kb} in one transaction");
+    assert!(store.get(&keys.member(1, "n0")).await.unwrap().is_none());
+    assert!(store.get(&keys.waiting("n0")).await.unwrap().is_some());
+}

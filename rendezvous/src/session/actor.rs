@@ -12,7 +12,7 @@ use super::protocol::{Event, Request, Resume, RunEnd, SessionConfig};
 use crate::clock::now_ms;
 use crate::ledger::{Ledger, LedgerError, NodeCommit, Retention};
 use crate::loss;
-use crate::store::{LeaseId, Op, Store, Txn, WatchEvent};
+use crate::store::{LeaseId, Op, Store, WatchEvent};
 use crate::{Join, Plan, RendezvousError, Round, StoreError};
 
 /// The rendezvous of a joining node, resolving to its generation's plan.
@@ -330,14 +330,8 @@ impl Actor {
                 self.round.keys().member(self.last_gen, &self.cfg.node_id),
             ));
         }
-        self.store
-            .txn(Txn {
-                compares: vec![],
-                success: stale,
-                failure: vec![],
-            })
-            .await?;
-        let joined = self.round.join(&cand, lease).await;
+        // One transaction: the old membership goes as the join arrives (see `join_replacing`).
+        let joined = self.round.join_replacing(&cand, lease, stale.clone()).await;
         if let Err(StoreError::LeaseLost(_)) = joined {
             // The lease ran out while this node was stopped or cut off (the keeper has not said
             // so yet): this node was fenced; it joins as a newcomer with a fresh lease.
@@ -345,7 +339,7 @@ impl Actor {
             self.stop_keeper();
             self.lease = None;
             lease = self.ensure_lease().await?;
-            self.round.join(&cand, lease).await?;
+            self.round.join_replacing(&cand, lease, stale).await?;
         } else {
             joined?;
         }
