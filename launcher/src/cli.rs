@@ -322,8 +322,9 @@ pub struct Args {
     pub env_check: String,
 
     /// A shell command whose output (trimmed) joins this node's environment fingerprint, e.g.
-    /// the container image digest; run once at start with `sh -c` (the agent waits for it: keep
-    /// it quick). Default: none.
+    /// the container image digest; run once at start with `sh -c`. It may take up to 10 s; past
+    /// that its process group is killed and its value is "(timed out after 10 s)" (which then
+    /// differs from the nodes where it answered). Default: none.
     #[arg(
         long = "fingerprint-cmd",
         env = "DRUN_FINGERPRINT_CMD",

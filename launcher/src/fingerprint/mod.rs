@@ -17,12 +17,16 @@
 //!
 //! [`config_keys`] and [`env_keys`] are pure; [`collect`] adds what it reads from the machine.
 
+pub mod bounded;
 pub mod probe;
 
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::time::Duration;
+
+use bounded::Bounded;
 
 use drun_rendezvous::envcheck::Fingerprint;
 use sha2::{Digest, Sha256};
@@ -88,7 +92,10 @@ pub fn collect(cfg: &LaunchConfig, env: &BTreeMap<String, String>) -> Fingerprin
         f.extend(probe::python_versions(&cfg.entrypoint.program, env));
     }
     if let Some(cmd) = &cfg.fingerprint_cmd {
-        f.insert("fingerprint-cmd".into(), run_fingerprint_cmd(cmd, env));
+        f.insert(
+            "fingerprint-cmd".into(),
+            run_fingerprint_cmd(cmd, env, FINGERPRINT_CMD_TIMEOUT),
+        );
     }
     f.extend(gpus.join().unwrap_or_default());
     f
@@ -116,19 +123,32 @@ pub fn script_sha256(cfg: &LaunchConfig) -> Option<String> {
     Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// `sh -c CMD`'s standard output, trimmed; a failure is a value too (it differs from a success).
-fn run_fingerprint_cmd(cmd: &str, env: &BTreeMap<String, String>) -> String {
-    match Command::new("sh")
-        .args(["-c", cmd])
-        .env_clear()
-        .envs(env)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-    {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
-        Ok(o) => format!("(failed: {})", o.status),
-        Err(e) => format!("(cannot run: {e})"),
+/// Longest a `--fingerprint-cmd` may run before its value is "(timed out ...)".
+pub const FINGERPRINT_CMD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest `nvidia-smi` may run (it hangs on a wedged GPU) before the GPU keys are left out.
+pub const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `sh -c CMD`'s standard output, trimmed, within `limit`; a failure or a timeout is a value too
+/// (it differs from a success).
+fn run_fingerprint_cmd(cmd: &str, env: &BTreeMap<String, String>, limit: Duration) -> String {
+    let mut c = Command::new("sh");
+    c.args(["-c", cmd]).env_clear().envs(env);
+    match bounded::output_within(&mut c, limit) {
+        Bounded::Exited(o) if o.status.success() => {
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        }
+        Bounded::Exited(o) => format!("(failed: {})", o.status),
+        Bounded::TimedOut => {
+            tracing::warn!(
+                "--fingerprint-cmd did not finish within {}: killed; its value is \"timed out\"",
+                drun_rendezvous::human::duration(limit)
+            );
+            format!(
+                "(timed out after {})",
+                drun_rendezvous::human::duration(limit)
+            )
+        }
+        Bounded::CannotRun(e) => format!("(cannot run: {e})"),
     }
 }
 
@@ -141,13 +161,18 @@ fn gpus() -> Fingerprint {
         return from_proc;
     }
     let smi = Path::new("nvidia-smi");
-    let Ok(out) = Command::new(smi)
-        .args(["--query-gpu=name,driver_version", "--format=csv,noheader"])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-    else {
-        return Fingerprint::new();
+    let mut c = Command::new(smi);
+    c.args(["--query-gpu=name,driver_version", "--format=csv,noheader"]);
+    let out = match bounded::output_within(&mut c, NVIDIA_SMI_TIMEOUT) {
+        Bounded::Exited(out) => out,
+        Bounded::TimedOut => {
+            tracing::warn!(
+                "nvidia-smi did not answer within {} (a wedged GPU?): the GPU keys are left out of this node's fingerprint",
+                drun_rendezvous::human::duration(NVIDIA_SMI_TIMEOUT)
+            );
+            return Fingerprint::new();
+        }
+        Bounded::CannotRun(_) => return Fingerprint::new(),
     };
     if !out.status.success() {
         return Fingerprint::new();
@@ -221,6 +246,24 @@ fn parse_smi(text: &str) -> Fingerprint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fingerprint_cmd_that_hangs_is_a_timed_out_value_not_a_hung_start() {
+        let env: BTreeMap<String, String> = [(
+            "PATH".to_string(),
+            std::env::var("PATH").unwrap_or_default(),
+        )]
+        .into();
+        let t = std::time::Instant::now();
+        let v = run_fingerprint_cmd("sleep 60", &env, Duration::from_millis(200));
+        assert!(v.starts_with("(timed out after"), "{v}");
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert_eq!(
+            run_fingerprint_cmd("echo sha256:abc", &env, Duration::from_secs(10)),
+            "sha256:abc"
+        );
+        assert!(run_fingerprint_cmd("exit 3", &env, Duration::from_secs(10)).starts_with("(failed"));
+    }
 
     #[test]
     fn only_the_variables_that_change_torch_are_kept() {

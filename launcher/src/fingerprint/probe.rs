@@ -12,14 +12,18 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::UNIX_EPOCH;
+use std::process::Command;
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// The probe run by the worker interpreter: prints one JSON object, imports no third-party
 /// module.
+/// Longest the probe may run (a cold page cache on a network file system is slow; a hung one
+/// must not hold the agent's start).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
 const PROBE: &str = r#"
 import ast, json, os, sys
 import importlib.metadata as md, importlib.util as iu
@@ -155,14 +159,16 @@ fn read_valid(file: &Path) -> Option<Cached> {
 
 /// Runs the probe with the workers' environment.
 fn run_probe(python: &Path, env: &BTreeMap<String, String>) -> Option<Cached> {
-    let out = Command::new(python)
-        .args(["-c", PROBE])
-        .env_clear()
-        .envs(env)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
+    let mut c = Command::new(python);
+    c.args(["-c", PROBE]).env_clear().envs(env);
+    let out = match super::bounded::output_within(&mut c, PROBE_TIMEOUT) {
+        super::bounded::Bounded::Exited(out) => out,
+        super::bounded::Bounded::TimedOut => {
+            tracing::warn!(python = %python.display(), "the environment probe did not finish within {}: the interpreter's versions are left out of this node's fingerprint", drun_rendezvous::human::duration(PROBE_TIMEOUT));
+            return None;
+        }
+        super::bounded::Bounded::CannotRun(_) => return None,
+    };
     if !out.status.success() {
         tracing::debug!(python = %python.display(), "the environment probe failed: {}", out.status);
         return None;

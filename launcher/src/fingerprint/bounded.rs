@@ -1,0 +1,118 @@
+//! Running a fingerprint command with a deadline: `nvidia-smi` hangs on a wedged GPU, and a
+//! `--fingerprint-cmd` (a registry lookup, say) may never return; neither may hold the agent's
+//! start. The command runs in its own process group, killed whole at the deadline.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+/// How often the child is checked while it runs.
+const POLL: Duration = Duration::from_millis(5);
+
+/// What a bounded run came to.
+#[derive(Debug)]
+pub enum Bounded {
+    /// It exited within the limit (standard output captured, standard error discarded).
+    Exited(Output),
+    /// It was still running at the limit: its process group was killed.
+    TimedOut,
+    /// It could not be started.
+    CannotRun(std::io::Error),
+}
+
+/// Runs `cmd` (stdin and stderr null, stdout captured) for at most `limit`.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Bounded {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return Bounded::CannotRun(e),
+    };
+    let group = Pid::from_raw(child.id() as i32);
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stdout.read_to_end(&mut buf);
+        buf
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
+            _ => break None,
+        }
+    };
+    // Whatever it left behind (a background child holding the pipe) goes too; ESRCH is fine.
+    let _ = killpg(group, Signal::SIGKILL);
+    let Some(status) = status else {
+        let _ = child.wait();
+        return Bounded::TimedOut;
+    };
+    Bounded::Exited(Output {
+        status,
+        stdout: reader.join().unwrap_or_default(),
+        stderr: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.args(["-c", script]);
+        c
+    }
+
+    #[test]
+    fn a_quick_command_gives_its_output() {
+        match output_within(
+            &mut sh("echo digest-1; echo noise >&2"),
+            Duration::from_secs(10),
+        ) {
+            Bounded::Exited(o) => {
+                assert!(o.status.success());
+                assert_eq!(String::from_utf8_lossy(&o.stdout), "digest-1\n");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_hung_command_and_its_children_are_killed_at_the_limit() {
+        let t = Instant::now();
+        let r = output_within(
+            &mut sh("sleep 60 & echo started; sleep 60"),
+            Duration::from_millis(300),
+        );
+        assert!(matches!(r, Bounded::TimedOut), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_background_child_holding_the_pipe_does_not_hold_the_answer() {
+        let t = Instant::now();
+        match output_within(&mut sh("sleep 60 & echo done"), Duration::from_secs(10)) {
+            Bounded::Exited(o) => assert_eq!(String::from_utf8_lossy(&o.stdout), "done\n"),
+            other => panic!("{other:?}"),
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_missing_program_cannot_run() {
+        let r = output_within(
+            &mut Command::new("/nonexistent/drun-probe"),
+            Duration::from_secs(1),
+        );
+        assert!(matches!(r, Bounded::CannotRun(_)), "{r:?}");
+    }
+}
