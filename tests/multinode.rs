@@ -520,3 +520,53 @@ fn a_standby_of_a_finished_run_starts_nothing() {
         "the standby started no worker"
     );
 }
+
+#[test]
+fn the_etcd_backend_waits_for_etcd_to_answer_within_the_join_timeout() {
+    // Nodes and etcd start in any order: an agent whose etcd does not answer yet (stopped here)
+    // keeps trying, and runs once it does.
+    let etcd = Etcd::start();
+    etcd.signal(Signal::SIGSTOP);
+    let rdzv = ["--rdzv-backend", "etcd", "--rdzv-endpoint", &etcd.endpoint];
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = agent_cmd(0, "etcd-late", "1", &rdzv);
+    c.arg(worker("envdump.py")).arg(dir.path());
+    let agent = Agent::start(c);
+    holds_for("the agent waits for etcd", Duration::from_secs(4), || {
+        envs(dir.path()).is_empty()
+    });
+    etcd.signal(Signal::SIGCONT);
+    let (code, _, err) = agent.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(envs(dir.path()).len(), 2);
+}
+
+#[test]
+fn an_etcd_that_never_answers_is_one_line_exit_3_after_the_join_timeout() {
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let rdzv = [
+        "--rdzv-backend",
+        "etcd",
+        "--rdzv-endpoint",
+        &endpoint,
+        "--rdzv-conf",
+        "join_timeout=3",
+    ];
+    let mut c = agent_cmd(0, "no-etcd", "1", &rdzv);
+    c.args(["-q"]).arg(worker("envdump.py")).arg("/nonexistent");
+    let t = std::time::Instant::now();
+    let (code, _, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        t.elapsed() >= Duration::from_secs(3),
+        "gave up after {:?}",
+        t.elapsed()
+    );
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains(&format!("cannot reach etcd at {endpoint}"))
+            && lines[0].contains("join timeout of 3 s"),
+        "{err}"
+    );
+}

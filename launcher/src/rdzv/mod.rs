@@ -11,6 +11,7 @@
 //! | `etcd`, `etcd-v2` | a session actor in every agent, directly on etcd v3 (every agent is a replica) |
 //! | `static` | no rendezvous: ranks from `--node-rank`, `--master-addr`, `--master-port` ([`static_link`]) |
 
+mod etcd_reach;
 pub mod grpc;
 pub mod reach;
 pub mod static_link;
@@ -21,7 +22,7 @@ use std::sync::Arc;
 
 use drun_rendezvous::service::RendezvousService;
 use drun_rendezvous::session::{spawn_session, Event, Request, SessionConfig};
-use drun_rendezvous::{EtcdStore, MemoryStore, Store};
+use drun_rendezvous::{MemoryStore, Store};
 use tokio::sync::mpsc;
 
 use crate::{ConfigError, LaunchConfig, LaunchError, RendezvousMode};
@@ -120,8 +121,8 @@ pub fn endpoints(list: &str, default: u16) -> Result<Vec<String>, ConfigError> {
 /// Opens the link described by `cfg`.
 ///
 /// # Errors
-/// [`LaunchError::Store`] when etcd is unreachable; [`LaunchError::Os`] when a c10d host cannot
-/// serve.
+/// [`LaunchError::RendezvousFailed`] when etcd does not answer within the join timeout, or a
+/// c10d host cannot serve.
 pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, LaunchError> {
     match &cfg.rendezvous {
         RendezvousMode::Embedded { .. } => {
@@ -150,7 +151,8 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             })
         }
         RendezvousMode::Etcd { endpoints } => {
-            let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(endpoints).await?);
+            let store: Arc<dyn Store> =
+                Arc::new(etcd_reach::connect(endpoints, session.round.join_timeout).await?);
             let (tx, rx) = spawn_session(store, session, None);
             Ok(Link {
                 tx,
