@@ -163,6 +163,9 @@ fn unreachable_rendezvous_is_one_line_exit_3() {
         "job",
         "--rdzv-backend",
         "etcd",
+        // The first connection waits up to the join timeout (nodes and etcd start in any order).
+        "--rdzv-conf",
+        "join_timeout=2",
     ])
     .arg("--rdzv-endpoint")
     .arg(format!("127.0.0.1:{port}"))
