@@ -122,7 +122,7 @@ impl Detector {
                 .map(|(_, o)| median(o.recent.iter().copied())),
         );
         let t = self.ranks.get_mut(&rank).expect("inserted above");
-        if !(others > 0.0) {
+        if others.is_nan() || others <= 0.0 {
             return None;
         }
         let ratio = mine / others;
