@@ -21,6 +21,7 @@ mod slurm;
 mod standalone;
 mod status;
 mod store;
+mod straggler;
 mod supervision;
 mod terminal;
 mod torch_e2e;

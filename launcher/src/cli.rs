@@ -347,6 +347,20 @@ pub struct Args {
     )]
     pub metrics_port: Option<u16>,
 
+    /// Report a straggler: a rank whose median step time over its last 20 step beacons
+    /// (`drun.progress`) exceeds FACTOR × the median of the other ranks on its node for 20
+    /// steps in a row. One warning line names the rank, node, host, its seconds per step and
+    /// the median; another when it recovers (under 0.9 × FACTOR). 0 turns it off; otherwise
+    /// > 1. Default: 1.5.
+    #[arg(
+        long = "straggler-factor",
+        env = "DRUN_STRAGGLER_FACTOR",
+        value_name = "FACTOR",
+        default_value_t = 1.5,
+        help_heading = "Metrics"
+    )]
+    pub straggler_factor: f64,
+
     /// Checkpoint directory: exported to workers as DRUN_CKPT_DIR; drun keeps the `latest`
     /// pointer file here and reads it back when the rendezvous store knows no checkpoint (a
     /// fresh etcd, a requeued job). Created if missing.

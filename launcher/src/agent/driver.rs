@@ -13,11 +13,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::state::{Checked, Effect, End, Input, Level, Machine, Params, Workers};
+use super::straggler::Detector;
 use super::{step, Agent};
 use crate::ckpt::api::{refused, ApiCall, ApiRequest, ApiServer};
 use crate::ckpt::node::{resume_answer, NodeLedger};
 use crate::ckpt::resume::{self, Verdict};
 use crate::group::{GroupContext, WorkerGroup};
+use crate::metrics::work::RankClock;
 use crate::os::ports::ReservedPort;
 use crate::rdzv::Link;
 use crate::slurm::OnPreempt;
@@ -54,6 +56,8 @@ struct World {
     first_success: Option<(SystemTime, Instant)>,
     /// The API request being answered.
     call: Option<ApiCall>,
+    /// The running generation's step times and straggler verdicts (`--straggler-factor` > 0).
+    steps: Option<(RankClock, Detector)>,
 }
 
 impl Agent {
@@ -410,6 +414,12 @@ impl Agent {
                     &self.cfg.node_id,
                     self.cfg.ckpt.dir.as_deref(),
                 ));
+                w.steps = (self.cfg.straggler_factor > 0.0).then(|| {
+                    (
+                        RankClock::default(),
+                        Detector::new(self.cfg.straggler_factor),
+                    )
+                });
                 Input::Spawned
             }
             Err((partial, e)) => {
@@ -478,8 +488,24 @@ impl Agent {
                 samples,
             } => {
                 let answer = ledger.progress(rank, step);
-                if let Some(m) = self.metrics.as_ref().filter(|_| answer["ok"] == true) {
-                    m.progress(rank, step, samples, Instant::now());
+                if answer["ok"] == true {
+                    let now = Instant::now();
+                    if let Some(m) = &self.metrics {
+                        m.progress(rank, step, samples, now);
+                    }
+                    if let Some((clock, detector)) = w.steps.as_mut() {
+                        let event = clock
+                            .beacon(rank, step, now)
+                            .and_then(|st| detector.observe(rank, st.seconds, now));
+                        if let Some(ev) = event {
+                            let node = plan.member(&self.cfg.node_id).map_or(0, |m| m.node_rank);
+                            let line = ev.line(node, &self.hostname, self.cfg.straggler_factor);
+                            tracing::warn!(run = %self.cfg.run_id, gen = plan.generation, "{line}");
+                            if let Some(m) = &self.metrics {
+                                m.straggler(ev);
+                            }
+                        }
+                    }
                 }
                 let _ = reply.send(answer);
             }

@@ -31,6 +31,7 @@ mod observe;
 pub mod rank_table;
 pub mod state;
 pub mod step;
+pub mod straggler;
 mod supervise;
 #[cfg(test)]
 mod tests;

@@ -130,6 +130,8 @@ pub struct LaunchConfig {
     pub fingerprint_cmd: Option<String>,
     /// `--metrics-port` (0: any free port); `None`: no metrics endpoint.
     pub metrics_port: Option<u16>,
+    /// `--straggler-factor`: 0 (off) or > 1.
+    pub straggler_factor: f64,
 }
 
 impl LaunchConfig {

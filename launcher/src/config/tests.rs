@@ -324,3 +324,20 @@ fn a_program_looked_up_on_an_unset_or_empty_path_is_refused_up_front() {
     validate(&args(&["--python", "/usr/bin/python3", "t.py"]), &no_path).unwrap();
     validate(&args(&["--no-python", "./bin/train"]), &no_path).unwrap();
 }
+
+#[test]
+fn straggler_factor_is_1_5_by_default_0_turns_it_off_and_1_or_less_is_refused() {
+    assert_eq!(ok(&["t.py"]).straggler_factor, 1.5);
+    assert_eq!(
+        ok(&["--straggler-factor", "0", "t.py"]).straggler_factor,
+        0.0
+    );
+    assert_eq!(
+        ok(&["--straggler-factor", "2", "t.py"]).straggler_factor,
+        2.0
+    );
+    for bad in ["1", "0.5", "-1", "inf", "NaN"] {
+        let e = err(&["--straggler-factor", bad, "t.py"], &host());
+        assert!(e.contains("--straggler-factor"), "{bad}: {e}");
+    }
+}

@@ -127,5 +127,18 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         })?,
         fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
         metrics_port: a.metrics_port,
+        straggler_factor: straggler_factor(a.straggler_factor)?,
     })
+}
+
+/// `--straggler-factor`: 0 (off) or a finite factor > 1.
+fn straggler_factor(v: f64) -> Result<f64, ConfigError> {
+    if v == 0.0 || (v.is_finite() && v > 1.0) {
+        return Ok(v);
+    }
+    Err(invalid(
+        "--straggler-factor",
+        v.to_string(),
+        "expected 0 (off) or a factor above 1, e.g. 1.5",
+    ))
 }

@@ -77,6 +77,7 @@ pub struct Families {
     pub(super) rank_step_seconds: Family<RankLabel, GaugeF>,
     pub(super) rank_steps: Family<RankLabel, Counter>,
     pub(super) rank_samples: Family<RankLabel, GaugeF>,
+    pub(super) rank_straggler: Family<RankLabel, Gauge>,
     pub(super) worker_rss: Family<RankLabel, Gauge>,
     pub(super) worker_cpu: Family<RankLabel, CounterF>,
 }
@@ -110,6 +111,7 @@ impl Families {
             rank_step_seconds: Family::default(),
             rank_steps: Family::default(),
             rank_samples: Family::default(),
+            rank_straggler: Family::default(),
             worker_rss: Family::default(),
             worker_cpu: Family::default(),
         }
@@ -207,6 +209,11 @@ impl Families {
             "rank_samples_per_second",
             "Samples per second of each local rank (beacons that carry samples)",
             self.rank_samples.clone(),
+        );
+        r.register(
+            "rank_straggler",
+            "1 while a local rank is a straggler (--straggler-factor), else 0",
+            self.rank_straggler.clone(),
         );
         r.register(
             "worker_resident_memory_bytes",

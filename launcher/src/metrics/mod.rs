@@ -115,6 +115,7 @@ impl AgentMetrics {
         // Ranks of an earlier world may be gone.
         self.f.rank_step_seconds.clear();
         self.f.rank_samples.clear();
+        self.f.rank_straggler.clear();
     }
 
     /// This node asked to join the next generation.
@@ -235,6 +236,19 @@ impl AgentMetrics {
                 .get_or_create(&l)
                 .set(n as f64 / st.seconds);
         }
+    }
+
+    /// A rank became, or stopped being, a straggler.
+    pub fn straggler(&self, ev: crate::agent::straggler::Event) {
+        use crate::agent::straggler::Event;
+        let (rank, on) = match ev {
+            Event::Started { rank, .. } => (rank, 1),
+            Event::Cleared { rank, .. } => (rank, 0),
+        };
+        self.f
+            .rank_straggler
+            .get_or_create(&RankLabel { rank })
+            .set(on);
     }
 
     /// The OpenMetrics text, after reading the workers' `/proc` entries and the goodput.

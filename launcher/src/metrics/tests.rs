@@ -119,6 +119,28 @@ fn step_time_and_samples_per_second_come_from_successive_beacons() {
 }
 
 #[test]
+fn a_straggler_shows_as_1_until_it_clears_and_a_new_generation_forgets_it() {
+    use crate::agent::straggler::Event;
+    let m = AgentMetrics::new();
+    let t0 = Instant::now();
+    m.formed(&plan(1, 1, 0, 0), t0);
+    let series = "drun_rank_straggler{rank=\"3\"}";
+    m.straggler(Event::Started {
+        rank: 3,
+        step_time: 0.3,
+        median: 0.1,
+    });
+    assert_eq!(value(&m.render(), series), Some(1.0));
+    m.straggler(Event::Cleared {
+        rank: 3,
+        step_time: 0.1,
+    });
+    assert_eq!(value(&m.render(), series), Some(0.0));
+    m.formed(&plan(2, 1, 0, 0), t0);
+    assert_eq!(value(&m.render(), series), None);
+}
+
+#[test]
 fn a_worker_failure_without_a_reason_counts_from_the_budget() {
     let m = AgentMetrics::new();
     let t0 = Instant::now();

@@ -17,8 +17,32 @@ pub struct WorkClock {
     durable: (u64, Instant),
     /// Highest step any local rank announced.
     top: Option<u64>,
-    /// Each rank's last beacon: its step and when.
-    ranks: BTreeMap<u32, (u64, Instant)>,
+    /// Each rank's last beacon.
+    ranks: RankClock,
+}
+
+/// Each rank's last beacon (its step and when), measuring the next one against it.
+#[derive(Debug, Clone, Default)]
+pub struct RankClock {
+    last: BTreeMap<u32, (u64, Instant)>,
+}
+
+impl RankClock {
+    /// Rank `rank` reached `step` at `now`; its step time when it moved on since its last
+    /// beacon (`None` for its first beacon, or a repeated/older step).
+    pub fn beacon(&mut self, rank: u32, step: u64, now: Instant) -> Option<StepTime> {
+        let before = self.last.insert(rank, (step, now));
+        let (prev, at) = before?;
+        if step <= prev {
+            self.last.insert(rank, (prev, at));
+            return None;
+        }
+        let steps = step - prev;
+        Some(StepTime {
+            steps,
+            seconds: now.saturating_duration_since(at).as_secs_f64() / steps as f64,
+        })
+    }
 }
 
 /// One rank's beacon, measured against its previous one.
@@ -37,7 +61,7 @@ impl WorkClock {
             reached: BTreeMap::new(),
             durable: (resume_step, spawned),
             top: None,
-            ranks: BTreeMap::new(),
+            ranks: RankClock::default(),
         }
     }
 
@@ -48,17 +72,7 @@ impl WorkClock {
             self.reached.entry(step).or_insert(now);
         }
         self.top = Some(self.top.map_or(step, |t| t.max(step)));
-        let before = self.ranks.insert(rank, (step, now));
-        let (prev, at) = before?;
-        if step <= prev {
-            self.ranks.insert(rank, (prev, at));
-            return None;
-        }
-        let steps = step - prev;
-        Some(StepTime {
-            steps,
-            seconds: now.saturating_duration_since(at).as_secs_f64() / steps as f64,
-        })
+        self.ranks.beacon(rank, step, now)
     }
 
     /// Step `step` was sealed: the wall time it made durable since the previous durable step

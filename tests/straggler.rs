@@ -1,0 +1,69 @@
+//! Straggler reports from step beacons (`--straggler-factor`): 2 agents × 2 stdlib workers.
+
+use std::time::Duration;
+
+use crate::harness::cluster::RdzvServer;
+use crate::harness::{node_cmd, wait_for, worker, Agent};
+
+/// Node `i` of the 2-node run `run` on `server`: 2 workers of `straggle_steps.py STEPS SLOW`.
+fn node(server: &RdzvServer, run: &str, i: usize, steps: u32, slow: i32) -> Agent {
+    let rdzv = [
+        "--rdzv-backend",
+        "drun",
+        "--rdzv-endpoint",
+        &server.endpoint,
+    ];
+    let mut c = node_cmd(i, run, "2", &rdzv);
+    c.args(["--node-rank", &i.to_string(), "--max-restarts", "0"])
+        .args(["--shutdown-timeout", "3"])
+        .arg(worker("straggle_steps.py"))
+        .args([steps.to_string(), slow.to_string()]);
+    Agent::start(c)
+}
+
+fn straggler_lines(err: &str) -> Vec<&str> {
+    err.lines()
+        .filter(|l| l.contains("straggler: rank"))
+        .collect()
+}
+
+/// Rank 3 (node 1, local rank 1) steps 3× slower than the others (300 steps): soon after the
+/// start (45 s allow for a busy machine; it takes about 3 s) node 1 prints
+/// exactly one straggler line naming rank 3 and node 1; node 0 prints none.
+#[test]
+fn a_three_times_slower_rank_is_reported_once_as_a_straggler() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let a = node(&server, "straggler", 0, 300, 3);
+    let b = node(&server, "straggler", 1, 300, 3);
+    wait_for(
+        "node 1 reports rank 3 as a straggler",
+        Duration::from_secs(45),
+        || !straggler_lines(&b.stderr_so_far()).is_empty(),
+    );
+    let (code_a, _, err_a) = a.wait(Duration::from_secs(120));
+    let (code_b, _, err_b) = b.wait(Duration::from_secs(120));
+    assert_eq!((code_a, code_b), (0, 0), "A:\n{err_a}\nB:\n{err_b}");
+    let lines = straggler_lines(&err_b);
+    assert_eq!(lines.len(), 1, "{err_b}");
+    assert!(
+        lines[0].contains("straggler: rank 3 (node 1, host ") && lines[0].contains("job median"),
+        "{}",
+        lines[0]
+    );
+    assert!(straggler_lines(&err_a).is_empty(), "{err_a}");
+    assert!(!err_b.contains("no longer a straggler"), "{err_b}");
+}
+
+/// Every rank steps at the same pace (with ±20 % noise) for 300 steps: no straggler line.
+#[test]
+fn even_ranks_are_never_reported_as_stragglers() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let a = node(&server, "even", 0, 300, -1);
+    let b = node(&server, "even", 1, 300, -1);
+    let (code_a, _, err_a) = a.wait(Duration::from_secs(120));
+    let (code_b, _, err_b) = b.wait(Duration::from_secs(120));
+    assert_eq!((code_a, code_b), (0, 0), "A:\n{err_a}\nB:\n{err_b}");
+    for err in [&err_a, &err_b] {
+        assert!(!err.contains("straggler"), "{err}");
+    }
+}
