@@ -165,3 +165,33 @@ pub(super) fn shutdown_timeout(
     };
     seconds("--shutdown-timeout", shutdown, true)
 }
+
+/// `--hang-timeout`: `off`, seconds, or seconds/minutes/hours with a suffix (`90s`, `5m`).
+pub(super) fn hang_timeout(v: &str) -> Result<Option<Duration>, ConfigError> {
+    let flag = "--hang-timeout";
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    if v.eq_ignore_ascii_case("auto") {
+        return Err(invalid(
+            flag,
+            v.to_string(),
+            "`auto` is not implemented yet; give seconds or `off`",
+        ));
+    }
+    let (num, unit) = match v.char_indices().last() {
+        Some((i, 's')) => (&v[..i], 1.0),
+        Some((i, 'm')) => (&v[..i], 60.0),
+        Some((i, 'h')) => (&v[..i], 3600.0),
+        _ => (v, 1.0),
+    };
+    let secs: f64 = num.trim().parse().map_err(|_| {
+        invalid(
+            flag,
+            v.to_string(),
+            "must be `off` or a number of seconds (or with a suffix s, m, h)",
+        )
+    })?;
+    seconds(flag, secs * unit, false).map(Some)
+}

@@ -1,0 +1,141 @@
+//! Hang detection from step beacons (`--hang-timeout`): per local rank the last beacon's step
+//! and instant, and a pure verdict of (beacons, now, timeout). A rank that never sent a beacon
+//! is never judged: detection is opt-in by use of `drun.progress(step)`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The signal whose handler (Python's `faulthandler`) dumps a worker's stacks.
+pub const DUMP_SIGNAL: nix::sys::signal::Signal = nix::sys::signal::Signal::SIGUSR1;
+
+/// The last beacon of each rank of one generation.
+#[derive(Debug, Default, Clone)]
+pub struct Beacons {
+    last: BTreeMap<u32, (u64, Instant)>,
+}
+
+/// A verdict: some ranks made no progress for the timeout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hang {
+    /// Global rank, last step, silent for.
+    pub stuck: Vec<(u32, u64, Duration)>,
+    /// Global rank, last step of the ranks that still progress.
+    pub progressing: Vec<(u32, u64)>,
+}
+
+impl Beacons {
+    /// Notes a beacon of `rank` at `step`.
+    pub fn beacon(&mut self, rank: u32, step: u64, now: Instant) {
+        self.last.insert(rank, (step, now));
+    }
+
+    /// The hang, if a rank sent no beacon for `timeout`.
+    pub fn decide(&self, now: Instant, timeout: Duration) -> Option<Hang> {
+        let mut hang = Hang {
+            stuck: Vec::new(),
+            progressing: Vec::new(),
+        };
+        for (&rank, &(step, at)) in &self.last {
+            let silent = now.saturating_duration_since(at);
+            if silent >= timeout {
+                hang.stuck.push((rank, step, silent));
+            } else {
+                hang.progressing.push((rank, step));
+            }
+        }
+        (!hang.stuck.is_empty()).then_some(hang)
+    }
+}
+
+impl Hang {
+    /// The stuck ranks.
+    pub fn ranks(&self) -> Vec<u32> {
+        self.stuck.iter().map(|s| s.0).collect()
+    }
+
+    /// One line: "rank 1 on node n1 made no progress for 5.0 s (last step 37); ranks 0, 2
+    /// were at steps 52, 52".
+    pub fn line(&self, node: &str) -> String {
+        let stuck: Vec<String> = self
+            .stuck
+            .iter()
+            .map(|(r, step, silent)| {
+                format!(
+                    "rank {r} on node {node} made no progress for {:.1} s (last step {step})",
+                    silent.as_secs_f64()
+                )
+            })
+            .collect();
+        let mut line = format!("hang: {}", stuck.join("; "));
+        if !self.progressing.is_empty() {
+            let join = |v: Vec<String>| v.join(", ");
+            let (ranks, steps): (Vec<String>, Vec<String>) = self
+                .progressing
+                .iter()
+                .map(|(r, s)| (r.to_string(), s.to_string()))
+                .unzip();
+            let (rk, wr) = if ranks.len() == 1 {
+                ("rank", "was at step")
+            } else {
+                ("ranks", "were at steps")
+            };
+            line.push_str(&format!("; {rk} {} {wr} {}", join(ranks), join(steps)));
+        }
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(secs: f64) -> Duration {
+        Duration::from_secs_f64(secs)
+    }
+
+    #[test]
+    fn no_beacons_are_never_a_hang() {
+        let t0 = Instant::now();
+        assert_eq!(Beacons::default().decide(t0 + s(3600.0), s(5.0)), None);
+    }
+
+    #[test]
+    fn a_rank_silent_for_the_timeout_is_stuck_while_the_others_progress() {
+        let t0 = Instant::now();
+        let mut b = Beacons::default();
+        for i in 0..100u64 {
+            let at = t0 + s(0.05 * i as f64);
+            b.beacon(0, i, at);
+            if i <= 37 {
+                b.beacon(1, i, at);
+            }
+        }
+        let last0 = t0 + s(0.05 * 99.0);
+        assert_eq!(b.decide(last0, s(5.0)), None);
+        let now = t0 + s(0.05 * 37.0) + s(5.0);
+        b.beacon(0, 140, now);
+        let hang = b.decide(now, s(5.0)).expect("rank 1 is silent for 5 s");
+        assert_eq!(hang.ranks(), vec![1]);
+        assert_eq!(hang.stuck[0].1, 37);
+        assert_eq!(hang.progressing, vec![(0, 140)]);
+        assert_eq!(
+            hang.line("n1"),
+            "hang: rank 1 on node n1 made no progress for 5.0 s (last step 37); rank 0 was at step 140"
+        );
+    }
+
+    #[test]
+    fn the_whole_job_silent_is_a_hang_of_every_rank() {
+        let t0 = Instant::now();
+        let mut b = Beacons::default();
+        b.beacon(0, 3, t0);
+        b.beacon(1, 4, t0 + s(1.0));
+        assert_eq!(b.decide(t0 + s(5.5), s(5.0)).unwrap().ranks(), vec![0]);
+        let all = b.decide(t0 + s(6.0), s(5.0)).unwrap();
+        assert_eq!(all.ranks(), vec![0, 1]);
+        assert!(all.progressing.is_empty());
+        assert!(!all.line("n").contains("were at"));
+    }
+}
