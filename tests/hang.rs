@@ -2,9 +2,9 @@
 //! its stacks dumped, is named, and fails the group like a worker failure; a script that sends
 //! no beacons is never judged.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::harness::{drun, run, worker};
+use crate::harness::{drun, run, torch_python, wait_for, worker, Agent, DrunCmd};
 
 /// `drun --standalone` with 2 workers of `hang.py` and `--hang-timeout 2`.
 /// Exit code, stdout, stderr.
@@ -55,4 +55,37 @@ fn a_job_without_beacons_is_never_judged_hung() {
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("hang:"), "{err}");
     assert!(out.contains("done rank=1"), "{out}");
+}
+
+/// Real torch (gloo): rank 1 stops calling `all_reduce`, so rank 0 blocks in it (gloo's own
+/// timeout is 30 minutes). Detected within `--hang-timeout` + 2 s; rank 0's stack shows the
+/// `all_reduce`, rank 1's `stuck_here`.
+#[test]
+fn a_rank_blocked_in_a_gloo_all_reduce_is_a_hang_within_the_timeout() {
+    let Some(python) = torch_python() else { return };
+    let mut c = drun();
+    c.python(&python)
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .args(["--hang-timeout", "3", "--max-restarts", "0"])
+        .args(["--shutdown-timeout", "3"])
+        .arg(worker("allreduce_hang.py"));
+    let agent = Agent::start(c);
+    wait_for("rank 1 to stop", Duration::from_secs(120), || {
+        agent.stdout_so_far().contains("stuck")
+    });
+    let stopped = Instant::now();
+    wait_for("the hang", Duration::from_secs(30), || {
+        agent.stderr_so_far().contains("hang: rank")
+    });
+    let detected = stopped.elapsed();
+    assert!(
+        detected <= Duration::from_secs(5),
+        "detected after {detected:?}:\n{}",
+        agent.stderr_so_far()
+    );
+    let (code, _, err) = agent.wait(Duration::from_secs(60));
+    assert_eq!(code, 1, "{err}");
+    for want in ["in all_reduce", "in stuck_here", "(last step 19)"] {
+        assert!(err.contains(want), "lacks {want:?}:\n{err}");
+    }
 }

@@ -31,21 +31,27 @@ impl Beacons {
         self.last.insert(rank, (step, now));
     }
 
-    /// The hang, if a rank sent no beacon for `timeout`.
+    /// The hang, if a rank sent no beacon for `timeout`. Once one has, every rank silent for
+    /// half the timeout is counted stuck with it: ranks blocked in the collective the first
+    /// one left stop at about the same moment, and their stacks tell the story too.
     pub fn decide(&self, now: Instant, timeout: Duration) -> Option<Hang> {
         let mut hang = Hang {
             stuck: Vec::new(),
             progressing: Vec::new(),
         };
+        let silent = |at: Instant| now.saturating_duration_since(at);
+        if !self.last.values().any(|&(_, at)| silent(at) >= timeout) {
+            return None;
+        }
         for (&rank, &(step, at)) in &self.last {
-            let silent = now.saturating_duration_since(at);
-            if silent >= timeout {
+            let silent = silent(at);
+            if silent >= timeout / 2 {
                 hang.stuck.push((rank, step, silent));
             } else {
                 hang.progressing.push((rank, step));
             }
         }
-        (!hang.stuck.is_empty()).then_some(hang)
+        Some(hang)
     }
 }
 
@@ -131,9 +137,12 @@ mod tests {
         let t0 = Instant::now();
         let mut b = Beacons::default();
         b.beacon(0, 3, t0);
-        b.beacon(1, 4, t0 + s(1.0));
-        assert_eq!(b.decide(t0 + s(5.5), s(5.0)).unwrap().ranks(), vec![0]);
-        let all = b.decide(t0 + s(6.0), s(5.0)).unwrap();
+        b.beacon(1, 4, t0 + s(3.0));
+        assert_eq!(b.decide(t0 + s(4.9), s(5.0)), None);
+        // Rank 1, silent for 2.0 s of 5, still counts as progressing.
+        assert_eq!(b.decide(t0 + s(5.0), s(5.0)).unwrap().ranks(), vec![0]);
+        // Silent for half the timeout when rank 0 is judged: stuck with it.
+        let all = b.decide(t0 + s(5.5), s(5.0)).unwrap();
         assert_eq!(all.ranks(), vec![0, 1]);
         assert!(all.progressing.is_empty());
         assert!(!all.line("n").contains("were at"));
