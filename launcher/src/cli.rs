@@ -284,12 +284,13 @@ pub struct Args {
     /// for this long (seconds, or with a suffix `s`, `m`, `h`), drun dumps its Python stacks
     /// (`py-spy dump` when on PATH, else faulthandler on SIGUSR1), names the stuck ranks and
     /// fails the group (one restart of `--max-restarts`). A rank that never sent a beacon is
-    /// never judged. `off` (default) disables it; `auto` (a multiple of the step time) is planned.
+    /// never judged. `off` (default) disables it; `auto`: 10 × the median step time once a rank
+    /// sent 10 beacons, at least 60 s.
     #[arg(
         long = "hang-timeout",
         visible_alias = "hang_timeout",
         env = "DRUN_HANG_TIMEOUT",
-        value_name = "SECONDS|off",
+        value_name = "SECONDS|auto|off",
         default_value = "off",
         help_heading = "Supervision"
     )]

@@ -469,7 +469,7 @@ impl Agent {
     /// the group with the hang's line.
     async fn hung(&self, w: &mut World) -> Option<Input> {
         let timeout = self.cfg.hang_timeout?;
-        let hang = w.beacons.decide(Instant::now(), timeout)?;
+        let hang = w.beacons.judge(Instant::now(), timeout)?;
         // Judged once per generation: the beacons start afresh with the next spawn.
         w.beacons = super::hang::Beacons::default();
         let line = hang.line(&self.cfg.node_id);

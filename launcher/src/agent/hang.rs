@@ -7,6 +7,25 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// `--hang-timeout auto`: no verdict before a rank sent this many beacons.
+pub const AUTO_AFTER: usize = 10;
+/// `--hang-timeout auto`: this many median step times ...
+pub const AUTO_FACTOR: u32 = 10;
+/// ... but never less than this (long first steps, evaluation pauses).
+pub const AUTO_FLOOR: Duration = Duration::from_secs(60);
+/// Step times kept per rank (the median is taken over them).
+const KEPT: usize = 100;
+
+/// `--hang-timeout`: fixed, or a multiple of the observed step time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeout {
+    /// This long.
+    Fixed(Duration),
+    /// [`AUTO_FACTOR`] × the median step time, at least [`AUTO_FLOOR`], once a rank sent
+    /// [`AUTO_AFTER`] beacons.
+    Auto,
+}
+
 /// The signal whose handler (Python's `faulthandler`) dumps a worker's stacks.
 pub const DUMP_SIGNAL: nix::sys::signal::Signal = nix::sys::signal::Signal::SIGUSR1;
 
@@ -14,6 +33,8 @@ pub const DUMP_SIGNAL: nix::sys::signal::Signal = nix::sys::signal::Signal::SIGU
 #[derive(Debug, Default, Clone)]
 pub struct Beacons {
     last: BTreeMap<u32, (u64, Instant)>,
+    /// Recent seconds per step of each rank (between beacons that advanced the step).
+    step_times: BTreeMap<u32, std::collections::VecDeque<Duration>>,
 }
 
 /// A verdict: some ranks made no progress for the timeout.
@@ -28,7 +49,36 @@ pub struct Hang {
 impl Beacons {
     /// Notes a beacon of `rank` at `step`.
     pub fn beacon(&mut self, rank: u32, step: u64, now: Instant) {
-        self.last.insert(rank, (step, now));
+        if let Some((before, at)) = self.last.insert(rank, (step, now)) {
+            if step > before {
+                let per_step = now.saturating_duration_since(at) / (step - before) as u32;
+                let times = self.step_times.entry(rank).or_default();
+                if times.len() == KEPT {
+                    times.pop_front();
+                }
+                times.push_back(per_step);
+            }
+        }
+    }
+
+    /// The timeout in force: `None` while `auto` has seen too few steps.
+    pub fn timeout(&self, t: Timeout) -> Option<Duration> {
+        let Timeout::Fixed(d) = t else {
+            let seen = self.step_times.values().map(|v| v.len() + 1).max()?;
+            if seen < AUTO_AFTER {
+                return None;
+            }
+            let mut all: Vec<Duration> = self.step_times.values().flatten().copied().collect();
+            all.sort();
+            let median = all[all.len() / 2];
+            return Some((median * AUTO_FACTOR).max(AUTO_FLOOR));
+        };
+        Some(d)
+    }
+
+    /// The hang, if a rank sent no beacon for the timeout `t` (see [`Beacons::timeout`]).
+    pub fn judge(&self, now: Instant, t: Timeout) -> Option<Hang> {
+        self.decide(now, self.timeout(t)?)
     }
 
     /// The hang, if a rank sent no beacon for `timeout`. Once one has, every rank silent for
@@ -99,6 +149,31 @@ mod tests {
 
     fn s(secs: f64) -> Duration {
         Duration::from_secs_f64(secs)
+    }
+
+    #[test]
+    fn auto_waits_for_ten_steps_then_takes_ten_median_steps_with_a_60_s_floor() {
+        let t0 = Instant::now();
+        let mut b = Beacons::default();
+        for i in 0..9u64 {
+            b.beacon(0, i, t0 + s(10.0 * i as f64));
+        }
+        assert_eq!(b.timeout(Timeout::Auto), None);
+        assert_eq!(b.judge(t0 + s(3600.0), Timeout::Auto), None);
+        b.beacon(0, 9, t0 + s(90.0));
+        assert_eq!(b.timeout(Timeout::Auto), Some(s(100.0)));
+        assert!(b.judge(t0 + s(189.0), Timeout::Auto).is_none());
+        assert_eq!(
+            b.judge(t0 + s(190.0), Timeout::Auto).unwrap().ranks(),
+            vec![0]
+        );
+        // Fast steps: the floor.
+        let mut fast = Beacons::default();
+        for i in 0..20u64 {
+            fast.beacon(0, i, t0 + s(0.1 * i as f64));
+        }
+        assert_eq!(fast.timeout(Timeout::Auto), Some(AUTO_FLOOR));
+        assert_eq!(fast.timeout(Timeout::Fixed(s(5.0))), Some(s(5.0)));
     }
 
     #[test]

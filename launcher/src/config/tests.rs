@@ -326,18 +326,18 @@ fn a_program_looked_up_on_an_unset_or_empty_path_is_refused_up_front() {
 }
 
 #[test]
-fn hang_timeout_is_off_by_default_and_takes_seconds_or_a_suffix() {
+fn hang_timeout_is_off_by_default_and_takes_seconds_a_suffix_or_auto() {
     assert_eq!(ok(&["t.py"]).hang_timeout, None);
     assert_eq!(ok(&["--hang-timeout", "off", "t.py"]).hang_timeout, None);
     let secs = |v: &str| ok(&["--hang-timeout", v, "t.py"]).hang_timeout;
-    assert_eq!(secs("5"), Some(Duration::from_secs(5)));
-    assert_eq!(secs("2.5s"), Some(Duration::from_millis(2500)));
-    assert_eq!(secs("10m"), Some(Duration::from_secs(600)));
-    assert_eq!(secs("1h"), Some(Duration::from_secs(3600)));
+    let fixed = |d| Some(crate::agent::hang::Timeout::Fixed(d));
+    assert_eq!(secs("5"), fixed(Duration::from_secs(5)));
+    assert_eq!(secs("2.5s"), fixed(Duration::from_millis(2500)));
+    assert_eq!(secs("10m"), fixed(Duration::from_secs(600)));
+    assert_eq!(secs("1h"), fixed(Duration::from_secs(3600)));
+    assert_eq!(secs("auto"), Some(crate::agent::hang::Timeout::Auto));
     for bad in ["0", "-1", "soon", "5x"] {
         let e = err(&["--hang-timeout", bad, "t.py"], &host());
         assert!(e.contains("--hang-timeout"), "{bad}: {e}");
     }
-    let auto = err(&["--hang-timeout", "auto", "t.py"], &host());
-    assert!(auto.contains("not implemented yet"), "{auto}");
 }

@@ -167,18 +167,15 @@ pub(super) fn shutdown_timeout(
 }
 
 /// `--hang-timeout`: `off`, seconds, or seconds/minutes/hours with a suffix (`90s`, `5m`).
-pub(super) fn hang_timeout(v: &str) -> Result<Option<Duration>, ConfigError> {
+pub(super) fn hang_timeout(v: &str) -> Result<Option<crate::agent::hang::Timeout>, ConfigError> {
+    use crate::agent::hang::Timeout;
     let flag = "--hang-timeout";
     let v = v.trim();
     if v.eq_ignore_ascii_case("off") {
         return Ok(None);
     }
     if v.eq_ignore_ascii_case("auto") {
-        return Err(invalid(
-            flag,
-            v.to_string(),
-            "`auto` is not implemented yet; give seconds or `off`",
-        ));
+        return Ok(Some(Timeout::Auto));
     }
     let (num, unit) = match v.char_indices().last() {
         Some((i, 's')) => (&v[..i], 1.0),
@@ -190,8 +187,8 @@ pub(super) fn hang_timeout(v: &str) -> Result<Option<Duration>, ConfigError> {
         invalid(
             flag,
             v.to_string(),
-            "must be `off` or a number of seconds (or with a suffix s, m, h)",
+            "must be `off`, `auto` or a number of seconds (or with a suffix s, m, h)",
         )
     })?;
-    seconds(flag, secs * unit, false).map(Some)
+    seconds(flag, secs * unit, false).map(|d| Some(Timeout::Fixed(d)))
 }
