@@ -6,6 +6,7 @@ mod ckpt;
 mod cli;
 mod elastic;
 mod envcheck;
+mod hang;
 mod json_logs;
 mod ledger;
 mod logs;

@@ -280,6 +280,22 @@ pub struct Args {
     )]
     pub peer_exit_wait: f64,
 
+    /// Hang detection from step beacons (`drun.progress(step)`): when a rank sends no beacon
+    /// for this long (seconds, or with a suffix `s`, `m`, `h`), drun dumps its Python stacks
+    /// (`py-spy dump` when on PATH, else faulthandler on SIGUSR1), names the stuck ranks and
+    /// fails the group (one restart of `--max-restarts`). A rank that never sent a beacon is
+    /// never judged. `off` (default) disables it; `auto`: 10 × the median step time once a rank
+    /// sent 10 beacons, at least 60 s.
+    #[arg(
+        long = "hang-timeout",
+        visible_alias = "hang_timeout",
+        env = "DRUN_HANG_TIMEOUT",
+        value_name = "SECONDS|auto|off",
+        default_value = "off",
+        help_heading = "Supervision"
+    )]
+    pub hang_timeout: String,
+
     /// The local rank that reads drun's stdin (for `pdb`/`breakpoint()` at a terminal). Every
     /// other worker, and every worker without this flag, reads `/dev/null` (end-of-file at
     /// once), so a stray `input()` cannot hang the job on the terminal.

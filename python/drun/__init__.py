@@ -281,7 +281,26 @@ def progress(step, samples=None):
         req = {"op": "progress", "rank": _env_int("RANK", 0), "step": int(step)}
         if samples is not None:
             req["samples"] = int(samples)
-        _client.request(req, timeout=30.0)
+        answer = _client.request(req, timeout=30.0)
+        _register_hang_dump(answer.get("hang_dump_signal"))
+
+
+_hang_dump_signal = None
+
+
+def _register_hang_dump(signum):
+    """With ``drun --hang-timeout``: dump every thread's stack to stderr on ``signum``, which drun
+    sends to a rank it judged hung (unless ``py-spy`` is on its PATH)."""
+    global _hang_dump_signal
+    if signum is None or signum == _hang_dump_signal:
+        return
+    import faulthandler
+
+    try:
+        faulthandler.register(int(signum), all_threads=True)
+        _hang_dump_signal = signum
+    except (ValueError, RuntimeError, OSError, AttributeError):
+        pass
 
 
 def _permutation(n, seed, epoch, shuffle):

@@ -11,6 +11,8 @@ Environment knobs (all optional):
                       $CKPT_OUT/crash, then rank 0 exits 1
   CKPT_REFUSED_EXIT   exit status after a refused commit (default 3)
   CKPT_PROGRESS       0: send no step beacons
+  CKPT_HANG_AT        "RANK:STEP": in generation 1 that rank stops at that step (before its beacon)
+                      inside stuck_here(), forever
   CKPT_SAVE_ON_REQUEST_FROM_GEN  G: from generation G on, once drun.should_save() is true the
                       rank commits every step (ranks that see the request a step apart still
                       meet on the later steps)
@@ -42,6 +44,11 @@ def knob(name):
     return int(r), int(s)
 
 
+def stuck_here():
+    while True:
+        time.sleep(3600)
+
+
 def log(event, **kw):
     kw.update(event=event, rank=RANK, gen=GEN, pid=os.getpid(), t=time.time())
     line = (json.dumps(kw) + "\n").encode()
@@ -57,12 +64,16 @@ log("start", resume_step=info and info["step"], resume_samples=info and info["gl
                                                      if k.startswith("DRUN_RESUME")})
 bad_cursor = knob("CKPT_BAD_CURSOR")
 die = knob("CKPT_DIE_MIDWRITE")
+hang = knob("CKPT_HANG_AT")
 hold = os.environ.get("CKPT_HOLD_AT")
 save_from_gen = os.environ.get("CKPT_SAVE_ON_REQUEST_FROM_GEN")
 saving = False
 
 for step in range(start + 1, STEPS + 1):
     time.sleep(SLEEP)
+    if hang == (RANK, step) and GEN == 1:
+        log("hanging", step=step)
+        stuck_here()
     if os.environ.get("CKPT_PROGRESS", "1") == "1":
         drun.progress(step)
     if save_from_gen is not None and GEN >= int(save_from_gen) and not saving:

@@ -33,6 +33,8 @@ const DRAIN_WAIT: Duration = Duration::from_secs(2);
 const STALLED_COMMIT: Duration = Duration::from_secs(30);
 /// How often a stopping agent reaps, in case a SIGCHLD was coalesced.
 const STOP_POLL: Duration = Duration::from_millis(100);
+/// How often the step beacons are checked for a hang (with `--hang-timeout`).
+const HANG_CHECK: Duration = Duration::from_millis(250);
 
 /// What the effects act on: the workers, their generation, the ports and the checkpoint ledger.
 #[derive(Default)]
@@ -58,6 +60,8 @@ struct World {
     call: Option<ApiCall>,
     /// The running generation's step times and straggler verdicts (`--straggler-factor` > 0).
     steps: Option<(RankClock, Detector)>,
+    /// The step beacons of this generation's local ranks (`--hang-timeout`).
+    beacons: super::hang::Beacons,
 }
 
 impl Agent {
@@ -82,9 +86,12 @@ impl Agent {
         m = self.carry_out(m, fx, &mut w, link, &p).await?;
         let mut monitor = tokio::time::interval(self.cfg.monitor_interval);
         let mut poll = tokio::time::interval(STOP_POLL);
+        let mut hang_check = tokio::time::interval(HANG_CHECK);
         while !m.is_done() {
             let deadline = m.deadline();
             let stopping = matches!(m.phase, super::Phase::Stopping(_));
+            let watching =
+                self.cfg.hang_timeout.is_some() && matches!(m.phase, super::Phase::Running { .. });
             let input = tokio::select! {
                 ev = link.rx.recv(), if m.reads_session() => {
                     Some(ev.map_or(Input::SessionClosed, Input::Event))
@@ -97,6 +104,7 @@ impl Agent {
                 _ = self.sigchld.recv() => None,
                 _ = poll.tick(), if stopping => None,
                 _ = monitor.tick() => Some(Input::Monitor),
+                _ = hang_check.tick(), if watching => self.hung(&mut w).await,
                 _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
                 v = join(&mut w.verifying), if w.verifying.is_some() => {
                     w.verifying = None;
@@ -405,6 +413,7 @@ impl Agent {
         };
         w.workers = None;
         w.first_success = None;
+        w.beacons = super::hang::Beacons::default();
         match WorkerGroup::start(&ctx, &plan, plan.restarts_failures).await {
             Ok(g) => {
                 self.print_rank_table(&plan, &g);
@@ -466,6 +475,28 @@ impl Agent {
         }
     }
 
+    /// A hang of local ranks (`--hang-timeout`): their stacks dumped, the input that fails
+    /// the group with the hang's line.
+    async fn hung(&self, w: &mut World) -> Option<Input> {
+        let timeout = self.cfg.hang_timeout?;
+        let hang = w.beacons.judge(Instant::now(), timeout)?;
+        // Judged once per generation: the beacons start afresh with the next spawn.
+        w.beacons = super::hang::Beacons::default();
+        let line = hang.line(&self.cfg.node_id);
+        tracing::error!(run = %self.cfg.run_id, "{line}; dumping the stacks of the stuck ranks");
+        let stuck = hang.ranks();
+        let pids: Vec<(u32, i32)> = w
+            .group
+            .as_ref()
+            .map(WorkerGroup::running)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(rank, _)| stuck.contains(rank))
+            .collect();
+        crate::os::stacks::dump(&pids, super::hang::DUMP_SIGNAL).await;
+        Some(Input::Hung(line))
+    }
+
     /// Answers one worker API request (see [`crate::ckpt::api`]).
     fn serve(&mut self, should_save: bool, w: &mut World, link: &Link) {
         let Some((req, reply)) = w.call.take() else {
@@ -487,7 +518,7 @@ impl Agent {
                 step,
                 samples,
             } => {
-                let answer = ledger.progress(rank, step);
+                let mut answer = ledger.progress(rank, step);
                 if answer["ok"] == true {
                     let now = Instant::now();
                     if let Some(m) = &self.metrics {
@@ -506,6 +537,11 @@ impl Agent {
                             }
                         }
                     }
+                }
+                if self.cfg.hang_timeout.is_some() && answer["ok"] == true {
+                    w.beacons.beacon(rank, step, Instant::now());
+                    // The worker registers faulthandler for this signal (its stack dump).
+                    answer["hang_dump_signal"] = serde_json::json!(super::hang::DUMP_SIGNAL as i32);
                 }
                 let _ = reply.send(answer);
             }

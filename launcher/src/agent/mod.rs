@@ -27,6 +27,7 @@ use crate::{AgentExit, LaunchConfig, LaunchError};
 
 mod driver;
 mod failure;
+pub mod hang;
 mod observe;
 pub mod rank_table;
 pub mod state;

@@ -170,7 +170,8 @@ pub enum Then {
     AwaitEnd,
     /// Report the worker failure (`partial`: a partial success, with its description).
     Report {
-        /// A partial success's description; `None`: a worker failed (summary on the end).
+        /// A partial success's or a hang's description; `None`: a worker failed (summary on
+        /// the end).
         partial: Option<String>,
     },
     /// Join the next generation.
@@ -275,6 +276,9 @@ pub enum Input {
     },
     /// A worker API request (the loop holds it and its reply).
     Api,
+    /// Local ranks sent no step beacon for `--hang-timeout` (their stacks were dumped): the
+    /// hang's line, naming them and their last steps.
+    Hung(String),
 }
 
 /// The verdict on the resume point ([`crate::ckpt::resume::Verdict`] less the error, which

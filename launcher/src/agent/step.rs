@@ -66,6 +66,17 @@ pub fn step(mut m: Machine, input: Input, now: Instant, p: &Params) -> (Machine,
             }
             other => other,
         },
+        Input::Hung(line) => match phase {
+            Phase::Running { plan, .. } => {
+                // A worker failure of this node: the session decides job-wide (one restart of
+                // the budget, or the end of the run with this line).
+                let then = Then::Report {
+                    partial: Some(line),
+                };
+                stop(&mut m, plan, Signal::SIGTERM, then, &mut cx)
+            }
+            other => other,
+        },
         Input::Stopped { failure, cause } => on_stopped(&mut m, phase, failure, cause, &mut cx),
         Input::Api => {
             cx.fx.push(match &phase {

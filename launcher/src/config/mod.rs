@@ -98,6 +98,8 @@ pub struct LaunchConfig {
     pub shutdown_timeout: Duration,
     /// How long a partial success may last before it counts as a failure.
     pub peer_exit_wait: Duration,
+    /// `--hang-timeout`: how long a rank that sent step beacons may send none; `None`: off.
+    pub hang_timeout: Option<crate::agent::hang::Timeout>,
     /// `--stdin-rank`: the local rank that reads drun's stdin; the others read `/dev/null`.
     pub stdin_rank: Option<u32>,
     /// Who hosts the workers' c10d store (`--worker-store`).

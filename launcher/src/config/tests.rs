@@ -341,3 +341,20 @@ fn straggler_factor_is_1_5_by_default_0_turns_it_off_and_1_or_less_is_refused() 
         assert!(e.contains("--straggler-factor"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn hang_timeout_is_off_by_default_and_takes_seconds_a_suffix_or_auto() {
+    assert_eq!(ok(&["t.py"]).hang_timeout, None);
+    assert_eq!(ok(&["--hang-timeout", "off", "t.py"]).hang_timeout, None);
+    let secs = |v: &str| ok(&["--hang-timeout", v, "t.py"]).hang_timeout;
+    let fixed = |d| Some(crate::agent::hang::Timeout::Fixed(d));
+    assert_eq!(secs("5"), fixed(Duration::from_secs(5)));
+    assert_eq!(secs("2.5s"), fixed(Duration::from_millis(2500)));
+    assert_eq!(secs("10m"), fixed(Duration::from_secs(600)));
+    assert_eq!(secs("1h"), fixed(Duration::from_secs(3600)));
+    assert_eq!(secs("auto"), Some(crate::agent::hang::Timeout::Auto));
+    for bad in ["0", "-1", "soon", "5x"] {
+        let e = err(&["--hang-timeout", bad, "t.py"], &host());
+        assert!(e.contains("--hang-timeout"), "{bad}: {e}");
+    }
+}

@@ -165,3 +165,30 @@ pub(super) fn shutdown_timeout(
     };
     seconds("--shutdown-timeout", shutdown, true)
 }
+
+/// `--hang-timeout`: `off`, seconds, or seconds/minutes/hours with a suffix (`90s`, `5m`).
+pub(super) fn hang_timeout(v: &str) -> Result<Option<crate::agent::hang::Timeout>, ConfigError> {
+    use crate::agent::hang::Timeout;
+    let flag = "--hang-timeout";
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    if v.eq_ignore_ascii_case("auto") {
+        return Ok(Some(Timeout::Auto));
+    }
+    let (num, unit) = match v.char_indices().last() {
+        Some((i, 's')) => (&v[..i], 1.0),
+        Some((i, 'm')) => (&v[..i], 60.0),
+        Some((i, 'h')) => (&v[..i], 3600.0),
+        _ => (v, 1.0),
+    };
+    let secs: f64 = num.trim().parse().map_err(|_| {
+        invalid(
+            flag,
+            v.to_string(),
+            "must be `off`, `auto` or a number of seconds (or with a suffix s, m, h)",
+        )
+    })?;
+    seconds(flag, secs * unit, false).map(|d| Some(Timeout::Fixed(d)))
+}

@@ -38,6 +38,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
     let monitor_interval = seconds("--monitor-interval", a.monitor_interval, false)?;
     let shutdown_timeout = shutdown_timeout(a.shutdown_timeout, slurm.is_some(), host)?;
     let peer_exit_wait = seconds("--peer-exit-wait", a.peer_exit_wait, true)?;
+    let hang_timeout = super::timing::hang_timeout(&a.hang_timeout)?;
     check_stdin_rank(a.stdin_rank, nproc_per_node)?;
     let redirects = StdSpec::parse("--redirects", &a.redirects)?;
     let tee = StdSpec::parse("--tee", &a.tee)?;
@@ -105,6 +106,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         signals_to_handle: a.signals_to_handle.clone(),
         shutdown_timeout,
         peer_exit_wait,
+        hang_timeout,
         stdin_rank: a.stdin_rank,
         worker_store,
         rdzv_conf,

@@ -11,6 +11,7 @@ pub mod guard;
 pub mod ports;
 pub mod procs;
 pub mod spawn;
+pub mod stacks;
 
 use std::future::Future;
 use std::io;

@@ -265,3 +265,24 @@ fn a_session_that_closes_after_local_success_is_a_success() {
     t.feed(Input::SessionClosed);
     assert_eq!(t.done(), Some(&End::Exit(AgentExit::Success)));
 }
+
+#[test]
+fn a_hang_stops_the_group_and_is_reported_as_its_failure() {
+    let mut t = T::running(1, 1);
+    let line = "hang: rank 1 on node n0 made no progress for 5.0 s (last step 37)";
+    assert_eq!(
+        t.feed(Input::Hung(line.into())),
+        vec![Effect::Stop(Signal::SIGTERM)]
+    );
+    let fx = t.workers_gone(None);
+    assert_eq!(
+        fx,
+        vec![Effect::Send(Request::Failed {
+            generation: 1,
+            description: line.into(),
+            cause: None,
+        })]
+    );
+    // A hang judged while not running (already stopping) changes nothing.
+    assert!(t.feed(Input::Hung(line.into())).is_empty());
+}

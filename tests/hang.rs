@@ -1,0 +1,91 @@
+//! Hang detection from step beacons (`--hang-timeout`): a rank that stops sending beacons has
+//! its stacks dumped, is named, and fails the group like a worker failure; a script that sends
+//! no beacons is never judged.
+
+use std::time::{Duration, Instant};
+
+use crate::harness::{drun, run, torch_python, wait_for, worker, Agent, DrunCmd};
+
+/// `drun --standalone` with 2 workers of `hang.py` and `--hang-timeout 2`.
+/// Exit code, stdout, stderr.
+fn hang_job(max_restarts: &str, steps: &str, stuck: &str, beacons: &str) -> (i32, String, String) {
+    let mut c = drun();
+    c.args(["--standalone", "--nproc-per-node", "2"])
+        .args(["--hang-timeout", "2", "--max-restarts", max_restarts])
+        .args(["--shutdown-timeout", "3"])
+        .arg(worker("hang.py"))
+        .args([steps, stuck, beacons]);
+    run(c, Duration::from_secs(90))
+}
+
+/// Rank 1 stops beaconing inside `stuck_here()` while rank 0 goes on: its stack is dumped,
+/// the hang names it and its last step, one restart is spent and the second attempt finishes.
+#[test]
+fn a_rank_that_stops_beaconing_is_dumped_named_and_restarted() {
+    let (code, out, err) = hang_job("1", "200", "-1", "1");
+    assert_eq!(code, 0, "{err}");
+    for want in [
+        "hang: rank 1 on node",
+        "(last step 19); rank 0 was at step",
+        "in stuck_here",
+        "restarting the worker group (1/1 restarts used)",
+    ] {
+        assert!(err.contains(want), "lacks {want:?}:\n{err}");
+    }
+    assert!(out.contains("done rank=1"), "{out}");
+}
+
+/// Without a restart left, the run ends with the hang's line naming the rank.
+#[test]
+fn a_hang_without_restarts_left_ends_the_run_naming_the_hung_rank() {
+    let (code, _, err) = hang_job("0", "100000", "-1", "1");
+    assert_eq!(code, 1, "{err}");
+    let last = err
+        .lines()
+        .rfind(|l| l.starts_with("drun: "))
+        .unwrap_or_default();
+    assert!(last.contains("hang: rank 1 on node"), "{last}\n{err}");
+    assert!(err.contains("in stuck_here"), "{err}");
+}
+
+/// The same pause (4 s, past the 2 s timeout) without beacons is never judged a hang.
+#[test]
+fn a_job_without_beacons_is_never_judged_hung() {
+    let (code, out, err) = hang_job("0", "100", "4", "0");
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("hang:"), "{err}");
+    assert!(out.contains("done rank=1"), "{out}");
+}
+
+/// Real torch (gloo): rank 1 stops calling `all_reduce`, so rank 0 blocks in it (gloo's own
+/// timeout is 30 minutes). Detected within `--hang-timeout` + 2 s; rank 0's stack shows the
+/// `all_reduce`, rank 1's `stuck_here`.
+#[test]
+fn a_rank_blocked_in_a_gloo_all_reduce_is_a_hang_within_the_timeout() {
+    let Some(python) = torch_python() else { return };
+    let mut c = drun();
+    c.python(&python)
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .args(["--hang-timeout", "3", "--max-restarts", "0"])
+        .args(["--shutdown-timeout", "3"])
+        .arg(worker("allreduce_hang.py"));
+    let agent = Agent::start(c);
+    wait_for("rank 1 to stop", Duration::from_secs(120), || {
+        agent.stdout_so_far().contains("stuck")
+    });
+    let stopped = Instant::now();
+    wait_for("the hang", Duration::from_secs(30), || {
+        agent.stderr_so_far().contains("hang: rank")
+    });
+    let detected = stopped.elapsed();
+    assert!(
+        detected <= Duration::from_secs(5),
+        "detected after {detected:?}:\n{}",
+        agent.stderr_so_far()
+    );
+    let (code, _, err) = agent.wait(Duration::from_secs(60));
+    assert_eq!(code, 1, "{err}");
+    for want in ["in all_reduce", "in stuck_here", "(last step 19)"] {
+        assert!(err.contains(want), "lacks {want:?}:\n{err}");
+    }
+}

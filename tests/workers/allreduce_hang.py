@@ -1,0 +1,40 @@
+"""Torch hang worker: gloo all_reduce steps 50 ms apart, each announced with
+``drun.progress(step)``. Rank 1 stops at step 20 inside ``stuck_here()`` forever (printing
+``stuck`` first), so rank 0 blocks in that step's ``all_reduce`` until gloo's timeout (30 min).
+
+Usage: allreduce_hang.py
+"""
+
+import datetime
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import drun  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def stuck_here():
+    while True:
+        time.sleep(3600)
+
+
+def main():
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+    rank = dist.get_rank()
+    for step in range(1, 100000):
+        if rank == 1 and step == 20:
+            print("stuck", flush=True)
+            stuck_here()
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        drun.progress(step)
+        time.sleep(0.05)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

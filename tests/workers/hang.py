@@ -1,0 +1,39 @@
+"""Hang-detection test worker: STEPS steps 50 ms apart, each announced with
+``drun.progress(step)`` when BEACONS is 1. In the first attempt (TORCHELASTIC_RESTART_COUNT 0)
+rank 1 stops at step 20 inside ``stuck_here()`` for STUCK seconds (-1: forever); the others go
+on. Prints ``done rank=R`` at the end.
+
+Usage: hang.py STEPS STUCK BEACONS
+"""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import drun  # noqa: E402
+
+
+def stuck_here(seconds):
+    if seconds < 0:
+        while True:
+            time.sleep(3600)
+    time.sleep(seconds)
+
+
+def main():
+    steps, stuck, beacons = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+    rank = int(os.environ["RANK"])
+    first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    for step in range(1, steps + 1):
+        if first and rank == 1 and step == 20:
+            stuck_here(stuck)
+        if beacons:
+            drun.progress(step)
+        time.sleep(0.05)
+    print(f"done rank={rank}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
