@@ -15,8 +15,8 @@ use tokio::time::Instant;
 use super::state::{Checked, Effect, End, Input, Level, Machine, Params, Workers};
 use super::straggler::Detector;
 use super::{step, Agent};
-use crate::ckpt::api::{refused, ApiCall, ApiRequest, ApiServer};
-use crate::ckpt::node::{resume_answer, NodeLedger};
+use crate::ckpt::api::{refused, ApiCall, ApiServer};
+use crate::ckpt::node::NodeLedger;
 use crate::ckpt::resume::{self, Verdict};
 use crate::group::{GroupContext, WorkerGroup};
 use crate::metrics::work::RankClock;
@@ -35,6 +35,8 @@ const STALLED_COMMIT: Duration = Duration::from_secs(30);
 const STOP_POLL: Duration = Duration::from_millis(100);
 /// How often the step beacons are checked for a hang (with `--hang-timeout`).
 const HANG_CHECK: Duration = Duration::from_millis(250);
+
+mod api;
 
 /// What the effects act on: the workers, their generation, the ports and the checkpoint ledger.
 #[derive(Default)]
@@ -472,96 +474,6 @@ impl Agent {
         Input::Stopped {
             failure: cause.as_ref().map(RootCause::line),
             cause,
-        }
-    }
-
-    /// A hang of local ranks (`--hang-timeout`): their stacks dumped, the input that fails
-    /// the group with the hang's line.
-    async fn hung(&self, w: &mut World) -> Option<Input> {
-        let timeout = self.cfg.hang_timeout?;
-        let hang = w.beacons.judge(Instant::now(), timeout)?;
-        // Judged once per generation: the beacons start afresh with the next spawn.
-        w.beacons = super::hang::Beacons::default();
-        let line = hang.line(&self.cfg.node_id);
-        tracing::error!(run = %self.cfg.run_id, "{line}; dumping the stacks of the stuck ranks");
-        let stuck = hang.ranks();
-        let pids: Vec<(u32, i32)> = w
-            .group
-            .as_ref()
-            .map(WorkerGroup::running)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(rank, _)| stuck.contains(rank))
-            .collect();
-        crate::os::stacks::dump(&pids, super::hang::DUMP_SIGNAL).await;
-        Some(Input::Hung(line))
-    }
-
-    /// Answers one worker API request (see [`crate::ckpt::api`]).
-    fn serve(&mut self, should_save: bool, w: &mut World, link: &Link) {
-        let Some((req, reply)) = w.call.take() else {
-            return;
-        };
-        let (Some(ledger), Some(plan)) = (w.ledger.as_mut(), w.plan.as_deref()) else {
-            let _ = reply.send(refused("no worker group is running"));
-            return;
-        };
-        match req {
-            ApiRequest::Resume => {
-                let _ = reply.send(resume_answer(plan, w.resume_file.as_deref()));
-            }
-            ApiRequest::ShouldSave { .. } => {
-                let _ = reply.send(serde_json::json!({"ok": true, "save": should_save}));
-            }
-            ApiRequest::Progress {
-                rank,
-                step,
-                samples,
-            } => {
-                let mut answer = ledger.progress(rank, step);
-                if answer["ok"] == true {
-                    let now = Instant::now();
-                    if let Some(m) = &self.metrics {
-                        m.progress(rank, step, samples, now);
-                    }
-                    if let Some((clock, detector)) = w.steps.as_mut() {
-                        let event = clock
-                            .beacon(rank, step, now)
-                            .and_then(|st| detector.observe(rank, st.seconds, now));
-                        if let Some(ev) = event {
-                            let node = plan.member(&self.cfg.node_id).map_or(0, |m| m.node_rank);
-                            let line = ev.line(node, &self.hostname, self.cfg.straggler_factor);
-                            tracing::warn!(run = %self.cfg.run_id, gen = plan.generation, "{line}");
-                            if let Some(m) = &self.metrics {
-                                m.straggler(ev);
-                            }
-                        }
-                    }
-                }
-                if self.cfg.hang_timeout.is_some() && answer["ok"] == true {
-                    w.beacons.beacon(rank, step, Instant::now());
-                    // The worker registers faulthandler for this signal (its stack dump).
-                    answer["hang_dump_signal"] = serde_json::json!(super::hang::DUMP_SIGNAL as i32);
-                }
-                let _ = reply.send(answer);
-            }
-            ApiRequest::Commit {
-                rank,
-                generation,
-                step,
-                files,
-                cursor,
-            } => {
-                if let Some(batch) = ledger.commit(rank, generation, step, files, cursor, reply) {
-                    if let Some(m) = &self.metrics {
-                        m.committed();
-                    }
-                    let _ = link.tx.send(Request::Commit {
-                        commit: batch,
-                        retention: self.cfg.ckpt.retention,
-                    });
-                }
-            }
         }
     }
 }

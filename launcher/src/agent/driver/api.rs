@@ -1,0 +1,107 @@
+//! The agent's answers to its workers: the worker API requests (resume point, should-save, step
+//! beacons, checkpoint commits) and what the step beacons feed — metrics, the straggler
+//! detector and the hang verdict.
+
+use drun_rendezvous::session::Request;
+use tokio::time::Instant;
+
+use super::World;
+use crate::agent::hang;
+use crate::agent::state::Input;
+use crate::agent::Agent;
+use crate::ckpt::api::{refused, ApiRequest};
+use crate::ckpt::node::resume_answer;
+use crate::group::WorkerGroup;
+use crate::rdzv::Link;
+
+impl Agent {
+    /// A hang of local ranks (`--hang-timeout`): their stacks dumped, the input that fails
+    /// the group with the hang's line.
+    pub(super) async fn hung(&self, w: &mut World) -> Option<Input> {
+        let timeout = self.cfg.hang_timeout?;
+        let hang = w.beacons.judge(Instant::now(), timeout)?;
+        // Judged once per generation: the beacons start afresh with the next spawn.
+        w.beacons = hang::Beacons::default();
+        let line = hang.line(&self.cfg.node_id);
+        tracing::error!(run = %self.cfg.run_id, "{line}; dumping the stacks of the stuck ranks");
+        let stuck = hang.ranks();
+        let pids: Vec<(u32, i32)> = w
+            .group
+            .as_ref()
+            .map(WorkerGroup::running)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(rank, _)| stuck.contains(rank))
+            .collect();
+        crate::os::stacks::dump(&pids, hang::DUMP_SIGNAL).await;
+        Some(Input::Hung(line))
+    }
+
+    /// Answers one worker API request (see [`crate::ckpt::api`]).
+    pub(super) fn serve(&mut self, should_save: bool, w: &mut World, link: &Link) {
+        let Some((req, reply)) = w.call.take() else {
+            return;
+        };
+        let (Some(ledger), Some(plan)) = (w.ledger.as_mut(), w.plan.as_deref()) else {
+            let _ = reply.send(refused("no worker group is running"));
+            return;
+        };
+        match req {
+            ApiRequest::Resume => {
+                let _ = reply.send(resume_answer(plan, w.resume_file.as_deref()));
+            }
+            ApiRequest::ShouldSave { .. } => {
+                let _ = reply.send(serde_json::json!({"ok": true, "save": should_save}));
+            }
+            ApiRequest::Progress {
+                rank,
+                step,
+                samples,
+            } => {
+                let mut answer = ledger.progress(rank, step);
+                if answer["ok"] == true {
+                    let now = Instant::now();
+                    if let Some(m) = &self.metrics {
+                        m.progress(rank, step, samples, now);
+                    }
+                    if let Some((clock, detector)) = w.steps.as_mut() {
+                        let event = clock
+                            .beacon(rank, step, now)
+                            .and_then(|st| detector.observe(rank, st.seconds, now));
+                        if let Some(ev) = event {
+                            let node = plan.member(&self.cfg.node_id).map_or(0, |m| m.node_rank);
+                            let line = ev.line(node, &self.hostname, self.cfg.straggler_factor);
+                            tracing::warn!(run = %self.cfg.run_id, gen = plan.generation, "{line}");
+                            if let Some(m) = &self.metrics {
+                                m.straggler(ev);
+                            }
+                        }
+                    }
+                }
+                if self.cfg.hang_timeout.is_some() && answer["ok"] == true {
+                    w.beacons.beacon(rank, step, Instant::now());
+                    // The worker registers faulthandler for this signal (its stack dump).
+                    answer["hang_dump_signal"] = serde_json::json!(hang::DUMP_SIGNAL as i32);
+                }
+                let _ = reply.send(answer);
+            }
+            ApiRequest::Commit {
+                rank,
+                generation,
+                step,
+                files,
+                cursor,
+            } => {
+                if let Some(batch) = ledger.commit(rank, generation, step, files, cursor, reply) {
+                    if let Some(m) = &self.metrics {
+                        m.committed();
+                    }
+                    let _ = link.tx.send(Request::Commit {
+                        commit: batch,
+                        retention: self.cfg.ckpt.retention,
+                    });
+                }
+            }
+        }
+    }
+}
