@@ -2,24 +2,13 @@
 
 use std::time::Duration;
 
-use crate::harness::cluster::{rendezvous_bin, RdzvServer};
-use crate::harness::{node_cmd, worker, Agent};
+use crate::harness::cluster::{pinned_node, rendezvous_bin, RdzvServer};
+use crate::harness::Agent;
 
 /// Node `i` of a 2-node run `run` on `server`, 2 workers, `--max-restarts 0`: the ranks in
 /// `ranks` (comma-separated) print a line to stderr and exit with `code`.
 fn failing_node(server: &RdzvServer, run: &str, i: usize, code: &str, ranks: &str) -> Agent {
-    let rdzv = [
-        "--rdzv-backend",
-        "drun",
-        "--rdzv-endpoint",
-        &server.endpoint,
-    ];
-    let mut c = node_cmd(i, run, "2", &rdzv);
-    c.args(["--node-rank", &i.to_string(), "--max-restarts", "0"])
-        .args(["--shutdown-timeout", "3"])
-        .arg(worker("exit_code.py"))
-        .args([code, ranks, "1"]);
-    Agent::start(c)
+    pinned_node(server, run, i, "exit_code.py", &[code, ranks, "1"])
 }
 
 /// Two agents × 2 workers, `--max-restarts 0`; rank 3 (node rank 1's local rank 1) prints a line

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::BufRead;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -68,6 +69,21 @@ fn check_view(view: &str, nodes: &[(String, &str)]) {
     }
 }
 
+/// `n` agents of run `run` whose workers (`trap.py`) mark `dir/ready_<rank>` and run until
+/// stopped.
+fn trap_agents(n: usize, run: &str, nnodes: &str, rdzv: &[&str], dir: &Path) -> Vec<Agent> {
+    (0..n)
+        .map(|i| {
+            let mut c = node_cmd(i, run, nnodes, rdzv);
+            c.args(["--shutdown-timeout", "3"])
+                .arg(worker("trap.py"))
+                .arg(dir)
+                .arg("0");
+            Agent::start(c)
+        })
+        .collect()
+}
+
 /// 3 members and a standby on a `drun-rendezvous` server over etcd: the server's status, etcd's
 /// status and the agents' own `drun --status` all name exactly the running agents.
 #[test]
@@ -76,16 +92,7 @@ fn status_during_a_job_names_the_actual_members_and_the_standby() {
     let server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
     let rdzv = ["--rdzv-endpoint", server.endpoint.as_str()];
     let dir = tempfile::tempdir().unwrap();
-    let agents: Vec<Agent> = (0..4)
-        .map(|i| {
-            let mut c = node_cmd(i, "statusrun", "2:3", &rdzv);
-            c.args(["--shutdown-timeout", "3"])
-                .arg(worker("trap.py"))
-                .arg(dir.path())
-                .arg("0");
-            Agent::start(c)
-        })
-        .collect();
+    let agents = trap_agents(4, "statusrun", "2:3", &rdzv, dir.path());
     wait_for(
         "6 workers of the 3-node group",
         Duration::from_secs(60),
@@ -279,16 +286,7 @@ fn status_of_a_c10d_run_asks_the_hosting_agent() {
         endpoint.as_str(),
     ];
     let dir = tempfile::tempdir().unwrap();
-    let agents: Vec<Agent> = (0..2)
-        .map(|i| {
-            let mut c = node_cmd(i, "statusc10d", "2", &rdzv);
-            c.args(["--shutdown-timeout", "3"])
-                .arg(worker("trap.py"))
-                .arg(dir.path())
-                .arg("0");
-            Agent::start(c)
-        })
-        .collect();
+    let agents = trap_agents(2, "statusc10d", "2", &rdzv, dir.path());
     wait_for("4 workers", Duration::from_secs(60), || {
         (0..4).all(|r| dir.path().join(format!("ready_{r}")).exists())
     });

@@ -2,23 +2,18 @@
 
 use std::time::Duration;
 
-use crate::harness::cluster::RdzvServer;
-use crate::harness::{node_cmd, wait_for, worker, Agent};
+use crate::harness::cluster::{pinned_node, RdzvServer};
+use crate::harness::{wait_for, Agent};
 
 /// Node `i` of the 2-node run `run` on `server`: 2 workers of `straggle_steps.py STEPS SLOW`.
 fn node(server: &RdzvServer, run: &str, i: usize, steps: u32, slow: i32) -> Agent {
-    let rdzv = [
-        "--rdzv-backend",
-        "drun",
-        "--rdzv-endpoint",
-        &server.endpoint,
-    ];
-    let mut c = node_cmd(i, run, "2", &rdzv);
-    c.args(["--node-rank", &i.to_string(), "--max-restarts", "0"])
-        .args(["--shutdown-timeout", "3"])
-        .arg(worker("straggle_steps.py"))
-        .args([steps.to_string(), slow.to_string()]);
-    Agent::start(c)
+    pinned_node(
+        server,
+        run,
+        i,
+        "straggle_steps.py",
+        &[steps.to_string(), slow.to_string()],
+    )
 }
 
 fn straggler_lines(err: &str) -> Vec<&str> {

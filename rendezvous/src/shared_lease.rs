@@ -186,6 +186,7 @@ impl SharedLeases {
                 Op::DeletePrefix(p) => table.deleted_prefix(p),
             }
         }
+        leases.sort_unstable();
         leases.dedup();
         for l in leases {
             let reg = registry_key(l);

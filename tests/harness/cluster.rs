@@ -101,3 +101,26 @@ impl Drop for RdzvServer {
         self.kill();
     }
 }
+
+/// Node `i` (pinned node rank `i`) of the 2-node run `run` on `server`, 2 workers,
+/// `--max-restarts 0`, a 3 s shutdown timeout: the test worker `script` with `args`.
+pub fn pinned_node<S: AsRef<std::ffi::OsStr>>(
+    server: &RdzvServer,
+    run: &str,
+    i: usize,
+    script: &str,
+    args: &[S],
+) -> super::Agent {
+    let rdzv = [
+        "--rdzv-backend",
+        "drun",
+        "--rdzv-endpoint",
+        &server.endpoint,
+    ];
+    let mut c = super::node_cmd(i, run, "2", &rdzv);
+    c.args(["--node-rank", &i.to_string(), "--max-restarts", "0"])
+        .args(["--shutdown-timeout", "3"])
+        .arg(super::worker(script))
+        .args(args);
+    super::Agent::start(c)
+}
