@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::harness::cluster::{pinned_node, RdzvServer};
+use crate::harness::cluster::{pinned_node, rendezvous_bin, RdzvServer};
 use crate::harness::{wait_for, Agent};
 
 /// Node `i` of the 2-node run `run` on `server`: 2 workers of `straggle_steps.py STEPS SLOW`.
@@ -34,6 +34,34 @@ fn a_three_times_slower_rank_is_reported_once_as_a_straggler() {
         "node 1 reports rank 3 as a straggler",
         Duration::from_secs(45),
         || !straggler_lines(&b.stderr_so_far()).is_empty(),
+    );
+    // While the job runs, `status` carries node 1's report: rank 3 and its step time.
+    let reported = || {
+        let o = std::process::Command::new(rendezvous_bin())
+            .args([
+                "status",
+                "straggler",
+                "--json",
+                "--endpoint",
+                &server.endpoint,
+            ])
+            .output()
+            .expect("run drun-rendezvous status");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let nodes = v["reports"]["stragglers"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        nodes.values().any(|r| {
+            r["node_rank"] == 1
+                && r["stragglers"][0]["rank"] == 3
+                && r["stragglers"][0]["step_time"].as_f64() > r["stragglers"][0]["median"].as_f64()
+        })
+    };
+    wait_for(
+        "status names rank 3 a straggler",
+        Duration::from_secs(20),
+        reported,
     );
     let (code_a, _, err_a) = a.wait(Duration::from_secs(120));
     let (code_b, _, err_b) = b.wait(Duration::from_secs(120));

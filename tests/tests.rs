@@ -15,6 +15,7 @@ mod multinode;
 mod node_loss;
 mod output;
 mod ports;
+mod preflight;
 mod python_helper;
 mod real_scripts;
 mod root_cause;

@@ -377,6 +377,24 @@ pub struct Args {
     )]
     pub straggler_factor: f64,
 
+    /// Before the run's first generation trains, measure the interconnect with the job's own
+    /// backend (gloo on CPU, NCCL on GPU): an `all_reduce` over all ranks, then a ring of
+    /// node-to-node links. Node rank 0 prints one table (bandwidth and latency per link, the
+    /// slow ones named, the check's total time); the script then runs in the same process.
+    /// Needs torch in the worker interpreter (else it says so and skips); re-forms skip it.
+    #[arg(long, env = "DRUN_PREFLIGHT", help_heading = "Metrics")]
+    pub preflight: bool,
+
+    /// With `--preflight`: name every link slower than this many Gbit/s (besides those under
+    /// half the median link, which are always named).
+    #[arg(
+        long = "preflight-min-gbps",
+        env = "DRUN_PREFLIGHT_MIN_GBPS",
+        value_name = "GBIT_PER_S",
+        help_heading = "Metrics"
+    )]
+    pub preflight_min_gbps: Option<f64>,
+
     /// Checkpoint directory: exported to workers as DRUN_CKPT_DIR; drun keeps the `latest`
     /// pointer file here and reads it back when the rendezvous store knows no checkpoint (a
     /// fresh etcd, a requeued job). Created if missing.

@@ -61,6 +61,7 @@ pub mod loss;
 pub mod memory;
 pub mod metrics;
 pub mod plan;
+pub mod reports;
 pub mod root_cause;
 pub mod round;
 pub mod run_state;

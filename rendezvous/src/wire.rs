@@ -143,6 +143,10 @@ pub fn request_to_wire(r: &Request) -> pb::AgentMessage {
             generation: *generation,
             reason: reason.clone(),
         }),
+        Request::Report { kind, json } => Kind::Report(pb::NodeReport {
+            kind: kind.as_str().to_string(),
+            json: json.clone(),
+        }),
         Request::MarkBad {
             generation,
             id,
@@ -180,6 +184,10 @@ pub fn request_from_wire(m: pb::AgentMessage) -> Option<Request> {
         Kind::Preempt(p) => Request::Preempt {
             generation: p.generation,
             reason: p.reason,
+        },
+        Kind::Report(r) => Request::Report {
+            kind: crate::reports::ReportKind::parse(&r.kind)?,
+            json: r.json,
         },
         Kind::BadCheckpoint(b) => Request::MarkBad {
             generation: b.generation,

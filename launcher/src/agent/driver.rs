@@ -412,6 +412,7 @@ impl Agent {
             hostname: &self.hostname,
             inherited: &self.inherited,
             run_log_dir: &self.run_log_dir,
+            preflight: self.preflight_for(&plan),
         };
         w.workers = None;
         w.first_success = None;

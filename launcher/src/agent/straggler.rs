@@ -95,6 +95,19 @@ impl Detector {
         self.ranks.clear();
     }
 
+    /// The ranks flagged now: rank, its step time and the median then (seconds per step).
+    pub fn stragglers(&self) -> Vec<(u32, f64, f64)> {
+        self.ranks
+            .iter()
+            .filter_map(|(&r, t)| match t.state {
+                RankState::Straggling {
+                    step_time, median, ..
+                } => Some((r, step_time, median)),
+                RankState::Even => None,
+            })
+            .collect()
+    }
+
     /// Rank `rank`'s verdict (`Even` for a rank never seen).
     pub fn state(&self, rank: u32) -> RankState {
         self.ranks.get(&rank).map_or(RankState::Even, |t| t.state)

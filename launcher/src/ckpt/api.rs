@@ -9,6 +9,7 @@
 //! | `{"op":"resume"}` | `{"ok":true,"generation":G,"world_size":W,"resume":null\|{"step","generation","world_size","path","manifest","cursor"}}` |
 //! | `{"op":"progress","rank":R,"step":S}` | `{"ok":true}` (step beacon: lost work is measured from it) |
 //! | `{"op":"should_save","rank":R}` | `{"ok":true,"save":B}` (a coordinated save was requested) |
+//! | `{"op":"preflight","rank":R,"report":{...}\|"skipped":"..."\|"error":"..."}` | `{"ok":true}` (`--preflight`'s results, see [`crate::preflight::Outcome`]) |
 //!
 //! `C` is a [`drun_rendezvous::Cursor`]; `P` absolute; `H` the file's SHA-256, lowercase hex.
 
@@ -36,7 +37,7 @@ pub struct FileReport {
 }
 
 /// A worker's request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ApiRequest {
     /// This rank saved its shard of `step`.
@@ -71,6 +72,8 @@ pub enum ApiRequest {
         #[serde(default)]
         rank: Option<u32>,
     },
+    /// `--preflight`'s results, or why it did not measure.
+    Preflight(Box<crate::preflight::Outcome>),
 }
 
 /// A request and where its answer goes.

@@ -2,6 +2,7 @@
 //! beacons, checkpoint commits) and what the step beacons feed — metrics, the straggler
 //! detector and the hang verdict.
 
+use drun_rendezvous::reports::ReportKind;
 use drun_rendezvous::session::Request;
 use tokio::time::Instant;
 
@@ -75,6 +76,23 @@ impl Agent {
                             if let Some(m) = &self.metrics {
                                 m.straggler(ev);
                             }
+                            let list: Vec<_> = detector
+                                .stragglers()
+                                .into_iter()
+                                .map(|(rank, step_time, median)| {
+                                    serde_json::json!({"rank": rank, "step_time": step_time, "median": median})
+                                })
+                                .collect();
+                            let report = serde_json::json!({
+                                "generation": plan.generation,
+                                "node_rank": node,
+                                "host": self.hostname,
+                                "stragglers": list,
+                            });
+                            let _ = link.tx.send(Request::Report {
+                                kind: ReportKind::Stragglers,
+                                json: report.to_string(),
+                            });
                         }
                     }
                 }
@@ -84,6 +102,15 @@ impl Agent {
                     answer["hang_dump_signal"] = serde_json::json!(hang::DUMP_SIGNAL as i32);
                 }
                 let _ = reply.send(answer);
+            }
+            ApiRequest::Preflight(outcome) => {
+                if let Some(report) = self.preflight_reported(&outcome, plan) {
+                    let _ = link.tx.send(Request::Report {
+                        kind: ReportKind::Preflight,
+                        json: report.to_string(),
+                    });
+                }
+                let _ = reply.send(serde_json::json!({"ok": true}));
             }
             ApiRequest::Commit {
                 rank,
