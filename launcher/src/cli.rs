@@ -364,8 +364,9 @@ pub struct Args {
     pub metrics_port: Option<u16>,
 
     /// Report a straggler: a rank whose median step time over its last 20 step beacons
-    /// (`drun.progress`) exceeds FACTOR × the median of the other ranks on its node for 20
-    /// steps in a row. One warning line names the rank, node, host, its seconds per step and
+    /// (`drun.progress`) exceeds FACTOR × the median of the job's other ranks (every node
+    /// shares its ranks' pace through the rendezvous every 5 s, up to 64 nodes; beyond, the
+    /// other ranks on its node) for 20 steps in a row. One warning line names the rank, node, host, its seconds per step and
     /// the median; another when it recovers (under 0.9 × FACTOR). 0 turns it off; otherwise
     /// > 1. Default: 1.5.
     #[arg(

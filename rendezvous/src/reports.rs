@@ -1,9 +1,10 @@
 //! Node reports: what an agent learned about its run that is not rendezvous state but belongs
 //! in `status` — the `--preflight` table and the node's current stragglers. An agent sends
 //! [`crate::session::Request::Report`]; its session writes `reports/<kind>/<node>` (one key per
-//! node and kind, overwritten; a straggler report under the node's lease, so it goes with the
-//! node; the preflight report without, so it outlives node rank 0). Writes are rare: once per
-//! run for the preflight, once per straggler verdict change.
+//! node and kind, overwritten; straggler and pace reports under the node's lease, so they go
+//! with the node; the preflight report without, so it outlives node rank 0). The preflight is
+//! written once per run, stragglers at each verdict change; the pace every few seconds, and
+//! only in runs of at most [`PACE_MAX_NODES`] nodes.
 
 use std::collections::BTreeMap;
 
@@ -24,7 +25,15 @@ pub enum ReportKind {
     Preflight,
     /// The node's current stragglers (empty list: none).
     Stragglers,
+    /// The node's pace: its ranks' median seconds per step (`{"generation": G, "ranks":
+    /// {"R": S, ...}}`), sent every few seconds by a node of a run of at most
+    /// [`PACE_MAX_NODES`] nodes; answered with [`crate::session::Event::Pace`].
+    Pace,
 }
+
+/// The largest run (nodes) whose agents exchange their pace: every node reads every other's
+/// report each time it sends its own, O(N²) reads per interval.
+pub const PACE_MAX_NODES: u32 = 64;
 
 impl ReportKind {
     /// The key segment and wire name.
@@ -32,19 +41,24 @@ impl ReportKind {
         match self {
             ReportKind::Preflight => "preflight",
             ReportKind::Stragglers => "stragglers",
+            ReportKind::Pace => "pace",
         }
     }
 
     /// The kind named `s` (the wire name), if any.
     pub fn parse(s: &str) -> Option<Self> {
-        [ReportKind::Preflight, ReportKind::Stragglers]
-            .into_iter()
-            .find(|k| k.as_str() == s)
+        [
+            ReportKind::Preflight,
+            ReportKind::Stragglers,
+            ReportKind::Pace,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
     }
 
     /// Whether the key goes with the node's lease.
     pub fn leased(self) -> bool {
-        self == ReportKind::Stragglers
+        self != ReportKind::Preflight
     }
 }
 
@@ -64,6 +78,34 @@ pub fn invalid(json: &str) -> Option<String> {
     serde_json::from_str::<serde_json::Value>(json)
         .err()
         .map(|e| format!("a node report is not JSON: {e}"))
+}
+
+/// The job's pace in generation `generation`: every rank's median seconds per step, from
+/// every node's pace report of that generation (others and unparsable ones left out).
+///
+/// # Errors
+/// The store cannot be read.
+pub async fn pace(
+    store: &dyn Store,
+    keys: &RunKeys,
+    generation: u64,
+) -> Result<BTreeMap<u32, f64>, StoreError> {
+    let prefix = format!("{}reports/pace/", keys.prefix());
+    let mut out = BTreeMap::new();
+    for kv in store.get_prefix(&prefix).await? {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&kv.value) else {
+            continue;
+        };
+        if v["generation"].as_u64() != Some(generation) {
+            continue;
+        }
+        for (rank, secs) in v["ranks"].as_object().into_iter().flatten() {
+            if let (Ok(r), Some(s)) = (rank.parse(), secs.as_f64()) {
+                out.insert(r, s);
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Every report of the run: kind → node → its JSON (unparsable values left out).
@@ -99,7 +141,11 @@ mod tests {
 
     #[test]
     fn kinds_round_trip_their_names_and_unknown_names_are_none() {
-        for k in [ReportKind::Preflight, ReportKind::Stragglers] {
+        for k in [
+            ReportKind::Preflight,
+            ReportKind::Stragglers,
+            ReportKind::Pace,
+        ] {
             assert_eq!(ReportKind::parse(k.as_str()), Some(k));
         }
         assert_eq!(ReportKind::parse("plan"), None);

@@ -231,6 +231,7 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
             Kind::SaveRequested(serde_json::to_string(r).expect("SaveRequest serializes"))
         }
         Event::Sealed(id) => Kind::Sealed(id.clone()),
+        Event::Pace(p) => Kind::Pace(serde_json::to_string(p).expect("a pace serializes")),
         Event::Committed {
             generation,
             step,
@@ -279,6 +280,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
         Kind::Error(r) => Event::Error(r),
         Kind::SaveRequested(j) => Event::SaveRequested(serde_json::from_str(&j).ok()?),
         Kind::Sealed(id) => Event::Sealed(id),
+        Kind::Pace(j) => Event::Pace(serde_json::from_str(&j).ok()?),
         Kind::Committed(c) => Event::Committed {
             generation: c.generation,
             step: c.step,

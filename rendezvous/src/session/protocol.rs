@@ -180,4 +180,7 @@ pub enum Event {
         /// What it achieved, or one line saying why it was refused.
         result: Result<CommitOutcome, String>,
     },
+    /// The answer to a pace [`Request::Report`]: every rank's median seconds per step in the
+    /// reporting node's generation, job-wide.
+    Pace(std::collections::BTreeMap<u32, f64>),
 }

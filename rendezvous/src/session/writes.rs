@@ -2,7 +2,7 @@
 
 use super::actor::Actor;
 use super::generation::{self, FailureVerdict};
-use super::protocol::SaveRequest;
+use super::protocol::{Event, SaveRequest};
 use crate::clock::now_ms;
 use crate::keys::RunKeys;
 use crate::root_cause::RootCause;
@@ -30,7 +30,15 @@ impl Actor {
         if kind.leased() && lease.is_none() {
             return Ok(());
         }
+        let generation = (kind == crate::reports::ReportKind::Pace)
+            .then(|| serde_json::from_str::<serde_json::Value>(&json).ok())
+            .flatten()
+            .and_then(|v| v["generation"].as_u64());
         self.store.put(&key, json.into_bytes(), lease).await?;
+        if let Some(g) = generation {
+            let pace = crate::reports::pace(self.store.as_ref(), self.round.keys(), g).await?;
+            self.emit(Event::Pace(pace));
+        }
         Ok(())
     }
 

@@ -38,6 +38,25 @@ impl Agent {
         Some(Input::Hung(line))
     }
 
+    /// Sends this node's pace (its ranks' median seconds per step) in a run of 2 to
+    /// [`drun_rendezvous::reports::PACE_MAX_NODES`] nodes; the answer, the job's pace, feeds
+    /// the straggler detector.
+    pub(super) fn send_pace(&self, w: &World, link: &Link) {
+        let (Some((_, detector)), Some(plan)) = (w.steps.as_ref(), w.plan.as_deref()) else {
+            return;
+        };
+        let nodes = plan.node_count() as u32;
+        let ranks = detector.medians();
+        if !(2..=drun_rendezvous::reports::PACE_MAX_NODES).contains(&nodes) || ranks.is_empty() {
+            return;
+        }
+        let json = serde_json::json!({"generation": plan.generation, "ranks": ranks});
+        let _ = link.tx.send(Request::Report {
+            kind: ReportKind::Pace,
+            json: json.to_string(),
+        });
+    }
+
     /// Answers one worker API request (see [`crate::ckpt::api`]).
     pub(super) fn serve(&mut self, should_save: bool, w: &mut World, link: &Link) {
         let Some((req, reply)) = w.call.take() else {
