@@ -26,6 +26,8 @@ import random
 import socket
 import tempfile
 
+from ._version import __version__
+
 __all__ = [
     "DrunError",
     "ElasticSampler",
