@@ -12,6 +12,7 @@ use crate::harness::cluster::{Etcd, RdzvServer};
 use crate::harness::{alive, drun, read_json, wait_for, worker, Agent, DrunCmd};
 
 mod adoption;
+mod dcp;
 mod hang;
 mod integrity;
 mod samples;
