@@ -13,6 +13,7 @@ use crate::harness::{alive, drun, read_json, wait_for, worker, Agent, DrunCmd};
 
 mod adoption;
 mod dcp;
+mod frameworks;
 mod hang;
 mod integrity;
 mod samples;
