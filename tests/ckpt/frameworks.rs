@@ -26,7 +26,8 @@ fn framework_python() -> Option<PathBuf> {
 /// `script` under one standalone agent with 2 workers holds after step 10 (steps 4 and 8
 /// sealed); rank 1 is SIGKILLed; the restarted group resumes at step 8 with step 8's weights and
 /// trains to step 16.
-fn survives_a_worker_kill(script: &str) {
+/// `rank1_files`: the names of the files rank 1 commits (none: a rank without files takes part).
+fn survives_a_worker_kill(script: &str, rank1_files: &[&str]) {
     let Some(python) = framework_python() else {
         return;
     };
@@ -88,14 +89,20 @@ fn survives_a_worker_kill(script: &str) {
     paths.sort_unstable();
     paths.dedup();
     assert_eq!(paths.len(), files.len(), "each file once: {m}");
+    let of_rank1: Vec<&str> = files
+        .iter()
+        .filter(|f| f["rank"] == 1)
+        .map(|f| f["path"].as_str().unwrap().rsplit('/').next().unwrap())
+        .collect();
+    assert_eq!(of_rank1, rank1_files, "{m}");
 }
 
 #[test]
 fn lightning_callback_survives_a_worker_kill() {
-    survives_a_worker_kill("lightning_train.py");
+    survives_a_worker_kill("lightning_train.py", &[]);
 }
 
 #[test]
 fn accelerate_recipe_survives_a_worker_kill() {
-    survives_a_worker_kill("accelerate_train.py");
+    survives_a_worker_kill("accelerate_train.py", &["random_states_1.pkl"]);
 }
