@@ -70,6 +70,12 @@ impl Agent {
             ApiRequest::Resume => {
                 let _ = reply.send(resume_answer(plan, w.resume_file.as_deref()));
             }
+            ApiRequest::Hello { .. } => {
+                // Answered by the socket itself; kept for completeness.
+                let _ = reply.send(serde_json::json!({
+                    "ok": true, "protocol": crate::ckpt::api::PROTOCOL,
+                }));
+            }
             ApiRequest::ShouldSave { .. } => {
                 let _ = reply.send(serde_json::json!({"ok": true, "save": should_save}));
             }
@@ -138,7 +144,14 @@ impl Agent {
                 files,
                 cursor,
             } => {
-                if let Some(batch) = ledger.commit(rank, generation, step, files, cursor, reply) {
+                if let Some(batch) = ledger.commit(
+                    rank,
+                    generation,
+                    step,
+                    files,
+                    cursor.unwrap_or_default(),
+                    reply,
+                ) {
                     if let Some(m) = &self.metrics {
                         m.committed();
                     }
