@@ -25,14 +25,13 @@ pub const PRIOR_COST_S: f64 = 1.0;
 pub const COST_WINDOW: usize = 5;
 
 /// `--ckpt-interval`: when drun asks the ranks for a coordinated checkpoint on its own.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IntervalMode {
     /// Never (the default, torchrun's behaviour): the training script decides when to save.
     #[default]
     Off,
-    /// Every this many seconds since the last seal.
-    Fixed(f64),
+    /// Every this long since the last seal.
+    Fixed(Duration),
     /// `√(2·C·M)` from the measured C and M, re-evaluated after each seal and each failure.
     Auto,
 }
@@ -47,7 +46,7 @@ impl IntervalMode {
             "auto" => Ok(Self::Auto),
             "off" | "0" => Ok(Self::Off),
             s => match s.trim_end_matches('s').parse::<f64>() {
-                Ok(x) if x.is_finite() && x > 0.0 => Ok(Self::Fixed(x)),
+                Ok(x) if x.is_finite() && x > 0.0 => Ok(Self::Fixed(Duration::from_secs_f64(x))),
                 _ => Err(format!(
                     "{v:?} is not auto, off or a number of seconds (e.g. 600)"
                 )),
@@ -55,9 +54,43 @@ impl IntervalMode {
         }
     }
 
+    /// The form [`Self::parse`] reads back (`auto`, `off`, seconds).
+    pub fn to_arg(&self) -> String {
+        match self {
+            Self::Off => "off".into(),
+            Self::Auto => "auto".into(),
+            Self::Fixed(d) => format!("{}", d.as_secs_f64()),
+        }
+    }
+
     /// Whether drun requests checkpoints on its own.
     pub fn is_on(&self) -> bool {
         !matches!(self, Self::Off)
+    }
+}
+
+/// `--ckpt-interval` and `--expected-mtbf` of a run, as the sessions get them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntervalConfig {
+    /// `--ckpt-interval`.
+    pub mode: IntervalMode,
+    /// `--expected-mtbf`: M before the job has failed (default [`DEFAULT_EXPECTED_MTBF_S`]).
+    pub expected_mtbf: Duration,
+}
+
+impl Default for IntervalConfig {
+    fn default() -> Self {
+        Self {
+            mode: IntervalMode::Off,
+            expected_mtbf: Duration::from_secs_f64(DEFAULT_EXPECTED_MTBF_S),
+        }
+    }
+}
+
+impl IntervalConfig {
+    /// [`decide`] with these settings.
+    pub fn decide(&self, obs: &Observed) -> Option<Interval> {
+        decide(self.mode, obs, self.expected_mtbf.as_secs_f64())
     }
 }
 
@@ -110,7 +143,7 @@ impl Interval {
     /// The log line.
     pub fn line(&self) -> String {
         format!(
-            "checkpoint interval {:.1}s (C = {:.2}s{}, M = {:.0}s{}; expected lost work per failure ≈ {:.1}s): {}",
+            "checkpoint interval {:.1} s (C = {:.2} s{}, M = {:.0} s{}; expected lost work per failure ≈ {:.1} s): {}",
             self.interval_s,
             self.cost_s,
             if self.cost_measured { "" } else { " assumed" },
@@ -161,7 +194,7 @@ pub fn decide(mode: IntervalMode, obs: &Observed, expected_mtbf_s: f64) -> Optio
     let mtbf_s = mtbf(obs, expected_mtbf_s);
     let (interval_s, reason) = match mode {
         IntervalMode::Off => return None,
-        IntervalMode::Fixed(s) => (s, "fixed by --ckpt-interval".to_string()),
+        IntervalMode::Fixed(d) => (d.as_secs_f64(), "fixed by --ckpt-interval".to_string()),
         IntervalMode::Auto => {
             let best = optimum(cost_s, mtbf_s);
             let floor = MIN_INTERVAL_S.max(2.0 * cost_s);
@@ -235,7 +268,7 @@ mod tests {
         assert!(!i.cost_measured);
         assert_eq!((i.cost_s, i.mtbf_s, i.failures), (PRIOR_COST_S, 200.0, 0));
         assert!((i.interval_s - 20.0).abs() < 1e-9);
-        assert!(i.line().contains("M = 200s prior"), "{}", i.line());
+        assert!(i.line().contains("M = 200 s prior"), "{}", i.line());
         // A job that ran longer than the prior without failing: M grows with it.
         assert_eq!(auto(&obs(&[1.0], 0, 800.0), 200.0).mtbf_s, 800.0);
     }
@@ -270,12 +303,30 @@ mod tests {
     #[test]
     fn modes() {
         assert_eq!(decide(IntervalMode::Off, &obs(&[1.0], 1, 9.0), 1.0), None);
-        let f = decide(IntervalMode::Fixed(30.0), &obs(&[1.0], 1, 9.0), 1.0).unwrap();
+        let f = decide(
+            IntervalMode::Fixed(Duration::from_secs(30)),
+            &obs(&[1.0], 1, 9.0),
+            1.0,
+        )
+        .unwrap();
         assert_eq!((f.interval_s, f.mtbf_s), (30.0, 9.0));
         assert_eq!(IntervalMode::parse("auto"), Ok(IntervalMode::Auto));
         assert_eq!(IntervalMode::parse("off"), Ok(IntervalMode::Off));
-        assert_eq!(IntervalMode::parse("600"), Ok(IntervalMode::Fixed(600.0)));
-        assert_eq!(IntervalMode::parse("2.5s"), Ok(IntervalMode::Fixed(2.5)));
+        assert_eq!(
+            IntervalMode::parse("600"),
+            Ok(IntervalMode::Fixed(Duration::from_secs(600)))
+        );
+        assert_eq!(
+            IntervalMode::parse("2.5s"),
+            Ok(IntervalMode::Fixed(Duration::from_millis(2500)))
+        );
+        for m in [
+            IntervalMode::Auto,
+            IntervalMode::Off,
+            IntervalMode::Fixed(Duration::from_millis(2500)),
+        ] {
+            assert_eq!(IntervalMode::parse(&m.to_arg()), Ok(m));
+        }
         for bad in ["-1", "soon", "nan", ""] {
             assert!(IntervalMode::parse(bad).is_err(), "{bad}");
         }

@@ -54,6 +54,7 @@ pub mod error;
 pub mod etcd;
 pub mod etcd_batch;
 pub mod etcd_share;
+pub mod failure_log;
 pub mod formation;
 pub mod human;
 pub mod keys;

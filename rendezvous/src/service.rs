@@ -78,6 +78,7 @@ pub async fn serve(
 }
 
 fn session_config(h: &pb::Hello) -> SessionConfig {
+    use crate::ckpt_interval::{IntervalConfig, IntervalMode};
     let ttl = Duration::from_millis(h.lease_ttl_ms.max(1000));
     SessionConfig {
         run_id: h.run_id.clone(),
@@ -97,6 +98,14 @@ fn session_config(h: &pb::Hello) -> SessionConfig {
         auto_keep_alive: false,
         scale_up_save: (h.scale_up_save_timeout_ms > 0)
             .then(|| Duration::from_millis(h.scale_up_save_timeout_ms)),
+        ckpt_interval: IntervalConfig {
+            mode: IntervalMode::parse(&h.ckpt_interval).unwrap_or_default(),
+            expected_mtbf: if h.expected_mtbf_ms > 0 {
+                Duration::from_millis(h.expected_mtbf_ms)
+            } else {
+                IntervalConfig::default().expected_mtbf
+            },
+        },
     }
 }
 

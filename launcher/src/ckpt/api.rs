@@ -51,6 +51,10 @@ pub enum ApiRequest {
         files: Vec<FileReport>,
         /// Data cursor after `step`.
         cursor: Cursor,
+        /// When this rank began saving `step` (or was told to), ms since the Unix epoch: the
+        /// start of the save cost `--ckpt-interval auto` measures (optional).
+        #[serde(default)]
+        save_started_ms: Option<u64>,
     },
     /// What to resume from.
     Resume,

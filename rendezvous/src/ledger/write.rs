@@ -79,6 +79,12 @@ impl Ledger {
             });
         }
         let mut files: Vec<ShardFile> = records.iter().flat_map(|r| r.files.clone()).collect();
+        let sealed_at_ms = crate::clock::now_ms();
+        let save_ms = records
+            .iter()
+            .filter_map(|r| r.save_started_ms)
+            .min()
+            .map(|start| sealed_at_ms.saturating_sub(start));
         files.sort_by(|a, b| (a.rank, &a.path).cmp(&(b.rank, &b.path)));
         let manifest = Manifest {
             run_id: self.run_id.clone(),
@@ -87,8 +93,9 @@ impl Ledger {
             world_size: plan.world_size,
             cursor: rec.cursor.clone(),
             files,
-            sealed_at_ms: crate::clock::now_ms(),
+            sealed_at_ms,
             adopted_from: None,
+            save_ms,
         };
         if let Some(outcome) = self.seal(&manifest, &id, &prefix, &gen_is_current).await? {
             return Ok(outcome);

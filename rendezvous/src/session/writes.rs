@@ -13,8 +13,14 @@ use crate::{Plan, RendezvousError};
 
 impl Actor {
     /// Closes generation `g` once (guarded) for a membership change, with `reason`, and counts
-    /// one membership restart.
-    pub(super) async fn close(&self, g: u64, reason: String) -> Result<bool, RendezvousError> {
+    /// one membership restart. `failure`: a node was lost (not a newcomer admitted, nor a bad
+    /// checkpoint): recorded in the job-wide failure history in the same transaction.
+    pub(super) async fn close(
+        &self,
+        g: u64,
+        reason: String,
+        failure: bool,
+    ) -> Result<bool, RendezvousError> {
         let keys = self.round.keys();
         let (cur, rev) = self.round.current_generation().await?;
         if cur != g {
@@ -27,7 +33,10 @@ impl Actor {
                     Compare::ModRevisionEquals(keys.gen_current(), rev),
                     Compare::Missing(keys.closed(g)),
                 ],
-                success: vec![Op::put(keys.closed(g), reason.clone())],
+                success: [Op::put(keys.closed(g), reason.clone())]
+                    .into_iter()
+                    .chain(failure.then(|| failure_put(keys, g, &reason)))
+                    .collect(),
                 failure: vec![],
             })
             .await?;
@@ -66,6 +75,7 @@ impl Actor {
             latest_before: latest_before.clone(),
             at_ms: now_ms(),
             scale_up,
+            interval: false,
         };
         self.store
             .txn(Txn {
@@ -173,6 +183,7 @@ impl Actor {
                             ]
                             .into_iter()
                             .chain(root_cause_put(keys, g, cause))
+                            .chain(Some(failure_put(keys, g, description)))
                             .collect(),
                             failure: vec![],
                         })
@@ -204,6 +215,16 @@ impl Actor {
             }
         }
     }
+}
+
+/// The write of `g`'s record in the job-wide failure history (now, and why).
+fn failure_put(keys: &RunKeys, g: u64, reason: &str) -> Op {
+    let rec = crate::failure_log::FailureRecord {
+        generation: g,
+        at_ms: now_ms(),
+        reason: reason.to_string(),
+    };
+    Op::put(keys.failure(g), run_state::encode(&rec))
 }
 
 /// The write of `g`'s root cause, when a worker failed.

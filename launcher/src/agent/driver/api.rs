@@ -91,7 +91,11 @@ impl Agent {
                 step,
                 files,
                 cursor,
+                save_started_ms,
             } => {
+                if let (Some(at), true) = (save_started_ms, generation == ledger.generation()) {
+                    ledger.note_save_start(step, at);
+                }
                 if let Some(batch) = ledger.commit(rank, generation, step, files, cursor, reply) {
                     if let Some(m) = &self.metrics {
                         m.committed();
