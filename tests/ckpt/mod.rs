@@ -14,6 +14,7 @@ use crate::harness::{alive, drun, read_json, wait_for, worker, Agent, DrunCmd};
 mod adoption;
 mod hang;
 mod integrity;
+mod interval;
 mod samples;
 mod scale_up;
 
