@@ -143,7 +143,7 @@ impl Interval {
     /// The log line.
     pub fn line(&self) -> String {
         format!(
-            "checkpoint interval {:.1} s (C = {:.2} s{}, M = {:.0} s{}; expected lost work per failure ≈ {:.1} s): {}",
+            "checkpoint interval {:.1} s (C = {:.2} s{}, M = {:.1} s{}; expected lost work per failure ≈ {:.1} s): {}",
             self.interval_s,
             self.cost_s,
             if self.cost_measured { "" } else { " assumed" },
@@ -268,7 +268,7 @@ mod tests {
         assert!(!i.cost_measured);
         assert_eq!((i.cost_s, i.mtbf_s, i.failures), (PRIOR_COST_S, 200.0, 0));
         assert!((i.interval_s - 20.0).abs() < 1e-9);
-        assert!(i.line().contains("M = 200 s prior"), "{}", i.line());
+        assert!(i.line().contains("M = 200.0 s prior"), "{}", i.line());
         // A job that ran longer than the prior without failing: M grows with it.
         assert_eq!(auto(&obs(&[1.0], 0, 800.0), 200.0).mtbf_s, 800.0);
     }

@@ -282,6 +282,26 @@ mod tests {
     use crate::MemoryStore;
     use drun_proto::v1::rendezvous_client::RendezvousClient;
 
+    #[test]
+    fn the_checkpoint_interval_travels_in_the_hello() {
+        use crate::ckpt_interval::{IntervalConfig, IntervalMode};
+        let h = pb::Hello {
+            ckpt_interval: "auto".into(),
+            expected_mtbf_ms: 600_000,
+            ..Default::default()
+        };
+        assert_eq!(
+            session_config(&h).ckpt_interval,
+            IntervalConfig {
+                mode: IntervalMode::Auto,
+                expected_mtbf: Duration::from_secs(600),
+            }
+        );
+        // An older agent sends neither: off, with the default prior.
+        let old = session_config(&pb::Hello::default()).ckpt_interval;
+        assert_eq!(old, IntervalConfig::default());
+    }
+
     async fn hello_with_version(version: u32) -> Result<(), Status> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
