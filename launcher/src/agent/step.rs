@@ -323,14 +323,12 @@ fn on_save_requested(m: &mut Machine, phase: Phase, req: SaveRequest, cx: &mut C
             req.reason
         );
         if req.interval {
-            // Any pending save serves: the seal of any newer checkpoint ends it.
+            // Any pending save serves: the seal of any newer checkpoint ends it. Not logged
+            // here: node rank 0's session says once why it asked (one line per save is enough).
             match save {
-                Save::Idle => {
-                    cx.log(Level::Info, None, line);
-                    Save::Interval {
-                        latest_before: req.latest_before.clone(),
-                    }
-                }
+                Save::Idle => Save::Interval {
+                    latest_before: req.latest_before.clone(),
+                },
                 other => other,
             }
         } else if req.scale_up {
