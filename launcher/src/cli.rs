@@ -439,6 +439,31 @@ pub struct Args {
     )]
     pub on_scale_up: crate::ckpt::OnScaleUp,
 
+    /// When drun itself asks every rank for a coordinated checkpoint (`should_save` turns true
+    /// at the same step, as for a preemption warning): `off` (default: the script decides),
+    /// SECONDS since the last seal, or `auto`: the first-order optimum √(2·C·M) from the
+    /// measured save cost C and the job's mean time between failures M, re-evaluated after each
+    /// seal and each failure (README "Checkpoint interval").
+    #[arg(
+        long = "ckpt-interval",
+        value_name = "auto|SECONDS|off",
+        default_value = "off",
+        env = "DRUN_CKPT_INTERVAL",
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_interval: String,
+
+    /// With --ckpt-interval auto: the mean time between failures assumed until the job has
+    /// failed, seconds (> 0; default 4 h). For a new job, the cluster's MTBF per node divided
+    /// by the number of nodes.
+    #[arg(
+        long = "expected-mtbf",
+        value_name = "SECONDS",
+        default_value_t = drun_rendezvous::ckpt_interval::DEFAULT_EXPECTED_MTBF_S,
+        help_heading = "Checkpoints"
+    )]
+    pub expected_mtbf: f64,
+
     /// With --on-scale-up checkpoint: the longest wait for that checkpoint, seconds (> 0); the
     /// group then re-forms without it.
     #[arg(

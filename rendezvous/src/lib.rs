@@ -46,6 +46,7 @@
 //! scale-up admission, successor start, failure budget and exit barrier — the session's
 //! generation core; node loss wording — [`loss`]; checkpoints — [`ledger`].
 
+pub mod ckpt_interval;
 pub mod clock;
 pub mod core;
 pub mod envcheck;
@@ -53,6 +54,7 @@ pub mod error;
 pub mod etcd;
 pub mod etcd_batch;
 pub mod etcd_share;
+pub mod failure_log;
 pub mod formation;
 pub mod human;
 pub mod keys;

@@ -16,6 +16,7 @@ mod dcp;
 mod frameworks;
 mod hang;
 mod integrity;
+mod interval;
 mod samples;
 mod scale_up;
 

@@ -178,6 +178,7 @@ impl LaunchConfig {
             max_restarts: self.max_restarts,
             auto_keep_alive: true,
             scale_up_save: self.ckpt.scale_up_save,
+            ckpt_interval: self.ckpt.interval,
         }
     }
 }

@@ -77,6 +77,8 @@ fn hello(cfg: &SessionConfig, t: &Track) -> pb::AgentMessage {
             max_restarts: cfg.max_restarts,
             resume: resume.as_ref().map(Into::into),
             scale_up_save_timeout_ms: cfg.scale_up_save.map_or(0, |d| d.as_millis() as u64),
+            ckpt_interval: cfg.ckpt_interval.mode.to_arg(),
+            expected_mtbf_ms: cfg.ckpt_interval.expected_mtbf.as_millis() as u64,
             reform_settle_ms: Some(cfg.round.settle.as_millis() as u64),
         })),
     }
