@@ -462,6 +462,20 @@ pub struct Args {
     )]
     pub slurm: crate::slurm::SlurmMode,
 
+    /// Inside a Kubernetes training job (Kubeflow PyTorchJob or TrainJob, JobSet, Indexed Job,
+    /// Volcano): `auto` takes nnodes, node rank, master or an embedded rendezvous on the
+    /// index-0 pod, and the run id from what the operator injected (explicit flags and PET_*
+    /// win; what was taken is printed at start; `drun doctor` shows every source); `off`
+    /// ignores it.
+    #[arg(
+        long,
+        value_enum,
+        env = "DRUN_KUBERNETES",
+        default_value = "auto",
+        help_heading = "Kubernetes"
+    )]
+    pub kubernetes: crate::k8s::K8sMode,
+
     /// What a preemption warning (--preempt-signal, e.g. from `sbatch --signal=USR1@60` or
     /// `scancel --signal=USR1`) does: `relay` passes it to the workers; `checkpoint` instead asks
     /// every rank of the job for a coordinated checkpoint (`should_save` turns true), waits until

@@ -78,6 +78,7 @@ pub mod error;
 pub mod exit;
 pub mod fingerprint;
 pub mod group;
+pub mod k8s;
 pub mod log_format;
 pub mod logs;
 pub mod metrics;

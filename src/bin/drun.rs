@@ -19,6 +19,12 @@ fn main() -> ExitCode {
             .unwrap_or_default();
         drun_launcher::guard_main(&id);
     }
+    // An operator's empty `PET_STANDALONE=""` (and the like) is read as unset, with a warning:
+    // clap reads `PET_*` while parsing, so they go before it (single-threaded here).
+    for (var, warning) in drun_launcher::k8s::unset_empty(|k| std::env::var(k).ok()) {
+        drun_launcher::say!("drun: warning: {warning}");
+        std::env::remove_var(var);
+    }
     let args = match Args::try_parse_from(&argv) {
         Ok(a) => a,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {

@@ -34,6 +34,17 @@ impl Agent {
                 human(self.cfg.shutdown_timeout)
             );
         }
+        if let Some(job) = &self.cfg.k8s {
+            for w in &job.warnings {
+                tracing::warn!("{w}");
+            }
+        }
+        if let Some(line) = &self.cfg.k8s_line {
+            tracing::info!(
+                "{line}; shutdown grace {}",
+                human(self.cfg.shutdown_timeout)
+            );
+        }
         if self.cfg.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
             tracing::info!(
                 "OMP_NUM_THREADS is unset; setting it to 1 for each worker, as torchrun does \

@@ -120,6 +120,10 @@ pub struct LaunchConfig {
     pub slurm: Option<SlurmJob>,
     /// What was taken from Slurm, one line (printed at start).
     pub slurm_line: Option<String>,
+    /// The Kubernetes job drun runs in, if one was recognized.
+    pub k8s: Option<crate::k8s::K8sJob>,
+    /// What was taken from it, one line (printed at start).
+    pub k8s_line: Option<String>,
     /// `--on-preempt`.
     pub on_preempt: OnPreempt,
     /// `--preempt-signal`.
