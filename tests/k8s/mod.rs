@@ -1,0 +1,3 @@
+//! Kubernetes: names that resolve late, drun as a container's PID 1, `drun doctor`.
+
+mod dns;
