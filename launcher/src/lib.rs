@@ -73,6 +73,7 @@ pub mod ckpt;
 pub mod cli;
 pub mod command;
 pub mod config;
+pub mod container;
 pub mod dns;
 pub mod env;
 pub mod error;

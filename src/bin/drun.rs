@@ -47,6 +47,18 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             drun_launcher::say!("drun: error: {e}");
+            let message = drun_launcher::container::termination_json(
+                &drun_launcher::container::Termination {
+                    exit: AgentExit::Usage,
+                    reason: &e.to_string(),
+                    run_id: None,
+                    restarts: None,
+                },
+            );
+            drun_launcher::container::write_termination_log(
+                args.termination_log.as_deref(),
+                &message,
+            );
             return ExitCode::from(AgentExit::Usage.code());
         }
     };

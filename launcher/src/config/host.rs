@@ -109,6 +109,11 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
     if let Some(d) = cfg.ckpt.dir.take() {
         cfg.ckpt.dir = Some(checkpoint_dir(d)?);
     }
+    if let Some(dir) = &cfg.state_dir {
+        let n = crate::container::count_restart(dir)
+            .map_err(|why| invalid("--state-dir", dir.display().to_string(), why))?;
+        cfg.container_restarts = Some(n);
+    }
     if let Some(p) = cfg.ckpt.resume_from.take() {
         let (file, _) = crate::ckpt::read_adoptable(&p).map_err(|why| {
             invalid(

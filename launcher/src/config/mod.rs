@@ -124,6 +124,12 @@ pub struct LaunchConfig {
     pub k8s: Option<crate::k8s::K8sJob>,
     /// What was taken from it, one line (printed at start).
     pub k8s_line: Option<String>,
+    /// `--termination-log`.
+    pub termination_log: Option<PathBuf>,
+    /// `--state-dir`.
+    pub state_dir: Option<PathBuf>,
+    /// This container's start count on `--state-dir` (0: first start), counted by [`prepare`].
+    pub container_restarts: Option<u64>,
     /// `--on-preempt`.
     pub on_preempt: OnPreempt,
     /// `--preempt-signal`.

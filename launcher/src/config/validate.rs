@@ -44,7 +44,8 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
     let (min_nodes, max_nodes) = parse_nnodes(&a.nnodes)?;
     let nproc_per_node = parse_nproc(&a.nproc_per_node, host.cpu_count, host.gpu_count)?;
     let monitor_interval = seconds("--monitor-interval", a.monitor_interval, false)?;
-    let shutdown_timeout = shutdown_timeout(a.shutdown_timeout, slurm.is_some(), host)?;
+    let in_k8s = crate::container::in_kubernetes(|k| host.var(k).map(str::to_string));
+    let shutdown_timeout = shutdown_timeout(a.shutdown_timeout, slurm.is_some(), in_k8s, host)?;
     let peer_exit_wait = seconds("--peer-exit-wait", a.peer_exit_wait, true)?;
     let hang_timeout = super::timing::hang_timeout(&a.hang_timeout)?;
     check_stdin_rank(a.stdin_rank, nproc_per_node)?;
@@ -128,6 +129,9 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         slurm_line,
         k8s,
         k8s_line,
+        termination_log: a.termination_log.clone(),
+        state_dir: a.state_dir.clone(),
+        container_restarts: None,
         on_preempt: a.on_preempt,
         preempt_signal,
         requeue: a.requeue,
