@@ -75,6 +75,7 @@ pub mod command;
 pub mod config;
 pub mod container;
 pub mod dns;
+pub mod doctor;
 pub mod env;
 pub mod error;
 pub mod exit;

@@ -21,9 +21,22 @@ fn main() -> ExitCode {
     }
     // An operator's empty `PET_STANDALONE=""` (and the like) is read as unset, with a warning:
     // clap reads `PET_*` while parsing, so they go before it (single-threaded here).
-    for (var, warning) in drun_launcher::k8s::unset_empty(|k| std::env::var(k).ok()) {
+    let unset = drun_launcher::k8s::unset_empty(|k| std::env::var(k).ok());
+    for (var, warning) in &unset {
         drun_launcher::say!("drun: warning: {warning}");
         std::env::remove_var(var);
+    }
+    // `drun doctor ...` (unless a script of that name is meant, as `torchrun doctor` would).
+    if argv.get(1).is_some_and(|a| a == "doctor") && !std::path::Path::new("doctor").exists() {
+        let rest: Vec<String> = std::iter::once("drun".to_string())
+            .chain(argv[2..].iter().map(|a| a.to_string_lossy().into_owned()))
+            .collect();
+        install_tracing(0, true, drun_launcher::LogFormat::Human);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime on the main thread");
+        return ExitCode::from(runtime.block_on(drun_launcher::doctor::run(&rest, &unset)));
     }
     let args = match Args::try_parse_from(&argv) {
         Ok(a) => a,
