@@ -222,12 +222,12 @@ fn dynamic_mode(
             let is_host = n
                 .slurm
                 .map(SlurmJob::hosts_rendezvous)
-                .or_else(|| n.k8s.and_then(|k| k.hosts_rendezvous));
+                .or_else(|| n.k8s.and_then(|k| k.hosts(&endpoint)));
             RendezvousMode::C10d { endpoint, is_host }
         }
         "c10d" => {
             let is_host = match n.conf.get("is_host").map(|v| v.trim().to_ascii_lowercase()) {
-                None => n.k8s.and_then(|k| k.hosts_rendezvous),
+                None => n.k8s.and_then(|k| k.hosts(endpoint)),
                 Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => Some(true),
                 Some(v) if matches!(v.as_str(), "0" | "false" | "no" | "off") => Some(false),
                 Some(v) => {

@@ -105,7 +105,7 @@ fn elastic(endpoint: &str, host: &str) -> K8sJob {
     if let Some(name) = ep_host.strip_suffix("-worker-0") {
         j.job = Some((name.to_string(), "PET_RDZV_ENDPOINT"));
     }
-    j.hosts_rendezvous = Some(host == ep_host);
+    j.hosts_rendezvous = Some((ep_host.to_string(), host == ep_host));
     j
 }
 
@@ -132,7 +132,8 @@ fn volcano(env: &BTreeMap<String, String>, host: &str) -> K8sJob {
             if let Some(i) = index {
                 j.node_rank = Some((i, "VC_TASK_INDEX"));
             }
-            j.hosts_rendezvous = Some(hosts[0].split('.').next() == Some(host));
+            let first = hosts[0].split('.').next().unwrap_or_default();
+            j.hosts_rendezvous = Some((first.to_string(), first == host));
             if let Some((_, sub)) = hosts[0].split_once('.') {
                 j.job = Some((sub.to_string(), "VC_<TASK>_HOSTS"));
             }
@@ -178,14 +179,14 @@ fn indexed(
                 format!("{prefix}-0-0.{sub}:{RDZV_PORT}"),
                 "hostname, JOB_COMPLETION_INDEX",
             ));
-            j.hosts_rendezvous = Some(job_idx == 0 && index == 0);
+            j.hosts_rendezvous = Some((format!("{prefix}-0-0"), job_idx == 0 && index == 0));
             j.job = Some((prefix.to_string(), "hostname"));
             return Some(j);
         }
     }
     let mut j = K8sJob::new(Operator::IndexedJob);
     j.job = Some((base.to_string(), "hostname"));
-    j.hosts_rendezvous = Some(index == 0);
+    j.hosts_rendezvous = Some((format!("{base}-0"), index == 0));
     match subdomain {
         Some(sub) => {
             j.endpoint = Some((

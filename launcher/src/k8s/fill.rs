@@ -47,7 +47,7 @@ impl K8sJob {
         if let (Some((ep, from)), true, true) = (&self.endpoint, open, multi) {
             a.rdzv_endpoint = Some(ep.clone());
             a.rdzv_backend = Some("embedded".into());
-            let who = match self.hosts_rendezvous {
+            let who = match self.hosts(ep) {
                 Some(true) => "hosted by this pod",
                 _ => "hosted by the index-0 pod",
             };

@@ -91,8 +91,9 @@ pub struct K8sJob {
     pub endpoint: Option<(String, &'static str)>,
     /// `--nproc-per-node` from a misspelt variable (`PET_N_PROC_PER_NODE`).
     pub nproc_per_node: Option<(String, &'static str)>,
-    /// Whether this pod hosts the embedded/c10d rendezvous (`None`: cannot tell).
-    pub hosts_rendezvous: Option<bool>,
+    /// The pod meant to host the embedded/c10d rendezvous (its hostname) and whether it is
+    /// this pod (`None`: cannot tell). See [`K8sJob::hosts`].
+    pub hosts_rendezvous: Option<(String, bool)>,
     /// The operator's pod-level `RANK`/`WORLD_SIZE`/`MASTER_*` that drun replaces per worker.
     pub overwritten: BTreeMap<&'static str, String>,
     /// Problems found in the environment, printed once at start.
@@ -113,6 +114,17 @@ impl K8sJob {
             overwritten: BTreeMap::new(),
             warnings: Vec::new(),
         }
+    }
+}
+
+impl K8sJob {
+    /// Whether this pod hosts a c10d/embedded rendezvous on `endpoint`: known only when the
+    /// endpoint names the pod the operator designates (`<job>-worker-0`, index 0); `None`
+    /// for any other endpoint (whoever can bind it hosts, as with torchrun's c10d).
+    pub fn hosts(&self, endpoint: &str) -> Option<bool> {
+        let (pod, me) = self.hosts_rendezvous.as_ref()?;
+        let host = crate::dns::split(endpoint).map_or(endpoint, |(h, _)| h);
+        (host.split('.').next() == Some(pod.as_str())).then_some(*me)
     }
 }
 

@@ -305,6 +305,16 @@ fn explicit_flags_win_over_what_the_operator_injected() {
     let cfg = validate(&a, &host).unwrap();
     assert_eq!(cfg.run_id, "mine");
     assert_eq!(cfg.rendezvous.to_string(), "drun servers rdzv.pt:29400");
+    // The elastic PyTorchJob's hosting decision is about <job>-worker-0 only.
+    let e = env(&[("PET_RDZV_ENDPOINT", "j-worker-0:23456")]);
+    let job = detect(&e, "j-worker-0", None).unwrap();
+    assert_eq!(job.hosts("j-worker-0:23456"), Some(true));
+    assert_eq!(job.hosts("j-worker-0.j.ns.svc:1"), Some(true));
+    assert_eq!(
+        job.hosts("my-rdzv:29400"),
+        None,
+        "another endpoint: whoever binds it"
+    );
     let a = Args::try_parse_from(["drun", "--kubernetes", "off", "--nnodes", "4", "t.py"]).unwrap();
     let err = validate(&a, &host).unwrap_err().to_string();
     assert!(err.contains("--rdzv-endpoint"), "{err}");
