@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 try:
     import drun
-except ImportError:  # running from a checkout without `pip install ./python`
+except ImportError:  # running from a checkout without `pip install .` (or the wheel)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
     import drun
 

@@ -21,3 +21,18 @@ fn python_helper_unit_tests_pass() {
         "the DistributedSampler comparison ran:\n{err}"
     );
 }
+
+/// The helper's `drun.PROTOCOL` is the agent's `ckpt::api::PROTOCOL` (the `hello` check).
+#[test]
+fn python_helper_speaks_the_agents_protocol() {
+    let helper = std::fs::read_to_string(root().join("python/drun/__init__.py")).unwrap();
+    let theirs = helper
+        .lines()
+        .find_map(|l| l.strip_prefix("PROTOCOL = "))
+        .expect("python/drun/__init__.py defines PROTOCOL = N");
+    assert_eq!(
+        theirs.trim().parse::<u32>().unwrap(),
+        drun_launcher::ckpt::api::PROTOCOL,
+        "bump python/drun's PROTOCOL with the agent's"
+    );
+}

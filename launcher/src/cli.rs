@@ -364,8 +364,9 @@ pub struct Args {
     pub metrics_port: Option<u16>,
 
     /// Report a straggler: a rank whose median step time over its last 20 step beacons
-    /// (`drun.progress`) exceeds FACTOR × the median of the other ranks on its node for 20
-    /// steps in a row. One warning line names the rank, node, host, its seconds per step and
+    /// (`drun.progress`) exceeds FACTOR × the median of the job's other ranks (every node
+    /// shares its ranks' pace through the rendezvous every 5 s, up to 64 nodes; beyond, the
+    /// other ranks on its node) for 20 steps in a row. One warning line names the rank, node, host, its seconds per step and
     /// the median; another when it recovers (under 0.9 × FACTOR). 0 turns it off; otherwise
     /// > 1. Default: 1.5.
     #[arg(
@@ -376,6 +377,24 @@ pub struct Args {
         help_heading = "Metrics"
     )]
     pub straggler_factor: f64,
+
+    /// Before the run's first generation trains, measure the interconnect with the job's own
+    /// backend (gloo on CPU, NCCL on GPU): an `all_reduce` over all ranks, then a ring of
+    /// node-to-node links. Node rank 0 prints one table (bandwidth and latency per link, the
+    /// slow ones named, the check's total time); the script then runs in the same process.
+    /// Needs torch in the worker interpreter (else it says so and skips); re-forms skip it.
+    #[arg(long, env = "DRUN_PREFLIGHT", help_heading = "Metrics")]
+    pub preflight: bool,
+
+    /// With `--preflight`: name every link slower than this many Gbit/s (besides those under
+    /// half the median link, which are always named).
+    #[arg(
+        long = "preflight-min-gbps",
+        env = "DRUN_PREFLIGHT_MIN_GBPS",
+        value_name = "GBIT_PER_S",
+        help_heading = "Metrics"
+    )]
+    pub preflight_min_gbps: Option<f64>,
 
     /// Checkpoint directory: exported to workers as DRUN_CKPT_DIR; drun keeps the `latest`
     /// pointer file here and reads it back when the rendezvous store knows no checkpoint (a

@@ -100,6 +100,8 @@ pub struct GroupContext<'a> {
     pub agent_sock: Option<&'a Path>,
     /// Manifest file of the plan's resume point (DRUN_RESUME_MANIFEST).
     pub resume_manifest: Option<&'a Path>,
+    /// `--preflight`'s check script, when this generation runs it before the training script.
+    pub preflight: Option<&'a Path>,
 }
 
 /// The local workers of one generation.
@@ -246,7 +248,10 @@ impl WorkerGroup {
             .os
             .spawn(SpawnSpec {
                 program: cfg.entrypoint.program.clone(),
-                args: cfg.entrypoint.argv(local_rank),
+                args: match ctx.preflight {
+                    Some(check) => crate::preflight::argv(&cfg.entrypoint, check, local_rank),
+                    None => cfg.entrypoint.argv(local_rank),
+                },
                 env,
                 output: Output::Piped,
                 stdin: if cfg.stdin_rank == Some(local_rank) {

@@ -87,6 +87,7 @@ pub mod logs;
 pub mod metrics;
 pub mod os;
 pub mod phases;
+pub mod preflight;
 pub mod rdzv;
 pub mod slurm;
 pub mod status;

@@ -17,6 +17,10 @@ Typical use::
     path = drun.shard_path(step)       # <DRUN_CKPT_DIR>/step-<step>-g<generation>/rank<r>.pt
     drun.atomic_save(path, lambda f: torch.save(state, f))
     drun.commit(step, [path], sampler.cursor(batches_done))
+
+With ``torch.distributed.checkpoint`` use :mod:`drun.dcp` (``drun.dcp.save(state, step)``,
+``drun.dcp.load(state)``); with Lightning :mod:`drun.lightning`; with Accelerate
+:mod:`drun.accelerate`.
 """
 
 import hashlib
@@ -26,9 +30,12 @@ import random
 import socket
 import tempfile
 
+from ._version import __version__
+
 __all__ = [
     "DrunError",
     "ElasticSampler",
+    "PROTOCOL",
     "atomic_save",
     "available",
     "commit",
@@ -37,7 +44,12 @@ __all__ = [
     "sha256_file",
     "shard_path",
     "should_save",
+    "step_dir",
 ]
+
+PROTOCOL = 2
+"""Version of the agent's worker API this helper speaks (``drun``'s ``ckpt::api::PROTOCOL``).
+Checked once per connection (``hello``); a mismatch raises :class:`DrunError`."""
 
 _CHUNK = 1 << 20
 
@@ -68,6 +80,21 @@ class _Client:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(path)
             self._sock, self._file, self._path = s, s.makefile("rb"), path
+            self._hello()
+        return self._exchange(msg, timeout)
+
+    def _hello(self):
+        try:
+            answer = self._exchange({"op": "hello", "protocol": PROTOCOL}, 30.0)
+        except DrunError as e:
+            self.close()
+            raise DrunError(_mismatch(None, str(e))) from e
+        theirs = answer.get("protocol")
+        if theirs != PROTOCOL:
+            self.close()
+            raise DrunError(_mismatch(theirs, answer.get("agent")))
+
+    def _exchange(self, msg, timeout):
         self._sock.settimeout(timeout)
         try:
             self._sock.sendall(json.dumps(msg).encode() + b"\n")
@@ -91,6 +118,18 @@ class _Client:
                 except OSError:
                     pass
         self._sock = self._file = None
+
+
+def _mismatch(theirs, detail):
+    """The line for a helper/agent protocol mismatch."""
+    if theirs is None:
+        agent = "an older drun agent (%s)" % detail
+    else:
+        agent = "drun %s, whose worker API is protocol %s" % (detail, theirs)
+    return ("this drun helper (%s) speaks worker-API protocol %d but runs under %s: install the "
+            "helper that ships with the drun running this job (pip install the drun wheel of "
+            "the same version, or pip install . from its source tree)"
+            % (os.path.dirname(os.path.abspath(__file__)), PROTOCOL, agent))
 
 
 _client = _Client()
@@ -163,6 +202,18 @@ def shard_path(step, name=None, rank=None):
                         name or "rank%d.pt" % rank)
 
 
+def step_dir(step):
+    """The directory every rank writes ``step``'s checkpoint into (created if missing):
+    ``<DRUN_CKPT_DIR>/<DRUN_RUN_ID>/step-<step>-g<generation>``, the directory of
+    :func:`shard_path`. Hand it to a writer that names its own files (``torch.distributed.checkpoint``
+    with ``checkpoint_id=drun.step_dir(step)``), then :func:`commit` what this rank wrote.
+    Outside drun: ``./checkpoints/local/step-<step>-g0``.
+    """
+    d = os.path.dirname(shard_path(step))
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
 def atomic_save(path, write):
     """Writes a file atomically and returns ``(sha256, bytes)``.
 
@@ -209,17 +260,21 @@ def _file_record(path):
     return {"path": path, "bytes": st.st_size, "sha256": sha}
 
 
-def commit(step, paths, cursor, timeout=600.0):
+def commit(step, paths=(), cursor=None, timeout=600.0):
     """Reports this rank's checkpoint of ``step`` (files already written and renamed).
 
-    A collective, like saving: **every** rank commits every checkpointed step (a rank with
-    nothing of its own to save commits a small marker file), else the others wait (the agent
-    names the missing ranks after 30 s). ``cursor`` is the global data cursor after ``step`` (see :meth:`ElasticSampler.cursor`); every
-    rank must report the same one, or the step is refused as misaligned data. Blocks until every
-    rank of this node has reported ``step`` and the node's record is stored (at most ``timeout``
-    seconds). Returns the agent's answer: ``sealed`` is true on the ranks of the node whose record
-    completed the checkpoint (then ``manifest`` is its manifest file); the others see
-    ``waiting_for`` (nodes yet to report). Outside drun returns None.
+    A collective, like saving: **every** rank commits every checkpointed step, else the others
+    wait (the agent names the missing ranks after 30 s). ``paths`` are the files this rank wrote
+    (absolute or relative, inside ``--ckpt-dir``); it may be empty: a rank with nothing of its own
+    still takes part. Each file is listed once in the manifest with its size and SHA-256 (a file
+    two ranks report is listed under the lower rank). ``cursor`` is the global data cursor after
+    ``step`` (see :meth:`ElasticSampler.cursor`), or None for a job without one (the step still
+    gets version agreement and verification); every rank must report the same one, or the step
+    is refused as misaligned data. Blocks until every rank of this node has reported ``step`` and
+    the node's record is stored (at most ``timeout`` seconds). Returns the agent's answer:
+    ``sealed`` is true on the ranks of the node whose record completed the checkpoint (then
+    ``manifest`` is its manifest file); the others see ``waiting_for`` (nodes yet to report).
+    Outside drun returns None.
 
     Raises :class:`DrunError` when refused — a stale generation (the group re-formed), a file
     whose size changed or outside ``--ckpt-dir``, a step not after the last one, misaligned
@@ -235,8 +290,9 @@ def commit(step, paths, cursor, timeout=600.0):
         "generation": _env_int("DRUN_GENERATION", 0),
         "step": int(step),
         "files": [_file_record(p) for p in paths],
-        "cursor": cursor,
     }
+    if cursor is not None:
+        msg["cursor"] = cursor
     return _client.request(msg, timeout=timeout)
 
 

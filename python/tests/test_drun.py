@@ -118,9 +118,11 @@ class Resharding(unittest.TestCase):
 
 
 class FakeAgent:
-    """A Unix socket that records requests and answers with `reply(request)`."""
+    """A Unix socket that records requests and answers with `reply(request)`; the helper's
+    `hello` is answered with `hello` (by default the helper's own protocol) and not recorded."""
 
-    def __init__(self, reply):
+    def __init__(self, reply, hello=None):
+        self.hello = hello or {"ok": True, "protocol": drun.PROTOCOL, "agent": "test"}
         self.dir = tempfile.mkdtemp()
         self.path = os.path.join(self.dir, "agent.sock")
         self.requests = []
@@ -135,6 +137,9 @@ class FakeAgent:
         f = conn.makefile("rb")
         for line in f:
             req = json.loads(line)
+            if req["op"] == "hello":
+                conn.sendall(json.dumps(self.hello).encode() + b"\n")
+                continue
             self.requests.append(req)
             conn.sendall(json.dumps(self.reply(req)).encode() + b"\n")
 
@@ -163,6 +168,42 @@ class AgentApi(unittest.TestCase):
         self.assertEqual((sha, size), (hashlib.sha256(b"x" * 1000).hexdigest(), 1000))
         self.assertEqual(req["cursor"]["consumed_in_epoch"], 320)
         self.assertEqual(agent.requests[1]["op"], "should_save")
+
+    def test_a_rank_without_files_or_cursor_commits(self):
+        agent = FakeAgent(lambda r: {"ok": True, "sealed": False, "waiting_for": []})
+        with mock.patch.dict(os.environ, dict(CLEAN, DRUN_AGENT_SOCK=agent.path, RANK="1"),
+                             clear=True):
+            drun.commit(8, [])
+        req = agent.requests[0]
+        self.assertEqual((req["op"], req["rank"], req["step"], req["files"]), ("commit", 1, 8, []))
+        self.assertNotIn("cursor", req)
+
+    def test_step_dir_is_the_shard_paths_directory(self):
+        d = tempfile.mkdtemp()
+        env = dict(CLEAN, DRUN_CKPT_DIR=d, DRUN_RUN_ID="job7", DRUN_GENERATION="2", RANK="1")
+        with mock.patch.dict(os.environ, env, clear=True):
+            sd = drun.step_dir(12)
+            self.assertEqual(sd, os.path.join(d, "job7", "step-00000012-g2"))
+            self.assertEqual(os.path.dirname(drun.shard_path(12)), sd)
+            self.assertTrue(os.path.isdir(sd))
+
+    def test_protocol_mismatch_names_both_versions(self):
+        agent = FakeAgent(lambda r: {"ok": True},
+                          hello={"ok": True, "protocol": drun.PROTOCOL + 1, "agent": "9.9.9"})
+        with mock.patch.dict(os.environ, dict(CLEAN, DRUN_AGENT_SOCK=agent.path), clear=True):
+            with self.assertRaisesRegex(
+                    drun.DrunError, r"speaks worker-API protocol %d but runs under drun 9\.9\.9, "
+                    r"whose worker API is protocol %d: install the helper that ships"
+                    % (drun.PROTOCOL, drun.PROTOCOL + 1)):
+                drun.progress(1)
+        self.assertEqual(agent.requests, [], "nothing is sent after a mismatch")
+
+    def test_an_agent_without_hello_is_named_older(self):
+        agent = FakeAgent(lambda r: {"ok": True}, hello={
+            "ok": False, "error": "bad request: unknown variant `hello`"})
+        with mock.patch.dict(os.environ, dict(CLEAN, DRUN_AGENT_SOCK=agent.path), clear=True):
+            with self.assertRaisesRegex(drun.DrunError, "runs under an older drun agent"):
+                drun.progress(1)
 
     def test_no_answer_raises_drun_error(self):
         agent = FakeAgent(lambda r: (__import__("time").sleep(2), {"ok": True})[1])

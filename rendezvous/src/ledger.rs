@@ -205,6 +205,14 @@ pub enum LedgerError {
         /// Which ranks reported which cursor.
         detail: String,
     },
+    /// Two ranks reported the same file with different sizes or digests.
+    #[error("step {step} not sealed: {detail}")]
+    ConflictingFiles {
+        /// Step.
+        step: u64,
+        /// Which file, which ranks.
+        detail: String,
+    },
     /// A step at or before the checkpoint the generation resumed from.
     #[error("step {step} is not after the step this generation resumed from ({resumed})")]
     NotAfterResume {
@@ -290,6 +298,36 @@ pub fn cursor_disagreement<'a>(
     )
 }
 
+/// Every file of a step once, ordered by rank then path: a file several ranks reported (e.g. a
+/// shared file on a shared filesystem) is listed under the lowest of them. `Err` names a file two
+/// ranks reported with different sizes or digests (they did not see the same content).
+pub fn merge_files(files: impl IntoIterator<Item = ShardFile>) -> Result<Vec<ShardFile>, String> {
+    let mut by_path: std::collections::BTreeMap<String, ShardFile> = Default::default();
+    for f in files {
+        match by_path.get_mut(&f.path) {
+            None => {
+                by_path.insert(f.path.clone(), f);
+            }
+            Some(seen) if (seen.bytes, &seen.sha256) != (f.bytes, &f.sha256) => {
+                return Err(format!(
+                    "rank {} and rank {} report '{}' with different contents ({} vs {} bytes, sha256 {} vs {}); let one rank report a shared file",
+                    seen.rank.min(f.rank),
+                    seen.rank.max(f.rank),
+                    f.path,
+                    seen.bytes,
+                    f.bytes,
+                    &seen.sha256[..seen.sha256.len().min(12)],
+                    &f.sha256[..f.sha256.len().min(12)],
+                ));
+            }
+            Some(seen) => seen.rank = seen.rank.min(f.rank),
+        }
+    }
+    let mut out: Vec<ShardFile> = by_path.into_values().collect();
+    out.sort_by(|a, b| (a.rank, &a.path).cmp(&(b.rank, &b.path)));
+    Ok(out)
+}
+
 impl Ledger {
     /// The ledger of run `run_id` in `store`.
     pub fn new(store: Arc<dyn Store>, run_id: &str) -> Self {
@@ -307,6 +345,38 @@ mod write;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merge_lists_every_file_once() {
+        let f = |rank: u32, path: &str, sha: &str| ShardFile {
+            rank,
+            path: path.into(),
+            bytes: 3,
+            sha256: sha.repeat(64),
+        };
+        let merged = merge_files([
+            f(1, "/c/s/.metadata", "a"),
+            f(1, "/c/s/__1_0.distcp", "b"),
+            f(0, "/c/s/.metadata", "a"),
+            f(0, "/c/s/__0_0.distcp", "c"),
+        ])
+        .unwrap();
+        let got: Vec<(u32, &str)> = merged.iter().map(|f| (f.rank, f.path.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                (0, "/c/s/.metadata"),
+                (0, "/c/s/__0_0.distcp"),
+                (1, "/c/s/__1_0.distcp")
+            ]
+        );
+        assert!(merge_files(Vec::new()).unwrap().is_empty());
+        let e = merge_files([f(2, "/c/s/x", "a"), f(0, "/c/s/x", "b")]).unwrap_err();
+        assert!(
+            e.starts_with("rank 0 and rank 2 report '/c/s/x' with different contents"),
+            "{e}"
+        );
+    }
 
     fn cursor(n: u64) -> Cursor {
         Cursor {

@@ -61,6 +61,7 @@ pub mod loss;
 pub mod memory;
 pub mod metrics;
 pub mod plan;
+pub mod reports;
 pub mod root_cause;
 pub mod round;
 pub mod run_state;
@@ -76,7 +77,8 @@ pub use crate::core::{decide, Candidate, Decision, Join, RoundConfig};
 pub use error::{endpoint_url, RendezvousError, ServiceError, StoreError};
 pub use etcd::EtcdStore;
 pub use ledger::{
-    CommitOutcome, Cursor, Ledger, LedgerError, Manifest, NodeCommit, Retention, ShardFile,
+    merge_files, CommitOutcome, Cursor, Ledger, LedgerError, Manifest, NodeCommit, Retention,
+    ShardFile,
 };
 pub use memory::MemoryStore;
 pub use plan::{assign, Member, Plan};

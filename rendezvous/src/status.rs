@@ -49,6 +49,10 @@ pub struct RunStatus {
     pub formation: Option<FormationStatus>,
     /// Every node the run knows now: members, standbys, and the nodes the last re-form lost.
     pub nodes: Vec<NodeStatus>,
+    /// The nodes' reports (see [`crate::reports`]): kind (`preflight`, `stragglers`) → node →
+    /// JSON.
+    #[serde(default)]
+    pub reports: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
 }
 
 /// Group restarts by cause.
@@ -359,6 +363,7 @@ pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus,
         closed: state.closed(generation).await?,
         formation,
         nodes,
+        reports: crate::reports::read(store.as_ref(), &keys).await?,
     })
 }
 

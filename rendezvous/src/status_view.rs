@@ -114,6 +114,7 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
             &format!("generation {}: {}", cause.generation, cause.line()),
         );
     }
+    reports(&mut out, status);
     out.push(String::new());
     table(&mut out, &status.nodes);
     for n in status.nodes.iter().filter(|n| n.why.is_some()) {
@@ -125,6 +126,57 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
         );
     }
     out
+}
+
+/// The nodes' reports of the current generation: the `--preflight` summary (its links, the
+/// slow ones marked) and the current stragglers.
+fn reports(out: &mut Vec<String>, status: &RunStatus) {
+    let of = |kind: &str| status.reports.get(kind).into_iter().flatten();
+    for (_, r) in of("preflight") {
+        let ar = r["report"]["all_reduce"]["busbw_gbps"]
+            .as_f64()
+            .unwrap_or(0.0);
+        let links = r["report"]["links"].as_array().cloned().unwrap_or_default();
+        let slow = r["slow"].as_array().cloned().unwrap_or_default();
+        let mut text = format!(
+            "generation {}: all_reduce bus bandwidth {ar:.2} Gbit/s in {:.2} s",
+            r["generation"],
+            r["report"]["seconds"].as_f64().unwrap_or(0.0)
+        );
+        for (i, l) in links.iter().enumerate() {
+            let mark = match slow.get(i).and_then(|s| s.as_str()) {
+                Some(why) => format!(" SLOW ({why})"),
+                None => String::new(),
+            };
+            text.push_str(&format!(
+                "; node {} → {} {:.2} Gbit/s{mark}",
+                l["src"],
+                l["dst"],
+                l["gbps"].as_f64().unwrap_or(0.0)
+            ));
+        }
+        wrap(out, "preflight", &text);
+    }
+    let current = |r: &&serde_json::Value| r["generation"].as_u64() == Some(status.generation);
+    let stragglers: Vec<String> = of("stragglers")
+        .map(|(_, r)| r)
+        .filter(current)
+        .flat_map(|r| {
+            let (node, host) = (r["node_rank"].clone(), r["host"].as_str().unwrap_or("?"));
+            let list = r["stragglers"].as_array().cloned().unwrap_or_default();
+            list.into_iter().map(move |s| {
+                let (t, m) = (s["step_time"].as_f64(), s["median"].as_f64());
+                let (t, m) = (t.unwrap_or(0.0), m.unwrap_or(0.0));
+                format!(
+                    "rank {} (node {node}, host {host}) {t:.2} s per step, median {m:.2} s",
+                    s["rank"]
+                )
+            })
+        })
+        .collect();
+    if !stragglers.is_empty() {
+        wrap(out, "stragglers", &stragglers.join("; "));
+    }
 }
 
 /// One phrase for the run as a whole.

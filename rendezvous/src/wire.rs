@@ -143,6 +143,10 @@ pub fn request_to_wire(r: &Request) -> pb::AgentMessage {
             generation: *generation,
             reason: reason.clone(),
         }),
+        Request::Report { kind, json } => Kind::Report(pb::NodeReport {
+            kind: kind.as_str().to_string(),
+            json: json.clone(),
+        }),
         Request::MarkBad {
             generation,
             id,
@@ -180,6 +184,10 @@ pub fn request_from_wire(m: pb::AgentMessage) -> Option<Request> {
         Kind::Preempt(p) => Request::Preempt {
             generation: p.generation,
             reason: p.reason,
+        },
+        Kind::Report(r) => Request::Report {
+            kind: crate::reports::ReportKind::parse(&r.kind)?,
+            json: r.json,
         },
         Kind::BadCheckpoint(b) => Request::MarkBad {
             generation: b.generation,
@@ -223,6 +231,7 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
             Kind::SaveRequested(serde_json::to_string(r).expect("SaveRequest serializes"))
         }
         Event::Sealed(id) => Kind::Sealed(id.clone()),
+        Event::Pace(p) => Kind::Pace(serde_json::to_string(p).expect("a pace serializes")),
         Event::Committed {
             generation,
             step,
@@ -271,6 +280,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
         Kind::Error(r) => Event::Error(r),
         Kind::SaveRequested(j) => Event::SaveRequested(serde_json::from_str(&j).ok()?),
         Kind::Sealed(id) => Event::Sealed(id),
+        Kind::Pace(j) => Event::Pace(serde_json::from_str(&j).ok()?),
         Kind::Committed(c) => Event::Committed {
             generation: c.generation,
             step: c.step,

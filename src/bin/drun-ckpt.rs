@@ -24,6 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Report this rank's checkpoint of STEP: hashes FILES (SHA-256) and sends them with the cursor.
+    /// No FILES: a rank that wrote nothing of its own; no cursor: a job without one.
     Commit {
         /// Step the checkpoint was taken after.
         #[arg(long)]
@@ -34,8 +35,7 @@ enum Command {
         /// Shorthand for a cursor of epoch 0 with this many samples consumed.
         #[arg(long)]
         samples: Option<u64>,
-        /// Files written (made absolute).
-        #[arg(required = true)]
+        /// Files written (made absolute); none for a rank with nothing of its own.
         files: Vec<PathBuf>,
     },
     /// Print what every rank resumes from (`"resume": null` to start fresh).
@@ -88,7 +88,7 @@ fn run(cli: Cli) -> Result<(Value, bool), (String, u8)> {
                 (Some(c), _) => serde_json::from_str(&c)
                     .map_err(|e| (format!("--cursor is not JSON: {e}"), 2))?,
                 (None, Some(n)) => json!({"epoch": 0, "consumed_in_epoch": n}),
-                (None, None) => return Err(("give --cursor JSON or --samples N".into(), 2)),
+                (None, None) => Value::Null,
             };
             let mut reports = Vec::new();
             for f in files {

@@ -12,6 +12,8 @@ use crate::harness::cluster::{Etcd, RdzvServer};
 use crate::harness::{alive, drun, read_json, wait_for, worker, Agent, DrunCmd};
 
 mod adoption;
+mod dcp;
+mod frameworks;
 mod hang;
 mod integrity;
 mod samples;

@@ -121,6 +121,14 @@ printf 'weights of rank %s' "$RANK" > "$f"
 "$DRUN_CKPT_BIN" commit --step 3 --samples 24 "$f" > "$OUT/commit$RANK.json"
 if "$DRUN_CKPT_BIN" should-save; then exit 9; fi
 "$DRUN_CKPT_BIN" resume > "$OUT/resume$RANK.json"
+# Step 5: rank 1 wrote nothing of its own, and there is no data cursor.
+if [ "$RANK" = 0 ]; then
+  g="$DRUN_CKPT_DIR/step-5-rank0.bin"
+  printf 'step 5' > "$g"
+  "$DRUN_CKPT_BIN" commit --step 5 "$g" > "$OUT/five$RANK.json"
+else
+  "$DRUN_CKPT_BIN" commit --step 5 > "$OUT/five$RANK.json"
+fi
 "#,
     )
     .unwrap();
@@ -143,10 +151,17 @@ if "$DRUN_CKPT_BIN" should-save; then exit 9; fi
             .all(|a| a["sealed"] == true && a["manifest"] == answers[0]["manifest"]),
         "{answers:?}"
     );
-    let m = latest(&d).expect("latest points at the manifest");
+    let m = read_json(Path::new(answers[0]["manifest"].as_str().unwrap()));
     assert_eq!(m["step"], 3);
     assert_eq!(m["cursor"]["consumed_in_epoch"], 24);
     assert_eq!(m["files"].as_array().unwrap().len(), 2);
+    let five = latest(&d).expect("latest points at step 5's manifest");
+    assert_eq!(five["step"], 5, "sealed with a rank that committed no file");
+    let files = five["files"].as_array().unwrap();
+    assert_eq!(files.len(), 1, "{five}");
+    assert_eq!(files[0]["rank"], 0);
+    assert_eq!(five["cursor"]["consumed_in_epoch"], 0, "no cursor: {five}");
+    assert!(read_json(&d.out.join("five1.json"))["sealed"] == true);
     let resume = read_json(&d.out.join("resume0.json"));
     assert_eq!(
         resume["resume"],

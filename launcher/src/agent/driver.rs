@@ -35,6 +35,8 @@ const STALLED_COMMIT: Duration = Duration::from_secs(30);
 const STOP_POLL: Duration = Duration::from_millis(100);
 /// How often the step beacons are checked for a hang (with `--hang-timeout`).
 const HANG_CHECK: Duration = Duration::from_millis(250);
+/// How often a node reports its ranks' pace and learns the job's (straggler median).
+const PACE_EVERY: Duration = Duration::from_secs(5);
 
 mod api;
 
@@ -89,14 +91,23 @@ impl Agent {
         let mut monitor = tokio::time::interval(self.cfg.monitor_interval);
         let mut poll = tokio::time::interval(STOP_POLL);
         let mut hang_check = tokio::time::interval(HANG_CHECK);
+        let mut pace = tokio::time::interval(PACE_EVERY);
         while !m.is_done() {
             let deadline = m.deadline();
             let stopping = matches!(m.phase, super::Phase::Stopping(_));
             let watching =
                 self.cfg.hang_timeout.is_some() && matches!(m.phase, super::Phase::Running { .. });
+            let pacing = w.steps.is_some() && matches!(m.phase, super::Phase::Running { .. });
             let input = tokio::select! {
                 ev = link.rx.recv(), if m.reads_session() => {
+                    if let (Some(drun_rendezvous::Event::Pace(p)), Some((_, d))) = (&ev, w.steps.as_mut()) {
+                        d.set_job_pace(p.clone());
+                    }
                     Some(ev.map_or(Input::SessionClosed, Input::Event))
+                }
+                _ = pace.tick(), if pacing => {
+                    self.send_pace(&w, link);
+                    None
                 }
                 Some(call) = self.api_rx.recv(), if m.reads_session() => {
                     w.call = Some(call);
@@ -412,6 +423,7 @@ impl Agent {
             hostname: &self.hostname,
             inherited: &self.inherited,
             run_log_dir: &self.run_log_dir,
+            preflight: self.preflight_for(&plan),
         };
         w.workers = None;
         w.first_success = None;

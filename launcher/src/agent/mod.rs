@@ -29,6 +29,7 @@ mod driver;
 mod failure;
 pub mod hang;
 mod observe;
+mod preflight;
 pub mod rank_table;
 pub mod state;
 pub mod step;
@@ -141,6 +142,8 @@ struct Agent {
     fingerprint: drun_rendezvous::envcheck::Fingerprint,
     /// `--metrics-port`: what the loop records, served at `/metrics`.
     metrics: Option<Arc<AgentMetrics>>,
+    /// `--preflight`: the installed check script, when the check can run here.
+    preflight: Option<PathBuf>,
 }
 
 impl Agent {
@@ -228,7 +231,11 @@ impl Agent {
                 (None, mpsc::unbounded_channel().1)
             }
         };
+        let preflight = cfg
+            .preflight
+            .and_then(|_| preflight::set_up(&cfg, api.as_ref()));
         Ok(Self {
+            preflight,
             metrics,
             api,
             api_rx,

@@ -122,6 +122,8 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
         Event::Error(e) => on_error(m, phase, e, cx),
         Event::SaveRequested(req) => on_save_requested(m, phase, req, cx),
         Event::Sealed(id) => on_sealed(m, phase, id, cx),
+        // The job's pace feeds the straggler detector (the driver's); no state changes.
+        Event::Pace(_) => phase,
         Event::Committed {
             generation,
             step,

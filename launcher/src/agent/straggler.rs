@@ -3,8 +3,12 @@
 //! cleared once when it comes back. Pure: step times (seconds) and instants come in as
 //! arguments.
 //!
-//! Node-local for now: the median covers this node's other ranks (so the whole job when this
-//! node holds every rank).
+//! The median covers every other rank of the job: this node's from their beacons, the other
+//! nodes' from the job's pace ([`Detector::set_job_pace`]: every node reports its ranks'
+//! medians every few seconds through the rendezvous, runs of at most
+//! [`drun_rendezvous::reports::PACE_MAX_NODES`] nodes). Without the pace (larger runs, the
+//! static backend) it covers this node's other ranks. Only this node's ranks are judged, so a
+//! straggler is reported once, by its own node.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -79,6 +83,8 @@ pub struct Detector {
     /// `--straggler-factor` (> 1 to detect anything).
     factor: f64,
     ranks: BTreeMap<u32, Track>,
+    /// The other nodes' ranks: median seconds per step, from the job's pace.
+    remote: BTreeMap<u32, f64>,
 }
 
 impl Detector {
@@ -87,12 +93,46 @@ impl Detector {
         Self {
             factor,
             ranks: BTreeMap::new(),
+            remote: BTreeMap::new(),
         }
+    }
+
+    /// The job's pace (rank → median seconds per step, every node's report): the ranks of
+    /// other nodes join the median the local ranks are compared with.
+    pub fn set_job_pace(&mut self, pace: BTreeMap<u32, f64>) {
+        self.remote = pace
+            .into_iter()
+            .filter(|(r, s)| !self.ranks.contains_key(r) && s.is_finite() && *s > 0.0)
+            .collect();
+    }
+
+    /// This node's ranks with enough steps for a median: rank → median seconds per step (the
+    /// node's pace report).
+    pub fn medians(&self) -> BTreeMap<u32, f64> {
+        self.ranks
+            .iter()
+            .filter(|(_, t)| t.recent.len() >= WINDOW / 2)
+            .map(|(&r, t)| (r, median(t.recent.iter().copied())))
+            .collect()
     }
 
     /// Forget every rank (a new generation).
     pub fn reset(&mut self) {
         self.ranks.clear();
+        self.remote.clear();
+    }
+
+    /// The ranks flagged now: rank, its step time and the median then (seconds per step).
+    pub fn stragglers(&self) -> Vec<(u32, f64, f64)> {
+        self.ranks
+            .iter()
+            .filter_map(|(&r, t)| match t.state {
+                RankState::Straggling {
+                    step_time, median, ..
+                } => Some((r, step_time, median)),
+                RankState::Even => None,
+            })
+            .collect()
     }
 
     /// Rank `rank`'s verdict (`Even` for a rank never seen).
@@ -119,7 +159,8 @@ impl Detector {
             self.ranks
                 .iter()
                 .filter(|(&r, o)| r != rank && o.recent.len() >= WINDOW / 2)
-                .map(|(_, o)| median(o.recent.iter().copied())),
+                .map(|(_, o)| median(o.recent.iter().copied()))
+                .chain(self.remote.values().copied()),
         );
         let t = self.ranks.get_mut(&rank).expect("inserted above");
         if others.is_nan() || others <= 0.0 {
@@ -195,6 +236,26 @@ mod tests {
             }
         }
         events
+    }
+
+    #[test]
+    fn other_nodes_pace_makes_a_lone_local_rank_comparable() {
+        // One local rank at 0.3 s per step: alone it has nothing to lag behind ...
+        let mut alone = Detector::new(1.5);
+        assert!(run(&mut alone, 1, 60, |_, _| 0.3).is_empty());
+        // ... with three remote ranks at 0.1 s it is a straggler, once.
+        let mut d = Detector::new(1.5);
+        d.set_job_pace(BTreeMap::from([(1, 0.1), (2, 0.1), (3, 0.11)]));
+        let ev = run(&mut d, 1, 60, |_, _| 0.3);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert!(
+            matches!(ev[0], Event::Started { rank: 0, median, .. } if (median - 0.1).abs() < 1e-9)
+        );
+        assert_eq!(d.stragglers().len(), 1);
+        assert_eq!(d.medians().get(&0).copied(), Some(0.3));
+        // A remote report for a local rank is ignored (its own beacons are fresher).
+        d.set_job_pace(BTreeMap::from([(0, 9.0), (1, 0.3)]));
+        assert_eq!(d.remote, BTreeMap::from([(1, 0.3)]));
     }
 
     /// Deterministic jitter in [-1, 1).

@@ -9,8 +9,14 @@
 //! | `{"op":"resume"}` | `{"ok":true,"generation":G,"world_size":W,"resume":null\|{"step","generation","world_size","path","manifest","cursor"}}` |
 //! | `{"op":"progress","rank":R,"step":S}` | `{"ok":true}` (step beacon: lost work is measured from it) |
 //! | `{"op":"should_save","rank":R}` | `{"ok":true,"save":B}` (a coordinated save was requested) |
+//! | `{"op":"preflight","rank":R,"report":{...}\|"skipped":"..."\|"error":"..."}` | `{"ok":true}` (`--preflight`'s results, see [`crate::preflight::Outcome`]) |
+//! | `{"op":"hello","protocol":N}` | `{"ok":true,"protocol":PROTOCOL,"agent":VERSION}`, answered by the socket itself |
 //!
-//! `C` is a [`drun_rendezvous::Cursor`]; `P` absolute; `H` the file's SHA-256, lowercase hex.
+//! `C` is a [`drun_rendezvous::Cursor`], optional (absent or `null`: a job without a data
+//! cursor; every rank of the step then reports none); `files` may be empty (a rank that wrote
+//! nothing of its own still takes part in the step); `P` absolute; `H` the file's SHA-256,
+//! lowercase hex. The worker helper (`python/drun`) sends `hello` first and refuses to run
+//! against an agent whose [`PROTOCOL`] differs from its own.
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +26,10 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
+
+/// Version of this worker API. Raised on any change a helper of the previous version would
+/// misread; the Python helper's `drun.PROTOCOL` must equal it (`hello`).
+pub const PROTOCOL: u32 = 2;
 
 /// Longest request line accepted, in bytes (a commit of many files fits easily).
 const MAX_LINE: usize = 8 << 20;
@@ -36,7 +46,7 @@ pub struct FileReport {
 }
 
 /// A worker's request.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ApiRequest {
     /// This rank saved its shard of `step`.
@@ -49,8 +59,9 @@ pub enum ApiRequest {
         step: u64,
         /// Files written.
         files: Vec<FileReport>,
-        /// Data cursor after `step`.
-        cursor: Cursor,
+        /// Data cursor after `step`; `None` for a job without one.
+        #[serde(default)]
+        cursor: Option<Cursor>,
     },
     /// What to resume from.
     Resume,
@@ -65,12 +76,20 @@ pub enum ApiRequest {
         #[serde(default)]
         samples: Option<u64>,
     },
+    /// The helper's protocol version; answered with the agent's [`PROTOCOL`].
+    Hello {
+        /// The helper's `drun.PROTOCOL`.
+        #[serde(default)]
+        protocol: Option<u32>,
+    },
     /// Is a coordinated save requested?
     ShouldSave {
         /// Global rank (optional).
         #[serde(default)]
         rank: Option<u32>,
     },
+    /// `--preflight`'s results, or why it did not measure.
+    Preflight(Box<crate::preflight::Outcome>),
 }
 
 /// A request and where its answer goes.
@@ -154,6 +173,11 @@ async fn serve(stream: UnixStream, agent: mpsc::UnboundedSender<ApiCall>) {
         } else {
             match serde_json::from_slice::<ApiRequest>(&line) {
                 Err(e) => refused(format!("bad request: {e}")),
+                Ok(ApiRequest::Hello { .. }) => json!({
+                    "ok": true,
+                    "protocol": PROTOCOL,
+                    "agent": env!("CARGO_PKG_VERSION"),
+                }),
                 Ok(req) => {
                     let (tx, rx) = oneshot::channel();
                     if agent.send((req, tx)).is_err() {
@@ -196,6 +220,16 @@ mod tests {
             ApiRequest::Resume
         );
         assert!(serde_json::from_str::<ApiRequest>(r#"{"op":"launch"}"#).is_err());
+        for no_cursor in [
+            r#"{"op":"commit","rank":0,"generation":1,"step":2,"files":[]}"#,
+            r#"{"op":"commit","rank":0,"generation":1,"step":2,"files":[],"cursor":null}"#,
+        ] {
+            let r: ApiRequest = serde_json::from_str(no_cursor).unwrap();
+            assert!(
+                matches!(r, ApiRequest::Commit { cursor: None, ref files, .. } if files.is_empty()),
+                "{r:?}"
+            );
+        }
     }
 
     #[tokio::test]
@@ -213,7 +247,9 @@ mod tests {
         });
         let s = UnixStream::connect(server.path()).await.unwrap();
         let (r, mut w) = s.into_split();
-        w.write_all(b"{\"op\":\"resume\"}\nnot json\n{\"op\":\"should_save\"}\n")
+        w.write_all(
+            b"{\"op\":\"resume\"}\nnot json\n{\"op\":\"should_save\"}\n{\"op\":\"hello\",\"protocol\":1}\n",
+        )
             .await
             .unwrap();
         let mut lines = BufReader::new(r).lines();
@@ -224,5 +260,10 @@ mod tests {
         assert!(b["error"].as_str().unwrap().starts_with("bad request"));
         let c: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
         assert_eq!(c["echo"], "ShouldSave { rank: None }");
+        let d: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(
+            d["protocol"], PROTOCOL,
+            "hello is answered by the socket: {d}"
+        );
     }
 }

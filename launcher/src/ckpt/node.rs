@@ -79,7 +79,9 @@ impl NodeLedger {
         Ok(())
     }
 
-    /// Records rank `rank`'s report of `step`; answers it at once when refused. Returns the
+    /// Records rank `rank`'s report of `step`; answers it at once when refused. `files` may be
+    /// empty: a rank that wrote nothing of its own (e.g. a DCP rank holding no shard) is still a
+    /// participant of the step. Returns the
     /// node's batched commit when this was the last local rank to report `step`.
     pub fn commit(
         &mut self,
@@ -111,8 +113,6 @@ impl NodeLedger {
             bad(format!(
                 "step {step} is not after step {last}, already committed in this generation"
             ))
-        } else if files.is_empty() {
-            bad("a commit names at least one file".to_string())
         } else {
             files
                 .iter()
@@ -400,6 +400,22 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_without_files_takes_part() {
+        let d = tempfile::tempdir().unwrap();
+        let mut l = NodeLedger::new(&plan(2), "a", Some(d.path()));
+        let (t0, mut r0) = oneshot::channel();
+        assert!(l.commit(0, 3, 5, vec![], Cursor::default(), t0).is_none());
+        assert!(r0.try_recv().is_err(), "not refused: waits for rank 1");
+        let (t1, _r1) = oneshot::channel();
+        let batch = l
+            .commit(1, 3, 5, vec![file(d.path(), 1)], Cursor::default(), t1)
+            .expect("complete");
+        assert_eq!(batch.ranks, [0, 1]);
+        assert_eq!(batch.files.len(), 1);
+        assert_eq!(batch.files[0].rank, 1);
+    }
+
+    #[test]
     fn refuses_stale_misaligned_and_foreign_commits() {
         let d = tempfile::tempdir().unwrap();
         let mut l = NodeLedger::new(&plan(2), "a", None);
@@ -423,12 +439,6 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("has 3 bytes, the commit says 99"));
-        let (t, mut r) = oneshot::channel();
-        assert!(l.commit(0, 3, 5, vec![], cursor(8), t).is_none());
-        assert!(r.try_recv().unwrap()["error"]
-            .as_str()
-            .unwrap()
-            .contains("at least one file"));
         let (t, mut r) = oneshot::channel();
         let dir_as_file = FileReport {
             path: d.path().display().to_string(),

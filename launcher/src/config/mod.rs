@@ -144,6 +144,15 @@ pub struct LaunchConfig {
     pub metrics_port: Option<u16>,
     /// `--straggler-factor`: 0 (off) or > 1.
     pub straggler_factor: f64,
+    /// `--preflight`, with its `--preflight-min-gbps` (Gbit/s); `None`: no check.
+    pub preflight: Option<Preflight>,
+}
+
+/// `--preflight` settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Preflight {
+    /// `--preflight-min-gbps`: links under this many Gbit/s are named slow.
+    pub min_gbps: Option<f64>,
 }
 
 impl LaunchConfig {

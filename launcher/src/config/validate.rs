@@ -145,7 +145,31 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
         metrics_port: a.metrics_port,
         straggler_factor: straggler_factor(a.straggler_factor)?,
+        preflight: preflight(a)?,
     })
+}
+
+/// `--preflight` and `--preflight-min-gbps` (a positive, finite number; only with `--preflight`).
+fn preflight(a: &crate::cli::Args) -> Result<Option<super::Preflight>, ConfigError> {
+    if let Some(v) = a.preflight_min_gbps {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(invalid(
+                "--preflight-min-gbps",
+                v.to_string(),
+                "expected a bandwidth in Gbit/s above 0, e.g. 10",
+            ));
+        }
+        if !a.preflight {
+            return Err(invalid(
+                "--preflight-min-gbps",
+                v.to_string(),
+                "it only applies with --preflight; add --preflight",
+            ));
+        }
+    }
+    Ok(a.preflight.then_some(super::Preflight {
+        min_gbps: a.preflight_min_gbps,
+    }))
 }
 
 /// `--straggler-factor`: 0 (off) or a finite factor > 1.

@@ -89,6 +89,7 @@ impl Fixture {
             run_log_dir: self.logs.path(),
             agent_sock: None,
             resume_manifest: None,
+            preflight: None,
         };
         let plan = plan(&self.cfg, 4);
         block_on(WorkerGroup::start(&ctx, &plan, restart_count))

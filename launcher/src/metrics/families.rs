@@ -55,6 +55,15 @@ pub struct ExitLabels {
     pub signal: String,
 }
 
+/// `{src_node, dst_node}`: a directed link of `--preflight`'s ring.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LinkLabel {
+    /// Sending node rank.
+    pub src_node: u32,
+    /// Receiving node rank.
+    pub dst_node: u32,
+}
+
 /// Every family of the agent.
 #[derive(Debug)]
 pub struct Families {
@@ -80,6 +89,11 @@ pub struct Families {
     pub(super) rank_straggler: Family<RankLabel, Gauge>,
     pub(super) worker_rss: Family<RankLabel, Gauge>,
     pub(super) worker_cpu: Family<RankLabel, CounterF>,
+    pub(super) preflight_seconds: GaugeF,
+    pub(super) preflight_busbw: GaugeF,
+    pub(super) preflight_link_bw: Family<LinkLabel, GaugeF>,
+    pub(super) preflight_link_latency: Family<LinkLabel, GaugeF>,
+    pub(super) preflight_link_slow: Family<LinkLabel, Gauge>,
 }
 
 impl Default for Families {
@@ -114,6 +128,11 @@ impl Families {
             rank_straggler: Family::default(),
             worker_rss: Family::default(),
             worker_cpu: Family::default(),
+            preflight_seconds: GaugeF::default(),
+            preflight_busbw: GaugeF::default(),
+            preflight_link_bw: Family::default(),
+            preflight_link_latency: Family::default(),
+            preflight_link_slow: Family::default(),
         }
     }
 
@@ -224,6 +243,35 @@ impl Families {
             "worker_cpu_seconds",
             "CPU time (user + system) of each rank's worker processes",
             self.worker_cpu.clone(),
+        );
+        self.register_preflight(r);
+    }
+
+    fn register_preflight(&self, r: &mut Registry) {
+        r.register(
+            "preflight_seconds",
+            "Wall time of the --preflight check",
+            self.preflight_seconds.clone(),
+        );
+        r.register(
+            "preflight_allreduce_bus_bytes_per_second",
+            "--preflight all_reduce bus bandwidth over all ranks (as nccl-tests)",
+            self.preflight_busbw.clone(),
+        );
+        r.register(
+            "preflight_link_bytes_per_second",
+            "--preflight bandwidth of the ring links this node sends on",
+            self.preflight_link_bw.clone(),
+        );
+        r.register(
+            "preflight_link_latency_seconds",
+            "--preflight one-way latency of the ring links this node sends on",
+            self.preflight_link_latency.clone(),
+        );
+        r.register(
+            "preflight_link_slow",
+            "1 for a link --preflight named slow, else 0",
+            self.preflight_link_slow.clone(),
         );
     }
 }

@@ -251,6 +251,36 @@ impl AgentMetrics {
             .set(on);
     }
 
+    /// `--preflight`'s report: the check's time and `all_reduce` bus bandwidth, and the links
+    /// node `node_rank` sends on with their verdicts.
+    pub fn preflight(
+        &self,
+        r: &crate::preflight::Report,
+        slow: &[crate::preflight::Slow],
+        node_rank: u32,
+    ) {
+        self.f.preflight_seconds.set(r.seconds);
+        self.f
+            .preflight_busbw
+            .set(r.all_reduce.busbw_gbps * 1e9 / 8.0);
+        for (l, why) in r.links.iter().zip(slow).filter(|(l, _)| l.src == node_rank) {
+            let label = families::LinkLabel {
+                src_node: l.src,
+                dst_node: l.dst,
+            };
+            let f = &self.f;
+            f.preflight_link_bw
+                .get_or_create(&label)
+                .set(l.gbps * 1e9 / 8.0);
+            f.preflight_link_latency
+                .get_or_create(&label)
+                .set(l.latency_us / 1e6);
+            f.preflight_link_slow
+                .get_or_create(&label)
+                .set(i64::from(why.is_some()));
+        }
+    }
+
     /// The OpenMetrics text, after reading the workers' `/proc` entries and the goodput.
     pub fn render(&self) -> String {
         self.refresh(Instant::now());

@@ -106,7 +106,10 @@ pub fn spawn(
                     at_ms: 0,
                     root_cause: None,
                 }),
-                Request::KeepAlive | Request::MarkBad { .. } | Request::Preempt { .. } => continue,
+                Request::KeepAlive
+                | Request::MarkBad { .. }
+                | Request::Preempt { .. }
+                | Request::Report { .. } => continue,
                 Request::Commit { commit, .. } => Event::Committed {
                     generation: commit.generation,
                     step: commit.step,

@@ -78,8 +78,13 @@ impl Ledger {
                 detail,
             });
         }
-        let mut files: Vec<ShardFile> = records.iter().flat_map(|r| r.files.clone()).collect();
-        files.sort_by(|a, b| (a.rank, &a.path).cmp(&(b.rank, &b.path)));
+        let files =
+            merge_files(records.iter().flat_map(|r| r.files.clone())).map_err(|detail| {
+                LedgerError::ConflictingFiles {
+                    step: rec.step,
+                    detail,
+                }
+            })?;
         let manifest = Manifest {
             run_id: self.run_id.clone(),
             step: rec.step,

@@ -456,6 +456,10 @@ impl Actor {
                 self.request_save(generation, reason, false).await?;
                 Ok(None)
             }
+            Request::Report { kind, json } => {
+                self.report(kind, json).await?;
+                Ok(None)
+            }
             Request::MarkBad {
                 generation,
                 id,

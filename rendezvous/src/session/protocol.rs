@@ -113,6 +113,13 @@ pub enum Request {
         /// Retention policy applied when this commit seals the step.
         retention: Retention,
     },
+    /// Record what this node learned for `status` (see [`crate::reports`]); not answered.
+    Report {
+        /// What it is about.
+        kind: crate::reports::ReportKind,
+        /// The report, JSON (at most [`crate::reports::MAX_REPORT`] bytes).
+        json: String,
+    },
     /// The resume point of generation `generation` failed verification on this node: mark
     /// manifest `id` bad and re-form (onto the previous manifest).
     MarkBad {
@@ -173,4 +180,7 @@ pub enum Event {
         /// What it achieved, or one line saying why it was refused.
         result: Result<CommitOutcome, String>,
     },
+    /// The answer to a pace [`Request::Report`]: every rank's median seconds per step in the
+    /// reporting node's generation, job-wide.
+    Pace(std::collections::BTreeMap<u32, f64>),
 }

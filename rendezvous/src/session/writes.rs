@@ -2,7 +2,7 @@
 
 use super::actor::Actor;
 use super::generation::{self, FailureVerdict};
-use super::protocol::SaveRequest;
+use super::protocol::{Event, SaveRequest};
 use crate::clock::now_ms;
 use crate::keys::RunKeys;
 use crate::root_cause::RootCause;
@@ -14,6 +14,34 @@ use crate::{Plan, RendezvousError};
 impl Actor {
     /// Closes generation `g` once (guarded) for a membership change, with `reason`, and counts
     /// one membership restart.
+    /// Writes this node's report of `kind` (a refused one is dropped with a warning: reports
+    /// only feed `status`).
+    pub(super) async fn report(
+        &self,
+        kind: crate::reports::ReportKind,
+        json: String,
+    ) -> Result<(), RendezvousError> {
+        if let Some(why) = crate::reports::invalid(&json) {
+            tracing::warn!(node = %self.cfg.node_id, "{why}; dropped");
+            return Ok(());
+        }
+        let key = crate::reports::key(self.round.keys(), kind, &self.cfg.node_id);
+        let lease = if kind.leased() { self.lease } else { None };
+        if kind.leased() && lease.is_none() {
+            return Ok(());
+        }
+        let generation = (kind == crate::reports::ReportKind::Pace)
+            .then(|| serde_json::from_str::<serde_json::Value>(&json).ok())
+            .flatten()
+            .and_then(|v| v["generation"].as_u64());
+        self.store.put(&key, json.into_bytes(), lease).await?;
+        if let Some(g) = generation {
+            let pace = crate::reports::pace(self.store.as_ref(), self.round.keys(), g).await?;
+            self.emit(Event::Pace(pace));
+        }
+        Ok(())
+    }
+
     pub(super) async fn close(&self, g: u64, reason: String) -> Result<bool, RendezvousError> {
         let keys = self.round.keys();
         let (cur, rev) = self.round.current_generation().await?;

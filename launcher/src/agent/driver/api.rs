@@ -2,6 +2,7 @@
 //! beacons, checkpoint commits) and what the step beacons feed — metrics, the straggler
 //! detector and the hang verdict.
 
+use drun_rendezvous::reports::ReportKind;
 use drun_rendezvous::session::Request;
 use tokio::time::Instant;
 
@@ -37,6 +38,25 @@ impl Agent {
         Some(Input::Hung(line))
     }
 
+    /// Sends this node's pace (its ranks' median seconds per step) in a run of 2 to
+    /// [`drun_rendezvous::reports::PACE_MAX_NODES`] nodes; the answer, the job's pace, feeds
+    /// the straggler detector.
+    pub(super) fn send_pace(&self, w: &World, link: &Link) {
+        let (Some((_, detector)), Some(plan)) = (w.steps.as_ref(), w.plan.as_deref()) else {
+            return;
+        };
+        let nodes = plan.node_count() as u32;
+        let ranks = detector.medians();
+        if !(2..=drun_rendezvous::reports::PACE_MAX_NODES).contains(&nodes) || ranks.is_empty() {
+            return;
+        }
+        let json = serde_json::json!({"generation": plan.generation, "ranks": ranks});
+        let _ = link.tx.send(Request::Report {
+            kind: ReportKind::Pace,
+            json: json.to_string(),
+        });
+    }
+
     /// Answers one worker API request (see [`crate::ckpt::api`]).
     pub(super) fn serve(&mut self, should_save: bool, w: &mut World, link: &Link) {
         let Some((req, reply)) = w.call.take() else {
@@ -49,6 +69,12 @@ impl Agent {
         match req {
             ApiRequest::Resume => {
                 let _ = reply.send(resume_answer(plan, w.resume_file.as_deref()));
+            }
+            ApiRequest::Hello { .. } => {
+                // Answered by the socket itself; kept for completeness.
+                let _ = reply.send(serde_json::json!({
+                    "ok": true, "protocol": crate::ckpt::api::PROTOCOL,
+                }));
             }
             ApiRequest::ShouldSave { .. } => {
                 let _ = reply.send(serde_json::json!({"ok": true, "save": should_save}));
@@ -75,6 +101,23 @@ impl Agent {
                             if let Some(m) = &self.metrics {
                                 m.straggler(ev);
                             }
+                            let list: Vec<_> = detector
+                                .stragglers()
+                                .into_iter()
+                                .map(|(rank, step_time, median)| {
+                                    serde_json::json!({"rank": rank, "step_time": step_time, "median": median})
+                                })
+                                .collect();
+                            let report = serde_json::json!({
+                                "generation": plan.generation,
+                                "node_rank": node,
+                                "host": self.hostname,
+                                "stragglers": list,
+                            });
+                            let _ = link.tx.send(Request::Report {
+                                kind: ReportKind::Stragglers,
+                                json: report.to_string(),
+                            });
                         }
                     }
                 }
@@ -85,6 +128,15 @@ impl Agent {
                 }
                 let _ = reply.send(answer);
             }
+            ApiRequest::Preflight(outcome) => {
+                if let Some(report) = self.preflight_reported(&outcome, plan) {
+                    let _ = link.tx.send(Request::Report {
+                        kind: ReportKind::Preflight,
+                        json: report.to_string(),
+                    });
+                }
+                let _ = reply.send(serde_json::json!({"ok": true}));
+            }
             ApiRequest::Commit {
                 rank,
                 generation,
@@ -92,7 +144,14 @@ impl Agent {
                 files,
                 cursor,
             } => {
-                if let Some(batch) = ledger.commit(rank, generation, step, files, cursor, reply) {
+                if let Some(batch) = ledger.commit(
+                    rank,
+                    generation,
+                    step,
+                    files,
+                    cursor.unwrap_or_default(),
+                    reply,
+                ) {
                     if let Some(m) = &self.metrics {
                         m.committed();
                     }

@@ -1,0 +1,64 @@
+"""Hugging Face Accelerate through drun's ledger: ``accelerator.save_state``/``load_state`` into
+the step's directory, committed by every process.
+
+::
+
+    import drun.accelerate
+    model, optim, loader = accelerator.prepare(model, optim, loader)
+    start = drun.accelerate.load_state(accelerator) or 0     # the sealed step, or 0
+    for step in range(start + 1, steps + 1):
+        ...
+        if step % every == 0:
+            drun.accelerate.save_state(accelerator, step)
+
+``save_state`` writes ``accelerator.save_state(drun.step_dir(step))`` (the main process writes
+the model, optimizer, scheduler and sampler files; every process its
+``random_states_<i>.pkl``), waits for every process, then each commits the files it wrote.
+``load_state`` loads the sealed step every rank resumes from. Outside drun: saves into
+``./checkpoints/local/`` and starts fresh.
+"""
+
+import os
+import re
+
+import drun
+
+__all__ = ["files_of_process", "load_state", "save_state"]
+
+_RNG = re.compile(r"^random_states_(\d+)\.pkl$")
+
+
+def files_of_process(directory, index):
+    """Files under ``directory`` (recursively, sorted) that process ``index`` wrote:
+    ``random_states_<index>.pkl``; process 0 also owns every other file (the main process writes
+    the model, optimizer and scheduler state). Each file belongs to exactly one process."""
+    out = []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            if name.startswith(("drun-manifest-", ".tmp-")):
+                continue
+            m = _RNG.match(name)
+            if (int(m.group(1)) if m else 0) == index:
+                out.append(os.path.join(root, name))
+    return sorted(out)
+
+
+def save_state(accelerator, step, cursor=None, **save_kwargs):
+    """``accelerator.save_state(drun.step_dir(step))`` and a commit of each process's files;
+    returns the agent's answer (None outside drun). A collective: every process calls it with
+    the same ``step``. ``cursor``: the global data cursor or None. Raises
+    :class:`drun.DrunError` when the agent refuses the commit."""
+    directory = drun.step_dir(step)
+    accelerator.save_state(directory, **save_kwargs)
+    accelerator.wait_for_everyone()
+    return drun.commit(step, files_of_process(directory, accelerator.process_index), cursor)
+
+
+def load_state(accelerator, **load_kwargs):
+    """Loads the sealed step every rank resumes from (``accelerator.load_state``) and returns
+    its step, or None to start fresh."""
+    info = drun.resume_info()
+    if info is None:
+        return None
+    accelerator.load_state(info["path"], **load_kwargs)
+    return info["step"]

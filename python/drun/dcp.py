@@ -1,0 +1,214 @@
+"""``torch.distributed.checkpoint`` (DCP) through drun's ledger.
+
+Every rank calls :func:`save` (or :func:`async_save`) with the same step; DCP writes the step's
+directory (:func:`drun.step_dir`), each rank commits the files it wrote (``__<rank>_<n>.distcp``,
+and rank 0 the shared ``.metadata``; a rank DCP gave nothing to write commits none), and the step
+is sealed once every rank of every node has committed it. :func:`load` loads the sealed step
+every rank resumes from, in place, whatever the world size that saved it (DCP re-shards)::
+
+    import drun.dcp
+    state = {"model": model.state_dict(), "optim": optim.state_dict()}
+    start = drun.dcp.load(state)        # None: start fresh
+    if start is not None:
+        model.load_state_dict(state["model"]); optim.load_state_dict(state["optim"])
+    for step in range((start or 0) + 1, steps + 1):
+        ...
+        if step % every == 0:
+            drun.dcp.save({"model": model.state_dict(), "optim": optim.state_dict()}, step)
+
+A ``torchdata.stateful_dataloader.StatefulDataLoader`` passed as ``loader=`` has its per-rank
+state saved with the step (``loader-rank<r>.pt``) and restored by :func:`load`; that state does
+not re-split when the world size changes (``load`` then raises), use
+:class:`drun.ElasticSampler` and its ``cursor`` for elastic jobs.
+
+Outside drun the checkpoint is written to ``./checkpoints/local/step-<step>-g0`` and nothing is
+committed; :func:`load` returns None.
+"""
+
+import concurrent.futures
+import os
+import re
+
+from . import (DrunError, _Client, _client, _env_int, _file_record, available, resume_info,
+               step_dir)
+
+__all__ = ["async_save", "files_of_rank", "load", "save", "wait"]
+
+_DISTCP = re.compile(r"^__(\d+)_\d+\.distcp$")
+_LOADER = re.compile(r"^loader-rank(\d+)\.pt$")
+_pending = None
+_ckpt_group = None
+
+
+def files_of_rank(directory, rank):
+    """The files of DCP's checkpoint ``directory`` that ``rank`` wrote, sorted: its
+    ``__<rank>_<n>.distcp`` files and ``loader-rank<rank>.pt``; rank 0 also owns every other
+    file (DCP's ``.metadata``, written by the coordinator). Temporary ``*.tmp`` files and
+    ``drun-manifest-*`` files are nobody's. Each file is thus listed under exactly one rank.
+    """
+    out = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path) or name.endswith(".tmp") or name.startswith(
+                ("drun-manifest-", ".tmp-")):
+            continue
+        m = _DISTCP.match(name) or _LOADER.match(name)
+        owner = int(m.group(1)) if m else 0
+        if owner == rank:
+            out.append(path)
+    return out
+
+
+def _rank():
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except ImportError:
+        pass
+    return _env_int("RANK", 0)
+
+
+def _save_loader(directory, loader, rank):
+    if loader is None:
+        return
+    import torch
+
+    import drun
+
+    drun.atomic_save(os.path.join(directory, "loader-rank%d.pt" % rank),
+                     lambda f: torch.save(loader.state_dict(), f))
+
+
+def _commit(client, step, directory, rank, cursor):
+    if not available():
+        return None
+    msg = {
+        "op": "commit",
+        "rank": _env_int("RANK", rank),
+        "generation": _env_int("DRUN_GENERATION", 0),
+        "step": int(step),
+        "files": [_file_record(p) for p in files_of_rank(directory, rank)],
+    }
+    if cursor is not None:
+        msg["cursor"] = cursor
+    return client.request(msg, timeout=600.0)
+
+
+def save(state_dict, step, cursor=None, loader=None, **dcp_kwargs):
+    """Saves ``state_dict`` with ``torch.distributed.checkpoint.save`` into
+    ``drun.step_dir(step)`` and commits this rank's files; returns the agent's answer (see
+    :func:`drun.commit`), or None outside drun.
+
+    A collective: every rank calls it with the same ``step``. ``cursor``: the global data cursor
+    (:meth:`drun.ElasticSampler.cursor`) or None. ``loader``: a ``StatefulDataLoader`` whose
+    ``state_dict()`` is saved with the step. ``dcp_kwargs`` go to DCP's ``save`` (e.g.
+    ``planner``, ``storage_writer``; ``checkpoint_id`` is always the step's directory).
+
+    Raises :class:`drun.DrunError` when the agent refuses the commit.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    wait()
+    directory = step_dir(step)
+    rank = _rank()
+    _save_loader(directory, loader, rank)
+    dcp.save(state_dict, checkpoint_id=directory, **dcp_kwargs)
+    return _commit(_client, step, directory, rank, cursor)
+
+
+def _checkpoint_group():
+    """A gloo group for DCP's background collectives, so they never interleave with the
+    training's on the default group (created once, collectively)."""
+    global _ckpt_group
+    import torch.distributed as dist
+
+    if _ckpt_group is None and dist.is_available() and dist.is_initialized():
+        _ckpt_group = dist.new_group(backend="gloo")
+    return _ckpt_group
+
+
+def async_save(state_dict, step, cursor=None, loader=None, **dcp_kwargs):
+    """Like :func:`save` with ``torch.distributed.checkpoint.async_save``: returns once the state
+    is staged (copied), writes in the background and commits when DCP's future resolves, so the
+    step is sealed only after every rank's write finished. A write that never finishes (the node
+    died) is never committed, never sealed, never resumed from.
+
+    Returns a ``concurrent.futures.Future`` resolving to the agent's answer (None outside drun),
+    or raising DCP's error or :class:`drun.DrunError`. Waits for the previous one first (one
+    async save in flight, as DCP asks); :func:`wait` waits for the last one, call it before exit.
+    A collective, like :func:`save`; the first call creates a gloo group on every rank.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    global _pending
+    wait()
+    directory = step_dir(step)
+    rank = _rank()
+    _save_loader(directory, loader, rank)
+    dcp_kwargs.setdefault("process_group", _checkpoint_group())
+    written = dcp.async_save(state_dict, checkpoint_id=directory, **dcp_kwargs)
+    if not isinstance(written, concurrent.futures.Future):  # AsyncSaveResponse (staging too)
+        written = written.upload_completion
+    done = concurrent.futures.Future()
+
+    def committed(f):
+        try:
+            f.result()
+            client = _Client()  # its own connection: the training thread uses the shared one
+            try:
+                done.set_result(_commit(client, step, directory, rank, cursor))
+            finally:
+                client.close()
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on `done`
+            done.set_exception(e)
+
+    written.add_done_callback(committed)
+    _pending = done
+    return done
+
+
+def wait(timeout=None):
+    """Waits for the last :func:`async_save` to be written and committed; returns its answer
+    (None when there is none). Raises what it raised."""
+    global _pending
+    f, _pending = _pending, None
+    return None if f is None else f.result(timeout)
+
+
+def load(state_dict, loader=None, **dcp_kwargs):
+    """Loads the sealed step every rank resumes from into ``state_dict`` in place (with
+    ``torch.distributed.checkpoint.load``) and returns its step, or None to start fresh (nothing
+    sealed yet, or outside drun). ``drun.resume_info()["path"]`` is that step's directory.
+
+    ``loader``: the ``StatefulDataLoader`` given to :func:`save`; its state is restored.
+
+    Raises ``ValueError`` when ``loader`` is given and the world size changed since the save
+    (its per-rank state cannot be re-split: use :class:`drun.ElasticSampler`); DCP's errors when
+    the checkpoint does not fit ``state_dict``.
+    """
+    info = resume_info()
+    if info is None:
+        return None
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(state_dict, checkpoint_id=info["path"], **dcp_kwargs)
+    if loader is not None:
+        _load_loader(info, loader)
+    return info["step"]
+
+
+def _load_loader(info, loader):
+    import torch
+
+    world = _env_int("WORLD_SIZE", 1)
+    if info["world_size"] and info["world_size"] != world:
+        raise ValueError(
+            "step %d was saved by %d ranks, this generation has %d: a StatefulDataLoader's "
+            "per-rank state cannot be re-split; use drun.ElasticSampler (global cursor) for jobs "
+            "whose world size changes" % (info["step"], info["world_size"], world))
+    path = os.path.join(info["path"], "loader-rank%d.pt" % _rank())
+    if not os.path.exists(path):
+        raise DrunError("step %d has no data loader state for rank %d (%s): was it saved with "
+                        "drun.dcp.save(..., loader=loader)?" % (info["step"], _rank(), path))
+    loader.load_state_dict(torch.load(path, weights_only=False))

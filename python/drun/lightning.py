@@ -1,0 +1,75 @@
+"""PyTorch Lightning through drun's ledger: one callback, no other change to the script.
+
+::
+
+    import drun.lightning
+    trainer = L.Trainer(..., callbacks=[drun.lightning.DrunCheckpoint(every_n_train_steps=100)])
+    trainer.fit(model, data)        # no ckpt_path: resumes drun's sealed step by itself
+
+Every ``every_n_train_steps`` optimizer steps the callback saves a full Lightning checkpoint
+(``trainer.save_checkpoint``, written by global rank 0) to ``drun.step_dir(step)/lightning.ckpt``
+and every rank commits the step (rank 0 with the file, the others with none), so the step is
+sealed only once the file is complete and every rank got there. After a re-form, ``fit`` resumes
+from the sealed step (model, optimizer, loop counters, callbacks): the callback is an
+``OnExceptionCheckpoint``, whose ``ckpt_path`` Lightning itself loads when ``fit`` is called
+without one; here it is the sealed step's file. Unlike Lightning's, it saves nothing on an
+exception (an uncoordinated save is never sealed) and deletes nothing at teardown.
+
+Outside drun (``python script.py``, plain ``torchrun``) checkpoints go to
+``./checkpoints/local/`` and a run starts fresh.
+"""
+
+import os
+
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+
+import drun
+
+__all__ = ["DrunCheckpoint"]
+
+FILE_NAME = "lightning.ckpt"
+
+
+class DrunCheckpoint(OnExceptionCheckpoint):
+    """Saves and commits every ``every_n_train_steps`` optimizer steps (``trainer.global_step``,
+    a positive int); ``fit`` resumes from the step drun seals. ``cursor``: an optional callable
+    ``cursor(trainer) -> dict`` giving the global data cursor (e.g. from a
+    :class:`drun.ElasticSampler`); without it the step carries none."""
+
+    def __init__(self, every_n_train_steps, cursor=None):
+        if int(every_n_train_steps) <= 0:
+            raise ValueError("every_n_train_steps must be a positive number of optimizer steps, "
+                             "got %r" % (every_n_train_steps,))
+        super().__init__(dirpath=os.path.dirname(drun.shard_path(0)), filename="unused")
+        self.every = int(every_n_train_steps)
+        self.cursor = cursor
+        self._last = None
+
+    @property
+    def ckpt_path(self):
+        """The sealed step's checkpoint file every rank resumes from; None to start fresh."""
+        info = drun.resume_info()
+        if info is None:
+            return None
+        path = os.path.join(info["path"], FILE_NAME)
+        if not os.path.exists(path):
+            raise drun.DrunError(
+                "drun resumes step %d from %s but it holds no %s: was it saved by "
+                "drun.lightning.DrunCheckpoint?" % (info["step"], info["path"], FILE_NAME))
+        return path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        step = trainer.global_step
+        if step <= 0 or step % self.every or step == self._last:
+            return
+        self._last = step
+        path = os.path.join(drun.step_dir(step), FILE_NAME)
+        trainer.save_checkpoint(path)  # every rank; global rank 0 writes, then a barrier
+        cursor = self.cursor(trainer) if self.cursor else None
+        drun.commit(step, [path] if trainer.is_global_zero else [], cursor)
+
+    def on_exception(self, trainer, *args, **kwargs):
+        """Saves nothing: a save by some ranks only is never sealed."""
+
+    def teardown(self, trainer, *args, **kwargs):
+        """Deletes nothing: sealed checkpoints belong to the ledger (see ``--ckpt-keep-last``)."""

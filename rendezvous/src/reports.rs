@@ -1,0 +1,181 @@
+//! Node reports: what an agent learned about its run that is not rendezvous state but belongs
+//! in `status` — the `--preflight` table and the node's current stragglers. An agent sends
+//! [`crate::session::Request::Report`]; its session writes `reports/<kind>/<node>` (one key per
+//! node and kind, overwritten; straggler and pace reports under the node's lease, so they go
+//! with the node; the preflight report without, so it outlives node rank 0). The preflight is
+//! written once per run, stragglers at each verdict change; the pace every few seconds, and
+//! only in runs of at most [`PACE_MAX_NODES`] nodes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+use crate::keys::RunKeys;
+use crate::store::Store;
+
+/// Largest report accepted, bytes of JSON (a 64-node preflight table is about 10 KiB).
+pub const MAX_REPORT: usize = 64 << 10;
+
+/// What a report is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportKind {
+    /// `--preflight`'s measurements and verdicts (node rank 0).
+    Preflight,
+    /// The node's current stragglers (empty list: none).
+    Stragglers,
+    /// The node's pace: its ranks' median seconds per step (`{"generation": G, "ranks":
+    /// {"R": S, ...}}`), sent every few seconds by a node of a run of at most
+    /// [`PACE_MAX_NODES`] nodes; answered with [`crate::session::Event::Pace`].
+    Pace,
+}
+
+/// The largest run (nodes) whose agents exchange their pace: every node reads every other's
+/// report each time it sends its own, O(N²) reads per interval.
+pub const PACE_MAX_NODES: u32 = 64;
+
+impl ReportKind {
+    /// The key segment and wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReportKind::Preflight => "preflight",
+            ReportKind::Stragglers => "stragglers",
+            ReportKind::Pace => "pace",
+        }
+    }
+
+    /// The kind named `s` (the wire name), if any.
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            ReportKind::Preflight,
+            ReportKind::Stragglers,
+            ReportKind::Pace,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+    }
+
+    /// Whether the key goes with the node's lease.
+    pub fn leased(self) -> bool {
+        self != ReportKind::Preflight
+    }
+}
+
+/// The key of `node`'s report of `kind`.
+pub fn key(keys: &RunKeys, kind: ReportKind, node: &str) -> String {
+    format!("{}reports/{}/{node}", keys.prefix(), kind.as_str())
+}
+
+/// Why a report is refused (size or JSON), if it is.
+pub fn invalid(json: &str) -> Option<String> {
+    if json.len() > MAX_REPORT {
+        return Some(format!(
+            "a node report of {} bytes exceeds {MAX_REPORT}",
+            json.len()
+        ));
+    }
+    serde_json::from_str::<serde_json::Value>(json)
+        .err()
+        .map(|e| format!("a node report is not JSON: {e}"))
+}
+
+/// The job's pace in generation `generation`: every rank's median seconds per step, from
+/// every node's pace report of that generation (others and unparsable ones left out).
+///
+/// # Errors
+/// The store cannot be read.
+pub async fn pace(
+    store: &dyn Store,
+    keys: &RunKeys,
+    generation: u64,
+) -> Result<BTreeMap<u32, f64>, StoreError> {
+    let prefix = format!("{}reports/pace/", keys.prefix());
+    let mut out = BTreeMap::new();
+    for kv in store.get_prefix(&prefix).await? {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&kv.value) else {
+            continue;
+        };
+        if v["generation"].as_u64() != Some(generation) {
+            continue;
+        }
+        for (rank, secs) in v["ranks"].as_object().into_iter().flatten() {
+            if let (Ok(r), Some(s)) = (rank.parse(), secs.as_f64()) {
+                out.insert(r, s);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every report of the run: kind → node → its JSON (unparsable values left out).
+///
+/// # Errors
+/// The store cannot be read.
+pub async fn read(
+    store: &dyn Store,
+    keys: &RunKeys,
+) -> Result<BTreeMap<String, BTreeMap<String, serde_json::Value>>, StoreError> {
+    let prefix = format!("{}reports/", keys.prefix());
+    let mut out: BTreeMap<String, BTreeMap<String, serde_json::Value>> = BTreeMap::new();
+    for kv in store.get_prefix(&prefix).await? {
+        let rest = &kv.key[prefix.len()..];
+        let Some((kind, node)) = rest.split_once('/') else {
+            continue;
+        };
+        if let Ok(v) = serde_json::from_slice(&kv.value) {
+            out.entry(kind.to_string())
+                .or_default()
+                .insert(node.to_string(), v);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::MemoryStore;
+
+    #[test]
+    fn kinds_round_trip_their_names_and_unknown_names_are_none() {
+        for k in [
+            ReportKind::Preflight,
+            ReportKind::Stragglers,
+            ReportKind::Pace,
+        ] {
+            assert_eq!(ReportKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(ReportKind::parse("plan"), None);
+        assert!(ReportKind::Stragglers.leased() && !ReportKind::Preflight.leased());
+    }
+
+    #[test]
+    fn oversized_or_non_json_reports_are_refused() {
+        assert_eq!(invalid(r#"{"a":1}"#), None);
+        assert!(invalid("{nope").unwrap().contains("not JSON"));
+        let big = format!("\"{}\"", "x".repeat(MAX_REPORT));
+        assert!(invalid(&big).unwrap().contains("exceeds"));
+    }
+
+    #[tokio::test]
+    async fn reports_are_read_back_by_kind_and_node() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let keys = RunKeys::new("r");
+        let k = key(&keys, ReportKind::Stragglers, "n1");
+        store
+            .put(&k, br#"[{"rank":3}]"#.to_vec(), None)
+            .await
+            .unwrap();
+        let k = key(&keys, ReportKind::Preflight, "n0");
+        store.put(&k, b"not json".to_vec(), None).await.unwrap();
+        let all = read(store.as_ref(), &keys).await.unwrap();
+        assert_eq!(all["stragglers"]["n1"][0]["rank"], 3);
+        assert!(
+            !all.contains_key("preflight"),
+            "unparsable values are left out"
+        );
+    }
+}
