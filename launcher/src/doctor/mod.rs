@@ -292,7 +292,7 @@ pub async fn run(argv: &[String], unset: &[(&'static str, String)]) -> u8 {
     let probes = Probes::gather(&cfg).await;
     let rows = rows(&raw, &origins, &cfg, &host);
     let mut warnings: Vec<String> = unset.iter().map(|(_, w)| w.clone()).collect();
-    warnings.extend(traps(&cfg, &host, &probes));
+    warnings.extend(traps(&cfg, &raw, &host, &probes));
     print!("{}", render(&cfg, &rows, &warnings));
     0
 }

@@ -110,7 +110,7 @@ fn traps_are_named_from_the_probes() {
         pid1: false,
         pid1_comm: Some("sh".into()),
     };
-    let w = traps(&cfg, &host, &probes).join("\n");
+    let w = traps(&cfg, &raw, &host, &probes).join("\n");
     for needle in [
         "RANK=1 in the environment",
         "will be overwritten",
@@ -137,7 +137,42 @@ fn traps_are_named_from_the_probes() {
     ])
     .unwrap();
     let cfg = validate(&raw, &host).unwrap();
-    let w = traps(&cfg, &host, &Probes::default()).join("\n");
+    let w = traps(&cfg, &raw, &host, &Probes::default()).join("\n");
     assert!(w.contains("--node-rank 1 with a dynamic rendezvous"), "{w}");
     assert!(!w.contains("PID 1"), "{w}");
+}
+
+#[test]
+fn what_slurm_filled_is_named_slurm_and_its_pin_is_no_trap() {
+    let mut host = trainjob_host(&[]);
+    host.env.retain(|k, _| k == "PATH");
+    for (k, v) in [
+        ("SLURM_JOB_ID", "6"),
+        ("SLURM_JOB_NUM_NODES", "2"),
+        ("SLURM_NODEID", "1"),
+        ("SLURMD_NODENAME", "n2"),
+        ("SLURM_JOB_NODELIST", "n[1-2]"),
+    ] {
+        host.env.insert(k.into(), v.into());
+    }
+    let raw = Args::try_parse_from(["drun", "t.py"]).unwrap();
+    let cfg = validate(&raw, &host).unwrap();
+    let rows = rows(&raw, &origins(&[], &[]), &cfg, &host);
+    let get = |name: &str| {
+        let r = rows.iter().find(|r| r.setting == name).unwrap();
+        (r.value.clone(), r.source.clone())
+    };
+    assert_eq!(get("nnodes"), ("1:2".into(), "Slurm".into()));
+    assert_eq!(get("node-rank"), ("1".into(), "Slurm".into()));
+    assert_eq!(get("run-id"), ("6".into(), "Slurm".into()));
+    assert_eq!(
+        get("rendezvous"),
+        (
+            "embedded on n1:20006, hosted by another agent".into(),
+            "Slurm".into()
+        )
+    );
+    assert_eq!(get("nproc-per-node"), ("1".into(), "default".into()));
+    let w = traps(&cfg, &raw, &host, &Probes::default());
+    assert!(w.is_empty(), "{w:?}");
 }

@@ -82,8 +82,9 @@ impl Probes {
     }
 }
 
-/// One warning per trap found.
-pub fn traps(cfg: &LaunchConfig, host: &Host, probes: &Probes) -> Vec<String> {
+/// One warning per trap found. `raw`: the command line as parsed (flags and `PET_*`), before
+/// Slurm or Kubernetes detection filled it.
+pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes) -> Vec<String> {
     let mut w: Vec<String> = Vec::new();
     if let Some(k) = &cfg.k8s {
         w.extend(k.warnings.iter().cloned());
@@ -107,7 +108,9 @@ pub fn traps(cfg: &LaunchConfig, host: &Host, probes: &Probes) -> Vec<String> {
             cfg.max_nodes * cfg.nproc_per_node
         ));
     }
-    if let Some(r) = cfg.requested_node_rank {
+    // Slurm's SLURM_NODEID pin is deliberate; a --node-rank or PET_NODE_RANK given to an
+    // elastic launch usually is not.
+    if let Some(r) = cfg.requested_node_rank.filter(|_| raw.node_rank.is_some()) {
         w.push(format!(
             "--node-rank {r} with a dynamic rendezvous ({}) only orders the nodes; ranks are \
              assigned at each formation and change when nodes leave or join. An operator's \
