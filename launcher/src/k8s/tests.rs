@@ -224,20 +224,22 @@ const CASES: &[Case] = &[
 /// Parses `argv` as if the case's environment were the process's: clap reads `PET_*` only
 /// from the real environment, so the `PET_*` of the case are given as flags here, exactly
 /// as clap would take them.
+const PET_FLAGS: [(&str, &str); 10] = [
+    ("PET_NNODES", "--nnodes"),
+    ("PET_NPROC_PER_NODE", "--nproc-per-node"),
+    ("PET_NODE_RANK", "--node-rank"),
+    ("PET_MASTER_ADDR", "--master-addr"),
+    ("PET_MASTER_PORT", "--master-port"),
+    ("PET_RDZV_ENDPOINT", "--rdzv-endpoint"),
+    ("PET_RDZV_BACKEND", "--rdzv-backend"),
+    ("PET_RDZV_ID", "--rdzv-id"),
+    ("PET_RDZV_CONF", "--rdzv-conf"),
+    ("PET_MAX_RESTARTS", "--max-restarts"),
+];
+
 fn args_with_pet(argv: &[&str], env: &BTreeMap<String, String>) -> Args {
     let mut v: Vec<String> = vec![argv[0].to_string()];
-    for (k, flag) in [
-        ("PET_NNODES", "--nnodes"),
-        ("PET_NPROC_PER_NODE", "--nproc-per-node"),
-        ("PET_NODE_RANK", "--node-rank"),
-        ("PET_MASTER_ADDR", "--master-addr"),
-        ("PET_MASTER_PORT", "--master-port"),
-        ("PET_RDZV_ENDPOINT", "--rdzv-endpoint"),
-        ("PET_RDZV_BACKEND", "--rdzv-backend"),
-        ("PET_RDZV_ID", "--rdzv-id"),
-        ("PET_RDZV_CONF", "--rdzv-conf"),
-        ("PET_MAX_RESTARTS", "--max-restarts"),
-    ] {
+    for (k, flag) in PET_FLAGS {
         if let Some(val) = env.get(k) {
             v.push(format!("{flag}={val}"));
         }
@@ -271,7 +273,42 @@ fn each_operator_environment_resolves_to_the_right_launch() {
             _ => None,
         };
         assert_eq!(rank, c.node_rank, "{}", c.name);
-        let line = cfg.k8s_line.unwrap_or_default();
+        // `drun doctor` names the source of each: the PET_* variable or the operator.
+        let mut origins: BTreeMap<String, crate::doctor::Origin> = BTreeMap::new();
+        for (k, flag) in PET_FLAGS {
+            if e.contains_key(k) {
+                let id = flag.trim_start_matches("--").replace('-', "_");
+                origins.insert(id, crate::doctor::Origin::Env(k.to_string()));
+            }
+        }
+        for flag in c.argv.iter().filter(|a| a.starts_with("--")) {
+            let id = flag.trim_start_matches("--").replace('-', "_");
+            origins.insert(id, crate::doctor::Origin::Flag);
+        }
+        let raw = args_with_pet(c.argv, &e);
+        let rows = crate::doctor::rows(&raw, &origins, &cfg, &host);
+        let source = |name: &str| {
+            rows.iter()
+                .find(|r| r.setting == name)
+                .map(|r| r.source.clone())
+                .unwrap()
+        };
+        let op = c.operator.name();
+        let nnodes = source("nnodes");
+        assert!(
+            nnodes == format!("env PET_NNODES ({op})") || nnodes == op || nnodes == "flag",
+            "{}: nnodes from {nnodes}",
+            c.name
+        );
+        if c.run_id != "none" {
+            let run = source("run-id");
+            assert!(
+                run == op || run == format!("env PET_RDZV_ID ({op})"),
+                "{}: run id from {run}",
+                c.name
+            );
+        }
+        let line = cfg.k8s_line.clone().unwrap_or_default();
         assert!(
             line.starts_with(&format!("kubernetes: {}", c.operator.name())),
             "{}: {line}",
