@@ -5,7 +5,9 @@
 //!
 //! In a pod drun is usually PID 1. The kernel gives PID 1 no default signal actions, so a
 //! SIGTERM from the kubelet reaches drun only because the agent installs handlers for its
-//! `--signals-to-handle` (it does, before any worker starts); it forwards the signal, waits
+//! `--signals-to-handle` (it does, before any worker starts; one that arrives even earlier, while
+//! the command line is validated, is noted by [`catch_early_signals`] and handled then); it
+//! forwards the signal, waits
 //! `--shutdown-timeout` for the workers, kills what is left, and exits 128+N. Every process
 //! orphaned in the pod is re-parented to PID 1 (and, when drun is not PID 1, to drun, a child
 //! subreaper): the agent reaps every exited child, workers and orphans alike
@@ -93,6 +95,21 @@ pub fn in_kubernetes(env: impl Fn(&str) -> Option<String>) -> bool {
 /// Whether this process is PID 1 of its PID namespace.
 pub fn is_pid1() -> bool {
     std::process::id() == 1
+}
+
+/// As PID 1, notes the teardown signals (SIGTERM, SIGINT, SIGHUP, SIGQUIT) that arrive before
+/// the agent installs its handlers, so none is lost ([`crate::os::spawn::note_early_signals`]);
+/// not PID 1: nothing (a signal's default action ends drun before any worker exists).
+pub fn catch_early_signals() {
+    use nix::sys::signal::Signal;
+    if is_pid1() {
+        crate::os::spawn::note_early_signals(&[
+            Signal::SIGTERM,
+            Signal::SIGINT,
+            Signal::SIGHUP,
+            Signal::SIGQUIT,
+        ]);
+    }
 }
 
 /// What the termination message says.

@@ -11,6 +11,7 @@ use drun_launcher::{AgentExit, Args, LaunchConfig, GUARD_ARG};
 mod logging;
 
 fn main() -> ExitCode {
+    drun_launcher::container::catch_early_signals();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == GUARD_ARG) {
         let id = argv

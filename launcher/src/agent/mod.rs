@@ -178,6 +178,7 @@ impl Agent {
             }
             !ignored
         });
+        let handled = wanted.clone();
         for sig in wanted {
             let mut stream = signal(SignalKind::from_raw(sig as i32))
                 .map_err(|e| LaunchError::os(format!("cannot handle {}", sig.as_str()), e))?;
@@ -189,6 +190,11 @@ impl Agent {
                     }
                 }
             });
+        }
+        // A signal that came while drun was PID 1 without handlers yet (see
+        // `spawn::note_early_signals`) is handled now, as if it came just after.
+        if let Some(sig) = spawn::take_early_signal().filter(|s| handled.contains(s)) {
+            let _ = tx.send(sig);
         }
         let mut guard = Guard::start(&spawner, &agent_id)
             .await
