@@ -506,6 +506,42 @@ pub struct Args {
     )]
     pub slurm: crate::slurm::SlurmMode,
 
+    /// Inside a Kubernetes training job (Kubeflow PyTorchJob or TrainJob, JobSet, Indexed Job,
+    /// Volcano): `auto` takes nnodes, node rank, master or an embedded rendezvous on the
+    /// index-0 pod, and the run id from what the operator injected (explicit flags and PET_*
+    /// win; what was taken is printed at start; `drun doctor` shows every source); `off`
+    /// ignores it.
+    #[arg(
+        long,
+        value_enum,
+        env = "DRUN_KUBERNETES",
+        default_value = "auto",
+        help_heading = "Kubernetes"
+    )]
+    pub kubernetes: crate::k8s::K8sMode,
+
+    /// Where the exit's root cause goes, as one JSON object of at most 4 KiB (exit code, its
+    /// class for failure policies, reason, run id): shown by `kubectl describe pod`. Default:
+    /// /dev/termination-log when the kubelet mounted it, else nowhere.
+    #[arg(
+        long = "termination-log",
+        env = "DRUN_TERMINATION_LOG",
+        value_name = "PATH",
+        help_heading = "Kubernetes"
+    )]
+    pub termination_log: Option<std::path::PathBuf>,
+
+    /// A directory on a volume that outlives the container (e.g. an emptyDir): drun counts its
+    /// starts there (`container_restarts`, monotonic across in-place container restarts),
+    /// printed at start and in the termination message.
+    #[arg(
+        long = "state-dir",
+        env = "DRUN_STATE_DIR",
+        value_name = "DIR",
+        help_heading = "Kubernetes"
+    )]
+    pub state_dir: Option<std::path::PathBuf>,
+
     /// What a preemption warning (--preempt-signal, e.g. from `sbatch --signal=USR1@60` or
     /// `scancel --signal=USR1`) does: `relay` passes it to the workers; `checkpoint` instead asks
     /// every rank of the job for a coordinated checkpoint (`should_save` turns true), waits until

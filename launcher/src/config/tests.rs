@@ -12,6 +12,7 @@ use crate::command::EntryKind;
 pub(super) fn host() -> Host {
     Host {
         hostname: "node-a.example".into(),
+        fqdn: None,
         pid: 42,
         cpu_count: 8,
         gpu_count: 0,

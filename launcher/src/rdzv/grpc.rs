@@ -110,6 +110,8 @@ struct Client {
     reach: Reach,
     attempt: usize,
     backoff: Duration,
+    /// Whether the wait for a name to resolve was announced.
+    said_dns: bool,
 }
 
 async fn run(
@@ -126,6 +128,7 @@ async fn run(
         reach: Reach::new(Instant::now()),
         attempt: 0,
         backoff: Duration::from_millis(100),
+        said_dns: false,
     };
     loop {
         let endpoint = c.endpoints[c.attempt % c.endpoints.len()].clone();
@@ -182,10 +185,30 @@ impl Client {
         self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
     }
 
-    /// A channel to `endpoint`; `Retry` after the backoff; `Fatal` for an invalid endpoint.
+    /// A channel to `endpoint`, its name resolved afresh ([`crate::dns`]: a pod recreated
+    /// elsewhere has a new IP; a name not in DNS yet is waited for); `Retry` after the backoff;
+    /// `Fatal` for an invalid endpoint.
     async fn connect(&mut self, endpoint: &str) -> Conn {
+        let target = if endpoint.contains("://") {
+            endpoint.to_string()
+        } else {
+            match crate::dns::resolve(endpoint).await {
+                Ok(addr) => addr.to_string(),
+                Err(why) => {
+                    if !self.said_dns {
+                        self.said_dns = true;
+                        tracing::info!(
+                            "waiting for the rendezvous name to resolve: {why} (pods start at different times; retrying until the join timeout)"
+                        );
+                    }
+                    self.reach.failed_because(why);
+                    self.back_off().await;
+                    return Conn::Retry;
+                }
+            }
+        };
         let channel = match tonic::transport::Endpoint::from_shared(
-            drun_rendezvous::error::endpoint_url(endpoint),
+            drun_rendezvous::error::endpoint_url(&target),
         ) {
             Ok(e) => e
                 .connect_timeout(Duration::from_secs(2))
