@@ -50,16 +50,41 @@ pub fn check(h: &[Record], ledger: &Ledger, out: &Outcome, data: Data) -> Vec<Vi
     found.extend(seals_never_backwards(h, ledger));
     found.extend(generations_increase(h));
     if !out.leftover.is_empty() {
-        found.push(v('f', format!("processes of the run left after it ended: {:?}", out.leftover), &[]));
+        found.push(v(
+            'f',
+            format!(
+                "processes of the run left after it ended: {:?}",
+                out.leftover
+            ),
+            &[],
+        ));
     }
     if out.finishers.is_empty() || out.finishers.iter().any(|c| *c != 0) {
-        found.push(v('g', format!("the agents that stayed exited {:?}, not all 0", out.finishers), &[]));
+        found.push(v(
+            'g',
+            format!(
+                "the agents that stayed exited {:?}, not all 0",
+                out.finishers
+            ),
+            &[],
+        ));
     }
     if let Some(c) = out.leavers.iter().find(|c| ![0, 143].contains(*c)) {
-        found.push(v('g', format!("an agent told to leave exited {c} (documented: 0 or 143)"), &[]));
+        found.push(v(
+            'g',
+            format!("an agent told to leave exited {c} (documented: 0 or 143)"),
+            &[],
+        ));
     }
     if out.elapsed_ms > out.bound_ms {
-        found.push(v('g', format!("the run took {} ms, past its bound of {} ms", out.elapsed_ms, out.bound_ms), &[]));
+        found.push(v(
+            'g',
+            format!(
+                "the run took {} ms, past its bound of {} ms",
+                out.elapsed_ms, out.bound_ms
+            ),
+            &[],
+        ));
     }
     found
 }
@@ -86,16 +111,27 @@ pub fn same_resume(h: &[Record], ledger: &Ledger) -> Vec<Violation> {
     for (g, recs) in starts(h) {
         let first = resume_of(recs[0]);
         if let Some(other) = recs.iter().find(|r| resume_of(r) != first) {
-            found.push(v('b', format!("ranks of generation {g} resumed from different points"), &[recs[0], other]));
+            found.push(v(
+                'b',
+                format!("ranks of generation {g} resumed from different points"),
+                &[recs[0], other],
+            ));
             continue;
         }
         let Some(r) = first else { continue };
-        if !ledger.sealed.iter().any(|s| s.step == r.step && s.generation == r.generation) {
+        if !ledger
+            .sealed
+            .iter()
+            .any(|s| s.step == r.step && s.generation == r.generation)
+        {
             found.push(v('b', format!("generation {g} resumed from step {} of generation {}, which the ledger does not list as sealed", r.step, r.generation), &[recs[0]]));
         }
         let commits: Vec<&Record> = h
             .iter()
-            .filter(|c| c.gen == r.generation && matches!(c.kind, Kind::Commit { step, .. } if step == r.step))
+            .filter(|c| {
+                c.gen == r.generation
+                    && matches!(c.kind, Kind::Commit { step, .. } if step == r.step)
+            })
             .collect();
         if let Some(c) = commits.iter().find(|c| {
             matches!(c.kind, Kind::Commit { cursor, .. } if (cursor.epoch, cursor.samples) != (r.epoch, r.samples))
@@ -106,19 +142,33 @@ pub fn same_resume(h: &[Record], ledger: &Ledger) -> Vec<Violation> {
     found
 }
 
-/// The kept steps: step → (generation, its step records), following resume points back from the
-/// generation that finished; or the violation that stops the walk.
-fn kept(h: &[Record], data: Data) -> Result<BTreeMap<u64, (u64, Vec<&Record>)>, Violation> {
-    let done = h.iter().filter(|r| matches!(r.kind, Kind::Done { .. })).max_by_key(|r| r.gen);
+/// Kept steps: step → (generation, its step records).
+type Kept<'a> = BTreeMap<u64, (u64, Vec<&'a Record>)>;
+
+/// The kept steps, following resume points back from the generation that finished, and the
+/// kept steps some rank has no record of; or the violation that stops the walk.
+fn kept(h: &[Record], data: Data) -> Result<(Kept<'_>, Vec<Violation>), Violation> {
+    let done = h
+        .iter()
+        .filter(|r| matches!(r.kind, Kind::Done { .. }))
+        .max_by_key(|r| r.gen);
     let Some(done) = done else {
-        return Err(v('a', "no generation ran to the end: nothing was kept".into(), &[]));
+        return Err(v(
+            'a',
+            "no generation ran to the end: nothing was kept".into(),
+            &[],
+        ));
     };
     let by_gen = starts(h);
-    let mut out = BTreeMap::new();
+    let (mut out, mut incomplete) = (BTreeMap::new(), Vec::new());
     let (mut g, mut hi) = (done.gen, data.total_steps());
     loop {
         let Some(st) = by_gen.get(&g) else {
-            return Err(v('a', format!("generation {g} is resumed from but never started"), &[]));
+            return Err(v(
+                'a',
+                format!("generation {g} is resumed from but never started"),
+                &[],
+            ));
         };
         let resume = resume_of(st[0]);
         let lo = resume.map_or(0, |r| r.step);
@@ -130,14 +180,25 @@ fn kept(h: &[Record], data: Data) -> Result<BTreeMap<u64, (u64, Vec<&Record>)>, 
                 .collect();
             let ranks: BTreeSet<u32> = recs.iter().map(|r| r.rank).collect();
             if ranks.len() != world as usize || recs.len() != world as usize {
-                return Err(v('a', format!("kept step {s} of generation {g} (world size {world}) has records of ranks {ranks:?}"), &recs));
+                // Reported once, for the first such step: the rest follow from it.
+                if incomplete.is_empty() {
+                    incomplete.push(v('a', format!("generation {g} (world size {world}) resumed from step {lo} ran to the end, but step {s} has records of ranks {ranks:?} only"), &recs));
+                }
+                continue;
             }
             out.insert(s, (g, recs));
         }
         match resume {
-            None => return Ok(out),
+            None => return Ok((out, incomplete)),
             Some(r) if r.generation >= g => {
-                return Err(v('e', format!("generation {g} resumed from generation {}, not an older one", r.generation), &[st[0]]));
+                return Err(v(
+                    'e',
+                    format!(
+                        "generation {g} resumed from generation {}, not an older one",
+                        r.generation
+                    ),
+                    &[st[0]],
+                ));
             }
             Some(r) => (g, hi) = (r.generation, r.step),
         }
@@ -147,17 +208,20 @@ fn kept(h: &[Record], data: Data) -> Result<BTreeMap<u64, (u64, Vec<&Record>)>, 
 /// (a) The kept steps' samples are, step by step, the next global batch of their epoch's
 /// permutation: every epoch's samples exactly once, none skipped, none repeated.
 pub fn kept_cover_each_epoch(h: &[Record], data: Data) -> Vec<Violation> {
-    let kept = match kept(h, data) {
+    let (kept, mut found) = match kept(h, data) {
         Ok(k) => k,
         Err(e) => return vec![e],
     };
     let mut perms: BTreeMap<u64, &Record> = BTreeMap::new();
-    let mut found = Vec::new();
     for r in h {
         if let Kind::Perm { epoch, perm } = &r.kind {
             match perms.get(epoch) {
                 Some(p) if !matches!(&p.kind, Kind::Perm { perm: q, .. } if q == perm) => {
-                    found.push(v('a', format!("two permutations of epoch {epoch}"), &[p, r]));
+                    found.push(v(
+                        'a',
+                        format!("two permutations of epoch {epoch}"),
+                        &[p, r],
+                    ));
                 }
                 Some(_) => {}
                 None => {
@@ -170,12 +234,15 @@ pub fn kept_cover_each_epoch(h: &[Record], data: Data) -> Vec<Violation> {
     let gb = data.global_batch as usize;
     for s in 1..=data.total_steps() {
         let Some((g, recs)) = kept.get(&s) else {
-            found.push(v('a', format!("step {s} was never kept"), &[]));
             continue;
         };
         let (epoch, j) = ((s - 1) / spe, ((s - 1) % spe) as usize);
         let Some(Kind::Perm { perm, .. }) = perms.get(&epoch).map(|r| &r.kind) else {
-            found.push(v('a', format!("no permutation of epoch {epoch} recorded"), &[]));
+            found.push(v(
+                'a',
+                format!("no permutation of epoch {epoch} recorded"),
+                &[],
+            ));
             continue;
         };
         let mut want: Vec<u64> = perm[j * gb..(j + 1) * gb].to_vec();
@@ -189,8 +256,18 @@ pub fn kept_cover_each_epoch(h: &[Record], data: Data) -> Vec<Violation> {
         want.sort_unstable();
         got.sort_unstable();
         if got != want {
-            let missing: Vec<u64> = want.iter().filter(|i| !got.contains(i)).take(5).copied().collect();
-            let extra: Vec<u64> = got.iter().filter(|i| !want.contains(i)).take(5).copied().collect();
+            let missing: Vec<u64> = want
+                .iter()
+                .filter(|i| !got.contains(i))
+                .take(5)
+                .copied()
+                .collect();
+            let extra: Vec<u64> = got
+                .iter()
+                .filter(|i| !want.contains(i))
+                .take(5)
+                .copied()
+                .collect();
             found.push(v('a', format!("kept step {s} (epoch {epoch}, generation {g}) consumed {} samples, not batch {j} of the permutation: missing {missing:?}, unexpected {extra:?}", got.len()), recs));
             break;
         }
@@ -203,18 +280,38 @@ pub fn kept_cover_each_epoch(h: &[Record], data: Data) -> Vec<Violation> {
 pub fn seals_never_backwards(h: &[Record], ledger: &Ledger) -> Vec<Violation> {
     let mut found = Vec::new();
     if let Some(w) = ledger.sealed.windows(2).find(|w| w[1].step <= w[0].step) {
-        found.push(v('c', format!("the ledger's sealed checkpoints go backwards: {:?} then {:?}", w[0], w[1]), &[]));
+        found.push(v(
+            'c',
+            format!(
+                "the ledger's sealed checkpoints go backwards: {:?} then {:?}",
+                w[0], w[1]
+            ),
+            &[],
+        ));
     }
     let seals: Vec<(&Record, u64)> = h
         .iter()
         .filter_map(|r| match r.kind {
-            Kind::Commit { step, sealed: true, .. } => Some((r, step)),
+            Kind::Commit {
+                step, sealed: true, ..
+            } => Some((r, step)),
             _ => None,
         })
         .collect();
     for (r, step) in &seals {
-        if !ledger.sealed.iter().any(|s| s.step == *step && s.generation == r.gen) {
-            found.push(v('c', format!("step {step} of generation {} was sealed but is not in the ledger", r.gen), &[r]));
+        if !ledger
+            .sealed
+            .iter()
+            .any(|s| s.step == *step && s.generation == r.gen)
+        {
+            found.push(v(
+                'c',
+                format!(
+                    "step {step} of generation {} was sealed but is not in the ledger",
+                    r.gen
+                ),
+                &[r],
+            ));
         }
     }
     for (g, recs) in starts(h) {
@@ -240,7 +337,14 @@ pub fn generations_increase(h: &[Record]) -> Vec<Violation> {
     for r in h.iter().filter(|r| matches!(r.kind, Kind::Start { .. })) {
         if let Some(p) = last.get(&r.node) {
             if r.gen < p.gen {
-                found.push(v('e', format!("agent {} started generation {} after {}", r.node, r.gen, p.gen), &[p, r]));
+                found.push(v(
+                    'e',
+                    format!(
+                        "agent {} started generation {} after {}",
+                        r.node, r.gen, p.gen
+                    ),
+                    &[p, r],
+                ));
             }
         }
         last.insert(r.node, r);

@@ -45,27 +45,72 @@ fn generation(gen: u64, world: u32, resume: Option<Resume>, to: u64, t: f64) -> 
     for s in from..=to {
         let (e, j) = ((s - 1) / spe, (s - 1) % spe);
         if j == 0 || s == from {
-            out.push(rec(gen, 0, world, 0, t, Kind::Perm { epoch: e, perm: perm(e) }));
+            out.push(rec(
+                gen,
+                0,
+                world,
+                0,
+                t,
+                Kind::Perm {
+                    epoch: e,
+                    perm: perm(e),
+                },
+            ));
         }
         for r in 0..world {
             let idx = (0..gb / world as u64)
                 .map(|k| perm(e)[(j * gb + r as u64 + k * world as u64) as usize])
                 .collect();
-            out.push(rec(gen, r, world, r as usize, t + s as f64, Kind::Step { step: s, epoch: e, idx }));
+            out.push(rec(
+                gen,
+                r,
+                world,
+                r as usize,
+                t + s as f64,
+                Kind::Step {
+                    step: s,
+                    epoch: e,
+                    idx,
+                },
+            ));
             if s % 2 == 0 {
                 let done = j + 1;
                 let cursor = if done == spe {
-                    Cursor { epoch: e + 1, samples: 0 }
+                    Cursor {
+                        epoch: e + 1,
+                        samples: 0,
+                    }
                 } else {
-                    Cursor { epoch: e, samples: done * gb }
+                    Cursor {
+                        epoch: e,
+                        samples: done * gb,
+                    }
                 };
-                out.push(rec(gen, r, world, r as usize, t + s as f64 + 0.5, Kind::Commit { step: s, cursor, sealed: r == 0 }));
+                out.push(rec(
+                    gen,
+                    r,
+                    world,
+                    r as usize,
+                    t + s as f64 + 0.5,
+                    Kind::Commit {
+                        step: s,
+                        cursor,
+                        sealed: r == 0,
+                    },
+                ));
             }
         }
     }
     if to == DATA.total_steps() {
         for r in 0..world {
-            out.push(rec(gen, r, world, r as usize, t + 100.0, Kind::Done { step: to }));
+            out.push(rec(
+                gen,
+                r,
+                world,
+                r as usize,
+                t + 100.0,
+                Kind::Done { step: to },
+            ));
         }
     }
     out
@@ -83,7 +128,12 @@ fn ledger_of(h: &[Record]) -> Ledger {
         sealed: h
             .iter()
             .filter_map(|r| match r.kind {
-                Kind::Commit { step, sealed: true, .. } => Some(Sealed { step, generation: r.gen }),
+                Kind::Commit {
+                    step, sealed: true, ..
+                } => Some(Sealed {
+                    step,
+                    generation: r.gen,
+                }),
                 _ => None,
             })
             .collect(),
@@ -105,13 +155,21 @@ fn ok_outcome() -> Outcome {
 /// resumes from step 4 (epoch 0 ends at step 4: cursor epoch 1, sample 0) and finishes.
 fn faulty_but_correct() -> Vec<Record> {
     let mut h = generation(1, 2, None, 5, 0.0);
-    let r = Resume { step: 4, generation: 1, epoch: 1, samples: 0 };
+    let r = Resume {
+        step: 4,
+        generation: 1,
+        epoch: 1,
+        samples: 0,
+    };
     h.extend(generation(2, 1, Some(r), 8, 20.0));
     numbered(h)
 }
 
 fn letters(h: &[Record], ledger: &Ledger, out: &Outcome) -> Vec<char> {
-    check(h, ledger, out, DATA).iter().map(|v| v.invariant).collect()
+    check(h, ledger, out, DATA)
+        .iter()
+        .map(|v| v.invariant)
+        .collect()
 }
 
 #[test]
@@ -133,7 +191,11 @@ fn chaos_checker_catches_a_skipped_batch_with_an_excerpt() {
     let found = check(&h, &ledger_of(&h), &ok_outcome(), DATA);
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].invariant, 'a');
-    assert!(found[0].what.contains("kept step 5") && found[0].what.contains("missing [0, 4]"), "{}", found[0]);
+    assert!(
+        found[0].what.contains("kept step 5") && found[0].what.contains("missing [0, 4]"),
+        "{}",
+        found[0]
+    );
     assert!(found[0].excerpt[0].starts_with("line "), "{}", found[0]);
 }
 
@@ -146,15 +208,36 @@ fn chaos_checker_catches_a_missing_rank_and_an_unfinished_run() {
         .cloned()
         .collect();
     assert_eq!(letters(&no_rank1, &ledger_of(&h), &ok_outcome()), vec!['a']);
-    let unfinished: Vec<Record> = h.iter().filter(|r| !matches!(r.kind, Kind::Done { .. })).cloned().collect();
-    let out = Outcome { finishers: vec![1], ..ok_outcome() };
+    let unfinished: Vec<Record> = h
+        .iter()
+        .filter(|r| !matches!(r.kind, Kind::Done { .. }))
+        .cloned()
+        .collect();
+    let out = Outcome {
+        finishers: vec![1],
+        ..ok_outcome()
+    };
     assert_eq!(letters(&unfinished, &ledger_of(&h), &out), vec!['a', 'g']);
 }
 
 #[test]
 fn chaos_checker_catches_ranks_resuming_from_different_points() {
     let mut h = faulty_but_correct();
-    h.push(rec(2, 1, 1, 1, 20.0, Kind::Start { resume: Some(Resume { step: 2, generation: 1, epoch: 0, samples: 4 }) }));
+    h.push(rec(
+        2,
+        1,
+        1,
+        1,
+        20.0,
+        Kind::Start {
+            resume: Some(Resume {
+                step: 2,
+                generation: 1,
+                epoch: 0,
+                samples: 4,
+            }),
+        },
+    ));
     let h = numbered(h);
     assert!(letters(&h, &ledger_of(&h), &ok_outcome()).contains(&'b'));
 }
@@ -165,7 +248,12 @@ fn chaos_checker_catches_a_resume_from_an_unsealed_step_or_a_wrong_cursor() {
     let mut ledger = ledger_of(&h);
     ledger.sealed.retain(|s| s.step != 4);
     let found = check(&h, &ledger, &ok_outcome(), DATA);
-    assert!(found.iter().any(|v| v.invariant == 'b' && v.what.contains("does not list as sealed")), "{found:?}");
+    assert!(
+        found
+            .iter()
+            .any(|v| v.invariant == 'b' && v.what.contains("does not list as sealed")),
+        "{found:?}"
+    );
     let mut wrong = h.clone();
     for r in wrong.iter_mut() {
         if let Kind::Start { resume: Some(res) } = &mut r.kind {
@@ -173,7 +261,12 @@ fn chaos_checker_catches_a_resume_from_an_unsealed_step_or_a_wrong_cursor() {
         }
     }
     let found = check(&wrong, &ledger_of(&h), &ok_outcome(), DATA);
-    assert!(found.iter().any(|v| v.invariant == 'b' && v.what.contains("not at the cursor")), "{found:?}");
+    assert!(
+        found
+            .iter()
+            .any(|v| v.invariant == 'b' && v.what.contains("not at the cursor")),
+        "{found:?}"
+    );
 }
 
 #[test]
@@ -185,12 +278,25 @@ fn chaos_checker_catches_seals_moving_backwards_or_lost() {
     // Generation 2 resumed from step 2 though step 4 was sealed before it started: the replayed
     // steps are consistent, but a sealed checkpoint was skipped.
     let mut h2 = generation(1, 2, None, 5, 0.0);
-    h2.extend(generation(2, 1, Some(Resume { step: 2, generation: 1, epoch: 0, samples: 4 }), 8, 20.0));
+    h2.extend(generation(
+        2,
+        1,
+        Some(Resume {
+            step: 2,
+            generation: 1,
+            epoch: 0,
+            samples: 4,
+        }),
+        8,
+        20.0,
+    ));
     let h2 = numbered(h2);
     let found = check(&h2, &ledger_of(&h2), &ok_outcome(), DATA);
     assert!(found.iter().all(|v| v.invariant == 'c'), "{found:?}");
     assert!(
-        found.iter().any(|v| v.what.contains("step 4 was sealed before it started")),
+        found
+            .iter()
+            .any(|v| v.what.contains("step 4 was sealed before it started")),
         "{found:?}"
     );
 }
@@ -207,24 +313,43 @@ fn chaos_checker_catches_generations_going_backwards() {
 fn chaos_checker_catches_leftovers_bad_exits_and_overruns() {
     let h = faulty_but_correct();
     let l = ledger_of(&h);
-    let out = Outcome { leftover: vec![4242], ..ok_outcome() };
+    let out = Outcome {
+        leftover: vec![4242],
+        ..ok_outcome()
+    };
     assert_eq!(letters(&h, &l, &out), vec!['f']);
-    let out = Outcome { leavers: vec![1], ..ok_outcome() };
+    let out = Outcome {
+        leavers: vec![1],
+        ..ok_outcome()
+    };
     assert_eq!(letters(&h, &l, &out), vec!['g']);
-    let out = Outcome { elapsed_ms: 70_000, ..ok_outcome() };
+    let out = Outcome {
+        elapsed_ms: 70_000,
+        ..ok_outcome()
+    };
     assert_eq!(letters(&h, &l, &out), vec!['g']);
 }
 
 #[test]
 fn chaos_history_parses_worker_lines_and_names_a_torn_one() {
     let text = concat!(
-        r#"{"kind": "start", "resume": null, "gen": 1, "rank": 0, "world": 2, "node": 0, "pid": 7, "t": 1.5}"#, "\n",
-        r#"{"kind": "step", "step": 1, "epoch": 0, "idx": [3], "gen": 1, "rank": 0, "world": 2, "node": 0, "pid": 7, "t": 2.0}"#, "\n",
-        r#"{"kind": "commit", "step": 2, "cursor": {"epoch": 0, "samples": 4}, "sealed": true, "gen": 1, "rank": 0, "world": 2, "node": 0, "pid": 7, "t": 2.5}"#, "\n",
+        r#"{"kind": "start", "resume": null, "gen": 1, "rank": 0, "world": 2, "node": 0, "pid": 7, "t": 1.5}"#,
+        "\n",
+        r#"{"kind": "step", "step": 1, "epoch": 0, "idx": [3], "gen": 1, "rank": 0, "world": 2, "node": 0, "pid": 7, "t": 2.0}"#,
+        "\n",
+        r#"{"kind": "commit", "step": 2, "cursor": {"epoch": 0, "samples": 4}, "sealed": true, "gen": 1, "rank": 0, "world": 2, "node": 0, "pid": 7, "t": 2.5}"#,
+        "\n",
     );
     let h = super::history::parse(text).unwrap();
     assert_eq!(h.len(), 3);
-    assert_eq!(h[1].kind, Kind::Step { step: 1, epoch: 0, idx: vec![3] });
+    assert_eq!(
+        h[1].kind,
+        Kind::Step {
+            step: 1,
+            epoch: 0,
+            idx: vec![3]
+        }
+    );
     assert_eq!(h[2].line, 3);
     let err = super::history::parse(&text[..text.len() - 20]).unwrap_err();
     assert!(err.starts_with("history line 3:"), "{err}");

@@ -25,12 +25,30 @@ pub struct Cursor {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Kind {
-    Start { resume: Option<Resume> },
-    Perm { epoch: u64, perm: Vec<u64> },
-    Step { step: u64, epoch: u64, idx: Vec<u64> },
-    Commit { step: u64, cursor: Cursor, sealed: bool },
-    Refused { step: u64, error: String },
-    Done { step: u64 },
+    Start {
+        resume: Option<Resume>,
+    },
+    Perm {
+        epoch: u64,
+        perm: Vec<u64>,
+    },
+    Step {
+        step: u64,
+        epoch: u64,
+        idx: Vec<u64>,
+    },
+    Commit {
+        step: u64,
+        cursor: Cursor,
+        sealed: bool,
+    },
+    Refused {
+        step: u64,
+        error: String,
+    },
+    Done {
+        step: u64,
+    },
 }
 
 /// One history line: who wrote it (generation, rank, world size, agent slot, pid), when (Unix
@@ -58,8 +76,8 @@ pub fn parse(text: &str) -> Result<Vec<Record>, String> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            let mut r: Record = serde_json::from_str(l)
-                .map_err(|e| format!("history line {}: {e}: {l}", i + 1))?;
+            let mut r: Record =
+                serde_json::from_str(l).map_err(|e| format!("history line {}: {e}: {l}", i + 1))?;
             r.line = i + 1;
             r.text = l.to_string();
             Ok(r)

@@ -5,4 +5,116 @@ mod check;
 #[cfg(test)]
 mod check_tests;
 mod history;
+mod run;
 mod schedule;
+
+use schedule::{generate, Event, Schedule, StoreKind, Timed};
+
+/// One CI schedule: `seed` on `store`, 2 to 4 faults; panics with the checker's report.
+fn ci(seed: u64, store: StoreKind) {
+    let s = generate(seed, store, 2, 4);
+    eprintln!("{s}");
+    match run::run(&s, &[]) {
+        Ok(stats) => eprintln!("passed: {stats:?}"),
+        Err(report) => panic!("{report}"),
+    }
+}
+
+#[test]
+fn chaos_ci_seed_1_memory() {
+    ci(1, StoreKind::Memory);
+}
+
+#[test]
+fn chaos_ci_seed_2_memory() {
+    ci(2, StoreKind::Memory);
+}
+
+#[test]
+fn chaos_ci_seed_1_etcd() {
+    ci(1, StoreKind::Etcd);
+}
+
+#[test]
+fn chaos_ci_seed_2_etcd() {
+    ci(2, StoreKind::Etcd);
+}
+
+/// The test-only switch `CHAOS_BREAK_OFFSET=1` makes a resumed worker start one world size
+/// past drun's cursor; after a sealed checkpoint and a killed worker the checker must say so.
+#[test]
+fn chaos_checker_catches_a_broken_sampler_offset() {
+    let s = Schedule {
+        seed: 0,
+        store: StoreKind::Memory,
+        agents: 2,
+        nproc: 1,
+        events: vec![
+            Timed {
+                delay_ms: 0,
+                event: Event::WaitSealed,
+            },
+            Timed {
+                delay_ms: 0,
+                event: Event::KillWorker { pick: 0 },
+            },
+        ],
+    };
+    let report = run::run(&s, &[("CHAOS_BREAK_OFFSET", "1")]).expect_err("the checker must fail");
+    assert!(
+        report.contains("invariant (a) violated: kept step"),
+        "{report}"
+    );
+    assert!(
+        report.contains("seed 0 on Memory") && report.contains("line "),
+        "{report}"
+    );
+}
+
+/// The long campaign (see README, "Chaos testing"): `DRUN_CHAOS_SCHEDULES` schedules (200) from
+/// seed `DRUN_CHAOS_SEED` (1) on `DRUN_CHAOS_STORE` (`memory`, `etcd` or `both`), 3 to 8 faults
+/// each; prints every failure's report and the totals, fails if any schedule failed.
+#[test]
+#[ignore = "long campaign: cargo test --test tests chaos_campaign -- --ignored --nocapture"]
+fn chaos_campaign() {
+    let var = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let n: u64 = var("DRUN_CHAOS_SCHEDULES", "200")
+        .parse()
+        .expect("DRUN_CHAOS_SCHEDULES: a count");
+    let seed0: u64 = var("DRUN_CHAOS_SEED", "1")
+        .parse()
+        .expect("DRUN_CHAOS_SEED: a number");
+    let stores = match var("DRUN_CHAOS_STORE", "both").as_str() {
+        "memory" => vec![StoreKind::Memory],
+        "etcd" => vec![StoreKind::Etcd],
+        "both" => vec![StoreKind::Memory, StoreKind::Etcd],
+        other => panic!("DRUN_CHAOS_STORE={other}: use memory, etcd or both"),
+    };
+    let t0 = std::time::Instant::now();
+    let (mut runs, mut applied, mut skipped, mut failed) = (0, 0, 0, Vec::new());
+    for i in 0..n {
+        let store = stores[i as usize % stores.len()];
+        let s = generate(seed0 + i, store, 3, 8);
+        runs += 1;
+        match run::run(&s, &[]) {
+            Ok(st) => {
+                applied += st.applied;
+                skipped += st.skipped;
+                eprintln!(
+                    "seed {} {store:?}: ok, {} faults applied ({} skipped), {} generations, {:?}",
+                    s.seed, st.applied, st.skipped, st.generations, st.elapsed
+                );
+            }
+            Err(report) => {
+                eprintln!("{report}");
+                failed.push((s.seed, store));
+            }
+        }
+    }
+    eprintln!("chaos campaign: {runs} schedules, {applied} faults applied ({skipped} skipped: run over), \
+        {} failed {failed:?}, {:?}", failed.len(), t0.elapsed());
+    assert!(
+        failed.is_empty(),
+        "failed schedules (seed, store): {failed:?}"
+    );
+}

@@ -190,7 +190,9 @@ impl fmt::Display for Event {
                 "SIGSTOP agent {slot} for {ms} ms ({} the {TTL_S} s lease TTL)",
                 if *ms < TTL_S * 1000 { "within" } else { "past" }
             ),
-            Event::KillWorker { pick } => write!(f, "SIGKILL worker #{pick} of the newest generation"),
+            Event::KillWorker { pick } => {
+                write!(f, "SIGKILL worker #{pick} of the newest generation")
+            }
             Event::Leave(s) => write!(f, "SIGTERM agent {s} (leave)"),
             Event::ScaleUp(s) => write!(f, "start agent {s} (scale-up)"),
             Event::RestartServer { down_ms } => {
@@ -276,8 +278,12 @@ mod tests {
             .collect();
         let has = |f: fn(&Event) -> bool| all.iter().any(f);
         assert!(has(|e| matches!(e, Event::KillAgent(_))));
-        assert!(has(|e| matches!(e, Event::StopAgent { ms, .. } if *ms < TTL_S * 1000)));
-        assert!(has(|e| matches!(e, Event::StopAgent { ms, .. } if *ms > TTL_S * 1000)));
+        assert!(has(
+            |e| matches!(e, Event::StopAgent { ms, .. } if *ms < TTL_S * 1000)
+        ));
+        assert!(has(
+            |e| matches!(e, Event::StopAgent { ms, .. } if *ms > TTL_S * 1000)
+        ));
         assert!(has(|e| matches!(e, Event::KillWorker { .. })));
         assert!(has(|e| matches!(e, Event::Leave(_))));
         assert!(has(|e| matches!(e, Event::ScaleUp(_))));
