@@ -145,6 +145,7 @@ fn ok_outcome() -> Outcome {
     Outcome {
         finishers: vec![0],
         leavers: vec![143],
+        late: 0,
         leftover: vec![],
         elapsed_ms: 10_000,
         bound_ms: 60_000,

@@ -109,6 +109,9 @@ pub struct Outcome {
     pub finishers: Vec<i32>,
     /// Exit codes of the agents that left on SIGTERM.
     pub leavers: Vec<i32>,
+    /// Agents that stayed but came too late: exit 3, "run ... already finished" (documented:
+    /// a closed run refuses new nodes).
+    pub late: usize,
     /// Pids of the run still alive after it ended (and a grace period).
     pub leftover: Vec<i32>,
     /// Time from the first agent's start to the last exit, ms; and the bound the schedule allows.

@@ -31,6 +31,11 @@ fn chaos_ci_seed_2_memory() {
 }
 
 #[test]
+fn chaos_ci_seed_3_memory() {
+    ci(3, StoreKind::Memory);
+}
+
+#[test]
 fn chaos_ci_seed_1_etcd() {
     ci(1, StoreKind::Etcd);
 }
@@ -38,6 +43,11 @@ fn chaos_ci_seed_1_etcd() {
 #[test]
 fn chaos_ci_seed_2_etcd() {
     ci(2, StoreKind::Etcd);
+}
+
+#[test]
+fn chaos_ci_seed_3_etcd() {
+    ci(3, StoreKind::Etcd);
 }
 
 /// The test-only switch `CHAOS_BREAK_OFFSET=1` makes a resumed worker start one world size

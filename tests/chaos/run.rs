@@ -93,8 +93,9 @@ fn exited(a: &mut Agent) -> bool {
     a.child.try_wait().ok().flatten().is_some()
 }
 
-/// Waits for `a` up to `deadline`; its exit code (128+signal), or None (then it is killed).
-fn finish(mut a: Agent, deadline: Instant, log: &Path) -> Option<i32> {
+/// Waits for `a` up to `deadline`; its exit code (128+signal), or None (then it is killed), and
+/// its stderr.
+fn finish(mut a: Agent, deadline: Instant, log: &Path) -> (Option<i32>, String) {
     while !exited(&mut a) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -104,12 +105,13 @@ fn finish(mut a: Agent, deadline: Instant, log: &Path) -> Option<i32> {
     }
     let (code, out, err) = a.wait(Duration::from_secs(10));
     let _ = std::fs::write(log, format!("{err}\n--- stdout ---\n{out}"));
-    (!timed_out).then_some(code)
+    ((!timed_out).then_some(code), err)
 }
 
 /// Runs `s` with extra worker environment `env`; Ok with what it did when every invariant
 /// holds, else the report: seed, schedule, events as applied, violations with their history
-/// excerpts, and where the logs were kept.
+/// excerpts, and where the logs were kept (`$TMPDIR/drun-chaos-<seed>-<store>-<pid>`, also kept
+/// for a passing run when `DRUN_CHAOS_KEEP` is set).
 pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
     let store = match s.store {
         StoreKind::Memory => "memory",
@@ -245,12 +247,16 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
     };
     for (i, a) in slots.into_iter().enumerate() {
         if let Some(a) = a {
-            let code = finish(a, deadline, &dir.join(format!("agent{i}.log")));
-            outcome.finishers.push(code.unwrap_or(-1));
+            let (code, err) = finish(a, deadline, &dir.join(format!("agent{i}.log")));
+            if code == Some(3) && err.contains("already finished") {
+                outcome.late += 1;
+            } else {
+                outcome.finishers.push(code.unwrap_or(-1));
+            }
         }
     }
     for (i, a, leave) in gone {
-        let code = finish(
+        let (code, _) = finish(
             a,
             deadline.max(Instant::now() + Duration::from_secs(10)),
             &dir.join(format!("agent{i}.gone.log")),
@@ -281,7 +287,9 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
     });
     match verdict {
         Ok(v) if v.is_empty() => {
-            let _ = std::fs::remove_dir_all(&dir);
+            if std::env::var_os("DRUN_CHAOS_KEEP").is_none() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
             Ok(stats)
         }
         found => {
