@@ -4,8 +4,9 @@
 //! generation's resume point, the ones it resumed from — cover every epoch's permutation exactly
 //! once, in order; (b) every rank of a generation resumed from the same sealed step and cursor;
 //! (c) sealed checkpoints never move backwards and none sealed before a generation started is
-//! skipped by its resume; (e) generations only increase; (f) no process of the run is left;
-//! (g) the run ends, successfully, within the schedule's bound.
+//! skipped by its resume; (d) no older world seals after a newer one did; (e) generations only
+//! increase; (f) no process of the run is left; (g) the run ends, successfully, within the
+//! schedule's bound.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -277,6 +278,8 @@ pub fn kept_cover_each_epoch(h: &[Record], data: Data) -> Vec<Violation> {
 
 /// (c) The ledger's sealed steps only increase, every seal a rank heard is in the ledger, and a
 /// generation resumes from no earlier step than one a rank heard sealed before it started.
+/// (d), in the form a history can show: once a world sealed a checkpoint no older world seals
+/// one (an old world's workers may still run, e.g. under a stopped agent, but not commit).
 pub fn seals_never_backwards(h: &[Record], ledger: &Ledger) -> Vec<Violation> {
     let mut found = Vec::new();
     if let Some(w) = ledger.sealed.windows(2).find(|w| w[1].step <= w[0].step) {
@@ -288,6 +291,17 @@ pub fn seals_never_backwards(h: &[Record], ledger: &Ledger) -> Vec<Violation> {
             ),
             &[],
         ));
+    }
+    if let Some(w) = ledger
+        .sealed
+        .windows(2)
+        .find(|w| w[1].generation < w[0].generation)
+    {
+        let what = format!(
+            "an older world sealed after a newer one: {:?} then {:?}",
+            w[0], w[1]
+        );
+        found.push(v('d', what, &[]));
     }
     let seals: Vec<(&Record, u64)> = h
         .iter()

@@ -303,6 +303,17 @@ fn chaos_checker_catches_seals_moving_backwards_or_lost() {
 }
 
 #[test]
+fn chaos_checker_catches_an_older_world_sealing_after_a_newer_one() {
+    let h = faulty_but_correct();
+    let mut ledger = ledger_of(&h);
+    ledger.sealed.push(Sealed {
+        step: 9,
+        generation: 1,
+    });
+    assert_eq!(letters(&h, &ledger, &ok_outcome()), vec!['d']);
+}
+
+#[test]
 fn chaos_checker_catches_generations_going_backwards() {
     let mut h = faulty_but_correct();
     h.push(rec(1, 0, 2, 0, 50.0, Kind::Start { resume: None }));
