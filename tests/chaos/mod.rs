@@ -81,6 +81,21 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
     );
 }
 
+/// Found by the campaign: on etcd, seed 1006 (3 agents x 2 workers) kills worker #5 (on agent
+/// 0) and 1.3 s later restarts the rendezvous server. Agent 0 stops its workers, reconnects to
+/// the new server ("reconnected to the rendezvous") and then does nothing: the other three form
+/// generation 2 without it, finish the run, and agent 0 neither rejoins, nor is fenced, nor exits
+/// (killed by the runner 3 minutes later). Timing-dependent: replaying may pass. Ignored until
+/// drun's reconnect path is fixed; run it with `--ignored`.
+#[test]
+#[ignore = "open drun bug: an agent reconnecting after a server restart mid re-form hangs"]
+fn chaos_regression_seed_1006_etcd() {
+    let s = generate(1006, StoreKind::Etcd, 3, 8);
+    if let Err(report) = run::run(&s, &[]) {
+        panic!("{report}");
+    }
+}
+
 /// The long campaign (see README, "Chaos testing"): `DRUN_CHAOS_SCHEDULES` schedules (200) from
 /// seed `DRUN_CHAOS_SEED` (1) on `DRUN_CHAOS_STORE` (`memory`, `etcd` or `both`), 3 to 8 faults
 /// each; prints every failure's report and the totals, fails if any schedule failed.
