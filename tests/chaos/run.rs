@@ -48,6 +48,7 @@ struct Cluster {
     store_args: Vec<String>,
     run: String,
     out: PathBuf,
+    server_log: PathBuf,
     ckpt: PathBuf,
     nproc: u32,
     env: Vec<(String, String)>,
@@ -143,6 +144,7 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
         store_args,
         run: format!("chaos{}{store}", s.seed),
         out: dir.join("out"),
+        server_log: dir.join("server.log"),
         ckpt: dir.join("ckpt"),
         nproc: s.nproc,
         env: env
@@ -226,7 +228,7 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
                 c.server.kill();
                 std::thread::sleep(Duration::from_millis(down_ms));
                 let args: Vec<&str> = c.store_args.iter().map(String::as_str).collect();
-                c.server = RdzvServer::start_on(&c.endpoint, &args);
+                c.server = RdzvServer::start_on_logging(&c.endpoint, &args, "info", &c.server_log);
             }
             Event::WaitSealed => {
                 let sealed = |c: &Cluster| c.history_text().matches("\"sealed\": true").count();
