@@ -98,7 +98,8 @@ fn chaos_regression_seed_1006_etcd() {
 
 /// The long campaign (see README, "Chaos testing"): `DRUN_CHAOS_SCHEDULES` schedules (200) from
 /// seed `DRUN_CHAOS_SEED` (1) on `DRUN_CHAOS_STORE` (`memory`, `etcd` or `both`), 3 to 8 faults
-/// each; prints every failure's report and the totals, fails if any schedule failed.
+/// each; prints every failure's report and the totals, fails if any schedule failed. With
+/// `DRUN_CHAOS_DRY` set it only prints the schedules.
 #[test]
 #[ignore = "long campaign: cargo test --test tests chaos_campaign -- --ignored --nocapture"]
 fn chaos_campaign() {
@@ -120,6 +121,10 @@ fn chaos_campaign() {
     for i in 0..n {
         let store = stores[i as usize % stores.len()];
         let s = generate(seed0 + i, store, 3, 8);
+        if std::env::var_os("DRUN_CHAOS_DRY").is_some() {
+            eprint!("{s}");
+            continue;
+        }
         runs += 1;
         match run::run(&s, &[]) {
             Ok(st) => {
