@@ -48,7 +48,7 @@ pub fn check(h: &[Record], ledger: &Ledger, out: &Outcome, data: Data) -> Vec<Vi
     let mut found = Vec::new();
     found.extend(same_resume(h, ledger));
     found.extend(kept_cover_each_epoch(h, data));
-    found.extend(seals_never_backwards(h, ledger));
+    found.extend(seals_never_backwards(h, ledger, &out.corrupted));
     found.extend(generations_increase(h));
     if !out.leftover.is_empty() {
         found.push(v(
@@ -276,13 +276,26 @@ pub fn kept_cover_each_epoch(h: &[Record], data: Data) -> Vec<Violation> {
     found
 }
 
-/// (c) The ledger's sealed steps only increase, every seal a rank heard is in the ledger, and a
-/// generation resumes from no earlier step than one a rank heard sealed before it started.
+/// (c) The ledger's sealed steps only increase (leaving out checkpoints marked bad or corrupted
+/// by the runner, after which a step is sealed again), every seal a rank heard is in the ledger,
+/// no generation resumes from a corrupted checkpoint, and none from an earlier step than an
+/// intact one a rank heard sealed before it started.
 /// (d), in the form a history can show: once a world sealed a checkpoint no older world seals
 /// one (an old world's workers may still run, e.g. under a stopped agent, but not commit).
-pub fn seals_never_backwards(h: &[Record], ledger: &Ledger) -> Vec<Violation> {
+pub fn seals_never_backwards(
+    h: &[Record],
+    ledger: &Ledger,
+    corrupted: &[(u64, u64)],
+) -> Vec<Violation> {
+    let spoiled =
+        |step: u64, gen: u64| ledger.is_bad(step, gen) || corrupted.contains(&(step, gen));
     let mut found = Vec::new();
-    if let Some(w) = ledger.sealed.windows(2).find(|w| w[1].step <= w[0].step) {
+    let good: Vec<_> = ledger
+        .sealed
+        .iter()
+        .filter(|s| !spoiled(s.step, s.generation))
+        .collect();
+    if let Some(w) = good.windows(2).find(|w| w[1].step <= w[0].step) {
         found.push(v(
             'c',
             format!(
@@ -312,6 +325,16 @@ pub fn seals_never_backwards(h: &[Record], ledger: &Ledger) -> Vec<Violation> {
             _ => None,
         })
         .collect();
+    for (g, recs) in starts(h) {
+        if let Some(r) = resume_of(recs[0]).filter(|r| corrupted.contains(&(r.step, r.generation)))
+        {
+            let what = format!(
+                "generation {g} resumed from step {} of generation {}, whose shard was corrupted",
+                r.step, r.generation
+            );
+            found.push(v('c', what, &[recs[0]]));
+        }
+    }
     for (r, step) in &seals {
         if !ledger
             .sealed
@@ -333,7 +356,7 @@ pub fn seals_never_backwards(h: &[Record], ledger: &Ledger) -> Vec<Violation> {
         let from = resume_of(recs[0]).map_or(0, |r| r.step);
         if let Some((r, step)) = seals
             .iter()
-            .filter(|(r, _)| r.gen < g && r.t < t0)
+            .filter(|(r, s)| r.gen < g && r.t < t0 && !spoiled(*s, r.gen))
             .max_by_key(|(_, s)| *s)
         {
             if *step > from {

@@ -147,6 +147,7 @@ fn ok_outcome() -> Outcome {
         leavers: vec![143],
         late: 0,
         leftover: vec![],
+        corrupted: vec![],
         elapsed_ms: 10_000,
         bound_ms: 60_000,
     }
@@ -311,6 +312,40 @@ fn chaos_checker_catches_an_older_world_sealing_after_a_newer_one() {
         generation: 1,
     });
     assert_eq!(letters(&h, &ledger, &ok_outcome()), vec!['d']);
+}
+
+#[test]
+fn chaos_checker_accepts_a_fallback_from_a_corrupted_checkpoint_and_catches_its_use() {
+    // Step 4 of generation 1 was corrupted and marked bad: generation 2 resumes from step 2 and
+    // seals step 4 again.
+    let mut h = generation(1, 2, None, 5, 0.0);
+    let back = Resume {
+        step: 2,
+        generation: 1,
+        epoch: 0,
+        samples: 4,
+    };
+    h.extend(generation(2, 1, Some(back), 8, 20.0));
+    let h = numbered(h);
+    let mut ledger = ledger_of(&h);
+    ledger
+        .bad
+        .insert(format!("{:020}-{:020}", 4, 1), "size".into());
+    let out = Outcome {
+        corrupted: vec![(4, 1)],
+        ..ok_outcome()
+    };
+    let found = check(&h, &ledger, &out, DATA);
+    assert!(found.is_empty(), "{found:?}");
+    // Resuming from the corrupted one is caught even when drun did not mark it bad.
+    let h = faulty_but_correct();
+    let found = check(&h, &ledger_of(&h), &out, DATA);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.invariant == 'c' && v.what.contains("whose shard was corrupted")),
+        "{found:?}"
+    );
 }
 
 #[test]

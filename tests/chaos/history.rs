@@ -102,6 +102,18 @@ pub struct Ledger {
     pub bad: std::collections::BTreeMap<String, String>,
 }
 
+impl Ledger {
+    /// Whether drun marked checkpoint (`step`, `generation`) bad (failed verification); the
+    /// ledger's ids are `"{step:020}-{generation:020}"`.
+    pub fn is_bad(&self, step: u64, generation: u64) -> bool {
+        self.bad.keys().any(|id| {
+            id.split_once('-')
+                .and_then(|(s, g)| Some((s.parse().ok()?, g.parse().ok()?)))
+                == Some((step, generation))
+        })
+    }
+}
+
 /// How the run ended, as the runner observed it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Outcome {
@@ -114,6 +126,8 @@ pub struct Outcome {
     pub late: usize,
     /// Pids of the run still alive after it ended (and a grace period).
     pub leftover: Vec<i32>,
+    /// Checkpoints (step, generation) whose shard the runner corrupted.
+    pub corrupted: Vec<(u64, u64)>,
     /// Time from the first agent's start to the last exit, ms; and the bound the schedule allows.
     pub elapsed_ms: u64,
     pub bound_ms: u64,

@@ -8,11 +8,12 @@ mod history;
 mod run;
 mod schedule;
 
-use schedule::{generate, Event, Schedule, StoreKind, Timed};
+use schedule::{generate, with_corruption, Event, Schedule, StoreKind, Timed};
 
-/// One CI schedule: `seed` on `store`, 2 to 4 faults; panics with the checker's report.
+/// One CI schedule: `seed` on `store`, 2 to 4 faults and corrupted shards; panics with the
+/// checker's report.
 fn ci(seed: u64, store: StoreKind) {
-    let s = generate(seed, store, 2, 4);
+    let s = with_corruption(generate(seed, store, 2, 4));
     eprintln!("{s}");
     match run::run(&s, &[]) {
         Ok(stats) => eprintln!("passed: {stats:?}"),
@@ -113,7 +114,8 @@ fn chaos_regression_seed_2000_etcd() {
 /// The long campaign (see README, "Chaos testing"): `DRUN_CHAOS_SCHEDULES` schedules (200) from
 /// seed `DRUN_CHAOS_SEED` (1) on `DRUN_CHAOS_STORE` (`memory`, `etcd` or `both`), 3 to 8 faults
 /// each; prints every failure's report and the totals, fails if any schedule failed. With
-/// `DRUN_CHAOS_DRY` set it only prints the schedules.
+/// `DRUN_CHAOS_DRY` set it only prints the schedules; `DRUN_CHAOS_CORRUPT=0` leaves out the
+/// corrupted shards (as the regression seeds were found).
 #[test]
 #[ignore = "long campaign: cargo test --test tests chaos_campaign -- --ignored --nocapture"]
 fn chaos_campaign() {
@@ -135,6 +137,11 @@ fn chaos_campaign() {
     for i in 0..n {
         let store = stores[i as usize % stores.len()];
         let s = generate(seed0 + i, store, 3, 8);
+        let s = if var("DRUN_CHAOS_CORRUPT", "1") == "1" {
+            with_corruption(s)
+        } else {
+            s
+        };
         if std::env::var_os("DRUN_CHAOS_DRY").is_some() {
             eprint!("{s}");
             continue;

@@ -63,7 +63,13 @@ impl Cluster {
             .quick_shutdown()
             .args(["--rdzv-endpoint", &self.endpoint, "--rdzv-conf"])
             .arg(format!("lease_ttl={TTL_S},last_call_timeout=0.5"))
-            .args(["--max-restarts", "1000", "--ckpt-dir"])
+            .args([
+                "--max-restarts",
+                "1000",
+                "--ckpt-verify",
+                "digest",
+                "--ckpt-dir",
+            ])
             .arg(&self.ckpt)
             .arg(worker("chaos_worker.py"))
             .env("CHAOS_OUT", &self.out)
@@ -158,6 +164,7 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
     let mut gone: Vec<(usize, Agent, bool)> = Vec::new(); // (slot, agent, left on SIGTERM)
     let mut log = Vec::new();
     let mut stats = Stats::default();
+    let mut outcome = Outcome::default();
     let bound =
         Duration::from_millis(s.bound_ms((DATA.total_steps() as f64 * STEP_S * 1000.0) as u64));
     let started = wait_until(Duration::from_secs(60), || {
@@ -230,6 +237,14 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
                 let args: Vec<&str> = c.store_args.iter().map(String::as_str).collect();
                 c.server = RdzvServer::start_on_logging(&c.endpoint, &args, "info", &c.server_log);
             }
+            Event::CorruptShard { pick, truncate } => match corrupt(&c.ckpt, pick, truncate) {
+                Some(id) => outcome.corrupted.push(id),
+                None => {
+                    stats.skipped += 1;
+                    log.push("      (nothing sealed to corrupt)".into());
+                    continue;
+                }
+            },
             Event::WaitSealed => {
                 let sealed = |c: &Cluster| c.history_text().matches("\"sealed\": true").count();
                 let before = sealed(&c);
@@ -243,10 +258,6 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
         }
     }
     let deadline = t0 + bound;
-    let mut outcome = Outcome {
-        bound_ms: bound.as_millis() as u64,
-        ..Outcome::default()
-    };
     for (i, a) in slots.into_iter().enumerate() {
         if let Some(a) = a {
             let (code, err) = finish(a, deadline, &dir.join(format!("agent{i}.log")));
@@ -267,6 +278,7 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
             outcome.leavers.push(code.unwrap_or(-1));
         }
     }
+    outcome.bound_ms = bound.as_millis() as u64;
     outcome.elapsed_ms = t0.elapsed().as_millis() as u64;
     stats.elapsed = t0.elapsed();
     wait_until(Duration::from_secs(10), || {
@@ -309,6 +321,24 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
             ))
         }
     }
+}
+
+/// Truncates to half, or flips the first byte of, the `pick`-th file of the checkpoint
+/// `<ckpt>/latest` points at; its (step, generation), or None when nothing is sealed yet.
+fn corrupt(ckpt: &Path, pick: usize, truncate: bool) -> Option<(u64, u64)> {
+    let rel = std::fs::read_to_string(ckpt.join("latest")).ok()?;
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join(rel.trim())).ok()?).ok()?;
+    let files = m["files"].as_array().filter(|f| !f.is_empty())?;
+    let path = PathBuf::from(files[pick % files.len()]["path"].as_str()?);
+    let mut bytes = std::fs::read(&path).ok()?;
+    if truncate {
+        bytes.truncate(bytes.len() / 2);
+    } else {
+        bytes[0] ^= 0x55;
+    }
+    std::fs::write(&path, &bytes).ok()?;
+    Some((m["step"].as_u64()?, m["generation"].as_u64()?))
 }
 
 /// Polls `cond` every 50 ms until it holds (true) or `timeout` passes (false).

@@ -36,6 +36,10 @@ pub enum Event {
     /// Wait (up to 30 s) until one more checkpoint is sealed than before, so later faults hit a
     /// run that has something to resume from.
     WaitSealed,
+    /// Truncate to half (or flip a byte of) the `pick`-th file (modulo their number) of the
+    /// checkpoint `<ckpt>/latest` points at: drun must find it at the next resume
+    /// (`--ckpt-verify digest`) and fall back to the previous checkpoint.
+    CorruptShard { pick: usize, truncate: bool },
 }
 
 /// An event `delay_ms` milliseconds after the previous one finished.
@@ -153,6 +157,29 @@ pub fn generate(seed: u64, store: StoreKind, min_events: usize, max_events: usiz
     }
 }
 
+/// `s` with, after each wait for a seal, a corrupted shard of the sealed checkpoint (with
+/// probability 1/2). Drawn from a second stream of the seed, so the other events stay those of
+/// [`generate`] (a seed found without corruption replays the same without it).
+pub fn with_corruption(mut s: Schedule) -> Schedule {
+    let mut rng = Rng::new(s.seed ^ 0xC0AA_0B7E_5EED_0001);
+    let mut out = Vec::new();
+    for t in s.events.drain(..) {
+        let wait = t.event == Event::WaitSealed;
+        out.push(t);
+        if wait && rng.range(0, 1) == 0 {
+            out.push(Timed {
+                delay_ms: rng.range(0, 300),
+                event: Event::CorruptShard {
+                    pick: rng.range(0, 7) as usize,
+                    truncate: rng.range(0, 1) == 0,
+                },
+            });
+        }
+    }
+    s.events = out;
+    s
+}
+
 impl Schedule {
     /// Faults in the schedule (waits not counted).
     pub fn faults(&self) -> usize {
@@ -199,6 +226,15 @@ impl fmt::Display for Event {
                 write!(f, "restart the rendezvous server ({down_ms} ms down)")
             }
             Event::WaitSealed => write!(f, "wait for the next sealed checkpoint"),
+            Event::CorruptShard { pick, truncate } => write!(
+                f,
+                "{} shard #{pick} of the newest sealed checkpoint",
+                if *truncate {
+                    "truncate"
+                } else {
+                    "flip a byte of"
+                }
+            ),
         }
     }
 }
@@ -263,11 +299,36 @@ mod tests {
                             assert!(live.len() <= MAX_AGENTS, "{s}");
                         }
                         Event::RestartServer { .. } => assert_eq!(store, StoreKind::Etcd),
-                        Event::KillWorker { .. } | Event::WaitSealed => {}
+                        Event::KillWorker { .. }
+                        | Event::WaitSealed
+                        | Event::CorruptShard { .. } => {}
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn chaos_schedule_corruption_follows_a_seal_and_keeps_the_other_events() {
+        let mut seen = 0;
+        for seed in 0..200 {
+            let plain = generate(seed, StoreKind::Memory, 3, 8);
+            let c = with_corruption(plain.clone());
+            assert_eq!(c, with_corruption(plain.clone()), "reproducible");
+            let others: Vec<&Timed> = c
+                .events
+                .iter()
+                .filter(|t| !matches!(t.event, Event::CorruptShard { .. }))
+                .collect();
+            assert_eq!(others, plain.events.iter().collect::<Vec<_>>());
+            for w in c.events.windows(2) {
+                if matches!(w[1].event, Event::CorruptShard { .. }) {
+                    assert_eq!(w[0].event, Event::WaitSealed, "{c}");
+                    seen += 1;
+                }
+            }
+        }
+        assert!(seen > 20, "corruption is drawn: {seen}");
     }
 
     #[test]
