@@ -367,10 +367,28 @@ pub fn seals_never_backwards(
     found
 }
 
-/// (e) On every agent, the generations its workers start in only increase.
+/// (e) On every agent, the generations its workers start in only increase, and no generation
+/// number names two worlds (a rank of it started twice, by two processes).
 pub fn generations_increase(h: &[Record]) -> Vec<Violation> {
     let mut last: BTreeMap<usize, &Record> = BTreeMap::new();
     let mut found = Vec::new();
+    let mut first: BTreeMap<(u64, u32), &Record> = BTreeMap::new();
+    for r in h.iter().filter(|r| matches!(r.kind, Kind::Start { .. })) {
+        match first.get(&(r.gen, r.rank)) {
+            Some(p) if p.pid != r.pid => {
+                let what = format!(
+                    "generation {} started twice: rank {} by pid {}, then by pid {}",
+                    r.gen, r.rank, p.pid, r.pid
+                );
+                found.push(v('e', what, &[p, r]));
+                break;
+            }
+            Some(_) => {}
+            None => {
+                first.insert((r.gen, r.rank), r);
+            }
+        }
+    }
     for r in h.iter().filter(|r| matches!(r.kind, Kind::Start { .. })) {
         if let Some(p) = last.get(&r.node) {
             if r.gen < p.gen {

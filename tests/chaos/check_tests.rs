@@ -349,6 +349,22 @@ fn chaos_checker_accepts_a_fallback_from_a_corrupted_checkpoint_and_catches_its_
 }
 
 #[test]
+fn chaos_checker_catches_one_generation_number_naming_two_worlds() {
+    let mut h = faulty_but_correct();
+    let mut again = rec(2, 0, 1, 0, 30.0, Kind::Start { resume: None });
+    again.pid = 4242;
+    h.push(again);
+    let h = numbered(h);
+    let found = check(&h, &ledger_of(&h), &ok_outcome(), DATA);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.invariant == 'e' && v.what.contains("generation 2 started twice")),
+        "{found:?}"
+    );
+}
+
+#[test]
 fn chaos_checker_catches_generations_going_backwards() {
     let mut h = faulty_but_correct();
     h.push(rec(1, 0, 2, 0, 50.0, Kind::Start { resume: None }));
