@@ -125,7 +125,12 @@ pub fn same_resume(h: &[Record], ledger: &Ledger) -> Vec<Violation> {
             .iter()
             .any(|s| s.step == r.step && s.generation == r.generation)
         {
-            found.push(v('b', format!("generation {g} resumed from step {} of generation {}, which the ledger does not list as sealed", r.step, r.generation), &[recs[0]]));
+            let what = format!(
+                "generation {g} resumed from step {} of generation {}, which the ledger does not \
+                 list as sealed",
+                r.step, r.generation
+            );
+            found.push(v('b', what, &[recs[0]]));
         }
         let commits: Vec<&Record> = h
             .iter()
@@ -135,9 +140,15 @@ pub fn same_resume(h: &[Record], ledger: &Ledger) -> Vec<Violation> {
             })
             .collect();
         if let Some(c) = commits.iter().find(|c| {
-            matches!(c.kind, Kind::Commit { cursor, .. } if (cursor.epoch, cursor.samples) != (r.epoch, r.samples))
+            let at = (r.epoch, r.samples);
+            matches!(c.kind, Kind::Commit { cursor, .. } if (cursor.epoch, cursor.samples) != at)
         }) {
-            found.push(v('b', format!("generation {g} resumed at epoch {} sample {}, not at the cursor committed with step {}", r.epoch, r.samples, r.step), &[recs[0], c]));
+            let what = format!(
+                "generation {g} resumed at epoch {} sample {}, not at the cursor committed with \
+                 step {}",
+                r.epoch, r.samples, r.step
+            );
+            found.push(v('b', what, &[recs[0], c]));
         }
     }
     found
@@ -183,7 +194,11 @@ fn kept(h: &[Record], data: Data) -> Result<(Kept<'_>, Vec<Violation>), Violatio
             if ranks.len() != world as usize || recs.len() != world as usize {
                 // Reported once, for the first such step: the rest follow from it.
                 if incomplete.is_empty() {
-                    incomplete.push(v('a', format!("generation {g} (world size {world}) resumed from step {lo} ran to the end, but step {s} has records of ranks {ranks:?} only"), &recs));
+                    let what = format!(
+                        "generation {g} (world size {world}) resumed from step {lo} ran to the \
+                         end, but step {s} has records of ranks {ranks:?} only"
+                    );
+                    incomplete.push(v('a', what, &recs));
                 }
                 continue;
             }
@@ -269,7 +284,12 @@ pub fn kept_cover_each_epoch(h: &[Record], data: Data) -> Vec<Violation> {
                 .take(5)
                 .copied()
                 .collect();
-            found.push(v('a', format!("kept step {s} (epoch {epoch}, generation {g}) consumed {} samples, not batch {j} of the permutation: missing {missing:?}, unexpected {extra:?}", got.len()), recs));
+            let what = format!(
+                "kept step {s} (epoch {epoch}, generation {g}) consumed {} samples, not batch {j} \
+                 of the permutation: missing {missing:?}, unexpected {extra:?}",
+                got.len()
+            );
+            found.push(v('a', what, recs));
             break;
         }
     }
@@ -360,7 +380,11 @@ pub fn seals_never_backwards(
             .max_by_key(|(_, s)| *s)
         {
             if *step > from {
-                found.push(v('c', format!("generation {g} resumed from step {from}, though step {step} was sealed before it started"), &[r, recs[0]]));
+                let what = format!(
+                    "generation {g} resumed from step {from}, though step {step} was sealed \
+                     before it started"
+                );
+                found.push(v('c', what, &[r, recs[0]]));
             }
         }
     }

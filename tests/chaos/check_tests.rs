@@ -395,14 +395,17 @@ fn chaos_checker_catches_leftovers_bad_exits_and_overruns() {
 
 #[test]
 fn chaos_history_parses_worker_lines_and_names_a_torn_one() {
-    let text = concat!(
-        r#"{"kind": "start", "resume": null, "gen": 1, "rank": 0, "world": 2, "node": 0, "pid": 7, "t": 1.5}"#,
-        "\n",
-        r#"{"kind": "step", "step": 1, "epoch": 0, "idx": [3], "gen": 1, "rank": 0, "world": 2, "node": 0, "pid": 7, "t": 2.0}"#,
-        "\n",
-        r#"{"kind": "commit", "step": 2, "cursor": {"epoch": 0, "samples": 4}, "sealed": true, "gen": 1, "rank": 0, "world": 2, "node": 0, "pid": 7, "t": 2.5}"#,
-        "\n",
-    );
+    let who = r#""gen": 1, "rank": 0, "world": 2, "node": 0, "pid": 7"#;
+    let text = [
+        format!(r#"{{"kind": "start", "resume": null, {who}, "t": 1.5}}"#),
+        format!(r#"{{"kind": "step", "step": 1, "epoch": 0, "idx": [3], {who}, "t": 2.0}}"#),
+        format!(
+            r#"{{"kind": "commit", "step": 2, "cursor": {{"epoch": 0, "samples": 4}}, "sealed": true, {who}, "t": 2.5}}"#
+        ),
+    ]
+    .join("\n")
+        + "\n";
+    let text = text.as_str();
     let h = super::history::parse(text).unwrap();
     assert_eq!(h.len(), 3);
     assert_eq!(

@@ -179,8 +179,12 @@ fn chaos_campaign() {
             }
         }
     }
-    eprintln!("chaos campaign: {runs} schedules, {applied} faults applied ({skipped} skipped: run over), \
-        {} failed {failed:?}, {:?}", failed.len(), t0.elapsed());
+    eprintln!(
+        "chaos campaign: {runs} schedules, {applied} faults applied ({skipped} skipped: run \
+         over), {} failed {failed:?}, {:?}",
+        failed.len(),
+        t0.elapsed()
+    );
     assert!(
         failed.is_empty(),
         "failed schedules (seed, store): {failed:?}"

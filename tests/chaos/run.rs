@@ -312,9 +312,10 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
                 Err(e) => format!("the history could not be checked: {e}\n"),
             };
             Err(format!(
-                "chaos run failed; replay: DRUN_CHAOS_SEED={} DRUN_CHAOS_STORE={store} DRUN_CHAOS_SCHEDULES=1 \
-                 cargo test --test tests chaos_campaign -- --ignored --nocapture\n{s}as applied:\n{}\n{found}\
-                 outcome: {outcome:?}\nhistory, agent and server logs kept in {}",
+                "chaos run failed; replay: DRUN_CHAOS_SEED={} DRUN_CHAOS_STORE={store} \
+                 DRUN_CHAOS_SCHEDULES=1 cargo test --test tests chaos_campaign -- --ignored \
+                 --nocapture\n{s}as applied:\n{}\n{found}outcome: {outcome:?}\n\
+                 history, agent and server logs kept in {}",
                 s.seed,
                 log.join("\n"),
                 dir.display()
