@@ -157,8 +157,8 @@ pub fn generate(seed: u64, store: StoreKind, min_events: usize, max_events: usiz
     }
 }
 
-/// `s` with, after each wait for a seal, a corrupted shard of the sealed checkpoint (with
-/// probability 1/2). Drawn from a second stream of the seed, so the other events stay those of
+/// `s` with, after each wait for a seal, a corrupted shard of the sealed checkpoint and a killed
+/// worker (with probability 1/2). Drawn from a second stream of the seed, so the other events stay those of
 /// [`generate`] (a seed found without corruption replays the same without it).
 pub fn with_corruption(mut s: Schedule) -> Schedule {
     let mut rng = Rng::new(s.seed ^ 0xC0AA_0B7E_5EED_0001);
@@ -172,6 +172,14 @@ pub fn with_corruption(mut s: Schedule) -> Schedule {
                 event: Event::CorruptShard {
                     pick: rng.range(0, 7) as usize,
                     truncate: rng.range(0, 1) == 0,
+                },
+            });
+            // A killed worker makes the group resume at once, from the corrupted checkpoint
+            // unless another was sealed in between.
+            out.push(Timed {
+                delay_ms: 0,
+                event: Event::KillWorker {
+                    pick: rng.range(0, 7) as usize,
                 },
             });
         }
@@ -315,18 +323,23 @@ mod tests {
             let plain = generate(seed, StoreKind::Memory, 3, 8);
             let c = with_corruption(plain.clone());
             assert_eq!(c, with_corruption(plain.clone()), "reproducible");
-            let others: Vec<&Timed> = c
-                .events
-                .iter()
-                .filter(|t| !matches!(t.event, Event::CorruptShard { .. }))
-                .collect();
-            assert_eq!(others, plain.events.iter().collect::<Vec<_>>());
-            for w in c.events.windows(2) {
-                if matches!(w[1].event, Event::CorruptShard { .. }) {
-                    assert_eq!(w[0].event, Event::WaitSealed, "{c}");
+            let mut others = Vec::new();
+            let mut i = 0;
+            while i < c.events.len() {
+                if matches!(c.events[i].event, Event::CorruptShard { .. }) {
+                    assert_eq!(c.events[i - 1].event, Event::WaitSealed, "{c}");
+                    assert!(
+                        matches!(c.events[i + 1].event, Event::KillWorker { .. }),
+                        "{c}"
+                    );
                     seen += 1;
+                    i += 2;
+                    continue;
                 }
+                others.push(&c.events[i]);
+                i += 1;
             }
+            assert_eq!(others, plain.events.iter().collect::<Vec<_>>());
         }
         assert!(seen > 20, "corruption is drawn: {seen}");
     }
