@@ -8,7 +8,9 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::harness::cluster::{Etcd, RdzvServer};
-use crate::harness::{alive, drun, holds_for, torch_python, wait_for, worker, Agent, DrunCmd};
+use crate::harness::{
+    alive, drun, holds_for, processes_of_run, torch_python, wait_for, worker, Agent, DrunCmd,
+};
 
 mod pins;
 mod reconnect;
@@ -368,22 +370,6 @@ impl Lcg {
             .wrapping_add(1442695040888963407);
         ((self.0 >> 33) as usize) % n
     }
-}
-
-/// Processes (other than zombies) whose environment says they belong to run `run`.
-fn processes_of_run(run: &str) -> Vec<i32> {
-    let needle = format!("DRUN_RUN_ID={run}\0").into_bytes();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|p| {
-            std::fs::read(format!("/proc/{p}/environ"))
-                .map(|env| env.windows(needle.len()).any(|w| w == needle.as_slice()))
-                .unwrap_or(false)
-        })
-        .filter(|p| alive(*p))
-        .collect()
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 mod harness;
 
+mod chaos;
 mod ckpt;
 mod cli;
 mod elastic;

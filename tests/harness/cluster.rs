@@ -60,6 +60,22 @@ impl RdzvServer {
         Self::spawn("127.0.0.1:0", args, level, file.into())
     }
 
+    /// Starts a replica listening on `listen` with `args` whose log records (`level`) are
+    /// appended to the file `log` (a restarted replica continues its predecessor's log).
+    pub fn start_on_logging(
+        listen: &str,
+        args: &[&str],
+        level: &str,
+        log: &std::path::Path,
+    ) -> RdzvServer {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("open the server's log file");
+        Self::spawn(listen, args, level, file.into())
+    }
+
     fn spawn(listen: &str, args: &[&str], level: &str, stderr: Stdio) -> RdzvServer {
         let mut child = Command::new(rendezvous_bin())
             .args(["serve", "--listen", listen])

@@ -128,6 +128,22 @@ pub fn alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// Processes (other than zombies) whose environment says they belong to run `run`.
+pub fn processes_of_run(run: &str) -> Vec<i32> {
+    let needle = format!("DRUN_RUN_ID={run}\0").into_bytes();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/environ"))
+                .map(|env| env.windows(needle.len()).any(|w| w == needle.as_slice()))
+                .unwrap_or(false)
+        })
+        .filter(|p| alive(*p))
+        .collect()
+}
+
 /// The `gen<g>_rank<r>.json` records test workers write for generation `g` (`elastic.py`,
 /// `steps.py`, ...), in no particular order.
 pub fn gen_records(dir: &Path, g: u64) -> Vec<serde_json::Value> {

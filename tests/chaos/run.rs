@@ -1,0 +1,357 @@
+//! Runs one schedule for real: a `drun-rendezvous` server (over its memory store or over etcd),
+//! agents on loopback addresses running `tests/workers/chaos_worker.py`, the faults applied with
+//! real signals; then the history, the ledger and the outcome go to the checker.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use super::check::check;
+use super::history::{self, Data, Kind, Ledger, Outcome};
+use super::schedule::{Event, Schedule, StoreKind, TTL_S};
+use crate::harness::cluster::{rendezvous_bin, Etcd, RdzvServer};
+use crate::harness::{alive, drun, processes_of_run, worker, Agent, DrunCmd};
+
+/// The workers' data: 192 samples, global batch 24 (a multiple of every world size 1..8 the
+/// generator can make), 3 epochs: 24 steps.
+pub const DATA: Data = Data {
+    len: 192,
+    global_batch: 24,
+    epochs: 3,
+};
+/// Seconds per step of the worker.
+const STEP_S: f64 = 0.2;
+
+/// What a passing run did.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Faults applied, and those skipped because the run had already ended.
+    pub applied: usize,
+    pub skipped: usize,
+    /// Generations that started workers.
+    pub generations: usize,
+    pub elapsed: Duration,
+}
+
+fn signal(pid: i32, sig: Signal) {
+    // The process may be gone already (a fault can race the run's own end): not an error.
+    let _ = kill(Pid::from_raw(pid), sig);
+}
+
+struct Cluster {
+    _etcd: Option<Etcd>,
+    server: RdzvServer,
+    endpoint: String,
+    store_args: Vec<String>,
+    run: String,
+    out: PathBuf,
+    server_log: PathBuf,
+    ckpt: PathBuf,
+    nproc: u32,
+    env: Vec<(String, String)>,
+}
+
+impl Cluster {
+    fn agent(&self, slot: usize) -> Agent {
+        let mut c = drun();
+        c.job(&self.run, &format!("1:{}", super::schedule::MAX_AGENTS))
+            .nproc(self.nproc)
+            .node(slot)
+            .quick_shutdown()
+            .args(["--rdzv-endpoint", &self.endpoint, "--rdzv-conf"])
+            .arg(format!("lease_ttl={TTL_S},last_call_timeout=0.5"))
+            .args([
+                "--max-restarts",
+                "1000",
+                "--ckpt-verify",
+                "digest",
+                "--ckpt-dir",
+            ])
+            .arg(&self.ckpt)
+            .arg(worker("chaos_worker.py"))
+            .env("CHAOS_OUT", &self.out)
+            .env("CHAOS_NODE", slot.to_string())
+            .env("CHAOS_SLEEP", STEP_S.to_string());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        Agent::start(c)
+    }
+
+    fn history_text(&self) -> String {
+        std::fs::read_to_string(self.out.join("history.jsonl")).unwrap_or_default()
+    }
+
+    fn ledger(&self) -> Result<Ledger, String> {
+        let o = Command::new(rendezvous_bin())
+            .args(["status", &self.run, "--json", "--endpoint", &self.endpoint])
+            .output()
+            .map_err(|e| format!("drun-rendezvous status: {e}"))?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .map_err(|e| format!("status JSON: {e}: {}", String::from_utf8_lossy(&o.stderr)))?;
+        serde_json::from_value(v["checkpoints"].clone()).map_err(|e| format!("ledger: {e}"))
+    }
+}
+
+fn exited(a: &mut Agent) -> bool {
+    a.child.try_wait().ok().flatten().is_some()
+}
+
+/// Waits for `a` up to `deadline`; its exit code (128+signal), or None (then it is killed), and
+/// its stderr.
+fn finish(mut a: Agent, deadline: Instant, log: &Path) -> (Option<i32>, String) {
+    while !exited(&mut a) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let timed_out = !exited(&mut a);
+    if timed_out {
+        signal(a.pid(), Signal::SIGKILL);
+    }
+    let (code, out, err) = a.wait(Duration::from_secs(10));
+    let _ = std::fs::write(log, format!("{err}\n--- stdout ---\n{out}"));
+    ((!timed_out).then_some(code), err)
+}
+
+/// Runs `s` with extra worker environment `env`; Ok with what it did when every invariant
+/// holds, else the report: seed, schedule, events as applied, violations with their history
+/// excerpts, and where the logs were kept (`$TMPDIR/drun-chaos-<seed>-<store>-<pid>`, also kept
+/// for a passing run when `DRUN_CHAOS_KEEP` is set).
+pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
+    let store = match s.store {
+        StoreKind::Memory => "memory",
+        StoreKind::Etcd => "etcd",
+    };
+    let dir = std::env::temp_dir().join(format!(
+        "drun-chaos-{}-{store}-{}",
+        s.seed,
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("out")).unwrap();
+    let etcd = (s.store == StoreKind::Etcd).then(Etcd::start);
+    let store_args: Vec<String> = match &etcd {
+        None => vec!["--store".into(), "memory".into()],
+        Some(e) => vec![
+            "--store".into(),
+            "etcd".into(),
+            "--etcd-endpoints".into(),
+            e.endpoint.clone(),
+        ],
+    };
+    let args: Vec<&str> = store_args.iter().map(String::as_str).collect();
+    let server = RdzvServer::start_logging(&args, "info", &dir.join("server.log"));
+    let c = Cluster {
+        endpoint: server.endpoint.clone(),
+        server,
+        _etcd: etcd,
+        store_args,
+        run: format!("chaos{}{store}", s.seed),
+        out: dir.join("out"),
+        server_log: dir.join("server.log"),
+        ckpt: dir.join("ckpt"),
+        nproc: s.nproc,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    };
+    let mut c = c;
+    let t0 = Instant::now();
+    let mut slots: Vec<Option<Agent>> = (0..s.agents).map(|i| Some(c.agent(i))).collect();
+    let mut gone: Vec<(usize, Agent, bool)> = Vec::new(); // (slot, agent, left on SIGTERM)
+    let mut log = Vec::new();
+    let mut stats = Stats::default();
+    let mut outcome = Outcome::default();
+    let bound =
+        Duration::from_millis(s.bound_ms((DATA.total_steps() as f64 * STEP_S * 1000.0) as u64));
+    let started = wait_until(Duration::from_secs(60), || {
+        c.history_text().contains("\"step\"")
+    });
+    for t in &s.events {
+        std::thread::sleep(Duration::from_millis(t.delay_ms));
+        let over = !started || slots.iter_mut().flatten().all(exited);
+        if over {
+            if t.event != Event::WaitSealed {
+                stats.skipped += 1;
+            }
+            log.push(format!(
+                "  +{:>6} ms  skipped (the run is over): {}",
+                t0.elapsed().as_millis(),
+                t.event
+            ));
+            continue;
+        }
+        log.push(format!(
+            "  +{:>6} ms  {}",
+            t0.elapsed().as_millis(),
+            t.event
+        ));
+        match t.event {
+            Event::KillAgent(i) | Event::Leave(i) => {
+                let a = slots[i]
+                    .take()
+                    .expect("the generator kills live agents only");
+                let leave = matches!(t.event, Event::Leave(_));
+                signal(
+                    a.pid(),
+                    if leave {
+                        Signal::SIGTERM
+                    } else {
+                        Signal::SIGKILL
+                    },
+                );
+                gone.push((i, a, leave));
+            }
+            Event::StopAgent { slot, ms } => {
+                let pid = slots[slot].as_ref().unwrap().pid();
+                signal(pid, Signal::SIGSTOP);
+                std::thread::sleep(Duration::from_millis(ms));
+                signal(pid, Signal::SIGCONT);
+            }
+            Event::KillWorker { pick } => {
+                let h = history::parse(&c.history_text()).unwrap_or_default();
+                let newest = h.iter().map(|r| r.gen).max().unwrap_or(0);
+                let mut pids: Vec<i32> = h
+                    .iter()
+                    .filter(|r| r.gen == newest && matches!(r.kind, Kind::Start { .. }))
+                    .map(|r| r.pid)
+                    .filter(|p| alive(*p))
+                    .collect();
+                pids.sort_unstable();
+                if let Some(p) = pids.get(pick % pids.len().max(1)) {
+                    signal(*p, Signal::SIGKILL);
+                }
+            }
+            Event::ScaleUp(i) => {
+                if slots.len() <= i {
+                    slots.resize_with(i + 1, || None);
+                }
+                slots[i] = Some(c.agent(i));
+            }
+            Event::RestartServer { down_ms } => {
+                c.server.kill();
+                std::thread::sleep(Duration::from_millis(down_ms));
+                let args: Vec<&str> = c.store_args.iter().map(String::as_str).collect();
+                c.server = RdzvServer::start_on_logging(&c.endpoint, &args, "info", &c.server_log);
+            }
+            Event::CorruptShard { pick, truncate } => match corrupt(&c.ckpt, pick, truncate) {
+                Some(id) => outcome.corrupted.push(id),
+                None => {
+                    stats.skipped += 1;
+                    log.push("      (nothing sealed to corrupt)".into());
+                    continue;
+                }
+            },
+            Event::WaitSealed => {
+                let sealed = |c: &Cluster| c.history_text().matches("\"sealed\": true").count();
+                let before = sealed(&c);
+                wait_until(Duration::from_secs(30), || {
+                    sealed(&c) > before || slots.iter_mut().flatten().all(exited)
+                });
+            }
+        }
+        if t.event != Event::WaitSealed {
+            stats.applied += 1;
+        }
+    }
+    let deadline = t0 + bound;
+    for (i, a) in slots.into_iter().enumerate() {
+        if let Some(a) = a {
+            let (code, err) = finish(a, deadline, &dir.join(format!("agent{i}.log")));
+            if code == Some(3) && err.contains("already finished") {
+                outcome.late += 1;
+            } else {
+                outcome.finishers.push(code.unwrap_or(-1));
+            }
+        }
+    }
+    for (i, a, leave) in gone {
+        let (code, _) = finish(
+            a,
+            deadline.max(Instant::now() + Duration::from_secs(10)),
+            &dir.join(format!("agent{i}.gone.log")),
+        );
+        if leave {
+            outcome.leavers.push(code.unwrap_or(-1));
+        }
+    }
+    outcome.bound_ms = bound.as_millis() as u64;
+    outcome.elapsed_ms = t0.elapsed().as_millis() as u64;
+    stats.elapsed = t0.elapsed();
+    wait_until(Duration::from_secs(10), || {
+        processes_of_run(&c.run).is_empty()
+    });
+    outcome.leftover = processes_of_run(&c.run);
+    for p in &outcome.leftover {
+        signal(*p, Signal::SIGKILL);
+    }
+    let text = c.history_text();
+    let verdict = history::parse(&text).and_then(|h| {
+        let ledger = c.ledger()?;
+        stats.generations = h
+            .iter()
+            .filter(|r| matches!(r.kind, Kind::Start { .. }))
+            .map(|r| r.gen)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        Ok(check(&h, &ledger, &outcome, DATA))
+    });
+    match verdict {
+        Ok(v) if v.is_empty() => {
+            if std::env::var_os("DRUN_CHAOS_KEEP").is_none() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            Ok(stats)
+        }
+        found => {
+            let found = match found {
+                Ok(v) => v.iter().map(|v| v.to_string()).collect::<String>(),
+                Err(e) => format!("the history could not be checked: {e}\n"),
+            };
+            Err(format!(
+                "chaos run failed; replay: DRUN_CHAOS_SEED={} DRUN_CHAOS_STORE={store} \
+                 DRUN_CHAOS_SCHEDULES=1 cargo test --test tests chaos_campaign -- --ignored \
+                 --nocapture\n{s}as applied:\n{}\n{found}outcome: {outcome:?}\n\
+                 history, agent and server logs kept in {}",
+                s.seed,
+                log.join("\n"),
+                dir.display()
+            ))
+        }
+    }
+}
+
+/// Truncates to half, or flips the first byte of, the `pick`-th file of the checkpoint
+/// `<ckpt>/latest` points at; its (step, generation), or None when nothing is sealed yet.
+fn corrupt(ckpt: &Path, pick: usize, truncate: bool) -> Option<(u64, u64)> {
+    let rel = std::fs::read_to_string(ckpt.join("latest")).ok()?;
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join(rel.trim())).ok()?).ok()?;
+    let files = m["files"].as_array().filter(|f| !f.is_empty())?;
+    let path = PathBuf::from(files[pick % files.len()]["path"].as_str()?);
+    let mut bytes = std::fs::read(&path).ok()?;
+    if truncate {
+        bytes.truncate(bytes.len() / 2);
+    } else {
+        bytes[0] ^= 0x55;
+    }
+    std::fs::write(&path, &bytes).ok()?;
+    Some((m["step"].as_u64()?, m["generation"].as_u64()?))
+}
+
+/// Polls `cond` every 50 ms until it holds (true) or `timeout` passes (false).
+fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

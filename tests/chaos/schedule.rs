@@ -1,0 +1,376 @@
+//! The seeded fault-schedule generator: a pure function of the seed, so the seed printed with a
+//! failure replays the same schedule (the model is etcd's robustness tests: seed → schedule →
+//! history → checker).
+
+use std::fmt;
+
+/// Lease TTL of chaos runs, seconds (agents get `lease_ttl=TTL`).
+pub const TTL_S: u64 = 3;
+/// At most this many agents at once (`--nnodes 1:MAX_AGENTS`).
+pub const MAX_AGENTS: usize = 4;
+
+/// Where the rendezvous state lives: a `drun-rendezvous` server over its in-memory store, or a
+/// server over etcd (whose restart loses nothing, so only then is the server restarted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    Memory,
+    Etcd,
+}
+
+/// One fault (or a wait) of a schedule. Agents are named by their slot: slot `i` is the agent
+/// on loopback address 127.0.0.(i+1), started at the beginning or by a [`Event::ScaleUp`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// SIGKILL agent `slot` (its workers die with it).
+    KillAgent(usize),
+    /// SIGSTOP agent `slot`, SIGCONT it after `ms` milliseconds (within or past the lease TTL).
+    StopAgent { slot: usize, ms: u64 },
+    /// SIGKILL one worker of the newest generation: the `pick`-th (modulo their number).
+    KillWorker { pick: usize },
+    /// SIGTERM agent `slot`: it leaves the job.
+    Leave(usize),
+    /// Start a new agent in slot `slot` (scale-up).
+    ScaleUp(usize),
+    /// Kill the rendezvous server and start it again on the same port after `down_ms`.
+    RestartServer { down_ms: u64 },
+    /// Wait (up to 30 s) until one more checkpoint is sealed than before, so later faults hit a
+    /// run that has something to resume from.
+    WaitSealed,
+    /// Truncate to half (or flip a byte of) the `pick`-th file (modulo their number) of the
+    /// checkpoint `<ckpt>/latest` points at: drun must find it at the next resume
+    /// (`--ckpt-verify digest`) and fall back to the previous checkpoint.
+    CorruptShard { pick: usize, truncate: bool },
+}
+
+/// An event `delay_ms` milliseconds after the previous one finished.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timed {
+    pub delay_ms: u64,
+    pub event: Event,
+}
+
+/// A whole chaos run: the store, the agents at the start, workers per agent, and the faults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    pub seed: u64,
+    pub store: StoreKind,
+    /// Agents started before the first fault, in slots `0..agents` (1..=MAX_AGENTS).
+    pub agents: usize,
+    /// Workers per agent (1 or 2).
+    pub nproc: u32,
+    pub events: Vec<Timed>,
+}
+
+/// splitmix64: tiny, well-distributed, and the same on every platform.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next_u64() % (hi - lo + 1)
+    }
+
+    fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.next_u64() as usize % from.len()]
+    }
+}
+
+/// The schedule of `seed` on `store` with `min_events..=max_events` faults (waits not counted).
+/// The generator keeps a model of the live agents so that every event is applicable: at least
+/// one agent stays alive, at most [`MAX_AGENTS`] run at once, and the server is restarted only
+/// over etcd.
+pub fn generate(seed: u64, store: StoreKind, min_events: usize, max_events: usize) -> Schedule {
+    let mut rng = Rng::new(seed ^ (((store == StoreKind::Etcd) as u64) << 63));
+    let agents = rng.range(1, MAX_AGENTS as u64) as usize;
+    let nproc = rng.range(1, 2) as u32;
+    let mut live: Vec<usize> = (0..agents).collect();
+    let mut next_slot = agents;
+    let n = rng.range(min_events as u64, max_events as u64) as usize;
+    let mut events = Vec::new();
+    let mut faults = 0;
+    while faults < n {
+        if rng.range(0, 3) == 0 {
+            events.push(Timed {
+                delay_ms: 0,
+                event: Event::WaitSealed,
+            });
+        }
+        let ttl = TTL_S * 1000;
+        let event = match rng.range(0, 6) {
+            0 if live.len() > 1 => {
+                let s = rng.pick(&live);
+                live.retain(|l| *l != s);
+                Event::KillAgent(s)
+            }
+            1 => {
+                let ms = if rng.range(0, 1) == 0 {
+                    rng.range(200, ttl - 500)
+                } else {
+                    rng.range(ttl + 500, 2 * ttl)
+                };
+                Event::StopAgent {
+                    slot: rng.pick(&live),
+                    ms,
+                }
+            }
+            2 if live.len() > 1 => {
+                let s = rng.pick(&live);
+                live.retain(|l| *l != s);
+                Event::Leave(s)
+            }
+            3 if live.len() < MAX_AGENTS => {
+                live.push(next_slot);
+                next_slot += 1;
+                Event::ScaleUp(next_slot - 1)
+            }
+            4 if store == StoreKind::Etcd => Event::RestartServer {
+                down_ms: rng.range(200, 1500),
+            },
+            _ => Event::KillWorker {
+                pick: rng.range(0, 7) as usize,
+            },
+        };
+        events.push(Timed {
+            delay_ms: rng.range(300, 2000),
+            event,
+        });
+        faults += 1;
+    }
+    Schedule {
+        seed,
+        store,
+        agents,
+        nproc,
+        events,
+    }
+}
+
+/// `s` with, after each wait for a seal, a corrupted shard of the sealed checkpoint and a killed
+/// worker (with probability 1/2). Drawn from a second stream of the seed, so the other events stay those of
+/// [`generate`] (a seed found without corruption replays the same without it).
+pub fn with_corruption(mut s: Schedule) -> Schedule {
+    let mut rng = Rng::new(s.seed ^ 0xC0AA_0B7E_5EED_0001);
+    let mut out = Vec::new();
+    for t in s.events.drain(..) {
+        let wait = t.event == Event::WaitSealed;
+        out.push(t);
+        if wait && rng.range(0, 1) == 0 {
+            out.push(Timed {
+                delay_ms: rng.range(0, 300),
+                event: Event::CorruptShard {
+                    pick: rng.range(0, 7) as usize,
+                    truncate: rng.range(0, 1) == 0,
+                },
+            });
+            // A killed worker makes the group resume at once, from the corrupted checkpoint
+            // unless another was sealed in between.
+            out.push(Timed {
+                delay_ms: 0,
+                event: Event::KillWorker {
+                    pick: rng.range(0, 7) as usize,
+                },
+            });
+        }
+    }
+    s.events = out;
+    s
+}
+
+impl Schedule {
+    /// Faults in the schedule (waits not counted).
+    pub fn faults(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|t| t.event != Event::WaitSealed)
+            .count()
+    }
+
+    /// How long the run may take, milliseconds, from the first agent's start to the last exit:
+    /// forming and the fault-free training (`train_ms`), plus per event its delay and the worst
+    /// recovery it can cause (a lease expiry and a re-form, and the training redone since the
+    /// last checkpoint, at most `train_ms`).
+    pub fn bound_ms(&self, train_ms: u64) -> u64 {
+        let ttl = TTL_S * 1000;
+        let recover = ttl + 10_000 + train_ms;
+        self.events.iter().fold(60_000 + 2 * train_ms, |acc, t| {
+            acc + t.delay_ms
+                + match t.event {
+                    Event::WaitSealed => 30_000,
+                    Event::StopAgent { ms, .. } => ms + recover,
+                    Event::RestartServer { down_ms } => down_ms + recover,
+                    _ => recover,
+                }
+        })
+    }
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Event::KillAgent(s) => write!(f, "SIGKILL agent {s}"),
+            Event::StopAgent { slot, ms } => write!(
+                f,
+                "SIGSTOP agent {slot} for {ms} ms ({} the {TTL_S} s lease TTL)",
+                if *ms < TTL_S * 1000 { "within" } else { "past" }
+            ),
+            Event::KillWorker { pick } => {
+                write!(f, "SIGKILL worker #{pick} of the newest generation")
+            }
+            Event::Leave(s) => write!(f, "SIGTERM agent {s} (leave)"),
+            Event::ScaleUp(s) => write!(f, "start agent {s} (scale-up)"),
+            Event::RestartServer { down_ms } => {
+                write!(f, "restart the rendezvous server ({down_ms} ms down)")
+            }
+            Event::WaitSealed => write!(f, "wait for the next sealed checkpoint"),
+            Event::CorruptShard { pick, truncate } => write!(
+                f,
+                "{} shard #{pick} of the newest sealed checkpoint",
+                if *truncate {
+                    "truncate"
+                } else {
+                    "flip a byte of"
+                }
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "seed {} on {:?}: {} agents x {} workers, {} faults",
+            self.seed,
+            self.store,
+            self.agents,
+            self.nproc,
+            self.faults()
+        )?;
+        for (i, t) in self.events.iter().enumerate() {
+            writeln!(f, "  {i:>2}. +{} ms: {}", t.delay_ms, t.event)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chaos_schedule_same_seed_same_schedule() {
+        for seed in 0..50 {
+            for store in [StoreKind::Memory, StoreKind::Etcd] {
+                assert_eq!(generate(seed, store, 3, 8), generate(seed, store, 3, 8));
+            }
+        }
+        assert_ne!(
+            generate(1, StoreKind::Memory, 3, 8),
+            generate(2, StoreKind::Memory, 3, 8)
+        );
+    }
+
+    #[test]
+    fn chaos_schedule_events_are_always_applicable() {
+        for seed in 0..500 {
+            for store in [StoreKind::Memory, StoreKind::Etcd] {
+                let s = generate(seed, store, 2, 10);
+                assert!((2..=10).contains(&s.faults()), "{s}");
+                assert!((1..=MAX_AGENTS).contains(&s.agents) && (1..=2).contains(&s.nproc));
+                let mut live: Vec<usize> = (0..s.agents).collect();
+                for t in &s.events {
+                    match t.event {
+                        Event::KillAgent(a) | Event::Leave(a) => {
+                            assert!(live.contains(&a), "{s}");
+                            live.retain(|l| *l != a);
+                            assert!(!live.is_empty(), "one agent always survives: {s}");
+                        }
+                        Event::StopAgent { slot, ms } => {
+                            assert!(live.contains(&slot), "{s}");
+                            assert!((200..=2 * TTL_S * 1000).contains(&ms));
+                        }
+                        Event::ScaleUp(a) => {
+                            assert!(!live.contains(&a));
+                            live.push(a);
+                            assert!(live.len() <= MAX_AGENTS, "{s}");
+                        }
+                        Event::RestartServer { .. } => assert_eq!(store, StoreKind::Etcd),
+                        Event::KillWorker { .. }
+                        | Event::WaitSealed
+                        | Event::CorruptShard { .. } => {}
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chaos_schedule_corruption_follows_a_seal_and_keeps_the_other_events() {
+        let mut seen = 0;
+        for seed in 0..200 {
+            let plain = generate(seed, StoreKind::Memory, 3, 8);
+            let c = with_corruption(plain.clone());
+            assert_eq!(c, with_corruption(plain.clone()), "reproducible");
+            let mut others = Vec::new();
+            let mut i = 0;
+            while i < c.events.len() {
+                if matches!(c.events[i].event, Event::CorruptShard { .. }) {
+                    assert_eq!(c.events[i - 1].event, Event::WaitSealed, "{c}");
+                    assert!(
+                        matches!(c.events[i + 1].event, Event::KillWorker { .. }),
+                        "{c}"
+                    );
+                    seen += 1;
+                    i += 2;
+                    continue;
+                }
+                others.push(&c.events[i]);
+                i += 1;
+            }
+            assert_eq!(others, plain.events.iter().collect::<Vec<_>>());
+        }
+        assert!(seen > 20, "corruption is drawn: {seen}");
+    }
+
+    #[test]
+    fn chaos_schedule_draws_every_kind_of_event() {
+        let all: Vec<Event> = (0..100)
+            .flat_map(|seed| generate(seed, StoreKind::Etcd, 3, 8).events)
+            .map(|t| t.event)
+            .collect();
+        let has = |f: fn(&Event) -> bool| all.iter().any(f);
+        assert!(has(|e| matches!(e, Event::KillAgent(_))));
+        assert!(has(
+            |e| matches!(e, Event::StopAgent { ms, .. } if *ms < TTL_S * 1000)
+        ));
+        assert!(has(
+            |e| matches!(e, Event::StopAgent { ms, .. } if *ms > TTL_S * 1000)
+        ));
+        assert!(has(|e| matches!(e, Event::KillWorker { .. })));
+        assert!(has(|e| matches!(e, Event::Leave(_))));
+        assert!(has(|e| matches!(e, Event::ScaleUp(_))));
+        assert!(has(|e| matches!(e, Event::RestartServer { .. })));
+        assert!(has(|e| matches!(e, Event::WaitSealed)));
+    }
+
+    #[test]
+    fn chaos_schedule_bound_grows_with_each_fault() {
+        let s = generate(7, StoreKind::Memory, 3, 3);
+        let mut shorter = s.clone();
+        shorter.events.pop();
+        assert!(s.bound_ms(5_000) > shorter.bound_ms(5_000));
+        assert!(s.bound_ms(5_000) >= 60_000 + 10_000);
+    }
+}
