@@ -2,6 +2,7 @@
 
 mod harness;
 
+mod auth;
 mod ckpt;
 mod cli;
 mod elastic;

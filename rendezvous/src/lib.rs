@@ -46,6 +46,7 @@
 //! scale-up admission, successor start, failure budget and exit barrier — the session's
 //! generation core; node loss wording — [`loss`]; checkpoints — [`ledger`].
 
+pub mod auth;
 pub mod clock;
 pub mod core;
 pub mod envcheck;

@@ -60,6 +60,11 @@ enum Command {
         /// Off by default.
         #[arg(long, env = "DRUN_RDZV_METRICS_ADDR", value_name = "HOST:PORT")]
         metrics_addr: Option<String>,
+        /// Accept only agents sending a token listed in PATH (repeatable): one `TOKEN` (any run)
+        /// or `RUN_ID TOKEN` (that run only) per line, `#` comments. Read again at every check,
+        /// so tokens rotate without a restart. Without it the control plane is open.
+        #[arg(long = "token-file", value_name = "PATH")]
+        token_files: Vec<std::path::PathBuf>,
     },
     /// Print a run's state: members, generation, ranks, each node's state, standbys, restarts by
     /// cause, the last formation and its duration, the latest checkpoint and the work the last
@@ -85,6 +90,13 @@ enum Command {
         /// instead of the human view; with --watch, one compact document per line per refresh.
         #[arg(long)]
         json: bool,
+        /// File whose first line is the token sent to --endpoint (else DRUN_RDZV_TOKEN).
+        #[arg(
+            long = "rdzv-token-file",
+            env = "DRUN_RDZV_TOKEN_FILE",
+            value_name = "PATH"
+        )]
+        rdzv_token_file: Option<std::path::PathBuf>,
         /// Redraw every INTERVAL until Ctrl-C: seconds (`5`, `0.5`) or `500ms`/`2s`/`1m`,
         /// from 50 ms to 1 day; `--watch` alone: 2 s.
         #[arg(
@@ -161,7 +173,10 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             store,
             etcd_endpoints,
             metrics_addr,
+            token_files,
         } => {
+            let auth = drun_rendezvous::auth::Auth::from_files(&token_files)
+                .map_err(|e| (2, format!("{e} (--token-file)")))?;
             let addr: SocketAddr = listen.parse().map_err(|e| {
                 (
                     2,
@@ -186,6 +201,11 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 "drun-rendezvous listening on {local} (store: {})",
                 store.name()
             );
+            if auth.is_open() {
+                drun_launcher::say!(
+                    "drun-rendezvous: warning: no --token-file: the control plane is open; anyone who can reach {local} can join, read or stop any run"
+                );
+            }
             if let Some(listener) = metrics {
                 let at = listener.local_addr().map_err(|e| (1, e.to_string()))?;
                 // Whoever reads the first line only may have closed stdout since: never panic.
@@ -210,7 +230,8 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             serve(
                 listener,
                 RendezvousService::new(store)
-                    .with_run_on_records(log_format == drun_launcher::LogFormat::Json),
+                    .with_run_on_records(log_format == drun_launcher::LogFormat::Json)
+                    .with_auth(auth),
                 shutdown,
             )
             .await
@@ -222,7 +243,15 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             endpoint,
             json,
             watch,
+            rdzv_token_file,
         } => {
+            let token = drun_launcher::rdzv::token::resolve(
+                rdzv_token_file.as_deref(),
+                std::env::var(drun_launcher::rdzv::token::TOKEN_VAR)
+                    .ok()
+                    .as_deref(),
+            )
+            .map_err(|e| (2, e))?;
             let source = if endpoint.is_empty() {
                 Source::Etcd(etcd_endpoints)
             } else {
@@ -233,6 +262,7 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 source,
                 json,
                 watch,
+                token,
             };
             drun_launcher::status::show(&query)
                 .await

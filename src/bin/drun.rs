@@ -76,11 +76,19 @@ fn status(args: &Args) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(e.code(), &e),
     };
+    let token = match drun_launcher::rdzv::token::resolve(
+        args.rdzv_token_file.as_deref(),
+        host.var(drun_launcher::rdzv::token::TOKEN_VAR),
+    ) {
+        Ok(t) => t,
+        Err(e) => return fail(AgentExit::Usage.code(), &e),
+    };
     let query = StatusQuery {
         run,
         source,
         json: args.json,
         watch: args.watch,
+        token,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

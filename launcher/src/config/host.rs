@@ -111,6 +111,10 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
         })?;
         cfg.ckpt.resume_from = Some(std::fs::canonicalize(&file).unwrap_or(file));
     }
+    if let Some(f) = &cfg.rdzv_token_file {
+        cfg.rdzv_token = crate::rdzv::token::resolve(Some(f), None)
+            .map_err(|why| invalid("--rdzv-token-file", f.display().to_string(), why))?;
+    }
     Ok(cfg)
 }
 

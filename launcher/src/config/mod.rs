@@ -136,6 +136,10 @@ pub struct LaunchConfig {
     pub straggler_factor: f64,
     /// `--preflight`, with its `--preflight-min-gbps` (Gbit/s); `None`: no check.
     pub preflight: Option<Preflight>,
+    /// `--rdzv-token-file`, read by [`prepare`] into `rdzv_token`.
+    pub rdzv_token_file: Option<std::path::PathBuf>,
+    /// The token sent to the rendezvous server: `DRUN_RDZV_TOKEN`, or the file's once prepared.
+    pub rdzv_token: Option<drun_rendezvous::auth::Secret>,
 }
 
 /// `--preflight` settings.

@@ -13,6 +13,7 @@ use std::time::Duration;
 use drun_proto::v1 as pb;
 use drun_proto::v1::rendezvous_client::RendezvousClient;
 use drun_proto::PROTOCOL_VERSION;
+use drun_rendezvous::auth::Secret;
 use drun_rendezvous::session::{Event, Request, Resume, SessionConfig};
 use drun_rendezvous::wire::{event_from_wire, request_to_wire};
 use tokio::sync::mpsc;
@@ -43,9 +44,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Connects to the replicas `endpoints` (`host:port`) for the session described by `cfg`.
+/// `token`: sent with every session (see `drun_rendezvous::auth`).
 pub fn connect(
     endpoints: Vec<String>,
     cfg: SessionConfig,
+    token: Option<Secret>,
 ) -> (
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
@@ -53,7 +56,7 @@ pub fn connect(
     let (req_tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     tokio::spawn(tracing::Instrument::in_current_span(run(
-        endpoints, cfg, req_rx, ev_tx,
+        endpoints, cfg, token, req_rx, ev_tx,
     )));
     (req_tx, ev_rx)
 }
@@ -103,6 +106,7 @@ enum Next {
 struct Client {
     endpoints: Vec<String>,
     cfg: SessionConfig,
+    token: Option<Secret>,
     events: mpsc::UnboundedSender<Event>,
     t: Track,
     reach: Reach,
@@ -113,12 +117,14 @@ struct Client {
 async fn run(
     endpoints: Vec<String>,
     cfg: SessionConfig,
+    token: Option<Secret>,
     mut requests: mpsc::UnboundedReceiver<Request>,
     events: mpsc::UnboundedSender<Event>,
 ) {
     let mut c = Client {
         endpoints,
         cfg,
+        token,
         events,
         t: Track::default(),
         reach: Reach::new(Instant::now()),
@@ -226,7 +232,9 @@ impl Client {
             let _ = out_tx.send(request_to_wire(&req));
         }
         let mut client = RendezvousClient::new(channel);
-        match client.session(UnboundedReceiverStream::new(out_rx)).await {
+        let mut request = tonic::Request::new(UnboundedReceiverStream::new(out_rx));
+        drun_rendezvous::auth::attach(&mut request, self.token.as_ref());
+        match client.session(request).await {
             // Counted as contact only once the server says something (its first answer to a
             // keep-alive comes at once): an HTTP/2 endpoint that is not a drun server (a proxy,
             // an ingress without a route) accepts the stream and ends it.
