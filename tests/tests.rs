@@ -29,5 +29,6 @@ mod store;
 mod straggler;
 mod supervision;
 mod terminal;
+mod tls;
 mod torch_e2e;
 mod worker_store;

@@ -260,6 +260,33 @@ pub struct Args {
     )]
     pub rdzv_token_file: Option<PathBuf>,
 
+    /// Reach the rendezvous server (drun backend) over TLS, trusting this PEM CA.
+    #[arg(
+        long = "rdzv-tls-ca",
+        env = "DRUN_RDZV_TLS_CA",
+        value_name = "PATH",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for a server requiring mutual TLS; with --rdzv-tls-key.
+    #[arg(
+        long = "rdzv-tls-cert",
+        env = "DRUN_RDZV_TLS_CERT",
+        value_name = "PATH",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --rdzv-tls-cert.
+    #[arg(
+        long = "rdzv-tls-key",
+        env = "DRUN_RDZV_TLS_KEY",
+        value_name = "PATH",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_tls_key: Option<PathBuf>,
+
     /// Signals forwarded to every worker before teardown (SIGUSR1/SIGUSR2 are always relayed
     /// without teardown).
     #[arg(

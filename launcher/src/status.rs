@@ -59,6 +59,8 @@ pub struct StatusQuery {
     pub watch: Option<Duration>,
     /// The token sent to a server (`--rdzv-token-file`, `DRUN_RDZV_TOKEN`).
     pub token: Option<drun_rendezvous::auth::Secret>,
+    /// TLS to a server (`--rdzv-tls-ca`, ...).
+    pub tls: Option<drun_rendezvous::tls::ClientTls>,
 }
 
 /// Why `status` printed nothing useful. [`StatusError::code`] is the exit code.
@@ -147,6 +149,7 @@ pub async fn fetch(
     source: &Source,
     run: &str,
     token: Option<&drun_rendezvous::auth::Secret>,
+    tls: Option<&drun_rendezvous::tls::ClientTls>,
 ) -> Result<(serde_json::Value, RunStatus), StatusError> {
     let json = match source {
         Source::Etcd(endpoints) => {
@@ -165,11 +168,23 @@ pub async fn fetch(
                 .map_err(|e| unreachable(&e))?;
             serde_json::to_value(status).expect("a run status serializes")
         }
-        Source::Server(endpoints) => ask_servers(endpoints, run, token).await?,
+        Source::Server(endpoints) => ask_servers(endpoints, run, token, tls).await?,
     };
     let status =
         serde_json::from_value(json.clone()).map_err(|e| StatusError::Decode(e.to_string()))?;
     Ok((json, status))
+}
+
+/// An error with its causes, on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// The `Status` RPC of the first of `endpoints` that answers.
@@ -177,14 +192,25 @@ async fn ask_servers(
     endpoints: &[String],
     run: &str,
     token: Option<&drun_rendezvous::auth::Secret>,
+    tls: Option<&drun_rendezvous::tls::ClientTls>,
 ) -> Result<serde_json::Value, StatusError> {
     let mut last = String::from("no endpoint given");
     for ep in endpoints {
         let answer = async {
-            let url = drun_rendezvous::endpoint_url(ep);
-            let mut client = RendezvousClient::connect(url)
+            let channel = drun_rendezvous::tls::endpoint(ep, tls)
+                .map_err(|e| (false, e))?
+                .connect()
                 .await
-                .map_err(|e| (false, e.to_string()))?;
+                .map_err(|e| {
+                    let mut why = error_chain(&e);
+                    if let Some(h) =
+                        drun_rendezvous::tls::hint(&why, drun_rendezvous::tls::Mode::of(tls))
+                    {
+                        why = format!("{why}; {h}");
+                    }
+                    (false, why)
+                })?;
+            let mut client = RendezvousClient::new(channel);
             let mut request = tonic::Request::new(StatusRequest {
                 run_id: run.to_string(),
             });
@@ -224,7 +250,13 @@ pub async fn show(query: &StatusQuery) -> Result<(), StatusError> {
         return Err(StatusError::NoRunId);
     }
     let Some(every) = query.watch else {
-        let (json, status) = fetch(&query.source, &query.run, query.token.as_ref()).await?;
+        let (json, status) = fetch(
+            &query.source,
+            &query.run,
+            query.token.as_ref(),
+            query.tls.as_ref(),
+        )
+        .await?;
         if status.is_unknown() {
             return Err(StatusError::UnknownRun(query.run.clone()));
         }
@@ -238,7 +270,14 @@ pub async fn show(query: &StatusQuery) -> Result<(), StatusError> {
     };
     let clear = !query.json && std::io::stdout().is_terminal();
     loop {
-        let text = match fetch(&query.source, &query.run, query.token.as_ref()).await {
+        let text = match fetch(
+            &query.source,
+            &query.run,
+            query.token.as_ref(),
+            query.tls.as_ref(),
+        )
+        .await
+        {
             Ok((json, _)) if query.json => json.to_string(),
             Ok((_, s)) if s.is_unknown() => StatusError::UnknownRun(query.run.clone()).to_string(),
             Ok((_, s)) => view(&s).join("\n") + if clear { "" } else { "\n" },

@@ -72,6 +72,7 @@ pub mod shared_lease;
 pub mod status;
 pub mod status_view;
 pub mod store;
+pub mod tls;
 pub mod wire;
 
 pub use crate::core::{decide, Candidate, Decision, Join, RoundConfig};

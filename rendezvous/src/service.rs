@@ -82,7 +82,25 @@ pub async fn serve(
     service: RendezvousService,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
+    serve_with_tls(listener, service, None, shutdown).await
+}
+
+/// [`serve`] over TLS when `tls` is given ([`crate::tls`]).
+///
+/// # Errors
+/// A TLS configuration rustls refuses (a key that does not match, a bad PEM), or a failed
+/// listener.
+pub async fn serve_with_tls(
+    listener: tokio::net::TcpListener,
+    service: RendezvousService,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         .http2_keepalive_interval(Some(Duration::from_secs(2)))
         .http2_keepalive_timeout(Some(Duration::from_secs(4)))
         .add_service(service.into_server())

@@ -137,6 +137,11 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .map(drun_rendezvous::auth::Secret::new),
+        rdzv_tls_files: a
+            .rdzv_tls_ca
+            .clone()
+            .map(|ca| (ca, a.rdzv_tls_cert.clone(), a.rdzv_tls_key.clone())),
+        rdzv_tls: None,
     })
 }
 

@@ -44,11 +44,30 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Connects to the replicas `endpoints` (`host:port`) for the session described by `cfg`.
-/// `token`: sent with every session (see `drun_rendezvous::auth`).
+/// How the agent proves who it is and what it trusts: its token (sent with every session, see
+/// `drun_rendezvous::auth`) and its TLS settings (`drun_rendezvous::tls`).
+#[derive(Debug, Clone, Default)]
+pub struct Creds {
+    /// `--rdzv-token-file` / `DRUN_RDZV_TOKEN`.
+    pub token: Option<Secret>,
+    /// `--rdzv-tls-ca` (and the mTLS identity).
+    pub tls: Option<drun_rendezvous::tls::ClientTls>,
+}
+
+impl Creds {
+    /// The credentials of a prepared launch config.
+    pub fn of(cfg: &crate::LaunchConfig) -> Self {
+        Creds {
+            token: cfg.rdzv_token.clone(),
+            tls: cfg.rdzv_tls.clone(),
+        }
+    }
+}
+
 pub fn connect(
     endpoints: Vec<String>,
     cfg: SessionConfig,
-    token: Option<Secret>,
+    creds: Creds,
 ) -> (
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
@@ -56,7 +75,7 @@ pub fn connect(
     let (req_tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     tokio::spawn(tracing::Instrument::in_current_span(run(
-        endpoints, cfg, token, req_rx, ev_tx,
+        endpoints, cfg, creds, req_rx, ev_tx,
     )));
     (req_tx, ev_rx)
 }
@@ -106,7 +125,7 @@ enum Next {
 struct Client {
     endpoints: Vec<String>,
     cfg: SessionConfig,
-    token: Option<Secret>,
+    creds: Creds,
     events: mpsc::UnboundedSender<Event>,
     t: Track,
     reach: Reach,
@@ -117,14 +136,14 @@ struct Client {
 async fn run(
     endpoints: Vec<String>,
     cfg: SessionConfig,
-    token: Option<Secret>,
+    creds: Creds,
     mut requests: mpsc::UnboundedReceiver<Request>,
     events: mpsc::UnboundedSender<Event>,
 ) {
     let mut c = Client {
         endpoints,
         cfg,
-        token,
+        creds,
         events,
         t: Track::default(),
         reach: Reach::new(Instant::now()),
@@ -180,6 +199,11 @@ impl Client {
         false
     }
 
+    /// How this link connects (TLS or not, with a client certificate or not).
+    fn tls(&self) -> drun_rendezvous::tls::Mode {
+        drun_rendezvous::tls::Mode::of(self.creds.tls.as_ref())
+    }
+
     /// Waits the backoff, then doubles it (at most 2 s).
     async fn back_off(&mut self) {
         tokio::time::sleep(self.backoff).await;
@@ -188,9 +212,7 @@ impl Client {
 
     /// A channel to `endpoint`; `Retry` after the backoff; `Fatal` for an invalid endpoint.
     async fn connect(&mut self, endpoint: &str) -> Conn {
-        let channel = match tonic::transport::Endpoint::from_shared(
-            drun_rendezvous::error::endpoint_url(endpoint),
-        ) {
+        let channel = match drun_rendezvous::tls::endpoint(endpoint, self.creds.tls.as_ref()) {
             Ok(e) => e
                 .connect_timeout(Duration::from_secs(2))
                 .http2_keep_alive_interval(Duration::from_secs(2))
@@ -215,7 +237,8 @@ impl Client {
                     // yet: `give_up` says so every 10 s.
                     tracing::debug!("rendezvous at {endpoint} not reachable yet ({why})");
                 }
-                self.reach.failed(&why);
+                self.reach
+                    .failed_because(explain(short_reason(&why), &why, self.tls()));
                 tokio::time::sleep(self.backoff).await;
                 self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
                 Conn::Retry
@@ -233,7 +256,7 @@ impl Client {
         }
         let mut client = RendezvousClient::new(channel);
         let mut request = tonic::Request::new(UnboundedReceiverStream::new(out_rx));
-        drun_rendezvous::auth::attach(&mut request, self.token.as_ref());
+        drun_rendezvous::auth::attach(&mut request, self.creds.token.as_ref());
         match client.session(request).await {
             // Counted as contact only once the server says something (its first answer to a
             // keep-alive comes at once): an HTTP/2 endpoint that is not a drun server (a proxy,
@@ -247,7 +270,7 @@ impl Client {
                 Some(Opened::Refused)
             }
             Err(s) => {
-                let why = not_a_session(&s);
+                let why = explain(not_a_session(&s), &error_chain(&s), self.tls());
                 tracing::debug!(%endpoint, "rendezvous session failed ({why}); trying again");
                 self.reach.failed_because(why);
                 self.back_off().await;
@@ -304,7 +327,7 @@ impl Client {
                     Ok(None) | Err(_) if !heard => {
                         // Ended before the server said anything: not a working session.
                         let why = match msg {
-                            Err(s) => not_a_session(&s),
+                            Err(s) => explain(not_a_session(&s), &error_chain(&s), self.tls()),
                             _ => "the session ended at once".to_string(),
                         };
                         tracing::debug!(%endpoint, "rendezvous session failed ({why}); trying again");
@@ -336,6 +359,15 @@ fn not_a_session(s: &tonic::Status) -> String {
             s.message().trim()
         ),
         _ => short_reason(s.message()),
+    }
+}
+
+/// `short`, with a hint when the full error `chain` shows a TLS mismatch
+/// ([`drun_rendezvous::tls::hint`]).
+fn explain(short: String, chain: &str, tls: drun_rendezvous::tls::Mode) -> String {
+    match drun_rendezvous::tls::hint(chain, tls) {
+        Some(h) => format!("{short}; {h}"),
+        None => short,
     }
 }
 

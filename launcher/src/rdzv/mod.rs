@@ -144,7 +144,7 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             })
         }
         RendezvousMode::Server { endpoints } => {
-            let (tx, rx) = grpc::connect(endpoints.clone(), session, cfg.rdzv_token.clone());
+            let (tx, rx) = grpc::connect(endpoints.clone(), session, grpc::Creds::of(cfg));
             Ok(Link {
                 tx,
                 rx,
@@ -179,7 +179,7 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             } else {
                 None
             };
-            let (tx, rx) = grpc::connect(vec![endpoint.clone()], session, cfg.rdzv_token.clone());
+            let (tx, rx) = grpc::connect(vec![endpoint.clone()], session, grpc::Creds::of(cfg));
             Ok(Link { tx, rx, hosted })
         }
     }
