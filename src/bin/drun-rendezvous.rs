@@ -247,8 +247,9 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 store.name()
             );
             if auth.is_open() {
-                drun_launcher::say!(
-                    "drun-rendezvous: warning: no --token-file: the control plane is open; anyone who can reach {local} can join, read or stop any run"
+                // A log record, so that JSON logs stay one object per line.
+                tracing::warn!(
+                    "no --token-file: the control plane is open; anyone who can reach {local} can join, read or stop any run"
                 );
             }
             if let Some(listener) = metrics {
