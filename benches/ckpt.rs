@@ -80,6 +80,7 @@ async fn ledger_latency(store: Arc<dyn Store>, nodes: usize, steps: u64) -> (Dur
                         sha256: "0".repeat(64),
                     })
                     .collect(),
+                save_started_ms: None,
             };
             let t = Instant::now();
             ledger
@@ -183,6 +184,7 @@ fn verify_throughput(total_mb: u64) {
             files: shards.clone(),
             sealed_at_ms: 0,
             adopted_from: None,
+            save_ms: None,
         };
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
         let t = Instant::now();

@@ -78,6 +78,7 @@ async fn simulated(n: usize) -> (f64, f64) {
             max_restarts: 0,
             auto_keep_alive: true,
             scale_up_save: None,
+            ckpt_interval: Default::default(),
         };
         links.push(spawn_session(store.clone(), cfg, None));
     }

@@ -66,6 +66,8 @@ fn hello(run: &str, node: &str, n: usize) -> pb::AgentMessage {
             resume: None,
             scale_up_save_timeout_ms: 0,
             reform_settle_ms: Some(1_000),
+            ckpt_interval: String::new(),
+            expected_mtbf_ms: 0,
         })),
     }
 }

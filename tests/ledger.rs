@@ -91,6 +91,7 @@ fn commit(plan: &Plan, node: &str, step: u64, samples: u64) -> NodeCommit {
             .collect(),
         ranks,
         cursor: cursor(samples),
+        save_started_ms: None,
     }
 }
 
@@ -268,5 +269,41 @@ fn resume_point_is_the_newest_good_manifest_and_retention_collects() {
             .all(|p| p.contains("step-2-") || p.contains("step-6-")));
         let steps = sealed_steps(&ledger).await;
         assert_eq!(steps, [4, 8, 10]);
+    });
+}
+
+#[test]
+fn a_seal_records_the_save_cost_from_the_first_rank_s_start() {
+    on_both_stores(|store| async move {
+        let ledger = Ledger::new(store.clone(), RUN);
+        let (plan, _leases) = form(&store, 1, None).await;
+        assert_eq!(
+            seal(&ledger, &plan, 4).await.save_ms,
+            None,
+            "no start reported"
+        );
+        let now = drun_rendezvous::clock::now_ms();
+        let mut a = commit(&plan, "a", 8, 64);
+        a.save_started_ms = Some(now - 900);
+        let mut b = commit(&plan, "b", 8, 64);
+        b.save_started_ms = Some(now - 400);
+        ledger.commit(&plan, &a, KEEP_ALL).await.unwrap();
+        let CommitOutcome::Sealed { manifest, .. } =
+            ledger.commit(&plan, &b, KEEP_ALL).await.unwrap()
+        else {
+            panic!("b's record seals step 8");
+        };
+        let cost = manifest.save_ms.expect("measured");
+        let since = drun_rendezvous::clock::now_ms() - now;
+        assert!(
+            (900..=900 + since).contains(&cost),
+            "first rank's start → seal: {cost} ms"
+        );
+        let stored = ledger.manifests().await.unwrap();
+        assert_eq!(
+            stored.last().unwrap().save_ms,
+            Some(cost),
+            "kept in the ledger"
+        );
     });
 }

@@ -9,6 +9,7 @@ mod elastic;
 mod envcheck;
 mod hang;
 mod json_logs;
+mod k8s;
 mod k8s_examples;
 mod ledger;
 mod logs;

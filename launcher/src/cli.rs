@@ -478,6 +478,31 @@ pub struct Args {
     )]
     pub on_scale_up: crate::ckpt::OnScaleUp,
 
+    /// When drun itself asks every rank for a coordinated checkpoint (`should_save` turns true
+    /// at the same step, as for a preemption warning): `off` (default: the script decides),
+    /// SECONDS since the last seal, or `auto`: the first-order optimum √(2·C·M) from the
+    /// measured save cost C and the job's mean time between failures M, re-evaluated after each
+    /// seal and each failure (README "Checkpoint interval").
+    #[arg(
+        long = "ckpt-interval",
+        value_name = "auto|SECONDS|off",
+        default_value = "off",
+        env = "DRUN_CKPT_INTERVAL",
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_interval: String,
+
+    /// With --ckpt-interval auto: the mean time between failures assumed until the job has
+    /// failed, seconds (> 0; default 4 h). For a new job, the cluster's MTBF per node divided
+    /// by the number of nodes.
+    #[arg(
+        long = "expected-mtbf",
+        value_name = "SECONDS",
+        default_value_t = drun_rendezvous::ckpt_interval::DEFAULT_EXPECTED_MTBF_S,
+        help_heading = "Checkpoints"
+    )]
+    pub expected_mtbf: f64,
+
     /// With --on-scale-up checkpoint: the longest wait for that checkpoint, seconds (> 0); the
     /// group then re-forms without it.
     #[arg(
@@ -519,6 +544,42 @@ pub struct Args {
         help_heading = "Slurm and preemption"
     )]
     pub slurm: crate::slurm::SlurmMode,
+
+    /// Inside a Kubernetes training job (Kubeflow PyTorchJob or TrainJob, JobSet, Indexed Job,
+    /// Volcano): `auto` takes nnodes, node rank, master or an embedded rendezvous on the
+    /// index-0 pod, and the run id from what the operator injected (explicit flags and PET_*
+    /// win; what was taken is printed at start; `drun doctor` shows every source); `off`
+    /// ignores it.
+    #[arg(
+        long,
+        value_enum,
+        env = "DRUN_KUBERNETES",
+        default_value = "auto",
+        help_heading = "Kubernetes"
+    )]
+    pub kubernetes: crate::k8s::K8sMode,
+
+    /// Where the exit's root cause goes, as one JSON object of at most 4 KiB (exit code, its
+    /// class for failure policies, reason, run id): shown by `kubectl describe pod`. Default:
+    /// /dev/termination-log when the kubelet mounted it, else nowhere.
+    #[arg(
+        long = "termination-log",
+        env = "DRUN_TERMINATION_LOG",
+        value_name = "PATH",
+        help_heading = "Kubernetes"
+    )]
+    pub termination_log: Option<std::path::PathBuf>,
+
+    /// A directory on a volume that outlives the container (e.g. an emptyDir): drun counts its
+    /// starts there (`container_restarts`, monotonic across in-place container restarts),
+    /// printed at start and in the termination message.
+    #[arg(
+        long = "state-dir",
+        env = "DRUN_STATE_DIR",
+        value_name = "DIR",
+        help_heading = "Kubernetes"
+    )]
+    pub state_dir: Option<std::path::PathBuf>,
 
     /// What a preemption warning (--preempt-signal, e.g. from `sbatch --signal=USR1@60` or
     /// `scancel --signal=USR1`) does: `relay` passes it to the workers; `checkpoint` instead asks

@@ -11,7 +11,12 @@ Exit codes:
   4        fenced: lost membership and could not rejoin
   5        preempted: a coordinated checkpoint was sealed after a preemption warning
            (--on-preempt checkpoint); requeue the job to resume from it
-  128+N    the agent was stopped by signal N (workers were signalled and reaped first)";
+  128+N    the agent was stopped by signal N (workers were signalled and reaped first)
+For Kubernetes failure policies (podFailurePolicy, JobSet): 1 and 2 are fatal (the same
+error would recur); 3, 4, 5 and 128+N are retryable (infrastructure, preemption).
+
+drun doctor [FLAGS] [SCRIPT]: print every setting this command line resolves to, where each
+came from (flag, PET_*, Slurm, the Kubernetes operator, default) and the known traps.";
 
 /// How the agent ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -197,7 +197,7 @@ async fn ask_servers(
     let mut last = String::from("no endpoint given");
     for ep in endpoints {
         let answer = async {
-            let channel = drun_rendezvous::tls::endpoint(ep, tls)
+            let channel = drun_rendezvous::tls::endpoint(ep, tls, None)
                 .map_err(|e| (false, e))?
                 .connect()
                 .await

@@ -29,6 +29,7 @@ import os
 import random
 import socket
 import tempfile
+import time
 
 from ._version import __version__
 
@@ -134,6 +135,16 @@ def _mismatch(theirs, detail):
 
 _client = _Client()
 _digests = {}
+# When this rank began saving the checkpoint it commits next (ms since the Unix epoch): the
+# first atomic_save() or True should_save() answer since the last commit. Sent with the commit;
+# the seal measures the save cost from it (--ckpt-interval auto).
+_save_started_ms = None
+
+
+def _note_save_start():
+    global _save_started_ms
+    if _save_started_ms is None:
+        _save_started_ms = int(time.time() * 1000)
 
 
 def _env_int(name, default=None):
@@ -222,6 +233,7 @@ def atomic_save(path, write):
     cache), renamed into place and its directory fsynced, so a rank killed mid-write leaves no
     file at ``path``. The digest is remembered for :func:`commit`.
     """
+    _note_save_start()
     path = os.path.abspath(path)
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
@@ -293,12 +305,17 @@ def commit(step, paths=(), cursor=None, timeout=600.0):
     }
     if cursor is not None:
         msg["cursor"] = cursor
+    global _save_started_ms
+    if _save_started_ms is not None:
+        msg["save_started_ms"] = _save_started_ms
+    _save_started_ms = None
     return _client.request(msg, timeout=timeout)
 
 
 def should_save(sync=True):
     """True when drun asks for a coordinated checkpoint (``--on-preempt checkpoint`` after a
-    preemption warning, or ``--on-scale-up checkpoint`` before admitting a new node): save and
+    preemption warning, ``--on-scale-up checkpoint`` before admitting a new node, or
+    ``--ckpt-interval`` when the interval since the last seal has passed): save and
     :func:`commit` now, at the same step on every rank.
 
     With ``sync`` (default) and ``torch.distributed`` initialized, the answers of all ranks are
@@ -309,6 +326,8 @@ def should_save(sync=True):
     if available():
         local = bool(_client.request({"op": "should_save", "rank": _env_int("RANK", 0)},
                                      timeout=30.0)["save"])
+    if local:
+        _note_save_start()
     if not sync:
         return local
     try:

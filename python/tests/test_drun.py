@@ -205,6 +205,25 @@ class AgentApi(unittest.TestCase):
             with self.assertRaisesRegex(drun.DrunError, "runs under an older drun agent"):
                 drun.progress(1)
 
+    def test_the_save_start_goes_with_the_commit(self):
+        agent = FakeAgent(lambda r: {"ok": True, "sealed": True, "save": True})
+        d = tempfile.mkdtemp()
+        env = dict(CLEAN, DRUN_AGENT_SOCK=agent.path, RANK="0", DRUN_CKPT_DIR=d)
+        with mock.patch.dict(os.environ, env, clear=True):
+            before = int(__import__("time").time() * 1000)
+            self.assertTrue(drun.should_save(sync=False))  # asked: the save starts now
+            path = drun.shard_path(2)
+            drun.atomic_save(path, lambda f: f.write(b"x"))
+            drun.commit(2, [path], {"consumed_in_epoch": 8})
+            path = drun.shard_path(4)
+            drun.atomic_save(path, lambda f: f.write(b"y"))
+            drun.commit(4, [path], {"consumed_in_epoch": 16})
+            drun.commit(4, [path], {"consumed_in_epoch": 16})
+        first, second, third = [r for r in agent.requests if r["op"] == "commit"]
+        self.assertGreaterEqual(first["save_started_ms"], before)
+        self.assertLessEqual(first["save_started_ms"], second["save_started_ms"])
+        self.assertNotIn("save_started_ms", third, "one start per save")
+
     def test_no_answer_raises_drun_error(self):
         agent = FakeAgent(lambda r: (__import__("time").sleep(2), {"ok": True})[1])
         f = tempfile.NamedTemporaryFile(delete=False)

@@ -73,6 +73,7 @@ mod tests {
             files: vec![],
             sealed_at_ms,
             adopted_from: None,
+            save_ms: None,
         }
     }
 

@@ -119,6 +119,37 @@ impl RunKeys {
         format!("{}formation/{g}", self.prefix)
     }
 
+    /// The failure (a worker failure or a lost node) that ended generation `g` (JSON
+    /// [`crate::failure_log::FailureRecord`]), written with the close: the job-wide failure
+    /// history `--ckpt-interval auto` takes M from. Outside `gen/<g>/`, so it outlives re-forms.
+    pub fn failure(&self, g: u64) -> String {
+        format!("{}{g:020}", self.failures_prefix())
+    }
+
+    /// The prefix of every generation's failure record.
+    pub fn failures_prefix(&self) -> String {
+        format!("{}failure/", self.prefix)
+    }
+
+    /// The checkpoint interval in force (JSON [`crate::ckpt_interval::Interval`]), written by the
+    /// session that decides it (node rank 0's) when it changes; read by `status`.
+    pub fn ckpt_interval(&self) -> String {
+        format!("{}ckpt/interval", self.prefix)
+    }
+
+    /// A coordinated checkpoint `--ckpt-interval` asked of generation `g` while `ckpt/latest`
+    /// was `latest` (JSON [`crate::session::SaveRequest`]): one per checkpoint, under the
+    /// generation's prefix, so members see it.
+    pub fn save_due(&self, g: u64, latest: &str) -> String {
+        let latest = if latest.is_empty() { "none" } else { latest };
+        format!("{}gen/{g}/save-due/{latest}", self.prefix)
+    }
+
+    /// The prefix of generation `g`'s [`Self::save_due`] keys.
+    pub fn save_due_prefix(&self, g: u64) -> String {
+        format!("{}gen/{g}/save-due/", self.prefix)
+    }
+
     /// Job-wide restart counters (JSON).
     pub fn restarts(&self) -> String {
         format!("{}restarts", self.prefix)

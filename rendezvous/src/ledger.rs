@@ -78,6 +78,10 @@ pub struct NodeCommit {
     pub cursor: Cursor,
     /// Files of all those ranks.
     pub files: Vec<ShardFile>,
+    /// When the first of those ranks began saving the step (or was told to by
+    /// `drun.should_save()`), milliseconds since the Unix epoch; `None` when no rank said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub save_started_ms: Option<u64>,
 }
 
 /// A sealed checkpoint: complete (every rank of its generation reported it) and consistent.
@@ -102,6 +106,10 @@ pub struct Manifest {
     /// manifest file is written over that run's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopted_from: Option<String>,
+    /// The save cost as the ranks saw it: the first rank's save start (any node) → the seal,
+    /// milliseconds; `None` when no rank reported its start (the `--ckpt-interval auto` input C).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub save_ms: Option<u64>,
 }
 
 impl Manifest {
@@ -424,6 +432,7 @@ mod tests {
             files: vec![f("/c/step-1/rank0.pt"), f("/c/step-1/rank1.pt")],
             sealed_at_ms: 0,
             adopted_from: None,
+            save_ms: None,
         };
         assert_eq!(m.dir(), std::path::PathBuf::from("/c/step-1"));
         m.files.push(f("/c/extra/x"));

@@ -47,6 +47,7 @@
 //! generation core; node loss wording — [`loss`]; checkpoints — [`ledger`].
 
 pub mod auth;
+pub mod ckpt_interval;
 pub mod clock;
 pub mod core;
 pub mod envcheck;
@@ -54,6 +55,7 @@ pub mod error;
 pub mod etcd;
 pub mod etcd_batch;
 pub mod etcd_share;
+pub mod failure_log;
 pub mod formation;
 pub mod human;
 pub mod keys;

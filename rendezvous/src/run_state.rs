@@ -159,6 +159,27 @@ impl RunState {
         Ok(all)
     }
 
+    /// The job-wide failure history, oldest first (keys `failure/<g>`).
+    pub async fn failures(&self) -> Result<Vec<crate::failure_log::FailureRecord>, StoreError> {
+        self.store
+            .get_prefix(&self.keys.failures_prefix())
+            .await?
+            .iter()
+            .map(|kv| decode(&kv.key, &kv.value))
+            .collect()
+    }
+
+    /// The checkpoint interval in force (`ckpt/interval`), if `--ckpt-interval` set one.
+    pub async fn ckpt_interval(
+        &self,
+    ) -> Result<Option<crate::ckpt_interval::Interval>, StoreError> {
+        let key = self.keys.ckpt_interval();
+        self.get(&key)
+            .await?
+            .map(|kv| decode(&key, &kv.value))
+            .transpose()
+    }
+
     /// Why generation `g` must re-form, if it must.
     pub async fn closed(&self, g: u64) -> Result<Option<String>, StoreError> {
         Ok(self

@@ -109,6 +109,7 @@ pub async fn serve_with_tls(
 }
 
 fn session_config(h: &pb::Hello) -> SessionConfig {
+    use crate::ckpt_interval::{IntervalConfig, IntervalMode};
     let ttl = Duration::from_millis(h.lease_ttl_ms.max(1000));
     SessionConfig {
         run_id: h.run_id.clone(),
@@ -128,6 +129,14 @@ fn session_config(h: &pb::Hello) -> SessionConfig {
         auto_keep_alive: false,
         scale_up_save: (h.scale_up_save_timeout_ms > 0)
             .then(|| Duration::from_millis(h.scale_up_save_timeout_ms)),
+        ckpt_interval: IntervalConfig {
+            mode: IntervalMode::parse(&h.ckpt_interval).unwrap_or_default(),
+            expected_mtbf: if h.expected_mtbf_ms > 0 {
+                Duration::from_millis(h.expected_mtbf_ms)
+            } else {
+                IntervalConfig::default().expected_mtbf
+            },
+        },
     }
 }
 
@@ -324,6 +333,26 @@ mod tests {
     use super::*;
     use crate::MemoryStore;
     use drun_proto::v1::rendezvous_client::RendezvousClient;
+
+    #[test]
+    fn the_checkpoint_interval_travels_in_the_hello() {
+        use crate::ckpt_interval::{IntervalConfig, IntervalMode};
+        let h = pb::Hello {
+            ckpt_interval: "auto".into(),
+            expected_mtbf_ms: 600_000,
+            ..Default::default()
+        };
+        assert_eq!(
+            session_config(&h).ckpt_interval,
+            IntervalConfig {
+                mode: IntervalMode::Auto,
+                expected_mtbf: Duration::from_secs(600),
+            }
+        );
+        // An older agent sends neither: off, with the default prior.
+        let old = session_config(&pb::Hello::default()).ckpt_interval;
+        assert_eq!(old, IntervalConfig::default());
+    }
 
     async fn hello_with_version(version: u32) -> Result<(), Status> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

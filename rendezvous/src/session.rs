@@ -31,12 +31,14 @@
 
 mod actor;
 mod generation;
+mod interval;
 mod keeper;
 mod membership;
 #[cfg(test)]
 mod outage_tests;
 mod protocol;
 mod running;
+mod save_clock;
 mod writes;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -108,6 +110,7 @@ mod tests {
             max_restarts: 0,
             auto_keep_alive: true,
             scale_up_save: None,
+            ckpt_interval: Default::default(),
         }
     }
 

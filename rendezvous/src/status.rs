@@ -53,6 +53,10 @@ pub struct RunStatus {
     /// JSON.
     #[serde(default)]
     pub reports: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// The checkpoint interval in force (`--ckpt-interval`; `None`: off).
+    pub ckpt_interval: Option<crate::ckpt_interval::Interval>,
+    /// The job-wide failure history (worker failures and lost nodes), oldest first.
+    pub failures: Vec<crate::failure_log::FailureRecord>,
 }
 
 /// Group restarts by cause.
@@ -110,6 +114,9 @@ pub struct LatestCheckpoint {
     pub path: std::path::PathBuf,
     /// When it was sealed, milliseconds since the Unix epoch (0: an older server).
     pub sealed_at_ms: u64,
+    /// Its save cost as the ranks saw it (first rank's save start → seal), milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save_ms: Option<u64>,
 }
 
 /// One sealed checkpoint.
@@ -331,6 +338,7 @@ pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus,
             bytes: m.bytes(),
             path: m.dir(),
             sealed_at_ms: m.sealed_at_ms,
+            save_ms: m.save_ms,
         });
     Ok(RunStatus {
         run: run.to_string(),
@@ -348,6 +356,8 @@ pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus,
         },
         finished,
         root_causes: state.root_causes().await?,
+        ckpt_interval: state.ckpt_interval().await?,
+        failures: state.failures().await?,
         checkpoints: Checkpoints {
             latest,
             sealed: sealed

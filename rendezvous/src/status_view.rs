@@ -107,6 +107,17 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
         None => "-".into(),
     };
     wrap(&mut out, "checkpoint", &ckpt);
+    if let Some(i) = &status.ckpt_interval {
+        let line = format!(
+            "every {} (C = {:.2} s, M = {:.0} s from {} failure(s), expected loss per failure ≈ {:.1} s)",
+            duration(Duration::from_secs_f64(i.interval_s)),
+            i.cost_s,
+            i.mtbf_s,
+            status.failures.len(),
+            i.expected_loss_s
+        );
+        wrap(&mut out, "interval", &line);
+    }
     if let Some(cause) = status.root_causes.last() {
         wrap(
             &mut out,

@@ -162,3 +162,27 @@ fn long_words_and_cells_are_cut_not_overflowing() {
     assert_eq!(bytes(512), "512 B");
     assert_eq!(bytes(1_234_567), "1.2 MB");
 }
+
+#[test]
+fn the_checkpoint_interval_is_shown_with_its_inputs() {
+    let mut s = status(2);
+    assert!(!render(&s, NOW).join("\n").contains("interval"));
+    s.ckpt_interval = crate::ckpt_interval::decide(
+        crate::ckpt_interval::IntervalMode::Auto,
+        &crate::ckpt_interval::Observed {
+            save_costs_s: vec![0.5],
+            failures: 3,
+            exposure_s: 60.0,
+            restart_s: 1.0,
+        },
+        3600.0,
+    );
+    s.failures = vec![Default::default(); 3];
+    let text = render(&s, NOW).join("\n");
+    assert!(
+        text.contains(
+            "interval   every 4.5 s (C = 0.50 s, M = 20 s from 3 failure(s), expected loss"
+        ),
+        "{text}"
+    );
+}

@@ -89,18 +89,29 @@ impl ClientTls {
     }
 }
 
-/// The endpoint `host:port` over TLS when `tls` is given (`https://`), else plaintext.
+/// The endpoint `host:port` over TLS when `tls` is given (`https://`), else plaintext; with TLS
+/// the server's certificate must name `server_name` (`None`: `ep`'s host).
 ///
 /// # Errors
 /// An endpoint that is not a valid URI, or a TLS setting tonic refuses: one line.
-pub fn endpoint(ep: &str, tls: Option<&ClientTls>) -> Result<Endpoint, String> {
+pub fn endpoint(
+    ep: &str,
+    tls: Option<&ClientTls>,
+    server_name: Option<&str>,
+) -> Result<Endpoint, String> {
     let url = match tls {
         Some(_) if !ep.contains("://") => format!("https://{ep}"),
         _ => crate::error::endpoint_url(ep),
     };
     let e = Endpoint::from_shared(url).map_err(|e| e.to_string())?;
     match tls {
-        Some(t) => e.tls_config(t.config()).map_err(|e| e.to_string()),
+        Some(t) => {
+            let mut cfg = t.config();
+            if let Some(n) = server_name {
+                cfg = cfg.domain_name(n);
+            }
+            e.tls_config(cfg).map_err(|e| e.to_string())
+        }
         None => Ok(e),
     }
 }
@@ -176,9 +187,9 @@ mod tests {
         let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, "not a pem").unwrap();
         let t = ClientTls::from_files(&ca, None, None).unwrap();
-        let e = endpoint("127.0.0.1:5", Some(&t)).unwrap();
+        let e = endpoint("127.0.0.1:5", Some(&t), None).unwrap();
         assert_eq!(e.uri().scheme_str(), Some("https"));
-        let e = endpoint("127.0.0.1:5", None).unwrap();
+        let e = endpoint("127.0.0.1:5", None, None).unwrap();
         assert_eq!(e.uri().scheme_str(), Some("http"));
         let err = ClientTls::from_files(&ca, Some(&ca), None).unwrap_err();
         assert!(err.contains("go together"), "{err}");

@@ -11,6 +11,7 @@ use drun_launcher::{AgentExit, Args, LaunchConfig, GUARD_ARG};
 mod logging;
 
 fn main() -> ExitCode {
+    drun_launcher::container::catch_early_signals();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == GUARD_ARG) {
         let id = argv
@@ -18,6 +19,25 @@ fn main() -> ExitCode {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         drun_launcher::guard_main(&id);
+    }
+    // An operator's empty `PET_STANDALONE=""` (and the like) is read as unset, with a warning:
+    // clap reads `PET_*` while parsing, so they go before it (single-threaded here).
+    let unset = drun_launcher::k8s::unset_empty(|k| std::env::var(k).ok());
+    for (var, warning) in &unset {
+        drun_launcher::say!("drun: warning: {warning}");
+        std::env::remove_var(var);
+    }
+    // `drun doctor ...` (unless a script of that name is meant, as `torchrun doctor` would).
+    if argv.get(1).is_some_and(|a| a == "doctor") && !std::path::Path::new("doctor").exists() {
+        let rest: Vec<String> = std::iter::once("drun".to_string())
+            .chain(argv[2..].iter().map(|a| a.to_string_lossy().into_owned()))
+            .collect();
+        install_tracing(0, true, drun_launcher::LogFormat::Human);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime on the main thread");
+        return ExitCode::from(runtime.block_on(drun_launcher::doctor::run(&rest, &unset)));
     }
     let args = match Args::try_parse_from(&argv) {
         Ok(a) => a,
@@ -41,6 +61,18 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             drun_launcher::say!("drun: error: {e}");
+            let message = drun_launcher::container::termination_json(
+                &drun_launcher::container::Termination {
+                    exit: AgentExit::Usage,
+                    reason: &e.to_string(),
+                    run_id: None,
+                    restarts: None,
+                },
+            );
+            drun_launcher::container::write_termination_log(
+                args.termination_log.as_deref(),
+                &message,
+            );
             return ExitCode::from(AgentExit::Usage.code());
         }
     };

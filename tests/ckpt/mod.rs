@@ -16,6 +16,7 @@ mod dcp;
 mod frameworks;
 mod hang;
 mod integrity;
+mod interval;
 mod samples;
 mod scale_up;
 
@@ -249,4 +250,20 @@ fn check(python: &Path, args: &[&str]) -> Value {
         String::from_utf8_lossy(&o.stderr)
     );
     serde_json::from_str(text.trim()).unwrap()
+}
+
+/// The one line an agent printed about a checkpoint that failed verification (asserts there is
+/// exactly one, and that it says it falls back).
+pub fn fallback_line(err: &str) -> &str {
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("drun: ") && l.contains("failed verification"))
+        .collect();
+    assert_eq!(lines.len(), 1, "said once, in one line:\n{err}");
+    assert!(
+        lines[0].ends_with("falling back to the previous checkpoint"),
+        "{}",
+        lines[0]
+    );
+    lines[0]
 }

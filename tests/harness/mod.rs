@@ -69,6 +69,13 @@ pub fn clean_env(mut c: Command) -> Command {
         "RUST_LOG",
         "DRUN_LOG",
         "DRUN_LOG_FORMAT",
+        // A CI runner that is itself a Kubernetes pod must not change drun's defaults.
+        "KUBERNETES_SERVICE_HOST",
+        "JOB_COMPLETION_INDEX",
+        "VC_TASK_INDEX",
+        "DRUN_TERMINATION_LOG",
+        "DRUN_STATE_DIR",
+        "DRUN_HOSTS_FILE",
     ] {
         c.env_remove(k);
     }

@@ -61,10 +61,16 @@ pub async fn run(cfg: LaunchConfig) -> AgentExit {
 }
 
 async fn run_agent(cfg: LaunchConfig) -> AgentExit {
+    let end = Termination {
+        path: cfg.termination_log.clone(),
+        run_id: cfg.run_id.clone(),
+        restarts: cfg.container_restarts,
+    };
     let mut agent = match Agent::new(cfg).await {
         Ok(a) => a,
         Err(e) => {
             crate::say!("drun: error: {e}");
+            end.write(e.exit(), &e.to_string());
             return e.exit();
         }
     };
@@ -72,11 +78,41 @@ async fn run_agent(cfg: LaunchConfig) -> AgentExit {
         Ok(exit) => exit,
         Err(e) => {
             crate::say!("drun: error: {e}");
+            agent.cause.get_or_insert_with(|| e.to_string());
             e.exit()
         }
     };
     agent.close(exit).await;
+    let reason = match (exit, agent.cause.take()) {
+        (_, Some(cause)) => cause,
+        (AgentExit::Signal(n), None) => format!(
+            "stopped by {} (pod deleted, evicted or preempted); the workers were stopped first",
+            Signal::try_from(n).map_or("a signal", |s| s.as_str())
+        ),
+        (AgentExit::Success, None) => "all workers succeeded".into(),
+        (e, None) => format!("exit {}", e.code()),
+    };
+    end.write(exit, &reason);
     exit
+}
+
+/// Where and what the termination message says, known before the agent starts.
+struct Termination {
+    path: Option<PathBuf>,
+    run_id: String,
+    restarts: Option<u64>,
+}
+
+impl Termination {
+    fn write(&self, exit: AgentExit, reason: &str) {
+        let message = crate::container::termination_json(&crate::container::Termination {
+            exit,
+            reason,
+            run_id: Some(&self.run_id),
+            restarts: self.restarts,
+        });
+        crate::container::write_termination_log(self.path.as_deref(), &message);
+    }
 }
 
 struct Agent {
@@ -92,6 +128,8 @@ struct Agent {
     sigchld: tokio::signal::unix::Signal,
     /// Secondary problems, printed as "also: ..." after the primary error.
     also: Vec<String>,
+    /// The root cause in one line, for the termination message.
+    cause: Option<String>,
     /// The worker API socket (`DRUN_AGENT_SOCK`); `None` if it could not be opened.
     api: Option<ApiServer>,
     /// Worker API requests.
@@ -140,6 +178,7 @@ impl Agent {
             }
             !ignored
         });
+        let handled = wanted.clone();
         for sig in wanted {
             let mut stream = signal(SignalKind::from_raw(sig as i32))
                 .map_err(|e| LaunchError::os(format!("cannot handle {}", sig.as_str()), e))?;
@@ -151,6 +190,11 @@ impl Agent {
                     }
                 }
             });
+        }
+        // A signal that came while drun was PID 1 without handlers yet (see
+        // `spawn::note_early_signals`) is handled now, as if it came just after.
+        if let Some(sig) = spawn::take_early_signal().filter(|s| handled.contains(s)) {
+            let _ = tx.send(sig);
         }
         let mut guard = Guard::start(&spawner, &agent_id)
             .await
@@ -214,6 +258,7 @@ impl Agent {
             signals,
             sigchld,
             also: Vec::new(),
+            cause: None,
         })
     }
 

@@ -121,6 +121,11 @@ pub enum Save {
     /// None requested.
     #[default]
     Idle,
+    /// The checkpoint interval passed (`--ckpt-interval`): its seal only ends the request.
+    Interval {
+        /// `ckpt/latest` when requested.
+        latest_before: String,
+    },
     /// Before admitting a newcomer (`--on-scale-up checkpoint`): its seal only ends the request.
     ScaleUp {
         /// `ckpt/latest` when requested.

@@ -324,10 +324,19 @@ fn on_save_requested(m: &mut Machine, phase: Phase, req: SaveRequest, cx: &mut C
             "coordinated checkpoint requested ({}); workers see should_save = true",
             req.reason
         );
-        if req.scale_up {
+        if req.interval {
+            // Any pending save serves: the seal of any newer checkpoint ends it. Not logged
+            // here: node rank 0's session says once why it asked (one line per save is enough).
+            match save {
+                Save::Idle => Save::Interval {
+                    latest_before: req.latest_before.clone(),
+                },
+                other => other,
+            }
+        } else if req.scale_up {
             match save {
                 Save::Preempt { .. } => save,
-                Save::Idle | Save::ScaleUp { .. } => {
+                Save::Idle | Save::ScaleUp { .. } | Save::Interval { .. } => {
                     if save == Save::Idle {
                         cx.log(Level::Info, None, line);
                     }
@@ -386,7 +395,11 @@ fn on_sealed(m: &mut Machine, phase: Phase, id: String, cx: &mut Cx<'_>) -> Phas
                 None => preempted(&plan, cx),
             };
         }
-        Save::ScaleUp { latest_before } if id > latest_before => Save::Idle,
+        Save::ScaleUp { latest_before } | Save::Interval { latest_before }
+            if id > latest_before =>
+        {
+            Save::Idle
+        }
         other => other,
     };
     match partial {

@@ -34,6 +34,28 @@ impl Agent {
                 human(self.cfg.shutdown_timeout)
             );
         }
+        if let Some(job) = &self.cfg.k8s {
+            for w in &job.warnings {
+                tracing::warn!("{w}");
+            }
+        }
+        if let Some(n) = self.cfg.container_restarts {
+            tracing::info!(
+                "container start {} on --state-dir (restarts so far: {n})",
+                n + 1
+            );
+        }
+        if crate::container::is_pid1() {
+            tracing::info!(
+                "running as PID 1: signals are handled, every orphan in the container is reaped"
+            );
+        }
+        if let Some(line) = &self.cfg.k8s_line {
+            tracing::info!(
+                "{line}; shutdown grace {}",
+                human(self.cfg.shutdown_timeout)
+            );
+        }
         if self.cfg.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
             tracing::info!(
                 "OMP_NUM_THREADS is unset; setting it to 1 for each worker, as torchrun does \
@@ -236,6 +258,7 @@ impl Agent {
             return;
         };
         let root = failures[root].clone();
+        self.cause = Some(format!("{} on {}", root.one_line(), self.hostname));
         if self.temp_log_dir {
             for f in failures.iter_mut().filter(|f| f.error.is_some()) {
                 f.error_file = PathBuf::from(format!(
@@ -258,7 +281,11 @@ impl Agent {
     }
 
     /// The summary of a run another node's worker failure ended: that failure, `cause`.
-    pub(super) fn summarize_remote(&self, cause: &RootCause) {
+    pub(super) fn summarize_remote(&mut self, cause: &RootCause) {
+        self.cause = Some(format!(
+            "rank {} (local_rank {}) on {} exited with {} (pid {}), generation {}",
+            cause.rank, cause.local_rank, cause.host, cause.exitcode, cause.pid, cause.generation
+        ));
         let at = UNIX_EPOCH + Duration::from_millis(cause.at_ms);
         crate::say_raw!(
             "{}",

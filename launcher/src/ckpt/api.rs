@@ -5,7 +5,7 @@
 //!
 //! | request | answer |
 //! |---|---|
-//! | `{"op":"commit","rank":R,"generation":G,"step":S,"files":[{"path":P,"bytes":N,"sha256":H}],"cursor":C}` | after every local rank reported step S: `{"ok":true,"sealed":B,"manifest":PATH\|null,"waiting_for":[NODE...]}` |
+//! | `{"op":"commit","rank":R,"generation":G,"step":S,"files":[{"path":P,"bytes":N,"sha256":H}],"cursor":C}` (optional `"save_started_ms":T`, when the rank began saving S) | after every local rank reported step S: `{"ok":true,"sealed":B,"manifest":PATH\|null,"waiting_for":[NODE...]}` |
 //! | `{"op":"resume"}` | `{"ok":true,"generation":G,"world_size":W,"resume":null\|{"step","generation","world_size","path","manifest","cursor"}}` |
 //! | `{"op":"progress","rank":R,"step":S}` | `{"ok":true}` (step beacon: lost work is measured from it) |
 //! | `{"op":"should_save","rank":R}` | `{"ok":true,"save":B}` (a coordinated save was requested) |
@@ -62,6 +62,10 @@ pub enum ApiRequest {
         /// Data cursor after `step`; `None` for a job without one.
         #[serde(default)]
         cursor: Option<Cursor>,
+        /// When this rank began saving `step` (or was told to), ms since the Unix epoch: the
+        /// start of the save cost `--ckpt-interval auto` measures (optional).
+        #[serde(default)]
+        save_started_ms: Option<u64>,
     },
     /// What to resume from.
     Resume,

@@ -69,6 +69,8 @@ pub struct CkptConfig {
     /// `--ckpt-resume-from`: the manifest file of another run's checkpoint (absolute) this run
     /// starts from while it has no checkpoint of its own.
     pub resume_from: Option<PathBuf>,
+    /// `--ckpt-interval`, `--expected-mtbf`.
+    pub interval: drun_rendezvous::ckpt_interval::IntervalConfig,
 }
 
 /// Name of the pointer file in `--ckpt-dir`: one line, the path of the newest manifest file.
@@ -309,6 +311,7 @@ mod tests {
             }],
             sealed_at_ms: 0,
             adopted_from: None,
+            save_ms: None,
         }
     }
 

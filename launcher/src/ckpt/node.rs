@@ -38,6 +38,8 @@ pub struct NodeLedger {
     steps: BTreeMap<u64, BTreeMap<u32, RankCommit>>,
     inflight: BTreeMap<u64, Vec<Reply>>,
     progress: BTreeMap<u32, u64>,
+    /// Per step, the earliest save start a local rank reported (ms since the Unix epoch).
+    save_started: BTreeMap<u64, u64>,
 }
 
 impl NodeLedger {
@@ -59,6 +61,7 @@ impl NodeLedger {
             steps: BTreeMap::new(),
             inflight: BTreeMap::new(),
             progress: BTreeMap::new(),
+            save_started: BTreeMap::new(),
         }
     }
 
@@ -77,6 +80,13 @@ impl NodeLedger {
             });
         }
         Ok(())
+    }
+
+    /// Notes that a local rank began saving `step` at `at_ms` (ms since the Unix epoch; the
+    /// commit's `save_started_ms`): the node's commit carries the earliest.
+    pub fn note_save_start(&mut self, step: u64, at_ms: u64) {
+        let e = self.save_started.entry(step).or_insert(at_ms);
+        *e = (*e).min(at_ms);
     }
 
     /// Records rank `rank`'s report of `step`; answers it at once when refused. `files` may be
@@ -172,6 +182,7 @@ impl NodeLedger {
             ranks: ranks.keys().copied().collect(),
             cursor: ranks.values().next().expect("slots ≥ 1").cursor.clone(),
             files: Vec::new(),
+            save_started_ms: self.save_started.remove(&step),
         };
         let mut replies = Vec::new();
         for (_, c) in ranks {

@@ -16,6 +16,8 @@ pub(super) struct Nodes<'a> {
     pub conf: &'a BTreeMap<String, String>,
     /// The Slurm job, if any.
     pub slurm: Option<&'a SlurmJob>,
+    /// The Kubernetes job, if any.
+    pub k8s: Option<&'a crate::k8s::K8sJob>,
 }
 
 /// Chooses the rendezvous mode and run id following torchrun's rules, plus drun's refusals
@@ -217,12 +219,15 @@ fn dynamic_mode(
         "embedded" => {
             // The agent on the endpoint's host serves the rendezvous (Slurm: the first node).
             let endpoint = crate::rdzv::endpoints(endpoint, 29400)?.remove(0);
-            let is_host = n.slurm.map(SlurmJob::hosts_rendezvous);
+            let is_host = n
+                .slurm
+                .map(SlurmJob::hosts_rendezvous)
+                .or_else(|| n.k8s.and_then(|k| k.hosts(&endpoint)));
             RendezvousMode::C10d { endpoint, is_host }
         }
         "c10d" => {
             let is_host = match n.conf.get("is_host").map(|v| v.trim().to_ascii_lowercase()) {
-                None => None,
+                None => n.k8s.and_then(|k| k.hosts(endpoint)),
                 Some(v) if matches!(v.as_str(), "1" | "true" | "yes" | "on") => Some(true),
                 Some(v) if matches!(v.as_str(), "0" | "false" | "no" | "off") => Some(false),
                 Some(v) => {

@@ -8,6 +8,7 @@ use super::{invalid, RendezvousMode};
 use crate::ckpt::{CkptConfig, OnScaleUp};
 use crate::slurm::OnPreempt;
 use crate::{Args, ConfigError};
+use drun_rendezvous::ckpt_interval::{IntervalConfig, IntervalMode};
 
 /// Checks the checkpoint and preemption flags of `a` against each other and the rendezvous;
 /// returns the checkpoint settings (paths as given: [`super::prepare`] makes them absolute)
@@ -53,7 +54,21 @@ pub(super) fn checkpoint_flags(
         ));
     }
     let scale_up_save_timeout = seconds("--scale-up-save-timeout", a.scale_up_save_timeout, false)?;
+    let mode = IntervalMode::parse(&a.ckpt_interval)
+        .map_err(|why| invalid("--ckpt-interval", a.ckpt_interval.clone(), &why))?;
+    if mode.is_on() && matches!(rendezvous, RendezvousMode::Static { .. }) {
+        return Err(invalid(
+            "--ckpt-interval",
+            a.ckpt_interval.clone(),
+            "needs a rendezvous with a checkpoint ledger (the static backend has none)",
+        ));
+    }
+    let interval = IntervalConfig {
+        mode,
+        expected_mtbf: seconds("--expected-mtbf", a.expected_mtbf, false)?,
+    };
     let ckpt = CkptConfig {
+        interval,
         scale_up_save: (a.on_scale_up == OnScaleUp::Checkpoint).then_some(scale_up_save_timeout),
         resume_from: a.ckpt_resume_from.clone(),
         dir: a.ckpt_dir.clone(),

@@ -20,6 +20,9 @@ use crate::{Args, ConfigError};
 pub struct Host {
     /// Full hostname (the node id's address when `--local-addr` is absent).
     pub hostname: String,
+    /// This pod's FQDN from `/etc/hosts` (`<hostname>.<subdomain>.<ns>.svc...`), when the
+    /// kubelet wrote one (a pod with a subdomain); for Kubernetes detection.
+    pub fqdn: Option<String>,
     /// The agent's pid (part of the node id).
     pub pid: u32,
     /// Usable CPU cores (`--nproc-per-node cpu`).
@@ -47,8 +50,13 @@ impl Host {
             && a.shutdown_timeout.is_none()
             && !env.contains_key("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
             && matches!(slurm::detect(lookup), Ok(Some(_)));
+        let hostname = crate::os::hostname();
+        let fqdn = std::fs::read_to_string("/etc/hosts")
+            .ok()
+            .and_then(|h| crate::k8s::fqdn_from_hosts(&h, &hostname));
         Host {
-            hostname: crate::os::hostname(),
+            fqdn,
+            hostname,
             pid: std::process::id(),
             cpu_count: cpu_count(),
             gpu_count: gpu_count(env.get("CUDA_VISIBLE_DEVICES").map(String::as_str)),
@@ -100,6 +108,11 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
     cfg.entrypoint = Entrypoint::resolve(e.kind, &script_and_args, python)?;
     if let Some(d) = cfg.ckpt.dir.take() {
         cfg.ckpt.dir = Some(checkpoint_dir(d)?);
+    }
+    if let Some(dir) = &cfg.state_dir {
+        let n = crate::container::count_restart(dir)
+            .map_err(|why| invalid("--state-dir", dir.display().to_string(), why))?;
+        cfg.container_restarts = Some(n);
     }
     if let Some(p) = cfg.ckpt.resume_from.take() {
         let (file, _) = crate::ckpt::read_adoptable(&p).map_err(|why| {

@@ -120,6 +120,16 @@ pub struct LaunchConfig {
     pub slurm: Option<SlurmJob>,
     /// What was taken from Slurm, one line (printed at start).
     pub slurm_line: Option<String>,
+    /// The Kubernetes job drun runs in, if one was recognized.
+    pub k8s: Option<crate::k8s::K8sJob>,
+    /// What was taken from it, one line (printed at start).
+    pub k8s_line: Option<String>,
+    /// `--termination-log`.
+    pub termination_log: Option<PathBuf>,
+    /// `--state-dir`.
+    pub state_dir: Option<PathBuf>,
+    /// This container's start count on `--state-dir` (0: first start), counted by [`prepare`].
+    pub container_restarts: Option<u64>,
     /// `--on-preempt`.
     pub on_preempt: OnPreempt,
     /// `--preempt-signal`.
@@ -186,6 +196,7 @@ impl LaunchConfig {
             max_restarts: self.max_restarts,
             auto_keep_alive: true,
             scale_up_save: self.ckpt.scale_up_save,
+            ckpt_interval: self.ckpt.interval,
         }
     }
 }

@@ -23,6 +23,15 @@ pub fn status_target(args: &Args, host: &Host) -> Result<(RendezvousMode, String
     if let Some(job) = &slurm {
         job.fill(&mut filled)?;
     }
+    let k8s = match args.kubernetes {
+        crate::k8s::K8sMode::Auto if !args.standalone && slurm.is_none() => {
+            crate::k8s::detect(&host.env, &host.hostname, host.fqdn.as_deref())
+        }
+        _ => None,
+    };
+    if let Some(job) = &k8s {
+        job.fill(&mut filled);
+    }
     let (min, max) = parse_nnodes(&filled.nnodes)?;
     let conf = parse_rdzv_conf(&filled.rdzv_conf)?;
     let nodes = Nodes {
@@ -30,6 +39,7 @@ pub fn status_target(args: &Args, host: &Host) -> Result<(RendezvousMode, String
         max,
         conf: &conf,
         slurm: slurm.as_ref(),
+        k8s: k8s.as_ref(),
     };
     rendezvous_mode(&filled, &nodes, host, &mut Vec::new())
 }

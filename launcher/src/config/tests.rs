@@ -12,6 +12,7 @@ use crate::command::EntryKind;
 pub(super) fn host() -> Host {
     Host {
         hostname: "node-a.example".into(),
+        fqdn: None,
         pid: 42,
         cpu_count: 8,
         gpu_count: 0,
@@ -204,6 +205,32 @@ fn checkpoint_flags_are_checked_without_touching_the_directory() {
         "t.py",
     ]);
     assert_eq!(c.ckpt.scale_up_save, Some(Duration::from_secs(9)));
+}
+
+#[test]
+fn checkpoint_interval_flags() {
+    use drun_rendezvous::ckpt_interval::IntervalMode;
+    let c = ok(&["t.py"]);
+    assert_eq!(c.ckpt.interval.mode, IntervalMode::Off, "off by default");
+    assert_eq!(c.ckpt.interval.expected_mtbf, Duration::from_secs(4 * 3600));
+    let c = ok(&["--ckpt-interval", "auto", "--expected-mtbf", "600", "t.py"]);
+    assert_eq!(c.ckpt.interval.mode, IntervalMode::Auto);
+    assert_eq!(c.ckpt.interval.expected_mtbf, Duration::from_secs(600));
+    let c = ok(&["--ckpt-interval", "90", "t.py"]);
+    assert_eq!(
+        c.ckpt.interval.mode,
+        IntervalMode::Fixed(Duration::from_secs(90))
+    );
+    let e = err(&["--ckpt-interval", "often", "t.py"], &host());
+    assert!(
+        e.contains("--ckpt-interval") && e.contains("auto, off or a number of seconds"),
+        "{e}"
+    );
+    let e = err(
+        &["--ckpt-interval", "auto", "--expected-mtbf", "0", "t.py"],
+        &host(),
+    );
+    assert!(e.contains("--expected-mtbf"), "{e}");
 }
 
 #[test]

@@ -140,10 +140,12 @@ pub(super) fn seconds(
 }
 
 /// `--shutdown-timeout`, else `TORCH_ELASTIC_SHUTDOWN_TIMEOUT`, else (inside Slurm) Slurm's
-/// `KillWait` minus 2 s so workers stop before Slurm's SIGKILL, else 30 s.
+/// `KillWait` minus 2 s so workers stop before Slurm's SIGKILL, else (inside Kubernetes) 25 s,
+/// within the default `terminationGracePeriodSeconds` of 30 s, else 30 s.
 pub(super) fn shutdown_timeout(
     flag: Option<f64>,
     in_slurm: bool,
+    in_k8s: bool,
     host: &Host,
 ) -> Result<Duration, ConfigError> {
     let shutdown = match flag {
@@ -159,6 +161,7 @@ pub(super) fn shutdown_timeout(
             None => match host.slurm_kill_wait.filter(|_| in_slurm) {
                 // Stop the workers before Slurm's SIGKILL (KillWait after its SIGTERM).
                 Some(kw) => (kw.as_secs_f64() - 2.0).max(1.0),
+                None if in_k8s => crate::container::K8S_SHUTDOWN_TIMEOUT.as_secs_f64(),
                 None => 30.0,
             },
         },

@@ -8,6 +8,7 @@ use super::parse::{
 use super::timing::{parse_rdzv_conf, seconds, shutdown_timeout, unused_conf_notes, Timing};
 use super::unsupported::refuse_unsupported;
 use super::{invalid, Host, LaunchConfig};
+use crate::k8s::K8sMode;
 use crate::slurm::{self, SlurmMode};
 use crate::std_spec::StdSpec;
 use crate::worker_store::WorkerStoreMode;
@@ -31,12 +32,20 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         Some(job) => Some(job.fill(&mut filled)?),
         None => None,
     };
+    let k8s = match args.kubernetes {
+        K8sMode::Auto if !args.standalone && slurm.is_none() => {
+            crate::k8s::detect(&host.env, &host.hostname, host.fqdn.as_deref())
+        }
+        _ => None,
+    };
+    let k8s_line = k8s.as_ref().map(|job| job.fill(&mut filled));
     let a = &filled;
     refuse_unsupported(a)?;
     let (min_nodes, max_nodes) = parse_nnodes(&a.nnodes)?;
     let nproc_per_node = parse_nproc(&a.nproc_per_node, host.cpu_count, host.gpu_count)?;
     let monitor_interval = seconds("--monitor-interval", a.monitor_interval, false)?;
-    let shutdown_timeout = shutdown_timeout(a.shutdown_timeout, slurm.is_some(), host)?;
+    let in_k8s = crate::container::in_kubernetes(|k| host.var(k).map(str::to_string));
+    let shutdown_timeout = shutdown_timeout(a.shutdown_timeout, slurm.is_some(), in_k8s, host)?;
     let peer_exit_wait = seconds("--peer-exit-wait", a.peer_exit_wait, true)?;
     let hang_timeout = super::timing::hang_timeout(&a.hang_timeout)?;
     check_stdin_rank(a.stdin_rank, nproc_per_node)?;
@@ -59,6 +68,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         max: max_nodes,
         conf: &rdzv_conf,
         slurm: slurm.as_ref(),
+        k8s: k8s.as_ref(),
     };
     let (rendezvous, run_id) = rendezvous_mode(a, &nodes, host, &mut notes)?;
     let requested_node_rank = a.node_rank.filter(|_| !rendezvous.is_static());
@@ -117,6 +127,11 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         ckpt,
         slurm,
         slurm_line,
+        k8s,
+        k8s_line,
+        termination_log: a.termination_log.clone(),
+        state_dir: a.state_dir.clone(),
+        container_restarts: None,
         on_preempt: a.on_preempt,
         preempt_signal,
         requeue: a.requeue,

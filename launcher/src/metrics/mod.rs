@@ -68,6 +68,38 @@ impl AgentMetrics {
             "Lease keep-alives that failed in this process's sessions (--rdzv-backend etcd, embedded store)",
             drun_rendezvous::metrics::global().keepalive_failures.clone(),
         );
+        // The checkpoint interval is decided by node rank 0's session: in this process for
+        // --rdzv-backend etcd and the embedded store (a drun-rendezvous server exposes its own).
+        let r = drun_rendezvous::metrics::global();
+        for (name, help, f) in [
+            (
+                "ckpt_interval_seconds",
+                "Checkpoint interval in force (--ckpt-interval), decided here",
+                &r.ckpt_interval,
+            ),
+            (
+                "ckpt_save_cost_seconds",
+                "Save cost C the checkpoint interval uses",
+                &r.ckpt_save_cost,
+            ),
+            (
+                "mtbf_seconds",
+                "Mean time between failures M the checkpoint interval uses",
+                &r.mtbf,
+            ),
+            (
+                "ckpt_expected_loss_seconds",
+                "Expected work lost per failure: interval/2 + restart cost",
+                &r.ckpt_expected_loss,
+            ),
+            (
+                "reform_lost_work_seconds",
+                "Work the last re-form lost after the checkpoint it resumed from",
+                &r.reform_lost_work,
+            ),
+        ] {
+            registry.register(name, help, f.clone());
+        }
         Arc::new(Self {
             registry,
             f,

@@ -156,3 +156,33 @@ fn a_worker_failure_without_a_reason_counts_from_the_budget() {
         Some(1.0)
     );
 }
+
+#[test]
+fn the_checkpoint_interval_decided_in_this_process_is_exposed() {
+    use drun_rendezvous::ckpt_interval::{decide, IntervalMode, Observed};
+    let i = decide(
+        IntervalMode::Auto,
+        &Observed {
+            save_costs_s: vec![0.5],
+            failures: 2,
+            exposure_s: 40.0,
+            restart_s: 1.0,
+        },
+        3600.0,
+    )
+    .unwrap();
+    drun_rendezvous::metrics::global().interval("metrics-interval-test", &i);
+    let text = AgentMetrics::new().render();
+    let series = |name: &str| value(&text, &format!("{name}{{run=\"metrics-interval-test\"}}"));
+    assert_eq!(
+        series("drun_ckpt_interval_seconds"),
+        Some(i.interval_s),
+        "{text}"
+    );
+    assert_eq!(series("drun_ckpt_save_cost_seconds"), Some(0.5));
+    assert_eq!(series("drun_mtbf_seconds"), Some(20.0));
+    assert_eq!(
+        series("drun_ckpt_expected_loss_seconds"),
+        Some(i.expected_loss_s)
+    );
+}

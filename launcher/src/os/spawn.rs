@@ -439,6 +439,36 @@ pub fn is_ignored(sig: Signal) -> bool {
     }
 }
 
+/// The signal noted by [`note_early_signals`]'s handler (0: none).
+static EARLY_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn note_early(sig: libc::c_int) {
+    EARLY_SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// As PID 1 (a container's main process) a signal without a handler is dropped by the kernel:
+/// a SIGTERM from the kubelet while drun validates its command line would be lost, and the
+/// workers would start anyway and die by SIGKILL at the end of the grace period. Until the
+/// agent installs its own handlers, this one notes the last of `sigs` that arrived
+/// ([`take_early_signal`]). Signals ignored at start (`nohup`) stay ignored.
+pub fn note_early_signals(sigs: &[Signal]) {
+    for sig in sigs.iter().filter(|s| !is_ignored(**s)) {
+        // SAFETY: the handler only stores into an atomic, which is async-signal-safe.
+        let _ = unsafe {
+            nix::sys::signal::signal(*sig, nix::sys::signal::SigHandler::Handler(note_early))
+        };
+    }
+}
+
+/// The signal [`note_early_signals`] noted, once (the agent forwards it as if it had come after
+/// its own handlers were installed).
+pub fn take_early_signal() -> Option<Signal> {
+    match EARLY_SIGNAL.swap(0, std::sync::atomic::Ordering::SeqCst) {
+        0 => None,
+        n => Signal::try_from(n).ok(),
+    }
+}
+
 #[cfg(test)]
 #[path = "spawn_tests.rs"]
 mod tests;

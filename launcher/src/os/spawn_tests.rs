@@ -88,3 +88,12 @@ fn the_child_gets_no_descriptor_above_stderr() {
     waitpid(child.pid, None).unwrap();
     drop(held);
 }
+
+#[test]
+fn a_signal_before_the_agents_handlers_is_noted_not_lost() {
+    assert_eq!(take_early_signal(), None);
+    note_early_signals(&[Signal::SIGTERM]);
+    nix::sys::signal::raise(Signal::SIGTERM).unwrap();
+    assert_eq!(take_early_signal(), Some(Signal::SIGTERM));
+    assert_eq!(take_early_signal(), None, "taken once");
+}

@@ -99,6 +99,8 @@ fn hello(cfg: &SessionConfig, t: &Track) -> pb::AgentMessage {
             max_restarts: cfg.max_restarts,
             resume: resume.as_ref().map(Into::into),
             scale_up_save_timeout_ms: cfg.scale_up_save.map_or(0, |d| d.as_millis() as u64),
+            ckpt_interval: cfg.ckpt_interval.mode.to_arg(),
+            expected_mtbf_ms: cfg.ckpt_interval.expected_mtbf.as_millis() as u64,
             reform_settle_ms: Some(cfg.round.settle.as_millis() as u64),
         })),
     }
@@ -131,6 +133,8 @@ struct Client {
     reach: Reach,
     attempt: usize,
     backoff: Duration,
+    /// Whether the wait for a name to resolve was announced.
+    said_dns: bool,
 }
 
 async fn run(
@@ -149,6 +153,7 @@ async fn run(
         reach: Reach::new(Instant::now()),
         attempt: 0,
         backoff: Duration::from_millis(100),
+        said_dns: false,
     };
     loop {
         let endpoint = c.endpoints[c.attempt % c.endpoints.len()].clone();
@@ -210,9 +215,33 @@ impl Client {
         self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
     }
 
-    /// A channel to `endpoint`; `Retry` after the backoff; `Fatal` for an invalid endpoint.
+    /// A channel to `endpoint`, its name resolved afresh ([`crate::dns`]: a pod recreated
+    /// elsewhere has a new IP; a name not in DNS yet is waited for); `Retry` after the backoff;
+    /// `Fatal` for an invalid endpoint.
     async fn connect(&mut self, endpoint: &str) -> Conn {
-        let channel = match drun_rendezvous::tls::endpoint(endpoint, self.creds.tls.as_ref()) {
+        let target = if endpoint.contains("://") {
+            endpoint.to_string()
+        } else {
+            match crate::dns::resolve(endpoint).await {
+                Ok(addr) => addr.to_string(),
+                Err(why) => {
+                    if !self.said_dns {
+                        self.said_dns = true;
+                        tracing::info!(
+                            "waiting for the rendezvous name to resolve: {why} (pods start at different times; retrying until the join timeout)"
+                        );
+                    }
+                    self.reach.failed_because(why);
+                    self.back_off().await;
+                    return Conn::Retry;
+                }
+            }
+        };
+        // TLS checks the certificate against the name the user gave, not the resolved address.
+        let name = endpoint
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
+        let channel = match drun_rendezvous::tls::endpoint(&target, self.creds.tls.as_ref(), name) {
             Ok(e) => e
                 .connect_timeout(Duration::from_secs(2))
                 .http2_keep_alive_interval(Duration::from_secs(2))

@@ -163,8 +163,9 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
         }
         RendezvousMode::C10d { endpoint, is_host } => {
             let hosted = if *is_host != Some(false) {
+                let at = host_addr(endpoint, *is_host, cfg.timing.join_timeout).await?;
                 let json = cfg.log_format == crate::LogFormat::Json;
-                match host(endpoint, json, cfg.rdzv_token.clone()).await {
+                match host(at, json, cfg.rdzv_token.clone()).await {
                     Ok(h) => Some(h),
                     Err(e) if *is_host == Some(true) => {
                         return Err(LaunchError::RendezvousFailed(format!(
@@ -185,14 +186,62 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
     }
 }
 
-/// Serves the job's rendezvous on `endpoint` (`json`: its sessions' records name the run),
+/// Where a would-be c10d host binds. `is_host` unknown: whoever can bind the endpoint's
+/// address hosts, so its name is waited for (up to the join timeout, progress every 10 s) and
+/// resolved afresh. `Some(true)` (Slurm's first node, the index-0 pod): its own name may not be
+/// in DNS yet (a headless Service publishes a pod once it runs), so the port is bound on every
+/// interface when the name does not resolve.
+async fn host_addr(
+    endpoint: &str,
+    is_host: Option<bool>,
+    join_timeout: std::time::Duration,
+) -> Result<SocketAddr, LaunchError> {
+    use tokio::time::Instant;
+    let (_, port) = crate::dns::split(endpoint).map_err(LaunchError::RendezvousFailed)?;
+    if is_host == Some(true) {
+        return Ok(crate::dns::resolve(endpoint).await.unwrap_or_else(|why| {
+            tracing::info!("{why}: hosting the rendezvous on every interface, port {port}");
+            SocketAddr::from(([0, 0, 0, 0], port))
+        }));
+    }
+    let mut reach = reach::Reach::new(Instant::now());
+    let limits = reach::Limits {
+        lease_ttl: join_timeout,
+        join_timeout,
+    };
+    let mut delay = std::time::Duration::from_millis(100);
+    loop {
+        match crate::dns::resolve(endpoint).await {
+            Ok(addr) => return Ok(addr),
+            Err(why) => {
+                if delay == std::time::Duration::from_millis(100) {
+                    tracing::info!(
+                        "waiting for the rendezvous name to resolve: {why} (pods start at different times; retrying until the join timeout)"
+                    );
+                }
+                reach.failed_because(why);
+            }
+        }
+        let v = reach.check(Instant::now(), false, limits, endpoint);
+        if let Some(line) = v.progress {
+            tracing::info!("{line}");
+        }
+        if let Some(line) = v.give_up {
+            return Err(LaunchError::RendezvousFailed(line));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(std::time::Duration::from_secs(2));
+    }
+}
+
+/// Serves the job's rendezvous on `at` (`json`: its sessions' records name the run),
 /// accepting only `token` when the agent has one.
 async fn host(
-    endpoint: &str,
+    at: SocketAddr,
     json: bool,
     token: Option<drun_rendezvous::auth::Secret>,
 ) -> std::io::Result<HostedServer> {
-    let listener = tokio::net::TcpListener::bind(endpoint).await?;
+    let listener = tokio::net::TcpListener::bind(at).await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "hosting the rendezvous for this job (in-memory store)");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

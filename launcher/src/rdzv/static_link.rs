@@ -39,6 +39,15 @@ pub fn spawn(
         while let Some(req) = req_rx.recv().await {
             let ev = match req {
                 Request::Join(..) => {
+                    // The master's name (TrainJob: `<job>-node-0-0.<job>`) appears in DNS once
+                    // that pod runs; resolved afresh at every round (a recreated pod moves).
+                    let target = format!("{master_addr}:{master_port}");
+                    if let Err(why) =
+                        crate::dns::wait(&target, session.round.join_timeout, "master").await
+                    {
+                        let _ = ev_tx.send(Event::Error(why));
+                        return;
+                    }
                     generation += 1;
                     let members = (0..nnodes)
                         .map(|r| Member {

@@ -99,6 +99,7 @@ mod tests {
                 ranks: vec![0],
                 cursor: Default::default(),
                 files: vec![],
+                save_started_ms: None,
             },
             retention: Retention::default(),
         }

@@ -85,6 +85,12 @@ impl Ledger {
                     detail,
                 }
             })?;
+        let sealed_at_ms = crate::clock::now_ms();
+        let save_ms = records
+            .iter()
+            .filter_map(|r| r.save_started_ms)
+            .min()
+            .map(|start| sealed_at_ms.saturating_sub(start));
         let manifest = Manifest {
             run_id: self.run_id.clone(),
             step: rec.step,
@@ -92,8 +98,9 @@ impl Ledger {
             world_size: plan.world_size,
             cursor: rec.cursor.clone(),
             files,
-            sealed_at_ms: crate::clock::now_ms(),
+            sealed_at_ms,
             adopted_from: None,
+            save_ms,
         };
         if let Some(outcome) = self.seal(&manifest, &id, &prefix, &gen_is_current).await? {
             return Ok(outcome);

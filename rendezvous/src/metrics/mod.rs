@@ -63,7 +63,21 @@ pub struct RendezvousMetrics {
     pub keepalive_failures: Counter,
     /// `drun_rdzv_etcd_request_errors_total`: etcd requests that failed (each attempt).
     pub etcd_errors: Counter,
+    /// `drun_rdzv_ckpt_interval_seconds{run}`: the `--ckpt-interval` in force (node rank 0's
+    /// session decides it).
+    pub ckpt_interval: Family<RunLabel, SecondsGauge>,
+    /// `drun_rdzv_ckpt_save_cost_seconds{run}`: C, the save cost the interval uses.
+    pub ckpt_save_cost: Family<RunLabel, SecondsGauge>,
+    /// `drun_rdzv_mtbf_seconds{run}`: M, the mean time between failures it uses.
+    pub mtbf: Family<RunLabel, SecondsGauge>,
+    /// `drun_rdzv_ckpt_expected_loss_seconds{run}`: expected work lost per failure.
+    pub ckpt_expected_loss: Family<RunLabel, SecondsGauge>,
+    /// `drun_rdzv_reform_lost_work_seconds{run}`: the work the last re-form lost.
+    pub reform_lost_work: Family<RunLabel, SecondsGauge>,
 }
+
+/// A gauge of seconds (fractions kept).
+pub type SecondsGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
 impl RendezvousMetrics {
     /// A fresh set of families, registered under `drun_rdzv_`.
@@ -79,7 +93,41 @@ impl RendezvousMetrics {
             reforms: Family::default(),
             keepalive_failures: Counter::default(),
             etcd_errors: Counter::default(),
+            ckpt_interval: Family::default(),
+            ckpt_save_cost: Family::default(),
+            mtbf: Family::default(),
+            ckpt_expected_loss: Family::default(),
+            reform_lost_work: Family::default(),
         };
+        for (name, help, f) in [
+            (
+                "ckpt_interval_seconds",
+                "Checkpoint interval in force (--ckpt-interval)",
+                &m.ckpt_interval,
+            ),
+            (
+                "ckpt_save_cost_seconds",
+                "Save cost C the interval uses (first rank's save start to seal, mean of the newest)",
+                &m.ckpt_save_cost,
+            ),
+            (
+                "mtbf_seconds",
+                "Mean time between failures M the interval uses",
+                &m.mtbf,
+            ),
+            (
+                "ckpt_expected_loss_seconds",
+                "Expected work lost per failure: interval/2 + restart cost",
+                &m.ckpt_expected_loss,
+            ),
+            (
+                "reform_lost_work_seconds",
+                "Work the last re-form lost (running time after the checkpoint resumed from)",
+                &m.reform_lost_work,
+            ),
+        ] {
+            registry.register(name, help, f.clone());
+        }
         registry.register(
             "sessions",
             "Agent sessions open on this process",
@@ -121,6 +169,17 @@ impl RendezvousMetrics {
             m.etcd_errors.clone(),
         );
         Self { registry, ..m }
+    }
+
+    /// The checkpoint interval of `run` was (re-)evaluated.
+    pub fn interval(&self, run: &str, i: &crate::ckpt_interval::Interval) {
+        let l = RunLabel { run: run.into() };
+        self.ckpt_interval.get_or_create(&l).set(i.interval_s);
+        self.ckpt_save_cost.get_or_create(&l).set(i.cost_s);
+        self.mtbf.get_or_create(&l).set(i.mtbf_s);
+        self.ckpt_expected_loss
+            .get_or_create(&l)
+            .set(i.expected_loss_s);
     }
 
     /// A generation formed: its number, nodes and ranks for its run (never moves back).

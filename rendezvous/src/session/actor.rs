@@ -113,6 +113,7 @@ impl Actor {
                 scale_up_save: cfg.scale_up_save,
                 lease_ttl: cfg.lease_ttl,
                 max_restarts: cfg.max_restarts,
+                ckpt_interval: cfg.ckpt_interval,
             },
             store,
             cfg,
@@ -473,6 +474,7 @@ impl Actor {
                         crate::ledger::describe_id(&id),
                         self.cfg.node_id
                     ),
+                    false,
                 )
                 .await?;
                 Ok(None)

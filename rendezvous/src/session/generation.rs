@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::protocol::{Event, RunEnd};
+use super::save_clock::SaveClock;
 use crate::human::duration as human;
 use crate::keys::RunKeys;
 use crate::round::Restarts;
@@ -32,6 +33,8 @@ pub(crate) struct Rules {
     pub lease_ttl: Duration,
     /// Job-wide worker-failure restart budget.
     pub max_restarts: u32,
+    /// `--ckpt-interval`, `--expected-mtbf` (node rank 0's session applies them).
+    pub ckpt_interval: crate::ckpt_interval::IntervalConfig,
 }
 
 /// A newcomer held at the door until a coordinated checkpoint is sealed (`--on-scale-up
@@ -59,6 +62,8 @@ pub(crate) struct Running {
     pub successor_deadline: Option<Instant>,
     /// Node rank 0 only: a newcomer waits while a coordinated checkpoint is taken.
     pub scale_up: Option<PendingScaleUp>,
+    /// Node rank 0 only, with `--ckpt-interval`: when the next interval save is due.
+    pub save_clock: Option<SaveClock>,
 }
 
 impl Running {
@@ -74,9 +79,15 @@ impl Running {
         rules: &Rules,
     ) -> Running {
         let successor = successor(&plan, node);
-        let scale_up = before
-            .filter(|b| b.plan.generation == plan.generation)
-            .and_then(|b| b.scale_up);
+        let before = before.filter(|b| b.plan.generation == plan.generation);
+        let first = plan.members.first().is_some_and(|m| m.node_id == node);
+        let save_clock = (first && rules.ckpt_interval.mode.is_on()).then(|| {
+            before
+                .as_ref()
+                .and_then(|b| b.save_clock)
+                .unwrap_or(SaveClock::start(now))
+        });
+        let scale_up = before.and_then(|b| b.scale_up);
         let successor_deadline =
             (successor.is_some() && !successor_started).then(|| now + rules.lease_ttl);
         Running {
@@ -85,6 +96,7 @@ impl Running {
             successor,
             successor_deadline,
             scale_up,
+            save_clock,
         }
     }
 
@@ -96,10 +108,11 @@ impl Running {
     /// The earliest instant at which a [`Input::Tick`] can change anything.
     pub fn wake_at(&self) -> Option<Instant> {
         let scale_up = self.scale_up.as_ref().map(|p| p.deadline);
-        match (self.successor_deadline, scale_up) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let save = self.save_clock.as_ref().and_then(SaveClock::due_at);
+        [self.successor_deadline, scale_up, save]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The scale-up save of `node` was written (`latest_before` was `ckpt/latest` then): hold
@@ -129,7 +142,8 @@ impl Running {
 pub(crate) enum Input {
     /// `gen/<g>/closed` was written; the value is the reason.
     Closed(String),
-    /// A coordinated checkpoint was requested (`gen/<g>/preempt` or `scale-up-save`; raw value).
+    /// A coordinated checkpoint was requested (`gen/<g>/preempt`, `scale-up-save` or
+    /// `save-due/…`; raw value).
     SaveRequest(Vec<u8>),
     /// `ckpt/latest` moved to this manifest id.
     Sealed(String),
@@ -155,7 +169,11 @@ pub(crate) fn classify(keys: &RunKeys, g: u64, ev: WatchEvent) -> Result<Input, 
     let members = keys.members_prefix(g);
     Ok(match ev {
         WatchEvent::Put(kv) if kv.key == keys.closed(g) => Input::Closed(kv.value_str()),
-        WatchEvent::Put(kv) if kv.key == keys.preempt(g) || kv.key == keys.scale_up_save(g) => {
+        WatchEvent::Put(kv)
+            if kv.key == keys.preempt(g)
+                || kv.key == keys.scale_up_save(g)
+                || kv.key.starts_with(&keys.save_due_prefix(g)) =>
+        {
             Input::SaveRequest(kv.value.to_vec())
         }
         WatchEvent::Put(kv) if kv.key == keys.ckpt_latest() => Input::Sealed(kv.value_str()),
@@ -190,6 +208,16 @@ pub(crate) enum Effect {
     ReportSaveRequest(Vec<u8>),
     /// Close the generation once (guarded on `gen/current`), with this reason.
     Close(String),
+    /// `--ckpt-interval` (node rank 0): read C and M from the store, decide the interval,
+    /// report it when it changed, and set [`Running::save_clock`]. `entered`: the generation
+    /// just started (after a re-form, report the work it lost).
+    EvaluateInterval {
+        /// The generation just started.
+        entered: bool,
+    },
+    /// `--ckpt-interval` (node rank 0): this interval since the last seal passed; ask every
+    /// rank for a checkpoint (`gen/<g>/save-due/<latest>`).
+    RequestIntervalSave(Duration),
     /// Close the generation with `reason` only if a newcomer still waits; otherwise, when
     /// `gone_note` is set, log it.
     AdmitIfWaiting {
@@ -278,7 +306,7 @@ pub(crate) fn step(run: &mut Running, input: Input, now: Instant, rules: &Rules)
             vec![Effect::ReportSaveRequest(v)],
             "a coordinated checkpoint was requested",
         ),
-        Input::Sealed(id) => sealed(run, id),
+        Input::Sealed(id) => sealed(run, id, now),
         Input::Waiting(node) => newcomer(run, node, rules),
         Input::WaitingGone if run.scale_up.is_some() => Step::does(
             vec![Effect::CallOffIfNobodyWaits],
@@ -299,9 +327,14 @@ pub(crate) fn step(run: &mut Running, input: Input, now: Instant, rules: &Rules)
     }
 }
 
-/// `ckpt/latest` moved: report it, and admit a newcomer held for this save.
-fn sealed(run: &mut Running, id: String) -> Step {
+/// `ckpt/latest` moved: report it, restart the checkpoint clock, and admit a newcomer held for
+/// this save.
+fn sealed(run: &mut Running, id: String, now: Instant) -> Step {
     let mut effects = vec![Effect::Emit(Event::Sealed(id.clone()))];
+    if let Some(c) = run.save_clock.as_mut() {
+        c.sealed(now);
+        effects.push(Effect::EvaluateInterval { entered: false });
+    }
     let Some(p) = run.scale_up.take_if(|p| id > p.latest_before) else {
         return Step::does(effects, format!("checkpoint {id} sealed"));
     };
@@ -348,10 +381,18 @@ fn newcomer(run: &mut Running, node: String, rules: &Rules) -> Step {
     }
 }
 
-/// Deadlines at or before `now`: the successor's start, the scale-up save's seal.
+/// Deadlines at or before `now`: the successor's start, the scale-up save's seal, the
+/// checkpoint interval.
 fn tick(run: &mut Running, now: Instant, rules: &Rules) -> Step {
     let mut effects = vec![];
     let mut why = vec![];
+    if let Some(interval) = run.save_clock.as_mut().and_then(|c| c.take_due(now)) {
+        why.push(format!(
+            "the checkpoint interval ({}) since the last seal passed",
+            human(interval)
+        ));
+        effects.push(Effect::RequestIntervalSave(interval));
+    }
     if run.successor_deadline.is_some_and(|d| d <= now) {
         run.successor_deadline = None;
         if let Some(succ) = &run.successor {

@@ -29,6 +29,7 @@ pub(super) fn rules() -> Rules {
         scale_up_save: None,
         lease_ttl: Duration::from_secs(10),
         max_restarts: 2,
+        ckpt_interval: Default::default(),
     }
 }
 
@@ -427,4 +428,54 @@ fn a_lost_successor_reforms_unless_a_preemption_save_is_sealed() {
     let reason = successor_lost(&p, "b", why, false).expect("re-forms");
     assert!(reason.contains('b'), "{reason}");
     assert_eq!(successor_lost(&p, "b", why, true), None);
+}
+
+// ---- the checkpoint interval (--ckpt-interval) ----
+
+#[test]
+fn node_rank_0_asks_for_a_save_each_interval_after_the_last_seal() {
+    let t0 = Instant::now();
+    let on = Rules {
+        ckpt_interval: crate::ckpt_interval::IntervalConfig {
+            mode: crate::ckpt_interval::IntervalMode::Auto,
+            ..Default::default()
+        },
+        ..rules()
+    };
+    assert!(running("b", t0, &on).save_clock.is_none(), "rank 0 only");
+    assert!(running("a", t0, &rules()).save_clock.is_none(), "off");
+    let mut r = running("a", t0, &on);
+    r.save_clock.as_mut().unwrap().set(Duration::from_secs(4));
+    assert_eq!(r.wake_at(), Some(ms(t0, 4_000)));
+    assert!(step(&mut r, Input::Tick, ms(t0, 3_999), &on)
+        .effects
+        .is_empty());
+    let s = step(&mut r, Input::Tick, ms(t0, 4_000), &on);
+    assert_eq!(
+        s.effects,
+        vec![Effect::RequestIntervalSave(Duration::from_secs(4))]
+    );
+    assert!(step(&mut r, Input::Tick, ms(t0, 9_000), &on)
+        .effects
+        .is_empty());
+    let s = step(&mut r, Input::Sealed("L2".into()), ms(t0, 5_000), &on);
+    assert_eq!(
+        s.effects[1..],
+        [Effect::EvaluateInterval { entered: false }]
+    );
+    r.save_clock.as_mut().unwrap().set(Duration::from_secs(3));
+    assert_eq!(r.wake_at(), Some(ms(t0, 8_000)), "counted from the seal");
+    // The request key of the generation is a save request like a preemption's.
+    let keys = RunKeys::new("run");
+    let kv = crate::store::KeyValue {
+        key: keys.save_due(3, "L2"),
+        value: bytes::Bytes::from_static(b"{}"),
+        mod_revision: 1,
+        create_revision: 1,
+        lease: None,
+    };
+    assert!(matches!(
+        classify(&keys, 3, WatchEvent::Put(kv)).unwrap(),
+        Input::SaveRequest(_)
+    ));
 }

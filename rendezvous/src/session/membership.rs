@@ -119,7 +119,7 @@ impl Actor {
             let lost = self.lost_members(&plan).await?;
             if !lost.is_empty() {
                 let reason = loss::attributed(&lost, description);
-                self.close(g, reason).await?;
+                self.close(g, reason, true).await?;
                 return Ok(Some(self.round.restarts().await?));
             }
             if Instant::now() >= deadline {

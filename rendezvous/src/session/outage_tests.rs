@@ -106,6 +106,7 @@ async fn a_store_gone_for_a_whole_ttl_fences_even_while_the_watch_is_being_retri
         max_restarts: 0,
         auto_keep_alive: true,
         scale_up_save: None,
+        ckpt_interval: Default::default(),
     };
     let (tx, mut rx) = spawn_session(store.clone(), cfg, None);
     let cand = Candidate {

@@ -31,6 +31,9 @@ pub struct SessionConfig {
     /// rank for a coordinated checkpoint and wait this long at most for its seal (lost work
     /// stays under one step; `docs/architecture.md` §4). `None`: re-form at once (torchrun's behaviour).
     pub scale_up_save: Option<Duration>,
+    /// `--ckpt-interval`, `--expected-mtbf`: node rank 0's session asks every rank for a
+    /// checkpoint when the interval since the last seal has passed ([`crate::ckpt_interval`]).
+    pub ckpt_interval: crate::ckpt_interval::IntervalConfig,
 }
 
 /// State carried over when an agent reconnects to another server replica.
@@ -74,6 +77,10 @@ pub struct SaveRequest {
     /// the agents carry on after the seal instead of stopping.
     #[serde(default)]
     pub scale_up: bool,
+    /// Asked by `--ckpt-interval` (the interval since the last seal passed): the agents carry on
+    /// after the seal, as for a scale-up save.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interval: bool,
 }
 
 /// From the agent to its session.

@@ -133,7 +133,17 @@ impl Actor {
                 .is_some(),
             None => true,
         };
-        let run = Running::enter(
+        // An interval save asked of this generation before the watch began (a re-watch).
+        let latest = self.store.get(&keys.ckpt_latest()).await?;
+        let due = keys.save_due(
+            plan.generation,
+            &latest.map(|kv| kv.value_str()).unwrap_or_default(),
+        );
+        if let Some(kv) = self.store.get(&due).await? {
+            self.emit_save_request(&kv.value);
+        }
+        let rewatch = before.is_some();
+        let mut run = Running::enter(
             plan,
             &self.cfg.node_id,
             before,
@@ -141,6 +151,9 @@ impl Actor {
             Instant::now(),
             &self.rules,
         );
+        if run.save_clock.is_some() {
+            self.evaluate_interval(&mut run, !rewatch).await?;
+        }
         Ok(Phase::Running(run, watch))
     }
 
@@ -261,11 +274,15 @@ impl Actor {
             Effect::Emit(ev) => self.emit(ev),
             Effect::ReportSaveRequest(v) => self.emit_save_request(&v),
             Effect::Close(reason) => {
-                self.close(g, reason).await?;
+                self.close(g, reason, false).await?;
+            }
+            Effect::EvaluateInterval { entered } => self.evaluate_interval(run, entered).await?,
+            Effect::RequestIntervalSave(interval) => {
+                self.request_interval_save(g, interval).await?
             }
             Effect::AdmitIfWaiting { reason, gone_note } => {
                 if self.newcomer_waiting(&run.plan).await? {
-                    self.close(g, reason).await?;
+                    self.close(g, reason, false).await?;
                 } else if let Some(note) = gone_note {
                     tracing::info!(run = %self.cfg.run_id, gen = g, "{note}");
                 }
@@ -297,7 +314,7 @@ impl Actor {
                 let sealed = self.preemption_sealed(g).await?;
                 match generation::successor_lost(&run.plan, &node, &why, sealed) {
                     Some(reason) => {
-                        self.close(g, reason).await?;
+                        self.close(g, reason, true).await?;
                     }
                     None => {
                         tracing::debug!(run = %self.cfg.run_id, gen = g, "node {node} left after the preemption checkpoint");
@@ -307,7 +324,7 @@ impl Actor {
             Effect::CheckSuccessorStarted { node, reason } => {
                 let key = self.round.keys().member(g, &node);
                 if self.store.get(&key).await?.is_none() {
-                    self.close(g, reason).await?;
+                    self.close(g, reason, true).await?;
                 }
             }
         }

@@ -12,10 +12,8 @@ use crate::store::{Compare, Op, Txn};
 use crate::{Plan, RendezvousError};
 
 impl Actor {
-    /// Closes generation `g` once (guarded) for a membership change, with `reason`, and counts
-    /// one membership restart.
     /// Writes this node's report of `kind` (a refused one is dropped with a warning: reports
-    /// only feed `status`).
+    /// only feed `status`); a pace report is answered with the job's pace.
     pub(super) async fn report(
         &self,
         kind: crate::reports::ReportKind,
@@ -42,7 +40,15 @@ impl Actor {
         Ok(())
     }
 
-    pub(super) async fn close(&self, g: u64, reason: String) -> Result<bool, RendezvousError> {
+    /// Closes generation `g` once (guarded) for a membership change, with `reason`, and counts
+    /// one membership restart. `failure`: a node was lost (not a newcomer admitted, nor a bad
+    /// checkpoint): recorded in the job-wide failure history in the same transaction.
+    pub(super) async fn close(
+        &self,
+        g: u64,
+        reason: String,
+        failure: bool,
+    ) -> Result<bool, RendezvousError> {
         let keys = self.round.keys();
         let (cur, rev) = self.round.current_generation().await?;
         if cur != g {
@@ -55,7 +61,10 @@ impl Actor {
                     Compare::ModRevisionEquals(keys.gen_current(), rev),
                     Compare::Missing(keys.closed(g)),
                 ],
-                success: vec![Op::put(keys.closed(g), reason.clone())],
+                success: [Op::put(keys.closed(g), reason.clone())]
+                    .into_iter()
+                    .chain(failure.then(|| failure_put(keys, g, &reason)))
+                    .collect(),
                 failure: vec![],
             })
             .await?;
@@ -94,6 +103,7 @@ impl Actor {
             latest_before: latest_before.clone(),
             at_ms: now_ms(),
             scale_up,
+            interval: false,
         };
         self.store
             .txn(Txn {
@@ -201,6 +211,7 @@ impl Actor {
                             ]
                             .into_iter()
                             .chain(root_cause_put(keys, g, cause))
+                            .chain(Some(failure_put(keys, g, description)))
                             .collect(),
                             failure: vec![],
                         })
@@ -232,6 +243,16 @@ impl Actor {
             }
         }
     }
+}
+
+/// The write of `g`'s record in the job-wide failure history (now, and why).
+fn failure_put(keys: &RunKeys, g: u64, reason: &str) -> Op {
+    let rec = crate::failure_log::FailureRecord {
+        generation: g,
+        at_ms: now_ms(),
+        reason: reason.to_string(),
+    };
+    Op::put(keys.failure(g), run_state::encode(&rec))
 }
 
 /// The write of `g`'s root cause, when a worker failed.

@@ -143,7 +143,11 @@ impl Agent {
                 step,
                 files,
                 cursor,
+                save_started_ms,
             } => {
+                if let (Some(at), true) = (save_started_ms, generation == ledger.generation()) {
+                    ledger.note_save_start(step, at);
+                }
                 if let Some(batch) = ledger.commit(
                     rank,
                     generation,

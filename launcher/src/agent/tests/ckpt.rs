@@ -159,3 +159,46 @@ fn commits_reach_the_ledger_only_while_workers_run() {
         [Effect::Committed { step: 4, .. }]
     ));
 }
+
+#[test]
+fn an_interval_save_asks_until_a_newer_seal_and_yields_to_a_preemption() {
+    let mut t = T::running(1, 1);
+    let Event::SaveRequested(mut req) = save(
+        "the checkpoint interval (4.5s) since the last seal passed",
+        "0004-0001",
+        false,
+    ) else {
+        unreachable!()
+    };
+    req.interval = true;
+    t.ev(Event::SaveRequested(req.clone()));
+    assert_eq!(
+        t.feed(Input::Api),
+        vec![Effect::Serve { should_save: true }]
+    );
+    t.ev(Event::Sealed("0004-0001".into()));
+    assert_eq!(
+        t.feed(Input::Api),
+        vec![Effect::Serve { should_save: true }],
+        "an older seal does not fulfil it"
+    );
+    let fx = t.ev(Event::Sealed("0006-0001".into()));
+    assert!(
+        !fx.contains(&Effect::Stop(Signal::SIGTERM)),
+        "the workers carry on"
+    );
+    assert_eq!(
+        t.feed(Input::Api),
+        vec![Effect::Serve { should_save: false }]
+    );
+    // During an interval save a preemption warning takes over: its seal stops the workers.
+    req.latest_before = "0006-0001".into();
+    t.ev(Event::SaveRequested(req));
+    t.ev(save(
+        "SIGUSR1 (preemption warning) on node n0",
+        "0006-0001",
+        false,
+    ));
+    let fx = t.ev(Event::Sealed("0008-0001".into()));
+    assert!(fx.contains(&Effect::Stop(Signal::SIGTERM)) || logged(&fx, "drun: preempted"));
+}

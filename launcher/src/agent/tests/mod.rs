@@ -172,6 +172,7 @@ pub(super) fn save(reason: &str, latest_before: &str, scale_up: bool) -> Event {
         latest_before: latest_before.into(),
         at_ms: 0,
         scale_up,
+        interval: false,
     })
 }
 

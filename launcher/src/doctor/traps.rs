@@ -1,0 +1,159 @@
+//! The known traps of a launch in a pod or an allocation: a pure function of the resolved
+//! launch, the host and what the probes found ([`Probes`]).
+
+use std::time::Duration;
+
+use crate::config::Host;
+use crate::container::{K8S_GRACE_PERIOD, K8S_SHUTDOWN_TIMEOUT};
+use crate::{LaunchConfig, RendezvousMode};
+
+/// What doctor read from the machine beyond [`Host`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Probes {
+    /// Names that do not resolve now: (what, endpoint, why).
+    pub unresolved: Vec<(&'static str, String, String)>,
+    /// Ports this node would listen on that another process holds: (what, port, error).
+    pub taken: Vec<(&'static str, u16, String)>,
+    /// Whether doctor is PID 1.
+    pub pid1: bool,
+    /// The command of PID 1 when doctor is not it (`sh`, `bash`, `tini`, ...).
+    pub pid1_comm: Option<String>,
+}
+
+impl Probes {
+    /// Resolves the rendezvous/master names once (no wait) and test-binds the ports this node
+    /// would listen on: the c10d host's port when it may host, the static master port on node
+    /// rank 0, `--metrics-port`.
+    pub async fn gather(cfg: &LaunchConfig) -> Probes {
+        let mut p = Probes {
+            pid1: crate::container::is_pid1(),
+            pid1_comm: std::fs::read_to_string("/proc/1/comm")
+                .ok()
+                .map(|s| s.trim().to_string()),
+            ..Probes::default()
+        };
+        let mut names: Vec<(&'static str, String)> = Vec::new();
+        let mut ports: Vec<(&'static str, u16)> = Vec::new();
+        match &cfg.rendezvous {
+            RendezvousMode::Static {
+                node_rank,
+                master_addr,
+                master_port,
+            } => {
+                names.push(("master", format!("{master_addr}:{master_port}")));
+                if *node_rank == 0 {
+                    ports.push((
+                        "the master port (node rank 0 serves the workers' store)",
+                        *master_port,
+                    ));
+                }
+            }
+            RendezvousMode::C10d { endpoint, is_host } => {
+                names.push(("rendezvous", endpoint.clone()));
+                if *is_host == Some(true) {
+                    if let Ok((_, port)) = crate::dns::split(endpoint) {
+                        ports.push(("the rendezvous port this node hosts", port));
+                    }
+                }
+            }
+            RendezvousMode::Server { endpoints } | RendezvousMode::Etcd { endpoints } => {
+                names.extend(endpoints.iter().map(|e| ("rendezvous", e.clone())));
+            }
+            RendezvousMode::Embedded {
+                fixed_port: Some(port),
+                ..
+            } => ports.push(("--master-port", *port)),
+            RendezvousMode::Embedded { .. } => {}
+        }
+        if let Some(port) = cfg.metrics_port.filter(|p| *p != 0) {
+            ports.push(("--metrics-port", port));
+        }
+        for (what, ep) in names {
+            if let Err(why) = crate::dns::resolve(&ep).await {
+                p.unresolved.push((what, ep, why));
+            }
+        }
+        for (what, port) in ports {
+            if let Err(e) = std::net::TcpListener::bind(("0.0.0.0", port)) {
+                p.taken.push((what, port, e.to_string()));
+            }
+        }
+        p
+    }
+}
+
+/// One warning per trap found. `raw`: the command line as parsed (flags and `PET_*`), before
+/// Slurm or Kubernetes detection filled it.
+pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes) -> Vec<String> {
+    let mut w: Vec<String> = Vec::new();
+    if let Some(k) = &cfg.k8s {
+        w.extend(k.warnings.iter().cloned());
+    }
+    let pod_level: Vec<String> = [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ]
+    .iter()
+    .filter_map(|k| host.var(k).map(|v| format!("{k}={v}")))
+    .collect();
+    if !pod_level.is_empty() {
+        w.push(format!(
+            "{} in the environment (set for the pod by the operator or the shell) will be overwritten: \
+             drun gives each worker its own RANK, LOCAL_RANK, WORLD_SIZE ({} workers in all at full size) \
+             and the group's MASTER_ADDR/MASTER_PORT",
+            pod_level.join(", "),
+            cfg.max_nodes * cfg.nproc_per_node
+        ));
+    }
+    // Slurm's SLURM_NODEID pin is deliberate; a --node-rank or PET_NODE_RANK given to an
+    // elastic launch usually is not.
+    if let Some(r) = cfg.requested_node_rank.filter(|_| raw.node_rank.is_some()) {
+        w.push(format!(
+            "--node-rank {r} with a dynamic rendezvous ({}) only orders the nodes; ranks are \
+             assigned at each formation and change when nodes leave or join. An operator's \
+             PET_NODE_RANK is meant for the static backend",
+            cfg.rendezvous
+        ));
+    }
+    for (what, ep, why) in &probes.unresolved {
+        w.push(format!(
+            "the {what} name {ep} does not resolve now ({why}); drun will wait for it up to the \
+             join timeout ({}), which is normal while the other pods start",
+            drun_rendezvous::human::duration(cfg.timing.join_timeout)
+        ));
+    }
+    for (what, port, e) in &probes.taken {
+        w.push(format!(
+            "port {port} ({what}) is already taken on this machine ({e}): pick a free port"
+        ));
+    }
+    let in_k8s = crate::container::in_kubernetes(|k| host.var(k).map(str::to_string));
+    if in_k8s && cfg.shutdown_timeout + K8S_GRACE_PERIOD - K8S_SHUTDOWN_TIMEOUT > K8S_GRACE_PERIOD {
+        w.push(format!(
+            "--shutdown-timeout {} leaves drun less than 5 s of the default \
+             terminationGracePeriodSeconds (30 s): the kubelet would SIGKILL drun before the \
+             workers are stopped; set terminationGracePeriodSeconds to at least {} s",
+            drun_rendezvous::human::duration(cfg.shutdown_timeout),
+            (cfg.shutdown_timeout + Duration::from_secs(5)).as_secs()
+        ));
+    }
+    // A shell as PID 1 (`command: ["sh", "-c", "drun ..."]`) gets the kubelet's SIGTERM and,
+    // having no handler, the kernel drops it: drun never hears it, the workers die by SIGKILL.
+    if !probes.pid1
+        && matches!(
+            probes.pid1_comm.as_deref(),
+            Some("sh" | "bash" | "dash" | "ash")
+        )
+    {
+        w.push(format!(
+            "PID 1 of this container is `{}`: a shell does not forward SIGTERM to drun, so the \
+             workers are SIGKILLed without a grace period; use `exec drun ...` or make drun the \
+             container command (as PID 1 drun handles signals and reaps orphans itself)",
+            probes.pid1_comm.as_deref().unwrap_or_default()
+        ));
+    }
+    w
+}

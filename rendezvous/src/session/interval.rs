@@ -1,0 +1,115 @@
+//! Node rank 0's `--ckpt-interval` I/O: reading C and M from the store and reporting the
+//! interval ([`Actor::evaluate_interval`]), and writing the interval save request
+//! ([`Actor::request_interval_save`]). The decisions are [`crate::ckpt_interval::decide`] and
+//! the [`super::save_clock::SaveClock`] in the generation core.
+
+use std::time::Duration;
+
+use super::actor::Actor;
+use super::generation::Running;
+use super::protocol::SaveRequest;
+use crate::clock::now_ms;
+use crate::failure_log;
+use crate::human::duration as human;
+use crate::run_state;
+use crate::store::{Compare, Op, Txn};
+use crate::RendezvousError;
+
+impl Actor {
+    /// Decides the interval from what the store measured; logs it (one line when it changed),
+    /// records it (`ckpt/interval`, metrics) and sets `run`'s clock. `entered`: generation
+    /// `g` just started; after a re-form, the work it lost is logged next to what was expected.
+    pub(super) async fn evaluate_interval(
+        &self,
+        run: &mut Running,
+        entered: bool,
+    ) -> Result<(), RendezvousError> {
+        let g = run.generation();
+        let state = self.round.state();
+        let obs = failure_log::observe(state, &self.ledger, g, now_ms()).await?;
+        let Some(interval) = self.rules.ckpt_interval.decide(&obs) else {
+            return Ok(());
+        };
+        let before = state.ckpt_interval().await?;
+        let run_id = &self.cfg.run_id;
+        if entered && g > 1 {
+            if let Some(lost) = state.formation(g).await?.and_then(|f| f.lost_work) {
+                let secs = lost.ms as f64 / 1000.0;
+                let expected = before
+                    .as_ref()
+                    .map(|b| format!(" (expected ≈ {:.1} s)", b.expected_loss_s))
+                    .unwrap_or_default();
+                tracing::info!(run = %run_id, gen = g, "the re-form lost {secs:.1} s of work since the checkpoint it resumed from{expected}");
+                crate::metrics::global()
+                    .reform_lost_work
+                    .get_or_create(&crate::metrics::RunLabel {
+                        run: run_id.clone(),
+                    })
+                    .set(secs);
+            }
+        }
+        if before.as_ref().is_none_or(|b| b.differs(&interval)) {
+            tracing::info!(run = %run_id, gen = g, "{}", interval.line());
+            self.store
+                .put(
+                    &self.round.keys().ckpt_interval(),
+                    run_state::encode(&interval),
+                    None,
+                )
+                .await?;
+        }
+        crate::metrics::global().interval(run_id, &interval);
+        if let Some(c) = run.save_clock.as_mut() {
+            c.set(interval.duration());
+        }
+        Ok(())
+    }
+
+    /// Asks every rank of generation `g` for a checkpoint: `interval` since the last seal
+    /// passed. Written once per checkpoint (`gen/<g>/save-due/<ckpt/latest>`), guarded on
+    /// `gen/current` and on `ckpt/latest` (a seal that landed meanwhile makes it moot).
+    pub(super) async fn request_interval_save(
+        &self,
+        g: u64,
+        interval: Duration,
+    ) -> Result<(), RendezvousError> {
+        let keys = self.round.keys();
+        let latest = self.store.get(&keys.ckpt_latest()).await?;
+        let (latest_before, latest_guard) = match &latest {
+            Some(kv) => (
+                kv.value_str(),
+                Compare::ModRevisionEquals(keys.ckpt_latest(), kv.mod_revision),
+            ),
+            None => (String::new(), Compare::Missing(keys.ckpt_latest())),
+        };
+        let key = keys.save_due(g, &latest_before);
+        let reason = format!(
+            "the checkpoint interval ({}) since the last seal passed (--ckpt-interval)",
+            human(interval)
+        );
+        let req = SaveRequest {
+            node_id: self.cfg.node_id.clone(),
+            reason: reason.clone(),
+            latest_before,
+            at_ms: now_ms(),
+            scale_up: false,
+            interval: true,
+        };
+        let resp = self
+            .store
+            .txn(Txn {
+                compares: vec![
+                    Compare::Missing(key.clone()),
+                    Compare::ValueEquals(keys.gen_current(), g.to_string().into()),
+                    latest_guard,
+                ],
+                success: vec![Op::put(key, run_state::encode(&req))],
+                failure: vec![],
+            })
+            .await?;
+        if resp.succeeded {
+            tracing::info!(run = %self.cfg.run_id, gen = g, "{reason}: asking every rank for a checkpoint");
+        }
+        Ok(())
+    }
+}
