@@ -267,3 +267,37 @@ fn the_token_shows_in_no_log_status_metrics_or_worker_environment() {
         );
     }
 }
+
+#[test]
+fn an_agent_hosting_the_c10d_rendezvous_accepts_only_its_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = format!("127.0.0.1:{}", crate::harness::cluster::free_port());
+    let rdzv = [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        &endpoint,
+        "--rdzv-conf",
+        "join_timeout=60",
+    ];
+    let out = dir.path().join("out");
+    let node = |i: usize, tok: Tok<'_>| {
+        let mut c = node_cmd(i, "c10d-auth", "2", &rdzv);
+        with_token(&mut c, tok);
+        c.arg(worker("envdump.py")).arg(&out);
+        c
+    };
+    let host = Agent::start(node(0, Tok::Env(TOKEN_A)));
+    wait_for("the hosted rendezvous", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(&endpoint).is_ok()
+    });
+    let (code, _, err) = run(node(1, Tok::None), Duration::from_secs(60));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("requires a token and none was sent"), "{err}");
+    assert!(!out.exists(), "no worker may start: {err}");
+    let (code, _, err) = run(node(1, Tok::Env(TOKEN_A)), Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = host.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert!((0..4).all(|r| out.join(format!("env_{r}.json")).exists()));
+}
