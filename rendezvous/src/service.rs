@@ -96,6 +96,14 @@ pub async fn serve_with_tls(
     tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    // Small messages go out at once: without TCP_NODELAY a request-response pair waits for
+    // the peer's delayed ACK (~40 ms on Linux) behind Nagle's algorithm.
+    let incoming = TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    });
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
@@ -104,7 +112,7 @@ pub async fn serve_with_tls(
         .http2_keepalive_interval(Some(Duration::from_secs(2)))
         .http2_keepalive_timeout(Some(Duration::from_secs(4)))
         .add_service(service.into_server())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 
