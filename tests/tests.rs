@@ -2,6 +2,7 @@
 
 mod harness;
 
+mod auth;
 mod chaos;
 mod ckpt;
 mod cli;
@@ -30,5 +31,6 @@ mod store;
 mod straggler;
 mod supervision;
 mod terminal;
+mod tls;
 mod torch_e2e;
 mod worker_store;

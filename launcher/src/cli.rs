@@ -248,6 +248,45 @@ pub struct Args {
     )]
     pub local_addr: Option<String>,
 
+    /// File whose first line is the token sent to the rendezvous server (drun, c10d backends);
+    /// the token itself may instead be in the environment variable DRUN_RDZV_TOKEN (the file
+    /// wins). Never given on the command line, so `ps` does not show it; removed from the
+    /// workers' environment.
+    #[arg(
+        long = "rdzv-token-file",
+        env = "DRUN_RDZV_TOKEN_FILE",
+        value_name = "PATH",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_token_file: Option<PathBuf>,
+
+    /// Reach the rendezvous server (drun backend) over TLS, trusting this PEM CA.
+    #[arg(
+        long = "rdzv-tls-ca",
+        env = "DRUN_RDZV_TLS_CA",
+        value_name = "PATH",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_tls_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) for a server requiring mutual TLS; with --rdzv-tls-key.
+    #[arg(
+        long = "rdzv-tls-cert",
+        env = "DRUN_RDZV_TLS_CERT",
+        value_name = "PATH",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --rdzv-tls-cert.
+    #[arg(
+        long = "rdzv-tls-key",
+        env = "DRUN_RDZV_TLS_KEY",
+        value_name = "PATH",
+        help_heading = "Rendezvous"
+    )]
+    pub rdzv_tls_key: Option<PathBuf>,
+
     /// Signals forwarded to every worker before teardown (SIGUSR1/SIGUSR2 are always relayed
     /// without teardown).
     #[arg(

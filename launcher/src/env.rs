@@ -57,6 +57,9 @@ pub const CKPT_VARS: &[&str] = &[
     "DRUN_CKPT_VERSION",
 ];
 
+/// The agent's secrets, never passed on to workers: the rendezvous token (and where it is).
+pub const SECRET_VARS: &[&str] = &["DRUN_RDZV_TOKEN", "DRUN_RDZV_TOKEN_FILE"];
+
 /// Variables drun sets for every worker (and therefore overwrites when inherited).
 pub const CONTRACT_VARS: &[&str] = &[
     "RANK",
@@ -87,7 +90,7 @@ pub fn worker_env(
     slot: &WorkerSlot<'_>,
 ) -> BTreeMap<OsString, OsString> {
     let mut env = inherited.clone();
-    for k in CKPT_VARS {
+    for k in CKPT_VARS.iter().chain(SECRET_VARS) {
         env.remove(&OsString::from(k));
     }
     let rank = member.base_rank + slot.local_rank;

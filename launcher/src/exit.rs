@@ -7,7 +7,7 @@ Exit codes:
   1        a worker failed and the restart budget (--max-restarts) is spent
   2        usage or configuration error (nothing was started); also on every node when
            the nodes' launch configs or environments do not match (--env-check)
-  3        rendezvous failed (join timeout, closed run, unreachable store)
+  3        rendezvous failed (join timeout, closed run, unreachable store, token refused)
   4        fenced: lost membership and could not rejoin
   5        preempted: a coordinated checkpoint was sealed after a preemption warning
            (--on-preempt checkpoint); requeue the job to resume from it

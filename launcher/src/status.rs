@@ -57,6 +57,10 @@ pub struct StatusQuery {
     pub json: bool,
     /// Refresh every this long until Ctrl-C (`None`: print once).
     pub watch: Option<Duration>,
+    /// The token sent to a server (`--rdzv-token-file`, `DRUN_RDZV_TOKEN`).
+    pub token: Option<drun_rendezvous::auth::Secret>,
+    /// TLS to a server (`--rdzv-tls-ca`, ...).
+    pub tls: Option<drun_rendezvous::tls::ClientTls>,
 }
 
 /// Why `status` printed nothing useful. [`StatusError::code`] is the exit code.
@@ -76,6 +80,14 @@ pub enum StatusError {
         /// The endpoints tried.
         endpoints: String,
         /// The last error.
+        detail: String,
+    },
+    /// The server refused the request (no token, or one not accepted for this run).
+    #[error("the rendezvous server at {endpoint} refused: {detail}")]
+    Refused {
+        /// The endpoint that refused.
+        endpoint: String,
+        /// Its one-line reason.
         detail: String,
     },
     /// The store knows nothing of the run.
@@ -131,10 +143,13 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
 /// newer server answers) and its decoded form.
 ///
 /// # Errors
-/// [`StatusError::Unreachable`] when no endpoint answers, [`StatusError::Decode`].
+/// [`StatusError::Unreachable`] when no endpoint answers, [`StatusError::Refused`] when one
+/// refuses the token, [`StatusError::Decode`].
 pub async fn fetch(
     source: &Source,
     run: &str,
+    token: Option<&drun_rendezvous::auth::Secret>,
+    tls: Option<&drun_rendezvous::tls::ClientTls>,
 ) -> Result<(serde_json::Value, RunStatus), StatusError> {
     let json = match source {
         Source::Etcd(endpoints) => {
@@ -153,33 +168,68 @@ pub async fn fetch(
                 .map_err(|e| unreachable(&e))?;
             serde_json::to_value(status).expect("a run status serializes")
         }
-        Source::Server(endpoints) => ask_servers(endpoints, run).await?,
+        Source::Server(endpoints) => ask_servers(endpoints, run, token, tls).await?,
     };
     let status =
         serde_json::from_value(json.clone()).map_err(|e| StatusError::Decode(e.to_string()))?;
     Ok((json, status))
 }
 
+/// An error with its causes, on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 /// The `Status` RPC of the first of `endpoints` that answers.
-async fn ask_servers(endpoints: &[String], run: &str) -> Result<serde_json::Value, StatusError> {
+async fn ask_servers(
+    endpoints: &[String],
+    run: &str,
+    token: Option<&drun_rendezvous::auth::Secret>,
+    tls: Option<&drun_rendezvous::tls::ClientTls>,
+) -> Result<serde_json::Value, StatusError> {
     let mut last = String::from("no endpoint given");
     for ep in endpoints {
         let answer = async {
-            let url = drun_rendezvous::endpoint_url(ep);
-            let mut client = RendezvousClient::connect(url)
+            let channel = drun_rendezvous::tls::endpoint(ep, tls, None)
+                .map_err(|e| (false, e))?
+                .connect()
                 .await
-                .map_err(|e| e.to_string())?;
-            let resp = client
-                .status(StatusRequest {
-                    run_id: run.to_string(),
-                })
-                .await
-                .map_err(|e| ServiceError::from_status(&e).to_string())?;
-            serde_json::from_str(&resp.into_inner().json).map_err(|e| e.to_string())
+                .map_err(|e| {
+                    let mut why = error_chain(&e);
+                    if let Some(h) =
+                        drun_rendezvous::tls::hint(&why, drun_rendezvous::tls::Mode::of(tls))
+                    {
+                        why = format!("{why}; {h}");
+                    }
+                    (false, why)
+                })?;
+            let mut client = RendezvousClient::new(channel);
+            let mut request = tonic::Request::new(StatusRequest {
+                run_id: run.to_string(),
+            });
+            drun_rendezvous::auth::attach(&mut request, token);
+            let resp = client.status(request).await.map_err(|e| {
+                let e = ServiceError::from_status(&e);
+                (matches!(e, ServiceError::Unauthenticated(_)), e.to_string())
+            })?;
+            serde_json::from_str(&resp.into_inner().json).map_err(|e| (false, e.to_string()))
         };
         match tokio::time::timeout(Duration::from_secs(10), answer).await {
             Ok(Ok(json)) => return Ok(json),
-            Ok(Err(e)) => last = e,
+            Ok(Err((true, detail))) => {
+                return Err(StatusError::Refused {
+                    endpoint: ep.clone(),
+                    detail,
+                })
+            }
+            Ok(Err((false, e))) => last = e,
             Err(_) => last = "no answer within 10 s".into(),
         }
     }
@@ -200,7 +250,13 @@ pub async fn show(query: &StatusQuery) -> Result<(), StatusError> {
         return Err(StatusError::NoRunId);
     }
     let Some(every) = query.watch else {
-        let (json, status) = fetch(&query.source, &query.run).await?;
+        let (json, status) = fetch(
+            &query.source,
+            &query.run,
+            query.token.as_ref(),
+            query.tls.as_ref(),
+        )
+        .await?;
         if status.is_unknown() {
             return Err(StatusError::UnknownRun(query.run.clone()));
         }
@@ -214,7 +270,14 @@ pub async fn show(query: &StatusQuery) -> Result<(), StatusError> {
     };
     let clear = !query.json && std::io::stdout().is_terminal();
     loop {
-        let text = match fetch(&query.source, &query.run).await {
+        let text = match fetch(
+            &query.source,
+            &query.run,
+            query.token.as_ref(),
+            query.tls.as_ref(),
+        )
+        .await
+        {
             Ok((json, _)) if query.json => json.to_string(),
             Ok((_, s)) if s.is_unknown() => StatusError::UnknownRun(query.run.clone()).to_string(),
             Ok((_, s)) => view(&s).join("\n") + if clear { "" } else { "\n" },

@@ -83,6 +83,10 @@ pub enum ServiceError {
     /// The server or its store cannot answer now; another attempt (or replica) may.
     #[error("{0}")]
     Unavailable(String),
+    /// The request carries no token, or one not accepted for its run ([`crate::auth`]).
+    /// Retrying the same request cannot help.
+    #[error("{0}")]
+    Unauthenticated(String),
 }
 
 impl ServiceError {
@@ -92,16 +96,18 @@ impl ServiceError {
             ServiceError::InvalidRequest(m) => tonic::Status::invalid_argument(m.clone()),
             ServiceError::Incompatible(m) => tonic::Status::failed_precondition(m.clone()),
             ServiceError::Unavailable(m) => tonic::Status::unavailable(m.clone()),
+            ServiceError::Unauthenticated(m) => tonic::Status::unauthenticated(m.clone()),
         }
     }
 
-    /// The error a gRPC status carries; codes other than the two refusals are "unavailable"
+    /// The error a gRPC status carries; codes other than the three refusals are "unavailable"
     /// (transport errors, a replica going away).
     pub fn from_status(s: &tonic::Status) -> ServiceError {
         let m = s.message().to_string();
         match s.code() {
             tonic::Code::InvalidArgument => ServiceError::InvalidRequest(m),
             tonic::Code::FailedPrecondition => ServiceError::Incompatible(m),
+            tonic::Code::Unauthenticated => ServiceError::Unauthenticated(m),
             _ => ServiceError::Unavailable(m),
         }
     }
@@ -137,6 +143,7 @@ mod tests {
             ServiceError::InvalidRequest("no Hello".into()),
             ServiceError::Incompatible("drun.v2".into()),
             ServiceError::Unavailable("etcd down".into()),
+            ServiceError::Unauthenticated("no token".into()),
         ] {
             assert_eq!(ServiceError::from_status(&e.to_status()), e);
         }

@@ -46,6 +46,7 @@
 //! scale-up admission, successor start, failure budget and exit barrier — the session's
 //! generation core; node loss wording — [`loss`]; checkpoints — [`ledger`].
 
+pub mod auth;
 pub mod ckpt_interval;
 pub mod clock;
 pub mod core;
@@ -73,6 +74,7 @@ pub mod shared_lease;
 pub mod status;
 pub mod status_view;
 pub mod store;
+pub mod tls;
 pub mod wire;
 
 pub use crate::core::{decide, Candidate, Decision, Join, RoundConfig};

@@ -4,6 +4,10 @@
 //! session actors, so any number of replicas may serve the same etcd and a killed replica loses
 //! nothing: its agents reconnect elsewhere with `Hello.resume`. A server-side session renews the
 //! agent's lease only when the agent sends a keep-alive, so a dead agent's lease expires.
+//!
+//! Every RPC and stream is authenticated by [`crate::auth::Auth`] (open by default): a session
+//! before its Hello is read and again for the run its Hello names; `Status` for the run asked
+//! about. A refused request touches nothing in the store.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -19,6 +23,7 @@ use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
+use crate::auth::Auth;
 use crate::clock::now_ms;
 use crate::error::ServiceError;
 use crate::session::{spawn_session, Event, Request, SessionConfig};
@@ -32,6 +37,7 @@ pub struct RendezvousService {
     store: Arc<dyn Store>,
     sessions: Arc<AtomicUsize>,
     run_on_records: bool,
+    auth: Arc<Auth>,
 }
 
 impl RendezvousService {
@@ -41,7 +47,14 @@ impl RendezvousService {
             store,
             sessions: Arc::new(AtomicUsize::new(0)),
             run_on_records: false,
+            auth: Arc::new(Auth::open()),
         }
+    }
+
+    /// Requires the tokens of `auth` on every RPC and stream.
+    pub fn with_auth(mut self, auth: Auth) -> Self {
+        self.auth = Arc::new(auth);
+        self
     }
 
     /// Every log record of an agent's session names the run as well as the node (`on`: for
@@ -69,11 +82,37 @@ pub async fn serve(
     service: RendezvousService,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
+    serve_with_tls(listener, service, None, shutdown).await
+}
+
+/// [`serve`] over TLS when `tls` is given ([`crate::tls`]).
+///
+/// # Errors
+/// A TLS configuration rustls refuses (a key that does not match, a bad PEM), or a failed
+/// listener.
+pub async fn serve_with_tls(
+    listener: tokio::net::TcpListener,
+    service: RendezvousService,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    // Small messages go out at once: without TCP_NODELAY a request-response pair waits for
+    // the peer's delayed ACK (~40 ms on Linux) behind Nagle's algorithm.
+    let incoming = TcpListenerStream::new(listener).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    });
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         .http2_keepalive_interval(Some(Duration::from_secs(2)))
         .http2_keepalive_timeout(Some(Duration::from_secs(4)))
         .add_service(service.into_server())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 
@@ -120,6 +159,10 @@ impl Rendezvous for RendezvousService {
         request: GrpcRequest<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
         let peer: Option<SocketAddr> = request.remote_addr();
+        self.auth
+            .check(request.metadata(), None)
+            .map_err(|e| refused(&e, None, peer))?;
+        let metadata = request.metadata().clone();
         let mut inbound = request.into_inner();
         let hello = match inbound.message().await?.and_then(|m| m.kind) {
             Some(pb::agent_message::Kind::Hello(h)) => h,
@@ -144,6 +187,9 @@ impl Rendezvous for RendezvousService {
                     .to_status(),
             );
         }
+        self.auth
+            .check(&metadata, Some(&hello.run_id))
+            .map_err(|e| refused(&e, Some(&hello.run_id), peer))?;
         let cfg = session_config(&hello);
         tracing::info!(
             run = %cfg.run_id,
@@ -211,7 +257,11 @@ impl Rendezvous for RendezvousService {
         &self,
         request: GrpcRequest<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
-        let run = request.into_inner().run_id;
+        let peer = request.remote_addr();
+        let run = request.get_ref().run_id.clone();
+        self.auth
+            .check(request.metadata(), Some(&run))
+            .map_err(|e| refused(&e, Some(&run), peer))?;
         let json = status_json(&self.store, &run)
             .await
             .map_err(|e| ServiceError::Unavailable(e.to_string()).to_status())?;
@@ -219,6 +269,16 @@ impl Rendezvous for RendezvousService {
             json: json.to_string(),
         }))
     }
+}
+
+/// Logs a refused request (without its token) and turns the refusal into its status.
+fn refused(e: &ServiceError, run: Option<&str>, peer: Option<SocketAddr>) -> Status {
+    tracing::warn!(
+        run = run.unwrap_or("?"),
+        peer = %peer.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
+        "refused an unauthenticated request: {e}"
+    );
+    e.to_status()
 }
 
 /// The messages of one session's stream to its agent: the session's events (a large plan cut

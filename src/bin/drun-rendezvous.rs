@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use drun_launcher::status::{Source, StatusQuery};
-use drun_rendezvous::service::{serve, RendezvousService};
+use drun_rendezvous::service::{serve_with_tls, RendezvousService};
 use drun_rendezvous::shared_lease::SharedLeases;
 use drun_rendezvous::{EtcdStore, MemoryStore, Store};
 
@@ -60,6 +60,20 @@ enum Command {
         /// Off by default.
         #[arg(long, env = "DRUN_RDZV_METRICS_ADDR", value_name = "HOST:PORT")]
         metrics_addr: Option<String>,
+        /// Accept only agents sending a token listed in PATH (repeatable): one `TOKEN` (any run)
+        /// or `RUN_ID TOKEN` (that run only) per line, `#` comments. Read again at every check,
+        /// so tokens rotate without a restart. Without it the control plane is open.
+        #[arg(long = "token-file", value_name = "PATH")]
+        token_files: Vec<std::path::PathBuf>,
+        /// Serve over TLS with this PEM certificate (chain); needs --tls-key.
+        #[arg(long = "tls-cert", value_name = "PATH", requires = "tls_key")]
+        tls_cert: Option<std::path::PathBuf>,
+        /// The PEM private key of --tls-cert.
+        #[arg(long = "tls-key", value_name = "PATH", requires = "tls_cert")]
+        tls_key: Option<std::path::PathBuf>,
+        /// Require client certificates signed by this PEM CA (mutual TLS); needs --tls-cert.
+        #[arg(long = "tls-client-ca", value_name = "PATH", requires = "tls_cert")]
+        tls_client_ca: Option<std::path::PathBuf>,
     },
     /// Print a run's state: members, generation, ranks, each node's state, standbys, restarts by
     /// cause, the last formation and its duration, the latest checkpoint and the work the last
@@ -85,6 +99,22 @@ enum Command {
         /// instead of the human view; with --watch, one compact document per line per refresh.
         #[arg(long)]
         json: bool,
+        /// File whose first line is the token sent to --endpoint (else DRUN_RDZV_TOKEN).
+        #[arg(
+            long = "rdzv-token-file",
+            env = "DRUN_RDZV_TOKEN_FILE",
+            value_name = "PATH"
+        )]
+        rdzv_token_file: Option<std::path::PathBuf>,
+        /// Reach --endpoint over TLS, trusting this PEM CA.
+        #[arg(long = "rdzv-tls-ca", value_name = "PATH")]
+        rdzv_tls_ca: Option<std::path::PathBuf>,
+        /// Client certificate (PEM) for a server requiring mutual TLS; needs --rdzv-tls-key.
+        #[arg(long = "rdzv-tls-cert", value_name = "PATH", requires = "rdzv_tls_key")]
+        rdzv_tls_cert: Option<std::path::PathBuf>,
+        /// The PEM private key of --rdzv-tls-cert.
+        #[arg(long = "rdzv-tls-key", value_name = "PATH", requires = "rdzv_tls_cert")]
+        rdzv_tls_key: Option<std::path::PathBuf>,
         /// Redraw every INTERVAL until Ctrl-C: seconds (`5`, `0.5`) or `500ms`/`2s`/`1m`,
         /// from 50 ms to 1 day; `--watch` alone: 2 s.
         #[arg(
@@ -97,6 +127,18 @@ enum Command {
         )]
         watch: Option<std::time::Duration>,
     },
+}
+
+/// An error with its causes, on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 #[path = "common/logging.rs"]
@@ -161,7 +203,25 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             store,
             etcd_endpoints,
             metrics_addr,
+            token_files,
+            tls_cert,
+            tls_key,
+            tls_client_ca,
         } => {
+            let tls = match (tls_cert, tls_key) {
+                (Some(cert), Some(key)) => Some(
+                    drun_rendezvous::tls::ServerTlsFiles {
+                        cert,
+                        key,
+                        client_ca: tls_client_ca,
+                    }
+                    .load()
+                    .map_err(|e| (2, e))?,
+                ),
+                _ => None,
+            };
+            let auth = drun_rendezvous::auth::Auth::from_files(&token_files)
+                .map_err(|e| (2, format!("{e} (--token-file)")))?;
             let addr: SocketAddr = listen.parse().map_err(|e| {
                 (
                     2,
@@ -186,6 +246,12 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 "drun-rendezvous listening on {local} (store: {})",
                 store.name()
             );
+            if auth.is_open() {
+                // A log record, so that JSON logs stay one object per line.
+                tracing::warn!(
+                    "no --token-file: the control plane is open; anyone who can reach {local} can join, read or stop any run"
+                );
+            }
             if let Some(listener) = metrics {
                 let at = listener.local_addr().map_err(|e| (1, e.to_string()))?;
                 // Whoever reads the first line only may have closed stdout since: never panic.
@@ -207,14 +273,16 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                     _ = tokio::signal::ctrl_c() => {}
                 }
             };
-            serve(
+            serve_with_tls(
                 listener,
                 RendezvousService::new(store)
-                    .with_run_on_records(log_format == drun_launcher::LogFormat::Json),
+                    .with_run_on_records(log_format == drun_launcher::LogFormat::Json)
+                    .with_auth(auth),
+                tls,
                 shutdown,
             )
             .await
-            .map_err(|e| (1, format!("server failed: {e}")))
+            .map_err(|e| (1, format!("server failed: {}", error_chain(&e))))
         }
         Command::Status {
             run,
@@ -222,7 +290,28 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             endpoint,
             json,
             watch,
+            rdzv_token_file,
+            rdzv_tls_ca,
+            rdzv_tls_cert,
+            rdzv_tls_key,
         } => {
+            let tls = rdzv_tls_ca
+                .map(|ca| {
+                    drun_rendezvous::tls::ClientTls::from_files(
+                        &ca,
+                        rdzv_tls_cert.as_deref(),
+                        rdzv_tls_key.as_deref(),
+                    )
+                })
+                .transpose()
+                .map_err(|e| (2, e))?;
+            let token = drun_launcher::rdzv::token::resolve(
+                rdzv_token_file.as_deref(),
+                std::env::var(drun_launcher::rdzv::token::TOKEN_VAR)
+                    .ok()
+                    .as_deref(),
+            )
+            .map_err(|e| (2, e))?;
             let source = if endpoint.is_empty() {
                 Source::Etcd(etcd_endpoints)
             } else {
@@ -233,6 +322,8 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 source,
                 json,
                 watch,
+                token,
+                tls,
             };
             drun_launcher::status::show(&query)
                 .await

@@ -108,11 +108,27 @@ fn status(args: &Args) -> ExitCode {
         Ok(s) => s,
         Err(e) => return fail(e.code(), &e),
     };
+    let token = match drun_launcher::rdzv::token::resolve(
+        args.rdzv_token_file.as_deref(),
+        host.var(drun_launcher::rdzv::token::TOKEN_VAR),
+    ) {
+        Ok(t) => t,
+        Err(e) => return fail(AgentExit::Usage.code(), &e),
+    };
+    let tls = match &args.rdzv_tls_ca {
+        Some(ca) => match drun_rendezvous_tls(ca, args) {
+            Ok(t) => Some(t),
+            Err(e) => return fail(AgentExit::Usage.code(), &e),
+        },
+        None => None,
+    };
     let query = StatusQuery {
         run,
         source,
         json: args.json,
         watch: args.watch,
+        token,
+        tls,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -122,6 +138,18 @@ fn status(args: &Args) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(e.code(), &e),
     }
+}
+
+/// `--rdzv-tls-ca` with the client identity of `args`.
+fn drun_rendezvous_tls(
+    ca: &std::path::Path,
+    args: &Args,
+) -> Result<drun_rendezvous::tls::ClientTls, String> {
+    drun_rendezvous::tls::ClientTls::from_files(
+        ca,
+        args.rdzv_tls_cert.as_deref(),
+        args.rdzv_tls_key.as_deref(),
+    )
 }
 
 /// clap's message up to its usage/tip section, on one line.

@@ -35,17 +35,36 @@ impl RdzvServer {
         let mut args = store_args.to_vec();
         args.extend(["--metrics-addr", "127.0.0.1:0"]);
         let mut s = Self::spawn("127.0.0.1:0", &args, "warn", Stdio::inherit());
+        s.read_metrics_address();
+        s
+    }
+
+    /// [`RdzvServer::start_logging`] that also serves `/metrics` on a free port.
+    pub fn start_logging_with_metrics(
+        args: &[&str],
+        level: &str,
+        log: &std::path::Path,
+    ) -> RdzvServer {
+        let mut args = args.to_vec();
+        args.extend(["--metrics-addr", "127.0.0.1:0"]);
+        let file = std::fs::File::create(log).expect("create the server's log file");
+        let mut s = Self::spawn("127.0.0.1:0", &args, level, file.into());
+        s.read_metrics_address();
+        s
+    }
+
+    /// Reads the `/metrics` address the server announces on its second stdout line.
+    fn read_metrics_address(&mut self) {
         let mut line = String::new();
-        s.stdout
+        self.stdout
             .as_mut()
             .expect("stdout kept")
             .read_line(&mut line)
             .unwrap();
-        s.metrics = Some(
+        self.metrics = Some(
             super::scrape::announced(&line)
                 .unwrap_or_else(|| panic!("no metrics address: {line:?}")),
         );
-        s
     }
 
     /// Starts a replica listening on `listen`.

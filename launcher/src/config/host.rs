@@ -124,6 +124,16 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
         })?;
         cfg.ckpt.resume_from = Some(std::fs::canonicalize(&file).unwrap_or(file));
     }
+    if let Some(f) = &cfg.rdzv_token_file {
+        cfg.rdzv_token = crate::rdzv::token::resolve(Some(f), None)
+            .map_err(|why| invalid("--rdzv-token-file", f.display().to_string(), why))?;
+    }
+    if let Some((ca, cert, key)) = &cfg.rdzv_tls_files {
+        cfg.rdzv_tls = Some(
+            drun_rendezvous::tls::ClientTls::from_files(ca, cert.as_deref(), key.as_deref())
+                .map_err(|why| invalid("--rdzv-tls-ca", ca.display().to_string(), why))?,
+        );
+    }
     Ok(cfg)
 }
 

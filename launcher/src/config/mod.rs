@@ -146,6 +146,14 @@ pub struct LaunchConfig {
     pub straggler_factor: f64,
     /// `--preflight`, with its `--preflight-min-gbps` (Gbit/s); `None`: no check.
     pub preflight: Option<Preflight>,
+    /// `--rdzv-token-file`, read by [`prepare`] into `rdzv_token`.
+    pub rdzv_token_file: Option<std::path::PathBuf>,
+    /// The token sent to the rendezvous server: `DRUN_RDZV_TOKEN`, or the file's once prepared.
+    pub rdzv_token: Option<drun_rendezvous::auth::Secret>,
+    /// `--rdzv-tls-ca`, `--rdzv-tls-cert`, `--rdzv-tls-key` (read by [`prepare`] into `rdzv_tls`).
+    pub rdzv_tls_files: Option<(PathBuf, Option<PathBuf>, Option<PathBuf>)>,
+    /// TLS to the rendezvous server, once prepared.
+    pub rdzv_tls: Option<drun_rendezvous::tls::ClientTls>,
 }
 
 /// `--preflight` settings.

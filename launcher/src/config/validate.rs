@@ -146,6 +146,17 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         metrics_port: a.metrics_port,
         straggler_factor: straggler_factor(a.straggler_factor)?,
         preflight: preflight(a)?,
+        rdzv_token_file: a.rdzv_token_file.clone(),
+        rdzv_token: host
+            .var(crate::rdzv::token::TOKEN_VAR)
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(drun_rendezvous::auth::Secret::new),
+        rdzv_tls_files: a
+            .rdzv_tls_ca
+            .clone()
+            .map(|ca| (ca, a.rdzv_tls_cert.clone(), a.rdzv_tls_key.clone())),
+        rdzv_tls: None,
     })
 }
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use drun_proto::v1 as pb;
 use drun_proto::v1::rendezvous_client::RendezvousClient;
 use drun_proto::PROTOCOL_VERSION;
+use drun_rendezvous::auth::Secret;
 use drun_rendezvous::session::{Event, Request, Resume, SessionConfig};
 use drun_rendezvous::wire::{event_from_wire, request_to_wire};
 use tokio::sync::mpsc;
@@ -43,9 +44,30 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// Connects to the replicas `endpoints` (`host:port`) for the session described by `cfg`.
+/// How the agent proves who it is and what it trusts: its token (sent with every session, see
+/// `drun_rendezvous::auth`) and its TLS settings (`drun_rendezvous::tls`).
+#[derive(Debug, Clone, Default)]
+pub struct Creds {
+    /// `--rdzv-token-file` / `DRUN_RDZV_TOKEN`.
+    pub token: Option<Secret>,
+    /// `--rdzv-tls-ca` (and the mTLS identity).
+    pub tls: Option<drun_rendezvous::tls::ClientTls>,
+}
+
+impl Creds {
+    /// The credentials of a prepared launch config.
+    pub fn of(cfg: &crate::LaunchConfig) -> Self {
+        Creds {
+            token: cfg.rdzv_token.clone(),
+            tls: cfg.rdzv_tls.clone(),
+        }
+    }
+}
+
 pub fn connect(
     endpoints: Vec<String>,
     cfg: SessionConfig,
+    creds: Creds,
 ) -> (
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
@@ -53,7 +75,7 @@ pub fn connect(
     let (req_tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     tokio::spawn(tracing::Instrument::in_current_span(run(
-        endpoints, cfg, req_rx, ev_tx,
+        endpoints, cfg, creds, req_rx, ev_tx,
     )));
     (req_tx, ev_rx)
 }
@@ -105,6 +127,7 @@ enum Next {
 struct Client {
     endpoints: Vec<String>,
     cfg: SessionConfig,
+    creds: Creds,
     events: mpsc::UnboundedSender<Event>,
     t: Track,
     reach: Reach,
@@ -117,12 +140,14 @@ struct Client {
 async fn run(
     endpoints: Vec<String>,
     cfg: SessionConfig,
+    creds: Creds,
     mut requests: mpsc::UnboundedReceiver<Request>,
     events: mpsc::UnboundedSender<Event>,
 ) {
     let mut c = Client {
         endpoints,
         cfg,
+        creds,
         events,
         t: Track::default(),
         reach: Reach::new(Instant::now()),
@@ -179,6 +204,11 @@ impl Client {
         false
     }
 
+    /// How this link connects (TLS or not, with a client certificate or not).
+    fn tls(&self) -> drun_rendezvous::tls::Mode {
+        drun_rendezvous::tls::Mode::of(self.creds.tls.as_ref())
+    }
+
     /// Waits the backoff, then doubles it (at most 2 s).
     async fn back_off(&mut self) {
         tokio::time::sleep(self.backoff).await;
@@ -207,9 +237,11 @@ impl Client {
                 }
             }
         };
-        let channel = match tonic::transport::Endpoint::from_shared(
-            drun_rendezvous::error::endpoint_url(&target),
-        ) {
+        // TLS checks the certificate against the name the user gave, not the resolved address.
+        let name = endpoint
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
+        let channel = match drun_rendezvous::tls::endpoint(&target, self.creds.tls.as_ref(), name) {
             Ok(e) => e
                 .connect_timeout(Duration::from_secs(2))
                 .http2_keep_alive_interval(Duration::from_secs(2))
@@ -234,7 +266,8 @@ impl Client {
                     // yet: `give_up` says so every 10 s.
                     tracing::debug!("rendezvous at {endpoint} not reachable yet ({why})");
                 }
-                self.reach.failed(&why);
+                self.reach
+                    .failed_because(explain(short_reason(&why), &why, self.tls()));
                 tokio::time::sleep(self.backoff).await;
                 self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
                 Conn::Retry
@@ -251,7 +284,9 @@ impl Client {
             let _ = out_tx.send(request_to_wire(&req));
         }
         let mut client = RendezvousClient::new(channel);
-        match client.session(UnboundedReceiverStream::new(out_rx)).await {
+        let mut request = tonic::Request::new(UnboundedReceiverStream::new(out_rx));
+        drun_rendezvous::auth::attach(&mut request, self.creds.token.as_ref());
+        match client.session(request).await {
             // Counted as contact only once the server says something (its first answer to a
             // keep-alive comes at once): an HTTP/2 endpoint that is not a drun server (a proxy,
             // an ingress without a route) accepts the stream and ends it.
@@ -264,7 +299,7 @@ impl Client {
                 Some(Opened::Refused)
             }
             Err(s) => {
-                let why = not_a_session(&s);
+                let why = explain(not_a_session(&s), &error_chain(&s), self.tls());
                 tracing::debug!(%endpoint, "rendezvous session failed ({why}); trying again");
                 self.reach.failed_because(why);
                 self.back_off().await;
@@ -321,7 +356,7 @@ impl Client {
                     Ok(None) | Err(_) if !heard => {
                         // Ended before the server said anything: not a working session.
                         let why = match msg {
-                            Err(s) => not_a_session(&s),
+                            Err(s) => explain(not_a_session(&s), &error_chain(&s), self.tls()),
                             _ => "the session ended at once".to_string(),
                         };
                         tracing::debug!(%endpoint, "rendezvous session failed ({why}); trying again");
@@ -353,6 +388,15 @@ fn not_a_session(s: &tonic::Status) -> String {
             s.message().trim()
         ),
         _ => short_reason(s.message()),
+    }
+}
+
+/// `short`, with a hint when the full error `chain` shows a TLS mismatch
+/// ([`drun_rendezvous::tls::hint`]).
+fn explain(short: String, chain: &str, tls: drun_rendezvous::tls::Mode) -> String {
+    match drun_rendezvous::tls::hint(chain, tls) {
+        Some(h) => format!("{short}; {h}"),
+        None => short,
     }
 }
 

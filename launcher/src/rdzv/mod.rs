@@ -15,6 +15,7 @@ mod etcd_reach;
 pub mod grpc;
 pub mod reach;
 pub mod static_link;
+pub mod token;
 mod track;
 
 use std::net::SocketAddr;
@@ -143,7 +144,7 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             })
         }
         RendezvousMode::Server { endpoints } => {
-            let (tx, rx) = grpc::connect(endpoints.clone(), session);
+            let (tx, rx) = grpc::connect(endpoints.clone(), session, grpc::Creds::of(cfg));
             Ok(Link {
                 tx,
                 rx,
@@ -163,7 +164,8 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
         RendezvousMode::C10d { endpoint, is_host } => {
             let hosted = if *is_host != Some(false) {
                 let at = host_addr(endpoint, *is_host, cfg.timing.join_timeout).await?;
-                match host(at, cfg.log_format == crate::LogFormat::Json).await {
+                let json = cfg.log_format == crate::LogFormat::Json;
+                match host(at, json, cfg.rdzv_token.clone()).await {
                     Ok(h) => Some(h),
                     Err(e) if *is_host == Some(true) => {
                         return Err(LaunchError::RendezvousFailed(format!(
@@ -178,7 +180,7 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             } else {
                 None
             };
-            let (tx, rx) = grpc::connect(vec![endpoint.clone()], session);
+            let (tx, rx) = grpc::connect(vec![endpoint.clone()], session, grpc::Creds::of(cfg));
             Ok(Link { tx, rx, hosted })
         }
     }
@@ -232,14 +234,21 @@ async fn host_addr(
     }
 }
 
-/// Serves the job's rendezvous on `at` (`json`: its sessions' records name the run).
-async fn host(at: SocketAddr, json: bool) -> std::io::Result<HostedServer> {
+/// Serves the job's rendezvous on `at` (`json`: its sessions' records name the run),
+/// accepting only `token` when the agent has one.
+async fn host(
+    at: SocketAddr,
+    json: bool,
+    token: Option<drun_rendezvous::auth::Secret>,
+) -> std::io::Result<HostedServer> {
     let listener = tokio::net::TcpListener::bind(at).await?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "hosting the rendezvous for this job (in-memory store)");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let service = RendezvousService::new(store).with_run_on_records(json);
+    let service = RendezvousService::new(store)
+        .with_run_on_records(json)
+        .with_auth(drun_rendezvous::auth::Auth::fixed(token));
     let served = service.clone();
     let task = tokio::spawn(async move {
         let shutdown = async {

@@ -1,0 +1,76 @@
+//! The token an agent (or `status`) sends to its rendezvous server: read from
+//! `--rdzv-token-file PATH` or the `DRUN_RDZV_TOKEN` environment variable, never from a flag's
+//! value, so it does not show in `ps` (see `drun_rendezvous::auth` for the server side).
+
+use std::path::Path;
+
+use drun_rendezvous::auth::{Secret, MAX_TOKEN_LEN};
+
+/// The environment variable holding the token itself.
+pub const TOKEN_VAR: &str = "DRUN_RDZV_TOKEN";
+
+/// The token to send: the first line of `file` that is neither blank nor a `#` comment, else
+/// `env` (the value of [`TOKEN_VAR`]) when non-empty, else none. The file wins over the
+/// variable.
+///
+/// # Errors
+/// One line naming the file when it cannot be read, holds no token, or holds more than one
+/// field or a token longer than [`MAX_TOKEN_LEN`] bytes (the line is never quoted).
+pub fn resolve(file: Option<&Path>, env: Option<&str>) -> Result<Option<Secret>, String> {
+    let Some(f) = file else {
+        return Ok(env
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(Secret::new));
+    };
+    let text = std::fs::read_to_string(f)
+        .map_err(|e| format!("cannot read the token file {}: {e}", f.display()))?;
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .ok_or_else(|| {
+            format!(
+                "the token file {} holds no token; write the token on its first line",
+                f.display()
+            )
+        })?;
+    if line.split_whitespace().count() != 1 || line.len() > MAX_TOKEN_LEN {
+        return Err(format!(
+            "the token file {} must hold one token (no spaces, at most {MAX_TOKEN_LEN} bytes) on its first line",
+            f.display()
+        ));
+    }
+    Ok(Some(Secret::new(line)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_wins_over_the_variable() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t");
+        std::fs::write(&f, "# drun token\n\n  abc  \n").unwrap();
+        let t = resolve(Some(&f), Some("env")).unwrap().unwrap();
+        assert_eq!(t.expose(), "abc");
+        assert_eq!(resolve(None, Some("env")).unwrap().unwrap().expose(), "env");
+        assert_eq!(resolve(None, Some("  ")).unwrap(), None);
+        assert_eq!(resolve(None, None).unwrap(), None);
+    }
+
+    #[test]
+    fn bad_token_files_are_one_line_without_the_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t");
+        assert!(resolve(Some(&f), None).unwrap_err().contains("cannot read"));
+        std::fs::write(&f, "\n# only a comment\n").unwrap();
+        assert!(resolve(Some(&f), None)
+            .unwrap_err()
+            .contains("holds no token"));
+        std::fs::write(&f, "two secretwords\n").unwrap();
+        let e = resolve(Some(&f), None).unwrap_err();
+        assert!(e.contains("one token") && !e.contains("secretwords"), "{e}");
+    }
+}

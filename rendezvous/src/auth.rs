@@ -1,0 +1,281 @@
+//! Token authentication of the `drun.v1` service: which tokens a server accepts, for which runs,
+//! and the check of every RPC and stream.
+//!
+//! An agent sends its token as gRPC metadata (`authorization: Bearer TOKEN`, the header gRPC
+//! and HTTP use for bearer tokens, as etcd and Kubernetes do). A server reads the tokens it
+//! accepts from files (`--token-file`, repeatable), one per line: `TOKEN` accepts any run,
+//! `RUN_ID TOKEN` only run `RUN_ID`; blank lines and lines starting with `#` are ignored. The
+//! files are read again at every check, so a rotated token takes effect without a restart, and
+//! a file that cannot be read any more accepts nothing (fail closed). Tokens are compared in
+//! constant time ([`ct_eq`]). The decision itself is the pure [`decide`].
+
+use std::path::PathBuf;
+
+use crate::error::ServiceError;
+
+/// The metadata key the token travels under.
+pub const TOKEN_KEY: &str = "authorization";
+
+/// The scheme before the token in [`TOKEN_KEY`]'s value.
+const BEARER: &str = "Bearer ";
+
+/// Longest accepted token, in bytes (longer lines are refused when a file is read).
+pub const MAX_TOKEN_LEN: usize = 4096;
+
+/// A secret string whose `Debug` and `Display` never show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `s` (surrounding whitespace trimmed).
+    pub fn new(s: &str) -> Self {
+        Secret(s.trim().to_string())
+    }
+
+    /// The secret itself: only to send it or compare it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl std::fmt::Display for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// One accepted token: for every run (`run: None`) or for one run id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The run id it is scoped to, if any.
+    pub run: Option<String>,
+    /// The token.
+    pub token: Secret,
+}
+
+/// Parses a token file's text: one `TOKEN` or `RUN_ID TOKEN` per line.
+///
+/// # Errors
+/// A line of more than two fields, or a token longer than [`MAX_TOKEN_LEN`]: the message names
+/// the line number, never its content.
+pub fn parse_tokens(text: &str) -> Result<Vec<Entry>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let entry = match fields.as_slice() {
+            [token] => Entry {
+                run: None,
+                token: Secret::new(token),
+            },
+            [run, token] => Entry {
+                run: Some((*run).to_string()),
+                token: Secret::new(token),
+            },
+            _ => {
+                return Err(format!(
+                    "line {}: expected `TOKEN` or `RUN_ID TOKEN`",
+                    i + 1
+                ))
+            }
+        };
+        if entry.token.0.len() > MAX_TOKEN_LEN {
+            return Err(format!(
+                "line {}: token longer than {MAX_TOKEN_LEN} bytes",
+                i + 1
+            ));
+        }
+        out.push(entry);
+    }
+    Ok(out)
+}
+
+/// Equality of `a` and `b` whose time depends only on their lengths, not on where they differ.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // Keep the compiler from turning the fold into an early-exit comparison.
+    std::hint::black_box(diff) == 0
+}
+
+/// The outcome of a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// No token is configured: the control plane is open.
+    Open,
+    /// The token is accepted for the run asked about.
+    Accepted,
+    /// The request carries no token.
+    Missing,
+    /// The token is not one the server accepts (for this run, when `run` was given).
+    Wrong,
+}
+
+/// Whether `presented` is accepted for `run` (`None`: for some run, as before a session's
+/// Hello names its run) by `entries`; `configured`: whether the server was given token files
+/// at all (configured with no readable entry accepts nothing). Every entry is compared, so the
+/// time taken does not tell which one matched.
+pub fn decide(
+    configured: bool,
+    entries: &[Entry],
+    run: Option<&str>,
+    presented: Option<&str>,
+) -> Verdict {
+    if !configured {
+        return Verdict::Open;
+    }
+    let Some(presented) = presented else {
+        return Verdict::Missing;
+    };
+    let mut ok = false;
+    for e in entries {
+        let same = ct_eq(e.token.0.as_bytes(), presented.as_bytes());
+        let in_scope = match (&e.run, run) {
+            (None, _) | (_, None) => true,
+            (Some(scoped), Some(run)) => scoped == run,
+        };
+        ok |= same && in_scope;
+    }
+    if ok {
+        Verdict::Accepted
+    } else {
+        Verdict::Wrong
+    }
+}
+
+/// Where a server's accepted tokens come from.
+#[derive(Debug, Clone)]
+enum TokenSource {
+    /// A `--token-file`, read at every check.
+    File(PathBuf),
+    /// A token held in memory (an agent hosting the c10d rendezvous accepts its own).
+    Fixed(Secret),
+}
+
+/// The tokens a server accepts. [`Auth::open`] accepts every request.
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    sources: Vec<TokenSource>,
+}
+
+impl Auth {
+    /// No authentication: every request is served.
+    pub fn open() -> Self {
+        Auth::default()
+    }
+
+    /// Tokens read from `files` at every check.
+    ///
+    /// # Errors
+    /// A file that cannot be read now, does not parse or holds no token: one line naming it.
+    pub fn from_files(files: &[PathBuf]) -> Result<Self, String> {
+        for f in files {
+            let entries = read_file(f)?;
+            if entries.is_empty() {
+                return Err(format!(
+                    "token file {} holds no token; write one `TOKEN` or `RUN_ID TOKEN` per line",
+                    f.display()
+                ));
+            }
+        }
+        Ok(Auth {
+            sources: files.iter().cloned().map(TokenSource::File).collect(),
+        })
+    }
+
+    /// Accepts exactly `token` (for any run); `None`: open.
+    pub fn fixed(token: Option<Secret>) -> Self {
+        Auth {
+            sources: token.into_iter().map(TokenSource::Fixed).collect(),
+        }
+    }
+
+    /// Whether no token is required.
+    pub fn is_open(&self) -> bool {
+        self.sources.is_empty()
+    }
+
+    /// The accepted entries now (a file that cannot be read contributes none, with a warning).
+    fn entries(&self) -> Vec<Entry> {
+        let mut out = Vec::new();
+        for s in &self.sources {
+            match s {
+                TokenSource::Fixed(t) => out.push(Entry {
+                    run: None,
+                    token: t.clone(),
+                }),
+                TokenSource::File(f) => match read_file(f) {
+                    Ok(e) => out.extend(e),
+                    Err(e) => tracing::warn!("{e}; its tokens are not accepted until it is fixed"),
+                },
+            }
+        }
+        out
+    }
+
+    /// Checks the token in `metadata` for `run` (`None`: any run).
+    ///
+    /// # Errors
+    /// [`ServiceError::Unauthenticated`] with one line saying what is missing or wrong (never
+    /// the token).
+    pub fn check(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        run: Option<&str>,
+    ) -> Result<(), ServiceError> {
+        if self.is_open() {
+            return Ok(());
+        }
+        let presented = metadata
+            .get(TOKEN_KEY)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.strip_prefix(BEARER).unwrap_or(v));
+        match decide(true, &self.entries(), run, presented) {
+            Verdict::Open | Verdict::Accepted => Ok(()),
+            Verdict::Missing => Err(ServiceError::Unauthenticated(
+                "this rendezvous server requires a token and none was sent; give the agent \
+                 --rdzv-token-file PATH or DRUN_RDZV_TOKEN"
+                    .into(),
+            )),
+            Verdict::Wrong => Err(ServiceError::Unauthenticated(match run {
+                Some(run) => format!(
+                    "the token sent is not accepted for run '{run}'; check --rdzv-token-file or \
+                     DRUN_RDZV_TOKEN against the server's --token-file"
+                ),
+                None => "the token sent is not accepted; check --rdzv-token-file or \
+                         DRUN_RDZV_TOKEN against the server's --token-file"
+                    .into(),
+            })),
+        }
+    }
+}
+
+fn read_file(f: &std::path::Path) -> Result<Vec<Entry>, String> {
+    let text = std::fs::read_to_string(f)
+        .map_err(|e| format!("cannot read token file {}: {e}", f.display()))?;
+    parse_tokens(&text).map_err(|e| format!("token file {}: {e}", f.display()))
+}
+
+/// Adds `token` (if any) to an outgoing request's metadata.
+pub fn attach<T>(req: &mut tonic::Request<T>, token: Option<&Secret>) {
+    if let Some(t) = token {
+        if let Ok(v) = format!("{BEARER}{}", t.expose()).parse() {
+            req.metadata_mut().insert(TOKEN_KEY, v);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "auth_tests.rs"]
+mod tests;

@@ -1,0 +1,199 @@
+//! TLS of the `drun.v1` service, with tonic's rustls support (ring provider): the server's
+//! certificate and key (`--tls-cert`, `--tls-key`), optionally a client CA that makes client
+//! certificates mandatory (mTLS, `--tls-client-ca`); an agent's CA to trust (`--rdzv-tls-ca`)
+//! and, for mTLS, its own certificate and key (`--rdzv-tls-cert`, `--rdzv-tls-key`). All PEM.
+
+use std::path::{Path, PathBuf};
+
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+
+fn read(what: &str, flag: &str, p: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(p).map_err(|e| format!("cannot read the {what} {} ({flag}): {e}", p.display()))
+}
+
+/// The PEM files of a server's TLS: `cert`, `key`, and `client_ca` for mTLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    /// `--tls-cert`: the server's certificate chain.
+    pub cert: PathBuf,
+    /// `--tls-key`: its private key.
+    pub key: PathBuf,
+    /// `--tls-client-ca`: clients must present a certificate signed by this CA.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ServerTlsFiles {
+    /// The server's TLS configuration.
+    ///
+    /// # Errors
+    /// A file that cannot be read: one line naming it and its flag.
+    pub fn load(&self) -> Result<ServerTlsConfig, String> {
+        let cert = read("certificate", "--tls-cert", &self.cert)?;
+        let key = read("private key", "--tls-key", &self.key)?;
+        let mut cfg = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+        if let Some(ca) = &self.client_ca {
+            let ca = read("client CA", "--tls-client-ca", ca)?;
+            cfg = cfg.client_ca_root(Certificate::from_pem(ca));
+        }
+        Ok(cfg)
+    }
+}
+
+/// What a client needs to reach a TLS server: the CA to trust and, for mTLS, its identity.
+#[derive(Clone)]
+pub struct ClientTls {
+    ca: Vec<u8>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("mtls", &self.identity.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for ClientTls {
+    fn eq(&self, other: &Self) -> bool {
+        self.ca == other.ca && self.identity == other.identity
+    }
+}
+
+impl ClientTls {
+    /// Reads `ca` and, when both are given, the client's `cert` and `key`.
+    ///
+    /// # Errors
+    /// A file that cannot be read, or only one of `cert` and `key`: one line naming the flags.
+    pub fn from_files(ca: &Path, cert: Option<&Path>, key: Option<&Path>) -> Result<Self, String> {
+        let ca = read("CA certificate", "--rdzv-tls-ca", ca)?;
+        let identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((
+                read("client certificate", "--rdzv-tls-cert", c)?,
+                read("client key", "--rdzv-tls-key", k)?,
+            )),
+            (None, None) => None,
+            _ => {
+                return Err("--rdzv-tls-cert and --rdzv-tls-key go together: give both".into());
+            }
+        };
+        Ok(ClientTls { ca, identity })
+    }
+
+    fn config(&self) -> ClientTlsConfig {
+        let mut cfg = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca));
+        if let Some((c, k)) = &self.identity {
+            cfg = cfg.identity(Identity::from_pem(c, k));
+        }
+        cfg
+    }
+}
+
+/// The endpoint `host:port` over TLS when `tls` is given (`https://`), else plaintext; with TLS
+/// the server's certificate must name `server_name` (`None`: `ep`'s host).
+///
+/// # Errors
+/// An endpoint that is not a valid URI, or a TLS setting tonic refuses: one line.
+pub fn endpoint(
+    ep: &str,
+    tls: Option<&ClientTls>,
+    server_name: Option<&str>,
+) -> Result<Endpoint, String> {
+    let url = match tls {
+        Some(_) if !ep.contains("://") => format!("https://{ep}"),
+        _ => crate::error::endpoint_url(ep),
+    };
+    let e = Endpoint::from_shared(url).map_err(|e| e.to_string())?;
+    match tls {
+        Some(t) => {
+            let mut cfg = t.config();
+            if let Some(n) = server_name {
+                cfg = cfg.domain_name(n);
+            }
+            e.tls_config(cfg).map_err(|e| e.to_string())
+        }
+        None => Ok(e),
+    }
+}
+
+/// How a client connects, for [`hint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// No TLS.
+    Plain,
+    /// TLS without a client certificate.
+    Tls,
+    /// TLS with a client certificate.
+    Mutual,
+}
+
+impl Mode {
+    /// The mode of `tls`.
+    pub fn of(tls: Option<&ClientTls>) -> Mode {
+        match tls {
+            None => Mode::Plain,
+            Some(t) if t.identity.is_some() => Mode::Mutual,
+            Some(_) => Mode::Tls,
+        }
+    }
+}
+
+/// A hint for a connection that failed (`error`: its whole chain): a plaintext client of a TLS
+/// server, a TLS client of a server it does not trust or of a plaintext server, and a client
+/// without a certificate that an mTLS server closes after the handshake are named as such.
+pub fn hint(error: &str, mode: Mode) -> Option<&'static str> {
+    let e = error.to_ascii_lowercase();
+    let tls = mode != Mode::Plain;
+    let closed = e.contains("connection reset")
+        || e.contains("broken pipe")
+        || e.contains("connection closed")
+        || e.contains("unexpected end of file");
+    if mode == Mode::Tls && closed && !e.contains("certificate") {
+        Some("the server closed the TLS connection: it may require a client certificate (--rdzv-tls-cert/--rdzv-tls-key)")
+    } else if tls && (e.contains("certificate") || e.contains("unknownissuer")) {
+        Some("the server's certificate is not signed by --rdzv-tls-ca (wrong CA?), or the server wants a client certificate (--rdzv-tls-cert/--rdzv-tls-key)")
+    } else if tls && (e.contains("invalidcontenttype") || e.contains("corrupt message")) {
+        Some("the server does not speak TLS; drop --rdzv-tls-ca or give the server --tls-cert/--tls-key")
+    } else if !tls && (closed || e.contains("h2 protocol error")) {
+        Some("the server may require TLS: give the agent --rdzv-tls-ca CA.pem")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hints_name_the_tls_mismatch() {
+        let h = |e, m| hint(e, m).unwrap_or_default();
+        assert!(
+            h("transport error: connection reset by peer", Mode::Plain).contains("--rdzv-tls-ca")
+        );
+        assert!(h("invalid peer certificate: UnknownIssuer", Mode::Tls).contains("wrong CA"));
+        assert!(h("operation was canceled: connection closed", Mode::Tls)
+            .contains("client certificate"));
+        assert_eq!(
+            hint("operation was canceled: connection closed", Mode::Mutual),
+            None
+        );
+        assert_eq!(hint("Connection refused", Mode::Plain), None);
+    }
+
+    #[test]
+    fn tls_endpoints_are_https() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "not a pem").unwrap();
+        let t = ClientTls::from_files(&ca, None, None).unwrap();
+        let e = endpoint("127.0.0.1:5", Some(&t), None).unwrap();
+        assert_eq!(e.uri().scheme_str(), Some("https"));
+        let e = endpoint("127.0.0.1:5", None, None).unwrap();
+        assert_eq!(e.uri().scheme_str(), Some("http"));
+        let err = ClientTls::from_files(&ca, Some(&ca), None).unwrap_err();
+        assert!(err.contains("go together"), "{err}");
+        let err = ClientTls::from_files(&dir.path().join("gone"), None, None).unwrap_err();
+        assert!(err.contains("--rdzv-tls-ca"), "{err}");
+    }
+}

@@ -1,0 +1,157 @@
+//! TLS of the rendezvous (issue 15): a CA generated in the test (`rcgen`), a real
+//! `drun-rendezvous` serving over TLS, real agents. Agents trusting the CA join; a plaintext
+//! agent, or one trusting another CA, is refused with a line that says why; with mTLS an agent
+//! without a client certificate is refused and one with it joins.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+
+use crate::harness::cluster::RdzvServer;
+use crate::harness::{node_cmd, run, worker};
+
+/// A CA: its certificate (PEM file) and what signs with it.
+struct Ca {
+    pem: PathBuf,
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+fn ca(dir: &Path, name: &str) -> Ca {
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name
+        .push(DnType::CommonName, format!("drun test {name}"));
+    let cert = p.self_signed(&key).unwrap();
+    let pem = dir.join(format!("{name}.pem"));
+    std::fs::write(&pem, cert.pem()).unwrap();
+    Ca { pem, cert, key }
+}
+
+/// A certificate for 127.0.0.1 signed by `ca`, for `usage`: (cert file, key file).
+fn leaf(dir: &Path, name: &str, ca: &Ca, usage: ExtendedKeyUsagePurpose) -> (PathBuf, PathBuf) {
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".into()]).unwrap();
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.extended_key_usages = vec![usage];
+    let cert = p.signed_by(&key, &ca.cert, &ca.key).unwrap();
+    let (c, k) = (
+        dir.join(format!("{name}.crt")),
+        dir.join(format!("{name}.key")),
+    );
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (c, k)
+}
+
+/// A one-node agent of `run` on `server` with the extra flags `tls`, workers `envdump.py out`.
+fn agent(server: &RdzvServer, run: &str, tls: &[&Path], out: &Path) -> Command {
+    let rdzv = [
+        "--rdzv-backend",
+        "drun",
+        "--rdzv-endpoint",
+        &server.endpoint,
+        "--rdzv-conf",
+        "join_timeout=6",
+    ];
+    let mut c = node_cmd(0, run, "1", &rdzv);
+    c.args(tls).arg(worker("envdump.py")).arg(out);
+    c
+}
+
+fn p(s: &str) -> &Path {
+    Path::new(s)
+}
+
+/// (exit code, stderr) of `cmd`, which must end within a minute.
+fn outcome(cmd: Command) -> (i32, String) {
+    let (code, _, err) = run(cmd, Duration::from_secs(60));
+    (code, err)
+}
+
+#[test]
+fn agents_trusting_the_ca_join_and_plaintext_or_another_ca_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let good = ca(d, "ca");
+    let other = ca(d, "other-ca");
+    let (cert, key) = leaf(d, "server", &good, ExtendedKeyUsagePurpose::ServerAuth);
+    let server = RdzvServer::start(&[
+        "--store",
+        "memory",
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+
+    let out = d.join("ok");
+    let (code, err) = outcome(agent(
+        &server,
+        "tls-ok",
+        &[p("--rdzv-tls-ca"), &good.pem],
+        &out,
+    ));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.join("env_1.json").exists(), "{err}");
+
+    let (code, err) = outcome(agent(&server, "tls-plain", &[], &d.join("plain")));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("may require TLS"), "{err}");
+    assert!(!d.join("plain").exists());
+
+    let (code, err) = outcome(agent(
+        &server,
+        "tls-wrong",
+        &[p("--rdzv-tls-ca"), &other.pem],
+        &d.join("wrong"),
+    ));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("not signed by --rdzv-tls-ca"), "{err}");
+    assert!(!d.join("wrong").exists());
+}
+
+#[test]
+fn mutual_tls_refuses_an_agent_without_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = ca(d, "ca");
+    let (cert, key) = leaf(d, "server", &ca, ExtendedKeyUsagePurpose::ServerAuth);
+    let (ccert, ckey) = leaf(d, "client", &ca, ExtendedKeyUsagePurpose::ClientAuth);
+    let server = RdzvServer::start(&[
+        "--store",
+        "memory",
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--tls-client-ca",
+        ca.pem.to_str().unwrap(),
+    ]);
+
+    let (code, err) = outcome(agent(
+        &server,
+        "mtls-anon",
+        &[p("--rdzv-tls-ca"), &ca.pem],
+        &d.join("anon"),
+    ));
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("client certificate"), "{err}");
+    assert!(!d.join("anon").exists());
+
+    let out = d.join("ok");
+    let flags = [
+        p("--rdzv-tls-ca"),
+        &ca.pem,
+        p("--rdzv-tls-cert"),
+        &ccert,
+        p("--rdzv-tls-key"),
+        &ckey,
+    ];
+    let (code, err) = outcome(agent(&server, "mtls-ok", &flags, &out));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.join("env_1.json").exists(), "{err}");
+}
