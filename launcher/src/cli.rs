@@ -7,10 +7,16 @@
 //! raw parse; [`crate::config::validate`] validates it. As with argparse, a repeated flag
 //! takes its last value, and boolean `PET_*` variables take `1`/`0` (also `true`/`false`).
 
+mod ckpt;
+mod observe;
+
 use std::path::PathBuf;
 
 use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
+
+pub use ckpt::CkptArgs;
+pub use observe::ObserveArgs;
 
 use crate::exit::EXIT_CODES_HELP;
 use crate::log_format::LogFormat;
@@ -388,150 +394,13 @@ pub struct Args {
     )]
     pub fingerprint_cmd: Option<String>,
 
-    /// Serve Prometheus metrics at `http://<this host>:PORT/metrics`, on all interfaces
-    /// (OpenMetrics text: generation, members, re-forms and restarts by cause, restart-phase
-    /// durations in seconds, worker exits, checkpoint commits/seals, lost work, goodput,
-    /// per-rank seconds per step and samples/s, worker memory in bytes and CPU seconds; see the
-    /// README's "Operating drun"). 0 picks a free port; the address is printed at start.
-    /// Default: off.
-    #[arg(
-        long = "metrics-port",
-        env = "DRUN_METRICS_PORT",
-        value_name = "PORT",
-        help_heading = "Metrics"
-    )]
-    pub metrics_port: Option<u16>,
+    /// Metrics and detection: `--metrics-port`, `--straggler-factor`, `--preflight`.
+    #[command(flatten)]
+    pub observe: ObserveArgs,
 
-    /// Report a straggler: a rank whose median step time over its last 20 step beacons
-    /// (`drun.progress`) exceeds FACTOR × the median of the job's other ranks (every node
-    /// shares its ranks' pace through the rendezvous every 5 s, up to 64 nodes; beyond, the
-    /// other ranks on its node) for 20 steps in a row. One warning line names the rank, node, host, its seconds per step and
-    /// the median; another when it recovers (under 0.9 × FACTOR). 0 turns it off; otherwise
-    /// > 1. Default: 1.5.
-    #[arg(
-        long = "straggler-factor",
-        env = "DRUN_STRAGGLER_FACTOR",
-        value_name = "FACTOR",
-        default_value_t = 1.5,
-        help_heading = "Metrics"
-    )]
-    pub straggler_factor: f64,
-
-    /// Before the run's first generation trains, measure the interconnect with the job's own
-    /// backend (gloo on CPU, NCCL on GPU): an `all_reduce` over all ranks, then a ring of
-    /// node-to-node links. Node rank 0 prints one table (bandwidth and latency per link, the
-    /// slow ones named, the check's total time); the script then runs in the same process.
-    /// Needs torch in the worker interpreter (else it says so and skips); re-forms skip it.
-    #[arg(long, env = "DRUN_PREFLIGHT", help_heading = "Metrics")]
-    pub preflight: bool,
-
-    /// With `--preflight`: name every link slower than this many Gbit/s (besides those under
-    /// half the median link, which are always named).
-    #[arg(
-        long = "preflight-min-gbps",
-        env = "DRUN_PREFLIGHT_MIN_GBPS",
-        value_name = "GBIT_PER_S",
-        help_heading = "Metrics"
-    )]
-    pub preflight_min_gbps: Option<f64>,
-
-    /// Checkpoint directory: exported to workers as DRUN_CKPT_DIR; drun keeps the `latest`
-    /// pointer file here and reads it back when the rendezvous store knows no checkpoint (a
-    /// fresh etcd, a requeued job). Created if missing.
-    #[arg(long = "ckpt-dir", value_name = "DIR", help_heading = "Checkpoints")]
-    pub ckpt_dir: Option<PathBuf>,
-
-    /// How the resume point is checked before workers start: size (stat every file), digest
-    /// (size and SHA-256 of every byte, files in parallel) or none. A mismatch marks the
-    /// checkpoint bad and the group falls back to the previous one.
-    #[arg(
-        long = "ckpt-verify",
-        value_enum,
-        default_value = "size",
-        help_heading = "Checkpoints"
-    )]
-    pub ckpt_verify: crate::ckpt::VerifyMode,
-
-    /// Start a new run from another run's sealed checkpoint (a failed run, an earlier job): PATH
-    /// is its `drun-manifest-<step>-<generation>.json` file, its --ckpt-dir or
-    /// `<ckpt-dir>/<run id>` (whose `latest` pointer is used). Only the run's first generation
-    /// adopts it, and only while the run has no checkpoint of its own; verified like any resume
-    /// point (--ckpt-verify; a failure is exit 2, never a start from step 0); its files are never
-    /// deleted or rewritten by this run.
-    #[arg(
-        long = "ckpt-resume-from",
-        value_name = "PATH",
-        help_heading = "Checkpoints"
-    )]
-    pub ckpt_resume_from: Option<PathBuf>,
-
-    /// What a node arriving while the group runs below MAX nodes (--nnodes MIN:MAX) does: `now`
-    /// re-forms at once, as torchrun does (work since the last checkpoint is repeated);
-    /// `checkpoint` first asks every rank for a coordinated checkpoint (`should_save` turns
-    /// true), re-forms once it is sealed, so the bigger group resumes from that step, or after
-    /// --scale-up-save-timeout without one.
-    #[arg(
-        long = "on-scale-up",
-        value_enum,
-        default_value = "now",
-        help_heading = "Checkpoints"
-    )]
-    pub on_scale_up: crate::ckpt::OnScaleUp,
-
-    /// When drun itself asks every rank for a coordinated checkpoint (`should_save` turns true
-    /// at the same step, as for a preemption warning): `off` (default: the script decides),
-    /// SECONDS since the last seal, or `auto`: the first-order optimum √(2·C·M) from the
-    /// measured save cost C and the job's mean time between failures M, re-evaluated after each
-    /// seal and each failure (README "Checkpoint interval").
-    #[arg(
-        long = "ckpt-interval",
-        value_name = "auto|SECONDS|off",
-        default_value = "off",
-        env = "DRUN_CKPT_INTERVAL",
-        help_heading = "Checkpoints"
-    )]
-    pub ckpt_interval: String,
-
-    /// With --ckpt-interval auto: the mean time between failures assumed until the job has
-    /// failed, seconds (> 0; default 4 h). For a new job, the cluster's MTBF per node divided
-    /// by the number of nodes.
-    #[arg(
-        long = "expected-mtbf",
-        value_name = "SECONDS",
-        default_value_t = drun_rendezvous::ckpt_interval::DEFAULT_EXPECTED_MTBF_S,
-        help_heading = "Checkpoints"
-    )]
-    pub expected_mtbf: f64,
-
-    /// With --on-scale-up checkpoint: the longest wait for that checkpoint, seconds (> 0); the
-    /// group then re-forms without it.
-    #[arg(
-        long = "scale-up-save-timeout",
-        value_name = "SECONDS",
-        default_value_t = 120.0,
-        help_heading = "Checkpoints"
-    )]
-    pub scale_up_save_timeout: f64,
-
-    /// Keep only the newest K sealed checkpoints and delete the files of older ones (0: keep
-    /// all, delete nothing).
-    #[arg(
-        long = "ckpt-keep-last",
-        value_name = "K",
-        default_value_t = 0,
-        help_heading = "Checkpoints"
-    )]
-    pub ckpt_keep_last: u32,
-
-    /// With --ckpt-keep-last, also keep every checkpoint whose step is a multiple of M
-    /// (milestones; 0: none).
-    #[arg(
-        long = "ckpt-keep-every",
-        value_name = "M",
-        default_value_t = 0,
-        help_heading = "Checkpoints"
-    )]
-    pub ckpt_keep_every: u64,
+    /// Checkpoint ledger flags: `--ckpt-*`, `--on-scale-up`, `--expected-mtbf`.
+    #[command(flatten)]
+    pub ckpt: CkptArgs,
 
     /// Inside a Slurm job (SLURM_JOB_ID set): `auto` takes the run id, --nnodes, node rank,
     /// node address and an embedded rendezvous on the first node from SLURM_* (explicit flags

@@ -21,17 +21,17 @@ pub(super) fn checkpoint_flags(
     a: &Args,
     rendezvous: &RendezvousMode,
 ) -> Result<(CkptConfig, Signal), ConfigError> {
-    if a.ckpt_keep_every > 0 && a.ckpt_keep_last == 0 {
+    if a.ckpt.ckpt_keep_every > 0 && a.ckpt.ckpt_keep_last == 0 {
         return Err(invalid(
             "--ckpt-keep-every",
-            a.ckpt_keep_every.to_string(),
+            a.ckpt.ckpt_keep_every.to_string(),
             "needs --ckpt-keep-last K (without it every checkpoint is kept anyway)",
         ));
     }
-    if a.ckpt_keep_last > 0 && a.ckpt_dir.is_none() {
+    if a.ckpt.ckpt_keep_last > 0 && a.ckpt.ckpt_dir.is_none() {
         return Err(invalid(
             "--ckpt-keep-last",
-            a.ckpt_keep_last.to_string(),
+            a.ckpt.ckpt_keep_last.to_string(),
             "needs --ckpt-dir DIR (retention only ever deletes files inside it)",
         ));
     }
@@ -45,7 +45,7 @@ pub(super) fn checkpoint_flags(
     }
     if a.on_preempt == OnPreempt::Checkpoint
         && rendezvous.store_is_ephemeral()
-        && a.ckpt_dir.is_none()
+        && a.ckpt.ckpt_dir.is_none()
     {
         return Err(invalid(
             "--on-preempt",
@@ -53,29 +53,34 @@ pub(super) fn checkpoint_flags(
             "needs --ckpt-dir DIR with an in-memory rendezvous: the restarted job finds the checkpoint through DIR/latest",
         ));
     }
-    let scale_up_save_timeout = seconds("--scale-up-save-timeout", a.scale_up_save_timeout, false)?;
-    let mode = IntervalMode::parse(&a.ckpt_interval)
-        .map_err(|why| invalid("--ckpt-interval", a.ckpt_interval.clone(), &why))?;
+    let scale_up_save_timeout = seconds(
+        "--scale-up-save-timeout",
+        a.ckpt.scale_up_save_timeout,
+        false,
+    )?;
+    let mode = IntervalMode::parse(&a.ckpt.ckpt_interval)
+        .map_err(|why| invalid("--ckpt-interval", a.ckpt.ckpt_interval.clone(), &why))?;
     if mode.is_on() && matches!(rendezvous, RendezvousMode::Static { .. }) {
         return Err(invalid(
             "--ckpt-interval",
-            a.ckpt_interval.clone(),
+            a.ckpt.ckpt_interval.clone(),
             "needs a rendezvous with a checkpoint ledger (the static backend has none)",
         ));
     }
     let interval = IntervalConfig {
         mode,
-        expected_mtbf: seconds("--expected-mtbf", a.expected_mtbf, false)?,
+        expected_mtbf: seconds("--expected-mtbf", a.ckpt.expected_mtbf, false)?,
     };
     let ckpt = CkptConfig {
         interval,
-        scale_up_save: (a.on_scale_up == OnScaleUp::Checkpoint).then_some(scale_up_save_timeout),
-        resume_from: a.ckpt_resume_from.clone(),
-        dir: a.ckpt_dir.clone(),
-        verify: a.ckpt_verify,
+        scale_up_save: (a.ckpt.on_scale_up == OnScaleUp::Checkpoint)
+            .then_some(scale_up_save_timeout),
+        resume_from: a.ckpt.ckpt_resume_from.clone(),
+        dir: a.ckpt.ckpt_dir.clone(),
+        verify: a.ckpt.ckpt_verify,
         retention: drun_rendezvous::Retention {
-            keep_last: a.ckpt_keep_last,
-            keep_every: a.ckpt_keep_every,
+            keep_last: a.ckpt.ckpt_keep_last,
+            keep_every: a.ckpt.ckpt_keep_every,
         },
     };
     Ok((ckpt, preempt_signal))

@@ -143,8 +143,8 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             )
         })?,
         fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
-        metrics_port: a.metrics_port,
-        straggler_factor: straggler_factor(a.straggler_factor)?,
+        metrics_port: a.observe.metrics_port,
+        straggler_factor: straggler_factor(a.observe.straggler_factor)?,
         preflight: preflight(a)?,
         rdzv_token_file: a.rdzv_token_file.clone(),
         rdzv_token: host
@@ -162,7 +162,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
 
 /// `--preflight` and `--preflight-min-gbps` (a positive, finite number; only with `--preflight`).
 fn preflight(a: &crate::cli::Args) -> Result<Option<super::Preflight>, ConfigError> {
-    if let Some(v) = a.preflight_min_gbps {
+    if let Some(v) = a.observe.preflight_min_gbps {
         if !(v.is_finite() && v > 0.0) {
             return Err(invalid(
                 "--preflight-min-gbps",
@@ -170,7 +170,7 @@ fn preflight(a: &crate::cli::Args) -> Result<Option<super::Preflight>, ConfigErr
                 "expected a bandwidth in Gbit/s above 0, e.g. 10",
             ));
         }
-        if !a.preflight {
+        if !a.observe.preflight {
             return Err(invalid(
                 "--preflight-min-gbps",
                 v.to_string(),
@@ -178,8 +178,8 @@ fn preflight(a: &crate::cli::Args) -> Result<Option<super::Preflight>, ConfigErr
             ));
         }
     }
-    Ok(a.preflight.then_some(super::Preflight {
-        min_gbps: a.preflight_min_gbps,
+    Ok(a.observe.preflight.then_some(super::Preflight {
+        min_gbps: a.observe.preflight_min_gbps,
     }))
 }
 

@@ -1,0 +1,108 @@
+//! The checkpoint ledger's flags (`--ckpt-*`, `--on-scale-up`, `--ckpt-interval`), flattened
+//! into [`super::Args`]; validated by `crate::config::ckpt`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+/// The checkpoint flags, raw.
+#[derive(Debug, Clone, Args)]
+pub struct CkptArgs {
+    /// Checkpoint directory: exported to workers as DRUN_CKPT_DIR; drun keeps the `latest`
+    /// pointer file here and reads it back when the rendezvous store knows no checkpoint (a
+    /// fresh etcd, a requeued job). Created if missing.
+    #[arg(long = "ckpt-dir", value_name = "DIR", help_heading = "Checkpoints")]
+    pub ckpt_dir: Option<PathBuf>,
+
+    /// How the resume point is checked before workers start: size (stat every file), digest
+    /// (size and SHA-256 of every byte, files in parallel) or none. A mismatch marks the
+    /// checkpoint bad and the group falls back to the previous one.
+    #[arg(
+        long = "ckpt-verify",
+        value_enum,
+        default_value = "size",
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_verify: crate::ckpt::VerifyMode,
+
+    /// Start a new run from another run's sealed checkpoint (a failed run, an earlier job): PATH
+    /// is its `drun-manifest-<step>-<generation>.json` file, its --ckpt-dir or
+    /// `<ckpt-dir>/<run id>` (whose `latest` pointer is used). Only the run's first generation
+    /// adopts it, and only while the run has no checkpoint of its own; verified like any resume
+    /// point (--ckpt-verify; a failure is exit 2, never a start from step 0); its files are never
+    /// deleted or rewritten by this run.
+    #[arg(
+        long = "ckpt-resume-from",
+        value_name = "PATH",
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_resume_from: Option<PathBuf>,
+
+    /// What a node arriving while the group runs below MAX nodes (--nnodes MIN:MAX) does: `now`
+    /// re-forms at once, as torchrun does (work since the last checkpoint is repeated);
+    /// `checkpoint` first asks every rank for a coordinated checkpoint (`should_save` turns
+    /// true), re-forms once it is sealed, so the bigger group resumes from that step, or after
+    /// --scale-up-save-timeout without one.
+    #[arg(
+        long = "on-scale-up",
+        value_enum,
+        default_value = "now",
+        help_heading = "Checkpoints"
+    )]
+    pub on_scale_up: crate::ckpt::OnScaleUp,
+
+    /// When drun itself asks every rank for a coordinated checkpoint (`should_save` turns true
+    /// at the same step, as for a preemption warning): `off` (default: the script decides),
+    /// SECONDS since the last seal, or `auto`: the first-order optimum √(2·C·M) from the
+    /// measured save cost C and the job's mean time between failures M, re-evaluated after each
+    /// seal and each failure (README "Checkpoint interval").
+    #[arg(
+        long = "ckpt-interval",
+        value_name = "auto|SECONDS|off",
+        default_value = "off",
+        env = "DRUN_CKPT_INTERVAL",
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_interval: String,
+
+    /// With --ckpt-interval auto: the mean time between failures assumed until the job has
+    /// failed, seconds (> 0; default 4 h). For a new job, the cluster's MTBF per node divided
+    /// by the number of nodes.
+    #[arg(
+        long = "expected-mtbf",
+        value_name = "SECONDS",
+        default_value_t = drun_rendezvous::ckpt_interval::DEFAULT_EXPECTED_MTBF_S,
+        help_heading = "Checkpoints"
+    )]
+    pub expected_mtbf: f64,
+
+    /// With --on-scale-up checkpoint: the longest wait for that checkpoint, seconds (> 0); the
+    /// group then re-forms without it.
+    #[arg(
+        long = "scale-up-save-timeout",
+        value_name = "SECONDS",
+        default_value_t = 120.0,
+        help_heading = "Checkpoints"
+    )]
+    pub scale_up_save_timeout: f64,
+
+    /// Keep only the newest K sealed checkpoints and delete the files of older ones (0: keep
+    /// all, delete nothing).
+    #[arg(
+        long = "ckpt-keep-last",
+        value_name = "K",
+        default_value_t = 0,
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_keep_last: u32,
+
+    /// With --ckpt-keep-last, also keep every checkpoint whose step is a multiple of M
+    /// (milestones; 0: none).
+    #[arg(
+        long = "ckpt-keep-every",
+        value_name = "M",
+        default_value_t = 0,
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_keep_every: u64,
+}
