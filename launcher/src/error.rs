@@ -154,3 +154,19 @@ impl LaunchError {
         }
     }
 }
+
+/// An error with its causes, on one line (`transport error: tcp connect error: Connection
+/// refused`); a cause whose text the line already ends with is not repeated.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let c_s = c.to_string();
+        if !s.ends_with(&c_s) {
+            s.push_str(": ");
+            s.push_str(&c_s);
+        }
+        cur = c.source();
+    }
+    s
+}

@@ -6,6 +6,7 @@
 //! c10d/embedded rendezvous, answers the `Status` RPC; etcd is read directly. A `--standalone`
 //! or static run has no rendezvous another process could ask.
 
+use crate::error::error_chain;
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
@@ -173,18 +174,6 @@ pub async fn fetch(
     let status =
         serde_json::from_value(json.clone()).map_err(|e| StatusError::Decode(e.to_string()))?;
     Ok((json, status))
-}
-
-/// An error with its causes, on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The `Status` RPC of the first of `endpoints` that answers.

@@ -1,5 +1,6 @@
 //! `drun-rendezvous`: the multi-node rendezvous server and its admin commands.
 
+use drun_launcher::error::error_chain;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -127,18 +128,6 @@ enum Command {
         )]
         watch: Option<std::time::Duration>,
     },
-}
-
-/// An error with its causes, on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[path = "common/logging.rs"]

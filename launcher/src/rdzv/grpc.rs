@@ -8,6 +8,7 @@
 //! The first connection waits up to the join timeout (the server may start after this node);
 //! when to give up is decided by [`super::reach::Reach`], what to replay by [`super::track::Track`].
 
+use crate::error::error_chain;
 use std::time::Duration;
 
 use drun_proto::v1 as pb;
@@ -27,21 +28,6 @@ use super::track::Track;
 /// lease TTL. Unlike a fence the server declares (the lease expired while this agent was
 /// stopped), the rendezvous is gone, so a worker failure stays the primary error.
 pub const UNREACHABLE: &str = "no rendezvous server reachable";
-
-/// An error with its causes (`transport error: tcp connect error: Connection refused`).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let c_s = c.to_string();
-        if !s.ends_with(&c_s) {
-            s.push_str(": ");
-            s.push_str(&c_s);
-        }
-        cur = c.source();
-    }
-    s
-}
 
 /// Connects to the replicas `endpoints` (`host:port`) for the session described by `cfg`.
 /// How the agent proves who it is and what it trusts: its token (sent with every session, see
