@@ -9,6 +9,7 @@ mod cli;
 mod elastic;
 mod envcheck;
 mod hang;
+mod hostile;
 mod json_logs;
 mod k8s;
 mod k8s_examples;
