@@ -18,7 +18,6 @@ use super::protocol::{Event, RunEnd};
 use super::save_clock::SaveClock;
 use crate::human::duration as human;
 use crate::keys::RunKeys;
-use crate::round::Restarts;
 use crate::store::WatchEvent;
 use crate::{Plan, StoreError};
 
