@@ -77,6 +77,9 @@ pub mod store;
 pub mod tls;
 pub mod wire;
 
+#[cfg(test)]
+mod props;
+
 pub use crate::core::{decide, Candidate, Decision, Join, RoundConfig};
 pub use error::{endpoint_url, RendezvousError, ServiceError, StoreError};
 pub use etcd::EtcdStore;
