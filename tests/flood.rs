@@ -1,8 +1,9 @@
 //! A garbage flood, bounded and on loopback only, against a running 2-node job: 200 TCP
 //! connections of random bytes, truncated HTTP/2 prefaces and oversized frames to the
-//! `drun-rendezvous` server, and garbage, oversized and invalid lines to each agent's worker API
-//! socket. The server must still answer `status`, every worker API line must get exactly one
-//! answer, and the job must still finish with exit 0.
+//! `drun-rendezvous` server, garbage, oversized and invalid lines to each agent's worker API
+//! socket, and 50 connections of broken TCPStore framing to the agent-hosted c10d store. The
+//! server must still answer `status`, every worker API line must get exactly one answer, the
+//! store must still answer the workers, and the job must still finish with exit 0.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -94,6 +95,51 @@ fn flood_server(endpoint: &str, rng: &mut Rng) -> Vec<TcpStream> {
     open
 }
 
+/// Garbage connections to the agent-hosted c10d store.
+const STORE_CONNECTIONS: usize = 50;
+
+/// What connection `i` sends to the worker store: torch's TCPStore framing gone wrong.
+fn store_garbage(i: usize, rng: &mut Rng) -> Vec<u8> {
+    let validate = [&[0u8][..], &0x3C85_F7CEu32.to_le_bytes()].concat();
+    match i % 6 {
+        0 => {
+            let n = rng.below(4096);
+            rng.bytes(n)
+        }
+        // An unknown command after the handshake.
+        1 => [&validate[..], &[0xEE]].concat(),
+        // A key "of" 2^63 bytes; a check of u64::MAX keys.
+        2 => [&validate[..], &[3], &(1u64 << 63).to_le_bytes()].concat(),
+        3 => [&validate[..], &[5], &u64::MAX.to_le_bytes()].concat(),
+        // A set announcing 8 MiB of value, then only a little of it (left open).
+        4 => [
+            &validate[..],
+            &[1],
+            &1u64.to_le_bytes(),
+            b"k",
+            &(8u64 << 20).to_le_bytes(),
+            b"xy",
+        ]
+        .concat(),
+        // No handshake at all: a get.
+        _ => [&[3u8][..], &1u64.to_le_bytes(), b"k"].concat(),
+    }
+}
+
+/// Floods the worker store at `addr`; every connection stays open until the test ends.
+fn flood_store(addr: &str, rng: &mut Rng) -> Vec<TcpStream> {
+    let addr = addr.parse().expect("MASTER_ADDR:MASTER_PORT");
+    (0..STORE_CONNECTIONS)
+        .map(|i| {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+                .unwrap_or_else(|e| panic!("store connection {i}: {e}"));
+            s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+            let _ = s.write_all(&store_garbage(i, rng));
+            s
+        })
+        .collect()
+}
+
 /// Lines whose answers the test reads: each gets exactly one answer, in order.
 fn answered_lines(rng: &mut Rng) -> Vec<Vec<u8>> {
     let mut oversized = vec![b'{'; 9 << 20];
@@ -169,6 +215,8 @@ fn a_garbage_flood_leaves_the_server_and_the_worker_api_serving_the_run() {
     });
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let held_tcp = flood_server(&server.endpoint, &mut rng);
+    let store = std::fs::read_to_string(d.join("store_0")).unwrap();
+    let held_store = flood_store(&store, &mut rng);
     let mut sockets: Vec<String> = (0..4)
         .map(|r| std::fs::read_to_string(d.join(format!("sock_{r}"))).unwrap())
         .collect();
@@ -210,5 +258,5 @@ fn a_garbage_flood_leaves_the_server_and_the_worker_api_serving_the_run() {
             "rank {r} did not finish"
         );
     }
-    drop((held, held_tcp));
+    drop((held, held_tcp, held_store));
 }

@@ -12,6 +12,18 @@ mod wire;
 
 use proptest::prelude::*;
 
+/// Proptest's settings for a target of `cases` random cases, times `DRUN_PROPS_SCALE` (a
+/// positive integer, default 1): CI runs the bounded pass, a longer fuzz pass is
+/// `DRUN_PROPS_SCALE=100 cargo nextest run -E 'test(/props::/)'`.
+pub fn config(cases: u32) -> ProptestConfig {
+    let scale = std::env::var("DRUN_PROPS_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .filter(|&s| s > 0)
+        .unwrap_or(1);
+    ProptestConfig::with_cases(cases.saturating_mul(scale))
+}
+
 /// Random byte edits of a valid input: (position, what to do, byte).
 pub type Edits = Vec<(usize, u8, u8)>;
 

@@ -106,7 +106,7 @@ fn hostlist() -> impl Strategy<Value = (String, Vec<String>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(CASES))]
+    #![proptest_config(super::config(CASES))]
 
     #[test]
     fn flag_values_never_panic(s in ".{0,40}", t in "[\\[\\]0-9a-z,:=\\- ]{0,40}") {

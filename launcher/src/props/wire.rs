@@ -156,7 +156,7 @@ async fn converse(lines: &[Vec<u8>]) -> Vec<Value> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(CASES))]
+    #![proptest_config(super::config(CASES))]
 
     #[test]
     fn api_lines_never_panic(bytes in bytes(), req in request(), e in edits()) {
@@ -190,7 +190,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(SOCKET_CASES))]
+    #![proptest_config(super::config(SOCKET_CASES))]
 
     #[test]
     fn the_api_socket_answers_every_line_once(

@@ -211,7 +211,7 @@ async fn run(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(SEQUENCES))]
+    #![proptest_config(super::config(SEQUENCES))]
 
     /// 10,000 random runs of up to 48 events each through the real decision core, plan
     /// assignment and ledger.

@@ -173,7 +173,7 @@ fn via_wire(r: &Request) -> Option<Request> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(CASES))]
+    #![proptest_config(super::config(CASES))]
 
     #[test]
     fn store_values_never_panic(bytes in bytes()) {
