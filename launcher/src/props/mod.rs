@@ -14,7 +14,7 @@ use proptest::prelude::*;
 
 /// Proptest's settings for a target of `cases` random cases, times `DRUN_PROPS_SCALE` (a
 /// positive integer, default 1): CI runs the bounded pass, a longer fuzz pass is
-/// `DRUN_PROPS_SCALE=100 cargo nextest run -E 'test(/props::/)'`.
+/// `DRUN_PROPS_SCALE=100 cargo test -p drun-launcher -p drun-rendezvous --lib props::`.
 pub fn config(cases: u32) -> ProptestConfig {
     let scale = std::env::var("DRUN_PROPS_SCALE")
         .ok()

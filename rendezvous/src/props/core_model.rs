@@ -1,12 +1,14 @@
 //! The decision core over random event sequences: joins, leaves, lease expiries, worker
-//! failures, scale-ups, checkpoint seals and clock steps, checked after every event.
+//! failures, scale-ups, checkpoint seals (by the running and by the previous generation) and
+//! clock steps, checked after every event.
 //!
 //! Invariants: every formed plan ranks its nodes `0..n-1` and its workers `0..world-1` (each
 //! exactly once); generations only increase, by one; no generation forms beside a running one;
 //! a formation admits between MIN and MAX nodes, all of them waiting, and leaves the rest of the
 //! waiting set standing by in arrival order; a round fails only below MIN after
-//! `join_timeout`; `ckpt/latest` and the resume point of each new generation never move
-//! backwards and always name the newest sealed step.
+//! `join_timeout`; the ledger refuses every commit of an older generation; `ckpt/latest` and
+//! the resume point of each new generation never move backwards and always name the newest
+//! sealed step.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -65,6 +67,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => Just(Event::Fail),
         1 => Just(Event::ScaleUp),
         2 => (0u64..30).prop_map(Event::Seal),
+        1 => (0u64..30).prop_map(Event::StaleSeal),
         3 => (0u64..4_000).prop_map(Event::Advance),
     ]
 }
@@ -197,6 +200,19 @@ async fn run(
                 };
                 let plan = sim.plan.clone().expect("a seal needs a generation");
                 check_seal(step, &plan, &answers, &mut seen)?;
+            }
+            Outcome::StaleSealed(answers) => {
+                for a in &answers {
+                    // Refused: as stale, or earlier, for a step at or before its own resume
+                    // point or one it already sealed.
+                    let refused = matches!(
+                        a,
+                        Err(LedgerError::Stale(_)
+                            | LedgerError::NotAfterResume { .. }
+                            | LedgerError::AlreadySealed(_))
+                    );
+                    prop_assert!(refused, "an old world committed: {a:?}");
+                }
             }
         }
         let latest = sim.latest().await;

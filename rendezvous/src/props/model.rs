@@ -37,6 +37,9 @@ pub enum Event {
     ScaleUp,
     /// Every member of the running generation saves step `k`.
     Seal(u64),
+    /// Every member of the generation before the newest one saves step `k` (workers of an
+    /// old world that still run for a while).
+    StaleSeal(u64),
     /// The clock moves on by this many milliseconds.
     Advance(u64),
 }
@@ -66,6 +69,8 @@ pub enum Outcome {
     Waited,
     /// A generation saved a step: the ledger's answers, one per member.
     Sealed(Vec<Result<CommitOutcome, LedgerError>>),
+    /// An old generation tried to save a step: the ledger's answers, one per member.
+    StaleSealed(Vec<Result<CommitOutcome, LedgerError>>),
 }
 
 /// The simulated run.
@@ -82,6 +87,8 @@ pub struct Sim {
     pub plan: Option<Plan>,
     /// Whether `plan`'s generation runs.
     pub running: bool,
+    /// The plan before `plan`, if any.
+    pub previous: Option<Plan>,
     /// The synthetic clock.
     pub now: Instant,
     opened_at: Instant,
@@ -105,6 +112,7 @@ impl Sim {
             waiting: Vec::new(),
             plan: None,
             running: false,
+            previous: None,
             now,
             opened_at: now,
             min_reached_at: None,
@@ -144,7 +152,15 @@ impl Sim {
                     self.running = false;
                 }
             }
-            Event::Seal(k) if self.running => return Outcome::Sealed(self.seal(k).await),
+            Event::Seal(k) if self.running => {
+                let plan = self.plan.clone().expect("a running generation has a plan");
+                return Outcome::Sealed(self.seal(&plan, k).await);
+            }
+            Event::StaleSeal(k) => {
+                if let Some(old) = self.previous.clone() {
+                    return Outcome::StaleSealed(self.seal(&old, k).await);
+                }
+            }
             Event::Seal(_) => {}
             Event::Advance(ms) => self.now += Duration::from_millis(ms),
         }
@@ -233,13 +249,12 @@ impl Sim {
             failure: vec![],
         };
         assert!(self.store.txn(txn).await.expect("memory store").succeeded);
-        self.plan = Some(plan.clone());
+        self.previous = self.plan.replace(plan.clone());
         self.running = true;
         plan
     }
 
-    async fn seal(&mut self, step: u64) -> Vec<Result<CommitOutcome, LedgerError>> {
-        let plan = self.plan.clone().expect("a running generation has a plan");
+    async fn seal(&self, plan: &Plan, step: u64) -> Vec<Result<CommitOutcome, LedgerError>> {
         let cursor = Cursor {
             consumed_in_epoch: step,
             ..Cursor::default()
@@ -255,7 +270,7 @@ impl Sim {
                 files: vec![],
                 save_started_ms: None,
             };
-            out.push(self.ledger.commit(&plan, &rec, Retention::default()).await);
+            out.push(self.ledger.commit(plan, &rec, Retention::default()).await);
         }
         out
     }
