@@ -85,21 +85,21 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
     std::fs::remove_dir_all(kept).unwrap();
 }
 
-/// Open drun bug 1, found by the campaign (not fixed here): a worker is SIGKILLed and, a second
-/// or two later, the rendezvous server restarts (over etcd). The agent of that worker never logs
-/// the worker's death ("was killed by SIGKILL ... restarting the worker group" never comes),
-/// reconnects to the new server ("reconnected to the rendezvous") and then does nothing more: it
-/// neither rejoins, nor is fenced, nor exits; the others form the next generation without it, or
-/// wait for it forever at the exit barrier ("local workers succeeded; waiting for the other
-/// nodes"). Seeds (etcd): 1006 (agent 0 hangs), 1022 (the last agent hangs), 2000 (agents 0 and
-/// 2 hang), 2002 (agent 1 hangs, agents 2 and 3 wait for it). Timing-dependent: a replay may
-/// pass. Ignored until fixed; run with `--ignored`.
+/// Bugs the campaign found, each kept as a regression case (the seed's full schedule, 3 to 8
+/// faults, no corrupted shards, as found):
 ///
-/// Open drun bug 2: a lone agent SIGSTOPped past its lease TTL is fenced on SIGCONT ("lease ...
-/// expired while reconnecting; killing workers and joining again") and forms its next world
-/// under the same generation number as the one it was fenced from ("world formed ... gen=4"
-/// twice, same master port), so two worlds share a generation and the second's ranks run the
-/// same steps again under it (invariant (e)). Seeds: 1044 (memory), 2003 (etcd).
+/// Bug 1: a worker is SIGKILLed and, a second or two later, the rendezvous server restarts
+/// (over etcd). The agent's failure report was lost with the old server; after the reconnect it
+/// waited for that report's decision forever (the others re-formed without it, or waited for it
+/// at the exit barrier). Fixed: the gRPC link replays an unanswered failure report on the new
+/// stream (`launcher/src/rdzv/track.rs`); deciding it again is idempotent. Seeds (etcd): 1006,
+/// 1022, 2000, 2002, 3001, 3030, 4005, 4006.
+///
+/// Bug 2: a lone agent SIGSTOPped past its lease TTL, fenced on SIGCONT, got the plan of the
+/// world it was fenced from back (no one was left to close it) and ran that generation's steps
+/// again under the same number (invariant (e)). Fixed: a joining node takes only a plan formed
+/// after its join (`Round::recheck`), and a session fenced on reconnect waits for a generation
+/// newer than the agent's. Seeds: 1044, 5025 (memory); 2003, 3010, 4015, 4039, 4048 (etcd).
 fn regression(seed: u64, store: StoreKind) {
     let s = generate(seed, store, 3, 8);
     if let Err(report) = run::run(&s, &[]) {
@@ -108,25 +108,21 @@ fn regression(seed: u64, store: StoreKind) {
 }
 
 #[test]
-#[ignore = "open drun bug 1: an agent whose worker died just before a server restart hangs"]
 fn chaos_regression_seed_1006_etcd() {
     regression(1006, StoreKind::Etcd);
 }
 
 #[test]
-#[ignore = "open drun bug 1: an agent whose worker died just before a server restart hangs"]
 fn chaos_regression_seed_2000_etcd() {
     regression(2000, StoreKind::Etcd);
 }
 
 #[test]
-#[ignore = "open drun bug 2: a fenced lone agent re-forms under the same generation number"]
 fn chaos_regression_seed_1044_memory() {
     regression(1044, StoreKind::Memory);
 }
 
 #[test]
-#[ignore = "open drun bug 2: a fenced lone agent re-forms under the same generation number"]
 fn chaos_regression_seed_2003_etcd() {
     regression(2003, StoreKind::Etcd);
 }
