@@ -8,8 +8,8 @@
 /// is kept; several groups in one item multiply (`r[1-2]n[1-2]` → r1n1, r1n2, r2n1, r2n2).
 ///
 /// # Errors
-/// Unbalanced brackets, an empty item or range, a range whose end is below its start, a list
-/// a number padded wider than [`MAX_WIDTH`] digits, a list that expands to more than
+/// Unbalanced brackets, an empty item or range, a range whose end is below its start, a
+/// number padded wider than [`MAX_WIDTH`] digits, a list that expands to more than
 /// [`MAX_HOSTS`] names or [`MAX_HOSTLIST_BYTES`] bytes of names.
 pub fn parse_hostlist(list: &str) -> Result<Vec<String>, String> {
     let mut items = Vec::new();
