@@ -122,7 +122,7 @@ impl EtcdStore {
                 .await
                 .map_err(|e| StoreError::Unavailable {
                     endpoint: ep.clone(),
-                    reason: e.to_string(),
+                    reason: root_cause(&e),
                 })?;
             clients.push(client);
         }
@@ -181,7 +181,7 @@ impl EtcdStore {
     fn unavailable(&self, e: etcd::Error) -> StoreError {
         StoreError::Unavailable {
             endpoint: self.endpoints.clone(),
-            reason: e.to_string(),
+            reason: root_cause(&e),
         }
     }
 }
@@ -442,4 +442,23 @@ impl EtcdStore {
         .await
         .map_err(|e| self.unavailable(e))
     }
+}
+
+/// The innermost cause of `e`, in words: etcd-client's own text of a transport error or a
+/// gRPC status is a debug dump of tonic's (`... Some(tonic::transport::Error(...))`); tonic's
+/// source chain ends in the OS error a user can act on (`Connection refused (os error 111)`),
+/// and a status without a source says what it is in its message.
+fn root_cause(e: &etcd::Error) -> String {
+    let mut cur: &(dyn std::error::Error + 'static) = match e {
+        etcd::Error::TransportError(t) => t,
+        etcd::Error::GRpcStatus(s) => match std::error::Error::source(s) {
+            Some(src) => src,
+            None => return s.message().to_string(),
+        },
+        other => other,
+    };
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
 }

@@ -75,6 +75,10 @@ enum Command {
         /// Require client certificates signed by this PEM CA (mutual TLS); needs --tls-cert.
         #[arg(long = "tls-client-ca", value_name = "PATH", requires = "tls_cert")]
         tls_client_ca: Option<std::path::PathBuf>,
+        /// Serve at most N runs at once (a run counts while any of its agents holds a
+        /// session); an agent of a new run past it is refused with RESOURCE_EXHAUSTED.
+        #[arg(long = "max-runs", env = "DRUN_RDZV_MAX_RUNS", value_name = "N", default_value_t = drun_rendezvous::run_limit::DEFAULT_MAX_RUNS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+        max_runs: usize,
     },
     /// Print a run's state: members, generation, ranks, each node's state, standbys, restarts by
     /// cause, the last formation and its duration, the latest checkpoint and the work the last
@@ -196,6 +200,7 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             tls_cert,
             tls_key,
             tls_client_ca,
+            max_runs,
         } => {
             let tls = match (tls_cert, tls_key) {
                 (Some(cert), Some(key)) => Some(
@@ -266,7 +271,8 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 listener,
                 RendezvousService::new(store)
                     .with_run_on_records(log_format == drun_launcher::LogFormat::Json)
-                    .with_auth(auth),
+                    .with_auth(auth)
+                    .with_max_runs(max_runs),
                 tls,
                 shutdown,
             )
