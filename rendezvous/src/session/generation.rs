@@ -18,6 +18,7 @@ use super::protocol::{Event, RunEnd};
 use super::save_clock::SaveClock;
 use crate::human::duration as human;
 use crate::keys::RunKeys;
+#[cfg(test)]
 use crate::round::Restarts;
 use crate::store::WatchEvent;
 use crate::{Plan, StoreError};
