@@ -8,6 +8,7 @@ mod ckpt;
 mod cli;
 mod elastic;
 mod envcheck;
+mod flood;
 mod hang;
 mod hostile;
 mod json_logs;
