@@ -8,6 +8,7 @@
 //! takes its last value, and boolean `PET_*` variables take `1`/`0` (also `true`/`false`).
 
 mod ckpt;
+mod host_tls;
 mod observe;
 
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
 pub use ckpt::CkptArgs;
+pub use host_tls::HostTlsArgs;
 pub use observe::ObserveArgs;
 
 use crate::exit::EXIT_CODES_HELP;
@@ -401,6 +403,10 @@ pub struct Args {
     /// Checkpoint ledger flags: `--ckpt-*`, `--on-scale-up`, `--expected-mtbf`.
     #[command(flatten)]
     pub ckpt: CkptArgs,
+
+    /// A c10d host's TLS identity: `--rdzv-host-tls-cert`, `--rdzv-host-tls-key`.
+    #[command(flatten)]
+    pub host_tls: HostTlsArgs,
 
     /// Inside a Slurm job (SLURM_JOB_ID set): `auto` takes the run id, --nnodes, node rank,
     /// node address and an embedded rendezvous on the first node from SLURM_* (explicit flags

@@ -204,9 +204,20 @@ async fn ask_servers(
                 run_id: run.to_string(),
             });
             drun_rendezvous::auth::attach(&mut request, token);
-            let resp = client.status(request).await.map_err(|e| {
-                let e = ServiceError::from_status(&e);
-                (matches!(e, ServiceError::Unauthenticated(_)), e.to_string())
+            let resp = client.status(request).await.map_err(|s| {
+                let e = ServiceError::from_status(&s);
+                let mut why = if e.is_refusal() {
+                    e.to_string()
+                } else {
+                    error_chain(&s)
+                };
+                // A plaintext client of a TLS server fails here, at the first request.
+                if let Some(h) =
+                    drun_rendezvous::tls::hint(&why, drun_rendezvous::tls::Mode::of(tls))
+                {
+                    why = format!("{why}; {h}");
+                }
+                (matches!(e, ServiceError::Unauthenticated(_)), why)
             })?;
             serde_json::from_str(&resp.into_inner().json).map_err(|e| (false, e.to_string()))
         };

@@ -128,6 +128,15 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
         cfg.rdzv_token = crate::rdzv::token::resolve(Some(f), None)
             .map_err(|why| invalid("--rdzv-token-file", f.display().to_string(), why))?;
     }
+    if let Some(files) = &cfg.rdzv_host_tls {
+        files.load().map_err(|why| {
+            invalid(
+                "--rdzv-host-tls-cert",
+                files.cert.display().to_string(),
+                why,
+            )
+        })?;
+    }
     if let Some((ca, cert, key)) = &cfg.rdzv_tls_files {
         cfg.rdzv_tls = Some(
             drun_rendezvous::tls::ClientTls::from_files(ca, cert.as_deref(), key.as_deref())

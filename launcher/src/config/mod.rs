@@ -154,6 +154,9 @@ pub struct LaunchConfig {
     pub rdzv_tls_files: Option<(PathBuf, Option<PathBuf>, Option<PathBuf>)>,
     /// TLS to the rendezvous server, once prepared.
     pub rdzv_tls: Option<drun_rendezvous::tls::ClientTls>,
+    /// `--rdzv-host-tls-cert`/`-key` (c10d only): the identity this agent serves the
+    /// rendezvous with when it hosts it, and the CA it requires of clients for mTLS.
+    pub rdzv_host_tls: Option<drun_rendezvous::tls::ServerTlsFiles>,
 }
 
 /// `--preflight` settings.
