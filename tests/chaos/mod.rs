@@ -112,6 +112,13 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
 /// again under the same number (invariant (e)). Fixed: a joining node takes only a plan formed
 /// after its join (`Round::recheck`), and a session fenced on reconnect waits for a generation
 /// newer than the agent's. Seeds: 1044, 5025 (memory); 2003, 3010, 4015, 4039, 4048 (etcd).
+///
+/// Bug 3, brought in by the first fix of bug 2 and found by the next campaign: a waiting
+/// agent's session is lost with a restarting server just as the plan admitting it is written;
+/// it sends its join again on the same lease, the re-written key looked newer than the plan,
+/// and the agent stood by beside the world it belonged to, which waited for it forever. Fixed:
+/// the plan is compared with when the join first appeared (the key's creation, which a
+/// re-send on the same lease keeps). Seed (etcd): 1159.
 fn regression(seed: u64, store: StoreKind) {
     let s = generate(seed, store, 3, 8);
     if let Err(report) = run::run(&s, &[]) {
@@ -137,6 +144,11 @@ fn chaos_regression_seed_1044_memory() {
 #[test]
 fn chaos_regression_seed_2003_etcd() {
     regression(2003, StoreKind::Etcd);
+}
+
+#[test]
+fn chaos_regression_seed_1159_etcd() {
+    regression(1159, StoreKind::Etcd);
 }
 
 /// The long campaign (see README, "Chaos testing"): `DRUN_CHAOS_SCHEDULES` schedules (200) from
