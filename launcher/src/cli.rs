@@ -8,6 +8,7 @@
 //! takes its last value, and boolean `PET_*` variables take `1`/`0` (also `true`/`false`).
 
 mod ckpt;
+mod etcd;
 mod observe;
 
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
 pub use ckpt::CkptArgs;
+pub use etcd::EtcdArgs;
 pub use observe::ObserveArgs;
 
 use crate::exit::EXIT_CODES_HELP;
@@ -397,6 +399,10 @@ pub struct Args {
     /// Metrics and detection: `--metrics-port`, `--straggler-factor`, `--preflight`.
     #[command(flatten)]
     pub observe: ObserveArgs,
+
+    /// etcd TLS and credentials (`--rdzv-backend etcd`, `--status` read from etcd).
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
 
     /// Checkpoint ledger flags: `--ckpt-*`, `--on-scale-up`, `--expected-mtbf`.
     #[command(flatten)]

@@ -122,6 +122,14 @@ fn status(args: &Args) -> ExitCode {
         },
         None => None,
     };
+    let etcd = match args
+        .etcd
+        .files()
+        .load(host.var(drun_rendezvous::etcd::access::PASSWORD_VAR))
+    {
+        Ok(a) => a,
+        Err(e) => return fail(AgentExit::Usage.code(), &e),
+    };
     let query = StatusQuery {
         run,
         source,
@@ -129,6 +137,7 @@ fn status(args: &Args) -> ExitCode {
         watch: args.watch,
         token,
         tls,
+        etcd,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -134,6 +134,13 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
                 .map_err(|why| invalid("--rdzv-tls-ca", ca.display().to_string(), why))?,
         );
     }
+    if !cfg.etcd_access_files.is_empty() {
+        let env = std::env::var(drun_rendezvous::etcd::access::PASSWORD_VAR).ok();
+        cfg.etcd_access = cfg
+            .etcd_access_files
+            .load(env.as_deref())
+            .map_err(ConfigError::EtcdAccess)?;
+    }
     Ok(cfg)
 }
 

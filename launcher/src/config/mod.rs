@@ -154,6 +154,12 @@ pub struct LaunchConfig {
     pub rdzv_tls_files: Option<(PathBuf, Option<PathBuf>, Option<PathBuf>)>,
     /// TLS to the rendezvous server, once prepared.
     pub rdzv_tls: Option<drun_rendezvous::tls::ClientTls>,
+    /// `--etcd-cacert`, `--etcd-cert`, `--etcd-key`, `--etcd-user`, `--etcd-password-file`,
+    /// read by [`prepare`] into `etcd_access`.
+    pub etcd_access_files: drun_rendezvous::etcd::access::EtcdAccessFiles,
+    /// How the `etcd` backend reaches etcd (TLS, user), once prepared; holds the password
+    /// (from the file or `DRUN_ETCD_PASSWORD`), never printed.
+    pub etcd_access: drun_rendezvous::etcd::access::EtcdAccess,
 }
 
 /// `--preflight` settings.

@@ -157,6 +157,8 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             .clone()
             .map(|ca| (ca, a.rdzv_tls_cert.clone(), a.rdzv_tls_key.clone())),
         rdzv_tls: None,
+        etcd_access_files: a.etcd.files(),
+        etcd_access: Default::default(),
     })
 }
 
