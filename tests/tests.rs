@@ -8,6 +8,7 @@ mod ckpt;
 mod cli;
 mod elastic;
 mod envcheck;
+mod etcd_secure;
 mod hang;
 mod json_logs;
 mod k8s;

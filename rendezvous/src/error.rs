@@ -17,7 +17,7 @@ pub enum StoreError {
         reason: String,
     },
     /// etcd refused this client (credentials, permissions, TLS): retrying cannot help.
-    #[error("etcd at {endpoint} refused drun: {reason}")]
+    #[error("{reason} (etcd at {endpoint})")]
     Refused {
         /// The endpoint(s).
         endpoint: String,
