@@ -26,6 +26,7 @@ mod python_helper;
 mod real_scripts;
 mod root_cause;
 mod slurm;
+mod slurm_token;
 mod standalone;
 mod status;
 mod store;

@@ -64,6 +64,7 @@ pub const SECRET_VARS: &[&str] = &[
     "DRUN_RDZV_TOKEN_FILE",
     "DRUN_ETCD_PASSWORD",
     "DRUN_ETCD_PASSWORD_FILE",
+    "DRUN_SLURM_SECRET",
 ];
 
 /// Variables drun sets for every worker (and therefore overwrites when inherited).

@@ -154,6 +154,9 @@ pub struct LaunchConfig {
     pub rdzv_tls_files: Option<(PathBuf, Option<PathBuf>, Option<PathBuf>)>,
     /// TLS to the rendezvous server, once prepared.
     pub rdzv_tls: Option<drun_rendezvous::tls::ClientTls>,
+    /// Under Slurm, the file of the secret the rendezvous token is derived from when none is
+    /// given (`DRUN_SLURM_SECRET`, else `$HOME/.drun/slurm-secret`; `None`: off or no home).
+    pub slurm_secret: Option<PathBuf>,
     /// `--etcd-cacert`, `--etcd-cert`, `--etcd-key`, `--etcd-user`, `--etcd-password-file`,
     /// read by [`prepare`] into `etcd_access`.
     pub etcd_access_files: drun_rendezvous::etcd::access::EtcdAccessFiles,

@@ -125,6 +125,12 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         advertise_addr: a.local_addr.clone(),
         notes,
         ckpt,
+        slurm_secret: slurm.as_ref().and_then(|_| {
+            crate::slurm_token::secret_path(
+                host.var(crate::slurm_token::SECRET_VAR),
+                host.var("HOME"),
+            )
+        }),
         slurm,
         slurm_line,
         k8s,
