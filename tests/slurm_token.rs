@@ -1,7 +1,7 @@
 //! The Slurm-derived rendezvous token (issue 15), with a Slurm job simulated by its SLURM_*
 //! variables: the agents of one job, given no token, authenticate to the rendezvous their first
 //! node hosts; an agent of another job of the same user, aiming at that rendezvous and run id,
-//! is refused (exit 3) and never joins.
+//! is refused (exit 3) and never joins; `drun --status` inside the job is let in.
 
 use std::path::Path;
 use std::process::Command;
@@ -10,9 +10,9 @@ use std::time::Duration;
 use crate::harness::cluster::free_port;
 use crate::harness::{drun, run, wait_for, worker, Agent};
 
-/// Node `i` (127.0.0.(i+1)) of simulated 2-node Slurm job `job`, its rendezvous at `endpoint`
-/// (hosted by node 0), secret file `secret`, one `envdump.py out` worker.
-fn slurm_node(job: &str, i: usize, endpoint: &str, secret: &Path, out: &Path) -> Command {
+/// `drun` as node `i` (127.0.0.(i+1)) of simulated 2-node Slurm job `job`, its rendezvous at
+/// `endpoint` (hosted by node 0), secret file `secret`; no script yet.
+fn slurm_drun(job: &str, i: usize, endpoint: &str, secret: &Path) -> Command {
     let mut c = drun();
     for k in ["DRUN_RDZV_TOKEN", "DRUN_RDZV_TOKEN_FILE"] {
         c.env_remove(k);
@@ -23,8 +23,14 @@ fn slurm_node(job: &str, i: usize, endpoint: &str, secret: &Path, out: &Path) ->
         .env("SLURM_NODEID", i.to_string())
         .env("SLURMD_NODENAME", format!("127.0.0.{}", i + 1))
         .env("DRUN_SLURM_SECRET", secret)
-        .args(["--rdzv-backend", "embedded", "--rdzv-endpoint", endpoint])
-        .args(["--rdzv-conf", "join_timeout=30", "--nproc-per-node", "1"])
+        .args(["--rdzv-backend", "embedded", "--rdzv-endpoint", endpoint]);
+    c
+}
+
+/// [`slurm_drun`] running one `envdump.py out` worker.
+fn slurm_node(job: &str, i: usize, endpoint: &str, secret: &Path, out: &Path) -> Command {
+    let mut c = slurm_drun(job, i, endpoint, secret);
+    c.args(["--rdzv-conf", "join_timeout=30", "--nproc-per-node", "1"])
         .args(["--max-restarts", "0", "--shutdown-timeout", "3"])
         .arg(worker("envdump.py"))
         .arg(out);
@@ -57,6 +63,18 @@ fn agents_of_one_slurm_job_share_a_derived_token_and_another_job_is_refused() {
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("not accepted"), "{err}");
     assert!(!d.join("intruder").exists());
+
+    // `drun --status` inside the job derives the same token.
+    let mut status = slurm_drun(&job, 1, &endpoint, &secret);
+    status.arg("--status");
+    let (code, so, err) = run(status, Duration::from_secs(30));
+    assert_eq!(code, 0, "{so}{err}");
+    assert!(so.contains(&job), "{so}");
+    let mut status = slurm_drun(&other_job, 1, &endpoint, &secret);
+    status.args(["--status", "--rdzv-id", &job]);
+    let (code, so, err) = run(status, Duration::from_secs(30));
+    assert_ne!(code, 0, "{so}{err}");
+    assert!(err.contains("not accepted"), "{err}");
 
     let node1 = Agent::start(slurm_node(&job, 1, &endpoint, &secret, &out));
     for (name, a) in [("node 0", host), ("node 1", node1)] {

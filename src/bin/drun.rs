@@ -112,7 +112,7 @@ fn status(args: &Args) -> ExitCode {
         args.rdzv_token_file.as_deref(),
         host.var(drun_launcher::rdzv::token::TOKEN_VAR),
     ) {
-        Ok(t) => t,
+        Ok(t) => t.or_else(|| drun_launcher::config::slurm_status_token(args, &host, &mode)),
         Err(e) => return fail(AgentExit::Usage.code(), &e),
     };
     let tls = match &args.rdzv_tls_ca {

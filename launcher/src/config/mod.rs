@@ -40,7 +40,7 @@ pub use crate::cli::Args;
 pub use host::{cpu_count, gpu_count, prepare, Host};
 pub use parse::{parse_nnodes, parse_nproc, parse_signals};
 pub use rendezvous::RendezvousMode;
-pub use target::status_target;
+pub use target::{slurm_status_token, status_target};
 pub use timing::{parse_rdzv_conf, Timing, RDZV_CONF_KEYS};
 pub use validate::validate;
 
