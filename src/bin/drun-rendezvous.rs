@@ -83,7 +83,8 @@ enum Command {
     /// Print a run's state: members, generation, ranks, each node's state, standbys, restarts by
     /// cause, the last formation and its duration, the latest checkpoint and the work the last
     /// re-form lost. Read from etcd (--etcd-endpoints) or asked of a running server
-    /// (--endpoint). Exit 2: bad flags; 3: store or server unreachable, or no such run.
+    /// (--endpoint). Exit 2: bad flags; 3: store or server unreachable or refusing these
+    /// credentials, or no such run.
     Status {
         /// The run id (the agents' --rdzv-id).
         run: String,
