@@ -10,6 +10,7 @@ mod elastic;
 mod envcheck;
 mod etcd_secure;
 mod hang;
+mod hostile;
 mod json_logs;
 mod k8s;
 mod k8s_examples;

@@ -78,6 +78,10 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// A directory drun must keep private is not (the worker API socket's, under `TMPDIR`):
+    /// the line names it and the fix ([`crate::os::private_dir`]).
+    #[error("{0}")]
+    UnsafeDir(String),
     /// No Python interpreter could be found.
     #[error("python interpreter '{python}'{} not found; {}", .from.origin(), .from.fix())]
     MissingPython {

@@ -129,7 +129,11 @@ impl EtcdStore {
         access: &access::EtcdAccess,
     ) -> Result<Self, StoreError> {
         let joined = endpoints.join(",");
-        let failed = |endpoint: &str, reason: String| match access::diagnose(&reason, access) {
+        // Diagnosed on the whole chain of the error, reported by its root cause.
+        let failed = |endpoint: &str, chain: &str, reason: String| match access::diagnose(
+            &format!("{chain}: {reason}"),
+            access,
+        ) {
             Some(access::Diagnosis::Refused(why)) => StoreError::Refused {
                 endpoint: endpoint.to_string(),
                 reason: why,
@@ -157,7 +161,7 @@ impl EtcdStore {
             })?;
             let client = etcd::Client::connect([url.as_str()], Some(opts.clone()))
                 .await
-                .map_err(|e| failed(ep, access::chain(&e)))?;
+                .map_err(|e| failed(ep, &access::chain(&e), root_cause(&e)))?;
             clients.push(client);
         }
         if clients.is_empty() {
@@ -179,7 +183,7 @@ impl EtcdStore {
         // Connecting is lazy: prove the cluster answers, and that this user may read drun's keys.
         match store.get("/drun/v1/.ping").await {
             Ok(_) => Ok(store),
-            Err(StoreError::Unavailable { reason, .. }) => Err(failed(&joined, reason)),
+            Err(StoreError::Unavailable { reason, .. }) => Err(failed(&joined, "", reason)),
             Err(e) => Err(e),
         }
     }
@@ -218,7 +222,7 @@ impl EtcdStore {
     fn unavailable(&self, e: etcd::Error) -> StoreError {
         StoreError::Unavailable {
             endpoint: self.endpoints.clone(),
-            reason: access::chain(&e),
+            reason: root_cause(&e),
         }
     }
 }
@@ -479,4 +483,23 @@ impl EtcdStore {
         .await
         .map_err(|e| self.unavailable(e))
     }
+}
+
+/// The innermost cause of `e`, in words: etcd-client's own text of a transport error or a
+/// gRPC status is a debug dump of tonic's (`... Some(tonic::transport::Error(...))`); tonic's
+/// source chain ends in the OS error a user can act on (`Connection refused (os error 111)`),
+/// and a status without a source says what it is in its message.
+fn root_cause(e: &etcd::Error) -> String {
+    let mut cur: &(dyn std::error::Error + 'static) = match e {
+        etcd::Error::TransportError(t) => t,
+        etcd::Error::GRpcStatus(s) => match std::error::Error::source(s) {
+            Some(src) => src,
+            None => return s.message().to_string(),
+        },
+        other => other,
+    };
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
 }

@@ -79,6 +79,10 @@ enum Command {
         /// TLS and credentials to etcd (with --store etcd).
         #[command(flatten)]
         etcd: drun_launcher::cli::EtcdArgs,
+        /// Serve at most N runs at once (a run counts while any of its agents holds a
+        /// session); an agent of a new run past it is refused with RESOURCE_EXHAUSTED.
+        #[arg(long = "max-runs", env = "DRUN_RDZV_MAX_RUNS", value_name = "N", default_value_t = drun_rendezvous::run_limit::DEFAULT_MAX_RUNS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+        max_runs: usize,
     },
     /// Print a run's state: members, generation, ranks, each node's state, standbys, restarts by
     /// cause, the last formation and its duration, the latest checkpoint and the work the last
@@ -217,6 +221,7 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             tls_key,
             tls_client_ca,
             etcd,
+            max_runs,
         } => {
             let access = etcd_access(&etcd)?;
             let tls = match (tls_cert, tls_key) {
@@ -288,7 +293,8 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 listener,
                 RendezvousService::new(store)
                     .with_run_on_records(log_format == drun_launcher::LogFormat::Json)
-                    .with_auth(auth),
+                    .with_auth(auth)
+                    .with_max_runs(max_runs),
                 tls,
                 shutdown,
             )

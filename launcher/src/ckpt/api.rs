@@ -107,13 +107,14 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// Listens on a fresh socket in a private (0700) temporary directory; requests arrive on
-    /// the returned channel.
+    /// Listens on a fresh socket (0600) in a private (0700) directory under the temporary
+    /// directory ([`crate::os::private_dir`]); requests arrive on the returned channel.
     ///
     /// # Errors
-    /// Cannot create the directory or bind the socket.
+    /// `PermissionDenied` when the temporary directory lets other users replace the socket's
+    /// directory; otherwise cannot create the directory or bind the socket.
     pub fn start() -> std::io::Result<(Self, mpsc::UnboundedReceiver<ApiCall>)> {
-        let dir = tempfile::Builder::new().prefix("drun-agent-").tempdir()?;
+        let dir = crate::os::private_dir::create(&std::env::temp_dir(), "drun-agent-")?;
         let path = dir.path().join("agent.sock");
         let listener = UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
