@@ -77,6 +77,8 @@ fn secured_etcd(d: &Path) -> Secured {
         .unwrap();
         c.user_add("drun", PASSWORD, None).await.unwrap();
         c.user_grant_role("drun", "drun").await.unwrap();
+        // A user with no role: may authenticate, may read nothing.
+        c.user_add("norole", PASSWORD, None).await.unwrap();
         c.auth_enable().await.unwrap();
     });
     let password_file = d.join("etcd-password");
@@ -209,7 +211,7 @@ fn a_run_on_etcd_with_client_tls_and_a_user_password_works() {
 }
 
 #[test]
-fn a_wrong_password_or_a_missing_ca_is_refused_with_the_fix() {
+fn a_wrong_password_no_user_no_rights_or_a_wrong_or_missing_ca_is_refused_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let s = secured_etcd(d);
@@ -275,6 +277,34 @@ fn a_wrong_password_or_a_missing_ca_is_refused_with_the_fix() {
     assert_eq!(code, 3, "{err}");
     assert!(err.contains("--etcd-cacert"), "{err}");
     assert!(!err.contains(PASSWORD), "{err}");
+
+    // No user at all, or a user without rights on /drun/: refused at once, naming the fix.
+    let base: Vec<String> = [
+        "--rdzv-backend",
+        "etcd",
+        "--rdzv-endpoint",
+        &s.etcd.endpoint,
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut no_user = base.clone();
+    no_user.extend(s.flags(&s.password_file)[..6].iter().cloned());
+    let (code, _, err) = run(
+        node(0, "etcd-no-user", &no_user, &d.join("u")),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("give --etcd-user NAME"), "{err}");
+    let mut norole = base.clone();
+    let mut flags = s.flags(&s.password_file);
+    flags[7] = "norole".into();
+    norole.extend(flags);
+    let (code, _, err) = run(
+        node(0, "etcd-norole", &norole, &d.join("r")),
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("readwrite on the prefix /drun/"), "{err}");
 
     // Another CA: refused at once, naming the wrong CA.
     let other = ca(d, "other-ca");

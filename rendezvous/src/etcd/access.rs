@@ -219,6 +219,10 @@ pub fn diagnose(error: &str, access: &EtcdAccess) -> Option<Diagnosis> {
         Some(Refused(format!(
             "etcd requires a user (its auth is enabled): give --etcd-user NAME and --etcd-password-file PATH or {PASSWORD_VAR}"
         )))
+    } else if e.contains("permission denied") && access.user().is_none() {
+        Some(Refused(format!(
+            "etcd denied drun's requests (its auth is enabled; with client certificates it takes the certificate's common name as the user): give --etcd-user NAME and --etcd-password-file PATH or {PASSWORD_VAR}, for a user whose role has readwrite on the prefix /drun/"
+        )))
     } else if e.contains("permission denied") {
         Some(Refused(format!(
             "etcd user {user} may not read and write drun's keys: grant it a role with readwrite on the prefix /drun/"

@@ -136,7 +136,8 @@ fn diagnoses_name_the_fix() {
     assert!(l.contains("refused the credentials for user drun"), "{l}");
     assert!(!l.contains("s3cret"));
     assert!(refused("etcdserver: user name is empty", &plain).contains("--etcd-user"));
-    assert!(refused("etcdserver: permission denied", &tls_user).contains("/drun/"));
+    assert!(refused("etcdserver: permission denied", &tls_user).contains("user drun may not"));
+    assert!(refused("etcdserver: permission denied", &plain).contains("--etcd-user NAME"));
     assert!(refused("invalid peer certificate: UnknownIssuer", &tls_user).contains("wrong CA"));
     assert!(hint("transport error: connection reset by peer", &plain).contains("--etcd-cacert"));
     assert!(hint("h2 protocol error: connection closed", &tls_user).contains("client certificate"));
