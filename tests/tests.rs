@@ -9,6 +9,7 @@ mod cli;
 mod elastic;
 mod envcheck;
 mod etcd_secure;
+mod flood;
 mod hang;
 mod hostile;
 mod json_logs;

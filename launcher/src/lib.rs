@@ -96,6 +96,9 @@ pub mod std_spec;
 pub mod summary;
 pub mod worker_store;
 
+#[cfg(test)]
+mod props;
+
 pub use agent::run;
 pub use cli::Args;
 pub use config::{LaunchConfig, RendezvousMode, Timing};

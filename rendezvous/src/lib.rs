@@ -79,6 +79,9 @@ pub mod tls;
 pub mod validate;
 pub mod wire;
 
+#[cfg(test)]
+mod props;
+
 pub use crate::core::{decide, Candidate, Decision, Join, RoundConfig};
 pub use error::{endpoint_url, RendezvousError, ServiceError, StoreError};
 pub use etcd::EtcdStore;

@@ -8,7 +8,7 @@ mod history;
 mod run;
 mod schedule;
 
-use schedule::{generate, with_corruption, Event, Schedule, StoreKind, Timed};
+use schedule::{generate, with_corruption, with_etcd_members, Event, Schedule, StoreKind, Timed};
 
 /// One CI schedule: `seed` on `store`, 2 to 4 faults and corrupted shards; panics with the
 /// checker's report.
@@ -49,6 +49,18 @@ fn chaos_ci_seed_2_etcd() {
 #[test]
 fn chaos_ci_seed_3_etcd() {
     ci(3, StoreKind::Etcd);
+}
+
+/// Seed 1 over a 3-member etcd cluster whose members are taken down (killed and restarted, or
+/// stopped and continued) between the faults.
+#[test]
+fn chaos_ci_seed_1_etcd_members() {
+    let s = with_etcd_members(with_corruption(generate(1, StoreKind::Etcd, 2, 4)));
+    assert_eq!(s.etcd_members(), 3, "seed 1 draws a member fault: {s}");
+    eprintln!("{s}");
+    if let Err(report) = run::run(&s, &[]) {
+        panic!("{report}");
+    }
 }
 
 /// The test-only switch `CHAOS_BREAK_OFFSET=1` makes a resumed worker start one world size
@@ -155,6 +167,11 @@ fn chaos_campaign() {
         let s = generate(seed0 + i, store, 3, 8);
         let s = if var("DRUN_CHAOS_CORRUPT", "1") == "1" {
             with_corruption(s)
+        } else {
+            s
+        };
+        let s = if var("DRUN_CHAOS_ETCD3", "0") == "1" {
+            with_etcd_members(s)
         } else {
             s
         };

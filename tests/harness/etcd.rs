@@ -156,6 +156,16 @@ impl Etcd {
         self.wait_healthy("etcd to come back");
     }
 
+    /// Kills this member (SIGKILL) and starts it again on the same ports and data directory
+    /// after `down`: a member stop/start. Returns once it is healthy again.
+    pub fn restart_after(&mut self, down: Duration) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        self.child = spawn_etcd(&self.args, self.data.path());
+        self.wait_healthy("etcd member to come back");
+    }
+
     /// Polls `/health` until it reports healthy; panics with `what` after 30 s.
     fn wait_healthy(&self, what: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
