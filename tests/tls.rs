@@ -13,13 +13,13 @@ use crate::harness::cluster::RdzvServer;
 use crate::harness::{node_cmd, run, worker};
 
 /// A CA: its certificate (PEM file) and what signs with it.
-struct Ca {
-    pem: PathBuf,
+pub struct Ca {
+    pub pem: PathBuf,
     cert: rcgen::Certificate,
     key: KeyPair,
 }
 
-fn ca(dir: &Path, name: &str) -> Ca {
+pub fn ca(dir: &Path, name: &str) -> Ca {
     let key = KeyPair::generate().unwrap();
     let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -32,7 +32,7 @@ fn ca(dir: &Path, name: &str) -> Ca {
 }
 
 /// A certificate for 127.0.0.1 signed by `ca`, for `usage`: (cert file, key file).
-fn leaf(dir: &Path, name: &str, ca: &Ca, usage: ExtendedKeyUsagePurpose) -> (PathBuf, PathBuf) {
+pub fn leaf(dir: &Path, name: &str, ca: &Ca, usage: ExtendedKeyUsagePurpose) -> (PathBuf, PathBuf) {
     let key = KeyPair::generate().unwrap();
     let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".into()]).unwrap();
     p.distinguished_name.push(DnType::CommonName, name);

@@ -9,6 +9,7 @@
 
 mod ckpt;
 mod host_tls;
+mod etcd;
 mod observe;
 
 use std::path::PathBuf;
@@ -18,6 +19,7 @@ use clap::{ArgAction, Parser};
 
 pub use ckpt::CkptArgs;
 pub use host_tls::HostTlsArgs;
+pub use etcd::EtcdArgs;
 pub use observe::ObserveArgs;
 
 use crate::exit::EXIT_CODES_HELP;
@@ -399,6 +401,10 @@ pub struct Args {
     /// Metrics and detection: `--metrics-port`, `--straggler-factor`, `--preflight`.
     #[command(flatten)]
     pub observe: ObserveArgs,
+
+    /// etcd TLS and credentials (`--rdzv-backend etcd`, `--status` read from etcd).
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
 
     /// Checkpoint ledger flags: `--ckpt-*`, `--on-scale-up`, `--expected-mtbf`.
     #[command(flatten)]

@@ -33,6 +33,10 @@ pub enum ConfigError {
         /// What to pass instead.
         why: String,
     },
+    /// The etcd access flags (`--etcd-cacert`, `--etcd-user`, ...) are incomplete or name a
+    /// file that cannot be read: one line naming the flag, never the password.
+    #[error("{0}")]
+    EtcdAccess(String),
     /// A torchrun flag drun does not implement yet.
     #[error("{flag} is a torchrun flag drun does not implement yet; remove it ({why})")]
     Unsupported {

@@ -90,6 +90,7 @@ pub mod phases;
 pub mod preflight;
 pub mod rdzv;
 pub mod slurm;
+pub mod slurm_token;
 pub mod status;
 pub mod std_spec;
 pub mod summary;

@@ -16,6 +16,14 @@ pub enum StoreError {
         /// What the backend said.
         reason: String,
     },
+    /// etcd refused this client (credentials, permissions, TLS): retrying cannot help.
+    #[error("{reason} (etcd at {endpoint})")]
+    Refused {
+        /// The endpoint(s).
+        endpoint: String,
+        /// One line: why, and the fix.
+        reason: String,
+    },
     /// A stored value could not be decoded.
     #[error("corrupt value at key {key}: {reason}")]
     Corrupt {

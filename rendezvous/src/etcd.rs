@@ -20,7 +20,9 @@ use tokio::sync::mpsc;
 use crate::etcd_batch::Batcher;
 use crate::etcd_share::{Reads, Watches};
 
+pub mod access;
 mod combine;
+mod connect;
 mod keep_alive;
 
 use crate::store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};
@@ -106,47 +108,6 @@ fn to_compare(c: &Compare) -> etcd::Compare {
 }
 
 impl EtcdStore {
-    /// Connects to `endpoints` (`host:port` or `http://host:port`, several for a cluster).
-    ///
-    /// # Errors
-    /// [`StoreError::Unavailable`] when no endpoint answers within a few seconds.
-    pub async fn connect(endpoints: &[String]) -> Result<Self, StoreError> {
-        let joined = endpoints.join(",");
-        let opts = etcd::ConnectOptions::new()
-            .with_timeout(REQUEST_TIMEOUT)
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-        let mut clients = Vec::with_capacity(endpoints.len());
-        for ep in endpoints {
-            let client = etcd::Client::connect([ep.as_str()], Some(opts.clone()))
-                .await
-                .map_err(|e| StoreError::Unavailable {
-                    endpoint: ep.clone(),
-                    reason: root_cause(&e),
-                })?;
-            clients.push(client);
-        }
-        if clients.is_empty() {
-            return Err(StoreError::Unavailable {
-                endpoint: joined,
-                reason: "no etcd endpoint given".into(),
-            });
-        }
-        let store = Self {
-            clients: Arc::new(clients),
-            current: Arc::new(AtomicUsize::new(0)),
-            endpoints: joined,
-            reads: Arc::default(),
-            watches: Arc::default(),
-            read_batch: Arc::default(),
-            write_batch: Arc::default(),
-            keep_alives: Arc::default(),
-        };
-        // Connecting is lazy: prove the cluster answers.
-        store.get("/drun/v1/.ping").await?;
-        Ok(store)
-    }
-
     fn client(&self) -> etcd::Client {
         self.clients[self.current.load(Ordering::SeqCst) % self.clients.len()].clone()
     }

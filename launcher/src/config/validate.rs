@@ -127,6 +127,12 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         advertise_addr: a.local_addr.clone(),
         notes,
         ckpt,
+        slurm_secret: slurm.as_ref().and_then(|_| {
+            crate::slurm_token::secret_path(
+                host.var(crate::slurm_token::SECRET_VAR),
+                host.var("HOME"),
+            )
+        }),
         slurm,
         slurm_line,
         k8s,
@@ -160,6 +166,8 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             .map(|ca| (ca, a.rdzv_tls_cert.clone(), a.rdzv_tls_key.clone())),
         rdzv_tls: None,
         rdzv_host_tls,
+        etcd_access_files: a.etcd.files(),
+        etcd_access: Default::default(),
     })
 }
 

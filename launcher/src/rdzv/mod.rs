@@ -152,8 +152,10 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             })
         }
         RendezvousMode::Etcd { endpoints } => {
-            let store: Arc<dyn Store> =
-                Arc::new(etcd_reach::connect(endpoints, session.round.join_timeout).await?);
+            let store: Arc<dyn Store> = Arc::new(
+                etcd_reach::connect(endpoints, &cfg.etcd_access, session.round.join_timeout)
+                    .await?,
+            );
             let (tx, rx) = spawn_session(store, session, None);
             Ok(Link {
                 tx,
