@@ -7,7 +7,9 @@ mod check_tests;
 mod history;
 mod run;
 mod schedule;
+mod torch;
 
+use run::Worker;
 use schedule::{generate, with_corruption, Event, Schedule, StoreKind, Timed};
 
 /// One CI schedule: `seed` on `store`, 2 to 4 faults and corrupted shards; panics with the
@@ -15,7 +17,7 @@ use schedule::{generate, with_corruption, Event, Schedule, StoreKind, Timed};
 fn ci(seed: u64, store: StoreKind) {
     let s = with_corruption(generate(seed, store, 2, 4));
     eprintln!("{s}");
-    match run::run(&s, &[]) {
+    match run::run(&s, &Worker::Stdlib, &[]) {
         Ok(stats) => eprintln!("passed: {stats:?}"),
         Err(report) => panic!("{report}"),
     }
@@ -71,7 +73,8 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
             },
         ],
     };
-    let report = run::run(&s, &[("CHAOS_BREAK_OFFSET", "1")]).expect_err("the checker must fail");
+    let report = run::run(&s, &Worker::Stdlib, &[("CHAOS_BREAK_OFFSET", "1")])
+        .expect_err("the checker must fail");
     assert!(
         report.contains("invariant (a) violated: kept step"),
         "{report}"
@@ -81,6 +84,79 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
         "{report}"
     );
     // The runner keeps a failed run's logs; this failure is the expected one.
+    let kept = report.rsplit("logs kept in ").next().unwrap().trim();
+    std::fs::remove_dir_all(kept).unwrap();
+}
+
+/// The torch worker's interpreter, or None (the test is skipped, with a note; CI requires it).
+fn torch_worker() -> Option<Worker> {
+    crate::harness::torch_python().map(Worker::Torch)
+}
+
+/// A short torch schedule: 2 agents x 2 workers (world size 4); after a sealed checkpoint agent 1
+/// leaves and world size 2 resumes it; after the next seal a worker is killed and world size 2
+/// resumes again. Passes when the checker holds and the final model is within `torch::TOL` of a
+/// fault-free run's at the same global batch.
+fn torch_ci_schedule() -> Schedule {
+    let at = |event| Timed { delay_ms: 0, event };
+    Schedule {
+        seed: 0,
+        store: StoreKind::Memory,
+        agents: 2,
+        nproc: 2,
+        events: vec![
+            at(Event::WaitSealed),
+            at(Event::Leave(1)),
+            at(Event::WaitSealed),
+            at(Event::KillWorker { pick: 1 }),
+        ],
+    }
+}
+
+#[test]
+fn chaos_ci_torch_leave_and_kill_memory() {
+    let Some(w) = torch_worker() else { return };
+    let s = torch_ci_schedule();
+    eprintln!("{s}");
+    match run::run(&s, &w, &[]) {
+        Ok(stats) => {
+            eprintln!("passed: {stats:?}");
+            assert_eq!(stats.applied, 2, "both faults hit the running job");
+            assert!(stats.generations >= 3, "{stats:?}");
+            assert!(stats.max_delta.is_some_and(|d| d <= torch::TOL));
+        }
+        Err(report) => panic!("{report}"),
+    }
+}
+
+/// The test-only switch `CHAOS_BREAK_MOMENTUM=1` makes a resumed torch worker drop the optimizer
+/// state it loaded: the history is still right, so only the model comparison can tell.
+#[test]
+fn chaos_checker_catches_a_lost_optimizer_state() {
+    let Some(w) = torch_worker() else { return };
+    let s = Schedule {
+        seed: 0,
+        store: StoreKind::Memory,
+        agents: 1,
+        nproc: 2,
+        events: vec![
+            Timed {
+                delay_ms: 0,
+                event: Event::WaitSealed,
+            },
+            Timed {
+                delay_ms: 0,
+                event: Event::KillWorker { pick: 0 },
+            },
+        ],
+    };
+    let report = run::run(&s, &w, &[("CHAOS_BREAK_MOMENTUM", "1")])
+        .expect_err("the model comparison must fail");
+    assert!(
+        report.contains("invariant (m) violated: the final model differs"),
+        "{report}"
+    );
+    assert!(!report.contains("invariant (a)"), "{report}");
     let kept = report.rsplit("logs kept in ").next().unwrap().trim();
     std::fs::remove_dir_all(kept).unwrap();
 }
@@ -102,7 +178,7 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
 /// same steps again under it (invariant (e)). Seeds: 1044 (memory), 2003 (etcd).
 fn regression(seed: u64, store: StoreKind) {
     let s = generate(seed, store, 3, 8);
-    if let Err(report) = run::run(&s, &[]) {
+    if let Err(report) = run::run(&s, &Worker::Stdlib, &[]) {
         panic!("{report}");
     }
 }
@@ -135,7 +211,8 @@ fn chaos_regression_seed_2003_etcd() {
 /// seed `DRUN_CHAOS_SEED` (1) on `DRUN_CHAOS_STORE` (`memory`, `etcd` or `both`), 3 to 8 faults
 /// each; prints every failure's report and the totals, fails if any schedule failed. With
 /// `DRUN_CHAOS_DRY` set it only prints the schedules; `DRUN_CHAOS_CORRUPT=0` leaves out the
-/// corrupted shards (as the regression seeds were found).
+/// corrupted shards (as the regression seeds were found). `DRUN_CHAOS_TORCH=1` runs the torch
+/// worker (gloo, `DRUN_TORCH_PYTHON`) and compares each run's final model with a fault-free run's.
 #[test]
 #[ignore = "long campaign: cargo test --test tests chaos_campaign -- --ignored --nocapture"]
 fn chaos_campaign() {
@@ -152,6 +229,11 @@ fn chaos_campaign() {
         "both" => vec![StoreKind::Memory, StoreKind::Etcd],
         other => panic!("DRUN_CHAOS_STORE={other}: use memory, etcd or both"),
     };
+    let worker = if var("DRUN_CHAOS_TORCH", "0") == "1" {
+        torch_worker().expect("DRUN_CHAOS_TORCH=1 needs a torch python (DRUN_TORCH_PYTHON)")
+    } else {
+        Worker::Stdlib
+    };
     let t0 = std::time::Instant::now();
     let (mut runs, mut applied, mut skipped, mut failed) = (0, 0, 0, Vec::new());
     for i in 0..n {
@@ -167,12 +249,17 @@ fn chaos_campaign() {
             continue;
         }
         runs += 1;
-        match run::run(&s, &[]) {
+        match run::run(&s, &worker, &[]) {
             Ok(st) => {
                 applied += st.applied;
                 skipped += st.skipped;
+                let model = st
+                    .max_delta
+                    .map(|d| format!(", model max |Δ| {d:e}"))
+                    .unwrap_or_default();
                 eprintln!(
-                    "seed {} {store:?}: ok, {} faults applied ({} skipped), {} generations, {:?}",
+                    "seed {} {store:?}: ok, {} faults applied ({} skipped), {} generations, \
+                     {:?}{model}",
                     s.seed, st.applied, st.skipped, st.generations, st.elapsed
                 );
             }

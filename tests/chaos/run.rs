@@ -1,6 +1,7 @@
 //! Runs one schedule for real: a `drun-rendezvous` server (over its memory store or over etcd),
-//! agents on loopback addresses running `tests/workers/chaos_worker.py`, the faults applied with
-//! real signals; then the history, the ledger and the outcome go to the checker.
+//! agents on loopback addresses running `tests/workers/chaos_worker.py` (or its torch twin), the
+//! faults applied with real signals; then the history, the ledger and the outcome go to the
+//! checker, and a torch run's final model is compared with a fault-free run's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,6 +13,7 @@ use nix::unistd::Pid;
 use super::check::check;
 use super::history::{self, Data, Kind, Ledger, Outcome};
 use super::schedule::{Event, Schedule, StoreKind, TTL_S};
+use super::torch;
 use crate::harness::cluster::{rendezvous_bin, Etcd, RdzvServer};
 use crate::harness::{alive, drun, processes_of_run, worker, Agent, DrunCmd};
 
@@ -25,6 +27,16 @@ pub const DATA: Data = Data {
 /// Seconds per step of the worker.
 const STEP_S: f64 = 0.2;
 
+/// The worker the agents run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Worker {
+    /// `tests/workers/chaos_worker.py` (stdlib only, no model).
+    Stdlib,
+    /// `tests/workers/chaos_torch_worker.py` under this interpreter (torch, gloo): a float64
+    /// linear regression whose final parameters must match a fault-free run's ([`torch::TOL`]).
+    Torch(PathBuf),
+}
+
 /// What a passing run did.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -34,6 +46,8 @@ pub struct Stats {
     /// Generations that started workers.
     pub generations: usize,
     pub elapsed: Duration,
+    /// Torch runs: the largest |Δ| between the final parameters and the fault-free run's.
+    pub max_delta: Option<f64>,
 }
 
 fn signal(pid: i32, sig: Signal) {
@@ -51,6 +65,7 @@ struct Cluster {
     server_log: PathBuf,
     ckpt: PathBuf,
     nproc: u32,
+    worker: Worker,
     env: Vec<(String, String)>,
 }
 
@@ -70,9 +85,12 @@ impl Cluster {
                 "digest",
                 "--ckpt-dir",
             ])
-            .arg(&self.ckpt)
-            .arg(worker("chaos_worker.py"))
-            .env("CHAOS_OUT", &self.out)
+            .arg(&self.ckpt);
+        match &self.worker {
+            Worker::Stdlib => c.arg(worker("chaos_worker.py")),
+            Worker::Torch(python) => c.python(python).arg(torch::script()),
+        };
+        c.env("CHAOS_OUT", &self.out)
             .env("CHAOS_NODE", slot.to_string())
             .env("CHAOS_SLEEP", STEP_S.to_string());
         for (k, v) in &self.env {
@@ -115,11 +133,11 @@ fn finish(mut a: Agent, deadline: Instant, log: &Path) -> (Option<i32>, String) 
     ((!timed_out).then_some(code), err)
 }
 
-/// Runs `s` with extra worker environment `env`; Ok with what it did when every invariant
-/// holds, else the report: seed, schedule, events as applied, violations with their history
+/// Runs `s` with `worker` and extra worker environment `env`; Ok with what it did when every
+/// invariant holds (and, for torch, the final model matches the fault-free run's), else the report: seed, schedule, events as applied, violations with their history
 /// excerpts, and where the logs were kept (`$TMPDIR/drun-chaos-<seed>-<store>-<pid>`, also kept
 /// for a passing run when `DRUN_CHAOS_KEEP` is set).
-pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
+pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats, String> {
     let store = match s.store {
         StoreKind::Memory => "memory",
         StoreKind::Etcd => "etcd",
@@ -153,12 +171,23 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
         server_log: dir.join("server.log"),
         ckpt: dir.join("ckpt"),
         nproc: s.nproc,
+        worker: worker.clone(),
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
     };
     let mut c = c;
+    // The fault-free reference trains beside the chaos run (once per process).
+    let reference = match worker {
+        Worker::Torch(python) => {
+            let python = python.clone();
+            Some(std::thread::spawn(move || {
+                torch::reference(&python, DATA).map(|_| ())
+            }))
+        }
+        Worker::Stdlib => None,
+    };
     let t0 = Instant::now();
     let mut slots: Vec<Option<Agent>> = (0..s.agents).map(|i| Some(c.agent(i))).collect();
     let mut gone: Vec<(usize, Agent, bool)> = Vec::new(); // (slot, agent, left on SIGTERM)
@@ -297,7 +326,17 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
             .map(|r| r.gen)
             .collect::<std::collections::BTreeSet<_>>()
             .len();
-        Ok(check(&h, &ledger, &outcome, DATA))
+        let mut found = check(&h, &ledger, &outcome, DATA);
+        if let Worker::Torch(python) = worker {
+            if let Some(t) = reference {
+                let _ = t.join();
+            }
+            match torch::check_model(python, &c.out, DATA) {
+                Ok(d) => stats.max_delta = Some(d),
+                Err(v) => found.push(v),
+            }
+        }
+        Ok(found)
     });
     match verdict {
         Ok(v) if v.is_empty() => {
