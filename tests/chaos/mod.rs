@@ -10,7 +10,7 @@ mod schedule;
 mod torch;
 
 use run::Worker;
-use schedule::{generate, with_corruption, Event, Schedule, StoreKind, Timed};
+use schedule::{generate, with_corruption, with_preemption, Event, Schedule, StoreKind, Timed};
 
 /// One CI schedule: `seed` on `store`, 2 to 4 faults and corrupted shards; panics with the
 /// checker's report.
@@ -161,6 +161,35 @@ fn chaos_checker_catches_a_lost_optimizer_state() {
     std::fs::remove_dir_all(kept).unwrap();
 }
 
+/// A preemption warning (SIGUSR1, `--on-preempt checkpoint`) to one of 2 agents x 2 workers
+/// after a seal: the coordinated checkpoint is sealed, both agents exit 5, the runner starts them
+/// again under the same run id (a requeue) and they resume from it; then a worker is killed.
+#[test]
+fn chaos_ci_preemption_and_requeue_memory() {
+    let at = |event| Timed { delay_ms: 0, event };
+    let s = Schedule {
+        seed: 0,
+        store: StoreKind::Memory,
+        agents: 2,
+        nproc: 2,
+        events: vec![
+            at(Event::WaitSealed),
+            at(Event::Preempt(1)),
+            at(Event::WaitSealed),
+            at(Event::KillWorker { pick: 2 }),
+        ],
+    };
+    eprintln!("{s}");
+    match run::run(&s, &Worker::Stdlib, &[]) {
+        Ok(stats) => {
+            eprintln!("passed: {stats:?}");
+            assert_eq!(stats.applied, 2, "both faults hit the running job");
+            assert!(stats.generations >= 3, "{stats:?}");
+        }
+        Err(report) => panic!("{report}"),
+    }
+}
+
 /// Open drun bug 1, found by the campaign (not fixed here): a worker is SIGKILLed and, a second
 /// or two later, the rendezvous server restarts (over etcd). The agent of that worker never logs
 /// the worker's death ("was killed by SIGKILL ... restarting the worker group" never comes),
@@ -239,6 +268,11 @@ fn chaos_campaign() {
     for i in 0..n {
         let store = stores[i as usize % stores.len()];
         let s = generate(seed0 + i, store, 3, 8);
+        let s = if var("DRUN_CHAOS_PREEMPT", "0") == "1" {
+            with_preemption(s)
+        } else {
+            s
+        };
         let s = if var("DRUN_CHAOS_CORRUPT", "1") == "1" {
             with_corruption(s)
         } else {

@@ -83,6 +83,8 @@ impl Cluster {
                 "1000",
                 "--ckpt-verify",
                 "digest",
+                "--on-preempt",
+                "checkpoint",
                 "--ckpt-dir",
             ])
             .arg(&self.ckpt);
@@ -274,6 +276,10 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                     continue;
                 }
             },
+            Event::Preempt(slot) => {
+                signal(slots[slot].as_ref().unwrap().pid(), Signal::SIGUSR1);
+                log.extend(requeue(&c, &mut slots, slot, &dir, &mut outcome));
+            }
             Event::WaitSealed => {
                 let sealed = |c: &Cluster| c.history_text().matches("\"sealed\": true").count();
                 let before = sealed(&c);
@@ -361,6 +367,49 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
             ))
         }
     }
+}
+
+/// After a preemption warning to agent `warned`: waits for it to exit (60 s) and for the others
+/// to follow (10 s more), then starts again, in its slot, every agent that exited 5 — a requeue
+/// under the same run id. An agent that exited 0 (the run ended first) counts as a finisher.
+/// Lines for the runner's log.
+fn requeue(
+    c: &Cluster,
+    slots: &mut [Option<Agent>],
+    warned: usize,
+    dir: &Path,
+    outcome: &mut Outcome,
+) -> Vec<String> {
+    let mut log = Vec::new();
+    if !wait_until(Duration::from_secs(60), || {
+        slots[warned].as_mut().is_none_or(exited)
+    }) {
+        log.push(format!("      (agent {warned} did not exit within 60 s)"));
+    }
+    wait_until(Duration::from_secs(10), || {
+        slots.iter_mut().flatten().all(exited)
+    });
+    let n = outcome.preempted.len();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if !slot.as_mut().is_some_and(exited) {
+            continue;
+        }
+        let a = slot.take().expect("exited");
+        let (code, _) = finish(
+            a,
+            Instant::now(),
+            &dir.join(format!("agent{i}.preempt{n}.log")),
+        );
+        let code = code.unwrap_or(-1);
+        if code == 0 {
+            outcome.finishers.push(0);
+            continue;
+        }
+        outcome.preempted.push(code);
+        log.push(format!("      agent {i} exited {code}; started again"));
+        *slot = Some(c.agent(i));
+    }
+    log
 }
 
 /// Truncates to half, or flips the first byte of, the `pick`-th file of the checkpoint
