@@ -356,8 +356,18 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                 Ok(v) => v.iter().map(|v| v.to_string()).collect::<String>(),
                 Err(e) => format!("the history could not be checked: {e}\n"),
             };
+            let mut knobs = String::new();
+            if matches!(worker, Worker::Torch(_)) {
+                knobs.push_str("DRUN_CHAOS_TORCH=1 ");
+            }
+            if s.events
+                .iter()
+                .any(|t| matches!(t.event, Event::Preempt(_)))
+            {
+                knobs.push_str("DRUN_CHAOS_PREEMPT=1 ");
+            }
             Err(format!(
-                "chaos run failed; replay: DRUN_CHAOS_SEED={} DRUN_CHAOS_STORE={store} \
+                "chaos run failed; replay: {knobs}DRUN_CHAOS_SEED={} DRUN_CHAOS_STORE={store} \
                  DRUN_CHAOS_SCHEDULES=1 cargo test --test tests chaos_campaign -- --ignored \
                  --nocapture\n{s}as applied:\n{}\n{found}outcome: {outcome:?}\n\
                  history, agent and server logs kept in {}",
