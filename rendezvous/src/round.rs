@@ -308,8 +308,12 @@ impl Round {
         if let Some(message) = self.failure_for(node_id, join_rev).await? {
             return Err(RendezvousError::RoundFailed(message));
         }
-        let (g, _) = self.current_generation().await?;
-        if g > after {
+        let (g, g_rev) = self.current_generation().await?;
+        // A plan formed before this node's join was formed for an earlier life of this node
+        // (fenced, or its session lost with the server): its world ended without it, even when
+        // no one was left to close it (a lone node fenced past its lease). Only a generation
+        // formed from this join counts (`gen/current` is written with the plan).
+        if g > after && g_rev > join_rev {
             if let Some(plan) = self.plan(g).await? {
                 if plan.member(node_id).is_some() {
                     return Ok(Recheck::Member(Box::new(plan)));

@@ -4,7 +4,7 @@ use drun_rendezvous::session::{Event, Request};
 use drun_rendezvous::Join;
 
 /// What a reconnect must restore: the session's lease and generation, the pending Join, the
-/// success and the commits not answered yet. Updated by [`Track::sent`] and
+/// success, the failure report and the commits not answered yet. Updated by [`Track::sent`] and
 /// [`Track::received`], pure functions of the traffic.
 #[derive(Default, Debug)]
 pub(super) struct Track {
@@ -16,6 +16,9 @@ pub(super) struct Track {
     succeeded: Option<u64>,
     /// Commits sent and not answered yet.
     commits: Vec<Request>,
+    /// The failure report sent and not answered yet: lost with a server that restarted before
+    /// deciding it, the agent would wait for its decision forever.
+    failed: Option<Request>,
 }
 
 impl Track {
@@ -27,8 +30,10 @@ impl Track {
                 self.after = *after;
                 self.generation = 0;
                 self.succeeded = None;
+                self.failed = None;
             }
             Request::Succeeded(g) => self.succeeded = Some(*g),
+            Request::Failed { .. } => self.failed = Some(req.clone()),
             Request::Commit { .. } => self.commits.push(req.clone()),
             _ => {}
         }
@@ -52,14 +57,16 @@ impl Track {
                 !matches!(c, Request::Commit { commit, .. }
                     if commit.generation == *generation && commit.step == *step)
             }),
+            Event::FailureDecision { .. } => self.failed = None,
             Event::Fenced(_) => *self = Track::default(),
             _ => {}
         }
     }
 
     /// What to send on a new stream after the Hello: the pending Join (when there is no lease
-    /// to resume it with), the success, and the unanswered commits (recording them again is
-    /// idempotent).
+    /// to resume it with), the success, the unanswered failure report (deciding it again is
+    /// idempotent: a generation already closed by it joins without spending the budget twice)
+    /// and the unanswered commits (recording them again is idempotent).
     pub fn replay(&self) -> Vec<Request> {
         let mut out = Vec::new();
         if let Some(c) = self.waiting.clone().filter(|_| self.lease.is_none()) {
@@ -67,6 +74,7 @@ impl Track {
         }
         if self.lease.is_some() {
             out.extend(self.succeeded.map(Request::Succeeded));
+            out.extend(self.failed.clone());
             out.extend(self.commits.iter().cloned());
         }
         out
@@ -169,6 +177,46 @@ mod tests {
         t.sent(&Request::Succeeded(2));
         t.sent(&Request::Join(join("a"), 2));
         assert_eq!(t.succeeded, None);
+    }
+
+    fn failed(generation: u64) -> Request {
+        Request::Failed {
+            generation,
+            description: "rank 1 was killed by SIGKILL".into(),
+            cause: None,
+        }
+    }
+
+    #[test]
+    fn an_unanswered_failure_report_is_replayed_until_decided() {
+        let mut t = Track::default();
+        t.received(&Event::Opened { lease: 1 });
+        t.received(&formed(2));
+        t.sent(&failed(2));
+        assert_eq!(t.replay(), vec![failed(2)]);
+        t.received(&Event::Reform {
+            generation: 2,
+            reason: "node b is waiting to join (scale-up)".into(),
+        });
+        assert_eq!(t.replay(), vec![failed(2)], "a re-form does not answer it");
+        t.received(&Event::FailureDecision {
+            restart: true,
+            restarts: Default::default(),
+            cause: None,
+        });
+        assert!(t.replay().is_empty());
+    }
+
+    #[test]
+    fn a_new_join_or_a_fence_drops_the_failure_report() {
+        let mut t = Track::default();
+        t.received(&Event::Opened { lease: 1 });
+        t.sent(&failed(2));
+        t.sent(&Request::Join(join("a"), 2));
+        assert!(t.replay().is_empty());
+        t.sent(&failed(3));
+        t.received(&Event::Fenced("lease expired".into()));
+        assert!(t.replay().is_empty());
     }
 
     #[test]

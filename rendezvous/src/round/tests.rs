@@ -248,3 +248,24 @@ async fn a_rejoin_replaces_the_old_membership_in_one_revision() {
     assert!(store.get(&keys.member(1, "n0")).await.unwrap().is_none());
     assert!(store.get(&keys.waiting("n0")).await.unwrap().is_some());
 }
+
+/// Chaos seed 1044 (memory) and 2003 (etcd): a lone node fenced past its lease, whose world no
+/// one was left to close, joins again as a newcomer (a new session, `after` 0). The plan of its
+/// old world still names it; it must form the next generation, not rejoin the old one.
+#[tokio::test]
+async fn a_lone_node_fenced_past_its_lease_forms_a_newer_generation() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let round = Round::new(store.clone(), "job", RoundConfig::single_node());
+    let old = store.lease_grant(Duration::from_secs(10)).await.unwrap();
+    round.join(&cand("n0", 4000).into(), old).await.unwrap();
+    let p1 = round.wait_for_plan("n0", 0, old, |_| {}).await.unwrap();
+    assert_eq!(p1.generation, 1);
+    // The lease runs out (the agent was stopped): nothing closes generation 1.
+    store.lease_revoke(old).await.unwrap();
+    assert_eq!(round.current_generation().await.unwrap().0, 1);
+
+    let new = store.lease_grant(Duration::from_secs(10)).await.unwrap();
+    round.join(&cand("n0", 4001).into(), new).await.unwrap();
+    let p2 = round.wait_for_plan("n0", 0, new, |_| {}).await.unwrap();
+    assert_eq!((p2.generation, p2.master_port), (2, 4001));
+}

@@ -196,6 +196,8 @@ impl Actor {
                 }
             }
             Some(r) => {
+                // The next world must be newer than the one this node was fenced from.
+                self.last_gen = self.last_gen.max(r.generation);
                 self.emit(Event::Fenced(format!(
                     "lease {:#x} expired while reconnecting",
                     r.lease
