@@ -125,6 +125,7 @@ fn chaos_ci_torch_leave_and_preempt_memory() {
             eprintln!("passed: {stats:?}");
             assert_eq!(stats.applied, 2, "both faults hit the running job");
             assert!(stats.generations >= 3, "{stats:?}");
+            assert_eq!(stats.requeued, 1, "the lone agent exited 5 and was started again");
             assert!(stats.max_delta.is_some_and(|d| d <= torch::TOL));
         }
         Err(report) => panic!("{report}"),
@@ -261,9 +262,17 @@ fn chaos_campaign() {
                     .max_delta
                     .map(|d| format!(", model max |Δ| {d:e}"))
                     .unwrap_or_default();
+                let requeued = if st.requeued > 0 {
+                    format!(
+                        ", {} agents requeued after a preemption warning",
+                        st.requeued
+                    )
+                } else {
+                    String::new()
+                };
                 eprintln!(
                     "seed {} {store:?}: ok, {} faults applied ({} skipped), {} generations, \
-                     {:?}{model}",
+                     {:?}{requeued}{model}",
                     s.seed, st.applied, st.skipped, st.generations, st.elapsed
                 );
             }

@@ -46,6 +46,8 @@ pub struct Stats {
     /// Generations that started workers.
     pub generations: usize,
     pub elapsed: Duration,
+    /// Agents that exited 5 at a preemption warning and were started again.
+    pub requeued: usize,
     /// Torch runs: the largest |Δ| between the final parameters and the fault-free run's.
     pub max_delta: Option<f64>,
 }
@@ -313,6 +315,7 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
             outcome.leavers.push(code.unwrap_or(-1));
         }
     }
+    stats.requeued = outcome.preempted.iter().filter(|c| **c == 5).count();
     outcome.bound_ms = bound.as_millis() as u64;
     outcome.elapsed_ms = t0.elapsed().as_millis() as u64;
     stats.elapsed = t0.elapsed();
