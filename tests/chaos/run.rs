@@ -138,9 +138,10 @@ fn finish(mut a: Agent, deadline: Instant, log: &Path) -> (Option<i32>, String) 
 }
 
 /// Runs `s` with `worker` and extra worker environment `env`; Ok with what it did when every
-/// invariant holds (and, for torch, the final model matches the fault-free run's), else the report: seed, schedule, events as applied, violations with their history
-/// excerpts, and where the logs were kept (`$TMPDIR/drun-chaos-<seed>-<store>-<pid>`, also kept
-/// for a passing run when `DRUN_CHAOS_KEEP` is set).
+/// invariant holds (and, for torch, the final model matches the fault-free run's), else the
+/// report: seed, schedule, events as applied, violations with their history excerpts, and where
+/// the logs were kept (`$TMPDIR/drun-chaos-<seed>-<store>-<pid>`, also kept for a passing run
+/// when `DRUN_CHAOS_KEEP` is set).
 pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats, String> {
     let store = match s.store {
         StoreKind::Memory => "memory",
