@@ -125,7 +125,10 @@ fn chaos_ci_torch_leave_and_preempt_memory() {
             eprintln!("passed: {stats:?}");
             assert_eq!(stats.applied, 2, "both faults hit the running job");
             assert!(stats.generations >= 3, "{stats:?}");
-            assert_eq!(stats.requeued, 1, "the lone agent exited 5 and was started again");
+            assert_eq!(
+                stats.requeued, 1,
+                "the lone agent exited 5 and was started again"
+            );
             assert!(stats.max_delta.is_some_and(|d| d <= torch::TOL));
         }
         Err(report) => panic!("{report}"),
