@@ -215,7 +215,8 @@ fn chaos_regression_seed_2003_etcd() {
 /// each; prints every failure's report and the totals, fails if any schedule failed. With
 /// `DRUN_CHAOS_DRY` set it only prints the schedules; `DRUN_CHAOS_CORRUPT=0` leaves out the
 /// corrupted shards (as the regression seeds were found). `DRUN_CHAOS_TORCH=1` runs the torch
-/// worker (gloo, `DRUN_TORCH_PYTHON`) and compares each run's final model with a fault-free run's.
+/// worker (gloo, `DRUN_TORCH_PYTHON`) and compares each run's final model with a fault-free run's;
+/// `DRUN_CHAOS_PREEMPT=1` adds a preemption warning (and requeue) to about half the schedules.
 #[test]
 #[ignore = "long campaign: cargo test --test tests chaos_campaign -- --ignored --nocapture"]
 fn chaos_campaign() {
