@@ -84,6 +84,18 @@ pub fn check(h: &[Record], ledger: &Ledger, out: &Outcome, data: Data) -> Vec<Vi
             &[],
         ));
     }
+    if out.dropped_warnings > 0 {
+        found.push(v(
+            'g',
+            format!(
+                "{} preemption warning(s) dropped: a SIGUSR1 between generations was not turned \
+                 into a coordinated checkpoint (documented: the first warning becomes a job-wide \
+                 request)",
+                out.dropped_warnings
+            ),
+            &[],
+        ));
+    }
     if out.elapsed_ms > out.bound_ms {
         found.push(v(
             'g',

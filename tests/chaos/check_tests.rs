@@ -146,6 +146,7 @@ fn ok_outcome() -> Outcome {
         finishers: vec![0],
         leavers: vec![143],
         preempted: vec![5],
+        dropped_warnings: 0,
         late: 0,
         leftover: vec![],
         corrupted: vec![],
@@ -389,6 +390,11 @@ fn chaos_checker_catches_leftovers_bad_exits_and_overruns() {
     assert_eq!(letters(&h, &l, &out), vec!['g']);
     let out = Outcome {
         preempted: vec![5, 0],
+        ..ok_outcome()
+    };
+    assert_eq!(letters(&h, &l, &out), vec!['g']);
+    let out = Outcome {
+        dropped_warnings: 1,
         ..ok_outcome()
     };
     assert_eq!(letters(&h, &l, &out), vec!['g']);

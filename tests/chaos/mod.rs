@@ -210,6 +210,24 @@ fn chaos_regression_seed_2003_etcd() {
     regression(2003, StoreKind::Etcd);
 }
 
+/// Open drun bug 3, found by the torch campaign with preemption warnings (not fixed here): under
+/// `--on-preempt checkpoint`, a SIGUSR1 that reaches an agent between generations (here 0.5 s
+/// after one of its workers was killed, while the group restarts) is dropped — the agent logs
+/// "received SIGUSR1 before workers started; nothing to relay" and no coordinated checkpoint is
+/// requested; the next generation trains to the end and every agent exits 0 (a real preemption
+/// would then kill the job without the checkpoint it was warned for). The runner flags it under
+/// (g). Seed 35 on memory, torch, preemption on; timing-dependent (seen in 2 of 5 runs: the
+/// warning must land in the gap between generations).
+#[test]
+#[ignore = "open drun bug 3: a preemption warning between generations is dropped"]
+fn chaos_regression_seed_35_memory_torch_preempt() {
+    let Some(w) = torch_worker() else { return };
+    let s = with_corruption(with_preemption(generate(35, StoreKind::Memory, 3, 8)));
+    if let Err(report) = run::run(&s, &w, &[]) {
+        panic!("{report}");
+    }
+}
+
 /// The long campaign (see README, "Chaos testing"): `DRUN_CHAOS_SCHEDULES` schedules (200) from
 /// seed `DRUN_CHAOS_SEED` (1) on `DRUN_CHAOS_STORE` (`memory`, `etcd` or `both`), 3 to 8 faults
 /// each; prints every failure's report and the totals, fails if any schedule failed. With

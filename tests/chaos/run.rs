@@ -409,12 +409,15 @@ fn requeue(
             continue;
         }
         let a = slot.take().expect("exited");
-        let (code, _) = finish(
+        let (code, err) = finish(
             a,
             Instant::now(),
             &dir.join(format!("agent{i}.preempt{n}.log")),
         );
         let code = code.unwrap_or(-1);
+        if i == warned && err.contains("SIGUSR1 before workers started; nothing to relay") {
+            outcome.dropped_warnings += 1;
+        }
         if code == 0 {
             outcome.finishers.push(0);
             continue;
