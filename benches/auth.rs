@@ -3,11 +3,17 @@
 //! side by side (median and p99 of `DRUN_BENCH_RPCS` calls, default 2,000, after 200 warm-up
 //! calls on one connection). The CA and server certificate are generated here (`rcgen`).
 //!
-//! `cargo bench --bench auth`. Not measured here: formation time at N = 16 with auth + TLS.
+//! Then **formation time** at N = `DRUN_BENCH_NODES` (16): that many agent sessions, each on its
+//! own connection (its own TLS handshake), send Hello and Join for a run of exactly N nodes;
+//! the time from the first connect until every session has its plan (median of
+//! `DRUN_BENCH_FORMS` formations, default 7), open vs token vs TLS vs token + TLS.
+//!
+//! `cargo bench --bench auth`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use drun_proto::v1 as pb;
 use drun_proto::v1::rendezvous_client::RendezvousClient;
 use drun_proto::v1::StatusRequest;
 use drun_rendezvous::auth::{attach, Auth, Secret};
@@ -40,13 +46,12 @@ fn certificates(dir: &std::path::Path) -> (std::path::PathBuf, ServerTlsFiles) {
     (w("ca.pem", ca.pem()), files)
 }
 
-/// Median and p99 of `n` Status round trips against a server with `token` and `tls`.
-async fn measure(
-    n: usize,
+/// A server on a free loopback port with `token` and `tls`: its address and its stop.
+async fn server(
     token: bool,
     tls: Option<(&std::path::Path, &ServerTlsFiles)>,
     token_file: &std::path::Path,
-) -> (Duration, Duration) {
+) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -57,7 +62,7 @@ async fn measure(
     };
     let server_tls = tls.map(|(_, f)| f.load().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve_with_tls(
+    tokio::spawn(serve_with_tls(
         listener,
         RendezvousService::new(store).with_auth(auth),
         server_tls,
@@ -65,6 +70,114 @@ async fn measure(
             let _ = stopped.await;
         },
     ));
+    (addr, stop)
+}
+
+/// One agent's session of run `run` (of exactly `n` nodes) until its plan arrives.
+async fn agent(
+    addr: String,
+    ca: Option<std::path::PathBuf>,
+    token: bool,
+    run: String,
+    node: usize,
+    n: u32,
+) {
+    let client_tls = ca.map(|ca| ClientTls::from_files(&ca, None, None).unwrap());
+    let channel = endpoint(&addr, client_tls.as_ref(), None)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = RendezvousClient::new(channel);
+    let node_id = format!("node{node}");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let hello = pb::Hello {
+        protocol_version: drun_proto::PROTOCOL_VERSION,
+        run_id: run,
+        node_id: node_id.clone(),
+        min_nodes: n,
+        max_nodes: n,
+        join_timeout_ms: 60_000,
+        lease_ttl_ms: 10_000,
+        ..Default::default()
+    };
+    let join = pb::Join {
+        candidate: Some(pb::Candidate {
+            node_id,
+            advertise_addr: "127.0.0.1".into(),
+            slots: 1,
+            requested_node_rank: -1,
+            master_port: 29500,
+            ..Default::default()
+        }),
+        after_generation: 0,
+    };
+    use pb::agent_message::Kind;
+    for k in [Kind::Hello(hello), Kind::Join(join)] {
+        tx.send(pb::AgentMessage { kind: Some(k) }).unwrap();
+    }
+    let mut req = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
+    if token {
+        attach(&mut req, Some(&Secret::new("bench-token-0123456789")));
+    }
+    let mut events = client.session(req).await.unwrap().into_inner();
+    while let Some(ev) = events.message().await.unwrap() {
+        if matches!(ev.kind, Some(pb::server_event::Kind::Formed(_))) {
+            break;
+        }
+    }
+    let _ = tx.send(pb::AgentMessage {
+        kind: Some(Kind::Leave(true)),
+    });
+}
+
+/// Median time for `n` agents, each on its own connection, to form one run's first
+/// generation (`forms` runs on one server).
+async fn formation(
+    n: u32,
+    forms: usize,
+    token: bool,
+    tls: Option<(&std::path::Path, &ServerTlsFiles)>,
+    token_file: &std::path::Path,
+) -> Duration {
+    let (addr, stop) = server(token, tls, token_file).await;
+    let mut times = Vec::new();
+    for f in 0..forms + 1 {
+        let run = format!("form{f}");
+        let t = Instant::now();
+        let agents: Vec<_> = (0..n as usize)
+            .map(|i| {
+                tokio::spawn(agent(
+                    addr.clone(),
+                    tls.map(|(ca, _)| ca.to_path_buf()),
+                    token,
+                    run.clone(),
+                    i,
+                    n,
+                ))
+            })
+            .collect();
+        for a in agents {
+            a.await.unwrap();
+        }
+        // The first formation warms the server up.
+        if f > 0 {
+            times.push(t.elapsed());
+        }
+    }
+    let _ = stop.send(());
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// Median and p99 of `n` Status round trips against a server with `token` and `tls`.
+async fn measure(
+    n: usize,
+    token: bool,
+    tls: Option<(&std::path::Path, &ServerTlsFiles)>,
+    token_file: &std::path::Path,
+) -> (Duration, Duration) {
+    let (addr, stop) = server(token, tls, token_file).await;
     let client_tls = tls.map(|(ca, _)| ClientTls::from_files(ca, None, None).unwrap());
     let channel = endpoint(&addr, client_tls.as_ref(), None)
         .unwrap()
@@ -93,7 +206,6 @@ async fn measure(
         }
     }
     let _ = stop.send(());
-    let _ = task.await;
     times.sort();
     (times[n / 2], times[n * 99 / 100])
 }
@@ -120,5 +232,34 @@ fn main() {
         let tls = tls.then_some((ca.as_path(), &files));
         let (med, p99) = rt.block_on(measure(n, token, tls, &token_file));
         println!("{name:<14} {:>12.1} {:>12.1}", us(med), us(p99));
+    }
+    let nodes: u32 = std::env::var("DRUN_BENCH_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    let forms: usize = std::env::var("DRUN_BENCH_FORMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7);
+    println!();
+    println!(
+        "formation of {nodes} agents (each its own connection): first connect -> every plan, median of {forms}"
+    );
+    println!("{:<14} {:>12} {:>10}", "setting", "median (ms)", "vs open");
+    let mut open = None;
+    for (name, token, tls) in [
+        ("open", false, false),
+        ("token", true, false),
+        ("tls", false, true),
+        ("token + tls", true, true),
+    ] {
+        let tls = tls.then_some((ca.as_path(), &files));
+        let med = rt.block_on(formation(nodes, forms, token, tls, &token_file));
+        let base = *open.get_or_insert(med);
+        println!(
+            "{name:<14} {:>12.1} {:>+9.1}%",
+            med.as_secs_f64() * 1e3,
+            (med.as_secs_f64() / base.as_secs_f64() - 1.0) * 100.0
+        );
     }
 }

@@ -13,13 +13,13 @@ use crate::harness::cluster::RdzvServer;
 use crate::harness::{node_cmd, run, worker};
 
 /// A CA: its certificate (PEM file) and what signs with it.
-struct Ca {
-    pem: PathBuf,
+pub struct Ca {
+    pub pem: PathBuf,
     cert: rcgen::Certificate,
     key: KeyPair,
 }
 
-fn ca(dir: &Path, name: &str) -> Ca {
+pub fn ca(dir: &Path, name: &str) -> Ca {
     let key = KeyPair::generate().unwrap();
     let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -32,7 +32,7 @@ fn ca(dir: &Path, name: &str) -> Ca {
 }
 
 /// A certificate for 127.0.0.1 signed by `ca`, for `usage`: (cert file, key file).
-fn leaf(dir: &Path, name: &str, ca: &Ca, usage: ExtendedKeyUsagePurpose) -> (PathBuf, PathBuf) {
+pub fn leaf(dir: &Path, name: &str, ca: &Ca, usage: ExtendedKeyUsagePurpose) -> (PathBuf, PathBuf) {
     let key = KeyPair::generate().unwrap();
     let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".into()]).unwrap();
     p.distinguished_name.push(DnType::CommonName, name);
@@ -154,4 +154,62 @@ fn mutual_tls_refuses_an_agent_without_a_client_certificate() {
     let (code, err) = outcome(agent(&server, "mtls-ok", &flags, &out));
     assert_eq!(code, 0, "{err}");
     assert!(out.join("env_1.json").exists(), "{err}");
+}
+
+/// `--rdzv-backend c10d` over TLS: whichever agent hosts serves with `--rdzv-host-tls-cert`;
+/// agents trusting the CA join, one without `--rdzv-tls-ca` is refused at once (a c10d job with
+/// TLS needs both flags on every node, exit 2), and a plaintext client of the host is refused.
+#[test]
+fn a_c10d_host_serves_tls_and_refuses_plaintext() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = ca(d, "ca");
+    let (cert, key) = leaf(d, "host", &ca, ExtendedKeyUsagePurpose::ServerAuth);
+    let endpoint = format!("127.0.0.1:{}", crate::harness::cluster::free_port());
+    let rdzv = [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        &endpoint,
+        "--rdzv-conf",
+        "join_timeout=20",
+    ];
+    let out = d.join("out");
+    let tls = [
+        p("--rdzv-tls-ca"),
+        &ca.pem,
+        p("--rdzv-host-tls-cert"),
+        &cert,
+        p("--rdzv-host-tls-key"),
+        &key,
+    ];
+    let node = |i: usize, flags: &[&Path]| {
+        let mut c = node_cmd(i, "c10d-tls", "2", &rdzv);
+        c.args(flags).arg(worker("envdump.py")).arg(&out);
+        c
+    };
+
+    // Without the host's identity a c10d agent with a CA cannot host: refused before anything.
+    let (code, err) = outcome(node(1, &[p("--rdzv-tls-ca"), &ca.pem]));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--rdzv-host-tls-cert is missing"), "{err}");
+
+    let host = crate::harness::Agent::start(node(0, &tls));
+    crate::harness::wait_for("the hosted rendezvous", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(&endpoint).is_ok()
+    });
+    // A plaintext client of the TLS host (here: `status`) is refused with the reason.
+    let st = Command::new(crate::harness::cluster::rendezvous_bin())
+        .args(["status", "c10d-tls", "--endpoint", &endpoint])
+        .output()
+        .unwrap();
+    let st_err = String::from_utf8_lossy(&st.stderr);
+    assert_eq!(st.status.code(), Some(3), "{st_err}");
+    assert!(st_err.contains("may require TLS"), "{st_err}");
+
+    let (code, err) = outcome(node(1, &tls));
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = host.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert!((0..4).all(|r| out.join(format!("env_{r}.json")).exists()));
 }

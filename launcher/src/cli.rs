@@ -8,6 +8,8 @@
 //! takes its last value, and boolean `PET_*` variables take `1`/`0` (also `true`/`false`).
 
 mod ckpt;
+mod host_tls;
+mod etcd;
 mod observe;
 
 use std::path::PathBuf;
@@ -16,6 +18,8 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
 pub use ckpt::CkptArgs;
+pub use host_tls::HostTlsArgs;
+pub use etcd::EtcdArgs;
 pub use observe::ObserveArgs;
 
 use crate::exit::EXIT_CODES_HELP;
@@ -398,9 +402,17 @@ pub struct Args {
     #[command(flatten)]
     pub observe: ObserveArgs,
 
+    /// etcd TLS and credentials (`--rdzv-backend etcd`, `--status` read from etcd).
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+
     /// Checkpoint ledger flags: `--ckpt-*`, `--on-scale-up`, `--expected-mtbf`.
     #[command(flatten)]
     pub ckpt: CkptArgs,
+
+    /// A c10d host's TLS identity: `--rdzv-host-tls-cert`, `--rdzv-host-tls-key`.
+    #[command(flatten)]
+    pub host_tls: HostTlsArgs,
 
     /// Inside a Slurm job (SLURM_JOB_ID set): `auto` takes the run id, --nnodes, node rank,
     /// node address and an embedded rendezvous on the first node from SLURM_* (explicit flags

@@ -57,8 +57,15 @@ pub const CKPT_VARS: &[&str] = &[
     "DRUN_CKPT_VERSION",
 ];
 
-/// The agent's secrets, never passed on to workers: the rendezvous token (and where it is).
-pub const SECRET_VARS: &[&str] = &["DRUN_RDZV_TOKEN", "DRUN_RDZV_TOKEN_FILE"];
+/// The agent's secrets, never passed on to workers: the rendezvous token and the etcd password
+/// (and where they are).
+pub const SECRET_VARS: &[&str] = &[
+    "DRUN_RDZV_TOKEN",
+    "DRUN_RDZV_TOKEN_FILE",
+    "DRUN_ETCD_PASSWORD",
+    "DRUN_ETCD_PASSWORD_FILE",
+    "DRUN_SLURM_SECRET",
+];
 
 /// Variables drun sets for every worker (and therefore overwrites when inherited).
 pub const CONTRACT_VARS: &[&str] = &[

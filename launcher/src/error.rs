@@ -33,6 +33,10 @@ pub enum ConfigError {
         /// What to pass instead.
         why: String,
     },
+    /// The etcd access flags (`--etcd-cacert`, `--etcd-user`, ...) are incomplete or name a
+    /// file that cannot be read: one line naming the flag, never the password.
+    #[error("{0}")]
+    EtcdAccess(String),
     /// A torchrun flag drun does not implement yet.
     #[error("{flag} is a torchrun flag drun does not implement yet; remove it ({why})")]
     Unsupported {
@@ -74,6 +78,10 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// A directory drun must keep private is not (the worker API socket's, under `TMPDIR`):
+    /// the line names it and the fix ([`crate::os::private_dir`]).
+    #[error("{0}")]
+    UnsafeDir(String),
     /// No Python interpreter could be found.
     #[error("python interpreter '{python}'{} not found; {}", .from.origin(), .from.fix())]
     MissingPython {

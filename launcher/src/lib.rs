@@ -90,10 +90,14 @@ pub mod phases;
 pub mod preflight;
 pub mod rdzv;
 pub mod slurm;
+pub mod slurm_token;
 pub mod status;
 pub mod std_spec;
 pub mod summary;
 pub mod worker_store;
+
+#[cfg(test)]
+mod props;
 
 pub use agent::run;
 pub use cli::Args;

@@ -19,6 +19,9 @@ use std::time::Duration;
 
 use crate::{Args, ConfigError};
 
+mod hostlist;
+pub use hostlist::{parse_hostlist, MAX_HOSTLIST_BYTES, MAX_HOSTS, MAX_WIDTH};
+
 /// `--slurm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum SlurmMode {
@@ -222,81 +225,6 @@ fn parse_kill_wait(config: &str) -> Option<Duration> {
     })
 }
 
-/// Expands a Slurm hostlist (`n[1-3,7],gpu-a[01-02],login`) into host names, in order.
-///
-/// Follows Slurm's `hostlist_create` syntax: comma-separated items; in an item each bracket group
-/// is a comma-separated list of numbers and `lo-hi` ranges whose zero padding (the width of `lo`)
-/// is kept; several groups in one item multiply (`r[1-2]n[1-2]` → r1n1, r1n2, r2n1, r2n2).
-///
-/// # Errors
-/// Unbalanced brackets, an empty item or range, a range whose end is below its start.
-pub fn parse_hostlist(list: &str) -> Result<Vec<String>, String> {
-    let mut items = Vec::new();
-    let (mut depth, mut start) = (0i32, 0usize);
-    for (i, c) in list.char_indices() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth == 0 => {
-                items.push(&list[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-        if !(0..=1).contains(&depth) {
-            return Err("unbalanced or nested brackets".into());
-        }
-    }
-    if depth != 0 {
-        return Err("unbalanced brackets".into());
-    }
-    items.push(&list[start..]);
-    let mut hosts = Vec::new();
-    for item in items {
-        let item = item.trim();
-        if item.is_empty() {
-            return Err("empty host name".into());
-        }
-        hosts.extend(expand(item)?);
-    }
-    Ok(hosts)
-}
-
-fn expand(item: &str) -> Result<Vec<String>, String> {
-    let Some(open) = item.find('[') else {
-        return Ok(vec![item.to_string()]);
-    };
-    let close = item[open..]
-        .find(']')
-        .map(|c| open + c)
-        .ok_or("unbalanced brackets")?;
-    let (prefix, body, rest) = (&item[..open], &item[open + 1..close], &item[close + 1..]);
-    let tails = expand(rest)?;
-    let mut out = Vec::new();
-    for part in body.split(',') {
-        let part = part.trim();
-        let (lo, hi) = part.split_once('-').unwrap_or((part, part));
-        let width = lo.len();
-        let parse = |s: &str| {
-            s.parse::<u64>()
-                .map_err(|_| format!("'{part}' is not a number or range"))
-        };
-        let (a, b) = (parse(lo)?, parse(hi)?);
-        if b < a {
-            return Err(format!("range '{part}' ends before it starts"));
-        }
-        if b - a > 1_000_000 {
-            return Err(format!("range '{part}' is too large"));
-        }
-        for n in a..=b {
-            for t in &tails {
-                out.push(format!("{prefix}{n:0width$}{t}"));
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// `scontrol requeue $SLURM_JOB_ID`, after a preemption checkpoint (node rank 0 only, with
 /// `--requeue`). Problems are said on stderr, never fatal: the checkpoint is sealed either way.
 pub fn requeue(job: Option<&SlurmJob>) {
@@ -319,26 +247,6 @@ pub fn requeue(job: Option<&SlurmJob>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hostlists_expand_like_scontrol_show_hostnames() {
-        let h = |s: &str| parse_hostlist(s).unwrap();
-        assert_eq!(h("n1"), ["n1"]);
-        assert_eq!(h("n[1-3]"), ["n1", "n2", "n3"]);
-        assert_eq!(h("n[1-2,7]"), ["n1", "n2", "n7"]);
-        assert_eq!(h("gpu-a[01-03]"), ["gpu-a01", "gpu-a02", "gpu-a03"]);
-        assert_eq!(h("n[098-101]"), ["n098", "n099", "n100", "n101"]);
-        assert_eq!(
-            h("n[1-2,7],gpu-a[01-02],login"),
-            ["n1", "n2", "n7", "gpu-a01", "gpu-a02", "login"]
-        );
-        assert_eq!(h("r[1-2]n[1-2]"), ["r1n1", "r1n2", "r2n1", "r2n2"]);
-        assert_eq!(h("a,b, c"), ["a", "b", "c"]);
-        assert_eq!(h("node[5]-ib"), ["node5-ib"]);
-        for bad in ["n[1-3", "n1-3]", "n[3-1]", "n[a-b]", "a,,b", "n[[1]]"] {
-            assert!(parse_hostlist(bad).is_err(), "{bad}");
-        }
-    }
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| {

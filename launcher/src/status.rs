@@ -62,6 +62,8 @@ pub struct StatusQuery {
     pub token: Option<drun_rendezvous::auth::Secret>,
     /// TLS to a server (`--rdzv-tls-ca`, ...).
     pub tls: Option<drun_rendezvous::tls::ClientTls>,
+    /// TLS and user to etcd (`--etcd-cacert`, `--etcd-user`, ...).
+    pub etcd: drun_rendezvous::etcd::access::EtcdAccess,
 }
 
 /// Why `status` printed nothing useful. [`StatusError::code`] is the exit code.
@@ -140,19 +142,15 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// The run's state from `source`: the document as served (a superset of [`RunStatus`] when a
+/// The run's state from `query`'s source: the document as served (a superset of [`RunStatus`] when a
 /// newer server answers) and its decoded form.
 ///
 /// # Errors
 /// [`StatusError::Unreachable`] when no endpoint answers, [`StatusError::Refused`] when one
 /// refuses the token, [`StatusError::Decode`].
-pub async fn fetch(
-    source: &Source,
-    run: &str,
-    token: Option<&drun_rendezvous::auth::Secret>,
-    tls: Option<&drun_rendezvous::tls::ClientTls>,
-) -> Result<(serde_json::Value, RunStatus), StatusError> {
-    let json = match source {
+pub async fn fetch(query: &StatusQuery) -> Result<(serde_json::Value, RunStatus), StatusError> {
+    let run = query.run.as_str();
+    let json = match &query.source {
         Source::Etcd(endpoints) => {
             let unreachable = |e: &dyn std::fmt::Display| StatusError::Unreachable {
                 what: "etcd",
@@ -160,7 +158,7 @@ pub async fn fetch(
                 detail: e.to_string(),
             };
             let store: std::sync::Arc<dyn Store> = std::sync::Arc::new(
-                EtcdStore::connect(endpoints)
+                EtcdStore::connect_with(endpoints, &query.etcd)
                     .await
                     .map_err(|e| unreachable(&e))?,
             );
@@ -169,7 +167,9 @@ pub async fn fetch(
                 .map_err(|e| unreachable(&e))?;
             serde_json::to_value(status).expect("a run status serializes")
         }
-        Source::Server(endpoints) => ask_servers(endpoints, run, token, tls).await?,
+        Source::Server(endpoints) => {
+            ask_servers(endpoints, run, query.token.as_ref(), query.tls.as_ref()).await?
+        }
     };
     let status =
         serde_json::from_value(json.clone()).map_err(|e| StatusError::Decode(e.to_string()))?;
@@ -204,9 +204,20 @@ async fn ask_servers(
                 run_id: run.to_string(),
             });
             drun_rendezvous::auth::attach(&mut request, token);
-            let resp = client.status(request).await.map_err(|e| {
-                let e = ServiceError::from_status(&e);
-                (matches!(e, ServiceError::Unauthenticated(_)), e.to_string())
+            let resp = client.status(request).await.map_err(|s| {
+                let e = ServiceError::from_status(&s);
+                let mut why = if e.is_refusal() {
+                    e.to_string()
+                } else {
+                    error_chain(&s)
+                };
+                // A plaintext client of a TLS server fails here, at the first request.
+                if let Some(h) =
+                    drun_rendezvous::tls::hint(&why, drun_rendezvous::tls::Mode::of(tls))
+                {
+                    why = format!("{why}; {h}");
+                }
+                (matches!(e, ServiceError::Unauthenticated(_)), why)
             })?;
             serde_json::from_str(&resp.into_inner().json).map_err(|e| (false, e.to_string()))
         };
@@ -239,13 +250,7 @@ pub async fn show(query: &StatusQuery) -> Result<(), StatusError> {
         return Err(StatusError::NoRunId);
     }
     let Some(every) = query.watch else {
-        let (json, status) = fetch(
-            &query.source,
-            &query.run,
-            query.token.as_ref(),
-            query.tls.as_ref(),
-        )
-        .await?;
+        let (json, status) = fetch(query).await?;
         if status.is_unknown() {
             return Err(StatusError::UnknownRun(query.run.clone()));
         }
@@ -259,14 +264,7 @@ pub async fn show(query: &StatusQuery) -> Result<(), StatusError> {
     };
     let clear = !query.json && std::io::stdout().is_terminal();
     loop {
-        let text = match fetch(
-            &query.source,
-            &query.run,
-            query.token.as_ref(),
-            query.tls.as_ref(),
-        )
-        .await
-        {
+        let text = match fetch(query).await {
             Ok((json, _)) if query.json => json.to_string(),
             Ok((_, s)) if s.is_unknown() => StatusError::UnknownRun(query.run.clone()).to_string(),
             Ok((_, s)) => view(&s).join("\n") + if clear { "" } else { "\n" },

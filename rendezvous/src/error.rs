@@ -16,6 +16,14 @@ pub enum StoreError {
         /// What the backend said.
         reason: String,
     },
+    /// etcd refused this client (credentials, permissions, TLS): retrying cannot help.
+    #[error("{reason} (etcd at {endpoint})")]
+    Refused {
+        /// The endpoint(s).
+        endpoint: String,
+        /// One line: why, and the fix.
+        reason: String,
+    },
     /// A stored value could not be decoded.
     #[error("corrupt value at key {key}: {reason}")]
     Corrupt {
@@ -87,6 +95,10 @@ pub enum ServiceError {
     /// Retrying the same request cannot help.
     #[error("{0}")]
     Unauthenticated(String),
+    /// The server is at a resource limit (runs served at once, [`crate::run_limit`]). Retrying
+    /// the same request cannot help until a run ends.
+    #[error("{0}")]
+    Exhausted(String),
 }
 
 impl ServiceError {
@@ -97,10 +109,11 @@ impl ServiceError {
             ServiceError::Incompatible(m) => tonic::Status::failed_precondition(m.clone()),
             ServiceError::Unavailable(m) => tonic::Status::unavailable(m.clone()),
             ServiceError::Unauthenticated(m) => tonic::Status::unauthenticated(m.clone()),
+            ServiceError::Exhausted(m) => tonic::Status::resource_exhausted(m.clone()),
         }
     }
 
-    /// The error a gRPC status carries; codes other than the three refusals are "unavailable"
+    /// The error a gRPC status carries; codes other than the four refusals are "unavailable"
     /// (transport errors, a replica going away).
     pub fn from_status(s: &tonic::Status) -> ServiceError {
         let m = s.message().to_string();
@@ -108,6 +121,7 @@ impl ServiceError {
             tonic::Code::InvalidArgument => ServiceError::InvalidRequest(m),
             tonic::Code::FailedPrecondition => ServiceError::Incompatible(m),
             tonic::Code::Unauthenticated => ServiceError::Unauthenticated(m),
+            tonic::Code::ResourceExhausted => ServiceError::Exhausted(m),
             _ => ServiceError::Unavailable(m),
         }
     }
@@ -144,6 +158,7 @@ mod tests {
             ServiceError::Incompatible("drun.v2".into()),
             ServiceError::Unavailable("etcd down".into()),
             ServiceError::Unauthenticated("no token".into()),
+            ServiceError::Exhausted("1000 runs".into()),
         ] {
             assert_eq!(ServiceError::from_status(&e.to_status()), e);
         }

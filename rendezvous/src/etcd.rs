@@ -20,7 +20,9 @@ use tokio::sync::mpsc;
 use crate::etcd_batch::Batcher;
 use crate::etcd_share::{Reads, Watches};
 
+pub mod access;
 mod combine;
+mod connect;
 mod keep_alive;
 
 use crate::store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};
@@ -106,47 +108,6 @@ fn to_compare(c: &Compare) -> etcd::Compare {
 }
 
 impl EtcdStore {
-    /// Connects to `endpoints` (`host:port` or `http://host:port`, several for a cluster).
-    ///
-    /// # Errors
-    /// [`StoreError::Unavailable`] when no endpoint answers within a few seconds.
-    pub async fn connect(endpoints: &[String]) -> Result<Self, StoreError> {
-        let joined = endpoints.join(",");
-        let opts = etcd::ConnectOptions::new()
-            .with_timeout(REQUEST_TIMEOUT)
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-        let mut clients = Vec::with_capacity(endpoints.len());
-        for ep in endpoints {
-            let client = etcd::Client::connect([ep.as_str()], Some(opts.clone()))
-                .await
-                .map_err(|e| StoreError::Unavailable {
-                    endpoint: ep.clone(),
-                    reason: e.to_string(),
-                })?;
-            clients.push(client);
-        }
-        if clients.is_empty() {
-            return Err(StoreError::Unavailable {
-                endpoint: joined,
-                reason: "no etcd endpoint given".into(),
-            });
-        }
-        let store = Self {
-            clients: Arc::new(clients),
-            current: Arc::new(AtomicUsize::new(0)),
-            endpoints: joined,
-            reads: Arc::default(),
-            watches: Arc::default(),
-            read_batch: Arc::default(),
-            write_batch: Arc::default(),
-            keep_alives: Arc::default(),
-        };
-        // Connecting is lazy: prove the cluster answers.
-        store.get("/drun/v1/.ping").await?;
-        Ok(store)
-    }
-
     fn client(&self) -> etcd::Client {
         self.clients[self.current.load(Ordering::SeqCst) % self.clients.len()].clone()
     }
@@ -181,7 +142,7 @@ impl EtcdStore {
     fn unavailable(&self, e: etcd::Error) -> StoreError {
         StoreError::Unavailable {
             endpoint: self.endpoints.clone(),
-            reason: e.to_string(),
+            reason: root_cause(&e),
         }
     }
 }
@@ -442,4 +403,23 @@ impl EtcdStore {
         .await
         .map_err(|e| self.unavailable(e))
     }
+}
+
+/// The innermost cause of `e`, in words: etcd-client's own text of a transport error or a
+/// gRPC status is a debug dump of tonic's (`... Some(tonic::transport::Error(...))`); tonic's
+/// source chain ends in the OS error a user can act on (`Connection refused (os error 111)`),
+/// and a status without a source says what it is in its message.
+fn root_cause(e: &etcd::Error) -> String {
+    let mut cur: &(dyn std::error::Error + 'static) = match e {
+        etcd::Error::TransportError(t) => t,
+        etcd::Error::GRpcStatus(s) => match std::error::Error::source(s) {
+            Some(src) => src,
+            None => return s.message().to_string(),
+        },
+        other => other,
+    };
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
 }

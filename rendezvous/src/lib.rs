@@ -67,6 +67,7 @@ pub mod plan;
 pub mod reports;
 pub mod root_cause;
 pub mod round;
+pub mod run_limit;
 pub mod run_state;
 pub mod service;
 pub mod session;
@@ -75,7 +76,11 @@ pub mod status;
 pub mod status_view;
 pub mod store;
 pub mod tls;
+pub mod validate;
 pub mod wire;
+
+#[cfg(test)]
+mod props;
 
 pub use crate::core::{decide, Candidate, Decision, Join, RoundConfig};
 pub use error::{endpoint_url, RendezvousError, ServiceError, StoreError};

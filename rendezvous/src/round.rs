@@ -201,11 +201,11 @@ impl Round {
         let mut w = WaitState::new(Instant::now());
         let mut round_events = self.store.watch_prefix(&self.keys.gen_current(), 0).await?;
         // This node's join: a published verdict counts for it only when written after it.
-        let join_rev = self
-            .store
-            .get(&self.keys.waiting(node_id))
-            .await?
-            .map_or(0, |kv| kv.mod_revision);
+        let joined = self.store.get(&self.keys.waiting(node_id)).await?;
+        let join_rev = joined.as_ref().map_or(0, |kv| kv.mod_revision);
+        // When this node's join first appeared: a join sent again on the same lease (a
+        // reconnect while waiting) keeps the key and so its creation.
+        let joined_at = joined.as_ref().map_or(0, |kv| kv.create_revision);
         let (now_gen, _) = self.current_generation().await?;
         let after = if now_gen < after {
             // The store lost its history (etcd restarted with a wiped data dir): generations
@@ -223,7 +223,14 @@ impl Round {
             let mut leader = waiting_events.is_some();
             if check {
                 match self
-                    .recheck(node_id, after, lease, join_rev, &mut w, &mut progress)
+                    .recheck(
+                        node_id,
+                        after,
+                        lease,
+                        (join_rev, joined_at),
+                        &mut w,
+                        &mut progress,
+                    )
                     .await?
                 {
                     Recheck::Member(plan) => return Ok(*plan),
@@ -298,7 +305,7 @@ impl Round {
         node_id: &str,
         after: u64,
         lease: LeaseId,
-        join_rev: i64,
+        (join_rev, joined_at): (i64, i64),
         w: &mut WaitState,
         progress: &mut impl FnMut(&str),
     ) -> Result<Recheck, RendezvousError> {
@@ -309,11 +316,13 @@ impl Round {
             return Err(RendezvousError::RoundFailed(message));
         }
         let (g, g_rev) = self.current_generation().await?;
-        // A plan formed before this node's join was formed for an earlier life of this node
-        // (fenced, or its session lost with the server): its world ended without it, even when
-        // no one was left to close it (a lone node fenced past its lease). Only a generation
-        // formed from this join counts (`gen/current` is written with the plan).
-        if g > after && g_rev > join_rev {
+        // A plan formed before this node's join first appeared was formed for an earlier life
+        // of this node (fenced: its lease, and the keys under it, are gone): its world ended
+        // without it, even when no one was left to close it (a lone node fenced past its
+        // lease). Only a generation formed from this join counts (`gen/current` is written
+        // with the plan); a join re-sent on the same lease after a reconnect keeps its key,
+        // so the plan formed while the server was away still counts (chaos seed 1159).
+        if g > after && g_rev > joined_at {
             if let Some(plan) = self.plan(g).await? {
                 if plan.member(node_id).is_some() {
                     return Ok(Recheck::Member(Box::new(plan)));

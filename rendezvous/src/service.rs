@@ -38,6 +38,7 @@ pub struct RendezvousService {
     sessions: Arc<AtomicUsize>,
     run_on_records: bool,
     auth: Arc<Auth>,
+    runs: Arc<crate::run_limit::RunTable>,
 }
 
 impl RendezvousService {
@@ -48,12 +49,20 @@ impl RendezvousService {
             sessions: Arc::new(AtomicUsize::new(0)),
             run_on_records: false,
             auth: Arc::new(Auth::open()),
+            runs: crate::run_limit::RunTable::new(crate::run_limit::DEFAULT_MAX_RUNS),
         }
     }
 
     /// Requires the tokens of `auth` on every RPC and stream.
     pub fn with_auth(mut self, auth: Auth) -> Self {
         self.auth = Arc::new(auth);
+        self
+    }
+
+    /// Serves at most `max` runs at once ([`crate::run_limit`]; default
+    /// [`crate::run_limit::DEFAULT_MAX_RUNS`]).
+    pub fn with_max_runs(mut self, max: usize) -> Self {
+        self.runs = crate::run_limit::RunTable::new(max);
         self
     }
 
@@ -73,8 +82,19 @@ impl RendezvousService {
     /// The tonic server wrapper.
     pub fn into_server(self) -> RendezvousServer<Self> {
         RendezvousServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
     }
 }
+
+/// Largest gRPC message a server takes or sends, in bytes (4 MiB: tonic's default for
+/// decoding, set here for both directions). A plan is cut to the agent's own entry before it is
+/// sent ([`crate::Plan::for_node`]), so no message of a well-behaved run comes near it.
+pub const MAX_MESSAGE: usize = 4 * 1024 * 1024;
+
+/// Most streams (agent sessions and status calls) open at once on one client connection; an
+/// agent uses one session. Past it the server refuses new streams (HTTP/2 `REFUSED_STREAM`).
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 64;
 
 /// Serves `service` on `listener` until `shutdown` resolves.
 pub async fn serve(
@@ -111,6 +131,7 @@ pub async fn serve_with_tls(
     builder
         .http2_keepalive_interval(Some(Duration::from_secs(2)))
         .http2_keepalive_timeout(Some(Duration::from_secs(4)))
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
@@ -181,15 +202,16 @@ impl Rendezvous for RendezvousService {
             ))
             .to_status());
         }
-        if hello.run_id.is_empty() || hello.node_id.is_empty() {
-            return Err(
-                ServiceError::InvalidRequest("Hello needs a run id and a node id".into())
-                    .to_status(),
-            );
+        if let Err(why) = crate::validate::hello(&hello) {
+            return Err(ServiceError::InvalidRequest(format!("invalid Hello: {why}")).to_status());
         }
         self.auth
             .check(&metadata, Some(&hello.run_id))
             .map_err(|e| refused(&e, Some(&hello.run_id), peer))?;
+        let seat = self
+            .runs
+            .enter(&hello.run_id)
+            .map_err(|why| refused(&ServiceError::Exhausted(why), Some(&hello.run_id), peer))?;
         let cfg = session_config(&hello);
         tracing::info!(
             run = %cfg.run_id,
@@ -219,10 +241,40 @@ impl Rendezvous for RendezvousService {
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
         let joined = waiting.clone();
         tokio::spawn(async move {
-            while let Ok(Some(m)) = inbound.message().await {
+            loop {
+                let m = match inbound.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(s) => {
+                        // A message past MAX_MESSAGE, or one that does not decode: one line to
+                        // the agent (a transport error has no one left to read it).
+                        if matches!(
+                            s.code(),
+                            tonic::Code::ResourceExhausted
+                                | tonic::Code::OutOfRange
+                                | tonic::Code::InvalidArgument
+                                | tonic::Code::Internal
+                        ) {
+                            tracing::warn!(run = %cfg.run_id, node = %cfg.node_id, "refused a message: {}", s.message());
+                            let _ = ack_tx.send(crate::wire::event_to_wire(&Event::Error(
+                                format!("the rendezvous server refused a message: {}", s.message()),
+                            )));
+                        }
+                        break;
+                    }
+                };
                 let Some(mut req) = request_from_wire(m) else {
                     continue;
                 };
+                if let Err(why) = crate::validate::request(&req, &cfg.node_id) {
+                    // One line to the agent, and the session ends: a well-behaved agent never
+                    // sends this, so nothing it asks for next can be trusted.
+                    tracing::warn!(run = %cfg.run_id, node = %cfg.node_id, "refused an invalid request: {why}");
+                    let _ = ack_tx.send(crate::wire::event_to_wire(&Event::Error(format!(
+                        "the rendezvous server refused an invalid request: {why}"
+                    ))));
+                    break;
+                }
                 if let Request::Join(j, _) = &mut req {
                     if j.candidate.advertise_addr.is_empty() {
                         if let Some(p) = peer {
@@ -244,6 +296,7 @@ impl Rendezvous for RendezvousService {
                     });
                 }
             }
+            drop(seat);
             sessions.fetch_sub(1, Ordering::SeqCst);
             crate::metrics::global().session(&cfg.run_id, -1);
             joined.set(false);
@@ -273,10 +326,14 @@ impl Rendezvous for RendezvousService {
 
 /// Logs a refused request (without its token) and turns the refusal into its status.
 fn refused(e: &ServiceError, run: Option<&str>, peer: Option<SocketAddr>) -> Status {
+    let what = match e {
+        ServiceError::Unauthenticated(_) => "an unauthenticated request",
+        _ => "a session",
+    };
     tracing::warn!(
         run = run.unwrap_or("?"),
         peer = %peer.map_or_else(|| "unknown".to_string(), |p| p.to_string()),
-        "refused an unauthenticated request: {e}"
+        "refused {what}: {e}"
     );
     e.to_status()
 }
@@ -301,7 +358,14 @@ fn outbound(
                         event_to_wire(&Event::Formed(plan.for_node(&node)))
                     }
                     Some(ev) => event_to_wire(&ev),
-                    None => return,
+                    None => {
+                        // The session ended: what the reader sent before it ended it (a
+                        // refusal's one line) still goes out.
+                        while let Ok(ack) = acks.try_recv() {
+                            let _ = tx.send(ack);
+                        }
+                        return;
+                    }
                 },
                 Some(ack) = acks.recv() => ack,
             };

@@ -39,6 +39,7 @@ mod outage_tests;
 mod protocol;
 mod running;
 mod save_clock;
+mod verdicts;
 mod writes;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use drun_launcher::status::{Source, StatusQuery};
+use drun_rendezvous::etcd::access::EtcdAccess;
 use drun_rendezvous::service::{serve_with_tls, RendezvousService};
 use drun_rendezvous::shared_lease::SharedLeases;
 use drun_rendezvous::{EtcdStore, MemoryStore, Store};
@@ -75,11 +76,19 @@ enum Command {
         /// Require client certificates signed by this PEM CA (mutual TLS); needs --tls-cert.
         #[arg(long = "tls-client-ca", value_name = "PATH", requires = "tls_cert")]
         tls_client_ca: Option<std::path::PathBuf>,
+        /// TLS and credentials to etcd (with --store etcd).
+        #[command(flatten)]
+        etcd: drun_launcher::cli::EtcdArgs,
+        /// Serve at most N runs at once (a run counts while any of its agents holds a
+        /// session); an agent of a new run past it is refused with RESOURCE_EXHAUSTED.
+        #[arg(long = "max-runs", env = "DRUN_RDZV_MAX_RUNS", value_name = "N", default_value_t = drun_rendezvous::run_limit::DEFAULT_MAX_RUNS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+        max_runs: usize,
     },
     /// Print a run's state: members, generation, ranks, each node's state, standbys, restarts by
     /// cause, the last formation and its duration, the latest checkpoint and the work the last
     /// re-form lost. Read from etcd (--etcd-endpoints) or asked of a running server
-    /// (--endpoint). Exit 2: bad flags; 3: store or server unreachable, or no such run.
+    /// (--endpoint). Exit 2: bad flags; 3: store or server unreachable or refusing these
+    /// credentials, or no such run.
     Status {
         /// The run id (the agents' --rdzv-id).
         run: String,
@@ -116,6 +125,9 @@ enum Command {
         /// The PEM private key of --rdzv-tls-cert.
         #[arg(long = "rdzv-tls-key", value_name = "PATH", requires = "rdzv_tls_cert")]
         rdzv_tls_key: Option<std::path::PathBuf>,
+        /// TLS and credentials to etcd (with --etcd-endpoints).
+        #[command(flatten)]
+        etcd: drun_launcher::cli::EtcdArgs,
         /// Redraw every INTERVAL until Ctrl-C: seconds (`5`, `0.5`) or `500ms`/`2s`/`1m`,
         /// from 50 ms to 1 day; `--watch` alone: 2 s.
         #[arg(
@@ -149,7 +161,18 @@ fn main() -> ExitCode {
     }
 }
 
-async fn open_store(kind: StoreKind, endpoints: &[String]) -> Result<Arc<dyn Store>, (u8, String)> {
+/// The etcd access of `args`, the password read from its file or `DRUN_ETCD_PASSWORD` (exit 2
+/// when the flags are incomplete or a file cannot be read).
+fn etcd_access(args: &drun_launcher::cli::EtcdArgs) -> Result<EtcdAccess, (u8, String)> {
+    let env = std::env::var(drun_rendezvous::etcd::access::PASSWORD_VAR).ok();
+    args.files().load(env.as_deref()).map_err(|e| (2, e))
+}
+
+async fn open_store(
+    kind: StoreKind,
+    endpoints: &[String],
+    access: &EtcdAccess,
+) -> Result<Arc<dyn Store>, (u8, String)> {
     match kind {
         StoreKind::Memory => Ok(Arc::new(MemoryStore::new())),
         StoreKind::Etcd => {
@@ -159,14 +182,15 @@ async fn open_store(kind: StoreKind, endpoints: &[String]) -> Result<Arc<dyn Sto
                     "--store etcd needs --etcd-endpoints HOST:PORT[,...]".into(),
                 ));
             }
-            EtcdStore::connect(endpoints)
+            EtcdStore::connect_with(endpoints, access)
                 .await
                 .map(|s| Arc::new(s) as Arc<dyn Store>)
-                .map_err(|e| {
-                    (
+                .map_err(|e| match e {
+                    drun_rendezvous::StoreError::Refused { .. } => (3, e.to_string()),
+                    e => (
                         3,
                         format!("{e}; is etcd running at {}?", endpoints.join(",")),
-                    )
+                    ),
                 })
         }
     }
@@ -196,7 +220,10 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             tls_cert,
             tls_key,
             tls_client_ca,
+            etcd,
+            max_runs,
         } => {
+            let access = etcd_access(&etcd)?;
             let tls = match (tls_cert, tls_key) {
                 (Some(cert), Some(key)) => Some(
                     drun_rendezvous::tls::ServerTlsFiles {
@@ -221,7 +248,7 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 Some(m) => Some(bind_metrics(&m).await?),
                 None => None,
             };
-            let store = match open_store(store, &etcd_endpoints).await? {
+            let store = match open_store(store, &etcd_endpoints, &access).await? {
                 // Agents' leases live in this server on a few shared etcd leases
                 // (`drun_rendezvous::shared_lease`): etcd sees no per-agent keep-alives.
                 s if store == StoreKind::Etcd => Arc::new(SharedLeases::new(s)) as Arc<dyn Store>,
@@ -266,7 +293,8 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 listener,
                 RendezvousService::new(store)
                     .with_run_on_records(log_format == drun_launcher::LogFormat::Json)
-                    .with_auth(auth),
+                    .with_auth(auth)
+                    .with_max_runs(max_runs),
                 tls,
                 shutdown,
             )
@@ -283,7 +311,9 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
             rdzv_tls_ca,
             rdzv_tls_cert,
             rdzv_tls_key,
+            etcd,
         } => {
+            let etcd = etcd_access(&etcd)?;
             let tls = rdzv_tls_ca
                 .map(|ca| {
                     drun_rendezvous::tls::ClientTls::from_files(
@@ -313,6 +343,7 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                 watch,
                 token,
                 tls,
+                etcd,
             };
             drun_launcher::status::show(&query)
                 .await

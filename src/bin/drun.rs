@@ -112,7 +112,7 @@ fn status(args: &Args) -> ExitCode {
         args.rdzv_token_file.as_deref(),
         host.var(drun_launcher::rdzv::token::TOKEN_VAR),
     ) {
-        Ok(t) => t,
+        Ok(t) => t.or_else(|| drun_launcher::config::slurm_status_token(args, &host, &mode)),
         Err(e) => return fail(AgentExit::Usage.code(), &e),
     };
     let tls = match &args.rdzv_tls_ca {
@@ -122,6 +122,14 @@ fn status(args: &Args) -> ExitCode {
         },
         None => None,
     };
+    let etcd = match args
+        .etcd
+        .files()
+        .load(host.var(drun_rendezvous::etcd::access::PASSWORD_VAR))
+    {
+        Ok(a) => a,
+        Err(e) => return fail(AgentExit::Usage.code(), &e),
+    };
     let query = StatusQuery {
         run,
         source,
@@ -129,6 +137,7 @@ fn status(args: &Args) -> ExitCode {
         watch: args.watch,
         token,
         tls,
+        etcd,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

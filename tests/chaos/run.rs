@@ -58,7 +58,8 @@ fn signal(pid: i32, sig: Signal) {
 }
 
 struct Cluster {
-    _etcd: Option<Etcd>,
+    /// The etcd members (none over the memory store), stopped with the cluster.
+    etcd: Vec<Etcd>,
     server: RdzvServer,
     endpoint: String,
     store_args: Vec<String>,
@@ -154,22 +155,28 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("out")).unwrap();
-    let etcd = (s.store == StoreKind::Etcd).then(Etcd::start);
-    let store_args: Vec<String> = match &etcd {
-        None => vec!["--store".into(), "memory".into()],
-        Some(e) => vec![
+    let etcd: Vec<Etcd> = if s.store == StoreKind::Etcd {
+        Etcd::cluster(s.etcd_members())
+    } else {
+        Vec::new()
+    };
+    let store_args: Vec<String> = if etcd.is_empty() {
+        vec!["--store".into(), "memory".into()]
+    } else {
+        let endpoints: Vec<&str> = etcd.iter().map(|e| e.endpoint.as_str()).collect();
+        vec![
             "--store".into(),
             "etcd".into(),
             "--etcd-endpoints".into(),
-            e.endpoint.clone(),
-        ],
+            endpoints.join(","),
+        ]
     };
     let args: Vec<&str> = store_args.iter().map(String::as_str).collect();
     let server = RdzvServer::start_logging(&args, "info", &dir.join("server.log"));
     let c = Cluster {
         endpoint: server.endpoint.clone(),
         server,
-        _etcd: etcd,
+        etcd,
         store_args,
         run: format!("chaos{}{store}", s.seed),
         out: dir.join("out"),
@@ -270,6 +277,26 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                 std::thread::sleep(Duration::from_millis(down_ms));
                 let args: Vec<&str> = c.store_args.iter().map(String::as_str).collect();
                 c.server = RdzvServer::start_on_logging(&c.endpoint, &args, "info", &c.server_log);
+            }
+            Event::EtcdMember {
+                leader,
+                kill,
+                down_ms,
+            } => {
+                let i = c
+                    .etcd
+                    .iter()
+                    .position(|m| m.is_leader() == leader)
+                    .unwrap_or(0);
+                let down = Duration::from_millis(down_ms);
+                let m = &mut c.etcd[i];
+                if kill {
+                    m.restart_after(down);
+                } else {
+                    m.signal(Signal::SIGSTOP);
+                    std::thread::sleep(down);
+                    m.signal(Signal::SIGCONT);
+                }
             }
             Event::CorruptShard { pick, truncate } => match corrupt(&c.ckpt, pick, truncate) {
                 Some(id) => outcome.corrupted.push(id),

@@ -44,6 +44,14 @@ pub enum Event {
     /// then every agent of the world exits 5; the runner starts them again in their slots, like a
     /// requeued job (same run id), and they resume from that checkpoint.
     Preempt(usize),
+    /// Over a 3-member etcd cluster: take the leader (or a follower) down for `down_ms` — a
+    /// SIGKILL and a restart on its data directory (`kill`), or a SIGSTOP and SIGCONT (a hung
+    /// member). The cluster keeps its quorum; the leader's loss forces an election.
+    EtcdMember {
+        leader: bool,
+        kill: bool,
+        down_ms: u64,
+    },
 }
 
 /// An event `delay_ms` milliseconds after the previous one finished.
@@ -193,7 +201,7 @@ pub fn with_corruption(mut s: Schedule) -> Schedule {
 }
 
 /// `s` with one preemption warning (with probability 1/2), to a live agent at a random point of
-/// the schedule. Drawn from a third stream of the seed, so the other events stay those of
+/// the schedule. Drawn from a stream of its own of the seed, so the other events stay those of
 /// [`generate`] (and of [`with_corruption`], which may be applied after).
 pub fn with_preemption(mut s: Schedule) -> Schedule {
     let mut rng = Rng::new(s.seed ^ 0x9E3E_3A7E_5EED_0002);
@@ -221,7 +229,47 @@ pub fn with_preemption(mut s: Schedule) -> Schedule {
     s
 }
 
+/// `s` (over etcd) with, after each fault, an etcd member taken down (with probability 1/3),
+/// run on a 3-member cluster. Drawn from a third stream of the seed, so the other events stay
+/// those of `s`. A schedule on the memory store is returned as it is.
+pub fn with_etcd_members(mut s: Schedule) -> Schedule {
+    if s.store != StoreKind::Etcd {
+        return s;
+    }
+    let mut rng = Rng::new(s.seed ^ 0xE7CD_3E3B_0000_0003);
+    let mut out = Vec::new();
+    for t in s.events.drain(..) {
+        let fault = t.event != Event::WaitSealed;
+        out.push(t);
+        if fault && rng.range(0, 2) == 0 {
+            out.push(Timed {
+                delay_ms: rng.range(200, 1500),
+                event: Event::EtcdMember {
+                    leader: rng.range(0, 1) == 0,
+                    kill: rng.range(0, 1) == 0,
+                    down_ms: rng.range(500, 2 * TTL_S * 1000),
+                },
+            });
+        }
+    }
+    s.events = out;
+    s
+}
+
 impl Schedule {
+    /// etcd members the schedule needs: 3 when it takes one down, else 1.
+    pub fn etcd_members(&self) -> usize {
+        if self
+            .events
+            .iter()
+            .any(|t| matches!(t.event, Event::EtcdMember { .. }))
+        {
+            3
+        } else {
+            1
+        }
+    }
+
     /// Faults in the schedule (waits not counted).
     pub fn faults(&self) -> usize {
         self.events
@@ -242,7 +290,9 @@ impl Schedule {
                 + match t.event {
                     Event::WaitSealed => 30_000,
                     Event::StopAgent { ms, .. } => ms + recover,
-                    Event::RestartServer { down_ms } => down_ms + recover,
+                    Event::RestartServer { down_ms } | Event::EtcdMember { down_ms, .. } => {
+                        down_ms + recover
+                    }
                     // The coordinated checkpoint, the exits, and a start from scratch.
                     Event::Preempt(_) => 2 * recover,
                     _ => recover,
@@ -280,6 +330,24 @@ impl fmt::Display for Event {
                     "truncate"
                 } else {
                     "flip a byte of"
+                }
+            ),
+            Event::EtcdMember {
+                leader,
+                kill,
+                down_ms,
+            } => write!(
+                f,
+                "{} {} for {down_ms} ms",
+                if *kill {
+                    "SIGKILL and restart"
+                } else {
+                    "SIGSTOP and SIGCONT"
+                },
+                if *leader {
+                    "the etcd leader"
+                } else {
+                    "an etcd follower"
                 }
             ),
         }
@@ -349,7 +417,8 @@ mod tests {
                         Event::Preempt(a) => assert!(live.contains(&a), "{s}"),
                         Event::KillWorker { .. }
                         | Event::WaitSealed
-                        | Event::CorruptShard { .. } => {}
+                        | Event::CorruptShard { .. }
+                        | Event::EtcdMember { .. } => {}
                     }
                 }
             }
@@ -426,6 +495,29 @@ mod tests {
         assert!(has(|e| matches!(e, Event::ScaleUp(_))));
         assert!(has(|e| matches!(e, Event::RestartServer { .. })));
         assert!(has(|e| matches!(e, Event::WaitSealed)));
+    }
+
+    #[test]
+    fn chaos_schedule_etcd_member_faults_only_over_etcd_and_keep_the_other_events() {
+        let mut seen = 0;
+        for seed in 0..100 {
+            let m = generate(seed, StoreKind::Memory, 3, 8);
+            assert_eq!(with_etcd_members(m.clone()), m);
+            let plain = generate(seed, StoreKind::Etcd, 3, 8);
+            let e = with_etcd_members(plain.clone());
+            assert_eq!(e, with_etcd_members(plain.clone()), "reproducible");
+            let others: Vec<_> = e
+                .events
+                .iter()
+                .filter(|t| !matches!(t.event, Event::EtcdMember { .. }))
+                .cloned()
+                .collect();
+            assert_eq!(others, plain.events);
+            let n = e.events.len() - plain.events.len();
+            seen += n;
+            assert_eq!(e.etcd_members(), if n > 0 { 3 } else { 1 });
+        }
+        assert!(seen > 50, "member faults are drawn: {seen}");
     }
 
     #[test]

@@ -24,6 +24,8 @@ pub struct Etcd {
     child: Child,
     /// `127.0.0.1:PORT` for clients.
     pub endpoint: String,
+    /// `127.0.0.1:PORT` serving `/health` and `/metrics` over plain HTTP.
+    health: String,
     data: tempfile::TempDir,
     args: Vec<String>,
 }
@@ -85,6 +87,7 @@ impl Etcd {
                 Etcd {
                     child: spawn_etcd(&args, data.path()),
                     endpoint: format!("127.0.0.1:{client}"),
+                    health: format!("127.0.0.1:{client}"),
                     data,
                     args,
                 }
@@ -94,6 +97,51 @@ impl Etcd {
             m.wait_healthy("etcd to become healthy");
         }
         members
+    }
+
+    /// A single-member etcd serving clients over TLS only (`https://`, certificate `cert` and
+    /// key `key`, PEM), requiring client certificates signed by `ca`; `/health` on a separate
+    /// plaintext port. Healthy when this returns.
+    pub fn start_tls(cert: &std::path::Path, key: &std::path::Path, ca: &std::path::Path) -> Etcd {
+        let (client, peer, metrics) = (free_port(), free_port(), free_port());
+        let data = tempfile::tempdir().unwrap();
+        let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        let args: Vec<String> = vec![
+            "--name".into(),
+            "tls".into(),
+            "--listen-client-urls".into(),
+            format!("https://127.0.0.1:{client}"),
+            "--advertise-client-urls".into(),
+            format!("https://127.0.0.1:{client}"),
+            "--listen-peer-urls".into(),
+            format!("http://127.0.0.1:{peer}"),
+            "--initial-advertise-peer-urls".into(),
+            format!("http://127.0.0.1:{peer}"),
+            "--initial-cluster".into(),
+            format!("tls=http://127.0.0.1:{peer}"),
+            "--listen-metrics-urls".into(),
+            format!("http://127.0.0.1:{metrics}"),
+            "--cert-file".into(),
+            path(cert),
+            "--key-file".into(),
+            path(key),
+            "--trusted-ca-file".into(),
+            path(ca),
+            "--client-cert-auth".into(),
+            "--logger".into(),
+            "zap".into(),
+            "--log-level".into(),
+            "error".into(),
+        ];
+        let e = Etcd {
+            child: spawn_etcd(&args, data.path()),
+            endpoint: format!("127.0.0.1:{client}"),
+            health: format!("127.0.0.1:{metrics}"),
+            data,
+            args,
+        };
+        e.wait_healthy("TLS etcd to become healthy");
+        e
     }
 
     /// Kills this (single-member) etcd, wipes its data directory and starts it again on the same
@@ -108,11 +156,20 @@ impl Etcd {
         self.wait_healthy("etcd to come back");
     }
 
+    /// Kills this member (SIGKILL) and starts it again on the same ports and data directory
+    /// after `down`: a member stop/start. Returns once it is healthy again.
+    pub fn restart_after(&mut self, down: Duration) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        self.child = spawn_etcd(&self.args, self.data.path());
+        self.wait_healthy("etcd member to come back");
+    }
+
     /// Polls `/health` until it reports healthy; panics with `what` after 30 s.
     fn wait_healthy(&self, what: &str) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !http_get(&self.endpoint, "/health")
-            .is_some_and(|b| b.contains("\"health\":\"true\""))
+        while !http_get(&self.health, "/health").is_some_and(|b| b.contains("\"health\":\"true\""))
         {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
             std::thread::sleep(Duration::from_millis(50));
@@ -121,7 +178,7 @@ impl Etcd {
 
     /// Whether this member is the raft leader (from its /metrics).
     pub fn is_leader(&self) -> bool {
-        http_get(&self.endpoint, "/metrics")
+        http_get(&self.health, "/metrics")
             .is_some_and(|b| b.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
     }
 

@@ -232,6 +232,9 @@ impl Agent {
                 }
                 (Some(server), rx)
             }
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Err(crate::ConfigError::UnsafeDir(e.to_string()).into());
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot open the worker API socket; checkpoint commits are unavailable (DRUN_AGENT_SOCK unset)");
                 (None, mpsc::unbounded_channel().1)

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use drun_rendezvous::Cursor;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
@@ -107,13 +107,14 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// Listens on a fresh socket in a private (0700) temporary directory; requests arrive on
-    /// the returned channel.
+    /// Listens on a fresh socket (0600) in a private (0700) directory under the temporary
+    /// directory ([`crate::os::private_dir`]); requests arrive on the returned channel.
     ///
     /// # Errors
-    /// Cannot create the directory or bind the socket.
+    /// `PermissionDenied` when the temporary directory lets other users replace the socket's
+    /// directory; otherwise cannot create the directory or bind the socket.
     pub fn start() -> std::io::Result<(Self, mpsc::UnboundedReceiver<ApiCall>)> {
-        let dir = tempfile::Builder::new().prefix("drun-agent-").tempdir()?;
+        let dir = crate::os::private_dir::create(&std::env::temp_dir(), "drun-agent-")?;
         let path = dir.path().join("agent.sock");
         let listener = UnixListener::bind(&path)?;
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
@@ -158,6 +159,26 @@ pub fn refused(error: impl std::fmt::Display) -> Value {
     json!({"ok": false, "error": error.to_string()})
 }
 
+/// Discards the rest of the current line, through its newline (or to the end of the stream).
+async fn skip_line(r: &mut (impl AsyncBufRead + Unpin)) -> std::io::Result<()> {
+    loop {
+        let buf = r.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                r.consume(i + 1);
+                return Ok(());
+            }
+            None => {
+                let n = buf.len();
+                r.consume(n);
+            }
+        }
+    }
+}
+
 async fn serve(stream: UnixStream, agent: mpsc::UnboundedSender<ApiCall>) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(read);
@@ -173,6 +194,10 @@ async fn serve(stream: UnixStream, agent: mpsc::UnboundedSender<ApiCall>) {
             Ok(_) => {}
         }
         let answer = if line.len() > MAX_LINE {
+            // One answer per request: the rest of the oversized line is not a request of its own.
+            if skip_line(&mut lines).await.is_err() {
+                return;
+            }
             refused(format!("request longer than {MAX_LINE} bytes"))
         } else {
             match serde_json::from_slice::<ApiRequest>(&line) {
@@ -269,5 +294,27 @@ mod tests {
             d["protocol"], PROTOCOL,
             "hello is answered by the socket: {d}"
         );
+    }
+
+    #[tokio::test]
+    async fn an_oversized_line_gets_one_refusal_and_the_next_line_its_answer() {
+        let (server, _calls) = ApiServer::start().unwrap();
+        let s = UnixStream::connect(server.path()).await.unwrap();
+        let (r, mut w) = s.into_split();
+        let writer = tokio::spawn(async move {
+            let mut big = vec![b'x'; MAX_LINE + 4096];
+            big.extend_from_slice(b"\n{\"op\":\"hello\"}\n");
+            w.write_all(&big).await.unwrap();
+            w
+        });
+        let mut lines = BufReader::new(r).lines();
+        let a: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert!(a["error"].as_str().unwrap().contains("longer than"), "{a}");
+        let b: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(
+            b["protocol"], PROTOCOL,
+            "the line after is answered as itself: {b}"
+        );
+        drop(writer.await.unwrap());
     }
 }

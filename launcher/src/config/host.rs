@@ -128,13 +128,57 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
         cfg.rdzv_token = crate::rdzv::token::resolve(Some(f), None)
             .map_err(|why| invalid("--rdzv-token-file", f.display().to_string(), why))?;
     }
+    if let Some(files) = &cfg.rdzv_host_tls {
+        files.load().map_err(|why| {
+            invalid(
+                "--rdzv-host-tls-cert",
+                files.cert.display().to_string(),
+                why,
+            )
+        })?;
+    }
     if let Some((ca, cert, key)) = &cfg.rdzv_tls_files {
         cfg.rdzv_tls = Some(
             drun_rendezvous::tls::ClientTls::from_files(ca, cert.as_deref(), key.as_deref())
                 .map_err(|why| invalid("--rdzv-tls-ca", ca.display().to_string(), why))?,
         );
     }
+    slurm_token(&mut cfg);
+    if !cfg.etcd_access_files.is_empty() {
+        let env = std::env::var(drun_rendezvous::etcd::access::PASSWORD_VAR).ok();
+        cfg.etcd_access = cfg
+            .etcd_access_files
+            .load(env.as_deref())
+            .map_err(ConfigError::EtcdAccess)?;
+    }
     Ok(cfg)
+}
+
+/// Under Slurm, with a rendezvous hosted by an agent of the job and no token given: the token
+/// derived from the job id ([`crate::slurm_token`]), said in the Slurm line; when the secret
+/// cannot be had, a note that the rendezvous stays open.
+fn slurm_token(cfg: &mut LaunchConfig) {
+    let (Some(job), Some(path)) = (&cfg.slurm, &cfg.slurm_secret) else {
+        return;
+    };
+    if cfg.rdzv_token.is_some() || !matches!(cfg.rendezvous, crate::RendezvousMode::C10d { .. }) {
+        return;
+    }
+    match crate::slurm_token::read_or_create(path) {
+        Ok(secret) => {
+            cfg.rdzv_token = Some(crate::slurm_token::derive(&secret, &job.job_id));
+            if let Some(line) = &mut cfg.slurm_line {
+                line.push_str(&format!(
+                    ", rendezvous token derived from the job id and {} ({})",
+                    path.display(),
+                    crate::slurm_token::SECRET_VAR
+                ));
+            }
+        }
+        Err(why) => cfg.notes.push(format!(
+            "the rendezvous of this Slurm job is open to anyone who can reach it: {why}; or give --rdzv-token-file"
+        )),
+    }
 }
 
 /// Creates `--ckpt-dir`, checks that files can be written in it, returns it absolute.

@@ -40,7 +40,7 @@ pub use crate::cli::Args;
 pub use host::{cpu_count, gpu_count, prepare, Host};
 pub use parse::{parse_nnodes, parse_nproc, parse_signals};
 pub use rendezvous::RendezvousMode;
-pub use target::status_target;
+pub use target::{slurm_status_token, status_target};
 pub use timing::{parse_rdzv_conf, Timing, RDZV_CONF_KEYS};
 pub use validate::validate;
 
@@ -154,6 +154,18 @@ pub struct LaunchConfig {
     pub rdzv_tls_files: Option<(PathBuf, Option<PathBuf>, Option<PathBuf>)>,
     /// TLS to the rendezvous server, once prepared.
     pub rdzv_tls: Option<drun_rendezvous::tls::ClientTls>,
+    /// `--rdzv-host-tls-cert`/`-key` (c10d only): the identity this agent serves the
+    /// rendezvous with when it hosts it, and the CA it requires of clients for mTLS.
+    pub rdzv_host_tls: Option<drun_rendezvous::tls::ServerTlsFiles>,
+    /// Under Slurm, the file of the secret the rendezvous token is derived from when none is
+    /// given (`DRUN_SLURM_SECRET`, else `$HOME/.drun/slurm-secret`; `None`: off or no home).
+    pub slurm_secret: Option<PathBuf>,
+    /// `--etcd-cacert`, `--etcd-cert`, `--etcd-key`, `--etcd-user`, `--etcd-password-file`,
+    /// read by [`prepare`] into `etcd_access`.
+    pub etcd_access_files: drun_rendezvous::etcd::access::EtcdAccessFiles,
+    /// How the `etcd` backend reaches etcd (TLS, user), once prepared; holds the password
+    /// (from the file or `DRUN_ETCD_PASSWORD`), never printed.
+    pub etcd_access: drun_rendezvous::etcd::access::EtcdAccess,
 }
 
 /// `--preflight` settings.

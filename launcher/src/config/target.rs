@@ -1,5 +1,6 @@
 //! [`status_target`]: the rendezvous and run id a `drun --status` asks, chosen from the same
-//! flags (and `PET_*`/Slurm variables) by the same rules as the agent's own.
+//! flags (and `PET_*`/Slurm variables) by the same rules as the agent's own, and the token
+//! it sends inside a Slurm job ([`slurm_status_token`]).
 
 use super::backend::{rendezvous_mode, Nodes};
 use super::parse::parse_nnodes;
@@ -42,4 +43,30 @@ pub fn status_target(args: &Args, host: &Host) -> Result<(RendezvousMode, String
         k8s: k8s.as_ref(),
     };
     rendezvous_mode(&filled, &nodes, host, &mut Vec::new())
+}
+
+/// The token `drun --status` sends inside a Slurm job whose rendezvous an agent hosts, when none
+/// is given: the job's derived one ([`crate::slurm_token`]), if its secret file exists and is
+/// sound (`status` never creates it).
+pub fn slurm_status_token(
+    args: &Args,
+    host: &Host,
+    mode: &RendezvousMode,
+) -> Option<drun_rendezvous::auth::Secret> {
+    if args.slurm != SlurmMode::Auto || args.standalone {
+        return None;
+    }
+    let job = slurm::detect(|k| host.var(k).map(str::to_string)).ok()??;
+    if !matches!(mode, RendezvousMode::C10d { .. }) {
+        return None;
+    }
+    let path = crate::slurm_token::secret_path(
+        host.var(crate::slurm_token::SECRET_VAR),
+        host.var("HOME"),
+    )?;
+    if !path.exists() {
+        return None;
+    }
+    let secret = crate::slurm_token::read_or_create(&path).ok()?;
+    Some(crate::slurm_token::derive(&secret, &job.job_id))
 }

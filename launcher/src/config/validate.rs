@@ -7,6 +7,7 @@ use super::parse::{
 };
 use super::timing::{parse_rdzv_conf, seconds, shutdown_timeout, unused_conf_notes, Timing};
 use super::unsupported::refuse_unsupported;
+use super::RendezvousMode;
 use super::{invalid, Host, LaunchConfig};
 use crate::k8s::K8sMode;
 use crate::slurm::{self, SlurmMode};
@@ -71,6 +72,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         k8s: k8s.as_ref(),
     };
     let (rendezvous, run_id) = rendezvous_mode(a, &nodes, host, &mut notes)?;
+    let rdzv_host_tls = host_tls(a, &rendezvous)?;
     let requested_node_rank = a.node_rank.filter(|_| !rendezvous.is_static());
     if a.start_method != "spawn" {
         notes.push(format!(
@@ -125,6 +127,12 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         advertise_addr: a.local_addr.clone(),
         notes,
         ckpt,
+        slurm_secret: slurm.as_ref().and_then(|_| {
+            crate::slurm_token::secret_path(
+                host.var(crate::slurm_token::SECRET_VAR),
+                host.var("HOME"),
+            )
+        }),
         slurm,
         slurm_line,
         k8s,
@@ -157,7 +165,49 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             .clone()
             .map(|ca| (ca, a.rdzv_tls_cert.clone(), a.rdzv_tls_key.clone())),
         rdzv_tls: None,
+        rdzv_host_tls,
+        etcd_access_files: a.etcd.files(),
+        etcd_access: Default::default(),
     })
+}
+
+/// `--rdzv-host-tls-cert`/`-key`: the TLS identity of a c10d host. Under c10d any node may host,
+/// and its clients (itself included) reach it as `--rdzv-tls-ca` says, so the two come
+/// together; other backends host nothing.
+fn host_tls(
+    a: &crate::cli::Args,
+    mode: &RendezvousMode,
+) -> Result<Option<drun_rendezvous::tls::ServerTlsFiles>, ConfigError> {
+    let c10d = matches!(mode, RendezvousMode::C10d { .. });
+    let h = &a.host_tls;
+    match (&h.rdzv_host_tls_cert, &h.rdzv_host_tls_key) {
+        (Some(cert), Some(key)) => {
+            if !c10d {
+                return Err(ConfigError::Conflict(
+                    "--rdzv-host-tls-cert",
+                    "a --rdzv-backend other than c10d (only a c10d agent hosts the rendezvous)",
+                ));
+            }
+            let Some(ca) = &a.rdzv_tls_ca else {
+                return Err(ConfigError::Missing {
+                    flag: "--rdzv-tls-ca",
+                    why: "a c10d host serving TLS is reached over TLS by every node, itself included: give every node --rdzv-tls-ca with the CA of --rdzv-host-tls-cert".into(),
+                });
+            };
+            let files = drun_rendezvous::tls::ServerTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                // With client certificates of their own the nodes require them of each other.
+                client_ca: a.rdzv_tls_cert.as_ref().map(|_| ca.clone()),
+            };
+            Ok(Some(files))
+        }
+        _ if c10d && a.rdzv_tls_ca.is_some() => Err(ConfigError::Missing {
+            flag: "--rdzv-host-tls-cert",
+            why: "with --rdzv-backend c10d and --rdzv-tls-ca any node may host the rendezvous and must serve it over TLS: give every node --rdzv-host-tls-cert and --rdzv-host-tls-key for the --rdzv-endpoint host".into(),
+        }),
+        _ => Ok(None),
+    }
 }
 
 /// `--preflight` and `--preflight-min-gbps` (a positive, finite number; only with `--preflight`).

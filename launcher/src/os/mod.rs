@@ -9,6 +9,7 @@ pub mod exec_error;
 pub mod fake;
 pub mod guard;
 pub mod ports;
+pub mod private_dir;
 pub mod procs;
 pub mod spawn;
 pub mod stacks;

@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
+use drun_rendezvous::etcd::access::EtcdAccess;
 use drun_rendezvous::human::duration as human;
-use drun_rendezvous::EtcdStore;
+use drun_rendezvous::{EtcdStore, StoreError};
 use tokio::time::Instant;
 
 use super::reach::{short_reason, PROGRESS_EVERY, QUIET};
@@ -14,20 +15,25 @@ use crate::LaunchError;
 /// Pause between two connection attempts.
 const RETRY_EVERY: Duration = Duration::from_secs(1);
 
-/// Connects to etcd at `endpoints`, retrying for up to `join_timeout`.
+/// Connects to etcd at `endpoints` with `access` (TLS, user), retrying for up to
+/// `join_timeout`; a refusal (credentials, permissions, certificates) ends it at once.
 ///
 /// # Errors
 /// [`LaunchError::RendezvousFailed`] naming the endpoints, the last error and the fix when etcd
-/// did not answer within `join_timeout`.
+/// refused this agent or did not answer within `join_timeout`.
 pub async fn connect(
     endpoints: &[String],
+    access: &EtcdAccess,
     join_timeout: Duration,
 ) -> Result<EtcdStore, LaunchError> {
     let started = Instant::now();
     let mut next_progress = started + QUIET;
     loop {
-        let why = match EtcdStore::connect(endpoints).await {
+        let why = match EtcdStore::connect_with(endpoints, access).await {
             Ok(store) => return Ok(store),
+            Err(e @ StoreError::Refused { .. }) => {
+                return Err(LaunchError::RendezvousFailed(e.to_string()))
+            }
             Err(e) => short_reason(&e.to_string()),
         };
         let waited = started.elapsed();

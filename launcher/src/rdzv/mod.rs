@@ -152,8 +152,10 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             })
         }
         RendezvousMode::Etcd { endpoints } => {
-            let store: Arc<dyn Store> =
-                Arc::new(etcd_reach::connect(endpoints, session.round.join_timeout).await?);
+            let store: Arc<dyn Store> = Arc::new(
+                etcd_reach::connect(endpoints, &cfg.etcd_access, session.round.join_timeout)
+                    .await?,
+            );
             let (tx, rx) = spawn_session(store, session, None);
             Ok(Link {
                 tx,
@@ -165,7 +167,11 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             let hosted = if *is_host != Some(false) {
                 let at = host_addr(endpoint, *is_host, cfg.timing.join_timeout).await?;
                 let json = cfg.log_format == crate::LogFormat::Json;
-                match host(at, json, cfg.rdzv_token.clone()).await {
+                let tls = match cfg.rdzv_host_tls.as_ref().map(|f| f.load()).transpose() {
+                    Ok(t) => t,
+                    Err(why) => return Err(LaunchError::RendezvousFailed(why)),
+                };
+                match host(at, json, cfg.rdzv_token.clone(), tls).await {
                     Ok(h) => Some(h),
                     Err(e) if *is_host == Some(true) => {
                         return Err(LaunchError::RendezvousFailed(format!(
@@ -235,15 +241,19 @@ async fn host_addr(
 }
 
 /// Serves the job's rendezvous on `at` (`json`: its sessions' records name the run),
-/// accepting only `token` when the agent has one.
+/// accepting only `token` when the agent has one, over `tls` when given.
 async fn host(
     at: SocketAddr,
     json: bool,
     token: Option<drun_rendezvous::auth::Secret>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
 ) -> std::io::Result<HostedServer> {
     let listener = tokio::net::TcpListener::bind(at).await?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "hosting the rendezvous for this job (in-memory store)");
+    tracing::info!(%addr, tls = tls.is_some(), "hosting the rendezvous for this job (in-memory store)");
+    if token.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "no --rdzv-token-file: this job's rendezvous is open to anyone who can reach {addr}");
+    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let service = RendezvousService::new(store)
@@ -254,7 +264,9 @@ async fn host(
         let shutdown = async {
             let _ = stop_rx.await;
         };
-        if let Err(e) = drun_rendezvous::service::serve(listener, served, shutdown).await {
+        if let Err(e) =
+            drun_rendezvous::service::serve_with_tls(listener, served, tls, shutdown).await
+        {
             tracing::error!(error = %e, "embedded rendezvous server failed");
         }
     });

@@ -269,3 +269,26 @@ async fn a_lone_node_fenced_past_its_lease_forms_a_newer_generation() {
     let p2 = round.wait_for_plan("n0", 0, new, |_| {}).await.unwrap();
     assert_eq!((p2.generation, p2.master_port), (2, 4001));
 }
+
+/// Chaos seed 1159 (etcd): a node's session is lost with the server just as the plan that
+/// admits it is written; on reconnect it sends its join again on the same lease. That plan is
+/// still its world: it must take it, not stand by beside it (its peers would wait for it).
+#[tokio::test]
+async fn a_join_sent_again_on_the_same_lease_still_takes_the_plan_formed_from_it() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let round = Round::new(store.clone(), "job", RoundConfig::single_node());
+    let lease = store.lease_grant(Duration::from_secs(10)).await.unwrap();
+    let join: Join = cand("n0", 4000).into();
+    round.join(&join, lease).await.unwrap();
+    let p1 = round.wait_for_plan("n0", 0, lease, |_| {}).await.unwrap();
+    // The agent never saw p1; after the reconnect its session sends the same join again.
+    round.join_replacing(&join, lease, vec![]).await.unwrap();
+    let again = tokio::time::timeout(
+        Duration::from_secs(5),
+        round.wait_for_plan("n0", 0, lease, |_| {}),
+    )
+    .await
+    .expect("the plan formed from the join is found at once")
+    .unwrap();
+    assert_eq!(again, p1);
+}

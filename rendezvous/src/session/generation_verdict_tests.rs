@@ -1,6 +1,7 @@
 //! Unit tests of the generation core's verdicts: failure budget, exit barrier, fence, joins, watch events.
 
 use super::*;
+use crate::round::Restarts;
 use crate::store::KeyValue;
 
 use super::tests::{plan, rules};
