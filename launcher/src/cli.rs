@@ -8,8 +8,8 @@
 //! takes its last value, and boolean `PET_*` variables take `1`/`0` (also `true`/`false`).
 
 mod ckpt;
-mod host_tls;
 mod etcd;
+mod host_tls;
 mod observe;
 
 use std::path::PathBuf;
@@ -18,8 +18,8 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
 pub use ckpt::CkptArgs;
-pub use host_tls::HostTlsArgs;
 pub use etcd::EtcdArgs;
+pub use host_tls::HostTlsArgs;
 pub use observe::ObserveArgs;
 
 use crate::exit::EXIT_CODES_HELP;

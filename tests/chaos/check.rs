@@ -6,7 +6,7 @@
 //! (c) sealed checkpoints never move backwards and none sealed before a generation started is
 //! skipped by its resume; (d) no older world seals after a newer one did; (e) generations only
 //! increase; (f) no process of the run is left; (g) the run ends, successfully, within the
-//! schedule's bound.
+//! schedule's bound (and one stopped by a preemption warning exits 5).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -74,6 +74,25 @@ pub fn check(h: &[Record], ledger: &Ledger, out: &Outcome, data: Data) -> Vec<Vi
         found.push(v(
             'g',
             format!("an agent told to leave exited {c} (documented: 0 or 143)"),
+            &[],
+        ));
+    }
+    if let Some(c) = out.preempted.iter().find(|c| **c != 5) {
+        found.push(v(
+            'g',
+            format!("an agent stopped by a preemption warning exited {c} (documented: 5)"),
+            &[],
+        ));
+    }
+    if out.dropped_warnings > 0 {
+        found.push(v(
+            'g',
+            format!(
+                "{} preemption warning(s) dropped: a SIGUSR1 between generations was not turned \
+                 into a coordinated checkpoint (documented: the first warning becomes a job-wide \
+                 request)",
+                out.dropped_warnings
+            ),
             &[],
         ));
     }

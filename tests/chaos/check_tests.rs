@@ -145,6 +145,8 @@ fn ok_outcome() -> Outcome {
     Outcome {
         finishers: vec![0],
         leavers: vec![143],
+        preempted: vec![5],
+        dropped_warnings: 0,
         late: 0,
         leftover: vec![],
         corrupted: vec![],
@@ -383,6 +385,16 @@ fn chaos_checker_catches_leftovers_bad_exits_and_overruns() {
     assert_eq!(letters(&h, &l, &out), vec!['f']);
     let out = Outcome {
         leavers: vec![1],
+        ..ok_outcome()
+    };
+    assert_eq!(letters(&h, &l, &out), vec!['g']);
+    let out = Outcome {
+        preempted: vec![5, 0],
+        ..ok_outcome()
+    };
+    assert_eq!(letters(&h, &l, &out), vec!['g']);
+    let out = Outcome {
+        dropped_warnings: 1,
         ..ok_outcome()
     };
     assert_eq!(letters(&h, &l, &out), vec!['g']);

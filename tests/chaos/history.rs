@@ -121,6 +121,12 @@ pub struct Outcome {
     pub finishers: Vec<i32>,
     /// Exit codes of the agents that left on SIGTERM.
     pub leavers: Vec<i32>,
+    /// Exit codes of the agents that stopped at a preemption warning (documented: 5), those
+    /// that finished the run before the warning took effect (0) not counted.
+    pub preempted: Vec<i32>,
+    /// Preemption warnings the warned agent dropped (it logged "received SIGUSR1 before
+    /// workers started; nothing to relay" under `--on-preempt checkpoint`).
+    pub dropped_warnings: usize,
     /// Agents that stayed but came too late: exit 3, "run ... already finished" (documented:
     /// a closed run refuses new nodes).
     pub late: usize,

@@ -7,15 +7,20 @@ mod check_tests;
 mod history;
 mod run;
 mod schedule;
+mod torch;
 
-use schedule::{generate, with_corruption, with_etcd_members, Event, Schedule, StoreKind, Timed};
+use run::Worker;
+use schedule::{
+    generate, with_corruption, with_etcd_members, with_preemption, Event, Schedule, StoreKind,
+    Timed,
+};
 
 /// One CI schedule: `seed` on `store`, 2 to 4 faults and corrupted shards; panics with the
 /// checker's report.
 fn ci(seed: u64, store: StoreKind) {
     let s = with_corruption(generate(seed, store, 2, 4));
     eprintln!("{s}");
-    match run::run(&s, &[]) {
+    match run::run(&s, &Worker::Stdlib, &[]) {
         Ok(stats) => eprintln!("passed: {stats:?}"),
         Err(report) => panic!("{report}"),
     }
@@ -58,7 +63,7 @@ fn chaos_ci_seed_1_etcd_members() {
     let s = with_etcd_members(with_corruption(generate(1, StoreKind::Etcd, 2, 4)));
     assert_eq!(s.etcd_members(), 3, "seed 1 draws a member fault: {s}");
     eprintln!("{s}");
-    if let Err(report) = run::run(&s, &[]) {
+    if let Err(report) = run::run(&s, &Worker::Stdlib, &[]) {
         panic!("{report}");
     }
 }
@@ -83,7 +88,8 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
             },
         ],
     };
-    let report = run::run(&s, &[("CHAOS_BREAK_OFFSET", "1")]).expect_err("the checker must fail");
+    let report = run::run(&s, &Worker::Stdlib, &[("CHAOS_BREAK_OFFSET", "1")])
+        .expect_err("the checker must fail");
     assert!(
         report.contains("invariant (a) violated: kept step"),
         "{report}"
@@ -93,6 +99,86 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
         "{report}"
     );
     // The runner keeps a failed run's logs; this failure is the expected one.
+    let kept = report.rsplit("logs kept in ").next().unwrap().trim();
+    std::fs::remove_dir_all(kept).unwrap();
+}
+
+/// The torch worker's interpreter, or None (the test is skipped, with a note; CI requires it).
+fn torch_worker() -> Option<Worker> {
+    crate::harness::torch_python().map(Worker::Torch)
+}
+
+/// A short torch schedule: 2 agents x 1 worker (world size 2); after a sealed checkpoint agent 1
+/// leaves and world size 1 resumes it; after the next seal a preemption warning stops the job
+/// (exit 5) and the runner requeues it: world size 1 resumes from the coordinated checkpoint.
+/// One worker per agent: each generation pays torch's import on few cores. Passes when the
+/// checker holds and the final model is within `torch::TOL` of a fault-free run's at the same
+/// global batch.
+fn torch_ci_schedule() -> Schedule {
+    let at = |event| Timed { delay_ms: 0, event };
+    Schedule {
+        seed: 0,
+        store: StoreKind::Memory,
+        agents: 2,
+        nproc: 1,
+        events: vec![
+            at(Event::WaitSealed),
+            at(Event::Leave(1)),
+            at(Event::WaitSealed),
+            at(Event::Preempt(0)),
+        ],
+    }
+}
+
+#[test]
+fn chaos_ci_torch_leave_and_preempt_memory() {
+    let Some(w) = torch_worker() else { return };
+    let s = torch_ci_schedule();
+    eprintln!("{s}");
+    match run::run(&s, &w, &[]) {
+        Ok(stats) => {
+            eprintln!("passed: {stats:?}");
+            assert_eq!(stats.applied, 2, "both faults hit the running job");
+            assert!(stats.generations >= 3, "{stats:?}");
+            assert_eq!(
+                stats.requeued, 1,
+                "the lone agent exited 5 and was started again"
+            );
+            assert!(stats.max_delta.is_some_and(|d| d <= torch::TOL));
+        }
+        Err(report) => panic!("{report}"),
+    }
+}
+
+/// The test-only switch `CHAOS_BREAK_MOMENTUM=1` makes a resumed torch worker drop the optimizer
+/// state it loaded: the history is still right, so only the model comparison can tell.
+#[test]
+fn chaos_checker_catches_a_lost_optimizer_state() {
+    let Some(w) = torch_worker() else { return };
+    let s = Schedule {
+        seed: 0,
+        store: StoreKind::Memory,
+        agents: 1,
+        nproc: 1,
+        events: vec![
+            Timed {
+                delay_ms: 0,
+                event: Event::WaitSealed,
+            },
+            Timed {
+                delay_ms: 0,
+                event: Event::KillWorker { pick: 0 },
+            },
+        ],
+    };
+    let report = run::run(&s, &w, &[("CHAOS_BREAK_MOMENTUM", "1")])
+        .expect_err("the model comparison must fail");
+    eprintln!("{report}");
+    assert!(
+        report.contains("invariant (m) violated: the final model differs"),
+        "{report}"
+    );
+    assert!(!report.contains("invariant (a)"), "{report}");
     let kept = report.rsplit("logs kept in ").next().unwrap().trim();
     std::fs::remove_dir_all(kept).unwrap();
 }
@@ -121,7 +207,7 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
 /// re-send on the same lease keeps). Seed (etcd): 1159.
 fn regression(seed: u64, store: StoreKind) {
     let s = generate(seed, store, 3, 8);
-    if let Err(report) = run::run(&s, &[]) {
+    if let Err(report) = run::run(&s, &Worker::Stdlib, &[]) {
         panic!("{report}");
     }
 }
@@ -151,11 +237,31 @@ fn chaos_regression_seed_1159_etcd() {
     regression(1159, StoreKind::Etcd);
 }
 
+/// Open drun bug 3, found by the torch campaign with preemption warnings (not fixed here): under
+/// `--on-preempt checkpoint`, a SIGUSR1 that reaches an agent between generations (here 0.5 s
+/// after one of its workers was killed, while the group restarts) is dropped — the agent logs
+/// "received SIGUSR1 before workers started; nothing to relay" and no coordinated checkpoint is
+/// requested; the next generation trains to the end and every agent exits 0 (a real preemption
+/// would then kill the job without the checkpoint it was warned for). The runner flags it under
+/// (g). Seed 35 on memory, torch, preemption on; timing-dependent (seen in 2 of 5 runs: the
+/// warning must land in the gap between generations).
+#[test]
+#[ignore = "open drun bug 3: a preemption warning between generations is dropped"]
+fn chaos_regression_seed_35_memory_torch_preempt() {
+    let Some(w) = torch_worker() else { return };
+    let s = with_corruption(with_preemption(generate(35, StoreKind::Memory, 3, 8)));
+    if let Err(report) = run::run(&s, &w, &[]) {
+        panic!("{report}");
+    }
+}
+
 /// The long campaign (see README, "Chaos testing"): `DRUN_CHAOS_SCHEDULES` schedules (200) from
 /// seed `DRUN_CHAOS_SEED` (1) on `DRUN_CHAOS_STORE` (`memory`, `etcd` or `both`), 3 to 8 faults
 /// each; prints every failure's report and the totals, fails if any schedule failed. With
 /// `DRUN_CHAOS_DRY` set it only prints the schedules; `DRUN_CHAOS_CORRUPT=0` leaves out the
-/// corrupted shards (as the regression seeds were found).
+/// corrupted shards (as the regression seeds were found). `DRUN_CHAOS_TORCH=1` runs the torch
+/// worker (gloo, `DRUN_TORCH_PYTHON`) and compares each run's final model with a fault-free run's;
+/// `DRUN_CHAOS_PREEMPT=1` adds a preemption warning (and requeue) to about half the schedules.
 #[test]
 #[ignore = "long campaign: cargo test --test tests chaos_campaign -- --ignored --nocapture"]
 fn chaos_campaign() {
@@ -172,11 +278,21 @@ fn chaos_campaign() {
         "both" => vec![StoreKind::Memory, StoreKind::Etcd],
         other => panic!("DRUN_CHAOS_STORE={other}: use memory, etcd or both"),
     };
+    let worker = if var("DRUN_CHAOS_TORCH", "0") == "1" {
+        torch_worker().expect("DRUN_CHAOS_TORCH=1 needs a torch python (DRUN_TORCH_PYTHON)")
+    } else {
+        Worker::Stdlib
+    };
     let t0 = std::time::Instant::now();
     let (mut runs, mut applied, mut skipped, mut failed) = (0, 0, 0, Vec::new());
     for i in 0..n {
         let store = stores[i as usize % stores.len()];
         let s = generate(seed0 + i, store, 3, 8);
+        let s = if var("DRUN_CHAOS_PREEMPT", "0") == "1" {
+            with_preemption(s)
+        } else {
+            s
+        };
         let s = if var("DRUN_CHAOS_CORRUPT", "1") == "1" {
             with_corruption(s)
         } else {
@@ -192,12 +308,25 @@ fn chaos_campaign() {
             continue;
         }
         runs += 1;
-        match run::run(&s, &[]) {
+        match run::run(&s, &worker, &[]) {
             Ok(st) => {
                 applied += st.applied;
                 skipped += st.skipped;
+                let model = st
+                    .max_delta
+                    .map(|d| format!(", model max |Δ| {d:e}"))
+                    .unwrap_or_default();
+                let requeued = if st.requeued > 0 {
+                    format!(
+                        ", {} agents requeued after a preemption warning",
+                        st.requeued
+                    )
+                } else {
+                    String::new()
+                };
                 eprintln!(
-                    "seed {} {store:?}: ok, {} faults applied ({} skipped), {} generations, {:?}",
+                    "seed {} {store:?}: ok, {} faults applied ({} skipped), {} generations, \
+                     {:?}{requeued}{model}",
                     s.seed, st.applied, st.skipped, st.generations, st.elapsed
                 );
             }

@@ -1,6 +1,7 @@
 //! Runs one schedule for real: a `drun-rendezvous` server (over its memory store or over etcd),
-//! agents on loopback addresses running `tests/workers/chaos_worker.py`, the faults applied with
-//! real signals; then the history, the ledger and the outcome go to the checker.
+//! agents on loopback addresses running `tests/workers/chaos_worker.py` (or its torch twin), the
+//! faults applied with real signals; then the history, the ledger and the outcome go to the
+//! checker, and a torch run's final model is compared with a fault-free run's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,6 +13,7 @@ use nix::unistd::Pid;
 use super::check::check;
 use super::history::{self, Data, Kind, Ledger, Outcome};
 use super::schedule::{Event, Schedule, StoreKind, TTL_S};
+use super::torch;
 use crate::harness::cluster::{rendezvous_bin, Etcd, RdzvServer};
 use crate::harness::{alive, drun, processes_of_run, worker, Agent, DrunCmd};
 
@@ -25,6 +27,16 @@ pub const DATA: Data = Data {
 /// Seconds per step of the worker.
 const STEP_S: f64 = 0.2;
 
+/// The worker the agents run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Worker {
+    /// `tests/workers/chaos_worker.py` (stdlib only, no model).
+    Stdlib,
+    /// `tests/workers/chaos_torch_worker.py` under this interpreter (torch, gloo): a float64
+    /// linear regression whose final parameters must match a fault-free run's ([`torch::TOL`]).
+    Torch(PathBuf),
+}
+
 /// What a passing run did.
 #[derive(Debug, Default)]
 pub struct Stats {
@@ -34,6 +46,10 @@ pub struct Stats {
     /// Generations that started workers.
     pub generations: usize,
     pub elapsed: Duration,
+    /// Agents that exited 5 at a preemption warning and were started again.
+    pub requeued: usize,
+    /// Torch runs: the largest |Δ| between the final parameters and the fault-free run's.
+    pub max_delta: Option<f64>,
 }
 
 fn signal(pid: i32, sig: Signal) {
@@ -52,6 +68,7 @@ struct Cluster {
     server_log: PathBuf,
     ckpt: PathBuf,
     nproc: u32,
+    worker: Worker,
     env: Vec<(String, String)>,
 }
 
@@ -69,11 +86,16 @@ impl Cluster {
                 "1000",
                 "--ckpt-verify",
                 "digest",
+                "--on-preempt",
+                "checkpoint",
                 "--ckpt-dir",
             ])
-            .arg(&self.ckpt)
-            .arg(worker("chaos_worker.py"))
-            .env("CHAOS_OUT", &self.out)
+            .arg(&self.ckpt);
+        match &self.worker {
+            Worker::Stdlib => c.arg(worker("chaos_worker.py")),
+            Worker::Torch(python) => c.python(python).arg(torch::script()),
+        };
+        c.env("CHAOS_OUT", &self.out)
             .env("CHAOS_NODE", slot.to_string())
             .env("CHAOS_SLEEP", STEP_S.to_string());
         for (k, v) in &self.env {
@@ -116,11 +138,12 @@ fn finish(mut a: Agent, deadline: Instant, log: &Path) -> (Option<i32>, String) 
     ((!timed_out).then_some(code), err)
 }
 
-/// Runs `s` with extra worker environment `env`; Ok with what it did when every invariant
-/// holds, else the report: seed, schedule, events as applied, violations with their history
-/// excerpts, and where the logs were kept (`$TMPDIR/drun-chaos-<seed>-<store>-<pid>`, also kept
-/// for a passing run when `DRUN_CHAOS_KEEP` is set).
-pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
+/// Runs `s` with `worker` and extra worker environment `env`; Ok with what it did when every
+/// invariant holds (and, for torch, the final model matches the fault-free run's), else the
+/// report: seed, schedule, events as applied, violations with their history excerpts, and where
+/// the logs were kept (`$TMPDIR/drun-chaos-<seed>-<store>-<pid>`, also kept for a passing run
+/// when `DRUN_CHAOS_KEEP` is set).
+pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats, String> {
     let store = match s.store {
         StoreKind::Memory => "memory",
         StoreKind::Etcd => "etcd",
@@ -160,12 +183,23 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
         server_log: dir.join("server.log"),
         ckpt: dir.join("ckpt"),
         nproc: s.nproc,
+        worker: worker.clone(),
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
     };
     let mut c = c;
+    // The fault-free reference trains beside the chaos run (once per process).
+    let reference = match worker {
+        Worker::Torch(python) => {
+            let python = python.clone();
+            Some(std::thread::spawn(move || {
+                torch::reference(&python, DATA).map(|_| ())
+            }))
+        }
+        Worker::Stdlib => None,
+    };
     let t0 = Instant::now();
     let mut slots: Vec<Option<Agent>> = (0..s.agents).map(|i| Some(c.agent(i))).collect();
     let mut gone: Vec<(usize, Agent, bool)> = Vec::new(); // (slot, agent, left on SIGTERM)
@@ -272,6 +306,10 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
                     continue;
                 }
             },
+            Event::Preempt(slot) => {
+                signal(slots[slot].as_ref().unwrap().pid(), Signal::SIGUSR1);
+                log.extend(requeue(&c, &mut slots, slot, &dir, &mut outcome));
+            }
             Event::WaitSealed => {
                 let sealed = |c: &Cluster| c.history_text().matches("\"sealed\": true").count();
                 let before = sealed(&c);
@@ -305,6 +343,7 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
             outcome.leavers.push(code.unwrap_or(-1));
         }
     }
+    stats.requeued = outcome.preempted.iter().filter(|c| **c == 5).count();
     outcome.bound_ms = bound.as_millis() as u64;
     outcome.elapsed_ms = t0.elapsed().as_millis() as u64;
     stats.elapsed = t0.elapsed();
@@ -324,7 +363,17 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
             .map(|r| r.gen)
             .collect::<std::collections::BTreeSet<_>>()
             .len();
-        Ok(check(&h, &ledger, &outcome, DATA))
+        let mut found = check(&h, &ledger, &outcome, DATA);
+        if let Worker::Torch(python) = worker {
+            if let Some(t) = reference {
+                let _ = t.join();
+            }
+            match torch::check_model(python, &c.out, DATA) {
+                Ok(d) => stats.max_delta = Some(d),
+                Err(v) => found.push(v),
+            }
+        }
+        Ok(found)
     });
     match verdict {
         Ok(v) if v.is_empty() => {
@@ -338,8 +387,18 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
                 Ok(v) => v.iter().map(|v| v.to_string()).collect::<String>(),
                 Err(e) => format!("the history could not be checked: {e}\n"),
             };
+            let mut knobs = String::new();
+            if matches!(worker, Worker::Torch(_)) {
+                knobs.push_str("DRUN_CHAOS_TORCH=1 ");
+            }
+            if s.events
+                .iter()
+                .any(|t| matches!(t.event, Event::Preempt(_)))
+            {
+                knobs.push_str("DRUN_CHAOS_PREEMPT=1 ");
+            }
             Err(format!(
-                "chaos run failed; replay: DRUN_CHAOS_SEED={} DRUN_CHAOS_STORE={store} \
+                "chaos run failed; replay: {knobs}DRUN_CHAOS_SEED={} DRUN_CHAOS_STORE={store} \
                  DRUN_CHAOS_SCHEDULES=1 cargo test --test tests chaos_campaign -- --ignored \
                  --nocapture\n{s}as applied:\n{}\n{found}outcome: {outcome:?}\n\
                  history, agent and server logs kept in {}",
@@ -349,6 +408,52 @@ pub fn run(s: &Schedule, env: &[(&str, &str)]) -> Result<Stats, String> {
             ))
         }
     }
+}
+
+/// After a preemption warning to agent `warned`: waits for it to exit (60 s) and for the others
+/// to follow (10 s more), then starts again, in its slot, every agent that exited 5 — a requeue
+/// under the same run id. An agent that exited 0 (the run ended first) counts as a finisher.
+/// Lines for the runner's log.
+fn requeue(
+    c: &Cluster,
+    slots: &mut [Option<Agent>],
+    warned: usize,
+    dir: &Path,
+    outcome: &mut Outcome,
+) -> Vec<String> {
+    let mut log = Vec::new();
+    if !wait_until(Duration::from_secs(60), || {
+        slots[warned].as_mut().is_none_or(exited)
+    }) {
+        log.push(format!("      (agent {warned} did not exit within 60 s)"));
+    }
+    wait_until(Duration::from_secs(10), || {
+        slots.iter_mut().flatten().all(exited)
+    });
+    let n = outcome.preempted.len();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if !slot.as_mut().is_some_and(exited) {
+            continue;
+        }
+        let a = slot.take().expect("exited");
+        let (code, err) = finish(
+            a,
+            Instant::now(),
+            &dir.join(format!("agent{i}.preempt{n}.log")),
+        );
+        let code = code.unwrap_or(-1);
+        if i == warned && err.contains("SIGUSR1 before workers started; nothing to relay") {
+            outcome.dropped_warnings += 1;
+        }
+        if code == 0 {
+            outcome.finishers.push(0);
+            continue;
+        }
+        outcome.preempted.push(code);
+        log.push(format!("      agent {i} exited {code}; started again"));
+        *slot = Some(c.agent(i));
+    }
+    log
 }
 
 /// Truncates to half, or flips the first byte of, the `pick`-th file of the checkpoint

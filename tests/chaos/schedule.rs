@@ -40,6 +40,10 @@ pub enum Event {
     /// checkpoint `<ckpt>/latest` points at: drun must find it at the next resume
     /// (`--ckpt-verify digest`) and fall back to the previous checkpoint.
     CorruptShard { pick: usize, truncate: bool },
+    /// SIGUSR1 agent `slot` under `--on-preempt checkpoint`: a job-wide coordinated checkpoint,
+    /// then every agent of the world exits 5; the runner starts them again in their slots, like a
+    /// requeued job (same run id), and they resume from that checkpoint.
+    Preempt(usize),
     /// Over a 3-member etcd cluster: take the leader (or a follower) down for `down_ms` — a
     /// SIGKILL and a restart on its data directory (`kill`), or a SIGSTOP and SIGCONT (a hung
     /// member). The cluster keeps its quorum; the leader's loss forces an election.
@@ -196,6 +200,35 @@ pub fn with_corruption(mut s: Schedule) -> Schedule {
     s
 }
 
+/// `s` with one preemption warning (with probability 1/2), to a live agent at a random point of
+/// the schedule. Drawn from a stream of its own of the seed, so the other events stay those of
+/// [`generate`] (and of [`with_corruption`], which may be applied after).
+pub fn with_preemption(mut s: Schedule) -> Schedule {
+    let mut rng = Rng::new(s.seed ^ 0x9E3E_3A7E_5EED_0002);
+    if rng.range(0, 1) == 1 {
+        return s;
+    }
+    let at = rng.range(0, s.events.len() as u64) as usize;
+    let mut live: Vec<usize> = (0..s.agents).collect();
+    for t in &s.events[..at] {
+        match t.event {
+            Event::KillAgent(a) | Event::Leave(a) => live.retain(|l| *l != a),
+            Event::ScaleUp(a) => live.push(a),
+            _ => {}
+        }
+    }
+    let slot = rng.pick(&live);
+    let delay_ms = rng.range(300, 2000);
+    s.events.insert(
+        at,
+        Timed {
+            delay_ms,
+            event: Event::Preempt(slot),
+        },
+    );
+    s
+}
+
 /// `s` (over etcd) with, after each fault, an etcd member taken down (with probability 1/3),
 /// run on a 3-member cluster. Drawn from a third stream of the seed, so the other events stay
 /// those of `s`. A schedule on the memory store is returned as it is.
@@ -260,6 +293,8 @@ impl Schedule {
                     Event::RestartServer { down_ms } | Event::EtcdMember { down_ms, .. } => {
                         down_ms + recover
                     }
+                    // The coordinated checkpoint, the exits, and a start from scratch.
+                    Event::Preempt(_) => 2 * recover,
                     _ => recover,
                 }
         })
@@ -284,6 +319,10 @@ impl fmt::Display for Event {
                 write!(f, "restart the rendezvous server ({down_ms} ms down)")
             }
             Event::WaitSealed => write!(f, "wait for the next sealed checkpoint"),
+            Event::Preempt(s) => write!(
+                f,
+                "SIGUSR1 agent {s} (preemption warning), then start the world's agents again"
+            ),
             Event::CorruptShard { pick, truncate } => write!(
                 f,
                 "{} shard #{pick} of the newest sealed checkpoint",
@@ -354,8 +393,8 @@ mod tests {
     fn chaos_schedule_events_are_always_applicable() {
         for seed in 0..500 {
             for store in [StoreKind::Memory, StoreKind::Etcd] {
-                let s = generate(seed, store, 2, 10);
-                assert!((2..=10).contains(&s.faults()), "{s}");
+                let s = with_preemption(generate(seed, store, 2, 10));
+                assert!((2..=11).contains(&s.faults()), "{s}");
                 assert!((1..=MAX_AGENTS).contains(&s.agents) && (1..=2).contains(&s.nproc));
                 let mut live: Vec<usize> = (0..s.agents).collect();
                 for t in &s.events {
@@ -375,6 +414,7 @@ mod tests {
                             assert!(live.len() <= MAX_AGENTS, "{s}");
                         }
                         Event::RestartServer { .. } => assert_eq!(store, StoreKind::Etcd),
+                        Event::Preempt(a) => assert!(live.contains(&a), "{s}"),
                         Event::KillWorker { .. }
                         | Event::WaitSealed
                         | Event::CorruptShard { .. }
@@ -411,6 +451,29 @@ mod tests {
             assert_eq!(others, plain.events.iter().collect::<Vec<_>>());
         }
         assert!(seen > 20, "corruption is drawn: {seen}");
+    }
+
+    #[test]
+    fn chaos_schedule_preemption_is_drawn_and_keeps_the_other_events() {
+        let mut seen = 0;
+        for seed in 0..100 {
+            let plain = generate(seed, StoreKind::Etcd, 3, 8);
+            let p = with_preemption(plain.clone());
+            assert_eq!(p, with_preemption(plain.clone()), "reproducible");
+            let others: Vec<&Timed> = p
+                .events
+                .iter()
+                .filter(|t| !matches!(t.event, Event::Preempt(_)))
+                .collect();
+            assert_eq!(others, plain.events.iter().collect::<Vec<_>>());
+            let n = p.events.len() - others.len();
+            assert!(n <= 1, "{p}");
+            seen += n;
+        }
+        assert!(
+            (20..=80).contains(&seen),
+            "drawn about half the time: {seen}"
+        );
     }
 
     #[test]
