@@ -237,16 +237,15 @@ fn chaos_regression_seed_1159_etcd() {
     regression(1159, StoreKind::Etcd);
 }
 
-/// Open drun bug 3, found by the torch campaign with preemption warnings (not fixed here): under
-/// `--on-preempt checkpoint`, a SIGUSR1 that reaches an agent between generations (here 0.5 s
-/// after one of its workers was killed, while the group restarts) is dropped — the agent logs
-/// "received SIGUSR1 before workers started; nothing to relay" and no coordinated checkpoint is
-/// requested; the next generation trains to the end and every agent exits 0 (a real preemption
-/// would then kill the job without the checkpoint it was warned for). The runner flags it under
-/// (g). Seed 35 on memory, torch, preemption on; timing-dependent (seen in 2 of 5 runs: the
-/// warning must land in the gap between generations).
+/// Bug 4, found by the torch campaign with preemption warnings: under `--on-preempt
+/// checkpoint`, a SIGUSR1 that reached an agent between generations (here 0.5 s after one of
+/// its workers was killed, while the group restarted) was dropped ("received SIGUSR1 before
+/// workers started; nothing to relay"): no coordinated checkpoint was asked for, and a real
+/// preemption would have killed the job without the checkpoint it was warned for. The runner
+/// flags it under (g). Fixed: a warning in any phase between generations is kept and asked of
+/// the next generation once its workers run (`agent/supervise.rs`). Seed 35 on memory, torch,
+/// preemption on; timing-dependent (the warning must land in the gap between generations).
 #[test]
-#[ignore = "open drun bug 3: a preemption warning between generations is dropped"]
 fn chaos_regression_seed_35_memory_torch_preempt() {
     let Some(w) = torch_worker() else { return };
     let s = with_corruption(with_preemption(generate(35, StoreKind::Memory, 3, 8)));

@@ -39,6 +39,51 @@ fn a_reform_during_a_preemption_save_asks_the_next_generation_again() {
     );
 }
 
+/// Chaos seed 35 (torch, preemption): a warning that arrives while the group restarts after a
+/// worker failure (stopping, reporting or forming) is kept and asked of the next generation;
+/// it was dropped ("received SIGUSR1 before workers started; nothing to relay").
+#[test]
+fn a_preemption_warning_between_generations_is_asked_of_the_next_one() {
+    let reason = "SIGUSR1 (preemption warning) on node n0".to_string();
+    for when in ["stopping", "reporting", "forming"] {
+        let mut t = T::running(1, 2);
+        let warn = |t: &mut T| {
+            let fx = t.feed(Input::Signal(Signal::SIGUSR1));
+            assert!(
+                logged(&fx, "preemption warning; asking every rank"),
+                "{when}: {fx:?}"
+            );
+            assert!(!fx.iter().any(|e| matches!(e, Effect::Send(_))), "{fx:?}");
+        };
+        t.feed(Input::Workers(failed()));
+        if when == "stopping" {
+            warn(&mut t);
+        }
+        t.workers_gone(Some("rank 1 exited with 3 on node n0"));
+        if when == "reporting" {
+            warn(&mut t);
+        }
+        t.ev(Event::FailureDecision {
+            restart: true,
+            restarts: restarts(1, &["generation 1: rank 1"]),
+            cause: None,
+        });
+        if when == "forming" {
+            warn(&mut t);
+        }
+        t.ev(Event::Formed(plan(2, 1, 0)));
+        t.feed(Input::Verified(Checked::Use(None)));
+        let fx = t.feed(Input::Spawned);
+        assert!(
+            fx.contains(&Effect::Send(Request::Preempt {
+                generation: 2,
+                reason: reason.clone(),
+            })),
+            "{when}: {fx:?}"
+        );
+    }
+}
+
 #[test]
 fn a_preemption_warning_saves_then_stops_and_requeues() {
     let mut t = T::running(1, 1);
