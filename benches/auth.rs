@@ -210,11 +210,24 @@ async fn measure(
     (times[n / 2], times[n * 99 / 100])
 }
 
-fn main() {
-    let n: usize = std::env::var("DRUN_BENCH_RPCS")
+/// The settings compared: name, token, TLS.
+const SETTINGS: [(&str, bool, bool); 4] = [
+    ("open", false, false),
+    ("token", true, false),
+    ("tls", false, true),
+    ("token + tls", true, true),
+];
+
+/// `key` parsed from the environment, else `default`.
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+        .unwrap_or(default)
+}
+
+fn main() {
+    let n: usize = env_or("DRUN_BENCH_RPCS", 2000);
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("tokens");
     std::fs::write(&token_file, "bench-token-0123456789\n").unwrap();
@@ -223,36 +236,20 @@ fn main() {
     println!("Status RPC round trip, loopback, {n} calls on one connection");
     println!("{:<14} {:>12} {:>12}", "setting", "median (us)", "p99 (us)");
     let us = |d: Duration| d.as_secs_f64() * 1e6;
-    for (name, token, tls) in [
-        ("open", false, false),
-        ("token", true, false),
-        ("tls", false, true),
-        ("token + tls", true, true),
-    ] {
+    for (name, token, tls) in SETTINGS {
         let tls = tls.then_some((ca.as_path(), &files));
         let (med, p99) = rt.block_on(measure(n, token, tls, &token_file));
         println!("{name:<14} {:>12.1} {:>12.1}", us(med), us(p99));
     }
-    let nodes: u32 = std::env::var("DRUN_BENCH_NODES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(16);
-    let forms: usize = std::env::var("DRUN_BENCH_FORMS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(7);
+    let nodes: u32 = env_or("DRUN_BENCH_NODES", 16);
+    let forms: usize = env_or("DRUN_BENCH_FORMS", 7);
     println!();
     println!(
         "formation of {nodes} agents (each its own connection): first connect -> every plan, median of {forms}"
     );
     println!("{:<14} {:>12} {:>10}", "setting", "median (ms)", "vs open");
     let mut open = None;
-    for (name, token, tls) in [
-        ("open", false, false),
-        ("token", true, false),
-        ("tls", false, true),
-        ("token + tls", true, true),
-    ] {
+    for (name, token, tls) in SETTINGS {
         let tls = tls.then_some((ca.as_path(), &files));
         let med = rt.block_on(formation(nodes, forms, token, tls, &token_file));
         let base = *open.get_or_insert(med);

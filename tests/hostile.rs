@@ -120,19 +120,19 @@ fn an_invalid_hello_is_refused_with_invalid_argument_and_one_line() {
     }
 }
 
-/// Opens a session of `node` on `run` that joins and stays open (its lease held) while the
-/// returned sender lives.
-async fn joined(
+/// Opens a session sending `msgs` that stays open (its lease held) while the returned sender
+/// lives, once the server's first answer came.
+async fn held(
     endpoint: &str,
-    run: &str,
-    node: &str,
+    msgs: Vec<pb::AgentMessage>,
 ) -> tokio::sync::mpsc::UnboundedSender<pb::AgentMessage> {
     let mut client = RendezvousClient::connect(format!("http://{endpoint}"))
         .await
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tx.send(hello(run, node)).unwrap();
-    tx.send(join(node)).unwrap();
+    for m in msgs {
+        tx.send(m).unwrap();
+    }
     let mut inbound = client
         .session(UnboundedReceiverStream::new(rx))
         .await
@@ -145,6 +145,14 @@ async fn joined(
         .expect("the session opened");
     tokio::spawn(async move { while let Ok(Some(_)) = inbound.message().await {} });
     tx
+}
+
+/// A well-formed join of `node` to `run` is still taken: no Error among the first `n` events.
+fn still_serves(rt: &tokio::runtime::Runtime, endpoint: &str, run: &str, node: &str, n: usize) {
+    let events = rt
+        .block_on(session(endpoint, vec![hello(run, node), join(node)], n))
+        .unwrap();
+    assert!(error_of(&events).is_none(), "{events:?}");
 }
 
 /// The node ids waiting in `run`, once `status` answers with `want` of them (5 s at most).
@@ -172,7 +180,7 @@ fn a_join_in_another_nodes_name_ends_the_session_and_changes_nothing() {
     let server = RdzvServer::start(&["--store", "memory"]);
     let rt = rt();
     // n0 waits in the run (min 2 nodes: nothing forms).
-    let _n0 = rt.block_on(joined(&server.endpoint, "job", "n0"));
+    let _n0 = rt.block_on(held(&server.endpoint, vec![hello("job", "n0"), join("n0")]));
     assert_eq!(waiting_nodes(&server.endpoint, "job", 1), ["n0"]);
 
     let events = rt
@@ -193,14 +201,7 @@ fn a_join_in_another_nodes_name_ends_the_session_and_changes_nothing() {
     assert_eq!(status(&server.endpoint, "job")["generation"], 0);
 
     // The server still takes a well-formed join: with n1 the round of 2 forms.
-    let events = rt
-        .block_on(session(
-            &server.endpoint,
-            vec![hello("job", "n1"), join("n1")],
-            3,
-        ))
-        .unwrap();
-    assert!(error_of(&events).is_none(), "{events:?}");
+    still_serves(&rt, &server.endpoint, "job", "n1", 3);
 }
 
 #[test]
@@ -209,17 +210,7 @@ fn a_new_run_past_max_runs_is_refused_resource_exhausted() {
     let rt = rt();
     rt.block_on(async {
         // Run A holds a session open while run B asks.
-        let mut client = RendezvousClient::connect(format!("http://{}", server.endpoint))
-            .await
-            .unwrap();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tx.send(hello("run-a", "n1")).unwrap();
-        let mut a = client
-            .session(UnboundedReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        a.message().await.unwrap().expect("run A's session opened");
+        let tx = held(&server.endpoint, vec![hello("run-a", "n1")]).await;
         let s = session(&server.endpoint, vec![hello("run-b", "n1")], 1)
             .await
             .expect_err("run B is past the limit");
@@ -249,14 +240,7 @@ fn an_oversized_message_is_refused_and_the_server_keeps_serving() {
         err.starts_with("the rendezvous server refused a message") && err.contains("too large"),
         "{err}"
     );
-    let events = rt
-        .block_on(session(
-            &server.endpoint,
-            vec![hello("job", "n1"), join("n1")],
-            2,
-        ))
-        .unwrap();
-    assert!(error_of(&events).is_none(), "{events:?}");
+    still_serves(&rt, &server.endpoint, "job", "n1", 2);
 }
 
 /// A `TMPDIR` other users may write to without the sticky bit would let them swap the worker
