@@ -5,13 +5,17 @@
 //! and HTTP use for bearer tokens, as etcd and Kubernetes do). A server reads the tokens it
 //! accepts from files (`--token-file`, repeatable), one per line: `TOKEN` accepts any run,
 //! `RUN_ID TOKEN` only run `RUN_ID`; blank lines and lines starting with `#` are ignored. The
-//! files are read again at every check, so a rotated token takes effect without a restart, and
-//! a file that cannot be read any more accepts nothing (fail closed). Tokens are compared in
+//! files are looked at again at most once a second and read again when they changed
+//! ([`crate::token_files`]), so a rotated token takes effect within a second without a restart,
+//! and a file that cannot be read any more accepts nothing (fail closed). Tokens are compared in
 //! constant time ([`ct_eq`]). The decision itself is the pure [`decide`].
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crate::error::ServiceError;
+use crate::token_files::{read, TokenFile};
 
 /// The metadata key the token travels under.
 pub const TOKEN_KEY: &str = "authorization";
@@ -157,8 +161,8 @@ pub fn decide(
 /// Where a server's accepted tokens come from.
 #[derive(Debug, Clone)]
 enum TokenSource {
-    /// A `--token-file`, read at every check.
-    File(PathBuf),
+    /// A `--token-file`, read again when it changed.
+    File(Arc<Mutex<TokenFile>>),
     /// A token held in memory (an agent hosting the c10d rendezvous accepts its own).
     Fixed(Secret),
 }
@@ -175,13 +179,13 @@ impl Auth {
         Auth::default()
     }
 
-    /// Tokens read from `files` at every check.
+    /// Tokens read from `files`, and read again when they change ([`crate::token_files`]).
     ///
     /// # Errors
     /// A file that cannot be read now, does not parse or holds no token: one line naming it.
     pub fn from_files(files: &[PathBuf]) -> Result<Self, String> {
         for f in files {
-            let entries = read_file(f)?;
+            let entries = read(f)?;
             if entries.is_empty() {
                 return Err(format!(
                     "token file {} holds no token; write one `TOKEN` or `RUN_ID TOKEN` per line",
@@ -190,7 +194,10 @@ impl Auth {
             }
         }
         Ok(Auth {
-            sources: files.iter().cloned().map(TokenSource::File).collect(),
+            sources: files
+                .iter()
+                .map(|f| TokenSource::File(Arc::new(Mutex::new(TokenFile::new(f.clone())))))
+                .collect(),
         })
     }
 
@@ -206,8 +213,8 @@ impl Auth {
         self.sources.is_empty()
     }
 
-    /// The accepted entries now (a file that cannot be read contributes none, with a warning).
-    fn entries(&self) -> Vec<Entry> {
+    /// The accepted entries at `now` (a file that cannot be read contributes none).
+    fn entries(&self, now: Instant) -> Vec<Entry> {
         let mut out = Vec::new();
         for s in &self.sources {
             match s {
@@ -215,10 +222,10 @@ impl Auth {
                     run: None,
                     token: t.clone(),
                 }),
-                TokenSource::File(f) => match read_file(f) {
-                    Ok(e) => out.extend(e),
-                    Err(e) => tracing::warn!("{e}; its tokens are not accepted until it is fixed"),
-                },
+                TokenSource::File(f) => {
+                    let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+                    out.extend_from_slice(f.entries_at(now));
+                }
             }
         }
         out
@@ -234,6 +241,19 @@ impl Auth {
         metadata: &tonic::metadata::MetadataMap,
         run: Option<&str>,
     ) -> Result<(), ServiceError> {
+        self.check_at(metadata, run, Instant::now())
+    }
+
+    /// [`Auth::check`] as of `now` (the token files' contents as looked at by then).
+    ///
+    /// # Errors
+    /// As [`Auth::check`].
+    pub fn check_at(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        run: Option<&str>,
+        now: Instant,
+    ) -> Result<(), ServiceError> {
         if self.is_open() {
             return Ok(());
         }
@@ -241,7 +261,7 @@ impl Auth {
             .get(TOKEN_KEY)
             .and_then(|v| v.to_str().ok())
             .map(|v| v.strip_prefix(BEARER).unwrap_or(v));
-        match decide(true, &self.entries(), run, presented) {
+        match decide(true, &self.entries(now), run, presented) {
             Verdict::Open | Verdict::Accepted => Ok(()),
             Verdict::Missing => Err(ServiceError::Unauthenticated(
                 "this rendezvous server requires a token and none was sent; give the agent \
@@ -259,12 +279,6 @@ impl Auth {
             })),
         }
     }
-}
-
-fn read_file(f: &std::path::Path) -> Result<Vec<Entry>, String> {
-    let text = std::fs::read_to_string(f)
-        .map_err(|e| format!("cannot read token file {}: {e}", f.display()))?;
-    parse_tokens(&text).map_err(|e| format!("token file {}: {e}", f.display()))
 }
 
 /// Adds `token` (if any) to an outgoing request's metadata.

@@ -64,7 +64,8 @@ fn secrets_do_not_print() {
 }
 
 #[test]
-fn token_files_are_read_again_at_every_check() {
+fn token_files_are_read_again_when_they_change() {
+    use crate::token_files::RECHECK;
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("tokens");
     std::fs::write(&f, "old\n").unwrap();
@@ -74,15 +75,20 @@ fn token_files_are_read_again_at_every_check() {
         attach(&mut r, Some(&Secret::new(t)));
         r.metadata().clone()
     };
-    assert!(auth.check(&md("old"), Some("r")).is_ok());
+    let t0 = std::time::Instant::now();
+    assert!(auth.check_at(&md("old"), Some("r"), t0).is_ok());
     std::fs::write(&f, "new\n").unwrap();
-    let err = auth.check(&md("old"), Some("r")).unwrap_err();
+    let err = auth
+        .check_at(&md("old"), Some("r"), t0 + RECHECK)
+        .unwrap_err();
     assert!(matches!(err, ServiceError::Unauthenticated(_)));
     assert!(!err.to_string().contains("old"), "{err}");
-    assert!(auth.check(&md("new"), Some("r")).is_ok());
+    assert!(auth.check_at(&md("new"), Some("r"), t0 + RECHECK).is_ok());
     // A file gone: fail closed.
     std::fs::remove_file(&f).unwrap();
-    assert!(auth.check(&md("new"), Some("r")).is_err());
+    assert!(auth
+        .check_at(&md("new"), Some("r"), t0 + RECHECK * 2)
+        .is_err());
     let missing = auth
         .check(&tonic::metadata::MetadataMap::new(), None)
         .unwrap_err();

@@ -76,6 +76,7 @@ pub mod status;
 pub mod status_view;
 pub mod store;
 pub mod tls;
+pub mod token_files;
 pub mod validate;
 pub mod wire;
 

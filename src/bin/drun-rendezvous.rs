@@ -63,8 +63,8 @@ enum Command {
         #[arg(long, env = "DRUN_RDZV_METRICS_ADDR", value_name = "HOST:PORT")]
         metrics_addr: Option<String>,
         /// Accept only agents sending a token listed in PATH (repeatable): one `TOKEN` (any run)
-        /// or `RUN_ID TOKEN` (that run only) per line, `#` comments. Read again at every check,
-        /// so tokens rotate without a restart. Without it the control plane is open.
+        /// or `RUN_ID TOKEN` (that run only) per line, `#` comments. Looked at again at most
+        /// once a second and read again when changed, so tokens rotate without a restart. Without it the control plane is open.
         #[arg(long = "token-file", value_name = "PATH")]
         token_files: Vec<std::path::PathBuf>,
         /// Serve over TLS with this PEM certificate (chain); needs --tls-key.

@@ -1,0 +1,170 @@
+//! A server's `--token-file`s, kept parsed in memory and read again only when they change.
+//!
+//! Reading a file at every RPC cost an `open`, a `read` and a `close` per call (about 3 µs, 6 %
+//! of a loopback round trip). Instead each file is looked at (`stat`, no read) at most once per
+//! [`RECHECK`]; when its size, modification or change time, or inode differ from what was read
+//! last (an edit in place or a new file moved over it), it is read and parsed again. So a rotated
+//! token takes effect within [`RECHECK`] of the change, without a restart. A file that cannot be
+//! looked at or parsed any more accepts nothing until it is fixed (fail closed), with one warning
+//! when that starts, not one per request.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::auth::{parse_tokens, Entry};
+
+/// How often, at most, a token file is looked at again (1 s).
+pub const RECHECK: Duration = Duration::from_secs(1);
+
+/// What tells one version of a file from another without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    ino: u64,
+}
+
+impl Stamp {
+    /// The stamp of `m`.
+    pub fn of(m: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+            ino: m.ino(),
+        }
+    }
+}
+
+/// Whether a file last looked at `checked` (`None`: never) is looked at again at `now`.
+pub fn due(checked: Option<Instant>, now: Instant) -> bool {
+    checked.is_none_or(|t| now.saturating_duration_since(t) >= RECHECK)
+}
+
+/// One token file and what was last read from it.
+#[derive(Debug)]
+pub struct TokenFile {
+    path: PathBuf,
+    checked: Option<Instant>,
+    stamp: Option<Stamp>,
+    entries: Result<Vec<Entry>, String>,
+}
+
+impl TokenFile {
+    /// `path`, not read yet (the first [`TokenFile::entries_at`] reads it).
+    pub fn new(path: PathBuf) -> Self {
+        TokenFile {
+            path,
+            checked: None,
+            stamp: None,
+            entries: Ok(Vec::new()),
+        }
+    }
+
+    /// The entries the file holds as of `now`: looked at again when [`due`], read again when
+    /// its [`Stamp`] changed. A file that cannot be looked at, read or parsed gives none.
+    pub fn entries_at(&mut self, now: Instant) -> &[Entry] {
+        if due(self.checked, now) {
+            self.checked = Some(now);
+            let stamp = std::fs::metadata(&self.path).map(|m| Stamp::of(&m));
+            match stamp {
+                Ok(s) if self.stamp == Some(s) => {}
+                Ok(s) => {
+                    self.stamp = Some(s);
+                    self.set(read(&self.path));
+                }
+                Err(e) => {
+                    self.stamp = None;
+                    self.set(Err(format!(
+                        "cannot read token file {}: {e}",
+                        self.path.display()
+                    )));
+                }
+            }
+        }
+        self.entries.as_deref().unwrap_or(&[])
+    }
+
+    fn set(&mut self, entries: Result<Vec<Entry>, String>) {
+        if let (Err(e), Ok(_)) = (&entries, &self.entries) {
+            tracing::warn!("{e}; its tokens are not accepted until it is fixed");
+        }
+        self.entries = entries;
+    }
+}
+
+/// Reads and parses the token file `f`.
+///
+/// # Errors
+/// A file that cannot be read or does not parse: one line naming it (never a token).
+pub fn read(f: &Path) -> Result<Vec<Entry>, String> {
+    let text = std::fs::read_to_string(f)
+        .map_err(|e| format!("cannot read token file {}: {e}", f.display()))?;
+    parse_tokens(&text).map_err(|e| format!("token file {}: {e}", f.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(f: &mut TokenFile, now: Instant) -> Vec<String> {
+        f.entries_at(now)
+            .iter()
+            .map(|e| e.token.expose().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_file_is_looked_at_again_only_after_the_recheck_interval() {
+        let t0 = Instant::now();
+        assert!(due(None, t0));
+        assert!(!due(Some(t0), t0 + RECHECK - Duration::from_millis(1)));
+        assert!(due(Some(t0), t0 + RECHECK));
+        // A clock read before `checked` (another thread's instant) is not due.
+        assert!(!due(Some(t0 + RECHECK), t0));
+    }
+
+    #[test]
+    fn a_rotated_token_takes_effect_at_the_next_recheck() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tokens");
+        std::fs::write(&p, "old\n").unwrap();
+        let mut f = TokenFile::new(p.clone());
+        let t0 = Instant::now();
+        assert_eq!(tokens(&mut f, t0), ["old"]);
+        // Same length, so only the times tell the versions apart.
+        std::fs::write(&p, "new\n").unwrap();
+        assert_eq!(
+            tokens(&mut f, t0 + RECHECK / 2),
+            ["old"],
+            "not looked at yet"
+        );
+        assert_eq!(tokens(&mut f, t0 + RECHECK), ["new"]);
+        // Moved over (a new inode), as `mv tokens.new tokens` rotates.
+        let q = dir.path().join("tokens.new");
+        std::fs::write(&q, "newer\nother\n").unwrap();
+        std::fs::rename(&q, &p).unwrap();
+        assert_eq!(tokens(&mut f, t0 + RECHECK * 2), ["newer", "other"]);
+    }
+
+    #[test]
+    fn a_file_gone_or_broken_accepts_nothing_until_it_is_fixed() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tokens");
+        std::fs::write(&p, "tok\n").unwrap();
+        let mut f = TokenFile::new(p.clone());
+        let t0 = Instant::now();
+        assert_eq!(tokens(&mut f, t0), ["tok"]);
+        std::fs::remove_file(&p).unwrap();
+        assert!(tokens(&mut f, t0 + RECHECK).is_empty());
+        std::fs::write(&p, "a b c\n").unwrap();
+        assert!(
+            tokens(&mut f, t0 + RECHECK * 2).is_empty(),
+            "does not parse"
+        );
+        std::fs::write(&p, "tok\n").unwrap();
+        assert_eq!(tokens(&mut f, t0 + RECHECK * 3), ["tok"]);
+    }
+}
