@@ -1,15 +1,28 @@
-//! Cost of authentication and TLS per RPC: the round trip of a `Status` RPC to an in-process
-//! `drun-rendezvous` service (memory store, loopback), open vs token vs TLS vs token + TLS,
-//! side by side (median and p99 of `DRUN_BENCH_RPCS` calls, default 2,000, after 200 warm-up
-//! calls on one connection). The CA and server certificate are generated here (`rcgen`).
+//! Cost of authentication and TLS, open vs token vs TLS vs token + TLS, each measured in
+//! interleaved rounds (every round measures all four settings in turn, so a machine that gets
+//! busier or quieter during the run weighs on all four alike). The CA and server certificate are
+//! generated here (`rcgen`, ECDSA P-256).
 //!
-//! Then **formation time** at N = `DRUN_BENCH_NODES` (16): that many agent sessions, each on its
-//! own connection (its own TLS handshake), send Hello and Join for a run of exactly N nodes;
-//! the time from the first connect until every session has its plan (median of
-//! `DRUN_BENCH_FORMS` formations, default 7), open vs token vs TLS vs token + TLS.
+//! Each round starts one setting later than the last, so no setting always runs first.
+//!
+//! 1. **Per-RPC latency**: the round trip of a `Status` RPC to an in-process `drun-rendezvous`
+//!    service (memory store, loopback), one established connection per setting: median and p99
+//!    of `DRUN_BENCH_RPCS` calls (default 20,000, in 10 rounds, after 200 warm-up calls each).
+//! 2. **Formation of N = `DRUN_BENCH_NODES` (16) real agents**, what a user waits for: N `drun`
+//!    processes (one `sh` worker each, as `cargo bench --bench rendezvous` runs them) through a
+//!    `drun-rendezvous serve` process, from the last agent started to the last worker started;
+//!    median of `DRUN_BENCH_FORMS` rounds (default 21).
+//! 3. **Protocol-only formation** at the same N: N sessions in this process, each on its own
+//!    connection (its own TLS handshake), send Hello and Join for a run of exactly N nodes; from
+//!    the first connect until every session has its plan. No process starts, so this isolates
+//!    the handshakes; median of `DRUN_BENCH_FORMS` rounds.
 //!
 //! `cargo bench --bench auth`.
 
+mod common;
+use common::{rendezvous_drun, rendezvous_time, RdzvServer};
+
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +34,7 @@ use drun_rendezvous::service::{serve_with_tls, RendezvousService};
 use drun_rendezvous::tls::{endpoint, ClientTls, ServerTlsFiles};
 use drun_rendezvous::{MemoryStore, Store};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use tonic::transport::Channel;
 
 /// CA file, server cert file, server key file in `dir`.
 fn certificates(dir: &std::path::Path) -> (std::path::PathBuf, ServerTlsFiles) {
@@ -118,7 +132,7 @@ async fn agent(
     }
     let mut req = tonic::Request::new(tokio_stream::wrappers::UnboundedReceiverStream::new(rx));
     if token {
-        attach(&mut req, Some(&Secret::new("bench-token-0123456789")));
+        attach(&mut req, Some(&Secret::new(TOKEN)));
     }
     let mut events = client.session(req).await.unwrap().into_inner();
     while let Some(ev) = events.message().await.unwrap() {
@@ -131,83 +145,159 @@ async fn agent(
     });
 }
 
-/// Median time for `n` agents, each on its own connection, to form one run's first
-/// generation (`forms` runs on one server).
-async fn formation(
-    n: u32,
-    forms: usize,
-    token: bool,
-    tls: Option<(&std::path::Path, &ServerTlsFiles)>,
-    token_file: &std::path::Path,
-) -> Duration {
-    let (addr, stop) = server(token, tls, token_file).await;
-    let mut times = Vec::new();
-    for f in 0..forms + 1 {
-        let run = format!("form{f}");
-        let t = Instant::now();
-        let agents: Vec<_> = (0..n as usize)
-            .map(|i| {
-                tokio::spawn(agent(
-                    addr.clone(),
-                    tls.map(|(ca, _)| ca.to_path_buf()),
-                    token,
-                    run.clone(),
-                    i,
-                    n,
-                ))
-            })
-            .collect();
-        for a in agents {
-            a.await.unwrap();
-        }
-        // The first formation warms the server up.
-        if f > 0 {
-            times.push(t.elapsed());
+/// Protocol-only formation: per setting, the median time for `n` sessions, each on its own
+/// connection, to form one run's first generation; `rounds` rounds, the settings interleaved.
+async fn formation(n: u32, rounds: usize, files: &Files) -> Vec<Duration> {
+    let mut servers = Vec::new();
+    for (_, token, tls) in SETTINGS {
+        servers.push(server(token, files.tls(tls), &files.token).await);
+    }
+    let mut times = vec![Vec::new(); SETTINGS.len()];
+    // Round 0 warms every server up and is not counted.
+    for round in 0..=rounds {
+        for i in order(round) {
+            let (_, token, tls) = SETTINGS[i];
+            let run = format!("form{round}");
+            let t = Instant::now();
+            let agents: Vec<_> = (0..n as usize)
+                .map(|a| {
+                    tokio::spawn(agent(
+                        servers[i].0.clone(),
+                        files.tls(tls).map(|(ca, _)| ca.to_path_buf()),
+                        token,
+                        run.clone(),
+                        a,
+                        n,
+                    ))
+                })
+                .collect();
+            for a in agents {
+                a.await.unwrap();
+            }
+            if round > 0 {
+                times[i].push(t.elapsed());
+            }
         }
     }
-    let _ = stop.send(());
-    times.sort();
-    times[times.len() / 2]
+    for (_, stop) in servers {
+        let _ = stop.send(());
+    }
+    times.into_iter().map(median).collect()
 }
 
-/// Median and p99 of `n` Status round trips against a server with `token` and `tls`.
-async fn measure(
-    n: usize,
-    token: bool,
-    tls: Option<(&std::path::Path, &ServerTlsFiles)>,
-    token_file: &std::path::Path,
-) -> (Duration, Duration) {
-    let (addr, stop) = server(token, tls, token_file).await;
-    let client_tls = tls.map(|(ca, _)| ClientTls::from_files(ca, None, None).unwrap());
-    let channel = endpoint(&addr, client_tls.as_ref(), None)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = RendezvousClient::new(channel);
-    let secret = Secret::new("bench-token-0123456789");
-    let mut times = Vec::with_capacity(n);
-    for i in 0..(n + 200) {
-        let mut req = tonic::Request::new(StatusRequest {
-            run_id: "bench".into(),
-        });
-        if token {
-            attach(&mut req, Some(&secret));
-        }
-        let t = Instant::now();
-        let r = client.status(req).await;
-        let d = t.elapsed();
-        assert!(
-            !matches!(&r, Err(s) if s.code() == tonic::Code::Unauthenticated),
-            "{r:?}"
-        );
-        if i >= 200 {
-            times.push(d);
+/// Formation with real agents: per setting, the median over `rounds` rounds (settings
+/// interleaved) of the seconds from the last of `n` `drun` processes started to the last of
+/// their workers started, through a `drun-rendezvous serve` process with that setting.
+fn real_formation(n: usize, rounds: usize, files: &Files) -> Vec<Duration> {
+    let servers: Vec<RdzvServer> = SETTINGS
+        .into_iter()
+        .map(|(_, token, tls)| {
+            let mut args = vec!["--store".to_string(), "memory".into()];
+            if token {
+                args.extend(["--token-file".into(), files.path(&files.token)]);
+            }
+            if tls {
+                args.extend(["--tls-cert".into(), files.path(&files.tls.cert)]);
+                args.extend(["--tls-key".into(), files.path(&files.tls.key)]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            RdzvServer::start(&args)
+        })
+        .collect();
+    let mut times = vec![Vec::new(); SETTINGS.len()];
+    for round in 0..=rounds {
+        for i in order(round) {
+            let (_, token, tls) = SETTINGS[i];
+            let dir = tempfile::tempdir().unwrap();
+            let id = format!("real{round}");
+            let secs = rendezvous_time(n, dir.path(), |a| {
+                let mut c = rendezvous_drun(n, a, &servers[i].1, &id, dir.path());
+                if token {
+                    c.env("DRUN_RDZV_TOKEN_FILE", &files.token);
+                }
+                if tls {
+                    c.env("DRUN_RDZV_TLS_CA", &files.ca);
+                }
+                c
+            });
+            if round > 0 {
+                times[i].push(Duration::from_secs_f64(secs));
+            }
         }
     }
-    let _ = stop.send(());
-    times.sort();
-    (times[n / 2], times[n * 99 / 100])
+    times.into_iter().map(median).collect()
+}
+
+/// One `Status` round trip on `client`, with the token when `token`.
+async fn status_call(client: &mut RendezvousClient<Channel>, token: bool) -> Duration {
+    let mut req = tonic::Request::new(StatusRequest {
+        run_id: "bench".into(),
+    });
+    if token {
+        attach(&mut req, Some(&Secret::new(TOKEN)));
+    }
+    let t = Instant::now();
+    let r = client.status(req).await;
+    let d = t.elapsed();
+    assert!(
+        !matches!(&r, Err(s) if s.code() == tonic::Code::Unauthenticated),
+        "{r:?}"
+    );
+    d
+}
+
+/// Per setting, median and p99 of `n` Status round trips (`rounds` rounds, settings
+/// interleaved), each setting on its own server and established connection.
+async fn rpc_latency(n: usize, rounds: usize, files: &Files) -> Vec<(Duration, Duration)> {
+    let mut clients = Vec::new();
+    let mut stops = Vec::new();
+    for (_, token, tls) in SETTINGS {
+        let (addr, stop) = server(token, files.tls(tls), &files.token).await;
+        let client_tls = files
+            .tls(tls)
+            .map(|(ca, _)| ClientTls::from_files(ca, None, None).unwrap());
+        let channel = endpoint(&addr, client_tls.as_ref(), None)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = RendezvousClient::new(channel);
+        for _ in 0..200 {
+            status_call(&mut client, token).await;
+        }
+        clients.push((client, token));
+        stops.push(stop);
+    }
+    let mut times = vec![Vec::with_capacity(n); SETTINGS.len()];
+    for round in 0..rounds {
+        for i in order(round) {
+            let (client, token) = &mut clients[i];
+            for _ in 0..n / rounds {
+                times[i].push(status_call(client, *token).await);
+            }
+        }
+    }
+    for stop in stops {
+        let _ = stop.send(());
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort();
+            (t[t.len() / 2], t[t.len() * 99 / 100])
+        })
+        .collect()
+}
+
+/// The settings' indices in round `round`'s order: each round starts one setting later, so no
+/// setting always follows the same one (or always comes first after a pause).
+fn order(round: usize) -> impl Iterator<Item = usize> {
+    (0..SETTINGS.len()).map(move |k| (round + k) % SETTINGS.len())
+}
+
+fn median(mut t: Vec<Duration>) -> Duration {
+    t.sort();
+    t[t.len() / 2]
 }
 
 /// The settings compared: name, token, TLS.
@@ -218,6 +308,26 @@ const SETTINGS: [(&str, bool, bool); 4] = [
     ("token + tls", true, true),
 ];
 
+/// The token every setting with a token uses.
+const TOKEN: &str = "bench-token-0123456789";
+
+/// The files of the run: the token file, the CA and the server's certificate and key.
+struct Files {
+    token: PathBuf,
+    ca: PathBuf,
+    tls: ServerTlsFiles,
+}
+
+impl Files {
+    fn tls(&self, on: bool) -> Option<(&Path, &ServerTlsFiles)> {
+        on.then_some((self.ca.as_path(), &self.tls))
+    }
+
+    fn path(&self, p: &Path) -> String {
+        p.to_str().expect("a UTF-8 temporary path").to_string()
+    }
+}
+
 /// `key` parsed from the environment, else `default`.
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)
@@ -226,37 +336,53 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// Prints one table row per setting: its values and the first one's change against open.
+fn table(rows: &[Vec<f64>]) {
+    let open = rows[0][0];
+    for ((name, _, _), row) in SETTINGS.iter().zip(rows) {
+        let cells: String = row.iter().map(|v| format!(" {v:>12.1}")).collect();
+        let vs = (row[0] / open - 1.0) * 100.0;
+        println!("{name:<14}{cells} {vs:>+9.1}%");
+    }
+}
+
 fn main() {
-    let n: usize = env_or("DRUN_BENCH_RPCS", 2000);
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("tokens");
-    std::fs::write(&token_file, "bench-token-0123456789\n").unwrap();
-    let (ca, files) = certificates(dir.path());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    println!("Status RPC round trip, loopback, {n} calls on one connection");
-    println!("{:<14} {:>12} {:>12}", "setting", "median (us)", "p99 (us)");
-    let us = |d: Duration| d.as_secs_f64() * 1e6;
-    for (name, token, tls) in SETTINGS {
-        let tls = tls.then_some((ca.as_path(), &files));
-        let (med, p99) = rt.block_on(measure(n, token, tls, &token_file));
-        println!("{name:<14} {:>12.1} {:>12.1}", us(med), us(p99));
-    }
+    let n: usize = env_or("DRUN_BENCH_RPCS", 20_000);
+    let rounds: usize = env_or("DRUN_BENCH_ROUNDS", 10);
     let nodes: u32 = env_or("DRUN_BENCH_NODES", 16);
-    let forms: usize = env_or("DRUN_BENCH_FORMS", 7);
-    println!();
+    let forms: usize = env_or("DRUN_BENCH_FORMS", 21);
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("tokens");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let (ca, tls) = certificates(dir.path());
+    let files = Files { token, ca, tls };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+
     println!(
-        "formation of {nodes} agents (each its own connection): first connect -> every plan, median of {forms}"
+        "1. Status RPC round trip, loopback, {n} calls per setting in {rounds} interleaved rounds"
     );
+    println!(
+        "{:<14} {:>12} {:>12} {:>10}",
+        "setting", "median (us)", "p99 (us)", "vs open"
+    );
+    let rpc = rt.block_on(rpc_latency(n, rounds, &files));
+    table(
+        &rpc.iter()
+            .map(|(m, p)| vec![us(*m), us(*p)])
+            .collect::<Vec<_>>(),
+    );
+
+    println!();
+    println!("2. formation of {nodes} real agents (drun processes, 1 worker each): last agent started -> last worker started, median of {forms} interleaved rounds");
     println!("{:<14} {:>12} {:>10}", "setting", "median (ms)", "vs open");
-    let mut open = None;
-    for (name, token, tls) in SETTINGS {
-        let tls = tls.then_some((ca.as_path(), &files));
-        let med = rt.block_on(formation(nodes, forms, token, tls, &token_file));
-        let base = *open.get_or_insert(med);
-        println!(
-            "{name:<14} {:>12.1} {:>+9.1}%",
-            med.as_secs_f64() * 1e3,
-            (med.as_secs_f64() / base.as_secs_f64() - 1.0) * 100.0
-        );
-    }
+    let real = real_formation(nodes as usize, forms, &files);
+    table(&real.iter().map(|d| vec![ms(*d)]).collect::<Vec<_>>());
+
+    println!();
+    println!("3. protocol-only formation of {nodes} sessions (each its own connection and handshake), first connect -> every plan, median of {forms} interleaved rounds");
+    println!("{:<14} {:>12} {:>10}", "setting", "median (ms)", "vs open");
+    let proto = rt.block_on(formation(nodes, forms, &files));
+    table(&proto.iter().map(|d| vec![ms(*d)]).collect::<Vec<_>>());
 }
