@@ -173,7 +173,9 @@ fn ddp_destroy_once(python: &Path, mode: &str) -> (i32, String) {
 }
 
 /// Not in CI: `DRUN_STRESS_RUNS` (default 50) runs of an unmodified DDP script ending in
-/// `destroy_process_group()`, none may fail with the agent hosting the store. With
+/// `destroy_process_group()`; with the agent hosting the store none may fail for any reason but
+/// torch's own teardown abort at interpreter exit (see `tests/workers/ddp_destroy.py`: it hits
+/// torchrun as often), which is counted and printed. With
 /// `DRUN_STRESS_RANK0=1` the same loop with `--worker-store rank0` is run and its failures
 /// counted (printed, not asserted: they are rare and random).
 /// `cargo nextest run -E 'test(/stress_ddp/)' --run-ignored only --no-capture`
@@ -191,6 +193,7 @@ fn stress_ddp_destroy_process_group() {
     }
     for mode in modes {
         let mut failures = Vec::new();
+        let mut torch_aborts = 0;
         for i in 0..runs {
             let (code, err) = ddp_destroy_once(&python, mode);
             if code != 0 {
@@ -200,11 +203,15 @@ fn stress_ddp_destroy_process_group() {
                     .unwrap_or("")
                     .to_string();
                 eprintln!("{mode} run {i}: exit {code} {line}");
-                failures.push(i);
+                if err.contains("terminate called without an active exception") {
+                    torch_aborts += 1;
+                } else {
+                    failures.push(i);
+                }
             }
         }
         eprintln!(
-            "--worker-store {mode}: {} of {runs} runs failed",
+            "--worker-store {mode}: {} of {runs} runs failed, {torch_aborts} more by torch's teardown abort",
             failures.len()
         );
         if mode == "agent" {

@@ -105,7 +105,7 @@ impl Failure {
             pid: self.pid,
             exitcode: self.exit.torch_exitcode(),
             signal: signal.map(|s| s.as_str().to_string()),
-            likely: signal.and_then(signal_cause).map(str::to_string),
+            likely: signal.and_then(|s| likely_cause(s, self.shown_tail())),
             message: self.message(),
             at_ms: self
                 .timestamp()
@@ -144,9 +144,9 @@ impl Failure {
                 s.as_str(),
                 self.pid
             );
-            if let Some(hint) = signal_cause(s) {
+            if let Some(hint) = likely_cause(s, self.shown_tail()) {
                 line.push_str(": ");
-                line.push_str(hint);
+                line.push_str(&hint);
             }
             lines.push(line);
         }
@@ -181,6 +181,24 @@ pub fn signal_cause(sig: Signal) -> Option<&'static str> {
         Signal::SIGINT => "interrupted from outside drun (Ctrl-C reaches only drun, so someone signalled the worker)",
         _ => return None,
     })
+}
+
+/// What libstdc++ prints when a thread ends inside a destructor that may not throw, or a
+/// joinable thread is destroyed: no exception is in flight.
+const TERMINATE_WITHOUT_EXCEPTION: &str = "terminate called without an active exception";
+
+/// [`signal_cause`], made specific by the worker's last lines of output (`tail`) where they tell
+/// more: an abort with [`TERMINATE_WITHOUT_EXCEPTION`] is most often torch's own teardown at
+/// interpreter exit (a gloo or NCCL worker thread that releases its last Work, which holds a
+/// Python object, after finalization began: pytorch/pytorch#179291), as likely under torchrun.
+pub fn likely_cause(sig: Signal, tail: &[String]) -> Option<String> {
+    if sig == Signal::SIGABRT && tail.iter().any(|l| l.contains(TERMINATE_WITHOUT_EXCEPTION)) {
+        return Some(
+            "a native abort with no exception in flight: most often a torch background thread (gloo, NCCL) outliving the interpreter at exit (pytorch/pytorch#179291), after the script's last line; a rank that finished its work avoids it by ending with os._exit(0) once its outputs are saved and flushed"
+                .into(),
+        );
+    }
+    signal_cause(sig).map(str::to_string)
 }
 
 /// A few words for [`signal_cause`] in one-line reports.
@@ -397,5 +415,20 @@ mod tests {
         for sig in [Signal::SIGKILL, Signal::SIGPIPE, Signal::SIGABRT] {
             assert!(signal_cause(sig).is_some(), "{sig:?}");
         }
+    }
+
+    #[test]
+    fn an_abort_without_an_exception_names_the_teardown_race_and_its_way_out() {
+        let mut f = failure(3, ExitKind::Signal(Signal::SIGABRT), 5, None);
+        f.tail = vec!["[rank3]:terminate called without an active exception".into()];
+        let s = format_summary("w.py", "h", &[f.clone()], &[]);
+        assert!(s.contains("pytorch/pytorch#179291"), "{s}");
+        assert!(s.contains("os._exit(0)"), "{s}");
+        let cause = f.root_cause("n", "h");
+        assert!(cause.likely.unwrap().contains("outliving the interpreter"));
+        // Another abort keeps the general cause.
+        f.tail = vec!["Assertion `x' failed.".into()];
+        let likely = f.root_cause("n", "h").likely.unwrap();
+        assert!(likely.contains("often in a destructor at exit"), "{likely}");
     }
 }
