@@ -20,6 +20,7 @@
 //! `cargo bench --bench auth`.
 
 mod common;
+use common::procs::{cpu_time, waited_children_cpu_time};
 use common::{rendezvous_drun, rendezvous_time, RdzvServer};
 
 use std::path::{Path, PathBuf};
@@ -188,7 +189,10 @@ async fn formation(n: u32, rounds: usize, files: &Files) -> Vec<Duration> {
 /// Formation with real agents: per setting, the median over `rounds` rounds (settings
 /// interleaved) of the seconds from the last of `n` `drun` processes started to the last of
 /// their workers started, through a `drun-rendezvous serve` process with that setting.
-fn real_formation(n: usize, rounds: usize, files: &Files) -> Vec<Duration> {
+///
+/// Also the CPU time one formation costs, per setting: all agents together (their handshakes
+/// share this machine's cores, where a cluster gives each its own node) and the server.
+fn real_formation(n: usize, rounds: usize, files: &Files) -> Vec<(Duration, Duration, Duration)> {
     let servers: Vec<RdzvServer> = SETTINGS
         .into_iter()
         .map(|(_, token, tls)| {
@@ -205,9 +209,12 @@ fn real_formation(n: usize, rounds: usize, files: &Files) -> Vec<Duration> {
         })
         .collect();
     let mut times = vec![Vec::new(); SETTINGS.len()];
+    let mut agents_cpu = vec![Duration::ZERO; SETTINGS.len()];
+    let mut server_cpu = vec![Duration::ZERO; SETTINGS.len()];
     for round in 0..=rounds {
         for i in order(round) {
             let (_, token, tls) = SETTINGS[i];
+            let (agents0, server0) = (waited_children_cpu_time(), cpu_time(servers[i].pid()));
             let dir = tempfile::tempdir().unwrap();
             let id = format!("real{round}");
             let secs = rendezvous_time(n, dir.path(), |a| {
@@ -222,10 +229,22 @@ fn real_formation(n: usize, rounds: usize, files: &Files) -> Vec<Duration> {
             });
             if round > 0 {
                 times[i].push(Duration::from_secs_f64(secs));
+                agents_cpu[i] += waited_children_cpu_time() - agents0;
+                server_cpu[i] +=
+                    cpu_time(servers[i].pid()).unwrap_or_default() - server0.unwrap_or_default();
             }
         }
     }
-    times.into_iter().map(median).collect()
+    let per = |d: Duration| d / rounds as u32;
+    (0..SETTINGS.len())
+        .map(|i| {
+            (
+                median(std::mem::take(&mut times[i])),
+                per(agents_cpu[i]),
+                per(server_cpu[i]),
+            )
+        })
+        .collect()
 }
 
 /// One `Status` round trip on `client`, with the token when `token`.
@@ -376,9 +395,18 @@ fn main() {
 
     println!();
     println!("2. formation of {nodes} real agents (drun processes, 1 worker each): last agent started -> last worker started, median of {forms} interleaved rounds");
-    println!("{:<14} {:>12} {:>10}", "setting", "median (ms)", "vs open");
+    println!(
+        "{:<14} {:>12} {:>12} {:>12} {:>10}",
+        "setting", "median (ms)", "agents CPU", "server CPU", "vs open"
+    );
     let real = real_formation(nodes as usize, forms, &files);
-    table(&real.iter().map(|d| vec![ms(*d)]).collect::<Vec<_>>());
+    table(
+        &real
+            .iter()
+            .map(|(d, a, s)| vec![ms(*d), ms(*a), ms(*s)])
+            .collect::<Vec<_>>(),
+    );
+    println!("(CPU: ms per formation: all {nodes} agents with their workers / the server)");
 
     println!();
     println!("3. protocol-only formation of {nodes} sessions (each its own connection and handshake), first connect -> every plan, median of {forms} interleaved rounds");

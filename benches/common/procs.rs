@@ -129,6 +129,17 @@ pub fn cpu_time(pid: Pid) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
+/// User + system CPU time of this process's children that have been waited for (`cutime` and
+/// `cstime` of `/proc/self/stat`, 10 ms ticks).
+pub fn waited_children_cpu_time() -> Duration {
+    let s = fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let f: Vec<&str> = s[s.rfind(')').map_or(0, |i| i + 1)..]
+        .split_whitespace()
+        .collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    Duration::from_millis((tick(13) + tick(14)) * 10)
+}
+
 /// Whether something listens on loopback TCP `port` (IPv4 or IPv6), from `/proc/net/tcp*`:
 /// no connection is made, so a store that counts its clients sees none.
 pub fn listening(port: u16) -> bool {
