@@ -96,6 +96,8 @@ pub mod std_spec;
 pub mod summary;
 pub mod worker_store;
 
+#[cfg(any(test, fuzzing))]
+pub mod checks;
 #[cfg(test)]
 mod props;
 

@@ -80,6 +80,8 @@ pub mod token_files;
 pub mod validate;
 pub mod wire;
 
+#[cfg(any(test, fuzzing))]
+pub mod checks;
 #[cfg(test)]
 mod props;
 

@@ -7,69 +7,11 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::{corpus, edits, mutate};
-use crate::config::parse::{parse_nnodes, parse_signals};
+use crate::checks::{self, DEFAULT_PORT};
 use crate::config::timing::parse_rdzv_conf;
-use crate::slurm::{parse_hostlist, MAX_HOSTS};
+use crate::slurm::parse_hostlist;
 
 const CASES: u32 = 4_000;
-const DEFAULT_PORT: u16 = 29_400;
-
-/// A hostlist: names without brackets or commas, at most [`MAX_HOSTS`] of them.
-fn check_hostlist(s: &str) {
-    if let Ok(hosts) = parse_hostlist(s) {
-        assert!(!hosts.is_empty() && hosts.len() <= MAX_HOSTS, "{s:?}");
-        for h in &hosts {
-            assert!(!h.is_empty(), "{s:?} gave an empty name");
-            assert!(!h.contains([',', '[', ']']), "{s:?} gave {h:?}");
-        }
-    }
-}
-
-/// `--rdzv-conf`: trimmed keys without `,` or `=`, values without `,`.
-fn check_rdzv_conf(s: &str) {
-    if let Ok(conf) = parse_rdzv_conf(s) {
-        for (k, v) in &conf {
-            assert_eq!(k.trim(), k);
-            assert!(
-                !k.contains([',', '=']) && !v.contains(','),
-                "{s:?}: {k:?}={v:?}"
-            );
-        }
-    }
-}
-
-/// `--rdzv-endpoint`: each entry has a host and a port 1–65535, and the resolver's own split
-/// (`dns::split`) reads the same port from it.
-fn check_endpoint(s: &str) {
-    if let Ok(list) = crate::rdzv::endpoints(s, DEFAULT_PORT) {
-        assert!(!list.is_empty());
-        for e in &list {
-            let (host, port) = e.rsplit_once(':').expect("a port");
-            let port: u16 = port.parse().expect("a checked port");
-            assert!(port > 0 && !host.is_empty(), "{s:?} gave {e:?}");
-            assert_eq!(crate::dns::split(e).map(|(_, p)| p), Ok(port), "{e:?}");
-        }
-    }
-    let _ = crate::dns::split(s);
-    let _ = drun_rendezvous::endpoint_url(s);
-}
-
-/// The other flag values a user types.
-fn check_flags(s: &str) {
-    if let Ok((min, max)) = parse_nnodes(s) {
-        assert!(0 < min && min <= max, "{s:?}");
-    }
-    let _ = parse_signals(s);
-    let _ = crate::status::parse_interval(s);
-    let _ = drun_rendezvous::ckpt_interval::IntervalMode::parse(s);
-}
-
-fn check_all(s: &str) {
-    check_hostlist(s);
-    check_rdzv_conf(s);
-    check_endpoint(s);
-    check_flags(s);
-}
 
 /// A host name or a bracketed IPv6 address.
 fn host() -> impl Strategy<Value = String> {
@@ -110,14 +52,14 @@ proptest! {
 
     #[test]
     fn flag_values_never_panic(s in ".{0,40}", t in "[\\[\\]0-9a-z,:=\\- ]{0,40}") {
-        check_all(&s);
-        check_all(&t);
+        checks::text(&s);
+        checks::text(&t);
     }
 
     #[test]
     fn hostlists_expand_to_what_they_name((text, names) in hostlist(), e in edits()) {
         prop_assert_eq!(parse_hostlist(&text), Ok(names));
-        check_hostlist(&String::from_utf8_lossy(&mutate(text.into_bytes(), &e)));
+        checks::hostlist(&String::from_utf8_lossy(&mutate(text.into_bytes(), &e)));
     }
 
     #[test]
@@ -151,7 +93,7 @@ fn the_text_corpora_parse_or_are_refused() {
     for target in ["hostlist", "rdzv_conf", "endpoint"] {
         for (name, bytes) in corpus(target) {
             eprintln!("{target}/{name}");
-            check_all(&String::from_utf8_lossy(&bytes));
+            checks::text(&String::from_utf8_lossy(&bytes));
         }
     }
 }

@@ -7,28 +7,13 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::{corpus, edits, mutate};
+use crate::checks;
 use crate::ckpt::api::{ApiRequest, ApiServer};
 use crate::worker_store::codec::{decode, Query};
 
 const CASES: u32 = 4_000;
 /// Socket sessions are slower than parsing: fewer of them.
 const SOCKET_CASES: u32 = 200;
-
-/// A request line: a request or a serde error, never a panic.
-fn check_api_line(bytes: &[u8]) {
-    let _ = serde_json::from_slice::<ApiRequest>(bytes);
-}
-
-/// A TCPStore byte stream as the server reads it: query after query until the bytes run out or
-/// one is malformed. A decoded query used at most the bytes given and decodes the same from
-/// exactly those bytes.
-fn check_store_stream(mut bytes: &[u8]) {
-    while let Ok(Some((q, used))) = decode(bytes) {
-        assert!(0 < used && used <= bytes.len());
-        assert_eq!(decode(&bytes[..used]), Ok(Some((q, used))));
-        bytes = &bytes[used..];
-    }
-}
 
 /// Valid requests of every op, as a worker helper writes them.
 fn request() -> impl Strategy<Value = Value> {
@@ -160,10 +145,10 @@ proptest! {
 
     #[test]
     fn api_lines_never_panic(bytes in bytes(), req in request(), e in edits()) {
-        check_api_line(&bytes);
+        checks::api_line(&bytes);
         let line = serde_json::to_vec(&req).unwrap();
         prop_assert!(serde_json::from_slice::<ApiRequest>(&line).is_ok(), "{req}");
-        check_api_line(&mutate(line, &e));
+        checks::api_line(&mutate(line, &e));
     }
 
     #[test]
@@ -172,7 +157,7 @@ proptest! {
         bytes in bytes(),
         e in edits(),
     ) {
-        check_store_stream(&bytes);
+        checks::store_stream(&bytes);
         let wire: Vec<u8> = qs.iter().flat_map(encode).collect();
         let first = encode(&qs[0]);
         for cut in 0..first.len() {
@@ -185,7 +170,7 @@ proptest! {
             rest = &rest[used..];
         }
         prop_assert!(rest.is_empty());
-        check_store_stream(&mutate(wire, &e));
+        checks::store_stream(&mutate(wire, &e));
     }
 }
 
@@ -219,7 +204,7 @@ proptest! {
 fn the_wire_corpora_decode_or_are_refused() {
     for (name, bytes) in corpus("api_line") {
         eprintln!("api_line/{name}");
-        check_api_line(&bytes);
+        checks::api_line(&bytes);
         let lines: Vec<Vec<u8>> = bytes.split(|&b| b == b'\n').map(<[u8]>::to_vec).collect();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -229,6 +214,6 @@ fn the_wire_corpora_decode_or_are_refused() {
     }
     for (name, bytes) in corpus("store_query") {
         eprintln!("store_query/{name}");
-        check_store_stream(&bytes);
+        checks::store_stream(&bytes);
     }
 }

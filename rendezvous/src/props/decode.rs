@@ -7,46 +7,15 @@ use proptest::prelude::*;
 use prost::Message;
 
 use super::{corpus, edits, mutate};
+use crate::checks;
 use crate::envcheck::EnvCheck;
 use crate::ledger::{manifest_id, parse_id, Cursor, Manifest, NodeCommit, Retention, ShardFile};
-use crate::run_state::{decode, decode_generation, decode_plan, encode, encode_generation};
+use crate::run_state::{decode, decode_generation, encode, encode_generation};
 use crate::wire::{request_from_wire, request_to_wire};
-use crate::{assign, Candidate, Join, Plan, Request, StoreError};
+use crate::{assign, Candidate, Join, Plan, Request};
 
 const CASES: u32 = 3_000;
 const DIR: &str = env!("CARGO_MANIFEST_DIR");
-
-/// Any bytes as a store value: a value or [`StoreError::Corrupt`] naming the key, never a panic.
-fn check_store_value(bytes: &[u8]) {
-    let corrupt = |e: StoreError| {
-        assert!(
-            matches!(e, StoreError::Corrupt { ref key, .. } if key == "k"),
-            "{e}"
-        )
-    };
-    match decode_generation("k", bytes) {
-        Ok(g) => assert_eq!(
-            std::str::from_utf8(bytes).ok().and_then(|s| s.parse().ok()),
-            Some(g)
-        ),
-        Err(e) => corrupt(e),
-    }
-    let _ = decode_plan("k", &bytes::Bytes::copy_from_slice(bytes)).map_err(corrupt);
-    let _ = decode::<Join>("k", bytes).map_err(corrupt);
-    let _ = decode::<Manifest>("k", bytes).map_err(corrupt);
-    let _ = decode::<NodeCommit>("k", bytes).map_err(corrupt);
-    let _ = parse_id(&String::from_utf8_lossy(bytes));
-}
-
-/// Any bytes as an agent's gRPC message: decoded or refused, then read as a request.
-fn check_agent_message(bytes: &[u8]) {
-    if let Ok(m) = pb::AgentMessage::decode(bytes) {
-        let _ = request_from_wire(m);
-    }
-    if let Ok(p) = pb::Plan::decode(bytes) {
-        let _ = Plan::from(p);
-    }
-}
 
 fn text() -> impl Strategy<Value = String> {
     prop_oneof![".{0,12}", "[a-z0-9.-]{1,12}"]
@@ -177,7 +146,7 @@ proptest! {
 
     #[test]
     fn store_values_never_panic(bytes in bytes()) {
-        check_store_value(&bytes);
+        checks::store_value(&bytes);
     }
 
     #[test]
@@ -193,13 +162,13 @@ proptest! {
 
     #[test]
     fn mutated_store_values_never_panic(plan in plan(), join in join(), e in edits()) {
-        check_store_value(&mutate(encode(&plan), &e));
-        check_store_value(&mutate(encode(&join), &e));
+        checks::store_value(&mutate(encode(&plan), &e));
+        checks::store_value(&mutate(encode(&join), &e));
     }
 
     #[test]
     fn agent_messages_never_panic(bytes in bytes(), m in manifest(), e in edits()) {
-        check_agent_message(&bytes);
+        checks::agent_message(&bytes);
         let commit = NodeCommit {
             node_id: m.run_id.clone(),
             generation: m.generation,
@@ -211,7 +180,7 @@ proptest! {
         };
         let req = Request::Commit { commit, retention: Retention::default() };
         prop_assert_eq!(via_wire(&req), Some(req.clone()));
-        check_agent_message(&mutate(request_to_wire(&req).encode_to_vec(), &e));
+        checks::agent_message(&mutate(request_to_wire(&req).encode_to_vec(), &e));
     }
 }
 
@@ -219,7 +188,7 @@ proptest! {
 fn the_store_value_corpus_decodes_or_is_refused() {
     for (name, bytes) in corpus(DIR, "store_value") {
         eprintln!("store_value/{name}");
-        check_store_value(&bytes);
+        checks::store_value(&bytes);
     }
 }
 
@@ -227,6 +196,6 @@ fn the_store_value_corpus_decodes_or_is_refused() {
 fn the_agent_message_corpus_decodes_or_is_refused() {
     for (name, bytes) in corpus(DIR, "agent_message") {
         eprintln!("agent_message/{name}");
-        check_agent_message(&bytes);
+        checks::agent_message(&bytes);
     }
 }
