@@ -45,9 +45,15 @@ impl IntervalMode {
         match v.trim() {
             "auto" => Ok(Self::Auto),
             "off" | "0" => Ok(Self::Off),
-            s => match s.trim_end_matches('s').parse::<f64>() {
-                Ok(x) if x.is_finite() && x > 0.0 => Ok(Self::Fixed(Duration::from_secs_f64(x))),
-                _ => Err(format!(
+            s => match s
+                .trim_end_matches('s')
+                .parse::<f64>()
+                .ok()
+                .filter(|x| *x > 0.0)
+                .and_then(|x| Duration::try_from_secs_f64(x).ok())
+            {
+                Some(d) => Ok(Self::Fixed(d)),
+                None => Err(format!(
                     "{v:?} is not auto, off or a number of seconds (e.g. 600)"
                 )),
             },
@@ -128,9 +134,14 @@ pub struct Interval {
 }
 
 impl Interval {
-    /// The interval as a [`Duration`].
+    /// The interval as a [`Duration`]: [`Duration::MAX`] past what a `Duration` holds, zero for
+    /// a negative or NaN value (an interval read back from another process is not trusted).
     pub fn duration(&self) -> Duration {
-        Duration::from_secs_f64(self.interval_s)
+        match Duration::try_from_secs_f64(self.interval_s) {
+            Ok(d) => d,
+            Err(_) if self.interval_s > 0.0 => Duration::MAX,
+            Err(_) => Duration::ZERO,
+        }
     }
 
     /// Whether `other` changes what a human would read (the log prints one line per change):
@@ -229,6 +240,30 @@ pub fn decide(mode: IntervalMode, obs: &Observed, expected_mtbf_s: f64) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `text` fuzz target: a number of seconds past what a `Duration` holds
+    /// panicked instead of being refused.
+    #[test]
+    fn an_interval_too_long_or_not_a_number_is_refused_not_a_panic() {
+        for v in ["21111111111111111111111", "1e400", "nan", "inf", "-5", "1e300s"] {
+            assert!(IntervalMode::parse(v).is_err(), "{v}");
+        }
+        assert_eq!(
+            IntervalMode::parse("600s"),
+            Ok(IntervalMode::Fixed(Duration::from_secs(600)))
+        );
+        let at = |s: f64| {
+            Interval {
+                interval_s: s,
+                ..Default::default()
+            }
+            .duration()
+        };
+        assert_eq!(at(1e300), Duration::MAX);
+        assert_eq!(at(f64::NAN), Duration::ZERO);
+        assert_eq!(at(-1.0), Duration::ZERO);
+        assert_eq!(at(2.5), Duration::from_millis(2500));
+    }
 
     fn obs(costs: &[f64], failures: u32, exposure_s: f64) -> Observed {
         Observed {

@@ -110,7 +110,7 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
     if let Some(i) = &status.ckpt_interval {
         let line = format!(
             "every {} (C = {:.2} s, M = {:.0} s from {} failure(s), expected loss per failure ≈ {:.1} s)",
-            duration(Duration::from_secs_f64(i.interval_s)),
+            duration(i.duration()),
             i.cost_s,
             i.mtbf_s,
             status.failures.len(),

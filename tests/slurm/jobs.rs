@@ -23,10 +23,19 @@ fn slurm_ranks_follow_the_node_id() {
         assert_eq!(env["WORLD_SIZE"], "4");
         assert_eq!(env["TORCHELASTIC_RUN_ID"], id.as_str(), "run id = job id");
         assert_eq!(env["MASTER_ADDR"], "n1");
+        for secret in ["DRUN_RDZV_TOKEN", "DRUN_SLURM_SECRET"] {
+            assert!(env.get(secret).is_none(), "rank {rank} sees {secret}");
+        }
     }
     assert!(
         text.contains(&format!("slurm job {id}: run id {id}, --nnodes 1:2, node rank 1, address n2, rendezvous embedded on n1:")),
         "what was taken from Slurm is printed:\n{text}"
+    );
+    // The rendezvous n1 hosts took the token both nodes derived from the job id (the job trained,
+    // so n2's agent was let in with it).
+    assert!(
+        text.contains("rendezvous token derived from the job id"),
+        "{text}"
     );
 }
 

@@ -90,7 +90,7 @@ proptest! {
 
 #[test]
 fn the_text_corpora_parse_or_are_refused() {
-    for target in ["hostlist", "rdzv_conf", "endpoint"] {
+    for target in ["hostlist", "rdzv_conf", "endpoint", "flags"] {
         for (name, bytes) in corpus(target) {
             eprintln!("{target}/{name}");
             checks::text(&String::from_utf8_lossy(&bytes));
