@@ -4,6 +4,8 @@ use std::collections::BTreeSet;
 
 use nix::sys::signal::Signal;
 
+use drun_rendezvous::validate::MAX_SLOTS;
+
 use super::invalid;
 use crate::ConfigError;
 
@@ -59,6 +61,11 @@ pub fn parse_nproc(v: &str, cpus: u32, gpus: u32) -> Result<u32, ConfigError> {
         )),
         s => match s.parse::<u32>() {
             Ok(0) => Err(invalid("--nproc-per-node", v, "must be at least 1")),
+            Ok(n) if n > MAX_SLOTS => Err(invalid(
+                "--nproc-per-node",
+                v,
+                format!("at most {MAX_SLOTS} workers per node (what a rendezvous server accepts)"),
+            )),
             Ok(n) => Ok(n),
             Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => Err(invalid(
                 "--nproc-per-node",
