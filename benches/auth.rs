@@ -88,6 +88,17 @@ async fn server(
     (addr, stop)
 }
 
+/// A client connected to `addr`, over TLS trusting `ca` when given.
+async fn client(addr: &str, ca: Option<&Path>) -> RendezvousClient<Channel> {
+    let tls = ca.map(|ca| ClientTls::from_files(ca, None, None).unwrap());
+    let channel = endpoint(addr, tls.as_ref(), None)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    RendezvousClient::new(channel)
+}
+
 /// One agent's session of run `run` (of exactly `n` nodes) until its plan arrives.
 async fn agent(
     addr: String,
@@ -97,13 +108,7 @@ async fn agent(
     node: usize,
     n: u32,
 ) {
-    let client_tls = ca.map(|ca| ClientTls::from_files(&ca, None, None).unwrap());
-    let channel = endpoint(&addr, client_tls.as_ref(), None)
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = RendezvousClient::new(channel);
+    let mut client = client(&addr, ca.as_deref()).await;
     let node_id = format!("node{node}");
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let hello = pb::Hello {
@@ -272,15 +277,7 @@ async fn rpc_latency(n: usize, rounds: usize, files: &Files) -> Vec<(Duration, D
     let mut stops = Vec::new();
     for (_, token, tls) in SETTINGS {
         let (addr, stop) = server(token, files.tls(tls), &files.token).await;
-        let client_tls = files
-            .tls(tls)
-            .map(|(ca, _)| ClientTls::from_files(ca, None, None).unwrap());
-        let channel = endpoint(&addr, client_tls.as_ref(), None)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = RendezvousClient::new(channel);
+        let mut client = client(&addr, files.tls(tls).map(|(ca, _)| ca)).await;
         for _ in 0..200 {
             status_call(&mut client, token).await;
         }

@@ -3,7 +3,8 @@
 //! Reading a file at every RPC cost an `open`, a `read` and a `close` per call (about 3 µs, 6 %
 //! of a loopback round trip). Instead each file is looked at (`stat`, no read) at most once per
 //! [`RECHECK`]; when its size, modification or change time, or inode differ from what was read
-//! last (an edit in place or a new file moved over it), it is read and parsed again. So a rotated
+//! last (an edit in place or a new file moved over it), or it changed less than [`RECHECK`] ago,
+//! it is read and parsed again. So a rotated
 //! token takes effect within [`RECHECK`] of the change, without a restart. A file that cannot be
 //! looked at or parsed any more accepts nothing until it is fixed (fail closed), with one warning
 //! when that starts, not one per request.
@@ -38,6 +39,16 @@ impl Stamp {
     }
 }
 
+/// Whether `m` was modified less than [`RECHECK`] ago: file times are coarse (a clock tick of a
+/// few ms), so two writes of the same length close together can leave the same [`Stamp`]; such a
+/// file is read again at every look until it is older (as git treats "racily clean" files).
+fn recent(m: &std::fs::Metadata) -> bool {
+    m.modified()
+        .ok()
+        .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+        .is_none_or(|age| age < RECHECK)
+}
+
 /// Whether a file last looked at `checked` (`None`: never) is looked at again at `now`.
 pub fn due(checked: Option<Instant>, now: Instant) -> bool {
     checked.is_none_or(|t| now.saturating_duration_since(t) >= RECHECK)
@@ -68,10 +79,10 @@ impl TokenFile {
     pub fn entries_at(&mut self, now: Instant) -> &[Entry] {
         if due(self.checked, now) {
             self.checked = Some(now);
-            let stamp = std::fs::metadata(&self.path).map(|m| Stamp::of(&m));
+            let stamp = std::fs::metadata(&self.path).map(|m| (Stamp::of(&m), recent(&m)));
             match stamp {
-                Ok(s) if self.stamp == Some(s) => {}
-                Ok(s) => {
+                Ok((s, false)) if self.stamp == Some(s) => {}
+                Ok((s, _)) => {
                     self.stamp = Some(s);
                     self.set(read(&self.path));
                 }
@@ -127,6 +138,18 @@ mod tests {
     }
 
     #[test]
+    fn only_a_file_changed_less_than_the_recheck_interval_ago_is_recent() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tokens");
+        std::fs::write(&p, "tok\n").unwrap();
+        assert!(recent(&std::fs::metadata(&p).unwrap()));
+        let f = std::fs::File::options().write(true).open(&p).unwrap();
+        f.set_modified(std::time::SystemTime::now() - RECHECK * 2)
+            .unwrap();
+        assert!(!recent(&std::fs::metadata(&p).unwrap()));
+    }
+
+    #[test]
     fn a_rotated_token_takes_effect_at_the_next_recheck() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("tokens");
@@ -134,7 +157,8 @@ mod tests {
         let mut f = TokenFile::new(p.clone());
         let t0 = Instant::now();
         assert_eq!(tokens(&mut f, t0), ["old"]);
-        // Same length, so only the times tell the versions apart.
+        // Same length, and maybe the same coarse file time: it changed less than RECHECK ago,
+        // so it is read again anyway.
         std::fs::write(&p, "new\n").unwrap();
         assert_eq!(
             tokens(&mut f, t0 + RECHECK / 2),
