@@ -245,7 +245,14 @@ mod tests {
     /// panicked instead of being refused.
     #[test]
     fn an_interval_too_long_or_not_a_number_is_refused_not_a_panic() {
-        for v in ["21111111111111111111111", "1e400", "nan", "inf", "-5", "1e300s"] {
+        for v in [
+            "21111111111111111111111",
+            "1e400",
+            "nan",
+            "inf",
+            "-5",
+            "1e300s",
+        ] {
             assert!(IntervalMode::parse(v).is_err(), "{v}");
         }
         assert_eq!(

@@ -77,7 +77,10 @@ fn nproc_words_use_the_host_counts() {
     assert!(err(&["--nproc-per-node", "gpu", "t.py"], &host()).contains("no NVIDIA GPU"));
     assert!(err(&["--nproc-per-node", "xpu", "t.py"], &host()).contains("Intel XPUs"));
     // More than a rendezvous server accepts is refused here, not by the server or the kernel.
-    assert_eq!(ok(&["--nproc-per-node", "4096", "t.py"]).nproc_per_node, 4096);
+    assert_eq!(
+        ok(&["--nproc-per-node", "4096", "t.py"]).nproc_per_node,
+        4096
+    );
     let e = err(&["--nproc-per-node", "99999999", "t.py"], &host());
     assert!(e.contains("at most 4096 workers per node"), "{e}");
 }
