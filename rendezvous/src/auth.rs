@@ -11,7 +11,7 @@
 //! constant time ([`ct_eq`]). The decision itself is the pure [`decide`].
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use crate::error::ServiceError;
@@ -130,9 +130,9 @@ pub enum Verdict {
 /// Hello names its run) by `entries`; `configured`: whether the server was given token files
 /// at all (configured with no readable entry accepts nothing). Every entry is compared, so the
 /// time taken does not tell which one matched.
-pub fn decide(
+pub fn decide<'a>(
     configured: bool,
-    entries: &[Entry],
+    entries: impl IntoIterator<Item = &'a Entry>,
     run: Option<&str>,
     presented: Option<&str>,
 ) -> Verdict {
@@ -163,8 +163,9 @@ pub fn decide(
 enum TokenSource {
     /// A `--token-file`, read again when it changed.
     File(Arc<Mutex<TokenFile>>),
-    /// A token held in memory (an agent hosting the c10d rendezvous accepts its own).
-    Fixed(Secret),
+    /// A token held in memory (an agent hosting the c10d rendezvous accepts its own), for any
+    /// run.
+    Fixed(Entry),
 }
 
 /// The tokens a server accepts. [`Auth::open`] accepts every request.
@@ -204,31 +205,16 @@ impl Auth {
     /// Accepts exactly `token` (for any run); `None`: open.
     pub fn fixed(token: Option<Secret>) -> Self {
         Auth {
-            sources: token.into_iter().map(TokenSource::Fixed).collect(),
+            sources: token
+                .into_iter()
+                .map(|token| TokenSource::Fixed(Entry { run: None, token }))
+                .collect(),
         }
     }
 
     /// Whether no token is required.
     pub fn is_open(&self) -> bool {
         self.sources.is_empty()
-    }
-
-    /// The accepted entries at `now` (a file that cannot be read contributes none).
-    fn entries(&self, now: Instant) -> Vec<Entry> {
-        let mut out = Vec::new();
-        for s in &self.sources {
-            match s {
-                TokenSource::Fixed(t) => out.push(Entry {
-                    run: None,
-                    token: t.clone(),
-                }),
-                TokenSource::File(f) => {
-                    let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
-                    out.extend_from_slice(f.entries_at(now));
-                }
-            }
-        }
-        out
     }
 
     /// Checks the token in `metadata` for `run` (`None`: any run).
@@ -261,7 +247,21 @@ impl Auth {
             .get(TOKEN_KEY)
             .and_then(|v| v.to_str().ok())
             .map(|v| v.strip_prefix(BEARER).unwrap_or(v));
-        match decide(true, &self.entries(now), run, presented) {
+        // Compared in place: the files' entries under their locks, nothing copied per request.
+        let mut files: Vec<_> = self
+            .sources
+            .iter()
+            .filter_map(|s| match s {
+                TokenSource::File(f) => Some(f.lock().unwrap_or_else(PoisonError::into_inner)),
+                TokenSource::Fixed(_) => None,
+            })
+            .collect();
+        let fixed = self.sources.iter().filter_map(|s| match s {
+            TokenSource::Fixed(e) => Some(e),
+            TokenSource::File(_) => None,
+        });
+        let read = files.iter_mut().flat_map(|f| f.entries_at(now).iter());
+        match decide(true, fixed.chain(read), run, presented) {
             Verdict::Open | Verdict::Accepted => Ok(()),
             Verdict::Missing => Err(ServiceError::Unauthenticated(
                 "this rendezvous server requires a token and none was sent; give the agent \

@@ -4,10 +4,9 @@
 //! of a loopback round trip). Instead each file is looked at (`stat`, no read) at most once per
 //! [`RECHECK`]; when its size, modification or change time, or inode differ from what was read
 //! last (an edit in place or a new file moved over it), or it changed less than [`RECHECK`] ago,
-//! it is read and parsed again. So a rotated
-//! token takes effect within [`RECHECK`] of the change, without a restart. A file that cannot be
-//! looked at or parsed any more accepts nothing until it is fixed (fail closed), with one warning
-//! when that starts, not one per request.
+//! it is read and parsed again. So a rotated token takes effect within [`RECHECK`] of the change,
+//! without a restart. A file that cannot be looked at or parsed any more accepts nothing until it
+//! is fixed (fail closed), with one warning when that starts, not one per request.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
