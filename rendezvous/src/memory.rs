@@ -6,7 +6,7 @@
 //! inside a tokio runtime. State is lost with the process: it is a product feature for
 //! single-machine runs and the embedded server, not a stand-in for etcd's durability.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -32,6 +32,9 @@ const PAUSE_GAP: Duration = Duration::from_secs(2);
 struct Lease {
     ttl: Duration,
     deadline: Instant,
+    /// The keys attached to this lease, so that revoking it touches only them (not every key
+    /// of every run the store holds).
+    keys: BTreeSet<String>,
 }
 
 #[derive(Debug, Default)]
@@ -52,8 +55,10 @@ impl State {
             WatchEvent::Put(kv) => kv.key.clone(),
             WatchEvent::Delete(k, _) => k.clone(),
         };
+        // A watcher whose receiver is gone (its session ended) is dropped here even when the
+        // event is not under its prefix: a finished run's watchers must not pile up.
         self.watchers.retain(|(prefix, tx)| {
-            !key.starts_with(prefix.as_str()) || tx.send(event.clone()).is_ok()
+            !tx.is_closed() && (!key.starts_with(prefix.as_str()) || tx.send(event.clone()).is_ok())
         });
         self.history.push((self.revision, event));
         if self.history.len() > HISTORY_LIMIT {
@@ -63,8 +68,16 @@ impl State {
     }
 
     fn delete_key(&mut self, key: &str) {
-        if self.kv.remove(key).is_some() {
+        if let Some(kv) = self.kv.remove(key) {
+            self.detach(kv.lease, key);
             self.emit(WatchEvent::Delete(key.to_string(), self.revision));
+        }
+    }
+
+    /// Takes `key` off the key set of `lease`.
+    fn detach(&mut self, lease: Option<LeaseId>, key: &str) {
+        if let Some(l) = lease.and_then(|id| self.leases.get_mut(&id)) {
+            l.keys.remove(key);
         }
     }
 
@@ -97,15 +110,10 @@ impl State {
     }
 
     fn revoke(&mut self, id: LeaseId) {
-        if self.leases.remove(&id).is_none() {
+        let Some(lease) = self.leases.remove(&id) else {
             return;
-        }
-        let keys: Vec<String> = self
-            .kv
-            .values()
-            .filter(|kv| kv.lease == Some(id))
-            .map(|kv| kv.key.clone())
-            .collect();
+        };
+        let keys = lease.keys;
         if keys.is_empty() {
             return;
         }
@@ -134,10 +142,18 @@ impl State {
                         return Err(StoreError::LeaseLost(id));
                     }
                 }
-                let create_revision = self
-                    .kv
-                    .get(&key)
-                    .map_or(self.revision, |kv| kv.create_revision);
+                // A put replaces the key's lease, as etcd's does (none: detached from any).
+                let old = self.kv.get(&key).map(|kv| (kv.lease, kv.create_revision));
+                let create_revision = match old {
+                    Some((old_lease, created)) => {
+                        self.detach(old_lease, &key);
+                        created
+                    }
+                    None => self.revision,
+                };
+                if let Some(l) = lease.and_then(|id| self.leases.get_mut(&id)) {
+                    l.keys.insert(key.clone());
+                }
                 let kv = KeyValue {
                     key: key.clone(),
                     value: value.into(),
@@ -269,6 +285,7 @@ impl Store for MemoryStore {
             Lease {
                 ttl,
                 deadline: Instant::now() + ttl,
+                keys: BTreeSet::new(),
             },
         );
         Ok(id)
@@ -401,6 +418,52 @@ mod tests {
         s.put("/p/4", b"d".to_vec(), None).await.unwrap();
         match w.recv().await.unwrap() {
             WatchEvent::Put(kv) => assert_eq!(kv.key, "/p/4"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_revoke_deletes_exactly_the_keys_its_lease_holds_now() {
+        let s = MemoryStore::new();
+        let a = s.lease_grant(Duration::from_secs(10)).await.unwrap();
+        let b = s.lease_grant(Duration::from_secs(10)).await.unwrap();
+        for k in ["/k1", "/k2", "/k3", "/k4"] {
+            s.put(k, b"a".to_vec(), Some(a)).await.unwrap();
+        }
+        // As in etcd, a put sets the key's lease anew: moved to `b`, or detached from any.
+        s.put("/k2", b"b".to_vec(), Some(b)).await.unwrap();
+        s.put("/k3", b"none".to_vec(), None).await.unwrap();
+        s.txn(Txn {
+            compares: vec![],
+            success: vec![Op::Delete("/k4".into())],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+        s.put("/k4", b"none".to_vec(), None).await.unwrap();
+        s.lease_revoke(a).await.unwrap();
+        let keys = |kvs: Vec<KeyValue>| kvs.into_iter().map(|kv| kv.key).collect::<Vec<_>>();
+        assert_eq!(
+            keys(s.get_prefix("/k").await.unwrap()),
+            ["/k2", "/k3", "/k4"]
+        );
+        s.lease_revoke(b).await.unwrap();
+        assert_eq!(keys(s.get_prefix("/k").await.unwrap()), ["/k3", "/k4"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watchers_of_ended_sessions_do_not_pile_up() {
+        let s = MemoryStore::new();
+        let mut live = s.watch_prefix("/live/", 0).await.unwrap();
+        for run in 0..100 {
+            drop(s.watch_prefix(&format!("/run-{run}/"), 0).await.unwrap());
+        }
+        assert_eq!(s.lock_raw().watchers.len(), 101);
+        // An event under no ended watcher's prefix still clears them all.
+        s.put("/live/x", b"1".to_vec(), None).await.unwrap();
+        assert_eq!(s.lock_raw().watchers.len(), 1);
+        match live.recv().await.unwrap() {
+            WatchEvent::Put(kv) => assert_eq!(kv.key, "/live/x"),
             other => panic!("unexpected {other:?}"),
         }
     }
