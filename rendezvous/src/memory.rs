@@ -6,7 +6,7 @@
 //! inside a tokio runtime. State is lost with the process: it is a product feature for
 //! single-machine runs and the embedded server, not a stand-in for etcd's durability.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -43,7 +43,8 @@ struct State {
     next_lease: LeaseId,
     kv: BTreeMap<String, KeyValue>,
     leases: HashMap<LeaseId, Lease>,
-    history: Vec<(i64, WatchEvent)>,
+    /// The last [`HISTORY_LIMIT`] events, oldest first (a ring: dropping the oldest is O(1)).
+    history: VecDeque<(i64, WatchEvent)>,
     watchers: Vec<(String, mpsc::UnboundedSender<WatchEvent>)>,
     /// When the expiry task last ran (None without one: outside a tokio runtime).
     last_tick: Option<Instant>,
@@ -60,10 +61,9 @@ impl State {
         self.watchers.retain(|(prefix, tx)| {
             !tx.is_closed() && (!key.starts_with(prefix.as_str()) || tx.send(event.clone()).is_ok())
         });
-        self.history.push((self.revision, event));
-        if self.history.len() > HISTORY_LIMIT {
-            let excess = self.history.len() - HISTORY_LIMIT;
-            self.history.drain(..excess);
+        self.history.push_back((self.revision, event));
+        while self.history.len() > HISTORY_LIMIT {
+            self.history.pop_front();
         }
     }
 
