@@ -28,7 +28,8 @@ pub const MAX_FILES: usize = 100_000;
 pub const MAX_LEASE_TTL_MS: u64 = 3_600_000;
 
 /// A run or node id: 1 to [`MAX_ID`] bytes of printable characters, no `/` (ids name keys:
-/// run `a` would otherwise see run `a/waiting`'s keys), no whitespace.
+/// run `a` would otherwise see run `a/waiting`'s keys), no whitespace, not `.` or `..` (ids also
+/// name checkpoint and log directories).
 ///
 /// # Errors
 /// One line naming `what` and the rule.
@@ -40,6 +41,11 @@ pub fn id(what: &str, v: &str) -> Result<(), String> {
         return Err(format!(
             "{what} is {} bytes long; at most {MAX_ID}",
             v.len()
+        ));
+    }
+    if v == "." || v == ".." {
+        return Err(format!(
+            "{what} '{v}' is not a name (ids also name directories); use letters, digits and -_.:@[]"
         ));
     }
     if v.contains('/') || v.chars().any(|c| c.is_whitespace() || c.is_control()) {

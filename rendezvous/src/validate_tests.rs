@@ -23,7 +23,16 @@ fn ids_are_printable_bounded_and_slash_free() {
     for good in ["job-42", "127.0.0.1_4242", "[::1]_7", "a:b@c"] {
         assert_eq!(id("node id", good), Ok(()), "{good}");
     }
-    for bad in ["", "a/b", "a b", "a\nb", "\u{0}", &"x".repeat(MAX_ID + 1)] {
+    for bad in [
+        "",
+        "a/b",
+        "a b",
+        "a\nb",
+        "\u{0}",
+        ".",
+        "..",
+        &"x".repeat(MAX_ID + 1),
+    ] {
         let e = id("node id", bad).unwrap_err();
         assert!(e.starts_with("node id"), "{e}");
         assert!(!e.contains('\n'), "one line: {e}");

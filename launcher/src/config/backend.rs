@@ -99,12 +99,20 @@ fn standalone(
 
 /// A run id names the run's keys in the store (`/drun/v1/<run>/...`): it must not be empty
 /// (`--rdzv-id ''`, `PET_RDZV_ID=`) nor hold a `/` (run `a` would then see run `a/waiting`'s
-/// keys as its own), whitespace or control characters.
+/// keys as its own), whitespace or control characters, nor be `.` or `..` (it names the run's
+/// checkpoint and log directories).
 fn check_run_id(id: &str) -> Result<(), ConfigError> {
     if id.trim().is_empty() {
         return Err(ConfigError::Empty {
             flag: "--rdzv-id",
             why: "give the run a name shared by all its nodes (e.g. --rdzv-id myjob-42), or drop the flag for a one-node run".into(),
+        });
+    }
+    if id == "." || id == ".." {
+        return Err(ConfigError::Invalid {
+            flag: "--rdzv-id",
+            value: id.to_string(),
+            why: "a run id also names directories (checkpoints under --ckpt-dir, logs), where '.' and '..' are not names: use letters, digits and -_.:@".into(),
         });
     }
     if id.contains('/') || id.chars().any(|c| c.is_whitespace() || c.is_control()) {

@@ -205,7 +205,7 @@ fn an_empty_or_path_like_run_id_is_refused_up_front() {
     };
     let e = err(&with_id(""), &host());
     assert!(e.starts_with("--rdzv-id is empty:"), "{e}");
-    for bad in ["a/b", "a/../b", "job 1"] {
+    for bad in ["a/b", "a/../b", "job 1", ".", ".."] {
         let e = err(&with_id(bad), &host());
         assert!(e.starts_with("invalid --rdzv-id"), "{bad}: {e}");
     }
