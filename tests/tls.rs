@@ -213,3 +213,65 @@ fn a_c10d_host_serves_tls_and_refuses_plaintext() {
     assert_eq!(code, 0, "{err}");
     assert!((0..4).all(|r| out.join(format!("env_{r}.json")).exists()));
 }
+
+/// A key of another certificate, or a key file where the certificate goes, is refused at start
+/// with one line naming the file's flag (exit 2): the server never says it is listening, the
+/// agent starts no worker.
+#[test]
+fn unusable_tls_files_are_refused_at_start_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let good = ca(d, "ca");
+    let (cert, _) = leaf(d, "server", &good, ExtendedKeyUsagePurpose::ServerAuth);
+    let (_, other_key) = leaf(d, "other", &good, ExtendedKeyUsagePurpose::ServerAuth);
+    let serve = |cert: &Path, key: &Path| {
+        let mut c = Command::new(crate::harness::cluster::rendezvous_bin());
+        c.args(["serve", "--store", "memory", "--listen", "127.0.0.1:0"])
+            .arg("--tls-cert")
+            .arg(cert)
+            .arg("--tls-key")
+            .arg(key);
+        run(c, Duration::from_secs(30))
+    };
+    let (code, out, err) = serve(&cert, &other_key);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("does not belong to the certificate") && err.contains("(--tls-key)"),
+        "{err}"
+    );
+    assert!(
+        !out.contains("listening") && !err.contains("listening"),
+        "{out}{err}"
+    );
+    let (code, _, err) = serve(&other_key, &other_key);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("(--tls-cert) holds no PEM certificate"),
+        "{err}"
+    );
+
+    // The agent: the server is never reached, so any endpoint does.
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let (client, _) = leaf(d, "client", &good, ExtendedKeyUsagePurpose::ClientAuth);
+    let out = d.join("mismatch");
+    let (code, err) = outcome(agent(
+        &server,
+        "tls-mismatch",
+        &[
+            p("--rdzv-tls-ca"),
+            &good.pem,
+            p("--rdzv-tls-cert"),
+            &client,
+            p("--rdzv-tls-key"),
+            &other_key,
+        ],
+        &out,
+    ));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("does not belong") && err.contains("(--rdzv-tls-key)"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!out.exists());
+}

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 
+use crate::pem_check::{check_ca, check_identity, PemFile};
+
 fn read(what: &str, flag: &str, p: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(p).map_err(|e| format!("cannot read the {what} {} ({flag}): {e}", p.display()))
 }
@@ -23,16 +25,44 @@ pub struct ServerTlsFiles {
 }
 
 impl ServerTlsFiles {
-    /// The server's TLS configuration.
+    /// The server's TLS configuration, its files named by `drun-rendezvous serve`'s flags.
     ///
     /// # Errors
-    /// A file that cannot be read: one line naming it and its flag.
+    /// As [`ServerTlsFiles::load_named`].
     pub fn load(&self) -> Result<ServerTlsConfig, String> {
-        let cert = read("certificate", "--tls-cert", &self.cert)?;
-        let key = read("private key", "--tls-key", &self.key)?;
+        self.load_named(["--tls-cert", "--tls-key", "--tls-client-ca"])
+    }
+
+    /// The server's TLS configuration; `flags` names the cert, key and client CA files in
+    /// messages (an agent hosting a c10d rendezvous: `--rdzv-host-tls-cert`, ...).
+    ///
+    /// # Errors
+    /// A file that cannot be read, is not the PEM it should be, or a key that does not belong
+    /// to the certificate ([`crate::pem_check`]): one line naming the file and its flag.
+    pub fn load_named(&self, flags: [&str; 3]) -> Result<ServerTlsConfig, String> {
+        let [cert_flag, key_flag, ca_flag] = flags;
+        let cert = read("certificate", cert_flag, &self.cert)?;
+        let key = read("private key", key_flag, &self.key)?;
+        check_identity(
+            &PemFile {
+                bytes: &cert,
+                path: &self.cert,
+                flag: cert_flag,
+            },
+            &PemFile {
+                bytes: &key,
+                path: &self.key,
+                flag: key_flag,
+            },
+        )?;
         let mut cfg = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
-        if let Some(ca) = &self.client_ca {
-            let ca = read("client CA", "--tls-client-ca", ca)?;
+        if let Some(path) = &self.client_ca {
+            let ca = read("client CA", ca_flag, path)?;
+            check_ca(&PemFile {
+                bytes: &ca,
+                path,
+                flag: ca_flag,
+            })?;
             cfg = cfg.client_ca_root(Certificate::from_pem(ca));
         }
         Ok(cfg)
@@ -64,14 +94,38 @@ impl ClientTls {
     /// Reads `ca` and, when both are given, the client's `cert` and `key`.
     ///
     /// # Errors
-    /// A file that cannot be read, or only one of `cert` and `key`: one line naming the flags.
-    pub fn from_files(ca: &Path, cert: Option<&Path>, key: Option<&Path>) -> Result<Self, String> {
-        let ca = read("CA certificate", "--rdzv-tls-ca", ca)?;
+    /// A file that cannot be read or is not the PEM it should be, a key that does not belong to
+    /// the certificate ([`crate::pem_check`]), or only one of `cert` and `key`: one line naming
+    /// the file and its flag.
+    pub fn from_files(
+        ca_path: &Path,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<Self, String> {
+        let ca = read("CA certificate", "--rdzv-tls-ca", ca_path)?;
+        check_ca(&PemFile {
+            bytes: &ca,
+            path: ca_path,
+            flag: "--rdzv-tls-ca",
+        })?;
         let identity = match (cert, key) {
-            (Some(c), Some(k)) => Some((
-                read("client certificate", "--rdzv-tls-cert", c)?,
-                read("client key", "--rdzv-tls-key", k)?,
-            )),
+            (Some(c), Some(k)) => {
+                let cert = read("client certificate", "--rdzv-tls-cert", c)?;
+                let key = read("client key", "--rdzv-tls-key", k)?;
+                check_identity(
+                    &PemFile {
+                        bytes: &cert,
+                        path: c,
+                        flag: "--rdzv-tls-cert",
+                    },
+                    &PemFile {
+                        bytes: &key,
+                        path: k,
+                        flag: "--rdzv-tls-key",
+                    },
+                )?;
+                Some((cert, key))
+            }
             (None, None) => None,
             _ => {
                 return Err("--rdzv-tls-cert and --rdzv-tls-key go together: give both".into());
@@ -185,7 +239,23 @@ mod tests {
     fn tls_endpoints_are_https() {
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.pem");
-        std::fs::write(&ca, "not a pem").unwrap();
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        std::fs::write(&ca, p.self_signed(&ca_key).unwrap().pem()).unwrap();
+        let key = dir.path().join("key.pem");
+        std::fs::write(&key, rcgen::KeyPair::generate().unwrap().serialize_pem()).unwrap();
+        let err = ClientTls::from_files(&key, None, None).unwrap_err();
+        assert!(
+            err.contains("no PEM certificate") && err.contains("(--rdzv-tls-ca)"),
+            "{err}"
+        );
+        // The CA's certificate with another key: refused at start, naming both flags.
+        let err = ClientTls::from_files(&ca, Some(&ca), Some(&key)).unwrap_err();
+        assert!(
+            err.contains("does not belong") && err.contains("--rdzv-tls-key"),
+            "{err}"
+        );
         let t = ClientTls::from_files(&ca, None, None).unwrap();
         let e = endpoint("127.0.0.1:5", Some(&t), None).unwrap();
         assert_eq!(e.uri().scheme_str(), Some("https"));

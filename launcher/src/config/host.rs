@@ -129,18 +129,14 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
             .map_err(|why| invalid("--rdzv-token-file", f.display().to_string(), why))?;
     }
     if let Some(files) = &cfg.rdzv_host_tls {
-        files.load().map_err(|why| {
-            invalid(
-                "--rdzv-host-tls-cert",
-                files.cert.display().to_string(),
-                why,
-            )
-        })?;
+        files
+            .load_named(super::HOST_TLS_FLAGS)
+            .map_err(ConfigError::Tls)?;
     }
     if let Some((ca, cert, key)) = &cfg.rdzv_tls_files {
         cfg.rdzv_tls = Some(
             drun_rendezvous::tls::ClientTls::from_files(ca, cert.as_deref(), key.as_deref())
-                .map_err(|why| invalid("--rdzv-tls-ca", ca.display().to_string(), why))?,
+                .map_err(ConfigError::Tls)?,
         );
     }
     slurm_token(&mut cfg);

@@ -44,6 +44,14 @@ pub use target::{slurm_status_token, status_target};
 pub use timing::{parse_rdzv_conf, Timing, RDZV_CONF_KEYS};
 pub use validate::validate;
 
+/// How an agent hosting a c10d rendezvous over TLS names its server's cert, key and client CA
+/// files in messages.
+pub const HOST_TLS_FLAGS: [&str; 3] = [
+    "--rdzv-host-tls-cert",
+    "--rdzv-host-tls-key",
+    "--rdzv-tls-ca",
+];
+
 use crate::ckpt::CkptConfig;
 use crate::command::Entrypoint;
 use crate::slurm::{OnPreempt, SlurmJob};

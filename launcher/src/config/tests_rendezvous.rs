@@ -211,3 +211,27 @@ fn an_empty_or_path_like_run_id_is_refused_up_front() {
     }
     assert!(validate(&args(&with_id("job-42.a_b:c@d")), &host()).is_ok());
 }
+
+#[test]
+fn a_client_certificate_without_a_ca_is_refused_up_front() {
+    for flag in ["--rdzv-tls-cert", "--rdzv-tls-key"] {
+        let v = vec![
+            "--slurm",
+            "off",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            "h:1",
+            "--rdzv-id",
+            "j",
+            flag,
+            "c.pem",
+            "t.py",
+        ];
+        let e = err(&v, &host());
+        assert!(
+            e.starts_with("invalid --rdzv-tls-cert/--rdzv-tls-key") && e.contains("--rdzv-tls-ca"),
+            "{e}"
+        );
+    }
+}

@@ -160,10 +160,16 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .map(drun_rendezvous::auth::Secret::new),
-        rdzv_tls_files: a
-            .rdzv_tls_ca
-            .clone()
-            .map(|ca| (ca, a.rdzv_tls_cert.clone(), a.rdzv_tls_key.clone())),
+        rdzv_tls_files: match (&a.rdzv_tls_ca, &a.rdzv_tls_cert, &a.rdzv_tls_key) {
+            (None, Some(f), _) | (None, None, Some(f)) => {
+                return Err(invalid(
+                    "--rdzv-tls-cert/--rdzv-tls-key",
+                    f.display().to_string(),
+                    "a client certificate is sent only over TLS: give --rdzv-tls-ca CA.pem too",
+                ))
+            }
+            (ca, cert, key) => ca.clone().map(|ca| (ca, cert.clone(), key.clone())),
+        },
         rdzv_tls: None,
         rdzv_host_tls,
         etcd_access_files: a.etcd.files(),

@@ -167,7 +167,12 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             let hosted = if *is_host != Some(false) {
                 let at = host_addr(endpoint, *is_host, cfg.timing.join_timeout).await?;
                 let json = cfg.log_format == crate::LogFormat::Json;
-                let tls = match cfg.rdzv_host_tls.as_ref().map(|f| f.load()).transpose() {
+                let tls = match cfg
+                    .rdzv_host_tls
+                    .as_ref()
+                    .map(|f| f.load_named(crate::config::HOST_TLS_FLAGS))
+                    .transpose()
+                {
                     Ok(t) => t,
                     Err(why) => return Err(LaunchError::RendezvousFailed(why)),
                 };
