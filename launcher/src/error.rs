@@ -37,11 +37,12 @@ pub enum ConfigError {
     /// file that cannot be read: one line naming the flag, never the password.
     #[error("{0}")]
     EtcdAccess(String),
-    /// A TLS file of the rendezvous (`--rdzv-tls-*`, `--rdzv-host-tls-*`) cannot be read, is
-    /// not the PEM it should be, or holds a key of another certificate: one line naming the file
-    /// and its flag ([`drun_rendezvous::pem_check`]).
+    /// A credential for the rendezvous cannot be used: a TLS file (`--rdzv-tls-*`,
+    /// `--rdzv-host-tls-*`) that cannot be read, is not the PEM it should be or holds a key of
+    /// another certificate ([`drun_rendezvous::pem_check`]), or a `DRUN_RDZV_TOKEN` that gRPC
+    /// metadata cannot carry: one line naming the file or variable, never the secret.
     #[error("{0}")]
-    Tls(String),
+    Credential(String),
     /// A torchrun flag drun does not implement yet.
     #[error("{flag} is a torchrun flag drun does not implement yet; remove it ({why})")]
     Unsupported {

@@ -26,6 +26,22 @@ const BEARER: &str = "Bearer ";
 /// Longest accepted token, in bytes (longer lines are refused when a file is read).
 pub const MAX_TOKEN_LEN: usize = 4096;
 
+/// Why `token` cannot be sent, if it cannot: gRPC metadata carries only printable ASCII, so a
+/// token is 1 to [`MAX_TOKEN_LEN`] bytes of `!`..`~` (no spaces, no control or non-ASCII
+/// characters). The token itself is never part of the answer.
+pub fn token_problem(token: &str) -> Option<String> {
+    if token.len() > MAX_TOKEN_LEN {
+        return Some(format!("a token is at most {MAX_TOKEN_LEN} bytes"));
+    }
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Some(
+            "a token must be printable ASCII without spaces (gRPC metadata carries nothing else)"
+                .into(),
+        );
+    }
+    None
+}
+
 /// A secret string whose `Debug` and `Display` never show it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -66,8 +82,8 @@ pub struct Entry {
 /// Parses a token file's text: one `TOKEN` or `RUN_ID TOKEN` per line.
 ///
 /// # Errors
-/// A line of more than two fields, or a token longer than [`MAX_TOKEN_LEN`]: the message names
-/// the line number, never its content.
+/// A line of more than two fields, a token [`token_problem`] refuses, or a run id
+/// [`crate::validate::id`] refuses: the message names the line number, never the token.
 pub fn parse_tokens(text: &str) -> Result<Vec<Entry>, String> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -92,11 +108,12 @@ pub fn parse_tokens(text: &str) -> Result<Vec<Entry>, String> {
                 ))
             }
         };
-        if entry.token.0.len() > MAX_TOKEN_LEN {
-            return Err(format!(
-                "line {}: token longer than {MAX_TOKEN_LEN} bytes",
-                i + 1
-            ));
+        if let Some(why) = token_problem(&entry.token.0) {
+            return Err(format!("line {}: {why}", i + 1));
+        }
+        if let Some(run) = &entry.run {
+            crate::validate::id("the run id", run)
+                .map_err(|why| format!("line {}: {why}", i + 1))?;
         }
         out.push(entry);
     }

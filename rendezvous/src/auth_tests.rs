@@ -21,6 +21,25 @@ fn a_bad_token_line_is_named_by_number_not_content() {
     assert!(!err.contains("extra-secret"), "{err}");
     let long = "x".repeat(MAX_TOKEN_LEN + 1);
     assert!(parse_tokens(&long).unwrap_err().contains("line 1"));
+    // A token gRPC metadata cannot carry would never match; a run id no run can have, neither.
+    let err = parse_tokens("ok\nrun sécret\n").unwrap_err();
+    assert!(
+        err.contains("line 2") && err.contains("printable ASCII"),
+        "{err}"
+    );
+    assert!(!err.contains("sécret"), "{err}");
+    let err = parse_tokens("../x tok\n").unwrap_err();
+    assert!(err.contains("line 1") && err.contains("run id"), "{err}");
+}
+
+#[test]
+fn only_printable_ascii_tokens_can_be_sent() {
+    assert_eq!(token_problem("Az09-._~+/=!"), None);
+    for bad in ["", "a b", "tab\t", "é", "\u{7f}"] {
+        assert!(token_problem(bad).is_some(), "{bad:?}");
+    }
+    assert!(token_problem(&"x".repeat(MAX_TOKEN_LEN + 1)).is_some());
+    assert_eq!(token_problem(&"x".repeat(MAX_TOKEN_LEN)), None);
 }
 
 #[test]

@@ -131,12 +131,12 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
     if let Some(files) = &cfg.rdzv_host_tls {
         files
             .load_named(super::HOST_TLS_FLAGS)
-            .map_err(ConfigError::Tls)?;
+            .map_err(ConfigError::Credential)?;
     }
     if let Some((ca, cert, key)) = &cfg.rdzv_tls_files {
         cfg.rdzv_tls = Some(
             drun_rendezvous::tls::ClientTls::from_files(ca, cert.as_deref(), key.as_deref())
-                .map_err(ConfigError::Tls)?,
+                .map_err(ConfigError::Credential)?,
         );
     }
     slurm_token(&mut cfg);

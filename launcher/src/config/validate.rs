@@ -155,11 +155,8 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         straggler_factor: straggler_factor(a.observe.straggler_factor)?,
         preflight: preflight(a)?,
         rdzv_token_file: a.rdzv_token_file.clone(),
-        rdzv_token: host
-            .var(crate::rdzv::token::TOKEN_VAR)
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(drun_rendezvous::auth::Secret::new),
+        rdzv_token: crate::rdzv::token::resolve(None, host.var(crate::rdzv::token::TOKEN_VAR))
+            .map_err(ConfigError::Credential)?,
         rdzv_tls_files: match (&a.rdzv_tls_ca, &a.rdzv_tls_cert, &a.rdzv_tls_key) {
             (None, Some(f), _) | (None, None, Some(f)) => {
                 return Err(invalid(

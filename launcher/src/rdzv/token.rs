@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use drun_rendezvous::auth::{Secret, MAX_TOKEN_LEN};
+use drun_rendezvous::auth::{token_problem, Secret, MAX_TOKEN_LEN};
 
 /// The environment variable holding the token itself.
 pub const TOKEN_VAR: &str = "DRUN_RDZV_TOKEN";
@@ -15,13 +15,17 @@ pub const TOKEN_VAR: &str = "DRUN_RDZV_TOKEN";
 ///
 /// # Errors
 /// One line naming the file when it cannot be read, holds no token, or holds more than one
-/// field or a token longer than [`MAX_TOKEN_LEN`] bytes (the line is never quoted).
+/// field or a token [`token_problem`] refuses (the line is never quoted); one line naming
+/// [`TOKEN_VAR`] when its value is such a token.
 pub fn resolve(file: Option<&Path>, env: Option<&str>) -> Result<Option<Secret>, String> {
     let Some(f) = file else {
-        return Ok(env
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(Secret::new));
+        let Some(t) = env.map(str::trim).filter(|t| !t.is_empty()) else {
+            return Ok(None);
+        };
+        return match token_problem(t) {
+            Some(why) => Err(format!("{TOKEN_VAR} holds an unusable token: {why}")),
+            None => Ok(Some(Secret::new(t))),
+        };
     };
     let text = std::fs::read_to_string(f)
         .map_err(|e| format!("cannot read the token file {}: {e}", f.display()))?;
@@ -38,6 +42,12 @@ pub fn resolve(file: Option<&Path>, env: Option<&str>) -> Result<Option<Secret>,
     if line.split_whitespace().count() != 1 || line.len() > MAX_TOKEN_LEN {
         return Err(format!(
             "the token file {} must hold one token (no spaces, at most {MAX_TOKEN_LEN} bytes) on its first line",
+            f.display()
+        ));
+    }
+    if let Some(why) = token_problem(line) {
+        return Err(format!(
+            "the token file {} holds an unusable token: {why}",
             f.display()
         ));
     }
@@ -72,5 +82,16 @@ mod tests {
         std::fs::write(&f, "two secretwords\n").unwrap();
         let e = resolve(Some(&f), None).unwrap_err();
         assert!(e.contains("one token") && !e.contains("secretwords"), "{e}");
+        // gRPC metadata carries printable ASCII only: anything else could never be sent.
+        for bad in ["sécret", "tab\u{7}bell"] {
+            std::fs::write(&f, bad).unwrap();
+            let e = resolve(Some(&f), None).unwrap_err();
+            assert!(e.contains("printable ASCII") && !e.contains(bad), "{e}");
+            let e = resolve(None, Some(bad)).unwrap_err();
+            assert!(
+                e.contains(TOKEN_VAR) && e.contains("printable ASCII"),
+                "{e}"
+            );
+        }
     }
 }
