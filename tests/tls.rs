@@ -142,6 +142,37 @@ fn mutual_tls_refuses_an_agent_without_a_client_certificate() {
     assert!(err.contains("client certificate"), "{err}");
     assert!(!d.join("anon").exists());
 
+    // `status` without a client certificate, and with one of another CA: one line each, with
+    // the reason, never a debug dump of the gRPC status.
+    let other = self::ca(d, "other-ca");
+    let (ocert, okey) = leaf(d, "stranger", &other, ExtendedKeyUsagePurpose::ClientAuth);
+    let status = |extra: &[&Path]| {
+        let mut c = Command::new(crate::harness::cluster::rendezvous_bin());
+        c.args([
+            "status",
+            "mtls-ok",
+            "--endpoint",
+            &server.endpoint,
+            "--rdzv-tls-ca",
+        ])
+        .arg(&ca.pem)
+        .args(extra);
+        outcome(c)
+    };
+    for (extra, why) in [
+        (&[][..], "client certificate"),
+        (
+            &[p("--rdzv-tls-cert"), &ocert, p("--rdzv-tls-key"), &okey][..],
+            "may not accept the client certificate",
+        ),
+    ] {
+        let (code, err) = status(extra);
+        assert_eq!(code, 3, "{err}");
+        assert!(err.contains(why), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(!err.contains("code:") && !err.contains("source:"), "{err}");
+    }
+
     let out = d.join("ok");
     let flags = [
         p("--rdzv-tls-ca"),

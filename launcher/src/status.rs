@@ -209,7 +209,7 @@ async fn ask_servers(
                 let mut why = if e.is_refusal() {
                     e.to_string()
                 } else {
-                    error_chain(&s)
+                    crate::error::status_chain(&s)
                 };
                 // A plaintext client of a TLS server fails here, at the first request.
                 if let Some(h) =

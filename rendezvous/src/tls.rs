@@ -201,11 +201,19 @@ pub fn hint(error: &str, mode: Mode) -> Option<&'static str> {
     let closed = e.contains("connection reset")
         || e.contains("broken pipe")
         || e.contains("connection closed")
-        || e.contains("unexpected end of file");
-    if mode == Mode::Tls && closed && !e.contains("certificate") {
+        || e.contains("unexpected end of file")
+        || e.contains("connection was not ready");
+    if tls && e.contains("certificaterequired") {
+        Some("the server requires a client certificate: give --rdzv-tls-cert and --rdzv-tls-key")
+    } else if mode == Mode::Tls && closed && !e.contains("certificate") {
         Some("the server closed the TLS connection: it may require a client certificate (--rdzv-tls-cert/--rdzv-tls-key)")
+    } else if mode == Mode::Mutual
+        && (closed || e.contains("alert"))
+        && !e.contains("peer certificate")
+    {
+        Some("the server closed the TLS connection: it may not accept the client certificate (--rdzv-tls-cert signed by a CA other than its --tls-client-ca, or expired)")
     } else if tls && (e.contains("certificate") || e.contains("unknownissuer")) {
-        Some("the server's certificate is not signed by --rdzv-tls-ca (wrong CA?), or the server wants a client certificate (--rdzv-tls-cert/--rdzv-tls-key)")
+        Some("the server's certificate is not signed by --rdzv-tls-ca (wrong CA?), has expired or does not name this host, or the server wants a client certificate (--rdzv-tls-cert/--rdzv-tls-key)")
     } else if tls && (e.contains("invalidcontenttype") || e.contains("corrupt message")) {
         Some("the server does not speak TLS; drop --rdzv-tls-ca or give the server --tls-cert/--tls-key")
     } else if !tls && (closed || e.contains("h2 protocol error")) {
@@ -228,10 +236,12 @@ mod tests {
         assert!(h("invalid peer certificate: UnknownIssuer", Mode::Tls).contains("wrong CA"));
         assert!(h("operation was canceled: connection closed", Mode::Tls)
             .contains("client certificate"));
-        assert_eq!(
-            hint("operation was canceled: connection closed", Mode::Mutual),
-            None
+        assert!(
+            h("received fatal alert: CertificateRequired", Mode::Tls).contains("requires a client")
         );
+        assert!(h("operation was canceled: connection closed", Mode::Mutual)
+            .contains("may not accept the client certificate"));
+        assert!(h("invalid peer certificate: Expired", Mode::Mutual).contains("expired"));
         assert_eq!(hint("Connection refused", Mode::Plain), None);
     }
 
