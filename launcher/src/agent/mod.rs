@@ -28,6 +28,7 @@ use crate::{AgentExit, LaunchConfig, LaunchError};
 mod driver;
 mod failure;
 pub mod hang;
+mod log_dir;
 mod observe;
 mod preflight;
 pub mod rank_table;
@@ -210,11 +211,7 @@ impl Agent {
             None => (std::env::temp_dir(), true),
         };
         let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
-        let run_log_dir = if temp_log_dir {
-            base.join(format!("drun_{}_{suffix}", cfg.run_id))
-        } else {
-            base.join(format!("{}_{suffix}", cfg.run_id))
-        };
+        let run_log_dir = base.join(log_dir::name(&cfg.run_id, suffix, temp_log_dir));
         std::fs::create_dir_all(&run_log_dir).map_err(|source| {
             LaunchError::Config(crate::ConfigError::Path {
                 what: "log directory",

@@ -210,6 +210,11 @@ fn an_empty_or_path_like_run_id_is_refused_up_front() {
         assert!(e.starts_with("invalid --rdzv-id"), "{bad}: {e}");
     }
     assert!(validate(&args(&with_id("job-42.a_b:c@d")), &host()).is_ok());
+    // The server's limit, said before any connection is tried.
+    let long: &'static str = "r".repeat(254).leak();
+    let e = err(&with_id(long), &host());
+    assert!(e.contains("254 bytes long") && e.contains("253"), "{e}");
+    assert!(validate(&args(&with_id(&long[1..])), &host()).is_ok());
 }
 
 #[test]
