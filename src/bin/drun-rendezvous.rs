@@ -161,6 +161,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// How long a stopping server (SIGTERM, Ctrl-C) lets open sessions run before it closes them:
+/// well inside Kubernetes' default 30 s grace period and systemd's 90 s stop timeout.
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The next SIGTERM or SIGINT, by name.
+async fn stop_signal() -> &'static str {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+    }
+}
+
 /// The etcd access of `args`, the password read from its file or `DRUN_ETCD_PASSWORD` (exit 2
 /// when the flags are incomplete or a file cannot be read).
 fn etcd_access(args: &drun_launcher::cli::EtcdArgs) -> Result<EtcdAccess, (u8, String)> {
@@ -280,16 +294,16 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                     Arc::new(|| drun_rendezvous::metrics::global().render()),
                 );
             }
-            let shutdown = async {
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                        .expect("SIGTERM handler");
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
+            let (stopping_tx, stopping) = tokio::sync::oneshot::channel();
+            let shutdown = async move {
+                let sig = stop_signal().await;
+                tracing::info!(
+                    "{sig}: no new connections; open sessions close within {} s (agents reconnect or wait for the server)",
+                    DRAIN.as_secs()
+                );
+                let _ = stopping_tx.send(());
             };
-            serve_with_tls(
+            let serve = serve_with_tls(
                 listener,
                 RendezvousService::new(store)
                     .with_run_on_records(log_format == drun_launcher::LogFormat::Json)
@@ -297,9 +311,22 @@ async fn run(cmd: Command, log_format: drun_launcher::LogFormat) -> Result<(), (
                     .with_max_runs(max_runs),
                 tls,
                 shutdown,
-            )
-            .await
-            .map_err(|e| (1, format!("server failed: {}", error_chain(&e))))
+            );
+            // tonic's graceful shutdown waits for every connection to end, and an agent's
+            // session never ends on its own: the drain is bounded, a second signal ends it.
+            let drained = async {
+                if stopping.await.is_err() {
+                    return std::future::pending().await;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(DRAIN) => {}
+                    sig = stop_signal() => tracing::info!("{sig} again: closing now"),
+                }
+            };
+            tokio::select! {
+                r = serve => r.map_err(|e| (1, format!("server failed: {}", error_chain(&e)))),
+                () = drained => Ok(()),
+            }
         }
         Command::Status {
             run,

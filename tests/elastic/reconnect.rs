@@ -84,13 +84,8 @@ fn an_agent_that_reconnects_within_the_grace_keeps_its_membership() {
     stop_all(agents);
 }
 
-#[test]
-fn an_agent_whose_server_replica_dies_keeps_its_membership_on_the_other_replica() {
-    // Two replicas on one etcd. Agent 0 talks to replica 1 (and knows replica 2); agent 1 talks
-    // to replica 2 only. Replica 1 is SIGKILLed while generation 1 runs: agent 0 reconnects to
-    // replica 2, which takes over its lease (`rendezvous/src/shared_lease.rs`). Replica 1's
-    // shared etcd lease expires after one TTL (3 s here); had the keys not moved, agent 0's
-    // membership would go with it and the group would re-form.
+/// Replica 1 of two on one etcd, and agent 0's sessions on it; replica 2 and agent 1.
+fn two_replicas(run: &str, dir: &std::path::Path) -> (Etcd, RdzvServer, RdzvServer, Vec<Agent>) {
     let etcd = Etcd::start();
     let store = [
         "--store",
@@ -98,9 +93,8 @@ fn an_agent_whose_server_replica_dies_keeps_its_membership_on_the_other_replica(
         "--etcd-endpoints",
         etcd.endpoint.as_str(),
     ];
-    let mut s1 = RdzvServer::start(&store);
+    let s1 = RdzvServer::start(&store);
     let s2 = RdzvServer::start(&store);
-    let dir = tempfile::tempdir().unwrap();
     let conf = ["--rdzv-conf", "lease_ttl=3"];
     let both = vec![
         "--rdzv-endpoint".to_string(),
@@ -108,9 +102,40 @@ fn an_agent_whose_server_replica_dies_keeps_its_membership_on_the_other_replica(
     ];
     let only_2 = vec!["--rdzv-endpoint".to_string(), s2.endpoint.clone()];
     let agents: Vec<Agent> = vec![
-        agent(0, "replica-dies", "2", &both, &conf, dir.path()),
-        agent(1, "replica-dies", "2", &only_2, &conf, dir.path()),
+        agent(0, run, "2", &both, &conf, dir),
+        agent(1, run, "2", &only_2, &conf, dir),
     ];
+    (etcd, s1, s2, agents)
+}
+
+#[test]
+fn a_replica_stopped_with_sigterm_exits_promptly_and_its_agents_keep_their_membership() {
+    // A rolling update (Kubernetes, systemd) stops a replica with SIGTERM while agents hold
+    // sessions on it, which never end on their own: the replica closes them after a bounded
+    // drain (2 s) and exits 0, and agent 0 carries on through replica 2 as if it had died.
+    let dir = tempfile::tempdir().unwrap();
+    let (_etcd, mut s1, _s2, agents) = two_replicas("replica-stopped", dir.path());
+    let g1 = wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    assert_eq!(s1.terminate(Duration::from_secs(10)), Some(0));
+    holds_for(
+        "generation 1 undisturbed past replica 1's lease TTL",
+        Duration::from_secs(7),
+        || pids(&g1).iter().all(|p| alive(*p)) && gen(dir.path(), 2).is_empty(),
+    );
+    let err = agents[0].stderr_so_far();
+    assert!(!err.contains("fenced"), "{err}");
+    stop_all(agents);
+}
+
+#[test]
+fn an_agent_whose_server_replica_dies_keeps_its_membership_on_the_other_replica() {
+    // Two replicas on one etcd. Agent 0 talks to replica 1 (and knows replica 2); agent 1 talks
+    // to replica 2 only. Replica 1 is SIGKILLed while generation 1 runs: agent 0 reconnects to
+    // replica 2, which takes over its lease (`rendezvous/src/shared_lease.rs`). Replica 1's
+    // shared etcd lease expires after one TTL (3 s here); had the keys not moved, agent 0's
+    // membership would go with it and the group would re-form.
+    let dir = tempfile::tempdir().unwrap();
+    let (_etcd, mut s1, _s2, agents) = two_replicas("replica-dies", dir.path());
     let g1 = wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
     s1.kill();
     holds_for(

@@ -125,6 +125,20 @@ impl RdzvServer {
         Pid::from_raw(self.child.id() as i32)
     }
 
+    /// Sends SIGTERM and waits up to `within` for the replica to exit: its exit code, or
+    /// `None` if it is still running then (it is killed on drop).
+    pub fn terminate(&mut self, within: std::time::Duration) -> Option<i32> {
+        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return Some(st.code().unwrap_or(-1));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        None
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
