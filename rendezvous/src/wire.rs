@@ -45,7 +45,7 @@ impl From<pb::Candidate> for Join {
                 requested_node_rank: u32::try_from(c.requested_node_rank).ok(),
                 master_port: u16::try_from(c.master_port).unwrap_or(0),
             },
-            resume_hint: serde_json::from_str(&c.resume_hint_json).ok(),
+            resume_hint: optional_json(&c.resume_hint_json),
             fingerprint: c.fingerprint.into_iter().collect(),
             env_check: crate::envcheck::EnvCheck::parse(&c.env_check),
         }
@@ -106,7 +106,7 @@ impl From<pb::Plan> for Plan {
             master_port: u16::try_from(p.master_port).unwrap_or(0),
             restarts_failures: p.restarts_failures,
             restarts_membership: p.restarts_membership,
-            resume: serde_json::from_str(&p.resume_json).ok(),
+            resume: optional_json(&p.resume_json),
             notes: p.notes,
             formed_because: p.formed_because,
             node_count: p.node_count,
@@ -171,7 +171,7 @@ pub fn request_from_wire(m: pb::AgentMessage) -> Option<Request> {
         Kind::Failed(f) => Request::Failed {
             generation: f.generation,
             description: f.description,
-            cause: cause_from_wire(&f.root_cause_json),
+            cause: optional_json(&f.root_cause_json),
         },
         Kind::Leave(_) => Request::Leave,
         Kind::Commit(c) => Request::Commit {
@@ -265,7 +265,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
             success: f.success,
             reason: f.reason,
             at_ms: f.at_ms,
-            root_cause: cause_from_wire(&f.root_cause_json),
+            root_cause: optional_json(&f.root_cause_json),
         }),
         Kind::FailureDecision(d) => Event::FailureDecision {
             restart: d.restart,
@@ -274,7 +274,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
                 membership: d.restarts_membership,
                 history: d.history,
             },
-            cause: cause_from_wire(&d.root_cause_json),
+            cause: optional_json(&d.root_cause_json),
         },
         Kind::Fenced(r) => Event::Fenced(r),
         Kind::Error(r) => Event::Error(r),
@@ -321,7 +321,9 @@ fn cause_to_wire(c: Option<&RootCause>) -> String {
 }
 
 /// A root cause from its wire field; none when empty or unreadable (a newer peer's shape).
-fn cause_from_wire(json: &str) -> Option<RootCause> {
+/// An optional JSON field: empty (absent) is `None` without a parse, which would build an error
+/// (and, the first time, detect CPU features for it) on every plan and join.
+fn optional_json<T: serde::de::DeserializeOwned>(json: &str) -> Option<T> {
     (!json.is_empty())
         .then(|| serde_json::from_str(json).ok())
         .flatten()
