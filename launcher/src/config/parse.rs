@@ -34,6 +34,12 @@ pub fn parse_nnodes(v: &str) -> Result<(u32, u32), ConfigError> {
     if min == 0 || min > max {
         return Err(bad("need 0 < MIN <= MAX"));
     }
+    if max > drun_rendezvous::validate::MAX_NODES {
+        return Err(bad(&format!(
+            "at most {} nodes",
+            drun_rendezvous::validate::MAX_NODES
+        )));
+    }
     Ok((min, max))
 }
 

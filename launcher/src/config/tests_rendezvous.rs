@@ -240,3 +240,43 @@ fn a_client_certificate_without_a_ca_is_refused_up_front() {
         );
     }
 }
+
+#[test]
+fn endpoints_schemes_and_limits_the_server_would_refuse_are_refused_up_front() {
+    let with = |extra: &[&'static str]| {
+        let mut v = vec!["--slurm", "off", "--nnodes", "2", "--rdzv-id", "j"];
+        v.extend_from_slice(extra);
+        v.push("t.py");
+        v
+    };
+    let cases: [(&[&str], &str); 6] = [
+        (&["--rdzv-endpoint", "127.0.0.1:29425:1"], "is not a host"),
+        (&["--rdzv-endpoint", "::1"], "in brackets"),
+        (
+            &["--rdzv-endpoint", "https://h:1"],
+            "--rdzv-tls-ca is missing",
+        ),
+        (
+            &["--rdzv-endpoint", "http://h:1", "--rdzv-tls-ca", "ca.pem"],
+            "http:// is plaintext",
+        ),
+        (
+            &["--rdzv-endpoint", "h:1", "--rdzv-conf", "lease_ttl=3601"],
+            "at most 3600 s",
+        ),
+        (
+            &["--rdzv-endpoint", "h:1", "--nnodes", "1:100001"],
+            "at most 100000 nodes",
+        ),
+    ];
+    for (extra, want) in cases {
+        let e = err(&with(extra), &host());
+        assert!(e.contains(want), "{extra:?}: {e}");
+    }
+    for ok in [
+        &["--rdzv-endpoint", "[::1]:29400"][..],
+        &["--rdzv-endpoint", "https://h:1", "--rdzv-tls-ca", "ca.pem"],
+    ] {
+        assert!(validate(&args(&with(ok)), &host()).is_ok(), "{ok:?}");
+    }
+}

@@ -60,6 +60,17 @@ impl Timing {
             }
         };
         let lease_ttl = secs("lease_ttl", 10.0)?.max(Duration::from_secs(1));
+        let max_ttl = Duration::from_millis(drun_rendezvous::validate::MAX_LEASE_TTL_MS);
+        if lease_ttl > max_ttl {
+            return Err(invalid(
+                "--rdzv-conf",
+                format!("lease_ttl={}", lease_ttl.as_secs_f64()),
+                format!(
+                    "at most {} s: a dead node is noticed only after one TTL",
+                    max_ttl.as_secs()
+                ),
+            ));
+        }
         let keep_alive_interval = match conf.get("keep_alive_interval") {
             Some(_) => secs("keep_alive_interval", 0.0)?,
             None => lease_ttl / 3,

@@ -73,6 +73,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
     };
     let (rendezvous, run_id) = rendezvous_mode(a, &nodes, host, &mut notes)?;
     let rdzv_host_tls = host_tls(a, &rendezvous)?;
+    scheme_agrees_with_tls(&rendezvous, a.rdzv_tls_ca.is_some())?;
     let requested_node_rank = a.node_rank.filter(|_| !rendezvous.is_static());
     if a.start_method != "spawn" {
         notes.push(format!(
@@ -172,6 +173,34 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         etcd_access_files: a.etcd.files(),
         etcd_access: Default::default(),
     })
+}
+
+/// A `https://` drun or c10d endpoint needs `--rdzv-tls-ca` (the scheme alone cannot say which CA
+/// to trust), and an `http://` one contradicts it: both said at start, not at the join timeout.
+fn scheme_agrees_with_tls(mode: &RendezvousMode, tls: bool) -> Result<(), ConfigError> {
+    let eps: &[String] = match mode {
+        RendezvousMode::Server { endpoints } => endpoints,
+        RendezvousMode::C10d { endpoint, .. } => std::slice::from_ref(endpoint),
+        _ => &[],
+    };
+    for e in eps {
+        if e.starts_with("https://") && !tls {
+            return Err(ConfigError::Missing {
+                flag: "--rdzv-tls-ca",
+                why: format!(
+                    "{e} asks for TLS: give --rdzv-tls-ca with the CA of the server's certificate"
+                ),
+            });
+        }
+        if e.starts_with("http://") && tls {
+            return Err(invalid(
+                "--rdzv-endpoint",
+                e.clone(),
+                "http:// is plaintext but --rdzv-tls-ca asks for TLS: write HOST:PORT or https://HOST:PORT",
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `--rdzv-host-tls-cert`/`-key`: the TLS identity of a c10d host. Under c10d any node may host,

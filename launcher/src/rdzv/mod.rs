@@ -97,12 +97,18 @@ pub fn endpoints(list: &str, default: u16) -> Result<Vec<String>, ConfigError> {
             value: list.to_string(),
             why: why.to_string(),
         };
-        if host
+        let bare = host
+            .split_once("://")
+            .map_or(host, |(_, h)| h)
             .trim_start_matches('[')
-            .trim_end_matches(']')
-            .is_empty()
-        {
+            .trim_end_matches(']');
+        if bare.is_empty() {
             return Err(bad("missing host; expected HOST:PORT"));
+        }
+        if bare.contains(':') && !host.ends_with(']') {
+            return Err(bad(&format!(
+                "'{host}' is not a host: a host name holds no ':', and an IPv6 address goes in brackets ([::1]:29400)"
+            )));
         }
         match port.parse::<u16>() {
             Ok(p) if p > 0 => {}
