@@ -98,20 +98,48 @@ impl TokenFile {
     }
 
     fn set(&mut self, entries: Result<Vec<Entry>, String>) {
-        if let (Err(e), Ok(_)) = (&entries, &self.entries) {
-            tracing::warn!("{e}; its tokens are not accepted until it is fixed");
+        match (&entries, &self.entries) {
+            (Err(e), Ok(_)) => tracing::warn!("{e}; its tokens are not accepted until it is fixed"),
+            (Ok(now), Ok(before)) if now.is_empty() && !before.is_empty() => tracing::warn!(
+                "token file {} now holds no token: no agent is accepted through it until one is written",
+                self.path.display()
+            ),
+            (Ok(now), Err(_)) if !now.is_empty() => tracing::info!(
+                "token file {} read again: {} token(s) accepted",
+                self.path.display(),
+                now.len()
+            ),
+            _ => {}
         }
         self.entries = entries;
     }
 }
 
+/// The largest token file read, in bytes (1 MiB: thousands of run-scoped tokens); a larger one
+/// is refused rather than read whole on every change.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
 /// Reads and parses the token file `f`.
 ///
 /// # Errors
-/// A file that cannot be read or does not parse: one line naming it (never a token).
+/// A file that cannot be read, is larger than [`MAX_FILE_BYTES`] or does not parse: one line
+/// naming it (never a token).
 pub fn read(f: &Path) -> Result<Vec<Entry>, String> {
-    let text = std::fs::read_to_string(f)
-        .map_err(|e| format!("cannot read token file {}: {e}", f.display()))?;
+    let cannot = |e: &dyn std::fmt::Display| format!("cannot read token file {}: {e}", f.display());
+    let file = std::fs::File::open(f).map_err(|e| cannot(&e))?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(file, MAX_FILE_BYTES + 1),
+        &mut text,
+    )
+    .map_err(|e| cannot(&e))?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "token file {} is larger than {} KiB; a token file holds `TOKEN` or `RUN_ID TOKEN` lines",
+            f.display(),
+            MAX_FILE_BYTES / 1024
+        ));
+    }
     parse_tokens(&text).map_err(|e| format!("token file {}: {e}", f.display()))
 }
 
@@ -189,5 +217,10 @@ mod tests {
         );
         std::fs::write(&p, "tok\n").unwrap();
         assert_eq!(tokens(&mut f, t0 + RECHECK * 3), ["tok"]);
+        // Larger than a token file can be: refused, not read whole.
+        std::fs::write(&p, "x\n".repeat(MAX_FILE_BYTES as usize)).unwrap();
+        assert!(tokens(&mut f, t0 + RECHECK * 4).is_empty());
+        let e = read(&p).unwrap_err();
+        assert!(e.contains("larger than 1024 KiB"), "{e}");
     }
 }
