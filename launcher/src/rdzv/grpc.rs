@@ -243,15 +243,9 @@ impl Client {
             Ok(c) => Conn::Ready(c),
             Err(e) => {
                 let why = error_chain(&e);
-                if self.reach.ever_connected() {
-                    tracing::warn!(
-                        "rendezvous server {endpoint} unreachable ({why}); trying again"
-                    );
-                } else {
-                    // At start the host (embedded/c10d) or the server may simply not be up
-                    // yet: `give_up` says so every 10 s.
-                    tracing::debug!("rendezvous at {endpoint} not reachable yet ({why})");
-                }
+                // At start the host (embedded/c10d) or the server may simply not be up yet;
+                // later the lost stream was said once: `Reach::check` says either every 10 s.
+                tracing::debug!("rendezvous at {endpoint} not reachable ({why})");
                 self.reach
                     .failed_because(explain(short_reason(&why), &why, self.tls()));
                 tokio::time::sleep(self.backoff).await;

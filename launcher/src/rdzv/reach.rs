@@ -5,8 +5,10 @@
 //!   agent hosting it, may come up later: like torchrun, the link waits up to the join timeout,
 //!   with one progress line every [`PROGRESS_EVERY`] (the first after [`QUIET`]), then gives up
 //!   with one line naming the endpoint and the fix.
-//! * **Later.** No server for a whole lease TTL means the lease must be taken as expired (a
-//!   fence); no server for longer than the join timeout ends the link.
+//! * **Later.** A lost server is said once when the stream breaks, then one progress line every
+//!   [`PROGRESS_EVERY`] while it stays unreachable (not one per attempt). No server for a whole
+//!   lease TTL means the lease must be taken as expired (a fence); no server for longer than the
+//!   join timeout ends the link.
 
 use std::time::Duration;
 
@@ -71,6 +73,8 @@ impl Reach {
     pub fn contact(&mut self, now: Instant) {
         self.ever_connected = true;
         self.last_contact = now;
+        self.last_error = None;
+        self.next_progress = now + QUIET;
     }
 
     /// An attempt failed: why, as the connection error says it.
@@ -115,11 +119,25 @@ impl Reach {
         }
         // A server gone for good must not keep the agent retrying forever: past the join
         // timeout (the longest this node would wait for a group anyway) it is an error.
-        if gone > l.join_timeout.max(l.lease_ttl) {
+        let limit = l.join_timeout.max(l.lease_ttl);
+        if gone > limit {
             v.give_up = Some(format!(
                 "lost the rendezvous server ({endpoints}) for {}; giving up",
                 human(gone)
             ));
+        } else if let Some(why) = self
+            .last_error
+            .as_deref()
+            .filter(|_| now >= self.next_progress)
+        {
+            v.progress = Some(format!(
+                "rendezvous server at {endpoints} unreachable for {} ({why}); still trying, giving up in {}",
+                human(gone),
+                human(limit - gone)
+            ));
+            while self.next_progress <= now {
+                self.next_progress += PROGRESS_EVERY;
+            }
         }
         v
     }
@@ -203,6 +221,36 @@ mod tests {
             .give_up
             .unwrap()
             .starts_with("lost the rendezvous server (h:29400)"));
+    }
+
+    #[test]
+    fn a_lost_server_is_a_progress_line_every_10_s_not_one_per_attempt() {
+        let t0 = Instant::now();
+        let mut r = Reach::new(t0);
+        r.contact(t0);
+        assert_eq!(
+            r.check(t0 + s(5), true, L, EP),
+            Verdict::default(),
+            "no failure yet"
+        );
+        // The stream broke at 5 s (contact), attempts fail every second from then on.
+        r.contact(t0 + s(5));
+        let mut lines = Vec::new();
+        for t in 6..=30 {
+            r.failed("transport error: tcp connect error: Connection refused (os error 111)");
+            if let Some(p) = r.check(t0 + s(t), true, L, EP).progress {
+                lines.push((t, p));
+            }
+        }
+        let at: Vec<u64> = lines.iter().map(|(t, _)| *t).collect();
+        assert_eq!(at, [7, 17, 27]);
+        assert_eq!(
+            lines[0].1,
+            "rendezvous server at h:29400 unreachable for 2 s (connection refused); still trying, giving up in 598 s"
+        );
+        // Back: quiet again, and a new outage starts its own count.
+        r.contact(t0 + s(31));
+        assert_eq!(r.check(t0 + s(40), true, L, EP), Verdict::default());
     }
 
     #[test]
