@@ -3,6 +3,23 @@
 use super::tests::{args, err, host, ok, with_env};
 use super::*;
 
+/// A 2-node launch of `t.py` on the drun server `h:1`, run `j`, with `extra` flags.
+fn two_nodes(extra: &[&'static str]) -> Vec<&'static str> {
+    let mut v = vec![
+        "--slurm",
+        "off",
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        "h:1",
+        "--rdzv-id",
+        "j",
+    ];
+    v.extend_from_slice(extra);
+    v.push("t.py");
+    v
+}
+
 #[test]
 fn multi_node_static_needs_a_node_rank_below_nnodes() {
     assert!(err(&["--nnodes", "2", "t.py"], &host()).contains("never assumes localhost"));
@@ -190,19 +207,8 @@ fn an_empty_endpoint_is_named_as_one_not_as_an_nnodes_problem() {
 
 #[test]
 fn an_empty_or_path_like_run_id_is_refused_up_front() {
-    let with_id = |id: &'static str| {
-        vec![
-            "--slurm",
-            "off",
-            "--nnodes",
-            "2",
-            "--rdzv-endpoint",
-            "h:1",
-            "--rdzv-id",
-            id,
-            "t.py",
-        ]
-    };
+    // The last --rdzv-id wins.
+    let with_id = |id: &'static str| two_nodes(&["--rdzv-id", id]);
     let e = err(&with_id(""), &host());
     assert!(e.starts_with("--rdzv-id is empty:"), "{e}");
     for bad in ["a/b", "a/../b", "job 1", ".", ".."] {
@@ -220,20 +226,7 @@ fn an_empty_or_path_like_run_id_is_refused_up_front() {
 #[test]
 fn a_client_certificate_without_a_ca_is_refused_up_front() {
     for flag in ["--rdzv-tls-cert", "--rdzv-tls-key"] {
-        let v = vec![
-            "--slurm",
-            "off",
-            "--nnodes",
-            "2",
-            "--rdzv-endpoint",
-            "h:1",
-            "--rdzv-id",
-            "j",
-            flag,
-            "c.pem",
-            "t.py",
-        ];
-        let e = err(&v, &host());
+        let e = err(&two_nodes(&[flag, "c.pem"]), &host());
         assert!(
             e.starts_with("invalid --rdzv-tls-cert/--rdzv-tls-key") && e.contains("--rdzv-tls-ca"),
             "{e}"
@@ -243,12 +236,8 @@ fn a_client_certificate_without_a_ca_is_refused_up_front() {
 
 #[test]
 fn endpoints_schemes_and_limits_the_server_would_refuse_are_refused_up_front() {
-    let with = |extra: &[&'static str]| {
-        let mut v = vec!["--slurm", "off", "--nnodes", "2", "--rdzv-id", "j"];
-        v.extend_from_slice(extra);
-        v.push("t.py");
-        v
-    };
+    // The last --rdzv-endpoint and --nnodes win.
+    let with = two_nodes;
     let cases: [(&[&str], &str); 6] = [
         (&["--rdzv-endpoint", "127.0.0.1:29425:1"], "is not a host"),
         (&["--rdzv-endpoint", "::1"], "in brackets"),
