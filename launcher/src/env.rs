@@ -147,7 +147,9 @@ pub fn worker_env(
         // Every rank gets the same values: the global cursor, never a per-rank offset.
         set("DRUN_RESUME_STEP", m.step.to_string());
         set("DRUN_RESUME_GENERATION", m.generation.to_string());
-        set("DRUN_RESUME_PATH", m.dir().to_string_lossy().into_owned());
+        if let Some(d) = crate::ckpt::resume_dir(m, slot.resume_manifest) {
+            set("DRUN_RESUME_PATH", d.to_string_lossy().into_owned());
+        }
         if let Some(p) = slot.resume_manifest {
             set("DRUN_RESUME_MANIFEST", p.to_string_lossy().into_owned());
         }

@@ -76,9 +76,27 @@ pub struct CkptConfig {
 /// Name of the pointer file in `--ckpt-dir`: one line, the path of the newest manifest file.
 pub const LATEST_FILE: &str = "latest";
 
-/// Where the manifest file of `m` lives: next to its files.
-pub fn manifest_path(m: &Manifest) -> PathBuf {
-    m.dir().join(m.file_name())
+/// Where the manifest file of `m` lives: next to its files. A checkpoint of no files (every
+/// rank committed `[]`: a job that keeps its state elsewhere and lets drun keep the cursor) has
+/// no files to sit next to: its manifest goes in the run's own directory of `--ckpt-dir` `dir`,
+/// and nowhere without one (`None`).
+pub fn manifest_path(m: &Manifest, dir: Option<&Path>) -> Option<PathBuf> {
+    if m.files.is_empty() {
+        dir.and_then(|d| run_pointer_dir(d, &m.run_id))
+            .map(|r| r.join(m.file_name()))
+    } else {
+        Some(m.dir().join(m.file_name()))
+    }
+}
+
+/// The directory a resuming rank finds checkpoint `m` in (`DRUN_RESUME_PATH`): where its files
+/// are, or for a checkpoint of no files where its manifest is (`manifest`), if anywhere.
+pub fn resume_dir(m: &Manifest, manifest: Option<&Path>) -> Option<PathBuf> {
+    if m.files.is_empty() {
+        manifest.and_then(Path::parent).map(Path::to_path_buf)
+    } else {
+        Some(m.dir())
+    }
 }
 
 /// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync, rename,
@@ -106,17 +124,33 @@ pub fn run_pointer_dir(dir: &Path, run: &str) -> Option<PathBuf> {
     plain.then(|| dir.join(run))
 }
 
-/// Writes (atomically replaces) the manifest file of `m` next to its files and, when `dir` is
-/// set, points `<dir>/latest` and this run's `<dir>/<run>/latest` at it — unless the pointer
-/// names a newer checkpoint of the same run. Pointers hold the manifest's path relative to
-/// their directory when it lies inside it (so a moved or copied directory still resolves).
-/// Returns the manifest file's path.
+/// Writes (atomically replaces) the manifest file of `m` where [`manifest_path`] says and, when
+/// `dir` is set and `pointers`, points `<dir>/latest` and this run's `<dir>/<run>/latest` at it
+/// — unless the pointer names a newer checkpoint of the same run. Pointers hold the manifest's
+/// path relative to their directory when it lies inside it (so a moved or copied directory
+/// still resolves). Returns the manifest file's path.
 ///
 /// # Errors
-/// One line naming the file that could not be written (the caller logs it: the ledger in the
-/// store stays authoritative).
-pub fn publish(m: &Manifest, dir: Option<&Path>) -> Result<PathBuf, CkptError> {
-    let path = manifest_path(m);
+/// One line naming the file that could not be written, or saying that a checkpoint of no files
+/// without `--ckpt-dir` has no place for one (the caller logs it: the ledger in the store stays
+/// authoritative).
+pub fn publish(m: &Manifest, dir: Option<&Path>, pointers: bool) -> Result<PathBuf, CkptError> {
+    let Some(path) = manifest_path(m, dir) else {
+        return Err(CkptError::WriteManifest {
+            path: PathBuf::from(m.file_name()),
+            source: std::io::Error::other(
+                "a checkpoint of no files has no directory without --ckpt-dir; only the store's ledger holds it",
+            ),
+        });
+    };
+    if m.files.is_empty() {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| CkptError::WriteManifest {
+                path: path.clone(),
+                source,
+            })?;
+        }
+    }
     let same = std::fs::read(&path)
         .ok()
         .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
@@ -131,7 +165,7 @@ pub fn publish(m: &Manifest, dir: Option<&Path>) -> Result<PathBuf, CkptError> {
             source,
         })?;
     }
-    if let Some(d) = dir {
+    if let Some(d) = dir.filter(|_| pointers) {
         let own = run_pointer_dir(d, &m.run_id).filter(|r| path.starts_with(r));
         for pointer_dir in std::iter::once(d.to_path_buf()).chain(own) {
             let newer = match read_latest(&pointer_dir) {
@@ -264,7 +298,7 @@ pub fn remove_garbage(root: &Path, garbage: &[String], dropped: &[Manifest]) {
     let files = garbage
         .iter()
         .map(PathBuf::from)
-        .chain(dropped.iter().map(manifest_path));
+        .chain(dropped.iter().filter_map(|m| manifest_path(m, Some(root))));
     for f in files {
         if !f.starts_with(root) || f == root {
             tracing::debug!(path = %f.display(), "not deleting a file outside --ckpt-dir");
@@ -321,8 +355,8 @@ mod tests {
         for s in [4, 8] {
             std::fs::create_dir_all(d.path().join(format!("step-{s}"))).unwrap();
         }
-        publish(&manifest(d.path(), 8), Some(d.path())).unwrap();
-        publish(&manifest(d.path(), 4), Some(d.path())).unwrap();
+        publish(&manifest(d.path(), 8), Some(d.path()), true).unwrap();
+        publish(&manifest(d.path(), 4), Some(d.path()), true).unwrap();
         assert_eq!(read_latest(d.path()).unwrap().step, 8);
         assert!(d.path().join("step-4/drun-manifest-4-1.json").exists());
         let outside = tempfile::tempdir().unwrap();
@@ -339,5 +373,29 @@ mod tests {
         assert!(!d.path().join("step-4").exists(), "emptied dir removed");
         assert!(precious.exists(), "nothing outside --ckpt-dir is deleted");
         assert!(d.path().exists());
+    }
+
+    #[test]
+    fn a_checkpoint_of_no_files_lives_in_the_runs_directory_never_at_the_root() {
+        let d = tempfile::tempdir().unwrap();
+        let mut m = manifest(d.path(), 5);
+        m.files.clear();
+        let file = publish(&m, Some(d.path()), true).unwrap();
+        assert_eq!(file, d.path().join("r/drun-manifest-5-1.json"));
+        assert!(file.exists());
+        assert!(!Path::new("/drun-manifest-5-1.json").exists());
+        // Both pointers name it relative to their directory.
+        let own = std::fs::read_to_string(d.path().join("r/latest")).unwrap();
+        assert_eq!(own.trim(), "drun-manifest-5-1.json");
+        let top = std::fs::read_to_string(d.path().join("latest")).unwrap();
+        assert_eq!(top.trim(), "r/drun-manifest-5-1.json");
+        assert_eq!(read_latest(d.path()).unwrap().step, 5);
+        assert_eq!(resume_dir(&m, Some(&file)), Some(d.path().join("r")));
+        // Without --ckpt-dir there is no place for it: an error, nothing written.
+        let e = publish(&m, None, false).unwrap_err().to_string();
+        assert!(e.contains("no directory without --ckpt-dir"), "{e}");
+        // Retention removes it from the run's directory.
+        remove_garbage(d.path(), &[], &[m]);
+        assert!(!file.exists());
     }
 }

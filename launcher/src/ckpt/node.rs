@@ -346,7 +346,7 @@ pub fn resume_answer(plan: &Plan, manifest_file: Option<&Path>) -> Value {
             "step": m.step,
             "generation": m.generation,
             "world_size": m.world_size,
-            "path": m.dir().display().to_string(),
+            "path": super::resume_dir(m, manifest_file).map(|d| d.display().to_string()),
             "manifest": manifest_file.map(|p| p.display().to_string()),
             "cursor": m.cursor,
         })),

@@ -301,7 +301,8 @@ fn resuming(src: Source<'_>, plan: &Plan, m: &Manifest, reached_before: Option<u
         // The other run's own manifest file: never rewritten under this run's id.
         src.ckpt.resume_from.clone()
     } else {
-        match super::publish(m, None) {
+        // The manifest file again (no pointers: they may name a newer checkpoint).
+        match super::publish(m, src.ckpt.dir.as_deref(), false) {
             Ok(p) => Some(p),
             Err(e) => {
                 tracing::warn!("{e}");
@@ -321,7 +322,7 @@ pub fn sealed_here(
     garbage: &[String],
     dir: Option<&Path>,
 ) -> Option<PathBuf> {
-    let file = match super::publish(manifest, dir) {
+    let file = match super::publish(manifest, dir, true) {
         Ok(p) => Some(p),
         Err(e) => {
             tracing::warn!("checkpoint sealed, but {e}");
