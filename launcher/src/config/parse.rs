@@ -106,8 +106,36 @@ pub fn parse_signals(v: &str) -> Result<Vec<Signal>, ConfigError> {
                         .and_then(|n| Signal::try_from(n).map_err(|_| ()))
                 })
                 .map_err(|_| invalid("--signals-to-handle", v, format!("unknown signal {s}")))
+                .and_then(|sig| match unhandleable(sig) {
+                    Some(why) => Err(invalid(
+                        "--signals-to-handle",
+                        v,
+                        format!("{sig} {why}; list signals that ask the job to stop, e.g. SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"),
+                    )),
+                    None => Ok(sig),
+                })
         })
         .collect()
+}
+
+/// Why drun cannot take `sig` as a request to stop the job, if it cannot: the kernel does not
+/// let it be caught, it reports a fault of drun itself, or it comes in the ordinary course of
+/// a run (a worker exits, the terminal resizes, job control) and would stop a healthy job.
+fn unhandleable(sig: Signal) -> Option<&'static str> {
+    use Signal::*;
+    match sig {
+        SIGKILL | SIGSTOP => Some("cannot be caught"),
+        SIGSEGV | SIGBUS | SIGFPE | SIGILL | SIGTRAP | SIGSYS => {
+            Some("reports a fault of the process it is sent to")
+        }
+        SIGCHLD | SIGWINCH | SIGURG | SIGPIPE => {
+            Some("comes in the ordinary course of a run and would stop a healthy job")
+        }
+        SIGTSTP | SIGCONT | SIGTTIN | SIGTTOU => {
+            Some("is job control, which drun relays to the workers itself")
+        }
+        _ => None,
+    }
 }
 
 /// `--preempt-signal`: exactly one signal.
@@ -191,6 +219,18 @@ mod tests {
             [Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR1]
         );
         assert!(parse_signals("SIGNOPE").is_err());
+        // Signals that cannot be caught, are faults, or come in every run: refused up front.
+        for (bad, why) in [
+            ("SIGTERM,SIGKILL", "cannot be caught"),
+            ("11", "a fault"),
+            ("SIGCHLD", "would stop a healthy job"),
+            ("winch", "would stop a healthy job"),
+            ("SIGTSTP", "job control"),
+        ] {
+            let e = parse_signals(bad).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains("e.g. SIGTERM"), "{bad}: {e}");
+        }
+        assert!(parse_preempt_signal("SIGCHLD").is_err());
         assert_eq!(parse_preempt_signal("usr2").unwrap(), Signal::SIGUSR2);
         assert!(parse_preempt_signal("SIGUSR1,SIGUSR2").is_err());
         assert_eq!(

@@ -160,6 +160,11 @@ fn rdzv_conf_sets_timing_and_notes_unknown_keys() {
     );
     assert!(e.contains("below lease_ttl"), "{e}");
     assert!(err(&["--rdzv-conf", "lonely", "t.py"], &host()).contains("has no value"));
+    let e = err(&["--rdzv-conf", "join_timeout=0", "t.py"], &host());
+    assert!(
+        e.contains("join_timeout=0") && e.contains("must be > 0"),
+        "{e}"
+    );
 }
 
 #[test]

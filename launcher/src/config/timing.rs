@@ -82,8 +82,16 @@ impl Timing {
                 "must be > 0 and below lease_ttl",
             ));
         }
+        let join_timeout = secs("join_timeout", 600.0)?;
+        if join_timeout.is_zero() {
+            return Err(invalid(
+                "--rdzv-conf",
+                "join_timeout=0",
+                "must be > 0: it is how long a node waits for the group to form (default 600)",
+            ));
+        }
         Ok(Timing {
-            join_timeout: secs("join_timeout", 600.0)?,
+            join_timeout,
             last_call: secs("last_call_timeout", 30.0)?,
             lease_ttl,
             keep_alive_interval,
