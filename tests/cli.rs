@@ -327,3 +327,22 @@ fn an_empty_drun_python_or_path_is_one_line_exit_2() {
         "--rdzv-endpoint is empty",
     );
 }
+
+#[test]
+fn a_script_argument_that_is_not_utf8_is_named_exit_2() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = drun();
+    cmd.arg("--standalone")
+        .arg(worker("envdump.py"))
+        .arg(dir.path())
+        .arg(std::ffi::OsStr::from_bytes(b"ok-\xff"));
+    let (code, _, err) = run(cmd, Duration::from_secs(20));
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("the argument 'ok-\u{fffd}' is not valid UTF-8"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

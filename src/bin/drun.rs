@@ -45,6 +45,21 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
+        Err(e) if e.kind() == ErrorKind::InvalidUtf8 => {
+            // clap says only "one or more arguments": name it. Script arguments are UTF-8 in
+            // drun (they pass through `${local_rank}` substitution, logs and the run's record).
+            let bad = argv
+                .iter()
+                .skip(1)
+                .find(|a| a.to_str().is_none())
+                .map(|a| a.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            drun_launcher::say!(
+                "drun: error: the argument '{bad}' is not valid UTF-8 ({} marks the bytes that are not); drun passes only UTF-8 to the training script: rename the file, or pass the value another way (an environment variable, a file)",
+                char::REPLACEMENT_CHARACTER
+            );
+            return ExitCode::from(AgentExit::Usage.code());
+        }
         Err(e) => {
             drun_launcher::say!(
                 "drun: {} (see drun --help)",
