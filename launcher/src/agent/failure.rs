@@ -121,7 +121,9 @@ pub(super) fn fenced(m: &mut Machine, r: Reporting, reason: String, cx: &mut Cx<
 }
 
 /// No decision will come (`why`: the rendezvous trouble, appended after the failure, which
-/// stays the primary error): nothing restarts.
+/// stays the primary error): nothing restarts. With the rendezvous lost the restart budget was
+/// never consulted, so the exit is 3 (rendezvous failed: a requeue may rejoin), not 1 (budget
+/// spent: an operator's failure policy ends the job on it).
 pub(super) fn unreported(
     m: &mut Machine,
     r: Reporting,
@@ -132,12 +134,18 @@ pub(super) fn unreported(
         return Phase::Reporting(r);
     }
     let _ = m;
-    if let Some(e) = why {
-        cx.fx.push(Effect::Also(format!(
-            "could not report the failure to the rendezvous: {e}"
-        )));
+    let Some(e) = why else {
+        return end(r, Vec::new(), None, cx);
+    };
+    cx.fx.push(Effect::Also(format!(
+        "could not report the failure to the rendezvous: {e}"
+    )));
+    match end(r, Vec::new(), None, cx) {
+        Phase::Done(End::Exit(AgentExit::WorkerFailure)) => {
+            Phase::Done(End::Exit(AgentExit::Rendezvous))
+        }
+        other => other,
     }
-    end(r, Vec::new(), None, cx)
 }
 
 /// The session closed while reporting.

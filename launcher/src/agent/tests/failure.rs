@@ -152,7 +152,8 @@ fn an_unreachable_rendezvous_leaves_the_failure_primary() {
             Effect::Summarize(Vec::new()),
         ]
     );
-    assert_eq!(t.done(), Some(&End::Exit(AgentExit::WorkerFailure)));
+    // The budget was never consulted: exit 3 (rendezvous), not 1 (budget spent).
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::Rendezvous)));
 }
 
 #[test]
