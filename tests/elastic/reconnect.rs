@@ -161,3 +161,35 @@ fn an_agent_whose_server_replica_dies_keeps_its_membership_on_the_other_replica(
         7,
     );
 }
+
+#[test]
+fn a_memory_server_restarted_without_its_state_fences_with_that_reason() {
+    // The memory store keeps nothing across a restart: the agents' leases are unknown to the
+    // new server though the outage was far shorter than the TTL, and the fence line says why
+    // (not "expired").
+    let mut server = RdzvServer::start(&["--store", "memory"]);
+    let endpoint = server.endpoint.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = vec!["--rdzv-endpoint".to_string(), endpoint.clone()];
+    let agents: Vec<Agent> = (0..2)
+        .map(|i| agent(i, "mem-restart", "2", &rdzv, &[], dir.path()))
+        .collect();
+    wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    server.kill();
+    let _again = RdzvServer::start_on(&endpoint, &["--store", "memory"]);
+    crate::harness::wait_for("both agents fenced", Duration::from_secs(60), || {
+        agents.iter().all(|a| a.stderr_so_far().contains("fenced:"))
+    });
+    for a in &agents {
+        let err = a.stderr_so_far();
+        let fence = err
+            .lines()
+            .find(|l| l.contains("fenced:"))
+            .unwrap_or_else(|| panic!("a fence line: {err}"));
+        assert!(
+            fence.contains("no longer holds this run's generation 1") && !fence.contains("expired"),
+            "{fence}"
+        );
+    }
+    stop_all(agents);
+}

@@ -198,10 +198,21 @@ impl Actor {
             Some(r) => {
                 // The next world must be newer than the one this node was fenced from.
                 self.last_gen = self.last_gen.max(r.generation);
-                self.emit(Event::Fenced(format!(
-                    "lease {:#x} expired while reconnecting",
-                    r.lease
-                )));
+                // A store that no longer holds the generation this node ran in has lost the
+                // run's state (a restarted server on the memory store keeps none): that, not
+                // an expiry, is why the lease is unknown.
+                let (current, _) = self.round.current_generation().await?;
+                let why = if current < r.generation {
+                    format!(
+                        "the rendezvous store ({}) no longer holds this run's generation {} (a restarted server on the memory store keeps no state), so lease {:#x} is gone",
+                        self.store.name(),
+                        r.generation,
+                        r.lease
+                    )
+                } else {
+                    format!("lease {:#x} expired while reconnecting", r.lease)
+                };
+                self.emit(Event::Fenced(why));
             }
             None => {
                 if let Some(end) = self.finished().await? {
