@@ -77,6 +77,14 @@ pub(super) fn on_signal(m: &mut Machine, phase: Phase, sig: Signal, cx: &mut Cx<
         }
         _ => {
             m.interrupted.get_or_insert(sig);
+            cx.log(
+                Level::Warn,
+                None,
+                format!(
+                    "received {} before workers started; leaving the rendezvous and exiting",
+                    sig.as_str()
+                ),
+            );
             signal_exit(sig)
         }
     }
@@ -287,7 +295,7 @@ fn job_control(sig: Signal, cx: &mut Cx<'_>) {
         cx.fx.push(Effect::Relay(Signal::SIGSTOP));
         cx.fx.push(Effect::SuspendSelf);
     } else {
-        cx.log(Level::Info, None, "resumed (SIGCONT): workers continue");
+        cx.log(Level::Info, None, "resumed (SIGCONT)");
         cx.fx.push(Effect::Relay(Signal::SIGCONT));
     }
 }

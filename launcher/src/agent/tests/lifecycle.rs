@@ -143,7 +143,12 @@ fn ctrl_z_stops_the_workers_then_the_agent_and_sigcont_resumes_them() {
 #[test]
 fn a_signal_while_forming_exits_at_once() {
     let mut t = T::new();
-    assert!(t.feed(Input::Signal(Signal::SIGINT)).is_empty());
+    let fx = t.feed(Input::Signal(Signal::SIGINT));
+    // One line says why the agent ends (it exited silently before); nothing else happens.
+    assert!(
+        matches!(&fx[..], [Effect::Log(_, _, line)] if line.contains("received SIGINT before workers started")),
+        "{fx:?}"
+    );
     assert_eq!(t.done(), Some(&End::Exit(AgentExit::Signal(2))));
 }
 
