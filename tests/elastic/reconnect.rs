@@ -124,15 +124,12 @@ fn two_replicas(run: &str, dir: &std::path::Path) -> (Etcd, RdzvServer, RdzvServ
     (etcd, s1, s2, agents)
 }
 
-#[test]
-fn a_replica_stopped_with_sigterm_exits_promptly_and_its_agents_keep_their_membership() {
-    // A rolling update (Kubernetes, systemd) stops a replica with SIGTERM while agents hold
-    // sessions on it, which never end on their own: the replica closes them after a bounded
-    // drain (2 s) and exits 0, and agent 0 carries on through replica 2 as if it had died.
+/// Replica 1 stops (`stop`) while generation 1 runs; agent 0 must carry on through replica 2.
+fn replica_stops(run: &str, stop: impl FnOnce(&mut RdzvServer)) {
     let dir = tempfile::tempdir().unwrap();
-    let (_etcd, mut s1, _s2, agents) = two_replicas("replica-stopped", dir.path());
+    let (_etcd, mut s1, _s2, agents) = two_replicas(run, dir.path());
     let g1 = wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
-    assert_eq!(s1.terminate(Duration::from_secs(10)), Some(0));
+    stop(&mut s1);
     undisturbed(
         dir.path(),
         &g1,
@@ -143,23 +140,23 @@ fn a_replica_stopped_with_sigterm_exits_promptly_and_its_agents_keep_their_membe
 }
 
 #[test]
+fn a_replica_stopped_with_sigterm_exits_promptly_and_its_agents_keep_their_membership() {
+    // A rolling update (Kubernetes, systemd) stops a replica with SIGTERM while agents hold
+    // sessions on it, which never end on their own: the replica closes them after a bounded
+    // drain (2 s) and exits 0, and agent 0 carries on through replica 2 as if it had died.
+    replica_stops("replica-stopped", |s1| {
+        assert_eq!(s1.terminate(Duration::from_secs(10)), Some(0));
+    });
+}
+
+#[test]
 fn an_agent_whose_server_replica_dies_keeps_its_membership_on_the_other_replica() {
     // Two replicas on one etcd. Agent 0 talks to replica 1 (and knows replica 2); agent 1 talks
     // to replica 2 only. Replica 1 is SIGKILLed while generation 1 runs: agent 0 reconnects to
     // replica 2, which takes over its lease (`rendezvous/src/shared_lease.rs`). Replica 1's
     // shared etcd lease expires after one TTL (3 s here); had the keys not moved, agent 0's
     // membership would go with it and the group would re-form.
-    let dir = tempfile::tempdir().unwrap();
-    let (_etcd, mut s1, _s2, agents) = two_replicas("replica-dies", dir.path());
-    let g1 = wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
-    s1.kill();
-    undisturbed(
-        dir.path(),
-        &g1,
-        agents,
-        "generation 1 undisturbed past replica 1's lease TTL",
-        7,
-    );
+    replica_stops("replica-dies", RdzvServer::kill);
 }
 
 #[test]

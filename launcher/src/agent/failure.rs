@@ -70,7 +70,7 @@ pub(super) fn decided(
         );
         return rejoin(m, cx);
     }
-    end(r, restarts.history, cause, cx)
+    end(r, restarts.history, cause, AgentExit::WorkerFailure, cx)
 }
 
 /// A re-form without spending the budget, its reason known (or waited for long enough).
@@ -134,18 +134,16 @@ pub(super) fn unreported(
         return Phase::Reporting(r);
     }
     let _ = m;
-    let Some(e) = why else {
-        return end(r, Vec::new(), None, cx);
-    };
-    cx.fx.push(Effect::Also(format!(
-        "could not report the failure to the rendezvous: {e}"
-    )));
-    match end(r, Vec::new(), None, cx) {
-        Phase::Done(End::Exit(AgentExit::WorkerFailure)) => {
-            Phase::Done(End::Exit(AgentExit::Rendezvous))
+    let exit = match why {
+        Some(e) => {
+            cx.fx.push(Effect::Also(format!(
+                "could not report the failure to the rendezvous: {e}"
+            )));
+            AgentExit::Rendezvous
         }
-        other => other,
-    }
+        None => AgentExit::WorkerFailure,
+    };
+    end(r, Vec::new(), None, exit, cx)
 }
 
 /// The session closed while reporting.
@@ -157,9 +155,16 @@ pub(super) fn closed(m: &mut Machine, r: Reporting, cx: &mut Cx<'_>) -> Phase {
     }
 }
 
-/// The run ends with this failure: the summary, its one line or the loop's error; exit 1.
-/// When another node's failure ended the run first (`cause`), its summary follows this node's.
-fn end(r: Reporting, history: Vec<String>, cause: Option<RootCause>, cx: &mut Cx<'_>) -> Phase {
+/// The run ends with this failure: the summary, its one line or the loop's error; `exit` (1
+/// when the job decided, 3 when the rendezvous was lost before it could). When another node's
+/// failure ended the run first (`cause`), its summary follows this node's.
+fn end(
+    r: Reporting,
+    history: Vec<String>,
+    cause: Option<RootCause>,
+    exit: AgentExit,
+    cx: &mut Cx<'_>,
+) -> Phase {
     match r.ending {
         Ending::Summary => cx.fx.push(Effect::Summarize(history)),
         Ending::Line => cx.fx.push(Effect::Say(format!("drun: {}", r.description))),
@@ -168,5 +173,5 @@ fn end(r: Reporting, history: Vec<String>, cause: Option<RootCause>, cx: &mut Cx
     if let Some(c) = cause.filter(|c| c.node != cx.p.node_id) {
         cx.fx.push(Effect::RemoteCause(c));
     }
-    Phase::Done(End::Exit(AgentExit::WorkerFailure))
+    Phase::Done(End::Exit(exit))
 }
