@@ -5,13 +5,16 @@
 //!
 //! Each round starts one setting later than the last, so no setting always runs first.
 //!
-//! 1. **Per-RPC latency**: the round trip of a `Status` RPC to an in-process `drun-rendezvous`
-//!    service (memory store, loopback), one established connection per setting: median and p99
-//!    of `DRUN_BENCH_RPCS` calls (default 20,000, in 10 rounds, after 200 warm-up calls each).
+//! 1. **Per-RPC latency**: the round trip of a `Status` RPC, as an agent makes it (a 2-worker
+//!    runtime, an established connection), to a `drun-rendezvous serve` process (memory store,
+//!    loopback) per setting: median and p99 of `DRUN_BENCH_RPCS` calls (default 40,000) in
+//!    `DRUN_BENCH_ROUNDS` rounds (default 20), each round with fresh server processes and 200
+//!    warm-up calls each; and the CPU time per call, client and server together.
 //! 2. **Formation of N = `DRUN_BENCH_NODES` (16) real agents**, what a user waits for: N `drun`
 //!    processes (one `sh` worker each, as `cargo bench --bench rendezvous` runs them) through a
 //!    `drun-rendezvous serve` process, from the last agent started to the last worker started;
-//!    median of `DRUN_BENCH_FORMS` rounds (default 21).
+//!    median of `DRUN_BENCH_FORMS` rounds (default 201: with 21, the median still moved by
+//!    ±5 % between runs on a 2-core machine, where all N agents' handshakes share the cores).
 //! 3. **Protocol-only formation** at the same N: N sessions in this process, each on its own
 //!    connection (its own TLS handshake), send Hello and Join for a run of exactly N nodes; from
 //!    the first connect until every session has its plan. No process starts, so this isolates
@@ -20,7 +23,7 @@
 //! `cargo bench --bench auth`.
 
 mod common;
-use common::procs::{cpu_time, waited_children_cpu_time};
+use common::procs::{cpu_time, own_cpu_time, waited_children_cpu_time};
 use common::{rendezvous_drun, rendezvous_time, RdzvServer};
 
 use std::path::{Path, PathBuf};
@@ -197,22 +200,12 @@ async fn formation(n: u32, rounds: usize, files: &Files) -> Vec<Duration> {
 ///
 /// Also the CPU time one formation costs, per setting: all agents together (their handshakes
 /// share this machine's cores, where a cluster gives each its own node) and the server.
-fn real_formation(n: usize, rounds: usize, files: &Files) -> Vec<(Duration, Duration, Duration)> {
-    let servers: Vec<RdzvServer> = SETTINGS
-        .into_iter()
-        .map(|(_, token, tls)| {
-            let mut args = vec!["--store".to_string(), "memory".into()];
-            if token {
-                args.extend(["--token-file".into(), files.path(&files.token)]);
-            }
-            if tls {
-                args.extend(["--tls-cert".into(), files.path(&files.tls.cert)]);
-                args.extend(["--tls-key".into(), files.path(&files.tls.key)]);
-            }
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            RdzvServer::start(&args)
-        })
-        .collect();
+fn real_formation(
+    n: usize,
+    rounds: usize,
+    files: &Files,
+    servers: &[RdzvServer],
+) -> Vec<(Duration, Duration, Duration)> {
     let mut times = vec![Vec::new(); SETTINGS.len()];
     let mut agents_cpu = vec![Duration::ZERO; SETTINGS.len()];
     let mut server_cpu = vec![Duration::ZERO; SETTINGS.len()];
@@ -252,6 +245,25 @@ fn real_formation(n: usize, rounds: usize, files: &Files) -> Vec<(Duration, Dura
         .collect()
 }
 
+/// One `drun-rendezvous serve` process (memory store) per setting, in [`SETTINGS`]' order.
+fn real_servers(files: &Files) -> Vec<RdzvServer> {
+    SETTINGS
+        .into_iter()
+        .map(|(_, token, tls)| {
+            let mut args = vec!["--store".to_string(), "memory".into()];
+            if token {
+                args.extend(["--token-file".into(), files.path(&files.token)]);
+            }
+            if tls {
+                args.extend(["--tls-cert".into(), files.path(&files.tls.cert)]);
+                args.extend(["--tls-key".into(), files.path(&files.tls.key)]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            RdzvServer::start(&args)
+        })
+        .collect()
+}
+
 /// One `Status` round trip on `client`, with the token when `token`.
 async fn status_call(client: &mut RendezvousClient<Channel>, token: bool) -> Duration {
     let mut req = tonic::Request::new(StatusRequest {
@@ -270,37 +282,45 @@ async fn status_call(client: &mut RendezvousClient<Channel>, token: bool) -> Dur
     d
 }
 
-/// Per setting, median and p99 of `n` Status round trips (`rounds` rounds, settings
-/// interleaved), each setting on its own server and established connection.
-async fn rpc_latency(n: usize, rounds: usize, files: &Files) -> Vec<(Duration, Duration)> {
-    let mut clients = Vec::new();
-    let mut stops = Vec::new();
-    for (_, token, tls) in SETTINGS {
-        let (addr, stop) = server(token, files.tls(tls), &files.token).await;
-        let mut client = client(&addr, files.tls(tls).map(|(ca, _)| ca)).await;
-        for _ in 0..200 {
-            status_call(&mut client, token).await;
-        }
-        clients.push((client, token));
-        stops.push(stop);
-    }
+/// Per setting, the median and p99 of `n` `Status` round trips as an agent makes them: over an
+/// established connection to a `drun-rendezvous serve` process with that setting, in `rounds`
+/// rounds with the settings interleaved. Every round starts a fresh server per setting, so
+/// where the scheduler happens to place one server process (on this machine, a server's
+/// latency differs by up to 2x between two starts) weighs on every setting alike. Also the CPU
+/// time per call, client and server together.
+async fn rpc_latency(
+    n: usize,
+    rounds: usize,
+    files: &Files,
+) -> Vec<(Duration, Duration, Duration)> {
     let mut times = vec![Vec::with_capacity(n); SETTINGS.len()];
+    let mut cpu = vec![Duration::ZERO; SETTINGS.len()];
     for round in 0..rounds {
+        let servers = real_servers(files);
+        let mut clients = Vec::new();
+        for ((_, token, tls), server) in SETTINGS.into_iter().zip(&servers) {
+            let mut client = client(&server.1, files.tls(tls).map(|(ca, _)| ca)).await;
+            for _ in 0..200 {
+                status_call(&mut client, token).await;
+            }
+            clients.push((client, token));
+        }
         for i in order(round) {
             let (client, token) = &mut clients[i];
+            let before = own_cpu_time() + cpu_time(servers[i].pid()).unwrap_or_default();
             for _ in 0..n / rounds {
                 times[i].push(status_call(client, *token).await);
             }
+            cpu[i] += own_cpu_time() + cpu_time(servers[i].pid()).unwrap_or_default() - before;
         }
-    }
-    for stop in stops {
-        let _ = stop.send(());
     }
     times
         .into_iter()
-        .map(|mut t| {
+        .zip(cpu)
+        .map(|(mut t, cpu)| {
             t.sort();
-            (t[t.len() / 2], t[t.len() * 99 / 100])
+            let calls = t.len() as u32;
+            (t[t.len() / 2], t[t.len() * 99 / 100], cpu / calls)
         })
         .collect()
 }
@@ -363,32 +383,38 @@ fn table(rows: &[Vec<f64>]) {
 }
 
 fn main() {
-    let n: usize = env_or("DRUN_BENCH_RPCS", 20_000);
-    let rounds: usize = env_or("DRUN_BENCH_ROUNDS", 10);
+    let n: usize = env_or("DRUN_BENCH_RPCS", 40_000);
+    let rounds: usize = env_or("DRUN_BENCH_ROUNDS", 20);
     let nodes: u32 = env_or("DRUN_BENCH_NODES", 16);
-    let forms: usize = env_or("DRUN_BENCH_FORMS", 21);
+    let forms: usize = env_or("DRUN_BENCH_FORMS", 201);
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("tokens");
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
     let (ca, tls) = certificates(dir.path());
     let files = Files { token, ca, tls };
-    let rt = tokio::runtime::Runtime::new().unwrap();
+    // As `drun` runs its agent.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
 
     println!(
-        "1. Status RPC round trip, loopback, {n} calls per setting in {rounds} interleaved rounds"
+        "1. Status RPC round trip to a drun-rendezvous serve process, loopback, {n} calls per setting in {rounds} interleaved rounds (fresh servers each round)"
     );
     println!(
-        "{:<14} {:>12} {:>12} {:>10}",
-        "setting", "median (us)", "p99 (us)", "vs open"
+        "{:<14} {:>12} {:>12} {:>12} {:>10}",
+        "setting", "median (us)", "p99 (us)", "CPU (us)", "vs open"
     );
     let rpc = rt.block_on(rpc_latency(n, rounds, &files));
     table(
         &rpc.iter()
-            .map(|(m, p)| vec![us(*m), us(*p)])
+            .map(|(m, p, c)| vec![us(*m), us(*p), us(*c)])
             .collect::<Vec<_>>(),
     );
+    println!("(CPU: us per call, this client and the server together)");
 
     println!();
     println!("2. formation of {nodes} real agents (drun processes, 1 worker each): last agent started -> last worker started, median of {forms} interleaved rounds");
@@ -396,7 +422,8 @@ fn main() {
         "{:<14} {:>12} {:>12} {:>12} {:>10}",
         "setting", "median (ms)", "agents CPU", "server CPU", "vs open"
     );
-    let real = real_formation(nodes as usize, forms, &files);
+    let servers = real_servers(&files);
+    let real = real_formation(nodes as usize, forms, &files, &servers);
     table(
         &real
             .iter()

@@ -129,6 +129,11 @@ pub fn cpu_time(pid: Pid) -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
+/// User + system CPU time of this process, all its threads (10 ms ticks).
+pub fn own_cpu_time() -> Duration {
+    cpu_time(Pid::this()).unwrap_or_default()
+}
+
 /// User + system CPU time of this process's children that have been waited for (`cutime` and
 /// `cstime` of `/proc/self/stat`, 10 ms ticks).
 pub fn waited_children_cpu_time() -> Duration {
