@@ -79,13 +79,31 @@ pub fn rendezvous_port(job_id: &str) -> u16 {
 /// Reads the Slurm job from `env` (a lookup such as `std::env::var`); `None` outside Slurm.
 ///
 /// # Errors
-/// An unparsable `SLURM_JOB_NODELIST`.
+/// An unparsable `SLURM_JOB_NODELIST`; `SLURM_JOB_NUM_NODES` (`SLURM_NNODES`), `SLURM_NODEID`
+/// or `SLURM_RESTART_COUNT` set but not a whole number.
 pub fn detect(env: impl Fn(&str) -> Option<String>) -> Result<Option<SlurmJob>, ConfigError> {
     let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
     let Some(job_id) = get("SLURM_JOB_ID").or_else(|| get("SLURM_JOBID")) else {
         return Ok(None);
     };
     let num = |k: &str| get(k).and_then(|v| v.trim().parse::<u32>().ok());
+    // The variables that place this node in the rendezvous: one that is set but not a number
+    // (an `export` by hand, a wrapper script's typo) would silently make drun guess.
+    let placing = |k: &'static str| -> Result<Option<u32>, ConfigError> {
+        match get(k) {
+            None => Ok(None),
+            Some(v) => v
+                .trim()
+                .parse::<u32>()
+                .map(Some)
+                .map_err(|_| ConfigError::Invalid {
+                    flag: k,
+                    value: v,
+                    why: "Slurm sets it to a whole number; unset it or fix the script that set it"
+                        .into(),
+                }),
+        }
+    };
     let run_id = match (get("SLURM_ARRAY_JOB_ID"), get("SLURM_ARRAY_TASK_ID")) {
         (Some(a), Some(t)) => format!("{a}_{t}"),
         _ => job_id.clone(),
@@ -101,11 +119,14 @@ pub fn detect(env: impl Fn(&str) -> Option<String>) -> Result<Option<SlurmJob>, 
     Ok(Some(SlurmJob {
         job_id,
         run_id,
-        nnodes: num("SLURM_JOB_NUM_NODES").or_else(|| num("SLURM_NNODES")),
-        node_id: num("SLURM_NODEID"),
+        nnodes: match placing("SLURM_JOB_NUM_NODES")? {
+            Some(n) => Some(n),
+            None => placing("SLURM_NNODES")?,
+        },
+        node_id: placing("SLURM_NODEID")?,
         node_name: get("SLURMD_NODENAME"),
         hosts,
-        restart_count: num("SLURM_RESTART_COUNT").unwrap_or(0),
+        restart_count: placing("SLURM_RESTART_COUNT")?.unwrap_or(0),
         procs_hint: num("SLURM_GPUS_ON_NODE"),
         step_tasks: num("SLURM_STEP_NUM_TASKS").zip(num("SLURM_STEP_NUM_NODES")),
     }))
@@ -339,6 +360,26 @@ mod tests {
             .unwrap();
         let mut d = Args::try_parse_from(["drun", "t.py"]).unwrap();
         assert!(listless.fill(&mut d).is_err());
+    }
+
+    #[test]
+    fn a_placing_variable_that_is_not_a_number_is_refused_by_name() {
+        for (k, v) in [
+            ("SLURM_NNODES", "abc"),
+            ("SLURM_JOB_NUM_NODES", "2x"),
+            ("SLURM_NODEID", "-1"),
+            ("SLURM_RESTART_COUNT", "one"),
+        ] {
+            let e = detect(env(&[("SLURM_JOB_ID", "6"), (k, v)]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(k) && e.contains(v), "{e}");
+            assert!(e.contains("unset it or fix"), "{e}");
+        }
+        let job = detect(env(&[("SLURM_JOB_ID", "6"), ("SLURM_NNODES", " 3 ")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(job.nnodes, Some(3));
     }
 
     #[test]

@@ -187,9 +187,50 @@ pub(super) fn parse_ranks_filter(v: &str) -> Result<Option<BTreeSet<u32>>, Confi
         .map(Some)
 }
 
+/// A warning for `--local-ranks-filter` ranks this node does not run (torchrun accepts them
+/// silently, and shows nothing for them): `None` when every named rank is below `nproc`.
+pub(super) fn ranks_filter_note(filter: Option<&BTreeSet<u32>>, nproc: u32) -> Option<String> {
+    let outside: Vec<String> = filter?
+        .iter()
+        .filter(|r| **r >= nproc)
+        .map(u32::to_string)
+        .collect();
+    if outside.is_empty() {
+        return None;
+    }
+    let consequence = if outside.len() == filter.map_or(0, BTreeSet::len) {
+        "no worker's output will show on the console"
+    } else {
+        "they show nothing"
+    };
+    Some(format!(
+        "--local-ranks-filter names local rank(s) {} that this node does not run (--nproc-per-node {nproc}: local ranks 0..{}); {consequence}",
+        outside.join(", "),
+        nproc.saturating_sub(1),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ranks_filter_beyond_the_nodes_workers_is_warned_about() {
+        let f = |v: &str| parse_ranks_filter(v).unwrap();
+        assert_eq!(ranks_filter_note(f("").as_ref(), 4), None);
+        assert_eq!(ranks_filter_note(f("0,3").as_ref(), 4), None);
+        let some = ranks_filter_note(f("1,4,9").as_ref(), 4).unwrap();
+        assert!(
+            some.contains("local rank(s) 4, 9") && some.contains("0..3"),
+            "{some}"
+        );
+        assert!(some.ends_with("they show nothing"), "{some}");
+        let all = ranks_filter_note(f("8").as_ref(), 8).unwrap();
+        assert!(
+            all.ends_with("no worker's output will show on the console"),
+            "{all}"
+        );
+    }
 
     #[test]
     fn nnodes_and_nproc_validation() {

@@ -4,6 +4,7 @@ use super::backend::{rendezvous_mode, Nodes};
 use super::entry::entrypoint;
 use super::parse::{
     check_stdin_rank, parse_nnodes, parse_nproc, parse_ranks_filter, parse_signals,
+    ranks_filter_note,
 };
 use super::timing::{parse_rdzv_conf, seconds, shutdown_timeout, unused_conf_notes, Timing};
 use super::unsupported::refuse_unsupported;
@@ -63,6 +64,10 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             .map(str::to_string)
     });
     let mut notes = unused_conf_notes(&rdzv_conf);
+    notes.extend(ranks_filter_note(
+        local_ranks_filter.as_ref(),
+        nproc_per_node,
+    ));
     let timing = Timing::from_conf(&rdzv_conf)?;
     let nodes = Nodes {
         min: min_nodes,
