@@ -210,6 +210,9 @@ pub fn node_states(
     for m in plan.map(|p| &p.members[..]).unwrap_or_default() {
         let (state, why) = if has(&facts.done, &m.node_id) {
             (NodeState::Done, None)
+        } else if facts.ended && facts.lost.contains_key(&m.node_id) {
+            // Dropped before the run ended, with a recorded reason: that is its story.
+            gone(&m.node_id)
         } else if facts.ended {
             (NodeState::Ended, None)
         } else if has(&facts.present, &m.node_id) {

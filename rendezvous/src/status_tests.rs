@@ -82,6 +82,21 @@ fn an_ended_run_shows_done_and_ended_members_not_lost_ones() {
     assert_eq!(states, [NodeState::Done, NodeState::Ended]);
 }
 
+#[test]
+fn an_ended_run_keeps_the_reason_a_member_was_dropped_for() {
+    let p = plan(3, &["a", "b", "c"]);
+    let facts = NodeFacts {
+        done: ids(&["a"]),
+        lost: [("b".to_string(), loss::LEASE_EXPIRED.to_string())].into(),
+        ended: true,
+        ..Default::default()
+    };
+    let got = node_states(Some(&p), None, &facts);
+    let states: Vec<NodeState> = got.iter().map(|n| n.state).collect();
+    assert_eq!(states, [NodeState::Done, NodeState::Lost, NodeState::Ended]);
+    assert_eq!(got[1].why.as_deref(), Some(loss::LEASE_EXPIRED));
+}
+
 #[tokio::test]
 async fn an_unknown_run_reads_as_unknown_and_old_json_decodes() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
