@@ -95,17 +95,39 @@ impl Sink {
     /// Writes `bytes` to the console: with the prefix unless `continuation`, and with a newline
     /// when `complete`. Returns false once the console is gone.
     fn console(&mut self, bytes: &[u8], continuation: bool, complete: bool) -> bool {
-        let Some((console, prefix)) = &self.console else {
+        let Some((_, prefix)) = &self.console else {
             return false;
         };
         let buf = console_bytes(prefix, bytes, continuation, complete);
-        // One locked write per piece: no interleaving between ranks.
+        self.write_console(&buf)
+    }
+
+    /// Adds `line` (complete) to `batch`, the console bytes of one write, and to the tail.
+    fn batch_line(&mut self, batch: &mut Vec<u8>, line: &[u8], continuation: bool) {
+        if let Some((_, prefix)) = &self.console {
+            append_console_bytes(batch, prefix, line, continuation, true);
+        }
+        self.tail
+            .lock()
+            .expect("tail mutex poisoned")
+            .push(line, continuation);
+    }
+
+    /// Writes `buf` (whole lines, or one piece of a line) to the console in one locked write,
+    /// so lines of different ranks never interleave. Returns false once the console is gone.
+    fn write_console(&mut self, buf: &[u8]) -> bool {
+        let Some((console, _)) = &self.console else {
+            return false;
+        };
+        if buf.is_empty() {
+            return true;
+        }
         let res = match console {
             Console::Stdout => {
                 let mut out = std::io::stdout().lock();
-                out.write_all(&buf).and_then(|_| out.flush())
+                out.write_all(buf).and_then(|_| out.flush())
             }
-            Console::Stderr => std::io::stderr().lock().write_all(&buf),
+            Console::Stderr => std::io::stderr().lock().write_all(buf),
         };
         if res
             .as_ref()
@@ -115,14 +137,6 @@ impl Sink {
             return false;
         }
         true
-    }
-
-    fn line(&mut self, line: &[u8], continuation: bool) {
-        self.console(line, continuation, true);
-        self.tail
-            .lock()
-            .expect("tail mutex poisoned")
-            .push(line, continuation);
     }
 
     /// Nothing consumes the stream any more (console gone, no file).
@@ -136,6 +150,18 @@ impl Sink {
 /// `[rank1]: Traceback ...`, and the default prefix is the same text).
 fn console_bytes(prefix: &str, bytes: &[u8], continuation: bool, complete: bool) -> Vec<u8> {
     let mut buf = Vec::with_capacity(prefix.len() + bytes.len() + 1);
+    append_console_bytes(&mut buf, prefix, bytes, continuation, complete);
+    buf
+}
+
+/// [`console_bytes`] appended to `buf`.
+fn append_console_bytes(
+    buf: &mut Vec<u8>,
+    prefix: &str,
+    bytes: &[u8],
+    continuation: bool,
+    complete: bool,
+) {
     if !continuation && !bytes.starts_with(prefix.as_bytes()) {
         buf.extend_from_slice(prefix.as_bytes());
     }
@@ -143,7 +169,6 @@ fn console_bytes(prefix: &str, bytes: &[u8], continuation: bool, complete: bool)
     if complete {
         buf.push(b'\n');
     }
-    buf
 }
 
 /// Waits up to `timeout` for `fd` to become readable (or hung up).
@@ -161,9 +186,13 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
         let had_console = sink.console.is_some();
         let mut reader = File::from(fd);
         let mut pending: Vec<u8> = Vec::new();
+        // Bytes at the start of `pending` already searched for a newline: each byte is looked
+        // at once, so a long line read in many pieces costs linear, not quadratic, time.
+        let mut searched: usize = 0;
         // The console already shows the start of the current line (prefix included).
         let mut continuation = false;
         let mut buf = vec![0u8; 16 * 1024];
+        let mut batch: Vec<u8> = Vec::new();
         loop {
             if !pending.is_empty() && !readable(&reader, IDLE_FLUSH) {
                 sink.console(&pending, continuation, false);
@@ -174,6 +203,7 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
                     .push(&pending, continuation);
                 continuation = true;
                 pending.clear();
+                searched = 0;
                 continue;
             }
             let n = match reader.read(&mut buf) {
@@ -186,18 +216,26 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
                 let _ = f.write_all(&buf[..n]);
             }
             pending.extend_from_slice(&buf[..n]);
+            // The complete lines of this read go to the console in one write.
+            batch.clear();
             let mut start = 0;
             loop {
                 let rest = &pending[start..];
-                match rest.iter().position(|b| *b == b'\n') {
+                let from = searched.saturating_sub(start);
+                let newline = rest[from..]
+                    .iter()
+                    .position(|b| *b == b'\n')
+                    .map(|p| from + p);
+                match newline {
                     Some(pos) if pos <= MAX_LINE => {
-                        let line = rest[..pos].to_vec();
-                        sink.line(&line, continuation);
+                        sink.batch_line(&mut batch, &pending[start..start + pos], continuation);
                         continuation = false;
                         start += pos + 1;
                     }
                     _ if rest.len() >= MAX_LINE => {
                         // Shown now, continued by the next piece (as an idle partial line is).
+                        sink.write_console(&batch);
+                        batch.clear();
                         let piece = rest[..MAX_LINE].to_vec();
                         sink.console(&piece, continuation, false);
                         sink.tail
@@ -207,17 +245,24 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
                         continuation = true;
                         start += MAX_LINE;
                     }
-                    _ => break,
+                    _ => {
+                        searched = pending.len();
+                        break;
+                    }
                 }
             }
+            sink.write_console(&batch);
             pending.drain(..start);
+            searched -= start;
             if had_console && sink.is_dead() {
                 // `drun ... | head`: close our end so the worker gets EPIPE like it would alone.
                 return;
             }
         }
         if !pending.is_empty() {
-            sink.line(&pending.clone(), continuation);
+            let mut last = Vec::new();
+            sink.batch_line(&mut last, &pending, continuation);
+            sink.write_console(&last);
         } else if continuation {
             sink.console(b"", true, true);
         }
