@@ -82,6 +82,67 @@ fn corrupted_shard_falls_back_etcd() {
     corrupted_shard_falls_back(Store::Etcd);
 }
 
+// --- A relaunch whose `latest` failed verification ---------------------------------------------
+
+/// A relaunch on a fresh store (standalone, same run id) whose `latest` checkpoint is corrupt
+/// falls back to the run's previous checkpoint on disk, not to step 0; the bad one is marked
+/// next to its manifest, so the launch after that neither verifies it again nor points at it.
+#[test]
+fn a_relaunch_whose_latest_fails_verification_resumes_from_the_previous_checkpoint() {
+    let d = dirs();
+    let r = Rdzv {
+        _etcd: None,
+        _server: None,
+        args: ["--standalone", "--rdzv-id", "relaunch"]
+            .map(String::from)
+            .to_vec(),
+        status: vec![],
+    };
+    let launch = |steps: &str| {
+        let a = agent(0, &r, &d, 2, &[], &[("CKPT_STEPS", steps)]);
+        let (code, _, err) = a.wait(Duration::from_secs(60));
+        assert_eq!(code, 0, "{err}");
+        err
+    };
+    launch("6");
+    assert_eq!(latest_step(&d), 6);
+    // Truncate rank 0's file of step 6.
+    let m = latest(&d).unwrap();
+    let f = m["files"].as_array().unwrap()[0]["path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    std::fs::write(&f, b"x").unwrap();
+
+    let err = launch("10");
+    let line = super::fallback_line(&err);
+    assert!(line.contains("checkpoint step 6 (generation 1)"), "{line}");
+    assert!(
+        err.contains("offering the run's newest usable checkpoint, step 4"),
+        "{err}"
+    );
+    let evs = events(&d);
+    let last_gen = evs
+        .iter()
+        .map(|e| e["gen"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let starts: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["event"] == "start" && e["gen"] == last_gen)
+        .collect();
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    for e in starts {
+        assert_eq!(e["resume_step"], 4, "every rank resumes from step 4: {e}");
+    }
+    assert_eq!(latest_step(&d), 10, "latest moved past the bad checkpoint");
+
+    // The mark persists: the next relaunch resumes from step 10 without verifying step 6.
+    let err = launch("12");
+    assert!(!err.contains("failed verification"), "{err}");
+    assert!(err.contains("resuming from checkpoint step 10"), "{err}");
+}
+
 // --- A rank killed while writing its shard ------------------------------------------------------
 
 fn killed_mid_write_never_seals(store: Store) {

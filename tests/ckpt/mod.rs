@@ -261,7 +261,7 @@ pub fn fallback_line(err: &str) -> &str {
         .collect();
     assert_eq!(lines.len(), 1, "said once, in one line:\n{err}");
     assert!(
-        lines[0].ends_with("falling back to the previous checkpoint"),
+        lines[0].ends_with("falling back to the newest earlier checkpoint that verifies, if any"),
         "{}",
         lines[0]
     );

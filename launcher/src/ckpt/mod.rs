@@ -10,6 +10,8 @@
 //!   reported step `s` with the same cursor, one [`drun_rendezvous::NodeCommit`] goes to the
 //!   rendezvous, which seals the step when every node has reported it.
 //! * [`verify`] checks a manifest's files (size or SHA-256) before workers resume from it.
+//! * [`fallback`] remembers a checkpoint that failed verification next to its manifest file,
+//!   and finds the run's newest usable manifest when `latest` cannot be used.
 //! * [`resume`] is what the agent calls about the resume point: the hint a joining node offers
 //!   (its own `latest`, or the adopted `--ckpt-resume-from` checkpoint) and the check of the
 //!   plan's resume point ([`resume::Verdict`]).
@@ -20,6 +22,7 @@
 
 pub mod api;
 mod error;
+pub mod fallback;
 pub mod node;
 pub mod resume;
 pub mod verify;
@@ -168,8 +171,10 @@ pub fn publish(m: &Manifest, dir: Option<&Path>, pointers: bool) -> Result<PathB
     if let Some(d) = dir.filter(|_| pointers) {
         let own = run_pointer_dir(d, &m.run_id).filter(|r| path.starts_with(r));
         for pointer_dir in std::iter::once(d.to_path_buf()).chain(own) {
+            // A pointer at a checkpoint that failed verification moves on to any newer save
+            // (a relaunch on a fresh store numbers its generations from 1 again).
             let newer = match read_latest(&pointer_dir) {
-                Some(cur) if cur.run_id == m.run_id => {
+                Some(cur) if cur.run_id == m.run_id && !fallback::is_marked_bad(&cur, dir) => {
                     (cur.step, cur.generation) <= (m.step, m.generation)
                 }
                 _ => true,
@@ -298,7 +303,11 @@ pub fn remove_garbage(root: &Path, garbage: &[String], dropped: &[Manifest]) {
     let files = garbage
         .iter()
         .map(PathBuf::from)
-        .chain(dropped.iter().filter_map(|m| manifest_path(m, Some(root))));
+        .chain(dropped.iter().filter_map(|m| manifest_path(m, Some(root))))
+        .flat_map(|f| {
+            let mark = fallback::mark_path(&f);
+            [f, mark]
+        });
     for f in files {
         if !f.starts_with(root) || f == root {
             tracing::debug!(path = %f.display(), "not deleting a file outside --ckpt-dir");

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use drun_rendezvous::{Manifest, Plan};
 
-use super::{verify, CkptConfig, CkptError, VerifyMode};
+use super::{fallback, verify, CkptConfig, CkptError, VerifyMode};
 use crate::error::ConfigError;
 
 /// What the resume hint and the verification need to know about the launch.
@@ -58,10 +58,34 @@ pub fn adopted_hint(src: Source<'_>) -> Result<Option<Box<Manifest>>, CkptError>
 pub fn own_hint(src: Source<'_>) -> Option<Box<Manifest>> {
     let dir = src.ckpt.dir.as_deref()?;
     // This run's own pointer first: another run sharing the directory moves `latest`.
-    let m = super::run_pointer_dir(dir, src.run_id)
+    let own = super::run_pointer_dir(dir, src.run_id)
         .and_then(|d| super::read_latest(d.as_path()))
-        .filter(|m| m.run_id == src.run_id)
-        .or_else(|| super::read_latest(dir))?;
+        .filter(|m| m.run_id == src.run_id);
+    let m = match own.or_else(|| super::read_latest(dir)) {
+        Some(m) if m.run_id != src.run_id || !fallback::is_marked_bad(&m, Some(dir)) => m,
+        // No pointer, an undecodable manifest, or a checkpoint that failed verification:
+        // the run's newest usable manifest, if any.
+        latest => {
+            let m = fallback::newest_usable(dir, src.run_id)?;
+            static FALLBACK: std::sync::Once = std::sync::Once::new();
+            FALLBACK.call_once(|| {
+                tracing::info!(
+                    "{}: {}; offering the run's newest usable checkpoint, step {} (generation {})",
+                    dir.display(),
+                    match &latest {
+                        Some(l) => format!(
+                            "latest names step {} (generation {}), which failed verification",
+                            l.step, l.generation
+                        ),
+                        None => "latest names no readable manifest of this run".into(),
+                    },
+                    m.step,
+                    m.generation
+                );
+            });
+            m
+        }
+    };
     if !src.may_resume_files {
         if src.ckpt.resume_from.is_some() {
             return None;
@@ -181,13 +205,13 @@ pub async fn check(
         }
         Err(e) => {
             crate::say!(
-                "drun: checkpoint step {} (generation {}) failed verification: {e}; marked bad, falling back to the previous checkpoint",
+                "drun: checkpoint step {} (generation {}) failed verification: {e}; marked bad, falling back to the newest earlier checkpoint that verifies, if any",
                 m.step, m.generation
             );
-            Verdict::Bad {
-                id: m.id(),
-                reason: e.to_string(),
-            }
+            let reason = e.to_string();
+            fallback::mark_bad(&m, src.ckpt.dir.as_deref(), &reason);
+            MARKED_BAD.store(true, std::sync::atomic::Ordering::Relaxed);
+            Verdict::Bad { id: m.id(), reason }
         }
     }
 }
@@ -237,9 +261,18 @@ fn no_resume_point(
     }
     if let Some(p) = reached_before {
         tracing::warn!("no usable checkpoint: restarting from the beginning (the local ranks had reached step {p}; all of it is repeated)");
+    } else if MARKED_BAD.load(std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "no earlier checkpoint of run {} verifies (or none is left): starting from the beginning",
+            src.run_id
+        );
     }
     Ok(())
 }
+
+/// Set once this launch marked a checkpoint bad: a plan without a resume point then says that
+/// nothing earlier was left to fall back to.
+static MARKED_BAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 fn log_verified(m: &Manifest, mode: VerifyMode, v: &verify::Verified) {
     if mode == VerifyMode::None {
