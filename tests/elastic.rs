@@ -12,6 +12,7 @@ use crate::harness::{
     alive, drun, holds_for, processes_of_run, torch_python, wait_for, worker, Agent, DrunCmd,
 };
 
+mod failed_round;
 mod pins;
 mod reconnect;
 

@@ -300,6 +300,7 @@ impl Actor {
             Err(RendezvousError::RunFinished(_)) => {
                 // A standby (or a late joiner) of a run that ended: the agent ends as a joiner
                 // of a finished run does.
+                self.release().await;
                 match self.finished().await {
                     Ok(Some(end)) => self.emit(Event::Finished(end)),
                     _ => self.emit(Event::Error(format!("run {} finished", self.cfg.run_id))),
@@ -312,10 +313,23 @@ impl Actor {
                 self.join(cand).await.unwrap_or(Phase::Idle)
             }
             Err(e) => {
+                self.release().await;
                 self.emit(Event::Error(e.to_string()));
                 Phase::Idle
             }
         })
+    }
+
+    /// A node whose round failed (join timeout, refused) is no candidate any more: its lease,
+    /// and with it its waiting key, goes now — not once its agent's connection closes and the
+    /// reconnect grace passes, during which a node arriving would form a group with it.
+    async fn release(&mut self) {
+        if let Some(l) = self.lease.take() {
+            self.stop_keeper();
+            if let Err(e) = self.store.lease_revoke(l).await {
+                tracing::debug!(error = %e, "could not revoke the lease of a failed round; it expires");
+            }
+        }
     }
 
     /// Fences when `lost` is this session's current lease (a stale keeper's report is not);
