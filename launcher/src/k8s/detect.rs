@@ -93,7 +93,9 @@ fn static_from_pod_env(j: &mut K8sJob, env: &BTreeMap<String, String>) {
     }
 }
 
-/// `PET_RDZV_ENDPOINT=<job>-worker-0:<port>`: run id `<job>`, pod `<job>-worker-0` hosts.
+/// `PET_RDZV_ENDPOINT=<job>-worker-0:<port>`: run id `<job>`, pod `<job>-worker-0` hosts. Any
+/// other endpoint (an address, a Service name) designates no pod: whoever can bind it hosts,
+/// as with the same value given as a flag.
 fn elastic(endpoint: &str, host: &str) -> K8sJob {
     let mut j = K8sJob::new(Operator::PyTorchJobElastic);
     let ep_host = endpoint
@@ -104,8 +106,8 @@ fn elastic(endpoint: &str, host: &str) -> K8sJob {
         .unwrap_or_default();
     if let Some(name) = ep_host.strip_suffix("-worker-0") {
         j.job = Some((name.to_string(), "PET_RDZV_ENDPOINT"));
+        j.hosts_rendezvous = Some((ep_host.to_string(), host == ep_host));
     }
-    j.hosts_rendezvous = Some((ep_host.to_string(), host == ep_host));
     j
 }
 

@@ -352,6 +352,14 @@ fn explicit_flags_win_over_what_the_operator_injected() {
         None,
         "another endpoint: whoever binds it"
     );
+    // A PET_RDZV_ENDPOINT that names no operator pod (an address) designates no host either:
+    // comparing its first label ("127") with the hostname made every pod a client, and no one
+    // served the rendezvous.
+    for ep in ["127.0.0.1:29420", "rdzv-svc:29400", "10.0.0.5:29400"] {
+        let e = env(&[("PET_RDZV_ENDPOINT", ep)]);
+        let job = detect(&e, "trainer-a", None).unwrap();
+        assert_eq!(job.hosts(ep), None, "{ep}");
+    }
     let a = Args::try_parse_from(["drun", "--kubernetes", "off", "--nnodes", "4", "t.py"]).unwrap();
     let err = validate(&a, &host).unwrap_err().to_string();
     assert!(err.contains("--rdzv-endpoint"), "{err}");
