@@ -40,6 +40,13 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         }
         _ => None,
     };
+    if let Some((var, value, why)) = k8s.as_ref().and_then(|job| job.invalid.clone()) {
+        return Err(ConfigError::Invalid {
+            flag: var,
+            value,
+            why,
+        });
+    }
     let k8s_line = k8s.as_ref().map(|job| job.fill(&mut filled));
     let a = &filled;
     refuse_unsupported(a)?;

@@ -69,18 +69,52 @@ fn pytorchjob(env: &BTreeMap<String, String>) -> K8sJob {
 
 fn static_from_pod_env(j: &mut K8sJob, env: &BTreeMap<String, String>) {
     let num = |k: &str| env.get(k).and_then(|v| v.trim().parse::<u32>().ok());
-    if let Some(r) = num("RANK") {
+    // A value the operator would never set (a hand-written manifest, a wrapper's typo) is
+    // refused by name: ignoring it let a pod train alone, or on another port, and succeed.
+    let mut refuse = |var: &'static str, why: String| {
+        if j.invalid.is_none() {
+            let value = env
+                .get(var)
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default();
+            j.invalid = Some((var, value, why));
+        }
+    };
+    let rank = num("RANK");
+    if rank.is_none() && env.contains_key("RANK") {
+        refuse(
+            "RANK",
+            "the pod's node rank: a whole number below WORLD_SIZE".into(),
+        );
+    }
+    let world = num("WORLD_SIZE").filter(|n| *n > 0);
+    if world.is_none() && env.contains_key("WORLD_SIZE") {
+        refuse(
+            "WORLD_SIZE",
+            "the number of pods: a whole number of at least 1".into(),
+        );
+    }
+    let port = env
+        .get("MASTER_PORT")
+        .and_then(|p| p.trim().parse::<u16>().ok())
+        .filter(|p| *p > 0);
+    if port.is_none() && env.contains_key("MASTER_PORT") {
+        refuse("MASTER_PORT", "a TCP port, 1 to 65535".into());
+    }
+    if let (Some(r), Some(n)) = (rank, world.filter(|_| !env.contains_key("PET_NNODES"))) {
+        if r >= n {
+            refuse("RANK", format!("must be below WORLD_SIZE {n}"));
+        }
+    }
+    if let Some(r) = rank {
         j.node_rank = Some((r, "RANK"));
     }
     // Older revisions set no PET_NNODES; their WORLD_SIZE counts pods (one process each).
     if !env.contains_key("PET_NNODES") {
-        if let Some(n) = num("WORLD_SIZE").filter(|n| *n > 0) {
+        if let Some(n) = world {
             j.nnodes = Some((n.to_string(), "WORLD_SIZE"));
         }
     }
-    let port = env
-        .get("MASTER_PORT")
-        .and_then(|p| p.trim().parse::<u16>().ok());
     if let Some(addr) = env.get("MASTER_ADDR") {
         // `<job>-master-0` (training-operator genGeneralName; Volcano MakePodName + subdomain).
         let first = addr.trim().split('.').next().unwrap_or_default();

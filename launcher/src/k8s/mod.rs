@@ -98,6 +98,9 @@ pub struct K8sJob {
     pub overwritten: BTreeMap<&'static str, String>,
     /// Problems found in the environment, printed once at start.
     pub warnings: Vec<String>,
+    /// An operator variable set to a value the operator never sets (variable, value, what is
+    /// expected): the launch is refused (exit 2).
+    pub invalid: Option<(&'static str, String, String)>,
 }
 
 impl K8sJob {
@@ -113,6 +116,7 @@ impl K8sJob {
             hosts_rendezvous: None,
             overwritten: BTreeMap::new(),
             warnings: Vec::new(),
+            invalid: None,
         }
     }
 }

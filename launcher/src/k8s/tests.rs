@@ -419,3 +419,49 @@ fn the_fqdn_comes_from_the_kubelets_hosts_file() {
     assert_eq!(fqdn_from_hosts(hosts, "other"), None);
     assert_eq!(fqdn_from_hosts("10.0.0.1 plain\n", "plain"), None);
 }
+
+#[test]
+fn a_pytorchjob_variable_the_operator_never_sets_is_refused_by_name() {
+    let base = [
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29511"),
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+    ];
+    for (var, value, says) in [
+        ("WORLD_SIZE", "abc", "at least 1"),
+        ("WORLD_SIZE", "0", "at least 1"),
+        ("RANK", "abc", "below WORLD_SIZE"),
+        ("RANK", "2", "must be below WORLD_SIZE 2"),
+        ("MASTER_PORT", "abc", "1 to 65535"),
+        ("MASTER_PORT", "99999", "1 to 65535"),
+    ] {
+        let mut pairs = base.to_vec();
+        pairs.retain(|(k, _)| *k != var);
+        pairs.push((var, value));
+        let host = Host {
+            hostname: "pj-worker-1".into(),
+            pid: 7,
+            cpu_count: 4,
+            env: env(&pairs),
+            ..Host::default()
+        };
+        let a = Args::try_parse_from(["drun", "--nproc-per-node", "1", "t.py"]).unwrap();
+        let err = validate(&a, &host).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("invalid {var} '{value}'")) && err.contains(says),
+            "{var}={value}: {err}"
+        );
+    }
+    // The well-formed pod still launches.
+    let host = Host {
+        hostname: "pj-worker-1".into(),
+        pid: 7,
+        cpu_count: 4,
+        env: env(&base),
+        ..Host::default()
+    };
+    let a = Args::try_parse_from(["drun", "--nproc-per-node", "1", "t.py"]).unwrap();
+    let cfg = validate(&a, &host).unwrap();
+    assert_eq!((cfg.min_nodes, cfg.max_nodes), (2, 2));
+}
