@@ -92,10 +92,15 @@ impl Actor {
             .await;
         match resp {
             Err(StoreError::LeaseLost(_)) => {
-                self.fence(format!(
-                    "lease lost before joining generation {}",
-                    plan.generation
-                ));
+                self.fence(if before.is_some() {
+                    // Re-entering after the watch broke: the store was out past lease_ttl.
+                    format!(
+                        "lease expired while generation {} ran (the store was unreachable for longer than lease_ttl)",
+                        plan.generation
+                    )
+                } else {
+                    format!("lease lost before joining generation {}", plan.generation)
+                });
                 return Ok(Phase::Idle);
             }
             Err(e) => return Err(e.into()),
