@@ -346,3 +346,25 @@ fn a_script_argument_that_is_not_utf8_is_named_exit_2() {
     );
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn an_unwritable_termination_log_is_refused_at_start_not_warned_about_at_the_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no/such/dir/termination.json");
+    rejects(
+        &[
+            "--standalone",
+            "--termination-log",
+            missing.to_str().unwrap(),
+        ],
+        "does not exist; name a file in an existing directory",
+    );
+    rejects(
+        &[
+            "--standalone",
+            "--termination-log",
+            dir.path().to_str().unwrap(),
+        ],
+        "that is a directory",
+    );
+}

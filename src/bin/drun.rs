@@ -84,10 +84,20 @@ fn main() -> ExitCode {
                     restarts: None,
                 },
             );
-            drun_launcher::container::write_termination_log(
-                args.termination_log.as_deref(),
-                &message,
+            // Not to a termination log that is itself the problem (said once, above).
+            let unusable_log = matches!(
+                &e,
+                drun_launcher::ConfigError::Invalid {
+                    flag: "--termination-log",
+                    ..
+                }
             );
+            if !unusable_log {
+                drun_launcher::container::write_termination_log(
+                    args.termination_log.as_deref(),
+                    &message,
+                );
+            }
             return ExitCode::from(AgentExit::Usage.code());
         }
     };

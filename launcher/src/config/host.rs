@@ -7,7 +7,7 @@
 //! the `--ckpt-resume-from` manifest.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{invalid, LaunchConfig};
@@ -93,6 +93,25 @@ pub fn gpu_count(cuda_visible_devices: Option<&str>) -> u32 {
     }
 }
 
+/// Whether the termination log can be written when drun exits: checked at start, so a wrong
+/// path is said before the run rather than in a warning after it.
+fn termination_log_usable(p: &Path) -> Result<(), String> {
+    if p.is_dir() {
+        return Err("that is a directory; name a file (Kubernetes: /dev/termination-log)".into());
+    }
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "its directory {} does not exist; name a file in an existing directory (Kubernetes: /dev/termination-log)",
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
 /// The side effects of a validated launch: resolves the worker command, creates
 /// `--ckpt-dir` (and checks it is writable), reads the `--ckpt-resume-from` manifest; paths
 /// become absolute.
@@ -108,6 +127,10 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
     cfg.entrypoint = Entrypoint::resolve(e.kind, &script_and_args, python)?;
     if let Some(d) = cfg.ckpt.dir.take() {
         cfg.ckpt.dir = Some(checkpoint_dir(d)?);
+    }
+    if let Some(p) = &cfg.termination_log {
+        termination_log_usable(p)
+            .map_err(|why| invalid("--termination-log", p.display().to_string(), why))?;
     }
     if let Some(dir) = &cfg.state_dir {
         let n = crate::container::count_restart(dir)

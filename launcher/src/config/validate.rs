@@ -83,7 +83,8 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         slurm: slurm.as_ref(),
         k8s: k8s.as_ref(),
     };
-    let (rendezvous, run_id) = rendezvous_mode(a, &nodes, host, &mut notes)?;
+    let (rendezvous, run_id) =
+        rendezvous_mode(a, &nodes, host, &mut notes).map_err(|e| with_k8s_hint(e, k8s.as_ref()))?;
     let rdzv_host_tls = host_tls(a, &rendezvous)?;
     scheme_agrees_with_tls(&rendezvous, a.rdzv_tls_ca.is_some())?;
     let requested_node_rank = a.node_rank.filter(|_| !rendezvous.is_static());
@@ -287,4 +288,18 @@ fn straggler_factor(v: f64) -> Result<f64, ConfigError> {
         v.to_string(),
         "expected 0 (off) or a factor above 1, e.g. 1.5",
     ))
+}
+
+/// A rendezvous error inside a pod whose operator setup was incomplete carries what detection
+/// found (an Indexed Job without a subdomain, a Volcano job without the svc plugin): the
+/// warnings that would otherwise be printed only once the agent starts, which it never does.
+fn with_k8s_hint(e: ConfigError, k8s: Option<&crate::k8s::K8sJob>) -> ConfigError {
+    match (e, k8s.filter(|j| !j.warnings.is_empty())) {
+        (ConfigError::Invalid { flag, value, why }, Some(job)) => ConfigError::Invalid {
+            flag,
+            value,
+            why: format!("{why} ({})", job.warnings.join("; ")),
+        },
+        (e, _) => e,
+    }
 }

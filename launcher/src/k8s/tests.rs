@@ -465,3 +465,22 @@ fn a_pytorchjob_variable_the_operator_never_sets_is_refused_by_name() {
     let cfg = validate(&a, &host).unwrap();
     assert_eq!((cfg.min_nodes, cfg.max_nodes), (2, 2));
 }
+
+#[test]
+fn a_multi_node_indexed_job_without_a_subdomain_says_so_in_its_one_error_line() {
+    let host = Host {
+        hostname: "train-1".into(),
+        pid: 7,
+        cpu_count: 4,
+        env: env(&[("JOB_COMPLETION_INDEX", "1")]),
+        ..Host::default()
+    };
+    let a = Args::try_parse_from(["drun", "--nnodes", "2", "t.py"]).unwrap();
+    let err = validate(&a, &host).unwrap_err().to_string();
+    assert!(err.contains("--rdzv-endpoint"), "{err}");
+    assert!(
+        err.contains("Indexed Job pod train-1 has no subdomain"),
+        "the detection's hint is in the line: {err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
