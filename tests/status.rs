@@ -361,3 +361,30 @@ fn a_script_named_status_py_still_runs() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("status script ran"), "{out}\n{err}");
 }
+
+/// A server whose etcd is gone answers `status` with its own error: said as the server's
+/// answer (exit 3), not as a server that cannot be reached.
+#[test]
+fn status_through_a_server_whose_store_is_gone_says_the_server_answered() {
+    let etcd = Etcd::start();
+    let server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
+    let status = || {
+        output(Command::new(rendezvous_bin()).args([
+            "status",
+            "somerun",
+            "--endpoint",
+            &server.endpoint,
+        ]))
+    };
+    let (code, _, err) = status();
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("no run named 'somerun'"), "{err}");
+    drop(etcd);
+    let (code, _, err) = status();
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        err.contains("answered but cannot read the run") && !err.contains("cannot reach"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

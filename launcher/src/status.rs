@@ -93,6 +93,14 @@ pub enum StatusError {
         /// Its one-line reason.
         detail: String,
     },
+    /// The server answered, but could not read the run (its store is unreachable, ...).
+    #[error("the rendezvous server at {endpoint} answered but cannot read the run: {detail}")]
+    ServerFailed {
+        /// The endpoint that answered.
+        endpoint: String,
+        /// Its one-line reason.
+        detail: String,
+    },
     /// The store knows nothing of the run.
     #[error("no run named '{0}' in this store (nothing waiting, formed or finished); check the run id (--rdzv-id) and the endpoint")]
     UnknownRun(String),
@@ -176,6 +184,16 @@ pub async fn fetch(query: &StatusQuery) -> Result<(serde_json::Value, RunStatus)
     Ok((json, status))
 }
 
+/// How one endpoint's `Status` call ended, short of an answer.
+enum Answer {
+    /// No connection, no server behind it, or an undecodable reply: try the next endpoint.
+    NotReached,
+    /// The server refused the token.
+    Refused,
+    /// The server answered with its own error (its store is unreachable, ...).
+    Failed,
+}
+
 /// The `Status` RPC of the first of `endpoints` that answers.
 async fn ask_servers(
     endpoints: &[String],
@@ -184,10 +202,12 @@ async fn ask_servers(
     tls: Option<&drun_rendezvous::tls::ClientTls>,
 ) -> Result<serde_json::Value, StatusError> {
     let mut last = String::from("no endpoint given");
+    // A replica that answered with its own error; another may still answer.
+    let mut failed = None;
     for ep in endpoints {
         let answer = async {
             let channel = drun_rendezvous::tls::endpoint(ep, tls, None)
-                .map_err(|e| (false, e))?
+                .map_err(|e| (Answer::NotReached, e))?
                 .connect()
                 .await
                 .map_err(|e| {
@@ -197,7 +217,7 @@ async fn ask_servers(
                     {
                         why = format!("{why}; {h}");
                     }
-                    (false, why)
+                    (Answer::NotReached, why)
                 })?;
             let mut client = RendezvousClient::new(channel);
             let mut request = tonic::Request::new(StatusRequest {
@@ -217,27 +237,39 @@ async fn ask_servers(
                 {
                     why = format!("{why}; {h}");
                 }
-                (matches!(e, ServiceError::Unauthenticated(_)), why)
+                let kind = match &e {
+                    ServiceError::Unauthenticated(_) => Answer::Refused,
+                    _ if ServiceError::answered_by_server(&s) => Answer::Failed,
+                    _ => Answer::NotReached,
+                };
+                (kind, why)
             })?;
-            serde_json::from_str(&resp.into_inner().json).map_err(|e| (false, e.to_string()))
+            serde_json::from_str(&resp.into_inner().json)
+                .map_err(|e| (Answer::NotReached, e.to_string()))
         };
         match tokio::time::timeout(Duration::from_secs(10), answer).await {
             Ok(Ok(json)) => return Ok(json),
-            Ok(Err((true, detail))) => {
+            Ok(Err((Answer::Refused, detail))) => {
                 return Err(StatusError::Refused {
                     endpoint: ep.clone(),
                     detail,
                 })
             }
-            Ok(Err((false, e))) => last = e,
+            Ok(Err((Answer::Failed, detail))) => {
+                failed = Some(StatusError::ServerFailed {
+                    endpoint: ep.clone(),
+                    detail,
+                })
+            }
+            Ok(Err((Answer::NotReached, e))) => last = e,
             Err(_) => last = "no answer within 10 s".into(),
         }
     }
-    Err(StatusError::Unreachable {
+    Err(failed.unwrap_or(StatusError::Unreachable {
         what: "the rendezvous server",
         endpoints: endpoints.join(","),
         detail: last,
-    })
+    }))
 }
 
 /// Prints the run's state once, or every `query.watch` until Ctrl-C (then `Ok`).

@@ -104,13 +104,24 @@ pub enum ServiceError {
 impl ServiceError {
     /// The gRPC status of this error.
     pub fn to_status(&self) -> tonic::Status {
-        match self {
+        let mut s = match self {
             ServiceError::InvalidRequest(m) => tonic::Status::invalid_argument(m.clone()),
             ServiceError::Incompatible(m) => tonic::Status::failed_precondition(m.clone()),
             ServiceError::Unavailable(m) => tonic::Status::unavailable(m.clone()),
             ServiceError::Unauthenticated(m) => tonic::Status::unauthenticated(m.clone()),
             ServiceError::Exhausted(m) => tonic::Status::resource_exhausted(m.clone()),
-        }
+        };
+        s.metadata_mut().insert(
+            FROM_SERVER,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
+        s
+    }
+
+    /// Whether `s` was answered by a `drun-rendezvous` server (as opposed to a transport
+    /// failure that tonic reports with the same codes): it carries [`FROM_SERVER`].
+    pub fn answered_by_server(s: &tonic::Status) -> bool {
+        s.metadata().contains_key(FROM_SERVER)
     }
 
     /// The error a gRPC status carries; codes other than the four refusals are "unavailable"
@@ -137,6 +148,9 @@ impl From<ServiceError> for tonic::Status {
         e.to_status()
     }
 }
+
+/// Metadata key a server's error statuses carry (see [`ServiceError::answered_by_server`]).
+pub const FROM_SERVER: &str = "drun-server-error";
 
 /// The URL of a `drun-rendezvous` endpoint: `host:port` gets `http://`; a URL stays as it is.
 pub fn endpoint_url(endpoint: &str) -> String {
