@@ -46,11 +46,7 @@ fn corrupted_shard_falls_back(store: Store) {
         "{line}"
     );
     let evs = events(&d);
-    let last_gen = evs
-        .iter()
-        .map(|e| e["gen"].as_u64().unwrap())
-        .max()
-        .unwrap();
+    let last_gen = super::last_gen(&evs);
     assert!(
         last_gen >= 3,
         "gen 2 was re-formed away without starting workers"
@@ -122,11 +118,7 @@ fn a_relaunch_whose_latest_fails_verification_resumes_from_the_previous_checkpoi
         "{err}"
     );
     let evs = events(&d);
-    let last_gen = evs
-        .iter()
-        .map(|e| e["gen"].as_u64().unwrap())
-        .max()
-        .unwrap();
+    let last_gen = super::last_gen(&evs);
     let starts: Vec<&Value> = evs
         .iter()
         .filter(|e| e["event"] == "start" && e["gen"] == last_gen)

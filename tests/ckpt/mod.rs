@@ -128,6 +128,14 @@ fn events(d: &Dirs) -> Vec<Value> {
         .collect()
 }
 
+/// The newest generation any worker event was logged in.
+fn last_gen(evs: &[Value]) -> u64 {
+    evs.iter()
+        .map(|e| e["gen"].as_u64().unwrap())
+        .max()
+        .unwrap()
+}
+
 fn count(evs: &[Value], event: &str, pred: impl Fn(&Value) -> bool) -> usize {
     evs.iter()
         .filter(|e| e["event"] == event && pred(e))

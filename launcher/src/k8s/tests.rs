@@ -422,6 +422,13 @@ fn the_fqdn_comes_from_the_kubelets_hosts_file() {
 
 #[test]
 fn a_pytorchjob_variable_the_operator_never_sets_is_refused_by_name() {
+    let pod = |pairs: &[(&str, &str)]| Host {
+        hostname: "pj-worker-1".into(),
+        pid: 7,
+        cpu_count: 4,
+        env: env(pairs),
+        ..Host::default()
+    };
     let base = [
         ("MASTER_ADDR", "127.0.0.1"),
         ("MASTER_PORT", "29511"),
@@ -439,30 +446,16 @@ fn a_pytorchjob_variable_the_operator_never_sets_is_refused_by_name() {
         let mut pairs = base.to_vec();
         pairs.retain(|(k, _)| *k != var);
         pairs.push((var, value));
-        let host = Host {
-            hostname: "pj-worker-1".into(),
-            pid: 7,
-            cpu_count: 4,
-            env: env(&pairs),
-            ..Host::default()
-        };
         let a = Args::try_parse_from(["drun", "--nproc-per-node", "1", "t.py"]).unwrap();
-        let err = validate(&a, &host).unwrap_err().to_string();
+        let err = validate(&a, &pod(&pairs)).unwrap_err().to_string();
         assert!(
             err.contains(&format!("invalid {var} '{value}'")) && err.contains(says),
             "{var}={value}: {err}"
         );
     }
     // The well-formed pod still launches.
-    let host = Host {
-        hostname: "pj-worker-1".into(),
-        pid: 7,
-        cpu_count: 4,
-        env: env(&base),
-        ..Host::default()
-    };
     let a = Args::try_parse_from(["drun", "--nproc-per-node", "1", "t.py"]).unwrap();
-    let cfg = validate(&a, &host).unwrap();
+    let cfg = validate(&a, &pod(&base)).unwrap();
     assert_eq!((cfg.min_nodes, cfg.max_nodes), (2, 2));
 }
 
