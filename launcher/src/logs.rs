@@ -260,9 +260,9 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
             }
         }
         if !pending.is_empty() {
-            let mut last = Vec::new();
-            sink.batch_line(&mut last, &pending, continuation);
-            sink.write_console(&last);
+            batch.clear();
+            sink.batch_line(&mut batch, &pending, continuation);
+            sink.write_console(&batch);
         } else if continuation {
             sink.console(b"", true, true);
         }

@@ -46,16 +46,12 @@ pub fn is_marked_bad(m: &Manifest, dir: Option<&Path>) -> bool {
 /// down) that decodes, belongs to the run and is not marked bad; newest by (step, generation).
 pub fn newest_usable(dir: &Path, run: &str) -> Option<Manifest> {
     let root = run_pointer_dir(dir, run)?;
-    let mut found: Vec<(u64, u64, Manifest)> = candidates(&root)
+    candidates(&root)
         .into_iter()
         .filter(|f| !mark_path(f).exists())
-        .filter_map(|f| {
-            let m: Manifest = serde_json::from_slice(&std::fs::read(&f).ok()?).ok()?;
-            (m.run_id == run).then_some((m.step, m.generation, m))
-        })
-        .collect();
-    found.sort_by_key(|(s, g, _)| (*s, *g));
-    found.pop().map(|(_, _, m)| m)
+        .filter_map(|f| serde_json::from_slice::<Manifest>(&std::fs::read(&f).ok()?).ok())
+        .filter(|m| m.run_id == run)
+        .max_by_key(|m| (m.step, m.generation))
 }
 
 /// Manifest files (`drun-manifest-*.json`) in `root` and in its subdirectories.

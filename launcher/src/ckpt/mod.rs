@@ -300,14 +300,12 @@ pub fn read_adoptable(path: &Path) -> Result<(PathBuf, Manifest), CkptError> {
 /// Errors are logged, never fatal.
 pub fn remove_garbage(root: &Path, garbage: &[String], dropped: &[Manifest]) {
     let mut dirs = Vec::new();
-    let files = garbage
-        .iter()
-        .map(PathBuf::from)
-        .chain(dropped.iter().filter_map(|m| manifest_path(m, Some(root))))
-        .flat_map(|f| {
-            let mark = fallback::mark_path(&f);
-            [f, mark]
-        });
+    let files = garbage.iter().map(PathBuf::from).chain(
+        dropped
+            .iter()
+            .filter_map(|m| manifest_path(m, Some(root)))
+            .flat_map(|f| [fallback::mark_path(&f), f]),
+    );
     for f in files {
         if !f.starts_with(root) || f == root {
             tracing::debug!(path = %f.display(), "not deleting a file outside --ckpt-dir");
