@@ -9,12 +9,17 @@
 //!    runtime, an established connection), to a `drun-rendezvous serve` process (memory store,
 //!    loopback) per setting: median and p99 of `DRUN_BENCH_RPCS` calls (default 40,000) in
 //!    `DRUN_BENCH_ROUNDS` rounds (default 20), each round with fresh server processes and 200
-//!    warm-up calls each; and the CPU time per call, client and server together.
+//!    warm-up calls each; and the CPU time per call, client and server together. Measured twice:
+//!    first with the client and the servers on two disjoint halves of the machine's CPUs, as an
+//!    agent and its server are on separate hosts in a deployment; then with both sharing every
+//!    CPU, where on a small machine each call also pays for the two waking each other on the
+//!    same cores.
 //! 2. **Formation of N = `DRUN_BENCH_NODES` (16) real agents**, what a user waits for: N `drun`
 //!    processes (one `sh` worker each, as `cargo bench --bench rendezvous` runs them) through a
 //!    `drun-rendezvous serve` process, from the last agent started to the last worker started;
 //!    median of `DRUN_BENCH_FORMS` rounds (default 201: with 21, the median still moved by
-//!    ±5 % between runs on a 2-core machine, where all N agents' handshakes share the cores).
+//!    ±5 % between runs on a 2-core machine, where all N agents' handshakes share the cores),
+//!    with fresh server processes every 10 rounds.
 //! 3. **Protocol-only formation** at the same N: N sessions in this process, each on its own
 //!    connection (its own TLS handshake), send Hello and Join for a run of exactly N nodes; from
 //!    the first connect until every session has its plan. No process starts, so this isolates
@@ -24,7 +29,7 @@
 
 mod common;
 use common::procs::{cpu_time, own_cpu_time, waited_children_cpu_time};
-use common::{rendezvous_drun, rendezvous_time, RdzvServer};
+use common::{cpus, rendezvous_drun, rendezvous_time, RdzvServer};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -200,16 +205,20 @@ async fn formation(n: u32, rounds: usize, files: &Files) -> Vec<Duration> {
 ///
 /// Also the CPU time one formation costs, per setting: all agents together (their handshakes
 /// share this machine's cores, where a cluster gives each its own node) and the server.
-fn real_formation(
-    n: usize,
-    rounds: usize,
-    files: &Files,
-    servers: &[RdzvServer],
-) -> Vec<(Duration, Duration, Duration)> {
+///
+/// The servers are started afresh every [`FRESH_SERVERS_EVERY`] rounds, as in [`rpc_latency`]:
+/// with one server process per setting for all rounds, where each happened to be scheduled
+/// moved that setting's median by several percent from one run of the benchmark to the next.
+fn real_formation(n: usize, rounds: usize, files: &Files) -> Vec<(Duration, Duration, Duration)> {
     let mut times = vec![Vec::new(); SETTINGS.len()];
     let mut agents_cpu = vec![Duration::ZERO; SETTINGS.len()];
     let mut server_cpu = vec![Duration::ZERO; SETTINGS.len()];
+    let mut servers = Vec::new();
     for round in 0..=rounds {
+        if round % FRESH_SERVERS_EVERY == 0 {
+            servers.clear(); // the old ones stop before the new ones start
+            servers = real_servers(files, None);
+        }
         for i in order(round) {
             let (_, token, tls) = SETTINGS[i];
             let (agents0, server0) = (waited_children_cpu_time(), cpu_time(servers[i].pid()));
@@ -245,8 +254,12 @@ fn real_formation(
         .collect()
 }
 
-/// One `drun-rendezvous serve` process (memory store) per setting, in [`SETTINGS`]' order.
-fn real_servers(files: &Files) -> Vec<RdzvServer> {
+/// How many formation rounds one set of server processes serves.
+const FRESH_SERVERS_EVERY: usize = 10;
+
+/// One `drun-rendezvous serve` process (memory store) per setting, in [`SETTINGS`]' order,
+/// on `cpus` (every allowed CPU when `None`).
+fn real_servers(files: &Files, cpus: Option<&[usize]>) -> Vec<RdzvServer> {
     SETTINGS
         .into_iter()
         .map(|(_, token, tls)| {
@@ -259,7 +272,7 @@ fn real_servers(files: &Files) -> Vec<RdzvServer> {
                 args.extend(["--tls-key".into(), files.path(&files.tls.key)]);
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            RdzvServer::start(&args)
+            cpus::on(cpus, || RdzvServer::start(&args))
         })
         .collect()
 }
@@ -287,16 +300,18 @@ async fn status_call(client: &mut RendezvousClient<Channel>, token: bool) -> Dur
 /// rounds with the settings interleaved. Every round starts a fresh server per setting, so
 /// where the scheduler happens to place one server process (on this machine, a server's
 /// latency differs by up to 2x between two starts) weighs on every setting alike. Also the CPU
-/// time per call, client and server together.
+/// time per call, client and server together. The servers run on `server_cpus` (every allowed
+/// CPU when `None`).
 async fn rpc_latency(
     n: usize,
     rounds: usize,
     files: &Files,
+    server_cpus: Option<&[usize]>,
 ) -> Vec<(Duration, Duration, Duration)> {
     let mut times = vec![Vec::with_capacity(n); SETTINGS.len()];
     let mut cpu = vec![Duration::ZERO; SETTINGS.len()];
     for round in 0..rounds {
-        let servers = real_servers(files);
+        let servers = real_servers(files, server_cpus);
         let mut clients = Vec::new();
         for ((_, token, tls), server) in SETTINGS.into_iter().zip(&servers) {
             let mut client = client(&server.1, files.tls(tls).map(|(ca, _)| ca)).await;
@@ -323,6 +338,25 @@ async fn rpc_latency(
             (t[t.len() / 2], t[t.len() * 99 / 100], cpu / calls)
         })
         .collect()
+}
+
+/// [`rpc_latency`] from a 2-worker runtime, as `drun` runs its agent, whose threads are on
+/// `client_cpus`, with the servers on `server_cpus` (every allowed CPU when `None`).
+fn rpc_latency_on(
+    n: usize,
+    rounds: usize,
+    files: &Files,
+    client_cpus: Option<&[usize]>,
+    server_cpus: Option<&[usize]>,
+) -> Vec<(Duration, Duration, Duration)> {
+    cpus::on(client_cpus, || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(rpc_latency(n, rounds, files, server_cpus))
+    })
 }
 
 /// The settings' indices in round `round`'s order: each round starts one setting later, so no
@@ -404,16 +438,34 @@ fn main() {
     println!(
         "1. Status RPC round trip to a drun-rendezvous serve process, loopback, {n} calls per setting in {rounds} interleaved rounds (fresh servers each round)"
     );
-    println!(
-        "{:<14} {:>12} {:>12} {:>12} {:>10}",
-        "setting", "median (us)", "p99 (us)", "CPU (us)", "vs open"
-    );
-    let rpc = rt.block_on(rpc_latency(n, rounds, &files));
-    table(
-        &rpc.iter()
-            .map(|(m, p, c)| vec![us(*m), us(*p), us(*c)])
-            .collect::<Vec<_>>(),
-    );
+    let split = cpus::split();
+    let placements = [
+        split.as_ref().map(|(client, server)| {
+            (
+                format!("client on CPUs {client:?}, servers on CPUs {server:?}: separate cores, as on separate hosts"),
+                Some(client.as_slice()),
+                Some(server.as_slice()),
+            )
+        }),
+        Some((
+            format!("client and servers sharing CPUs {:?}", cpus::allowed()),
+            None,
+            None,
+        )),
+    ];
+    for (label, client_cpus, server_cpus) in placements.into_iter().flatten() {
+        println!("{label}");
+        println!(
+            "{:<14} {:>12} {:>12} {:>12} {:>10}",
+            "setting", "median (us)", "p99 (us)", "CPU (us)", "vs open"
+        );
+        let rpc = rpc_latency_on(n, rounds, &files, client_cpus, server_cpus);
+        table(
+            &rpc.iter()
+                .map(|(m, p, c)| vec![us(*m), us(*p), us(*c)])
+                .collect::<Vec<_>>(),
+        );
+    }
     println!("(CPU: us per call, this client and the server together)");
 
     println!();
@@ -422,8 +474,7 @@ fn main() {
         "{:<14} {:>12} {:>12} {:>12} {:>10}",
         "setting", "median (ms)", "agents CPU", "server CPU", "vs open"
     );
-    let servers = real_servers(&files);
-    let real = real_formation(nodes as usize, forms, &files, &servers);
+    let real = real_formation(nodes as usize, forms, &files);
     table(
         &real
             .iter()

@@ -1,6 +1,7 @@
 //! Helpers shared by the benchmarks.
 #![allow(dead_code)] // each bench uses a different part
 
+pub mod cpus;
 pub mod procs;
 
 use std::io::BufRead;
