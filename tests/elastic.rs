@@ -13,6 +13,7 @@ use crate::harness::{
 };
 
 mod failed_round;
+mod host_stop;
 mod pins;
 mod reconnect;
 

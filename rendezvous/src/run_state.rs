@@ -15,7 +15,7 @@ use crate::loss;
 use crate::root_cause::RootCause;
 use crate::round::Restarts;
 use crate::session::RunEnd;
-use crate::store::{KeyValue, Store};
+use crate::store::{Compare, KeyValue, Op, Store, Txn};
 use crate::{Plan, StoreError};
 
 /// Encodes a generation number for `gen/current`.
@@ -195,12 +195,49 @@ impl RunState {
             .await?
             .map_or_else(|| loss::LEASE_EXPIRED.to_string(), |kv| kv.value_str()))
     }
+
+    /// Ends the run as `end` unless it has ended already (one transaction on `finished`, as
+    /// the session's own verdicts write it); true if this call ended it. Every session of the
+    /// run sees the end through its watch and reports it to its agent.
+    ///
+    /// # Errors
+    /// The store's.
+    pub async fn end(&self, end: &RunEnd) -> Result<bool, StoreError> {
+        let key = self.keys.finished();
+        let r = self
+            .store
+            .txn(Txn {
+                compares: vec![Compare::Missing(key.clone())],
+                success: vec![Op::put(key, encode(end))],
+                failure: vec![],
+            })
+            .await?;
+        Ok(r.succeeded)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::MemoryStore;
+
+    #[tokio::test]
+    async fn a_run_ends_once_and_the_first_end_stays() {
+        let state = RunState::new(Arc::new(MemoryStore::new()), "r");
+        let end = |reason: &str| RunEnd {
+            success: false,
+            reason: reason.into(),
+            at_ms: 1,
+            root_cause: None,
+            retryable: true,
+        };
+        assert!(state.end(&end("the host stopped")).await.unwrap());
+        assert!(!state.end(&end("later")).await.unwrap());
+        assert_eq!(
+            state.finished().await.unwrap(),
+            Some(end("the host stopped"))
+        );
+    }
 
     #[tokio::test]
     async fn a_corrupt_generation_is_an_error_not_zero() {

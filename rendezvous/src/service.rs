@@ -74,6 +74,22 @@ impl RendezvousService {
         self
     }
 
+    /// Ends run `run` as `end` unless it has ended ([`crate::run_state::RunState::end`]); true
+    /// if this call ended it. For the agent that hosts a run's in-memory rendezvous and is
+    /// stopping: the run cannot outlive it.
+    ///
+    /// # Errors
+    /// The store's.
+    pub async fn end_run(
+        &self,
+        run: &str,
+        end: &crate::session::RunEnd,
+    ) -> Result<bool, crate::StoreError> {
+        crate::run_state::RunState::new(self.store.clone(), run)
+            .end(end)
+            .await
+    }
+
     /// Agent sessions currently open on this replica.
     pub fn active_sessions(&self) -> usize {
         self.sessions.load(Ordering::SeqCst)

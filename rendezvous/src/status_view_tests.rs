@@ -148,6 +148,7 @@ fn a_forming_or_ended_run_says_so() {
         reason: "all workers succeeded".into(),
         at_ms: NOW,
         root_cause: None,
+        retryable: false,
     });
     assert!(render(&s, NOW)[0].contains("succeeded: all workers succeeded"));
 }

@@ -213,6 +213,7 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
             reason: end.reason.clone(),
             at_ms: end.at_ms,
             root_cause_json: cause_to_wire(end.root_cause.as_ref()),
+            retryable: end.retryable,
         }),
         Event::FailureDecision {
             restart,
@@ -266,6 +267,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
             reason: f.reason,
             at_ms: f.at_ms,
             root_cause: optional_json(&f.root_cause_json),
+            retryable: f.retryable,
         }),
         Kind::FailureDecision(d) => Event::FailureDecision {
             restart: d.restart,
@@ -327,4 +329,24 @@ fn optional_json<T: serde::de::DeserializeOwned>(json: &str) -> Option<T> {
     (!json.is_empty())
         .then(|| serde_json::from_str(json).ok())
         .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::RunEnd;
+
+    #[test]
+    fn a_run_end_crosses_the_wire_with_whether_a_restart_may_carry_on() {
+        for (success, retryable) in [(true, false), (false, false), (false, true)] {
+            let end = Event::Finished(RunEnd {
+                success,
+                reason: "why".into(),
+                at_ms: 42,
+                root_cause: None,
+                retryable,
+            });
+            assert_eq!(event_from_wire(event_to_wire(&end)), Some(end));
+        }
+    }
 }

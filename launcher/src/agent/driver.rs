@@ -135,6 +135,9 @@ impl Agent {
     fn ended(&self, end: End, w: &mut World) -> Result<AgentExit, LaunchError> {
         match end {
             End::Exit(exit) => Ok(exit),
+            End::RunFinished(end) if end.retryable => {
+                Err(LaunchError::RendezvousFailed(end.reason))
+            }
             End::RunFinished(end) => Err(LaunchError::RunFinished {
                 run: self.cfg.run_id.clone(),
                 at: summary::format_time(UNIX_EPOCH + Duration::from_millis(end.at_ms)),

@@ -197,6 +197,13 @@ pub(super) fn run_ended(end: &RunEnd, cx: &mut Cx<'_>) -> Phase {
     if end.success {
         cx.log(Level::Info, None, format!("run finished: {}", end.reason));
         exit(AgentExit::Success)
+    } else if end.retryable {
+        // The rendezvous went away, not the training: exit 3, which a restart policy retries.
+        cx.fx.push(Effect::Say(format!(
+            "drun: run {} ended: {}",
+            cx.p.run_id, end.reason
+        )));
+        exit(AgentExit::Rendezvous)
     } else {
         // The failing node prints its own workers' summary; every other node names its cause.
         if let Some(c) = end.root_cause.as_ref().filter(|c| c.node != cx.p.node_id) {

@@ -246,7 +246,14 @@ pub(super) fn on_stopped(
     }
     let plan = s.plan;
     match s.then {
-        Then::Finished(end) => return run_ended(&end, cx),
+        // Told to stop itself as well (the whole job is being stopped: scancel, pods deleted):
+        // it ends as its signal says, not as a rendezvous failure to retry.
+        Then::Finished(end) => {
+            return match m.interrupted {
+                Some(sig) if end.retryable => signal_exit(sig),
+                _ => run_ended(&end, cx),
+            }
+        }
         Then::Exit(sig) => return signal_exit(sig),
         Then::Preempted => return preempted(&plan, cx),
         Then::AwaitEnd | Then::Rejoin | Then::Report { .. } | Then::ReportUnstarted(_) => {}

@@ -82,6 +82,12 @@ impl Agent {
         let mut link = rdzv::open(&self.cfg, session).await?;
         let result = self.drive(&mut link).await;
         if !matches!(result, Ok(AgentExit::Success | AgentExit::WorkerFailure)) {
+            // Not after a preemption: every agent of the job saves and exits for the requeue on
+            // its own, and one still waiting for the save must not end as a rendezvous failure.
+            if let (Some(h), false) = (&link.hosted, matches!(result, Ok(AgentExit::Preempted))) {
+                h.end_run(&self.cfg.run_id, host_stopped(&self.cfg.node_id, &result))
+                    .await;
+            }
             // Leaving (not ending) the run: survivors re-form without this node.
             let _ = link.tx.send(Request::Leave);
             let _ = tokio::time::timeout(Duration::from_secs(2), async {
@@ -352,4 +358,20 @@ fn node_list(plan: &Plan) -> String {
     }
     let ids: Vec<&str> = plan.members.iter().map(|m| m.node_id.as_str()).collect();
     format!(" [{}]", ids.join(", "))
+}
+
+/// Why a run ends when the agent hosting its rendezvous stops (`result`: how the agent ends),
+/// and what to do: one line for every other agent of the run.
+fn host_stopped(node: &str, result: &Result<AgentExit, LaunchError>) -> String {
+    let why = match result {
+        Ok(AgentExit::Signal(n)) => match Signal::try_from(*n) {
+            Ok(sig) => format!("stopped by {sig}"),
+            Err(_) => format!("stopped by signal {n}"),
+        },
+        Ok(exit) => format!("ended with exit {}", exit.code()),
+        Err(e) => format!("failed: {e}"),
+    };
+    format!(
+        "the agent hosting the rendezvous ({node}) {why}; the run's state lived in its memory, so restart the job on every node (it resumes from the last checkpoint)"
+    )
 }

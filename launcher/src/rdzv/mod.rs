@@ -51,6 +51,27 @@ pub struct HostedServer {
 const HOST_LINGER: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl HostedServer {
+    /// Ends run `run` for every agent of it, as failed but retryable
+    /// ([`drun_rendezvous::session::RunEnd::retryable`]: they stop their workers and exit 3),
+    /// unless it ended already. Called by a host that is stopping for any reason but the run's
+    /// own end: the run's state lives in this agent's memory, so the other agents cannot go on
+    /// without it, and re-forming around a server that is about to go only left them waiting
+    /// for it until the join timeout.
+    pub async fn end_run(&self, run: &str, reason: String) {
+        let end = drun_rendezvous::session::RunEnd {
+            success: false,
+            reason,
+            at_ms: drun_rendezvous::clock::now_ms(),
+            root_cause: None,
+            retryable: true,
+        };
+        match self.service.end_run(run, &end).await {
+            Ok(true) => tracing::info!(run = %run, "ended the run for every agent: {}", end.reason),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(run = %run, "could not end the run for the other agents: {e}"),
+        }
+    }
+
     /// Stops serving once the other agents have closed their sessions (at most [`HOST_LINGER`]).
     pub async fn shutdown(mut self) {
         let deadline = tokio::time::Instant::now() + HOST_LINGER;

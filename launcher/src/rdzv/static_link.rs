@@ -105,6 +105,7 @@ pub fn spawn(
                     reason: format!("local workers of generation {g} succeeded"),
                     at_ms: 0,
                     root_cause: None,
+                    retryable: false,
                 }),
                 Request::KeepAlive
                 | Request::MarkBad { .. }

@@ -203,6 +203,7 @@ fn the_run_end_is_reported_and_ends_the_phase() {
         reason: "all 6 workers of generation 3 succeeded".into(),
         at_ms: 7,
         root_cause: None,
+        retryable: false,
     };
     let s = step(&mut r, Input::Finished(end.clone()), t0, &rules());
     assert!(s.ends);

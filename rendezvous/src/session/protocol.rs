@@ -59,6 +59,12 @@ pub struct RunEnd {
     /// A failed run's root cause: the worker failure that spent the budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_cause: Option<RootCause>,
+    /// The run ended because its rendezvous went away (the agent hosting a c10d-style
+    /// rendezvous stopped, taking the run's in-memory state with it), not on a verdict about
+    /// the training: agents end with exit 3, which a restart policy retries, and the restarted
+    /// job resumes from the last checkpoint. Always false for a successful end.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retryable: bool,
 }
 
 /// A job-wide request for a coordinated checkpoint (key `gen/<g>/preempt`).

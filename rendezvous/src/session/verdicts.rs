@@ -74,6 +74,7 @@ pub(crate) fn failure_verdict(
             ),
             at_ms,
             root_cause: None,
+            retryable: false,
         },
         last: next,
     }
@@ -93,6 +94,7 @@ pub(crate) fn exit_barrier(plan: &Plan, done: &[String], at_ms: u64) -> Option<R
             ),
             at_ms,
             root_cause: None,
+            retryable: false,
         })
 }
 

@@ -226,6 +226,39 @@ fn a_run_ended_by_another_node_stops_the_workers_and_exits_with_its_outcome() {
 }
 
 #[test]
+fn a_run_ended_because_its_rendezvous_went_away_stops_the_workers_and_exits_3() {
+    let mut t = T::running(1, 2);
+    let mut e = end(false);
+    e.retryable = true;
+    e.reason = "the agent hosting the rendezvous (n1) stopped by SIGTERM".into();
+    assert_eq!(
+        t.ev(Event::Finished(e)),
+        vec![Effect::Stop(Signal::SIGTERM)]
+    );
+    let fx = t.workers_gone(None);
+    assert!(
+        logged(
+            &fx,
+            "drun: run r ended: the agent hosting the rendezvous (n1)"
+        ),
+        "{fx:?}"
+    );
+    assert!(!logged(&fx, "failed"), "not the training's failure: {fx:?}");
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::Rendezvous)));
+}
+
+#[test]
+fn an_agent_told_to_stop_as_its_rendezvous_went_away_ends_as_its_signal_says() {
+    let mut t = T::running(1, 2);
+    let mut e = end(false);
+    e.retryable = true;
+    t.ev(Event::Finished(e));
+    t.feed(Input::Signal(Signal::SIGTERM));
+    t.workers_gone(None);
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::Signal(15))));
+}
+
+#[test]
 fn a_run_ended_by_another_node_names_that_node_root_cause_before_the_failure_line() {
     let cause = drun_rendezvous::root_cause::RootCause {
         node: "n1".into(),

@@ -182,6 +182,7 @@ pub(super) fn end(success: bool) -> RunEnd {
         reason: "the last generation's workers exited".into(),
         at_ms: 0,
         root_cause: None,
+        retryable: false,
     }
 }
 
