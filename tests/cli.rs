@@ -126,6 +126,37 @@ fn pet_environment_fallback_and_command_line_wins() {
     );
 }
 
+/// A bad value that came from a `PET_*` variable (Kubeflow sets them) names the variable, not
+/// only the flag the command line never held; given as a flag, the line stays as it was.
+#[test]
+fn a_bad_pet_value_names_its_variable() {
+    for (var, value, flag) in [
+        ("PET_MAX_RESTARTS", "abc", "--max-restarts"),
+        ("PET_NNODES", "x", "--nnodes"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = drun();
+        c.env(var, value)
+            .arg("--standalone")
+            .arg(worker("envdump.py"))
+            .arg(dir.path());
+        let (code, _, err) = run(c, Duration::from_secs(20));
+        assert_eq!(code, 2, "{var}: {err}");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{var}: {err}");
+        assert!(
+            lines[0].contains(flag) && lines[0].contains(&format!("set by {var}={value}")),
+            "{}",
+            lines[0]
+        );
+        rejects(&["--standalone", flag, value], flag);
+        let mut c = drun();
+        c.args(["--standalone", flag, value]).arg("x.py");
+        let (_, _, err) = run(c, Duration::from_secs(20));
+        assert!(!err.contains("set by"), "{err}");
+    }
+}
+
 #[test]
 fn multi_node_without_endpoint_is_refused_not_localhost() {
     rejects(

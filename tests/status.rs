@@ -347,6 +347,18 @@ fn status_of_an_unknown_run_or_an_unreachable_server_is_one_line() {
     let (code, _, err) = run(c, Duration::from_secs(30));
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--rdzv-endpoint"), "{err}");
+
+    // Neither where to read nor whom to ask: both ways are named, not only etcd's.
+    let (code, _, err) = output(
+        Command::new(rendezvous_bin())
+            .args(["status", "somerun"])
+            .env_remove("DRUN_ETCD_ENDPOINTS"),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--etcd-endpoints") && err.contains("--endpoint <"),
+        "{err}"
+    );
 }
 
 /// `--status` is a flag, not a subcommand: a script named `status.py` still runs.

@@ -8,6 +8,7 @@
 //! takes its last value, and boolean `PET_*` variables take `1`/`0` (also `true`/`false`).
 
 mod ckpt;
+mod env_source;
 mod etcd;
 mod host_tls;
 mod observe;
@@ -18,6 +19,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
 pub use ckpt::CkptArgs;
+pub use env_source::{env_source, flag_env_source};
 pub use etcd::EtcdArgs;
 pub use host_tls::HostTlsArgs;
 pub use observe::ObserveArgs;

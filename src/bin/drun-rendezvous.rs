@@ -89,6 +89,11 @@ enum Command {
     /// re-form lost. Read from etcd (--etcd-endpoints) or asked of a running server
     /// (--endpoint). Exit 2: bad flags; 3: store or server unreachable or refusing these
     /// credentials, or no such run.
+    #[command(group(
+        clap::ArgGroup::new("source")
+            .required(true)
+            .args(["etcd_endpoints", "endpoint"])
+    ))]
     Status {
         /// The run id (the agents' --rdzv-id).
         run: String,
@@ -96,8 +101,7 @@ enum Command {
         #[arg(
             long = "etcd-endpoints",
             env = "DRUN_ETCD_ENDPOINTS",
-            value_delimiter = ',',
-            required_unless_present = "endpoint"
+            value_delimiter = ','
         )]
         etcd_endpoints: Vec<String>,
         /// Ask a running drun-rendezvous server (or the agent hosting a c10d/embedded

@@ -61,8 +61,11 @@ fn main() -> ExitCode {
             return ExitCode::from(AgentExit::Usage.code());
         }
         Err(e) => {
+            let from_env = drun_launcher::cli::env_source(&e, &argv, |v| std::env::var_os(v))
+                .map(|v| format!(", set by {v} in the environment"))
+                .unwrap_or_default();
             drun_launcher::say!(
-                "drun: {} (see drun --help)",
+                "drun: {}{from_env} (see drun --help)",
                 one_line(&e.render().to_string())
             );
             return ExitCode::from(AgentExit::Usage.code());
@@ -75,7 +78,16 @@ fn main() -> ExitCode {
     let cfg = match LaunchConfig::from_args(&args) {
         Ok(c) => c,
         Err(e) => {
-            drun_launcher::say!("drun: error: {e}");
+            let from_env = match &e {
+                drun_launcher::ConfigError::Invalid { flag, .. }
+                | drun_launcher::ConfigError::Empty { flag, .. } => {
+                    drun_launcher::cli::flag_env_source(flag, &argv, |v| std::env::var_os(v))
+                }
+                _ => None,
+            }
+            .map(|v| format!(" (set by {v} in the environment)"))
+            .unwrap_or_default();
+            drun_launcher::say!("drun: error: {e}{from_env}");
             let message = drun_launcher::container::termination_json(
                 &drun_launcher::container::Termination {
                     exit: AgentExit::Usage,
