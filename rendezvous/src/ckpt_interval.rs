@@ -36,26 +36,30 @@ pub enum IntervalMode {
     Auto,
 }
 
+/// The longest `--ckpt-interval`, in seconds: 30 days, as drun's other timeouts.
+pub const MAX_INTERVAL_SECS: f64 = 2_592_000.0;
+
 impl IntervalMode {
-    /// Parses `auto`, `off` or a number of seconds (`> 0`, fractions allowed, optional `s`).
+    /// Parses `auto`, `off` or a number of seconds (`> 0` and at most [`MAX_INTERVAL_SECS`],
+    /// 30 days as drun's other timeouts; fractions allowed, optional `s`).
     ///
     /// # Errors
-    /// One line naming the accepted forms.
+    /// One line naming the accepted forms, or the range a number missed.
     pub fn parse(v: &str) -> Result<Self, String> {
         match v.trim() {
             "auto" => Ok(Self::Auto),
             "off" | "0" => Ok(Self::Off),
-            s => match s
-                .trim_end_matches('s')
-                .parse::<f64>()
-                .ok()
-                .filter(|x| *x > 0.0)
-                .and_then(|x| Duration::try_from_secs_f64(x).ok())
-            {
-                Some(d) => Ok(Self::Fixed(d)),
-                None => Err(format!(
+            s => match s.trim_end_matches('s').parse::<f64>() {
+                Err(_) => Err(format!(
                     "{v:?} is not auto, off or a number of seconds (e.g. 600)"
                 )),
+                Ok(x) if !x.is_finite() || x <= 0.0 => Err(format!(
+                    "{v:?} must be a positive, finite number of seconds (off turns it off)"
+                )),
+                Ok(x) if x > MAX_INTERVAL_SECS => Err(format!(
+                    "{v:?} must be at most {MAX_INTERVAL_SECS} seconds (30 days)"
+                )),
+                Ok(x) => Ok(Self::Fixed(Duration::from_secs_f64(x))),
             },
         }
     }
@@ -259,6 +263,16 @@ mod tests {
             IntervalMode::parse("600s"),
             Ok(IntervalMode::Fixed(Duration::from_secs(600)))
         );
+        assert!(IntervalMode::parse("1e20")
+            .unwrap_err()
+            .contains("at most 2592000 seconds"));
+        assert!(IntervalMode::parse("-5")
+            .unwrap_err()
+            .contains("positive, finite"));
+        assert!(IntervalMode::parse("soon")
+            .unwrap_err()
+            .contains("not auto, off"));
+        assert!(IntervalMode::parse("2592000").is_ok());
         let at = |s: f64| {
             Interval {
                 interval_s: s,
