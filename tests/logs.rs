@@ -175,6 +175,62 @@ fn a_partial_line_is_shown_while_the_worker_waits() {
 }
 
 #[test]
+fn another_ranks_lines_never_land_inside_an_open_partial_line() {
+    // Rank 0 shows "loading model... " and waits; rank 1 then prints whole lines. They must
+    // not continue rank 0's line on screen, and rank 0's "done" comes with its prefix again.
+    let dir = tempfile::tempdir().unwrap();
+    let (speak, finish) = (dir.path().join("speak"), dir.path().join("finish"));
+    let mut c = drun();
+    c.args([
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--no-python",
+        "sh",
+        "-c",
+    ])
+    .arg(
+        r#"if [ "$RANK" = 0 ]; then printf 'loading model... '; f="$1"; else echo ready; f="$0"; fi
+while [ ! -e "$f" ]; do sleep 0.05; done
+if [ "$RANK" = 0 ]; then echo done; else echo 'rank1 a'; echo 'rank1 b'; fi"#,
+    )
+    .arg(&speak)
+    .arg(&finish);
+    let agent = crate::harness::Agent::start(c);
+    crate::harness::wait_for(
+        "rank 0's partial line and rank 1's first line",
+        Duration::from_secs(20),
+        || {
+            let out = agent.stdout_so_far();
+            out.contains("[rank0]:loading model... ") && out.contains("[rank1]:ready")
+        },
+    );
+    std::fs::write(&speak, b"").unwrap();
+    crate::harness::wait_for("rank 1's lines", Duration::from_secs(20), || {
+        agent.stdout_so_far().contains("[rank1]:rank1 b\n")
+    });
+    std::fs::write(&finish, b"").unwrap();
+    let (code, out, err) = agent.wait(Duration::from_secs(20));
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    for want in [
+        "[rank0]:loading model... ",
+        "[rank1]:rank1 a",
+        "[rank1]:rank1 b",
+        "[rank0]:done",
+    ] {
+        assert!(
+            lines.contains(&want),
+            "{want:?} is a line of its own: {out:?}"
+        );
+    }
+    assert!(
+        lines.iter().all(|l| l.matches("[rank").count() == 1),
+        "one rank per line: {out:?}"
+    );
+}
+
+#[test]
 fn empty_prefix_template_prints_bare_lines() {
     let mut c = drun();
     c.args([

@@ -7,8 +7,9 @@
 //! mid-line. Two exceptions keep interactive output alive: a partial line that sits for
 //! [`IDLE_FLUSH`] (a `\r` progress bar, a `(Pdb) ` prompt) is shown as it is and its
 //! continuation follows without a new prefix; and a line longer than [`MAX_LINE`] bytes is
-//! written in pieces the same way (one line on screen, though another rank's line may land
-//! between two pieces). A final partial line is completed with a newline at end of stream. If the console
+//! written in pieces the same way. Another rank's write never lands inside such an open line:
+//! it ends it first, and the rest of the line comes later with its prefix again ([`open_line`]).
+//! A final partial line is completed with a newline at end of stream. If the console
 //! is gone (EPIPE, e.g. `drun ... | head`), console output stops, and when nothing else consumes
 //! the stream the pipe is closed so the worker sees EPIPE too, as it would without drun.
 
@@ -19,6 +20,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+mod open_line;
 
 /// Longest piece of a line written to the console in one write, in bytes: a longer line is
 /// written in pieces of this size, each continuing the last (no prefix, no newline between).
@@ -92,20 +95,29 @@ pub struct Sink {
 }
 
 impl Sink {
-    /// Writes `bytes` to the console: with the prefix unless `continuation`, and with a newline
-    /// when `complete`. Returns false once the console is gone.
-    fn console(&mut self, bytes: &[u8], continuation: bool, complete: bool) -> bool {
+    /// Writes `bytes` of stream `id` to the console: with the prefix unless `continuation`,
+    /// and with a newline when `complete`. Returns false once the console is gone.
+    fn console(&mut self, id: u64, bytes: &[u8], continuation: bool, complete: bool) -> bool {
         let Some((_, prefix)) = &self.console else {
             return false;
         };
         let buf = console_bytes(prefix, bytes, continuation, complete);
-        self.write_console(&buf)
+        self.write_console(
+            id,
+            &Batch {
+                bytes: buf,
+                continues: continuation,
+            },
+        )
     }
 
     /// Adds `line` (complete) to `batch`, the console bytes of one write, and to the tail.
-    fn batch_line(&mut self, batch: &mut Vec<u8>, line: &[u8], continuation: bool) {
+    fn batch_line(&mut self, batch: &mut Batch, line: &[u8], continuation: bool) {
+        if batch.bytes.is_empty() {
+            batch.continues = continuation;
+        }
         if let Some((_, prefix)) = &self.console {
-            append_console_bytes(batch, prefix, line, continuation, true);
+            append_console_bytes(&mut batch.bytes, prefix, line, continuation, true);
         }
         self.tail
             .lock()
@@ -113,22 +125,39 @@ impl Sink {
             .push(line, continuation);
     }
 
-    /// Writes `buf` (whole lines, or one piece of a line) to the console in one locked write,
-    /// so lines of different ranks never interleave. Returns false once the console is gone.
-    fn write_console(&mut self, buf: &[u8]) -> bool {
-        let Some((console, _)) = &self.console else {
+    /// Writes `batch` (whole lines, or one piece of a line) of stream `id` to the console in
+    /// one locked write, so lines of different ranks never interleave, after ending another
+    /// stream's open line ([`open_line`]). Returns false once the console is gone.
+    fn write_console(&mut self, id: u64, batch: &Batch) -> bool {
+        let Some((console, prefix)) = &self.console else {
             return false;
         };
-        if buf.is_empty() {
+        if batch.bytes.is_empty() {
             return true;
         }
-        let res = match console {
-            Console::Stdout => {
-                let mut out = std::io::stdout().lock();
-                out.write_all(buf).and_then(|_| out.flush())
+        let res = open_line::locked(*console, |open| {
+            let g = open_line::guard(*open, id, &batch.bytes, batch.continues, prefix);
+            let bytes = &batch.bytes[g.skip..];
+            if bytes.is_empty() {
+                return Ok(());
             }
-            Console::Stderr => std::io::stderr().lock().write_all(buf),
-        };
+            let res = match console {
+                Console::Stdout => {
+                    let mut out = std::io::stdout().lock();
+                    out.write_all(&g.lead)
+                        .and_then(|_| out.write_all(bytes))
+                        .and_then(|_| out.flush())
+                }
+                Console::Stderr => {
+                    let mut err = std::io::stderr().lock();
+                    err.write_all(&g.lead).and_then(|_| err.write_all(bytes))
+                }
+            };
+            if res.is_ok() {
+                *open = g.open_after;
+            }
+            res
+        });
         if res
             .as_ref()
             .is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
@@ -143,6 +172,14 @@ impl Sink {
     fn is_dead(&self) -> bool {
         self.console.is_none() && self.file.is_none()
     }
+}
+
+/// The console bytes of one write, and whether they start by continuing the stream's partial
+/// line (then they carry no prefix).
+#[derive(Debug, Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    continues: bool,
 }
 
 /// What one console write holds: `prefix + bytes (+ '\n')`, without the prefix for a
@@ -184,6 +221,7 @@ fn readable(fd: &File, timeout: Duration) -> bool {
 pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHandle<()>> {
     std::thread::Builder::new().name(name).spawn(move || {
         let had_console = sink.console.is_some();
+        let id = open_line::new_stream();
         let mut reader = File::from(fd);
         let mut pending: Vec<u8> = Vec::new();
         // Bytes at the start of `pending` already searched for a newline: each byte is looked
@@ -192,10 +230,10 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
         // The console already shows the start of the current line (prefix included).
         let mut continuation = false;
         let mut buf = vec![0u8; 16 * 1024];
-        let mut batch: Vec<u8> = Vec::new();
+        let mut batch = Batch::default();
         loop {
             if !pending.is_empty() && !readable(&reader, IDLE_FLUSH) {
-                sink.console(&pending, continuation, false);
+                sink.console(id, &pending, continuation, false);
                 // Keep the bytes for the tail, but they are on screen now.
                 sink.tail
                     .lock()
@@ -217,7 +255,7 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
             }
             pending.extend_from_slice(&buf[..n]);
             // The complete lines of this read go to the console in one write.
-            batch.clear();
+            batch.bytes.clear();
             let mut start = 0;
             loop {
                 let rest = &pending[start..];
@@ -234,10 +272,10 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
                     }
                     _ if rest.len() >= MAX_LINE => {
                         // Shown now, continued by the next piece (as an idle partial line is).
-                        sink.write_console(&batch);
-                        batch.clear();
+                        sink.write_console(id, &batch);
+                        batch.bytes.clear();
                         let piece = rest[..MAX_LINE].to_vec();
-                        sink.console(&piece, continuation, false);
+                        sink.console(id, &piece, continuation, false);
                         sink.tail
                             .lock()
                             .expect("tail mutex poisoned")
@@ -251,7 +289,7 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
                     }
                 }
             }
-            sink.write_console(&batch);
+            sink.write_console(id, &batch);
             pending.drain(..start);
             searched -= start;
             if had_console && sink.is_dead() {
@@ -260,11 +298,11 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
             }
         }
         if !pending.is_empty() {
-            batch.clear();
+            batch.bytes.clear();
             sink.batch_line(&mut batch, &pending, continuation);
-            sink.write_console(&batch);
+            sink.write_console(id, &batch);
         } else if continuation {
-            sink.console(b"", true, true);
+            sink.console(id, b"", true, true);
         }
         if let Some(f) = &mut sink.file {
             let _ = f.flush();
