@@ -1,5 +1,6 @@
 //! MASTER_PORT choice: jobs started at the same moment on one host never share a port.
 
+use std::io::{Read, Write};
 use std::time::Duration;
 
 use crate::harness::{drun, read_json, worker, Agent};
@@ -36,4 +37,33 @@ fn concurrent_jobs_get_distinct_working_master_ports() {
         }
         assert_ne!(ports[0], ports[1], "round {round}");
     }
+}
+
+#[test]
+fn a_rendezvous_port_held_by_another_program_ends_the_wait_with_the_fix() {
+    // An HTTP/1 server holds the c10d port: the agent cannot host there, and what answers is
+    // not a rendezvous. Waiting the join timeout (600 s) would change nothing.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0u8; 64];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let mut c = drun();
+    c.args(["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--no-python", "true"]);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(60));
+    assert_eq!(code, 3, "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("is not a drun rendezvous server")
+            && last.contains("HTTP/1.1 400 Bad Request")
+            && last.contains("--rdzv-endpoint HOST:PORT with a free port"),
+        "{err}"
+    );
 }

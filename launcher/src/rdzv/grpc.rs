@@ -94,7 +94,8 @@ fn hello(cfg: &SessionConfig, t: &Track) -> pb::AgentMessage {
 
 /// The outcome of one connection attempt.
 enum Conn {
-    Ready(tonic::transport::Channel),
+    /// A channel, and the address it reaches (`IP:PORT`, or the URL as given).
+    Ready(tonic::transport::Channel, String),
     /// Not reachable now: try the next endpoint after the backoff.
     Retry,
     /// Reported to the agent as an error: the task ends.
@@ -147,12 +148,12 @@ async fn run(
         if c.give_up() {
             return;
         }
-        let channel = match c.connect(&endpoint).await {
-            Conn::Ready(channel) => channel,
+        let (channel, target) = match c.connect(&endpoint).await {
+            Conn::Ready(channel, target) => (channel, target),
             Conn::Retry => continue,
             Conn::Fatal => return,
         };
-        let (out_tx, inbound) = match c.open(&endpoint, channel).await {
+        let (out_tx, inbound) = match c.open(&endpoint, &target, channel).await {
             Some(Opened::Stream(tx, rx)) => (tx, rx),
             Some(Opened::Refused) => return,
             None => continue,
@@ -193,6 +194,28 @@ impl Client {
     /// How this link connects (TLS or not, with a client certificate or not).
     fn tls(&self) -> drun_rendezvous::tls::Mode {
         drun_rendezvous::tls::Mode::of(self.creds.tls.as_ref())
+    }
+
+    /// What listens on `target` after a plaintext handshake failure (`chain`) before the first
+    /// session ([`super::foreign`]): `Err` ends the link with that line, `Ok(Some)` is the
+    /// reason to show instead of the transport error.
+    async fn identify(
+        &self,
+        target: &str,
+        endpoint: &str,
+        chain: &str,
+    ) -> Result<Option<String>, String> {
+        let plain = drun_rendezvous::tls::Mode::Plain;
+        if self.tls() != plain
+            || self.reach.ever_connected()
+            || drun_rendezvous::tls::hint(chain, plain).is_none()
+        {
+            return Ok(None);
+        }
+        match super::foreign::probe(target).await {
+            Some(answer) => super::foreign::verdict(&answer, endpoint),
+            None => Ok(None),
+        }
     }
 
     /// Waits the backoff, then doubles it (at most 2 s).
@@ -240,14 +263,21 @@ impl Client {
             }
         };
         match channel.connect().await {
-            Ok(c) => Conn::Ready(c),
+            Ok(c) => Conn::Ready(c, target),
             Err(e) => {
                 let why = error_chain(&e);
                 // At start the host (embedded/c10d) or the server may simply not be up yet;
                 // later the lost stream was said once: `Reach::check` says either every 10 s.
                 tracing::debug!("rendezvous at {endpoint} not reachable ({why})");
-                self.reach
-                    .failed_because(explain(short_reason(&why), &why, self.tls()));
+                let why = match self.identify(&target, endpoint, &why).await {
+                    Ok(Some(found)) => found,
+                    Ok(None) => explain(short_reason(&why), &why, self.tls()),
+                    Err(line) => {
+                        let _ = self.events.send(Event::Error(line));
+                        return Conn::Fatal;
+                    }
+                };
+                self.reach.failed_because(why);
                 tokio::time::sleep(self.backoff).await;
                 self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
                 Conn::Retry
@@ -257,7 +287,12 @@ impl Client {
 
     /// Opens the session stream on `channel` (Hello, then what a reconnect must replay).
     /// None: try again (or, on a refusal, the error was reported and the next attempt ends).
-    async fn open(&mut self, endpoint: &str, channel: tonic::transport::Channel) -> Option<Opened> {
+    async fn open(
+        &mut self,
+        endpoint: &str,
+        target: &str,
+        channel: tonic::transport::Channel,
+    ) -> Option<Opened> {
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let _ = out_tx.send(hello(&self.cfg, &self.t));
         for req in self.t.replay() {
@@ -279,7 +314,15 @@ impl Client {
                 Some(Opened::Refused)
             }
             Err(s) => {
-                let why = explain(not_a_session(&s), &error_chain(&s), self.tls());
+                let chain = error_chain(&s);
+                let why = match self.identify(target, endpoint, &chain).await {
+                    Ok(Some(found)) => found,
+                    Ok(None) => explain(not_a_session(&s), &chain, self.tls()),
+                    Err(line) => {
+                        let _ = self.events.send(Event::Error(line));
+                        return Some(Opened::Refused);
+                    }
+                };
                 tracing::debug!(%endpoint, "rendezvous session failed ({why}); trying again");
                 self.reach.failed_because(why);
                 self.back_off().await;
@@ -380,7 +423,8 @@ fn explain(short: String, chain: &str, tls: drun_rendezvous::tls::Mode) -> Strin
     }
 }
 
-/// An opened session stream, or a refusal (already reported).
+/// An opened session stream, or a refusal or a listener that is not a drun server (already
+/// reported).
 enum Opened {
     Stream(
         mpsc::UnboundedSender<pb::AgentMessage>,
