@@ -100,7 +100,10 @@ fn agents_trusting_the_ca_join_and_plaintext_or_another_ca_is_refused_with_the_r
 
     let (code, err) = outcome(agent(&server, "tls-plain", &[], &d.join("plain")));
     assert_eq!(code, 3, "{err}");
-    assert!(err.contains("the server speaks TLS: give the agent --rdzv-tls-ca"), "{err}");
+    assert!(
+        err.contains("the server speaks TLS: give the agent --rdzv-tls-ca"),
+        "{err}"
+    );
     assert!(!d.join("plain").exists());
 
     let (code, err) = outcome(agent(

@@ -76,6 +76,12 @@ pub fn check_identity(cert: &PemFile<'_>, key: &PemFile<'_>) -> Result<(), Strin
             key.name(),
             cert.name()
         )),
+        // webpki reads only X.509 v3 certificates (RFC 5280 §4.1.2.1); `openssl x509 -req`
+        // without an extensions file still writes v1.
+        Err(e) if format!("{e:?}").contains("UnsupportedCertVersion") => Err(format!(
+            "{} is an X.509 v1 certificate, and TLS here takes only v3; reissue it as v3 with a subjectAltName naming the host (openssl x509 -req ... -extfile <(echo subjectAltName=DNS:HOST))",
+            cert.name()
+        )),
         Err(e) => Err(format!(
             "the certificate {} and key {} cannot be used: {e}",
             cert.name(),

@@ -80,3 +80,35 @@ fn empty_garbage_or_swapped_files_are_named_with_their_flag() {
     let e = check_ca(&f(junk, "--rdzv-tls-ca")).unwrap_err();
     assert!(e.contains("(--rdzv-tls-ca)"), "{e}");
 }
+
+/// What `openssl x509 -req -signkey` writes without an extensions file: an X.509 v1
+/// certificate (P-256, CN=localhost, valid until 2126), and its key. Test material only.
+const V1_CERT: &str = "-----BEGIN CERTIFICATE-----
+MIIBJTCBywIUMsOK2NMVL269Y5YrqzhmdA4EiHQwCgYIKoZIzj0EAwIwFDESMBAG
+A1UEAwwJbG9jYWxob3N0MCAXDTI2MTIwMzEzMzk0MVoYDzIxMjYxMTA5MTMzOTQx
+WjAUMRIwEAYDVQQDDAlsb2NhbGhvc3QwWTATBgcqhkjOPQIBBggqhkjOPQMBBwNC
+AARSJYwCHqgCm5Hj9/hzx3+HXf/G9Y1CyIEVLGTRrJQmi/W7KIqTOnSwY5rX8paJ
+THj7q6Sgf4TSkeALyacIy3XeMAoGCCqGSM49BAMCA0kAMEYCIQCzEwrmjfmnw7/I
+WWMoJwR+WK7Y7mCb5YIoRPD79bPg+AIhAOIbFs1fpAIBI2mAYoRbbY5DA2lHkN5p
+M/lWLwq5T3N1
+-----END CERTIFICATE-----
+";
+const V1_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg7HPftBK0AOdceM3y
+y8vK9AXxdNS03N7p3sVtjKZmOsmhRANCAARSJYwCHqgCm5Hj9/hzx3+HXf/G9Y1C
+yIEVLGTRrJQmi/W7KIqTOnSwY5rX8paJTHj7q6Sgf4TSkeALyacIy3Xe
+-----END PRIVATE KEY-----
+";
+
+#[test]
+fn an_x509_v1_certificate_is_named_with_the_fix() {
+    for flag in ["--tls-cert", "--rdzv-tls-cert", "--rdzv-host-tls-cert"] {
+        let e = check_identity(&f(V1_CERT, flag), &f(V1_KEY, "--tls-key")).unwrap_err();
+        assert!(
+            e.contains(&format!("({flag}) is an X.509 v1 certificate"))
+                && e.contains("reissue it as v3")
+                && !e.contains("OtherError"),
+            "{e}"
+        );
+    }
+}
