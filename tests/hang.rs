@@ -82,6 +82,22 @@ fn a_hang_without_restarts_left_ends_the_run_naming_the_hung_rank() {
     assert!(err.contains("in stuck_here"), "{err}");
 }
 
+/// A rank stopped by SIGSTOP is continued for its stack dump (py-spy cannot attach to it, and a
+/// pending faulthandler signal loses to SIGTERM): the dump shows `stuck_here`, in one line
+/// says why, and the stop does not wait out the grace period for it.
+#[test]
+fn a_sigstopped_rank_is_continued_for_its_dump_and_stopped_with_the_group() {
+    let (code, _, err) = hang_job("0", "100000", "sigstop", "1");
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("[rank 1] the worker (pid ") && err.contains("is stopped (SIGSTOP"),
+        "{err}"
+    );
+    assert!(err.contains("in stuck_here"), "{err}");
+    assert!(!err.contains("Stack backtrace"), "{err}");
+    assert!(!err.contains("sending SIGKILL"), "{err}");
+}
+
 /// The same pause (4 s, past the 2 s timeout) without beacons is never judged a hang.
 #[test]
 fn a_job_without_beacons_is_never_judged_hung() {

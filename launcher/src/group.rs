@@ -474,6 +474,16 @@ impl WorkerGroup {
         failed
     }
 
+    /// Sends the stop signal `sig` to every running worker's process group, then SIGCONT, so
+    /// that a stopped worker (SIGSTOP, Ctrl-Z, a debugger detached) gets it now rather than
+    /// being killed at the end of the grace period; systemd stops units the same way
+    /// (systemd.kill(5): "followed by SIGCONT"). Returns how many groups could not be signalled.
+    pub fn stop_running(&self, sig: Signal) -> usize {
+        let failed = self.signal_running(sig);
+        self.signal_running(Signal::SIGCONT);
+        failed
+    }
+
     /// Failures in order of observation, with error files and output tails loaded.
     pub fn failures(&self) -> Vec<Failure> {
         let mut out: Vec<Failure> = self

@@ -1,12 +1,13 @@
 """Hang-detection test worker: STEPS steps 50 ms apart, each announced with
 ``drun.progress(step)`` when BEACONS is 1. In the first attempt (TORCHELASTIC_RESTART_COUNT 0)
-rank 1 stops at step 20 inside ``stuck_here()`` for STUCK seconds (-1: forever); the others go
-on. Prints ``done rank=R`` at the end.
+rank 1 stops at step 20 inside ``stuck_here()`` for STUCK seconds (-1: forever; ``sigstop``: it
+stops itself with SIGSTOP); the others go on. Prints ``done rank=R`` at the end.
 
 Usage: hang.py STEPS STUCK BEACONS
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -15,6 +16,9 @@ import drun  # noqa: E402
 
 
 def stuck_here(seconds):
+    if seconds == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        seconds = -1
     if seconds < 0:
         while True:
             time.sleep(3600)
@@ -22,7 +26,8 @@ def stuck_here(seconds):
 
 
 def main():
-    steps, stuck, beacons = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+    steps, beacons = int(sys.argv[1]), sys.argv[3] == "1"
+    stuck = sys.argv[2] if sys.argv[2] == "sigstop" else float(sys.argv[2])
     rank = int(os.environ["RANK"])
     first = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     for step in range(1, steps + 1):

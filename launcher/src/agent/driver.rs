@@ -471,7 +471,7 @@ impl Agent {
         };
         group.mark_stopping();
         if group.any_running() {
-            group.signal_running(sig);
+            group.stop_running(sig);
         }
     }
 

@@ -276,6 +276,22 @@ fn signals_reach_only_running_workers_process_groups() {
 }
 
 #[test]
+fn a_stop_continues_the_workers_after_the_signal_so_a_stopped_one_gets_it() {
+    let f = Fixture::new(2);
+    let g = f.start(0).unwrap();
+    assert_eq!(g.stop_running(Signal::SIGTERM), 0);
+    assert_eq!(
+        f.os.killpgs(),
+        [
+            (pid(1000), Signal::SIGTERM),
+            (pid(1001), Signal::SIGTERM),
+            (pid(1000), Signal::SIGCONT),
+            (pid(1001), Signal::SIGCONT)
+        ]
+    );
+}
+
+#[test]
 fn esrch_counts_as_success_and_other_errors_are_counted() {
     let f = Fixture::new(2);
     let g = f.start(0).unwrap();

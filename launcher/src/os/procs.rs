@@ -51,6 +51,20 @@ pub fn is_zombie(pid: Pid) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `pid` is stopped (`T`: SIGSTOP, SIGTSTP; `t`: held by a tracer).
+pub fn is_stopped(pid: Pid) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let after = &s[s.rfind(')')? + 1..];
+            after
+                .split_whitespace()
+                .next()
+                .map(|st| st == "T" || st == "t")
+        })
+        .unwrap_or(false)
+}
+
 /// Live (non-zombie) children of `parent`.
 pub fn children_of(parent: Pid) -> Vec<Pid> {
     pids()

@@ -28,6 +28,12 @@ pub async fn dump(ranks: &[(u32, i32)], signal: Signal) {
     let spy = py_spy();
     let mut signalled = false;
     for &(rank, pid) in ranks {
+        if super::procs::is_stopped(Pid::from_raw(pid)) {
+            // py-spy cannot attach to a stopped process and a faulthandler signal stays pending
+            // (and loses to the group's SIGTERM, which kills at once); the group is stopped next.
+            crate::say!("[rank {rank}] the worker (pid {pid}) is stopped (SIGSTOP, Ctrl-Z or a debugger): continuing it to dump its stacks");
+            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        }
         if let Some(spy) = &spy {
             match run_py_spy(spy, pid).await {
                 Ok(out) => {
@@ -50,8 +56,10 @@ pub async fn dump(ranks: &[(u32, i32)], signal: Signal) {
 }
 
 /// `py-spy dump --pid PID`, killed after [`PY_SPY_WAIT`]; its output, or why there is none.
+/// Its pipes are drained by threads while it runs, so a large dump (many threads) cannot fill
+/// a pipe and block it. (Not `tokio::process`: drun reaps its children itself.)
 async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, String> {
-    use std::io::Read as _;
+    use std::io::Read;
     use std::process::{Command, Stdio};
     let mut child = Command::new(spy)
         .args(["dump", "--pid", &pid.to_string()])
@@ -60,6 +68,17 @@ async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", spy.display()))?;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut text);
+            }
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    };
+    let out = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let err = drain(child.stderr.take().map(|p| Box::new(p) as _));
     let deadline = tokio::time::Instant::now() + PY_SPY_WAIT;
     let status = loop {
         match child.try_wait() {
@@ -75,17 +94,70 @@ async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, String> {
             Err(e) => return Err(e.to_string()),
         }
     };
-    let mut out = String::new();
-    let mut err = String::new();
-    if let Some(mut o) = child.stdout.take() {
-        let _ = o.read_to_string(&mut out);
-    }
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
     if status.success() {
         Ok(out)
     } else {
-        Err(format!("{status}: {}", err.trim()))
+        Err(format!("{status}: {}", one_line(&err)))
+    }
+}
+
+/// py-spy's error report (`Error: ...`, a `Caused by:` list, a stack backtrace) as one line:
+/// the error and its causes joined by `: `, at most 300 characters.
+fn one_line(report: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    let mut in_causes = false;
+    for line in report.lines().map(str::trim) {
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(e) = line.strip_prefix("Error:") {
+            parts.push(e.trim());
+        } else if line == "Caused by:" {
+            in_causes = true;
+        } else if line.starts_with("Stack backtrace") {
+            break;
+        } else if in_causes {
+            let cause = line
+                .split_once(": ")
+                .filter(|(n, _)| n.parse::<u32>().is_ok());
+            parts.push(cause.map_or(line, |(_, c)| c));
+        } else if parts.is_empty() {
+            parts.push(line);
+        }
+    }
+    let joined = parts.join(": ");
+    match joined.char_indices().nth(300) {
+        Some((at, _)) => format!("{}...", &joined[..at]),
+        None => joined,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn a_py_spy_report_becomes_one_line() {
+        let report = "Error: Failed to get stack traces
+
+Caused by:
+    0: Failed to suspend process
+    1: unexpected waitpid result PtraceEvent(Pid(25589), SIGSTOP, 128) to 25589
+
+Stack backtrace:
+   0: <E as anyhow::context::ext::StdError>::ext_context
+   1: py_spy::python_spy::PythonSpy::get_stack_traces
+";
+        assert_eq!(
+            one_line(report),
+            "Failed to get stack traces: Failed to suspend process: unexpected waitpid result PtraceEvent(Pid(25589), SIGSTOP, 128) to 25589"
+        );
+        assert_eq!(
+            one_line("Permission denied (os error 1)\n"),
+            "Permission denied (os error 1)"
+        );
+        assert_eq!(one_line(&"x".repeat(400)).chars().count(), 303);
     }
 }
