@@ -25,6 +25,7 @@ With ``torch.distributed.checkpoint`` use :mod:`drun.dcp` (``drun.dcp.save(state
 
 import hashlib
 import json
+import operator
 import os
 import random
 import socket
@@ -145,6 +146,22 @@ def _note_save_start():
     global _save_started_ms
     if _save_started_ms is None:
         _save_started_ms = int(time.time() * 1000)
+
+
+def _step(step):
+    """``step`` as an int: an int, a NumPy integer, an integer tensor, or a float without a
+    fraction. A fractional or negative step raises ValueError (it would name another step)."""
+    if isinstance(step, float):
+        if not step.is_integer():
+            raise ValueError(f"drun: step must be a whole number, got {step!r}")
+        step = int(step)
+    try:
+        n = operator.index(step)
+    except TypeError:
+        raise ValueError(f"drun: step must be a whole number, got {step!r}") from None
+    if n < 0:
+        raise ValueError(f"drun: step must be 0 or more, got {n}")
+    return n
 
 
 def _env_int(name, default=None):
@@ -300,7 +317,7 @@ def commit(step, paths=(), cursor=None, timeout=600.0):
         "op": "commit",
         "rank": _env_int("RANK", 0),
         "generation": _env_int("DRUN_GENERATION", 0),
-        "step": int(step),
+        "step": _step(step),
         "files": [_file_record(p) for p in paths],
     }
     if cursor is not None:
@@ -353,7 +370,7 @@ def progress(step, samples=None):
     reports ``drun_rank_samples_per_second``.
     """
     if available():
-        req = {"op": "progress", "rank": _env_int("RANK", 0), "step": int(step)}
+        req = {"op": "progress", "rank": _env_int("RANK", 0), "step": _step(step)}
         if samples is not None:
             req["samples"] = int(samples)
         answer = _client.request(req, timeout=30.0)

@@ -178,6 +178,16 @@ class AgentApi(unittest.TestCase):
         self.assertEqual((req["op"], req["rank"], req["step"], req["files"]), ("commit", 1, 8, []))
         self.assertNotIn("cursor", req)
 
+    def test_a_fractional_or_negative_step_is_refused_not_rounded(self):
+        agent = FakeAgent(lambda r: {"ok": True, "sealed": False, "waiting_for": []})
+        with mock.patch.dict(os.environ, dict(CLEAN, DRUN_AGENT_SOCK=agent.path, RANK="0"),
+                             clear=True):
+            for bad in (1.5, -1, "3"):
+                with self.assertRaisesRegex(ValueError, "step must be"):
+                    drun.commit(bad, [])
+            drun.commit(4.0, [])
+        self.assertEqual([r["step"] for r in agent.requests], [4])
+
     def test_step_dir_is_the_shard_paths_directory(self):
         d = tempfile.mkdtemp()
         env = dict(CLEAN, DRUN_CKPT_DIR=d, DRUN_RUN_ID="job7", DRUN_GENERATION="2", RANK="1")

@@ -32,7 +32,8 @@ enum Command {
         /// Global data cursor as JSON (see the README), e.g. '{"epoch":0,"consumed_in_epoch":640}'.
         #[arg(long, conflicts_with = "samples")]
         cursor: Option<String>,
-        /// Shorthand for a cursor of epoch 0 with this many samples consumed.
+        /// Shorthand for a cursor of epoch 0 with this many samples consumed (in the epoch and in
+        /// total).
         #[arg(long)]
         samples: Option<u64>,
         /// Files written (made absolute); none for a rank with nothing of its own.
@@ -87,7 +88,7 @@ fn run(cli: Cli) -> Result<(Value, bool), (String, u8)> {
             let cursor: Value = match (cursor, samples) {
                 (Some(c), _) => serde_json::from_str(&c)
                     .map_err(|e| (format!("--cursor is not JSON: {e}"), 2))?,
-                (None, Some(n)) => json!({"epoch": 0, "consumed_in_epoch": n}),
+                (None, Some(n)) => json!({"epoch": 0, "consumed_in_epoch": n, "consumed_total": n}),
                 (None, None) => Value::Null,
             };
             let mut reports = Vec::new();

@@ -154,6 +154,10 @@ fi
     let m = read_json(Path::new(answers[0]["manifest"].as_str().unwrap()));
     assert_eq!(m["step"], 3);
     assert_eq!(m["cursor"]["consumed_in_epoch"], 24);
+    assert_eq!(
+        m["cursor"]["consumed_total"], 24,
+        "--samples is a cursor of epoch 0"
+    );
     assert_eq!(m["files"].as_array().unwrap().len(), 2);
     let five = latest(&d).expect("latest points at step 5's manifest");
     assert_eq!(five["step"], 5, "sealed with a rank that committed no file");

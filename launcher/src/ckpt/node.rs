@@ -103,9 +103,14 @@ impl NodeLedger {
         reply: Reply,
     ) -> Option<NodeCommit> {
         let bad = |why| Some(bad_commit(generation, step, why));
-        let problem = if generation != self.generation {
+        let problem = if generation < self.generation {
             bad(format!(
                 "stale commit: generation {generation} is over; this node runs generation {}",
+                self.generation
+            ))
+        } else if generation > self.generation {
+            bad(format!(
+                "commit for generation {generation}, which has not begun: this node runs generation {}; send DRUN_GENERATION as the worker's environment gives it",
                 self.generation
             ))
         } else if let Err(e) = self.check_rank(rank) {

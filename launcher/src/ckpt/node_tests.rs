@@ -82,6 +82,10 @@ fn refuses_stale_misaligned_and_foreign_commits() {
         .unwrap()
         .starts_with("stale commit: generation 2 is over"));
     let (t, mut r) = oneshot::channel();
+    assert!(l.commit(0, 999, 5, vec![], cursor(8), t).is_none());
+    let e = r.try_recv().unwrap()["error"].as_str().unwrap().to_string();
+    assert!(e.contains("generation 999, which has not begun"), "{e}");
+    let (t, mut r) = oneshot::channel();
     assert!(l.commit(7, 3, 5, vec![], cursor(8), t).is_none());
     assert!(r.try_recv().unwrap()["error"]
         .as_str()

@@ -19,9 +19,15 @@ impl Ledger {
         keep: Retention,
     ) -> Result<CommitOutcome, LedgerError> {
         let g = plan.generation;
-        if rec.generation != g {
+        if rec.generation < g {
             return Err(LedgerError::Stale(format!(
                 "generation {} is over; the node runs generation {g}",
+                rec.generation
+            )));
+        }
+        if rec.generation > g {
+            return Err(LedgerError::Stale(format!(
+                "generation {} has not begun; the node runs generation {g}",
                 rec.generation
             )));
         }
