@@ -269,7 +269,8 @@ fn above_min(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
             admitted: view.candidates.clone(),
             standby: vec![],
             reason: format!(
-                "{why} with {n} nodes (min {}, max {}) [{}]",
+                "{why} with {n} node{} (min {}, max {}) [{}]",
+                if n == 1 { "" } else { "s" },
                 cfg.min_nodes,
                 cfg.max_nodes,
                 names(view)

@@ -238,7 +238,7 @@ fn a_client_certificate_without_a_ca_is_refused_up_front() {
 fn endpoints_schemes_and_limits_the_server_would_refuse_are_refused_up_front() {
     // The last --rdzv-endpoint and --nnodes win.
     let with = two_nodes;
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--rdzv-endpoint", "127.0.0.1:29425:1"], "is not a host"),
         (&["--rdzv-endpoint", "::1"], "in brackets"),
         (
@@ -252,6 +252,10 @@ fn endpoints_schemes_and_limits_the_server_would_refuse_are_refused_up_front() {
         (
             &["--rdzv-endpoint", "h:1", "--rdzv-conf", "lease_ttl=3601"],
             "at most 3600 s",
+        ),
+        (
+            &["--rdzv-endpoint", "h:1", "--rdzv-conf", "lease_ttl=0.1"],
+            "'lease_ttl=0.1': at least 1 s",
         ),
         (
             &["--rdzv-endpoint", "h:1", "--nnodes", "1:100001"],

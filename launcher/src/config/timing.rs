@@ -59,7 +59,14 @@ impl Timing {
                     }),
             }
         };
-        let lease_ttl = secs("lease_ttl", 10.0)?.max(Duration::from_secs(1));
+        let lease_ttl = secs("lease_ttl", 10.0)?;
+        if lease_ttl < Duration::from_secs(1) {
+            return Err(invalid(
+                "--rdzv-conf",
+                format!("lease_ttl={}", lease_ttl.as_secs_f64()),
+                "at least 1 s: a shorter lease expires between keep-alives on a busy node",
+            ));
+        }
         let max_ttl = Duration::from_millis(drun_rendezvous::validate::MAX_LEASE_TTL_MS);
         if lease_ttl > max_ttl {
             return Err(invalid(
