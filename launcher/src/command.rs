@@ -92,6 +92,8 @@ impl Entrypoint {
                 Ok(())
             } else if script_path.is_dir() {
                 Err(ConfigError::Directory(script_path.to_path_buf()))
+            } else if let Some(kind) = special_file(script_path) {
+                Err(ConfigError::NotAFile(script_path.to_path_buf(), kind))
             } else {
                 Err(ConfigError::MissingScript {
                     path: script_path.to_path_buf(),
@@ -284,6 +286,22 @@ pub fn substitute_local_rank(arg: &str, lr: &str) -> String {
     out
 }
 
+/// What `path` is when it exists but is neither a regular file nor a directory (following
+/// links): "a FIFO (pipe)", "a socket", "a device"; None otherwise.
+fn special_file(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = std::fs::metadata(path).ok()?.file_type();
+    if t.is_fifo() {
+        Some("a FIFO (a pipe, as `<(...)` gives)")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_block_device() || t.is_char_device() {
+        Some("a device")
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,6 +383,18 @@ mod tests {
             .unwrap_err();
             assert!(err.to_string().contains("is a directory"), "{err}");
         }
+        let fifo = d.path().join("train.py");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let err = Entrypoint::resolve(
+            EntryKind::Script,
+            &[fifo.display().to_string()],
+            Some((Path::new("/bin/sh"), PythonSource::Flag)),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("is a FIFO") && err.to_string().contains("not a regular file"),
+            "{err}"
+        );
         assert!(ok.program.is_absolute());
     }
 }

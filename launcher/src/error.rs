@@ -62,6 +62,9 @@ pub enum ConfigError {
     /// The training script (or executable) is a directory (without a `__main__.py`).
     #[error("{} is a directory, not a script or program; name the file in it", .0.display())]
     Directory(PathBuf),
+    /// The training script exists but is not a regular file (a FIFO, `<(...)`, a device).
+    #[error("{path} is {kind}, not a regular file: every rank reads the script (and drun hashes it for the job's fingerprint), so save it to a file and pass that", path = .0.display(), kind = .1)]
+    NotAFile(PathBuf, &'static str),
     /// `--no-python` names a file that cannot be executed.
     #[error("{} is not executable; chmod +x it or drop --no-python", .0.display())]
     NotExecutable(PathBuf),
