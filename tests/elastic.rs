@@ -358,6 +358,21 @@ fn etcd_outage_longer_than_ttl_fences_in_bounded_time_then_the_group_recovers() 
     );
     etcd.signal(Signal::SIGCONT);
     wait_gen(dir.path(), 2, 4, Duration::from_secs(30));
+    // Nobody closed generation 1 (every agent was fenced): the re-form still counts.
+    let o = Command::new(crate::harness::cluster::rendezvous_bin())
+        .args([
+            "status",
+            "outage",
+            "--json",
+            "--etcd-endpoints",
+            &etcd.endpoint,
+        ])
+        .output()
+        .unwrap();
+    let status: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    assert_eq!(status["generation"], 2, "{status}");
+    assert_eq!(status["restarts"]["membership"], 1, "{status}");
+    assert_eq!(status["restarts"]["failures"], 0, "{status}");
     stop_all(agents);
 }
 

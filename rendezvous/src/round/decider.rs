@@ -151,7 +151,15 @@ impl Round {
         env_table: Option<String>,
         opened_at_ms: u64,
     ) -> Result<Step, RendezvousError> {
-        let (restarts, _) = self.read_restarts().await?;
+        let (mut restarts, restarts_rev) = self.read_restarts().await?;
+        // Every re-form closes the generation it ends (a lost node, a failure, a scale-up),
+        // except one whose members all lost their leases at once (a store outage longer than
+        // the TTL fences every agent): nobody was left to close it, so it is counted here, in
+        // the formation's own transaction, as the membership restart it is.
+        let unclosed = g > 0 && self.store.get(&self.keys.closed(g)).await?.is_none();
+        if unclosed {
+            restarts.membership += 1;
+        }
         let mut plan = assign(
             &self.run_id,
             g + 1,
@@ -194,18 +202,31 @@ impl Round {
         if let (true, Some(m)) = (resume.import, &resume.manifest) {
             ops.extend(ledger.import_ops(m));
         }
+        let mut compares = vec![
+            Compare::ModRevisionEquals(self.keys.gen_current(), rev),
+            // A seal that landed since the read: decide again with it.
+            Compare::ModRevisionEquals(self.keys.ckpt_latest(), resume.latest_revision),
+        ];
+        if unclosed {
+            ops.push(Op::put(self.keys.restarts(), run_state::encode(&restarts)));
+            compares.push(Compare::ModRevisionEquals(
+                self.keys.restarts(),
+                restarts_rev,
+            ));
+            compares.push(Compare::Missing(self.keys.closed(g)));
+        }
         let txn = Txn {
-            compares: vec![
-                Compare::ModRevisionEquals(self.keys.gen_current(), rev),
-                // A seal that landed since the read: decide again with it.
-                Compare::ModRevisionEquals(self.keys.ckpt_latest(), resume.latest_revision),
-            ],
+            compares,
             success: ops,
             failure: vec![],
         };
         match self.store.txn(txn).await {
             Err(e) => Err(e.into()),
             Ok(r) if r.succeeded => {
+                if unclosed {
+                    tracing::info!(run = %self.run_id, gen = g, "every member of generation {g} lost its lease (a store outage, or every node lost): re-formed as generation {}", g + 1);
+                    crate::metrics::global().reformed(&self.run_id, "every member's lease expired");
+                }
                 tracing::debug!(run = %self.run_id, gen = g + 1, "group formed: {reason}");
                 Ok(Step::Formed(Box::new(plan)))
             }
