@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::validate::MAX_SECONDS;
+
 /// The smallest interval ever returned, seconds.
 pub const MIN_INTERVAL_S: f64 = 1.0;
 /// The largest interval ever returned, seconds (24 h).
@@ -36,11 +38,8 @@ pub enum IntervalMode {
     Auto,
 }
 
-/// The longest `--ckpt-interval`, in seconds: 30 days, as drun's other timeouts.
-pub const MAX_INTERVAL_SECS: f64 = 2_592_000.0;
-
 impl IntervalMode {
-    /// Parses `auto`, `off` or a number of seconds (`> 0` and at most [`MAX_INTERVAL_SECS`],
+    /// Parses `auto`, `off` or a number of seconds (`> 0` and at most [`MAX_SECONDS`],
     /// 30 days as drun's other timeouts; fractions allowed, optional `s`).
     ///
     /// # Errors
@@ -56,8 +55,8 @@ impl IntervalMode {
                 Ok(x) if !x.is_finite() || x <= 0.0 => Err(format!(
                     "{v:?} must be a positive, finite number of seconds (off turns it off)"
                 )),
-                Ok(x) if x > MAX_INTERVAL_SECS => Err(format!(
-                    "{v:?} must be at most {MAX_INTERVAL_SECS} seconds (30 days)"
+                Ok(x) if x > MAX_SECONDS => Err(format!(
+                    "{v:?} must be at most {MAX_SECONDS} seconds (30 days)"
                 )),
                 Ok(x) => Ok(Self::Fixed(Duration::from_secs_f64(x))),
             },

@@ -16,8 +16,8 @@ pub const RDZV_CONF_KEYS: [&str; 6] = [
     "is_host",
 ];
 
-/// The longest duration a seconds flag accepts: 30 days.
-pub(super) const MAX_SECONDS: f64 = 30.0 * 24.0 * 3600.0;
+// The longest duration a seconds flag accepts: 30 days.
+pub(super) use drun_rendezvous::validate::MAX_SECONDS;
 
 /// Rendezvous timing, from `--rdzv-conf` (seconds) with torchrun's defaults where it has them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

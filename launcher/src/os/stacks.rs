@@ -59,7 +59,6 @@ pub async fn dump(ranks: &[(u32, i32)], signal: Signal) {
 /// Its pipes are drained by threads while it runs, so a large dump (many threads) cannot fill
 /// a pipe and block it. (Not `tokio::process`: drun reaps its children itself.)
 async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, String> {
-    use std::io::Read;
     use std::process::{Command, Stdio};
     let mut child = Command::new(spy)
         .args(["dump", "--pid", &pid.to_string()])
@@ -68,17 +67,8 @@ async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, String> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", spy.display()))?;
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut text = Vec::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_end(&mut text);
-            }
-            String::from_utf8_lossy(&text).into_owned()
-        })
-    };
-    let out = drain(child.stdout.take().map(|p| Box::new(p) as _));
-    let err = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
     let deadline = tokio::time::Instant::now() + PY_SPY_WAIT;
     let status = loop {
         match child.try_wait() {
@@ -101,6 +91,17 @@ async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, String> {
     } else {
         Err(format!("{status}: {}", one_line(&err)))
     }
+}
+
+/// Reads `pipe` to its end on a thread of its own; its text (lossy UTF-8).
+fn drain(pipe: Option<impl std::io::Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut text);
+        }
+        String::from_utf8_lossy(&text).into_owned()
+    })
 }
 
 /// py-spy's error report (`Error: ...`, a `Caused by:` list, a stack backtrace) as one line:
