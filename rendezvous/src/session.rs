@@ -37,6 +37,8 @@ mod membership;
 #[cfg(test)]
 mod outage_tests;
 mod protocol;
+#[cfg(test)]
+mod resume_tests;
 mod running;
 mod save_clock;
 mod verdicts;

@@ -205,6 +205,13 @@ fn chaos_checker_catches_a_lost_optimizer_state() {
 /// and the agent stood by beside the world it belonged to, which waited for it forever. Fixed:
 /// the plan is compared with when the join first appeared (the key's creation, which a
 /// re-send on the same lease keeps). Seed (etcd): 1159.
+///
+/// Bug 5, the same seed again in CI under load: the server stopped a moment later, after the
+/// session had written the waiting agent's membership of the new generation (deleting its
+/// join) but before the agent heard of it. The agent resumed still waiting, the new session
+/// wrote a fresh join, newer than the plan, and the agent stood by beside its own world.
+/// Fixed: a resumed waiting session first looks for that membership under the agent's lease
+/// (`session/membership.rs`, `admitted_while_away`; unit test in `session/resume_tests.rs`).
 fn regression(seed: u64, store: StoreKind) {
     let s = generate(seed, store, 3, 8);
     if let Err(report) = run::run(&s, &Worker::Stdlib, &[]) {

@@ -192,6 +192,10 @@ impl Actor {
                         return self.running(plan, None, false).await.map(Some);
                     }
                 } else if let Some(c) = r.waiting {
+                    if let Some(plan) = self.admitted_while_away().await? {
+                        self.last_gen = plan.generation;
+                        return self.running(plan, None, true).await.map(Some);
+                    }
                     return self.join(c).await.map(Some);
                 }
             }

@@ -31,6 +31,27 @@ impl Actor {
             .map(drop)
     }
 
+    /// The plan that admitted this node while its agent was away: the generation's membership
+    /// key is written (and the join deleted) before the agent is told, so a server that stops
+    /// in between leaves an agent that still thinks it waits, with no join left to wait on. A
+    /// membership key of the current generation, under the lease the agent resumes with (a
+    /// later join of the node deletes it in the same transaction), is that admission.
+    pub(super) async fn admitted_while_away(&self) -> Result<Option<Plan>, StoreError> {
+        let (g, _) = self.round.current_generation().await?;
+        if g == 0 || g <= self.last_gen {
+            return Ok(None);
+        }
+        let member = self.round.keys().member(g, &self.cfg.node_id);
+        if self.store.get(&member).await?.is_none() {
+            return Ok(None);
+        }
+        Ok(self
+            .round
+            .plan(g)
+            .await?
+            .filter(|p| p.member(&self.cfg.node_id).is_some()))
+    }
+
     /// The agent's stream ended without a Leave (its process died, or its connection broke).
     /// Server-side, after [`loss::RECONNECT_GRACE`], the lease is revoked unless the agent
     /// reconnected meanwhile (another session claimed the node) or the run is over: the others
