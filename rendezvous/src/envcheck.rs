@@ -18,9 +18,13 @@
 //! (the published verdict of a failed round), and agents end with exit 2 on it ([`is_refusal`]).
 //! At a re-form, when the previous generation's members alone pass the check, only the
 //! newcomers are refused (turned away; see `round/decider.rs`): a misconfigured node arriving
-//! later cannot end a running job.
+//! later cannot end a running job. While a group runs, a newcomer that re-form would refuse is
+//! turned away at the door ([`door`], [`refusal`]) without re-forming the group at all.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+mod door;
+pub use door::{door, refusal, Door};
 
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +88,17 @@ pub struct Report<'a> {
     pub fingerprint: &'a Fingerprint,
     /// Its `--env-check`; `None`: not sent (no say).
     pub env_check: Option<EnvCheck>,
+}
+
+impl<'a> Report<'a> {
+    /// The node of `join`, with the fingerprint and setting it sent.
+    pub fn of(join: &'a crate::Join) -> Report<'a> {
+        Report {
+            node_id: &join.candidate.node_id,
+            fingerprint: &join.fingerprint,
+            env_check: join.env_check,
+        }
+    }
 }
 
 /// A key whose value is not the same on every member.

@@ -1,12 +1,14 @@
 //! The record of one formation (key `formation/<g>`): when the round opened and when the plan
 //! was written, and the work the re-form threw away.
 //!
-//! Written by the decider in the same transaction as the plan of generation `g`, read only by
-//! `status` ([`crate::status`]). A store written by an older drun has no such key: `status`
-//! then shows `-` for what it would have said.
+//! Written by the decider in the same transaction as the plan of generation `g`, read by
+//! `status` ([`crate::status`]) and, for its [`Door`], by node rank 0's session while the
+//! generation runs. A store written by an older drun has no such key: `status` then shows `-`
+//! for what it would have said, and every newcomer re-forms the group to be judged.
 
 use serde::{Deserialize, Serialize};
 
+use crate::envcheck::Door;
 use crate::ledger::Manifest;
 
 /// When generation `g` formed, and what its re-form lost.
@@ -21,6 +23,10 @@ pub struct Formation {
     /// generation, or when the previous generation's formation was not recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_work: Option<LostWork>,
+    /// What the members' environments agreed on: a newcomer the next re-form would refuse is
+    /// turned away at it ([`crate::envcheck::refusal`]). `None`: no member sent a fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub door: Option<Door>,
 }
 
 impl Formation {
@@ -98,6 +104,7 @@ mod tests {
             round_opened_at_ms: 9,
             formed_at_ms: 5,
             lost_work: None,
+            door: None,
         };
         assert_eq!(f.duration_ms(), 0);
     }

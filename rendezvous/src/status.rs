@@ -323,7 +323,12 @@ pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus,
                 .as_ref()
                 .map(|p| p.formed_because.clone())
                 .unwrap_or_default(),
-            record,
+            // The members' environments stay out of `status`: they are the session's to judge
+            // newcomers with, not part of the run's story.
+            record: Formation {
+                door: None,
+                ..record
+            },
         });
     let ledger = Ledger::new(store.clone(), run);
     let sealed = ledger.manifests().await?;

@@ -50,6 +50,7 @@ fn status(n: usize) -> RunStatus {
                     ms: 12_000,
                     resume_step: Some(300),
                 }),
+                door: None,
             },
             duration_ms: 2_100,
             because: format!("{n} of max {n} nodes joined"),

@@ -186,9 +186,10 @@ impl Round {
         plan.resume = resume.manifest.clone();
         plan.formed_because = reason.clone();
         plan.notes.extend(env_table);
-        let formation = self
+        let mut formation = self
             .formation_record(g, opened_at_ms, plan.resume.as_ref())
             .await?;
+        formation.door = envcheck::door(&env_reports(admitted, joins));
         // Constant size whatever the node count (etcd allows 128 ops per txn): admitted nodes
         // find themselves in the plan and write their own membership keys.
         let mut ops = vec![
@@ -253,6 +254,7 @@ impl Round {
             round_opened_at_ms: opened_at_ms,
             formed_at_ms: now_ms(),
             lost_work: previous.map(|p| lost_work(p.formed_at_ms, opened_at_ms, resume)),
+            door: None,
         })
     }
 }
@@ -262,23 +264,22 @@ fn opened_ms(opened_at: Instant, now: Instant) -> u64 {
     now_ms().saturating_sub((now - opened_at).as_millis() as u64)
 }
 
-/// The environment check of the admitted set (pure; see [`crate::envcheck`]): each admitted
-/// node's fingerprint is the one its join carries.
+/// The environment check of the admitted set (pure; see [`crate::envcheck`]).
 fn env_verdict(admitted: &[Candidate], joins: &[Join]) -> Verdict {
+    envcheck::verdict(&env_reports(admitted, joins))
+}
+
+/// Each admitted node as the environment check sees it: the fingerprint its join carries.
+fn env_reports<'a>(admitted: &[Candidate], joins: &'a [Join]) -> Vec<Report<'a>> {
     let by_id: std::collections::HashMap<&str, &Join> = joins
         .iter()
         .map(|j| (j.candidate.node_id.as_str(), j))
         .collect();
-    let reports: Vec<Report<'_>> = admitted
+    admitted
         .iter()
         .filter_map(|c| by_id.get(c.node_id.as_str()).copied())
-        .map(|j| Report {
-            node_id: &j.candidate.node_id,
-            fingerprint: &j.fingerprint,
-            env_check: j.env_check,
-        })
-        .collect();
-    envcheck::verdict(&reports)
+        .map(Report::of)
+        .collect()
 }
 
 /// For a re-form (`current`: the previous generation's plan) that the environment check

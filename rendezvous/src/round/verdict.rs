@@ -75,8 +75,9 @@ impl Round {
     }
 
     /// Publishes `err` as the verdict for the newcomers `nodes` only (a re-form's environment
-    /// check turned them away); the decider stays and forms without them once they left.
-    pub(super) async fn publish_turn_away(
+    /// check turned them away, or the running group's door did); the decider stays and forms
+    /// without them once they left, the running group runs on.
+    pub(crate) async fn publish_turn_away(
         &self,
         err: &RendezvousError,
         nodes: Vec<String>,

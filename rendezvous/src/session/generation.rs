@@ -16,10 +16,11 @@ use tokio::time::Instant;
 
 use super::protocol::{Event, RunEnd};
 use super::save_clock::SaveClock;
+use crate::envcheck::{self, Door, Report};
 use crate::human::duration as human;
 use crate::keys::RunKeys;
 use crate::store::WatchEvent;
-use crate::{Plan, StoreError};
+use crate::{Join, Plan, StoreError};
 
 /// The knobs the generation core needs, taken from [`super::SessionConfig`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,9 @@ pub(crate) struct Running {
     pub scale_up: Option<PendingScaleUp>,
     /// Node rank 0 only, with `--ckpt-interval`: when the next interval save is due.
     pub save_clock: Option<SaveClock>,
+    /// Node rank 0 only: what the members' environments agreed on at formation (`None`:
+    /// unknown; every newcomer re-forms the group to be judged).
+    pub door: Option<Door>,
 }
 
 impl Running {
@@ -96,6 +100,7 @@ impl Running {
             successor_deadline,
             scale_up,
             save_clock,
+            door: None,
         }
     }
 
@@ -148,8 +153,9 @@ pub(crate) enum Input {
     Sealed(String),
     /// The run ended (`finished`).
     Finished(RunEnd),
-    /// `waiting/<node>` was written: a node asks to join.
-    Waiting(String),
+    /// `waiting/<node>` was written: a node asks to join, with its join (`None`: the value did
+    /// not decode).
+    Waiting(String, Option<Box<Join>>),
     /// A `waiting/<node>` key went away.
     WaitingGone,
     /// `members/<g>/<node>` was written: the node started.
@@ -182,9 +188,10 @@ pub(crate) fn classify(keys: &RunKeys, g: u64, ev: WatchEvent) -> Result<Input, 
                 reason: e.to_string(),
             })?,
         ),
-        WatchEvent::Put(kv) if kv.key.starts_with(&waiting) => {
-            Input::Waiting(kv.key[waiting.len()..].to_string())
-        }
+        WatchEvent::Put(kv) if kv.key.starts_with(&waiting) => Input::Waiting(
+            kv.key[waiting.len()..].to_string(),
+            serde_json::from_slice(&kv.value).ok(),
+        ),
         WatchEvent::Put(kv) if kv.key.starts_with(&members) => {
             Input::MemberUp(kv.key[members.len()..].to_string())
         }
@@ -232,6 +239,14 @@ pub(crate) enum Effect {
         node: String,
         /// How long to wait for the seal.
         limit: Duration,
+    },
+    /// Refuse the newcomer `node` with `message` (its round's published verdict) without
+    /// re-forming: it ends with the refusal, the group runs on.
+    TurnAway {
+        /// The newcomer.
+        node: String,
+        /// The refusal (contains [`crate::envcheck::REFUSAL_MARK`]).
+        message: String,
     },
     /// Call the pending scale-up off if no newcomer waits any more
     /// ([`Running::call_off_scale_up`]).
@@ -306,7 +321,7 @@ pub(crate) fn step(run: &mut Running, input: Input, now: Instant, rules: &Rules)
             "a coordinated checkpoint was requested",
         ),
         Input::Sealed(id) => sealed(run, id, now),
-        Input::Waiting(node) => newcomer(run, node, rules),
+        Input::Waiting(node, join) => newcomer(run, node, join.as_deref(), rules),
         Input::WaitingGone if run.scale_up.is_some() => Step::does(
             vec![Effect::CallOffIfNobodyWaits],
             "a node stopped waiting while a scale-up is pending",
@@ -353,8 +368,9 @@ fn sealed(run: &mut Running, id: String, now: Instant) -> Step {
 }
 
 /// A node asks to join while the generation runs: a newcomer below MAX re-forms the group (at
-/// once, or after a coordinated checkpoint); a member's own join, or anyone at MAX, stands by.
-fn newcomer(run: &mut Running, node: String, rules: &Rules) -> Step {
+/// once, or after a coordinated checkpoint); a member's own join, or anyone at MAX, stands by;
+/// a newcomer the re-form's environment check would refuse is turned away at the door.
+fn newcomer(run: &mut Running, node: String, join: Option<&Join>, rules: &Rules) -> Step {
     if run.plan.member(&node).is_some() {
         return Step::nothing(format!("node {node} is a member of the running generation"));
     }
@@ -363,6 +379,14 @@ fn newcomer(run: &mut Running, node: String, rules: &Rules) -> Step {
             "node {node} stands by: the group is at its maximum of {} nodes",
             rules.max_nodes
         ));
+    }
+    let refused = match (&run.door, join) {
+        (Some(door), Some(j)) => envcheck::refusal(door, run.generation(), &Report::of(j)),
+        _ => None,
+    };
+    if let Some(message) = refused {
+        let reason = format!("node {node} is turned away at the door: {message}");
+        return Step::does(vec![Effect::TurnAway { node, message }], reason);
     }
     let reason = format!("node {node} is waiting to join (scale-up)");
     match rules.scale_up_save {

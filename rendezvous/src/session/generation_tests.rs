@@ -233,7 +233,7 @@ fn a_seal_without_a_pending_scale_up_is_only_reported() {
 fn a_newcomer_below_max_reforms_at_once_without_a_save() {
     let t0 = Instant::now();
     let mut r = running("a", t0, &rules());
-    let s = step(&mut r, Input::Waiting("d".into()), t0, &rules());
+    let s = step(&mut r, Input::Waiting("d".into(), None), t0, &rules());
     assert!(!s.ends);
     assert_eq!(
         s.effects,
@@ -241,11 +241,64 @@ fn a_newcomer_below_max_reforms_at_once_without_a_save() {
     );
 }
 
+/// `id`'s join with script hash `script` (the other keys as every member has them).
+fn join_with_script(id: &str, script: &str) -> Join {
+    let mut j: Join = cand(id).into();
+    j.fingerprint = [("config.script-sha256", script), ("torch", "2.4.0")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    j.env_check = Some(envcheck::EnvCheck::Warn);
+    j
+}
+
+#[test]
+fn a_newcomer_with_another_script_is_turned_away_at_the_door_without_a_re_form() {
+    let t0 = Instant::now();
+    let mut r = running("a", t0, &with_save(60));
+    let members: Vec<Join> = ["a", "b", "c"]
+        .iter()
+        .map(|n| join_with_script(n, "aaa"))
+        .collect();
+    let reports: Vec<Report<'_>> = members.iter().map(Report::of).collect();
+    r.door = envcheck::door(&reports);
+    let other = join_with_script("d", "ddd");
+    let s = step(
+        &mut r,
+        Input::Waiting("d".into(), Some(Box::new(other))),
+        t0,
+        &with_save(60),
+    );
+    let [Effect::TurnAway { node, message }] = s.effects.as_slice() else {
+        panic!("{:?}", s.effects);
+    };
+    assert_eq!(node, "d");
+    assert!(envcheck::is_refusal(message), "{message}");
+    assert!(
+        message.contains("config.script-sha256 (aaa on the nodes of generation 3; ddd on d)"),
+        "{message}"
+    );
+    assert!(r.scale_up.is_none(), "no checkpoint asked for it");
+    // The same script is a scale-up as before (here: a save first).
+    let same = join_with_script("e", "aaa");
+    let s = step(
+        &mut r,
+        Input::Waiting("e".into(), Some(Box::new(same))),
+        t0,
+        &with_save(60),
+    );
+    assert!(
+        matches!(s.effects.as_slice(), [Effect::RequestScaleUpSave { node, .. }] if node == "e"),
+        "{:?}",
+        s.effects
+    );
+}
+
 #[test]
 fn a_members_own_join_is_not_a_newcomer() {
     let t0 = Instant::now();
     let mut r = running("a", t0, &with_save(60));
-    let s = step(&mut r, Input::Waiting("b".into()), t0, &with_save(60));
+    let s = step(&mut r, Input::Waiting("b".into(), None), t0, &with_save(60));
     assert!(s.effects.is_empty());
 }
 
@@ -257,7 +310,7 @@ fn a_standby_at_max_waits_while_the_generation_runs() {
         ..rules()
     };
     let mut r = running("a", t0, &full);
-    let s = step(&mut r, Input::Waiting("d".into()), t0, &full);
+    let s = step(&mut r, Input::Waiting("d".into(), None), t0, &full);
     assert!(s.effects.is_empty() && !s.ends);
     assert!(s.reason.contains("stands by"), "{}", s.reason);
 }
@@ -272,7 +325,7 @@ fn a_standby_is_promoted_when_the_generation_reforms() {
         ..rules()
     };
     let mut r = running("a", t0, &full);
-    assert!(step(&mut r, Input::Waiting("d".into()), t0, &full)
+    assert!(step(&mut r, Input::Waiting("d".into(), None), t0, &full)
         .effects
         .is_empty());
     let s = step(
@@ -289,7 +342,7 @@ fn a_newcomer_with_on_scale_up_checkpoint_asks_for_a_save_first() {
     let t0 = Instant::now();
     let rules = with_save(60);
     let mut r = running("a", t0, &rules);
-    let s = step(&mut r, Input::Waiting("d".into()), t0, &rules);
+    let s = step(&mut r, Input::Waiting("d".into(), None), t0, &rules);
     assert_eq!(
         s.effects,
         vec![Effect::RequestScaleUpSave {
@@ -300,9 +353,11 @@ fn a_newcomer_with_on_scale_up_checkpoint_asks_for_a_save_first() {
     r.scale_up_requested("d", "L1".into(), t0, Duration::from_secs(60));
     assert_eq!(r.wake_at(), Some(ms(t0, 60_000)));
     // A second newcomer during the save asks for nothing more.
-    assert!(step(&mut r, Input::Waiting("e".into()), ms(t0, 1), &rules)
-        .effects
-        .is_empty());
+    assert!(
+        step(&mut r, Input::Waiting("e".into(), None), ms(t0, 1), &rules)
+            .effects
+            .is_empty()
+    );
 }
 
 #[test]

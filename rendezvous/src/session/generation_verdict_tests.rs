@@ -160,7 +160,10 @@ fn watch_events_are_classified_by_key() {
         Input::SaveRequest(b"{}".to_vec())
     );
     assert_eq!(c(put(k.ckpt_latest(), "id")), Input::Sealed("id".into()));
-    assert_eq!(c(put(k.waiting("d"), "{}")), Input::Waiting("d".into()));
+    assert_eq!(
+        c(put(k.waiting("d"), "{}")),
+        Input::Waiting("d".into(), None)
+    );
     assert_eq!(c(put(k.member(3, "b"), "{}")), Input::MemberUp("b".into()));
     assert_eq!(
         c(put(k.member(2, "b"), "{}")),

@@ -159,6 +159,14 @@ impl Actor {
         if run.save_clock.is_some() {
             self.evaluate_interval(&mut run, !rewatch).await?;
         }
+        if generation::watches_newcomers(&run.plan, &self.cfg.node_id, &self.rules) {
+            run.door = self
+                .round
+                .state()
+                .formation(run.generation())
+                .await?
+                .and_then(|f| f.door);
+        }
         Ok(Phase::Running(run, watch))
     }
 
@@ -306,6 +314,13 @@ impl Actor {
                     "node {node} is waiting to join: asking every rank for a checkpoint first (--on-scale-up checkpoint, up to {})", human(limit)
                 );
                 run.scale_up_requested(&node, latest_before, Instant::now(), limit);
+            }
+            Effect::TurnAway { node, message } => {
+                let err = RendezvousError::Unformable {
+                    run: self.cfg.run_id.clone(),
+                    reason: message,
+                };
+                self.round.publish_turn_away(&err, vec![node]).await?;
             }
             Effect::CallOffIfNobodyWaits => {
                 if !self.newcomer_waiting(&run.plan).await? {
