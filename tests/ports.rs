@@ -67,3 +67,50 @@ fn a_rendezvous_port_held_by_another_program_ends_the_wait_with_the_fix() {
         "{err}"
     );
 }
+
+#[test]
+fn doctor_and_status_name_a_program_holding_the_rendezvous_servers_port() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0u8; 64];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let ep = format!("127.0.0.1:{port}");
+    let flags = [
+        "--rdzv-backend",
+        "drun",
+        "--rdzv-endpoint",
+        &ep,
+        "--rdzv-id",
+        "held",
+    ];
+    let mut c = drun();
+    c.arg("doctor")
+        .args(["--nnodes", "2"])
+        .args(flags)
+        .arg("t.py");
+    let (code, out, err) = crate::harness::run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "warning: what listens on {ep} is not a drun rendezvous server: it answered the gRPC handshake with \"HTTP/1.1 400 Bad Request\""
+        )),
+        "{out}"
+    );
+    let mut c = drun();
+    c.arg("--status").args(flags);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(60));
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!(
+            "what listens on {ep} is not a drun rendezvous server"
+        )) && err.contains("another program holds the port"),
+        "{err}"
+    );
+}

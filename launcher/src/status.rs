@@ -15,6 +15,7 @@ use drun_proto::v1::StatusRequest;
 use drun_rendezvous::status::{read_status, RunStatus};
 use drun_rendezvous::{status_view, EtcdStore, ServiceError, Store};
 
+use crate::rdzv::foreign::{self, Answer as Heard};
 use crate::RendezvousMode;
 
 /// The default `--watch` interval.
@@ -261,7 +262,7 @@ async fn ask_servers(
                     detail,
                 })
             }
-            Ok(Err((Answer::NotReached, e))) => last = e,
+            Ok(Err((Answer::NotReached, e))) => last = with_listener(ep, tls, e).await,
             Err(_) => last = "no answer within 10 s".into(),
         }
     }
@@ -270,6 +271,30 @@ async fn ask_servers(
         endpoints: endpoints.join(","),
         detail: last,
     }))
+}
+
+/// `why` a plaintext `Status` to `ep` failed, told more precisely by what listens there
+/// ([`foreign`]): another program holding the port replaces it, a silent listener is named.
+async fn with_listener(
+    ep: &str,
+    tls: Option<&drun_rendezvous::tls::ClientTls>,
+    why: String,
+) -> String {
+    if tls.is_some() {
+        return why;
+    }
+    let Ok(addr) = crate::dns::resolve(ep).await else {
+        return why;
+    };
+    match foreign::probe(&addr.to_string()).await {
+        Some(answer @ (Heard::Other(_) | Heard::Silent)) => match foreign::verdict(&answer, ep) {
+            Err(line) => line,
+            Ok(Some(reason)) => format!("{why}; {reason}"),
+            Ok(None) => why,
+        },
+        // A TLS server: the hint on `why` says so already; HTTP/2 or nothing: no news.
+        _ => why,
+    }
 }
 
 /// Prints the run's state once, or every `query.watch` until Ctrl-C (then `Ok`).

@@ -3,6 +3,7 @@
 use clap::Parser;
 
 use super::*;
+use crate::rdzv::foreign::Answer;
 
 fn trainjob_host(extra: &[(&str, &str)]) -> Host {
     let mut env: BTreeMap<String, String> = [
@@ -109,6 +110,7 @@ fn traps_are_named_from_the_probes() {
         taken: vec![("--metrics-port", 9100, "Address in use".into())],
         pid1: false,
         pid1_comm: Some("sh".into()),
+        listeners: vec![],
     };
     let w = traps(&cfg, &raw, &host, &probes).join("\n");
     for needle in [
@@ -140,6 +142,53 @@ fn traps_are_named_from_the_probes() {
     let w = traps(&cfg, &raw, &host, &Probes::default()).join("\n");
     assert!(w.contains("--node-rank 1 with a dynamic rendezvous"), "{w}");
     assert!(!w.contains("PID 1"), "{w}");
+}
+
+#[test]
+fn a_rendezvous_endpoint_held_by_another_program_or_speaking_tls_is_a_trap() {
+    let host = trainjob_host(&[]);
+    let argv = |extra: &[&str]| {
+        let mut v = vec![
+            "drun",
+            "--nnodes=2",
+            "--rdzv-backend=drun",
+            "--rdzv-endpoint=rdzv.svc:29400",
+            "--rdzv-id=llm",
+        ];
+        v.extend_from_slice(extra);
+        v.push("t.py");
+        Args::try_parse_from(v).unwrap()
+    };
+    let raw = argv(&[]);
+    let cfg = validate(&raw, &host).unwrap();
+    let with = |answer: Answer| Probes {
+        listeners: vec![("rdzv.svc:29400".into(), answer)],
+        ..Probes::default()
+    };
+    let w = traps(
+        &cfg,
+        &raw,
+        &host,
+        &with(Answer::Other("HTTP/1.1 400".into())),
+    )
+    .join("\n");
+    assert!(
+        w.contains("what listens on rdzv.svc:29400 is not a drun rendezvous server")
+            && w.contains("\"HTTP/1.1 400\""),
+        "{w}"
+    );
+    let w = traps(&cfg, &raw, &host, &with(Answer::Tls)).join("\n");
+    assert!(
+        w.contains(
+            "the rendezvous rdzv.svc:29400: the server speaks TLS: give the agent --rdzv-tls-ca"
+        ),
+        "{w}"
+    );
+    let w = traps(&cfg, &raw, &host, &with(Answer::Silent)).join("\n");
+    assert!(w.contains("does not answer the gRPC handshake"), "{w}");
+    // A drun server (HTTP/2) is no trap.
+    let w = traps(&cfg, &raw, &host, &with(Answer::Http2)).join("\n");
+    assert!(!w.contains("rdzv.svc:29400"), "{w}");
 }
 
 #[test]

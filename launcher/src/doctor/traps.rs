@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::config::Host;
 use crate::container::{K8S_GRACE_PERIOD, K8S_SHUTDOWN_TIMEOUT};
+use crate::rdzv::foreign::{probe, verdict, Answer};
 use crate::{LaunchConfig, RendezvousMode};
 
 /// What doctor read from the machine beyond [`Host`].
@@ -18,6 +19,9 @@ pub struct Probes {
     pub pid1: bool,
     /// The command of PID 1 when doctor is not it (`sh`, `bash`, `tini`, ...).
     pub pid1_comm: Option<String>,
+    /// What answered on each rendezvous endpoint this node dials (`--rdzv-backend drun`, or
+    /// c10d where another node hosts): (endpoint, answer); nothing listening is left out.
+    pub listeners: Vec<(String, Answer)>,
 }
 
 impl Probes {
@@ -34,6 +38,8 @@ impl Probes {
         };
         let mut names: Vec<(&'static str, String)> = Vec::new();
         let mut ports: Vec<(&'static str, u16)> = Vec::new();
+        // Rendezvous servers this node dials: is it a drun server that listens there?
+        let mut dialed: Vec<String> = Vec::new();
         match &cfg.rendezvous {
             RendezvousMode::Static {
                 node_rank,
@@ -54,9 +60,15 @@ impl Probes {
                     if let Ok((_, port)) = crate::dns::split(endpoint) {
                         ports.push(("the rendezvous port this node hosts", port));
                     }
+                } else {
+                    dialed.push(endpoint.clone());
                 }
             }
-            RendezvousMode::Server { endpoints } | RendezvousMode::Etcd { endpoints } => {
+            RendezvousMode::Server { endpoints } => {
+                names.extend(endpoints.iter().map(|e| ("rendezvous", e.clone())));
+                dialed.extend(endpoints.iter().cloned());
+            }
+            RendezvousMode::Etcd { endpoints } => {
                 names.extend(endpoints.iter().map(|e| ("rendezvous", e.clone())));
             }
             RendezvousMode::Embedded {
@@ -71,6 +83,14 @@ impl Probes {
         for (what, ep) in names {
             if let Err(why) = crate::dns::resolve(&ep).await {
                 p.unresolved.push((what, ep, why));
+            }
+        }
+        for ep in dialed {
+            let Ok(addr) = crate::dns::resolve(&ep).await else {
+                continue; // named above as unresolved
+            };
+            if let Some(answer) = probe(&addr.to_string()).await {
+                p.listeners.push((ep, answer));
             }
         }
         for (what, port) in ports {
@@ -129,6 +149,14 @@ pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes
         w.push(format!(
             "port {port} ({what}) is already taken on this machine ({e}): pick a free port"
         ));
+    }
+    for (ep, answer) in &probes.listeners {
+        match verdict(answer, ep) {
+            Err(line) => w.push(line),
+            Ok(Some(_)) if *answer == Answer::Tls && cfg.rdzv_tls_files.is_some() => {}
+            Ok(Some(reason)) => w.push(format!("the rendezvous {ep}: {reason}")),
+            Ok(None) => {}
+        }
     }
     let in_k8s = crate::container::in_kubernetes(|k| host.var(k).map(str::to_string));
     if in_k8s && cfg.shutdown_timeout + K8S_GRACE_PERIOD - K8S_SHUTDOWN_TIMEOUT > K8S_GRACE_PERIOD {
