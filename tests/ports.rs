@@ -43,16 +43,7 @@ fn concurrent_jobs_get_distinct_working_master_ports() {
 fn a_rendezvous_port_held_by_another_program_ends_the_wait_with_the_fix() {
     // An HTTP/1 server holds the c10d port: the agent cannot host there, and what answers is
     // not a rendezvous. Waiting the join timeout (600 s) would change nothing.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut buf = [0u8; 64];
-            let _ = conn.read(&mut buf);
-            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
-        }
-    });
+    let port = http1_listener();
     let mut c = drun();
     c.args(["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint"])
         .arg(format!("127.0.0.1:{port}"))
@@ -70,16 +61,7 @@ fn a_rendezvous_port_held_by_another_program_ends_the_wait_with_the_fix() {
 
 #[test]
 fn doctor_and_status_name_a_program_holding_the_rendezvous_servers_port() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut buf = [0u8; 64];
-            let _ = conn.read(&mut buf);
-            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
-        }
-    });
+    let port = http1_listener();
     let ep = format!("127.0.0.1:{port}");
     let flags = [
         "--rdzv-backend",
@@ -113,4 +95,19 @@ fn doctor_and_status_name_a_program_holding_the_rendezvous_servers_port() {
         )) && err.contains("another program holds the port"),
         "{err}"
     );
+}
+
+/// A port on 127.0.0.1 held by an HTTP/1 server that answers anything with a 400.
+fn http1_listener() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0u8; 64];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    port
 }
