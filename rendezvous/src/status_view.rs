@@ -200,7 +200,21 @@ fn run_state(s: &RunStatus) -> String {
         return format!("re-forming: {why}");
     }
     if let Some(f) = &s.round_failed {
-        return format!("round failed: {}", f["reason"].as_str().unwrap_or("-"));
+        let message = f["message"].as_str().unwrap_or("-");
+        let nodes: Vec<&str> = f["nodes"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|n| n.as_str()).collect())
+            .unwrap_or_default();
+        // Newcomers turned away while the generation runs (or before it re-forms without
+        // them): the run itself goes on.
+        let turned_away = s
+            .plan
+            .as_ref()
+            .filter(|p| !nodes.is_empty() && nodes.iter().all(|n| p.member(n).is_none()));
+        if turned_away.is_none() {
+            return format!("round failed: {message}");
+        }
+        return format!("running; turned away {}: {message}", nodes.join(", "));
     }
     match (&s.plan, &s.progress) {
         (None, Some(p)) => format!("forming: {p}"),

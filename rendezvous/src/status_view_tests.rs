@@ -155,6 +155,42 @@ fn a_forming_or_ended_run_says_so() {
 }
 
 #[test]
+fn a_failed_round_says_why_and_a_newcomer_turned_away_leaves_the_run_running() {
+    let failed = |nodes: &[&str]| {
+        Some(serde_json::json!({
+            "message": "run r: env-check refused to form the group: ...",
+            "nodes": nodes,
+            "at_ms": NOW,
+        }))
+    };
+    let mut s = RunStatus {
+        run: "r".into(),
+        round_failed: failed(&["a", "b"]),
+        ..Default::default()
+    };
+    let head = &render(&s, NOW)[0];
+    assert!(
+        head.contains("round failed: run r: env-check refused"),
+        "{head}"
+    );
+    let mut running = status(2);
+    running.closed = None;
+    running.round_failed = failed(&["newcomer-7"]);
+    let head = render(&running, NOW).join("\n");
+    assert!(
+        head.contains("running; turned away newcomer-7: run r: env-check"),
+        "{head}"
+    );
+    // A member named in the verdict: the round itself failed.
+    let member = running.plan.as_ref().unwrap().members[0].node_id.clone();
+    s = RunStatus {
+        round_failed: failed(&[member.as_str()]),
+        ..running
+    };
+    assert!(render(&s, NOW)[0].contains("round failed:"));
+}
+
+#[test]
 fn long_words_and_cells_are_cut_not_overflowing() {
     assert_eq!(cut("abcdef", 4), "abc…");
     assert_eq!(cut("abc", 4), "abc");
