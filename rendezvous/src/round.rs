@@ -48,6 +48,28 @@ pub struct RoundFailure {
     pub nodes: Vec<String>,
     /// When, in milliseconds since the Unix epoch.
     pub at_ms: u64,
+    /// Newcomers turned away by an earlier verdict that had not read it yet when this one was
+    /// written: node → its own message (see [`Round::publish_turn_away`]).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub earlier: std::collections::BTreeMap<String, String>,
+}
+
+impl RoundFailure {
+    /// The message for `node`, if the verdict names it.
+    pub fn message_for(&self, node: &str) -> Option<&str> {
+        if self.nodes.iter().any(|n| n == node) {
+            return Some(&self.message);
+        }
+        self.earlier.get(node).map(String::as_str)
+    }
+
+    /// Every node the verdict names, with its message.
+    pub fn verdicts(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.nodes
+            .iter()
+            .map(|n| (n.as_str(), self.message.as_str()))
+            .chain(self.earlier.iter().map(|(n, m)| (n.as_str(), m.as_str())))
+    }
 }
 
 /// Why the group is restarted.

@@ -30,6 +30,8 @@
 //! `membership.rs` (node loss), `keeper.rs` (the lease keeper).
 
 mod actor;
+#[cfg(test)]
+mod door_tests;
 mod generation;
 mod interval;
 mod keeper;
@@ -41,6 +43,8 @@ mod protocol;
 mod resume_tests;
 mod running;
 mod save_clock;
+#[cfg(test)]
+mod test_support;
 mod verdicts;
 mod writes;
 
@@ -95,26 +99,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{Candidate, MemoryStore, RoundConfig};
+    use crate::MemoryStore;
 
     fn cfg(i: usize, n: usize) -> SessionConfig {
-        SessionConfig {
-            run_id: "many".into(),
-            node_id: format!("node{i:04}"),
-            round: RoundConfig {
-                min_nodes: n,
-                max_nodes: n,
-                last_call: Duration::ZERO,
-                join_timeout: Duration::from_secs(60),
-                settle: Duration::ZERO,
-            },
-            lease_ttl: Duration::from_secs(30),
-            keep_alive_interval: Duration::from_secs(10),
-            max_restarts: 0,
-            auto_keep_alive: true,
-            scale_up_save: None,
-            ckpt_interval: Default::default(),
-        }
+        test_support::config("many", &format!("node{i:04}"), n, n)
     }
 
     #[tokio::test]
@@ -126,14 +114,7 @@ mod tests {
             .collect();
         for (i, (tx, _)) in links.iter().enumerate() {
             tx.send(Request::Join(
-                Candidate {
-                    node_id: format!("node{i:04}"),
-                    advertise_addr: "127.0.0.1".into(),
-                    slots: 2,
-                    requested_node_rank: None,
-                    master_port: 1,
-                }
-                .into(),
+                test_support::join(&format!("node{i:04}"), 2),
                 0,
             ))
             .unwrap();

@@ -201,10 +201,13 @@ fn run_state(s: &RunStatus) -> String {
     }
     if let Some(f) = &s.round_failed {
         let message = f["message"].as_str().unwrap_or("-");
-        let nodes: Vec<&str> = f["nodes"]
+        let mut nodes: Vec<&str> = f["nodes"]
             .as_array()
             .map(|a| a.iter().filter_map(|n| n.as_str()).collect())
             .unwrap_or_default();
+        if let Some(earlier) = f["earlier"].as_object() {
+            nodes.extend(earlier.keys().map(String::as_str));
+        }
         // Newcomers turned away while the generation runs (or before it re-forms without
         // them): the run itself goes on.
         let turned_away = s

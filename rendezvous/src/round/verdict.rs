@@ -24,7 +24,7 @@ impl Round {
                 key,
                 reason: e.to_string(),
             })?;
-        Ok(f.nodes.iter().any(|n| n == node_id).then_some(f.message))
+        Ok(f.message_for(node_id).map(str::to_string))
     }
 
     /// Publishes the decider's verdict `err` to every node of the round (`nodes`) and returns
@@ -41,6 +41,7 @@ impl Round {
             message: err.to_string(),
             nodes,
             at_ms: crate::clock::now_ms(),
+            earlier: Default::default(),
         };
         for _ in 0..5 {
             match self.try_publish(&record, node_id, join_rev).await {
@@ -71,30 +72,63 @@ impl Round {
                 key,
                 reason: e.to_string(),
             })?;
-        Ok(nodes.iter().all(|n| f.nodes.contains(n)))
+        Ok(nodes.iter().all(|n| f.message_for(n).is_some()))
     }
 
     /// Publishes `err` as the verdict for the newcomers `nodes` only (a re-form's environment
     /// check turned them away, or the running group's door did); the decider stays and forms
     /// without them once they left, the running group runs on.
+    ///
+    /// Two newcomers turned away in quick succession must both hear it: the nodes of the
+    /// record it replaces that still wait with the join it judged (written before it) keep
+    /// their own message in [`RoundFailure::earlier`]. One that left, or joined again since,
+    /// is dropped. Best effort after a few races.
     pub(crate) async fn publish_turn_away(
         &self,
         err: &RendezvousError,
         nodes: Vec<String>,
     ) -> Result<(), StoreError> {
         tracing::warn!(run = %self.run_id, ?nodes, "turning newcomers away: {err}");
-        let record = RoundFailure {
-            message: err.to_string(),
-            nodes,
-            at_ms: crate::clock::now_ms(),
-        };
-        self.store
-            .put(
-                &self.keys.round_failed(),
-                serde_json::to_vec(&record).expect("RoundFailure serializes"),
-                None,
-            )
-            .await?;
+        let key = self.keys.round_failed();
+        for _ in 0..5 {
+            let mut record = RoundFailure {
+                message: err.to_string(),
+                nodes: nodes.clone(),
+                at_ms: crate::clock::now_ms(),
+                earlier: Default::default(),
+            };
+            let compare = match self.store.get(&key).await? {
+                None => Compare::Missing(key.clone()),
+                Some(kv) => {
+                    if let Ok(old) = serde_json::from_slice::<RoundFailure>(&kv.value) {
+                        for (node, message) in old.verdicts() {
+                            if nodes.iter().any(|n| n == node) {
+                                continue;
+                            }
+                            let join = self.store.get(&self.keys.waiting(node)).await?;
+                            if join.is_some_and(|j| j.mod_revision < kv.mod_revision) {
+                                record.earlier.insert(node.to_string(), message.to_string());
+                            }
+                        }
+                    }
+                    Compare::ModRevisionEquals(key.clone(), kv.mod_revision)
+                }
+            };
+            let resp = self
+                .store
+                .txn(Txn {
+                    compares: vec![compare],
+                    success: vec![Op::put(
+                        key.clone(),
+                        serde_json::to_vec(&record).expect("RoundFailure serializes"),
+                    )],
+                    failure: vec![],
+                })
+                .await?;
+            if resp.succeeded {
+                return Ok(());
+            }
+        }
         Ok(())
     }
 

@@ -1,62 +1,15 @@
 //! A session resumed on another server (the agent reconnected) with a join still pending.
 
-use std::time::Duration;
-
-use tokio::sync::mpsc;
-
+use super::test_support::{config, join as join_of, next};
 use super::*;
-use crate::{Candidate, Join, MemoryStore, Plan, RoundConfig};
+use crate::{Join, MemoryStore, Plan};
 
 fn cfg(node: &str) -> SessionConfig {
-    SessionConfig {
-        run_id: "resume".into(),
-        node_id: node.into(),
-        round: RoundConfig {
-            min_nodes: 2,
-            max_nodes: 2,
-            last_call: Duration::ZERO,
-            join_timeout: Duration::from_secs(60),
-            settle: Duration::ZERO,
-        },
-        lease_ttl: Duration::from_secs(30),
-        keep_alive_interval: Duration::from_secs(10),
-        max_restarts: 0,
-        auto_keep_alive: true,
-        scale_up_save: None,
-        ckpt_interval: Default::default(),
-    }
+    config("resume", node, 2, 2)
 }
 
 fn join(node: &str) -> Join {
-    Candidate {
-        node_id: node.into(),
-        advertise_addr: "127.0.0.1".into(),
-        slots: 1,
-        requested_node_rank: None,
-        master_port: 1,
-    }
-    .into()
-}
-
-/// The next event `pick` accepts within 5 s; every event seen on the way is appended to
-/// `seen`, so a failure names what the session said instead.
-async fn next<T>(
-    rx: &mut mpsc::UnboundedReceiver<Event>,
-    seen: &mut Vec<String>,
-    pick: impl Fn(&Event) -> Option<T>,
-) -> Option<T> {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while let Some(ev) = rx.recv().await {
-            if let Some(t) = pick(&ev) {
-                return Some(t);
-            }
-            seen.push(format!("{ev:?}"));
-        }
-        None
-    })
-    .await
-    .ok()
-    .flatten()
+    join_of(node, 1)
 }
 
 fn formed(ev: &Event) -> Option<Plan> {
