@@ -212,6 +212,13 @@ fn chaos_checker_catches_a_lost_optimizer_state() {
 /// wrote a fresh join, newer than the plan, and the agent stood by beside its own world.
 /// Fixed: a resumed waiting session first looks for that membership under the agent's lease
 /// (`session/membership.rs`, `admitted_while_away`; unit test in `session/resume_tests.rs`).
+///
+/// Bug 6, `chaos_ci_seed_3_etcd` in CI: a truncated shard made the resume point fail
+/// verification; the agent reported it (`MarkBad`) and waited for the re-form onto the
+/// previous checkpoint, but the server restarted before closing the generation and the report
+/// was lost with it: the agent waited forever. Fixed: the gRPC link replays an unanswered bad
+/// resume point on the new stream until its re-form (`launcher/src/rdzv/track.rs`); marking
+/// and closing again are idempotent.
 fn regression(seed: u64, store: StoreKind) {
     let s = generate(seed, store, 3, 8);
     if let Err(report) = run::run(&s, &Worker::Stdlib, &[]) {

@@ -19,6 +19,9 @@ pub(super) struct Track {
     /// The failure report sent and not answered yet: lost with a server that restarted before
     /// deciding it, the agent would wait for its decision forever.
     failed: Option<Request>,
+    /// The resume point reported bad, until the re-form it asks for: lost with a server that
+    /// restarted before closing the generation, the agent would wait for that re-form forever.
+    mark_bad: Option<Request>,
 }
 
 impl Track {
@@ -31,7 +34,9 @@ impl Track {
                 self.generation = 0;
                 self.succeeded = None;
                 self.failed = None;
+                self.mark_bad = None;
             }
+            Request::MarkBad { .. } => self.mark_bad = Some(req.clone()),
             Request::Succeeded(g) => self.succeeded = Some(*g),
             Request::Failed { .. } => self.failed = Some(req.clone()),
             Request::Commit { .. } => self.commits.push(req.clone()),
@@ -50,6 +55,7 @@ impl Track {
             Event::Reform { .. } => {
                 self.generation = 0;
                 self.commits.clear();
+                self.mark_bad = None;
             }
             Event::Committed {
                 generation, step, ..
@@ -65,8 +71,9 @@ impl Track {
 
     /// What to send on a new stream after the Hello: the pending Join (when there is no lease
     /// to resume it with), the success, the unanswered failure report (deciding it again is
-    /// idempotent: a generation already closed by it joins without spending the budget twice)
-    /// and the unanswered commits (recording them again is idempotent).
+    /// idempotent: a generation already closed by it joins without spending the budget twice),
+    /// the bad resume point not followed by its re-form yet (marking and closing again are
+    /// idempotent) and the unanswered commits (recording them again is idempotent).
     pub fn replay(&self) -> Vec<Request> {
         let mut out = Vec::new();
         if let Some(c) = self.waiting.clone().filter(|_| self.lease.is_none()) {
@@ -75,6 +82,7 @@ impl Track {
         if self.lease.is_some() {
             out.extend(self.succeeded.map(Request::Succeeded));
             out.extend(self.failed.clone());
+            out.extend(self.mark_bad.clone());
             out.extend(self.commits.iter().cloned());
         }
         out
@@ -204,6 +212,31 @@ mod tests {
             restarts: Default::default(),
             cause: None,
         });
+        assert!(t.replay().is_empty());
+    }
+
+    /// Chaos seed 3 (etcd) in CI: the resume point failed verification, the agent reported it
+    /// and waited for the re-form; the server restarted before closing the generation, and
+    /// the re-form never came.
+    #[test]
+    fn a_bad_resume_point_is_reported_again_until_its_re_form() {
+        let mark_bad = Request::MarkBad {
+            generation: 2,
+            id: "00000002-1".into(),
+            reason: "rank0.pt has 7 bytes, the manifest says 14".into(),
+        };
+        let mut t = Track::default();
+        t.received(&Event::Opened { lease: 1 });
+        t.received(&formed(2));
+        t.sent(&mark_bad);
+        assert_eq!(t.replay(), vec![mark_bad.clone()]);
+        t.received(&Event::Reform {
+            generation: 2,
+            reason: "checkpoint step 2 failed verification".into(),
+        });
+        assert!(t.replay().is_empty());
+        t.sent(&mark_bad);
+        t.received(&Event::Fenced("lease expired".into()));
         assert!(t.replay().is_empty());
     }
 
