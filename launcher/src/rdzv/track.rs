@@ -22,6 +22,9 @@ pub(super) struct Track {
     /// The resume point reported bad, until the re-form it asks for: lost with a server that
     /// restarted before closing the generation, the agent would wait for that re-form forever.
     mark_bad: Option<Request>,
+    /// The preemption warning relayed, until the save it asks for is requested of the ranks:
+    /// lost with a restarting server, the job would be preempted without its checkpoint.
+    preempt: Option<Request>,
 }
 
 impl Track {
@@ -35,8 +38,10 @@ impl Track {
                 self.succeeded = None;
                 self.failed = None;
                 self.mark_bad = None;
+                self.preempt = None;
             }
             Request::MarkBad { .. } => self.mark_bad = Some(req.clone()),
+            Request::Preempt { .. } => self.preempt = Some(req.clone()),
             Request::Succeeded(g) => self.succeeded = Some(*g),
             Request::Failed { .. } => self.failed = Some(req.clone()),
             Request::Commit { .. } => self.commits.push(req.clone()),
@@ -56,7 +61,10 @@ impl Track {
                 self.generation = 0;
                 self.commits.clear();
                 self.mark_bad = None;
+                self.preempt = None;
             }
+            // The preemption save (not a scale-up's or the interval's) was asked of the ranks.
+            Event::SaveRequested(r) if !r.scale_up && !r.interval => self.preempt = None,
             Event::Committed {
                 generation, step, ..
             } => self.commits.retain(|c| {
@@ -73,7 +81,8 @@ impl Track {
     /// to resume it with), the success, the unanswered failure report (deciding it again is
     /// idempotent: a generation already closed by it joins without spending the budget twice),
     /// the bad resume point not followed by its re-form yet (marking and closing again are
-    /// idempotent) and the unanswered commits (recording them again is idempotent).
+    /// idempotent), the preemption warning whose save was not requested yet (requested once
+    /// per generation) and the unanswered commits (recording them again is idempotent).
     pub fn replay(&self) -> Vec<Request> {
         let mut out = Vec::new();
         if let Some(c) = self.waiting.clone().filter(|_| self.lease.is_none()) {
@@ -83,6 +92,7 @@ impl Track {
             out.extend(self.succeeded.map(Request::Succeeded));
             out.extend(self.failed.clone());
             out.extend(self.mark_bad.clone());
+            out.extend(self.preempt.clone());
             out.extend(self.commits.iter().cloned());
         }
         out
@@ -93,6 +103,7 @@ impl Track {
 mod tests {
     use super::*;
     use drun_rendezvous::ledger::{NodeCommit, Retention};
+    use drun_rendezvous::session::SaveRequest;
     use drun_rendezvous::{assign, Candidate};
 
     fn join(node: &str) -> Join {
@@ -237,6 +248,37 @@ mod tests {
         assert!(t.replay().is_empty());
         t.sent(&mark_bad);
         t.received(&Event::Fenced("lease expired".into()));
+        assert!(t.replay().is_empty());
+    }
+
+    #[test]
+    fn a_preemption_warning_is_relayed_again_until_its_save_is_requested() {
+        let preempt = Request::Preempt {
+            generation: 2,
+            reason: "SIGUSR1: preemption warning".into(),
+        };
+        let mut t = Track::default();
+        t.received(&Event::Opened { lease: 1 });
+        t.received(&formed(2));
+        t.sent(&preempt);
+        assert_eq!(t.replay(), vec![preempt.clone()]);
+        let save = |interval: bool| {
+            Event::SaveRequested(SaveRequest {
+                node_id: "a".into(),
+                reason: "why".into(),
+                latest_before: String::new(),
+                at_ms: 1,
+                scale_up: false,
+                interval,
+            })
+        };
+        t.received(&save(true));
+        assert_eq!(
+            t.replay(),
+            vec![preempt.clone()],
+            "an interval save is not it"
+        );
+        t.received(&save(false));
         assert!(t.replay().is_empty());
     }
 
