@@ -213,11 +213,12 @@ fn run_state(s: &RunStatus) -> String {
         let turned_away = s
             .plan
             .as_ref()
-            .filter(|p| !nodes.is_empty() && nodes.iter().all(|n| p.member(n).is_none()));
-        if turned_away.is_none() {
-            return format!("round failed: {message}");
-        }
-        return format!("running; turned away {}: {message}", nodes.join(", "));
+            .is_some_and(|p| !nodes.is_empty() && nodes.iter().all(|n| p.member(n).is_none()));
+        return if turned_away {
+            format!("running; turned away {}: {message}", nodes.join(", "))
+        } else {
+            format!("round failed: {message}")
+        };
     }
     match (&s.plan, &s.progress) {
         (None, Some(p)) => format!("forming: {p}"),

@@ -2,6 +2,7 @@
 
 use super::test_support::{config, join as join_of, next};
 use super::*;
+use crate::store::LeaseId;
 use crate::{Join, MemoryStore, Plan};
 
 fn cfg(node: &str) -> SessionConfig {
@@ -10,6 +11,22 @@ fn cfg(node: &str) -> SessionConfig {
 
 fn join(node: &str) -> Join {
     join_of(node, 1)
+}
+
+fn opened(ev: &Event) -> Option<LeaseId> {
+    match ev {
+        Event::Opened { lease } => Some(*lease),
+        _ => None,
+    }
+}
+
+/// What agent `a` resumes with when it never heard of a plan: its lease and its join.
+fn still_waiting(lease: LeaseId) -> Resume {
+    Resume {
+        lease,
+        generation: 0,
+        waiting: Some(join("a")),
+    }
 }
 
 fn formed(ev: &Event) -> Option<Plan> {
@@ -32,22 +49,12 @@ async fn a_node_admitted_while_its_server_was_away_runs_the_plan_it_was_admitted
     a_tx.send(Request::Join(join("a"), 0)).unwrap();
     b_tx.send(Request::Join(join("b"), 0)).unwrap();
     let mut seen = Vec::new();
-    let lease = next(&mut a_rx, &mut seen, |ev| match ev {
-        Event::Opened { lease } => Some(*lease),
-        _ => None,
-    })
-    .await
-    .expect("a's lease");
+    let lease = next(&mut a_rx, &mut seen, opened).await.expect("a's lease");
     let plan = next(&mut b_rx, &mut seen, formed).await.expect("b formed");
     // `a`'s session wrote the membership; its Formed never reaches the agent: the server is gone.
     next(&mut a_rx, &mut seen, formed).await.expect("a formed");
     drop((a_tx, a_rx));
-    let resume = Resume {
-        lease,
-        generation: 0,
-        waiting: Some(join("a")),
-    };
-    let (_a2_tx, mut a2_rx) = spawn_session(store.clone(), cfg("a"), Some(resume));
+    let (_a2_tx, mut a2_rx) = spawn_session(store.clone(), cfg("a"), Some(still_waiting(lease)));
     let got = next(&mut a2_rx, &mut seen, formed).await;
     assert_eq!(got, Some(plan), "events: {seen:?}");
 }
@@ -60,19 +67,9 @@ async fn a_node_resumed_while_still_waiting_is_admitted_when_the_round_completes
     let (a_tx, mut a_rx) = spawn_session(store.clone(), cfg("a"), None);
     a_tx.send(Request::Join(join("a"), 0)).unwrap();
     let mut seen = Vec::new();
-    let lease = next(&mut a_rx, &mut seen, |ev| match ev {
-        Event::Opened { lease } => Some(*lease),
-        _ => None,
-    })
-    .await
-    .expect("a's lease");
+    let lease = next(&mut a_rx, &mut seen, opened).await.expect("a's lease");
     drop((a_tx, a_rx));
-    let resume = Resume {
-        lease,
-        generation: 0,
-        waiting: Some(join("a")),
-    };
-    let (_a2_tx, mut a2_rx) = spawn_session(store.clone(), cfg("a"), Some(resume));
+    let (_a2_tx, mut a2_rx) = spawn_session(store.clone(), cfg("a"), Some(still_waiting(lease)));
     let (b_tx, mut b_rx) = spawn_session(store.clone(), cfg("b"), None);
     b_tx.send(Request::Join(join("b"), 0)).unwrap();
     let a = next(&mut a2_rx, &mut seen, formed).await.expect("a formed");
