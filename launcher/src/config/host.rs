@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::local_addr::AddrCheck;
 use super::{invalid, LaunchConfig};
 use crate::command::Entrypoint;
 use crate::slurm::{self, SlurmMode};
@@ -35,6 +36,8 @@ pub struct Host {
     pub random_run_id: String,
     /// Slurm's `KillWait`, probed only inside Slurm when no shutdown timeout was given.
     pub slurm_kill_wait: Option<Duration>,
+    /// What the machine says of `--local-addr`, when it was given.
+    pub local_addr: Option<AddrCheck>,
 }
 
 impl Host {
@@ -66,6 +69,7 @@ impl Host {
             } else {
                 None
             },
+            local_addr: a.local_addr.as_deref().map(check_local_addr),
             env,
         }
     }
@@ -73,6 +77,26 @@ impl Host {
     /// An environment variable.
     pub fn var(&self, key: &str) -> Option<&str> {
         self.env.get(key).map(String::as_str)
+    }
+}
+
+/// Resolves `--local-addr` (an address stands for itself) and asks the kernel whether this host
+/// holds it.
+fn check_local_addr(flag: &str) -> AddrCheck {
+    use std::net::ToSocketAddrs;
+    let resolved: Vec<std::net::IpAddr> = match flag.parse() {
+        Ok(ip) => vec![ip],
+        Err(_) => (flag, 0)
+            .to_socket_addrs()
+            .map(|it| it.map(|s| s.ip()).collect())
+            .unwrap_or_default(),
+    };
+    AddrCheck {
+        held: resolved
+            .iter()
+            .any(|ip| crate::os::ports::holds_address(*ip)),
+        interfaces: crate::os::ports::interface_addresses(),
+        resolved,
     }
 }
 

@@ -15,6 +15,7 @@ mod backend;
 mod ckpt;
 mod entry;
 pub mod host;
+pub mod local_addr;
 pub mod parse;
 mod python;
 pub mod rendezvous;

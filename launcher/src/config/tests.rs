@@ -19,6 +19,7 @@ pub(super) fn host() -> Host {
         env: BTreeMap::from([("PATH".into(), "/usr/bin:/bin".into())]),
         random_run_id: "random-id".into(),
         slurm_kill_wait: None,
+        local_addr: None,
     }
 }
 
@@ -260,6 +261,32 @@ fn stdin_rank_and_filters_name_local_ranks() {
         &host()
     )
     .contains("--redirects"));
+}
+
+#[test]
+fn a_local_addr_the_host_does_not_hold_is_a_warning_at_start() {
+    use super::local_addr::AddrCheck;
+    let mut h = host();
+    h.local_addr = Some(AddrCheck {
+        resolved: vec!["10.9.9.9".parse().unwrap()],
+        held: false,
+        interfaces: vec!["127.0.0.1".parse().unwrap()],
+    });
+    let c = validate(&args(&["--local-addr", "10.9.9.9", "t.py"]), &h).expect("valid");
+    assert!(
+        c.notes.iter().any(|n| n.starts_with(
+            "--local-addr 10.9.9.9 is not an address of this host (it has 127.0.0.1)"
+        )),
+        "{:?}",
+        c.notes
+    );
+    h.local_addr.as_mut().unwrap().held = true;
+    let c = validate(&args(&["--local-addr", "10.9.9.9", "t.py"]), &h).expect("valid");
+    assert!(
+        !c.notes.iter().any(|n| n.contains("--local-addr")),
+        "{:?}",
+        c.notes
+    );
 }
 
 #[test]

@@ -75,6 +75,12 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         local_ranks_filter.as_ref(),
         nproc_per_node,
     ));
+    notes.extend(
+        a.local_addr
+            .as_deref()
+            .zip(host.local_addr.as_ref())
+            .and_then(|(flag, check)| super::local_addr::note(flag, check)),
+    );
     let timing = Timing::from_conf(&rdzv_conf)?;
     let nodes = Nodes {
         min: min_nodes,

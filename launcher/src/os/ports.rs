@@ -91,6 +91,35 @@ pub fn route_local_ip(endpoint: &str) -> Option<String> {
     Some(sock.local_addr().ok()?.ip().to_string())
 }
 
+/// Whether this host holds `ip`: a socket can be bound to it (the kernel's own answer, so a
+/// loopback range or an address added to any interface counts).
+pub fn holds_address(ip: std::net::IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
+/// The addresses of this host's interfaces (IPv4 and IPv6, link-local included), in the order
+/// the kernel lists them; empty if they cannot be read.
+pub fn interface_addresses() -> Vec<std::net::IpAddr> {
+    let Ok(list) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for a in list {
+        let Some(addr) = a.address else { continue };
+        let ip = if let Some(v4) = addr.as_sockaddr_in() {
+            std::net::IpAddr::V4(v4.ip())
+        } else if let Some(v6) = addr.as_sockaddr_in6() {
+            std::net::IpAddr::V6(v6.ip())
+        } else {
+            continue;
+        };
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,5 +159,17 @@ mod tests {
             bind_listener(port).is_err(),
             "a listening port cannot be bound again"
         );
+    }
+
+    #[test]
+    fn loopback_is_held_and_a_documentation_address_is_not() {
+        assert!(holds_address("127.0.0.1".parse().unwrap()));
+        assert!(
+            holds_address("127.0.0.9".parse().unwrap()),
+            "all of 127/8 is local"
+        );
+        // TEST-NET-1 (RFC 5737): never assigned to a host; binding sends nothing.
+        assert!(!holds_address("192.0.2.1".parse().unwrap()));
+        assert!(interface_addresses().contains(&"127.0.0.1".parse().unwrap()));
     }
 }
