@@ -19,6 +19,7 @@ mod ledger;
 mod logs;
 mod metrics;
 mod multinode;
+mod netbed;
 mod node_loss;
 mod output;
 mod packaging;

@@ -95,12 +95,39 @@ impl RdzvServer {
         Self::spawn(listen, args, level, file.into())
     }
 
-    fn spawn(listen: &str, args: &[&str], level: &str, stderr: Stdio) -> RdzvServer {
-        let mut child = Command::new(rendezvous_bin())
-            .args(["serve", "--listen", listen])
+    /// `drun-rendezvous serve --listen LISTEN ARGS` logging at `level`.
+    fn command(listen: &str, args: &[&str], level: &str) -> Command {
+        let mut c = Command::new(rendezvous_bin());
+        c.args(["serve", "--listen", listen])
             .args(args)
             .env("DRUN_LOG", level)
-            .env_remove("DRUN_LOG_FORMAT")
+            .env_remove("DRUN_LOG_FORMAT");
+        c
+    }
+
+    /// Starts a replica on host `host` of `bed`, on its address and a free port, with `args`;
+    /// its log records (`level`) go to the file `log`.
+    pub fn start_in(
+        bed: &super::netbed::Bed,
+        host: &str,
+        args: &[&str],
+        level: &str,
+        log: &std::path::Path,
+    ) -> RdzvServer {
+        let listen = format!("{}:0", bed.host(host).addr);
+        let file = std::fs::File::create(log).expect("create the server's log file");
+        Self::start_command(
+            bed.on(host, &Self::command(&listen, args, level)),
+            file.into(),
+        )
+    }
+
+    fn spawn(listen: &str, args: &[&str], level: &str, stderr: Stdio) -> RdzvServer {
+        Self::start_command(Self::command(listen, args, level), stderr)
+    }
+
+    fn start_command(mut cmd: Command, stderr: Stdio) -> RdzvServer {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()

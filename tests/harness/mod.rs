@@ -5,6 +5,7 @@
 pub mod cluster;
 mod cmd;
 pub mod etcd;
+pub mod netbed;
 pub mod scrape;
 
 pub use cmd::DrunCmd;

@@ -1,0 +1,277 @@
+//! Faults from the network, on hosts built as network namespaces (`harness::netbed`): the bed
+//! itself, and drun's agents across a pulled cable.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::cluster::RdzvServer;
+use crate::harness::netbed::{bed_namespaces, Bed};
+use crate::harness::{alive, drun, torch_python, wait_for, worker, Agent, DrunCmd};
+
+/// A stdlib TCP listener on a host; killed and reaped on drop.
+struct Listener(std::process::Child);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A stdlib TCP listener on port 7000 of host `name`, accepting until dropped.
+fn listener(bed: &Bed, name: &str) -> Listener {
+    let mut c = Command::new("python3");
+    c.args([
+        "-c",
+        "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+         s.bind(('0.0.0.0',7000))\ns.listen()\nprint('up',flush=True)\n\
+         while True:\n  s.accept()[0].close()",
+    ]);
+    let mut child = bed
+        .on(name, &c)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start a listener");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "up");
+    Listener(child)
+}
+
+/// Whether host `from` opens a TCP connection to `to`'s port 7000 within half a second.
+fn reaches(bed: &Bed, from: &str, to: &str) -> bool {
+    let mut c = Command::new("python3");
+    c.args([
+        "-c",
+        "import socket,sys\nsocket.create_connection((sys.argv[1],7000),timeout=0.5).close()",
+    ])
+    .arg(&bed.host(to).addr);
+    bed.on(from, &c)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// What `cmd` prints on host `name`.
+fn output_on(bed: &Bed, name: &str, program: &str, args: &[&str]) -> String {
+    let mut c = Command::new(program);
+    c.args(args);
+    let o = bed.on(name, &c).output().unwrap();
+    assert!(o.status.success(), "{program} {args:?} on {name}: {o:?}");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn bed_hosts_have_their_own_name_and_address_and_each_fault_cuts_only_its_path() {
+    let Some(bed) = Bed::new(&["a", "b", "c"]) else {
+        return;
+    };
+    assert_eq!(
+        output_on(&bed, "a", "cat", &["/proc/sys/kernel/hostname"]).trim(),
+        "a"
+    );
+    assert!(output_on(&bed, "b", "ip", &["-4", "addr", "show", "eth0"])
+        .contains(&format!("inet {}/24", bed.host("b").addr)));
+    let routes = output_on(&bed, "a", "ip", &["route"]);
+    assert!(
+        !routes.contains("default"),
+        "no way out of the bed: {routes}"
+    );
+    let listeners = [listener(&bed, "b"), listener(&bed, "c")];
+    let d = Duration::from_secs(10);
+    wait_for("a reaches b and c", d, || {
+        reaches(&bed, "a", "b") && reaches(&bed, "a", "c")
+    });
+
+    bed.partition("a", "b");
+    assert!(!reaches(&bed, "a", "b"), "partitioned");
+    assert!(
+        reaches(&bed, "a", "c") && reaches(&bed, "c", "b"),
+        "other paths stay"
+    );
+    bed.heal("a", "b");
+    wait_for("a reaches b after the heal", d, || reaches(&bed, "a", "b"));
+
+    bed.partition_one_way("b", "a");
+    assert!(
+        !reaches(&bed, "a", "b"),
+        "b's answers are lost on the way back"
+    );
+    bed.heal("a", "b");
+
+    bed.pull_cable("c");
+    assert!(
+        !reaches(&bed, "a", "c") && !reaches(&bed, "b", "c"),
+        "cable pulled"
+    );
+    assert!(reaches(&bed, "a", "b"));
+    bed.plug_cable("c");
+    wait_for("a reaches c after the cable is back", d, || {
+        reaches(&bed, "a", "c")
+    });
+
+    bed.limit_rate("c", "20mbit");
+    let qdisc = output_on(&bed, "c", "tc", &["qdisc", "show", "dev", "eth0"]);
+    assert!(qdisc.contains("tbf") && qdisc.contains("20Mbit"), "{qdisc}");
+
+    let names = bed.namespaces();
+    assert!(!bed.pids_on("b").is_empty());
+    drop(listeners);
+    drop(bed);
+    let left: Vec<String> = bed_namespaces()
+        .into_iter()
+        .filter(|n| names.contains(n))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
+
+#[test]
+fn a_bed_is_removed_when_its_test_panics() {
+    let Some(probe) = Bed::new(&["x"]) else {
+        return;
+    };
+    drop(probe);
+    let names = std::sync::Mutex::new(Vec::new());
+    let r = std::panic::catch_unwind(|| {
+        let bed = Bed::new(&["x", "y"]).unwrap();
+        *names.lock().unwrap() = bed.namespaces();
+        let _l = listener(&bed, "y");
+        panic!("the test fails half-way");
+    });
+    assert!(r.is_err());
+    let names = names.into_inner().unwrap();
+    assert_eq!(names.len(), 3);
+    let left: Vec<String> = bed_namespaces()
+        .into_iter()
+        .filter(|n| names.contains(n))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
+
+/// The highest generation with a record in `dir`, and how many records it has.
+fn newest_generation(dir: &Path) -> Option<(u64, usize)> {
+    let mut gens: Vec<u64> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.strip_prefix("gen")?.split('_').next()?.parse().ok()
+        })
+        .collect();
+    gens.sort_unstable();
+    let g = *gens.last()?;
+    Some((g, gens.iter().filter(|x| **x == g).count()))
+}
+
+/// Lease TTL of the cable tests (the default is 10 s; the defaults are measured in the
+/// recovery benchmark).
+const TTL: u64 = 3;
+
+/// Three hosts `n0`–`n2` (one torch worker each, `--nnodes 2:3`) and a rendezvous server on a
+/// fourth; the cable of the host of node rank `node_rank` (the victim) is pulled once all
+/// three train. The other two train again at world
+/// 2; the victim's worker is stopped within the lease TTL plus its grace; with the cable back
+/// the victim rejoins by itself and the world is 3 again.
+fn pulled_cable(node_rank: u32) {
+    let Some(python) = torch_python() else { return };
+    let Some(bed) = Bed::new(&["server", "n0", "n1", "n2"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = RdzvServer::start_in(
+        &bed,
+        "server",
+        &["--store", "memory"],
+        "info",
+        &dir.path().join("server.log"),
+    );
+    let out = dir.path().join("records");
+    std::fs::create_dir(&out).unwrap();
+    let conf = format!("lease_ttl={TTL}");
+    let agents: Vec<Agent> = ["n0", "n1", "n2"]
+        .iter()
+        .map(|name| {
+            let mut c = drun();
+            c.job("cable", "2:3")
+                .nproc(1)
+                .quick_shutdown()
+                .python(&python)
+                .args(["--local-addr", &bed.host(name).addr])
+                .args(["--rdzv-endpoint", &server.endpoint, "--rdzv-conf", &conf])
+                .env("GLOO_SOCKET_IFNAME", "eth0")
+                .arg(worker("steps.py"))
+                .arg(&out)
+                .arg("100000");
+            Agent::start(bed.on(name, &c))
+        })
+        .collect();
+    wait_for("a generation of 3 ranks", Duration::from_secs(120), || {
+        matches!(newest_generation(&out), Some((_, 3)))
+    });
+    let (g1, _) = newest_generation(&out).unwrap();
+    let (victim, victim_worker) = crate::harness::gen_records(&out, g1)
+        .iter()
+        .filter(|r| r["group_rank"] == node_rank)
+        .find_map(|r| {
+            let pid = r["pid"].as_i64()? as i32;
+            let host = ["n0", "n1", "n2"]
+                .into_iter()
+                .find(|h| bed.pids_on(h).contains(&pid))?;
+            Some((host, pid))
+        })
+        .expect("the victim's worker is among the generation's ranks");
+
+    let cut = Instant::now();
+    bed.pull_cable(victim);
+    wait_for(
+        "the survivors train at world 2",
+        Duration::from_secs(60),
+        || {
+            matches!(newest_generation(&out), Some((g, 2)) if g > g1)
+                && crate::harness::gen_records(&out, newest_generation(&out).unwrap().0)
+                    .iter()
+                    .all(|r| {
+                        r["world_size"] == 2 && r["pid"].as_i64() != Some(victim_worker.into())
+                    })
+        },
+    );
+    let survivors_at = cut.elapsed();
+    // Cut off, the victim's agent fences itself at the lease TTL and stops its worker within
+    // the shutdown grace (3 s); a second of slack for the poll and the kill.
+    let bound = Duration::from_secs(TTL + 3 + 2);
+    wait_for("the cut-off worker is stopped", bound, || {
+        !alive(victim_worker)
+    });
+    let stopped_at = cut.elapsed();
+    let (g2, _) = newest_generation(&out).unwrap();
+
+    bed.plug_cable(victim);
+    wait_for(
+        "the victim back in a world of 3",
+        Duration::from_secs(90),
+        || matches!(newest_generation(&out), Some((g, 3)) if g > g2),
+    );
+    eprintln!(
+        "cable of {victim}: survivors at world 2 after {survivors_at:?}, its worker stopped after \
+         {stopped_at:?}, world 3 again {:?} after the cut",
+        cut.elapsed()
+    );
+    drop(agents);
+    drop(server);
+}
+
+#[test]
+fn a_pulled_cable_of_node_rank_0_reforms_the_others_and_the_host_rejoins_when_it_is_back() {
+    pulled_cable(0);
+}
+
+#[test]
+fn a_pulled_cable_of_a_middle_node_reforms_the_others_and_the_host_rejoins_when_it_is_back() {
+    pulled_cable(1);
+}
