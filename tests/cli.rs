@@ -1,5 +1,6 @@
 //! Command-line surface: bad input is one line and exit 2 with nothing spawned; PET_* fallbacks.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::harness::{drun, run, worker};
@@ -90,6 +91,65 @@ fn help_lists_torchrun_flags_and_exit_codes() {
     ] {
         assert!(out.contains(flag), "--help lacks {flag}");
     }
+}
+
+/// Every `--name` in `text`, in order: `` `--watch[=INTERVAL]` `` gives `--watch`; a table rule
+/// (`|---|`) or a word with dashes inside gives nothing.
+fn long_flags(text: &str) -> Vec<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .filter(|t| t.starts_with("--") && t[2..].starts_with(|c: char| c.is_ascii_lowercase()))
+        .map(String::from)
+        .collect()
+}
+
+/// `drun --help` and `docs/reference/flags.md` name the same flags: the long flag of every option
+/// line of the help (`  -m, --module`, `      --nnodes <N|MIN:MAX>`: indented at most 6 columns;
+/// help text, `[aliases: ...]` and the exit-code table are indented further or start otherwise)
+/// is a row of the page's table of every flag, and every row's flags are in the help.
+#[test]
+fn help_and_the_flags_reference_name_the_same_flags() {
+    let (code, out, err) = run(
+        {
+            let mut c = drun();
+            c.arg("--help");
+            c
+        },
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, 0, "{err}");
+    let help: BTreeSet<String> = out
+        .lines()
+        .filter(|l| l.len() - l.trim_start().len() <= 6 && l.trim_start().starts_with('-'))
+        .filter_map(|l| long_flags(l).into_iter().next())
+        .collect();
+    for flag in ["--nproc-per-node", "--ckpt-dir", "--etcd-cacert", "--help"] {
+        assert!(
+            help.contains(flag),
+            "{flag} not found in drun --help: {help:?}"
+        );
+    }
+
+    let page = std::fs::read_to_string(crate::harness::root().join("docs/reference/flags.md"))
+        .expect("docs/reference/flags.md");
+    let table: BTreeSet<String> = page
+        .split("## Every flag of `drun --help`")
+        .nth(1)
+        .expect("docs/reference/flags.md has a section \"Every flag of `drun --help`\"")
+        .split("\n## ")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .filter_map(|row| row.trim_start_matches('|').split(" | ").next())
+        .flat_map(long_flags)
+        .collect();
+    let undocumented: Vec<&String> = help.difference(&table).collect();
+    let not_in_help: Vec<&String> = table.difference(&help).collect();
+    assert!(
+        undocumented.is_empty() && not_in_help.is_empty(),
+        "drun --help and docs/reference/flags.md disagree: in the help only {undocumented:?}, \
+         in the page's table only {not_in_help:?}"
+    );
 }
 
 #[test]

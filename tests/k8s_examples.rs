@@ -77,13 +77,14 @@ fn flag<'a>(command: &'a [String], name: &str) -> Option<&'a str> {
         .find_map(|a| a.strip_prefix(&format!("{name}=")))
 }
 
-/// The fixed exit codes in the README's "Exit codes" table (`128+N` is not a fixed code).
+/// The fixed exit codes in the table of `docs/reference/exit-codes.md` (`128+N` is not a fixed
+/// code).
 fn documented_exit_codes() -> BTreeSet<u64> {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let table = readme
-        .split("### Exit codes")
+    let page = std::fs::read_to_string(root().join("docs/reference/exit-codes.md")).unwrap();
+    let table = page
+        .split("# Exit codes")
         .nth(1)
-        .expect("README has an Exit codes section");
+        .expect("docs/reference/exit-codes.md opens with its Exit codes title");
     table
         .lines()
         .skip_while(|l| !l.starts_with('|'))

@@ -1,7 +1,7 @@
 //! The worker environment: torchrun's contract overlaid on the agent's full environment.
 //!
-//! Computed as `LocalElasticAgent._start_workers` does (the README's "worker environment"
-//! table): RANK, LOCAL_RANK, GROUP_RANK, ROLE_RANK, ROLE_NAME, LOCAL_WORLD_SIZE, WORLD_SIZE, GROUP_WORLD_SIZE,
+//! Computed as `LocalElasticAgent._start_workers` does (the table of
+//! `docs/reference/worker-environment.md`): RANK, LOCAL_RANK, GROUP_RANK, ROLE_RANK, ROLE_NAME, LOCAL_WORLD_SIZE, WORLD_SIZE, GROUP_WORLD_SIZE,
 //! ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
 //! TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE,
 //! TORCHELASTIC_ERROR_FILE, TORCHELASTIC_SIGNALS_TO_HANDLE, TORCH_NCCL_ASYNC_ERROR_HANDLING (kept

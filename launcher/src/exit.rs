@@ -1,4 +1,5 @@
-//! Agent exit codes (`docs/architecture.md` §5). Documented in `drun --help` and the README.
+//! Agent exit codes (`docs/architecture.md` §5). Documented in `drun --help` and
+//! `docs/reference/exit-codes.md` (which `tests/k8s_examples.rs` checks against the examples).
 
 /// Text appended to `drun --help`.
 pub const EXIT_CODES_HELP: &str = "\

@@ -5,8 +5,8 @@
 //! Every node of one job derives the same token; a process that cannot read the secret (another
 //! user) cannot compute it, and an agent of another job derives another token, so the
 //! rendezvous an agent of this job hosts refuses it. The derivation is the pure [`derive`];
-//! [`token`] reads (or creates) the file. The README's "Slurm" section gives the threat model
-//! and why munge is not used.
+//! [`token`] reads (or creates) the file. `docs/guide/slurm.md` ("The rendezvous token of a
+//! job") gives the threat model and why munge is not used.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};

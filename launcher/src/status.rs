@@ -112,7 +112,8 @@ pub enum StatusError {
 
 impl StatusError {
     /// The exit code: 2 for usage (nothing to ask, no run id), 3 for the rendezvous (unreachable,
-    /// unknown run, undecodable answer), as the agent's codes (README "Exit codes").
+    /// unknown run, undecodable answer), as the agent's codes
+    /// (`docs/reference/exit-codes.md`).
     pub fn code(&self) -> u8 {
         match self {
             StatusError::NoRendezvous | StatusError::NoRunId => 2,

@@ -29,7 +29,7 @@ enum Command {
         /// Step the checkpoint was taken after.
         #[arg(long)]
         step: u64,
-        /// Global data cursor as JSON (see the README), e.g. '{"epoch":0,"consumed_in_epoch":640}'.
+        /// Global data cursor as JSON (see docs/reference/worker-api.md), e.g. '{"epoch":0,"consumed_in_epoch":640}'.
         #[arg(long, conflicts_with = "samples")]
         cursor: Option<String>,
         /// Shorthand for a cursor of epoch 0 with this many samples consumed (in the epoch and in

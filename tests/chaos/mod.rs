@@ -268,7 +268,7 @@ fn chaos_regression_seed_35_memory_torch_preempt() {
     }
 }
 
-/// The long campaign (see README, "Chaos testing"): `DRUN_CHAOS_SCHEDULES` schedules (200) from
+/// The long campaign (see `docs/contributing/chaos.md`): `DRUN_CHAOS_SCHEDULES` schedules (200) from
 /// seed `DRUN_CHAOS_SEED` (1) on `DRUN_CHAOS_STORE` (`memory`, `etcd` or `both`), 3 to 8 faults
 /// each; prints every failure's report and the totals, fails if any schedule failed. With
 /// `DRUN_CHAOS_DRY` set it only prints the schedules; `DRUN_CHAOS_CORRUPT=0` leaves out the

@@ -55,7 +55,7 @@ pub struct CkptArgs {
     /// at the same step, as for a preemption warning): `off` (default: the script decides),
     /// SECONDS since the last seal, or `auto`: the first-order optimum √(2·C·M) from the
     /// measured save cost C and the job's mean time between failures M, re-evaluated after each
-    /// seal and each failure (README "Checkpoint interval").
+    /// seal and each failure (docs/guide/checkpoint-interval.md).
     #[arg(
         long = "ckpt-interval",
         value_name = "auto|SECONDS|off",

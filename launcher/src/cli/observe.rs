@@ -9,8 +9,8 @@ pub struct ObserveArgs {
     /// Serve Prometheus metrics at `http://<this host>:PORT/metrics`, on all interfaces
     /// (OpenMetrics text: generation, members, re-forms and restarts by cause, restart-phase
     /// durations in seconds, worker exits, checkpoint commits/seals, lost work, goodput,
-    /// per-rank seconds per step and samples/s, worker memory in bytes and CPU seconds; see the
-    /// README's "Operating drun"). 0 picks a free port; the address is printed at start.
+    /// per-rank seconds per step and samples/s, worker memory in bytes and CPU seconds; see
+    /// docs/operating/metrics.md). 0 picks a free port; the address is printed at start.
     /// Default: off.
     #[arg(
         long = "metrics-port",

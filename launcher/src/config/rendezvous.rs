@@ -40,7 +40,7 @@ pub enum RendezvousMode {
 }
 
 impl std::fmt::Display for RendezvousMode {
-    /// As printed at start: the backend in the README's words.
+    /// As printed at start: the backend in the words of `docs/guide/multi-node-and-elastic.md`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             RendezvousMode::Embedded { .. } => write!(f, "embedded (this agent, in memory)"),

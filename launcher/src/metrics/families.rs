@@ -1,5 +1,5 @@
 //! The agent's metric families and their registration (`drun_` prefix, base units, `_total`
-//! counters); the names, types and labels are listed in `README.md`, "Operating drun".
+//! counters); the names, types and labels are listed in `docs/operating/metrics.md`.
 
 use std::sync::atomic::AtomicU64;
 

@@ -1,5 +1,5 @@
 //! Prometheus metrics of the rendezvous side, served at `drun-rendezvous serve
-//! --metrics-addr HOST:PORT` (see `README.md`, "Operating drun").
+//! --metrics-addr HOST:PORT` (see `docs/operating/metrics.md`).
 //!
 //! The families live in one process-wide [`RendezvousMetrics`] ([`global`]): the sessions,
 //! the lease keeper and the etcd client count into it wherever they run — in a server, or
