@@ -22,14 +22,15 @@ fn python_helper_unit_tests_pass() {
     );
 }
 
-/// The helper's `drun.PROTOCOL` is the agent's `ckpt::api::PROTOCOL` (the `hello` check).
+/// The helper's `drun.PROTOCOL` (defined in `python/drun/_agent.py`, the helper's connection to
+/// the agent) is the agent's `ckpt::api::PROTOCOL` (the `hello` check).
 #[test]
 fn python_helper_speaks_the_agents_protocol() {
-    let helper = std::fs::read_to_string(root().join("python/drun/__init__.py")).unwrap();
+    let helper = std::fs::read_to_string(root().join("python/drun/_agent.py")).unwrap();
     let theirs = helper
         .lines()
         .find_map(|l| l.strip_prefix("PROTOCOL = "))
-        .expect("python/drun/__init__.py defines PROTOCOL = N");
+        .expect("python/drun/_agent.py defines PROTOCOL = N");
     assert_eq!(
         theirs.trim().parse::<u32>().unwrap(),
         drun_launcher::ckpt::api::PROTOCOL,

@@ -18,21 +18,27 @@ the model, optimizer, scheduler and sampler files; every process its
 ``./checkpoints/local/`` and starts fresh.
 """
 
+from __future__ import annotations
+
 import os
 import re
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import drun
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 __all__ = ["files_of_process", "load_state", "save_state"]
 
 _RNG = re.compile(r"^random_states_(\d+)\.pkl$")
 
 
-def files_of_process(directory, index):
+def files_of_process(directory: str, index: int) -> List[str]:
     """Files under ``directory`` (recursively, sorted) that process ``index`` wrote:
     ``random_states_<index>.pkl``; process 0 also owns every other file (the main process writes
     the model, optimizer and scheduler state). Each file belongs to exactly one process."""
-    out = []
+    out: List[str] = []
     for root, _, names in os.walk(directory):
         for name in names:
             if name.startswith(("drun-manifest-", ".tmp-")):
@@ -43,7 +49,8 @@ def files_of_process(directory, index):
     return sorted(out)
 
 
-def save_state(accelerator, step, cursor=None, **save_kwargs):
+def save_state(accelerator: Accelerator, step: int, cursor: Optional[Dict[str, Any]] = None,
+               **save_kwargs: Any) -> Optional[Dict[str, Any]]:
     """``accelerator.save_state(drun.step_dir(step))`` and a commit of each process's files;
     returns the agent's answer (None outside drun). A collective: every process calls it with
     the same ``step``. ``cursor``: the global data cursor or None. Raises
@@ -54,11 +61,12 @@ def save_state(accelerator, step, cursor=None, **save_kwargs):
     return drun.commit(step, files_of_process(directory, accelerator.process_index), cursor)
 
 
-def load_state(accelerator, **load_kwargs):
+def load_state(accelerator: Accelerator, **load_kwargs: Any) -> Optional[int]:
     """Loads the sealed step every rank resumes from (``accelerator.load_state``) and returns
     its step, or None to start fresh."""
     info = drun.resume_info()
     if info is None:
         return None
     accelerator.load_state(info["path"], **load_kwargs)
-    return info["step"]
+    step: int = info["step"]
+    return step

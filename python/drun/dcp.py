@@ -25,28 +25,60 @@ Outside drun the checkpoint is written to ``./checkpoints/local/step-<step>-g0``
 committed; :func:`load` returns None.
 """
 
+from __future__ import annotations
+
 import concurrent.futures
 import os
 import re
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Union
 
-from . import (DrunError, _Client, _client, _env_int, _file_record, available, resume_info,
-               step_dir)
+from . import _agent, _ledger
+from ._agent import DrunError, available
+from ._env import env_int as _env_int
+from ._ledger import resume_info, step_dir
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["async_save", "files_of_rank", "load", "save", "wait"]
 
 _DISTCP = re.compile(r"^__(\d+)_\d+\.distcp$")
 _LOADER = re.compile(r"^loader-rank(\d+)\.pt$")
-_pending = None
-_ckpt_group = None
+
+_StateDict = Dict[str, Any]
+"""What DCP saves and loads (``torch.distributed.checkpoint``'s ``STATE_DICT_TYPE``)."""
 
 
-def files_of_rank(directory, rank):
+class _Stateful(Protocol):
+    """A data loader whose state is saved with the step (``torchdata``'s
+    ``StatefulDataLoader``)."""
+
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None: ...
+
+
+class _Saves:
+    """The :func:`async_save` in flight (one at a time, as DCP asks) and the gloo group its
+    background collectives run on."""
+
+    def __init__(self) -> None:
+        self.pending: Optional[concurrent.futures.Future[Optional[_agent.Json]]] = None
+        # new_group's type admits its non-member sentinel (an int), never returned here: every
+        # rank is a member.
+        self.group: Optional[Union[ProcessGroup, int]] = None
+
+
+_SAVES = _Saves()
+
+
+def files_of_rank(directory: str, rank: int) -> List[str]:
     """The files of DCP's checkpoint ``directory`` that ``rank`` wrote, sorted: its
     ``__<rank>_<n>.distcp`` files and ``loader-rank<rank>.pt``; rank 0 also owns every other
     file (DCP's ``.metadata``, written by the coordinator). Temporary ``*.tmp`` files and
     ``drun-manifest-*`` files are nobody's. Each file is thus listed under exactly one rank.
     """
-    out = []
+    out: List[str] = []
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
         if not os.path.isfile(path) or name.endswith(".tmp") or name.startswith(
@@ -59,7 +91,7 @@ def files_of_rank(directory, rank):
     return out
 
 
-def _rank():
+def _rank() -> int:
     try:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():
@@ -69,33 +101,33 @@ def _rank():
     return _env_int("RANK", 0)
 
 
-def _save_loader(directory, loader, rank):
+def _save_loader(directory: str, loader: Optional[_Stateful], rank: int) -> None:
     if loader is None:
         return
     import torch
 
-    import drun
-
-    drun.atomic_save(os.path.join(directory, "loader-rank%d.pt" % rank),
-                     lambda f: torch.save(loader.state_dict(), f))
+    _ledger.atomic_save(os.path.join(directory, "loader-rank%d.pt" % rank),
+                        lambda f: torch.save(loader.state_dict(), f))
 
 
-def _commit(client, step, directory, rank, cursor):
+def _commit(client: _agent.Client, step: int, directory: str, rank: int,
+            cursor: Optional[Dict[str, Any]]) -> Optional[_agent.Json]:
     if not available():
         return None
-    msg = {
+    msg: _agent.Json = {
         "op": "commit",
         "rank": _env_int("RANK", rank),
         "generation": _env_int("DRUN_GENERATION", 0),
         "step": int(step),
-        "files": [_file_record(p) for p in files_of_rank(directory, rank)],
+        "files": [_ledger.file_record(p) for p in files_of_rank(directory, rank)],
     }
     if cursor is not None:
         msg["cursor"] = cursor
     return client.request(msg, timeout=600.0)
 
 
-def save(state_dict, step, cursor=None, loader=None, **dcp_kwargs):
+def save(state_dict: _StateDict, step: int, cursor: Optional[Dict[str, Any]] = None,
+         loader: Optional[_Stateful] = None, **dcp_kwargs: Any) -> Optional[_agent.Json]:
     """Saves ``state_dict`` with ``torch.distributed.checkpoint.save`` into
     ``drun.step_dir(step)`` and commits this rank's files; returns the agent's answer (see
     :func:`drun.commit`), or None outside drun.
@@ -114,21 +146,22 @@ def save(state_dict, step, cursor=None, loader=None, **dcp_kwargs):
     rank = _rank()
     _save_loader(directory, loader, rank)
     dcp.save(state_dict, checkpoint_id=directory, **dcp_kwargs)
-    return _commit(_client, step, directory, rank, cursor)
+    return _commit(_ledger.STATE.client, step, directory, rank, cursor)
 
 
-def _checkpoint_group():
+def _checkpoint_group() -> Optional[Union[ProcessGroup, int]]:
     """A gloo group for DCP's background collectives, so they never interleave with the
     training's on the default group (created once, collectively)."""
-    global _ckpt_group
     import torch.distributed as dist
 
-    if _ckpt_group is None and dist.is_available() and dist.is_initialized():
-        _ckpt_group = dist.new_group(backend="gloo")
-    return _ckpt_group
+    if _SAVES.group is None and dist.is_available() and dist.is_initialized():
+        _SAVES.group = dist.new_group(backend="gloo")
+    return _SAVES.group
 
 
-def async_save(state_dict, step, cursor=None, loader=None, **dcp_kwargs):
+def async_save(state_dict: _StateDict, step: int, cursor: Optional[Dict[str, Any]] = None,
+               loader: Optional[_Stateful] = None,
+               **dcp_kwargs: Any) -> concurrent.futures.Future[Optional[_agent.Json]]:
     """Like :func:`save` with ``torch.distributed.checkpoint.async_save``: returns once the state
     is staged (copied), writes in the background and commits when DCP's future resolves, so the
     step is sealed only after every rank's write finished. A write that never finishes (the node
@@ -141,7 +174,6 @@ def async_save(state_dict, step, cursor=None, loader=None, **dcp_kwargs):
     """
     import torch.distributed.checkpoint as dcp
 
-    global _pending
     wait()
     directory = step_dir(step)
     rank = _rank()
@@ -150,12 +182,12 @@ def async_save(state_dict, step, cursor=None, loader=None, **dcp_kwargs):
     written = dcp.async_save(state_dict, checkpoint_id=directory, **dcp_kwargs)
     if not isinstance(written, concurrent.futures.Future):  # AsyncSaveResponse (staging too)
         written = written.upload_completion
-    done = concurrent.futures.Future()
+    done: concurrent.futures.Future[Optional[_agent.Json]] = concurrent.futures.Future()
 
-    def committed(f):
+    def committed(f: concurrent.futures.Future[Any]) -> None:
         try:
             f.result()
-            client = _Client()  # its own connection: the training thread uses the shared one
+            client = _agent.Client()  # its own connection: the training thread uses the shared one
             try:
                 done.set_result(_commit(client, step, directory, rank, cursor))
             finally:
@@ -164,19 +196,19 @@ def async_save(state_dict, step, cursor=None, loader=None, **dcp_kwargs):
             done.set_exception(e)
 
     written.add_done_callback(committed)
-    _pending = done
+    _SAVES.pending = done
     return done
 
 
-def wait(timeout=None):
+def wait(timeout: Optional[float] = None) -> Optional[_agent.Json]:
     """Waits for the last :func:`async_save` to be written and committed; returns its answer
     (None when there is none). Raises what it raised."""
-    global _pending
-    f, _pending = _pending, None
+    f, _SAVES.pending = _SAVES.pending, None
     return None if f is None else f.result(timeout)
 
 
-def load(state_dict, loader=None, **dcp_kwargs):
+def load(state_dict: _StateDict, loader: Optional[_Stateful] = None,
+         **dcp_kwargs: Any) -> Optional[int]:
     """Loads the sealed step every rank resumes from into ``state_dict`` in place (with
     ``torch.distributed.checkpoint.load``) and returns its step, or None to start fresh (nothing
     sealed yet, or outside drun). ``drun.resume_info()["path"]`` is that step's directory.
@@ -195,10 +227,11 @@ def load(state_dict, loader=None, **dcp_kwargs):
     dcp.load(state_dict, checkpoint_id=info["path"], **dcp_kwargs)
     if loader is not None:
         _load_loader(info, loader)
-    return info["step"]
+    step: int = info["step"]
+    return step
 
 
-def _load_loader(info, loader):
+def _load_loader(info: Dict[str, Any], loader: _Stateful) -> None:
     import torch
 
     world = _env_int("WORLD_SIZE", 1)

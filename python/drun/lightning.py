@@ -19,11 +19,18 @@ Outside drun (``python script.py``, plain ``torchrun``) checkpoints go to
 ``./checkpoints/local/`` and a run starts fresh.
 """
 
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
 import drun
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 __all__ = ["DrunCheckpoint"]
 
@@ -36,29 +43,32 @@ class DrunCheckpoint(OnExceptionCheckpoint):
     ``cursor(trainer) -> dict`` giving the global data cursor (e.g. from a
     :class:`drun.ElasticSampler`); without it the step carries none."""
 
-    def __init__(self, every_n_train_steps, cursor=None):
+    def __init__(self, every_n_train_steps: int,
+                 cursor: Optional[Callable[[pl.Trainer], Dict[str, Any]]] = None) -> None:
         if int(every_n_train_steps) <= 0:
             raise ValueError("every_n_train_steps must be a positive number of optimizer steps, "
                              "got %r" % (every_n_train_steps,))
         super().__init__(dirpath=os.path.dirname(drun.shard_path(0)), filename="unused")
         self.every = int(every_n_train_steps)
         self.cursor = cursor
-        self._last = None
+        self._last: Optional[int] = None
 
+    # Lightning types it str; fit() skips a None (start fresh) when it looks for the one to load.
     @property
-    def ckpt_path(self):
+    def ckpt_path(self) -> Optional[str]:  # type: ignore[override]
         """The sealed step's checkpoint file every rank resumes from; None to start fresh."""
         info = drun.resume_info()
         if info is None:
             return None
-        path = os.path.join(info["path"], FILE_NAME)
+        path: str = os.path.join(info["path"], FILE_NAME)
         if not os.path.exists(path):
             raise drun.DrunError(
                 "drun resumes step %d from %s but it holds no %s: was it saved by "
                 "drun.lightning.DrunCheckpoint?" % (info["step"], info["path"], FILE_NAME))
         return path
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: STEP_OUTPUT, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         if step <= 0 or step % self.every or step == self._last:
             return
@@ -68,8 +78,8 @@ class DrunCheckpoint(OnExceptionCheckpoint):
         cursor = self.cursor(trainer) if self.cursor else None
         drun.commit(step, [path] if trainer.is_global_zero else [], cursor)
 
-    def on_exception(self, trainer, *args, **kwargs):
+    def on_exception(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         """Saves nothing: a save by some ranks only is never sealed."""
 
-    def teardown(self, trainer, *args, **kwargs):
+    def teardown(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         """Deletes nothing: sealed checkpoints belong to the ledger (see ``--ckpt-keep-last``)."""

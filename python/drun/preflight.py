@@ -23,12 +23,15 @@ Test hook: ``DRUN_PREFLIGHT_TEST_DELAY=RANK:SECONDS`` makes that rank sleep befo
 of a link it sends on (a slow link, for tests).
 """
 
+from __future__ import annotations
+
 import json
 import os
 import socket
 import statistics
 import sys
 import time
+from typing import Any, Dict, List, Sequence, Tuple
 
 # Buffer sizes in bytes: all_reduce and each bulk link transfer.
 _CPU_BYTES = 8 << 20
@@ -40,14 +43,14 @@ _PINGS = 10
 _TIMEOUT = 60
 
 
-def _env_int(name, default=0):
+def _env_int(name: str, default: int = 0) -> int:
     try:
         return int(os.environ.get(name, default))
     except ValueError:
         return default
 
 
-def _tell(msg):
+def _tell(msg: Dict[str, Any]) -> None:
     """Sends one worker-API request to the agent and waits for its answer."""
     path = os.environ.get("DRUN_AGENT_SOCK")
     if not path:
@@ -62,7 +65,7 @@ def _tell(msg):
         print("drun preflight: cannot report to the agent: %s" % e, file=sys.stderr)
 
 
-def _test_delay(rank):
+def _test_delay(rank: int) -> float:
     spec = os.environ.get("DRUN_PREFLIGHT_TEST_DELAY", "")
     who, _, secs = spec.partition(":")
     try:
@@ -71,7 +74,7 @@ def _test_delay(rank):
         return 0.0
 
 
-def _measure(rank, local_rank, world, node):
+def _measure(rank: int, local_rank: int, world: int, node: int) -> Dict[str, Any]:
     import datetime
 
     import torch
@@ -87,12 +90,12 @@ def _measure(rank, local_rank, world, node):
     backend = "nccl" if cuda else "gloo"
     size = _GPU_BYTES if cuda else _CPU_BYTES
 
-    def sync():
+    def sync() -> None:
         if cuda:
             torch.cuda.synchronize()
 
     started = time.monotonic()
-    store = dist.TCPStore(
+    store: dist.Store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
     )
     store = dist.PrefixStore("drun-preflight/", store)
@@ -101,7 +104,7 @@ def _measure(rank, local_rank, world, node):
         x = torch.ones(size // 4, dtype=torch.float32, device=device)
         dist.all_reduce(x)  # warm-up: connections, buffers
         sync()
-        times = []
+        times: List[float] = []
         for _ in range(_ALL_REDUCE_ITERS):
             t = time.perf_counter()
             dist.all_reduce(x)
@@ -109,9 +112,9 @@ def _measure(rank, local_rank, world, node):
             times.append(time.perf_counter() - t)
         ar_secs = statistics.median(times)
 
-        peers = [None] * world
+        peers: List[Any] = [None] * world  # (node, local rank, host) of every rank
         dist.all_gather_object(peers, (node, local_rank, socket.gethostname()))
-        leaders = {}
+        leaders: Dict[int, Tuple[int, str]] = {}
         for r, (n, lr, host) in enumerate(peers):
             if lr == 0:
                 leaders[n] = (r, host)
@@ -119,7 +122,7 @@ def _measure(rank, local_rank, world, node):
         ring = [(nodes[i], nodes[(i + 1) % len(nodes)]) for i in range(len(nodes))]
         if len(nodes) < 2:
             ring = []
-        measured = []
+        measured: List[Dict[str, Any]] = []
         buf = torch.zeros(size // 4, dtype=torch.float32, device=device)
         tiny = torch.zeros(1, dtype=torch.float32, device=device)
         delay = _test_delay(rank)
@@ -135,7 +138,7 @@ def _measure(rank, local_rank, world, node):
                     dist.send(buf, rd)
                 sync()
             elif rank == rd:
-                rtts = []
+                rtts: List[float] = []
                 for _ in range(_PINGS):
                     t = time.perf_counter()
                     dist.send(tiny, rs)
@@ -156,7 +159,7 @@ def _measure(rank, local_rank, world, node):
                     "latency_us": statistics.median(rtts) / 2 * 1e6,
                 })
             dist.barrier()
-        links = [None] * world
+        links: List[Any] = [None] * world  # every rank's measured links
         dist.all_gather_object(links, measured)
     finally:
         dist.destroy_process_group()
@@ -177,10 +180,10 @@ def _measure(rank, local_rank, world, node):
     }
 
 
-def _preflight():
+def _preflight() -> None:
     rank = _env_int("RANK")
     local_rank = _env_int("LOCAL_RANK")
-    reply = {"op": "preflight", "rank": rank}
+    reply: Dict[str, Any] = {"op": "preflight", "rank": rank}
     try:
         import torch.distributed as dist
 
@@ -199,7 +202,7 @@ def _preflight():
         _tell(reply)
 
 
-def _hand_over(mode, target, args):
+def _hand_over(mode: str, target: str, args: Sequence[str]) -> None:
     """Runs the training script in this process, as ``python [-m] TARGET ARGS`` would."""
     import runpy
 
@@ -212,7 +215,7 @@ def _hand_over(mode, target, args):
         runpy.run_path(target, run_name="__main__")
 
 
-def main(argv):
+def main(argv: List[str]) -> None:
     if len(argv) < 3 or argv[1] not in ("script", "module", "run-path"):
         sys.exit("usage: preflight.py script|module|run-path TARGET [ARGS...]")
     _preflight()

@@ -1,0 +1,279 @@
+"""The checkpoint ledger, worker side: the resume point every rank shares, where checkpoint files
+go, atomic writes, and the commits, save requests and step beacons sent to the agent.
+
+Outside drun every function degrades to "start fresh, nothing to commit"."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import operator
+import os
+import tempfile
+import time
+from typing import (Any, BinaryIO, Callable, Dict, Iterable, Mapping, Optional, SupportsIndex,
+                    SupportsInt, Tuple, Union)
+
+from ._agent import Client, Json, available
+from ._env import env_int
+from ._hang import HangDump
+
+PathArg = Union[str, "os.PathLike[str]"]
+"""A file's path, absolute or relative to the working directory."""
+
+Step = Union[SupportsIndex, float]
+"""A step number: an int, a NumPy integer, an integer tensor, or a float without a fraction."""
+
+_CHUNK = 1 << 20
+
+
+class State:
+    """What this process keeps between calls: its connection to the agent (shared by every
+    request of the training thread), the digests :func:`atomic_save` computed, when the
+    checkpoint it commits next began saving, and its hang dump."""
+
+    def __init__(self) -> None:
+        self.client = Client()
+        # abspath -> (st_mtime_ns, st_size, sha256) of each file atomic_save wrote: commit()
+        # hashes again only a file changed since.
+        self.digests: Dict[str, Tuple[int, int, str]] = {}
+        # When this rank began saving the checkpoint it commits next (ms since the Unix epoch):
+        # the first atomic_save() or True should_save() answer since the last commit. Sent with
+        # the commit; the seal measures the save cost from it (--ckpt-interval auto).
+        self.save_started_ms: Optional[int] = None
+        self.hang_dump = HangDump()
+
+    def note_save_start(self) -> None:
+        """A save begins now, unless one began since the last commit."""
+        if self.save_started_ms is None:
+            self.save_started_ms = int(time.time() * 1000)
+
+
+STATE = State()
+
+
+def _step(step: Step) -> int:
+    """``step`` as an int: an int, a NumPy integer, an integer tensor, or a float without a
+    fraction. A fractional or negative step raises ValueError (it would name another step)."""
+    if isinstance(step, float):
+        if not step.is_integer():
+            raise ValueError(f"drun: step must be a whole number, got {step!r}")
+        step = int(step)
+    try:
+        n = operator.index(step)
+    except TypeError:
+        raise ValueError(f"drun: step must be a whole number, got {step!r}") from None
+    if n < 0:
+        raise ValueError(f"drun: step must be 0 or more, got {n}")
+    return n
+
+
+def resume_info() -> Optional[Dict[str, Any]]:
+    """What every rank resumes from, or None to start fresh.
+
+    Returns a dict: ``step``, ``generation`` (that saved it), ``world_size`` (that saved it),
+    ``path`` (directory holding its files), ``manifest`` (path of the manifest file, which lists
+    every file with size and SHA-256), ``epoch`` and ``global_samples`` (samples of that epoch's
+    permutation already consumed, counted over all ranks), and ``cursor`` (the full cursor as
+    committed, when the manifest file is readable).
+    """
+    step = env_int("DRUN_RESUME_STEP")
+    if step is None:
+        return None
+    info: Dict[str, Any] = {
+        "step": step,
+        "generation": env_int("DRUN_RESUME_GENERATION", 0),
+        "world_size": env_int("DRUN_RESUME_WORLD_SIZE", 0),
+        "path": os.environ.get("DRUN_RESUME_PATH"),
+        "manifest": os.environ.get("DRUN_RESUME_MANIFEST"),
+        "epoch": env_int("DRUN_DATA_EPOCH", 0),
+        "global_samples": env_int("DRUN_GLOBAL_SAMPLES", 0),
+        "cursor": None,
+    }
+    if info["manifest"]:
+        try:
+            with open(info["manifest"]) as f:
+                info["cursor"] = json.load(f).get("cursor")
+        except (OSError, ValueError):
+            pass
+    return info
+
+
+def sha256_file(path: PathArg) -> Tuple[str, int]:
+    """(sha256 hex digest, size in bytes) of a file."""
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(_CHUNK)
+            if not b:
+                break
+            h.update(b)
+            n += len(b)
+    return h.hexdigest(), n
+
+
+def shard_path(step: int, name: Optional[str] = None, rank: Optional[int] = None) -> str:
+    """Where this rank's file of ``step`` goes:
+    ``<DRUN_CKPT_DIR>/<DRUN_RUN_ID>/step-<step>-g<generation>/<name>``.
+
+    ``name`` defaults to ``rank<RANK>.pt``. The run id keeps runs sharing a checkpoint directory
+    apart; the generation keeps a re-run of a step after a re-form from overwriting a checkpoint
+    still in use. Outside drun the directory is ``./checkpoints/local``.
+    """
+    rank = env_int("RANK", 0) if rank is None else rank
+    base = os.environ.get("DRUN_CKPT_DIR") or "checkpoints"
+    run = os.environ.get("DRUN_RUN_ID") or "local"
+    gen = env_int("DRUN_GENERATION", 0)
+    return os.path.join(os.path.abspath(base), run, "step-%08d-g%d" % (step, gen),
+                        name or "rank%d.pt" % rank)
+
+
+def step_dir(step: int) -> str:
+    """The directory every rank writes ``step``'s checkpoint into (created if missing):
+    ``<DRUN_CKPT_DIR>/<DRUN_RUN_ID>/step-<step>-g<generation>``, the directory of
+    :func:`shard_path`. Hand it to a writer that names its own files (``torch.distributed.checkpoint``
+    with ``checkpoint_id=drun.step_dir(step)``), then :func:`commit` what this rank wrote.
+    Outside drun: ``./checkpoints/local/step-<step>-g0``.
+    """
+    d = os.path.dirname(shard_path(step))
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str, int]:
+    """Writes a file atomically and returns ``(sha256, bytes)``.
+
+    ``write(f)`` gets a binary file object (a temporary file in the same directory), e.g.
+    ``lambda f: torch.save(state, f)``. The file is flushed and fsynced, hashed (from the page
+    cache), renamed into place and its directory fsynced, so a rank killed mid-write leaves no
+    file at ``path``. The digest is remembered for :func:`commit`.
+    """
+    STATE.note_save_start()
+    path = os.path.abspath(path)
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-" + os.path.basename(path) + "-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        digest = sha256_file(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    st = os.stat(path)
+    STATE.digests[path] = (st.st_mtime_ns, st.st_size, digest[0])
+    return digest
+
+
+def file_record(path: PathArg) -> Json:
+    """A commit's entry for one file: absolute path, size and SHA-256 (hashed again unless
+    :func:`atomic_save` wrote it and it is unchanged since)."""
+    path = os.path.abspath(path)
+    st = os.stat(path)
+    known = STATE.digests.get(path)
+    if known and known[0] == st.st_mtime_ns and known[1] == st.st_size:
+        sha = known[2]
+    else:
+        sha, _ = sha256_file(path)
+    return {"path": path, "bytes": st.st_size, "sha256": sha}
+
+
+def commit(step: Step, paths: Union[PathArg, Iterable[PathArg]] = (),
+           cursor: Optional[Mapping[str, Any]] = None,
+           timeout: Optional[float] = 600.0) -> Optional[Json]:
+    """Reports this rank's checkpoint of ``step`` (files already written and renamed).
+
+    A collective, like saving: **every** rank commits every checkpointed step, else the others
+    wait (the agent names the missing ranks after 30 s). ``paths`` are the files this rank wrote
+    (absolute or relative, inside ``--ckpt-dir``); it may be empty: a rank with nothing of its own
+    still takes part. Each file is listed once in the manifest with its size and SHA-256 (a file
+    two ranks report is listed under the lower rank). ``cursor`` is the global data cursor after
+    ``step`` (see :meth:`ElasticSampler.cursor`), or None for a job without one (the step still
+    gets version agreement and verification); every rank must report the same one, or the step
+    is refused as misaligned data. Blocks until every rank of this node has reported ``step`` and
+    the node's record is stored (at most ``timeout`` seconds). Returns the agent's answer:
+    ``sealed`` is true on the ranks of the node whose record completed the checkpoint (then
+    ``manifest`` is its manifest file); the others see ``waiting_for`` (nodes yet to report).
+    Outside drun returns None.
+
+    Raises :class:`DrunError` when refused — a stale generation (the group re-formed), a file
+    whose size changed or outside ``--ckpt-dir``, a step not after the last one, misaligned
+    cursors (naming the ranks) — or when the agent does not answer within ``timeout``.
+    """
+    if not available():
+        return None
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    msg: Json = {
+        "op": "commit",
+        "rank": env_int("RANK", 0),
+        "generation": env_int("DRUN_GENERATION", 0),
+        "step": _step(step),
+        "files": [file_record(p) for p in paths],
+    }
+    if cursor is not None:
+        msg["cursor"] = cursor
+    if STATE.save_started_ms is not None:
+        msg["save_started_ms"] = STATE.save_started_ms
+    STATE.save_started_ms = None
+    return STATE.client.request(msg, timeout=timeout)
+
+
+def should_save(sync: bool = True) -> bool:
+    """True when drun asks for a coordinated checkpoint (``--on-preempt checkpoint`` after a
+    preemption warning, ``--on-scale-up checkpoint`` before admitting a new node, or
+    ``--ckpt-interval`` when the interval since the last seal has passed): save and
+    :func:`commit` now, at the same step on every rank.
+
+    With ``sync`` (default) and ``torch.distributed`` initialized, the answers of all ranks are
+    combined with an ``all_reduce(MAX)`` so every rank decides the same at the same step: it is
+    then a collective, call it on every rank at the same point of the step. Outside drun: False.
+    """
+    local = False
+    if available():
+        local = bool(STATE.client.request({"op": "should_save", "rank": env_int("RANK", 0)},
+                                          timeout=30.0)["save"])
+    if local:
+        STATE.note_save_start()
+    if not sync:
+        return local
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return local
+    if not (dist.is_available() and dist.is_initialized()):
+        return local
+    device: Union[str, torch.device] = "cpu"
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.tensor([1 if local else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def progress(step: Step, samples: Optional[SupportsInt] = None) -> None:
+    """Step beacon: lets drun report how much work a re-form loses and this rank's seconds per
+    step (``drun_rank_step_seconds`` with ``drun --metrics-port``). Cheap; call every step.
+
+    ``samples``: how many samples this rank processes per step (optional); with it drun also
+    reports ``drun_rank_samples_per_second``.
+    """
+    if available():
+        req: Json = {"op": "progress", "rank": env_int("RANK", 0), "step": _step(step)}
+        if samples is not None:
+            req["samples"] = int(samples)
+        answer = STATE.client.request(req, timeout=30.0)
+        STATE.hang_dump.register(answer.get("hang_dump_signal"))
