@@ -275,3 +275,72 @@ fn a_pulled_cable_of_node_rank_0_reforms_the_others_and_the_host_rejoins_when_it
 fn a_pulled_cable_of_a_middle_node_reforms_the_others_and_the_host_rejoins_when_it_is_back() {
     pulled_cable(1);
 }
+
+/// Three hosts (1 torch worker each) whose `n2` sends at 20 Mbit/s (a token bucket) beside
+/// ~10 Gbit/s veth links: `--preflight` names n2's outgoing link slow, and only that one, from
+/// what it moved in its slot, and measures for at most 5 s (before the time slots it took 39 s
+/// here: its time grew with the slowest link).
+#[test]
+fn preflight_names_a_20_mbit_link_among_fast_ones_within_five_seconds() {
+    let Some(python) = torch_python() else { return };
+    let Some(bed) = Bed::new(&["server", "n0", "n1", "n2"]) else {
+        return;
+    };
+    bed.limit_rate("n2", "20mbit");
+    let dir = tempfile::tempdir().unwrap();
+    let server = RdzvServer::start_in(
+        &bed,
+        "server",
+        &["--store", "memory"],
+        "warn",
+        &dir.path().join("server.log"),
+    );
+    let agents: Vec<Agent> = ["n0", "n1", "n2"]
+        .iter()
+        .map(|name| {
+            let mut c = drun();
+            c.job("slowlink", "3")
+                .nproc(1)
+                .quick_shutdown()
+                .python(&python)
+                .args(["--local-addr", &bed.host(name).addr, "--preflight"])
+                .args(["--rdzv-endpoint", &server.endpoint])
+                .env("GLOO_SOCKET_IFNAME", "eth0")
+                .arg(worker("steps.py"))
+                .arg(dir.path())
+                .arg("3");
+            Agent::start(bed.on(name, &c))
+        })
+        .collect();
+    let mut table = String::new();
+    for a in agents {
+        let (code, _, err) = a.wait(Duration::from_secs(180));
+        assert_eq!(code, 0, "{err}");
+        if err.contains("  link  ") {
+            table = err;
+        }
+    }
+    let rows: Vec<&str> = table.lines().filter(|l| l.contains(" Gbit/s ")).collect();
+    let links: Vec<&&str> = rows.iter().filter(|l| l.contains("node ")).collect();
+    assert_eq!(links.len(), 3, "three ring links:\n{table}");
+    for l in links {
+        let from_n2 = l.contains("n2 → ");
+        assert_eq!(
+            l.contains("SLOW: below half the median link"),
+            from_n2,
+            "only n2's link is slow:\n{table}"
+        );
+    }
+    let heading = table
+        .lines()
+        .find(|l| l.contains("preflight: 3 ranks on 3 nodes (gloo) in "))
+        .unwrap_or_else(|| panic!("no heading:\n{table}"));
+    let measuring: f64 = heading
+        .rsplit(", ")
+        .next()
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no measuring time in {heading:?}"));
+    assert!(measuring <= 5.0, "{heading}");
+    eprintln!("{heading}\n{}", rows.join("\n"));
+}

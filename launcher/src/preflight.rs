@@ -69,6 +69,10 @@ pub struct Report {
     pub links: Vec<Link>,
     /// Wall time of the check, seconds (process group set-up to tear-down).
     pub seconds: f64,
+    /// Seconds spent measuring (every rank connected to the last link's slot): bounded by the
+    /// check's budgets whatever the links.
+    #[serde(default)]
+    pub measure_seconds: f64,
 }
 
 /// The `all_reduce` test: median of 5 timed runs after a warm-up.
@@ -99,6 +103,12 @@ pub struct Link {
     pub gbps: f64,
     /// Half the median round trip of a one-element message, microseconds.
     pub latency_us: f64,
+    /// Bytes the link moved in its time slot.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Seconds from the slot's start until its last chunk arrived.
+    #[serde(default)]
+    pub seconds: f64,
 }
 
 /// Why a link is named slow, one phrase; `None` for a link that is fine.

@@ -9,17 +9,18 @@ pub fn lines(r: &Report, slow: &[Slow]) -> Vec<String> {
     let ar = &r.all_reduce;
     let mut out = vec![
         format!(
-            "preflight: {} ranks on {} node{} ({}) in {:.2} s",
+            "preflight: {} ranks on {} node{} ({}) in {:.2} s, {:.2} s of it measuring",
             r.world_size,
             r.nodes,
             if r.nodes == 1 { "" } else { "s" },
             r.backend,
-            r.seconds
+            r.seconds,
+            r.measure_seconds
         ),
         format!(
-            "  all_reduce of {} MiB over all ranks: bus bandwidth {:.2} Gbit/s (algorithm {:.2} \
+            "  all_reduce of {} over all ranks: bus bandwidth {:.2} Gbit/s (algorithm {:.2} \
              Gbit/s), {:.1} ms",
-            ar.bytes >> 20,
+            bytes(ar.bytes),
             ar.busbw_gbps,
             ar.algbw_gbps,
             ar.seconds * 1e3
@@ -60,11 +61,24 @@ pub fn lines(r: &Report, slow: &[Slow]) -> Vec<String> {
         let lat = format!("{:.0} µs", l.latency_us);
         let mut row = format!("  {link:w0$}  {hosts:w1$}  {bw:>14}  {lat:>10}");
         if let Some(why) = why {
-            row.push_str(&format!("  SLOW: {why}"));
+            row.push_str(&format!(
+                "  SLOW: {why}; moved {} in {:.2} s",
+                bytes(l.bytes),
+                l.seconds
+            ));
         }
         out.push(row);
     }
     out
+}
+
+/// A byte count in KiB below a MiB, else in MiB.
+fn bytes(n: u64) -> String {
+    if n < 1 << 20 {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{:.1} MiB", n as f64 / f64::from(1u32 << 20))
+    }
 }
 
 /// One line for the agents that do not print the table.

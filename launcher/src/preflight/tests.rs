@@ -10,6 +10,8 @@ fn link(src: u32, dst: u32, gbps: f64) -> Link {
         dst_host: format!("h{dst}"),
         gbps,
         latency_us: 40.0,
+        bytes: (gbps * 1e9 / 8.0 * 1.5) as u64,
+        seconds: 1.5,
     }
 }
 
@@ -26,6 +28,7 @@ fn report(links: Vec<Link>) -> Report {
         },
         links,
         seconds: 0.8,
+        measure_seconds: 0.5,
     }
 }
 
@@ -74,13 +77,14 @@ fn the_table_has_the_total_time_one_row_per_link_and_marks_the_slow_one() {
     let slow = judge(&r.links, None);
     let t = lines(&r, &slow);
     assert!(
-        t[0].starts_with("preflight: 4 ranks on 2 nodes (gloo) in 0.80 s"),
+        t[0] == "preflight: 4 ranks on 2 nodes (gloo) in 0.80 s, 0.50 s of it measuring",
         "{t:?}"
     );
-    assert!(t[1].contains("all_reduce of 8 MiB") && t[1].contains("bus bandwidth 5.00"));
+    assert!(t[1].contains("all_reduce of 8.0 MiB") && t[1].contains("bus bandwidth 5.00"));
     assert_eq!(t.len(), 5, "{t:?}");
     assert!(t[3].contains("node 0 → 1") && t[3].contains("10.00 Gbit/s") && !t[3].contains("SLOW"));
     assert!(t[4].contains("node 1 → 0") && t[4].contains("h1 → h0") && t[4].contains("SLOW: "));
+    assert!(t[4].ends_with("; moved 178.8 MiB in 1.50 s"), "{t:?}");
     let s = summary(&r, &slow);
     assert!(s.contains("slow: node 1 → 0"), "{s}");
     let one = report(vec![]);
