@@ -45,6 +45,7 @@ async fn ledger_latency(store: Arc<dyn Store>, nodes: usize, steps: u64) -> (Dur
             slots: 8,
             requested_node_rank: None,
             master_port: 1,
+            probe_port: 0,
         })
         .collect();
     let plan = assign(&run, 1, &cands, 0, 0).unwrap();

@@ -90,6 +90,7 @@ async fn simulated(n: usize) -> (f64, f64) {
             slots: 8,
             requested_node_rank: None,
             master_port: 29500,
+            probe_port: 0,
         };
         tx.send(Request::Join(cand.into(), 0)).unwrap();
     }

@@ -37,6 +37,7 @@ fn node(id: &str) -> Candidate {
         slots: 2,
         requested_node_rank: None,
         master_port: 1,
+        probe_port: 0,
     }
 }
 

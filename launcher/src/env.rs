@@ -186,6 +186,7 @@ mod tests {
                 slots: *s,
                 requested_node_rank: None,
                 master_port: 1234,
+                probe_port: 0,
             })
             .collect();
         assign("job", 2, &cands, 1, 0).unwrap()

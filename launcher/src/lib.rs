@@ -86,6 +86,7 @@ pub mod log_format;
 pub mod logs;
 pub mod metrics;
 pub mod os;
+pub mod peers;
 pub mod phases;
 pub mod preflight;
 pub mod rdzv;

@@ -33,6 +33,10 @@ pub struct Candidate {
     pub requested_node_rank: Option<u32>,
     /// A port this node holds reserved for MASTER_PORT should it become node rank 0.
     pub master_port: u16,
+    /// UDP port on `advertise_addr` where this node's agent answers its generation's peer
+    /// probes; 0: none (an older agent).
+    #[serde(default, skip_serializing_if = "crate::plan::no_port")]
+    pub probe_port: u16,
 }
 
 /// A node's request to join, as written under `waiting/<node>`: its [`Candidate`] record and,

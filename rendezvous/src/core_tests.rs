@@ -9,6 +9,7 @@ fn cand(id: &str) -> Candidate {
         slots: 2,
         requested_node_rank: None,
         master_port: 29500,
+        probe_port: 0,
     }
 }
 

@@ -85,6 +85,7 @@ mod tests {
             slots,
             requested_node_rank: None,
             master_port: 1,
+            probe_port: 0,
         };
         assign("r", 3, &[c("n1", 2), c("n22", 2), c("n333", 1)], 0, 0).unwrap()
     }

@@ -38,6 +38,15 @@ pub struct Member {
     pub slots: u32,
     /// Global rank of this node's local rank 0.
     pub base_rank: u32,
+    /// UDP port on `advertise_addr` where the node's agent answers peer probes; 0: none (an
+    /// older agent).
+    #[serde(default, skip_serializing_if = "no_port")]
+    pub probe_port: u16,
+}
+
+/// Whether a port field is unset (0), so older records stay as they were.
+pub(crate) fn no_port(p: &u16) -> bool {
+    *p == 0
 }
 
 /// The assignment of generation `generation`. Identical for every agent of the generation.
@@ -137,7 +146,7 @@ pub struct Ranking {
 /// use drun_rendezvous::{plan::rank_order, Candidate};
 /// let node = |id: &str, pin| Candidate {
 ///     node_id: id.into(), advertise_addr: id.into(), slots: 1,
-///     requested_node_rank: pin, master_port: 1,
+///     requested_node_rank: pin, master_port: 1, probe_port: 0,
 /// };
 /// // Node rank 0 was lost: pins 1 and 2 close the gap; the unpinned node comes last.
 /// let r = rank_order(&[node("u", None), node("c", Some(2)), node("b", Some(1))]);
@@ -216,7 +225,7 @@ pub fn formable(admitted: &[Candidate]) -> Result<(), String> {
 /// use drun_rendezvous::{assign, Candidate};
 /// let node = |id: &str, slots| Candidate {
 ///     node_id: id.into(), advertise_addr: format!("{id}.cluster"), slots,
-///     requested_node_rank: None, master_port: 29500,
+///     requested_node_rank: None, master_port: 29500, probe_port: 0,
 /// };
 /// let plan = assign("job", 1, &[node("b", 4), node("a", 2)], 0, 0).unwrap();
 /// assert_eq!(plan.members[1].node_id, "b");
@@ -247,6 +256,7 @@ pub fn assign(
             node_rank: rank as u32,
             slots: c.slots,
             base_rank: base,
+            probe_port: c.probe_port,
         });
         base += c.slots;
     }
@@ -278,6 +288,7 @@ mod tests {
             slots,
             requested_node_rank: rank,
             master_port: port,
+            probe_port: 0,
         }
     }
 

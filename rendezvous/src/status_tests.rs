@@ -14,6 +14,7 @@ fn plan(g: u64, ids: &[&str]) -> Plan {
             slots: 2,
             requested_node_rank: None,
             master_port: 1,
+            probe_port: 0,
         })
         .collect();
     assign("r", g, &c, 0, 0).unwrap()
@@ -126,6 +127,7 @@ async fn a_formation_is_recorded_with_its_plan_and_a_re_form_counts_lost_work() 
         slots: 2,
         requested_node_rank: None,
         master_port: port,
+        probe_port: 0,
     };
     round.join(&cand(4000).into(), lease).await.unwrap();
     round.wait_for_plan("n0", 0, lease, |_| {}).await.unwrap();

@@ -15,6 +15,7 @@ fn status(n: usize) -> RunStatus {
             slots: 8,
             requested_node_rank: None,
             master_port: 1,
+            probe_port: 0,
         })
         .collect();
     let mut plan = assign("job42", 3, &cands, 1, 2).unwrap();

@@ -11,6 +11,7 @@ fn cand(node: &str) -> Candidate {
         slots: 8,
         requested_node_rank: None,
         master_port: 29500,
+        probe_port: 0,
     }
 }
 

@@ -17,6 +17,7 @@ impl From<&Join> for pb::Candidate {
             slots: c.slots,
             requested_node_rank: c.requested_node_rank.map_or(-1, |r| r as i32),
             master_port: u32::from(c.master_port),
+            probe_port: u32::from(c.probe_port),
             resume_hint_json: j
                 .resume_hint
                 .as_ref()
@@ -44,6 +45,7 @@ impl From<pb::Candidate> for Join {
                 slots: c.slots,
                 requested_node_rank: u32::try_from(c.requested_node_rank).ok(),
                 master_port: u16::try_from(c.master_port).unwrap_or(0),
+                probe_port: u16::try_from(c.probe_port).unwrap_or(0),
             },
             resume_hint: optional_json(&c.resume_hint_json),
             fingerprint: c.fingerprint.into_iter().collect(),
@@ -66,6 +68,7 @@ impl From<&Plan> for pb::Plan {
                     node_rank: m.node_rank,
                     slots: m.slots,
                     base_rank: m.base_rank,
+                    probe_port: u32::from(m.probe_port),
                 })
                 .collect(),
             world_size: p.world_size,
@@ -99,6 +102,7 @@ impl From<pb::Plan> for Plan {
                     node_rank: m.node_rank,
                     slots: m.slots,
                     base_rank: m.base_rank,
+                    probe_port: u16::try_from(m.probe_port).unwrap_or(0),
                 })
                 .collect(),
             world_size: p.world_size,

@@ -112,6 +112,7 @@ mod tests {
             slots,
             requested_node_rank: None,
             master_port: 1,
+            probe_port: 0,
         };
         assign("r", 2, &[node("b", 1), node("a", 2)], 0, 0).unwrap()
     }

@@ -10,6 +10,7 @@ fn plan(slots: u32) -> Plan {
         slots,
         requested_node_rank: None,
         master_port: 1,
+        probe_port: 0,
     };
     assign("run", 3, &[c], 0, 0).unwrap()
 }

@@ -43,6 +43,7 @@ fn plan(cfg: &LaunchConfig, base_rank: u32) -> Plan {
             node_rank: 0,
             slots: cfg.nproc_per_node,
             base_rank,
+            probe_port: 0,
         }]
         .into(),
         world_size: base_rank + cfg.nproc_per_node,

@@ -16,6 +16,7 @@ fn plan(g: u64, nodes: usize, failures: u32, membership: u32) -> Plan {
             slots: 1,
             requested_node_rank: None,
             master_port: 1,
+            probe_port: 0,
         })
         .collect();
     assign("r", g, &c, failures, membership).unwrap()

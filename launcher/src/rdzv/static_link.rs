@@ -64,6 +64,7 @@ pub fn spawn(
                             node_rank: r,
                             slots,
                             base_rank: r * slots,
+                            probe_port: 0,
                         })
                         .collect();
                     Event::Formed(Plan {

@@ -113,6 +113,7 @@ mod tests {
             slots: 1,
             requested_node_rank: None,
             master_port: 29500,
+            probe_port: 0,
         }
         .into()
     }

@@ -56,6 +56,7 @@ mod tests {
             slots: 1,
             requested_node_rank: None,
             master_port: 1,
+            probe_port: 0,
         };
         let plan = assign("r", 1, &[c("a"), c("b")], 0, 0).unwrap();
         let lost = loss::describe(&plan, "b", loss::CONNECTION_CLOSED);

@@ -260,6 +260,7 @@ mod tests {
                 slots: 2,
                 requested_node_rank: None,
                 master_port: 1,
+                probe_port: 0,
             })
             .collect();
         assign("r1", g, &c, 0, 0).unwrap()

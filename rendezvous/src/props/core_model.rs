@@ -54,6 +54,7 @@ fn nodes() -> impl Strategy<Value = Vec<Candidate>> {
                 slots,
                 requested_node_rank: pin,
                 master_port: 29_500 + i as u16,
+                probe_port: 0,
             })
             .collect()
     })

@@ -36,6 +36,7 @@ fn candidate() -> impl Strategy<Value = Candidate> {
                 slots,
                 requested_node_rank,
                 master_port,
+                probe_port: 0,
             },
         )
 }

@@ -20,6 +20,7 @@ fn join(id: &str, torch: &str, check: EnvCheck) -> Join {
             slots: 1,
             requested_node_rank: None,
             master_port: 1000,
+            probe_port: 0,
         },
         resume_hint: None,
         fingerprint,

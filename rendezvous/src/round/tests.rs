@@ -13,6 +13,7 @@ fn cand(id: &str, port: u16) -> Candidate {
         slots: 2,
         requested_node_rank: None,
         master_port: port,
+        probe_port: 0,
     }
 }
 

@@ -14,6 +14,7 @@ fn cand(id: &str) -> Candidate {
         slots: 2,
         requested_node_rank: None,
         master_port: 1,
+        probe_port: 0,
     }
 }
 

@@ -115,6 +115,7 @@ async fn a_store_gone_for_a_whole_ttl_fences_even_while_the_watch_is_being_retri
         slots: 1,
         requested_node_rank: None,
         master_port: 1,
+        probe_port: 0,
     };
     tx.send(Request::Join(cand.into(), 0)).unwrap();
     let formed = tokio::time::timeout(Duration::from_secs(10), async {

@@ -37,6 +37,7 @@ pub(super) fn join(node: &str, slots: u32) -> Join {
         slots,
         requested_node_rank: None,
         master_port: 1,
+        probe_port: 0,
     }
     .into()
 }

@@ -46,6 +46,7 @@ pub(super) fn plan(generation: u64, nodes: u32, restarts_failures: u32) -> Plan 
                 node_rank: i,
                 slots: 2,
                 base_rank: 2 * i,
+                probe_port: 0,
             })
             .collect(),
         world_size: 2 * nodes,

@@ -1,0 +1,335 @@
+//! Peer probes: the agents of a generation ask one another, directly, whether they still reach
+//! each other, on the address their workers use.
+//!
+//! # Theory of operation
+//!
+//! Every agent of a multi-node run binds one UDP socket at start ([`Prober::start`]) and
+//! advertises its port with its candidacy (`Candidate.probe_port`, carried into the plan's
+//! members). While a generation runs, the agent sends a 30-byte probe every [`PROBE_EVERY`] to
+//! each other member — every pair up to [`ALL_PAIRS_UP_TO`] nodes, its two ring neighbours on
+//! each side beyond — and answers every probe of its run it receives. The answers land in a pure
+//! [`table::Table`]; [`PeerHealth::verdict`] judges them at an instant: every peer answered
+//! within [`QUIET`], or these peers are silent.
+//!
+//! The gRPC link uses the verdict when the rendezvous server goes quiet for a whole lease TTL:
+//! an agent whose peers all answer keeps its generation and its workers (the control plane is
+//! gone for everyone, not this node alone; see `docs/architecture.md`, "Control-plane outages");
+//! an agent that reaches neither fences itself, as before.
+//!
+//! What a probe does not see: the workers' collectives may use another fabric (InfiniBand,
+//! NVLink, RoCE through NCCL) that a TCP/IP probe on the agent's address does not cross.
+//! Cost: [`PROBE_BYTES`] bytes each way per peer per [`PROBE_EVERY`] (with 8 nodes: 7 peers,
+//! 2 × 7 × 30 B / 0.5 s = 840 B/s per node).
+
+pub mod table;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drun_rendezvous::Plan;
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+pub use table::{Peer, Table, Verdict};
+
+/// How often each peer is probed.
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// A peer that has not answered for this long is silent.
+pub const QUIET: Duration = Duration::from_secs(3);
+/// Up to this many nodes every pair is probed; beyond, ring neighbours only.
+pub const ALL_PAIRS_UP_TO: usize = 32;
+/// Size of a probe and of its answer.
+pub const PROBE_BYTES: usize = 30;
+
+const MAGIC: &[u8; 4] = b"drnp";
+const VERSION: u8 = 1;
+const PING: u8 = 0;
+const PONG: u8 = 1;
+
+/// One probe or answer on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Message {
+    answer: bool,
+    run_tag: u64,
+    generation: u64,
+    node_rank: u32,
+    seq: u32,
+}
+
+impl Message {
+    fn encode(&self) -> [u8; PROBE_BYTES] {
+        let mut b = [0u8; PROBE_BYTES];
+        b[..4].copy_from_slice(MAGIC);
+        b[4] = VERSION;
+        b[5] = if self.answer { PONG } else { PING };
+        b[6..14].copy_from_slice(&self.run_tag.to_be_bytes());
+        b[14..22].copy_from_slice(&self.generation.to_be_bytes());
+        b[22..26].copy_from_slice(&self.node_rank.to_be_bytes());
+        b[26..30].copy_from_slice(&self.seq.to_be_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Message> {
+        if b.len() != PROBE_BYTES || &b[..4] != MAGIC || b[4] != VERSION || b[5] > PONG {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        Some(Message {
+            answer: b[5] == PONG,
+            run_tag: u64_at(6),
+            generation: u64_at(14),
+            node_rank: u32_at(22),
+            seq: u32_at(26),
+        })
+    }
+}
+
+/// A stable 64-bit tag of the run id (FNV-1a), so probes of other runs on the same hosts are
+/// ignored.
+fn run_tag(run_id: &str) -> u64 {
+    run_id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The members this node probes, as (node rank, address, probe port), from `plan`.
+fn probed_members(plan: &Plan, node_id: &str) -> (u32, Vec<(u32, String, u16)>, bool) {
+    let Some(me) = plan.member(node_id) else {
+        return (0, Vec::new(), false);
+    };
+    let n = plan.members.len();
+    let mine = me.node_rank as usize;
+    let near = |r: usize| {
+        let d = r.abs_diff(mine);
+        n <= ALL_PAIRS_UP_TO || d.min(n - d) <= 2
+    };
+    let others: Vec<_> = plan
+        .members
+        .iter()
+        .filter(|m| m.node_id != node_id && near(m.node_rank as usize))
+        .collect();
+    let unprobeable = others.iter().any(|m| m.probe_port == 0);
+    let list = others
+        .iter()
+        .filter(|m| m.probe_port != 0)
+        .map(|m| (m.node_rank, m.advertise_addr.clone(), m.probe_port))
+        .collect();
+    (me.node_rank, list, unprobeable)
+}
+
+/// What the probes say, shared with the rendezvous link.
+#[derive(Debug, Clone, Default)]
+pub struct PeerHealth(Arc<Mutex<Table>>);
+
+impl PeerHealth {
+    /// The verdict at `now` (see [`Table::verdict`]).
+    pub fn verdict(&self, now: Instant) -> Verdict {
+        self.0.lock().expect("peer table lock").verdict(now, QUIET)
+    }
+
+    /// The generation whose peers are watched (0: none).
+    pub fn generation(&self) -> u64 {
+        self.0.lock().expect("peer table lock").generation()
+    }
+}
+
+/// Control messages to the probe task.
+enum Control {
+    /// Probe the members of this plan.
+    Follow(Box<Plan>),
+    /// Stop probing (between generations).
+    Clear,
+}
+
+/// The probe task of this agent: its socket's port, the shared verdict, and its control.
+pub struct Prober {
+    port: u16,
+    health: PeerHealth,
+    control: mpsc::UnboundedSender<Control>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Prober {
+    /// Binds the probe socket on `ip` (port chosen by the kernel) and starts answering and
+    /// probing for run `run_id` as node `node_id`.
+    ///
+    /// # Errors
+    /// The bind's error.
+    pub async fn start(ip: IpAddr, run_id: &str, node_id: &str) -> std::io::Result<Prober> {
+        let socket = UdpSocket::bind(SocketAddr::new(ip, 0)).await?;
+        let port = socket.local_addr()?.port();
+        let health = PeerHealth::default();
+        let (control, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(probe_loop(
+            socket,
+            run_tag(run_id),
+            node_id.to_string(),
+            health.clone(),
+            rx,
+        ));
+        Ok(Prober {
+            port,
+            health,
+            control,
+            task,
+        })
+    }
+
+    /// The UDP port peers probe.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The shared verdict.
+    pub fn health(&self) -> PeerHealth {
+        self.health.clone()
+    }
+
+    /// Probes the other members of `plan` from now on.
+    pub fn follow(&self, plan: &Plan) {
+        let _ = self.control.send(Control::Follow(Box::new(plan.clone())));
+    }
+
+    /// Stops probing until the next plan.
+    pub fn clear(&self) {
+        let _ = self.control.send(Control::Clear);
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Answers every probe of the run, probes the followed generation's peers every
+/// [`PROBE_EVERY`], and records their answers in `health`.
+async fn probe_loop(
+    socket: UdpSocket,
+    tag: u64,
+    node_id: String,
+    health: PeerHealth,
+    mut control: mpsc::UnboundedReceiver<Control>,
+) {
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut my_rank = 0u32;
+    let mut seq = 0u32;
+    let mut buf = [0u8; 64];
+    loop {
+        tokio::select! {
+            c = control.recv() => match c {
+                None => return,
+                Some(Control::Clear) => health.0.lock().expect("peer table lock").clear(),
+                Some(Control::Follow(plan)) => {
+                    let (rank, members, unprobeable) = probed_members(&plan, &node_id);
+                    my_rank = rank;
+                    let mut peers = Vec::new();
+                    for (node_rank, host, port) in members {
+                        match tokio::net::lookup_host((host.as_str(), port)).await {
+                            Ok(mut a) => match a.next() {
+                                Some(addr) => peers.push(Peer { node_rank, addr }),
+                                None => tracing::debug!(%host, "a peer's address resolves to nothing; not probed"),
+                            },
+                            Err(e) => tracing::debug!(%host, error = %e, "cannot resolve a peer's address; not probed"),
+                        }
+                    }
+                    health.0.lock().expect("peer table lock").follow(
+                        plan.generation,
+                        peers,
+                        unprobeable,
+                        Instant::now(),
+                    );
+                }
+            },
+            r = socket.recv_from(&mut buf) => {
+                let Ok((n, from)) = r else { continue };
+                let Some(m) = Message::decode(&buf[..n]).filter(|m| m.run_tag == tag) else {
+                    continue;
+                };
+                if m.answer {
+                    health.0.lock().expect("peer table lock").answered(m.generation, m.node_rank, from, Instant::now());
+                } else {
+                    let answer = Message { answer: true, node_rank: my_rank, ..m };
+                    let _ = socket.send_to(&answer.encode(), from).await;
+                }
+            }
+            _ = tick.tick() => {
+                let (generation, targets) = {
+                    let t = health.0.lock().expect("peer table lock");
+                    (t.generation(), t.targets())
+                };
+                seq = seq.wrapping_add(1);
+                let probe = Message { answer: false, run_tag: tag, generation, node_rank: my_rank, seq }.encode();
+                for p in targets {
+                    // A path that is down answers with an error at once; the silence is the signal.
+                    let _ = socket.send_to(&probe, p.addr).await;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_survives_the_wire_and_garbage_does_not_decode() {
+        let m = Message {
+            answer: true,
+            run_tag: run_tag("job-42"),
+            generation: 7,
+            node_rank: 3,
+            seq: 99,
+        };
+        assert_eq!(Message::decode(&m.encode()), Some(m));
+        assert_eq!(Message::decode(b"GET / HTTP/1.1\r\n"), None);
+        let mut other = m.encode();
+        other[4] = 2;
+        assert_eq!(Message::decode(&other), None, "another version");
+        assert_ne!(run_tag("job-42"), run_tag("job-43"));
+    }
+
+    #[tokio::test]
+    async fn two_probers_of_a_generation_hear_each_other_and_a_stopped_one_falls_silent() {
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let a = Prober::start(ip, "run", "a").await.unwrap();
+        let b = Prober::start(ip, "run", "b").await.unwrap();
+        let node = |id: &str, port: u16| drun_rendezvous::Candidate {
+            node_id: id.into(),
+            advertise_addr: "127.0.0.1".into(),
+            slots: 1,
+            requested_node_rank: None,
+            master_port: 1,
+            probe_port: port,
+        };
+        let plan =
+            drun_rendezvous::assign("run", 4, &[node("a", a.port()), node("b", b.port())], 0, 0)
+                .unwrap();
+        a.follow(&plan);
+        b.follow(&plan);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while a.health().verdict(Instant::now()) != Verdict::AllAnswer
+            || b.health().verdict(Instant::now()) != Verdict::AllAnswer
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the probers never heard each other"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(b);
+        let deadline = Instant::now() + QUIET + Duration::from_secs(3);
+        while a.health().verdict(Instant::now()) != Verdict::Silent(vec![1]) {
+            assert!(
+                Instant::now() < deadline,
+                "the stopped peer never fell silent"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

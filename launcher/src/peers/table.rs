@@ -1,0 +1,198 @@
+//! Which peers of this node's generation answer its probes: a pure table of answers, judged at
+//! an instant ([`Table::verdict`]), tested with synthetic instants.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A peer of the generation: its node rank and where its agent answers probes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// Its node rank in the generation.
+    pub node_rank: u32,
+    /// Its agent's probe address (the member's address and probe port).
+    pub addr: SocketAddr,
+}
+
+#[derive(Debug, Clone)]
+struct Watched {
+    peer: Peer,
+    /// When this peer's watch began (the generation's start): a peer is not silent before it
+    /// had a fair chance to answer.
+    since: Instant,
+    last_answer: Option<Instant>,
+}
+
+/// What the answers say at an instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No generation with other members is watched (one node, or between generations).
+    Alone,
+    /// Some member cannot be probed (an older agent without a probe port): no evidence.
+    Unknown,
+    /// Every peer answered within the quiet limit.
+    AllAnswer,
+    /// These peers (node ranks) have not answered for longer than the quiet limit.
+    Silent(Vec<u32>),
+}
+
+/// The answers of the current generation's peers.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    generation: u64,
+    peers: Vec<Watched>,
+    unprobeable: bool,
+}
+
+impl Table {
+    /// Starts watching `peers` of `generation` at `now` (the previous generation's answers are
+    /// dropped); `unprobeable`: some member has no probe port.
+    pub fn follow(&mut self, generation: u64, peers: Vec<Peer>, unprobeable: bool, now: Instant) {
+        self.generation = generation;
+        self.unprobeable = unprobeable;
+        self.peers = peers
+            .into_iter()
+            .map(|peer| Watched {
+                peer,
+                since: now,
+                last_answer: None,
+            })
+            .collect();
+    }
+
+    /// Stops watching (the generation ended).
+    pub fn clear(&mut self) {
+        *self = Table::default();
+    }
+
+    /// The generation watched (0: none).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Where to send this round's probes.
+    pub fn targets(&self) -> Vec<Peer> {
+        self.peers.iter().map(|w| w.peer.clone()).collect()
+    }
+
+    /// `from` answered a probe of `generation` at `now`; an answer for another generation, or
+    /// from an address that is not that peer's, is ignored.
+    pub fn answered(&mut self, generation: u64, node_rank: u32, from: SocketAddr, now: Instant) {
+        if generation != self.generation {
+            return;
+        }
+        if let Some(w) = self
+            .peers
+            .iter_mut()
+            .find(|w| w.peer.node_rank == node_rank && w.peer.addr.ip() == from.ip())
+        {
+            w.last_answer = Some(now);
+        }
+    }
+
+    /// The verdict at `now`: a peer is silent when it has not answered for longer than `quiet`
+    /// (counted from the watch's start while it never answered).
+    pub fn verdict(&self, now: Instant, quiet: Duration) -> Verdict {
+        if self.peers.is_empty() && !self.unprobeable {
+            return Verdict::Alone;
+        }
+        if self.unprobeable {
+            return Verdict::Unknown;
+        }
+        let silent: Vec<u32> = self
+            .peers
+            .iter()
+            .filter(|w| now.saturating_duration_since(w.last_answer.unwrap_or(w.since)) > quiet)
+            .map(|w| w.peer.node_rank)
+            .collect();
+        if silent.is_empty() {
+            Verdict::AllAnswer
+        } else {
+            Verdict::Silent(silent)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(rank: u32) -> Peer {
+        Peer {
+            node_rank: rank,
+            addr: format!("10.0.0.{}:7{rank:03}", rank + 1).parse().unwrap(),
+        }
+    }
+
+    const QUIET: Duration = Duration::from_secs(3);
+
+    #[test]
+    fn without_a_generation_the_node_is_alone() {
+        let t = Table::default();
+        assert_eq!(t.verdict(Instant::now(), QUIET), Verdict::Alone);
+    }
+
+    #[test]
+    fn a_new_generation_is_given_the_quiet_limit_before_a_peer_counts_as_silent() {
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        t.follow(3, vec![peer(1), peer(2)], false, t0);
+        assert_eq!(t.verdict(t0 + QUIET, QUIET), Verdict::AllAnswer);
+        assert_eq!(
+            t.verdict(t0 + QUIET + Duration::from_millis(1), QUIET),
+            Verdict::Silent(vec![1, 2])
+        );
+    }
+
+    #[test]
+    fn answers_keep_peers_alive_and_a_peer_that_stops_answering_is_named() {
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        t.follow(3, vec![peer(1), peer(2)], false, t0);
+        let s = |n| Duration::from_secs(n);
+        t.answered(3, 1, peer(1).addr, t0 + s(1));
+        t.answered(3, 2, peer(2).addr, t0 + s(1));
+        t.answered(3, 1, peer(1).addr, t0 + s(4));
+        assert_eq!(t.verdict(t0 + s(4), QUIET), Verdict::AllAnswer);
+        assert_eq!(t.verdict(t0 + s(5), QUIET), Verdict::Silent(vec![2]));
+    }
+
+    #[test]
+    fn an_answer_of_another_generation_or_from_another_address_does_not_count() {
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        t.follow(3, vec![peer(1)], false, t0);
+        t.answered(2, 1, peer(1).addr, t0 + Duration::from_secs(3));
+        t.answered(3, 1, peer(2).addr, t0 + Duration::from_secs(3));
+        assert_eq!(
+            t.verdict(t0 + Duration::from_secs(4), QUIET),
+            Verdict::Silent(vec![1])
+        );
+    }
+
+    #[test]
+    fn a_member_without_a_probe_port_leaves_no_evidence() {
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        t.follow(1, vec![peer(1)], true, t0);
+        t.answered(1, 1, peer(1).addr, t0);
+        assert_eq!(t.verdict(t0, QUIET), Verdict::Unknown);
+    }
+
+    #[test]
+    fn following_the_next_generation_forgets_the_old_answers() {
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        t.follow(1, vec![peer(1)], false, t0);
+        t.answered(1, 1, peer(1).addr, t0 + Duration::from_secs(10));
+        t.follow(2, vec![peer(1)], false, t0 + Duration::from_secs(10));
+        assert_eq!(t.generation(), 2);
+        assert_eq!(
+            t.verdict(t0 + Duration::from_secs(14), QUIET),
+            Verdict::Silent(vec![1])
+        );
+        t.clear();
+        assert_eq!(t.verdict(t0, QUIET), Verdict::Alone);
+    }
+}
