@@ -385,6 +385,9 @@ impl Agent {
     /// A plan arrived: announce it, serve the workers' store, start the resume check.
     async fn formed(&mut self, plan: Box<Plan>, w: &mut World) -> Result<(), LaunchError> {
         self.announce(&plan);
+        if let Some(p) = &self.peers {
+            p.follow(&plan);
+        }
         w.worker_store = crate::worker_store::host(
             self.cfg.worker_store,
             &plan,

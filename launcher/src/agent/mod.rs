@@ -145,6 +145,8 @@ struct Agent {
     metrics: Option<Arc<AgentMetrics>>,
     /// `--preflight`: the installed check script, when the check can run here.
     preflight: Option<PathBuf>,
+    /// The peer probes of a multi-node run (`crate::peers`), started with the rendezvous link.
+    peers: Option<crate::peers::Prober>,
 }
 
 impl Agent {
@@ -242,6 +244,7 @@ impl Agent {
             .and_then(|_| preflight::set_up(&cfg, api.as_ref()));
         Ok(Self {
             preflight,
+            peers: None,
             metrics,
             api,
             api_rx,

@@ -79,7 +79,9 @@ impl Agent {
             );
         }
         self.collect_fingerprint().await;
-        let mut link = rdzv::open(&self.cfg, session).await?;
+        self.start_peer_probes().await;
+        let health = self.peers.as_ref().map(crate::peers::Prober::health);
+        let mut link = rdzv::open(&self.cfg, session, health).await?;
         let result = self.drive(&mut link).await;
         if !matches!(result, Ok(AgentExit::Success | AgentExit::WorkerFailure)) {
             // Not after a preemption: every agent of the job saves and exits for the requeue on
@@ -132,6 +134,35 @@ impl Agent {
         self.cfg.slurm.as_ref().is_none_or(|j| j.may_resume_files())
     }
 
+    /// Starts the peer probes of a run that may span nodes through a rendezvous that can be
+    /// away (a server, a c10d host, etcd), bound to `--local-addr` when this host holds it.
+    /// Without them the agent fences itself when the rendezvous is gone, as before.
+    async fn start_peer_probes(&mut self) {
+        if self.cfg.max_nodes <= 1
+            || matches!(
+                self.cfg.rendezvous,
+                RendezvousMode::Embedded { .. } | RendezvousMode::Static { .. }
+            )
+        {
+            return;
+        }
+        let ip = self
+            .cfg
+            .advertise_addr
+            .as_deref()
+            .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+            .filter(|ip| ports::holds_address(*ip))
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        match crate::peers::Prober::start(ip, &self.cfg.run_id, &self.cfg.node_id).await {
+            Ok(p) => self.peers = Some(p),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "cannot open the peer probe socket: a rendezvous outage will fence this node \
+                 even while its peers answer"
+            ),
+        }
+    }
+
     /// This node's Join: its candidacy and, apart from it, the checkpoint it could resume from.
     pub(super) fn candidate(&mut self, master_port: u16) -> Join {
         let advertise_addr = match &self.cfg.rendezvous {
@@ -154,6 +185,7 @@ impl Agent {
             slots: self.cfg.nproc_per_node,
             requested_node_rank: self.cfg.requested_node_rank,
             master_port,
+            probe_port: self.peers.as_ref().map_or(0, crate::peers::Prober::port),
         };
         Join {
             candidate,

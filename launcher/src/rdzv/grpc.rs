@@ -23,6 +23,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::reach::{short_reason, Limits, Reach};
 use super::track::Track;
+use crate::peers::{PeerHealth, Verdict};
 
 /// How the fence this link declares itself begins: no server could be reached for a whole
 /// lease TTL. Unlike a fence the server declares (the lease expired while this agent was
@@ -54,6 +55,7 @@ pub fn connect(
     endpoints: Vec<String>,
     cfg: SessionConfig,
     creds: Creds,
+    peers: Option<PeerHealth>,
 ) -> (
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
@@ -61,7 +63,7 @@ pub fn connect(
     let (req_tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     tokio::spawn(tracing::Instrument::in_current_span(run(
-        endpoints, cfg, creds, req_rx, ev_tx,
+        endpoints, cfg, creds, peers, req_rx, ev_tx,
     )));
     (req_tx, ev_rx)
 }
@@ -118,6 +120,8 @@ struct Client {
     events: mpsc::UnboundedSender<Event>,
     t: Track,
     reach: Reach,
+    /// What the peer probes say, if they run.
+    peers: Option<PeerHealth>,
     attempt: usize,
     backoff: Duration,
     /// Whether the wait for a name to resolve was announced.
@@ -128,6 +132,7 @@ async fn run(
     endpoints: Vec<String>,
     cfg: SessionConfig,
     creds: Creds,
+    peers: Option<PeerHealth>,
     mut requests: mpsc::UnboundedReceiver<Request>,
     events: mpsc::UnboundedSender<Event>,
 ) {
@@ -138,6 +143,7 @@ async fn run(
         events,
         t: Track::default(),
         reach: Reach::new(Instant::now()),
+        peers,
         attempt: 0,
         backoff: Duration::from_millis(100),
         said_dns: false,
@@ -174,9 +180,10 @@ impl Client {
             join_timeout: self.cfg.round.join_timeout,
         };
         let all = self.endpoints.join(", ");
+        let now = Instant::now();
         let v = self
             .reach
-            .check(Instant::now(), self.t.lease.is_some(), limits, &all);
+            .check(now, self.t.lease.is_some(), self.vouched(now), limits, &all);
         if let Some(line) = v.fence {
             let _ = self.events.send(Event::Fenced(line));
             self.t = Track::default();
@@ -189,6 +196,18 @@ impl Client {
             return true;
         }
         false
+    }
+
+    /// The generation this agent runs, when every peer of it answers its probes now: the
+    /// rendezvous is gone for everyone, not for this node alone (see [`Reach::check`]).
+    fn vouched(&self, now: Instant) -> Option<u64> {
+        let g = self.t.generation;
+        let peers = self.peers.as_ref()?;
+        (g > 0
+            && self.t.waiting.is_none()
+            && peers.generation() == g
+            && peers.verdict(now) == Verdict::AllAnswer)
+            .then_some(g)
     }
 
     /// How this link connects (TLS or not, with a client certificate or not).

@@ -152,7 +152,13 @@ pub fn endpoints(list: &str, default: u16) -> Result<Vec<String>, ConfigError> {
 /// # Errors
 /// [`LaunchError::RendezvousFailed`] when etcd does not answer within the join timeout, or a
 /// c10d host cannot serve.
-pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, LaunchError> {
+/// `peers`: what the peer probes say (the gRPC link keeps a generation through a rendezvous
+/// outage while every peer answers).
+pub async fn open(
+    cfg: &LaunchConfig,
+    session: SessionConfig,
+    peers: Option<crate::peers::PeerHealth>,
+) -> Result<Link, LaunchError> {
     match &cfg.rendezvous {
         RendezvousMode::Embedded { .. } => {
             let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -172,7 +178,7 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             })
         }
         RendezvousMode::Server { endpoints } => {
-            let (tx, rx) = grpc::connect(endpoints.clone(), session, grpc::Creds::of(cfg));
+            let (tx, rx) = grpc::connect(endpoints.clone(), session, grpc::Creds::of(cfg), peers);
             Ok(Link {
                 tx,
                 rx,
@@ -219,7 +225,8 @@ pub async fn open(cfg: &LaunchConfig, session: SessionConfig) -> Result<Link, La
             } else {
                 None
             };
-            let (tx, rx) = grpc::connect(vec![endpoint.clone()], session, grpc::Creds::of(cfg));
+            let (tx, rx) =
+                grpc::connect(vec![endpoint.clone()], session, grpc::Creds::of(cfg), peers);
             Ok(Link { tx, rx, hosted })
         }
     }
@@ -261,7 +268,7 @@ async fn host_addr(
                 reach.failed_because(why);
             }
         }
-        let v = reach.check(Instant::now(), false, limits, endpoint);
+        let v = reach.check(Instant::now(), false, None, limits, endpoint);
         if let Some(line) = v.progress {
             tracing::info!("{line}");
         }

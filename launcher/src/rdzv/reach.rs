@@ -7,8 +7,12 @@
 //!   with one line naming the endpoint and the fix.
 //! * **Later.** A lost server is said once when the stream breaks, then one progress line every
 //!   [`PROGRESS_EVERY`] while it stays unreachable (not one per attempt). No server for a whole
-//!   lease TTL means the lease must be taken as expired (a fence); no server for longer than the
-//!   join timeout ends the link.
+//!   lease TTL means the lease must be taken as expired (a fence) — unless every peer of the
+//!   running generation answers this agent's probes (`crate::peers`): then the control plane is
+//!   gone for everyone, the servers hold the generation's leases meanwhile, and the agent keeps
+//!   its generation and workers and attaches again when a server answers (static stability;
+//!   `docs/architecture.md`, "Control-plane outages"). No server for longer than the join
+//!   timeout ends the link.
 
 use std::time::Duration;
 
@@ -50,6 +54,8 @@ pub struct Reach {
     last_contact: Instant,
     next_progress: Instant,
     last_error: Option<String>,
+    /// Whether this outage's "kept by the peers" line was said.
+    outage_said: bool,
 }
 
 impl Reach {
@@ -61,6 +67,7 @@ impl Reach {
             last_contact: now,
             next_progress: now + QUIET,
             last_error: None,
+            outage_said: false,
         }
     }
 
@@ -74,6 +81,7 @@ impl Reach {
         self.ever_connected = true;
         self.last_contact = now;
         self.last_error = None;
+        self.outage_said = false;
         self.next_progress = now + QUIET;
     }
 
@@ -87,8 +95,16 @@ impl Reach {
         self.last_error = Some(why);
     }
 
-    /// The verdict at `now` (`leased`: the session holds a lease; `endpoints`: as tried).
-    pub fn check(&mut self, now: Instant, leased: bool, l: Limits, endpoints: &str) -> Verdict {
+    /// The verdict at `now` (`leased`: the session holds a lease; `vouched`: the generation it
+    /// runs, when every peer of it answers its probes; `endpoints`: as tried).
+    pub fn check(
+        &mut self,
+        now: Instant,
+        leased: bool,
+        vouched: Option<u64>,
+        l: Limits,
+        endpoints: &str,
+    ) -> Verdict {
         let mut v = Verdict::default();
         let why = self.last_error.as_deref().unwrap_or("no answer");
         if !self.ever_connected {
@@ -110,7 +126,17 @@ impl Reach {
             return v;
         }
         let gone = now.saturating_duration_since(self.last_contact);
-        if leased && gone > l.lease_ttl {
+        let mut kept = None;
+        if let (true, true, Some(g)) = (leased, gone > l.lease_ttl, vouched) {
+            if !self.outage_said {
+                self.outage_said = true;
+                kept = Some(format!(
+                    "{UNREACHABLE} for {} (TTL {}; tried {endpoints}), but every peer of generation {g} answers: the control plane is away for everyone, so this node keeps its generation and workers and attaches again when a server answers",
+                    human(gone),
+                    human(l.lease_ttl),
+                ));
+            }
+        } else if leased && gone > l.lease_ttl {
             v.fence = Some(format!(
                 "{UNREACHABLE} for {} (TTL {}; tried {endpoints})",
                 human(gone),
@@ -138,6 +164,9 @@ impl Reach {
             while self.next_progress <= now {
                 self.next_progress += PROGRESS_EVERY;
             }
+        }
+        if kept.is_some() {
+            v.progress = kept;
         }
         v
     }
@@ -180,20 +209,20 @@ mod tests {
         let t0 = Instant::now();
         let mut r = Reach::new(t0);
         r.failed("transport error: tcp connect error: Connection refused (os error 111)");
-        assert_eq!(r.check(t0 + s(1), false, L, EP), Verdict::default());
-        let v = r.check(t0 + s(2), false, L, EP);
+        assert_eq!(r.check(t0 + s(1), false, None, L, EP), Verdict::default());
+        let v = r.check(t0 + s(2), false, None, L, EP);
         assert_eq!(
             v.progress.as_deref(),
             Some("waiting for the rendezvous server at h:29400: connection refused; giving up in 598 s")
         );
-        assert_eq!(r.check(t0 + s(5), false, L, EP), Verdict::default());
-        let v = r.check(t0 + s(12), false, L, EP);
+        assert_eq!(r.check(t0 + s(5), false, None, L, EP), Verdict::default());
+        let v = r.check(t0 + s(12), false, None, L, EP);
         assert!(v.progress.unwrap().ends_with("giving up in 588 s"));
         // A long attempt skips the lines it missed: one line, not a burst.
-        assert!(r.check(t0 + s(45), false, L, EP).progress.is_some());
-        assert_eq!(r.check(t0 + s(50), false, L, EP), Verdict::default());
-        assert!(r.check(t0 + s(599), false, L, EP).give_up.is_none());
-        let v = r.check(t0 + s(600), false, L, EP);
+        assert!(r.check(t0 + s(45), false, None, L, EP).progress.is_some());
+        assert_eq!(r.check(t0 + s(50), false, None, L, EP), Verdict::default());
+        assert!(r.check(t0 + s(599), false, None, L, EP).give_up.is_none());
+        let v = r.check(t0 + s(600), false, None, L, EP);
         let line = v.give_up.expect("gives up at the join timeout");
         assert!(
             line.starts_with("cannot reach the rendezvous server at h:29400 (connection refused) within the join timeout of 600 s;"),
@@ -208,15 +237,15 @@ mod tests {
         let mut r = Reach::new(t0);
         r.contact(t0 + s(1));
         r.contact(t0 + s(700));
-        assert_eq!(r.check(t0 + s(730), true, L, EP), Verdict::default());
-        let v = r.check(t0 + s(731), true, L, EP);
+        assert_eq!(r.check(t0 + s(730), true, None, L, EP), Verdict::default());
+        let v = r.check(t0 + s(731), true, None, L, EP);
         assert!(v.fence.unwrap().starts_with(UNREACHABLE));
         assert!(v.give_up.is_none());
         assert!(
-            r.check(t0 + s(731), false, L, EP).fence.is_none(),
+            r.check(t0 + s(731), false, None, L, EP).fence.is_none(),
             "no lease"
         );
-        let v = r.check(t0 + s(1301), false, L, EP);
+        let v = r.check(t0 + s(1301), false, None, L, EP);
         assert!(v
             .give_up
             .unwrap()
@@ -229,7 +258,7 @@ mod tests {
         let mut r = Reach::new(t0);
         r.contact(t0);
         assert_eq!(
-            r.check(t0 + s(5), true, L, EP),
+            r.check(t0 + s(5), true, None, L, EP),
             Verdict::default(),
             "no failure yet"
         );
@@ -238,7 +267,7 @@ mod tests {
         let mut lines = Vec::new();
         for t in 6..=30 {
             r.failed("transport error: tcp connect error: Connection refused (os error 111)");
-            if let Some(p) = r.check(t0 + s(t), true, L, EP).progress {
+            if let Some(p) = r.check(t0 + s(t), true, None, L, EP).progress {
                 lines.push((t, p));
             }
         }
@@ -250,7 +279,7 @@ mod tests {
         );
         // Back: quiet again, and a new outage starts its own count.
         r.contact(t0 + s(31));
-        assert_eq!(r.check(t0 + s(40), true, L, EP), Verdict::default());
+        assert_eq!(r.check(t0 + s(40), true, None, L, EP), Verdict::default());
     }
 
     #[test]
@@ -266,5 +295,36 @@ mod tests {
             "name or service not known"
         );
         assert_eq!(short_reason("HTTP/2 error"), "HTTP/2 error");
+    }
+
+    #[test]
+    fn a_generation_whose_peers_all_answer_is_kept_through_an_outage_and_one_without_is_fenced() {
+        let t0 = Instant::now();
+        let mut r = Reach::new(t0);
+        r.contact(t0);
+        r.failed("transport error: tcp connect error: Connection timed out (os error 110)");
+        let v = r.check(t0 + s(31), true, Some(4), L, EP);
+        assert_eq!(v.fence, None, "vouched for by its peers");
+        let line = v.progress.expect("said once");
+        assert!(
+            line.contains("but every peer of generation 4 answers")
+                && line.contains("keeps its generation and workers"),
+            "{line}"
+        );
+        let again = r.check(t0 + s(32), true, Some(4), L, EP);
+        assert!(
+            again.progress.is_none_or(|p| !p.contains("every peer")),
+            "the kept line is said once per outage"
+        );
+        // The peers fall silent too: this node is the one cut off; it fences as before.
+        let v = r.check(t0 + s(40), true, None, L, EP);
+        assert!(v.fence.unwrap().starts_with(UNREACHABLE));
+        // Still past the join timeout the link ends, peers or not.
+        let v = r.check(t0 + s(601), false, Some(4), L, EP);
+        assert!(v.give_up.is_some());
+        // After contact, a new outage is said again.
+        r.contact(t0 + s(602));
+        let v = r.check(t0 + s(633), true, Some(4), L, EP);
+        assert!(v.progress.unwrap().contains("every peer of generation 4"));
     }
 }
