@@ -3,7 +3,10 @@
 //! (`ResourceExhausted`), one of a run already served never is.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
+
+use crate::clock::now_ms;
 
 /// Default limit of runs served at once by one server (`--max-runs`).
 pub const DEFAULT_MAX_RUNS: usize = 1000;
@@ -13,6 +16,11 @@ pub const DEFAULT_MAX_RUNS: usize = 1000;
 pub struct RunTable {
     max: usize,
     open: Mutex<HashMap<String, usize>>,
+    /// When any agent of each run was last heard on this server (ms since the epoch), shared by
+    /// the run's sessions ([`crate::session::hold`]). Outlives the run's sessions: when every
+    /// stream of a run broke at once, the sessions holding its leases must see the first agent
+    /// that comes back, on whatever new session.
+    contact: Mutex<HashMap<String, Arc<AtomicU64>>>,
 }
 
 /// A session's place in its run's count; leaving it (drop) closes the place.
@@ -28,7 +36,28 @@ impl RunTable {
         Arc::new(Self {
             max: max.max(1),
             open: Mutex::new(HashMap::new()),
+            contact: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The last-heard clock of `run`'s agents on this server (created now if new). Clocks no
+    /// session holds any more and that are older than the longest hold are dropped here.
+    pub fn contact(&self, run: &str) -> Arc<AtomicU64> {
+        use std::sync::atomic::Ordering;
+        let mut all = self
+            .contact
+            .lock()
+            .expect("contact table lock is never poisoned");
+        let now = now_ms();
+        let stale = crate::session::hold::HOLD_MAX.as_millis() as u64;
+        all.retain(|r, c| {
+            r == run
+                || Arc::strong_count(c) > 1
+                || now.saturating_sub(c.load(Ordering::SeqCst)) <= stale
+        });
+        all.entry(run.to_string())
+            .or_insert_with(|| Arc::new(AtomicU64::new(now)))
+            .clone()
     }
 
     /// A seat for one more session of `run`.

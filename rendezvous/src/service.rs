@@ -26,7 +26,7 @@ use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 use crate::auth::Auth;
 use crate::clock::now_ms;
 use crate::error::ServiceError;
-use crate::session::{spawn_session, Event, Request, SessionConfig};
+use crate::session::{spawn_server_session, Event, Request, SessionConfig};
 pub use crate::status::status_json;
 use crate::wire::{event_to_wire, request_from_wire};
 use crate::{RoundConfig, Store};
@@ -242,11 +242,13 @@ impl Rendezvous for RendezvousService {
         } else {
             tracing::info_span!("session", node = %cfg.node_id)
         };
+        let run_heard = self.runs.contact(&cfg.run_id);
         let (req_tx, events) = span.in_scope(|| {
-            spawn_session(
+            spawn_server_session(
                 self.store.clone(),
                 cfg.clone(),
                 hello.resume.map(Into::into),
+                Some(run_heard),
             )
         });
         let sessions = self.sessions.clone();

@@ -33,6 +33,7 @@ mod actor;
 #[cfg(test)]
 mod door_tests;
 mod generation;
+pub mod hold;
 mod interval;
 mod keeper;
 mod membership;
@@ -68,6 +69,21 @@ pub fn spawn_session(
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
 ) {
+    spawn_server_session(store, cfg, resume, None)
+}
+
+/// [`spawn_session`] for a server, with the clock of when any agent of the run was last heard
+/// on this server (`run_heard`, ms since the epoch; shared by the run's sessions): it keeps the
+/// leases of a run it hears nobody of ([`hold`]).
+pub fn spawn_server_session(
+    store: Arc<dyn Store>,
+    cfg: SessionConfig,
+    resume: Option<Resume>,
+    run_heard: Option<Arc<AtomicU64>>,
+) -> (
+    mpsc::UnboundedSender<Request>,
+    mpsc::UnboundedReceiver<Event>,
+) {
     let (req_tx, mut outer_rx) = mpsc::unbounded_channel();
     let (inner_tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
@@ -75,9 +91,14 @@ pub fn spawn_session(
     // Notes when the agent was last heard from, even while the actor is busy with the store:
     // a server-side session keeps the lease alive only for an agent that still talks.
     let heard_fwd = heard.clone();
+    let run_fwd = run_heard.clone();
     tokio::spawn(async move {
         while let Some(r) = outer_rx.recv().await {
-            heard_fwd.store(now_ms(), Ordering::SeqCst);
+            let now = now_ms();
+            heard_fwd.store(now, Ordering::SeqCst);
+            if let Some(run) = &run_fwd {
+                run.fetch_max(now, Ordering::SeqCst);
+            }
             if inner_tx.send(r).is_err() {
                 return;
             }
@@ -85,7 +106,7 @@ pub fn spawn_session(
     });
     // The caller's span (an agent's `node=...`) stays on the session's lines.
     tokio::spawn(tracing::Instrument::in_current_span(async move {
-        let mut actor = Actor::new(store, cfg, ev_tx, heard);
+        let mut actor = Actor::new(store, cfg, ev_tx, heard, run_heard);
         if let Err(e) = actor.run(resume, req_rx).await {
             actor.emit(Event::Error(e.to_string()));
         }

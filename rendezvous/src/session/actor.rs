@@ -90,6 +90,8 @@ pub(super) struct Actor {
     pub last_gen: u64,
     /// When the agent last sent anything (ms since the epoch).
     heard: Arc<AtomicU64>,
+    /// When any agent of the run last sent anything to this server (server-side sessions).
+    pub(super) run_heard: Option<Arc<AtomicU64>>,
     keeper: Option<tokio::task::JoinHandle<()>>,
     lost_tx: mpsc::UnboundedSender<Lost>,
     pub(super) lost_rx: mpsc::UnboundedReceiver<Lost>,
@@ -103,6 +105,7 @@ impl Actor {
         cfg: SessionConfig,
         events: mpsc::UnboundedSender<Event>,
         heard: Arc<AtomicU64>,
+        run_heard: Option<Arc<AtomicU64>>,
     ) -> Self {
         let (lost_tx, lost_rx) = mpsc::unbounded_channel();
         Self {
@@ -121,6 +124,7 @@ impl Actor {
             lease: None,
             last_gen: 0,
             heard,
+            run_heard,
             keeper: None,
             lost_tx,
             lost_rx,
@@ -148,6 +152,7 @@ impl Actor {
             lease,
             cfg,
             self.heard.clone(),
+            self.run_heard.clone(),
             self.lost_tx.clone(),
         ));
     }

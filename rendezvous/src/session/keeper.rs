@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::hold::{self, Renew};
 use crate::clock::now_ms;
 use crate::human::duration as human;
 use crate::store::{LeaseId, Store};
@@ -29,24 +30,43 @@ pub(crate) struct KeeperConfig {
 
 /// Renews `lease` every keep-alive interval on its own task, so slow store operations of the
 /// actor never starve it. Server-side it renews only while the agent is heard from (`heard`, ms
-/// since the epoch) within a TTL. Reports a lost lease (or a whole TTL without a successful
+/// since the epoch) within a TTL, or while nobody of its run is (`run_heard`: this server is cut
+/// off; [`hold`]). Reports a lost lease (or a whole TTL without a successful
 /// renewal) on `lost`.
 pub(crate) fn spawn_keeper(
     store: Arc<dyn Store>,
     lease: LeaseId,
     cfg: KeeperConfig,
     heard: Arc<AtomicU64>,
+    run_heard: Option<Arc<AtomicU64>>,
     lost: mpsc::UnboundedSender<Lost>,
 ) -> tokio::task::JoinHandle<()> {
     let KeeperConfig { ttl, every, auto } = cfg;
     tokio::spawn(async move {
         let mut last_ok = Instant::now();
+        let mut held = false;
         loop {
             tokio::time::sleep(every).await;
-            if !auto
-                && now_ms().saturating_sub(heard.load(Ordering::SeqCst)) > ttl.as_millis() as u64
-            {
-                continue; // the agent went silent: let its lease run out
+            if !auto {
+                let since = |ms: u64| Duration::from_millis(now_ms().saturating_sub(ms));
+                let agent = since(heard.load(Ordering::SeqCst));
+                let run = run_heard.as_ref().map(|r| since(r.load(Ordering::SeqCst)));
+                match hold::renew(agent, run, ttl) {
+                    Renew::Heard => held = false,
+                    Renew::Held => {
+                        if !held {
+                            held = true;
+                            tracing::warn!(
+                                lease = format!("{lease:#x}"),
+                                "no agent of this run heard for {}: this server is more likely cut off than every node at once; holding the silent agents' leases (up to {}) for them to come back",
+                                human(run.unwrap_or_default()),
+                                human(hold::HOLD_MAX)
+                            );
+                        }
+                    }
+                    // The agent went silent while its run talks: let its lease run out.
+                    Renew::No => continue,
+                }
             }
             // Never wait past the moment the lease would expire: fencing is bounded by the TTL.
             let left = ttl

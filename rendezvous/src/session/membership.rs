@@ -2,12 +2,15 @@
 //! lease revoked after the reconnect grace, lost members named, and a worker failure that
 //! coincides with a loss attributed to it (see [`crate::loss`]).
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::actor::Actor;
+use super::hold;
 use super::protocol::SaveRequest;
+use crate::clock::now_ms;
 use crate::human::duration as human;
 use crate::loss;
 use crate::round::Restarts;
@@ -62,14 +65,37 @@ impl Actor {
         };
         tokio::time::sleep(loss::RECONNECT_GRACE).await;
         let keys = self.round.keys().clone();
-        let owner = self
-            .store
-            .get(&keys.session_owner(&self.cfg.node_id))
-            .await?;
-        if owner.is_none_or(|kv| kv.value != self.token.as_bytes())
-            || self.finished().await?.is_some()
-        {
-            return Ok(());
+        let mut held = false;
+        loop {
+            if !self.still_speaks_for_the_node().await? {
+                return Ok(());
+            }
+            let run_silent = self
+                .run_heard
+                .as_ref()
+                .map(|r| Duration::from_millis(now_ms().saturating_sub(r.load(Ordering::SeqCst))));
+            match hold::after_break(run_silent, self.cfg.lease_ttl) {
+                hold::AfterBreak::Hold => {
+                    if !held {
+                        held = true;
+                        tracing::warn!(
+                            run = %self.cfg.run_id,
+                            node = %self.cfg.node_id,
+                            "the agent's connection broke, but no agent of the run was heard for {} either: this server is more likely cut off than every node; holding its lease (up to {}) for it to come back",
+                            human(run_silent.unwrap_or_default()),
+                            human(hold::HOLD_MAX)
+                        );
+                    }
+                    tokio::time::sleep(self.cfg.keep_alive_interval.min(Duration::from_secs(1)))
+                        .await;
+                }
+                hold::AfterBreak::Revoke if held => {
+                    // The run is heard again: give this agent as long to come back.
+                    held = false;
+                    tokio::time::sleep(hold::return_grace(self.cfg.lease_ttl)).await;
+                }
+                hold::AfterBreak::Revoke => break,
+            }
         }
         tracing::warn!(
             run = %self.cfg.run_id,
@@ -88,6 +114,17 @@ impl Actor {
         self.store.lease_revoke(lease).await?;
         self.lease = None;
         Ok(())
+    }
+
+    /// Whether this session still speaks for its node: no other session claimed it (the agent
+    /// reconnected elsewhere) and the run has not finished.
+    async fn still_speaks_for_the_node(&self) -> Result<bool, RendezvousError> {
+        let owner = self
+            .store
+            .get(&self.round.keys().session_owner(&self.cfg.node_id))
+            .await?;
+        Ok(owner.is_some_and(|kv| kv.value == self.token.as_bytes())
+            && self.finished().await?.is_none())
     }
 
     /// Members of `plan` (other than this node) that are gone now, each described with why.
