@@ -344,3 +344,111 @@ fn preflight_names_a_20_mbit_link_among_fast_ones_within_five_seconds() {
     assert!(measuring <= 5.0, "{heading}");
     eprintln!("{heading}\n{}", rows.join("\n"));
 }
+
+/// The step times of `steps_rank<rank>.log` in `dir` (`paced_steps.py`), in seconds.
+fn step_times(dir: &Path, rank: u32) -> Vec<f64> {
+    std::fs::read_to_string(dir.join(format!("steps_rank{rank}.log")))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// Two hosts train (one torch worker each, `paced_steps.py`) through a rendezvous server on a
+/// third host (memory store); the server host's cable is pulled for four lease TTLs. Every peer
+/// still answers, so neither agent fences and the server, hearing no agent at all, holds their
+/// leases: the training never pauses for a second, no re-form happens, the workers are the same
+/// processes, and both agents attach again when the cable is back.
+#[test]
+fn a_control_plane_outage_is_not_a_training_outage() {
+    let Some(python) = torch_python() else { return };
+    let Some(bed) = Bed::new(&["server", "n0", "n1"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = RdzvServer::start_in(
+        &bed,
+        "server",
+        &["--store", "memory"],
+        "info",
+        &dir.path().join("server.log"),
+    );
+    let out = dir.path().join("records");
+    std::fs::create_dir(&out).unwrap();
+    let conf = format!("lease_ttl={TTL}");
+    let agents: Vec<Agent> = ["n0", "n1"]
+        .iter()
+        .map(|name| {
+            let mut c = drun();
+            c.job("outage", "2")
+                .nproc(1)
+                .quick_shutdown()
+                .python(&python)
+                .args(["--local-addr", &bed.host(name).addr])
+                .args(["--rdzv-endpoint", &server.endpoint, "--rdzv-conf", &conf])
+                .env("GLOO_SOCKET_IFNAME", "eth0")
+                .arg(worker("paced_steps.py"))
+                .arg(&out);
+            Agent::start(bed.on(name, &c))
+        })
+        .collect();
+    wait_for("generation 1 trains", Duration::from_secs(120), || {
+        step_times(&out, 0).len() > 20 && step_times(&out, 1).len() > 20
+    });
+    let workers: Vec<i64> = crate::harness::gen_records(&out, 1)
+        .iter()
+        .map(|r| r["pid"].as_i64().unwrap())
+        .collect();
+    assert_eq!(workers.len(), 2);
+
+    let cut = Instant::now();
+    let cut_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    bed.pull_cable("server");
+    let outage = Duration::from_secs(4 * TTL);
+    crate::harness::holds_for("the workers train on", outage, || {
+        workers.iter().all(|p| alive(*p as i32)) && newest_generation(&out) == Some((1, 2))
+    });
+    bed.plug_cable("server");
+    let back = Instant::now();
+    wait_for("both agents attach again", Duration::from_secs(30), || {
+        agents
+            .iter()
+            .all(|a| a.stderr_so_far().contains("reconnected to the rendezvous"))
+    });
+    let attached = back.elapsed();
+    crate::harness::holds_for(
+        "no re-form after the outage",
+        Duration::from_secs(2 * TTL),
+        || workers.iter().all(|p| alive(*p as i32)) && newest_generation(&out) == Some((1, 2)),
+    );
+    for rank in 0..2 {
+        let times = step_times(&out, rank);
+        let during: Vec<f64> = times.into_iter().filter(|t| *t >= cut_at - 1.0).collect();
+        assert!(during.len() > 50, "rank {rank} trained through the outage");
+        let gap = during.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+        assert!(
+            gap <= 1.0,
+            "rank {rank} paused {gap:.2} s during the outage"
+        );
+    }
+    for a in &agents {
+        let err = a.stderr_so_far();
+        assert!(
+            err.contains("but every peer of generation 1 answers"),
+            "{err}"
+        );
+        assert!(!err.contains("fenced"), "{err}");
+    }
+    let log = std::fs::read_to_string(dir.path().join("server.log")).unwrap();
+    assert!(
+        log.contains("holding"),
+        "the server said it held the leases:\n{log}"
+    );
+    eprintln!(
+        "server cut off for {:?}: both agents attached again {attached:?} after the cable was back",
+        back - cut
+    );
+}
