@@ -354,22 +354,64 @@ fn step_times(dir: &Path, rank: u32) -> Vec<f64> {
         .collect()
 }
 
+/// etcd on host `name` of `bed`, on that host's own loopback (the control plane's network);
+/// healthy when this returns; killed with the guard.
+fn etcd_on(bed: &Bed, name: &str, data: &Path) -> Listener {
+    let mut c = Command::new("etcd");
+    c.args(["--name", "e0", "--data-dir"])
+        .arg(data)
+        .args(["--listen-client-urls", "http://127.0.0.1:2379"])
+        .args(["--advertise-client-urls", "http://127.0.0.1:2379"])
+        .args(["--listen-peer-urls", "http://127.0.0.1:2380"])
+        .args(["--logger", "zap", "--log-level", "error"]);
+    let guard = Listener(
+        bed.on(name, &c)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd (apt-get install etcd-server)"),
+    );
+    let mut health = Command::new("python3");
+    health.args([
+        "-c",
+        "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:2379/health',timeout=1).read()",
+    ]);
+    wait_for(
+        "etcd on the bed to become healthy",
+        Duration::from_secs(30),
+        || {
+            bed.on(name, &health)
+                .stderr(Stdio::null())
+                .status()
+                .unwrap()
+                .success()
+        },
+    );
+    guard
+}
+
 /// Two hosts train (one torch worker each, `paced_steps.py`) through a rendezvous server on a
-/// third host (memory store); the server host's cable is pulled for four lease TTLs. Every peer
-/// still answers, so neither agent fences and the server, hearing no agent at all, holds their
-/// leases: the training never pauses for a second, no re-form happens, the workers are the same
-/// processes, and both agents attach again when the cable is back.
-#[test]
-fn a_control_plane_outage_is_not_a_training_outage() {
+/// third host (`store`: memory, or etcd on the server's host); the server host's cable is pulled
+/// for four lease TTLs. Every peer still answers, so neither agent fences and the server, hearing
+/// no agent at all, holds their leases: the training never pauses for a second, no re-form
+/// happens, the workers are the same processes, and both agents attach again when the cable is
+/// back.
+fn control_plane_outage(store: &str) {
     let Some(python) = torch_python() else { return };
     let Some(bed) = Bed::new(&["server", "n0", "n1"]) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
+    let _etcd = (store == "etcd").then(|| etcd_on(&bed, "server", &dir.path().join("etcd")));
+    let store_args: &[&str] = if store == "etcd" {
+        &["--store", "etcd", "--etcd-endpoints", "127.0.0.1:2379"]
+    } else {
+        &["--store", "memory"]
+    };
     let server = RdzvServer::start_in(
         &bed,
         "server",
-        &["--store", "memory"],
+        store_args,
         "info",
         &dir.path().join("server.log"),
     );
@@ -448,7 +490,111 @@ fn a_control_plane_outage_is_not_a_training_outage() {
         "the server said it held the leases:\n{log}"
     );
     eprintln!(
-        "server cut off for {:?}: both agents attached again {attached:?} after the cable was back",
+        "{store} store, server cut off for {:?}: both agents attached again {attached:?} after the cable was back",
         back - cut
     );
+}
+
+#[test]
+fn a_control_plane_outage_is_not_a_training_outage_memory() {
+    control_plane_outage("memory");
+}
+
+#[test]
+fn a_control_plane_outage_is_not_a_training_outage_etcd() {
+    control_plane_outage("etcd");
+}
+
+/// Three hosts train (one torch worker each) through a server on a fourth; n1 and n2 can no
+/// longer reach each other, while both still reach the server and n0. Within 10 s both agents
+/// name the peer they cannot reach (its node rank and address) and `status` shows the broken
+/// pair; when the partition heals, both say every peer answers again.
+#[test]
+fn a_partition_between_two_peers_is_named_on_both_sides_and_in_status() {
+    let Some(python) = torch_python() else { return };
+    let Some(bed) = Bed::new(&["server", "n0", "n1", "n2"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = RdzvServer::start_in(
+        &bed,
+        "server",
+        &["--store", "memory"],
+        "info",
+        &dir.path().join("server.log"),
+    );
+    let out = dir.path().join("records");
+    std::fs::create_dir(&out).unwrap();
+    let agents: Vec<(&str, Agent)> = ["n0", "n1", "n2"]
+        .into_iter()
+        .map(|name| {
+            let mut c = drun();
+            c.job("split", "3")
+                .nproc(1)
+                .quick_shutdown()
+                .python(&python)
+                .args(["--local-addr", &bed.host(name).addr])
+                .args(["--rdzv-endpoint", &server.endpoint])
+                .env("GLOO_SOCKET_IFNAME", "eth0")
+                .arg(worker("paced_steps.py"))
+                .arg(&out);
+            (name, Agent::start(bed.on(name, &c)))
+        })
+        .collect();
+    wait_for("generation 1 trains", Duration::from_secs(120), || {
+        (0..3).all(|r| step_times(&out, r).len() > 5)
+    });
+    let rank_of = |name: &str| -> u64 {
+        let pids = bed.pids_on(name);
+        crate::harness::gen_records(&out, 1)
+            .iter()
+            .find(|r| pids.contains(&(r["pid"].as_i64().unwrap() as i32)))
+            .and_then(|r| r["group_rank"].as_u64())
+            .unwrap()
+    };
+    let (r1, r2) = (rank_of("n1"), rank_of("n2"));
+
+    let cut = Instant::now();
+    bed.partition("n1", "n2");
+    let names = |a: &Agent, rank: u64, host: &str| {
+        a.stderr_so_far().contains(&format!(
+            "cannot reach node rank {rank} ({}) of generation 1",
+            bed.host(host).addr
+        ))
+    };
+    wait_for("both sides name the other", Duration::from_secs(10), || {
+        names(&agents[1].1, r2, "n2") && names(&agents[2].1, r1, "n1")
+    });
+    let named = cut.elapsed();
+    assert!(
+        !agents[0].1.stderr_so_far().contains("cannot reach"),
+        "n0 reaches both"
+    );
+    let mut status = Command::new(crate::harness::cluster::rendezvous_bin());
+    status.args(["status", "split", "--endpoint", &server.endpoint]);
+    let pair = format!("node {} ↔ node {}", r1.min(r2), r1.max(r2));
+    let mut view = String::new();
+    let shown = crate::harness::poll_until(Duration::from_secs(10), || {
+        let o = bed.on("n0", &status).output().unwrap();
+        view = String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        view.contains(&format!("partition {pair}"))
+    });
+    assert!(shown, "status shows {pair}:\n{view}");
+    bed.heal("n1", "n2");
+    wait_for(
+        "both sides hear each other again",
+        Duration::from_secs(15),
+        || {
+            [1, 2].iter().all(|i| {
+                agents[*i]
+                    .1
+                    .stderr_so_far()
+                    .contains("every peer of generation 1 answers the probes again")
+            })
+        },
+    );
+    eprintln!("partition named on both sides {named:?} after it began");
 }

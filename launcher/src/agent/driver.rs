@@ -37,6 +37,8 @@ const STOP_POLL: Duration = Duration::from_millis(100);
 const HANG_CHECK: Duration = Duration::from_millis(250);
 /// How often a node reports its ranks' pace and learns the job's (straggler median).
 const PACE_EVERY: Duration = Duration::from_secs(5);
+/// How often the peer probes' verdict is looked at (a change is said and reported).
+const PEERS_EVERY: Duration = Duration::from_secs(1);
 
 mod api;
 
@@ -66,6 +68,8 @@ struct World {
     steps: Option<(RankClock, Detector)>,
     /// The step beacons of this generation's local ranks (`--hang-timeout`).
     beacons: super::hang::Beacons,
+    /// The peers (node ranks) of this generation last said not to answer the probes.
+    silent_peers: Vec<u32>,
 }
 
 impl Agent {
@@ -92,6 +96,8 @@ impl Agent {
         let mut poll = tokio::time::interval(STOP_POLL);
         let mut hang_check = tokio::time::interval(HANG_CHECK);
         let mut pace = tokio::time::interval(PACE_EVERY);
+        let mut peers = tokio::time::interval(PEERS_EVERY);
+        let probing = self.peers.is_some();
         while !m.is_done() {
             let deadline = m.deadline();
             let stopping = matches!(m.phase, super::Phase::Stopping(_));
@@ -107,6 +113,10 @@ impl Agent {
                 }
                 _ = pace.tick(), if pacing => {
                     self.send_pace(&w, link);
+                    None
+                }
+                _ = peers.tick(), if probing => {
+                    self.check_peers(&mut w, link);
                     None
                 }
                 Some(call) = self.api_rx.recv(), if m.reads_session() => {
@@ -125,6 +135,9 @@ impl Agent {
                 }
             };
             m = self.feed(m, input, &mut w, link, &p).await?;
+            if let Some(probes) = &self.peers {
+                probes.health().set_training(m.is_training());
+            }
         }
         let super::Phase::Done(end) = m.phase else {
             unreachable!("the loop ends when the machine is done")
@@ -388,6 +401,7 @@ impl Agent {
         if let Some(p) = &self.peers {
             p.follow(&plan);
         }
+        w.silent_peers.clear();
         w.worker_store = crate::worker_store::host(
             self.cfg.worker_store,
             &plan,

@@ -427,4 +427,10 @@ impl Machine {
     pub fn is_done(&self) -> bool {
         matches!(self.phase, Phase::Done(_))
     }
+
+    /// Whether this node's workers train a generation (the state a rendezvous outage leaves
+    /// as it is while the peers answer; see `crate::peers`).
+    pub fn is_training(&self) -> bool {
+        matches!(self.phase, Phase::Running { .. })
+    }
 }

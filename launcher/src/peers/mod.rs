@@ -120,11 +120,22 @@ fn probed_members(plan: &Plan, node_id: &str) -> (u32, Vec<(u32, String, u16)>, 
     (me.node_rank, list, unprobeable)
 }
 
-/// What the probes say, shared with the rendezvous link.
+/// What the probes say, shared with the rendezvous link, and whether the agent's workers
+/// train (the agent's word: only then is there a generation to keep through an outage).
 #[derive(Debug, Clone, Default)]
-pub struct PeerHealth(Arc<Mutex<Table>>);
+pub struct PeerHealth(Arc<Mutex<Table>>, Arc<std::sync::atomic::AtomicBool>);
 
 impl PeerHealth {
+    /// The agent says whether its workers train a generation now.
+    pub fn set_training(&self, training: bool) {
+        self.1.store(training, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the agent's workers train a generation now.
+    pub fn training(&self) -> bool {
+        self.1.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The verdict at `now` (see [`Table::verdict`]).
     pub fn verdict(&self, now: Instant) -> Verdict {
         self.0.lock().expect("peer table lock").verdict(now, QUIET)

@@ -198,13 +198,14 @@ impl Client {
         false
     }
 
-    /// The generation this agent runs, when every peer of it answers its probes now: the
-    /// rendezvous is gone for everyone, not for this node alone (see [`Reach::check`]).
+    /// The generation this agent's workers train, when every peer of it answers its probes
+    /// now: the rendezvous is gone for everyone, not for this node alone (see
+    /// [`Reach::check`]). Not while the node waits for an answer ([`Track::training`]).
     fn vouched(&self, now: Instant) -> Option<u64> {
         let g = self.t.generation;
         let peers = self.peers.as_ref()?;
-        (g > 0
-            && self.t.waiting.is_none()
+        (self.t.training()
+            && peers.training()
             && peers.generation() == g
             && peers.verdict(now) == Verdict::AllAnswer)
             .then_some(g)

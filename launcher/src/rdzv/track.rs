@@ -28,6 +28,18 @@ pub(super) struct Track {
 }
 
 impl Track {
+    /// Whether this node's workers train a generation with nothing to ask of the server: no
+    /// join, failure, success or bad resume point waiting for an answer. Only then does a
+    /// rendezvous outage leave the node as it is (the peers vouching); a node that needs an
+    /// answer gets none from a server that is gone.
+    pub fn training(&self) -> bool {
+        self.generation > 0
+            && self.waiting.is_none()
+            && self.failed.is_none()
+            && self.succeeded.is_none()
+            && self.mark_bad.is_none()
+    }
+
     /// Records a request sent to the server.
     pub fn sent(&mut self, req: &Request) {
         match req {
