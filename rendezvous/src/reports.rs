@@ -29,6 +29,9 @@ pub enum ReportKind {
     /// {"R": S, ...}}`), sent every few seconds by a node of a run of at most
     /// [`PACE_MAX_NODES`] nodes; answered with [`crate::session::Event::Pace`].
     Pace,
+    /// The peers of the node's generation that do not answer its probes (`{"generation": G,
+    /// "node_rank": R, "silent": [node ranks]}`; empty: all answer), sent at each change.
+    Peers,
 }
 
 /// The largest run (nodes) whose agents exchange their pace: every node reads every other's
@@ -42,6 +45,7 @@ impl ReportKind {
             ReportKind::Preflight => "preflight",
             ReportKind::Stragglers => "stragglers",
             ReportKind::Pace => "pace",
+            ReportKind::Peers => "peers",
         }
     }
 
@@ -51,6 +55,7 @@ impl ReportKind {
             ReportKind::Preflight,
             ReportKind::Stragglers,
             ReportKind::Pace,
+            ReportKind::Peers,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -145,6 +150,7 @@ mod tests {
             ReportKind::Preflight,
             ReportKind::Stragglers,
             ReportKind::Pace,
+            ReportKind::Peers,
         ] {
             assert_eq!(ReportKind::parse(k.as_str()), Some(k));
         }

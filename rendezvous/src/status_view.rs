@@ -140,7 +140,8 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
 }
 
 /// The nodes' reports of the current generation: the `--preflight` summary (its links, the
-/// slow ones marked) and the current stragglers.
+/// slow ones marked), the current stragglers, and the pairs of nodes whose probes go
+/// unanswered.
 fn reports(out: &mut Vec<String>, status: &RunStatus) {
     let of = |kind: &str| status.reports.get(kind).into_iter().flatten();
     for (_, r) in of("preflight") {
@@ -187,6 +188,26 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
         .collect();
     if !stragglers.is_empty() {
         wrap(out, "stragglers", &stragglers.join("; "));
+    }
+    let mut broken: Vec<(u64, u64)> = of("peers")
+        .map(|(_, r)| r)
+        .filter(current)
+        .flat_map(|r| {
+            let from = r["node_rank"].as_u64().unwrap_or(0);
+            let silent = r["silent"].as_array().cloned().unwrap_or_default();
+            silent
+                .into_iter()
+                .filter_map(move |to| to.as_u64().map(|to| (from.min(to), from.max(to))))
+        })
+        .collect();
+    broken.sort_unstable();
+    broken.dedup();
+    if !broken.is_empty() {
+        let pairs: Vec<String> = broken
+            .iter()
+            .map(|(a, b)| format!("node {a} ↔ node {b}"))
+            .collect();
+        wrap(out, "partition", &pairs.join("; "));
     }
 }
 

@@ -225,3 +225,20 @@ fn the_checkpoint_interval_is_shown_with_its_inputs() {
         "{text}"
     );
 }
+
+#[test]
+fn pairs_of_nodes_whose_probes_go_unanswered_are_shown_once_each() {
+    let mut s = status(3);
+    let report = |rank: u32, silent: &[u32], generation: u64| serde_json::json!({"generation": generation, "node_rank": rank, "silent": silent});
+    let peers = s.reports.entry("peers".into()).or_default();
+    peers.insert("a".into(), report(1, &[2], 3));
+    peers.insert("b".into(), report(2, &[1], 3));
+    peers.insert("c".into(), report(0, &[], 3));
+    peers.insert("old".into(), report(0, &[1], 2));
+    let text = render(&s, NOW).join("\n");
+    assert!(text.contains("partition  node 1 ↔ node 2\n"), "{text}");
+    assert!(
+        !text.contains("node 0 ↔"),
+        "another generation's report: {text}"
+    );
+}

@@ -116,6 +116,21 @@ pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Polls `cond` every 20 ms until it holds (true) or `timeout` passes (false): for a caller
+/// that explains the failure itself.
+pub fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Whether `pid` is alive (zombies count as dead).
 pub fn alive(pid: i32) -> bool {
     if kill(Pid::from_raw(pid), None).is_err() {

@@ -57,6 +57,57 @@ impl Agent {
         });
     }
 
+    /// Says which peers of the running generation stopped answering the probes, or that all
+    /// answer again, once per change, and reports it to the rendezvous (`status` shows the
+    /// broken pairs).
+    pub(super) fn check_peers(&self, w: &mut World, link: &Link) {
+        let (Some(probes), Some(plan)) = (self.peers.as_ref(), w.plan.as_deref()) else {
+            return;
+        };
+        let health = probes.health();
+        if health.generation() != plan.generation {
+            return;
+        }
+        let silent = match health.verdict(tokio::time::Instant::now()) {
+            crate::peers::Verdict::Silent(ranks) => ranks,
+            _ => Vec::new(),
+        };
+        if silent == w.silent_peers {
+            return;
+        }
+        let named: Vec<String> = silent
+            .iter()
+            .map(|r| match plan.members.iter().find(|m| m.node_rank == *r) {
+                Some(m) => format!("node rank {r} ({})", m.advertise_addr),
+                None => format!("node rank {r}"),
+            })
+            .collect();
+        if named.is_empty() {
+            tracing::info!(
+                "every peer of generation {} answers the probes again",
+                plan.generation
+            );
+        } else {
+            tracing::warn!(
+                "cannot reach {} of generation {}: no answer to the probes for {} (the workers' collectives with it will stall or fail)",
+                named.join(", "),
+                plan.generation,
+                drun_rendezvous::human::duration(crate::peers::QUIET)
+            );
+        }
+        let me = plan.member(&self.cfg.node_id).map_or(0, |m| m.node_rank);
+        let json = serde_json::json!({
+            "generation": plan.generation,
+            "node_rank": me,
+            "silent": silent,
+        });
+        let _ = link.tx.send(Request::Report {
+            kind: ReportKind::Peers,
+            json: json.to_string(),
+        });
+        w.silent_peers = silent;
+    }
+
     /// Answers one worker API request (see [`crate::ckpt::api`]).
     pub(super) fn serve(&mut self, should_save: bool, w: &mut World, link: &Link) {
         let Some((req, reply)) = w.call.take() else {
