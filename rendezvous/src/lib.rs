@@ -63,6 +63,7 @@ pub mod ledger;
 pub mod loss;
 pub mod memory;
 pub mod metrics;
+pub mod partition;
 pub mod pem_check;
 pub mod plan;
 pub mod reports;
