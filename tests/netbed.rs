@@ -505,12 +505,14 @@ fn a_control_plane_outage_is_not_a_training_outage_etcd() {
     control_plane_outage("etcd");
 }
 
-/// Three hosts train (one torch worker each) through a server on a fourth; n1 and n2 can no
-/// longer reach each other, while both still reach the server and n0. Within 10 s both agents
-/// name the peer they cannot reach (its node rank and address) and `status` shows the broken
-/// pair; when the partition heals, both say every peer answers again.
+/// Three hosts train (one torch worker each, default settings) through a server on a fourth;
+/// n1 and n2 can no longer reach each other, while both still reach the server and n0. Within
+/// 10 s both agents name the peer they cannot reach (its node rank and address); the node of the
+/// pair with the higher rank is sent away (the largest set that all reach each other, ties
+/// towards node rank 0), the other two train at world 2 within 15 s of the break, the one sent
+/// away stands by; when the partition heals it joins again and the world is 3 again.
 #[test]
-fn a_partition_between_two_peers_is_named_on_both_sides_and_in_status() {
+fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() {
     let Some(python) = torch_python() else { return };
     let Some(bed) = Bed::new(&["server", "n0", "n1", "n2"]) else {
         return;
@@ -529,7 +531,7 @@ fn a_partition_between_two_peers_is_named_on_both_sides_and_in_status() {
         .into_iter()
         .map(|name| {
             let mut c = drun();
-            c.job("split", "3")
+            c.job("split", "2:3")
                 .nproc(1)
                 .quick_shutdown()
                 .python(&python)
@@ -567,34 +569,129 @@ fn a_partition_between_two_peers_is_named_on_both_sides_and_in_status() {
     });
     let named = cut.elapsed();
     assert!(
-        !agents[0].1.stderr_so_far().contains("cannot reach"),
+        !agents[0]
+            .1
+            .stderr_so_far()
+            .contains("cannot reach node rank"),
         "n0 reaches both"
     );
-    let mut status = Command::new(crate::harness::cluster::rendezvous_bin());
-    status.args(["status", "split", "--endpoint", &server.endpoint]);
-    let pair = format!("node {} ↔ node {}", r1.min(r2), r1.max(r2));
-    let mut view = String::new();
-    let shown = crate::harness::poll_until(Duration::from_secs(10), || {
-        let o = bed.on("n0", &status).output().unwrap();
-        view = String::from_utf8_lossy(&o.stdout)
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ");
-        view.contains(&format!("partition {pair}"))
+    let (kept, away) = if r1 < r2 { ("n1", "n2") } else { ("n2", "n1") };
+    let cut_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        - cut.elapsed().as_secs_f64();
+    let first_step_at_world_2 = || -> Option<f64> {
+        (0..2).find_map(|r| {
+            std::fs::read_to_string(out.join(format!("steps_rank{r}.log")))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    (f.get(2) == Some(&"2"))
+                        .then(|| f[0].parse::<f64>().ok())
+                        .flatten()
+                })
+                .find(|t| *t > cut_at)
+        })
+    };
+    let reformed = crate::harness::poll_until(Duration::from_secs(60), || {
+        first_step_at_world_2().is_some()
     });
-    assert!(shown, "status shows {pair}:\n{view}");
-    bed.heal("n1", "n2");
+    assert!(
+        reformed,
+        "the other two train at world 2; server log:\n{}",
+        std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default()
+    );
+    let trained = first_step_at_world_2().unwrap() - cut_at;
+    let i_away = if away == "n1" { 1 } else { 2 };
+    let i_kept = if kept == "n1" { 1 } else { 2 };
     wait_for(
-        "both sides hear each other again",
-        Duration::from_secs(15),
+        "the node sent away stands by",
+        Duration::from_secs(10),
         || {
-            [1, 2].iter().all(|i| {
-                agents[*i]
-                    .1
-                    .stderr_so_far()
-                    .contains("every peer of generation 1 answers the probes again")
-            })
+            agents[i_away]
+                .1
+                .stderr_so_far()
+                .contains("standing by: sent away from generation 1")
         },
     );
-    eprintln!("partition named on both sides {named:?} after it began");
+    let reason = format!(
+        "node {} ↔ node {} cannot reach each other",
+        r1.min(r2),
+        r1.max(r2)
+    );
+    assert!(
+        agents[0].1.stderr_so_far().contains(&reason),
+        "the survivors name why: {}",
+        agents[0].1.stderr_so_far()
+    );
+    assert!(!agents[i_kept].1.stderr_so_far().contains("standing by"));
+    let (g2, _) = newest_generation(&out).unwrap();
+    bed.heal("n1", "n2");
+    wait_for(
+        "the world is 3 again",
+        Duration::from_secs(90),
+        || matches!(newest_generation(&out), Some((g, 3)) if g > g2),
+    );
+    assert!(agents[i_away]
+        .1
+        .stderr_so_far()
+        .contains("answers this node's probes again: joining"));
+    eprintln!(
+        "partition named on both sides {named:?} after it began; world 2 trained {trained:.2} s after it"
+    );
+    assert!(
+        trained <= 15.0,
+        "the remaining world trained {trained:.2} s after the break"
+    );
+}
+
+/// The same partition in a run that needs all three nodes (`--nnodes 3`): no two-node world may
+/// go on, so the run ends on every node with one line naming the broken pair (exit 3, which a
+/// restart policy retries), instead of hanging in the collective for its 30-minute timeout.
+#[test]
+fn a_partition_that_leaves_fewer_than_min_nodes_ends_the_run_naming_the_broken_pair() {
+    let Some(python) = torch_python() else { return };
+    let Some(bed) = Bed::new(&["server", "n0", "n1", "n2"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let server = RdzvServer::start_in(
+        &bed,
+        "server",
+        &["--store", "memory"],
+        "warn",
+        &dir.path().join("server.log"),
+    );
+    let out = dir.path().join("records");
+    std::fs::create_dir(&out).unwrap();
+    let agents: Vec<Agent> = ["n0", "n1", "n2"]
+        .into_iter()
+        .map(|name| {
+            let mut c = drun();
+            c.job("split-min", "3")
+                .nproc(1)
+                .quick_shutdown()
+                .python(&python)
+                .args(["--local-addr", &bed.host(name).addr])
+                .args(["--rdzv-endpoint", &server.endpoint])
+                .env("GLOO_SOCKET_IFNAME", "eth0")
+                .arg(worker("paced_steps.py"))
+                .arg(&out);
+            Agent::start(bed.on(name, &c))
+        })
+        .collect();
+    wait_for("generation 1 trains", Duration::from_secs(120), || {
+        (0..3).all(|r| step_times(&out, r).len() > 5)
+    });
+    bed.partition("n1", "n2");
+    for a in agents {
+        let (code, _, err) = a.wait(Duration::from_secs(60));
+        assert_eq!(code, 3, "{err}");
+        assert!(
+            err.contains("the nodes cannot all reach each other (node 1 ↔ node 2): no 3 of them"),
+            "{err}"
+        );
+    }
 }

@@ -44,6 +44,7 @@ mod protocol;
 mod resume_tests;
 mod running;
 mod save_clock;
+pub mod split;
 #[cfg(test)]
 mod test_support;
 mod verdicts;

@@ -70,6 +70,11 @@ struct World {
     beacons: super::hang::Beacons,
     /// The peers (node ranks) of this generation last said not to answer the probes.
     silent_peers: Vec<u32>,
+    /// The session sent this node away for a partition: it joins again only once every peer
+    /// of its last generation answers its probes.
+    partitioned: bool,
+    /// The join held back meanwhile (candidate, after generation).
+    deferred_join: Option<(Join, u64)>,
 }
 
 impl Agent {
@@ -109,6 +114,9 @@ impl Agent {
                     if let (Some(drun_rendezvous::Event::Pace(p)), Some((_, d))) = (&ev, w.steps.as_mut()) {
                         d.set_job_pace(p.clone());
                     }
+                    if let Some(drun_rendezvous::Event::Fenced(why)) = &ev {
+                        w.partitioned = why.starts_with(drun_rendezvous::session::split::PARTITIONED);
+                    }
                     Some(ev.map_or(Input::SessionClosed, Input::Event))
                 }
                 _ = pace.tick(), if pacing => {
@@ -117,6 +125,7 @@ impl Agent {
                 }
                 _ = peers.tick(), if probing => {
                     self.check_peers(&mut w, link);
+                    self.join_when_reachable(&mut w, link);
                     None
                 }
                 Some(call) = self.api_rx.recv(), if m.reads_session() => {
@@ -388,11 +397,42 @@ impl Agent {
             w.candidate = Some(self.candidate(port));
         }
         let cand = w.candidate.clone().expect("a candidate was built above");
+        if w.partitioned && !self.peers_all_answer() {
+            tracing::warn!(
+                "standing by: sent away from generation {after} because its nodes could not all reach each other; joining again once every one of them answers this node's probes"
+            );
+            w.deferred_join = Some((cand, after));
+            return Ok(());
+        }
+        w.partitioned = false;
         if let Some(m) = &self.metrics {
             m.joining();
         }
         let _ = link.tx.send(Request::Join(cand, after));
         Ok(())
+    }
+
+    /// Whether every peer of the last generation answers this node's probes.
+    fn peers_all_answer(&self) -> bool {
+        self.peers
+            .as_ref()
+            .is_none_or(|p| p.health().verdict(Instant::now()) == crate::peers::Verdict::AllAnswer)
+    }
+
+    /// A join deferred by a partition goes out once every peer answers again.
+    fn join_when_reachable(&mut self, w: &mut World, link: &Link) {
+        if w.deferred_join.is_none() || !self.peers_all_answer() {
+            return;
+        }
+        let (cand, after) = w.deferred_join.take().expect("checked above");
+        w.partitioned = false;
+        tracing::info!(
+            "every node of generation {after} answers this node's probes again: joining"
+        );
+        if let Some(m) = &self.metrics {
+            m.joining();
+        }
+        let _ = link.tx.send(Request::Join(cand, after));
     }
 
     /// A plan arrived: announce it, serve the workers' store, start the resume check.

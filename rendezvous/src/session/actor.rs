@@ -495,7 +495,13 @@ impl Actor {
             }
             Request::Report { kind, json } => {
                 self.report(kind, json).await?;
-                Ok(None)
+                match &*phase {
+                    Phase::Running(run, _) if kind == crate::reports::ReportKind::Peers => {
+                        let plan = run.plan.clone();
+                        self.judge_partition(&plan).await
+                    }
+                    _ => Ok(None),
+                }
             }
             Request::MarkBad {
                 generation,
