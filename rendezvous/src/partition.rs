@@ -1,8 +1,9 @@
 //! Which nodes of a generation leave when some of them cannot reach each other: a pure function
 //! of the members' peer reports (`reports/peers/<node>`, see `crate::reports`), with its reason.
 //!
-//! A pair is broken when either side says the other does not answer its probes (a probe is a
-//! round trip, so both sides usually say it). The generation keeps the largest set of nodes that
+//! A pair is broken when both sides say the other does not answer its probes (a probe is a
+//! round trip, so a partition silences both sides; one side alone is a stalled or dead agent,
+//! which the leases handle). The generation keeps the largest set of nodes that
 //! all reach each other; among sets of that size, the one whose node ranks come first (towards
 //! node rank 0, which hosts the workers' store); every other node leaves, and stands by until it
 //! reaches the others again. Exact up to [`EXACT_UP_TO`] nodes; beyond, the node with the most
@@ -35,16 +36,24 @@ pub enum Decision {
     },
 }
 
-/// The broken pairs `(low, high)` from each node's `(node rank, silent node ranks)` report.
+/// The broken pairs `(low, high)` from each node's `(node rank, silent node ranks)` report: a
+/// pair is broken when *both* sides say the other does not answer. A probe is a round trip, so
+/// a real partition (either way) silences both sides; one side alone is an agent that was
+/// stalled (a starved process answers nothing for a while) or is gone altogether, which the
+/// leases handle.
 pub fn broken_pairs(reports: impl IntoIterator<Item = (u32, Vec<u32>)>) -> BTreeSet<(u32, u32)> {
-    reports
+    let said: BTreeSet<(u32, u32)> = reports
         .into_iter()
         .flat_map(|(from, silent)| {
             silent
                 .into_iter()
                 .filter(move |to| *to != from)
-                .map(move |to| (from.min(to), from.max(to)))
+                .map(move |to| (from, to))
         })
+        .collect();
+    said.iter()
+        .filter(|(a, b)| a < b && said.contains(&(*b, *a)))
+        .copied()
         .collect()
 }
 
@@ -157,9 +166,14 @@ mod tests {
     }
 
     #[test]
-    fn reports_from_either_side_make_one_pair() {
+    fn a_pair_is_broken_when_both_sides_say_so() {
         let b = broken_pairs([(1, vec![2]), (2, vec![1]), (0, vec![])]);
         assert_eq!(b, pairs(&[(1, 2)]));
+        assert_eq!(
+            broken_pairs([(1, vec![2]), (2, vec![])]),
+            pairs(&[]),
+            "one side alone: a stalled or dead agent, not a partition"
+        );
         assert_eq!(
             broken_pairs([(3, vec![3])]),
             pairs(&[]),

@@ -38,6 +38,9 @@ pub use table::{Peer, Table, Verdict};
 pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// A peer that has not answered for this long is silent.
 pub const QUIET: Duration = Duration::from_secs(3);
+/// A peer counts as silent only after this many of this node's probes went unanswered (a
+/// quiet limit's worth): a node whose own probing stalled blames nobody.
+pub const MIN_UNANSWERED: u32 = (QUIET.as_millis() / PROBE_EVERY.as_millis()) as u32;
 /// Up to this many nodes every pair is probed; beyond, ring neighbours only.
 pub const ALL_PAIRS_UP_TO: usize = 32;
 /// Size of a probe and of its answer.
@@ -138,7 +141,10 @@ impl PeerHealth {
 
     /// The verdict at `now` (see [`Table::verdict`]).
     pub fn verdict(&self, now: Instant) -> Verdict {
-        self.0.lock().expect("peer table lock").verdict(now, QUIET)
+        self.0
+            .lock()
+            .expect("peer table lock")
+            .verdict(now, QUIET, MIN_UNANSWERED)
     }
 
     /// The generation whose peers are watched (0: none).
@@ -270,7 +276,8 @@ async fn probe_loop(
             }
             _ = tick.tick() => {
                 let (generation, targets) = {
-                    let t = health.0.lock().expect("peer table lock");
+                    let mut t = health.0.lock().expect("peer table lock");
+                    t.sent();
                     (t.generation(), t.targets())
                 };
                 seq = seq.wrapping_add(1);

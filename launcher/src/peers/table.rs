@@ -22,6 +22,8 @@ struct Watched {
     /// had a fair chance to answer.
     since: Instant,
     last_answer: Option<Instant>,
+    /// Probes sent to it since its last answer (or the watch's start).
+    unanswered: u32,
 }
 
 /// What the answers say at an instant.
@@ -57,6 +59,7 @@ impl Table {
                 peer,
                 since: now,
                 last_answer: None,
+                unanswered: 0,
             })
             .collect();
     }
@@ -76,6 +79,13 @@ impl Table {
         self.peers.iter().map(|w| w.peer.clone()).collect()
     }
 
+    /// A round of probes went out to every target.
+    pub fn sent(&mut self) {
+        for w in &mut self.peers {
+            w.unanswered = w.unanswered.saturating_add(1);
+        }
+    }
+
     /// `from` answered a probe of `generation` at `now`; an answer for another generation, or
     /// from an address that is not that peer's, is ignored.
     pub fn answered(&mut self, generation: u64, node_rank: u32, from: SocketAddr, now: Instant) {
@@ -88,12 +98,15 @@ impl Table {
             .find(|w| w.peer.node_rank == node_rank && w.peer.addr.ip() == from.ip())
         {
             w.last_answer = Some(now);
+            w.unanswered = 0;
         }
     }
 
     /// The verdict at `now`: a peer is silent when it has not answered for longer than `quiet`
-    /// (counted from the watch's start while it never answered).
-    pub fn verdict(&self, now: Instant, quiet: Duration) -> Verdict {
+    /// (counted from the watch's start while it never answered) although at least
+    /// `min_unanswered` probes went to it meanwhile — a node whose own probing stalled (its
+    /// process starved) blames nobody for the answers it never asked for.
+    pub fn verdict(&self, now: Instant, quiet: Duration, min_unanswered: u32) -> Verdict {
         if self.peers.is_empty() && !self.unprobeable {
             return Verdict::Alone;
         }
@@ -103,7 +116,10 @@ impl Table {
         let silent: Vec<u32> = self
             .peers
             .iter()
-            .filter(|w| now.saturating_duration_since(w.last_answer.unwrap_or(w.since)) > quiet)
+            .filter(|w| {
+                now.saturating_duration_since(w.last_answer.unwrap_or(w.since)) > quiet
+                    && w.unanswered >= min_unanswered
+            })
             .map(|w| w.peer.node_rank)
             .collect();
         if silent.is_empty() {
@@ -127,10 +143,20 @@ mod tests {
 
     const QUIET: Duration = Duration::from_secs(3);
 
+    impl Table {
+        /// The verdict as if every probe round went out (6 a quiet limit).
+        fn verdict_(&mut self, now: Instant, quiet: Duration) -> Verdict {
+            for _ in 0..6 {
+                self.sent();
+            }
+            self.verdict(now, quiet, 6)
+        }
+    }
+
     #[test]
     fn without_a_generation_the_node_is_alone() {
-        let t = Table::default();
-        assert_eq!(t.verdict(Instant::now(), QUIET), Verdict::Alone);
+        let mut t = Table::default();
+        assert_eq!(t.verdict_(Instant::now(), QUIET), Verdict::Alone);
     }
 
     #[test]
@@ -138,9 +164,9 @@ mod tests {
         let t0 = Instant::now();
         let mut t = Table::default();
         t.follow(3, vec![peer(1), peer(2)], false, t0);
-        assert_eq!(t.verdict(t0 + QUIET, QUIET), Verdict::AllAnswer);
+        assert_eq!(t.verdict_(t0 + QUIET, QUIET), Verdict::AllAnswer);
         assert_eq!(
-            t.verdict(t0 + QUIET + Duration::from_millis(1), QUIET),
+            t.verdict_(t0 + QUIET + Duration::from_millis(1), QUIET),
             Verdict::Silent(vec![1, 2])
         );
     }
@@ -154,8 +180,8 @@ mod tests {
         t.answered(3, 1, peer(1).addr, t0 + s(1));
         t.answered(3, 2, peer(2).addr, t0 + s(1));
         t.answered(3, 1, peer(1).addr, t0 + s(4));
-        assert_eq!(t.verdict(t0 + s(4), QUIET), Verdict::AllAnswer);
-        assert_eq!(t.verdict(t0 + s(5), QUIET), Verdict::Silent(vec![2]));
+        assert_eq!(t.verdict_(t0 + s(4), QUIET), Verdict::AllAnswer);
+        assert_eq!(t.verdict_(t0 + s(5), QUIET), Verdict::Silent(vec![2]));
     }
 
     #[test]
@@ -166,7 +192,7 @@ mod tests {
         t.answered(2, 1, peer(1).addr, t0 + Duration::from_secs(3));
         t.answered(3, 1, peer(2).addr, t0 + Duration::from_secs(3));
         assert_eq!(
-            t.verdict(t0 + Duration::from_secs(4), QUIET),
+            t.verdict_(t0 + Duration::from_secs(4), QUIET),
             Verdict::Silent(vec![1])
         );
     }
@@ -177,7 +203,7 @@ mod tests {
         let mut t = Table::default();
         t.follow(1, vec![peer(1)], true, t0);
         t.answered(1, 1, peer(1).addr, t0);
-        assert_eq!(t.verdict(t0, QUIET), Verdict::Unknown);
+        assert_eq!(t.verdict_(t0, QUIET), Verdict::Unknown);
     }
 
     #[test]
@@ -189,10 +215,36 @@ mod tests {
         t.follow(2, vec![peer(1)], false, t0 + Duration::from_secs(10));
         assert_eq!(t.generation(), 2);
         assert_eq!(
-            t.verdict(t0 + Duration::from_secs(14), QUIET),
+            t.verdict_(t0 + Duration::from_secs(14), QUIET),
             Verdict::Silent(vec![1])
         );
         t.clear();
-        assert_eq!(t.verdict(t0, QUIET), Verdict::Alone);
+        assert_eq!(t.verdict_(t0, QUIET), Verdict::Alone);
+    }
+
+    #[test]
+    fn a_node_whose_own_probes_stalled_blames_nobody() {
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        t.follow(3, vec![peer(1)], false, t0);
+        t.sent();
+        // 10 s without an answer, but only one probe went out (this process was starved).
+        assert_eq!(
+            t.verdict(t0 + Duration::from_secs(10), QUIET, 6),
+            Verdict::AllAnswer
+        );
+        for _ in 0..5 {
+            t.sent();
+        }
+        assert_eq!(
+            t.verdict(t0 + Duration::from_secs(10), QUIET, 6),
+            Verdict::Silent(vec![1])
+        );
+        t.answered(3, 1, peer(1).addr, t0 + Duration::from_secs(11));
+        t.sent();
+        assert_eq!(
+            t.verdict(t0 + Duration::from_secs(15), QUIET, 6),
+            Verdict::AllAnswer
+        );
     }
 }
