@@ -154,6 +154,34 @@ fn a_bed_is_removed_when_its_test_panics() {
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }
 
+/// One agent per host of `hosts` on `bed`: run `run` of `nnodes` nodes through `server`, one
+/// torch worker each on the bed's `eth0`, a 3 s shutdown grace; `rest` adds the flags, the
+/// script and its arguments.
+fn trainers(
+    bed: &Bed,
+    hosts: &[&str],
+    server: &RdzvServer,
+    python: &Path,
+    (run, nnodes): (&str, &str),
+    rest: impl Fn(&mut Command),
+) -> Vec<Agent> {
+    hosts
+        .iter()
+        .map(|name| {
+            let mut c = drun();
+            c.job(run, nnodes)
+                .nproc(1)
+                .quick_shutdown()
+                .python(python)
+                .args(["--local-addr", &bed.host(name).addr])
+                .args(["--rdzv-endpoint", &server.endpoint])
+                .env("GLOO_SOCKET_IFNAME", "eth0");
+            rest(&mut c);
+            Agent::start(bed.on(name, &c))
+        })
+        .collect()
+}
+
 /// The highest generation with a record in `dir`, and how many records it has.
 fn newest_generation(dir: &Path) -> Option<(u64, usize)> {
     let mut gens: Vec<u64> = std::fs::read_dir(dir)
@@ -194,23 +222,19 @@ fn pulled_cable(node_rank: u32) {
     let out = dir.path().join("records");
     std::fs::create_dir(&out).unwrap();
     let conf = format!("lease_ttl={TTL}");
-    let agents: Vec<Agent> = ["n0", "n1", "n2"]
-        .iter()
-        .map(|name| {
-            let mut c = drun();
-            c.job("cable", "2:3")
-                .nproc(1)
-                .quick_shutdown()
-                .python(&python)
-                .args(["--local-addr", &bed.host(name).addr])
-                .args(["--rdzv-endpoint", &server.endpoint, "--rdzv-conf", &conf])
-                .env("GLOO_SOCKET_IFNAME", "eth0")
+    let agents = trainers(
+        &bed,
+        &["n0", "n1", "n2"],
+        &server,
+        &python,
+        ("cable", "2:3"),
+        |c| {
+            c.args(["--rdzv-conf", &conf])
                 .arg(worker("steps.py"))
                 .arg(&out)
                 .arg("100000");
-            Agent::start(bed.on(name, &c))
-        })
-        .collect();
+        },
+    );
     wait_for("a generation of 3 ranks", Duration::from_secs(120), || {
         matches!(newest_generation(&out), Some((_, 3)))
     });
@@ -295,23 +319,19 @@ fn preflight_names_a_20_mbit_link_among_fast_ones_within_five_seconds() {
         "warn",
         &dir.path().join("server.log"),
     );
-    let agents: Vec<Agent> = ["n0", "n1", "n2"]
-        .iter()
-        .map(|name| {
-            let mut c = drun();
-            c.job("slowlink", "3")
-                .nproc(1)
-                .quick_shutdown()
-                .python(&python)
-                .args(["--local-addr", &bed.host(name).addr, "--preflight"])
-                .args(["--rdzv-endpoint", &server.endpoint])
-                .env("GLOO_SOCKET_IFNAME", "eth0")
+    let agents = trainers(
+        &bed,
+        &["n0", "n1", "n2"],
+        &server,
+        &python,
+        ("slowlink", "3"),
+        |c| {
+            c.arg("--preflight")
                 .arg(worker("steps.py"))
                 .arg(dir.path())
                 .arg("3");
-            Agent::start(bed.on(name, &c))
-        })
-        .collect();
+        },
+    );
     let mut table = String::new();
     for a in agents {
         let (code, _, err) = a.wait(Duration::from_secs(180));
@@ -418,22 +438,18 @@ fn control_plane_outage(store: &str) {
     let out = dir.path().join("records");
     std::fs::create_dir(&out).unwrap();
     let conf = format!("lease_ttl={TTL}");
-    let agents: Vec<Agent> = ["n0", "n1"]
-        .iter()
-        .map(|name| {
-            let mut c = drun();
-            c.job("outage", "2")
-                .nproc(1)
-                .quick_shutdown()
-                .python(&python)
-                .args(["--local-addr", &bed.host(name).addr])
-                .args(["--rdzv-endpoint", &server.endpoint, "--rdzv-conf", &conf])
-                .env("GLOO_SOCKET_IFNAME", "eth0")
+    let agents = trainers(
+        &bed,
+        &["n0", "n1"],
+        &server,
+        &python,
+        ("outage", "2"),
+        |c| {
+            c.args(["--rdzv-conf", &conf])
                 .arg(worker("paced_steps.py"))
                 .arg(&out);
-            Agent::start(bed.on(name, &c))
-        })
-        .collect();
+        },
+    );
     wait_for("generation 1 trains", Duration::from_secs(120), || {
         step_times(&out, 0).len() > 20 && step_times(&out, 1).len() > 20
     });
@@ -489,6 +505,29 @@ fn control_plane_outage(store: &str) {
         log.contains("holding"),
         "the server said it held the leases:\n{log}"
     );
+    let mut status = Command::new(crate::harness::cluster::rendezvous_bin());
+    status.args(["status", "outage", "--endpoint", &server.endpoint]);
+    let mut view = String::new();
+    let shown = crate::harness::poll_until(Duration::from_secs(10), || {
+        let o = bed.on("n0", &status).output().unwrap();
+        view = String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        view.contains("outage control plane unreachable for")
+            && view.contains("generation 1 kept by its peers")
+    });
+    assert!(shown, "status shows the outage:\n{view}");
+    let secs: f64 = view
+        .split("unreachable for ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap();
+    assert!(
+        secs >= outage.as_secs_f64() - 1.0 && secs <= outage.as_secs_f64() + 15.0,
+        "its length: {view}"
+    );
     eprintln!(
         "{store} store, server cut off for {:?}: both agents attached again {attached:?} after the cable was back",
         back - cut
@@ -527,22 +566,16 @@ fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() 
     );
     let out = dir.path().join("records");
     std::fs::create_dir(&out).unwrap();
-    let agents: Vec<(&str, Agent)> = ["n0", "n1", "n2"]
-        .into_iter()
-        .map(|name| {
-            let mut c = drun();
-            c.job("split", "2:3")
-                .nproc(1)
-                .quick_shutdown()
-                .python(&python)
-                .args(["--local-addr", &bed.host(name).addr])
-                .args(["--rdzv-endpoint", &server.endpoint])
-                .env("GLOO_SOCKET_IFNAME", "eth0")
-                .arg(worker("paced_steps.py"))
-                .arg(&out);
-            (name, Agent::start(bed.on(name, &c)))
-        })
-        .collect();
+    let agents = trainers(
+        &bed,
+        &["n0", "n1", "n2"],
+        &server,
+        &python,
+        ("split", "2:3"),
+        |c| {
+            c.arg(worker("paced_steps.py")).arg(&out);
+        },
+    );
     wait_for("generation 1 trains", Duration::from_secs(120), || {
         (0..3).all(|r| step_times(&out, r).len() > 5)
     });
@@ -565,14 +598,11 @@ fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() 
         ))
     };
     wait_for("both sides name the other", Duration::from_secs(10), || {
-        names(&agents[1].1, r2, "n2") && names(&agents[2].1, r1, "n1")
+        names(&agents[1], r2, "n2") && names(&agents[2], r1, "n1")
     });
     let named = cut.elapsed();
     assert!(
-        !agents[0]
-            .1
-            .stderr_so_far()
-            .contains("cannot reach node rank"),
+        !agents[0].stderr_so_far().contains("cannot reach node rank"),
         "n0 reaches both"
     );
     let (kept, away) = if r1 < r2 { ("n1", "n2") } else { ("n2", "n1") };
@@ -611,7 +641,6 @@ fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() 
         Duration::from_secs(10),
         || {
             agents[i_away]
-                .1
                 .stderr_so_far()
                 .contains("standing by: sent away from generation 1")
         },
@@ -622,11 +651,11 @@ fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() 
         r1.max(r2)
     );
     assert!(
-        agents[0].1.stderr_so_far().contains(&reason),
+        agents[0].stderr_so_far().contains(&reason),
         "the survivors name why: {}",
-        agents[0].1.stderr_so_far()
+        agents[0].stderr_so_far()
     );
-    assert!(!agents[i_kept].1.stderr_so_far().contains("standing by"));
+    assert!(!agents[i_kept].stderr_so_far().contains("standing by"));
     let (g2, _) = newest_generation(&out).unwrap();
     bed.heal("n1", "n2");
     wait_for(
@@ -635,7 +664,6 @@ fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() 
         || matches!(newest_generation(&out), Some((g, 3)) if g > g2),
     );
     assert!(agents[i_away]
-        .1
         .stderr_so_far()
         .contains("answers this node's probes again: joining"));
     eprintln!(
@@ -666,22 +694,16 @@ fn a_partition_that_leaves_fewer_than_min_nodes_ends_the_run_naming_the_broken_p
     );
     let out = dir.path().join("records");
     std::fs::create_dir(&out).unwrap();
-    let agents: Vec<Agent> = ["n0", "n1", "n2"]
-        .into_iter()
-        .map(|name| {
-            let mut c = drun();
-            c.job("split-min", "3")
-                .nproc(1)
-                .quick_shutdown()
-                .python(&python)
-                .args(["--local-addr", &bed.host(name).addr])
-                .args(["--rdzv-endpoint", &server.endpoint])
-                .env("GLOO_SOCKET_IFNAME", "eth0")
-                .arg(worker("paced_steps.py"))
-                .arg(&out);
-            Agent::start(bed.on(name, &c))
-        })
-        .collect();
+    let agents = trainers(
+        &bed,
+        &["n0", "n1", "n2"],
+        &server,
+        &python,
+        ("split-min", "3"),
+        |c| {
+            c.arg(worker("paced_steps.py")).arg(&out);
+        },
+    );
     wait_for("generation 1 trains", Duration::from_secs(120), || {
         (0..3).all(|r| step_times(&out, r).len() > 5)
     });

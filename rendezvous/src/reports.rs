@@ -32,6 +32,9 @@ pub enum ReportKind {
     /// The peers of the node's generation that do not answer its probes (`{"generation": G,
     /// "node_rank": R, "silent": [node ranks]}`; empty: all answer), sent at each change.
     Peers,
+    /// A control-plane outage the node kept its generation through (`{"generation": G,
+    /// "seconds": S, "ended_at_ms": T}`), sent when a server answers again.
+    Outage,
 }
 
 /// The largest run (nodes) whose agents exchange their pace: every node reads every other's
@@ -46,6 +49,7 @@ impl ReportKind {
             ReportKind::Stragglers => "stragglers",
             ReportKind::Pace => "pace",
             ReportKind::Peers => "peers",
+            ReportKind::Outage => "outage",
         }
     }
 
@@ -56,6 +60,7 @@ impl ReportKind {
             ReportKind::Stragglers,
             ReportKind::Pace,
             ReportKind::Peers,
+            ReportKind::Outage,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -151,6 +156,7 @@ mod tests {
             ReportKind::Stragglers,
             ReportKind::Pace,
             ReportKind::Peers,
+            ReportKind::Outage,
         ] {
             assert_eq!(ReportKind::parse(k.as_str()), Some(k));
         }

@@ -209,6 +209,24 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
             .collect();
         wrap(out, "partition", &pairs.join("; "));
     }
+    let outage = of("outage")
+        .map(|(_, r)| r)
+        .filter(current)
+        .filter_map(|r| Some((r["seconds"].as_f64()?, r["ended_at_ms"].as_u64()?)))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some((secs, ended)) = outage {
+        wrap(
+            out,
+            "outage",
+            &format!(
+                "control plane unreachable for {secs:.1} s, back {} ago; generation {} kept by its peers",
+                crate::human::duration(std::time::Duration::from_millis(
+                    status.now_ms.saturating_sub(ended)
+                )),
+                status.generation
+            ),
+        );
+    }
 }
 
 /// One phrase for the run as a whole.

@@ -242,3 +242,17 @@ fn pairs_of_nodes_whose_probes_go_unanswered_are_shown_once_each() {
         "another generation's report: {text}"
     );
 }
+
+#[test]
+fn an_outage_the_generation_was_kept_through_is_shown_with_its_length() {
+    let mut s = status(3);
+    let outages = s.reports.entry("outage".into()).or_default();
+    let report = |secs: f64| serde_json::json!({"generation": 3, "seconds": secs, "ended_at_ms": NOW - 40_000});
+    outages.insert("a".into(), report(31.2));
+    outages.insert("b".into(), report(30.9));
+    let text = render(&s, NOW).join("\n");
+    assert!(
+        text.contains("outage     control plane unreachable for 31.2 s, back 40 s ago; generation 3 kept by its peers"),
+        "{text}"
+    );
+}

@@ -126,24 +126,17 @@ fn remove(ns: &str) {
 
 /// The namespaces of beds whose test process is gone.
 fn stale() -> Vec<String> {
-    let Ok(o) = Command::new("ip").args(["netns", "list"]).output() else {
-        return Vec::new();
-    };
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
+    bed_namespaces()
+        .into_iter()
         .filter(|ns| {
-            let Some(rest) = ns.strip_prefix(PREFIX).and_then(|r| r.strip_prefix('-')) else {
-                return false;
-            };
-            let pid: i32 = rest
-                .split('-')
-                .next()
+            let pid: i32 = ns
+                .strip_prefix(PREFIX)
+                .and_then(|r| r.strip_prefix('-'))
+                .and_then(|r| r.split('-').next())
                 .and_then(|p| p.parse().ok())
                 .unwrap_or(0);
             pid > 0 && !super::alive(pid)
         })
-        .map(str::to_string)
         .collect()
 }
 
@@ -270,26 +263,17 @@ impl Bed {
 
     /// Pulls host `name`'s cable: its switch port goes down (its peers hear nothing more).
     pub fn pull_cable(&self, name: &str) {
-        ip(&[
-            "-n",
-            &self.switch,
-            "link",
-            "set",
-            &self.host(name).port,
-            "down",
-        ]);
+        self.set_port(name, "down");
     }
 
     /// Plugs host `name`'s cable back in.
     pub fn plug_cable(&self, name: &str) {
-        ip(&[
-            "-n",
-            &self.switch,
-            "link",
-            "set",
-            &self.host(name).port,
-            "up",
-        ]);
+        self.set_port(name, "up");
+    }
+
+    fn set_port(&self, name: &str, state: &str) {
+        let port = &self.host(name).port;
+        ip(&["-n", &self.switch, "link", "set", port, state]);
     }
 
     /// `from` can no longer send to `to` (a blackhole route on `from`); the other way still works.

@@ -39,6 +39,8 @@ const HANG_CHECK: Duration = Duration::from_millis(250);
 const PACE_EVERY: Duration = Duration::from_secs(5);
 /// How often the peer probes' verdict is looked at (a change is said and reported).
 const PEERS_EVERY: Duration = Duration::from_secs(1);
+/// How often a peers report naming silent peers goes again while they stay silent.
+const REPORT_AGAIN: Duration = Duration::from_secs(2);
 
 mod api;
 
@@ -70,6 +72,8 @@ struct World {
     beacons: super::hang::Beacons,
     /// The peers (node ranks) of this generation last said not to answer the probes.
     silent_peers: Vec<u32>,
+    /// When this node's peers report last went out.
+    peers_reported: Option<Instant>,
     /// The session sent this node away for a partition: it joins again only once every peer
     /// of its last generation answers its probes.
     partitioned: bool,

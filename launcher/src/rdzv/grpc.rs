@@ -384,6 +384,18 @@ impl Client {
                             if self.reach.ever_connected() {
                                 tracing::info!(%endpoint, "reconnected to the rendezvous");
                             }
+                            if let Some((g, lasted)) = self.reach.take_outage(Instant::now()) {
+                                tracing::info!("the control plane was away for {}; generation {g} was kept through it", drun_rendezvous::human::duration(lasted));
+                                let _ = out_tx.send(request_to_wire(&Request::Report {
+                                    kind: drun_rendezvous::reports::ReportKind::Outage,
+                                    json: serde_json::json!({
+                                        "generation": g,
+                                        "seconds": lasted.as_secs_f64(),
+                                        "ended_at_ms": drun_rendezvous::clock::now_ms(),
+                                    })
+                                    .to_string(),
+                                }));
+                            }
                             self.backoff = Duration::from_millis(100);
                         }
                         self.reach.contact(Instant::now());
@@ -409,7 +421,7 @@ impl Client {
                     }
                     Ok(None) | Err(_) => {
                         // HTTP/2 keep-alive pings (2 s) vouch for the stream until now.
-                        self.reach.contact(Instant::now());
+                        self.reach.stream_broke(Instant::now());
                         tracing::warn!(%endpoint, "lost the rendezvous server; reconnecting");
                         return Next::Reconnect;
                     }

@@ -56,6 +56,11 @@ pub struct Reach {
     last_error: Option<String>,
     /// Whether this outage's "kept by the peers" line was said.
     outage_said: bool,
+    /// The outage this link kept its generation through: the generation, and when the server
+    /// was last heard before it.
+    kept: Option<(u64, Instant)>,
+    /// When the server last sent anything (a stream that broke vouches for `last_contact` only).
+    last_message: Instant,
 }
 
 impl Reach {
@@ -68,6 +73,8 @@ impl Reach {
             next_progress: now + QUIET,
             last_error: None,
             outage_said: false,
+            kept: None,
+            last_message: now,
         }
     }
 
@@ -78,11 +85,31 @@ impl Reach {
 
     /// The server answered at `now` (a session opened, an event, a keep-alive).
     pub fn contact(&mut self, now: Instant) {
+        self.last_message = now;
+        self.vouched(now);
+    }
+
+    /// The stream broke at `now` after the server last spoke: the transport's own keep-alive
+    /// pings vouch for the server until then (it counts for the TTL), but the server said
+    /// nothing since its last message (an outage is measured from that).
+    pub fn stream_broke(&mut self, now: Instant) {
+        self.vouched(now);
+    }
+
+    fn vouched(&mut self, now: Instant) {
         self.ever_connected = true;
         self.last_contact = now;
         self.last_error = None;
         self.outage_said = false;
         self.next_progress = now + QUIET;
+    }
+
+    /// The server answers again at `now` (call before [`Reach::contact`]): the outage this link
+    /// kept its generation through, if any — the generation and how long the server was away.
+    pub fn take_outage(&mut self, now: Instant) -> Option<(u64, Duration)> {
+        self.kept
+            .take()
+            .map(|(g, began)| (g, now.saturating_duration_since(began)))
     }
 
     /// An attempt failed: why, as the connection error says it.
@@ -130,6 +157,7 @@ impl Reach {
         if let (true, true, Some(g)) = (leased, gone > l.lease_ttl, vouched) {
             if !self.outage_said {
                 self.outage_said = true;
+                self.kept = Some((g, self.last_message));
                 kept = Some(format!(
                     "{UNREACHABLE} for {} (TTL {}; tried {endpoints}), but every peer of generation {g} answers: the control plane is away for everyone, so this node keeps its generation and workers and attaches again when a server answers",
                     human(gone),
@@ -302,8 +330,14 @@ mod tests {
         let t0 = Instant::now();
         let mut r = Reach::new(t0);
         r.contact(t0);
+        r.stream_broke(t0 + s(1));
         r.failed("transport error: tcp connect error: Connection timed out (os error 110)");
         let v = r.check(t0 + s(31), true, Some(4), L, EP);
+        assert!(
+            v.progress.is_none_or(|p| !p.contains("every peer")),
+            "a TTL counts from the break"
+        );
+        let v = r.check(t0 + s(32), true, Some(4), L, EP);
         assert_eq!(v.fence, None, "vouched for by its peers");
         let line = v.progress.expect("said once");
         assert!(
@@ -320,8 +354,12 @@ mod tests {
         let v = r.check(t0 + s(40), true, None, L, EP);
         assert!(v.fence.unwrap().starts_with(UNREACHABLE));
         // Still past the join timeout the link ends, peers or not.
-        let v = r.check(t0 + s(601), false, Some(4), L, EP);
+        let v = r.check(t0 + s(602), false, Some(4), L, EP);
         assert!(v.give_up.is_some());
+        // The server answers: the outage kept is told once, with its length from the server's
+        // last message (a broken stream vouched for the TTL, not for the server's word).
+        assert_eq!(r.take_outage(t0 + s(602)), Some((4, s(602))));
+        assert_eq!(r.take_outage(t0 + s(602)), None);
         // After contact, a new outage is said again.
         r.contact(t0 + s(602));
         let v = r.check(t0 + s(633), true, Some(4), L, EP);

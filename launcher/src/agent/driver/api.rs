@@ -59,7 +59,9 @@ impl Agent {
 
     /// Says which peers of the running generation stopped answering the probes, or that all
     /// answer again, once per change, and reports it to the rendezvous (`status` shows the
-    /// broken pairs).
+    /// broken pairs). While some stay silent the report goes again every [`super::REPORT_AGAIN`]: the
+    /// node a partition sends away decides for itself when it reports, and the other side's
+    /// report may land after its own.
     pub(super) fn check_peers(&self, w: &mut World, link: &Link) {
         let (Some(probes), Some(plan)) = (self.peers.as_ref(), w.plan.as_deref()) else {
             return;
@@ -72,7 +74,15 @@ impl Agent {
             crate::peers::Verdict::Silent(ranks) => ranks,
             _ => Vec::new(),
         };
+        let now = tokio::time::Instant::now();
         if silent == w.silent_peers {
+            let due = w
+                .peers_reported
+                .is_none_or(|at| now.duration_since(at) >= super::REPORT_AGAIN);
+            if !silent.is_empty() && due {
+                self.report_peers(plan, &silent, link);
+                w.peers_reported = Some(now);
+            }
             return;
         }
         let named: Vec<String> = silent
@@ -95,6 +105,13 @@ impl Agent {
                 drun_rendezvous::human::duration(crate::peers::QUIET)
             );
         }
+        self.report_peers(plan, &silent, link);
+        w.peers_reported = Some(now);
+        w.silent_peers = silent;
+    }
+
+    /// Sends this node's peers report for `plan`'s generation.
+    fn report_peers(&self, plan: &drun_rendezvous::Plan, silent: &[u32], link: &Link) {
         let me = plan.member(&self.cfg.node_id).map_or(0, |m| m.node_rank);
         let json = serde_json::json!({
             "generation": plan.generation,
@@ -105,7 +122,6 @@ impl Agent {
             kind: ReportKind::Peers,
             json: json.to_string(),
         });
-        w.silent_peers = silent;
     }
 
     /// Answers one worker API request (see [`crate::ckpt::api`]).
