@@ -557,18 +557,23 @@ fn a_control_plane_outage_is_not_a_training_outage_etcd() {
     control_plane_outage("etcd");
 }
 
-/// Three hosts train (one torch worker each, default settings) through a server on a fourth;
-/// n1 and n2 can no longer reach each other, while both still reach the server and n0. Within
-/// 10 s both agents name the peer they cannot reach (its node rank and address); the node of the
-/// pair with the higher rank is sent away (the largest set that all reach each other, ties
-/// towards node rank 0), the other two train at world 2 within 15 s of the break, the one sent
-/// away stands by; when the partition heals it joins again and the world is 3 again.
-#[test]
-fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() {
-    let Some(python) = torch_python() else { return };
-    let Some(bed) = Bed::new(&["server", "n0", "n1", "n2"]) else {
-        return;
-    };
+/// Three hosts training through a server on a fourth (memory store, default settings).
+struct Trio {
+    bed: Bed,
+    dir: tempfile::TempDir,
+    server: RdzvServer,
+    /// The workers' records and step logs (`paced_steps.py`).
+    out: std::path::PathBuf,
+    /// The agents of `n0`, `n1`, `n2`, in that order.
+    agents: Vec<Agent>,
+}
+
+/// `n0`–`n2` train run `run` (`--nnodes nnodes`, one `paced_steps.py` worker each) through a
+/// server on `server`; returns once every rank took a few steps. `None`: skipped (no torch or no
+/// bed).
+fn trio(run: &str, nnodes: &str) -> Option<Trio> {
+    let python = torch_python()?;
+    let bed = Bed::new(&["server", "n0", "n1", "n2"])?;
     let dir = tempfile::tempdir().unwrap();
     let server = RdzvServer::start_in(
         &bed,
@@ -584,7 +589,7 @@ fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() 
         &["n0", "n1", "n2"],
         &server,
         &python,
-        ("split", "2:3"),
+        (run, nnodes),
         |c| {
             c.arg(worker("paced_steps.py")).arg(&out);
         },
@@ -592,6 +597,33 @@ fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() 
     wait_for("generation 1 trains", Duration::from_secs(120), || {
         (0..3).all(|r| step_times(&out, r).len() > 5)
     });
+    Some(Trio {
+        bed,
+        dir,
+        server,
+        out,
+        agents,
+    })
+}
+
+/// Three hosts train (one torch worker each, default settings) through a server on a fourth;
+/// n1 and n2 can no longer reach each other, while both still reach the server and n0. Within
+/// 10 s both agents name the peer they cannot reach (its node rank and address); the node of the
+/// pair with the higher rank is sent away (the largest set that all reach each other, ties
+/// towards node rank 0), the other two train at world 2 within 15 s of the break, the one sent
+/// away stands by; when the partition heals it joins again and the world is 3 again.
+#[test]
+fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() {
+    let Some(Trio {
+        bed,
+        dir,
+        out,
+        agents,
+        server: _server,
+    }) = trio("split", "2:3")
+    else {
+        return;
+    };
     let rank_of = |name: &str| -> u64 {
         let pids = bed.pids_on(name);
         crate::harness::gen_records(&out, 1)
@@ -693,33 +725,17 @@ fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() 
 /// restart policy retries), instead of hanging in the collective for its 30-minute timeout.
 #[test]
 fn a_partition_that_leaves_fewer_than_min_nodes_ends_the_run_naming_the_broken_pair() {
-    let Some(python) = torch_python() else { return };
-    let Some(bed) = Bed::new(&["server", "n0", "n1", "n2"]) else {
+    // Every field bound: `..` would drop the server and the records' folder right here.
+    let Some(Trio {
+        bed,
+        agents,
+        out: _out,
+        server: _server,
+        dir: _dir,
+    }) = trio("split-min", "3")
+    else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let server = RdzvServer::start_in(
-        &bed,
-        "server",
-        &["--store", "memory"],
-        "warn",
-        &dir.path().join("server.log"),
-    );
-    let out = dir.path().join("records");
-    std::fs::create_dir(&out).unwrap();
-    let agents = trainers(
-        &bed,
-        &["n0", "n1", "n2"],
-        &server,
-        &python,
-        ("split-min", "3"),
-        |c| {
-            c.arg(worker("paced_steps.py")).arg(&out);
-        },
-    );
-    wait_for("generation 1 trains", Duration::from_secs(120), || {
-        (0..3).all(|r| step_times(&out, r).len() > 5)
-    });
     bed.partition("n1", "n2");
     for a in agents {
         let (code, _, err) = a.wait(Duration::from_secs(60));

@@ -84,7 +84,8 @@ impl Host {
 /// holds it.
 fn check_local_addr(flag: &str) -> AddrCheck {
     use std::net::ToSocketAddrs;
-    let resolved: Vec<std::net::IpAddr> = match flag.parse() {
+    let bare = flag.trim_start_matches('[').trim_end_matches(']');
+    let resolved: Vec<std::net::IpAddr> = match bare.parse() {
         Ok(ip) => vec![ip],
         Err(_) => (flag, 0)
             .to_socket_addrs()

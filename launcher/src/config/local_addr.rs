@@ -19,10 +19,24 @@ pub struct AddrCheck {
     pub interfaces: Vec<IpAddr>,
 }
 
-/// The start-up warning for `--local-addr flag`, or `None` when the host holds it or the name
-/// did not resolve (other checks speak of that).
+/// The start-up warning for `--local-addr flag`, or `None` when the host holds it: a name that
+/// does not resolve, an IPv6 address (the workers' store listens on IPv4), or an address of
+/// another host.
 pub fn note(flag: &str, check: &AddrCheck) -> Option<String> {
-    if check.held || check.resolved.is_empty() {
+    if check.resolved.is_empty() {
+        return Some(format!(
+            "--local-addr {flag} does not resolve on this host: the workers get it as \
+             MASTER_ADDR and the other nodes dial it, so they would wait for it; fix the name or \
+             give an IPv4 address (a pod's own name may reach DNS only a little later)"
+        ));
+    }
+    if check.resolved.iter().all(IpAddr::is_ipv6) {
+        return Some(format!(
+            "--local-addr {flag} is an IPv6 address: the workers' store listens on IPv4 only, so \
+             the workers would wait for it; give this host's IPv4 address"
+        ));
+    }
+    if check.held {
         return None;
     }
     let resolved = if check.resolved.len() == 1 && check.resolved[0].to_string() == flag {
@@ -91,7 +105,19 @@ mod tests {
     }
 
     #[test]
-    fn an_unresolved_name_is_left_to_the_other_checks() {
-        assert_eq!(note("nowhere", &AddrCheck::default()), None);
+    fn a_name_that_does_not_resolve_is_named() {
+        let n = note("nowhere", &AddrCheck::default()).unwrap();
+        assert!(n.starts_with("--local-addr nowhere does not resolve on this host"), "{n}");
+    }
+
+    #[test]
+    fn an_ipv6_address_is_named_even_when_the_host_holds_it() {
+        let c = AddrCheck {
+            resolved: vec![ip("::1")],
+            held: true,
+            interfaces: vec![ip("::1")],
+        };
+        let n = note("[::1]", &c).unwrap();
+        assert!(n.starts_with("--local-addr [::1] is an IPv6 address: the workers' store listens on IPv4 only"), "{n}");
     }
 }
