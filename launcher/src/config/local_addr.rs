@@ -107,7 +107,10 @@ mod tests {
     #[test]
     fn a_name_that_does_not_resolve_is_named() {
         let n = note("nowhere", &AddrCheck::default()).unwrap();
-        assert!(n.starts_with("--local-addr nowhere does not resolve on this host"), "{n}");
+        assert!(
+            n.starts_with("--local-addr nowhere does not resolve on this host"),
+            "{n}"
+        );
     }
 
     #[test]
@@ -118,6 +121,11 @@ mod tests {
             interfaces: vec![ip("::1")],
         };
         let n = note("[::1]", &c).unwrap();
-        assert!(n.starts_with("--local-addr [::1] is an IPv6 address: the workers' store listens on IPv4 only"), "{n}");
+        assert!(
+            n.starts_with(
+                "--local-addr [::1] is an IPv6 address: the workers' store listens on IPv4 only"
+            ),
+            "{n}"
+        );
     }
 }
