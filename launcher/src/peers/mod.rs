@@ -242,16 +242,23 @@ async fn probe_loop(
                 None => return,
                 Some(Control::Clear) => health.0.lock().expect("peer table lock").clear(),
                 Some(Control::Follow(plan)) => {
-                    let (rank, members, unprobeable) = probed_members(&plan, &node_id);
+                    let (rank, members, mut unprobeable) = probed_members(&plan, &node_id);
                     my_rank = rank;
                     let mut peers = Vec::new();
                     for (node_rank, host, port) in members {
+                        // IPv4 only, as the probe socket and the workers' store are.
                         match tokio::net::lookup_host((host.as_str(), port)).await {
-                            Ok(mut a) => match a.next() {
+                            Ok(mut a) => match a.find(SocketAddr::is_ipv4) {
                                 Some(addr) => peers.push(Peer { node_rank, addr }),
-                                None => tracing::debug!(%host, "a peer's address resolves to nothing; not probed"),
+                                None => {
+                                    unprobeable = true;
+                                    tracing::debug!(%host, "a peer's address has no IPv4 address; not probed");
+                                }
                             },
-                            Err(e) => tracing::debug!(%host, error = %e, "cannot resolve a peer's address; not probed"),
+                            Err(e) => {
+                                unprobeable = true;
+                                tracing::debug!(%host, error = %e, "cannot resolve a peer's address; not probed");
+                            }
                         }
                     }
                     health.0.lock().expect("peer table lock").follow(

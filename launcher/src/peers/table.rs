@@ -102,10 +102,10 @@ impl Table {
         }
     }
 
-    /// The verdict at `now`: a peer is silent when it has not answered for longer than `quiet`
-    /// (counted from the watch's start while it never answered) although at least
-    /// `min_unanswered` probes went to it meanwhile — a node whose own probing stalled (its
-    /// process starved) blames nobody for the answers it never asked for.
+    /// The verdict at `now`: a peer is silent when it answered in this generation and then not
+    /// for longer than `quiet`, although at least `min_unanswered` probes went to it meanwhile —
+    /// a node whose own probing stalled (its process starved) blames nobody for the answers it
+    /// never asked for. A peer that never answered leaves no evidence ([`Verdict::Unknown`]).
     pub fn verdict(&self, now: Instant, quiet: Duration, min_unanswered: u32) -> Verdict {
         if self.peers.is_empty() && !self.unprobeable {
             return Verdict::Alone;
@@ -113,20 +113,30 @@ impl Table {
         if self.unprobeable {
             return Verdict::Unknown;
         }
+        let stale = |w: &Watched, since: Instant| {
+            now.saturating_duration_since(since) > quiet && w.unanswered >= min_unanswered
+        };
         let silent: Vec<u32> = self
             .peers
             .iter()
-            .filter(|w| {
-                now.saturating_duration_since(w.last_answer.unwrap_or(w.since)) > quiet
-                    && w.unanswered >= min_unanswered
-            })
+            .filter(|w| w.last_answer.is_some_and(|at| stale(w, at)))
             .map(|w| w.peer.node_rank)
             .collect();
-        if silent.is_empty() {
-            Verdict::AllAnswer
-        } else {
-            Verdict::Silent(silent)
+        if !silent.is_empty() {
+            return Verdict::Silent(silent);
         }
+        // A peer that never answered in this generation says nothing either way: the probes may
+        // be blocked between the nodes (a firewall that lets the workers' TCP through), which
+        // must never look like a partition. Within the first quiet limit it is given the benefit
+        // of the doubt.
+        if self
+            .peers
+            .iter()
+            .any(|w| w.last_answer.is_none() && stale(w, w.since))
+        {
+            return Verdict::Unknown;
+        }
+        Verdict::AllAnswer
     }
 }
 
@@ -160,14 +170,21 @@ mod tests {
     }
 
     #[test]
-    fn a_new_generation_is_given_the_quiet_limit_before_a_peer_counts_as_silent() {
+    fn a_peer_that_never_answered_leaves_no_evidence_after_the_first_quiet_limit() {
         let t0 = Instant::now();
         let mut t = Table::default();
         t.follow(3, vec![peer(1), peer(2)], false, t0);
         assert_eq!(t.verdict_(t0 + QUIET, QUIET), Verdict::AllAnswer);
+        // Probes blocked between the nodes (a firewall): neither silent nor answering.
         assert_eq!(
             t.verdict_(t0 + QUIET + Duration::from_millis(1), QUIET),
-            Verdict::Silent(vec![1, 2])
+            Verdict::Unknown
+        );
+        t.answered(3, 1, peer(1).addr, t0 + QUIET);
+        t.answered(3, 2, peer(2).addr, t0 + QUIET);
+        assert_eq!(
+            t.verdict_(t0 + QUIET + Duration::from_millis(1), QUIET),
+            Verdict::AllAnswer
         );
     }
 
@@ -193,7 +210,8 @@ mod tests {
         t.answered(3, 1, peer(2).addr, t0 + Duration::from_secs(3));
         assert_eq!(
             t.verdict_(t0 + Duration::from_secs(4), QUIET),
-            Verdict::Silent(vec![1])
+            Verdict::Unknown,
+            "no answer of this generation from that peer"
         );
     }
 
@@ -216,7 +234,7 @@ mod tests {
         assert_eq!(t.generation(), 2);
         assert_eq!(
             t.verdict_(t0 + Duration::from_secs(14), QUIET),
-            Verdict::Silent(vec![1])
+            Verdict::Unknown
         );
         t.clear();
         assert_eq!(t.verdict_(t0, QUIET), Verdict::Alone);
@@ -227,6 +245,7 @@ mod tests {
         let t0 = Instant::now();
         let mut t = Table::default();
         t.follow(3, vec![peer(1)], false, t0);
+        t.answered(3, 1, peer(1).addr, t0);
         t.sent();
         // 10 s without an answer, but only one probe went out (this process was starved).
         assert_eq!(

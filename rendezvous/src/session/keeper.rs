@@ -56,7 +56,7 @@ pub(crate) fn spawn_keeper(
                     Renew::Held => {
                         if !held {
                             held = true;
-                            tracing::warn!(
+                            tracing::debug!(
                                 lease = format!("{lease:#x}"),
                                 "no agent of this run heard for {}: this server is more likely cut off than every node at once; holding the silent agents' leases (up to {}) for them to come back",
                                 human(run.unwrap_or_default()),
