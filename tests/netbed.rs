@@ -527,12 +527,11 @@ fn control_plane_outage(store: &str) {
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ");
-        view.contains("outage control plane unreachable for")
-            && view.contains("generation 1 kept by its peers")
+        view.contains("outage control plane away ") && view.contains("generation 1 kept")
     });
     assert!(shown, "status shows the outage:\n{view}");
     let secs: f64 = view
-        .split("unreachable for ")
+        .split("control plane away ")
         .nth(1)
         .and_then(|t| t.split(' ').next())
         .and_then(|t| t.parse().ok())

@@ -219,7 +219,7 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
             out,
             "outage",
             &format!(
-                "control plane unreachable for {secs:.1} s, back {} ago; generation {} kept by its peers",
+                "control plane away {secs:.1} s, back {} ago; generation {} kept",
                 crate::human::duration(std::time::Duration::from_millis(
                     status.now_ms.saturating_sub(ended)
                 )),
