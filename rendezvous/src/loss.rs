@@ -38,7 +38,7 @@ pub const LEFT: &str = "its agent left (stopped by a signal or an error)";
 /// ```
 /// use drun_rendezvous::{assign, loss, Candidate};
 /// let c = |id: &str| Candidate { node_id: id.into(), advertise_addr: id.into(), slots: 2,
-///     requested_node_rank: None, master_port: 1 };
+///     requested_node_rank: None, master_port: 1, probe_port: 0 };
 /// let plan = assign("r", 1, &[c("a"), c("b"), c("c")], 0, 0).unwrap();
 /// assert_eq!(loss::missing(&plan, "a", &["a".into(), "c".into()]), ["b"]);
 /// ```
