@@ -413,9 +413,9 @@ fn etcd_on(bed: &Bed, name: &str, data: &Path) -> Listener {
 /// Two hosts train (one torch worker each, `paced_steps.py`) through a rendezvous server on a
 /// third host (`store`: memory, or etcd on the server's host); the server host's cable is pulled
 /// for four lease TTLs. Every peer still answers, so neither agent fences and the server, hearing
-/// no agent at all, holds their leases: the training does not pause (2 s allowed on a loaded machine), no re-form
-/// happens, the workers are the same processes, and both agents attach again when the cable is
-/// back.
+/// no agent at all, holds their leases: the training does not pause (2 s allowed on a loaded
+/// machine), no re-form happens, the workers are the same processes, and both agents attach
+/// again when the cable is back.
 fn control_plane_outage(store: &str) {
     let Some(python) = torch_python() else { return };
     let Some(bed) = Bed::new(&["server", "n0", "n1"]) else {
