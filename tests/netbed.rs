@@ -182,6 +182,39 @@ fn trainers(
         .collect()
 }
 
+/// A bed of `server` and `n0`–`n2`, a memory-store rendezvous server on `server` logging to
+/// `dir/server.log`, an empty `dir/records` for the workers, and torch's Python.
+struct Stage {
+    python: std::path::PathBuf,
+    bed: Bed,
+    dir: tempfile::TempDir,
+    server: RdzvServer,
+    out: std::path::PathBuf,
+}
+
+/// The [`Stage`], or `None` (skipped, with a note) without torch or a bed.
+fn stage() -> Option<Stage> {
+    let python = torch_python()?;
+    let bed = Bed::new(&["server", "n0", "n1", "n2"])?;
+    let dir = tempfile::tempdir().unwrap();
+    let server = RdzvServer::start_in(
+        &bed,
+        "server",
+        &["--store", "memory"],
+        "info",
+        &dir.path().join("server.log"),
+    );
+    let out = dir.path().join("records");
+    std::fs::create_dir(&out).unwrap();
+    Some(Stage {
+        python,
+        bed,
+        dir,
+        server,
+        out,
+    })
+}
+
 /// The highest generation with a record in `dir`, and how many records it has.
 fn newest_generation(dir: &Path) -> Option<(u64, usize)> {
     let mut gens: Vec<u64> = std::fs::read_dir(dir)
@@ -207,20 +240,16 @@ const TTL: u64 = 3;
 /// 2; the victim's worker is stopped within the lease TTL plus its grace; with the cable back
 /// the victim rejoins by itself and the world is 3 again.
 fn pulled_cable(node_rank: u32) {
-    let Some(python) = torch_python() else { return };
-    let Some(bed) = Bed::new(&["server", "n0", "n1", "n2"]) else {
+    let Some(Stage {
+        python,
+        bed,
+        server,
+        out,
+        dir: _dir,
+    }) = stage()
+    else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let server = RdzvServer::start_in(
-        &bed,
-        "server",
-        &["--store", "memory"],
-        "info",
-        &dir.path().join("server.log"),
-    );
-    let out = dir.path().join("records");
-    std::fs::create_dir(&out).unwrap();
     let conf = format!("lease_ttl={TTL}");
     let agents = trainers(
         &bed,
@@ -306,19 +335,17 @@ fn a_pulled_cable_of_a_middle_node_reforms_the_others_and_the_host_rejoins_when_
 /// here: its time grew with the slowest link).
 #[test]
 fn preflight_names_a_20_mbit_link_among_fast_ones_within_five_seconds() {
-    let Some(python) = torch_python() else { return };
-    let Some(bed) = Bed::new(&["server", "n0", "n1", "n2"]) else {
+    let Some(Stage {
+        python,
+        bed,
+        server,
+        out,
+        dir: _dir,
+    }) = stage()
+    else {
         return;
     };
     bed.limit_rate("n2", "20mbit");
-    let dir = tempfile::tempdir().unwrap();
-    let server = RdzvServer::start_in(
-        &bed,
-        "server",
-        &["--store", "memory"],
-        "warn",
-        &dir.path().join("server.log"),
-    );
     let agents = trainers(
         &bed,
         &["n0", "n1", "n2"],
@@ -328,7 +355,7 @@ fn preflight_names_a_20_mbit_link_among_fast_ones_within_five_seconds() {
         |c| {
             c.arg("--preflight")
                 .arg(worker("steps.py"))
-                .arg(dir.path())
+                .arg(&out)
                 .arg("3");
         },
     );
@@ -573,18 +600,13 @@ struct Trio {
 /// server on `server`; returns once every rank took a few steps. `None`: skipped (no torch or no
 /// bed).
 fn trio(run: &str, nnodes: &str) -> Option<Trio> {
-    let python = torch_python()?;
-    let bed = Bed::new(&["server", "n0", "n1", "n2"])?;
-    let dir = tempfile::tempdir().unwrap();
-    let server = RdzvServer::start_in(
-        &bed,
-        "server",
-        &["--store", "memory"],
-        "info",
-        &dir.path().join("server.log"),
-    );
-    let out = dir.path().join("records");
-    std::fs::create_dir(&out).unwrap();
+    let Stage {
+        python,
+        bed,
+        dir,
+        server,
+        out,
+    } = stage()?;
     let agents = trainers(
         &bed,
         &["n0", "n1", "n2"],
