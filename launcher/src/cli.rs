@@ -98,8 +98,9 @@ pub struct Args {
 
     /// Extra rendezvous settings `key=value,...`: `join_timeout` (s, default 600),
     /// `last_call_timeout` (s, 30), `lease_ttl` (s, 10), `keep_alive_interval` (s, lease_ttl/3),
-    /// `reform_settle` (s, 1: a re-form whose surviving members all rejoined forms this long
-    /// after MIN instead of waiting out the last call), `is_host` (c10d: 1 hosts, 0 never hosts).
+    /// `reform_settle` (s, 1: a re-form whose surviving members all rejoined with newcomers
+    /// forms this long after MIN instead of waiting out the last call; without newcomers it
+    /// forms at once), `is_host` (c10d: 1 hosts, 0 never hosts).
     #[arg(
         long = "rdzv-conf",
         visible_alias = "rdzv_conf",

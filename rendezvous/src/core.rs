@@ -81,9 +81,10 @@ pub struct RoundConfig {
     pub last_call: Duration,
     /// Give up below MIN after this long (torchrun `join_timeout`, default 600 s).
     pub join_timeout: Duration,
-    /// A re-form whose surviving members have all joined again forms this long after MIN was
-    /// reached, batching arrivals, instead of waiting out `last_call` (`reform_settle`,
-    /// default [`DEFAULT_SETTLE`]).
+    /// A re-form whose surviving members have all joined again together with newcomers forms
+    /// this long after MIN was reached, batching further arrivals, instead of waiting out
+    /// `last_call` (`reform_settle`, default [`DEFAULT_SETTLE`]); one without newcomers forms
+    /// at once.
     pub settle: Duration,
 }
 
@@ -115,6 +116,9 @@ pub struct RoundView {
     /// For a re-form, the members of the previous generation that are still alive (their
     /// membership lease holds) and have not joined again yet; `None` for the first formation.
     pub outstanding: Option<Vec<String>>,
+    /// For a re-form, how many waiting nodes were not members of the previous generation
+    /// (arrivals): only they are worth a settle window that batches further arrivals.
+    pub newcomers: usize,
     /// The previous generation, if it still runs (not closed, a member alive or starting):
     /// nobody forms beside it.
     pub running: Option<RunningGeneration>,
@@ -250,8 +254,9 @@ fn at_max(view: &RoundView, cfg: &RoundConfig) -> Decision {
     }
 }
 
-/// At least MIN joined: form when the last call (or, for a re-form whose survivors are all
-/// back, the settle window) closes.
+/// At least MIN joined: form when the last call closes; a re-form whose survivors are all back
+/// forms at once, or, when newcomers came with them, once the settle window (which batches
+/// further arrivals) closes.
 fn above_min(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
     let n = view.candidates.len();
     let since = view.min_reached_at.unwrap_or(now);
@@ -259,6 +264,10 @@ fn above_min(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
     // live member of the previous generation is back, only the settle window remains (a
     // lost node that returns later is a scale-up).
     let (deadline, why) = match &view.outstanding {
+        // Nobody else is expected: waiting would only idle the survivors.
+        Some(left) if left.is_empty() && view.newcomers == 0 => {
+            (since, "every surviving member rejoined".to_string())
+        }
         Some(left) if left.is_empty() => (
             since + cfg.settle.min(cfg.last_call),
             "every surviving member rejoined".to_string(),
@@ -284,8 +293,8 @@ fn above_min(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
     let left = (deadline - now).as_secs_f64().ceil() as u64;
     let reason = match &view.outstanding {
         Some(out) if out.is_empty() => format!(
-            "{n}/{} nodes rejoined (min {}), every surviving member is back, forming in {left} s",
-            cfg.max_nodes, cfg.min_nodes
+            "{n}/{} nodes rejoined (min {}), every surviving member is back with {} newcomer(s), forming in {left} s",
+            cfg.max_nodes, cfg.min_nodes, view.newcomers
         ),
         Some(out) => format!(
             "{n}/{} nodes joined (min {}), waiting for {} member(s) of the last generation to rejoin [{}], last call in {left} s",

@@ -29,31 +29,52 @@ fn reform(t0: Instant, nodes: &[&str], outstanding: &[&str]) -> RoundView {
         min_reached_at: Some(t0),
         candidates: nodes.iter().map(|n| cand(n)).collect(),
         outstanding: Some(outstanding.iter().map(|s| s.to_string()).collect()),
+        newcomers: 0,
         running: None,
     }
 }
 
 #[test]
-fn a_reform_with_every_survivor_back_forms_after_the_settle_window() {
+fn a_reform_with_every_survivor_back_and_nobody_new_forms_at_once() {
     let t0 = Instant::now();
     let view = reform(t0, &["a", "b"], &[]);
-    match decide(&view, t0 + Duration::from_millis(300), &cfg(2, 3)) {
-        Decision::Wait { reason, wake_at } => {
-            assert_eq!(wake_at, t0 + DEFAULT_SETTLE, "not the 30 s last call");
-            assert!(
-                reason.contains("every surviving member is back, forming in 1 s"),
-                "{reason}"
-            );
-        }
-        d => panic!("{d:?}"),
-    }
-    match decide(&view, t0 + DEFAULT_SETTLE, &cfg(2, 3)) {
+    match decide(&view, t0, &cfg(2, 3)) {
         Decision::Form {
             admitted, reason, ..
         } => {
             assert_eq!(admitted.len(), 2);
             assert!(
                 reason.starts_with("every surviving member rejoined with 2 nodes"),
+                "{reason}"
+            );
+        }
+        d => panic!("no idle window when nobody else is expected: {d:?}"),
+    }
+}
+
+#[test]
+fn a_reform_with_newcomers_waits_the_settle_window_to_batch_more_arrivals() {
+    let t0 = Instant::now();
+    let mut view = reform(t0, &["a", "b", "new"], &[]);
+    view.newcomers = 1;
+    match decide(&view, t0 + Duration::from_millis(300), &cfg(2, 4)) {
+        Decision::Wait { reason, wake_at } => {
+            assert_eq!(wake_at, t0 + DEFAULT_SETTLE, "not the 30 s last call");
+            assert!(
+                reason
+                    .contains("every surviving member is back with 1 newcomer(s), forming in 1 s"),
+                "{reason}"
+            );
+        }
+        d => panic!("{d:?}"),
+    }
+    match decide(&view, t0 + DEFAULT_SETTLE, &cfg(2, 4)) {
+        Decision::Form {
+            admitted, reason, ..
+        } => {
+            assert_eq!(admitted.len(), 3);
+            assert!(
+                reason.starts_with("every surviving member rejoined with 3 nodes"),
                 "{reason}"
             );
         }
@@ -93,7 +114,8 @@ fn the_first_formation_still_waits_out_the_last_call() {
     // A settle window longer than the last call never delays a formation.
     let mut c = cfg(2, 3);
     c.last_call = Duration::from_millis(100);
-    let view = reform(t0, &["a", "b"], &[]);
+    let mut view = reform(t0, &["a", "b", "new"], &[]);
+    view.newcomers = 1;
     assert!(matches!(
         decide(&view, t0 + Duration::from_millis(100), &c),
         Decision::Form { .. }
@@ -108,6 +130,7 @@ fn single_node_forms_immediately() {
         min_reached_at: Some(t0),
         candidates: vec![cand("a")],
         outstanding: None,
+        newcomers: 0,
         running: None,
     };
     assert!(matches!(
@@ -125,6 +148,7 @@ fn waits_for_min_then_last_call_then_forms() {
         min_reached_at: None,
         candidates: vec![cand("a")],
         outstanding: None,
+        newcomers: 0,
         running: None,
     };
     match decide(&view, t0 + Duration::from_secs(5), &c) {
@@ -161,6 +185,7 @@ fn max_forms_at_once_and_extra_become_standbys() {
         min_reached_at: Some(t0),
         candidates: vec![cand("a"), cand("b"), cand("c")],
         outstanding: None,
+        newcomers: 0,
         running: None,
     };
     match decide(&view, t0, &cfg(1, 2)) {
@@ -188,6 +213,7 @@ fn join_timeout_fails_with_who_came() {
         min_reached_at: None,
         candidates: vec![cand("a")],
         outstanding: None,
+        newcomers: 0,
         running: None,
     };
     match decide(&view, t0 + Duration::from_secs(600), &cfg(3, 3)) {
@@ -210,6 +236,7 @@ fn a_set_due_to_form_that_cannot_be_ranked_fails_at_once_for_all() {
         min_reached_at: Some(t0),
         candidates: vec![cand("a"), broken.clone()],
         outstanding: None,
+        newcomers: 0,
         running: None,
     };
     // At MAX: at once, not after the join timeout.
@@ -264,6 +291,7 @@ fn no_second_world_forms_beside_a_running_generation() {
         min_reached_at: Some(t0),
         candidates: vec![cand("d"), cand("e"), cand("f")],
         outstanding: None,
+        newcomers: 0,
         running: running(4, 3),
     };
     match decide(&view, t0 + Duration::from_secs(3600), &cfg(1, 3)) {
@@ -286,6 +314,7 @@ fn a_running_generation_never_fails_its_standbys_on_the_join_timeout() {
         min_reached_at: None,
         candidates: vec![cand("d")],
         outstanding: None,
+        newcomers: 0,
         running: running(2, 2),
     };
     assert!(matches!(
@@ -302,6 +331,7 @@ fn a_running_generation_with_only_its_members_own_joins_says_nothing() {
         min_reached_at: None,
         candidates: vec![],
         outstanding: None,
+        newcomers: 0,
         running: running(1, 2),
     };
     match decide(&view, t0, &cfg(1, 2)) {
@@ -318,6 +348,7 @@ fn standbys_are_promoted_once_the_generation_stops_running() {
         min_reached_at: Some(t0),
         candidates: vec![cand("a"), cand("b"), cand("d")],
         outstanding: Some(vec![]),
+        newcomers: 0,
         running: running(5, 2),
     };
     assert!(matches!(

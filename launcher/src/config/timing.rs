@@ -30,8 +30,8 @@ pub struct Timing {
     pub lease_ttl: Duration,
     /// Keep-alive period (`keep_alive_interval`, default lease_ttl / 3).
     pub keep_alive_interval: Duration,
-    /// Settle window of a re-form whose surviving members all rejoined (`reform_settle`,
-    /// default 1 s; never longer than the last call).
+    /// Settle window of a re-form whose surviving members all rejoined with newcomers
+    /// (`reform_settle`, default 1 s; never longer than the last call; none without newcomers).
     pub settle: Duration,
 }
 

@@ -195,11 +195,20 @@ impl Sim {
             ),
             _ => None,
         };
+        let newcomers = match &self.plan {
+            Some(p) => self
+                .waiting
+                .iter()
+                .filter(|w| p.member(&w.node_id).is_none())
+                .count(),
+            None => 0,
+        };
         RoundView {
             opened_at: self.opened_at,
             min_reached_at: self.min_reached_at,
             candidates: self.waiting.clone(),
             outstanding,
+            newcomers,
             running,
         }
     }

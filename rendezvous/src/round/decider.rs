@@ -70,11 +70,19 @@ impl Round {
             }
             _ => None,
         };
+        let newcomers = match &current {
+            Some(plan) => candidates
+                .iter()
+                .filter(|c| plan.member(&c.node_id).is_none())
+                .count(),
+            None => 0,
+        };
         let view = RoundView {
             opened_at: *opened_at,
             min_reached_at: *min_reached_at,
             candidates,
             outstanding,
+            newcomers,
             running,
         };
         match decide(&view, now, &self.cfg) {
