@@ -150,6 +150,18 @@ impl RunKeys {
         format!("{}gen/{g}/save-due/", self.prefix)
     }
 
+    /// Prefix of the accusations of generation `g`: `<accused>/<by>` says member `by` does not
+    /// hear `accused` (its agent's probes go unanswered); under `by`'s lease
+    /// (`session::silence`).
+    pub fn silent_prefix(&self, g: u64) -> String {
+        format!("{}gen/{g}/silent/", self.prefix)
+    }
+
+    /// Member `by` of generation `g` does not hear member `accused`.
+    pub fn silent(&self, g: u64, accused: &str, by: &str) -> String {
+        format!("{}{accused}/{by}", self.silent_prefix(g))
+    }
+
     /// Job-wide restart counters (JSON).
     pub fn restarts(&self) -> String {
         format!("{}restarts", self.prefix)

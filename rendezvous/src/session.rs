@@ -44,6 +44,9 @@ mod protocol;
 mod resume_tests;
 mod running;
 mod save_clock;
+mod silence;
+#[cfg(test)]
+mod silence_tests;
 pub mod split;
 #[cfg(test)]
 mod test_support;

@@ -237,6 +237,7 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
         }
         Event::Sealed(id) => Kind::Sealed(id.clone()),
         Event::Pace(p) => Kind::Pace(serde_json::to_string(p).expect("a pace serializes")),
+        Event::Ping => Kind::Ping(true),
         Event::Committed {
             generation,
             step,
@@ -260,6 +261,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
     Some(match e.kind? {
         Kind::OpenedLease(lease) => Event::Opened { lease },
         Kind::KeptAlive(_) => return None,
+        Kind::Ping(_) => Event::Ping,
         Kind::Waiting(t) => Event::Waiting(t),
         Kind::Formed(p) => Event::Formed(p.into()),
         Kind::Reform(r) => Event::Reform {

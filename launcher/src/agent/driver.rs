@@ -38,7 +38,7 @@ const HANG_CHECK: Duration = Duration::from_millis(250);
 /// How often a node reports its ranks' pace and learns the job's (straggler median).
 const PACE_EVERY: Duration = Duration::from_secs(5);
 /// How often the peer probes' verdict is looked at (a change is said and reported).
-const PEERS_EVERY: Duration = Duration::from_secs(1);
+const PEERS_EVERY: Duration = crate::peers::PROBE_EVERY;
 /// How often a peers report naming silent peers goes again while they stay silent.
 const REPORT_AGAIN: Duration = Duration::from_secs(2);
 
@@ -117,6 +117,11 @@ impl Agent {
                 ev = link.rx.recv(), if m.reads_session() => {
                     if let (Some(drun_rendezvous::Event::Pace(p)), Some((_, d))) = (&ev, w.steps.as_mut()) {
                         d.set_job_pace(p.clone());
+                    }
+                    if let Some(drun_rendezvous::Event::Ping) = &ev {
+                        // A peer does not hear this node: the session asks whether it is there.
+                        let _ = link.tx.send(drun_rendezvous::Request::KeepAlive);
+                        continue;
                     }
                     if let Some(drun_rendezvous::Event::Fenced(why)) = &ev {
                         w.partitioned = why.starts_with(drun_rendezvous::session::split::PARTITIONED);

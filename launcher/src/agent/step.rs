@@ -124,6 +124,8 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
         Event::Sealed(id) => on_sealed(m, phase, id, cx),
         // The job's pace feeds the straggler detector (the driver's); no state changes.
         Event::Pace(_) => phase,
+        // Answered by the driver (a keep-alive at once); no state changes.
+        Event::Ping => phase,
         Event::Committed {
             generation,
             step,

@@ -16,10 +16,16 @@
 //! gone for everyone, not this node alone; see `docs/architecture.md`, "Control-plane outages");
 //! an agent that reaches neither fences itself, as before.
 //!
+//! The agent reports silent peers to the rendezvous as soon as it judges them silent. The silent
+//! node's own session then asks that node's agent to answer and gives the node up when it does
+//! not (`drun_rendezvous::session`, the silence rule), so a pulled cable or a hung host costs
+//! about [`QUIET`] and half a second, not a lease TTL; peers that cannot reach each other while
+//! both still reach the server are left to the partition rule.
+//!
 //! What a probe does not see: the workers' collectives may use another fabric (InfiniBand,
 //! NVLink, RoCE through NCCL) that a TCP/IP probe on the agent's address does not cross.
 //! Cost: [`PROBE_BYTES`] bytes each way per peer per [`PROBE_EVERY`] (with 8 nodes: 7 peers,
-//! 2 × 7 × 30 B / 0.5 s = 840 B/s per node).
+//! 2 × 7 × 30 B / 0.2 s = 2.1 KB/s per node; beyond 32 nodes at most 4 peers, 1.2 KB/s).
 
 pub mod table;
 
@@ -35,9 +41,10 @@ use tokio::time::Instant;
 pub use table::{Peer, Table, Verdict};
 
 /// How often each peer is probed.
-pub const PROBE_EVERY: Duration = Duration::from_millis(500);
-/// A peer that has not answered for this long is silent.
-pub const QUIET: Duration = Duration::from_secs(3);
+pub const PROBE_EVERY: Duration = Duration::from_millis(200);
+/// A peer that has not answered for this long is silent (reported; the session then asks the
+/// silent node's agent whether it is there before giving the node up).
+pub const QUIET: Duration = Duration::from_secs(1);
 /// A peer counts as silent only after this many of this node's probes went unanswered (a
 /// quiet limit's worth): a node whose own probing stalled blames nobody.
 pub const MIN_UNANSWERED: u32 = (QUIET.as_millis() / PROBE_EVERY.as_millis()) as u32;

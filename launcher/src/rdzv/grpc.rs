@@ -400,6 +400,12 @@ impl Client {
                         }
                         self.reach.contact(Instant::now());
                         let Some(ev) = event_from_wire(m) else { continue };
+                        if ev == Event::Ping {
+                            // A peer does not hear this node: answer at once, or the session
+                            // gives the node up (`drun_rendezvous::session` silence rule).
+                            let _ = out_tx.send(request_to_wire(&Request::KeepAlive));
+                            continue;
+                        }
                         let end = matches!(ev, Event::Finished(_) | Event::Error(_));
                         self.t.received(&ev);
                         if self.events.send(ev).is_err() || end {

@@ -351,6 +351,11 @@ impl Actor {
         current
     }
 
+    /// Whether the agent was heard at or after `at_ms` (ms since the epoch).
+    pub(super) fn heard_since(&self, at_ms: u64) -> bool {
+        self.heard.load(std::sync::atomic::Ordering::SeqCst) >= at_ms
+    }
+
     pub fn fence(&mut self, reason: String) {
         tracing::error!(node = %self.cfg.node_id, "{reason}");
         self.stop_keeper();
@@ -452,8 +457,22 @@ impl Actor {
                 }
                 self.join(cand).await.map(Some)
             }
-            // Noted by the forwarder in `spawn_session`; the keeper task renews.
-            Request::KeepAlive => Ok(None),
+            // Noted by the forwarder in `spawn_session`; the keeper task renews. It may be the
+            // answer to a ping (`silence`).
+            Request::KeepAlive => {
+                if let Phase::Running(run, _) = phase {
+                    let step = super::generation::step(
+                        run,
+                        super::generation::Input::AgentHeard,
+                        tokio::time::Instant::now(),
+                        &self.rules,
+                    );
+                    if !step.reason.is_empty() {
+                        tracing::info!(run = %self.cfg.run_id, gen = run.generation(), "{}", step.reason);
+                    }
+                }
+                Ok(None)
+            }
             Request::Succeeded(g) => {
                 let keys = self.round.keys().clone();
                 self.store
@@ -494,9 +513,10 @@ impl Actor {
                 Ok(None)
             }
             Request::Report { kind, json } => {
-                self.report(kind, json).await?;
-                match &*phase {
+                self.report(kind, json.clone()).await?;
+                match phase {
                     Phase::Running(run, _) if kind == crate::reports::ReportKind::Peers => {
+                        self.accuse(run, &json).await?;
                         let plan = run.plan.clone();
                         self.judge_partition(&plan).await
                     }

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::protocol::{Event, RunEnd};
 use super::save_clock::SaveClock;
+use super::silence::{self, Silence};
 use crate::envcheck::{self, Door, Report};
 use crate::human::duration as human;
 use crate::keys::RunKeys;
@@ -67,6 +68,8 @@ pub(crate) struct Running {
     /// Node rank 0 only: what the members' environments agreed on at formation (`None`:
     /// unknown; every newcomer re-forms the group to be judged).
     pub door: Option<Door>,
+    /// Who says this node does not answer, and whom it says so of ([`silence`]).
+    pub silence: Silence,
 }
 
 impl Running {
@@ -90,6 +93,10 @@ impl Running {
                 .and_then(|b| b.save_clock)
                 .unwrap_or(SaveClock::start(now))
         });
+        let silence = before
+            .as_ref()
+            .map(|b| b.silence.clone())
+            .unwrap_or_default();
         let scale_up = before.and_then(|b| b.scale_up);
         let successor_deadline =
             (successor.is_some() && !successor_started).then(|| now + rules.lease_ttl);
@@ -101,6 +108,7 @@ impl Running {
             scale_up,
             save_clock,
             door: None,
+            silence,
         }
     }
 
@@ -113,10 +121,15 @@ impl Running {
     pub fn wake_at(&self) -> Option<Instant> {
         let scale_up = self.scale_up.as_ref().map(|p| p.deadline);
         let save = self.save_clock.as_ref().and_then(SaveClock::due_at);
-        [self.successor_deadline, scale_up, save]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.successor_deadline,
+            scale_up,
+            save,
+            self.silence.wake_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The scale-up save of `node` was written (`latest_before` was `ckpt/latest` then): hold
@@ -162,6 +175,18 @@ pub(crate) enum Input {
     MemberUp(String),
     /// `members/<g>/<node>` went away: the node left or its lease expired.
     MemberGone(String),
+    /// `gen/<g>/silent/<accused>/<by>` was written (`still`) or withdrawn: member `by` does
+    /// not hear member `accused`.
+    Accused {
+        /// The member not heard.
+        accused: String,
+        /// The member that says so.
+        by: String,
+        /// Written (true) or withdrawn.
+        still: bool,
+    },
+    /// This node's agent sent something (it answers the ping of [`silence`]).
+    AgentHeard,
     /// A watched key this core has no use for.
     Other,
     /// Time passed: deadlines at or before `now` are due.
@@ -172,7 +197,22 @@ pub(crate) enum Input {
 pub(crate) fn classify(keys: &RunKeys, g: u64, ev: WatchEvent) -> Result<Input, StoreError> {
     let waiting = keys.waiting_prefix();
     let members = keys.members_prefix(g);
+    let silent = keys.silent_prefix(g);
+    let accusation = |key: &str, still: bool| {
+        let (accused, by) = key[silent.len()..].split_once('/')?;
+        Some(Input::Accused {
+            accused: accused.to_string(),
+            by: by.to_string(),
+            still,
+        })
+    };
     Ok(match ev {
+        WatchEvent::Put(kv) if kv.key.starts_with(&silent) => {
+            accusation(&kv.key, true).unwrap_or(Input::Other)
+        }
+        WatchEvent::Delete(key, _) if key.starts_with(&silent) => {
+            accusation(&key, false).unwrap_or(Input::Other)
+        }
         WatchEvent::Put(kv) if kv.key == keys.closed(g) => Input::Closed(kv.value_str()),
         WatchEvent::Put(kv)
             if kv.key == keys.preempt(g)
@@ -251,6 +291,16 @@ pub(crate) enum Effect {
     /// Call the pending scale-up off if no newcomer waits any more
     /// ([`Running::call_off_scale_up`]).
     CallOffIfNobodyWaits,
+    /// Ask this node's agent to answer at once ([`silence`]).
+    Ping,
+    /// Give this node up as lost with `reason` unless its agent was heard since `asked_at`
+    /// ([`silence`]).
+    GiveUpIfUnheard {
+        /// When the agent was asked.
+        asked_at: Instant,
+        /// The loss record's line.
+        reason: String,
+    },
     /// The successor vanished: read why and whether a preemption save is sealed, then judge
     /// with [`successor_lost`].
     SuccessorLost(String),
@@ -334,10 +384,16 @@ pub(crate) fn step(run: &mut Running, input: Input, now: Instant, rules: &Rules)
             vec![Effect::SuccessorLost(node.clone())],
             format!("successor {node} is gone"),
         ),
-        Input::Tick => tick(run, now, rules),
-        Input::WaitingGone | Input::MemberUp(_) | Input::MemberGone(_) | Input::Other => {
-            Step::nothing("")
+        Input::Accused { accused, by, still } if accused == run.node => {
+            silent(run.silence.accused(&by, still, now))
         }
+        Input::AgentHeard => silent(run.silence.heard(now)),
+        Input::Tick => tick(run, now, rules),
+        Input::Accused { .. }
+        | Input::WaitingGone
+        | Input::MemberUp(_)
+        | Input::MemberGone(_)
+        | Input::Other => Step::nothing(""),
     }
 }
 
@@ -442,7 +498,26 @@ fn tick(run: &mut Running, now: Instant, rules: &Rules) -> Step {
             gone_note: None,
         });
     }
+    if let silence::Act::GiveUp { asked_at, reason } = run.silence.tick(now) {
+        why.push(format!("this node's agent did not answer: {reason}"));
+        effects.push(Effect::GiveUpIfUnheard { asked_at, reason });
+    }
     Step::does(effects, why.join("; "))
+}
+
+/// What the silence rule says, as a step.
+fn silent(act: silence::Act) -> Step {
+    match act {
+        silence::Act::Nothing(why) => Step::nothing(why),
+        silence::Act::Ping(why) => Step::does(vec![Effect::Ping], why),
+        silence::Act::GiveUp { asked_at, reason } => Step::does(
+            vec![Effect::GiveUpIfUnheard {
+                asked_at,
+                reason: reason.clone(),
+            }],
+            reason,
+        ),
+    }
 }
 
 /// The successor `node` vanished, `why` (its `lost/<node>` record). `None`: no re-form, because

@@ -196,4 +196,7 @@ pub enum Event {
     /// The answer to a pace [`Request::Report`]: every rank's median seconds per step in the
     /// reporting node's generation, job-wide.
     Pace(std::collections::BTreeMap<u32, f64>),
+    /// Answer at once (with a [`Request::KeepAlive`]): a peer says this node does not answer its
+    /// probes, and the node is given up if its agent stays silent too (`session::silence`).
+    Ping,
 }

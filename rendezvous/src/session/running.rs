@@ -273,7 +273,8 @@ impl Actor {
                 Err(e) => return Err(e),
             }
         }
-        Ok(if step.ends {
+        // A node given up ([`Effect::GiveUpIfUnheard`]) was fenced: no generation runs here.
+        Ok(if step.ends || self.lease.is_none() {
             Phase::Idle
         } else {
             Phase::Running(run, watch)
@@ -285,6 +286,23 @@ impl Actor {
         let g = run.generation();
         match effect {
             Effect::Emit(ev) => self.emit(ev),
+            Effect::Ping => self.emit(Event::Ping),
+            Effect::GiveUpIfUnheard { asked_at, reason } => {
+                let asked_ms =
+                    crate::clock::now_ms().saturating_sub(asked_at.elapsed().as_millis() as u64);
+                if self.heard_since(asked_ms) {
+                    let why = generation::step(
+                        run,
+                        generation::Input::AgentHeard,
+                        Instant::now(),
+                        &self.rules,
+                    )
+                    .reason;
+                    tracing::info!(run = %self.cfg.run_id, gen = g, "{why}");
+                } else {
+                    self.give_up(g, reason).await?;
+                }
+            }
             Effect::ReportSaveRequest(v) => self.emit_save_request(&v),
             Effect::Close(reason) => {
                 self.close(g, reason, false).await?;

@@ -5,7 +5,10 @@
 //! workers and stands by until it reaches the others again; the others lose it as any lost node
 //! and re-form), and a split below the run's minimum ends the run for every node.
 
+use std::collections::BTreeSet;
+
 use super::actor::{Actor, Phase};
+use super::generation::Running;
 use super::protocol::RunEnd;
 use crate::clock::now_ms;
 use crate::partition::{self, Decision};
@@ -17,6 +20,80 @@ use crate::{run_state, Plan, RendezvousError};
 pub const PARTITIONED: &str = "partitioned from its peers";
 
 impl Actor {
+    /// Writes this node's accusations for its agent's peers report `json` of `run`'s
+    /// generation (`gen/<g>/silent/<accused>/<me>`, under this node's lease), and withdraws the
+    /// ones its agent dropped ([`super::silence`]).
+    pub(super) async fn accuse(
+        &mut self,
+        run: &mut Running,
+        json: &str,
+    ) -> Result<(), RendezvousError> {
+        let Some(lease) = self.lease else {
+            return Ok(());
+        };
+        let Ok(r) = serde_json::from_str::<serde_json::Value>(json) else {
+            return Ok(());
+        };
+        let g = run.generation();
+        if r["generation"].as_u64() != Some(g) {
+            return Ok(());
+        }
+        let silent: BTreeSet<String> = r["silent"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| u32::try_from(s.as_u64()?).ok())
+            .filter_map(|rank| run.plan.members.iter().find(|m| m.node_rank == rank))
+            .map(|m| m.node_id.clone())
+            .filter(|id| *id != self.cfg.node_id)
+            .collect();
+        let acc = run.silence.report(silent);
+        let keys = self.round.keys();
+        let me = &self.cfg.node_id;
+        let mut ops: Vec<Op> = acc
+            .withdraw
+            .iter()
+            .map(|a| Op::Delete(keys.silent(g, a, me)))
+            .collect();
+        ops.extend(acc.write.iter().map(|a| Op::Put {
+            key: keys.silent(g, a, me),
+            value: b"{}".to_vec(),
+            lease: Some(lease),
+        }));
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.store
+            .txn(Txn {
+                compares: vec![],
+                success: ops,
+                failure: vec![],
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Gives this node up as lost in generation `g` (its peers and the server do not hear it,
+    /// [`super::silence`]): records why, revokes the lease (its membership key goes, and the
+    /// member watching it re-forms the others) and fences the agent.
+    pub(super) async fn give_up(&mut self, g: u64, reason: String) -> Result<(), RendezvousError> {
+        tracing::warn!(run = %self.cfg.run_id, gen = g, node = %self.cfg.node_id, "node {} is lost: {reason}", self.cfg.node_id);
+        let keys = self.round.keys().clone();
+        self.store
+            .put(
+                &keys.lost(&self.cfg.node_id),
+                reason.clone().into_bytes(),
+                None,
+            )
+            .await?;
+        if let Some(lease) = self.lease {
+            self.stop_keeper();
+            self.store.lease_revoke(lease).await?;
+        }
+        self.fence(format!("given up: {reason}"));
+        Ok(())
+    }
+
     /// Judges `plan`'s generation after a peers report; `Some(Idle)`: this node was sent away.
     pub(super) async fn judge_partition(
         &mut self,
