@@ -25,6 +25,10 @@ use super::reach::{short_reason, Limits, Reach};
 use super::track::Track;
 use crate::peers::{PeerHealth, Verdict};
 
+/// How long an HTTP/2 keep-alive ping (sent every 2 s) may go unanswered before the stream is
+/// given up; the server was not heard for at least that long when it is.
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(4);
+
 /// How the fence this link declares itself begins: no server could be reached for a whole
 /// lease TTL. Unlike a fence the server declares (the lease expired while this agent was
 /// stopped), the rendezvous is gone, so a worker failure stays the primary error.
@@ -274,7 +278,7 @@ impl Client {
             Ok(e) => e
                 .connect_timeout(Duration::from_secs(2))
                 .http2_keep_alive_interval(Duration::from_secs(2))
-                .keep_alive_timeout(Duration::from_secs(4)),
+                .keep_alive_timeout(H2_PING_TIMEOUT),
             Err(e) => {
                 let _ = self.events.send(Event::Error(format!(
                     "invalid rendezvous endpoint '{endpoint}': {e}"
@@ -426,8 +430,9 @@ impl Client {
                         return Next::Reconnect;
                     }
                     Ok(None) | Err(_) => {
-                        // HTTP/2 keep-alive pings (2 s) vouch for the stream until now.
-                        self.reach.stream_broke(Instant::now());
+                        // HTTP/2 keep-alive pings (2 s) vouch for the stream until they went
+                        // unanswered.
+                        self.reach.stream_broke(Instant::now(), H2_PING_TIMEOUT);
                         tracing::warn!(%endpoint, "lost the rendezvous server; reconnecting");
                         return Next::Reconnect;
                     }

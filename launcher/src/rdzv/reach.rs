@@ -90,10 +90,13 @@ impl Reach {
     }
 
     /// The stream broke at `now` after the server last spoke: the transport's own keep-alive
-    /// pings vouch for the server until then (it counts for the TTL), but the server said
-    /// nothing since its last message (an outage is measured from that).
-    pub fn stream_broke(&mut self, now: Instant) {
-        self.vouched(now);
+    /// pings vouch for the server until `unanswered` before the break (a stream that broke
+    /// because its pings went unanswered had not heard the server for that long; it counts
+    /// for the TTL), but the server said nothing since its last message (an outage is measured
+    /// from that).
+    pub fn stream_broke(&mut self, now: Instant, unanswered: Duration) {
+        let at = now.checked_sub(unanswered).unwrap_or(now);
+        self.vouched(at.max(self.last_contact));
     }
 
     fn vouched(&mut self, now: Instant) {
@@ -330,7 +333,7 @@ mod tests {
         let t0 = Instant::now();
         let mut r = Reach::new(t0);
         r.contact(t0);
-        r.stream_broke(t0 + s(1));
+        r.stream_broke(t0 + s(5), s(4));
         r.failed("transport error: tcp connect error: Connection timed out (os error 110)");
         let v = r.check(t0 + s(31), true, Some(4), L, EP);
         assert!(
