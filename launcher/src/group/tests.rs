@@ -91,6 +91,7 @@ impl Fixture {
             agent_sock: None,
             resume_manifest: None,
             preflight: None,
+            warm: None,
         };
         let plan = plan(&self.cfg, 4);
         block_on(WorkerGroup::start(&ctx, &plan, restart_count))
