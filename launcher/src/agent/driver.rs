@@ -276,7 +276,12 @@ impl Agent {
                     .unwatch(pid);
                 let (rank, pid) = (group.rank_of(pid), pid.as_raw());
                 tracing::debug!(rank, pid, ?exit, "worker exited");
-            } else if self.warm.lock().expect("warm pool mutex poisoned").exited(pid, exit) {
+            } else if self
+                .warm
+                .lock()
+                .expect("warm pool mutex poisoned")
+                .exited(pid, exit)
+            {
                 tracing::debug!(pid = pid.as_raw(), ?exit, "a warm interpreter exited");
             } else {
                 tracing::debug!(pid = pid.as_raw(), ?exit, "reaped a re-parented descendant");

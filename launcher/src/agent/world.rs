@@ -365,7 +365,11 @@ impl Agent {
 
     /// Kills the warm interpreters and reaps them (bounded by [`KILL_WAIT`]).
     async fn kill_warm(&mut self) {
-        let mut left = self.warm.lock().expect("warm pool mutex poisoned").kill_all();
+        let mut left = self
+            .warm
+            .lock()
+            .expect("warm pool mutex poisoned")
+            .kill_all();
         let deadline = Instant::now() + KILL_WAIT;
         while !left.is_empty() && Instant::now() < deadline {
             let reaped: Vec<_> = self.os.reap().into_iter().map(|(p, _)| p).collect();

@@ -48,9 +48,10 @@ pub fn eligibility(mode: WarmWorkers, kind: EntryKind, script: ScriptFile) -> Re
         (EntryKind::Script, ScriptFile::Other(why)) => Err(why.into()),
         (EntryKind::Binary, _) => Err("--no-python runs an executable, not a Python script".into()),
         (EntryKind::Module, _) => Err("-m runs a module; warm workers run scripts only".into()),
-        (EntryKind::RunPath, _) => {
-            Err("--run-path runs the script with runpy; warm workers run `python script.py` only".into())
-        }
+        (EntryKind::RunPath, _) => Err(
+            "--run-path runs the script with runpy; warm workers run `python script.py` only"
+                .into(),
+        ),
     }
 }
 
@@ -122,7 +123,10 @@ mod tests {
 
     #[test]
     fn only_a_python_script_file_with_the_flag_on_can_start_warm() {
-        assert_eq!(eligibility(ON, EntryKind::Script, ScriptFile::Source), Ok(()));
+        assert_eq!(
+            eligibility(ON, EntryKind::Script, ScriptFile::Source),
+            Ok(())
+        );
         let off = eligibility(WarmWorkers::Off, EntryKind::Script, ScriptFile::Source);
         assert_eq!(off.unwrap_err(), "--warm-workers off");
         for (kind, says) in [
@@ -133,7 +137,11 @@ mod tests {
             let why = eligibility(ON, kind, ScriptFile::Source).unwrap_err();
             assert!(why.contains(says), "{why}");
         }
-        let zip = eligibility(ON, EntryKind::Script, ScriptFile::Other("the script is a zip archive"));
+        let zip = eligibility(
+            ON,
+            EntryKind::Script,
+            ScriptFile::Other("the script is a zip archive"),
+        );
         assert_eq!(zip.unwrap_err(), "the script is a zip archive");
     }
 
@@ -153,7 +161,10 @@ mod tests {
         let ok = Ok(());
         assert_eq!(choose(&ok, false, None), Start::Cold(None), "first start");
         let never = Err("--warm-workers off".to_string());
-        assert_eq!(choose(&never, false, Some(&Status::Importing)), Start::Cold(None));
+        assert_eq!(
+            choose(&never, false, Some(&Status::Importing)),
+            Start::Cold(None)
+        );
         let Start::Cold(Some(why)) = choose(&ok, true, Some(&Status::Importing)) else {
             panic!("preflight starts cold")
         };
@@ -161,7 +172,9 @@ mod tests {
         let exited = Status::Exited(ExitKind::Signal(Signal::SIGKILL));
         assert_eq!(
             choose(&ok, false, Some(&exited)),
-            Start::Cold(Some("its warm interpreter exited (killed by SIGKILL)".into()))
+            Start::Cold(Some(
+                "its warm interpreter exited (killed by SIGKILL)".into()
+            ))
         );
         let no_torch = Status::NoTorch("ModuleNotFoundError: No module named 'torch'".into());
         assert_eq!(
@@ -181,7 +194,13 @@ mod tests {
         assert_eq!(ScriptFile::inspect(&py), ScriptFile::Source);
         let zip = d.path().join("app");
         std::fs::write(&zip, b"PK\x03\x04...").unwrap();
-        assert_eq!(ScriptFile::inspect(&zip), ScriptFile::Other("the script is a zip archive"));
-        assert!(matches!(ScriptFile::inspect(d.path()), ScriptFile::Other(_)));
+        assert_eq!(
+            ScriptFile::inspect(&zip),
+            ScriptFile::Other("the script is a zip archive")
+        );
+        assert!(matches!(
+            ScriptFile::inspect(d.path()),
+            ScriptFile::Other(_)
+        ));
     }
 }

@@ -91,9 +91,17 @@ mod tests {
     fn the_message_carries_argv_and_exact_environment_bytes() {
         let mut env = BTreeMap::new();
         env.insert(OsString::from("RANK"), OsString::from("1"));
-        env.insert(OsString::from("ODD"), OsString::from_vec(vec![0xff, b'=', 0xe9]));
+        env.insert(
+            OsString::from("ODD"),
+            OsString::from_vec(vec![0xff, b'=', 0xe9]),
+        );
         let args: Vec<String> = ["-u", "train.py", "--lr", "0.1"].map(String::from).to_vec();
-        let line = message(Path::new("/venv/bin/python"), &args, &env, Path::new("/work"));
+        let line = message(
+            Path::new("/venv/bin/python"),
+            &args,
+            &env,
+            Path::new("/work"),
+        );
         assert_eq!(line.last(), Some(&b'\n'));
         assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1, "one line");
         let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
@@ -117,7 +125,8 @@ mod tests {
 
     #[test]
     fn status_lines_say_ready_or_why_not() {
-        let ready = br#"{"ready": true, "error": null, "import_s": 1.5, "py_threads": 1, "threads": 1}"#;
+        let ready =
+            br#"{"ready": true, "error": null, "import_s": 1.5, "py_threads": 1, "threads": 1}"#;
         assert_eq!(
             status(ready),
             Some(Status::Ready {

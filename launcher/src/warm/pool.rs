@@ -241,7 +241,10 @@ pub async fn refill(ctx: &GroupContext<'_>, plan: &Plan, restart_count: u32) {
     let Some(member) = plan.member(&cfg.node_id) else {
         return;
     };
-    let wanted = pool.lock().expect("warm pool mutex poisoned").wanted(member.slots);
+    let wanted = pool
+        .lock()
+        .expect("warm pool mutex poisoned")
+        .wanted(member.slots);
     for local_rank in wanted {
         let error_file = ctx
             .run_log_dir
@@ -250,7 +253,8 @@ pub async fn refill(ctx: &GroupContext<'_>, plan: &Plan, restart_count: u32) {
             .join("error.json");
         let mut env = crate::group::env_of(ctx, plan, local_rank, restart_count, &error_file);
         env.insert(FD_VAR.into(), HANDOFF_FD.to_string().into());
-        let started = UnixStream::pair().and_then(|(ours, theirs)| Ok((ours, OwnedFd::from(theirs))));
+        let started =
+            UnixStream::pair().and_then(|(ours, theirs)| Ok((ours, OwnedFd::from(theirs))));
         let spawned = match started {
             Ok((ours, theirs)) => ctx
                 .os
