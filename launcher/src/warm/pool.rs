@@ -253,8 +253,7 @@ pub async fn refill(ctx: &GroupContext<'_>, plan: &Plan, restart_count: u32) {
             .join("error.json");
         let mut env = crate::group::env_of(ctx, plan, local_rank, restart_count, &error_file);
         env.insert(FD_VAR.into(), HANDOFF_FD.to_string().into());
-        let started =
-            UnixStream::pair().and_then(|(ours, theirs)| Ok((ours, OwnedFd::from(theirs))));
+        let started = UnixStream::pair().map(|(ours, theirs)| (ours, OwnedFd::from(theirs)));
         let spawned = match started {
             Ok((ours, theirs)) => ctx
                 .os
