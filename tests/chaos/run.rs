@@ -11,7 +11,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use super::check::check;
-use super::history::{self, Data, Kind, Ledger, Outcome};
+use super::history::{self, Corruption, Data, Kind, Ledger, Outcome};
 use super::schedule::{Event, Schedule, StoreKind, TTL_S};
 use super::torch;
 use crate::harness::cluster::{rendezvous_bin, Etcd, RdzvServer};
@@ -299,7 +299,14 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                 }
             }
             Event::CorruptShard { pick, truncate } => match corrupt(&c.ckpt, pick, truncate) {
-                Some(id) => outcome.corrupted.push(id),
+                Some((step, generation)) => outcome.corrupted.push(Corruption {
+                    step,
+                    generation,
+                    t: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .expect("after 1970")
+                        .as_secs_f64(),
+                }),
                 None => {
                     stats.skipped += 1;
                     log.push("      (nothing sealed to corrupt)".into());
@@ -341,6 +348,14 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
         );
         if leave {
             outcome.leavers.push(code.unwrap_or(-1));
+        }
+    }
+    // The resume points every agent verified and took, from the logs `finish` kept.
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("agent") && name.ends_with(".log") {
+            let log = std::fs::read_to_string(e.path()).unwrap_or_default();
+            outcome.verified.extend(history::verified(&log));
         }
     }
     stats.requeued = outcome.preempted.iter().filter(|c| **c == 5).count();
