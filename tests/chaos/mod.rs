@@ -5,14 +5,15 @@ mod check;
 #[cfg(test)]
 mod check_tests;
 mod history;
+mod place;
 mod run;
 mod schedule;
 mod torch;
 
 use run::Worker;
 use schedule::{
-    generate, with_corruption, with_etcd_members, with_preemption, Event, Schedule, StoreKind,
-    Timed,
+    generate, generate_bed, with_corruption, with_etcd_members, with_preemption, Event, Schedule,
+    StoreKind, Timed,
 };
 
 /// One CI schedule: `seed` on `store`, 2 to 4 faults and corrupted shards; panics with the
@@ -75,6 +76,7 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
     let s = Schedule {
         seed: 0,
         store: StoreKind::Memory,
+        bed: false,
         agents: 2,
         nproc: 1,
         events: vec![
@@ -119,6 +121,7 @@ fn torch_ci_schedule() -> Schedule {
     Schedule {
         seed: 0,
         store: StoreKind::Memory,
+        bed: false,
         agents: 2,
         nproc: 1,
         events: vec![
@@ -158,6 +161,7 @@ fn chaos_checker_catches_a_lost_optimizer_state() {
     let s = Schedule {
         seed: 0,
         store: StoreKind::Memory,
+        bed: false,
         agents: 1,
         nproc: 1,
         events: vec![
@@ -275,6 +279,9 @@ fn chaos_regression_seed_35_memory_torch_preempt() {
 /// corrupted shards (as the regression seeds were found). `DRUN_CHAOS_TORCH=1` runs the torch
 /// worker (gloo, `DRUN_TORCH_PYTHON`) and compares each run's final model with a fault-free run's;
 /// `DRUN_CHAOS_PREEMPT=1` adds a preemption warning (and requeue) to about half the schedules.
+/// `DRUN_CHAOS_BED=1` draws bed schedules instead ([`generate_bed`]: the server and each agent on
+/// a host of its own, the network's faults; the memory store) and requires the bed
+/// (`DRUN_REQUIRE_NETNS=1` is implied).
 #[test]
 #[ignore = "long campaign: cargo test --test tests chaos_campaign -- --ignored --nocapture"]
 fn chaos_campaign() {
@@ -285,7 +292,9 @@ fn chaos_campaign() {
     let seed0: u64 = var("DRUN_CHAOS_SEED", "1")
         .parse()
         .expect("DRUN_CHAOS_SEED: a number");
+    let bed = var("DRUN_CHAOS_BED", "0") == "1";
     let stores = match var("DRUN_CHAOS_STORE", "both").as_str() {
+        _ if bed => vec![StoreKind::Memory],
         "memory" => vec![StoreKind::Memory],
         "etcd" => vec![StoreKind::Etcd],
         "both" => vec![StoreKind::Memory, StoreKind::Etcd],
@@ -296,11 +305,19 @@ fn chaos_campaign() {
     } else {
         Worker::Stdlib
     };
+    if bed && std::env::var_os("DRUN_CHAOS_DRY").is_none() {
+        crate::harness::netbed::Bed::new(&["probe"])
+            .expect("DRUN_CHAOS_BED=1 needs the network test bed (root, ip and unshare)");
+    }
     let t0 = std::time::Instant::now();
     let (mut runs, mut applied, mut skipped, mut failed) = (0, 0, 0, Vec::new());
     for i in 0..n {
         let store = stores[i as usize % stores.len()];
-        let s = generate(seed0 + i, store, 3, 8);
+        let s = if bed {
+            generate_bed(seed0 + i, 3, 8)
+        } else {
+            generate(seed0 + i, store, 3, 8)
+        };
         let s = if var("DRUN_CHAOS_PREEMPT", "0") == "1" {
             with_preemption(s)
         } else {
