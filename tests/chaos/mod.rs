@@ -57,6 +57,44 @@ fn chaos_ci_seed_3_etcd() {
     ci(3, StoreKind::Etcd);
 }
 
+/// One CI schedule on the network test bed: the campaign's bed schedule of `seed`
+/// (`DRUN_CHAOS_BED=1`: 3 to 8 faults and corrupted shards, so the campaign's replay line
+/// replays it); panics with the checker's report. Skipped, with a note, where the bed cannot be
+/// built (CI sets `DRUN_REQUIRE_NETNS=1`).
+fn ci_bed(seed: u64) {
+    let s = with_corruption(generate_bed(seed, 3, 8));
+    eprintln!("{s}");
+    match run::run(&s, &Worker::Stdlib, &[]) {
+        Ok(stats) => eprintln!("passed: {stats:?}"),
+        Err(report) => panic!("{report}"),
+    }
+}
+
+/// 3 agents x 2 workers: a cable pulled past the lease TTL (8 s: the others re-form without
+/// it, it fences and joins again by itself), two agents partitioned from each other (4.3 s: one
+/// side is sent away and comes back), the server's host cut off for 5 s (the agents keep their
+/// generation), a cable pulled within the TTL (0.9 s), a scale-up after a seal. About 35 s.
+#[test]
+fn chaos_ci_bed_seed_2() {
+    ci_bed(2);
+}
+
+/// 4 agents x 2 workers: the server's host cut off twice (5.8 s and 3.2 s), a cable pulled past
+/// the TTL (6.9 s), a flipped byte in a sealed shard and a killed worker right after (the
+/// resume falls back), a cable pulled within the TTL, a node leaving. About 40 s.
+#[test]
+fn chaos_ci_bed_seed_29() {
+    ci_bed(29);
+}
+
+/// 4 agents x 2 workers: 20 Mbit/s links (4.2 s and 2.6 s), the server's host cut off (4.6 s),
+/// a cable pulled past the TTL (5 s) and one within it (0.3 s), two agents partitioned (3.2 s),
+/// a killed worker after a seal. About 37 s.
+#[test]
+fn chaos_ci_bed_seed_40() {
+    ci_bed(40);
+}
+
 /// Seed 1 over a 3-member etcd cluster whose members are taken down (killed and restarted, or
 /// stopped and continued) between the faults.
 #[test]

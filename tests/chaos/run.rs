@@ -442,13 +442,19 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
             if s.bed {
                 knobs.push_str("DRUN_CHAOS_BED=1 ");
             }
+            let shown = Outcome {
+                verified: Vec::new(),
+                ..outcome.clone()
+            };
             Err(format!(
                 "chaos run failed; replay: {knobs}DRUN_CHAOS_SEED={} DRUN_CHAOS_STORE={store} \
                  DRUN_CHAOS_SCHEDULES=1 cargo test --test tests chaos_campaign -- --ignored \
-                 --nocapture\n{s}as applied:\n{}\n{found}outcome: {outcome:?}\n\
+                 --nocapture\n{s}as applied:\n{}\n{found}outcome: {shown:?}\n\
+                 ({} resume points verified, from the agents' logs)\n\
                  history, agent and server logs kept in {}",
                 s.seed,
                 log.join("\n"),
+                outcome.verified.len(),
                 dir.display()
             ))
         }
