@@ -431,8 +431,9 @@ fn chaos_campaign() {
                 } else {
                     String::new()
                 };
+                let on = if s.bed { " (bed)" } else { "" };
                 eprintln!(
-                    "seed {} {store:?}: ok, {} faults applied ({} skipped), {} generations, \
+                    "seed {} {store:?}{on}: ok, {} faults applied ({} skipped), {} generations, \
                      {:?}{requeued}{model}",
                     s.seed, st.applied, st.skipped, st.generations, st.elapsed
                 );
