@@ -119,6 +119,9 @@ fn bed_hosts_have_their_own_name_and_address_and_each_fault_cuts_only_its_path()
     bed.limit_rate("c", "20mbit");
     let qdisc = output_on(&bed, "c", "tc", &["qdisc", "show", "dev", "eth0"]);
     assert!(qdisc.contains("tbf") && qdisc.contains("20Mbit"), "{qdisc}");
+    bed.unlimit_rate("c");
+    let qdisc = output_on(&bed, "c", "tc", &["qdisc", "show", "dev", "eth0"]);
+    assert!(!qdisc.contains("tbf"), "{qdisc}");
 
     let names = bed.namespaces();
     assert!(!bed.pids_on("b").is_empty());

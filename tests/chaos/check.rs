@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use super::history::{Data, Kind, Ledger, Outcome, Record, Resume};
+use super::history::{Corruption, Data, Kind, Ledger, Outcome, Record, Resume, Verified};
 
 /// One broken invariant: its letter, what broke, and the history lines that show it.
 #[derive(Clone, Debug, PartialEq)]
@@ -48,7 +48,12 @@ pub fn check(h: &[Record], ledger: &Ledger, out: &Outcome, data: Data) -> Vec<Vi
     let mut found = Vec::new();
     found.extend(same_resume(h, ledger));
     found.extend(kept_cover_each_epoch(h, data));
-    found.extend(seals_never_backwards(h, ledger, &out.corrupted));
+    found.extend(seals_never_backwards(
+        h,
+        ledger,
+        &out.corrupted,
+        &out.verified,
+    ));
     found.extend(generations_increase(h));
     if !out.leftover.is_empty() {
         found.push(v(
@@ -321,13 +326,27 @@ pub fn kept_cover_each_epoch(h: &[Record], data: Data) -> Vec<Violation> {
 /// intact one a rank heard sealed before it started.
 /// (d), in the form a history can show: once a world sealed a checkpoint no older world seals
 /// one (an old world's workers may still run, e.g. under a stopped agent, but not commit).
+///
+/// A shard corrupted while a generation was already under way is not one drun could see: a
+/// generation whose agents all verified and took the checkpoint before the corruption (their
+/// logs' "resuming from checkpoint" lines, `verified`) is not held to it; one without such a
+/// record, or with one after the corruption, is.
 pub fn seals_never_backwards(
     h: &[Record],
     ledger: &Ledger,
-    corrupted: &[(u64, u64)],
+    corrupted: &[Corruption],
+    verified: &[Verified],
 ) -> Vec<Violation> {
+    // When checkpoint (step, gen) was first corrupted, if it was.
+    let corrupted_at = |step: u64, gen: u64| {
+        corrupted
+            .iter()
+            .filter(|c| c.step == step && c.generation == gen)
+            .map(|c| c.t)
+            .reduce(f64::min)
+    };
     let spoiled =
-        |step: u64, gen: u64| ledger.is_bad(step, gen) || corrupted.contains(&(step, gen));
+        |step: u64, gen: u64| ledger.is_bad(step, gen) || corrupted_at(step, gen).is_some();
     let mut found = Vec::new();
     let good: Vec<_> = ledger
         .sealed
@@ -365,10 +384,21 @@ pub fn seals_never_backwards(
         })
         .collect();
     for (g, recs) in starts(h) {
-        if let Some(r) = resume_of(recs[0]).filter(|r| corrupted.contains(&(r.step, r.generation)))
-        {
+        let Some(r) = resume_of(recs[0]) else {
+            continue;
+        };
+        let Some(at) = corrupted_at(r.step, r.generation) else {
+            continue;
+        };
+        let mut checks = verified
+            .iter()
+            .filter(|v| v.gen == g && v.step == r.step && v.saved_by == r.generation)
+            .peekable();
+        let before = checks.peek().is_some() && checks.all(|v| v.t < at);
+        if !before {
             let what = format!(
-                "generation {g} resumed from step {} of generation {}, whose shard was corrupted",
+                "generation {g} resumed from step {} of generation {}, whose shard was corrupted \
+                 (at {at:.3}; no agent of the generation verified it before that)",
                 r.step, r.generation
             );
             found.push(v('c', what, &[recs[0]]));

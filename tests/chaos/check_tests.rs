@@ -1,7 +1,9 @@
 //! The checker on hand-made histories: a clean one passes, each broken invariant is named.
 
 use super::check::check;
-use super::history::{Cursor, Data, Kind, Ledger, Outcome, Record, Resume, Sealed};
+use super::history::{
+    Corruption, Cursor, Data, Kind, Ledger, Outcome, Record, Resume, Sealed, Verified,
+};
 
 const DATA: Data = Data {
     len: 8,
@@ -150,6 +152,7 @@ fn ok_outcome() -> Outcome {
         late: 0,
         leftover: vec![],
         corrupted: vec![],
+        verified: vec![],
         elapsed_ms: 10_000,
         bound_ms: 60_000,
     }
@@ -334,7 +337,11 @@ fn chaos_checker_accepts_a_fallback_from_a_corrupted_checkpoint_and_catches_its_
         .bad
         .insert(format!("{:020}-{:020}", 4, 1), "size".into());
     let out = Outcome {
-        corrupted: vec![(4, 1)],
+        corrupted: vec![Corruption {
+            step: 4,
+            generation: 1,
+            t: 15.0,
+        }],
         ..ok_outcome()
     };
     let found = check(&h, &ledger, &out, DATA);
@@ -348,6 +355,28 @@ fn chaos_checker_accepts_a_fallback_from_a_corrupted_checkpoint_and_catches_its_
             .any(|v| v.invariant == 'c' && v.what.contains("whose shard was corrupted")),
         "{found:?}"
     );
+    // A generation whose agents verified and took it before the shard was corrupted (at 15.0)
+    // could not see the corruption; one that verified it after, or has no record of verifying
+    // it, is caught.
+    let took = |t: f64| Verified {
+        gen: 2,
+        step: 4,
+        saved_by: 1,
+        t,
+    };
+    for (verified, ok) in [
+        (vec![took(14.0), took(14.5)], true),
+        (vec![took(14.0), took(15.5)], false),
+        (vec![took(16.0)], false),
+        (vec![], false),
+    ] {
+        let out = Outcome {
+            verified: verified.clone(),
+            ..out.clone()
+        };
+        let found = check(&h, &ledger_of(&h), &out, DATA);
+        assert_eq!(found.is_empty(), ok, "{verified:?}: {found:?}");
+    }
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! The history of a chaos run: the JSON lines `tests/workers/chaos_worker.py` appends to
-//! `history.jsonl`, and the ledger as `drun-rendezvous status --json` shows it.
+//! `history.jsonl`, the ledger as `drun-rendezvous status --json` shows it, and the resume points
+//! the agents' logs say they verified.
 
 use serde::Deserialize;
 
@@ -132,8 +133,10 @@ pub struct Outcome {
     pub late: usize,
     /// Pids of the run still alive after it ended (and a grace period).
     pub leftover: Vec<i32>,
-    /// Checkpoints (step, generation) whose shard the runner corrupted.
-    pub corrupted: Vec<(u64, u64)>,
+    /// The shards the runner corrupted.
+    pub corrupted: Vec<Corruption>,
+    /// The resume points the agents verified and took, from their logs.
+    pub verified: Vec<Verified>,
     /// Time from the first agent's start to the last exit, ms; and the bound the schedule allows.
     pub elapsed_ms: u64,
     pub bound_ms: u64,
@@ -154,5 +157,101 @@ impl Data {
 
     pub fn total_steps(&self) -> u64 {
         self.steps_per_epoch() * self.epochs
+    }
+}
+
+/// A shard the runner corrupted: of checkpoint (`step`, `generation`), at `t` (Unix seconds).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Corruption {
+    pub step: u64,
+    pub generation: u64,
+    pub t: f64,
+}
+
+/// A resume point an agent verified (`--ckpt-verify digest`) and took for generation `gen`:
+/// checkpoint `step` saved by generation `saved_by`, at `t` (Unix seconds, its log's time).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Verified {
+    pub gen: u64,
+    pub step: u64,
+    pub saved_by: u64,
+    pub t: f64,
+}
+
+/// The resume points an agent's log (stderr, text format) says it verified and took: each
+/// "resuming from checkpoint step S (saved by generation G ...", in the generation of the
+/// "world formed: ... gen=N" line before it.
+pub fn verified(log: &str) -> Vec<Verified> {
+    let number =
+        |s: &str| -> Option<u64> { s.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok() };
+    let mut gen = None;
+    let mut out = Vec::new();
+    for line in log.lines() {
+        if line.contains("world formed:") {
+            gen = line.rsplit_once(" gen=").and_then(|(_, rest)| number(rest));
+        }
+        let Some((_, rest)) = line.split_once("resuming from checkpoint step ") else {
+            continue;
+        };
+        let step = number(rest);
+        let saved_by = rest
+            .split_once("(saved by generation ")
+            .and_then(|(_, r)| number(r));
+        let t = line.split_whitespace().next().and_then(unix_seconds);
+        if let (Some(gen), Some(step), Some(saved_by), Some(t)) = (gen, step, saved_by, t) {
+            out.push(Verified {
+                gen,
+                step,
+                saved_by,
+                t,
+            });
+        }
+    }
+    out
+}
+
+/// Unix seconds of an RFC 3339 UTC time as the agents log it (`2026-12-04T20:26:17.474926Z`).
+pub fn unix_seconds(ts: &str) -> Option<f64> {
+    let ts = ts.strip_suffix('Z')?;
+    let (date, time) = ts.split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let mut t = time.split(':');
+    let (h, min) = (
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<i64>().ok()?,
+    );
+    let sec: f64 = t.next()?.parse().ok()?;
+    // Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + h * 3600 + min * 60) as f64 + sec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chaos_history_reads_the_verified_resume_points_of_an_agent_log() {
+        assert_eq!(unix_seconds("1970-01-01T00:00:00Z"), Some(0.0));
+        assert_eq!(unix_seconds("2000-03-01T00:00:01.5Z"), Some(951_868_801.5));
+        assert_eq!(unix_seconds("2026-12-04T20:26:17Z"), Some(1_796_415_977.0));
+        let log = "\
+2026-12-04T20:26:09.0Z  INFO agent: world formed: 3 node(s) [a, b, c], world size 6 run=r gen=6 node=a
+2026-12-04T20:26:09.1Z  INFO checkpoint step 6 verified (size and sha256): 4 files
+2026-12-04T20:26:09.2Z  INFO resuming from checkpoint step 6 (saved by generation 3 at world size 4, now 6); data
+2026-12-04T20:26:17.4Z  INFO agent: world formed: 4 node(s) [a, b, c, d], world size 8 run=r gen=7 node=a
+2026-12-04T20:26:17.5Z  INFO resuming from checkpoint step 12 (saved by generation 6 at world size 6, now 8); data
+";
+        let v = verified(log);
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert_eq!((v[0].gen, v[0].step, v[0].saved_by), (6, 6, 3));
+        assert_eq!((v[1].gen, v[1].step, v[1].saved_by), (7, 12, 6));
+        assert!((v[1].t - 1_796_415_977.5).abs() < 1e-3);
     }
 }

@@ -5,14 +5,15 @@ mod check;
 #[cfg(test)]
 mod check_tests;
 mod history;
+mod place;
 mod run;
 mod schedule;
 mod torch;
 
 use run::Worker;
 use schedule::{
-    generate, with_corruption, with_etcd_members, with_preemption, Event, Schedule, StoreKind,
-    Timed,
+    generate, generate_bed, with_corruption, with_etcd_members, with_preemption, Event, Schedule,
+    StoreKind, Timed,
 };
 
 /// One CI schedule: `seed` on `store`, 2 to 4 faults and corrupted shards; panics with the
@@ -56,6 +57,83 @@ fn chaos_ci_seed_3_etcd() {
     ci(3, StoreKind::Etcd);
 }
 
+/// One CI schedule on the network test bed: the campaign's bed schedule of `seed`
+/// (`DRUN_CHAOS_BED=1`: 3 to 8 faults and corrupted shards, so the campaign's replay line
+/// replays it); panics with the checker's report. Skipped, with a note, where the bed cannot be
+/// built (CI sets `DRUN_REQUIRE_NETNS=1`).
+fn ci_bed(seed: u64) {
+    let s = with_corruption(generate_bed(seed, 3, 8));
+    eprintln!("{s}");
+    match run::run(&s, &Worker::Stdlib, &[]) {
+        Ok(stats) => eprintln!("passed: {stats:?}"),
+        Err(report) => panic!("{report}"),
+    }
+}
+
+/// 3 agents x 2 workers: a cable pulled past the lease TTL (8 s: the others re-form without
+/// it, it fences and joins again by itself), two agents partitioned from each other (4.3 s: one
+/// side is sent away and comes back), the server's host cut off for 5 s (the agents keep their
+/// generation), a cable pulled within the TTL (0.9 s), a scale-up after a seal. About 35 s.
+#[test]
+fn chaos_ci_bed_seed_2() {
+    ci_bed(2);
+}
+
+/// 4 agents x 2 workers: the server's host cut off twice (5.8 s and 3.2 s), a cable pulled past
+/// the TTL (6.9 s), a flipped byte in a sealed shard and a killed worker right after (the
+/// resume falls back), a cable pulled within the TTL, a node leaving. About 40 s.
+#[test]
+fn chaos_ci_bed_seed_29() {
+    ci_bed(29);
+}
+
+/// 4 agents x 2 workers: 20 Mbit/s links (4.2 s and 2.6 s), the server's host cut off (4.6 s),
+/// a cable pulled past the TTL (5 s) and one within it (0.3 s), two agents partitioned (3.2 s),
+/// a killed worker after a seal. About 37 s.
+#[test]
+fn chaos_ci_bed_seed_40() {
+    ci_bed(40);
+}
+
+/// A drun bug the bed campaign found (seed 16 on the bed), as a fixed schedule: 4 agents x 1
+/// worker (node rank i on host n{i}); after a seal, n1 and n2 cannot reach each other for 3 s.
+/// Node rank 2 is sent away (the largest set that all reach each other, ties towards node rank
+/// 0) and the others re-form, n3 now as node rank 2. The one sent away stands by until every
+/// node of its last generation answers its probes, but a probe's answer carries the answering
+/// agent's *current* node rank (`launcher/src/peers/mod.rs`) while the table matches the node
+/// rank of the generation it watches (`peers/table.rs`, `answered`): n3's answers (rank 2) are
+/// never credited to its old rank 3, so n2 stands by after the heal, through the run's end,
+/// until it is killed (invariant (g)). Also open: a node of that generation that leaves or
+/// dies, or a run that ends, leaves the one standing by waiting for answers that never come.
+/// Ignored until fixed; then it belongs in CI.
+#[test]
+#[ignore = "drun bug: a node sent away by a partition stands by forever once the survivors' node ranks shift"]
+fn chaos_bed_partition_sends_away_a_middle_rank_which_comes_back() {
+    let at = |delay_ms, event| Timed { delay_ms, event };
+    let s = Schedule {
+        seed: 0,
+        store: StoreKind::Memory,
+        bed: true,
+        agents: 4,
+        nproc: 1,
+        events: vec![
+            at(0, Event::WaitSealed),
+            at(
+                0,
+                Event::Partition {
+                    a: 1,
+                    b: 2,
+                    ms: 3000,
+                },
+            ),
+        ],
+    };
+    eprintln!("{s}");
+    if let Err(report) = run::run(&s, &Worker::Stdlib, &[]) {
+        panic!("{report}");
+    }
+}
+
 /// Seed 1 over a 3-member etcd cluster whose members are taken down (killed and restarted, or
 /// stopped and continued) between the faults.
 #[test]
@@ -75,6 +153,7 @@ fn chaos_checker_catches_a_broken_sampler_offset() {
     let s = Schedule {
         seed: 0,
         store: StoreKind::Memory,
+        bed: false,
         agents: 2,
         nproc: 1,
         events: vec![
@@ -119,6 +198,7 @@ fn torch_ci_schedule() -> Schedule {
     Schedule {
         seed: 0,
         store: StoreKind::Memory,
+        bed: false,
         agents: 2,
         nproc: 1,
         events: vec![
@@ -158,6 +238,7 @@ fn chaos_checker_catches_a_lost_optimizer_state() {
     let s = Schedule {
         seed: 0,
         store: StoreKind::Memory,
+        bed: false,
         agents: 1,
         nproc: 1,
         events: vec![
@@ -275,6 +356,9 @@ fn chaos_regression_seed_35_memory_torch_preempt() {
 /// corrupted shards (as the regression seeds were found). `DRUN_CHAOS_TORCH=1` runs the torch
 /// worker (gloo, `DRUN_TORCH_PYTHON`) and compares each run's final model with a fault-free run's;
 /// `DRUN_CHAOS_PREEMPT=1` adds a preemption warning (and requeue) to about half the schedules.
+/// `DRUN_CHAOS_BED=1` draws bed schedules instead ([`generate_bed`]: the server and each agent on
+/// a host of its own, the network's faults; the memory store) and requires the bed
+/// (`DRUN_REQUIRE_NETNS=1` is implied).
 #[test]
 #[ignore = "long campaign: cargo test --test tests chaos_campaign -- --ignored --nocapture"]
 fn chaos_campaign() {
@@ -285,7 +369,9 @@ fn chaos_campaign() {
     let seed0: u64 = var("DRUN_CHAOS_SEED", "1")
         .parse()
         .expect("DRUN_CHAOS_SEED: a number");
+    let bed = var("DRUN_CHAOS_BED", "0") == "1";
     let stores = match var("DRUN_CHAOS_STORE", "both").as_str() {
+        _ if bed => vec![StoreKind::Memory],
         "memory" => vec![StoreKind::Memory],
         "etcd" => vec![StoreKind::Etcd],
         "both" => vec![StoreKind::Memory, StoreKind::Etcd],
@@ -296,11 +382,19 @@ fn chaos_campaign() {
     } else {
         Worker::Stdlib
     };
+    if bed && std::env::var_os("DRUN_CHAOS_DRY").is_none() {
+        crate::harness::netbed::Bed::new(&["probe"])
+            .expect("DRUN_CHAOS_BED=1 needs the network test bed (root, ip and unshare)");
+    }
     let t0 = std::time::Instant::now();
     let (mut runs, mut applied, mut skipped, mut failed) = (0, 0, 0, Vec::new());
     for i in 0..n {
         let store = stores[i as usize % stores.len()];
-        let s = generate(seed0 + i, store, 3, 8);
+        let s = if bed {
+            generate_bed(seed0 + i, 3, 8)
+        } else {
+            generate(seed0 + i, store, 3, 8)
+        };
         let s = if var("DRUN_CHAOS_PREEMPT", "0") == "1" {
             with_preemption(s)
         } else {
@@ -337,8 +431,9 @@ fn chaos_campaign() {
                 } else {
                     String::new()
                 };
+                let on = if s.bed { " (bed)" } else { "" };
                 eprintln!(
-                    "seed {} {store:?}: ok, {} faults applied ({} skipped), {} generations, \
+                    "seed {} {store:?}{on}: ok, {} faults applied ({} skipped), {} generations, \
                      {:?}{requeued}{model}",
                     s.seed, st.applied, st.skipped, st.generations, st.elapsed
                 );

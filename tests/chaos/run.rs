@@ -1,7 +1,8 @@
 //! Runs one schedule for real: a `drun-rendezvous` server (over its memory store or over etcd),
-//! agents on loopback addresses running `tests/workers/chaos_worker.py` (or its torch twin), the
-//! faults applied with real signals; then the history, the ledger and the outcome go to the
-//! checker, and a torch run's final model is compared with a fault-free run's.
+//! agents on loopback addresses or on the hosts of a network test bed (`place.rs`) running
+//! `tests/workers/chaos_worker.py` (or its torch twin), the faults applied with real signals (and
+//! on the bed, with cables, routes and token buckets); then the history, the ledger and the
+//! outcome go to the checker, and a torch run's final model is compared with a fault-free run's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,7 +12,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use super::check::check;
-use super::history::{self, Data, Kind, Ledger, Outcome};
+use super::history::{self, Corruption, Data, Kind, Ledger, Outcome};
+use super::place::Place;
 use super::schedule::{Event, Schedule, StoreKind, TTL_S};
 use super::torch;
 use crate::harness::cluster::{rendezvous_bin, Etcd, RdzvServer};
@@ -26,6 +28,10 @@ pub const DATA: Data = Data {
 };
 /// Seconds per step of the worker.
 const STEP_S: f64 = 0.2;
+/// Seconds per step on the network test bed: the network's faults last seconds (a cable cut
+/// past the lease TTL, a control-plane outage of up to 3 TTLs), so the training lasts longer
+/// (about 19 s without faults) for them to hit a running job rather than one already over.
+const BED_STEP_S: f64 = 0.8;
 
 /// The worker the agents run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,8 +74,12 @@ struct Cluster {
     server_log: PathBuf,
     ckpt: PathBuf,
     nproc: u32,
+    /// The worker's seconds per step.
+    step_s: f64,
     worker: Worker,
     env: Vec<(String, String)>,
+    /// Last, so that it goes after the server and the agents (a bed removes its hosts).
+    place: Place,
 }
 
 impl Cluster {
@@ -77,9 +87,9 @@ impl Cluster {
         let mut c = drun();
         c.job(&self.run, &format!("1:{}", super::schedule::MAX_AGENTS))
             .nproc(self.nproc)
-            .node(slot)
-            .quick_shutdown()
-            .args(["--rdzv-endpoint", &self.endpoint, "--rdzv-conf"])
+            .quick_shutdown();
+        self.place.address(slot, &mut c);
+        c.args(["--rdzv-endpoint", &self.endpoint, "--rdzv-conf"])
             .arg(format!("lease_ttl={TTL_S},last_call_timeout=0.5"))
             .args([
                 "--max-restarts",
@@ -97,11 +107,11 @@ impl Cluster {
         };
         c.env("CHAOS_OUT", &self.out)
             .env("CHAOS_NODE", slot.to_string())
-            .env("CHAOS_SLEEP", STEP_S.to_string());
+            .env("CHAOS_SLEEP", self.step_s.to_string());
         for (k, v) in &self.env {
             c.env(k, v);
         }
-        Agent::start(c)
+        Agent::start(self.place.on_agent_host(slot, c))
     }
 
     fn history_text(&self) -> String {
@@ -109,8 +119,11 @@ impl Cluster {
     }
 
     fn ledger(&self) -> Result<Ledger, String> {
-        let o = Command::new(rendezvous_bin())
-            .args(["status", &self.run, "--json", "--endpoint", &self.endpoint])
+        let mut status = Command::new(rendezvous_bin());
+        status.args(["status", &self.run, "--json", "--endpoint", &self.endpoint]);
+        let o = self
+            .place
+            .beside_server(status)
             .output()
             .map_err(|e| format!("drun-rendezvous status: {e}"))?;
         let v: serde_json::Value = serde_json::from_slice(&o.stdout)
@@ -141,15 +154,23 @@ fn finish(mut a: Agent, deadline: Instant, log: &Path) -> (Option<i32>, String) 
 /// Runs `s` with `worker` and extra worker environment `env`; Ok with what it did when every
 /// invariant holds (and, for torch, the final model matches the fault-free run's), else the
 /// report: seed, schedule, events as applied, violations with their history excerpts, and where
-/// the logs were kept (`$TMPDIR/drun-chaos-<seed>-<store>-<pid>`, also kept for a passing run
-/// when `DRUN_CHAOS_KEEP` is set).
+/// the logs were kept (`$TMPDIR/drun-chaos-<seed>-<store>[-bed]-<pid>`, also kept for a passing
+/// run when `DRUN_CHAOS_KEEP` is set). A bed schedule where no bed can be built is skipped (a
+/// note, and every fault counted as skipped).
 pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats, String> {
     let store = match s.store {
         StoreKind::Memory => "memory",
         StoreKind::Etcd => "etcd",
     };
+    let Some(place) = Place::for_schedule(s) else {
+        return Ok(Stats {
+            skipped: s.faults(),
+            ..Stats::default()
+        });
+    };
+    let on = if s.bed { "-bed" } else { "" };
     let dir = std::env::temp_dir().join(format!(
-        "drun-chaos-{}-{store}-{}",
+        "drun-chaos-{}-{store}{on}-{}",
         s.seed,
         std::process::id()
     ));
@@ -172,22 +193,24 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
         ]
     };
     let args: Vec<&str> = store_args.iter().map(String::as_str).collect();
-    let server = RdzvServer::start_logging(&args, "info", &dir.join("server.log"));
+    let server = place.server(&args, &dir.join("server.log"));
     let c = Cluster {
         endpoint: server.endpoint.clone(),
         server,
         etcd,
         store_args,
-        run: format!("chaos{}{store}", s.seed),
+        run: format!("chaos{}{store}{}", s.seed, if s.bed { "bed" } else { "" }),
         out: dir.join("out"),
         server_log: dir.join("server.log"),
         ckpt: dir.join("ckpt"),
         nproc: s.nproc,
+        step_s: if s.bed { BED_STEP_S } else { STEP_S },
         worker: worker.clone(),
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        place,
     };
     let mut c = c;
     // The fault-free reference trains beside the chaos run (once per process).
@@ -207,7 +230,7 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
     let mut stats = Stats::default();
     let mut outcome = Outcome::default();
     let bound =
-        Duration::from_millis(s.bound_ms((DATA.total_steps() as f64 * STEP_S * 1000.0) as u64));
+        Duration::from_millis(s.bound_ms((DATA.total_steps() as f64 * c.step_s * 1000.0) as u64));
     let started = wait_until(Duration::from_secs(60), || {
         c.history_text().contains("\"step\"")
     });
@@ -276,7 +299,7 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                 c.server.kill();
                 std::thread::sleep(Duration::from_millis(down_ms));
                 let args: Vec<&str> = c.store_args.iter().map(String::as_str).collect();
-                c.server = RdzvServer::start_on_logging(&c.endpoint, &args, "info", &c.server_log);
+                c.server = c.place.restart_server(&c.endpoint, &args, &c.server_log);
             }
             Event::EtcdMember {
                 leader,
@@ -299,13 +322,24 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                 }
             }
             Event::CorruptShard { pick, truncate } => match corrupt(&c.ckpt, pick, truncate) {
-                Some(id) => outcome.corrupted.push(id),
+                Some((step, generation)) => outcome.corrupted.push(Corruption {
+                    step,
+                    generation,
+                    t: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .expect("after 1970")
+                        .as_secs_f64(),
+                }),
                 None => {
                     stats.skipped += 1;
                     log.push("      (nothing sealed to corrupt)".into());
                     continue;
                 }
             },
+            Event::CutCable { .. }
+            | Event::Partition { .. }
+            | Event::CutServer { .. }
+            | Event::SlowLink { .. } => c.place.network_fault(&t.event),
             Event::Preempt(slot) => {
                 signal(slots[slot].as_ref().unwrap().pid(), Signal::SIGUSR1);
                 log.extend(requeue(&c, &mut slots, slot, &dir, &mut outcome));
@@ -341,6 +375,14 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
         );
         if leave {
             outcome.leavers.push(code.unwrap_or(-1));
+        }
+    }
+    // The resume points every agent verified and took, from the logs `finish` kept.
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("agent") && name.ends_with(".log") {
+            let log = std::fs::read_to_string(e.path()).unwrap_or_default();
+            outcome.verified.extend(history::verified(&log));
         }
     }
     stats.requeued = outcome.preempted.iter().filter(|c| **c == 5).count();
@@ -397,13 +439,22 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
             {
                 knobs.push_str("DRUN_CHAOS_PREEMPT=1 ");
             }
+            if s.bed {
+                knobs.push_str("DRUN_CHAOS_BED=1 ");
+            }
+            let shown = Outcome {
+                verified: Vec::new(),
+                ..outcome.clone()
+            };
             Err(format!(
                 "chaos run failed; replay: {knobs}DRUN_CHAOS_SEED={} DRUN_CHAOS_STORE={store} \
                  DRUN_CHAOS_SCHEDULES=1 cargo test --test tests chaos_campaign -- --ignored \
-                 --nocapture\n{s}as applied:\n{}\n{found}outcome: {outcome:?}\n\
+                 --nocapture\n{s}as applied:\n{}\n{found}outcome: {shown:?}\n\
+                 ({} resume points verified, from the agents' logs)\n\
                  history, agent and server logs kept in {}",
                 s.seed,
                 log.join("\n"),
+                outcome.verified.len(),
                 dir.display()
             ))
         }

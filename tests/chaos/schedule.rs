@@ -18,7 +18,8 @@ pub enum StoreKind {
 }
 
 /// One fault (or a wait) of a schedule. Agents are named by their slot: slot `i` is the agent
-/// on loopback address 127.0.0.(i+1), started at the beginning or by a [`Event::ScaleUp`].
+/// on loopback address 127.0.0.(i+1) (on the network test bed: on host `n{i}`), started at the
+/// beginning or by a [`Event::ScaleUp`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     /// SIGKILL agent `slot` (its workers die with it).
@@ -52,6 +53,19 @@ pub enum Event {
         kill: bool,
         down_ms: u64,
     },
+    /// Bed only: pull the cable of agent `slot`'s host, plug it back after `ms` (within or past
+    /// the lease TTL). Its peers and the server stop hearing it: the others re-form without it,
+    /// it fences itself at the TTL and joins again by itself once the cable is back.
+    CutCable { slot: usize, ms: u64 },
+    /// Bed only: the hosts of agents `a` and `b` cannot reach each other (both still reach the
+    /// server and the others) for `ms`: one side is sent away and stands by until it reaches
+    /// its last generation's nodes again, then joins.
+    Partition { a: usize, b: usize, ms: u64 },
+    /// Bed only: pull the server host's cable for `ms` (a control-plane outage of 1 to 3 lease
+    /// TTLs): agents whose peers all answer keep their generation and workers.
+    CutServer { ms: u64 },
+    /// Bed only: a 20 Mbit/s token bucket on agent `slot`'s host for `ms`.
+    SlowLink { slot: usize, ms: u64 },
 }
 
 /// An event `delay_ms` milliseconds after the previous one finished.
@@ -66,6 +80,9 @@ pub struct Timed {
 pub struct Schedule {
     pub seed: u64,
     pub store: StoreKind,
+    /// On the network test bed (the server and each agent slot on a host of its own) rather
+    /// than on this machine's loopback addresses.
+    pub bed: bool,
     /// Agents started before the first fault, in slots `0..agents` (1..=MAX_AGENTS).
     pub agents: usize,
     /// Workers per agent (1 or 2).
@@ -163,6 +180,98 @@ pub fn generate(seed: u64, store: StoreKind, min_events: usize, max_events: usiz
     Schedule {
         seed,
         store,
+        bed: false,
+        agents,
+        nproc,
+        events,
+    }
+}
+
+/// The schedule of `seed` on the network test bed (memory store) with
+/// `min_events..=max_events` faults (waits not counted): the network's faults ([`Event::CutCable`]
+/// within or past the lease TTL, [`Event::Partition`], [`Event::CutServer`] for 1 to 3 TTLs,
+/// [`Event::SlowLink`]) mixed with a killed agent or worker, a leave and a scale-up. A stream of
+/// its own of the seed: [`generate`]'s schedules stay what they were. The live agents are the
+/// processes that run: a cut-off or partitioned agent stays live (it may be fenced, and then
+/// joins again by itself once the network is back), so one live agent is always left and two
+/// are partitioned only while two run. The network faults do not overlap: each is healed
+/// before the next event.
+pub fn generate_bed(seed: u64, min_events: usize, max_events: usize) -> Schedule {
+    let mut rng = Rng::new(seed ^ 0xBED0_0000_5EED_0004);
+    let agents = rng.range(1, MAX_AGENTS as u64) as usize;
+    let nproc = rng.range(1, 2) as u32;
+    let mut live: Vec<usize> = (0..agents).collect();
+    let mut next_slot = agents;
+    let n = rng.range(min_events as u64, max_events as u64) as usize;
+    let ttl = TTL_S * 1000;
+    let mut events = Vec::new();
+    while events
+        .iter()
+        .filter(|t: &&Timed| t.event != Event::WaitSealed)
+        .count()
+        < n
+    {
+        if rng.range(0, 3) == 0 {
+            events.push(Timed {
+                delay_ms: 0,
+                event: Event::WaitSealed,
+            });
+        }
+        let event = match rng.range(0, 9) {
+            0 | 1 => {
+                let ms = if rng.range(0, 1) == 0 {
+                    rng.range(200, ttl - 500)
+                } else {
+                    rng.range(ttl + 500, 3 * ttl)
+                };
+                Event::CutCable {
+                    slot: rng.pick(&live),
+                    ms,
+                }
+            }
+            2 | 3 if live.len() > 1 => {
+                let a = rng.pick(&live);
+                let others: Vec<usize> = live.iter().copied().filter(|l| *l != a).collect();
+                Event::Partition {
+                    a,
+                    b: rng.pick(&others),
+                    ms: rng.range(1000, 3 * ttl),
+                }
+            }
+            4 => Event::CutServer {
+                ms: rng.range(ttl, 3 * ttl),
+            },
+            5 => Event::SlowLink {
+                slot: rng.pick(&live),
+                ms: rng.range(1000, 2 * ttl),
+            },
+            6 if live.len() > 1 => {
+                let s = rng.pick(&live);
+                live.retain(|l| *l != s);
+                if rng.range(0, 1) == 0 {
+                    Event::KillAgent(s)
+                } else {
+                    Event::Leave(s)
+                }
+            }
+            7 if live.len() < MAX_AGENTS => {
+                live.push(next_slot);
+                next_slot += 1;
+                Event::ScaleUp(next_slot - 1)
+            }
+            _ => Event::KillWorker {
+                pick: rng.range(0, 7) as usize,
+            },
+        };
+        events.push(Timed {
+            delay_ms: rng.range(300, 2000),
+            event,
+        });
+    }
+    Schedule {
+        seed,
+        store: StoreKind::Memory,
+        bed: true,
         agents,
         nproc,
         events,
@@ -270,6 +379,18 @@ impl Schedule {
         }
     }
 
+    /// Agent slots the schedule uses (those at the start and those scaled up): the bed's agent
+    /// hosts `n0`..`n{slots-1}`.
+    pub fn slots(&self) -> usize {
+        self.events
+            .iter()
+            .filter_map(|t| match t.event {
+                Event::ScaleUp(s) => Some(s + 1),
+                _ => None,
+            })
+            .fold(self.agents, usize::max)
+    }
+
     /// Faults in the schedule (waits not counted).
     pub fn faults(&self) -> usize {
         self.events
@@ -290,9 +411,12 @@ impl Schedule {
                 + match t.event {
                     Event::WaitSealed => 30_000,
                     Event::StopAgent { ms, .. } => ms + recover,
-                    Event::RestartServer { down_ms } | Event::EtcdMember { down_ms, .. } => {
-                        down_ms + recover
-                    }
+                    Event::RestartServer { down_ms: ms }
+                    | Event::EtcdMember { down_ms: ms, .. }
+                    | Event::CutCable { ms, .. }
+                    | Event::Partition { ms, .. }
+                    | Event::CutServer { ms }
+                    | Event::SlowLink { ms, .. } => ms + recover,
                     // The coordinated checkpoint, the exits, and a start from scratch.
                     Event::Preempt(_) => 2 * recover,
                     _ => recover,
@@ -350,6 +474,24 @@ impl fmt::Display for Event {
                     "an etcd follower"
                 }
             ),
+            Event::CutCable { slot, ms } => write!(
+                f,
+                "pull the cable of agent {slot}'s host for {ms} ms ({} the {TTL_S} s lease TTL)",
+                if *ms < TTL_S * 1000 { "within" } else { "past" }
+            ),
+            Event::Partition { a, b, ms } => {
+                write!(
+                    f,
+                    "partition agents {a} and {b} from each other for {ms} ms"
+                )
+            }
+            Event::CutServer { ms } => write!(
+                f,
+                "pull the cable of the server's host for {ms} ms (a control-plane outage)"
+            ),
+            Event::SlowLink { slot, ms } => {
+                write!(f, "limit agent {slot}'s host to 20 Mbit/s for {ms} ms")
+            }
         }
     }
 }
@@ -358,9 +500,10 @@ impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "seed {} on {:?}: {} agents x {} workers, {} faults",
+            "seed {} on {:?}{}: {} agents x {} workers, {} faults",
             self.seed,
             self.store,
+            if self.bed { " (network test bed)" } else { "" },
             self.agents,
             self.nproc,
             self.faults()
@@ -419,10 +562,80 @@ mod tests {
                         | Event::WaitSealed
                         | Event::CorruptShard { .. }
                         | Event::EtcdMember { .. } => {}
+                        Event::CutCable { .. }
+                        | Event::Partition { .. }
+                        | Event::CutServer { .. }
+                        | Event::SlowLink { .. } => panic!("a bed fault off the bed: {s}"),
                     }
+                }
+                assert!(!s.bed);
+            }
+        }
+    }
+
+    #[test]
+    fn chaos_schedule_bed_events_are_always_applicable_and_reproducible() {
+        for seed in 0..500 {
+            let s = with_preemption(generate_bed(seed, 3, 8));
+            assert_eq!(s, with_preemption(generate_bed(seed, 3, 8)));
+            assert!(s.bed && s.store == StoreKind::Memory, "{s}");
+            assert!((3..=9).contains(&s.faults()), "{s}");
+            let mut live: Vec<usize> = (0..s.agents).collect();
+            let ttl = TTL_S * 1000;
+            for t in &s.events {
+                match t.event {
+                    Event::KillAgent(a) | Event::Leave(a) => {
+                        assert!(live.contains(&a), "{s}");
+                        live.retain(|l| *l != a);
+                        assert!(!live.is_empty(), "one agent always survives: {s}");
+                    }
+                    Event::ScaleUp(a) => {
+                        assert!(!live.contains(&a) && a < s.slots());
+                        live.push(a);
+                        assert!(live.len() <= MAX_AGENTS, "{s}");
+                    }
+                    Event::CutCable { slot, ms } => {
+                        assert!(live.contains(&slot), "{s}");
+                        assert!((200..=3 * ttl).contains(&ms));
+                    }
+                    Event::SlowLink { slot, .. } | Event::Preempt(slot) => {
+                        assert!(live.contains(&slot), "{s}")
+                    }
+                    Event::Partition { a, b, .. } => {
+                        assert!(a != b && live.contains(&a) && live.contains(&b), "{s}")
+                    }
+                    Event::CutServer { ms } => assert!((ttl..=3 * ttl).contains(&ms)),
+                    Event::KillWorker { .. } | Event::WaitSealed => {}
+                    Event::StopAgent { .. }
+                    | Event::RestartServer { .. }
+                    | Event::CorruptShard { .. }
+                    | Event::EtcdMember { .. } => panic!("not drawn on the bed: {s}"),
                 }
             }
         }
+    }
+
+    #[test]
+    fn chaos_schedule_bed_draws_every_kind_of_event() {
+        let all: Vec<Event> = (0..100)
+            .flat_map(|seed| generate_bed(seed, 3, 8).events)
+            .map(|t| t.event)
+            .collect();
+        let has = |f: fn(&Event) -> bool| all.iter().any(f);
+        assert!(has(
+            |e| matches!(e, Event::CutCable { ms, .. } if *ms < TTL_S * 1000)
+        ));
+        assert!(has(
+            |e| matches!(e, Event::CutCable { ms, .. } if *ms > TTL_S * 1000)
+        ));
+        assert!(has(|e| matches!(e, Event::Partition { .. })));
+        assert!(has(|e| matches!(e, Event::CutServer { .. })));
+        assert!(has(|e| matches!(e, Event::SlowLink { .. })));
+        assert!(has(|e| matches!(e, Event::KillAgent(_))));
+        assert!(has(|e| matches!(e, Event::Leave(_))));
+        assert!(has(|e| matches!(e, Event::ScaleUp(_))));
+        assert!(has(|e| matches!(e, Event::KillWorker { .. })));
+        assert!(has(|e| matches!(e, Event::WaitSealed)));
     }
 
     #[test]

@@ -16,7 +16,8 @@
 //!   silence, no FIN and no RST, until [`Bed::plug_cable`];
 //! - a partition between two hosts only: blackhole routes ([`Bed::partition`], both ways, or
 //!   [`Bed::partition_one_way`]), healed by [`Bed::heal`];
-//! - a slow link: a token bucket on the host's `eth0` egress ([`Bed::limit_rate`]).
+//! - a slow link: a token bucket on the host's `eth0` egress ([`Bed::limit_rate`]), removed by
+//!   [`Bed::unlimit_rate`].
 //!
 //! # Clean-up
 //!
@@ -314,6 +315,22 @@ impl Bed {
         assert!(
             o.status.success(),
             "tc tbf on {name}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+
+    /// Removes the token bucket [`Bed::limit_rate`] put on host `name`'s `eth0`.
+    pub fn unlimit_rate(&self, name: &str) {
+        let ns = &self.host(name).ns;
+        let o = Command::new("ip")
+            .args([
+                "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root",
+            ])
+            .output()
+            .expect("run tc");
+        assert!(
+            o.status.success(),
+            "tc qdisc del on {name}: {}",
             String::from_utf8_lossy(&o.stderr).trim()
         );
     }
