@@ -87,16 +87,15 @@ impl Table {
     }
 
     /// `from` answered a probe of `generation` at `now`; an answer for another generation, or
-    /// from an address that is not that peer's, is ignored.
-    pub fn answered(&mut self, generation: u64, node_rank: u32, from: SocketAddr, now: Instant) {
+    /// from an address that is no peer's probe address, is ignored. The peer is known by its
+    /// address, not by the node rank the answer carries: that is the answering agent's rank
+    /// now, which changes when its group re-forms without this node (a node sent away by a
+    /// partition keeps probing the peers of its last generation).
+    pub fn answered(&mut self, generation: u64, from: SocketAddr, now: Instant) {
         if generation != self.generation {
             return;
         }
-        if let Some(w) = self
-            .peers
-            .iter_mut()
-            .find(|w| w.peer.node_rank == node_rank && w.peer.addr.ip() == from.ip())
-        {
+        if let Some(w) = self.peers.iter_mut().find(|w| w.peer.addr == from) {
             w.last_answer = Some(now);
             w.unanswered = 0;
         }
@@ -180,8 +179,8 @@ mod tests {
             t.verdict_(t0 + QUIET + Duration::from_millis(1), QUIET),
             Verdict::Unknown
         );
-        t.answered(3, 1, peer(1).addr, t0 + QUIET);
-        t.answered(3, 2, peer(2).addr, t0 + QUIET);
+        t.answered(3, peer(1).addr, t0 + QUIET);
+        t.answered(3, peer(2).addr, t0 + QUIET);
         assert_eq!(
             t.verdict_(t0 + QUIET + Duration::from_millis(1), QUIET),
             Verdict::AllAnswer
@@ -194,9 +193,9 @@ mod tests {
         let mut t = Table::default();
         t.follow(3, vec![peer(1), peer(2)], false, t0);
         let s = |n| Duration::from_secs(n);
-        t.answered(3, 1, peer(1).addr, t0 + s(1));
-        t.answered(3, 2, peer(2).addr, t0 + s(1));
-        t.answered(3, 1, peer(1).addr, t0 + s(4));
+        t.answered(3, peer(1).addr, t0 + s(1));
+        t.answered(3, peer(2).addr, t0 + s(1));
+        t.answered(3, peer(1).addr, t0 + s(4));
         assert_eq!(t.verdict_(t0 + s(4), QUIET), Verdict::AllAnswer);
         assert_eq!(t.verdict_(t0 + s(5), QUIET), Verdict::Silent(vec![2]));
     }
@@ -206,8 +205,8 @@ mod tests {
         let t0 = Instant::now();
         let mut t = Table::default();
         t.follow(3, vec![peer(1)], false, t0);
-        t.answered(2, 1, peer(1).addr, t0 + Duration::from_secs(3));
-        t.answered(3, 1, peer(2).addr, t0 + Duration::from_secs(3));
+        t.answered(2, peer(1).addr, t0 + Duration::from_secs(3));
+        t.answered(3, peer(2).addr, t0 + Duration::from_secs(3));
         assert_eq!(
             t.verdict_(t0 + Duration::from_secs(4), QUIET),
             Verdict::Unknown,
@@ -216,11 +215,24 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_is_known_by_its_address_whatever_rank_its_answer_carries() {
+        // A node sent away by a partition keeps probing its last generation's peers; their
+        // group re-formed without it, so their answers carry new node ranks.
+        let s = |n| Duration::from_secs(n);
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        t.follow(3, vec![peer(1), peer(3)], false, t0);
+        t.answered(3, peer(1).addr, t0 + s(1));
+        t.answered(3, peer(3).addr, t0 + s(1));
+        assert_eq!(t.verdict_(t0 + s(2), QUIET), Verdict::AllAnswer);
+    }
+
+    #[test]
     fn a_member_without_a_probe_port_leaves_no_evidence() {
         let t0 = Instant::now();
         let mut t = Table::default();
         t.follow(1, vec![peer(1)], true, t0);
-        t.answered(1, 1, peer(1).addr, t0);
+        t.answered(1, peer(1).addr, t0);
         assert_eq!(t.verdict_(t0, QUIET), Verdict::Unknown);
     }
 
@@ -229,7 +241,7 @@ mod tests {
         let t0 = Instant::now();
         let mut t = Table::default();
         t.follow(1, vec![peer(1)], false, t0);
-        t.answered(1, 1, peer(1).addr, t0 + Duration::from_secs(10));
+        t.answered(1, peer(1).addr, t0 + Duration::from_secs(10));
         t.follow(2, vec![peer(1)], false, t0 + Duration::from_secs(10));
         assert_eq!(t.generation(), 2);
         assert_eq!(
@@ -245,7 +257,7 @@ mod tests {
         let t0 = Instant::now();
         let mut t = Table::default();
         t.follow(3, vec![peer(1)], false, t0);
-        t.answered(3, 1, peer(1).addr, t0);
+        t.answered(3, peer(1).addr, t0);
         t.sent();
         // 10 s without an answer, but only one probe went out (this process was starved).
         assert_eq!(
@@ -259,7 +271,7 @@ mod tests {
             t.verdict(t0 + Duration::from_secs(10), QUIET, 6),
             Verdict::Silent(vec![1])
         );
-        t.answered(3, 1, peer(1).addr, t0 + Duration::from_secs(11));
+        t.answered(3, peer(1).addr, t0 + Duration::from_secs(11));
         t.sent();
         assert_eq!(
             t.verdict(t0 + Duration::from_secs(15), QUIET, 6),

@@ -432,7 +432,14 @@ impl Client {
                     Ok(None) | Err(_) => {
                         // HTTP/2 keep-alive pings (2 s) vouch for the stream until they went
                         // unanswered.
-                        self.reach.stream_broke(Instant::now(), H2_PING_TIMEOUT);
+                        // Unanswered since before the break only when this node is the one cut
+                        // off (no peer answers either); an agent that was itself stopped (its
+                        // pings were never sent) keeps the stream's word until now.
+                        let cut_off = self.peers.as_ref().is_some_and(|p| {
+                            matches!(p.verdict(Instant::now()), Verdict::Silent(ref s) if s.len() == p.peer_count())
+                        });
+                        let unanswered = if cut_off { H2_PING_TIMEOUT } else { Duration::ZERO };
+                        self.reach.stream_broke(Instant::now(), unanswered);
                         tracing::warn!(%endpoint, "lost the rendezvous server; reconnecting");
                         return Next::Reconnect;
                     }
