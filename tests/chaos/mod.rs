@@ -95,19 +95,16 @@ fn chaos_ci_bed_seed_40() {
     ci_bed(40);
 }
 
-/// A drun bug the bed campaign found (seed 16 on the bed), as a fixed schedule: 4 agents x 1
+/// Bug 7, found by the bed campaign (seed 16 on the bed), as a fixed schedule: 4 agents x 1
 /// worker (node rank i on host n{i}); after a seal, n1 and n2 cannot reach each other for 3 s.
 /// Node rank 2 is sent away (the largest set that all reach each other, ties towards node rank
 /// 0) and the others re-form, n3 now as node rank 2. The one sent away stands by until every
-/// node of its last generation answers its probes, but a probe's answer carries the answering
-/// agent's *current* node rank (`launcher/src/peers/mod.rs`) while the table matches the node
-/// rank of the generation it watches (`peers/table.rs`, `answered`): n3's answers (rank 2) are
-/// never credited to its old rank 3, so n2 stands by after the heal, through the run's end,
-/// until it is killed (invariant (g)). Also open: a node of that generation that leaves or
-/// dies, or a run that ends, leaves the one standing by waiting for answers that never come.
-/// Ignored until fixed; then it belongs in CI.
+/// node of its last generation answers its probes; a probe's answer carries the answering
+/// agent's *current* node rank, and the table matched answers by the rank of the generation it
+/// watches, so n3's answers were never credited and n2 stood by after the heal until it was
+/// killed (invariant (g)). Fixed: a peer is known by its probe address (`peers/table.rs`,
+/// `answered`). About 20 s.
 #[test]
-#[ignore = "drun bug: a node sent away by a partition stands by forever once the survivors' node ranks shift"]
 fn chaos_bed_partition_sends_away_a_middle_rank_which_comes_back() {
     let at = |delay_ms, event| Timed { delay_ms, event };
     let s = Schedule {
