@@ -38,4 +38,5 @@ mod supervision;
 mod terminal;
 mod tls;
 mod torch_e2e;
+mod warm;
 mod worker_store;

@@ -360,6 +360,21 @@ pub struct Args {
     )]
     pub stdin_rank: Option<u32>,
 
+    /// `on`: while a generation trains, keep one more interpreter per local rank that has
+    /// imported torch and waits, so a restarted worker (after a worker failure or a node loss)
+    /// skips interpreter start and `import torch`. Only for `python script.py` entrypoints;
+    /// the first start is cold. `off`: every worker starts a new interpreter (for scripts that
+    /// need a fresh interpreter at import, or to save the memory of the waiting interpreters).
+    #[arg(
+        long = "warm-workers",
+        visible_alias = "warm_workers",
+        value_enum,
+        env = "DRUN_WARM_WORKERS",
+        default_value = "on",
+        help_heading = "Supervision"
+    )]
+    pub warm_workers: crate::warm::WarmWorkers,
+
     /// Who hosts the workers' c10d store on MASTER_PORT: `agent` (the agent of node rank 0
     /// serves torch's TCPStore protocol and outlives every worker, as torchrun;
     /// TORCHELASTIC_USE_AGENT_STORE=True) or `rank0` (worker rank 0 hosts it;

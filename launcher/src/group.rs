@@ -28,6 +28,7 @@ use crate::os::guard::Guard;
 use crate::os::spawn::{ExitKind, Input, Output, SpawnSpec};
 use crate::os::Os;
 use crate::summary::Failure;
+use crate::warm::WarmPool;
 use crate::{LaunchConfig, LaunchError};
 
 /// Life of one worker process.
@@ -102,6 +103,8 @@ pub struct GroupContext<'a> {
     pub resume_manifest: Option<&'a Path>,
     /// `--preflight`'s check script, when this generation runs it before the training script.
     pub preflight: Option<&'a Path>,
+    /// The warm interpreters workers may start on ([`crate::warm`]); `None`: all start cold.
+    pub warm: Option<&'a Mutex<WarmPool>>,
 }
 
 /// The local workers of one generation.
@@ -125,6 +128,39 @@ struct Started {
     error_file: PathBuf,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
+}
+
+/// The complete environment of local rank `local_rank`'s worker of `plan` (what
+/// [`worker_env`] builds from the context).
+pub(crate) fn env_of(
+    ctx: &GroupContext<'_>,
+    plan: &Plan,
+    local_rank: u32,
+    restart_count: u32,
+    error_file: &Path,
+) -> BTreeMap<OsString, OsString> {
+    let cfg = ctx.cfg;
+    let member = plan
+        .member(&cfg.node_id)
+        .expect("the agent only starts workers of plans it is a member of");
+    worker_env(
+        ctx.inherited,
+        plan,
+        member,
+        &WorkerSlot {
+            local_rank,
+            restart_count,
+            max_restarts: cfg.max_restarts,
+            role: &cfg.role,
+            error_file,
+            signals_to_handle: &cfg.signals_to_handle,
+            use_agent_store: cfg.worker_store.use_agent_store(),
+            agent_id: ctx.agent_id,
+            agent_sock: ctx.agent_sock,
+            ckpt_dir: cfg.ckpt.dir.as_deref(),
+            resume_manifest: ctx.resume_manifest,
+        },
+    )
 }
 
 /// A worker's stdout tail, stderr tail and their reader threads.
@@ -226,48 +262,36 @@ impl WorkerGroup {
         std::fs::create_dir_all(&dir)
             .map_err(|e| LaunchError::os(format!("cannot create log dir {}", dir.display()), e))?;
         let error_file = dir.join("error.json");
-        let env = worker_env(
-            ctx.inherited,
-            plan,
-            member,
-            &WorkerSlot {
-                local_rank,
-                restart_count,
-                max_restarts: cfg.max_restarts,
-                role: &cfg.role,
-                error_file: &error_file,
-                signals_to_handle: &cfg.signals_to_handle,
-                use_agent_store: cfg.worker_store.use_agent_store(),
-                agent_id: ctx.agent_id,
-                agent_sock: ctx.agent_sock,
-                ckpt_dir: cfg.ckpt.dir.as_deref(),
-                resume_manifest: ctx.resume_manifest,
+        let spec = SpawnSpec {
+            program: cfg.entrypoint.program.clone(),
+            args: match ctx.preflight {
+                Some(check) => crate::preflight::argv(&cfg.entrypoint, check, local_rank),
+                None => cfg.entrypoint.argv(local_rank),
             },
-        );
-        let spawned = ctx
-            .os
-            .spawn(SpawnSpec {
-                program: cfg.entrypoint.program.clone(),
-                args: match ctx.preflight {
-                    Some(check) => crate::preflight::argv(&cfg.entrypoint, check, local_rank),
-                    None => cfg.entrypoint.argv(local_rank),
-                },
-                env,
-                output: Output::Piped,
-                stdin: if cfg.stdin_rank == Some(local_rank) {
-                    Input::Inherit
-                } else {
-                    Input::Null
-                },
-                die_with_agent: true,
-            })
-            .await
-            .map_err(|e| {
+            env: env_of(ctx, plan, local_rank, restart_count, &error_file),
+            output: Output::Piped,
+            stdin: if cfg.stdin_rank == Some(local_rank) {
+                Input::Inherit
+            } else {
+                Input::Null
+            },
+            die_with_agent: true,
+            handoff: None,
+        };
+        let warm = ctx.warm.and_then(|pool| {
+            let mut pool = pool.lock().expect("warm pool mutex poisoned");
+            pool.hand_off(local_rank, &spec, ctx.preflight.is_some())
+        });
+        let warm_start = warm.is_some();
+        let spawned = match warm {
+            Some(spawned) => spawned,
+            None => ctx.os.spawn(spec).await.map_err(|e| {
                 LaunchError::WorkerStart(crate::os::exec_error::describe(
                     &cfg.entrypoint.program,
                     &e,
                 ))
-            })?;
+            })?,
+        };
         ctx.guard
             .lock()
             .expect("guard mutex poisoned")
@@ -277,6 +301,7 @@ impl WorkerGroup {
             rank,
             local_rank,
             pid = spawned.pid.as_raw(),
+            warm = warm_start,
             "worker started"
         );
         Ok(Started {

@@ -95,6 +95,7 @@ pub mod slurm_token;
 pub mod status;
 pub mod std_spec;
 pub mod summary;
+pub mod warm;
 pub mod worker_store;
 
 #[cfg(any(test, fuzzing))]

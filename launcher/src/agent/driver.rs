@@ -144,7 +144,10 @@ impl Agent {
                 Some(sig) = self.signals.recv(), if m.reads_signals() => Some(Input::Signal(sig)),
                 _ = self.sigchld.recv() => None,
                 _ = poll.tick(), if stopping => None,
-                _ = monitor.tick() => Some(Input::Monitor),
+                _ = monitor.tick() => {
+                    self.warm.lock().expect("warm pool mutex poisoned").poll();
+                    Some(Input::Monitor)
+                }
                 _ = hang_check.tick(), if watching => self.hung(&mut w).await,
                 _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
                 v = join(&mut w.verifying), if w.verifying.is_some() => {
@@ -278,6 +281,13 @@ impl Agent {
                     .unwatch(pid);
                 let (rank, pid) = (group.rank_of(pid), pid.as_raw());
                 tracing::debug!(rank, pid, ?exit, "worker exited");
+            } else if self
+                .warm
+                .lock()
+                .expect("warm pool mutex poisoned")
+                .exited(pid, exit)
+            {
+                tracing::debug!(pid = pid.as_raw(), ?exit, "a warm interpreter exited");
             } else {
                 tracing::debug!(pid = pid.as_raw(), ?exit, "reaped a re-parented descendant");
             }
@@ -493,12 +503,14 @@ impl Agent {
             inherited: &self.inherited,
             run_log_dir: &self.run_log_dir,
             preflight: self.preflight_for(&plan),
+            warm: Some(&self.warm),
         };
         w.workers = None;
         w.first_success = None;
         w.beacons = super::hang::Beacons::default();
         match WorkerGroup::start(&ctx, &plan, plan.restarts_failures).await {
             Ok(g) => {
+                crate::warm::refill(&ctx, &plan, plan.restarts_failures).await;
                 self.print_rank_table(&plan, &g);
                 w.group = Some(g);
                 w.ledger = Some(NodeLedger::new(

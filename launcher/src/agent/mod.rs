@@ -23,6 +23,7 @@ use crate::metrics::AgentMetrics;
 use crate::os::guard::Guard;
 use crate::os::spawn::{self, Spawner};
 use crate::os::{LinuxOs, Os};
+use crate::warm::WarmPool;
 use crate::{AgentExit, LaunchConfig, LaunchError};
 
 mod driver;
@@ -147,6 +148,8 @@ struct Agent {
     preflight: Option<PathBuf>,
     /// The peer probes of a multi-node run (`crate::peers`), started with the rendezvous link.
     peers: Option<crate::peers::Prober>,
+    /// The warm interpreters for the next generation's workers (`crate::warm`).
+    warm: Mutex<WarmPool>,
 }
 
 impl Agent {
@@ -243,6 +246,7 @@ impl Agent {
             .preflight
             .and_then(|_| preflight::set_up(&cfg, api.as_ref()));
         Ok(Self {
+            warm: Mutex::new(WarmPool::new(&cfg, os.clone())),
             preflight,
             peers: None,
             metrics,

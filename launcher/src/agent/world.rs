@@ -273,8 +273,11 @@ impl Agent {
         let guard_pid = self.guard().lock().expect("guard mutex poisoned").pid();
         let deadline = Instant::now() + KILL_WAIT;
         loop {
-            let left = self.os.descendants(&self.agent_id, guard_pid);
-            let _ = self.os.reap();
+            // The warm interpreters wait for the next generation: not leftovers.
+            let mut spared = self.warm.lock().expect("warm pool mutex poisoned").pids();
+            spared.push(guard_pid);
+            let left = self.os.descendants(&self.agent_id, &spared);
+            self.reap_others();
             if left.is_empty() || Instant::now() >= deadline {
                 if !left.is_empty() {
                     tracing::error!(?left, "could not kill every descendant");
@@ -352,7 +355,34 @@ impl Agent {
         }
     }
 
+    /// Reaps exited children that are not the group's workers (the warm interpreters are told).
+    fn reap_others(&self) {
+        let mut warm = self.warm.lock().expect("warm pool mutex poisoned");
+        for (pid, exit) in self.os.reap() {
+            warm.exited(pid, exit);
+        }
+    }
+
+    /// Kills the warm interpreters and reaps them (bounded by [`KILL_WAIT`]).
+    async fn kill_warm(&mut self) {
+        let mut left = self
+            .warm
+            .lock()
+            .expect("warm pool mutex poisoned")
+            .kill_all();
+        let deadline = Instant::now() + KILL_WAIT;
+        while !left.is_empty() && Instant::now() < deadline {
+            let reaped: Vec<_> = self.os.reap().into_iter().map(|(p, _)| p).collect();
+            let me = Some(nix::unistd::getpid());
+            left.retain(|p| !reaped.contains(p) && crate::os::procs::parent_of(*p) == me);
+            if !left.is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+
     pub(super) async fn close(&mut self, exit: AgentExit) {
+        self.kill_warm().await;
         let _ = self.os.reap();
         if let Some(g) = self.guard.take() {
             g.into_inner().expect("guard mutex poisoned").disarm();

@@ -111,6 +111,8 @@ pub struct LaunchConfig {
     pub hang_timeout: Option<crate::agent::hang::Timeout>,
     /// `--stdin-rank`: the local rank that reads drun's stdin; the others read `/dev/null`.
     pub stdin_rank: Option<u32>,
+    /// `--warm-workers`: restarted workers start on a pre-started interpreter.
+    pub warm_workers: crate::warm::WarmWorkers,
     /// Who hosts the workers' c10d store (`--worker-store`).
     pub worker_store: crate::worker_store::WorkerStoreMode,
     /// Parsed `--rdzv-conf`.

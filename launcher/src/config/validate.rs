@@ -140,6 +140,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         peer_exit_wait,
         hang_timeout,
         stdin_rank: a.stdin_rank,
+        warm_workers: a.warm_workers,
         worker_store,
         rdzv_conf,
         timing,

@@ -65,6 +65,8 @@ struct Fixture {
     guard: Mutex<Guard>,
     logs: tempfile::TempDir,
     inherited: BTreeMap<OsString, OsString>,
+    /// Warm interpreters, when the test gives the group some.
+    warm: Option<Mutex<WarmPool>>,
 }
 
 impl Fixture {
@@ -75,12 +77,29 @@ impl Fixture {
             guard: Mutex::new(Guard::detached()),
             logs: tempfile::tempdir().expect("tempdir"),
             inherited: BTreeMap::new(),
+            warm: None,
         }
     }
 
     /// Starts a group; a failure comes back with the partial group and the error's message.
     fn start(&self, restart_count: u32) -> Result<WorkerGroup, (WorkerGroup, String)> {
-        let ctx = GroupContext {
+        let ctx = self.ctx();
+        let plan = plan(&self.cfg, 4);
+        block_on(WorkerGroup::start(&ctx, &plan, restart_count))
+            .map_err(|(g, e)| (g, e.to_string()))
+    }
+
+    /// Starts the warm interpreters for the generation after `restart_count`'s.
+    fn refill(&self, restart_count: u32) {
+        block_on(crate::warm::refill(
+            &self.ctx(),
+            &plan(&self.cfg, 4),
+            restart_count,
+        ));
+    }
+
+    fn ctx(&self) -> GroupContext<'_> {
+        GroupContext {
             cfg: &self.cfg,
             os: self.os.clone(),
             guard: &self.guard,
@@ -91,10 +110,8 @@ impl Fixture {
             agent_sock: None,
             resume_manifest: None,
             preflight: None,
-        };
-        let plan = plan(&self.cfg, 4);
-        block_on(WorkerGroup::start(&ctx, &plan, restart_count))
-            .map_err(|(g, e)| (g, e.to_string()))
+            warm: self.warm.as_ref(),
+        }
     }
 }
 
@@ -304,4 +321,74 @@ fn esrch_counts_as_success_and_other_errors_are_counted() {
     );
     f.os.killpg_fails(pid(1001), Errno::EPERM);
     assert_eq!(g.signal_running(Signal::SIGTERM), 1);
+}
+
+#[test]
+fn a_restart_hands_off_to_the_warm_interpreters_and_starts_cold_where_one_died() {
+    use std::io::Read;
+    let mut f = Fixture::new(2);
+    let script = f.logs.path().join("train.py");
+    std::fs::write(&script, "print(1)\n").expect("script");
+    f.cfg.entrypoint.script = script.display().to_string();
+    f.cfg.entrypoint.leading = vec!["-u".into(), f.cfg.entrypoint.script.clone()];
+    f.warm = Some(Mutex::new(WarmPool::new(&f.cfg, f.os.clone())));
+    let first = f.start(0).expect("started");
+    f.refill(0);
+    let calls = f.os.calls();
+    assert_eq!(calls.len(), 4, "2 workers, then 2 warm interpreters");
+    for (i, c) in calls.iter().enumerate() {
+        let Call::Spawn { args, handoff, .. } = c else {
+            panic!("spawn expected: {c:?}")
+        };
+        assert_eq!(
+            *handoff,
+            i >= 2,
+            "only the warm interpreters get a hand-off socket"
+        );
+        assert_eq!(args[..2] == ["-u", "-c"], i >= 2, "{args:?}");
+    }
+    assert_eq!(env_of(&calls[2], "DRUN_WARM_FD").as_deref(), Some("3"));
+    let warm: Vec<Pid> = first
+        .workers
+        .iter()
+        .map(|w| Pid::from_raw(w.pid.as_raw() + 2))
+        .collect();
+    // Local rank 1's interpreter died before the restart: that rank starts cold.
+    f.warm
+        .as_ref()
+        .expect("pool")
+        .lock()
+        .expect("pool")
+        .exited(warm[1], ExitKind::Signal(Signal::SIGKILL));
+    let second = f.start(1).expect("restarted");
+    assert_eq!(
+        second.workers[0].pid, warm[0],
+        "rank 0 is its warm interpreter"
+    );
+    assert_eq!(second.workers[1].pid, pid(1004), "rank 1 is a new process");
+    assert_eq!(
+        f.os.calls().len(),
+        6,
+        "one cold spawn, one SIGKILL of the dead interpreter"
+    );
+    let mut line = String::new();
+    std::os::unix::net::UnixStream::from(f.os.take_handoff(warm[0]).expect("hand-off socket"))
+        .read_to_string(&mut line)
+        .expect("hand-off");
+    let msg: serde_json::Value = serde_json::from_str(&line).expect("one JSON line");
+    let env: BTreeMap<String, String> = msg["env"]
+        .as_array()
+        .expect("env pairs")
+        .iter()
+        .map(|kv| {
+            (
+                kv[0].as_str().unwrap().into(),
+                kv[1].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], "1");
+    assert_eq!(env["LOCAL_RANK"], "0");
+    assert!(!env.contains_key("DRUN_WARM_FD"));
+    assert_eq!(msg["argv"][0], f.cfg.entrypoint.script.as_str());
 }

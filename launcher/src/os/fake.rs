@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsString;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 
 use nix::errno::Errno;
@@ -25,6 +26,8 @@ pub enum Call {
         env: BTreeMap<OsString, OsString>,
         /// Pid given to it.
         pid: Option<Pid>,
+        /// Whether it got a hand-off descriptor (a warm interpreter).
+        handoff: bool,
     },
     /// `killpg`.
     Killpg(Pid, Signal),
@@ -41,6 +44,8 @@ struct State {
     spawns: usize,
     exits: VecDeque<(Pid, ExitKind)>,
     killpg_errors: Vec<(Pid, Errno)>,
+    /// The hand-off descriptor each spawned process got, the child's end.
+    handoffs: BTreeMap<Pid, OwnedFd>,
 }
 
 /// A scripted operating system: pids count up from 1000, spawned processes have no output
@@ -82,6 +87,12 @@ impl FakeOs {
         self.lock().calls.clone()
     }
 
+    /// The child's end of the hand-off descriptor `pid` was spawned with (what a warm
+    /// interpreter reads), once.
+    pub fn take_handoff(&self, pid: Pid) -> Option<OwnedFd> {
+        self.lock().handoffs.remove(&pid)
+    }
+
     /// The signals sent with `killpg`, in order.
     pub fn killpgs(&self) -> Vec<(Pid, Signal)> {
         self.calls()
@@ -109,7 +120,11 @@ impl Os for FakeOs {
             args: spec.args,
             env: spec.env,
             pid,
+            handoff: spec.handoff.is_some(),
         });
+        if let (Some(pid), Some(fd)) = (pid, spec.handoff) {
+            st.handoffs.insert(pid, fd);
+        }
         let result = match (pid, failure) {
             (Some(pid), _) => Ok(Spawned {
                 pid,
@@ -139,7 +154,7 @@ impl Os for FakeOs {
     }
 
     /// No process is left behind in the fake.
-    fn descendants(&self, _agent_id: &str, _except: Pid) -> Vec<Pid> {
+    fn descendants(&self, _agent_id: &str, _except: &[Pid]) -> Vec<Pid> {
         Vec::new()
     }
 

@@ -47,6 +47,7 @@ impl Guard {
                 output: Output::Null,
                 stdin: Input::Fd(read),
                 die_with_agent: false,
+                handoff: None,
             })
             .await?;
         Ok(Self {

@@ -41,9 +41,10 @@ pub trait Os: Send + Sync + std::fmt::Debug {
     fn signal_process(&self, pid: Pid, sig: Signal);
 
     /// Live descendants this agent must not leave behind: its children other than `except`
-    /// (re-parented orphans, since the agent is a subreaper) and every process whose
-    /// environment carries `DRUN_AGENT_ID=<agent_id>`; sorted, without duplicates.
-    fn descendants(&self, agent_id: &str, except: Pid) -> Vec<Pid>;
+    /// (the guard, the warm interpreters: [`crate::warm`]; the rest are re-parented orphans,
+    /// since the agent is a subreaper) and every process whose environment carries
+    /// `DRUN_AGENT_ID=<agent_id>`, again but `except`; sorted, without duplicates.
+    fn descendants(&self, agent_id: &str, except: &[Pid]) -> Vec<Pid>;
 
     /// This machine's hostname (`localhost` when it cannot be read).
     fn hostname(&self) -> String;
@@ -79,10 +80,10 @@ impl Os for LinuxOs {
         procs::signal_process(pid, sig);
     }
 
-    fn descendants(&self, agent_id: &str, except: Pid) -> Vec<Pid> {
+    fn descendants(&self, agent_id: &str, except: &[Pid]) -> Vec<Pid> {
         let mut left = procs::children_of(nix::unistd::getpid());
-        left.retain(|p| *p != except);
         left.extend(procs::with_env("DRUN_AGENT_ID", agent_id));
+        left.retain(|p| !except.contains(p));
         left.sort_unstable();
         left.dedup();
         left

@@ -74,7 +74,13 @@ pub struct SpawnSpec {
     pub stdin: Input,
     /// Set `PR_SET_PDEATHSIG(SIGKILL)` (workers: yes; the guard: no).
     pub die_with_agent: bool,
+    /// One more descriptor the process gets, as [`HANDOFF_FD`] (a warm worker's hand-off
+    /// socket, [`crate::warm`]); every other one from 3 up is closed.
+    pub handoff: Option<OwnedFd>,
 }
+
+/// The descriptor number a process spawned with [`SpawnSpec::handoff`] finds it at.
+pub const HANDOFF_FD: libc::c_int = 3;
 
 /// A started process.
 #[derive(Debug)]
@@ -170,6 +176,7 @@ fn spawn_now(spec: SpawnSpec) -> io::Result<Spawned> {
         stdin: stdin.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
         stdout: stdout.as_raw_fd(),
         stderr: stderr.as_raw_fd(),
+        handoff: spec.handoff.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
         die_with_agent: spec.die_with_agent,
         parent: nix::unistd::getpid().as_raw(),
         error: 0,
@@ -234,6 +241,8 @@ struct ChildArgs {
     stdin: libc::c_int,
     stdout: libc::c_int,
     stderr: libc::c_int,
+    /// Descriptor to place at [`HANDOFF_FD`], or -1.
+    handoff: libc::c_int,
     die_with_agent: bool,
     parent: libc::pid_t,
     /// Set by the child when it cannot exec: an errno, or [`AGENT_GONE`].
@@ -268,7 +277,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        for (fd, target) in [(a.stdin, 0), (a.stdout, 1), (a.stderr, 2)] {
+        let handoff = (a.handoff >= 0).then_some((a.handoff, HANDOFF_FD));
+        for (fd, target) in [(a.stdin, 0), (a.stdout, 1), (a.stderr, 2)]
+            .into_iter()
+            .chain(handoff)
+        {
             // dup2 onto itself keeps FD_CLOEXEC: clear it instead.
             let r = if fd == target {
                 libc::fcntl(fd, libc::F_SETFD, 0)
@@ -292,21 +305,22 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
                 return fail(a, AGENT_GONE);
             }
         }
-        close_inherited();
+        close_inherited(if handoff.is_some() { HANDOFF_FD + 1 } else { 3 });
         libc::execve(a.path, a.argv, a.envp);
         fail(a, *libc::__errno_location())
     }
 }
 
-/// Closes every descriptor from 3 up in the child, as Python's `subprocess` (`close_fds=True`,
-/// which torchrun uses) does: whatever the agent holds or itself inherited without `CLOEXEC`
-/// never reaches a worker (workers get only stdin, stdout and stderr; the worker API is a socket
-/// *path* in the environment). Runs between clone and exec: system calls only.
+/// Closes every descriptor from `first` (3, or 4 past a hand-off socket) up in the child, as
+/// Python's `subprocess` (`close_fds=True`, which torchrun uses) does: whatever the agent holds
+/// or itself inherited without `CLOEXEC` never reaches a worker (workers get only stdin, stdout
+/// and stderr; the worker API is a socket *path* in the environment). Runs between clone and
+/// exec: system calls only.
 ///
 /// # Safety
 /// Only in the child between clone and exec, after stdio is in place.
-unsafe fn close_inherited() {
-    if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) == 0 {
+unsafe fn close_inherited(first: libc::c_int) {
+    if libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, 0u32) == 0 {
         return;
     }
     // Kernels before 5.9 (ENOSYS): one close per possible descriptor.
@@ -316,7 +330,7 @@ unsafe fn close_inherited() {
     } else {
         1024
     };
-    for fd in 3..max {
+    for fd in first..max {
         libc::close(fd);
     }
 }

@@ -14,6 +14,7 @@ fn spec(program: &str, args: &[&str], env: &[(&str, &str)]) -> SpawnSpec {
         output: Output::Piped,
         stdin: Input::Null,
         die_with_agent: true,
+        handoff: None,
     }
 }
 
@@ -85,6 +86,25 @@ fn the_child_gets_no_descriptor_above_stderr() {
     assert!(held.as_raw_fd() > 2);
     let child = spawn_now(spec("/bin/sh", &["-c", "ls /proc/$$/fd"], &[])).unwrap();
     assert_eq!(read_all(child.stdout), "0\n1\n2\n");
+    waitpid(child.pid, None).unwrap();
+    drop(held);
+}
+
+#[test]
+fn a_handoff_descriptor_arrives_as_fd_3_and_nothing_else_does() {
+    use std::io::Write;
+    let held =
+        nix::fcntl::open("/dev/null", OFlag::O_RDONLY, nix::sys::stat::Mode::empty()).unwrap();
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let mut s = spec(
+        "/bin/sh",
+        &["-c", "ls /proc/$$/fd; read line <&3; echo \"got $line\""],
+        &[],
+    );
+    s.handoff = Some(theirs.into());
+    let child = spawn_now(s).unwrap();
+    ours.write_all(b"hello\n").unwrap();
+    assert_eq!(read_all(child.stdout), "0\n1\n2\n3\ngot hello\n");
     waitpid(child.pid, None).unwrap();
     drop(held);
 }

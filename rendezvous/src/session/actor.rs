@@ -461,15 +461,7 @@ impl Actor {
             // answer to a ping (`silence`).
             Request::KeepAlive => {
                 if let Phase::Running(run, _) = phase {
-                    let step = super::generation::step(
-                        run,
-                        super::generation::Input::AgentHeard,
-                        tokio::time::Instant::now(),
-                        &self.rules,
-                    );
-                    if !step.reason.is_empty() {
-                        tracing::info!(run = %self.cfg.run_id, gen = run.generation(), "{}", step.reason);
-                    }
+                    self.agent_heard(run);
                 }
                 Ok(None)
             }

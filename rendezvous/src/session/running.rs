@@ -281,6 +281,14 @@ impl Actor {
         })
     }
 
+    /// The agent sent something while `run` runs: the answer to a ping, if one is out.
+    pub(super) fn agent_heard(&self, run: &mut Running) {
+        let step = generation::step(run, Input::AgentHeard, Instant::now(), &self.rules);
+        if !step.reason.is_empty() {
+            tracing::info!(run = %self.cfg.run_id, gen = run.generation(), "{}", step.reason);
+        }
+    }
+
     /// Carries out one effect of the generation core.
     async fn execute(&mut self, run: &mut Running, effect: Effect) -> Result<(), RendezvousError> {
         let g = run.generation();

@@ -1,0 +1,206 @@
+//! Warm or cold, and why: pure decisions on facts the pool gathered.
+
+use std::time::Duration;
+
+use crate::command::EntryKind;
+use crate::os::spawn::ExitKind;
+
+use super::WarmWorkers;
+
+/// What the training script is, as far as a warm start cares (see [`ScriptFile::inspect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScriptFile {
+    /// A source file `python script.py` compiles and runs.
+    Source,
+    /// Something `python` runs another way: a directory or zip with `__main__.py`, compiled
+    /// bytecode, or nothing readable.
+    Other(&'static str),
+}
+
+impl ScriptFile {
+    /// Looks at `path`: a regular file that is neither a zip archive (`PK`) nor bytecode.
+    pub fn inspect(path: &std::path::Path) -> Self {
+        use std::io::Read;
+        if !path.is_file() {
+            return ScriptFile::Other("the script is not a regular file");
+        }
+        let mut head = [0u8; 2];
+        let read = std::fs::File::open(path).and_then(|mut f| f.read(&mut head));
+        let named = |ext: &str| path.extension().is_some_and(|e| e == ext);
+        match read {
+            Err(_) => ScriptFile::Other("the script cannot be read"),
+            Ok(_) if &head == b"PK" || named("zip") || named("pyz") => {
+                ScriptFile::Other("the script is a zip archive")
+            }
+            Ok(_) if named("pyc") => ScriptFile::Other("the script is compiled bytecode"),
+            Ok(_) => ScriptFile::Source,
+        }
+    }
+}
+
+/// Why this run's workers can never start warm, decided once at start; `Ok`: they can.
+pub fn eligibility(mode: WarmWorkers, kind: EntryKind, script: ScriptFile) -> Result<(), String> {
+    if mode == WarmWorkers::Off {
+        return Err("--warm-workers off".into());
+    }
+    match (kind, script) {
+        (EntryKind::Script, ScriptFile::Source) => Ok(()),
+        (EntryKind::Script, ScriptFile::Other(why)) => Err(why.into()),
+        (EntryKind::Binary, _) => Err("--no-python runs an executable, not a Python script".into()),
+        (EntryKind::Module, _) => Err("-m runs a module; warm workers run scripts only".into()),
+        (EntryKind::RunPath, _) => Err(
+            "--run-path runs the script with runpy; warm workers run `python script.py` only"
+                .into(),
+        ),
+    }
+}
+
+/// What the agent knows of one warm interpreter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// Started; torch not imported yet (no word on its socket).
+    Importing,
+    /// Imported torch in `import` and waits; `threads`: its OS threads then.
+    Ready {
+        /// How long `import torch` took.
+        import: Duration,
+        /// Its threads (`/proc/self/task`) after the import.
+        threads: u32,
+    },
+    /// Could not import torch (the message).
+    NoTorch(String),
+    /// Exited before its hand-off.
+    Exited(ExitKind),
+}
+
+/// How one worker of a generation starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// Hand off to its warm interpreter (ready, or still importing: it can only be sooner
+    /// than a new interpreter that would import torch from scratch).
+    Warm,
+    /// A new process, as without warm workers; the reason to say, if there is one worth a line.
+    Cold(Option<String>),
+}
+
+/// How local rank's worker starts: `eligible` is [`eligibility`]'s verdict, `preflight` whether
+/// this generation runs the preflight check first, `warm` the rank's warm interpreter if any.
+pub fn choose(eligible: &Result<(), String>, preflight: bool, warm: Option<&Status>) -> Start {
+    if eligible.is_err() {
+        // Said once per run by the pool, not per rank and generation.
+        return Start::Cold(None);
+    }
+    match warm {
+        // The first generation, or the ranks of one that started cold.
+        None => Start::Cold(None),
+        Some(_) if preflight => Start::Cold(Some(
+            "this generation runs the --preflight check first".into(),
+        )),
+        Some(Status::Importing | Status::Ready { .. }) => Start::Warm,
+        Some(Status::NoTorch(e)) => Start::Cold(Some(format!(
+            "the warm interpreter could not import torch ({e})"
+        ))),
+        Some(Status::Exited(exit)) => Start::Cold(Some(format!(
+            "its warm interpreter exited ({})",
+            describe(*exit)
+        ))),
+    }
+}
+
+fn describe(exit: ExitKind) -> String {
+    match exit {
+        ExitKind::Code(c) => format!("exit {c}"),
+        ExitKind::Signal(s) => format!("killed by {}", s.as_str()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::signal::Signal;
+
+    const ON: WarmWorkers = WarmWorkers::On;
+
+    #[test]
+    fn only_a_python_script_file_with_the_flag_on_can_start_warm() {
+        assert_eq!(
+            eligibility(ON, EntryKind::Script, ScriptFile::Source),
+            Ok(())
+        );
+        let off = eligibility(WarmWorkers::Off, EntryKind::Script, ScriptFile::Source);
+        assert_eq!(off.unwrap_err(), "--warm-workers off");
+        for (kind, says) in [
+            (EntryKind::Binary, "--no-python"),
+            (EntryKind::Module, "-m runs a module"),
+            (EntryKind::RunPath, "--run-path"),
+        ] {
+            let why = eligibility(ON, kind, ScriptFile::Source).unwrap_err();
+            assert!(why.contains(says), "{why}");
+        }
+        let zip = eligibility(
+            ON,
+            EntryKind::Script,
+            ScriptFile::Other("the script is a zip archive"),
+        );
+        assert_eq!(zip.unwrap_err(), "the script is a zip archive");
+    }
+
+    #[test]
+    fn a_live_warm_interpreter_is_used_ready_or_not() {
+        let ok = Ok(());
+        let ready = Status::Ready {
+            import: Duration::from_millis(1900),
+            threads: 1,
+        };
+        assert_eq!(choose(&ok, false, Some(&ready)), Start::Warm);
+        assert_eq!(choose(&ok, false, Some(&Status::Importing)), Start::Warm);
+    }
+
+    #[test]
+    fn cold_starts_say_why_unless_there_is_nothing_to_say() {
+        let ok = Ok(());
+        assert_eq!(choose(&ok, false, None), Start::Cold(None), "first start");
+        let never = Err("--warm-workers off".to_string());
+        assert_eq!(
+            choose(&never, false, Some(&Status::Importing)),
+            Start::Cold(None)
+        );
+        let Start::Cold(Some(why)) = choose(&ok, true, Some(&Status::Importing)) else {
+            panic!("preflight starts cold")
+        };
+        assert!(why.contains("--preflight"), "{why}");
+        let exited = Status::Exited(ExitKind::Signal(Signal::SIGKILL));
+        assert_eq!(
+            choose(&ok, false, Some(&exited)),
+            Start::Cold(Some(
+                "its warm interpreter exited (killed by SIGKILL)".into()
+            ))
+        );
+        let no_torch = Status::NoTorch("ModuleNotFoundError: No module named 'torch'".into());
+        assert_eq!(
+            choose(&ok, false, Some(&no_torch)),
+            Start::Cold(Some(
+                "the warm interpreter could not import torch (ModuleNotFoundError: No module named 'torch')"
+                    .into()
+            ))
+        );
+    }
+
+    #[test]
+    fn script_files_are_told_from_archives_and_directories() {
+        let d = tempfile::tempdir().unwrap();
+        let py = d.path().join("train.py");
+        std::fs::write(&py, "print(1)\n").unwrap();
+        assert_eq!(ScriptFile::inspect(&py), ScriptFile::Source);
+        let zip = d.path().join("app");
+        std::fs::write(&zip, b"PK\x03\x04...").unwrap();
+        assert_eq!(
+            ScriptFile::inspect(&zip),
+            ScriptFile::Other("the script is a zip archive")
+        );
+        assert!(matches!(
+            ScriptFile::inspect(d.path()),
+            ScriptFile::Other(_)
+        ));
+    }
+}

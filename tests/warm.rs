@@ -1,0 +1,270 @@
+//! Warm workers (`--warm-workers`): a restarted worker on a pre-started interpreter sees what a
+//! cold one sees, reaches its first all_reduce much sooner, and nothing is left running.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::harness::{
+    drun, processes_of_run, read_json, run, torch_python, wait_for, worker, Agent, DrunCmd,
+};
+
+/// What differs between two generations by design: the restart count, the generation, the new
+/// MASTER_PORT of each formation, the attempt directory of the error file.
+const DIFFER_BY_GENERATION: &[&str] = &[
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_ERROR_FILE",
+    "DRUN_GENERATION",
+    "DRUN_RESTARTS_FAILURES",
+    "MASTER_PORT",
+];
+
+/// One run of `warm_dump.py` under `--standalone --nproc-per-node 2 --max-restarts 1`, whose
+/// first attempt fails once the test says go (with warm workers, once both warm interpreters
+/// are ready): its exit code, stderr (`-v`) and the records of attempts 0 and 1 by rank.
+struct Restart {
+    code: i32,
+    err: String,
+    attempts: [BTreeMap<u32, Value>; 2],
+}
+
+fn restart(python: &Path, dir: &Path, warm: &str, fail_warm: bool) -> Restart {
+    let mut c = drun();
+    c.python(python)
+        .args([
+            "-v",
+            "--standalone",
+            "--max-restarts",
+            "1",
+            "--warm-workers",
+            warm,
+        ])
+        .nproc(2)
+        .arg(worker("warm_dump.py"))
+        .arg(dir);
+    if fail_warm {
+        c.arg("--fail-warm");
+    }
+    let agent = Agent::start(c);
+    let record = |a: u32, r: u32| dir.join(format!("attempt{a}_rank{r}.json"));
+    wait_for("attempt 0's records", Duration::from_secs(180), || {
+        record(0, 0).is_file() && record(0, 1).is_file()
+    });
+    if warm == "on" {
+        wait_for(
+            "both warm interpreters ready",
+            Duration::from_secs(180),
+            || {
+                agent
+                    .stderr_so_far()
+                    .matches("warm interpreter ready")
+                    .count()
+                    >= 2
+            },
+        );
+    }
+    std::fs::write(dir.join("go"), "").unwrap();
+    let (code, _, err) = agent.wait(Duration::from_secs(180));
+    let by_rank = |a: u32| -> BTreeMap<u32, Value> {
+        (0..2)
+            .filter(|r| record(a, *r).is_file())
+            .map(|r| (r, read_json(&record(a, r))))
+            .collect()
+    };
+    let attempts = [by_rank(0), by_rank(1)];
+    assert_eq!(attempts[1].len(), 2, "both ranks ran attempt 1:\n{err}");
+    // Nothing of the run is left: workers and warm interpreters alike.
+    let run_id = attempts[0][&0]["env"]["DRUN_RUN_ID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(processes_of_run(&run_id), Vec::<i32>::new(), "left running");
+    Restart {
+        code,
+        err,
+        attempts,
+    }
+}
+
+/// Seconds since the epoch of an agent log line's RFC 3339 UTC timestamp
+/// (`2026-12-04T20:11:20.553253Z ...`).
+fn log_time(line: &str) -> f64 {
+    let ts = line.split_whitespace().next().unwrap();
+    let (date, time) = ts.trim_end_matches('Z').split_once('T').unwrap();
+    let d: Vec<i64> = date.split('-').map(|x| x.parse().unwrap()).collect();
+    let t: Vec<f64> = time.split(':').map(|x| x.parse().unwrap()).collect();
+    // Days from 1970-01-01 to the date (proleptic Gregorian; H. Hinnant's days_from_civil).
+    let y = if d[1] <= 2 { d[0] - 1 } else { d[0] };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (d[1] + if d[1] > 2 { -3 } else { 9 }) + 2) / 5 + d[2] - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    days as f64 * 86400.0 + t[0] * 3600.0 + t[1] * 60.0 + t[2]
+}
+
+/// When the agent started attempt 1's last worker (its "worker started" debug line), and
+/// when it reaped the first failed worker of attempt 0.
+fn agent_times(err: &str) -> (f64, f64) {
+    let started = err
+        .lines()
+        .filter(|l| l.contains("worker started"))
+        .map(log_time)
+        .collect::<Vec<_>>();
+    let failed = err
+        .lines()
+        .find(|l| l.contains("worker exited") && l.contains("exit=Code(1)"))
+        .map(log_time)
+        .unwrap();
+    (
+        started[2..]
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max),
+        failed,
+    )
+}
+
+/// Milliseconds from the agent starting attempt 1 (and from it reaping the failure) to the
+/// last rank of attempt 1 reaching `key`.
+fn restart_ms(r: &Restart, key: &str) -> (f64, f64) {
+    let last = r.attempts[1]
+        .values()
+        .map(|v| v[key].as_f64().unwrap())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let (started, failed) = agent_times(&r.err);
+    ((last - started) * 1e3, (last - failed) * 1e3)
+}
+
+fn report(what: &str, r: &Restart) -> f64 {
+    let (line, line_f) = restart_ms(r, "first_line");
+    let (reduce, reduce_f) = restart_ms(r, "first_all_reduce");
+    eprintln!(
+        "{what} restart: first line {line:.0} ms, first all_reduce {reduce:.0} ms after the \
+         agent started the workers ({line_f:.0} / {reduce_f:.0} ms after it reaped the failure)"
+    );
+    reduce
+}
+
+#[test]
+fn log_times_are_seconds_since_the_epoch() {
+    assert_eq!(log_time("1970-01-01T00:00:01.5Z x"), 1.5);
+    assert_eq!(log_time("2000-03-01T00:00:00Z"), 951868800.0);
+}
+
+fn without(v: &Value, keys: &[&str]) -> Value {
+    let mut v = v.clone();
+    let o = v.as_object_mut().unwrap();
+    for k in ["first_line", "first_all_reduce", "failed_at", "sum"] {
+        o.remove(k);
+    }
+    let env = o.get_mut("env").unwrap().as_object_mut().unwrap();
+    for k in keys {
+        env.remove(*k);
+    }
+    v
+}
+
+#[test]
+fn a_warm_restart_looks_cold_to_the_script_and_reaches_all_reduce_within_a_second() {
+    let Some(python) = torch_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let r = restart(&python, dir.path(), "on", true);
+    assert_eq!(r.code, 1, "the warm attempt fails on purpose:\n{}", r.err);
+    assert_eq!(r.err.matches("warm=true").count(), 2, "{}", r.err);
+    assert_eq!(r.err.matches("warm=false").count(), 2, "{}", r.err);
+    for rank in 0..2 {
+        let (cold, warm) = (&r.attempts[0][&rank], &r.attempts[1][&rank]);
+        for k in DIFFER_BY_GENERATION {
+            assert_ne!(cold["env"][k], warm["env"][k], "{k} differs by generation");
+        }
+        assert_eq!(
+            without(cold, DIFFER_BY_GENERATION),
+            without(warm, DIFFER_BY_GENERATION),
+            "rank {rank}: what the script sees, cold (left) and warm (right)"
+        );
+        assert_eq!(warm["name"], "__main__");
+        assert_eq!(warm["torchelastic_launched"], true);
+        assert_eq!(
+            warm["torch_threads"], 1,
+            "OMP_NUM_THREADS=1 with 2 local workers"
+        );
+        assert_eq!(warm["env"]["TORCHELASTIC_RESTART_COUNT"], "1");
+        assert!(warm["env"].get("DRUN_WARM_FD").is_none());
+    }
+    // torch's @record wrote the warm worker's error file; the summary shows its message.
+    assert!(
+        r.err
+            .contains("RuntimeError: warm attempt fails on purpose"),
+        "{}",
+        r.err
+    );
+    assert!(r.err.contains("error_file: /"), "{}", r.err);
+    let all_reduce = report("warm", &r);
+    // Cold, `import torch` alone takes ~2 s on the test machines.
+    assert!(
+        all_reduce < 1000.0,
+        "{all_reduce:.0} ms to the first all_reduce"
+    );
+}
+
+#[test]
+fn warm_workers_off_restarts_cold() {
+    let Some(python) = torch_python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let r = restart(&python, dir.path(), "off", false);
+    assert_eq!(r.code, 0, "{}", r.err);
+    assert_eq!(r.err.matches("warm=false").count(), 4, "{}", r.err);
+    assert!(!r.err.contains("warm interpreter"), "{}", r.err);
+    assert!(
+        r.err
+            .contains("warm workers off: --warm-workers off; restarted workers start cold"),
+        "{}",
+        r.err
+    );
+    report("cold", &r);
+}
+
+#[test]
+fn a_non_python_entrypoint_restarts_cold_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("once.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exit 1\nexit 0\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut c = drun();
+    c.args(["--standalone", "--max-restarts", "1", "--no-python"])
+        .nproc(2)
+        .arg(&script);
+    let (code, _, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        err.matches("warm workers off: --no-python runs an executable, not a Python script; restarted workers start cold").count(),
+        1,
+        "{err}"
+    );
+}
+
+#[test]
+fn a_worker_interpreter_without_torch_still_restarts() {
+    // The stdlib workers' python3 has no torch here (CI's may): the warm interpreter either
+    // says so before the restart (cold start) or execs the cold command at its hand-off.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.args(["-v", "--standalone", "--max-restarts", "1"])
+        .nproc(2)
+        .arg(worker("flaky.py"))
+        .arg(dir.path());
+    let (code, _, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    for r in 0..2 {
+        let a = read_json(&dir.path().join(format!("attempt1_rank{r}")));
+        assert_eq!(a["TORCHELASTIC_RESTART_COUNT"], "1", "{err}");
+    }
+}
