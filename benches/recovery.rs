@@ -56,8 +56,9 @@
 //!    than 1 s after the fault); for `bed-outage` instead the longest gap between two
 //!    consecutive steps from the last step before the fault until the steps have flowed again
 //!    for 10 s after the plug, and in how many runs new workers started (a re-form). **Work
-//!    lost**: the training time lost, the seconds from the last step completed before the fault
-//!    until the job's step counter passes that step again, less one step's usual time (the
+//!    lost**: the training time lost, the seconds from the last step completed before that pause
+//!    (an all_reduce whose data was exchanged may still complete just after the fault) until the
+//!    job's step counter passes that step again, less one step's usual time (the
 //!    median interval before the fault): the pause plus the steps done again from the
 //!    checkpoint. Each run gets a fresh bed, removed with every process in it at the end. In the
 //!    cable and partition rows a launcher's first run that does not recover is not repeated.

@@ -97,10 +97,10 @@ struct Measured {
     /// the first stall after the fault); for the outage row the longest gap between two
     /// consecutive steps (any worker) from the last step before the fault on.
     recovery: f64,
-    /// Seconds of training lost: from the last step completed before the fault until the job's
+    /// Seconds of training lost: from the last step completed before the pause until the job's
     /// step counter passed that step again, less one step's usual time.
     lost: f64,
-    /// Steps done before the fault and done again after it (back to the checkpoint).
+    /// Steps done before the pause and done again after it (back to the checkpoint).
     redone: u64,
     /// Whether new workers started after the fault.
     reformed: bool,
@@ -111,23 +111,26 @@ struct Measured {
 fn measure(ws: &[Worker], t0: u128, outage: bool, settled: Option<u128>) -> Option<Measured> {
     let mut all: Vec<(u128, u64)> = ws.iter().flat_map(|w| w.steps.iter().copied()).collect();
     all.sort_unstable();
-    let before: Vec<&(u128, u64)> = all.iter().filter(|s| s.0 <= t0).collect();
-    let &&(t_last, _) = before.last()?;
-    let c_last = before.iter().map(|s| s.1).max()?;
+    let t_last = all.iter().filter(|s| s.0 <= t0).last()?.0;
     let after: Vec<(u128, u64)> = all.iter().copied().filter(|s| s.0 >= t_last).collect();
-    let gaps = || after.windows(2).map(|w| (w[1].0 - w[0].0, w[1].0));
-    let recovery = if outage {
+    let gap = |w: &&[(u128, u64)]| w[1].0 - w[0].0;
+    // The pause: for the outage row the longest gap, else the first one that is a stall.
+    let pause = if outage {
         let settled = settled?;
         // Still stalled at the end: not recovered yet.
         if all.last()?.0 + STALL_NS < settled {
             return None;
         }
-        gaps().map(|(g, _)| g).max()? as f64 / 1e9
+        after.windows(2).max_by_key(gap)?
     } else {
-        let end = gaps().find(|(g, _)| *g > STALL_NS).map(|(_, t)| t)?;
-        end.saturating_sub(t0) as f64 / 1e9
+        after.windows(2).find(|w| gap(w) > STALL_NS)?
     };
-    let passed = after.iter().find(|s| s.1 > c_last && s.0 > t0)?.0;
+    let (start, end) = (pause[0].0, pause[1].0);
+    let recovery = if outage { end - start } else { end - t0 };
+    // The job's step counter when the pause began: an all_reduce whose data was already
+    // exchanged may still complete just after the fault.
+    let c_ref = all.iter().filter(|s| s.0 <= start).map(|s| s.1).max()?;
+    let passed = all.iter().find(|s| s.0 > start && s.1 > c_ref)?.0;
     // One step's usual time: the median interval of one worker's steps before the fault.
     let mut usual: Vec<u128> = ws
         .iter()
@@ -141,11 +144,11 @@ fn measure(ws: &[Worker], t0: u128, outage: bool, settled: Option<u128>) -> Opti
     let usual = usual.get(usual.len() / 2).copied().unwrap_or(0);
     let new: Vec<&Worker> = ws.iter().filter(|w| w.start_ns > t0).collect();
     Some(Measured {
-        recovery,
-        lost: (passed - t_last).saturating_sub(usual) as f64 / 1e9,
+        recovery: recovery as f64 / 1e9,
+        lost: (passed - start).saturating_sub(usual) as f64 / 1e9,
         redone: new
             .iter()
-            .map(|w| c_last.saturating_sub(w.resumed_from))
+            .map(|w| c_ref.saturating_sub(w.resumed_from))
             .min()
             .unwrap_or(0),
         reformed: !new.is_empty(),
