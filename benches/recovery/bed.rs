@@ -111,7 +111,7 @@ struct Measured {
 fn measure(ws: &[Worker], t0: u128, outage: bool, settled: Option<u128>) -> Option<Measured> {
     let mut all: Vec<(u128, u64)> = ws.iter().flat_map(|w| w.steps.iter().copied()).collect();
     all.sort_unstable();
-    let t_last = all.iter().filter(|s| s.0 <= t0).last()?.0;
+    let t_last = all.iter().rfind(|s| s.0 <= t0)?.0;
     let after: Vec<(u128, u64)> = all.iter().copied().filter(|s| s.0 >= t_last).collect();
     let gap = |w: &&[(u128, u64)]| w[1].0 - w[0].0;
     // The pause: for the outage row the longest gap, else the first one that is a stall.
