@@ -54,8 +54,9 @@
 //!    Measured over the steps of every worker merged: **recovery**, the seconds from the fault
 //!    until a world completes an all_reduce again (the step that ends the first pause of more
 //!    than 1 s after the fault); for `bed-outage` instead the longest gap between two
-//!    consecutive steps from the last step before the fault until the steps have flowed again
-//!    for 10 s after the plug, and in how many runs new workers started (a re-form). **Work
+//!    consecutive steps from the last step before the fault until the steps flow (a step in the
+//!    last second) 10 s or more after the plug, and in how many runs new workers started (a
+//!    re-form). **Work
 //!    lost**: the training time lost, the seconds from the last step completed before that pause
 //!    (an all_reduce whose data was exchanged may still complete just after the fault) until the
 //!    job's step counter passes that step again, less one step's usual time (the

@@ -292,7 +292,8 @@ fn bed_run(b: &Bench, l: Launcher, fault: BedFault, run: usize, what: &str) -> S
         let left = b.bound.saturating_sub(OUTAGE);
         poll(left, || {
             let now = now_ns();
-            // The steps must flow for 10 s after the plug (a late re-form shows there).
+            // Judged no earlier than 10 s after the plug, once the steps flow (a step in the
+            // last second): a re-form soon after the plug shows there.
             let settled = (now > plugged + 10_000_000_000).then_some(now);
             measure(&workers(&out), t0, true, settled)
         })
