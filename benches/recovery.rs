@@ -32,19 +32,54 @@
 //!    included) during `DRUN_BENCH_IDLE` seconds (default 30) after both workers started, and
 //!    in total since the agent started. In each run one drun and one torchrun are started at
 //!    the same moment and read over the same window (the readings are per process).
+//! 6. **Faults of the network, on a bed of hosts** (rows `bed-*`; `tests/harness/netbed.rs`, the
+//!    tests' network-namespace bed, included as it is): hosts `server`, `n0`, `n1`, `n2` on one
+//!    switch, one agent per host `n0`–`n2` (`--nnodes 2:3 --nproc-per-node 1`, its host's address
+//!    as `--local-addr`, `GLOO_SOCKET_IFNAME=eth0`), each running `benches/workers/bed_steps.py`
+//!    (a gloo all_reduce every 0.1 s, each completed step stamped with its wall time; the job's
+//!    step counter checkpointed by rank 0 every 10 steps and resumed from by new workers). drun
+//!    through `drun-rendezvous serve --store memory` on host `server`; torchrun with
+//!    `--rdzv-backend c10d --rdzv-endpoint <n0's address>:<port>` (the store hosted by n0's
+//!    agent, as torchrun users do) and `--max-restarts 3`. Default settings otherwise. Once the
+//!    three train at world 3 (and 1 s more) the fault is injected:
+//!    - `bed-cable0` / `bed-cable1`: the cable of the host of node rank 0 / 1 (its worker's
+//!      `GROUP_RANK`) is pulled and stays out;
+//!    - `bed-partition`: n1 and n2 can no longer reach each other (blackhole routes both ways);
+//!      both still reach n0 and the server;
+//!    - `bed-outage`: the control plane's host is cut off for 30 s, then plugged back: under drun
+//!      the rendezvous server's host `server`; under torchrun n0, the host whose agent holds the
+//!      c10d store (torchrun has no control plane of its own: its store lives on a training node,
+//!      so losing it also loses a node).
+//!
+//!    Measured over the steps of every worker merged: **recovery**, the seconds from the fault
+//!    until a world completes an all_reduce again (the step that ends the first pause of more
+//!    than 1 s after the fault); for `bed-outage` instead the longest gap between two
+//!    consecutive steps from the last step before the fault until the steps flow (a step in the
+//!    last second) 10 s or more after the plug, and in how many runs new workers started (a
+//!    re-form). **Work
+//!    lost**: the training time lost, the seconds from the last step completed before that pause
+//!    (an all_reduce whose data was exchanged may still complete just after the fault) until the
+//!    job's step counter passes that step again, less one step's usual time (the
+//!    median interval before the fault): the pause plus the steps done again from the
+//!    checkpoint. Each run gets a fresh bed, removed with every process in it at the end. In the
+//!    cable and partition rows a launcher's first run that does not recover is not repeated.
+//!    Without root, `ip` or `unshare` these rows are skipped with one line.
 //!
 //! A run that does not recover within `DRUN_BENCH_BOUND` seconds (default 120) counts as
 //! infinite: the median is a number only when most runs recovered, else the cell says "did not
 //! recover"; in the hung-host row a launcher's first such run is not repeated (torchrun has no
 //! hang detector; only the workers' collective timeout, 30 min for gloo, would end it). Rows are
 //! chosen with `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP` (comma-separated of `loss`, `loss-etcd`,
-//! `hung`, `fail`, `launch`, `spawn`, `rdzv`, `idle`). Every process of a run carries the run's
+//! `hung`, `fail`, `launch`, `spawn`, `rdzv`, `idle`, `bed-cable0`, `bed-cable1`,
+//! `bed-partition`, `bed-outage`). Every process of a run carries the run's
 //! tag in its environment; at the end of the run every launcher's process group and every tagged
 //! process (workers that left their group included) is SIGKILLed. Agent logs of a run that
 //! fails to start are printed to stderr, with progress lines; the table goes to stdout as
 //! Markdown (`DRUN_BENCH_KEEP=1` keeps each run's worker records and agent logs). Only loopback
-//! addresses are used.
+//! addresses are used, and the bed's own (`10.77.0.0/24`, inside its namespaces).
 
+#[path = "recovery/bed.rs"]
+mod bed;
 mod common;
 #[path = "recovery/launch.rs"]
 mod launch;
@@ -65,7 +100,7 @@ use nix::sys::signal::{kill, Signal};
 use records::{group_ready, log_tails, poll, records};
 use table::{fmt, Cell, Row, Unit};
 
-const ROWS: [&str; 8] = [
+const ROWS: [&str; 12] = [
     "loss",
     "loss-etcd",
     "hung",
@@ -74,6 +109,10 @@ const ROWS: [&str; 8] = [
     "spawn",
     "rdzv",
     "idle",
+    "bed-cable0",
+    "bed-cable1",
+    "bed-partition",
+    "bed-outage",
 ];
 
 fn env_secs(key: &str, default: u64) -> Duration {
@@ -504,6 +543,7 @@ fn main() {
     if selected("idle") {
         rows.extend(idle_rows(&b));
     }
+    bed::network_rows(&b, &mut rows);
 
     let torch_version = Command::new(&b.python)
         .args(["-c", "import torch; print(torch.__version__)"])

@@ -64,13 +64,24 @@ impl RdzvServer {
     /// Starts a server with `store_args` (e.g. `["--store", "memory"]`); returns once it
     /// printed its endpoint.
     pub fn start(store_args: &[&str]) -> RdzvServer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_drun-rendezvous"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
+        RdzvServer::start_as("127.0.0.1:0", store_args, |c| c)
+    }
+
+    /// Starts a server listening on `listen` with `store_args`, its command passed through
+    /// `wrap` first (e.g. to run it on a host of a network bed).
+    pub fn start_as(
+        listen: &str,
+        store_args: &[&str],
+        wrap: impl FnOnce(Command) -> Command,
+    ) -> RdzvServer {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_drun-rendezvous"));
+        cmd.args(["serve", "--listen", listen])
             .args(store_args)
             .env(
                 "DRUN_LOG",
                 std::env::var("DRUN_BENCH_SERVER_LOG").unwrap_or("warn".into()),
-            )
+            );
+        let mut child = wrap(cmd)
             .stdout(Stdio::piped())
             .spawn()
             .expect("start drun-rendezvous");

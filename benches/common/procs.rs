@@ -148,8 +148,15 @@ pub fn waited_children_cpu_time() -> Duration {
 /// Whether something listens on loopback TCP `port` (IPv4 or IPv6), from `/proc/net/tcp*`:
 /// no connection is made, so a store that counts its clients sees none.
 pub fn listening(port: u16) -> bool {
+    listening_in("self", port)
+}
+
+/// Whether something listens on TCP `port` in the network namespace of process `pid` (a pid,
+/// or `self`), from `/proc/<pid>/net/tcp*`.
+pub fn listening_in(pid: &str, port: u16) -> bool {
     let hex = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+    ["tcp", "tcp6"].iter().any(|t| {
+        let f = format!("/proc/{pid}/net/{t}");
         fs::read_to_string(f).is_ok_and(|t| {
             t.lines().skip(1).any(|l| {
                 let cols: Vec<&str> = l.split_whitespace().collect();

@@ -39,6 +39,8 @@ pub(super) struct Cell {
     pub(super) setup_failed: usize,
     /// Why it was not measured at all.
     pub(super) absent: Option<String>,
+    /// Said after the numbers (e.g. how many runs re-formed).
+    pub(super) note: Option<String>,
 }
 
 impl Cell {
@@ -60,6 +62,13 @@ impl Cell {
     }
 
     pub(super) fn show(&self, unit: Unit, bound: Duration, runs: usize) -> String {
+        match &self.note {
+            Some(note) => format!("{} ({note})", self.numbers(unit, bound, runs)),
+            None => self.numbers(unit, bound, runs),
+        }
+    }
+
+    fn numbers(&self, unit: Unit, bound: Duration, runs: usize) -> String {
         if let Some(why) = &self.absent {
             return why.clone();
         }

@@ -1,5 +1,6 @@
 //! A multi-host test bed on network namespaces: hosts with their own `eth0`, address and
-//! hostname on one switch, and the network's faults between them.
+//! hostname on one switch, and the network's faults between them. The file has no dependency on
+//! the rest of the harness, so the benchmarks include it too (`benches/recovery/bed.rs`).
 //!
 //! # Shape
 //!
@@ -8,7 +9,10 @@
 //! other end is a port of the bridge. Nothing touches the machine's own interfaces, and the
 //! addresses exist only inside the bed, so traffic never leaves it. Commands run in a host
 //! through `ip netns exec` and `unshare --uts` (its own hostname); they inherit the test's
-//! environment and filesystem.
+//! environment and filesystem, except `/etc/hosts`: each host has one naming every host of the
+//! bed (`/etc/netns/<namespace>/hosts`, which `ip netns exec` mounts over it), so a host resolves
+//! its own hostname as a real machine does (torchrun's c10d backend looks it up to decide whether
+//! it hosts the store).
 //!
 //! # Faults
 //!
@@ -21,7 +25,8 @@
 //!
 //! # Clean-up
 //!
-//! Dropping the [`Bed`] kills every process left in its namespaces and deletes them, also when
+//! Dropping the [`Bed`] kills every process left in its namespaces and deletes them (and their
+//! `/etc/netns/<namespace>` folders), also when
 //! the test panics. A test process killed outright (a nextest timeout) cannot run its drops, so
 //! each new bed first removes the beds of test processes that are gone (names carry the pid).
 //!
@@ -104,6 +109,23 @@ fn pids_in(ns: &str) -> Vec<i32> {
         .unwrap_or_default()
 }
 
+/// Whether process `pid` is running (a zombie is not).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .and_then(|a| a.split_whitespace().next())
+                != Some("Z")
+        })
+        .unwrap_or(false)
+}
+
+/// The folder whose files `ip netns exec` mounts over `/etc` in namespace `ns`.
+fn etc_of(ns: &str) -> std::path::PathBuf {
+    std::path::Path::new("/etc/netns").join(ns)
+}
+
 /// Kills what runs in `ns` and deletes it (best effort: a drop must not panic).
 fn remove(ns: &str) {
     for _ in 0..50 {
@@ -123,12 +145,21 @@ fn remove(ns: &str) {
         .args(["netns", "del", ns])
         .stderr(Stdio::null())
         .status();
+    let _ = std::fs::remove_dir_all(etc_of(ns));
 }
 
-/// The namespaces of beds whose test process is gone.
+/// The namespaces (and `/etc/netns` folders) of beds whose test process is gone.
 fn stale() -> Vec<String> {
-    bed_namespaces()
+    let folders = std::fs::read_dir("/etc/netns")
         .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|ns| ns.starts_with(PREFIX));
+    let mut all: Vec<String> = bed_namespaces().into_iter().chain(folders).collect();
+    all.sort();
+    all.dedup();
+    all.into_iter()
         .filter(|ns| {
             let pid: i32 = ns
                 .strip_prefix(PREFIX)
@@ -136,7 +167,7 @@ fn stale() -> Vec<String> {
                 .and_then(|r| r.split('-').next())
                 .and_then(|p| p.parse().ok())
                 .unwrap_or(0);
-            pid > 0 && !super::alive(pid)
+            pid > 0 && !alive(pid)
         })
         .collect()
 }
@@ -183,6 +214,11 @@ impl Bed {
         ip(&["-n", &bed.switch, "link", "add", "br0", "type", "bridge"]);
         ip(&["-n", &bed.switch, "link", "set", "br0", "up"]);
         ip(&["-n", &bed.switch, "link", "set", "lo", "up"]);
+        let hosts_file: String = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| format!("{SUBNET}.{} {name}\n", 10 + i))
+            .collect();
         for (i, name) in names.iter().enumerate() {
             let host = BedHost {
                 name: (*name).to_string(),
@@ -193,6 +229,13 @@ impl Bed {
             // Registered before it is built, so a failure half-way still removes it.
             bed.hosts.push(host.clone());
             ip(&["netns", "add", &host.ns]);
+            let etc = etc_of(&host.ns);
+            std::fs::create_dir_all(&etc).expect("create /etc/netns/<namespace>");
+            std::fs::write(
+                etc.join("hosts"),
+                format!("127.0.0.1 localhost\n{hosts_file}"),
+            )
+            .expect("write the host's /etc/hosts");
             ip(&[
                 "-n",
                 &bed.switch,
