@@ -5,6 +5,16 @@
 //! [`crate::os::fake::FakeOs`]). The stop sequence (signal, grace, SIGKILL) is the agent's
 //! `Stopping` phase ([`crate::agent::state::StopStage`]); the group only signals and records.
 
+/// A worker's stdin: drun's own for the `--stdin-rank` local rank, `/dev/null` for the others;
+/// a warm interpreter gets its rank's.
+pub(crate) fn worker_stdin(cfg: &LaunchConfig, local_rank: u32) -> Input {
+    if cfg.stdin_rank == Some(local_rank) {
+        Input::Inherit
+    } else {
+        Input::Null
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -270,11 +280,7 @@ impl WorkerGroup {
             },
             env: env_of(ctx, plan, local_rank, restart_count, &error_file),
             output: Output::Piped,
-            stdin: if cfg.stdin_rank == Some(local_rank) {
-                Input::Inherit
-            } else {
-                Input::Null
-            },
+            stdin: worker_stdin(cfg, local_rank),
             die_with_agent: true,
             handoff: None,
         };

@@ -17,7 +17,7 @@ use super::decide::{choose, eligibility, ScriptFile, Start, Status};
 use super::handoff::{self, FD_VAR};
 use crate::command::EntryKind;
 use crate::group::GroupContext;
-use crate::os::spawn::{ExitKind, Input, Output, SpawnSpec, Spawned, HANDOFF_FD};
+use crate::os::spawn::{ExitKind, Output, SpawnSpec, Spawned, HANDOFF_FD};
 use crate::os::Os;
 use crate::LaunchConfig;
 
@@ -262,11 +262,7 @@ pub async fn refill(ctx: &GroupContext<'_>, plan: &Plan, restart_count: u32) {
                     args: handoff::warm_args(&cfg.entrypoint.leading),
                     env,
                     output: Output::Piped,
-                    stdin: if cfg.stdin_rank == Some(local_rank) {
-                        Input::Inherit
-                    } else {
-                        Input::Null
-                    },
+                    stdin: crate::group::worker_stdin(cfg, local_rank),
                     die_with_agent: true,
                     handoff: Some(theirs),
                 })

@@ -62,12 +62,8 @@ async fn a_node_nobody_hears_is_given_up_and_the_others_reform_at_once() {
     // b and c cannot hear a; a's agent (the test) never answers the ping.
     let t0 = tokio::time::Instant::now();
     links[1].0.send(peers_report(&plan, &["a"])).unwrap();
+    pinged(&mut links[0].1).await;
     let mut seen = vec![];
-    let pinged = next(&mut links[0].1, &mut seen, |e| {
-        matches!(e, Event::Ping).then_some(())
-    })
-    .await;
-    assert!(pinged.is_some(), "a's agent is asked: {seen:?}");
     let fenced = next(&mut links[0].1, &mut seen, |e| match e {
         Event::Fenced(why) => Some(why.clone()),
         _ => None,
@@ -103,14 +99,7 @@ async fn a_node_nobody_hears_is_given_up_and_the_others_reform_at_once() {
 async fn an_accused_node_whose_agent_answers_stays_and_nothing_reforms() {
     let (mut links, plan) = three("silent-answers").await;
     links[1].0.send(peers_report(&plan, &["a"])).unwrap();
-    let mut seen = vec![];
-    assert!(
-        next(&mut links[0].1, &mut seen, |e| matches!(e, Event::Ping)
-            .then_some(()))
-        .await
-        .is_some(),
-        "{seen:?}"
-    );
+    pinged(&mut links[0].1).await;
     // The agent answers as the launcher's link does: a keep-alive at once.
     links[0].0.send(Request::KeepAlive).unwrap();
     let quiet = tokio::time::timeout(super::silence::PING_WAIT * 4, async {
@@ -127,12 +116,12 @@ async fn an_accused_node_whose_agent_answers_stays_and_nothing_reforms() {
     // Withdrawn, and accused again later: asked again.
     links[1].0.send(peers_report(&plan, &[])).unwrap();
     links[1].0.send(peers_report(&plan, &["a"])).unwrap();
+    pinged(&mut links[0].1).await;
+}
+
+/// Waits for the session to ask its agent to answer (a ping); fails naming what came instead.
+async fn pinged(rx: &mut mpsc::UnboundedReceiver<Event>) {
     let mut seen = vec![];
-    assert!(
-        next(&mut links[0].1, &mut seen, |e| matches!(e, Event::Ping)
-            .then_some(()))
-        .await
-        .is_some(),
-        "asked again: {seen:?}"
-    );
+    let ping = next(rx, &mut seen, |e| matches!(e, Event::Ping).then_some(())).await;
+    assert!(ping.is_some(), "the agent is asked: {seen:?}");
 }

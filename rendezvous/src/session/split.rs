@@ -78,19 +78,23 @@ impl Actor {
     /// member watching it re-forms the others) and fences the agent.
     pub(super) async fn give_up(&mut self, g: u64, reason: String) -> Result<(), RendezvousError> {
         tracing::warn!(run = %self.cfg.run_id, gen = g, node = %self.cfg.node_id, "node {} is lost: {reason}", self.cfg.node_id);
+        let fence = format!("given up: {reason}");
+        self.leave_as_lost(reason, fence).await
+    }
+
+    /// Drops this node from its generation: `lost/<node>` says why (`reason`), the lease is
+    /// revoked (its membership key goes, and the member watching it re-forms the others), and
+    /// the agent is fenced with `fence`.
+    async fn leave_as_lost(&mut self, reason: String, fence: String) -> Result<(), RendezvousError> {
         let keys = self.round.keys().clone();
         self.store
-            .put(
-                &keys.lost(&self.cfg.node_id),
-                reason.clone().into_bytes(),
-                None,
-            )
+            .put(&keys.lost(&self.cfg.node_id), reason.into_bytes(), None)
             .await?;
         if let Some(lease) = self.lease {
             self.stop_keeper();
             self.store.lease_revoke(lease).await?;
         }
-        self.fence(format!("given up: {reason}"));
+        self.fence(fence);
         Ok(())
     }
 
@@ -124,19 +128,8 @@ impl Actor {
             Decision::Whole => Ok(None),
             Decision::Split { leave, reason, .. } if leave.contains(&me) => {
                 tracing::warn!(run = %self.cfg.run_id, gen = plan.generation, node = %self.cfg.node_id, "{reason}");
-                let keys = self.round.keys().clone();
-                self.store
-                    .put(
-                        &keys.lost(&self.cfg.node_id),
-                        reason.clone().into_bytes(),
-                        None,
-                    )
-                    .await?;
-                if let Some(lease) = self.lease {
-                    self.stop_keeper();
-                    self.store.lease_revoke(lease).await?;
-                }
-                self.fence(format!("{PARTITIONED}: {reason}"));
+                let fence = format!("{PARTITIONED}: {reason}");
+                self.leave_as_lost(reason, fence).await?;
                 Ok(Some(Phase::Idle))
             }
             Decision::Split { .. } => Ok(None),
