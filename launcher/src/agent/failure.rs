@@ -99,9 +99,10 @@ pub(super) fn reform(m: &mut Machine, mut r: Reporting, reason: String, cx: &mut
     }
 }
 
-/// Fenced while reporting: a fence by the rendezvous means the group went on without this node
-/// (its failure is moot; it joins again as a newcomer); an unreachable rendezvous leaves the
-/// failure undecided.
+/// Fenced while reporting: a fence by the rendezvous, or by the link of a node cut off from its
+/// peers as well (`rdzv::grpc::CUT_OFF`: the others gave it up), means the group went on without
+/// this node (its failure is moot; it joins again as a newcomer); a rendezvous unreachable while
+/// the peers answer leaves the failure undecided.
 pub(super) fn fenced(m: &mut Machine, r: Reporting, reason: String, cx: &mut Cx<'_>) -> Phase {
     if r.decided.is_some() {
         return Phase::Reporting(r);

@@ -33,6 +33,9 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(4);
 /// lease TTL. Unlike a fence the server declares (the lease expired while this agent was
 /// stopped), the rendezvous is gone, so a worker failure stays the primary error.
 pub const UNREACHABLE: &str = "no rendezvous server reachable";
+/// How the fence of a node cut off from its peers as well as the server begins (then the
+/// group went on without it: a failure it was reporting is moot, it joins again).
+pub const CUT_OFF: &str = "cut off: no peer answers this node's probes either";
 
 /// Connects to the replicas `endpoints` (`host:port`) for the session described by `cfg`.
 /// How the agent proves who it is and what it trusts: its token (sent with every session, see
@@ -189,6 +192,15 @@ impl Client {
             .reach
             .check(now, self.t.lease.is_some(), self.vouched(now), limits, &all);
         if let Some(line) = v.fence {
+            // Cut off from its peers too: the group went on without this node (its session gave
+            // it up), so a failure it was reporting is moot and it joins again, like any node
+            // the rendezvous fenced; only a rendezvous gone while the peers answer leaves a
+            // failure undecided (`agent/failure.rs`, `fenced`).
+            let line = if self.cut_off(now) {
+                format!("{CUT_OFF}: {line}")
+            } else {
+                line
+            };
             let _ = self.events.send(Event::Fenced(line));
             self.t = Track::default();
         }
@@ -200,6 +212,14 @@ impl Client {
             return true;
         }
         false
+    }
+
+    /// Whether no peer of this node's generation answers its probes (there is at least one):
+    /// this node is the one cut off.
+    fn cut_off(&self, now: Instant) -> bool {
+        self.peers.as_ref().is_some_and(
+            |p| matches!(p.verdict(now), Verdict::Silent(ref s) if s.len() == p.peer_count()),
+        )
     }
 
     /// The generation this agent's workers train, when every peer of it answers its probes
@@ -435,10 +455,11 @@ impl Client {
                         // Unanswered since before the break only when this node is the one cut
                         // off (no peer answers either); an agent that was itself stopped (its
                         // pings were never sent) keeps the stream's word until now.
-                        let cut_off = self.peers.as_ref().is_some_and(|p| {
-                            matches!(p.verdict(Instant::now()), Verdict::Silent(ref s) if s.len() == p.peer_count())
-                        });
-                        let unanswered = if cut_off { H2_PING_TIMEOUT } else { Duration::ZERO };
+                        let unanswered = if self.cut_off(Instant::now()) {
+                            H2_PING_TIMEOUT
+                        } else {
+                            Duration::ZERO
+                        };
                         self.reach.stream_broke(Instant::now(), unanswered);
                         tracing::warn!(%endpoint, "lost the rendezvous server; reconnecting");
                         return Next::Reconnect;

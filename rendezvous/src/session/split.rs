@@ -85,7 +85,11 @@ impl Actor {
     /// Drops this node from its generation: `lost/<node>` says why (`reason`), the lease is
     /// revoked (its membership key goes, and the member watching it re-forms the others), and
     /// the agent is fenced with `fence`.
-    async fn leave_as_lost(&mut self, reason: String, fence: String) -> Result<(), RendezvousError> {
+    async fn leave_as_lost(
+        &mut self,
+        reason: String,
+        fence: String,
+    ) -> Result<(), RendezvousError> {
         let keys = self.round.keys().clone();
         self.store
             .put(&keys.lost(&self.cfg.node_id), reason.into_bytes(), None)

@@ -157,6 +157,30 @@ fn an_unreachable_rendezvous_leaves_the_failure_primary() {
 }
 
 #[test]
+fn a_node_cut_off_from_its_peers_too_joins_again_instead_of_ending_on_its_failure() {
+    let mut t = T::running(1, 2);
+    report_failure(&mut t);
+    let why = format!(
+        "{}: {} for 4 s",
+        crate::rdzv::grpc::CUT_OFF,
+        crate::rdzv::grpc::UNREACHABLE
+    );
+    let fx = t.ev(Event::Fenced(why));
+    assert!(
+        logged(&fx, "the group went on without this node: joining again"),
+        "{fx:?}"
+    );
+    assert_eq!(
+        fx.last(),
+        Some(&Effect::Join {
+            fresh: true,
+            after: 1
+        })
+    );
+    assert_eq!(t.done(), None);
+}
+
+#[test]
 fn all_workers_succeed_then_the_node_reports_and_awaits_the_end() {
     let mut t = T::running(1, 2);
     let fx = t.feed(Input::Workers(Workers {
