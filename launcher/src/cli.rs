@@ -8,6 +8,7 @@
 //! takes its last value, and boolean `PET_*` variables take `1`/`0` (also `true`/`false`).
 
 mod ckpt;
+mod container;
 mod env_source;
 mod etcd;
 mod host_tls;
@@ -19,6 +20,7 @@ use clap::builder::BoolishValueParser;
 use clap::{ArgAction, Parser};
 
 pub use ckpt::CkptArgs;
+pub use container::ContainerArgs;
 pub use env_source::{env_source, flag_env_source};
 pub use etcd::EtcdArgs;
 pub use host_tls::HostTlsArgs;
@@ -458,27 +460,9 @@ pub struct Args {
     )]
     pub kubernetes: crate::k8s::K8sMode,
 
-    /// Where the exit's root cause goes, as one JSON object of at most 4 KiB (exit code, its
-    /// class for failure policies, reason, run id): shown by `kubectl describe pod`. Default:
-    /// /dev/termination-log when the kubelet mounted it, else nowhere.
-    #[arg(
-        long = "termination-log",
-        env = "DRUN_TERMINATION_LOG",
-        value_name = "PATH",
-        help_heading = "Kubernetes"
-    )]
-    pub termination_log: Option<std::path::PathBuf>,
-
-    /// A directory on a volume that outlives the container (e.g. an emptyDir): drun counts its
-    /// starts there (`container_restarts`, monotonic across in-place container restarts),
-    /// printed at start and in the termination message.
-    #[arg(
-        long = "state-dir",
-        env = "DRUN_STATE_DIR",
-        value_name = "DIR",
-        help_heading = "Kubernetes"
-    )]
-    pub state_dir: Option<std::path::PathBuf>,
+    /// The container's records: `--termination-log`, `--state-dir`.
+    #[command(flatten)]
+    pub container: ContainerArgs,
 
     /// What a preemption warning (--preempt-signal, e.g. from `sbatch --signal=USR1@60` or
     /// `scancel --signal=USR1`) does: `relay` passes it to the workers; `checkpoint` instead asks

@@ -106,7 +106,7 @@ fn main() -> ExitCode {
             );
             if !unusable_log {
                 drun_launcher::container::write_termination_log(
-                    args.termination_log.as_deref(),
+                    args.container.termination_log.as_deref(),
                     &message,
                 );
             }
