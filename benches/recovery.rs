@@ -115,6 +115,22 @@ const ROWS: [&str; 12] = [
     "bed-outage",
 ];
 
+/// Drops what the bench's own environment may carry of a job (a launcher's worker variables,
+/// log levels), so each launcher starts from the same clean slate.
+fn clear_job_env(c: &mut Command) {
+    for k in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "DRUN_LOG",
+        "RUST_LOG",
+    ] {
+        c.env_remove(k);
+    }
+}
+
 fn env_secs(key: &str, default: u64) -> Duration {
     Duration::from_secs(
         std::env::var(key)
@@ -244,17 +260,7 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, store: Store, run: usize) -> S
         if fault == Fault::WorkerExit {
             c.args(["1", "10"]);
         }
-        for k in [
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "DRUN_LOG",
-            "RUST_LOG",
-        ] {
-            c.env_remove(k);
-        }
+        clear_job_env(&mut c);
         let log = File::create(logs.join(format!("agent{i}.log"))).unwrap();
         c.stdout(log.try_clone().unwrap()).stderr(log);
         c

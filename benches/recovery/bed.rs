@@ -51,17 +51,7 @@ struct Worker {
 
 fn workers(dir: &Path) -> Vec<Worker> {
     let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.extension().and_then(|x| x.to_str()) != Some("json") {
-            continue;
-        }
-        let Some(v) = std::fs::read_to_string(&p)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        else {
-            continue;
-        };
+    for (p, v) in super::records::json_records(dir) {
         let steps = std::fs::read_to_string(p.with_extension("steps"))
             .unwrap_or_default()
             .lines()
@@ -206,17 +196,7 @@ fn agent(b: &Bench, l: Launcher, job: &Job, i: usize) -> Command {
     .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/workers/bed_steps.py"))
     .arg(job.out)
     .env("GLOO_SOCKET_IFNAME", "eth0");
-    for k in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "DRUN_LOG",
-        "RUST_LOG",
-    ] {
-        c.env_remove(k);
-    }
+    super::clear_job_env(&mut c);
     let mut c = job.bed.on(host, &c);
     let log = File::create(job.logs.join(format!("agent{i}.log"))).unwrap();
     c.stdout(log.try_clone().unwrap()).stderr(log);

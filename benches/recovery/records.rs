@@ -12,19 +12,25 @@ pub(super) struct Rec {
     pub(super) exit_ns: Option<u128>,
 }
 
+/// Every `*.json` record in `dir` that parses, with its path (one still being written is
+/// skipped).
+pub(super) fn json_records(dir: &Path) -> Vec<(std::path::PathBuf, serde_json::Value)> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().and_then(|x| x.to_str()) == Some("json"))
+        .filter_map(|p| {
+            let v = serde_json::from_str(&std::fs::read_to_string(&p).ok()?).ok()?;
+            Some((p, v))
+        })
+        .collect()
+}
+
 pub(super) fn records(dir: &Path) -> Vec<Rec> {
     let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.extension().and_then(|x| x.to_str()) != Some("json") {
-            continue;
-        }
-        let Some(v) = std::fs::read_to_string(&p)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        else {
-            continue;
-        };
+    for (_, v) in json_records(dir) {
         let ns = |k: &str| v[k].as_u64().map(u128::from);
         let (Some(rank), Some(world), Some(start_ns)) =
             (v["rank"].as_u64(), v["world"].as_u64(), ns("start_ns"))
