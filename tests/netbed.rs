@@ -753,7 +753,7 @@ fn a_partition_between_two_peers_is_named_and_healed_by_sending_one_side_away() 
     );
     assert!(agents[i_away]
         .stderr_so_far()
-        .contains("answers this node's probes again: joining"));
+        .contains("every node to reach answers this node's probes again"));
     eprintln!(
         "partition named on both sides {named:?} after it began; world 2 trained {trained:.2} s after it"
     );

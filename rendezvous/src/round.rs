@@ -175,6 +175,15 @@ impl Round {
             .collect())
     }
 
+    /// The candidates waiting for the next generation, oldest first.
+    pub async fn waiting(&self) -> Result<Vec<Join>, StoreError> {
+        let mut kvs = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
+        kvs.sort_by_key(|kv| kv.create_revision);
+        kvs.iter()
+            .map(|kv| run_state::decode(&kv.key, &kv.value))
+            .collect()
+    }
+
     /// Adds one restart of `cause` to the job-wide counters (compare-and-swap loop).
     pub async fn record_restart(&self, cause: RestartCause) -> Result<Restarts, StoreError> {
         loop {

@@ -48,6 +48,9 @@ mod silence;
 #[cfg(test)]
 mod silence_tests;
 pub mod split;
+pub mod standby;
+#[cfg(test)]
+mod standby_tests;
 #[cfg(test)]
 mod test_support;
 mod verdicts;

@@ -189,7 +189,7 @@ pub fn request(r: &Request, node: &str) -> Result<(), String> {
         }
         Request::Report { json, .. } => text("node report", json, MAX_REPORT),
         Request::Commit { commit: c, .. } => commit(c, node),
-        Request::KeepAlive | Request::Succeeded(_) | Request::Leave => Ok(()),
+        Request::KeepAlive | Request::Succeeded(_) | Request::Leave | Request::StandBy(_) => Ok(()),
     }
 }
 

@@ -138,6 +138,7 @@ pub fn request_to_wire(r: &Request) -> pb::AgentMessage {
             root_cause_json: cause_to_wire(cause.as_ref()),
         }),
         Request::Leave => Kind::Leave(true),
+        Request::StandBy(g) => Kind::StandBy(*g),
         Request::Commit { commit, retention } => Kind::Commit(pb::Commit {
             node_commit_json: serde_json::to_string(commit).expect("NodeCommit serializes"),
             keep_last: retention.keep_last,
@@ -178,6 +179,7 @@ pub fn request_from_wire(m: pb::AgentMessage) -> Option<Request> {
             cause: optional_json(&f.root_cause_json),
         },
         Kind::Leave(_) => Request::Leave,
+        Kind::StandBy(g) => Request::StandBy(g),
         Kind::Commit(c) => Request::Commit {
             commit: serde_json::from_str(&c.node_commit_json).ok()?,
             retention: Retention {
@@ -238,6 +240,16 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
         Event::Sealed(id) => Kind::Sealed(id.clone()),
         Event::Pace(p) => Kind::Pace(serde_json::to_string(p).expect("a pace serializes")),
         Event::Ping => Kind::Ping(true),
+        Event::StandBy(reach) => Kind::StandBy(pb::StandBy {
+            reach: reach
+                .iter()
+                .map(|r| pb::Reach {
+                    node_id: r.node_id.clone(),
+                    advertise_addr: r.advertise_addr.clone(),
+                    probe_port: u32::from(r.probe_port),
+                })
+                .collect(),
+        }),
         Event::Committed {
             generation,
             step,
@@ -262,6 +274,16 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
         Kind::OpenedLease(lease) => Event::Opened { lease },
         Kind::KeptAlive(_) => return None,
         Kind::Ping(_) => Event::Ping,
+        Kind::StandBy(s) => Event::StandBy(
+            s.reach
+                .into_iter()
+                .map(|r| crate::session::standby::Reach {
+                    node_id: r.node_id,
+                    advertise_addr: r.advertise_addr,
+                    probe_port: u16::try_from(r.probe_port).unwrap_or(0),
+                })
+                .collect(),
+        ),
         Kind::Waiting(t) => Event::Waiting(t),
         Kind::Formed(p) => Event::Formed(p.into()),
         Kind::Reform(r) => Event::Reform {

@@ -41,6 +41,9 @@ const PACE_EVERY: Duration = Duration::from_secs(5);
 const PEERS_EVERY: Duration = crate::peers::PROBE_EVERY;
 /// How often a peers report naming silent peers goes again while they stay silent.
 const REPORT_AGAIN: Duration = Duration::from_secs(2);
+/// How often a node standing by asks its session again (a session opened anew after the
+/// link reconnected does not know the node stands by).
+const STAND_BY_AGAIN: Duration = Duration::from_secs(3);
 
 mod api;
 
@@ -79,6 +82,11 @@ struct World {
     partitioned: bool,
     /// The join held back meanwhile (candidate, after generation).
     deferred_join: Option<(Join, u64)>,
+    /// When the session was last asked whom this node, standing by, must reach.
+    stand_by_asked: Option<Instant>,
+    /// The session said whom to reach (`Event::StandBy`): the probes watch those nodes, and the
+    /// join goes once every one of them answers.
+    told_whom: bool,
 }
 
 impl Agent {
@@ -121,6 +129,10 @@ impl Agent {
                     if let Some(drun_rendezvous::Event::Ping) = &ev {
                         // A peer does not hear this node: the session asks whether it is there.
                         let _ = link.tx.send(drun_rendezvous::Request::KeepAlive);
+                        continue;
+                    }
+                    if let Some(drun_rendezvous::Event::StandBy(reach)) = &ev {
+                        self.told_whom(&mut w, reach, link);
                         continue;
                     }
                     if let Some(drun_rendezvous::Event::Fenced(why)) = &ev {
@@ -421,6 +433,9 @@ impl Agent {
                 "standing by: sent away from generation {after} because its nodes could not all reach each other; joining again once every one of them answers this node's probes"
             );
             w.deferred_join = Some((cand, after));
+            w.told_whom = false;
+            w.stand_by_asked = Some(Instant::now());
+            let _ = link.tx.send(Request::StandBy(after));
             return Ok(());
         }
         w.partitioned = false;
@@ -438,16 +453,67 @@ impl Agent {
             .is_none_or(|p| p.health().verdict(Instant::now()) == crate::peers::Verdict::AllAnswer)
     }
 
-    /// A join deferred by a partition goes out once every peer answers again.
-    fn join_when_reachable(&mut self, w: &mut World, link: &Link) {
-        if w.deferred_join.is_none() || !self.peers_all_answer() {
+    /// The session said whom this node, standing by, must reach: the probes watch them, or,
+    /// with nobody to reach, the join goes now.
+    fn told_whom(
+        &mut self,
+        w: &mut World,
+        reach: &[drun_rendezvous::session::standby::Reach],
+        link: &Link,
+    ) {
+        let (Some((_, after)), Some(p)) = (&w.deferred_join, &self.peers) else {
+            return;
+        };
+        if reach.is_empty() {
+            tracing::info!("no node this one could fail to reach runs now: joining");
+            self.join_deferred(w, link);
             return;
         }
-        let (cand, after) = w.deferred_join.take().expect("checked above");
-        w.partitioned = false;
+        p.watch(*after, reach);
+        w.told_whom = true;
+        let names: Vec<&str> = reach.iter().map(|r| r.node_id.as_str()).collect();
         tracing::info!(
-            "every node of generation {after} answers this node's probes again: joining"
+            "standing by: joining once {} answer this node's probes",
+            names.join(", ")
         );
+    }
+
+    /// A join deferred by a partition goes out once every node to reach answers: those the
+    /// session named, or before it did, every node of the last generation.
+    fn join_when_reachable(&mut self, w: &mut World, link: &Link) {
+        let Some((_, after)) = &w.deferred_join else {
+            return;
+        };
+        let now = Instant::now();
+        let reachable = if w.told_whom {
+            self.peers
+                .as_ref()
+                .is_none_or(|p| p.health().all_heard(now))
+        } else {
+            self.peers_all_answer()
+        };
+        if reachable {
+            tracing::info!(
+                "every node to reach answers this node's probes again (sent away after generation {after}): joining"
+            );
+            self.join_deferred(w, link);
+        } else if w
+            .stand_by_asked
+            .is_none_or(|at| now.saturating_duration_since(at) >= STAND_BY_AGAIN)
+        {
+            w.stand_by_asked = Some(now);
+            let _ = link.tx.send(Request::StandBy(*after));
+        }
+    }
+
+    /// Sends the join held back by a partition.
+    fn join_deferred(&mut self, w: &mut World, link: &Link) {
+        let Some((cand, after)) = w.deferred_join.take() else {
+            return;
+        };
+        w.partitioned = false;
+        w.told_whom = false;
+        w.stand_by_asked = None;
         if let Some(m) = &self.metrics {
             m.joining();
         }

@@ -126,6 +126,9 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
         Event::Pace(_) => phase,
         // Answered by the driver (a keep-alive at once); no state changes.
         Event::Ping => phase,
+        // Whom a node standing by after a partition must reach: the driver's probes; no state
+        // changes.
+        Event::StandBy(_) => phase,
         Event::Committed {
             generation,
             step,

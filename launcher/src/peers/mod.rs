@@ -154,6 +154,16 @@ impl PeerHealth {
             .verdict(now, QUIET, MIN_UNANSWERED)
     }
 
+    /// Whether every probed peer answered within [`QUIET`] of `now` (none probed: true). Stricter
+    /// than [`Self::verdict`]'s [`Verdict::AllAnswer`], which gives a peer that never answered the
+    /// benefit of the doubt: a node standing by joins only on answers.
+    pub fn all_heard(&self, now: Instant) -> bool {
+        self.0
+            .lock()
+            .expect("peer table lock")
+            .all_heard(now, QUIET)
+    }
+
     /// How many peers are watched.
     pub fn peer_count(&self) -> usize {
         self.0.lock().expect("peer table lock").targets().len()
@@ -169,6 +179,8 @@ impl PeerHealth {
 enum Control {
     /// Probe the members of this plan.
     Follow(Box<Plan>),
+    /// Standing by after generation `.0`: probe these nodes (node id, address, probe port).
+    Watch(u64, Vec<(String, String, u16)>),
     /// Stop probing (between generations).
     Clear,
 }
@@ -222,6 +234,16 @@ impl Prober {
         let _ = self.control.send(Control::Follow(Box::new(plan.clone())));
     }
 
+    /// Standing by after generation `after` (sent away by a partition): probes `reach`, the
+    /// nodes its session says it must reach before it joins again, from now on.
+    pub fn watch(&self, after: u64, reach: &[drun_rendezvous::session::standby::Reach]) {
+        let nodes = reach
+            .iter()
+            .map(|r| (r.node_id.clone(), r.advertise_addr.clone(), r.probe_port))
+            .collect();
+        let _ = self.control.send(Control::Watch(after, nodes));
+    }
+
     /// Stops probing until the next plan.
     pub fn clear(&self) {
         let _ = self.control.send(Control::Clear);
@@ -254,31 +276,20 @@ async fn probe_loop(
                 None => return,
                 Some(Control::Clear) => health.0.lock().expect("peer table lock").clear(),
                 Some(Control::Follow(plan)) => {
-                    let (rank, members, mut unprobeable) = probed_members(&plan, &node_id);
+                    let (rank, members, unprobeable) = probed_members(&plan, &node_id);
                     my_rank = rank;
-                    let mut peers = Vec::new();
-                    for (node_rank, host, port) in members {
-                        // IPv4 only, as the probe socket and the workers' store are.
-                        match tokio::net::lookup_host((host.as_str(), port)).await {
-                            Ok(mut a) => match a.find(SocketAddr::is_ipv4) {
-                                Some(addr) => peers.push(Peer { node_rank, addr }),
-                                None => {
-                                    unprobeable = true;
-                                    tracing::debug!(%host, "a peer's address has no IPv4 address; not probed");
-                                }
-                            },
-                            Err(e) => {
-                                unprobeable = true;
-                                tracing::debug!(%host, error = %e, "cannot resolve a peer's address; not probed");
-                            }
-                        }
-                    }
+                    let (peers, unresolved) = resolve(members).await;
                     health.0.lock().expect("peer table lock").follow(
                         plan.generation,
                         peers,
-                        unprobeable,
+                        unprobeable || unresolved,
                         Instant::now(),
                     );
+                }
+                Some(Control::Watch(after, nodes)) => {
+                    // Node ranks of the generation this node is not in mean nothing here.
+                    let (peers, _) = resolve(nodes.into_iter().map(|(_, a, p)| (0, a, p)).collect()).await;
+                    health.0.lock().expect("peer table lock").follow(after, peers, false, Instant::now());
                 }
             },
             r = socket.recv_from(&mut buf) => {
@@ -308,6 +319,29 @@ async fn probe_loop(
             }
         }
     }
+}
+
+/// The probe addresses of `members` (node rank, host, probe port), IPv4 only as the probe socket
+/// and the workers' store are; true when some member could not be resolved (not probed).
+async fn resolve(members: Vec<(u32, String, u16)>) -> (Vec<Peer>, bool) {
+    let mut peers = Vec::new();
+    let mut unresolved = false;
+    for (node_rank, host, port) in members {
+        match tokio::net::lookup_host((host.as_str(), port)).await {
+            Ok(mut a) => match a.find(SocketAddr::is_ipv4) {
+                Some(addr) => peers.push(Peer { node_rank, addr }),
+                None => {
+                    unresolved = true;
+                    tracing::debug!(%host, "a peer's address has no IPv4 address; not probed");
+                }
+            },
+            Err(e) => {
+                unresolved = true;
+                tracing::debug!(%host, error = %e, "cannot resolve a peer's address; not probed");
+            }
+        }
+    }
+    (peers, unresolved)
 }
 
 #[cfg(test)]

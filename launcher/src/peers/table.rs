@@ -101,6 +101,14 @@ impl Table {
         }
     }
 
+    /// Whether every peer answered within `quiet` of `now` (no peer: true).
+    pub fn all_heard(&self, now: Instant, quiet: Duration) -> bool {
+        self.peers.iter().all(|w| {
+            w.last_answer
+                .is_some_and(|at| now.saturating_duration_since(at) <= quiet)
+        })
+    }
+
     /// The verdict at `now`: a peer is silent when it answered in this generation and then not
     /// for longer than `quiet`, although at least `min_unanswered` probes went to it meanwhile —
     /// a node whose own probing stalled (its process starved) blames nobody for the answers it
@@ -160,6 +168,26 @@ mod tests {
             }
             self.verdict(now, quiet, 6)
         }
+    }
+
+    #[test]
+    fn all_heard_wants_an_answer_from_every_peer_within_the_quiet_limit() {
+        let t0 = Instant::now();
+        let mut t = Table::default();
+        assert!(t.all_heard(t0, QUIET), "nobody to reach");
+        t.follow(4, vec![peer(0), peer(1)], false, t0);
+        assert!(
+            !t.all_heard(t0, QUIET),
+            "a peer that never answered is not heard"
+        );
+        t.answered(4, peer(0).addr, t0);
+        assert!(!t.all_heard(t0, QUIET));
+        t.answered(4, peer(1).addr, t0 + QUIET);
+        assert!(t.all_heard(t0 + QUIET, QUIET));
+        assert!(
+            !t.all_heard(t0 + QUIET + Duration::from_millis(1), QUIET),
+            "peer 0's answer is too old"
+        );
     }
 
     #[test]

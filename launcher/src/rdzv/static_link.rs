@@ -111,7 +111,8 @@ pub fn spawn(
                 Request::KeepAlive
                 | Request::MarkBad { .. }
                 | Request::Preempt { .. }
-                | Request::Report { .. } => continue,
+                | Request::Report { .. }
+                | Request::StandBy(_) => continue,
                 Request::Commit { commit, .. } => Event::Committed {
                     generation: commit.generation,
                     step: commit.step,

@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use super::generation::{self, Rules, Running};
 use super::keeper::{self, KeeperConfig, Lost};
 use super::protocol::{Event, Request, Resume, RunEnd, SessionConfig};
+use super::standby;
 use crate::clock::now_ms;
 use crate::ledger::{Ledger, LedgerError, NodeCommit, Retention};
 use crate::loss;
@@ -34,6 +35,14 @@ pub(super) enum Phase {
     Waiting(Join, Waiter),
     /// A member of a running generation, watching it.
     Running(Running, Watch),
+    /// Sent away by a partition, the agent stands by (`standby.rs`): the run is looked at
+    /// again at `at`; `told` is what the agent heard last.
+    StandingBy {
+        /// When to look next.
+        at: tokio::time::Instant,
+        /// The last look said.
+        told: Option<standby::Look>,
+    },
 }
 
 impl Phase {
@@ -56,6 +65,10 @@ impl Phase {
                     ev = watch.recv() => Wake::Watch(ev),
                     () = sleep_until_opt(at) => Wake::Deadline,
                 }
+            }
+            Phase::StandingBy { at, .. } => {
+                tokio::time::sleep_until(*at).await;
+                Wake::Deadline
             }
             Phase::Idle | Phase::Left => std::future::pending().await,
         }
@@ -285,6 +298,7 @@ impl Actor {
                 Some(ev) => self.on_watch(run, watch, ev).await?,
             },
             (Wake::Deadline, Phase::Running(run, watch)) => self.on_deadline(run, watch).await?,
+            (Wake::Deadline, Phase::StandingBy { told, .. }) => self.look_standing_by(told).await,
             (Wake::Plan(_) | Wake::Watch(_) | Wake::Deadline, _) => {
                 unreachable!("only a waiting phase has a plan, only a running one a watch")
             }
@@ -537,7 +551,75 @@ impl Actor {
                 self.leave().await?;
                 Ok(Some(Phase::Left))
             }
+            // A repeat while standing by, or a stale one once the node joined again: nothing.
+            Request::StandBy(_) => Ok(matches!(phase, Phase::Idle).then(|| Phase::StandingBy {
+                at: tokio::time::Instant::now(),
+                told: None,
+            })),
         }
+    }
+
+    /// Looks at the run for the agent standing by and tells it what changed (`standby.rs`). A
+    /// store that does not answer is asked again at the next look.
+    async fn look_standing_by(&mut self, told: Option<standby::Look>) -> Phase {
+        let next = tokio::time::Instant::now() + standby::LOOK_EVERY;
+        let seen = match self.seen_standing_by().await {
+            Ok(seen) => seen,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot look at the run for a standing-by node");
+                return Phase::StandingBy { at: next, told };
+            }
+        };
+        let look = standby::look(&self.cfg.node_id, seen);
+        if told.as_ref() != Some(&look) {
+            match &look {
+                standby::Look::Ended(end) => {
+                    self.emit(Event::Finished(end.clone()));
+                    return Phase::Idle;
+                }
+                standby::Look::Reach(reach) => self.emit(Event::StandBy(reach.clone())),
+            }
+        }
+        Phase::StandingBy {
+            at: next,
+            told: Some(look),
+        }
+    }
+
+    /// What a standing-by node's session reads of the run: its end, the current generation's
+    /// live members and the waiting candidates.
+    async fn seen_standing_by(&self) -> Result<standby::Seen, RendezvousError> {
+        if let Some(end) = self.finished().await? {
+            return Ok(standby::Seen {
+                finished: Some(end),
+                ..standby::Seen::default()
+            });
+        }
+        let (g, _) = self.round.current_generation().await?;
+        let mut members = Vec::new();
+        if g > 0 {
+            if let Some(plan) = self.round.plan(g).await? {
+                let live = self.round.live_members(g).await?;
+                members = plan
+                    .members
+                    .iter()
+                    .filter(|m| live.contains(&m.node_id))
+                    .cloned()
+                    .collect();
+            }
+        }
+        let waiting = self
+            .round
+            .waiting()
+            .await?
+            .into_iter()
+            .map(|j| j.candidate)
+            .collect();
+        Ok(standby::Seen {
+            finished: None,
+            members,
+            waiting,
+        })
     }
 
     /// Records this node's checkpoint report, if its generation runs here, and answers it.

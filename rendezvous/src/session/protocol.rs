@@ -111,6 +111,9 @@ pub enum Request {
     },
     /// Leave the run: revoke the lease (survivors re-form).
     Leave,
+    /// This node stands by after generation `g`, sent away by a partition: tell it whom it must
+    /// reach before it joins again, or that the run ended ([`Event::StandBy`], `standby.rs`).
+    StandBy(u64),
     /// Ask every rank of generation `generation` for a coordinated checkpoint (once per
     /// generation; every member gets [`Event::SaveRequested`]).
     Preempt {
@@ -199,4 +202,7 @@ pub enum Event {
     /// Answer at once (with a [`Request::KeepAlive`]): a peer says this node does not answer its
     /// probes, and the node is given up if its agent stays silent too (`session::silence`).
     Ping,
+    /// To a node standing by ([`Request::StandBy`]): join once every one of these nodes answers
+    /// its probes; none: join now. Said again when it changes.
+    StandBy(Vec<super::standby::Reach>),
 }
