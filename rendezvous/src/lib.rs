@@ -66,6 +66,7 @@ pub mod metrics;
 pub mod partition;
 pub mod pem_check;
 pub mod plan;
+pub mod probe;
 pub mod reports;
 pub mod root_cause;
 pub mod round;

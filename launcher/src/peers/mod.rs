@@ -50,60 +50,8 @@ pub const QUIET: Duration = Duration::from_secs(1);
 pub const MIN_UNANSWERED: u32 = (QUIET.as_millis() / PROBE_EVERY.as_millis()) as u32;
 /// Up to this many nodes every pair is probed; beyond, ring neighbours only.
 pub const ALL_PAIRS_UP_TO: usize = 32;
-/// Size of a probe and of its answer.
-pub const PROBE_BYTES: usize = 30;
-
-const MAGIC: &[u8; 4] = b"drnp";
-const VERSION: u8 = 1;
-const PING: u8 = 0;
-const PONG: u8 = 1;
-
-/// One probe or answer on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Message {
-    answer: bool,
-    run_tag: u64,
-    generation: u64,
-    node_rank: u32,
-    seq: u32,
-}
-
-impl Message {
-    fn encode(&self) -> [u8; PROBE_BYTES] {
-        let mut b = [0u8; PROBE_BYTES];
-        b[..4].copy_from_slice(MAGIC);
-        b[4] = VERSION;
-        b[5] = if self.answer { PONG } else { PING };
-        b[6..14].copy_from_slice(&self.run_tag.to_be_bytes());
-        b[14..22].copy_from_slice(&self.generation.to_be_bytes());
-        b[22..26].copy_from_slice(&self.node_rank.to_be_bytes());
-        b[26..30].copy_from_slice(&self.seq.to_be_bytes());
-        b
-    }
-
-    fn decode(b: &[u8]) -> Option<Message> {
-        if b.len() != PROBE_BYTES || &b[..4] != MAGIC || b[4] != VERSION || b[5] > PONG {
-            return None;
-        }
-        let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        Some(Message {
-            answer: b[5] == PONG,
-            run_tag: u64_at(6),
-            generation: u64_at(14),
-            node_rank: u32_at(22),
-            seq: u32_at(26),
-        })
-    }
-}
-
-/// A stable 64-bit tag of the run id (FNV-1a), so probes of other runs on the same hosts are
-/// ignored.
-fn run_tag(run_id: &str) -> u64 {
-    run_id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
+pub use drun_rendezvous::probe::PROBE_BYTES;
+use drun_rendezvous::probe::{run_tag, Message};
 
 /// The members this node probes, as (node rank, address, probe port), from `plan`.
 fn probed_members(plan: &Plan, node_id: &str) -> (u32, Vec<(u32, String, u16)>, bool) {
@@ -347,23 +295,6 @@ async fn resolve(members: Vec<(u32, String, u16)>) -> (Vec<Peer>, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_message_survives_the_wire_and_garbage_does_not_decode() {
-        let m = Message {
-            answer: true,
-            run_tag: run_tag("job-42"),
-            generation: 7,
-            node_rank: 3,
-            seq: 99,
-        };
-        assert_eq!(Message::decode(&m.encode()), Some(m));
-        assert_eq!(Message::decode(b"GET / HTTP/1.1\r\n"), None);
-        let mut other = m.encode();
-        other[4] = 2;
-        assert_eq!(Message::decode(&other), None, "another version");
-        assert_ne!(run_tag("job-42"), run_tag("job-43"));
-    }
 
     #[tokio::test]
     async fn two_probers_of_a_generation_hear_each_other_and_a_stopped_one_falls_silent() {
