@@ -1,6 +1,6 @@
-//! A crashed node is named, noticed in about a second through its closed connection, its
-//! peers' collective errors do not spend the restart budget, and the survivors re-form without
-//! waiting out the last call — at the default settings (real torch, gloo on loopback).
+//! A crashed node is named, noticed at once through its closed connection and its closed probe
+//! port (the reconnect grace is cut short), its peers' collective errors do not spend the
+//! restart budget, and the survivors re-form without waiting out the last call — at the default settings (real torch, gloo on loopback).
 
 use std::path::Path;
 use std::time::Duration;
@@ -38,7 +38,8 @@ fn three_agents(run: &str, rdzv: &[String], python: &Path, dir: &Path, steps: u3
 fn crashed_node_is_a_membership_restart(store: &[&str]) {
     let Some(python) = torch_python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let server = RdzvServer::start(store);
+    let log = dir.path().join("server.log");
+    let server = RdzvServer::start_logging(store, "warn", &log);
     // Default lease_ttl (10 s) and last_call_timeout (30 s): the loss is known through the
     // closed connection, and the re-form does not wait out the last call.
     let rdzv = ["--rdzv-endpoint".to_string(), server.endpoint.clone()];
@@ -82,6 +83,13 @@ fn crashed_node_is_a_membership_restart(store: &[&str]) {
     assert!(
         !all_err.contains("restart budget spent"),
         "the loss must not end the job as a worker failure:\n{all_err}"
+    );
+    // The agent's process is gone: its host said so at once, so the server did not wait out
+    // the reconnect grace.
+    let server_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        server_log.contains("its host says nothing listens on its probe port any more"),
+        "the server asked the victim's host:\n{server_log}"
     );
 }
 

@@ -2,12 +2,15 @@
 //!
 //! When a node dies, its peers' workers usually fail first (gloo's "Connection reset by peer",
 //! NCCL's "remote process exited") and only then is the node known to be gone: its agent's
-//! connection to a `drun-rendezvous` server closes at once ([`RECONNECT_GRACE`] later its lease
-//! is revoked), or its lease expires (`lease_ttl`, the only detector with `--rdzv-backend etcd`
-//! and for a hung host). A survivor's failure that coincides with such a loss — the member is
-//! already gone when the failure is decided, or goes within [`ATTRIBUTION_WINDOW`] — is the
-//! loss's doing: the group re-forms as a membership restart (the `--max-restarts` budget is not
-//! spent) and the reason names the lost node first, the survivors' errors after it.
+//! connection to a `drun-rendezvous` server closes at once (its lease is revoked as soon as its
+//! host says its probe port is closed, at the latest [`RECONNECT_GRACE`] later), or its lease
+//! expires (`lease_ttl`, the only detector with `--rdzv-backend etcd` and for a hung host). A
+//! survivor's failure that coincides with such a loss — the member is already gone when the
+//! failure is decided, or goes within [`ATTRIBUTION_WINDOW`] — is the loss's doing: the group
+//! re-forms as a membership restart (the `--max-restarts` budget is not spent) and the reason
+//! names the lost node first, the survivors' errors after it. When every other member's agent
+//! answers a knock on its probe port, nobody is being lost and the window is not waited out
+//! (`session/liveness.rs`).
 
 use std::time::Duration;
 
@@ -18,7 +21,8 @@ use crate::Plan;
 pub const RECONNECT_GRACE: Duration = Duration::from_secs(1);
 
 /// How long a worker failure waits for a coinciding membership loss before it is counted
-/// against the restart budget. Covers [`RECONNECT_GRACE`] plus a store round trip.
+/// against the restart budget (unless every other member's agent answers at once). Covers
+/// [`RECONNECT_GRACE`] plus a store round trip.
 pub const ATTRIBUTION_WINDOW: Duration = Duration::from_secs(2);
 
 /// Why a node whose membership vanished without a recorded reason is gone.

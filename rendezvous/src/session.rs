@@ -31,11 +31,14 @@
 
 mod actor;
 #[cfg(test)]
+mod attribution_tests;
+#[cfg(test)]
 mod door_tests;
 mod generation;
 pub mod hold;
 mod interval;
 mod keeper;
+mod liveness;
 mod membership;
 #[cfg(test)]
 mod outage_tests;

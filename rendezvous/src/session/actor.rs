@@ -110,6 +110,8 @@ pub(super) struct Actor {
     pub(super) lost_rx: mpsc::UnboundedReceiver<Lost>,
     /// This session's token under `sessions/<node>` (server-side sessions).
     pub token: String,
+    /// Where the agent answers peer probes (its last candidacy's address and probe port).
+    pub(super) probe_at: Option<(String, u16)>,
 }
 
 impl Actor {
@@ -141,6 +143,7 @@ impl Actor {
             keeper: None,
             lost_tx,
             lost_rx,
+            probe_at: None,
             token: {
                 static NEXT: AtomicU64 = AtomicU64::new(0);
                 format!(
@@ -378,6 +381,8 @@ impl Actor {
     }
 
     pub async fn join(&mut self, cand: Join) -> Result<Phase, RendezvousError> {
+        let c = &cand.candidate;
+        self.probe_at = Some((c.advertise_addr.clone(), c.probe_port));
         let mut lease = self.ensure_lease().await?;
         // A node that comes back is no longer lost; its old membership goes.
         let mut stale = vec![Op::Delete(self.round.keys().lost(&self.cfg.node_id))];

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::actor::Actor;
 use super::hold;
+use super::liveness::{self, Knock};
 use super::protocol::SaveRequest;
 use crate::clock::now_ms;
 use crate::human::duration as human;
@@ -16,6 +17,12 @@ use crate::loss;
 use crate::round::Restarts;
 use crate::store::LeaseId;
 use crate::{Plan, RendezvousError, StoreError};
+
+/// A worker failure's session knocks on the other members' probe ports only up to this many
+/// nodes (beyond, the attribution window is waited out as before).
+const KNOCK_UP_TO: usize = 64;
+/// How long the other members' agents have to answer that knock.
+const KNOCK_WAIT: Duration = Duration::from_millis(300);
 
 impl Actor {
     /// Server-side: records that this session now speaks for the node (see
@@ -63,8 +70,31 @@ impl Actor {
         let Some(lease) = self.lease.filter(|_| !self.cfg.auto_keep_alive) else {
             return Ok(());
         };
-        tokio::time::sleep(loss::RECONNECT_GRACE).await;
-        let keys = self.round.keys().clone();
+        // The grace, cut short when the agent's host says its probe port is closed: the
+        // process is gone, no reconnect will come (`liveness.rs`).
+        let grace_ends = Instant::now() + loss::RECONNECT_GRACE;
+        let knocked = match self.probe_address().await {
+            Some((host, port)) => {
+                let tag = crate::probe::run_tag(&self.cfg.run_id);
+                liveness::knock(tag, &host, port, loss::RECONNECT_GRACE).await
+            }
+            None => Knock::NoAnswer,
+        };
+        let gone = knocked == Knock::Gone;
+        if !gone {
+            tokio::time::sleep_until(grace_ends).await;
+        }
+        if gone {
+            if !self.still_speaks_for_the_node().await? {
+                return Ok(());
+            }
+            tracing::warn!(
+                run = %self.cfg.run_id,
+                node = %self.cfg.node_id,
+                "the agent's connection closed without leaving and its host says nothing listens on its probe port any more (its process is gone): revoking its lease"
+            );
+            return self.revoke_abandoned(lease).await;
+        }
         let mut held = false;
         loop {
             if !self.still_speaks_for_the_node().await? {
@@ -103,6 +133,47 @@ impl Actor {
             "the agent's connection closed without leaving and it did not come back within {}: revoking its lease",
             human(loss::RECONNECT_GRACE)
         );
+        self.revoke_abandoned(lease).await
+    }
+
+    /// Where this node's agent answers peer probes: its candidacy's, or its member entry's in
+    /// the generation it ran (a session resumed on this replica); `None` without a probe port.
+    async fn probe_address(&self) -> Option<(String, u16)> {
+        if let Some(at) = &self.probe_at {
+            return Some(at.clone()).filter(|(_, port)| *port != 0);
+        }
+        let plan = self.round.plan(self.last_gen).await.ok()??;
+        let me = plan.member(&self.cfg.node_id)?;
+        (me.probe_port != 0).then(|| (me.advertise_addr.clone(), me.probe_port))
+    }
+
+    /// Whether the agent of every other member of `plan` answers a knock on its probe port
+    /// (`liveness.rs`): then no member is being lost, and a worker failure is the workers' own.
+    /// `false` when some member cannot be asked (no probe port, a group beyond
+    /// [`KNOCK_UP_TO`] nodes) or does not answer within [`KNOCK_WAIT`].
+    async fn every_other_agent_answers(&self, plan: &Plan) -> bool {
+        if plan.members.len() > KNOCK_UP_TO {
+            return false;
+        }
+        let others: Vec<(String, u16)> = plan
+            .members
+            .iter()
+            .filter(|m| m.node_id != self.cfg.node_id)
+            .map(|m| (m.advertise_addr.clone(), m.probe_port))
+            .collect();
+        if others.is_empty() || others.iter().any(|(_, port)| *port == 0) {
+            return false;
+        }
+        let tag = crate::probe::run_tag(&self.cfg.run_id);
+        liveness::knock_all(tag, &others, KNOCK_WAIT)
+            .await
+            .iter()
+            .all(|k| *k == Knock::Alive)
+    }
+
+    /// Records why the agent is gone and revokes its lease: the others re-form.
+    async fn revoke_abandoned(&mut self, lease: LeaseId) -> Result<(), RendezvousError> {
+        let keys = self.round.keys().clone();
         self.stop_keeper();
         self.store
             .put(
@@ -154,7 +225,8 @@ impl Actor {
 
     /// A worker failure of generation `g` that coincides with a membership loss (see
     /// [`loss`]): waits up to [`loss::ATTRIBUTION_WINDOW`] for a member to vanish, or for
-    /// someone to close `g`. On a loss, closes `g` as a membership restart naming the lost
+    /// someone to close `g`, unless every other member's agent answers a knock at once (then
+    /// nobody is being lost). On a loss, closes `g` as a membership restart naming the lost
     /// node(s) first and returns the restart counts; `None`: the failure is the workers' own.
     pub(super) async fn attribute_to_loss(
         &self,
@@ -169,6 +241,7 @@ impl Actor {
         }
         let keys = self.round.keys();
         let deadline = Instant::now() + loss::ATTRIBUTION_WINDOW;
+        let mut knocked = false;
         loop {
             if self.store.get(&keys.closed(g)).await?.is_some() {
                 // A re-form is under way (a loss, or a peer that failed first): decided there.
@@ -179,6 +252,18 @@ impl Actor {
                 let reason = loss::attributed(&lost, description);
                 self.close(g, reason, true).await?;
                 return Ok(Some(self.round.restarts().await?));
+            }
+            if !knocked {
+                knocked = true;
+                if self.every_other_agent_answers(&plan).await {
+                    tracing::info!(
+                        run = %self.cfg.run_id,
+                        gen = g,
+                        "every other node's agent answers its probe port: the failure is the workers' own"
+                    );
+                    return Ok(None);
+                }
+                continue;
             }
             if Instant::now() >= deadline {
                 return Ok(None);

@@ -1,0 +1,134 @@
+//! A worker failure in a multi-node generation, through real sessions on the memory store: when
+//! every other member's agent answers a knock on its probe port the failure is the workers' own
+//! at once (the budget is spent, no window waited out); when a member's agent is gone, the
+//! failure waits for its loss and is a membership restart (nothing spent).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::test_support::{config, join, next};
+use super::{spawn_session, Event, Request};
+use crate::probe::{run_tag, Message};
+use crate::round::Restarts;
+use crate::{MemoryStore, Store};
+
+type Link = (
+    mpsc::UnboundedSender<Request>,
+    mpsc::UnboundedReceiver<Event>,
+);
+
+/// An agent's probe port on loopback answering the probes of `run`, as the launcher's prober.
+async fn prober(run: &str) -> (u16, tokio::task::JoinHandle<()>) {
+    let tag = run_tag(run);
+    let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let port = s.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut buf = [0u8; 64];
+        while let Ok((n, from)) = s.recv_from(&mut buf).await {
+            if let Some(m) = Message::decode(&buf[..n]).filter(|m| m.run_tag == tag) {
+                let _ = s
+                    .send_to(&Message { answer: true, ..m }.encode(), from)
+                    .await;
+            }
+        }
+    });
+    (port, task)
+}
+
+/// A loopback UDP port nothing listens on.
+fn closed_port() -> u16 {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.local_addr().unwrap().port()
+}
+
+/// Sessions a and b of `run` (restart budget 3) formed into one generation, b's agent probed
+/// at `b_port`; a's probe port answers.
+async fn pair(run: &str, b_port: u16) -> (Vec<Link>, u64, tokio::task::JoinHandle<()>) {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (a_port, a_task) = prober(run).await;
+    let mut links = vec![];
+    for (node, port) in [("a", a_port), ("b", b_port)] {
+        let mut cfg = config(run, node, 2, 2);
+        cfg.max_restarts = 3;
+        let link = spawn_session(store.clone(), cfg, None);
+        let mut j = join(node, 1);
+        j.candidate.probe_port = port;
+        link.0.send(Request::Join(j, 0)).unwrap();
+        links.push(link);
+    }
+    let mut g = 0;
+    for (_, rx) in links.iter_mut() {
+        let mut seen = vec![];
+        g = next(rx, &mut seen, |e| match e {
+            Event::Formed(p) => Some(p.generation),
+            _ => None,
+        })
+        .await
+        .unwrap_or_else(|| panic!("formed: {seen:?}"));
+    }
+    (links, g, a_task)
+}
+
+async fn decision(rx: &mut mpsc::UnboundedReceiver<Event>) -> (bool, Restarts) {
+    let mut seen = vec![];
+    next(rx, &mut seen, |e| match e {
+        Event::FailureDecision {
+            restart, restarts, ..
+        } => Some((*restart, restarts.clone())),
+        _ => None,
+    })
+    .await
+    .unwrap_or_else(|| panic!("a failure decision: {seen:?}"))
+}
+
+#[tokio::test]
+async fn a_failure_while_every_other_agent_answers_is_the_workers_own_at_once() {
+    let run = "own-failure";
+    let (b_port, _b) = prober(run).await;
+    let (mut links, g, _a) = pair(run, b_port).await;
+    let t0 = Instant::now();
+    links[0]
+        .0
+        .send(Request::Failed {
+            generation: g,
+            description: "rank 0 exited with 1".into(),
+            cause: None,
+        })
+        .unwrap();
+    let (restart, restarts) = decision(&mut links[0].1).await;
+    let took = t0.elapsed();
+    assert!(restart);
+    assert_eq!((restarts.failures, restarts.membership), (1, 0), "spent");
+    assert!(
+        took < crate::loss::ATTRIBUTION_WINDOW / 2,
+        "decided without waiting out the window: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_failure_while_a_member_is_gone_waits_for_its_loss_and_spends_nothing() {
+    let run = "lost-member";
+    let (mut links, g, _a) = pair(run, closed_port()).await;
+    links[0]
+        .0
+        .send(Request::Failed {
+            generation: g,
+            description: "rank 0: Connection reset by peer".into(),
+            cause: None,
+        })
+        .unwrap();
+    // b's process is gone (its port is closed); its lease goes a moment later.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    links[1].0.send(Request::Leave).unwrap();
+    let (restart, restarts) = decision(&mut links[0].1).await;
+    assert!(restart);
+    assert_eq!(
+        (restarts.failures, restarts.membership),
+        (0, 1),
+        "the loss's doing"
+    );
+}
