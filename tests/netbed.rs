@@ -605,6 +605,108 @@ fn a_control_plane_outage_is_not_a_training_outage_etcd() {
     control_plane_outage("etcd");
 }
 
+/// A checkpoint committed while the control plane is away is queued, not refused: two hosts
+/// checkpoint through the ledger (a stdlib worker committing every other step) and the server
+/// host's cable is pulled for three lease TTLs (a 3 s TTL, to stay short). The commits sent
+/// meanwhile wait (the committing ranks with them) and are replayed when the agents attach
+/// again; the step is then sealed in generation 1. No re-form, the same workers.
+#[test]
+fn a_checkpoint_committed_during_a_control_plane_outage_is_sealed_when_it_returns() {
+    let Some(Stage {
+        python,
+        bed,
+        server,
+        out,
+        dir,
+    }) = stage()
+    else {
+        return;
+    };
+    let ckpt = dir.path().join("ckpt");
+    let ttl = 3;
+    let conf = format!("lease_ttl={ttl}");
+    let agents = trainers(
+        &bed,
+        &["n0", "n1"],
+        &server,
+        &python,
+        ("queued", "2"),
+        |c| {
+            c.args(["--rdzv-conf", &conf])
+                .arg("--ckpt-dir")
+                .arg(&ckpt)
+                .arg(worker("ckpt_worker.py"))
+                .env("CKPT_OUT", &out)
+                .env("CKPT_STEPS", "1000000")
+                .env("CKPT_SLEEP", "0.05");
+        },
+    );
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let sealed = |g: u64| -> Vec<u64> {
+        ckpt_events(&out)
+            .iter()
+            .filter(|e| e["event"] == "committed" && e["gen"] == g && e["sealed"] == true)
+            .filter_map(|e| e["step"].as_u64())
+            .collect()
+    };
+    wait_for(
+        "generation 1 seals a checkpoint",
+        Duration::from_secs(120),
+        || !sealed(1).is_empty(),
+    );
+    let cut_at = now();
+    bed.pull_cable("server");
+    crate::harness::holds_for(
+        "the workers run on, no commit refused",
+        Duration::from_secs(3 * ttl),
+        || {
+            ckpt_events(&out)
+                .iter()
+                .all(|e| e["event"] != "refused" && (e["event"] != "start" || e["gen"] == 1))
+        },
+    );
+    let plug_at = now();
+    bed.plug_cable("server");
+    let during: Vec<u64> = ckpt_events(&out)
+        .iter()
+        .filter(|e| e["event"] == "committing" && e["gen"] == 1)
+        .filter(|e| e["t"].as_f64().is_some_and(|t| t > cut_at && t < plug_at))
+        .filter_map(|e| e["step"].as_u64())
+        .collect();
+    assert!(!during.is_empty(), "the ranks committed during the outage");
+    wait_for(
+        "a step committed during the outage is sealed",
+        Duration::from_secs(30),
+        || sealed(1).iter().any(|s| during.contains(s)),
+    );
+    let evs = ckpt_events(&out);
+    assert!(
+        evs.iter().all(|e| e["event"] != "start" || e["gen"] == 1),
+        "no re-form"
+    );
+    assert!(
+        !evs.iter().any(|e| e["event"] == "refused"),
+        "no commit was refused"
+    );
+    for a in &agents {
+        let err = a.stderr_so_far();
+        assert!(!err.contains("fenced"), "{err}");
+    }
+    eprintln!(
+        "commits of steps {during:?} sent during a {:.1} s outage; sealed after it: {:?}",
+        plug_at - cut_at,
+        sealed(1)
+            .into_iter()
+            .filter(|s| during.contains(s))
+            .collect::<Vec<_>>()
+    );
+}
+
 /// Three hosts training through a server on a fourth (memory store, default settings).
 struct Trio {
     bed: Bed,
