@@ -18,9 +18,13 @@
 //!    their first all_reduce in the new group.
 //! 2. **Hung host.** The same job; the third agent and its worker (and drun's guard) get
 //!    SIGSTOP instead. Same measurement.
-//! 3. **Worker failure.** 2 agents × 1 worker, `--max-restarts 1` for both launchers; rank 1
-//!    exits 1 once. From that worker's exit until both new workers
-//!    started (and did their first all_reduce).
+//! 3. **Worker failure.** 3 agents × 1 worker (`--nnodes 3`), `--max-restarts 3` for both
+//!    launchers; rank 1 exits 1 once. From that worker's exit until all three new workers
+//!    started (and did their first all_reduce). And `fail-standalone`: `--standalone
+//!    --nproc-per-node 2`, rank 1 exits 1 once; until both new workers started (and did their
+//!    first all_reduce). Rows `loss-cold` and `fail-cold` repeat the node loss and the 3-node
+//!    worker failure under drun with `--warm-workers off` (every new worker starts Python and
+//!    imports torch), to show what the warm interpreters save.
 //! 4. **Launch overhead** (`--standalone`, 2 trivial workers `--no-python true`, as
 //!    `benches/launch.rs`) and **rendezvous time** for N agents (`DRUN_BENCH_RDZV_N`, default
 //!    2,4,8; last agent started -> last worker started, as `benches/rendezvous.rs`: drun through
@@ -70,7 +74,8 @@
 //! recover"; in the hung-host row a launcher's first such run is not repeated (torchrun has no
 //! hang detector; only the workers' collective timeout, 30 min for gloo, would end it). Rows are
 //! chosen with `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP` (comma-separated of `loss`, `loss-etcd`,
-//! `hung`, `fail`, `launch`, `spawn`, `rdzv`, `idle`, `bed-cable0`, `bed-cable1`,
+//! `loss-cold`, `hung`, `fail`, `fail-cold`, `fail-standalone`, `launch`, `spawn`, `rdzv`,
+//! `idle`, `bed-cable0`, `bed-cable1`,
 //! `bed-partition`, `bed-outage`). Every process of a run carries the run's
 //! tag in its environment; at the end of the run every launcher's process group and every tagged
 //! process (workers that left their group included) is SIGKILLed. Agent logs of a run that
@@ -100,11 +105,14 @@ use nix::sys::signal::{kill, Signal};
 use records::{group_ready, log_tails, poll, records};
 use table::{fmt, Cell, Row, Unit};
 
-const ROWS: [&str; 12] = [
+const ROWS: [&str; 15] = [
     "loss",
     "loss-etcd",
+    "loss-cold",
     "hung",
     "fail",
+    "fail-cold",
+    "fail-standalone",
     "launch",
     "spawn",
     "rdzv",
@@ -183,6 +191,29 @@ enum Store {
     Etcd,
 }
 
+/// How drun runs a recovery row: its store, and whether its workers start cold
+/// (`--warm-workers off`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct How {
+    store: Store,
+    cold: bool,
+}
+
+impl How {
+    const MEMORY: How = How {
+        store: Store::Memory,
+        cold: false,
+    };
+    const COLD: How = How {
+        store: Store::Memory,
+        cold: true,
+    };
+    const ETCD: How = How {
+        store: Store::Etcd,
+        cold: false,
+    };
+}
+
 /// What happens in a recovery scenario.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -190,8 +221,10 @@ enum Fault {
     Crash,
     /// SIGSTOP of every process of the third node.
     Hang,
-    /// Rank 1 exits 1 in the first generation.
+    /// Rank 1 exits 1 in the first generation (3 nodes, 1 worker each).
     WorkerExit,
+    /// Rank 1 exits 1 in the first generation of a `--standalone` job of 2 workers.
+    StandaloneExit,
 }
 
 /// One recovery run.
@@ -206,11 +239,15 @@ enum Sample {
 }
 
 /// One run of a recovery scenario with launcher `l`.
-fn recovery(b: &Bench, l: Launcher, fault: Fault, store: Store, run: usize) -> Sample {
-    let (nodes, nnodes) = match fault {
-        Fault::WorkerExit => (2, "2"),
-        Fault::Crash | Fault::Hang => (3, "2:3"),
+fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, run: usize) -> Sample {
+    let (nodes, nnodes, workers_after) = match fault {
+        Fault::WorkerExit => (3, "3", 3),
+        Fault::StandaloneExit => (1, "1", 2),
+        Fault::Crash | Fault::Hang => (3, "2:3", 2),
     };
+    let store = how.store;
+    let fails = matches!(fault, Fault::WorkerExit | Fault::StandaloneExit);
+    let standalone = fault == Fault::StandaloneExit;
     let dir = tempfile::tempdir().unwrap();
     let (recs, logs) = (dir.path().join("rec"), dir.path().join("log"));
     std::fs::create_dir_all(&recs).unwrap();
@@ -218,7 +255,7 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, store: Store, run: usize) -> S
     let worker = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/workers/recovery.py");
     let id = format!("rec{run}");
     let etcd = (store == Store::Etcd && l == Launcher::Drun).then(Etcd::start);
-    let server = (l == Launcher::Drun).then(|| match &etcd {
+    let server = (l == Launcher::Drun && !standalone).then(|| match &etcd {
         Some(e) => RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &e.endpoint]),
         None => RdzvServer::start(&["--store", "memory"]),
     });
@@ -227,40 +264,47 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, store: Store, run: usize) -> S
         let mut c = match l {
             Launcher::Drun => {
                 let mut c = Command::new(env!("CARGO_BIN_EXE_drun"));
-                c.args(["--rdzv-endpoint", &server.as_ref().unwrap().1]);
-                if fault == Fault::WorkerExit {
-                    c.args(["--max-restarts", "1"]);
+                if let Some(server) = &server {
+                    c.args(["--rdzv-endpoint", &server.1]);
+                }
+                if fails {
+                    c.args(["--max-restarts", "3"]);
                 }
                 c.arg("--python").arg(&b.python);
                 c
             }
             Launcher::Torchrun => {
                 let mut c = Command::new(b.torchrun.as_ref().unwrap());
-                c.args(["--rdzv-backend", "c10d"])
-                    .args(["--rdzv-endpoint", &format!("127.0.0.1:{port}")])
-                    .args([
-                        "--max-restarts",
-                        if fault == Fault::WorkerExit { "1" } else { "3" },
-                    ]);
+                if !standalone {
+                    c.args(["--rdzv-backend", "c10d"])
+                        .args(["--rdzv-endpoint", &format!("127.0.0.1:{port}")]);
+                }
+                c.args(["--max-restarts", "3"]);
                 c
             }
         };
-        c.args([
-            "--nnodes",
-            nnodes,
-            "--nproc-per-node",
-            "1",
-            "--rdzv-id",
-            &id,
-        ])
-        .arg("--local-addr")
-        .arg(format!("127.0.0.{}", i + 1))
-        .arg(&worker)
-        .arg(&recs);
-        if fault == Fault::WorkerExit {
+        if standalone {
+            c.args(["--standalone", "--nproc-per-node", "2"]);
+        } else {
+            c.args([
+                "--nnodes",
+                nnodes,
+                "--nproc-per-node",
+                "1",
+                "--rdzv-id",
+                &id,
+            ])
+            .arg("--local-addr")
+            .arg(format!("127.0.0.{}", i + 1));
+        }
+        c.arg(&worker).arg(&recs);
+        if fails {
             c.args(["1", "10"]);
         }
         clear_job_env(&mut c);
+        if how.cold {
+            c.env("DRUN_WARM_WORKERS", "off");
+        }
         let log = File::create(logs.join(format!("agent{i}.log"))).unwrap();
         c.stdout(log.try_clone().unwrap()).stderr(log);
         c
@@ -275,7 +319,11 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, store: Store, run: usize) -> S
         }
     }
     let formed = poll(Duration::from_secs(180), || {
-        group_ready(&records(&recs), 0, nodes as u64)
+        group_ready(
+            &records(&recs),
+            0,
+            if standalone { 2 } else { nodes as u64 },
+        )
     });
     if formed.is_none() {
         eprintln!("  {} did not start its first generation:", l.name());
@@ -287,7 +335,7 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, store: Store, run: usize) -> S
         log_tails(&logs, nodes);
         return Sample::SetupFailed;
     };
-    let after = poll(b.bound, || group_ready(&records(&recs), t0, 2));
+    let after = poll(b.bound, || group_ready(&records(&recs), t0, workers_after));
     let sample = match after {
         Some((s, r)) => Sample::Recovered {
             started: s as f64 / 1e9,
@@ -329,7 +377,7 @@ fn inject(
             }
             Some(t0)
         }
-        Fault::WorkerExit => poll(Duration::from_secs(60), || {
+        Fault::WorkerExit | Fault::StandaloneExit => poll(Duration::from_secs(60), || {
             records(recs).iter().find_map(|r| r.exit_ns)
         }),
     }
@@ -361,7 +409,7 @@ fn recovery_rows(
     b: &Bench,
     what: &str,
     fault: Fault,
-    store: Store,
+    how: How,
     with_torch: bool,
     give_up: bool,
 ) -> [Row; 2] {
@@ -379,7 +427,7 @@ fn recovery_rows(
             if give_up && started.cell(l).gave_up() {
                 continue;
             }
-            let sample = recovery(b, l, fault, store, run);
+            let sample = recovery(b, l, fault, how, run);
             let (s, r) = match sample {
                 Sample::Recovered { started, ready } => {
                     eprintln!(
@@ -414,7 +462,11 @@ fn recovery_rows(
     }
     if !with_torch {
         for row in [&mut started, &mut ready] {
-            row.torchrun = Cell::absent("— (c10d only; see above)");
+            row.torchrun = Cell::absent(if how.cold {
+                "— (drun's cold start; see above)"
+            } else {
+                "— (c10d only; see above)"
+            });
         }
     }
     [started, ready]
@@ -505,45 +557,70 @@ fn main() {
     );
     let mut rows: Vec<Row> = Vec::new();
     let loss = "node loss, SIGKILL of 1 of 3 agents, defaults";
-    if selected("loss") {
-        rows.extend(recovery_rows(
-            &b,
-            &format!("{loss}, drun memory store"),
+    let fail = "worker exits 1 (3 agents, `--max-restarts 3`)";
+    // (row key, what, fault, how drun runs, torchrun beside it, give up after a first miss)
+    let recovery_table = [
+        (
+            "loss",
+            format!("{loss}, drun memory store"),
             Fault::Crash,
-            Store::Memory,
+            How::MEMORY,
             true,
             false,
-        ));
-    }
-    if selected("loss-etcd") {
-        rows.extend(recovery_rows(
-            &b,
-            &format!("{loss}, drun etcd store"),
+        ),
+        (
+            "loss-etcd",
+            format!("{loss}, drun etcd store"),
             Fault::Crash,
-            Store::Etcd,
+            How::ETCD,
             false,
             false,
-        ));
-    }
-    if selected("hung") {
-        rows.extend(recovery_rows(
-            &b,
-            "hung host, SIGSTOP of 1 of 3 agents and its worker, defaults",
+        ),
+        (
+            "loss-cold",
+            format!("{loss}, drun with `--warm-workers off`"),
+            Fault::Crash,
+            How::COLD,
+            false,
+            false,
+        ),
+        (
+            "hung",
+            "hung host, SIGSTOP of 1 of 3 agents and its worker, defaults".to_string(),
             Fault::Hang,
-            Store::Memory,
+            How::MEMORY,
             true,
             true,
-        ));
-    }
-    if selected("fail") {
-        rows.extend(recovery_rows(
-            &b,
-            "worker exits 1 (2 agents, `--max-restarts 1`)",
+        ),
+        (
+            "fail",
+            fail.to_string(),
             Fault::WorkerExit,
-            Store::Memory,
+            How::MEMORY,
             true,
             false,
-        ));
+        ),
+        (
+            "fail-cold",
+            format!("{fail}, drun with `--warm-workers off`"),
+            Fault::WorkerExit,
+            How::COLD,
+            false,
+            false,
+        ),
+        (
+            "fail-standalone",
+            "worker exits 1 (`--standalone --nproc-per-node 2`, `--max-restarts 3`)".to_string(),
+            Fault::StandaloneExit,
+            How::MEMORY,
+            true,
+            false,
+        ),
+    ];
+    for (key, what, fault, how, with_torch, give_up) in recovery_table {
+        if selected(key) {
+            rows.extend(recovery_rows(&b, &what, fault, how, with_torch, give_up));
+        }
     }
     launch_rows(&b, &mut rows);
     if selected("idle") {
