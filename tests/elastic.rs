@@ -271,6 +271,59 @@ fn a_node_arriving_mid_run_triggers_exactly_one_reform() {
     stop_all(agents);
 }
 
+/// Two newcomers arriving 1.5 s apart to a running `--nnodes 2:5` group with a 4 s last call
+/// are admitted together: one re-form (generation 2 with all four nodes), while the first two
+/// train on meanwhile; no generation of three.
+fn arrivals_within_the_last_call_are_admitted_in_one_reform(rdzv: &[String]) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agents: Vec<Agent> = (0..2)
+        .map(|i| agent(i, "arrivals", "2:5", rdzv, &[], dir.path()))
+        .collect();
+    let g1 = wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    agents.push(agent(2, "arrivals", "2:5", rdzv, &[], dir.path()));
+    // The scenario: the second newcomer arrives 1.5 s after the first (pods scheduled one by one).
+    std::thread::sleep(Duration::from_millis(1500));
+    agents.push(agent(3, "arrivals", "2:5", rdzv, &[], dir.path()));
+    let g2 = wait_gen(dir.path(), 2, 8, Duration::from_secs(60));
+    assert_eq!(by_label(&g2, "agent2").len(), 2);
+    assert_eq!(by_label(&g2, "agent3").len(), 2);
+    holds_for("no further re-form", Duration::from_secs(2 * TTL), || {
+        gen(dir.path(), 3).is_empty()
+    });
+    assert!(
+        pids(&g1).iter().all(|p| !crate::harness::alive(*p)),
+        "generation 1's workers were replaced once"
+    );
+    let leader = agents[0].stderr_so_far() + &agents[1].stderr_so_far();
+    assert!(
+        leader.contains(
+            "are waiting to join (scale-up), admitted together at the end of the last call (4 s)"
+        ),
+        "one re-form admitted both newcomers:\n{leader}"
+    );
+    stop_all(agents);
+}
+
+#[test]
+fn arrivals_within_the_last_call_are_admitted_in_one_reform_etcd() {
+    let etcd = Etcd::start();
+    let mut rdzv = rdzv_etcd(&etcd);
+    *rdzv.last_mut().unwrap() = format!("lease_ttl={TTL},last_call_timeout=4");
+    arrivals_within_the_last_call_are_admitted_in_one_reform(&rdzv);
+}
+
+#[test]
+fn arrivals_within_the_last_call_are_admitted_in_one_reform_memory() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let rdzv = vec![
+        "--rdzv-endpoint".to_string(),
+        server.endpoint.clone(),
+        "--rdzv-conf".into(),
+        format!("lease_ttl={TTL},last_call_timeout=4"),
+    ];
+    arrivals_within_the_last_call_are_admitted_in_one_reform(&rdzv);
+}
+
 #[test]
 fn rendezvous_server_restart_does_not_disturb_workers() {
     let etcd = Etcd::start();

@@ -116,7 +116,8 @@ fn an_agent_stopped_past_its_lease_rejoins_instead_of_failing_the_job() {
         "--rdzv-endpoint".to_string(),
         server.endpoint.clone(),
         "--rdzv-conf".into(),
-        "lease_ttl=3".into(),
+        // The resumed agent rejoins as a newcomer: a short last call admits it soon.
+        "lease_ttl=3,last_call_timeout=1".into(),
     ];
     let agents = three_agents("paused", &rdzv, &python, dir.path(), 100_000);
     let paused = &agents[2];

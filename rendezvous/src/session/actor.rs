@@ -129,6 +129,7 @@ impl Actor {
             rules: Rules {
                 max_nodes: cfg.round.max_nodes,
                 scale_up_save: cfg.scale_up_save,
+                scale_up_window: cfg.round.last_call,
                 lease_ttl: cfg.lease_ttl,
                 max_restarts: cfg.max_restarts,
                 ckpt_interval: cfg.ckpt_interval,

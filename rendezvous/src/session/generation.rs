@@ -10,6 +10,7 @@
 //!
 //! See `docs/architecture.md` §2 (re-form, restarts, end) for the rules themselves.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -30,6 +31,9 @@ pub(crate) struct Rules {
     pub max_nodes: usize,
     /// `--on-scale-up checkpoint`: how long a newcomer waits for a checkpoint's seal.
     pub scale_up_save: Option<Duration>,
+    /// The last call (`last_call_timeout`): newcomers that arrive within it of the first one
+    /// are admitted in one re-form (zero: each at once).
+    pub scale_up_window: Duration,
     /// The successor must write its membership key within this (the lease TTL).
     pub lease_ttl: Duration,
     /// Job-wide worker-failure restart budget.
@@ -50,6 +54,16 @@ pub(crate) struct PendingScaleUp {
     pub deadline: Instant,
 }
 
+/// Newcomers held while the scale-up window runs (node rank 0 only): the running world trains
+/// meanwhile, and every node that arrives before it ends is admitted in the same re-form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Arrivals {
+    /// The newcomers seen so far, in name order.
+    pub nodes: BTreeSet<String>,
+    /// When the window ends (the first arrival plus the last call).
+    pub until: Instant,
+}
+
 /// The session's view of the generation it runs, with the deadlines it owns.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Running {
@@ -63,6 +77,8 @@ pub(crate) struct Running {
     pub successor_deadline: Option<Instant>,
     /// Node rank 0 only: a newcomer waits while a coordinated checkpoint is taken.
     pub scale_up: Option<PendingScaleUp>,
+    /// Node rank 0 only: newcomers held until the scale-up window ends.
+    pub arrivals: Option<Arrivals>,
     /// Node rank 0 only, with `--ckpt-interval`: when the next interval save is due.
     pub save_clock: Option<SaveClock>,
     /// Node rank 0 only: what the members' environments agreed on at formation (`None`:
@@ -97,6 +113,7 @@ impl Running {
             .as_ref()
             .map(|b| b.silence.clone())
             .unwrap_or_default();
+        let arrivals = before.as_ref().and_then(|b| b.arrivals.clone());
         let scale_up = before.and_then(|b| b.scale_up);
         let successor_deadline =
             (successor.is_some() && !successor_started).then(|| now + rules.lease_ttl);
@@ -106,6 +123,7 @@ impl Running {
             successor,
             successor_deadline,
             scale_up,
+            arrivals,
             save_clock,
             door: None,
             silence,
@@ -124,6 +142,7 @@ impl Running {
         [
             self.successor_deadline,
             scale_up,
+            self.arrivals.as_ref().map(|a| a.until),
             save,
             self.silence.wake_at(),
         ]
@@ -371,7 +390,7 @@ pub(crate) fn step(run: &mut Running, input: Input, now: Instant, rules: &Rules)
             "a coordinated checkpoint was requested",
         ),
         Input::Sealed(id) => sealed(run, id, now),
-        Input::Waiting(node, join) => newcomer(run, node, join.as_deref(), rules),
+        Input::Waiting(node, join) => newcomer(run, node, join.as_deref(), now, rules),
         Input::WaitingGone if run.scale_up.is_some() => Step::does(
             vec![Effect::CallOffIfNobodyWaits],
             "a node stopped waiting while a scale-up is pending",
@@ -409,24 +428,32 @@ fn sealed(run: &mut Running, id: String, now: Instant) -> Step {
         return Step::does(effects, format!("checkpoint {id} sealed"));
     };
     let reason = format!(
-        "node {} is waiting to join (scale-up), admitted after {} was sealed",
-        p.node,
+        "{} waiting to join (scale-up), admitted after {} was sealed",
+        are(&p.node),
         crate::ledger::describe_id(&id)
     );
     effects.push(Effect::AdmitIfWaiting {
         reason: reason.clone(),
         gone_note: Some(format!(
-            "node {} stopped waiting before the checkpoint was sealed: no re-form",
-            p.node
+            "{} no longer waiting when the checkpoint was sealed: no re-form",
+            are(&p.node)
         )),
     });
     Step::does(effects, reason)
 }
 
 /// A node asks to join while the generation runs: a newcomer below MAX re-forms the group (at
-/// once, or after a coordinated checkpoint); a member's own join, or anyone at MAX, stands by;
-/// a newcomer the re-form's environment check would refuse is turned away at the door.
-fn newcomer(run: &mut Running, node: String, join: Option<&Join>, rules: &Rules) -> Step {
+/// once, or after a coordinated checkpoint), together with every other newcomer that arrives
+/// within the scale-up window of the first one (at once when they bring the group to MAX); a
+/// member's own join, or anyone at MAX, stands by; a newcomer the re-form's environment check
+/// would refuse is turned away at the door.
+fn newcomer(
+    run: &mut Running,
+    node: String,
+    join: Option<&Join>,
+    now: Instant,
+    rules: &Rules,
+) -> Step {
     if run.plan.member(&node).is_some() {
         return Step::nothing(format!("node {node} is a member of the running generation"));
     }
@@ -444,17 +471,60 @@ fn newcomer(run: &mut Running, node: String, join: Option<&Join>, rules: &Rules)
         let reason = format!("node {node} is turned away at the door: {message}");
         return Step::does(vec![Effect::TurnAway { node, message }], reason);
     }
-    let reason = format!("node {node} is waiting to join (scale-up)");
+    if rules.scale_up_window.is_zero() {
+        let reason = format!("node {node} is waiting to join (scale-up)");
+        return admit(run, node, reason, rules);
+    }
+    let arrivals = run.arrivals.get_or_insert_with(|| Arrivals {
+        nodes: BTreeSet::new(),
+        until: now + rules.scale_up_window,
+    });
+    arrivals.nodes.insert(node.clone());
+    if run.plan.members.len() + arrivals.nodes.len() < rules.max_nodes {
+        let left = arrivals.until.saturating_duration_since(now);
+        return Step::nothing(format!(
+            "node {node} is waiting to join (scale-up): admitted in {} with every node that arrives meanwhile (the last call since the first arrival), the group trains on",
+            human(left)
+        ));
+    }
+    let list = listed(&run.arrivals.take().map(|a| a.nodes).unwrap_or_default());
+    let reason = format!(
+        "{} waiting to join (scale-up): with them the group reaches its maximum of {} nodes",
+        are(&list),
+        rules.max_nodes
+    );
+    admit(run, list, reason, rules)
+}
+
+/// The newcomers as one list, "a" or "a, b".
+fn listed(nodes: &BTreeSet<String>) -> String {
+    nodes
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// "node a is" or "nodes a, b are", for a list made by [`listed`].
+pub(crate) fn are(list: &str) -> String {
+    if list.contains(", ") {
+        format!("nodes {list} are")
+    } else {
+        format!("node {list} is")
+    }
+}
+
+/// Admits the newcomers `list` (see [`listed`]): re-forms at once, or asks for a checkpoint
+/// first (`--on-scale-up checkpoint`).
+fn admit(run: &Running, list: String, reason: String, rules: &Rules) -> Step {
     match rules.scale_up_save {
         None => Step::does(vec![Effect::Close(reason.clone())], reason),
-        Some(_) if run.scale_up.is_some() => {
-            Step::nothing(format!("node {node} waits for the pending scale-up save"))
-        }
+        Some(_) if run.scale_up.is_some() => Step::nothing(format!(
+            "{} waiting for the pending scale-up save",
+            are(&list)
+        )),
         Some(limit) => Step::does(
-            vec![Effect::RequestScaleUpSave {
-                node: node.clone(),
-                limit,
-            }],
+            vec![Effect::RequestScaleUpSave { node: list, limit }],
             format!("{reason}: asking for a checkpoint first"),
         ),
     }
@@ -485,11 +555,28 @@ fn tick(run: &mut Running, now: Instant, rules: &Rules) -> Step {
             });
         }
     }
+    if let Some(a) = run.arrivals.take_if(|a| a.until <= now) {
+        let list = listed(&a.nodes);
+        let who = are(&list);
+        let reason = format!(
+            "{who} waiting to join (scale-up), admitted together at the end of the last call ({})",
+            human(rules.scale_up_window)
+        );
+        why.push(reason.clone());
+        match rules.scale_up_save {
+            None => effects.push(Effect::AdmitIfWaiting {
+                reason,
+                gone_note: Some(format!("{who} no longer waiting: no re-form")),
+            }),
+            Some(_) if run.scale_up.is_some() => {}
+            Some(limit) => effects.push(Effect::RequestScaleUpSave { node: list, limit }),
+        }
+    }
     if let Some(p) = run.scale_up.take_if(|p| p.deadline <= now) {
         let limit = rules.scale_up_save.unwrap_or_default();
         let reason = format!(
-            "node {} is waiting to join (scale-up); no checkpoint was sealed within {}, re-forming without one",
-            p.node,
+            "{} waiting to join (scale-up); no checkpoint was sealed within {}, re-forming without one",
+            are(&p.node),
             human(limit)
         );
         why.push(reason.clone());

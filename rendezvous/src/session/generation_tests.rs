@@ -28,6 +28,7 @@ pub(super) fn rules() -> Rules {
     Rules {
         max_nodes: 4,
         scale_up_save: None,
+        scale_up_window: Duration::ZERO,
         lease_ttl: Duration::from_secs(10),
         max_restarts: 2,
         ckpt_interval: Default::default(),
@@ -535,4 +536,112 @@ fn node_rank_0_asks_for_a_save_each_interval_after_the_last_seal() {
         classify(&keys, 3, WatchEvent::Put(kv)).unwrap(),
         Input::SaveRequest(_)
     ));
+}
+
+// ---- arrivals batched in the scale-up window ----
+
+fn windowed(max: usize, window_s: u64, save: Option<u64>) -> Rules {
+    Rules {
+        max_nodes: max,
+        scale_up_window: Duration::from_secs(window_s),
+        scale_up_save: save.map(Duration::from_secs),
+        ..rules()
+    }
+}
+
+fn arrive(r: &mut Running, node: &str, at: Instant, rules: &Rules) -> Step {
+    step(r, Input::Waiting(node.into(), None), at, rules)
+}
+
+#[test]
+fn newcomers_within_the_last_call_of_the_first_are_admitted_in_one_reform() {
+    let t0 = Instant::now();
+    let rules = windowed(6, 10, None);
+    let mut r = Running::enter(plan(3, &["a", "b"]), "a", None, true, t0, &rules);
+    let s = arrive(&mut r, "d", t0, &rules);
+    assert!(s.effects.is_empty(), "held: {s:?}");
+    assert!(s.reason.contains("admitted in 10 s"), "{}", s.reason);
+    assert_eq!(r.wake_at(), Some(ms(t0, 10_000)));
+    assert!(arrive(&mut r, "c", ms(t0, 3_000), &rules)
+        .effects
+        .is_empty());
+    assert_eq!(
+        r.wake_at(),
+        Some(ms(t0, 10_000)),
+        "the first arrival's window"
+    );
+    assert!(step(&mut r, Input::Tick, ms(t0, 9_999), &rules)
+        .effects
+        .is_empty());
+    let s = step(&mut r, Input::Tick, ms(t0, 10_000), &rules);
+    assert_eq!(
+        s.effects,
+        vec![Effect::AdmitIfWaiting {
+            reason: "nodes c, d are waiting to join (scale-up), admitted together at the end of the last call (10 s)".into(),
+            gone_note: Some("nodes c, d are no longer waiting: no re-form".into()),
+        }]
+    );
+    assert_eq!(r.arrivals, None, "once");
+    assert_eq!(r.wake_at(), None);
+    // The next arrival opens a window of its own.
+    assert!(arrive(&mut r, "e", ms(t0, 12_000), &rules)
+        .effects
+        .is_empty());
+    assert_eq!(r.wake_at(), Some(ms(t0, 22_000)));
+}
+
+#[test]
+fn newcomers_that_bring_the_group_to_max_are_admitted_at_once() {
+    let t0 = Instant::now();
+    let rules = windowed(4, 10, None);
+    let mut r = Running::enter(plan(3, &["a", "b"]), "a", None, true, t0, &rules);
+    assert!(arrive(&mut r, "d", t0, &rules).effects.is_empty());
+    let s = arrive(&mut r, "c", ms(t0, 1_000), &rules);
+    assert_eq!(
+        close_reason(&s),
+        Some("nodes c, d are waiting to join (scale-up): with them the group reaches its maximum of 4 nodes")
+    );
+    assert_eq!(r.wake_at(), None);
+}
+
+#[test]
+fn with_on_scale_up_checkpoint_the_batch_asks_for_one_save_after_the_window() {
+    let t0 = Instant::now();
+    let rules = windowed(6, 5, Some(60));
+    let mut r = Running::enter(plan(3, &["a", "b"]), "a", None, true, t0, &rules);
+    assert!(arrive(&mut r, "c", t0, &rules).effects.is_empty());
+    assert!(arrive(&mut r, "d", ms(t0, 2_000), &rules)
+        .effects
+        .is_empty());
+    let s = step(&mut r, Input::Tick, ms(t0, 5_000), &rules);
+    assert_eq!(
+        s.effects,
+        vec![Effect::RequestScaleUpSave {
+            node: "c, d".into(),
+            limit: Duration::from_secs(60),
+        }]
+    );
+}
+
+#[test]
+fn a_loss_while_newcomers_are_held_reforms_at_once() {
+    let t0 = Instant::now();
+    let rules = windowed(6, 30, None);
+    let mut r = Running::enter(plan(3, &["a", "b"]), "a", None, true, t0, &rules);
+    assert!(arrive(&mut r, "c", t0, &rules).effects.is_empty());
+    let s = step(&mut r, Input::MemberGone("b".into()), ms(t0, 1_000), &rules);
+    assert_eq!(s.effects, vec![Effect::SuccessorLost("b".into())]);
+}
+
+#[test]
+fn without_a_last_call_each_newcomer_reforms_at_once() {
+    let t0 = Instant::now();
+    let rules = windowed(6, 0, None);
+    let mut r = Running::enter(plan(3, &["a", "b"]), "a", None, true, t0, &rules);
+    let s = arrive(&mut r, "c", t0, &rules);
+    assert_eq!(
+        close_reason(&s),
+        Some("node c is waiting to join (scale-up)")
+    );
+    assert_eq!(r.arrivals, None);
 }

@@ -330,14 +330,14 @@ impl Actor {
                 let latest_before = self
                     .request_save(
                         g,
-                        format!("node {node} is waiting to join (scale-up)"),
+                        format!("{} waiting to join (scale-up)", generation::are(&node)),
                         true,
                     )
                     .await?;
                 tracing::info!(
                     run = %self.cfg.run_id,
                     gen = g,
-                    "node {node} is waiting to join: asking every rank for a checkpoint first (--on-scale-up checkpoint, up to {})", human(limit)
+                    "{} waiting to join: asking every rank for a checkpoint first (--on-scale-up checkpoint, up to {})", generation::are(&node), human(limit)
                 );
                 run.scale_up_requested(&node, latest_before, Instant::now(), limit);
             }
@@ -351,7 +351,7 @@ impl Actor {
             Effect::CallOffIfNobodyWaits => {
                 if !self.newcomer_waiting(&run.plan).await? {
                     if let Some(node) = run.call_off_scale_up() {
-                        tracing::info!(run = %self.cfg.run_id, gen = g, "node {node} stopped waiting to join: the scale-up is called off, no re-form");
+                        tracing::info!(run = %self.cfg.run_id, gen = g, "{} no longer waiting to join: the scale-up is called off, no re-form", generation::are(&node));
                     }
                 }
             }
