@@ -222,17 +222,17 @@ impl Client {
         )
     }
 
-    /// The generation this agent's workers train, when every peer of it answers its probes
-    /// now: the rendezvous is gone for everyone, not for this node alone (see
-    /// [`Reach::check`]). Not while the node waits for an answer ([`Track::training`]).
+    /// The generation this agent's workers train, or whose failure it reports, when every peer
+    /// of it answers its probes now: the rendezvous is gone for everyone, not for this node
+    /// alone (see [`Reach::check`]). Not while the node waits for any other answer
+    /// ([`Track::training`], [`Track::reporting_failure`]): a join gets none from a server that
+    /// is gone, while a failure report is replayed when one answers (the workers are stopped,
+    /// so waiting cannot make a second world).
     fn vouched(&self, now: Instant) -> Option<u64> {
         let g = self.t.generation;
         let peers = self.peers.as_ref()?;
-        (self.t.training()
-            && peers.training()
-            && peers.generation() == g
-            && peers.verdict(now) == Verdict::AllAnswer)
-            .then_some(g)
+        let keeps = (self.t.training() && peers.training()) || self.t.reporting_failure();
+        (keeps && peers.generation() == g && peers.verdict(now) == Verdict::AllAnswer).then_some(g)
     }
 
     /// How this link connects (TLS or not, with a client certificate or not).

@@ -162,7 +162,7 @@ impl Reach {
                 self.outage_said = true;
                 self.kept = Some((g, self.last_message));
                 kept = Some(format!(
-                    "{UNREACHABLE} for {} (TTL {}; tried {endpoints}), but every peer of generation {g} answers: the control plane is away for everyone, so this node keeps its generation and workers and attaches again when a server answers",
+                    "{UNREACHABLE} for {} (TTL {}; tried {endpoints}), but every peer of generation {g} answers: the control plane is away for everyone, so this node keeps its generation (its workers, or the failure it reports) and attaches again when a server answers",
                     human(gone),
                     human(l.lease_ttl),
                 ));
@@ -345,7 +345,7 @@ mod tests {
         let line = v.progress.expect("said once");
         assert!(
             line.contains("but every peer of generation 4 answers")
-                && line.contains("keeps its generation and workers"),
+                && line.contains("keeps its generation (its workers, or the failure it reports)"),
             "{line}"
         );
         let again = r.check(t0 + s(32), true, Some(4), L, EP);

@@ -40,6 +40,18 @@ impl Track {
             && self.mark_bad.is_none()
     }
 
+    /// Whether the node waits for the decision on a failure of its generation's workers (and
+    /// for nothing else): its workers are stopped, so an outage of the control plane can be
+    /// waited out as a training one is (the peers vouching), and the report replayed when a
+    /// server answers.
+    pub fn reporting_failure(&self) -> bool {
+        self.generation > 0
+            && self.waiting.is_none()
+            && self.failed.is_some()
+            && self.succeeded.is_none()
+            && self.mark_bad.is_none()
+    }
+
     /// Records a request sent to the server.
     pub fn sent(&mut self, req: &Request) {
         match req {
@@ -217,6 +229,18 @@ mod tests {
             description: "rank 1 was killed by SIGKILL".into(),
             cause: None,
         }
+    }
+
+    #[test]
+    fn a_node_reporting_a_failure_waits_for_its_answer_and_for_nothing_else() {
+        let mut t = Track::default();
+        t.received(&Event::Opened { lease: 1 });
+        t.received(&formed(2));
+        assert!(t.training() && !t.reporting_failure());
+        t.sent(&failed(2));
+        assert!(!t.training() && t.reporting_failure());
+        t.sent(&Request::Join(join("a"), 2));
+        assert!(!t.reporting_failure(), "a join needs an answer of its own");
     }
 
     #[test]
