@@ -25,7 +25,9 @@
 //! What a probe does not see: the workers' collectives may use another fabric (InfiniBand,
 //! NVLink, RoCE through NCCL) that a TCP/IP probe on the agent's address does not cross.
 //! Cost: [`PROBE_BYTES`] bytes each way per peer per [`PROBE_EVERY`] (with 8 nodes: 7 peers,
-//! 2 × 7 × 30 B / 0.2 s = 2.1 KB/s per node; beyond 32 nodes at most 4 peers, 1.2 KB/s).
+//! 2 × 7 × 30 B / 0.2 s = 2.1 KB/s sent per node; beyond 32 nodes at most 4 peers, 1.2 KB/s);
+//! `cargo bench --bench probes` measures it, and the CPU: 0.04 % of a core per node at 8 nodes,
+//! 0.07 % at 32.
 
 pub mod table;
 
