@@ -24,7 +24,9 @@
 //!    --nproc-per-node 2`, rank 1 exits 1 once; until both new workers started (and did their
 //!    first all_reduce). Rows `loss-cold` and `fail-cold` repeat the node loss and the 3-node
 //!    worker failure under drun with `--warm-workers off` (every new worker starts Python and
-//!    imports torch), to show what the warm interpreters save.
+//!    imports torch), to show what the warm interpreters save. Row `arrivals`: two newcomers
+//!    10 s apart join a running `--nnodes 2:4` job (`recovery/arrivals.rs`): seconds until the
+//!    world of 4's first all_reduce, and how many re-forms it cost.
 //! 4. **Launch overhead** (`--standalone`, 2 trivial workers `--no-python true`, as
 //!    `benches/launch.rs`) and **rendezvous time** for N agents (`DRUN_BENCH_RDZV_N`, default
 //!    2,4,8; last agent started -> last worker started, as `benches/rendezvous.rs`: drun through
@@ -74,7 +76,7 @@
 //! recover"; in the hung-host row a launcher's first such run is not repeated (torchrun has no
 //! hang detector; only the workers' collective timeout, 30 min for gloo, would end it). Rows are
 //! chosen with `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP` (comma-separated of `loss`, `loss-etcd`,
-//! `loss-cold`, `hung`, `fail`, `fail-cold`, `fail-standalone`, `launch`, `spawn`, `rdzv`,
+//! `loss-cold`, `hung`, `fail`, `fail-cold`, `fail-standalone`, `arrivals`, `launch`, `spawn`, `rdzv`,
 //! `idle`, `bed-cable0`, `bed-cable1`,
 //! `bed-partition`, `bed-outage`). Every process of a run carries the run's
 //! tag in its environment; at the end of the run every launcher's process group and every tagged
@@ -83,6 +85,8 @@
 //! Markdown (`DRUN_BENCH_KEEP=1` keeps each run's worker records and agent logs). Only loopback
 //! addresses are used, and the bed's own (`10.77.0.0/24`, inside its namespaces).
 
+#[path = "recovery/arrivals.rs"]
+mod arrivals;
 #[path = "recovery/bed.rs"]
 mod bed;
 mod common;
@@ -105,7 +109,7 @@ use nix::sys::signal::{kill, Signal};
 use records::{group_ready, log_tails, poll, records};
 use table::{fmt, Cell, Row, Unit};
 
-const ROWS: [&str; 15] = [
+const ROWS: [&str; 16] = [
     "loss",
     "loss-etcd",
     "loss-cold",
@@ -113,6 +117,7 @@ const ROWS: [&str; 15] = [
     "fail",
     "fail-cold",
     "fail-standalone",
+    "arrivals",
     "launch",
     "spawn",
     "rdzv",
@@ -621,6 +626,9 @@ fn main() {
         if selected(key) {
             rows.extend(recovery_rows(&b, &what, fault, how, with_torch, give_up));
         }
+    }
+    if selected("arrivals") {
+        rows.push(arrivals::arrivals_row(&b));
     }
     launch_rows(&b, &mut rows);
     if selected("idle") {
