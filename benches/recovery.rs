@@ -25,7 +25,7 @@
 //!    first all_reduce). Rows `loss-cold` and `fail-cold` repeat the node loss and the 3-node
 //!    worker failure under drun with `--warm-workers off` (every new worker starts Python and
 //!    imports torch), to show what the warm interpreters save. Row `arrivals`: two newcomers
-//!    10 s apart join a running `--nnodes 2:4` job (`recovery/arrivals.rs`): seconds until the
+//!    3 s apart join a running `--nnodes 2:4` job (`recovery/arrivals.rs`): seconds until the
 //!    world of 4's first all_reduce, and how many re-forms it cost.
 //! 4. **Launch overhead** (`--standalone`, 2 trivial workers `--no-python true`, as
 //!    `benches/launch.rs`) and **rendezvous time** for N agents (`DRUN_BENCH_RDZV_N`, default

@@ -20,7 +20,7 @@ use super::table::{fmt, Row, Unit};
 use super::{clear_job_env, launchers, Bench, Launcher};
 
 /// Between the two newcomers.
-const APART: Duration = Duration::from_secs(10);
+const APART: Duration = Duration::from_secs(3);
 
 /// One run: (seconds until the world of 4's first all_reduce, re-forms), `None` when the job did
 /// not start; infinite seconds when the world of 4 did not come within the bound.
