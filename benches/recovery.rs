@@ -106,7 +106,7 @@ use std::time::{Duration, Instant};
 
 use launch::launch_rows;
 use nix::sys::signal::{kill, Signal};
-use records::{group_ready, log_tails, poll, records};
+use records::{group_phases, group_ready, log_tails, poll, records};
 use table::{fmt, Cell, Row, Unit};
 
 const ROWS: [&str; 16] = [
@@ -236,7 +236,12 @@ enum Fault {
 enum Sample {
     /// Seconds from the fault until both new workers started, and until both did their first
     /// all_reduce.
-    Recovered { started: f64, ready: f64 },
+    Recovered {
+        started: f64,
+        ready: f64,
+        /// [`records::group_phases`]: spawned, import, init, first all_reduce.
+        phases: [f64; 4],
+    },
     /// Not within the bound.
     NotRecovered,
     /// The job never reached its first generation (an environment problem, not a result).
@@ -345,6 +350,7 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, run: usize) -> Sampl
         Some((s, r)) => Sample::Recovered {
             started: s as f64 / 1e9,
             ready: r as f64 / 1e9,
+            phases: group_phases(&records(&recs), t0, workers_after).unwrap_or_default(),
         },
         None => Sample::NotRecovered,
     };
@@ -399,6 +405,17 @@ fn show_drun_restart(logs: &Path, nodes: usize, sample: &Sample) {
     }
 }
 
+/// The phases of a group's start (see [`records::group_phases`]), one line.
+fn show_phases(p: &[f64; 4]) -> String {
+    format!(
+        "workers started {}, imported torch +{}, joined the group +{}, first all_reduce +{}",
+        fmt(p[0], Unit::Seconds),
+        fmt(p[1], Unit::Seconds),
+        fmt(p[2], Unit::Seconds),
+        fmt(p[3], Unit::Seconds)
+    )
+}
+
 fn launchers(b: &Bench) -> Vec<Launcher> {
     let mut v = vec![Launcher::Drun];
     if b.torchrun.is_some() {
@@ -423,6 +440,7 @@ fn recovery_rows(
         format!("{what} → new group's first all_reduce"),
         Unit::Seconds,
     );
+    let mut all_phases: Vec<Vec<[f64; 4]>> = vec![Vec::new(); 2];
     let ls: Vec<Launcher> = launchers(b)
         .into_iter()
         .filter(|&l| with_torch || l == Launcher::Drun)
@@ -434,15 +452,21 @@ fn recovery_rows(
             }
             let sample = recovery(b, l, fault, how, run);
             let (s, r) = match sample {
-                Sample::Recovered { started, ready } => {
+                Sample::Recovered {
+                    started,
+                    ready,
+                    phases,
+                } => {
                     eprintln!(
-                        "[{what}] run {}/{} {}: new workers started after {}, first all_reduce after {}",
+                        "[{what}] run {}/{} {}: new workers started after {}, first all_reduce after {} ({})",
                         run + 1,
                         b.runs,
                         l.name(),
                         fmt(started, Unit::Seconds),
-                        fmt(ready, Unit::Seconds)
+                        fmt(ready, Unit::Seconds),
+                        show_phases(&phases)
                     );
+                    all_phases[l as usize].push(phases);
                     (started, ready)
                 }
                 Sample::NotRecovered => {
@@ -464,6 +488,21 @@ fn recovery_rows(
             started.cell(l).values.push(s);
             ready.cell(l).values.push(r);
         }
+    }
+    for &l in &ls {
+        let runs = &all_phases[l as usize];
+        if runs.is_empty() {
+            continue;
+        }
+        let median = |i: usize| {
+            let mut v: Vec<f64> = runs.iter().map(|p| p[i]).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        ready.cell(l).note = Some(format!(
+            "medians: {}",
+            show_phases(&[median(0), median(1), median(2), median(3)])
+        ));
     }
     if !with_torch {
         for row in [&mut started, &mut ready] {

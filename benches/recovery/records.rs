@@ -8,6 +8,8 @@ pub(super) struct Rec {
     pub(super) rank: u64,
     pub(super) world: u64,
     pub(super) start_ns: u128,
+    pub(super) imported_ns: Option<u128>,
+    pub(super) init_ns: Option<u128>,
     pub(super) ready_ns: Option<u128>,
     pub(super) exit_ns: Option<u128>,
 }
@@ -41,6 +43,8 @@ pub(super) fn records(dir: &Path) -> Vec<Rec> {
             rank,
             world,
             start_ns,
+            imported_ns: ns("imported_ns"),
+            init_ns: ns("init_ns"),
             ready_ns: ns("ready_ns"),
             exit_ns: ns("exit_ns"),
         });
@@ -63,6 +67,38 @@ pub(super) fn group_ready(recs: &[Rec], t0: u128, world: u64) -> Option<(u128, u
         ready = ready.max(r.ready_ns.unwrap() - t0);
     }
     Some((started, ready))
+}
+
+/// Where the seconds of a group's start after `t0` went, as [`group_ready`] picks its workers:
+/// until the last worker started (detect, decide, stop, spawn), then until the last had imported
+/// torch, then until the last had joined the process group (`init_process_group`), then until
+/// the last finished its first all_reduce. `None` as for [`group_ready`].
+pub(super) fn group_phases(recs: &[Rec], t0: u128, world: u64) -> Option<[f64; 4]> {
+    let mut at = [0u128; 4];
+    for rank in 0..world {
+        let r = recs
+            .iter()
+            .filter(|r| r.rank == rank && r.world == world && r.start_ns > t0)
+            .filter(|r| r.ready_ns.is_some())
+            .min_by_key(|r| r.ready_ns)?;
+        let ready = r.ready_ns.unwrap();
+        let times = [
+            r.start_ns,
+            r.imported_ns.unwrap_or(r.start_ns),
+            r.init_ns.unwrap_or(ready),
+            ready,
+        ];
+        for (a, t) in at.iter_mut().zip(times) {
+            *a = (*a).max(t - t0);
+        }
+    }
+    let s = |ns: u128| ns as f64 / 1e9;
+    Some([
+        s(at[0]),
+        s(at[1].saturating_sub(at[0])),
+        s(at[2].saturating_sub(at[1])),
+        s(at[3].saturating_sub(at[2])),
+    ])
 }
 
 pub(super) fn poll<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
