@@ -57,16 +57,24 @@ pub(super) fn records(dir: &Path) -> Vec<Rec> {
 /// that got there first counts.
 pub(super) fn group_ready(recs: &[Rec], t0: u128, world: u64) -> Option<(u128, u128)> {
     let (mut started, mut ready) = (0, 0);
-    for rank in 0..world {
-        let r = recs
-            .iter()
-            .filter(|r| r.rank == rank && r.world == world && r.start_ns > t0)
-            .filter(|r| r.ready_ns.is_some())
-            .min_by_key(|r| r.ready_ns)?;
+    for r in picked(recs, t0, world)? {
         started = started.max(r.start_ns - t0);
-        ready = ready.max(r.ready_ns.unwrap() - t0);
+        ready = ready.max(r.ready_ns? - t0);
     }
     Some((started, ready))
+}
+
+/// Per rank 0..world of a world-`world` group started after `t0`, the worker that reached its
+/// first all_reduce first; `None` until every rank has one.
+fn picked(recs: &[Rec], t0: u128, world: u64) -> Option<Vec<&Rec>> {
+    (0..world)
+        .map(|rank| {
+            recs.iter()
+                .filter(|r| r.rank == rank && r.world == world && r.start_ns > t0)
+                .filter(|r| r.ready_ns.is_some())
+                .min_by_key(|r| r.ready_ns)
+        })
+        .collect()
 }
 
 /// Where the seconds of a group's start after `t0` went, as [`group_ready`] picks its workers:
@@ -75,13 +83,8 @@ pub(super) fn group_ready(recs: &[Rec], t0: u128, world: u64) -> Option<(u128, u
 /// the last finished its first all_reduce. `None` as for [`group_ready`].
 pub(super) fn group_phases(recs: &[Rec], t0: u128, world: u64) -> Option<[f64; 4]> {
     let mut at = [0u128; 4];
-    for rank in 0..world {
-        let r = recs
-            .iter()
-            .filter(|r| r.rank == rank && r.world == world && r.start_ns > t0)
-            .filter(|r| r.ready_ns.is_some())
-            .min_by_key(|r| r.ready_ns)?;
-        let ready = r.ready_ns.unwrap();
+    for r in picked(recs, t0, world)? {
+        let ready = r.ready_ns?;
         let times = [
             r.start_ns,
             r.imported_ns.unwrap_or(r.start_ns),

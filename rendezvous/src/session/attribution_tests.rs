@@ -6,13 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::test_support::{config, join, next};
+use super::test_support::{config, join, next, prober};
 use super::{spawn_session, Event, Request};
-use crate::probe::{run_tag, Message};
 use crate::round::Restarts;
 use crate::{MemoryStore, Store};
 
@@ -20,24 +18,6 @@ type Link = (
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
 );
-
-/// An agent's probe port on loopback answering the probes of `run`, as the launcher's prober.
-async fn prober(run: &str) -> (u16, tokio::task::JoinHandle<()>) {
-    let tag = run_tag(run);
-    let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let port = s.local_addr().unwrap().port();
-    let task = tokio::spawn(async move {
-        let mut buf = [0u8; 64];
-        while let Ok((n, from)) = s.recv_from(&mut buf).await {
-            if let Some(m) = Message::decode(&buf[..n]).filter(|m| m.run_tag == tag) {
-                let _ = s
-                    .send_to(&Message { answer: true, ..m }.encode(), from)
-                    .await;
-            }
-        }
-    });
-    (port, task)
-}
 
 /// A loopback UDP port nothing listens on.
 fn closed_port() -> u16 {

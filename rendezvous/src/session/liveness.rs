@@ -110,28 +110,13 @@ pub async fn knock_all(run_tag: u64, agents: &[(String, u16)], within: Duration)
 
 #[cfg(test)]
 mod tests {
+    use super::super::test_support::prober;
     use super::*;
-
-    /// Answers the probes of run `tag` on a loopback port, as an agent's prober does.
-    async fn agent(tag: u64) -> (u16, tokio::task::JoinHandle<()>) {
-        let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let port = s.local_addr().unwrap().port();
-        let task = tokio::spawn(async move {
-            let mut buf = [0u8; 64];
-            while let Ok((n, from)) = s.recv_from(&mut buf).await {
-                if let Some(m) = Message::decode(&buf[..n]).filter(|m| m.run_tag == tag) {
-                    let answer = Message { answer: true, ..m };
-                    let _ = s.send_to(&answer.encode(), from).await;
-                }
-            }
-        });
-        (port, task)
-    }
 
     #[tokio::test]
     async fn a_live_agent_answers_a_closed_port_is_gone_and_a_mute_one_says_nothing() {
         let tag = crate::probe::run_tag("job");
-        let (alive, _task) = agent(tag).await;
+        let (alive, _task) = prober("job").await;
         let mute = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let mute_port = mute.local_addr().unwrap().port();
         let closed = {
@@ -159,7 +144,7 @@ mod tests {
         );
         assert!(t0.elapsed() < Duration::from_secs(1), "answered at once");
         // Another run's agent does not answer this run's knock.
-        let (other, _t) = agent(crate::probe::run_tag("other")).await;
+        let (other, _t) = prober("other").await;
         assert_eq!(
             knock(tag, "127.0.0.1", other, Duration::from_millis(300)).await,
             Knock::NoAnswer

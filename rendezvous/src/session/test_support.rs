@@ -62,3 +62,23 @@ pub(super) async fn next<T>(
     .ok()
     .flatten()
 }
+
+/// An agent's probe port on loopback that answers the probes of `run`, as the launcher's prober
+/// does: its port, and the task (dropping it does not stop it; abort it to close the port).
+pub(super) async fn prober(run: &str) -> (u16, tokio::task::JoinHandle<()>) {
+    use crate::probe::{run_tag, Message};
+    let tag = run_tag(run);
+    let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let port = s.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut buf = [0u8; 64];
+        while let Ok((n, from)) = s.recv_from(&mut buf).await {
+            if let Some(m) = Message::decode(&buf[..n]).filter(|m| m.run_tag == tag) {
+                let _ = s
+                    .send_to(&Message { answer: true, ..m }.encode(), from)
+                    .await;
+            }
+        }
+    });
+    (port, task)
+}
