@@ -33,11 +33,7 @@ impl Track {
     /// rendezvous outage leave the node as it is (the peers vouching); a node that needs an
     /// answer gets none from a server that is gone.
     pub fn training(&self) -> bool {
-        self.generation > 0
-            && self.waiting.is_none()
-            && self.failed.is_none()
-            && self.succeeded.is_none()
-            && self.mark_bad.is_none()
+        self.failed.is_none() && self.in_generation_asking_nothing_else()
     }
 
     /// Whether the node waits for the decision on a failure of its generation's workers (and
@@ -45,9 +41,13 @@ impl Track {
     /// waited out as a training one is (the peers vouching), and the report replayed when a
     /// server answers.
     pub fn reporting_failure(&self) -> bool {
+        self.failed.is_some() && self.in_generation_asking_nothing_else()
+    }
+
+    /// In a generation, with no join, success or bad resume point waiting for an answer.
+    fn in_generation_asking_nothing_else(&self) -> bool {
         self.generation > 0
             && self.waiting.is_none()
-            && self.failed.is_some()
             && self.succeeded.is_none()
             && self.mark_bad.is_none()
     }

@@ -80,11 +80,7 @@ impl Actor {
             }
             None => Knock::NoAnswer,
         };
-        let gone = knocked == Knock::Gone;
-        if !gone {
-            tokio::time::sleep_until(grace_ends).await;
-        }
-        if gone {
+        if knocked == Knock::Gone {
             if !self.still_speaks_for_the_node().await? {
                 return Ok(());
             }
@@ -95,6 +91,7 @@ impl Actor {
             );
             return self.revoke_abandoned(lease).await;
         }
+        tokio::time::sleep_until(grace_ends).await;
         let mut held = false;
         loop {
             if !self.still_speaks_for_the_node().await? {
