@@ -53,15 +53,28 @@ fn restart(python: &Path, dir: &Path, warm: &str, fail_warm: bool) -> Restart {
         record(0, 0).is_file() && record(0, 1).is_file()
     });
     if warm == "on" {
+        // The first generation's two were handed off (ready or still importing); the restart
+        // starts on the two started after them.
         wait_for(
-            "both warm interpreters ready",
+            "the restart's warm interpreters ready",
             Duration::from_secs(180),
             || {
-                agent
-                    .stderr_so_far()
-                    .matches("warm interpreter ready")
-                    .count()
-                    >= 2
+                let err = agent.stderr_so_far();
+                let pid = |l: &str| {
+                    let p = l.split("pid=").nth(1)?;
+                    p.split_whitespace().next().map(str::to_string)
+                };
+                let started: Vec<String> = err
+                    .lines()
+                    .filter(|l| l.contains("warm interpreter started"))
+                    .filter_map(pid)
+                    .collect();
+                started.len() == 4
+                    && started[2..].iter().all(|p| {
+                        err.lines().any(|l| {
+                            l.contains("warm interpreter ready") && l.contains(&format!("pid={p} "))
+                        })
+                    })
             },
         );
     }
@@ -167,32 +180,69 @@ fn without(v: &Value, keys: &[&str]) -> Value {
     v
 }
 
+/// What differs between two runs by design: who they are (run and agent ids, the agent's
+/// socket and log directory), and the port each formation picks.
+const DIFFER_BY_RUN: &[&str] = &[
+    "DRUN_RUN_ID",
+    "TORCHELASTIC_RUN_ID",
+    "DRUN_AGENT_ID",
+    "DRUN_AGENT_SOCK",
+    "TORCHELASTIC_ERROR_FILE",
+    "MASTER_PORT",
+];
+
 #[test]
-fn a_warm_restart_looks_cold_to_the_script_and_reaches_all_reduce_within_a_second() {
+fn warm_workers_look_cold_to_the_script_from_the_first_generation_on_and_restart_within_a_second() {
     let Some(python) = torch_python() else { return };
     let dir = tempfile::tempdir().unwrap();
+    // The same run twice in the same directory (the script's argv is the same): every worker
+    // cold, then every worker warm, the first generation's too (started before the rendezvous).
+    let cold = restart(&python, dir.path(), "off", true);
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    std::fs::create_dir(dir.path()).unwrap();
     let r = restart(&python, dir.path(), "on", true);
-    assert_eq!(r.code, 1, "the warm attempt fails on purpose:\n{}", r.err);
-    assert_eq!(r.err.matches("warm=true").count(), 2, "{}", r.err);
-    assert_eq!(r.err.matches("warm=false").count(), 2, "{}", r.err);
-    for rank in 0..2 {
-        let (cold, warm) = (&r.attempts[0][&rank], &r.attempts[1][&rank]);
-        for k in DIFFER_BY_GENERATION {
-            assert_ne!(cold["env"][k], warm["env"][k], "{k} differs by generation");
+    assert_eq!(
+        cold.code, 1,
+        "the second attempt fails on purpose:\n{}",
+        cold.err
+    );
+    assert_eq!(r.code, 1, "the second attempt fails on purpose:\n{}", r.err);
+    assert_eq!(cold.err.matches("warm=false").count(), 4, "{}", cold.err);
+    assert!(!cold.err.contains("warm interpreter"), "{}", cold.err);
+    assert!(
+        cold.err
+            .contains("warm workers off: --warm-workers off; restarted workers start cold"),
+        "{}",
+        cold.err
+    );
+    assert_eq!(r.err.matches("warm=true").count(), 4, "{}", r.err);
+    assert_eq!(r.err.matches("warm=false").count(), 0, "{}", r.err);
+    for attempt in 0..2 {
+        for rank in 0..2 {
+            let (c, w) = (&cold.attempts[attempt][&rank], &r.attempts[attempt][&rank]);
+            assert_eq!(
+                without(c, DIFFER_BY_RUN),
+                without(w, DIFFER_BY_RUN),
+                "attempt {attempt}, rank {rank}: what the script sees, cold (left) and warm (right)"
+            );
+            assert_eq!(w["name"], "__main__");
+            assert_eq!(w["torchelastic_launched"], true);
+            assert_eq!(
+                w["torch_threads"], 1,
+                "OMP_NUM_THREADS=1 with 2 local workers"
+            );
+            assert_eq!(w["env"]["TORCHELASTIC_RESTART_COUNT"], attempt.to_string());
+            assert!(w["env"].get("DRUN_WARM_FD").is_none());
         }
-        assert_eq!(
-            without(cold, DIFFER_BY_GENERATION),
-            without(warm, DIFFER_BY_GENERATION),
-            "rank {rank}: what the script sees, cold (left) and warm (right)"
-        );
-        assert_eq!(warm["name"], "__main__");
-        assert_eq!(warm["torchelastic_launched"], true);
-        assert_eq!(
-            warm["torch_threads"], 1,
-            "OMP_NUM_THREADS=1 with 2 local workers"
-        );
-        assert_eq!(warm["env"]["TORCHELASTIC_RESTART_COUNT"], "1");
-        assert!(warm["env"].get("DRUN_WARM_FD").is_none());
+    }
+    for rank in 0..2 {
+        let (first, second) = (&r.attempts[0][&rank], &r.attempts[1][&rank]);
+        for k in DIFFER_BY_GENERATION {
+            assert_ne!(
+                first["env"][k], second["env"][k],
+                "{k} differs by generation"
+            );
+        }
     }
     // torch's @record wrote the warm worker's error file; the summary shows its message.
     assert!(
@@ -202,29 +252,13 @@ fn a_warm_restart_looks_cold_to_the_script_and_reaches_all_reduce_within_a_secon
         r.err
     );
     assert!(r.err.contains("error_file: /"), "{}", r.err);
+    report("cold", &cold);
     let all_reduce = report("warm", &r);
     // Cold, `import torch` alone takes ~2 s on the test machines.
     assert!(
         all_reduce < 1000.0,
         "{all_reduce:.0} ms to the first all_reduce"
     );
-}
-
-#[test]
-fn warm_workers_off_restarts_cold() {
-    let Some(python) = torch_python() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let r = restart(&python, dir.path(), "off", false);
-    assert_eq!(r.code, 0, "{}", r.err);
-    assert_eq!(r.err.matches("warm=false").count(), 4, "{}", r.err);
-    assert!(!r.err.contains("warm interpreter"), "{}", r.err);
-    assert!(
-        r.err
-            .contains("warm workers off: --warm-workers off; restarted workers start cold"),
-        "{}",
-        r.err
-    );
-    report("cold", &r);
 }
 
 #[test]

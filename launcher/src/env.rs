@@ -96,10 +96,7 @@ pub fn worker_env(
     member: &Member,
     slot: &WorkerSlot<'_>,
 ) -> BTreeMap<OsString, OsString> {
-    let mut env = inherited.clone();
-    for k in CKPT_VARS.iter().chain(SECRET_VARS) {
-        env.remove(&OsString::from(k));
-    }
+    let mut env = base_env(inherited, member.slots);
     let rank = member.base_rank + slot.local_rank;
     let mut set = |k: &str, v: String| {
         env.insert(OsString::from(k), OsString::from(v));
@@ -162,9 +159,25 @@ pub fn worker_env(
         set("DRUN_SAMPLE_OFFSET", m.cursor.consumed_in_epoch.to_string());
         set("DRUN_CKPT_VERSION", m.step.to_string());
     }
+    env
+}
+
+/// What every worker of a node with `local_slots` workers has, whatever the plan: `inherited`
+/// without the agent's secrets and checkpoint variables, with torch's defaults as drun sets
+/// them (`OMP_NUM_THREADS=1` for more than one local worker, as torchrun does). It is all that
+/// `import torch` reads of drun's, so a warm interpreter started with it before the first plan
+/// imports torch as that plan's worker would.
+pub fn base_env(
+    inherited: &BTreeMap<OsString, OsString>,
+    local_slots: u32,
+) -> BTreeMap<OsString, OsString> {
+    let mut env = inherited.clone();
+    for k in CKPT_VARS.iter().chain(SECRET_VARS) {
+        env.remove(&OsString::from(k));
+    }
     env.entry(OsString::from("TORCH_NCCL_ASYNC_ERROR_HANDLING"))
         .or_insert_with(|| OsString::from("1"));
-    if member.slots > 1 {
+    if local_slots > 1 {
         env.entry(OsString::from("OMP_NUM_THREADS"))
             .or_insert_with(|| OsString::from("1"));
     }

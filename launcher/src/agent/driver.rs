@@ -105,6 +105,7 @@ impl Agent {
     pub(super) async fn drive(&mut self, link: &mut Link) -> Result<AgentExit, LaunchError> {
         let p = self.params();
         let mut w = World::default();
+        crate::warm::prestart(&self.warm, &self.os, &self.cfg, &self.inherited).await;
         let (mut m, fx) = Machine::start();
         m = self.carry_out(m, fx, &mut w, link, &p).await?;
         let mut monitor = tokio::time::interval(self.cfg.monitor_interval);

@@ -3,10 +3,13 @@
 //!
 //! # Theory of operation
 //!
-//! * Right after a generation's workers start, the agent starts one **warm interpreter** per
-//!   local rank ([`pool::refill`]): `python -u -c <bootstrap.py>` spawned exactly as a cold
+//! * When the agent starts, before its first rendezvous, and right after each generation's
+//!   workers start, the agent starts one **warm interpreter** per local rank
+//!   ([`pool::prestart`], [`pool::refill`]), so the first generation's `import torch` overlaps
+//!   the rendezvous wait and a restart's overlaps the training: `python -u -c <bootstrap.py>` spawned exactly as a cold
 //!   worker is (its own session, PDEATHSIG, piped output, the stdin rule), with the worker's
-//!   environment of this generation plus one more descriptor, a socket at fd 3
+//!   environment of this generation (before the first: [`crate::env::base_env`], what every
+//!   worker of the node has whatever the plan) plus one more descriptor, a socket at fd 3
 //!   (`DRUN_WARM_FD`). The bootstrap imports `torch` and `torch.distributed`, writes one status
 //!   line (ready, import time, threads; or why torch would not import) and blocks reading.
 //! * On the next start of the workers, [`decide::choose`] (pure) picks warm or cold per rank.
@@ -42,7 +45,7 @@ pub mod decide;
 pub mod handoff;
 pub mod pool;
 
-pub use pool::{refill, WarmPool};
+pub use pool::{prestart, refill, WarmPool};
 
 /// `--warm-workers`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -251,47 +251,90 @@ pub async fn refill(ctx: &GroupContext<'_>, plan: &Plan, restart_count: u32) {
             .join(format!("attempt_{restart_count}"))
             .join(local_rank.to_string())
             .join("error.json");
-        let mut env = crate::group::env_of(ctx, plan, local_rank, restart_count, &error_file);
-        env.insert(FD_VAR.into(), HANDOFF_FD.to_string().into());
-        let started = UnixStream::pair().map(|(ours, theirs)| (ours, OwnedFd::from(theirs)));
-        let spawned = match started {
-            Ok((ours, theirs)) => ctx
-                .os
-                .spawn(SpawnSpec {
-                    program: cfg.entrypoint.program.clone(),
-                    args: handoff::warm_args(&cfg.entrypoint.leading),
-                    env,
-                    output: Output::Piped,
-                    stdin: crate::group::worker_stdin(cfg, local_rank),
-                    die_with_agent: true,
-                    handoff: Some(theirs),
-                })
-                .await
-                .map(|s| (s, ours)),
-            Err(e) => Err(e),
-        };
-        let mut pool = pool.lock().expect("warm pool mutex poisoned");
-        match spawned {
-            Ok((s, sock)) => {
-                tracing::debug!(local_rank, pid = s.pid.as_raw(), "warm interpreter started");
-                pool.slots.insert(
-                    local_rank,
-                    Warm {
-                        pid: s.pid,
-                        sock,
-                        stdout: s.stdout,
-                        stderr: s.stderr,
-                        since: Instant::now(),
-                        status: Status::Importing,
-                        heard: Vec::new(),
-                    },
-                );
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot start a warm interpreter; warm workers off");
-                pool.eligible = Err(format!("a warm interpreter could not start ({e})"));
-                return;
-            }
+        let env = crate::group::env_of(ctx, plan, local_rank, restart_count, &error_file);
+        if !start_one(pool, &ctx.os, cfg, local_rank, env).await {
+            return;
+        }
+    }
+}
+
+/// Before the first generation: starts a warm interpreter for each of this node's
+/// `cfg.nproc_per_node` local ranks, so that `import torch` runs while the agent waits for the
+/// rendezvous instead of after it. Their environment is [`crate::env::base_env`]: all that the
+/// import reads of what drun sets; the plan's variables come with the hand-off. Nothing when
+/// the run's workers cannot start warm, or when the first generation runs `--preflight` first
+/// (its workers start cold).
+pub async fn prestart(
+    pool: &std::sync::Mutex<WarmPool>,
+    os: &Arc<dyn Os>,
+    cfg: &LaunchConfig,
+    inherited: &BTreeMap<std::ffi::OsString, std::ffi::OsString>,
+) {
+    let wanted: Vec<u32> = {
+        let pool = pool.lock().expect("warm pool mutex poisoned");
+        if pool.eligible.is_err() || cfg.preflight.is_some() {
+            return;
+        }
+        (0..cfg.nproc_per_node)
+            .filter(|r| !pool.slots.contains_key(r))
+            .collect()
+    };
+    let env = crate::env::base_env(inherited, cfg.nproc_per_node);
+    for local_rank in wanted {
+        if !start_one(pool, os, cfg, local_rank, env.clone()).await {
+            return;
+        }
+    }
+}
+
+/// Spawns local rank `local_rank`'s warm interpreter with `env` and keeps it in `pool`; false
+/// (warm workers off for the run) when it cannot be spawned.
+async fn start_one(
+    pool: &std::sync::Mutex<WarmPool>,
+    os: &Arc<dyn Os>,
+    cfg: &LaunchConfig,
+    local_rank: u32,
+    mut env: BTreeMap<std::ffi::OsString, std::ffi::OsString>,
+) -> bool {
+    env.insert(FD_VAR.into(), HANDOFF_FD.to_string().into());
+    let started = UnixStream::pair().map(|(ours, theirs)| (ours, OwnedFd::from(theirs)));
+    let spawned = match started {
+        Ok((ours, theirs)) => os
+            .spawn(SpawnSpec {
+                program: cfg.entrypoint.program.clone(),
+                args: handoff::warm_args(&cfg.entrypoint.leading),
+                env,
+                output: Output::Piped,
+                stdin: crate::group::worker_stdin(cfg, local_rank),
+                die_with_agent: true,
+                handoff: Some(theirs),
+            })
+            .await
+            .map(|s| (s, ours)),
+        Err(e) => Err(e),
+    };
+    let mut pool = pool.lock().expect("warm pool mutex poisoned");
+    match spawned {
+        Ok((s, sock)) => {
+            tracing::debug!(local_rank, pid = s.pid.as_raw(), "warm interpreter started");
+            pool.slots.insert(
+                local_rank,
+                Warm {
+                    pid: s.pid,
+                    sock,
+                    stdout: s.stdout,
+                    stderr: s.stderr,
+                    since: Instant::now(),
+                    status: Status::Importing,
+                    heard: Vec::new(),
+                },
+            );
+            true
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot start a warm interpreter; warm workers off");
+            pool.eligible = Err(format!("a warm interpreter could not start ({e})"));
+            false
         }
     }
 }
