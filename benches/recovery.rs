@@ -26,9 +26,12 @@
 //!    worker failure under drun with `--warm-workers off` (every new worker starts Python and
 //!    imports torch), to show what the warm interpreters save. Row `arrivals`: two newcomers
 //!    3 s apart join a running `--nnodes 2:4` job (`recovery/arrivals.rs`): seconds until the
-//!    world of 4's first all_reduce, and how many re-forms it cost.
+//!    world of 4's first all_reduce, how many re-forms it cost and the training time lost;
+//!    `arrivals-window` the same with `--nnodes 2:5`, where the default 30 s last call decides.
 //! 4. **Launch overhead** (`--standalone`, 2 trivial workers `--no-python true`, as
-//!    `benches/launch.rs`) and **rendezvous time** for N agents (`DRUN_BENCH_RDZV_N`, default
+//!    `benches/launch.rs`), **a torch script's launch** (`launch-torch`: `--standalone
+//!    --nproc-per-node 2` `recovery.py`, launcher start → both ranks' first all_reduce, with its
+//!    phases; drun, torchrun, and drun with `--warm-workers off`) and **rendezvous time** for N agents (`DRUN_BENCH_RDZV_N`, default
 //!    2,4,8; last agent started -> last worker started, as `benches/rendezvous.rs`: drun through
 //!    a `drun-rendezvous` server on etcd, torchrun c10d), and **spawning 128 local workers**
 //!    (`--standalone --nproc-per-node 128`, each worker stamping its start: launcher start →
@@ -76,7 +79,7 @@
 //! recover"; in the hung-host row a launcher's first such run is not repeated (torchrun has no
 //! hang detector; only the workers' collective timeout, 30 min for gloo, would end it). Rows are
 //! chosen with `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP` (comma-separated of `loss`, `loss-etcd`,
-//! `loss-cold`, `hung`, `fail`, `fail-cold`, `fail-standalone`, `arrivals`, `launch`, `spawn`, `rdzv`,
+//! `loss-cold`, `hung`, `fail`, `fail-cold`, `fail-standalone`, `arrivals`, `arrivals-window`, `launch`, `launch-torch`, `spawn`, `rdzv`,
 //! `idle`, `bed-cable0`, `bed-cable1`,
 //! `bed-partition`, `bed-outage`). Every process of a run carries the run's
 //! tag in its environment; at the end of the run every launcher's process group and every tagged
@@ -109,7 +112,7 @@ use nix::sys::signal::{kill, Signal};
 use records::{group_phases, group_ready, log_tails, poll, records};
 use table::{fmt, Cell, Row, Unit};
 
-const ROWS: [&str; 16] = [
+const ROWS: [&str; 18] = [
     "loss",
     "loss-etcd",
     "loss-cold",
@@ -118,7 +121,9 @@ const ROWS: [&str; 16] = [
     "fail-cold",
     "fail-standalone",
     "arrivals",
+    "arrivals-window",
     "launch",
+    "launch-torch",
     "spawn",
     "rdzv",
     "idle",
@@ -667,7 +672,10 @@ fn main() {
         }
     }
     if selected("arrivals") {
-        rows.push(arrivals::arrivals_row(&b));
+        rows.push(arrivals::arrivals_row(&b, 4));
+    }
+    if selected("arrivals-window") {
+        rows.push(arrivals::arrivals_row(&b, 5));
     }
     launch_rows(&b, &mut rows);
     if selected("idle") {

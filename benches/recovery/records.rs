@@ -12,6 +12,8 @@ pub(super) struct Rec {
     pub(super) init_ns: Option<u128>,
     pub(super) ready_ns: Option<u128>,
     pub(super) exit_ns: Option<u128>,
+    /// Its latest step (with `RECOVERY_STEPS=1`).
+    pub(super) last_ns: Option<u128>,
 }
 
 /// Every `*.json` record in `dir` that parses, with its path (one still being written is
@@ -47,6 +49,7 @@ pub(super) fn records(dir: &Path) -> Vec<Rec> {
             init_ns: ns("init_ns"),
             ready_ns: ns("ready_ns"),
             exit_ns: ns("exit_ns"),
+            last_ns: ns("last_ns"),
         });
     }
     out

@@ -9,7 +9,8 @@ the file with "imported_ns" after `import torch`, "init_ns" after init_process_g
 DRUN_GENERATION under drun and TORCHELASTIC_RESTART_COUNT + 1 under torchrun. With FAIL_RANK,
 that rank exits 1 after FAIL_AFTER_STEPS steps, once per job (OUTDIR/failed marks it: under
 torchrun a membership restart keeps the generation count, so "generation 1" could fail twice),
-adding "exit_ns" first.
+adding "exit_ns" first. With RECOVERY_STEPS=1 in its environment it adds "last_ns", the time of
+its latest step, at every step (the arrivals rows' training time lost).
 Without a failure it runs until its launcher stops it (or 900 s). The collective timeout is
 torch's default, as in a real job.
 """
@@ -66,6 +67,7 @@ def main():
     write(path, rec)
     deadline = time.monotonic() + 900
     step = 1
+    steps = os.environ.get("RECOVERY_STEPS") == "1"
     while time.monotonic() < deadline:
         if rank == fail_rank and step >= fail_after and fail_once(outdir):
             rec["exit_ns"] = time.time_ns()
@@ -73,6 +75,9 @@ def main():
             os._exit(1)
         dist.all_reduce(torch.ones(1))
         step += 1
+        if steps:
+            rec["last_ns"] = time.time_ns()
+            write(path, rec)
         time.sleep(0.1)
     return 0
 
