@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use crate::harness::cluster::{Etcd, RdzvServer};
 use crate::harness::{
-    alive, drun, holds_for, processes_of_run, torch_python, wait_for, worker, Agent, DrunCmd,
+    alive, drun, holds_for, processes_of_run, stop_all, torch_python, wait_for, worker, Agent,
+    DrunCmd,
 };
 
 mod failed_round;
@@ -72,16 +73,6 @@ fn wait_gen(dir: &Path, g: u64, world: usize, timeout: Duration) -> Vec<Value> {
         },
     );
     gen(dir, g)
-}
-
-fn stop_all(agents: Vec<Agent>) {
-    for a in &agents {
-        a.signal(Signal::SIGTERM);
-    }
-    for a in agents {
-        let (code, _, err) = a.wait(Duration::from_secs(60));
-        assert!(code == 143 || code == 0, "agent ended with {code}: {err}");
-    }
 }
 
 #[test]

@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::harness::cluster::RdzvServer;
 use crate::harness::{
-    drun, processes_of_run, read_json, run, torch_python, wait_for, worker, Agent, DrunCmd,
+    drun, processes_of_run, read_json, run, stop_all, torch_python, wait_for, worker, Agent,
+    DrunCmd,
 };
 
 /// What differs between two generations by design: the restart count, the generation, the new
@@ -301,4 +303,79 @@ fn a_worker_interpreter_without_torch_still_restarts() {
         let a = read_json(&dir.path().join(format!("attempt1_rank{r}")));
         assert_eq!(a["TORCHELASTIC_RESTART_COUNT"], "1", "{err}");
     }
+}
+
+/// Rank 0's steps in `paced_steps.py`'s log: (unix time, world size).
+fn steps(dir: &Path) -> Vec<(f64, u32)> {
+    std::fs::read_to_string(dir.join("steps_rank0.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.first()?.parse().ok()?, f.get(2)?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A newcomer to a running torch job joins once its warm interpreters imported torch: the
+/// world of 2 trains on while the newcomer imports, and the pause of the re-form that admits
+/// it (the world of 2's last step to the world of 3's first) is shorter than that import.
+#[test]
+fn a_newcomer_joins_ready_to_train_so_the_running_world_pauses_less_than_its_import() {
+    let Some(python) = torch_python() else { return };
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let dir = tempfile::tempdir().unwrap();
+    let start = |i: usize| {
+        let mut c = drun();
+        c.arg("-v")
+            .job("newcomer", "2:3")
+            .nproc(1)
+            .node(i)
+            .quick_shutdown()
+            .python(&python)
+            .args(["--rdzv-endpoint", &server.endpoint])
+            .arg(worker("paced_steps.py"))
+            .arg(dir.path());
+        Agent::start(c)
+    };
+    let mut agents: Vec<Agent> = (0..2).map(start).collect();
+    wait_for("the world of 2 training", Duration::from_secs(180), || {
+        steps(dir.path()).iter().any(|(_, w)| *w == 2)
+    });
+    agents.push(start(2));
+    wait_for("the world of 3 training", Duration::from_secs(180), || {
+        steps(dir.path()).iter().any(|(_, w)| *w == 3)
+    });
+    let all = steps(dir.path());
+    let last2 = all
+        .iter()
+        .filter(|(_, w)| *w == 2)
+        .map(|(t, _)| *t)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let first3 = all
+        .iter()
+        .filter(|(_, w)| *w == 3)
+        .map(|(t, _)| *t)
+        .fold(f64::INFINITY, f64::min);
+    let newcomer = agents[2].stderr_so_far();
+    let import_ms: f64 = newcomer
+        .lines()
+        .find(|l| l.contains("warm interpreter ready"))
+        .and_then(|l| l.split("import_ms=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("the newcomer's interpreter imported torch:\n{newcomer}"));
+    let pause_ms = (first3 - last2) * 1e3;
+    eprintln!(
+        "the newcomer imported torch in {import_ms:.0} ms; the training paused {pause_ms:.0} ms"
+    );
+    assert!(
+        newcomer.contains("warm=true"),
+        "the newcomer's worker started on its warm interpreter:\n{newcomer}"
+    );
+    assert!(
+        pause_ms < import_ms,
+        "the training paused {pause_ms:.0} ms, the newcomer's import took {import_ms:.0} ms:\n{newcomer}"
+    );
+    stop_all(agents);
 }

@@ -321,3 +321,14 @@ pub const EXAMPLE_DATA_ARGS: [&str; 8] = [
     "--epochs",
     "2",
 ];
+
+/// SIGTERM to every agent, then each must end as a stopped agent does (143) or cleanly (0).
+pub fn stop_all(agents: Vec<Agent>) {
+    for a in &agents {
+        a.signal(nix::sys::signal::Signal::SIGTERM);
+    }
+    for a in agents {
+        let (code, _, err) = a.wait(std::time::Duration::from_secs(60));
+        assert!(code == 143 || code == 0, "agent ended with {code}: {err}");
+    }
+}

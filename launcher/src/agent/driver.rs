@@ -43,6 +43,7 @@ const PEERS_EVERY: Duration = crate::peers::PROBE_EVERY;
 const REPORT_AGAIN: Duration = Duration::from_secs(2);
 
 mod api;
+mod import_wait;
 mod standby;
 
 /// What the effects act on: the workers, their generation, the ports and the checkpoint ledger.
@@ -80,6 +81,8 @@ struct World {
     partitioned: bool,
     /// The join held back meanwhile (candidate, after generation).
     deferred_join: Option<(Join, u64)>,
+    /// The first join, held while the warm interpreters import torch (`import_wait`).
+    held_join: Option<(Join, u64)>,
     /// When the session was last asked whom this node, standing by, must reach.
     stand_by_asked: Option<Instant>,
     /// The session said whom to reach (`Event::StandBy`): the probes watch those nodes, and the
@@ -157,6 +160,7 @@ impl Agent {
                 _ = poll.tick(), if stopping => None,
                 _ = monitor.tick() => {
                     self.warm.lock().expect("warm pool mutex poisoned").poll();
+                    self.release_first_join(&mut w, link);
                     Some(Input::Monitor)
                 }
                 _ = hang_check.tick(), if watching => self.hung(&mut w).await,
@@ -438,6 +442,9 @@ impl Agent {
             return Ok(());
         }
         w.partitioned = false;
+        if self.hold_first_join(&cand, after, w) {
+            return Ok(());
+        }
         if let Some(m) = &self.metrics {
             m.joining();
         }

@@ -107,6 +107,24 @@ pub fn choose(eligible: &Result<(), String>, preflight: bool, warm: Option<&Stat
     }
 }
 
+/// How long a node's first join waits at most for its warm interpreters' `import torch`.
+pub const IMPORT_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether this node's first join may go, `waited` after its warm interpreters started, while
+/// `importing` of them have not imported torch yet: once none is importing, or after
+/// [`IMPORT_WAIT`]. A node joins ready to train: a newcomer to a running job does not make the
+/// world it joins stop while it imports torch (the running world trains meanwhile), and a
+/// first formation loses nothing, since its workers would wait for the same import.
+pub fn first_join(importing: usize, waited: Duration) -> Result<&'static str, &'static str> {
+    if importing == 0 {
+        Ok("the warm interpreters imported torch")
+    } else if waited >= IMPORT_WAIT {
+        Ok("the warm interpreters are still importing torch: joining anyway")
+    } else {
+        Err("joining once the warm interpreters imported torch")
+    }
+}
+
 fn describe(exit: ExitKind) -> String {
     match exit {
         ExitKind::Code(c) => format!("exit {c}"),
@@ -184,6 +202,16 @@ mod tests {
                     .into()
             ))
         );
+    }
+
+    #[test]
+    fn a_first_join_waits_for_the_import_but_not_beyond_its_bound() {
+        let s = Duration::from_secs;
+        assert!(first_join(0, s(0)).is_ok(), "nothing to wait for");
+        assert!(first_join(2, s(0)).is_err());
+        assert!(first_join(1, IMPORT_WAIT - Duration::from_millis(1)).is_err());
+        let late = first_join(1, IMPORT_WAIT);
+        assert!(late.unwrap().contains("joining anyway"));
     }
 
     #[test]

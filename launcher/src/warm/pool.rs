@@ -152,6 +152,17 @@ impl WarmPool {
         }
     }
 
+    /// How many warm interpreters have not imported torch yet (their status lines read
+    /// first), and since when the oldest of them runs.
+    pub fn importing(&mut self) -> (usize, Option<Instant>) {
+        self.poll();
+        let busy = self
+            .slots
+            .values()
+            .filter(|w| w.status == Status::Importing);
+        (busy.clone().count(), busy.map(|w| w.since).min())
+    }
+
     /// Notes that child `pid` exited; true if it was a warm interpreter.
     pub fn exited(&mut self, pid: Pid, exit: ExitKind) -> bool {
         match self.slots.values_mut().find(|w| w.pid == pid) {
