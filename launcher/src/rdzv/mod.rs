@@ -12,7 +12,7 @@
 //! | `static` | no rendezvous: ranks from `--node-rank`, `--master-addr`, `--master-port` ([`static_link`]) |
 
 mod etcd_reach;
-pub(crate) mod foreign;
+pub(crate) use drun_rendezvous::foreign;
 pub mod grpc;
 pub mod reach;
 pub mod static_link;
