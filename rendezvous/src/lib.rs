@@ -48,6 +48,7 @@
 
 pub mod auth;
 pub mod ckpt_interval;
+pub mod client_token;
 pub mod clock;
 pub mod core;
 pub mod dns;
@@ -62,6 +63,7 @@ pub mod formation;
 pub mod human;
 pub mod keys;
 pub mod ledger;
+pub mod log_format;
 pub mod loss;
 pub mod memory;
 pub mod metrics;
@@ -98,6 +100,7 @@ pub use ledger::{
     merge_files, CommitOutcome, Cursor, Ledger, LedgerError, Manifest, NodeCommit, Retention,
     ShardFile,
 };
+pub use log_format::LogFormat;
 pub use memory::MemoryStore;
 pub use plan::{assign, Member, Plan};
 pub use round::Round;
