@@ -76,6 +76,7 @@ pub mod root_cause;
 pub mod round;
 pub mod run_limit;
 pub mod run_state;
+pub mod server;
 pub mod service;
 pub mod session;
 pub mod shared_lease;
