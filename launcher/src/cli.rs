@@ -10,7 +10,6 @@
 mod ckpt;
 mod container;
 mod env_source;
-mod etcd;
 mod host_tls;
 mod observe;
 
@@ -21,13 +20,13 @@ use clap::{ArgAction, Parser};
 
 pub use ckpt::CkptArgs;
 pub use container::ContainerArgs;
+pub use drun_rendezvous::etcd::args::EtcdArgs;
 pub use env_source::{env_source, flag_env_source};
-pub use etcd::EtcdArgs;
 pub use host_tls::HostTlsArgs;
 pub use observe::ObserveArgs;
 
 use crate::exit::EXIT_CODES_HELP;
-use crate::log_format::LogFormat;
+use crate::LogFormat;
 
 /// `drun [OPTIONS] TRAINING_SCRIPT [ARGS]...` — the raw, unvalidated command line.
 #[derive(Debug, Clone, Parser)]

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use crate::AgentExit;
 
+pub use drun_rendezvous::error::{error_chain, status_chain};
+
 /// Bad flags or configuration: one readable line, exit 2, nothing started.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -170,30 +172,4 @@ impl LaunchError {
             LaunchError::Os { .. } | LaunchError::WorkerStart(_) => AgentExit::WorkerFailure,
         }
     }
-}
-
-/// An error with its causes, on one line (`transport error: tcp connect error: Connection
-/// refused`); a cause whose text the line already ends with is not repeated.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    chain_from(e.to_string(), e)
-}
-
-/// [`error_chain`] of a gRPC status, starting from its message rather than its `Display`
-/// (which is a debug dump of code, message and source).
-pub fn status_chain(s: &tonic::Status) -> String {
-    chain_from(s.message().to_string(), s)
-}
-
-fn chain_from(first: String, e: &dyn std::error::Error) -> String {
-    let mut s = first;
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let c_s = c.to_string();
-        if !s.ends_with(&c_s) {
-            s.push_str(": ");
-            s.push_str(&c_s);
-        }
-        cur = c.source();
-    }
-    s
 }

@@ -21,6 +21,7 @@ use crate::etcd_batch::Batcher;
 use crate::etcd_share::{Reads, Watches};
 
 pub mod access;
+pub mod args;
 mod combine;
 mod connect;
 mod keep_alive;

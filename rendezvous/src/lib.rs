@@ -48,18 +48,22 @@
 
 pub mod auth;
 pub mod ckpt_interval;
+pub mod client_token;
 pub mod clock;
 pub mod core;
+pub mod dns;
 pub mod envcheck;
 pub mod error;
 pub mod etcd;
 pub mod etcd_batch;
 pub mod etcd_share;
 pub mod failure_log;
+pub mod foreign;
 pub mod formation;
 pub mod human;
 pub mod keys;
 pub mod ledger;
+pub mod log_format;
 pub mod loss;
 pub mod memory;
 pub mod metrics;
@@ -72,10 +76,12 @@ pub mod root_cause;
 pub mod round;
 pub mod run_limit;
 pub mod run_state;
+pub mod server;
 pub mod service;
 pub mod session;
 pub mod shared_lease;
 pub mod status;
+pub mod status_client;
 pub mod status_view;
 pub mod store;
 pub mod tls;
@@ -95,6 +101,7 @@ pub use ledger::{
     merge_files, CommitOutcome, Cursor, Ledger, LedgerError, Manifest, NodeCommit, Retention,
     ShardFile,
 };
+pub use log_format::LogFormat;
 pub use memory::MemoryStore;
 pub use plan::{assign, Member, Plan};
 pub use round::Round;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::Parser;
-use drun_launcher::status::{Source, StatusQuery};
+use drun_launcher::status::StatusQuery;
 use drun_launcher::{AgentExit, Args, LaunchConfig, GUARD_ARG};
 
 #[path = "common/logging.rs"]
@@ -141,7 +141,7 @@ fn status(args: &Args) -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(AgentExit::Usage.code(), &e),
     };
-    let source = match Source::of(&mode) {
+    let source = match drun_launcher::status::source(&mode) {
         Ok(s) => s,
         Err(e) => return fail(e.code(), &e),
     };

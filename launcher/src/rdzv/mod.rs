@@ -12,12 +12,14 @@
 //! | `static` | no rendezvous: ranks from `--node-rank`, `--master-addr`, `--master-port` ([`static_link`]) |
 
 mod etcd_reach;
-pub(crate) mod foreign;
+pub(crate) use drun_rendezvous::foreign;
 pub mod grpc;
 pub mod reach;
 pub mod static_link;
-pub mod token;
 mod track;
+
+/// The token an agent sends (in the rendezvous crate, which `drun-rendezvous status` shares).
+pub use drun_rendezvous::client_token as token;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! (`--log-format json`); `DRUN_LOG` (or `RUST_LOG`) overrides the default level. Write errors
 //! (a closed stderr) are ignored, never reported by panicking.
 
-use drun_launcher::LogFormat;
+use drun_rendezvous::LogFormat;
 use tracing_subscriber::EnvFilter;
 
 #[path = "flat_json.rs"]

@@ -1,11 +1,11 @@
 //! The flags of a secured etcd (`--etcd-cacert`, `--etcd-cert`, `--etcd-key`, `--etcd-user`,
-//! `--etcd-password-file`), flattened into the agent's [`super::Args`] and into
-//! `drun-rendezvous serve`. Named like etcdctl's, with `etcd-` before them.
+//! `--etcd-password-file`), flattened into the agent's `Args` and into
+//! `drun-rendezvous serve` and `status`. Named like etcdctl's, with `etcd-` before them.
 
 use std::path::PathBuf;
 
+use super::access::EtcdAccessFiles;
 use clap::Args;
-use drun_rendezvous::etcd::access::EtcdAccessFiles;
 
 /// The etcd client TLS and credential flags, raw.
 #[derive(Debug, Clone, Default, Args)]

@@ -1,10 +1,10 @@
 //! The token an agent (or `status`) sends to its rendezvous server: read from
 //! `--rdzv-token-file PATH` or the `DRUN_RDZV_TOKEN` environment variable, never from a flag's
-//! value, so it does not show in `ps` (see `drun_rendezvous::auth` for the server side).
+//! value, so it does not show in `ps` (see [`crate::auth`] for the server side).
 
 use std::path::Path;
 
-use drun_rendezvous::auth::{token_problem, Secret, MAX_TOKEN_LEN};
+use crate::auth::{token_problem, Secret, MAX_TOKEN_LEN};
 
 /// The environment variable holding the token itself.
 pub const TOKEN_VAR: &str = "DRUN_RDZV_TOKEN";

@@ -1,0 +1,38 @@
+//! The `drun-rendezvous` program as a library: its subcommands ([`Command`]), serving
+//! ([`serve`]: the store, the service with its TLS and tokens, the metrics endpoint, the stop on
+//! a signal), `status` ([`status`]), and the one error type that knows its exit code
+//! ([`ServerError`]). The binary parses the command line, installs logging and calls [`run`].
+
+mod args;
+mod error;
+mod serve;
+mod status;
+
+pub use args::{Command, ServeConfig, StatusArgs, StoreKind};
+pub use error::ServerError;
+pub use serve::{serve, DRAIN};
+pub use status::status;
+
+use crate::etcd::access::{EtcdAccess, PASSWORD_VAR};
+use crate::etcd::args::EtcdArgs;
+use crate::LogFormat;
+
+/// Runs `command` to its end: serving until SIGTERM/SIGINT, or printing a run's state.
+/// `log_format` is the one the binary installed (JSON: a session's records name its run).
+///
+/// # Errors
+/// [`ServerError`]; its [`ServerError::code`] is the exit code.
+pub async fn run(command: Command, log_format: LogFormat) -> Result<(), ServerError> {
+    match command {
+        Command::Serve(config) => serve(config, log_format).await,
+        Command::Status(args) => status(args).await,
+    }
+}
+
+/// The etcd access of `args`, the password read from its file or `DRUN_ETCD_PASSWORD`.
+fn etcd_access(args: &EtcdArgs) -> Result<EtcdAccess, ServerError> {
+    let env = std::env::var(PASSWORD_VAR).ok();
+    args.files()
+        .load(env.as_deref())
+        .map_err(ServerError::EtcdAccess)
+}
