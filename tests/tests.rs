@@ -30,6 +30,7 @@ mod real_scripts;
 mod root_cause;
 mod slurm;
 mod slurm_token;
+mod source_layout;
 mod standalone;
 mod status;
 mod store;

@@ -120,5 +120,4 @@ pub fn read_or_create(path: &Path) -> Result<Vec<u8>, String> {
 }
 
 #[cfg(test)]
-#[path = "slurm_token_tests.rs"]
 mod tests;

@@ -308,5 +308,4 @@ pub fn attach<T>(req: &mut tonic::Request<T>, token: Option<&Secret>) {
 }
 
 #[cfg(test)]
-#[path = "auth_tests.rs"]
 mod tests;

@@ -342,5 +342,4 @@ fn below_min(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
 }
 
 #[cfg(test)]
-#[path = "core_tests.rs"]
 mod tests;

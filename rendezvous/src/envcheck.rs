@@ -266,5 +266,4 @@ pub fn is_refusal(message: &str) -> bool {
 }
 
 #[cfg(test)]
-#[path = "envcheck_tests.rs"]
 mod tests;

@@ -91,5 +91,4 @@ pub fn check_identity(cert: &PemFile<'_>, key: &PemFile<'_>) -> Result<(), Strin
 }
 
 #[cfg(test)]
-#[path = "pem_check_tests.rs"]
 mod tests;

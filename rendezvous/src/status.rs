@@ -405,5 +405,4 @@ impl RunStatus {
 }
 
 #[cfg(test)]
-#[path = "status_tests.rs"]
 mod tests;

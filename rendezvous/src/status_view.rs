@@ -367,5 +367,4 @@ fn bytes(n: u64) -> String {
 }
 
 #[cfg(test)]
-#[path = "status_view_tests.rs"]
 mod tests;

@@ -194,5 +194,4 @@ pub fn request(r: &Request, node: &str) -> Result<(), String> {
 }
 
 #[cfg(test)]
-#[path = "validate_tests.rs"]
 mod tests;

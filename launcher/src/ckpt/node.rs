@@ -359,5 +359,4 @@ pub fn resume_answer(plan: &Plan, manifest_file: Option<&Path>) -> Value {
 }
 
 #[cfg(test)]
-#[path = "node_tests.rs"]
 mod tests;

@@ -484,5 +484,4 @@ pub fn take_early_signal() -> Option<Signal> {
 }
 
 #[cfg(test)]
-#[path = "spawn_tests.rs"]
 mod tests;

@@ -245,5 +245,4 @@ pub fn diagnose(error: &str, access: &EtcdAccess) -> Option<Diagnosis> {
 }
 
 #[cfg(test)]
-#[path = "access_tests.rs"]
 mod tests;

@@ -637,9 +637,7 @@ pub(crate) use super::verdicts::{
 };
 
 #[cfg(test)]
-#[path = "generation_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "generation_verdict_tests.rs"]
 mod verdict_tests;
