@@ -500,7 +500,7 @@ impl Agent {
             hostname: &self.hostname,
             inherited: &self.inherited,
             run_log_dir: &self.run_log_dir,
-            preflight: self.preflight_for(&plan),
+            preflight: super::preflight::for_plan(self.preflight.as_deref(), &plan),
             warm: Some(&self.warm),
         };
         w.workers = None;

@@ -7,9 +7,9 @@ use drun_rendezvous::session::Request;
 use tokio::time::Instant;
 
 use super::World;
-use crate::agent::hang;
 use crate::agent::state::Input;
 use crate::agent::Agent;
+use crate::agent::{hang, preflight};
 use crate::ckpt::api::{refused, ApiRequest};
 use crate::ckpt::node::resume_answer;
 use crate::group::WorkerGroup;
@@ -196,7 +196,14 @@ impl Agent {
                 let _ = reply.send(answer);
             }
             ApiRequest::Preflight(outcome) => {
-                if let Some(report) = self.preflight_reported(&outcome, plan) {
+                let report = preflight::reported(
+                    &outcome,
+                    plan,
+                    &self.cfg.node_id,
+                    self.cfg.preflight.and_then(|p| p.min_gbps),
+                    self.metrics.as_deref(),
+                );
+                if let Some(report) = report {
                     let _ = link.tx.send(Request::Report {
                         kind: ReportKind::Preflight,
                         json: report.to_string(),
