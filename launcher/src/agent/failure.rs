@@ -7,8 +7,8 @@ use drun_rendezvous::round::Restarts;
 use drun_rendezvous::session::Request;
 use drun_rendezvous::Plan;
 
+use super::moves::{rejoin, Cx};
 use super::state::{Effect, End, Ending, Level, Machine, Phase, Reporting, REFORM_REASON_WAIT};
-use super::step::{rejoin, Cx};
 use crate::AgentExit;
 
 /// Reports `description`, a failure of `plan`'s generation (`cause`: the failed worker, when

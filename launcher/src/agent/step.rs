@@ -1,6 +1,7 @@
 //! The agent's transitions: [`step`], a pure function of (state, input, now) returning the next
 //! state and the effects for the loop to carry out. Every session [`Event`] is matched here,
-//! in `on_event`, exhaustively.
+//! in `on_event`, exhaustively. Imports point one way: `step` → `supervise` → `failure` →
+//! `moves` (what they all share).
 
 use drun_rendezvous::session::{Request, RunEnd, SaveRequest};
 use drun_rendezvous::{Event, Plan};
@@ -8,26 +9,12 @@ use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use super::failure;
+use super::moves::{exit, preempted, rejoin, run_ended, stop, Cx};
 use super::state::{
-    Checked, Effect, End, Input, Level, Machine, Params, Phase, Save, StopStage, Stopping, Then,
-    REJOIN_PAUSE,
+    Checked, Effect, End, Input, Level, Machine, Params, Phase, Save, Then, REJOIN_PAUSE,
 };
 use super::supervise::{on_signal, on_stopped, on_tick, on_workers};
-use crate::phases::RestartClock;
 use crate::AgentExit;
-
-/// What a transition sees besides the state: the time, the launch, and the effects so far.
-pub(super) struct Cx<'a> {
-    pub now: Instant,
-    pub p: &'a Params,
-    pub fx: Vec<Effect>,
-}
-
-impl Cx<'_> {
-    pub fn log(&mut self, level: Level, gen: Option<u64>, text: impl Into<String>) {
-        self.fx.push(Effect::Log(level, gen, text.into()));
-    }
-}
 
 /// One transition: the machine after `input` at `now`, and what the loop must do.
 pub fn step(mut m: Machine, input: Input, now: Instant, p: &Params) -> (Machine, Vec<Effect>) {
@@ -157,68 +144,6 @@ fn formed(m: &mut Machine, plan: Plan, cx: &mut Cx<'_>) -> Phase {
     Phase::Verifying {
         plan,
         save: Save::Idle,
-    }
-}
-
-/// Joins the next generation with a fresh candidate.
-pub(super) fn rejoin(m: &Machine, cx: &mut Cx<'_>) -> Phase {
-    cx.fx.push(Effect::Join {
-        fresh: true,
-        after: m.last_gen,
-    });
-    Phase::Forming { rejoin_at: None }
-}
-
-/// Stops the workers of `plan` with `sig`; `then` follows once they are gone.
-pub(super) fn stop(
-    m: &mut Machine,
-    plan: Box<Plan>,
-    sig: Signal,
-    then: Then,
-    cx: &mut Cx<'_>,
-) -> Phase {
-    m.clock = Some(RestartClock::detected(cx.now));
-    cx.fx.push(Effect::Stop(sig));
-    Phase::Stopping(Stopping {
-        plan,
-        stage: StopStage::Grace {
-            deadline: cx.now + cx.p.shutdown_timeout,
-        },
-        sigints: usize::from(sig == Signal::SIGINT),
-        then,
-    })
-}
-
-pub(super) fn exit(e: AgentExit) -> Phase {
-    Phase::Done(End::Exit(e))
-}
-
-pub(super) fn signal_exit(sig: Signal) -> Phase {
-    exit(AgentExit::Signal(sig as i32))
-}
-
-/// The run ended: exit 0 when it succeeded, 1 when not.
-pub(super) fn run_ended(end: &RunEnd, cx: &mut Cx<'_>) -> Phase {
-    if end.success {
-        cx.log(Level::Info, None, format!("run finished: {}", end.reason));
-        exit(AgentExit::Success)
-    } else if end.retryable {
-        // The rendezvous went away, not the training: exit 3, which a restart policy retries.
-        cx.fx.push(Effect::Say(format!(
-            "drun: run {} ended: {}",
-            cx.p.run_id, end.reason
-        )));
-        exit(AgentExit::Rendezvous)
-    } else {
-        // The failing node prints its own workers' summary; every other node names its cause.
-        if let Some(c) = end.root_cause.as_ref().filter(|c| c.node != cx.p.node_id) {
-            cx.fx.push(Effect::RemoteCause(c.clone()));
-        }
-        cx.fx.push(Effect::Say(format!(
-            "drun: run {} failed: {}",
-            cx.p.run_id, end.reason
-        )));
-        exit(AgentExit::WorkerFailure)
     }
 }
 
@@ -422,15 +347,6 @@ fn on_sealed(m: &mut Machine, phase: Phase, id: String, cx: &mut Cx<'_>) -> Phas
         },
         None => Phase::Verifying { plan, save },
     }
-}
-
-/// The preemption checkpoint is sealed and no worker runs: requeue (node rank 0), exit 5.
-pub(super) fn preempted(plan: &Plan, cx: &mut Cx<'_>) -> Phase {
-    let first = plan.member(&cx.p.node_id).is_some_and(|m| m.node_rank == 0);
-    if cx.p.requeue && first {
-        cx.fx.push(Effect::Requeue);
-    }
-    exit(AgentExit::Preempted)
 }
 
 fn on_verified(m: &mut Machine, phase: Phase, v: Checked, cx: &mut Cx<'_>) -> Phase {

@@ -6,11 +6,11 @@ use drun_rendezvous::session::Request;
 use nix::sys::signal::Signal;
 
 use super::failure;
+use super::moves::{preempted, rejoin, run_ended, signal_exit, stop, Cx};
 use super::state::{
     Effect, Ending, Level, Machine, Phase, StopStage, Stopping, Then, Workers, JOB_CONTROL,
     KILL_WAIT, RELAYED,
 };
-use super::step::{preempted, rejoin, run_ended, signal_exit, stop, Cx};
 
 pub(super) fn on_signal(m: &mut Machine, phase: Phase, sig: Signal, cx: &mut Cx<'_>) -> Phase {
     if JOB_CONTROL.contains(&sig) {
