@@ -46,11 +46,11 @@ mod api;
 mod import_wait;
 mod standby;
 
-/// What the effects act on: the workers, their generation, the ports and the checkpoint ledger.
+/// What the effects act on: the workers, the ports and the checkpoint ledger. Their generation's
+/// plan is the machine's ([`Machine::plan`]), handed to the effects that need it.
 #[derive(Default)]
 struct World {
     group: Option<WorkerGroup>,
-    plan: Option<Box<Plan>>,
     resume_file: Option<PathBuf>,
     ledger: Option<NodeLedger>,
     /// Highest step the local ranks announced in the previous generation (lost-work report).
@@ -143,11 +143,11 @@ impl Agent {
                     Some(ev.map_or(Input::SessionClosed, Input::Event))
                 }
                 _ = pace.tick(), if pacing => {
-                    self.send_pace(&w, link);
+                    self.send_pace(&m, &w, link);
                     None
                 }
                 _ = peers.tick(), if probing => {
-                    self.check_peers(&mut w, link);
+                    self.check_peers(&m, &mut w, link);
                     self.join_when_reachable(&mut w, link);
                     None
                 }
@@ -263,7 +263,7 @@ impl Agent {
     ) -> Result<Machine, LaunchError> {
         let mut queue = std::collections::VecDeque::from(fx);
         while let Some(effect) = queue.pop_front() {
-            if let Some(input) = self.execute(effect, w, link).await? {
+            if let Some(input) = self.execute(effect, &m, w, link).await? {
                 let (after, more) = self.step(m, input, w, p);
                 m = after;
                 queue.extend(more);
@@ -276,8 +276,7 @@ impl Agent {
     fn step(&self, m: Machine, input: Input, w: &World, p: &Params) -> (Machine, Vec<Effect>) {
         let now = Instant::now();
         if let Some(metrics) = &self.metrics {
-            let (plan, group) = (w.plan.as_deref(), w.group.as_ref());
-            super::observe::input(metrics, &m, &input, plan, group, now);
+            super::observe::input(metrics, &m, &input, w.group.as_ref(), now);
         }
         step(m, input, now, p)
     }
@@ -332,10 +331,12 @@ impl Agent {
         Some(now)
     }
 
-    /// One effect; `Some(input)` when it answers the machine at once.
+    /// One effect, for the machine `m` that asked for it; `Some(input)` when it answers the
+    /// machine at once.
     async fn execute(
         &mut self,
         effect: Effect,
+        m: &Machine,
         w: &mut World,
         link: &mut Link,
     ) -> Result<Option<Input>, LaunchError> {
@@ -347,7 +348,10 @@ impl Agent {
             }
             Effect::Join { fresh, after } => self.join(fresh, after, w, link)?,
             Effect::Formed(plan) => self.formed(plan, w).await?,
-            Effect::Spawn(file) => return Ok(Some(self.spawn(file, w).await)),
+            Effect::Spawn(file) => {
+                let plan = m.plan().expect("workers are spawned for a formed plan");
+                return Ok(Some(self.spawn(file, plan, w).await));
+            }
             Effect::Relay(sig) => {
                 if let Some(g) = &w.group {
                     g.signal_running(sig);
@@ -381,7 +385,7 @@ impl Agent {
                     }
                 }
             }
-            Effect::Serve { should_save } => self.serve(should_save, w, link),
+            Effect::Serve { should_save } => self.serve(should_save, m.plan(), w, link),
             Effect::Refuse => {
                 if let Some((_, reply)) = w.call.take() {
                     let _ = reply.send(refused("no worker group is running"));
@@ -480,15 +484,10 @@ impl Agent {
             };
             resume::check(src, &checked, reached, adoption_failed).await
         }));
-        w.plan = Some(plan);
         Ok(())
     }
 
-    async fn spawn(&mut self, file: Option<PathBuf>, w: &mut World) -> Input {
-        let plan = w
-            .plan
-            .clone()
-            .expect("workers are spawned for a formed plan");
+    async fn spawn(&mut self, file: Option<PathBuf>, plan: &Plan, w: &mut World) -> Input {
         w.resume_file = file;
         let ctx = GroupContext {
             agent_sock: self.api.as_ref().map(ApiServer::path),
@@ -500,19 +499,19 @@ impl Agent {
             hostname: &self.hostname,
             inherited: &self.inherited,
             run_log_dir: &self.run_log_dir,
-            preflight: super::preflight::for_plan(self.preflight.as_deref(), &plan),
+            preflight: super::preflight::for_plan(self.preflight.as_deref(), plan),
             warm: Some(&self.warm),
         };
         w.workers = None;
         w.first_success = None;
         w.beacons = super::hang::Beacons::default();
-        match WorkerGroup::start(&ctx, &plan, plan.restarts_failures).await {
+        match WorkerGroup::start(&ctx, plan, plan.restarts_failures).await {
             Ok(g) => {
-                crate::warm::refill(&ctx, &plan, plan.restarts_failures).await;
-                self.print_rank_table(&plan, &g);
+                crate::warm::refill(&ctx, plan, plan.restarts_failures).await;
+                self.print_rank_table(plan, &g);
                 w.group = Some(g);
                 w.ledger = Some(NodeLedger::new(
-                    &plan,
+                    plan,
                     &self.cfg.node_id,
                     self.cfg.ckpt.dir.as_deref(),
                 ));

@@ -25,13 +25,16 @@ impl Cx<'_> {
     }
 }
 
-/// Joins the next generation with a fresh candidate.
-pub(super) fn rejoin(m: &Machine, cx: &mut Cx<'_>) -> Phase {
+/// Joins the generation after `plan`'s with a fresh candidate.
+pub(super) fn rejoin(plan: Box<Plan>, cx: &mut Cx<'_>) -> Phase {
     cx.fx.push(Effect::Join {
         fresh: true,
-        after: m.last_gen,
+        after: plan.generation,
     });
-    Phase::Forming { rejoin_at: None }
+    Phase::Forming {
+        rejoin_at: None,
+        after: Some(plan),
+    }
 }
 
 /// Stops the workers of `plan` with `sig`; `then` follows once they are gone.

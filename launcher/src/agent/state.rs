@@ -60,10 +60,6 @@ pub struct Machine {
     /// A preemption warning whose checkpoint is not sealed yet (the reason line), kept across
     /// re-forms: each new generation is asked again until the seal stops the workers.
     pub preempt_pending: Option<String>,
-    /// Whether this node was ever part of a generation.
-    pub formed_before: bool,
-    /// The last generation this node ran workers of: a Join says "after this one".
-    pub last_gen: u64,
     /// The restart under way, timed phase by phase (printed once its workers are spawned).
     pub clock: Option<RestartClock>,
 }
@@ -75,6 +71,9 @@ pub enum Phase {
     Forming {
         /// When to send the Join again (after a fence), if at all.
         rejoin_at: Option<Instant>,
+        /// The generation this node was last part of (`None`: never part of one): a Join
+        /// says "after this one", and the peer probes report on it until the next plan.
+        after: Option<Box<Plan>>,
     },
     /// The plan's resume point is being verified; the workers start once it passes.
     Verifying {
@@ -381,11 +380,12 @@ impl Machine {
     /// A new agent: forming its first generation (and the Join that starts it).
     pub fn start() -> (Self, Vec<Effect>) {
         let m = Self {
-            phase: Phase::Forming { rejoin_at: None },
+            phase: Phase::Forming {
+                rejoin_at: None,
+                after: None,
+            },
             interrupted: None,
             preempt_pending: None,
-            formed_before: false,
-            last_gen: 0,
             clock: None,
         };
         (
@@ -400,7 +400,7 @@ impl Machine {
     /// The next instant at which [`Input::Tick`] is due, if any.
     pub fn deadline(&self) -> Option<Instant> {
         match &self.phase {
-            Phase::Forming { rejoin_at } => *rejoin_at,
+            Phase::Forming { rejoin_at, .. } => *rejoin_at,
             Phase::Running { partial, .. } => partial.as_ref().map(|(d, _)| *d),
             Phase::Stopping(s) => match s.stage {
                 StopStage::Grace { deadline } | StopStage::Killing { deadline } => Some(deadline),
@@ -409,6 +409,20 @@ impl Machine {
             Phase::Reporting(r) => r.decided.as_ref().map(|(_, d)| *d),
             Phase::AwaitingEnd { deadline, .. } => Some(*deadline),
             Phase::Verifying { .. } | Phase::AwaitingReform { .. } | Phase::Done(_) => None,
+        }
+    }
+
+    /// The generation the agent is in, or (forming) was last part of.
+    pub fn plan(&self) -> Option<&Plan> {
+        match &self.phase {
+            Phase::Forming { after, .. } => after.as_deref(),
+            Phase::Verifying { plan, .. }
+            | Phase::AwaitingReform { plan }
+            | Phase::Running { plan, .. }
+            | Phase::AwaitingEnd { plan, .. } => Some(plan),
+            Phase::Stopping(s) => Some(&s.plan),
+            Phase::Reporting(r) => Some(&r.plan),
+            Phase::Done(_) => None,
         }
     }
 

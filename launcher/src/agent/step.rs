@@ -101,7 +101,7 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
             cause,
         } => match phase {
             Phase::Reporting(r) if r.decided.is_none() => {
-                failure::decided(m, r, restart, restarts, cause, cx)
+                failure::decided(r, restart, restarts, cause, cx)
             }
             other => other,
         },
@@ -134,8 +134,6 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
 }
 
 fn formed(m: &mut Machine, plan: Plan, cx: &mut Cx<'_>) -> Phase {
-    m.formed_before = true;
-    m.last_gen = plan.generation;
     if let Some(c) = m.clock.as_mut() {
         c.formed = Some(cx.now);
     }
@@ -157,17 +155,17 @@ fn on_reform(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> 
         Phase::Verifying { plan, .. } => {
             let gen = Some(plan.generation);
             cx.log(Level::Warn, gen, format!("re-forming the group: {reason}"));
-            rejoin(m, cx)
+            rejoin(plan, cx)
         }
-        Phase::AwaitingReform { .. } => rejoin(m, cx),
-        Phase::Reporting(r) => failure::reform(m, r, reason, cx),
-        Phase::AwaitingEnd { .. } => {
+        Phase::AwaitingReform { plan } => rejoin(plan, cx),
+        Phase::Reporting(r) => failure::reform(r, reason, cx),
+        Phase::AwaitingEnd { plan, .. } => {
             cx.log(
                 Level::Warn,
                 None,
                 format!("the group re-forms after this node finished: {reason}"),
             );
-            rejoin(m, cx)
+            rejoin(plan, cx)
         }
         other @ (Phase::Forming { .. } | Phase::Stopping(_) | Phase::Done(_)) => other,
     }
@@ -175,7 +173,7 @@ fn on_reform(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> 
 
 fn on_finished(m: &mut Machine, phase: Phase, end: RunEnd, cx: &mut Cx<'_>) -> Phase {
     match phase {
-        Phase::Forming { .. } if !m.formed_before => Phase::Done(End::RunFinished(end)),
+        Phase::Forming { after: None, .. } => Phase::Done(End::RunFinished(end)),
         Phase::Forming { .. }
         | Phase::Verifying { .. }
         | Phase::AwaitingReform { .. }
@@ -188,7 +186,7 @@ fn on_finished(m: &mut Machine, phase: Phase, end: RunEnd, cx: &mut Cx<'_>) -> P
 
 fn on_fenced(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> Phase {
     match phase {
-        Phase::Forming { .. } => {
+        Phase::Forming { after, .. } => {
             cx.log(
                 Level::Warn,
                 None,
@@ -196,6 +194,7 @@ fn on_fenced(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> 
             );
             Phase::Forming {
                 rejoin_at: Some(cx.now + REJOIN_PAUSE),
+                after,
             }
         }
         Phase::Verifying { plan, .. } => {
@@ -205,9 +204,9 @@ fn on_fenced(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> 
                 gen,
                 format!("fenced: {reason}; joining again"),
             );
-            rejoin(m, cx)
+            rejoin(plan, cx)
         }
-        Phase::AwaitingReform { .. } => rejoin(m, cx),
+        Phase::AwaitingReform { plan } => rejoin(plan, cx),
         Phase::Running { plan, .. } => {
             let gen = Some(plan.generation);
             cx.log(
@@ -217,14 +216,14 @@ fn on_fenced(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> 
             );
             stop(m, plan, Signal::SIGKILL, Then::Rejoin, cx)
         }
-        Phase::Reporting(r) => failure::fenced(m, r, reason, cx),
-        Phase::AwaitingEnd { .. } => {
+        Phase::Reporting(r) => failure::fenced(r, reason, cx),
+        Phase::AwaitingEnd { plan, .. } => {
             cx.log(
                 Level::Warn,
                 None,
                 format!("fenced after this node finished: {reason}"),
             );
-            rejoin(m, cx)
+            rejoin(plan, cx)
         }
         other @ (Phase::Stopping(_) | Phase::Done(_)) => other,
     }
@@ -238,7 +237,7 @@ fn on_error(m: &mut Machine, phase: Phase, e: String, cx: &mut Cx<'_>) -> Phase 
         p @ (Phase::Verifying { .. } | Phase::Running { .. }) => {
             on_fenced(m, p, format!("rendezvous error: {e}"), cx)
         }
-        Phase::Reporting(r) => failure::unreported(m, r, Some(e), cx),
+        Phase::Reporting(r) => failure::unreported(r, Some(e), cx),
         other @ (Phase::Stopping(_) | Phase::Done(_)) => other,
     }
 }
@@ -249,7 +248,7 @@ fn on_closed(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
         Phase::Forming { .. } => Phase::Done(End::SessionEnded),
         p @ (Phase::Verifying { .. } | Phase::Running { .. }) => on_fenced(m, p, ENDED.into(), cx),
         Phase::AwaitingReform { .. } => Phase::Done(End::RendezvousFailed(ENDED.into())),
-        Phase::Reporting(r) => failure::closed(m, r, cx),
+        Phase::Reporting(r) => failure::closed(r, cx),
         Phase::AwaitingEnd { .. } => exit(AgentExit::Success),
         other @ (Phase::Stopping(_) | Phase::Done(_)) => other,
     }

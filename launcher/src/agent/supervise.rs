@@ -200,12 +200,16 @@ pub(super) fn on_tick(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
     match phase {
         Phase::Forming {
             rejoin_at: Some(at),
+            after,
         } if at <= cx.now => {
             cx.fx.push(Effect::Join {
                 fresh: false,
-                after: m.last_gen,
+                after: after.as_ref().map_or(0, |p| p.generation),
             });
-            Phase::Forming { rejoin_at: None }
+            Phase::Forming {
+                rejoin_at: None,
+                after,
+            }
         }
         p @ Phase::Running { .. } => partial_due(m, p, cx),
         Phase::Stopping(s) => match s.stage {
@@ -214,7 +218,7 @@ pub(super) fn on_tick(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
             _ => Phase::Stopping(s),
         },
         Phase::Reporting(r) if r.decided.as_ref().is_some_and(|(_, d)| *d <= cx.now) => {
-            failure::concluded(m, r, cx)
+            failure::concluded(r, cx)
         }
         Phase::AwaitingEnd { plan, deadline } if deadline <= cx.now => {
             let description = format!(
@@ -284,7 +288,7 @@ pub(super) fn on_stopped(
             failure::report(plan, d, cause, Ending::Summary, cx)
         }
         Then::ReportUnstarted(d) => failure::report(plan, d, None, Ending::Fatal, cx),
-        _ => rejoin(m, cx),
+        _ => rejoin(plan, cx),
     }
 }
 

@@ -4,10 +4,11 @@
 
 use drun_rendezvous::reports::ReportKind;
 use drun_rendezvous::session::Request;
+use drun_rendezvous::Plan;
 use tokio::time::Instant;
 
 use super::World;
-use crate::agent::state::Input;
+use crate::agent::state::{Input, Machine};
 use crate::agent::Agent;
 use crate::agent::{hang, preflight};
 use crate::ckpt::api::{refused, ApiRequest};
@@ -41,8 +42,8 @@ impl Agent {
     /// Sends this node's pace (its ranks' median seconds per step) in a run of 2 to
     /// [`drun_rendezvous::reports::PACE_MAX_NODES`] nodes; the answer, the job's pace, feeds
     /// the straggler detector.
-    pub(super) fn send_pace(&self, w: &World, link: &Link) {
-        let (Some((_, detector)), Some(plan)) = (w.steps.as_ref(), w.plan.as_deref()) else {
+    pub(super) fn send_pace(&self, m: &Machine, w: &World, link: &Link) {
+        let (Some((_, detector)), Some(plan)) = (w.steps.as_ref(), m.plan()) else {
             return;
         };
         let nodes = plan.node_count() as u32;
@@ -62,8 +63,8 @@ impl Agent {
     /// broken pairs). While some stay silent the report goes again every [`super::REPORT_AGAIN`]: the
     /// node a partition sends away decides for itself when it reports, and the other side's
     /// report may land after its own.
-    pub(super) fn check_peers(&self, w: &mut World, link: &Link) {
-        let (Some(probes), Some(plan)) = (self.peers.as_ref(), w.plan.as_deref()) else {
+    pub(super) fn check_peers(&self, m: &Machine, w: &mut World, link: &Link) {
+        let (Some(probes), Some(plan)) = (self.peers.as_ref(), m.plan()) else {
             return;
         };
         let health = probes.health();
@@ -125,11 +126,17 @@ impl Agent {
     }
 
     /// Answers one worker API request (see [`crate::ckpt::api`]).
-    pub(super) fn serve(&mut self, should_save: bool, w: &mut World, link: &Link) {
+    pub(super) fn serve(
+        &mut self,
+        should_save: bool,
+        plan: Option<&Plan>,
+        w: &mut World,
+        link: &Link,
+    ) {
         let Some((req, reply)) = w.call.take() else {
             return;
         };
-        let (Some(ledger), Some(plan)) = (w.ledger.as_mut(), w.plan.as_deref()) else {
+        let (Some(ledger), Some(plan)) = (w.ledger.as_mut(), plan) else {
             let _ = reply.send(refused("no worker group is running"));
             return;
         };
