@@ -13,13 +13,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::state::{Checked, Effect, End, Input, Level, Machine, Params, Workers};
-use super::straggler::Detector;
 use super::{step, Agent};
 use crate::ckpt::api::{refused, ApiCall, ApiServer};
 use crate::ckpt::node::NodeLedger;
 use crate::ckpt::resume::{self, Verdict};
 use crate::group::{GroupContext, WorkerGroup};
-use crate::metrics::work::RankClock;
 use crate::os::ports::ReservedPort;
 use crate::rdzv::Link;
 use crate::slurm::OnPreempt;
@@ -68,10 +66,6 @@ struct World {
     first_success: Option<(SystemTime, Instant)>,
     /// The API request being answered.
     call: Option<ApiCall>,
-    /// The running generation's step times and straggler verdicts (`--straggler-factor` > 0).
-    steps: Option<(RankClock, Detector)>,
-    /// The step beacons of this generation's local ranks (`--hang-timeout`).
-    beacons: super::hang::Beacons,
     /// The peers (node ranks) of this generation last said not to answer the probes.
     silent_peers: Vec<u32>,
     /// When this node's peers report last went out.
@@ -101,6 +95,8 @@ impl Agent {
             preempt_signal: (self.cfg.on_preempt == OnPreempt::Checkpoint)
                 .then_some(self.cfg.preempt_signal),
             requeue: self.cfg.requeue,
+            hang_timeout: self.cfg.hang_timeout,
+            straggler_factor: self.cfg.straggler_factor,
         }
     }
 
@@ -120,14 +116,8 @@ impl Agent {
         while !m.is_done() {
             let deadline = m.deadline();
             let stopping = matches!(m.phase, super::Phase::Stopping(_));
-            let watching =
-                self.cfg.hang_timeout.is_some() && matches!(m.phase, super::Phase::Running { .. });
-            let pacing = w.steps.is_some() && matches!(m.phase, super::Phase::Running { .. });
             let input = tokio::select! {
                 ev = link.rx.recv(), if m.reads_session() => {
-                    if let (Some(drun_rendezvous::Event::Pace(p)), Some((_, d))) = (&ev, w.steps.as_mut()) {
-                        d.set_job_pace(p.clone());
-                    }
                     if let Some(drun_rendezvous::Event::Ping) = &ev {
                         // A peer does not hear this node: the session asks whether it is there.
                         let _ = link.tx.send(drun_rendezvous::Request::KeepAlive);
@@ -142,10 +132,7 @@ impl Agent {
                     }
                     Some(ev.map_or(Input::SessionClosed, Input::Event))
                 }
-                _ = pace.tick(), if pacing => {
-                    self.send_pace(&m, &w, link);
-                    None
-                }
+                _ = pace.tick(), if self.cfg.straggler_factor > 0.0 => Some(Input::PaceDue),
                 _ = peers.tick(), if probing => {
                     self.check_peers(&m, &mut w, link);
                     self.join_when_reachable(&mut w, link);
@@ -163,7 +150,7 @@ impl Agent {
                     self.release_first_join(&mut w, link);
                     Some(Input::Monitor)
                 }
-                _ = hang_check.tick(), if watching => self.hung(&mut w).await,
+                _ = hang_check.tick(), if self.cfg.hang_timeout.is_some() => Some(Input::HangCheck),
                 _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
                 v = join(&mut w.verifying), if w.verifying.is_some() => {
                     w.verifying = None;
@@ -385,7 +372,7 @@ impl Agent {
                     }
                 }
             }
-            Effect::Serve { should_save } => self.serve(should_save, m.plan(), w, link),
+            Effect::Serve { should_save } => return Ok(self.serve(should_save, m.plan(), w, link)),
             Effect::Refuse => {
                 if let Some((_, reply)) = w.call.take() {
                     let _ = reply.send(refused("no worker group is running"));
@@ -400,6 +387,23 @@ impl Agent {
             }
             Effect::RemoteCause(c) => self.summarize_remote(&c),
             Effect::Requeue => crate::slurm::requeue(self.cfg.slurm.as_ref()),
+            Effect::DumpStacks { ranks, line } => {
+                let pids: Vec<(u32, i32)> = w
+                    .group
+                    .as_ref()
+                    .map(WorkerGroup::running)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|(rank, _)| ranks.contains(rank))
+                    .collect();
+                crate::os::stacks::dump(&pids, super::hang::DUMP_SIGNAL).await;
+                return Ok(Some(Input::Hung(line)));
+            }
+            Effect::Straggler { event, stragglers } => {
+                if let Some(plan) = m.plan() {
+                    self.straggler(event, &stragglers, plan, link);
+                }
+            }
         }
         Ok(None)
     }
@@ -504,7 +508,6 @@ impl Agent {
         };
         w.workers = None;
         w.first_success = None;
-        w.beacons = super::hang::Beacons::default();
         match WorkerGroup::start(&ctx, plan, plan.restarts_failures).await {
             Ok(g) => {
                 crate::warm::refill(&ctx, plan, plan.restarts_failures).await;
@@ -515,12 +518,6 @@ impl Agent {
                     &self.cfg.node_id,
                     self.cfg.ckpt.dir.as_deref(),
                 ));
-                w.steps = (self.cfg.straggler_factor > 0.0).then(|| {
-                    (
-                        RankClock::default(),
-                        Detector::new(self.cfg.straggler_factor),
-                    )
-                });
                 Input::Spawned
             }
             Err((partial, e)) => {

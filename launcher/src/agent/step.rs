@@ -10,8 +10,9 @@ use tokio::time::Instant;
 
 use super::failure;
 use super::moves::{exit, preempted, rejoin, run_ended, stop, Cx};
+use super::progress;
 use super::state::{
-    Checked, Effect, End, Input, Level, Machine, Params, Phase, Save, Then, REJOIN_PAUSE,
+    Checked, Effect, End, Input, Level, Machine, Params, Phase, Progress, Save, Then, REJOIN_PAUSE,
 };
 use super::supervise::{on_signal, on_stopped, on_tick, on_workers};
 use crate::AgentExit;
@@ -64,6 +65,9 @@ pub fn step(mut m: Machine, input: Input, now: Instant, p: &Params) -> (Machine,
             }
             other => other,
         },
+        Input::Beacon { rank, step } => progress::beacon(phase, rank, step, &mut cx),
+        Input::HangCheck => progress::hang_check(phase, &mut cx),
+        Input::PaceDue => progress::pace_due(phase, &mut cx),
         Input::Stopped { failure, cause } => on_stopped(&mut m, phase, failure, cause, &mut cx),
         Input::Api => {
             cx.fx.push(match &phase {
@@ -109,8 +113,7 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
         Event::Error(e) => on_error(m, phase, e, cx),
         Event::SaveRequested(req) => on_save_requested(m, phase, req, cx),
         Event::Sealed(id) => on_sealed(m, phase, id, cx),
-        // The job's pace feeds the straggler detector (the driver's); no state changes.
-        Event::Pace(_) => phase,
+        Event::Pace(pace) => progress::job_pace(phase, pace),
         // Answered by the driver (a keep-alive at once); no state changes.
         Event::Ping => phase,
         // Whom a node standing by after a partition must reach: the driver's probes; no state
@@ -300,10 +303,12 @@ fn on_save_requested(m: &mut Machine, phase: Phase, req: SaveRequest, cx: &mut C
             plan,
             save,
             partial,
+            progress,
         } => Phase::Running {
             plan,
             save: update(save, m, cx),
             partial,
+            progress,
         },
         other => other,
     }
@@ -316,7 +321,8 @@ fn on_sealed(m: &mut Machine, phase: Phase, id: String, cx: &mut Cx<'_>) -> Phas
             plan,
             save,
             partial,
-        } => (plan, save, Some(partial)),
+            progress,
+        } => (plan, save, Some((partial, progress))),
         other => return other,
     };
     let described = drun_rendezvous::ledger::describe_id(&id);
@@ -339,10 +345,11 @@ fn on_sealed(m: &mut Machine, phase: Phase, id: String, cx: &mut Cx<'_>) -> Phas
         other => other,
     };
     match partial {
-        Some(partial) => Phase::Running {
+        Some((partial, progress)) => Phase::Running {
             plan,
             save,
             partial,
+            progress,
         },
         None => Phase::Verifying { plan, save },
     }
@@ -399,5 +406,6 @@ fn on_spawned(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
         plan,
         save,
         partial: None,
+        progress: Progress::new(cx.p),
     }
 }

@@ -153,7 +153,12 @@ fn cleanup(mut s: Stopping, cx: &mut Cx<'_>) -> Phase {
 
 pub(super) fn on_workers(m: &mut Machine, phase: Phase, w: Workers, cx: &mut Cx<'_>) -> Phase {
     match phase {
-        Phase::Running { plan, save, .. } => {
+        Phase::Running {
+            plan,
+            save,
+            progress,
+            ..
+        } => {
             if w.failed {
                 return stop(m, plan, Signal::SIGTERM, Then::Report { partial: None }, cx);
             }
@@ -169,6 +174,7 @@ pub(super) fn on_workers(m: &mut Machine, phase: Phase, w: Workers, cx: &mut Cx<
                     plan,
                     save,
                     partial,
+                    progress,
                 },
                 cx,
             )
