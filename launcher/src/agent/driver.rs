@@ -70,18 +70,10 @@ struct World {
     silent_peers: Vec<u32>,
     /// When this node's peers report last went out.
     peers_reported: Option<Instant>,
-    /// The session sent this node away for a partition: it joins again only once every peer
-    /// of its last generation answers its probes.
-    partitioned: bool,
-    /// The join held back meanwhile (candidate, after generation).
-    deferred_join: Option<(Join, u64)>,
+    /// Sent away by a partition, and standing by.
+    partition: standby::Partition,
     /// The first join, held while the warm interpreters import torch (`import_wait`).
     held_join: Option<(Join, u64)>,
-    /// When the session was last asked whom this node, standing by, must reach.
-    stand_by_asked: Option<Instant>,
-    /// The session said whom to reach (`Event::StandBy`): the probes watch those nodes, and the
-    /// join goes once every one of them answers.
-    told_whom: bool,
 }
 
 impl Agent {
@@ -124,18 +116,18 @@ impl Agent {
                         continue;
                     }
                     if let Some(drun_rendezvous::Event::StandBy(reach)) = &ev {
-                        self.told_whom(&mut w, reach, link);
+                        self.told_whom(&mut w.partition, reach, link);
                         continue;
                     }
                     if let Some(drun_rendezvous::Event::Fenced(why)) = &ev {
-                        w.partitioned = why.starts_with(drun_rendezvous::session::split::PARTITIONED);
+                        w.partition.sent_away = why.starts_with(drun_rendezvous::session::split::PARTITIONED);
                     }
                     Some(ev.map_or(Input::SessionClosed, Input::Event))
                 }
                 _ = pace.tick(), if self.cfg.straggler_factor > 0.0 => Some(Input::PaceDue),
                 _ = peers.tick(), if probing => {
                     self.check_peers(&m, &mut w, link);
-                    self.join_when_reachable(&mut w, link);
+                    self.join_when_reachable(&mut w.partition, link);
                     None
                 }
                 Some(call) = self.api_rx.recv(), if m.reads_session() => {
@@ -439,17 +431,11 @@ impl Agent {
             w.candidate = Some(self.candidate(port));
         }
         let cand = w.candidate.clone().expect("a candidate was built above");
-        if w.partitioned && !self.peers_all_answer() {
-            tracing::warn!(
-                "standing by: sent away from generation {after} because its nodes could not all reach each other; joining again once every one of them answers this node's probes"
-            );
-            w.deferred_join = Some((cand, after));
-            w.told_whom = false;
-            w.stand_by_asked = Some(Instant::now());
-            let _ = link.tx.send(Request::StandBy(after));
+        if w.partition.sent_away && !self.peers_all_answer() {
+            self.stand_by(&mut w.partition, cand, after, link);
             return Ok(());
         }
-        w.partitioned = false;
+        w.partition.sent_away = false;
         if self.hold_first_join(&cand, after, w) {
             return Ok(());
         }
