@@ -16,8 +16,9 @@
 //! 3. spawns the local workers with torchrun's environment ([`mod@env`]), each in its own session
 //!    and process group, their output pumped line by line ([`logs`]);
 //! 4. supervises them: one loop `select!`s over SIGCHLD, a `--monitor-interval` tick, the
-//!    handled signals, the session's events and the worker API, and feeds each to the pure
-//!    transition function [`agent::step()`]; the effects it returns (spawn, stop, send a request,
+//!    handled signals, the session's events, the worker API (step beacons included) and the
+//!    hang-check and pace ticks, and feeds each to the pure transition function
+//!    [`agent::step()`]; the effects it returns (spawn, stop, send a request, dump stacks,
 //!    summary, requeue ...) are carried out by the same loop. All exit 0 → exit 0. One fails →
 //!    the group is stopped (SIGTERM to each process group, `--shutdown-timeout`, SIGKILL,
 //!    orphans swept), the failure reported, and the session decides: while `--max-restarts`

@@ -13,13 +13,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::state::{Checked, Effect, End, Input, Level, Machine, Params, Workers};
-use super::straggler::Detector;
 use super::{step, Agent};
 use crate::ckpt::api::{refused, ApiCall, ApiServer};
 use crate::ckpt::node::NodeLedger;
 use crate::ckpt::resume::{self, Verdict};
 use crate::group::{GroupContext, WorkerGroup};
-use crate::metrics::work::RankClock;
 use crate::os::ports::ReservedPort;
 use crate::rdzv::Link;
 use crate::slurm::OnPreempt;
@@ -46,11 +44,11 @@ mod api;
 mod import_wait;
 mod standby;
 
-/// What the effects act on: the workers, their generation, the ports and the checkpoint ledger.
+/// What the effects act on: the workers, the ports and the checkpoint ledger. Their generation's
+/// plan is the machine's ([`Machine::plan`]), handed to the effects that need it.
 #[derive(Default)]
 struct World {
     group: Option<WorkerGroup>,
-    plan: Option<Box<Plan>>,
     resume_file: Option<PathBuf>,
     ledger: Option<NodeLedger>,
     /// Highest step the local ranks announced in the previous generation (lost-work report).
@@ -68,26 +66,14 @@ struct World {
     first_success: Option<(SystemTime, Instant)>,
     /// The API request being answered.
     call: Option<ApiCall>,
-    /// The running generation's step times and straggler verdicts (`--straggler-factor` > 0).
-    steps: Option<(RankClock, Detector)>,
-    /// The step beacons of this generation's local ranks (`--hang-timeout`).
-    beacons: super::hang::Beacons,
     /// The peers (node ranks) of this generation last said not to answer the probes.
     silent_peers: Vec<u32>,
     /// When this node's peers report last went out.
     peers_reported: Option<Instant>,
-    /// The session sent this node away for a partition: it joins again only once every peer
-    /// of its last generation answers its probes.
-    partitioned: bool,
-    /// The join held back meanwhile (candidate, after generation).
-    deferred_join: Option<(Join, u64)>,
+    /// Sent away by a partition, and standing by.
+    partition: standby::Partition,
     /// The first join, held while the warm interpreters import torch (`import_wait`).
     held_join: Option<(Join, u64)>,
-    /// When the session was last asked whom this node, standing by, must reach.
-    stand_by_asked: Option<Instant>,
-    /// The session said whom to reach (`Event::StandBy`): the probes watch those nodes, and the
-    /// join goes once every one of them answers.
-    told_whom: bool,
 }
 
 impl Agent {
@@ -101,6 +87,8 @@ impl Agent {
             preempt_signal: (self.cfg.on_preempt == OnPreempt::Checkpoint)
                 .then_some(self.cfg.preempt_signal),
             requeue: self.cfg.requeue,
+            hang_timeout: self.cfg.hang_timeout,
+            straggler_factor: self.cfg.straggler_factor,
         }
     }
 
@@ -120,35 +108,26 @@ impl Agent {
         while !m.is_done() {
             let deadline = m.deadline();
             let stopping = matches!(m.phase, super::Phase::Stopping(_));
-            let watching =
-                self.cfg.hang_timeout.is_some() && matches!(m.phase, super::Phase::Running { .. });
-            let pacing = w.steps.is_some() && matches!(m.phase, super::Phase::Running { .. });
             let input = tokio::select! {
                 ev = link.rx.recv(), if m.reads_session() => {
-                    if let (Some(drun_rendezvous::Event::Pace(p)), Some((_, d))) = (&ev, w.steps.as_mut()) {
-                        d.set_job_pace(p.clone());
-                    }
                     if let Some(drun_rendezvous::Event::Ping) = &ev {
                         // A peer does not hear this node: the session asks whether it is there.
                         let _ = link.tx.send(drun_rendezvous::Request::KeepAlive);
                         continue;
                     }
                     if let Some(drun_rendezvous::Event::StandBy(reach)) = &ev {
-                        self.told_whom(&mut w, reach, link);
+                        self.told_whom(&mut w.partition, reach, link);
                         continue;
                     }
                     if let Some(drun_rendezvous::Event::Fenced(why)) = &ev {
-                        w.partitioned = why.starts_with(drun_rendezvous::session::split::PARTITIONED);
+                        w.partition.sent_away = why.starts_with(drun_rendezvous::session::split::PARTITIONED);
                     }
                     Some(ev.map_or(Input::SessionClosed, Input::Event))
                 }
-                _ = pace.tick(), if pacing => {
-                    self.send_pace(&w, link);
-                    None
-                }
+                _ = pace.tick(), if self.cfg.straggler_factor > 0.0 => Some(Input::PaceDue),
                 _ = peers.tick(), if probing => {
-                    self.check_peers(&mut w, link);
-                    self.join_when_reachable(&mut w, link);
+                    self.check_peers(&m, &mut w, link);
+                    self.join_when_reachable(&mut w.partition, link);
                     None
                 }
                 Some(call) = self.api_rx.recv(), if m.reads_session() => {
@@ -163,7 +142,7 @@ impl Agent {
                     self.release_first_join(&mut w, link);
                     Some(Input::Monitor)
                 }
-                _ = hang_check.tick(), if watching => self.hung(&mut w).await,
+                _ = hang_check.tick(), if self.cfg.hang_timeout.is_some() => Some(Input::HangCheck),
                 _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
                 v = join(&mut w.verifying), if w.verifying.is_some() => {
                     w.verifying = None;
@@ -263,7 +242,7 @@ impl Agent {
     ) -> Result<Machine, LaunchError> {
         let mut queue = std::collections::VecDeque::from(fx);
         while let Some(effect) = queue.pop_front() {
-            if let Some(input) = self.execute(effect, w, link).await? {
+            if let Some(input) = self.execute(effect, &m, w, link).await? {
                 let (after, more) = self.step(m, input, w, p);
                 m = after;
                 queue.extend(more);
@@ -276,8 +255,7 @@ impl Agent {
     fn step(&self, m: Machine, input: Input, w: &World, p: &Params) -> (Machine, Vec<Effect>) {
         let now = Instant::now();
         if let Some(metrics) = &self.metrics {
-            let (plan, group) = (w.plan.as_deref(), w.group.as_ref());
-            super::observe::input(metrics, &m, &input, plan, group, now);
+            super::observe::input(metrics, &m, &input, w.group.as_ref(), now);
         }
         step(m, input, now, p)
     }
@@ -332,10 +310,12 @@ impl Agent {
         Some(now)
     }
 
-    /// One effect; `Some(input)` when it answers the machine at once.
+    /// One effect, for the machine `m` that asked for it; `Some(input)` when it answers the
+    /// machine at once.
     async fn execute(
         &mut self,
         effect: Effect,
+        m: &Machine,
         w: &mut World,
         link: &mut Link,
     ) -> Result<Option<Input>, LaunchError> {
@@ -347,7 +327,10 @@ impl Agent {
             }
             Effect::Join { fresh, after } => self.join(fresh, after, w, link)?,
             Effect::Formed(plan) => self.formed(plan, w).await?,
-            Effect::Spawn(file) => return Ok(Some(self.spawn(file, w).await)),
+            Effect::Spawn(file) => {
+                let plan = m.plan().expect("workers are spawned for a formed plan");
+                return Ok(Some(self.spawn(file, plan, w).await));
+            }
             Effect::Relay(sig) => {
                 if let Some(g) = &w.group {
                     g.signal_running(sig);
@@ -381,7 +364,7 @@ impl Agent {
                     }
                 }
             }
-            Effect::Serve { should_save } => self.serve(should_save, w, link),
+            Effect::Serve { should_save } => return Ok(self.serve(should_save, m.plan(), w, link)),
             Effect::Refuse => {
                 if let Some((_, reply)) = w.call.take() {
                     let _ = reply.send(refused("no worker group is running"));
@@ -396,6 +379,23 @@ impl Agent {
             }
             Effect::RemoteCause(c) => self.summarize_remote(&c),
             Effect::Requeue => crate::slurm::requeue(self.cfg.slurm.as_ref()),
+            Effect::DumpStacks { ranks, line } => {
+                let pids: Vec<(u32, i32)> = w
+                    .group
+                    .as_ref()
+                    .map(WorkerGroup::running)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|(rank, _)| ranks.contains(rank))
+                    .collect();
+                crate::os::stacks::dump(&pids, super::hang::DUMP_SIGNAL).await;
+                return Ok(Some(Input::Hung(line)));
+            }
+            Effect::Straggler { event, stragglers } => {
+                if let Some(plan) = m.plan() {
+                    self.straggler(event, &stragglers, plan, link);
+                }
+            }
         }
         Ok(None)
     }
@@ -431,17 +431,11 @@ impl Agent {
             w.candidate = Some(self.candidate(port));
         }
         let cand = w.candidate.clone().expect("a candidate was built above");
-        if w.partitioned && !self.peers_all_answer() {
-            tracing::warn!(
-                "standing by: sent away from generation {after} because its nodes could not all reach each other; joining again once every one of them answers this node's probes"
-            );
-            w.deferred_join = Some((cand, after));
-            w.told_whom = false;
-            w.stand_by_asked = Some(Instant::now());
-            let _ = link.tx.send(Request::StandBy(after));
+        if w.partition.sent_away && !self.peers_all_answer() {
+            self.stand_by(&mut w.partition, cand, after, link);
             return Ok(());
         }
-        w.partitioned = false;
+        w.partition.sent_away = false;
         if self.hold_first_join(&cand, after, w) {
             return Ok(());
         }
@@ -480,15 +474,10 @@ impl Agent {
             };
             resume::check(src, &checked, reached, adoption_failed).await
         }));
-        w.plan = Some(plan);
         Ok(())
     }
 
-    async fn spawn(&mut self, file: Option<PathBuf>, w: &mut World) -> Input {
-        let plan = w
-            .plan
-            .clone()
-            .expect("workers are spawned for a formed plan");
+    async fn spawn(&mut self, file: Option<PathBuf>, plan: &Plan, w: &mut World) -> Input {
         w.resume_file = file;
         let ctx = GroupContext {
             agent_sock: self.api.as_ref().map(ApiServer::path),
@@ -500,28 +489,21 @@ impl Agent {
             hostname: &self.hostname,
             inherited: &self.inherited,
             run_log_dir: &self.run_log_dir,
-            preflight: self.preflight_for(&plan),
+            preflight: super::preflight::for_plan(self.preflight.as_deref(), plan),
             warm: Some(&self.warm),
         };
         w.workers = None;
         w.first_success = None;
-        w.beacons = super::hang::Beacons::default();
-        match WorkerGroup::start(&ctx, &plan, plan.restarts_failures).await {
+        match WorkerGroup::start(&ctx, plan, plan.restarts_failures).await {
             Ok(g) => {
-                crate::warm::refill(&ctx, &plan, plan.restarts_failures).await;
-                self.print_rank_table(&plan, &g);
+                crate::warm::refill(&ctx, plan, plan.restarts_failures).await;
+                self.print_rank_table(plan, &g);
                 w.group = Some(g);
                 w.ledger = Some(NodeLedger::new(
-                    &plan,
+                    plan,
                     &self.cfg.node_id,
                     self.cfg.ckpt.dir.as_deref(),
                 ));
-                w.steps = (self.cfg.straggler_factor > 0.0).then(|| {
-                    (
-                        RankClock::default(),
-                        Detector::new(self.cfg.straggler_factor),
-                    )
-                });
                 Input::Spawned
             }
             Err((partial, e)) => {

@@ -7,8 +7,8 @@ use drun_rendezvous::round::Restarts;
 use drun_rendezvous::session::Request;
 use drun_rendezvous::Plan;
 
-use super::state::{Effect, End, Ending, Level, Machine, Phase, Reporting, REFORM_REASON_WAIT};
-use super::step::{rejoin, Cx};
+use super::moves::{rejoin, Cx};
+use super::state::{Effect, End, Ending, Level, Phase, Reporting, REFORM_REASON_WAIT};
 use crate::AgentExit;
 
 /// Reports `description`, a failure of `plan`'s generation (`cause`: the failed worker, when
@@ -42,7 +42,6 @@ pub(super) fn report(
 /// The session decided: restart (spending the budget or not) or end (`cause`: the run's root
 /// cause, perhaps another node's failure).
 pub(super) fn decided(
-    m: &mut Machine,
     mut r: Reporting,
     restart: bool,
     restarts: Restarts,
@@ -54,7 +53,7 @@ pub(super) fn decided(
         // the decision that the loss of a node caused).
         r.decided = Some((restarts, cx.now + REFORM_REASON_WAIT));
         return if r.reform.is_some() {
-            concluded(m, r, cx)
+            concluded(r, cx)
         } else {
             Phase::Reporting(r)
         };
@@ -68,13 +67,13 @@ pub(super) fn decided(
                 r.description, restarts.failures, cx.p.max_restarts
             ),
         );
-        return rejoin(m, cx);
+        return rejoin(r.plan, cx);
     }
     end(r, restarts.history, cause, AgentExit::WorkerFailure, cx)
 }
 
 /// A re-form without spending the budget, its reason known (or waited for long enough).
-pub(super) fn concluded(m: &mut Machine, r: Reporting, cx: &mut Cx<'_>) -> Phase {
+pub(super) fn concluded(r: Reporting, cx: &mut Cx<'_>) -> Phase {
     let used = r.decided.as_ref().map_or(0, |(d, _)| d.failures);
     cx.log(
         Level::Warn,
@@ -86,14 +85,14 @@ pub(super) fn concluded(m: &mut Machine, r: Reporting, cx: &mut Cx<'_>) -> Phase
             cx.p.max_restarts
         ),
     );
-    rejoin(m, cx)
+    rejoin(r.plan, cx)
 }
 
 /// The session announced a re-form: why the generation closed.
-pub(super) fn reform(m: &mut Machine, mut r: Reporting, reason: String, cx: &mut Cx<'_>) -> Phase {
+pub(super) fn reform(mut r: Reporting, reason: String, cx: &mut Cx<'_>) -> Phase {
     r.reform = Some(reason);
     if r.decided.is_some() {
-        concluded(m, r, cx)
+        concluded(r, cx)
     } else {
         Phase::Reporting(r)
     }
@@ -103,12 +102,12 @@ pub(super) fn reform(m: &mut Machine, mut r: Reporting, reason: String, cx: &mut
 /// peers as well (`rdzv::grpc::CUT_OFF`: the others gave it up), means the group went on without
 /// this node (its failure is moot; it joins again as a newcomer); a rendezvous unreachable while
 /// the peers answer leaves the failure undecided.
-pub(super) fn fenced(m: &mut Machine, r: Reporting, reason: String, cx: &mut Cx<'_>) -> Phase {
+pub(super) fn fenced(r: Reporting, reason: String, cx: &mut Cx<'_>) -> Phase {
     if r.decided.is_some() {
         return Phase::Reporting(r);
     }
     if reason.starts_with(crate::rdzv::grpc::UNREACHABLE) {
-        return unreported(m, r, Some(reason), cx);
+        return unreported(r, Some(reason), cx);
     }
     cx.log(
         Level::Warn,
@@ -118,23 +117,17 @@ pub(super) fn fenced(m: &mut Machine, r: Reporting, reason: String, cx: &mut Cx<
             r.description
         ),
     );
-    rejoin(m, cx)
+    rejoin(r.plan, cx)
 }
 
 /// No decision will come (`why`: the rendezvous trouble, appended after the failure, which
 /// stays the primary error): nothing restarts. With the rendezvous lost the restart budget was
 /// never consulted, so the exit is 3 (rendezvous failed: a requeue may rejoin), not 1 (budget
 /// spent: an operator's failure policy ends the job on it).
-pub(super) fn unreported(
-    m: &mut Machine,
-    r: Reporting,
-    why: Option<String>,
-    cx: &mut Cx<'_>,
-) -> Phase {
+pub(super) fn unreported(r: Reporting, why: Option<String>, cx: &mut Cx<'_>) -> Phase {
     if r.decided.is_some() {
         return Phase::Reporting(r);
     }
-    let _ = m;
     let exit = match why {
         Some(e) => {
             cx.fx.push(Effect::Also(format!(
@@ -148,11 +141,11 @@ pub(super) fn unreported(
 }
 
 /// The session closed while reporting.
-pub(super) fn closed(m: &mut Machine, r: Reporting, cx: &mut Cx<'_>) -> Phase {
+pub(super) fn closed(r: Reporting, cx: &mut Cx<'_>) -> Phase {
     if r.decided.is_some() {
-        concluded(m, r, cx)
+        concluded(r, cx)
     } else {
-        unreported(m, r, None, cx)
+        unreported(r, None, cx)
     }
 }
 

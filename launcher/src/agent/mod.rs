@@ -1,7 +1,8 @@
 //! The agent: rendezvous → spawn → supervise → restart or exit, as an explicit state machine.
 //!
 //! * [`state`] — the state ([`state::Machine`], [`state::Phase`]), its inputs and effects;
-//! * [`mod@step`] (with `failure`) — the transitions, a pure function of (state, input, now);
+//! * [`mod@step`] (with `supervise`, `failure`, `progress` and the `moves` they share) — the
+//!   transitions, a pure function of (state, input, now);
 //! * `driver` — the one loop that `select!`s over the inputs (session events, SIGCHLD,
 //!   signals, worker API requests, deadlines) and carries out the effects;
 //! * `world` — what the effects touch: candidate, announcement, teardown sweep, summary;
@@ -30,8 +31,10 @@ mod driver;
 mod failure;
 pub mod hang;
 mod log_dir;
+mod moves;
 mod observe;
 mod preflight;
+mod progress;
 pub mod rank_table;
 pub mod state;
 pub mod step;

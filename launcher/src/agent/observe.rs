@@ -3,20 +3,19 @@
 //! (with the machine's [`crate::phases::RestartClock`]). The loop reports the rest (stops,
 //! worker exits, commits, step beacons) where it carries them out.
 
-use drun_rendezvous::{Event, Plan};
+use drun_rendezvous::Event;
 use tokio::time::Instant;
 
 use super::state::{Input, Machine, Phase};
 use crate::group::WorkerGroup;
 use crate::metrics::AgentMetrics;
 
-/// Records what `input` says about the run, given the machine `m` it is about to step and,
-/// for a spawn, the plan (its resume step) and the group (its workers).
+/// Records what `input` says about the run, given the machine `m` it is about to step (for a
+/// spawn, its plan's resume step) and, for a spawn, the group (its workers).
 pub(super) fn input(
     metrics: &AgentMetrics,
     m: &Machine,
     input: &Input,
-    plan: Option<&Plan>,
     group: Option<&WorkerGroup>,
     now: Instant,
 ) {
@@ -30,7 +29,10 @@ pub(super) fn input(
         Input::Event(Event::Sealed(id)) => metrics.sealed(id),
         Input::Verified(_) => metrics.verified(now),
         Input::Spawned if matches!(m.phase, Phase::Verifying { .. }) => {
-            let resume_step = plan.and_then(|p| p.resume.as_ref()).map_or(0, |r| r.step);
+            let resume_step = m
+                .plan()
+                .and_then(|p| p.resume.as_ref())
+                .map_or(0, |r| r.step);
             let workers = group.map(WorkerGroup::running).unwrap_or_default();
             metrics.spawned(m.clock.as_ref(), resume_step, workers, now);
         }

@@ -11,6 +11,9 @@ use drun_rendezvous::{Event, Plan};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
+use super::hang::{self, Beacons};
+use super::straggler::{self, Detector};
+use crate::metrics::work::RankClock;
 use crate::phases::RestartClock;
 use crate::AgentExit;
 
@@ -47,6 +50,10 @@ pub struct Params {
     pub preempt_signal: Option<Signal>,
     /// `--requeue`.
     pub requeue: bool,
+    /// `--hang-timeout`: the step beacons are judged for hangs.
+    pub hang_timeout: Option<hang::Timeout>,
+    /// `--straggler-factor` (> 0: the step beacons are judged for stragglers).
+    pub straggler_factor: f64,
 }
 
 /// The whole state of the agent.
@@ -60,10 +67,6 @@ pub struct Machine {
     /// A preemption warning whose checkpoint is not sealed yet (the reason line), kept across
     /// re-forms: each new generation is asked again until the seal stops the workers.
     pub preempt_pending: Option<String>,
-    /// Whether this node was ever part of a generation.
-    pub formed_before: bool,
-    /// The last generation this node ran workers of: a Join says "after this one".
-    pub last_gen: u64,
     /// The restart under way, timed phase by phase (printed once its workers are spawned).
     pub clock: Option<RestartClock>,
 }
@@ -75,6 +78,9 @@ pub enum Phase {
     Forming {
         /// When to send the Join again (after a fence), if at all.
         rejoin_at: Option<Instant>,
+        /// The generation this node was last part of (`None`: never part of one): a Join
+        /// says "after this one", and the peer probes report on it until the next plan.
+        after: Option<Box<Plan>>,
     },
     /// The plan's resume point is being verified; the workers start once it passes.
     Verifying {
@@ -97,6 +103,8 @@ pub enum Phase {
         /// Some local workers exited 0 and others still run: when that becomes a failure,
         /// and the line saying so.
         partial: Option<(Instant, String)>,
+        /// What their step beacons told so far.
+        progress: Progress,
     },
     /// The workers are being stopped; `then` says what comes next.
     Stopping(Stopping),
@@ -136,6 +144,27 @@ pub enum Save {
         /// `ckpt/latest` when requested.
         latest_before: String,
     },
+}
+
+/// What the running generation's step beacons (`drun.progress(step)`) tell: hangs
+/// (`--hang-timeout`) and stragglers (`--straggler-factor`), judged by [`super::step()`].
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    /// The last beacon of each local rank (with `--hang-timeout`).
+    pub beacons: Beacons,
+    /// The local ranks' step times and straggler verdicts (with `--straggler-factor` > 0).
+    pub stragglers: Option<(RankClock, Detector)>,
+}
+
+impl Progress {
+    /// A new generation's: nothing heard yet.
+    pub fn new(p: &Params) -> Self {
+        Self {
+            beacons: Beacons::default(),
+            stragglers: (p.straggler_factor > 0.0)
+                .then(|| (RankClock::default(), Detector::new(p.straggler_factor))),
+        }
+    }
 }
 
 /// Stopping the workers: the signal went to every process group; SIGKILL after the grace.
@@ -281,9 +310,20 @@ pub enum Input {
     },
     /// A worker API request (the loop holds it and its reply).
     Api,
+    /// A local rank announced a step (`drun.progress(step)`, accepted by the ledger).
+    Beacon {
+        /// Its global rank.
+        rank: u32,
+        /// The step.
+        step: u64,
+    },
+    /// Time to judge the step beacons for a hang (`--hang-timeout`).
+    HangCheck,
     /// Local ranks sent no step beacon for `--hang-timeout` (their stacks were dumped): the
     /// hang's line, naming them and their last steps.
     Hung(String),
+    /// Time to report this node's pace (its ranks' median step times) to the job.
+    PaceDue,
 }
 
 /// The verdict on the resume point ([`crate::ckpt::resume::Verdict`] less the error, which
@@ -375,17 +415,34 @@ pub enum Effect {
     RemoteCause(RootCause),
     /// `scontrol requeue` the Slurm job.
     Requeue,
+    /// Dump the stacks of these hung local ranks (global ranks), then answer with
+    /// [`Input::Hung`] and the hang's line.
+    DumpStacks {
+        /// The stuck ranks.
+        ranks: Vec<u32>,
+        /// The hang's line.
+        line: String,
+    },
+    /// A local rank's straggler verdict changed: say it, count it, report the node's
+    /// stragglers (these: rank, seconds per step, the median then) to the job.
+    Straggler {
+        /// The change.
+        event: straggler::Event,
+        /// Every local rank flagged now.
+        stragglers: Vec<(u32, f64, f64)>,
+    },
 }
 
 impl Machine {
     /// A new agent: forming its first generation (and the Join that starts it).
     pub fn start() -> (Self, Vec<Effect>) {
         let m = Self {
-            phase: Phase::Forming { rejoin_at: None },
+            phase: Phase::Forming {
+                rejoin_at: None,
+                after: None,
+            },
             interrupted: None,
             preempt_pending: None,
-            formed_before: false,
-            last_gen: 0,
             clock: None,
         };
         (
@@ -400,7 +457,7 @@ impl Machine {
     /// The next instant at which [`Input::Tick`] is due, if any.
     pub fn deadline(&self) -> Option<Instant> {
         match &self.phase {
-            Phase::Forming { rejoin_at } => *rejoin_at,
+            Phase::Forming { rejoin_at, .. } => *rejoin_at,
             Phase::Running { partial, .. } => partial.as_ref().map(|(d, _)| *d),
             Phase::Stopping(s) => match s.stage {
                 StopStage::Grace { deadline } | StopStage::Killing { deadline } => Some(deadline),
@@ -409,6 +466,20 @@ impl Machine {
             Phase::Reporting(r) => r.decided.as_ref().map(|(_, d)| *d),
             Phase::AwaitingEnd { deadline, .. } => Some(*deadline),
             Phase::Verifying { .. } | Phase::AwaitingReform { .. } | Phase::Done(_) => None,
+        }
+    }
+
+    /// The generation the agent is in, or (forming) was last part of.
+    pub fn plan(&self) -> Option<&Plan> {
+        match &self.phase {
+            Phase::Forming { after, .. } => after.as_deref(),
+            Phase::Verifying { plan, .. }
+            | Phase::AwaitingReform { plan }
+            | Phase::Running { plan, .. }
+            | Phase::AwaitingEnd { plan, .. } => Some(plan),
+            Phase::Stopping(s) => Some(&s.plan),
+            Phase::Reporting(r) => Some(&r.plan),
+            Phase::Done(_) => None,
         }
     }
 

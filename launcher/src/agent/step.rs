@@ -1,6 +1,7 @@
 //! The agent's transitions: [`step`], a pure function of (state, input, now) returning the next
 //! state and the effects for the loop to carry out. Every session [`Event`] is matched here,
-//! in `on_event`, exhaustively.
+//! in `on_event`, exhaustively. Imports point one way: `step` → `supervise` → `failure` →
+//! `moves` (what they all share).
 
 use drun_rendezvous::session::{Request, RunEnd, SaveRequest};
 use drun_rendezvous::{Event, Plan};
@@ -8,26 +9,13 @@ use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use super::failure;
+use super::moves::{exit, preempted, rejoin, run_ended, stop, Cx};
+use super::progress;
 use super::state::{
-    Checked, Effect, End, Input, Level, Machine, Params, Phase, Save, StopStage, Stopping, Then,
-    REJOIN_PAUSE,
+    Checked, Effect, End, Input, Level, Machine, Params, Phase, Progress, Save, Then, REJOIN_PAUSE,
 };
 use super::supervise::{on_signal, on_stopped, on_tick, on_workers};
-use crate::phases::RestartClock;
 use crate::AgentExit;
-
-/// What a transition sees besides the state: the time, the launch, and the effects so far.
-pub(super) struct Cx<'a> {
-    pub now: Instant,
-    pub p: &'a Params,
-    pub fx: Vec<Effect>,
-}
-
-impl Cx<'_> {
-    pub fn log(&mut self, level: Level, gen: Option<u64>, text: impl Into<String>) {
-        self.fx.push(Effect::Log(level, gen, text.into()));
-    }
-}
 
 /// One transition: the machine after `input` at `now`, and what the loop must do.
 pub fn step(mut m: Machine, input: Input, now: Instant, p: &Params) -> (Machine, Vec<Effect>) {
@@ -77,6 +65,9 @@ pub fn step(mut m: Machine, input: Input, now: Instant, p: &Params) -> (Machine,
             }
             other => other,
         },
+        Input::Beacon { rank, step } => progress::beacon(phase, rank, step, &mut cx),
+        Input::HangCheck => progress::hang_check(phase, &mut cx),
+        Input::PaceDue => progress::pace_due(phase, &mut cx),
         Input::Stopped { failure, cause } => on_stopped(&mut m, phase, failure, cause, &mut cx),
         Input::Api => {
             cx.fx.push(match &phase {
@@ -114,7 +105,7 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
             cause,
         } => match phase {
             Phase::Reporting(r) if r.decided.is_none() => {
-                failure::decided(m, r, restart, restarts, cause, cx)
+                failure::decided(r, restart, restarts, cause, cx)
             }
             other => other,
         },
@@ -122,8 +113,7 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
         Event::Error(e) => on_error(m, phase, e, cx),
         Event::SaveRequested(req) => on_save_requested(m, phase, req, cx),
         Event::Sealed(id) => on_sealed(m, phase, id, cx),
-        // The job's pace feeds the straggler detector (the driver's); no state changes.
-        Event::Pace(_) => phase,
+        Event::Pace(pace) => progress::job_pace(phase, pace),
         // Answered by the driver (a keep-alive at once); no state changes.
         Event::Ping => phase,
         // Whom a node standing by after a partition must reach: the driver's probes; no state
@@ -147,8 +137,6 @@ fn on_event(m: &mut Machine, phase: Phase, ev: Event, cx: &mut Cx<'_>) -> Phase 
 }
 
 fn formed(m: &mut Machine, plan: Plan, cx: &mut Cx<'_>) -> Phase {
-    m.formed_before = true;
-    m.last_gen = plan.generation;
     if let Some(c) = m.clock.as_mut() {
         c.formed = Some(cx.now);
     }
@@ -157,68 +145,6 @@ fn formed(m: &mut Machine, plan: Plan, cx: &mut Cx<'_>) -> Phase {
     Phase::Verifying {
         plan,
         save: Save::Idle,
-    }
-}
-
-/// Joins the next generation with a fresh candidate.
-pub(super) fn rejoin(m: &Machine, cx: &mut Cx<'_>) -> Phase {
-    cx.fx.push(Effect::Join {
-        fresh: true,
-        after: m.last_gen,
-    });
-    Phase::Forming { rejoin_at: None }
-}
-
-/// Stops the workers of `plan` with `sig`; `then` follows once they are gone.
-pub(super) fn stop(
-    m: &mut Machine,
-    plan: Box<Plan>,
-    sig: Signal,
-    then: Then,
-    cx: &mut Cx<'_>,
-) -> Phase {
-    m.clock = Some(RestartClock::detected(cx.now));
-    cx.fx.push(Effect::Stop(sig));
-    Phase::Stopping(Stopping {
-        plan,
-        stage: StopStage::Grace {
-            deadline: cx.now + cx.p.shutdown_timeout,
-        },
-        sigints: usize::from(sig == Signal::SIGINT),
-        then,
-    })
-}
-
-pub(super) fn exit(e: AgentExit) -> Phase {
-    Phase::Done(End::Exit(e))
-}
-
-pub(super) fn signal_exit(sig: Signal) -> Phase {
-    exit(AgentExit::Signal(sig as i32))
-}
-
-/// The run ended: exit 0 when it succeeded, 1 when not.
-pub(super) fn run_ended(end: &RunEnd, cx: &mut Cx<'_>) -> Phase {
-    if end.success {
-        cx.log(Level::Info, None, format!("run finished: {}", end.reason));
-        exit(AgentExit::Success)
-    } else if end.retryable {
-        // The rendezvous went away, not the training: exit 3, which a restart policy retries.
-        cx.fx.push(Effect::Say(format!(
-            "drun: run {} ended: {}",
-            cx.p.run_id, end.reason
-        )));
-        exit(AgentExit::Rendezvous)
-    } else {
-        // The failing node prints its own workers' summary; every other node names its cause.
-        if let Some(c) = end.root_cause.as_ref().filter(|c| c.node != cx.p.node_id) {
-            cx.fx.push(Effect::RemoteCause(c.clone()));
-        }
-        cx.fx.push(Effect::Say(format!(
-            "drun: run {} failed: {}",
-            cx.p.run_id, end.reason
-        )));
-        exit(AgentExit::WorkerFailure)
     }
 }
 
@@ -232,17 +158,17 @@ fn on_reform(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> 
         Phase::Verifying { plan, .. } => {
             let gen = Some(plan.generation);
             cx.log(Level::Warn, gen, format!("re-forming the group: {reason}"));
-            rejoin(m, cx)
+            rejoin(plan, cx)
         }
-        Phase::AwaitingReform { .. } => rejoin(m, cx),
-        Phase::Reporting(r) => failure::reform(m, r, reason, cx),
-        Phase::AwaitingEnd { .. } => {
+        Phase::AwaitingReform { plan } => rejoin(plan, cx),
+        Phase::Reporting(r) => failure::reform(r, reason, cx),
+        Phase::AwaitingEnd { plan, .. } => {
             cx.log(
                 Level::Warn,
                 None,
                 format!("the group re-forms after this node finished: {reason}"),
             );
-            rejoin(m, cx)
+            rejoin(plan, cx)
         }
         other @ (Phase::Forming { .. } | Phase::Stopping(_) | Phase::Done(_)) => other,
     }
@@ -250,7 +176,7 @@ fn on_reform(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> 
 
 fn on_finished(m: &mut Machine, phase: Phase, end: RunEnd, cx: &mut Cx<'_>) -> Phase {
     match phase {
-        Phase::Forming { .. } if !m.formed_before => Phase::Done(End::RunFinished(end)),
+        Phase::Forming { after: None, .. } => Phase::Done(End::RunFinished(end)),
         Phase::Forming { .. }
         | Phase::Verifying { .. }
         | Phase::AwaitingReform { .. }
@@ -263,7 +189,7 @@ fn on_finished(m: &mut Machine, phase: Phase, end: RunEnd, cx: &mut Cx<'_>) -> P
 
 fn on_fenced(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> Phase {
     match phase {
-        Phase::Forming { .. } => {
+        Phase::Forming { after, .. } => {
             cx.log(
                 Level::Warn,
                 None,
@@ -271,6 +197,7 @@ fn on_fenced(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> 
             );
             Phase::Forming {
                 rejoin_at: Some(cx.now + REJOIN_PAUSE),
+                after,
             }
         }
         Phase::Verifying { plan, .. } => {
@@ -280,9 +207,9 @@ fn on_fenced(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> 
                 gen,
                 format!("fenced: {reason}; joining again"),
             );
-            rejoin(m, cx)
+            rejoin(plan, cx)
         }
-        Phase::AwaitingReform { .. } => rejoin(m, cx),
+        Phase::AwaitingReform { plan } => rejoin(plan, cx),
         Phase::Running { plan, .. } => {
             let gen = Some(plan.generation);
             cx.log(
@@ -292,14 +219,14 @@ fn on_fenced(m: &mut Machine, phase: Phase, reason: String, cx: &mut Cx<'_>) -> 
             );
             stop(m, plan, Signal::SIGKILL, Then::Rejoin, cx)
         }
-        Phase::Reporting(r) => failure::fenced(m, r, reason, cx),
-        Phase::AwaitingEnd { .. } => {
+        Phase::Reporting(r) => failure::fenced(r, reason, cx),
+        Phase::AwaitingEnd { plan, .. } => {
             cx.log(
                 Level::Warn,
                 None,
                 format!("fenced after this node finished: {reason}"),
             );
-            rejoin(m, cx)
+            rejoin(plan, cx)
         }
         other @ (Phase::Stopping(_) | Phase::Done(_)) => other,
     }
@@ -313,7 +240,7 @@ fn on_error(m: &mut Machine, phase: Phase, e: String, cx: &mut Cx<'_>) -> Phase 
         p @ (Phase::Verifying { .. } | Phase::Running { .. }) => {
             on_fenced(m, p, format!("rendezvous error: {e}"), cx)
         }
-        Phase::Reporting(r) => failure::unreported(m, r, Some(e), cx),
+        Phase::Reporting(r) => failure::unreported(r, Some(e), cx),
         other @ (Phase::Stopping(_) | Phase::Done(_)) => other,
     }
 }
@@ -324,7 +251,7 @@ fn on_closed(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
         Phase::Forming { .. } => Phase::Done(End::SessionEnded),
         p @ (Phase::Verifying { .. } | Phase::Running { .. }) => on_fenced(m, p, ENDED.into(), cx),
         Phase::AwaitingReform { .. } => Phase::Done(End::RendezvousFailed(ENDED.into())),
-        Phase::Reporting(r) => failure::closed(m, r, cx),
+        Phase::Reporting(r) => failure::closed(r, cx),
         Phase::AwaitingEnd { .. } => exit(AgentExit::Success),
         other @ (Phase::Stopping(_) | Phase::Done(_)) => other,
     }
@@ -376,10 +303,12 @@ fn on_save_requested(m: &mut Machine, phase: Phase, req: SaveRequest, cx: &mut C
             plan,
             save,
             partial,
+            progress,
         } => Phase::Running {
             plan,
             save: update(save, m, cx),
             partial,
+            progress,
         },
         other => other,
     }
@@ -392,7 +321,8 @@ fn on_sealed(m: &mut Machine, phase: Phase, id: String, cx: &mut Cx<'_>) -> Phas
             plan,
             save,
             partial,
-        } => (plan, save, Some(partial)),
+            progress,
+        } => (plan, save, Some((partial, progress))),
         other => return other,
     };
     let described = drun_rendezvous::ledger::describe_id(&id);
@@ -415,22 +345,14 @@ fn on_sealed(m: &mut Machine, phase: Phase, id: String, cx: &mut Cx<'_>) -> Phas
         other => other,
     };
     match partial {
-        Some(partial) => Phase::Running {
+        Some((partial, progress)) => Phase::Running {
             plan,
             save,
             partial,
+            progress,
         },
         None => Phase::Verifying { plan, save },
     }
-}
-
-/// The preemption checkpoint is sealed and no worker runs: requeue (node rank 0), exit 5.
-pub(super) fn preempted(plan: &Plan, cx: &mut Cx<'_>) -> Phase {
-    let first = plan.member(&cx.p.node_id).is_some_and(|m| m.node_rank == 0);
-    if cx.p.requeue && first {
-        cx.fx.push(Effect::Requeue);
-    }
-    exit(AgentExit::Preempted)
 }
 
 fn on_verified(m: &mut Machine, phase: Phase, v: Checked, cx: &mut Cx<'_>) -> Phase {
@@ -484,5 +406,6 @@ fn on_spawned(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
         plan,
         save,
         partial: None,
+        progress: Progress::new(cx.p),
     }
 }

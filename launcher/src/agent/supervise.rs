@@ -6,11 +6,11 @@ use drun_rendezvous::session::Request;
 use nix::sys::signal::Signal;
 
 use super::failure;
+use super::moves::{preempted, rejoin, run_ended, signal_exit, stop, Cx};
 use super::state::{
     Effect, Ending, Level, Machine, Phase, StopStage, Stopping, Then, Workers, JOB_CONTROL,
     KILL_WAIT, RELAYED,
 };
-use super::step::{preempted, rejoin, run_ended, signal_exit, stop, Cx};
 
 pub(super) fn on_signal(m: &mut Machine, phase: Phase, sig: Signal, cx: &mut Cx<'_>) -> Phase {
     if JOB_CONTROL.contains(&sig) {
@@ -153,7 +153,12 @@ fn cleanup(mut s: Stopping, cx: &mut Cx<'_>) -> Phase {
 
 pub(super) fn on_workers(m: &mut Machine, phase: Phase, w: Workers, cx: &mut Cx<'_>) -> Phase {
     match phase {
-        Phase::Running { plan, save, .. } => {
+        Phase::Running {
+            plan,
+            save,
+            progress,
+            ..
+        } => {
             if w.failed {
                 return stop(m, plan, Signal::SIGTERM, Then::Report { partial: None }, cx);
             }
@@ -169,6 +174,7 @@ pub(super) fn on_workers(m: &mut Machine, phase: Phase, w: Workers, cx: &mut Cx<
                     plan,
                     save,
                     partial,
+                    progress,
                 },
                 cx,
             )
@@ -200,12 +206,16 @@ pub(super) fn on_tick(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
     match phase {
         Phase::Forming {
             rejoin_at: Some(at),
+            after,
         } if at <= cx.now => {
             cx.fx.push(Effect::Join {
                 fresh: false,
-                after: m.last_gen,
+                after: after.as_ref().map_or(0, |p| p.generation),
             });
-            Phase::Forming { rejoin_at: None }
+            Phase::Forming {
+                rejoin_at: None,
+                after,
+            }
         }
         p @ Phase::Running { .. } => partial_due(m, p, cx),
         Phase::Stopping(s) => match s.stage {
@@ -214,7 +224,7 @@ pub(super) fn on_tick(m: &mut Machine, phase: Phase, cx: &mut Cx<'_>) -> Phase {
             _ => Phase::Stopping(s),
         },
         Phase::Reporting(r) if r.decided.as_ref().is_some_and(|(_, d)| *d <= cx.now) => {
-            failure::concluded(m, r, cx)
+            failure::concluded(r, cx)
         }
         Phase::AwaitingEnd { plan, deadline } if deadline <= cx.now => {
             let description = format!(
@@ -284,7 +294,7 @@ pub(super) fn on_stopped(
             failure::report(plan, d, cause, Ending::Summary, cx)
         }
         Then::ReportUnstarted(d) => failure::report(plan, d, None, Ending::Fatal, cx),
-        _ => rejoin(m, cx),
+        _ => rejoin(plan, cx),
     }
 }
 

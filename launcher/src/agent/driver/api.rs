@@ -1,59 +1,51 @@
 //! The agent's answers to its workers: the worker API requests (resume point, should-save, step
-//! beacons, checkpoint commits) and what the step beacons feed — metrics, the straggler
-//! detector and the hang verdict.
+//! beacons, checkpoint commits; a step beacon goes on to the machine, which judges hangs and
+//! stragglers), and the reports to the job: a straggler verdict, silent peers.
 
 use drun_rendezvous::reports::ReportKind;
 use drun_rendezvous::session::Request;
+use drun_rendezvous::Plan;
 use tokio::time::Instant;
 
 use super::World;
-use crate::agent::hang;
-use crate::agent::state::Input;
+use crate::agent::state::{Input, Machine};
 use crate::agent::Agent;
+use crate::agent::{hang, preflight, straggler};
 use crate::ckpt::api::{refused, ApiRequest};
 use crate::ckpt::node::resume_answer;
-use crate::group::WorkerGroup;
 use crate::rdzv::Link;
 
 impl Agent {
-    /// A hang of local ranks (`--hang-timeout`): their stacks dumped, the input that fails
-    /// the group with the hang's line.
-    pub(super) async fn hung(&self, w: &mut World) -> Option<Input> {
-        let timeout = self.cfg.hang_timeout?;
-        let hang = w.beacons.judge(Instant::now(), timeout)?;
-        // Judged once per generation: the beacons start afresh with the next spawn.
-        w.beacons = hang::Beacons::default();
-        let line = hang.line(&self.cfg.node_id);
-        tracing::error!(run = %self.cfg.run_id, "{line}; dumping the stacks of the stuck ranks");
-        let stuck = hang.ranks();
-        let pids: Vec<(u32, i32)> = w
-            .group
-            .as_ref()
-            .map(WorkerGroup::running)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(rank, _)| stuck.contains(rank))
-            .collect();
-        crate::os::stacks::dump(&pids, hang::DUMP_SIGNAL).await;
-        Some(Input::Hung(line))
-    }
-
-    /// Sends this node's pace (its ranks' median seconds per step) in a run of 2 to
-    /// [`drun_rendezvous::reports::PACE_MAX_NODES`] nodes; the answer, the job's pace, feeds
-    /// the straggler detector.
-    pub(super) fn send_pace(&self, w: &World, link: &Link) {
-        let (Some((_, detector)), Some(plan)) = (w.steps.as_ref(), w.plan.as_deref()) else {
-            return;
-        };
-        let nodes = plan.node_count() as u32;
-        let ranks = detector.medians();
-        if !(2..=drun_rendezvous::reports::PACE_MAX_NODES).contains(&nodes) || ranks.is_empty() {
-            return;
+    /// A local rank's straggler verdict changed (`event`; `stragglers`: every local rank
+    /// flagged now): the line naming it, the metrics, and the node's report to the job.
+    pub(super) fn straggler(
+        &self,
+        event: straggler::Event,
+        stragglers: &[(u32, f64, f64)],
+        plan: &Plan,
+        link: &Link,
+    ) {
+        let node = plan.member(&self.cfg.node_id).map_or(0, |m| m.node_rank);
+        let line = event.line(node, &self.hostname, self.cfg.straggler_factor);
+        tracing::warn!(run = %self.cfg.run_id, gen = plan.generation, "{line}");
+        if let Some(m) = &self.metrics {
+            m.straggler(event);
         }
-        let json = serde_json::json!({"generation": plan.generation, "ranks": ranks});
+        let list: Vec<_> = stragglers
+            .iter()
+            .map(|(rank, step_time, median)| {
+                serde_json::json!({"rank": rank, "step_time": step_time, "median": median})
+            })
+            .collect();
+        let report = serde_json::json!({
+            "generation": plan.generation,
+            "node_rank": node,
+            "host": self.hostname,
+            "stragglers": list,
+        });
         let _ = link.tx.send(Request::Report {
-            kind: ReportKind::Pace,
-            json: json.to_string(),
+            kind: ReportKind::Stragglers,
+            json: report.to_string(),
         });
     }
 
@@ -62,8 +54,8 @@ impl Agent {
     /// broken pairs). While some stay silent the report goes again every [`super::REPORT_AGAIN`]: the
     /// node a partition sends away decides for itself when it reports, and the other side's
     /// report may land after its own.
-    pub(super) fn check_peers(&self, w: &mut World, link: &Link) {
-        let (Some(probes), Some(plan)) = (self.peers.as_ref(), w.plan.as_deref()) else {
+    pub(super) fn check_peers(&self, m: &Machine, w: &mut World, link: &Link) {
+        let (Some(probes), Some(plan)) = (self.peers.as_ref(), m.plan()) else {
             return;
         };
         let health = probes.health();
@@ -124,14 +116,19 @@ impl Agent {
         });
     }
 
-    /// Answers one worker API request (see [`crate::ckpt::api`]).
-    pub(super) fn serve(&mut self, should_save: bool, w: &mut World, link: &Link) {
-        let Some((req, reply)) = w.call.take() else {
-            return;
-        };
-        let (Some(ledger), Some(plan)) = (w.ledger.as_mut(), w.plan.as_deref()) else {
+    /// Answers one worker API request (see [`crate::ckpt::api`]); a step beacon it accepted
+    /// goes on to the machine.
+    pub(super) fn serve(
+        &mut self,
+        should_save: bool,
+        plan: Option<&Plan>,
+        w: &mut World,
+        link: &Link,
+    ) -> Option<Input> {
+        let (req, reply) = w.call.take()?;
+        let (Some(ledger), Some(plan)) = (w.ledger.as_mut(), plan) else {
             let _ = reply.send(refused("no worker group is running"));
-            return;
+            return None;
         };
         match req {
             ApiRequest::Resume => {
@@ -152,51 +149,29 @@ impl Agent {
                 samples,
             } => {
                 let mut answer = ledger.progress(rank, step);
-                if answer["ok"] == true {
-                    let now = Instant::now();
+                let accepted = answer["ok"] == true;
+                if accepted {
                     if let Some(m) = &self.metrics {
-                        m.progress(rank, step, samples, now);
+                        m.progress(rank, step, samples, Instant::now());
                     }
-                    if let Some((clock, detector)) = w.steps.as_mut() {
-                        let event = clock
-                            .beacon(rank, step, now)
-                            .and_then(|st| detector.observe(rank, st.seconds, now));
-                        if let Some(ev) = event {
-                            let node = plan.member(&self.cfg.node_id).map_or(0, |m| m.node_rank);
-                            let line = ev.line(node, &self.hostname, self.cfg.straggler_factor);
-                            tracing::warn!(run = %self.cfg.run_id, gen = plan.generation, "{line}");
-                            if let Some(m) = &self.metrics {
-                                m.straggler(ev);
-                            }
-                            let list: Vec<_> = detector
-                                .stragglers()
-                                .into_iter()
-                                .map(|(rank, step_time, median)| {
-                                    serde_json::json!({"rank": rank, "step_time": step_time, "median": median})
-                                })
-                                .collect();
-                            let report = serde_json::json!({
-                                "generation": plan.generation,
-                                "node_rank": node,
-                                "host": self.hostname,
-                                "stragglers": list,
-                            });
-                            let _ = link.tx.send(Request::Report {
-                                kind: ReportKind::Stragglers,
-                                json: report.to_string(),
-                            });
-                        }
+                    if self.cfg.hang_timeout.is_some() {
+                        // The worker registers faulthandler for this signal (its stack dump).
+                        answer["hang_dump_signal"] = serde_json::json!(hang::DUMP_SIGNAL as i32);
                     }
-                }
-                if self.cfg.hang_timeout.is_some() && answer["ok"] == true {
-                    w.beacons.beacon(rank, step, Instant::now());
-                    // The worker registers faulthandler for this signal (its stack dump).
-                    answer["hang_dump_signal"] = serde_json::json!(hang::DUMP_SIGNAL as i32);
                 }
                 let _ = reply.send(answer);
+                // The machine judges it: hangs and stragglers.
+                return accepted.then_some(Input::Beacon { rank, step });
             }
             ApiRequest::Preflight(outcome) => {
-                if let Some(report) = self.preflight_reported(&outcome, plan) {
+                let report = preflight::reported(
+                    &outcome,
+                    plan,
+                    &self.cfg.node_id,
+                    self.cfg.preflight.and_then(|p| p.min_gbps),
+                    self.metrics.as_deref(),
+                );
+                if let Some(report) = report {
                     let _ = link.tx.send(Request::Report {
                         kind: ReportKind::Preflight,
                         json: report.to_string(),
@@ -233,5 +208,6 @@ impl Agent {
                 }
             }
         }
+        None
     }
 }

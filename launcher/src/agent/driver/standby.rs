@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use drun_rendezvous::session::standby::Reach;
 use drun_rendezvous::session::Request;
+use drun_rendezvous::Join;
 use tokio::time::Instant;
 
-use super::World;
 use crate::agent::Agent;
 use crate::rdzv::Link;
 
@@ -16,7 +16,45 @@ use crate::rdzv::Link;
 /// link reconnected does not know the node stands by).
 const STAND_BY_AGAIN: Duration = Duration::from_secs(3);
 
+/// Where this node stands after a partition.
+#[derive(Default)]
+pub(super) struct Partition {
+    /// The session sent this node away for a partition: it joins again only once every peer
+    /// of its last generation answers its probes.
+    pub(super) sent_away: bool,
+    /// Standing by: the join held back meanwhile.
+    stand_by: Option<StandBy>,
+}
+
+/// A join held back by a partition.
+struct StandBy {
+    /// The join, with its candidate.
+    join: Join,
+    /// The generation this node was sent away from.
+    after: u64,
+    /// When the session was last asked whom this node must reach.
+    asked: Instant,
+    /// The session said whom to reach (`Event::StandBy`): the probes watch those nodes, and the
+    /// join goes once every one of them answers.
+    told_whom: bool,
+}
+
 impl Agent {
+    /// Holds `join` (after generation `after`) back: this node stands by and asks its session
+    /// whom it must reach.
+    pub(super) fn stand_by(&self, part: &mut Partition, join: Join, after: u64, link: &Link) {
+        tracing::warn!(
+            "standing by: sent away from generation {after} because its nodes could not all reach each other; joining again once every one of them answers this node's probes"
+        );
+        part.stand_by = Some(StandBy {
+            join,
+            after,
+            asked: Instant::now(),
+            told_whom: false,
+        });
+        let _ = link.tx.send(Request::StandBy(after));
+    }
+
     /// Whether every peer of the last generation answers this node's probes.
     pub(super) fn peers_all_answer(&self) -> bool {
         self.peers
@@ -26,17 +64,17 @@ impl Agent {
 
     /// The session said whom this node, standing by, must reach: the probes watch them, or,
     /// with nobody to reach, the join goes now.
-    pub(super) fn told_whom(&mut self, w: &mut World, reach: &[Reach], link: &Link) {
-        let (Some((_, after)), Some(p)) = (&w.deferred_join, &self.peers) else {
+    pub(super) fn told_whom(&mut self, part: &mut Partition, reach: &[Reach], link: &Link) {
+        let (Some(s), Some(p)) = (part.stand_by.as_mut(), &self.peers) else {
             return;
         };
         if reach.is_empty() {
             tracing::info!("no node this one could fail to reach runs now: joining");
-            self.join_deferred(w, link);
+            self.join_deferred(part, link);
             return;
         }
-        p.watch(*after, reach);
-        w.told_whom = true;
+        p.watch(s.after, reach);
+        s.told_whom = true;
         let names: Vec<&str> = reach.iter().map(|r| r.node_id.as_str()).collect();
         tracing::info!(
             "standing by: joining once {} answer this node's probes",
@@ -46,12 +84,12 @@ impl Agent {
 
     /// A join deferred by a partition goes out once every node to reach answers: those the
     /// session named, or before it did, every node of the last generation.
-    pub(super) fn join_when_reachable(&mut self, w: &mut World, link: &Link) {
-        let Some((_, after)) = &w.deferred_join else {
+    pub(super) fn join_when_reachable(&mut self, part: &mut Partition, link: &Link) {
+        let Some(s) = part.stand_by.as_ref() else {
             return;
         };
-        let now = Instant::now();
-        let reachable = if w.told_whom {
+        let (after, now) = (s.after, Instant::now());
+        let reachable = if s.told_whom {
             self.peers
                 .as_ref()
                 .is_none_or(|p| p.health().all_heard(now))
@@ -62,27 +100,24 @@ impl Agent {
             tracing::info!(
                 "every node to reach answers this node's probes again (sent away after generation {after}): joining"
             );
-            self.join_deferred(w, link);
-        } else if w
-            .stand_by_asked
-            .is_none_or(|at| now.saturating_duration_since(at) >= STAND_BY_AGAIN)
-        {
-            w.stand_by_asked = Some(now);
-            let _ = link.tx.send(Request::StandBy(*after));
+            self.join_deferred(part, link);
+        } else if now.saturating_duration_since(s.asked) >= STAND_BY_AGAIN {
+            if let Some(s) = part.stand_by.as_mut() {
+                s.asked = now;
+            }
+            let _ = link.tx.send(Request::StandBy(after));
         }
     }
 
     /// Sends the join held back by a partition.
-    fn join_deferred(&mut self, w: &mut World, link: &Link) {
-        let Some((cand, after)) = w.deferred_join.take() else {
+    fn join_deferred(&mut self, part: &mut Partition, link: &Link) {
+        let Some(s) = part.stand_by.take() else {
             return;
         };
-        w.partitioned = false;
-        w.told_whom = false;
-        w.stand_by_asked = None;
+        part.sent_away = false;
         if let Some(m) = &self.metrics {
             m.joining();
         }
-        let _ = link.tx.send(Request::Join(cand, after));
+        let _ = link.tx.send(Request::Join(s.join, s.after));
     }
 }

@@ -23,7 +23,13 @@ fn worker_failure_with_budget_left_restarts_the_group() {
             after: 1
         })
     );
-    assert!(matches!(t.phase(), Phase::Forming { rejoin_at: None }));
+    assert!(matches!(
+        t.phase(),
+        Phase::Forming {
+            rejoin_at: None,
+            ..
+        }
+    ));
 }
 
 #[test]

@@ -198,6 +198,33 @@ fn a_fence_while_forming_joins_again_with_the_same_candidate_after_a_pause() {
     );
 }
 
+#[test]
+fn a_node_forming_again_keeps_the_generation_it_was_last_part_of() {
+    assert_eq!(T::new().machine().plan(), None, "never part of one");
+    let mut t = T::running(3, 2);
+    t.ev(Event::Reform {
+        generation: 3,
+        reason: "node n2 joined".into(),
+    });
+    t.workers_gone(None);
+    assert!(matches!(t.phase(), Phase::Forming { .. }));
+    // The peer probes still report on generation 3 until the next plan.
+    assert_eq!(t.machine().plan().map(|p| p.generation), Some(3));
+    // Fenced while forming: the Join after the pause still says "after 3".
+    t.ev(Event::Fenced("lease expired".into()));
+    assert_eq!(
+        t.after(REJOIN_PAUSE),
+        vec![Effect::Join {
+            fresh: false,
+            after: 3
+        }]
+    );
+    assert_eq!(t.machine().plan().map(|p| p.generation), Some(3));
+    // Part of a generation before: the run's end is its outcome, not an error.
+    t.ev(Event::Finished(end(true)));
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::Success)));
+}
+
 /// The workers of a formed generation could not start: a failure of this node.
 fn unstarted(t: &mut T) {
     t.ev(Event::Formed(plan(1, 2, 0)));
@@ -241,7 +268,13 @@ fn workers_that_cannot_start_restart_with_budget_left() {
         cause: None,
     });
     assert!(logged(&fx, "restarting the worker group"), "{fx:?}");
-    assert!(matches!(t.phase(), Phase::Forming { rejoin_at: None }));
+    assert!(matches!(
+        t.phase(),
+        Phase::Forming {
+            rejoin_at: None,
+            ..
+        }
+    ));
 }
 
 #[test]

@@ -18,6 +18,7 @@ use super::step;
 mod ckpt;
 mod failure;
 mod lifecycle;
+mod progress;
 use crate::AgentExit;
 
 pub(super) const GRACE: Duration = Duration::from_secs(5);
@@ -32,6 +33,8 @@ pub(super) fn params() -> Params {
         shutdown_timeout: GRACE,
         preempt_signal: Some(Signal::SIGUSR1),
         requeue: true,
+        hang_timeout: None,
+        straggler_factor: 0.0,
     }
 }
 
@@ -87,7 +90,13 @@ impl T {
 
     /// Generation `g` (of `nodes` nodes) formed, verified and spawned.
     fn running(g: u64, nodes: u32) -> Self {
+        T::running_with(g, nodes, params())
+    }
+
+    /// [`T::running`] with these launch parameters.
+    fn running_with(g: u64, nodes: u32, p: Params) -> Self {
         let mut t = T::new();
+        t.p = p;
         t.feed(Input::Event(Event::Formed(plan(g, nodes, 0))));
         assert_eq!(
             t.feed(Input::Verified(Checked::Use(None))),
