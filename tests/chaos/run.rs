@@ -199,7 +199,15 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
         server,
         etcd,
         store_args,
-        run: format!("chaos{}{store}{}", s.seed, if s.bed { "bed" } else { "" }),
+        // The test process's pid too: tests of one seed and store (`chaos_ci_seed_1_etcd` and
+        // `chaos_ci_seed_1_etcd_members`) may run side by side, and the leftover check looks
+        // processes up by run id.
+        run: format!(
+            "chaos{}{store}{}-{}",
+            s.seed,
+            if s.bed { "bed" } else { "" },
+            std::process::id()
+        ),
         out: dir.join("out"),
         server_log: dir.join("server.log"),
         ckpt: dir.join("ckpt"),
