@@ -116,8 +116,9 @@ pub struct RoundView {
     /// For a re-form, the members of the previous generation that are still alive (their
     /// membership lease holds) and have not joined again yet; `None` for the first formation.
     pub outstanding: Option<Vec<String>>,
-    /// For a re-form, how many waiting nodes were not members of the previous generation
-    /// (arrivals): only they are worth a settle window that batches further arrivals.
+    /// For a re-form, how many waiting nodes were not members of the previous generation and
+    /// were not already batched by its last call while it ran (fresh arrivals): only they are
+    /// worth a settle window that batches further arrivals.
     pub newcomers: usize,
     /// The previous generation, if it still runs (not closed, a member alive or starting):
     /// nobody forms beside it.

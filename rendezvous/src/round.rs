@@ -386,7 +386,13 @@ impl Round {
     ) -> Result<LeadStep, RendezvousError> {
         let (g, rev) = self.current_generation().await?;
         match self
-            .decide_once(g, rev, &mut w.opened_at, &mut w.min_reached_at)
+            .decide_once(
+                g,
+                rev,
+                &mut w.opened_at,
+                &mut w.min_reached_at,
+                &mut w.batched,
+            )
             .await?
         {
             Step::Formed(plan) if plan.member(node_id).is_some() => Ok(LeadStep::Member(plan)),
@@ -553,6 +559,8 @@ struct WaitState {
     opened_at: Instant,
     /// When the waiting set reached MIN.
     min_reached_at: Option<Instant>,
+    /// Newcomers seen waiting while the previous generation ran (batched by its last call).
+    batched: std::collections::HashSet<String>,
     /// The last progress line reported to this node's agent.
     last_reason: String,
     /// When the decider last published its progress line.
@@ -566,6 +574,7 @@ impl WaitState {
         Self {
             opened_at: now,
             min_reached_at: None,
+            batched: Default::default(),
             last_reason: String::new(),
             last_published: None,
             published: String::new(),

@@ -4,7 +4,7 @@
 //! The round view is built the way the decider builds it (`round/decider.rs` `decide_once`):
 //! `opened_at` follows the running generation, `min_reached_at` is set when the waiting set
 //! first reaches MIN, `outstanding` lists the live members of the previous generation that have
-//! not joined again. Formations go through the real [`decide`], [`assign`] and
+//! not joined again, `newcomers` counts the others not seen waiting while it ran. Formations go through the real [`decide`], [`assign`] and
 //! [`Ledger::resume_point`]; seals through the real [`Ledger::commit`].
 
 use std::collections::BTreeSet;
@@ -93,6 +93,7 @@ pub struct Sim {
     pub now: Instant,
     opened_at: Instant,
     min_reached_at: Option<Instant>,
+    batched: BTreeSet<String>,
     /// The store the ledger and the plans live on.
     pub store: Arc<dyn Store>,
     /// The ledger of the run.
@@ -116,6 +117,7 @@ impl Sim {
             now,
             opened_at: now,
             min_reached_at: None,
+            batched: BTreeSet::new(),
             ledger: Ledger::new(store.clone(), RUN),
             store,
             keys: RunKeys::new(RUN),
@@ -196,11 +198,20 @@ impl Sim {
             _ => None,
         };
         let newcomers = match &self.plan {
-            Some(p) => self
-                .waiting
-                .iter()
-                .filter(|w| p.member(&w.node_id).is_none())
-                .count(),
+            Some(p) => {
+                let new: Vec<String> = self
+                    .waiting
+                    .iter()
+                    .filter(|w| p.member(&w.node_id).is_none())
+                    .map(|w| w.node_id.clone())
+                    .collect();
+                if running.is_some() {
+                    self.batched.extend(new);
+                    0
+                } else {
+                    new.iter().filter(|n| !self.batched.contains(*n)).count()
+                }
+            }
             None => 0,
         };
         RoundView {

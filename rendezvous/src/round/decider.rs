@@ -22,6 +22,7 @@ impl Round {
         rev: i64,
         opened_at: &mut Instant,
         min_reached_at: &mut Option<Instant>,
+        batched: &mut HashSet<String>,
     ) -> Result<Step, RendezvousError> {
         // A waiting key written before generation `g` formed, by a node admitted to `g`, is the
         // join that got it in; the node deletes it once it starts. Not a new candidate.
@@ -70,13 +71,7 @@ impl Round {
             }
             _ => None,
         };
-        let newcomers = match &current {
-            Some(plan) => candidates
-                .iter()
-                .filter(|c| plan.member(&c.node_id).is_none())
-                .count(),
-            None => 0,
-        };
+        let newcomers = fresh_newcomers(current.as_ref(), &candidates, running.is_some(), batched);
         let view = RoundView {
             opened_at: *opened_at,
             min_reached_at: *min_reached_at,
@@ -328,3 +323,27 @@ pub(super) enum Step {
         nodes: Vec<String>,
     },
 }
+
+/// How many of `candidates` are arrivals a re-form of `current` should settle for: not members
+/// of it, and not seen waiting while it ran (`running`), when its last call batched them
+/// (`session::generation::Arrivals`); those seen now are added to `batched`. The re-form that
+/// admits a batch need not wait for it again, only for arrivals after it.
+fn fresh_newcomers(
+    current: Option<&Plan>,
+    candidates: &[Candidate],
+    running: bool,
+    batched: &mut HashSet<String>,
+) -> usize {
+    let Some(plan) = current else { return 0 };
+    let new = candidates
+        .iter()
+        .filter(|c| plan.member(&c.node_id).is_none());
+    if running {
+        batched.extend(new.map(|c| c.node_id.clone()));
+        return 0;
+    }
+    new.filter(|c| !batched.contains(&c.node_id)).count()
+}
+
+#[cfg(test)]
+mod tests;
