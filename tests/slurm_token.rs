@@ -64,11 +64,22 @@ fn agents_of_one_slurm_job_share_a_derived_token_and_another_job_is_refused() {
     assert!(err.contains("not accepted"), "{err}");
     assert!(!d.join("intruder").exists());
 
-    // `drun --status` inside the job derives the same token.
-    let mut status = slurm_drun(&job, 1, &endpoint, &secret);
-    status.arg("--status");
-    let (code, so, err) = run(status, Duration::from_secs(30));
-    assert_eq!(code, 0, "{so}{err}");
+    // `drun --status` inside the job derives the same token. The run is listed once the host
+    // joined (after its warm interpreters tried to import torch).
+    let mut listed = None;
+    wait_for(
+        "the job's run listed by --status",
+        Duration::from_secs(60),
+        || {
+            let mut status = slurm_drun(&job, 1, &endpoint, &secret);
+            status.arg("--status");
+            let (code, so, err) = run(status, Duration::from_secs(30));
+            assert!(!err.contains("not accepted"), "{err}");
+            listed = Some(so);
+            code == 0
+        },
+    );
+    let so = listed.unwrap();
     assert!(so.contains(&job), "{so}");
     let mut status = slurm_drun(&other_job, 1, &endpoint, &secret);
     status.args(["--status", "--rdzv-id", &job]);
