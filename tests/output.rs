@@ -1,5 +1,6 @@
 //! What a user reads on the agent's stderr: node names on multi-node lines, rounded durations,
-//! one progress line per state change, no warning on an ordinary start.
+//! one progress line per state change, no warning on an ordinary start, and every byte of the
+//! workers' output however slowly the console is read.
 
 use std::time::Duration;
 
@@ -99,5 +100,54 @@ fn a_line_longer_than_one_console_write_stays_one_prefixed_line() {
         out.lines().any(|l| l == "[rank0]:done"),
         "{}",
         &out[out.len().saturating_sub(200)..]
+    );
+}
+
+/// A console read slowly (`drun ... | tee` on a slow disk, a log shipper): the worker writes a
+/// 3 MB line and exits at once, the agent holding the line until its end; the console takes
+/// about 4 s to read it, longer than the agent waits for quiet readers. The agent exits only once
+/// every byte was written.
+#[test]
+fn a_slow_console_gets_every_byte_before_the_agent_exits() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut c = crate::harness::drun();
+    c.args([
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "--no-python",
+        "python3",
+        "-c",
+    ])
+    .arg("import sys; sys.stdout.write('y' * 3_000_000 + '\\ndone\\n')")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut bytes = Vec::new();
+    let mut buf = [0u8; 8192];
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = out.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        bytes.extend_from_slice(&buf[..n]);
+        assert!(std::time::Instant::now() < deadline, "no end of output");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    let text = String::from_utf8(bytes).unwrap();
+    assert_eq!(
+        text.len(),
+        "[rank0]:".len() * 2 + 3_000_000 + "\ndone\n".len(),
+        "every byte reached the console"
+    );
+    assert!(
+        text.ends_with("[rank0]:done\n"),
+        "{}",
+        &text[text.len() - 100..]
     );
 }

@@ -23,6 +23,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Instant, SystemTime};
@@ -126,6 +127,8 @@ pub struct WorkerGroup {
     pub generation: u64,
     stopping: bool,
     os: Arc<dyn Os>,
+    /// Bytes the workers' output readers moved (`logs::Sink::moved`): the drain's sign of life.
+    moved: Arc<AtomicU64>,
 }
 
 /// A worker just forked, its output not read yet.
@@ -195,6 +198,7 @@ impl WorkerGroup {
             generation: plan.generation,
             stopping: false,
             os: ctx.os.clone(),
+            moved: Arc::default(),
         };
         match group.spawn_all(ctx, plan, restart_count).await {
             Ok(()) => Ok(group),
@@ -233,7 +237,7 @@ impl WorkerGroup {
         // fork copies the agent's mappings, and hundreds of reader threads' stacks made every
         // later fork slower (128 workers took 1.5 s instead of well under a second).
         for s in started {
-            let pumps = Self::pump_output(ctx, &s.dir, s.rank, s.local_rank, s.stdout, s.stderr);
+            let pumps = self.pump_output(ctx, &s.dir, s.rank, s.local_rank, s.stdout, s.stderr);
             let (out_tail, err_tail, readers) = match pumps {
                 Ok(p) => p,
                 Err(e) => {
@@ -325,6 +329,7 @@ impl WorkerGroup {
     /// Starts the readers of a worker's stdout and stderr: console (prefixed, filtered),
     /// log files (--redirects/--tee) and the tails kept for the failure summary.
     fn pump_output(
+        &self,
         ctx: &GroupContext<'_>,
         dir: &Path,
         rank: u32,
@@ -380,6 +385,7 @@ impl WorkerGroup {
                 console: to_console.then(|| (console, prefix.clone())),
                 file,
                 tail: tail.clone(),
+                moved: self.moved.clone(),
             };
             let h = logs::pump(fd, sink, format!("drun-log-{rank}-{tag}"))
                 .map_err(|e| LaunchError::os("cannot start an output reader thread", e))?;
@@ -550,15 +556,23 @@ impl WorkerGroup {
         out
     }
 
-    /// Waits (polling, up to `deadline`) for the output readers to reach end of file, so the
-    /// last lines and the tails are complete. Readers still blocked are left behind.
-    pub async fn drain_output(&mut self, deadline: tokio::time::Instant) {
+    /// Waits (polling) for the output readers to reach end of file, so the last lines and the
+    /// tails are complete, as long as they move bytes ([`logs::drain`]): readers quiet for
+    /// `quiet_limit` are left behind.
+    pub async fn drain_output(&mut self, quiet_limit: std::time::Duration) {
+        let mut seen = self.moved.load(Ordering::Relaxed);
+        let mut moved_at = tokio::time::Instant::now();
         loop {
             let all_done = self
                 .workers
                 .iter()
                 .all(|w| w.readers.iter().all(JoinHandle::is_finished));
-            if all_done || tokio::time::Instant::now() >= deadline {
+            let now = tokio::time::Instant::now();
+            let moved = self.moved.load(Ordering::Relaxed);
+            if moved != seen {
+                (seen, moved_at) = (moved, now);
+            }
+            if logs::drain(all_done, now - moved_at, quiet_limit) != logs::Drain::Wait {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;

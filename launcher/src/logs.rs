@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -92,6 +93,39 @@ pub struct Sink {
     pub file: Option<File>,
     /// Ring buffer of the last lines.
     pub tail: Arc<Mutex<Tail>>,
+    /// Bytes this stream's reader moved (read from the worker, written to the console), shared
+    /// by a group's readers: a reader whose count still grows is draining, not stuck.
+    pub moved: Arc<AtomicU64>,
+}
+
+/// Console bytes written between two updates of [`Sink::moved`]: a long write to a slow
+/// console shows progress as it goes.
+const PROGRESS_CHUNK: usize = 64 * 1024;
+
+/// What the agent does about its output readers after the workers are gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drain {
+    /// Every reader reached end of file.
+    Done,
+    /// Some reader still moves bytes (a slow console, a long last burst) or went quiet less
+    /// than the quiet limit ago: wait.
+    Wait,
+    /// No byte moved for the quiet limit: whatever still holds a reader (a leaked descendant
+    /// keeping the pipe open, a console nobody reads) is left behind.
+    LeaveBlocked,
+}
+
+/// The drain rule (pure): wait while output still moves; give up on readers only after
+/// `quiet_for` without a byte moved reaches `quiet_limit`. A consumer that reads slowly
+/// (`drun ... | tee`, a log shipper) gets every byte however long it takes.
+pub fn drain(all_done: bool, quiet_for: Duration, quiet_limit: Duration) -> Drain {
+    if all_done {
+        Drain::Done
+    } else if quiet_for >= quiet_limit {
+        Drain::LeaveBlocked
+    } else {
+        Drain::Wait
+    }
 }
 
 impl Sink {
@@ -135,6 +169,7 @@ impl Sink {
         if batch.bytes.is_empty() {
             return true;
         }
+        let moved = &self.moved;
         let res = open_line::locked(*console, |open| {
             let g = open_line::guard(*open, id, &batch.bytes, batch.continues, prefix);
             let bytes = &batch.bytes[g.skip..];
@@ -145,12 +180,13 @@ impl Sink {
                 Console::Stdout => {
                     let mut out = std::io::stdout().lock();
                     out.write_all(&g.lead)
-                        .and_then(|_| out.write_all(bytes))
+                        .and_then(|_| write_counted(&mut out, bytes, moved))
                         .and_then(|_| out.flush())
                 }
                 Console::Stderr => {
                     let mut err = std::io::stderr().lock();
-                    err.write_all(&g.lead).and_then(|_| err.write_all(bytes))
+                    err.write_all(&g.lead)
+                        .and_then(|_| write_counted(&mut err, bytes, moved))
                 }
             };
             if res.is_ok() {
@@ -172,6 +208,15 @@ impl Sink {
     fn is_dead(&self) -> bool {
         self.console.is_none() && self.file.is_none()
     }
+}
+
+/// Writes `bytes` to `w` in pieces, counting each in `moved` once written.
+fn write_counted(w: &mut impl Write, bytes: &[u8], moved: &AtomicU64) -> std::io::Result<()> {
+    for piece in bytes.chunks(PROGRESS_CHUNK) {
+        w.write_all(piece)?;
+        moved.fetch_add(piece.len() as u64, Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 /// The console bytes of one write, and whether they start by continuing the stream's partial
@@ -250,6 +295,7 @@ pub fn pump(fd: OwnedFd, mut sink: Sink, name: String) -> std::io::Result<JoinHa
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(_) => break,
             };
+            sink.moved.fetch_add(n as u64, Ordering::Relaxed);
             if let Some(f) = &mut sink.file {
                 let _ = f.write_all(&buf[..n]);
             }
@@ -371,6 +417,20 @@ mod tests {
     }
 
     #[test]
+    fn readers_are_waited_for_while_bytes_move_and_left_only_after_a_quiet_limit() {
+        let limit = Duration::from_secs(2);
+        assert_eq!(drain(true, Duration::ZERO, limit), Drain::Done);
+        assert_eq!(drain(true, Duration::from_secs(9), limit), Drain::Done);
+        // A slow console: bytes moved a moment ago, however long the drain has run.
+        assert_eq!(drain(false, Duration::from_millis(10), limit), Drain::Wait);
+        assert_eq!(
+            drain(false, Duration::from_millis(1999), limit),
+            Drain::Wait
+        );
+        assert_eq!(drain(false, limit, limit), Drain::LeaveBlocked);
+    }
+
+    #[test]
     fn pump_keeps_file_bytes_exact_and_keeps_a_long_line_one_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("out.log");
@@ -380,6 +440,7 @@ mod tests {
             console: None,
             file: Some(File::create(&path).unwrap()),
             tail: tail.clone(),
+            moved: Arc::default(),
         };
         let h = pump(r, sink, "test-pump".into()).unwrap();
         let mut w = File::from(w);

@@ -186,25 +186,23 @@ pub fn read_json(path: &Path) -> serde_json::Value {
 /// stderr are read continuously so a chatty run never blocks on a full pipe.
 pub struct Agent {
     pub child: Child,
-    out: Arc<Mutex<String>>,
-    err: Arc<Mutex<String>>,
+    out: Arc<Mutex<Vec<u8>>>,
+    err: Arc<Mutex<Vec<u8>>>,
     readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 fn collect(
     mut stream: impl std::io::Read + Send + 'static,
-    into: Arc<Mutex<String>>,
+    into: Arc<Mutex<Vec<u8>>>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         // Raw chunks, not lines: tests also look at partial lines as they appear.
-        let mut buf = [0u8; 8192];
-        let mut bytes = Vec::new();
+        let mut buf = [0u8; 65536];
         while let Ok(n) = stream.read(&mut buf) {
             if n == 0 {
                 break;
             }
-            bytes.extend_from_slice(&buf[..n]);
-            *into.lock().unwrap() = String::from_utf8_lossy(&bytes).into_owned();
+            into.lock().unwrap().extend_from_slice(&buf[..n]);
         }
     })
 }
@@ -214,8 +212,8 @@ impl Agent {
     pub fn start(mut cmd: Command) -> Self {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn drun");
-        let out = Arc::new(Mutex::new(String::new()));
-        let err = Arc::new(Mutex::new(String::new()));
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let err = Arc::new(Mutex::new(Vec::new()));
         let readers = vec![
             collect(child.stdout.take().unwrap(), out.clone()),
             collect(child.stderr.take().unwrap(), err.clone()),
@@ -230,12 +228,12 @@ impl Agent {
 
     /// stdout captured so far.
     pub fn stdout_so_far(&self) -> String {
-        self.out.lock().unwrap().clone()
+        String::from_utf8_lossy(&self.out.lock().unwrap()).into_owned()
     }
 
     /// stderr captured so far.
     pub fn stderr_so_far(&self) -> String {
-        self.err.lock().unwrap().clone()
+        String::from_utf8_lossy(&self.err.lock().unwrap()).into_owned()
     }
 
     pub fn pid(&self) -> i32 {

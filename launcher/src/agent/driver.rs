@@ -25,7 +25,7 @@ use crate::summary::{self, root_cause};
 use crate::worker_store::WorkerStore;
 use crate::{AgentExit, LaunchError, RendezvousMode};
 
-/// How long the agent waits for output readers after the workers are gone.
+/// How long the agent waits for output readers after the workers are gone, once no byte moved.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
 /// How long some local ranks may wait for the others to commit a step before the agent says so.
 const STALLED_COMMIT: Duration = Duration::from_secs(30);
@@ -539,7 +539,7 @@ impl Agent {
         self.sweep_descendants().await;
         let mut cause = None;
         if let Some(group) = w.group.as_mut() {
-            group.drain_output(Instant::now() + DRAIN_WAIT).await;
+            group.drain_output(DRAIN_WAIT).await;
             let failures = group.failures();
             cause = root_cause(&failures)
                 .map(|i| failures[i].root_cause(&self.cfg.node_id, &self.hostname));
