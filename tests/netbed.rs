@@ -271,6 +271,26 @@ fn pulled_cable(node_rank: u32) {
         matches!(newest_generation(&out), Some((_, 3)))
     });
     let (g1, _) = newest_generation(&out).unwrap();
+    // The cable is pulled once the three have trained a while: warm workers write their
+    // records within milliseconds of the formation, before the peers' first probes were
+    // answered (a peer never heard in a generation leaves no evidence of silence).
+    wait_for(
+        "the generation of 3 trained for a probe quiet limit",
+        Duration::from_secs(60),
+        || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64();
+            let records = crate::harness::gen_records(&out, g1);
+            records.len() == 3
+                && records.iter().all(|r| {
+                    r["first_all_reduce_at"]
+                        .as_f64()
+                        .is_some_and(|t| now - t >= 2.0 * drun_launcher::peers::QUIET.as_secs_f64())
+                })
+        },
+    );
     let (victim, victim_worker) = crate::harness::gen_records(&out, g1)
         .iter()
         .filter(|r| r["group_rank"] == node_rank)

@@ -25,7 +25,10 @@ fn no_skip_no_duplicate(store: Store) {
         Duration::from_secs(120),
         || latest(&d).is_some_and(|m| m["world_size"] == 2),
     );
-    let b2 = example_agent(&python, 1, &r, &d, "faults");
+    // The newcomer starts cold so that it joins at once: a warm one joins once its interpreters
+    // imported torch, and on a loaded machine the survivors could finish the run meanwhile.
+    let cold = ["--warm-workers", "off"];
+    let b2 = example_agent_with(&python, 1, &r, &d, "faults", &cold, &[]);
     let (ca, oa, ea) = a.wait(Duration::from_secs(240));
     let (cb, _, eb) = b2.wait(Duration::from_secs(60));
     assert_eq!((ca, cb), (0, 0), "A:\n{ea}\nB':\n{eb}");

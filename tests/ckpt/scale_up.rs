@@ -24,7 +24,10 @@ fn scale_up_waits_for_a_checkpoint(store: Store) {
         Duration::from_secs(120),
         || std::fs::read_to_string(&alone).is_ok_and(|t| t.lines().count() >= 15),
     );
-    let b = example_agent_with(&python, 1, &r, &d, "scaled", &policy, &no_periodic);
+    // The newcomer starts cold so that it arrives mid-run: a warm one joins once its
+    // interpreters imported torch, and on a loaded machine the first node could finish meanwhile.
+    let cold = ["--on-scale-up", "checkpoint", "--warm-workers", "off"];
+    let b = example_agent_with(&python, 1, &r, &d, "scaled", &cold, &no_periodic);
     let (ca, oa, ea) = a.wait(Duration::from_secs(240));
     let (cb, _, eb) = b.wait(Duration::from_secs(60));
     assert_eq!((ca, cb), (0, 0), "A:\n{ea}\nB:\n{eb}");

@@ -4,7 +4,7 @@
 
 use drun_rendezvous::root_cause::RootCause;
 use drun_rendezvous::round::Restarts;
-use drun_rendezvous::session::Request;
+use drun_rendezvous::session::{Request, RunEnd};
 use drun_rendezvous::Plan;
 
 use super::moves::{rejoin, Cx};
@@ -36,6 +36,7 @@ pub(super) fn report(
         ending,
         reform: None,
         decided: None,
+        ended: None,
     })
 }
 
@@ -140,12 +141,26 @@ pub(super) fn unreported(r: Reporting, why: Option<String>, cx: &mut Cx<'_>) -> 
     end(r, Vec::new(), None, exit, cx)
 }
 
-/// The session closed while reporting.
-pub(super) fn closed(r: Reporting, cx: &mut Cx<'_>) -> Phase {
+/// The session said the run ended while this node's failure waits for its decision: the
+/// decision still comes first when it comes (it carries the failure history), so the end is
+/// kept for [`closed`].
+pub(super) fn run_ended(mut r: Reporting, end: RunEnd) -> Phase {
+    r.ended = Some(Box::new(end));
+    Phase::Reporting(r)
+}
+
+/// The session closed while reporting. Closed unanswered after the run ended, the end is the
+/// decision: a run another node's failure ended names that node's root cause.
+pub(super) fn closed(mut r: Reporting, cx: &mut Cx<'_>) -> Phase {
     if r.decided.is_some() {
-        concluded(r, cx)
-    } else {
-        unreported(r, None, cx)
+        return concluded(r, cx);
+    }
+    match r.ended.take() {
+        Some(end) if end.retryable => unreported(r, Some(end.reason.clone()), cx),
+        // Every node succeeded after all (this report was of a generation the others left).
+        Some(end) if end.success => super::moves::run_ended(&end, cx),
+        Some(end) => self::end(r, Vec::new(), end.root_cause, AgentExit::WorkerFailure, cx),
+        None => unreported(r, None, cx),
     }
 }
 

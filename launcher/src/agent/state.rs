@@ -237,6 +237,9 @@ pub struct Reporting {
     /// A decision to re-form without spending the budget, waiting up to `deadline` for the
     /// reason of the re-form.
     pub decided: Option<(Restarts, Instant)>,
+    /// The run's end, when the session said the run ended before it answered this report
+    /// (another node's failure ended it first): the decision if the session closes unanswered.
+    pub ended: Option<Box<RunEnd>>,
 }
 
 /// What a node whose failure ends the run prints.

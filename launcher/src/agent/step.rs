@@ -183,7 +183,8 @@ fn on_finished(m: &mut Machine, phase: Phase, end: RunEnd, cx: &mut Cx<'_>) -> P
         | Phase::AwaitingEnd { .. } => run_ended(&end, cx),
         Phase::Running { plan, .. } => stop(m, plan, Signal::SIGTERM, Then::Finished(end), cx),
         // The decision on the failure comes first (the end of the run follows it).
-        other @ (Phase::Reporting(_) | Phase::Stopping(_) | Phase::Done(_)) => other,
+        Phase::Reporting(r) => failure::run_ended(r, end),
+        other @ (Phase::Stopping(_) | Phase::Done(_)) => other,
     }
 }
 

@@ -76,6 +76,50 @@ fn an_end_decided_by_another_node_failure_prints_it_after_this_node_summary() {
 }
 
 #[test]
+fn a_run_another_node_ended_while_this_failure_waited_names_that_node_when_the_session_closes() {
+    // Both nodes' workers failed at once; the other node's failure ended the run, and this
+    // node's session closed without answering its report.
+    let cause = drun_rendezvous::root_cause::RootCause {
+        node: "n1".into(),
+        rank: 3,
+        ..Default::default()
+    };
+    let mut t = T::running(1, 2);
+    report_failure(&mut t);
+    let mut e = end(false);
+    e.root_cause = Some(cause.clone());
+    assert_eq!(t.ev(Event::Finished(e.clone())), vec![]);
+    assert!(matches!(t.phase(), Phase::Reporting(_)));
+    let fx = t.feed(Input::SessionClosed);
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Summarize(Vec::new()),
+            Effect::RemoteCause(cause.clone())
+        ]
+    );
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::WorkerFailure)));
+
+    // The decision, when it comes after the end, still decides (it carries the history).
+    let mut t = T::running(1, 2);
+    report_failure(&mut t);
+    t.ev(Event::Finished(e));
+    let fx = t.ev(Event::FailureDecision {
+        restart: false,
+        restarts: restarts(0, &["generation 1: rank 3"]),
+        cause: Some(cause.clone()),
+    });
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Summarize(vec!["generation 1: rank 3".into()]),
+            Effect::RemoteCause(cause)
+        ]
+    );
+    assert_eq!(t.done(), Some(&End::Exit(AgentExit::WorkerFailure)));
+}
+
+#[test]
 fn a_failure_caused_by_a_lost_node_waits_for_the_reason_and_spends_nothing() {
     let mut t = T::running(1, 2);
     report_failure(&mut t);
