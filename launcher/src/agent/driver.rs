@@ -31,6 +31,9 @@ const DRAIN_WAIT: Duration = Duration::from_secs(2);
 const STALLED_COMMIT: Duration = Duration::from_secs(30);
 /// How often a stopping agent reaps, in case a SIGCHLD was coalesced.
 const STOP_POLL: Duration = Duration::from_millis(100);
+/// How often a held first join looks whether the warm interpreters imported torch: the join
+/// goes within this of the import's end, not within a monitor interval.
+const HELD_JOIN_POLL: Duration = Duration::from_millis(10);
 /// How often the step beacons are checked for a hang (with `--hang-timeout`).
 const HANG_CHECK: Duration = Duration::from_millis(250);
 /// How often a node reports its ranks' pace and learns the job's (straggler median).
@@ -101,6 +104,7 @@ impl Agent {
         m = self.carry_out(m, fx, &mut w, link, &p).await?;
         let mut monitor = tokio::time::interval(self.cfg.monitor_interval);
         let mut poll = tokio::time::interval(STOP_POLL);
+        let mut held_join = tokio::time::interval(HELD_JOIN_POLL);
         let mut hang_check = tokio::time::interval(HANG_CHECK);
         let mut pace = tokio::time::interval(PACE_EVERY);
         let mut peers = tokio::time::interval(PEERS_EVERY);
@@ -137,6 +141,10 @@ impl Agent {
                 Some(sig) = self.signals.recv(), if m.reads_signals() => Some(Input::Signal(sig)),
                 _ = self.sigchld.recv() => None,
                 _ = poll.tick(), if stopping => None,
+                _ = held_join.tick(), if w.held_join.is_some() => {
+                    self.release_first_join(&mut w, link);
+                    None
+                }
                 _ = monitor.tick() => {
                     self.warm.lock().expect("warm pool mutex poisoned").poll();
                     self.release_first_join(&mut w, link);
