@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::validate::MAX_SECONDS;
+use crate::human::MAX_SECONDS;
 
 /// The smallest interval ever returned, seconds.
 pub const MIN_INTERVAL_S: f64 = 1.0;

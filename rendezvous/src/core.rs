@@ -17,58 +17,9 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-/// A node asking to join: what the decision and the ranking need to know of it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Candidate {
-    /// Stable node identity (the rank sort key, like torchrun's `--local-addr`/FQDN).
-    pub node_id: String,
-    /// Address other nodes' workers use to reach this node.
-    pub advertise_addr: String,
-    /// Worker processes on this node (LOCAL_WORLD_SIZE), ≥ 1.
-    pub slots: u32,
-    /// `--node-rank` if the user pinned one.
-    pub requested_node_rank: Option<u32>,
-    /// A port this node holds reserved for MASTER_PORT should it become node rank 0.
-    pub master_port: u16,
-    /// UDP port on `advertise_addr` where this node's agent answers its generation's peer
-    /// probes; 0: none (an older agent).
-    #[serde(default, skip_serializing_if = "crate::plan::no_port")]
-    pub probe_port: u16,
-}
-
-/// A node's request to join, as written under `waiting/<node>`: its [`Candidate`] record and,
-/// beside it, the checkpoint it found on disk. Serialized flat, as one JSON object.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Join {
-    /// Who asks.
-    #[serde(flatten)]
-    pub candidate: Candidate,
-    /// The newest manifest found in this node's checkpoint directory (`--ckpt-dir`), so a run
-    /// whose store is new (fresh etcd, requeued job on the embedded store) can resume from it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resume_hint: Option<Box<crate::ledger::Manifest>>,
-    /// The node's environment and launch config, compared across the members at formation
-    /// ([`crate::envcheck`]); empty: an agent that sends none.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub fingerprint: crate::envcheck::Fingerprint,
-    /// The node's `--env-check`; `None`: not sent (an older agent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub env_check: Option<crate::envcheck::EnvCheck>,
-}
-
-impl From<Candidate> for Join {
-    fn from(candidate: Candidate) -> Self {
-        Join {
-            candidate,
-            resume_hint: None,
-            fingerprint: Default::default(),
-            env_check: None,
-        }
-    }
-}
+pub use crate::records::{Candidate, Join};
 
 /// Knobs of one rendezvous round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,12 +24,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 mod door;
-pub use door::{door, refusal, Door};
-
-use serde::{Deserialize, Serialize};
-
-/// One node's environment: key → value (e.g. `torch` → `2.4.0`).
-pub type Fingerprint = BTreeMap<String, String>;
+pub use crate::records::{Door, EnvCheck, Fingerprint};
+pub use door::{door, refusal};
 
 /// Keys whose difference breaks the job: refused even with `--env-check off`.
 pub const BREAKING: &[&str] = &["config.nnodes", "config.script-sha256"];
@@ -42,42 +38,6 @@ const MAX_VALUE: usize = 60;
 
 /// Most nodes named per value; the rest are counted (a large group's majority row stays short).
 const MAX_NODES: usize = 8;
-
-/// `--env-check`: what a difference between the members' environments does.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum EnvCheck {
-    /// Compare nothing but the [`BREAKING`] keys.
-    Off,
-    /// Print one table of the differing keys on every agent at formation.
-    #[default]
-    Warn,
-    /// Refuse to form: every node of the round ends with exit 2.
-    Strict,
-}
-
-impl EnvCheck {
-    /// Parses `off`, `warn` or `strict`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "off" => Some(EnvCheck::Off),
-            "warn" => Some(EnvCheck::Warn),
-            "strict" => Some(EnvCheck::Strict),
-            _ => None,
-        }
-    }
-
-    /// The flag value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EnvCheck::Off => "off",
-            EnvCheck::Warn => "warn",
-            EnvCheck::Strict => "strict",
-        }
-    }
-}
 
 /// One member as the check sees it.
 #[derive(Debug, Clone, Copy)]

@@ -7,24 +7,13 @@
 //! failed generation and it survives re-forms — and requeues, on a store that outlives the job
 //! (etcd).
 
-use serde::{Deserialize, Serialize};
-
 use crate::ckpt_interval::Observed;
 use crate::formation::Formation;
 use crate::ledger::Manifest;
 use crate::run_state::RunState;
 use crate::{Ledger, StoreError};
 
-/// One failure of the job (key `failure/<g>`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FailureRecord {
-    /// The generation it ended.
-    pub generation: u64,
-    /// When the generation was closed for it, milliseconds since the Unix epoch.
-    pub at_ms: u64,
-    /// Why, one line (the failed rank, or the lost node).
-    pub reason: String,
-}
+pub use crate::records::FailureRecord;
 
 /// How many of the newest re-forms the restart cost averages.
 const RESTARTS_AVERAGED: u64 = 10;

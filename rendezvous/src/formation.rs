@@ -6,47 +6,8 @@
 //! generation runs. A store written by an older drun has no such key: `status` then shows `-`
 //! for what it would have said, and every newcomer re-forms the group to be judged.
 
-use serde::{Deserialize, Serialize};
-
-use crate::envcheck::Door;
 use crate::ledger::Manifest;
-
-/// When generation `g` formed, and what its re-form lost.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Formation {
-    /// When the decider's round opened (its own join, or the end of the previous generation),
-    /// milliseconds since the Unix epoch.
-    pub round_opened_at_ms: u64,
-    /// When the plan was written, milliseconds since the Unix epoch.
-    pub formed_at_ms: u64,
-    /// The work the previous generation did that this one repeats; `None` for the first
-    /// generation, or when the previous generation's formation was not recorded.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lost_work: Option<LostWork>,
-    /// What the members' environments agreed on: a newcomer the next re-form would refuse is
-    /// turned away at it ([`crate::envcheck::refusal`]). `None`: no member sent a fingerprint.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub door: Option<Door>,
-}
-
-impl Formation {
-    /// How long the formation took (round opened → plan written), milliseconds.
-    pub fn duration_ms(&self) -> u64 {
-        self.formed_at_ms.saturating_sub(self.round_opened_at_ms)
-    }
-}
-
-/// The work of a generation that its successor repeats: the generation's running time after
-/// the checkpoint the successor resumes from (all of it when that checkpoint is older than the
-/// generation, or there is none).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LostWork {
-    /// Running time lost, milliseconds.
-    pub ms: u64,
-    /// The step the successor resumes from (`None`: from the start, no checkpoint).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resume_step: Option<u64>,
-}
+pub use crate::records::{Formation, LostWork};
 
 /// The work lost by re-forming (pure): the previous generation ran from `prev_formed_at_ms`
 /// until `closed_at_ms` (both milliseconds since the Unix epoch); what it did before `resume`

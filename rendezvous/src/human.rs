@@ -2,6 +2,10 @@
 
 use std::time::Duration;
 
+/// The longest timeout or interval drun takes, in seconds: 30 days (`--rdzv-conf` timeouts,
+/// `--shutdown-timeout` and the other seconds flags, `--ckpt-interval`).
+pub const MAX_SECONDS: f64 = 2_592_000.0;
+
 /// A duration for a log line: `0 s`, `250 ms`, `3.3 s`, `30 s`, `600 s` (whole seconds from
 /// 10 s on, one decimal below, milliseconds under a second).
 ///

@@ -71,6 +71,7 @@ pub mod partition;
 pub mod pem_check;
 pub mod plan;
 pub mod probe;
+pub mod records;
 pub mod reports;
 pub mod root_cause;
 pub mod round;

@@ -6,13 +6,9 @@
 //! written once per run, stragglers at each verdict change; the pace every few seconds, and
 //! only in runs of at most [`PACE_MAX_NODES`] nodes.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
-use crate::error::StoreError;
 use crate::keys::RunKeys;
-use crate::store::Store;
 
 /// Largest report accepted, bytes of JSON (a 64-node preflight table is about 10 KiB).
 pub const MAX_REPORT: usize = 64 << 10;
@@ -90,64 +86,9 @@ pub fn invalid(json: &str) -> Option<String> {
         .map(|e| format!("a node report is not JSON: {e}"))
 }
 
-/// The job's pace in generation `generation`: every rank's median seconds per step, from
-/// every node's pace report of that generation (others and unparsable ones left out).
-///
-/// # Errors
-/// The store cannot be read.
-pub async fn pace(
-    store: &dyn Store,
-    keys: &RunKeys,
-    generation: u64,
-) -> Result<BTreeMap<u32, f64>, StoreError> {
-    let prefix = format!("{}reports/pace/", keys.prefix());
-    let mut out = BTreeMap::new();
-    for kv in store.get_prefix(&prefix).await? {
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&kv.value) else {
-            continue;
-        };
-        if v["generation"].as_u64() != Some(generation) {
-            continue;
-        }
-        for (rank, secs) in v["ranks"].as_object().into_iter().flatten() {
-            if let (Ok(r), Some(s)) = (rank.parse(), secs.as_f64()) {
-                out.insert(r, s);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Every report of the run: kind → node → its JSON (unparsable values left out).
-///
-/// # Errors
-/// The store cannot be read.
-pub async fn read(
-    store: &dyn Store,
-    keys: &RunKeys,
-) -> Result<BTreeMap<String, BTreeMap<String, serde_json::Value>>, StoreError> {
-    let prefix = format!("{}reports/", keys.prefix());
-    let mut out: BTreeMap<String, BTreeMap<String, serde_json::Value>> = BTreeMap::new();
-    for kv in store.get_prefix(&prefix).await? {
-        let rest = &kv.key[prefix.len()..];
-        let Some((kind, node)) = rest.split_once('/') else {
-            continue;
-        };
-        if let Ok(v) = serde_json::from_slice(&kv.value) {
-            out.entry(kind.to_string())
-                .or_default()
-                .insert(node.to_string(), v);
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::MemoryStore;
 
     #[test]
     fn kinds_round_trip_their_names_and_unknown_names_are_none() {
@@ -170,24 +111,5 @@ mod tests {
         assert!(invalid("{nope").unwrap().contains("not JSON"));
         let big = format!("\"{}\"", "x".repeat(MAX_REPORT));
         assert!(invalid(&big).unwrap().contains("exceeds"));
-    }
-
-    #[tokio::test]
-    async fn reports_are_read_back_by_kind_and_node() {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let keys = RunKeys::new("r");
-        let k = key(&keys, ReportKind::Stragglers, "n1");
-        store
-            .put(&k, br#"[{"rank":3}]"#.to_vec(), None)
-            .await
-            .unwrap();
-        let k = key(&keys, ReportKind::Preflight, "n0");
-        store.put(&k, b"not json".to_vec(), None).await.unwrap();
-        let all = read(store.as_ref(), &keys).await.unwrap();
-        assert_eq!(all["stragglers"]["n1"][0]["rank"], 3);
-        assert!(
-            !all.contains_key("preflight"),
-            "unparsable values are left out"
-        );
     }
 }

@@ -16,76 +16,24 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::core::{FailCause, PROGRESS_EVERY};
 use crate::human::without_countdown;
 use crate::keys::RunKeys;
-use crate::run_state::{self, RunState};
-use crate::store::{Compare, LeaseId, Op, Store, Txn, WatchEvent};
+use crate::ledger::Ledger;
+use crate::run_state::RunState;
+use crate::store::{LeaseId, Store, WatchEvent};
 use crate::{Join, Plan, RendezvousError, RoundConfig, StoreError};
 
-/// Job-wide restart counters (key `restarts`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Restarts {
-    /// Group restarts caused by worker failures (counted against `--max-restarts`).
-    pub failures: u32,
-    /// Group restarts caused by membership changes (free, reported separately).
-    pub membership: u32,
-    /// Every worker failure of the run, oldest first ("generation 2: rank 3 ... on node b").
-    #[serde(default)]
-    pub history: Vec<String>,
-}
-
-/// The verdict of a failed round (key `gen/current.failed`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RoundFailure {
-    /// The decider's error, one line: what every named node reports.
-    pub message: String,
-    /// The nodes that were waiting in the round.
-    pub nodes: Vec<String>,
-    /// When, in milliseconds since the Unix epoch.
-    pub at_ms: u64,
-    /// Newcomers turned away by an earlier verdict that had not read it yet when this one was
-    /// written: node → its own message (see [`Round::publish_turn_away`]).
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub earlier: std::collections::BTreeMap<String, String>,
-}
-
-impl RoundFailure {
-    /// The message for `node`, if the verdict names it.
-    pub fn message_for(&self, node: &str) -> Option<&str> {
-        if self.nodes.iter().any(|n| n == node) {
-            return Some(&self.message);
-        }
-        self.earlier.get(node).map(String::as_str)
-    }
-
-    /// Every node the verdict names, with its message.
-    pub fn verdicts(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.nodes
-            .iter()
-            .map(|n| (n.as_str(), self.message.as_str()))
-            .chain(self.earlier.iter().map(|(n, m)| (n.as_str(), m.as_str())))
-    }
-}
-
-/// Why the group is restarted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RestartCause {
-    /// A worker exited non-zero or by a signal.
-    Failure,
-    /// A node joined or left.
-    Membership,
-}
+pub use crate::records::{RestartCause, Restarts, RoundFailure};
 
 /// A run's rendezvous on a store. Cheap to clone.
 #[derive(Clone)]
 pub struct Round {
-    store: Arc<dyn Store>,
     keys: RunKeys,
+    ledger: Ledger,
     state: RunState,
     run_id: String,
     cfg: RoundConfig,
@@ -96,7 +44,7 @@ impl Round {
     pub fn new(store: Arc<dyn Store>, run_id: &str, cfg: RoundConfig) -> Self {
         Self {
             state: RunState::new(store.clone(), run_id),
-            store,
+            ledger: Ledger::new(store, run_id),
             keys: RunKeys::new(run_id),
             run_id: run_id.to_string(),
             cfg,
@@ -125,32 +73,16 @@ impl Round {
 
     /// Asks to be admitted to the next generation; the key lives as long as `lease`.
     pub async fn join(&self, join: &Join, lease: LeaseId) -> Result<(), StoreError> {
-        self.join_replacing(join, lease, vec![]).await
+        self.state.join(join, lease, None).await
     }
 
-    /// [`Self::join`], applying `replaced` (deletes of the node's previous membership) in the
-    /// same transaction: a decider never sees a survivor of a re-form in neither the old
-    /// generation's members nor the waiting set, so it never forms without it (see
-    /// `decider.rs`, which reads the members before the waiting set).
-    pub async fn join_replacing(
-        &self,
-        join: &Join,
-        lease: LeaseId,
-        mut replaced: Vec<Op>,
-    ) -> Result<(), StoreError> {
-        replaced.push(Op::Put {
-            key: self.keys.waiting(&join.candidate.node_id),
-            value: run_state::encode(join),
-            lease: Some(lease),
-        });
-        self.store
-            .txn(Txn {
-                compares: vec![],
-                success: replaced,
-                failure: vec![],
-            })
-            .await?;
-        Ok(())
+    /// [`Self::join`] of a node that comes back after generation `last` (0: none): its
+    /// `lost/<node>` record and its membership key of `last` go in the same transaction, so a
+    /// decider never sees a survivor of a re-form in neither the old generation's members nor
+    /// the waiting set and never forms without it (see `decider.rs`, which reads the members
+    /// before the waiting set).
+    pub async fn rejoin(&self, join: &Join, lease: LeaseId, last: u64) -> Result<(), StoreError> {
+        self.state.join(join, lease, Some(last)).await
     }
 
     /// Restart counters as stored now.
@@ -165,46 +97,23 @@ impl Round {
     /// Node ids whose membership key of generation `g` still exists (their lease holds and
     /// they have not joined again yet).
     pub async fn live_members(&self, g: u64) -> Result<Vec<String>, StoreError> {
-        let prefix = self.keys.members_prefix(g);
-        Ok(self
-            .store
-            .get_prefix(&prefix)
-            .await?
-            .iter()
-            .map(|kv| kv.key[prefix.len()..].to_string())
-            .collect())
+        self.state.live_members(g).await
     }
 
     /// The candidates waiting for the next generation, oldest first.
     pub async fn waiting(&self) -> Result<Vec<Join>, StoreError> {
-        let mut kvs = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
-        kvs.sort_by_key(|kv| kv.create_revision);
-        kvs.iter()
-            .map(|kv| run_state::decode(&kv.key, &kv.value))
-            .collect()
+        Ok(self
+            .state
+            .waiting()
+            .await?
+            .into_iter()
+            .map(|(j, _)| j)
+            .collect())
     }
 
     /// Adds one restart of `cause` to the job-wide counters (compare-and-swap loop).
     pub async fn record_restart(&self, cause: RestartCause) -> Result<Restarts, StoreError> {
-        loop {
-            let (mut r, rev) = self.read_restarts().await?;
-            match cause {
-                RestartCause::Failure => r.failures += 1,
-                RestartCause::Membership => r.membership += 1,
-            }
-            let key = self.keys.restarts();
-            let resp = self
-                .store
-                .txn(Txn {
-                    compares: vec![Compare::ModRevisionEquals(key.clone(), rev)],
-                    success: vec![Op::put(key, run_state::encode(&r))],
-                    failure: vec![],
-                })
-                .await?;
-            if resp.succeeded {
-                return Ok(r);
-            }
-        }
+        self.state.record_restart(cause).await
     }
 
     /// Waits until a generation newer than `after` that includes `node_id` is formed, forming it
@@ -230,13 +139,13 @@ impl Round {
         mut progress: impl FnMut(&str),
     ) -> Result<Plan, RendezvousError> {
         let mut w = WaitState::new(Instant::now());
-        let mut round_events = self.store.watch_prefix(&self.keys.gen_current(), 0).await?;
+        let mut round_events = self.state.watch(&self.keys.gen_current()).await?;
         // This node's join: a published verdict counts for it only when written after it.
-        let joined = self.store.get(&self.keys.waiting(node_id)).await?;
-        let join_rev = joined.as_ref().map_or(0, |kv| kv.mod_revision);
+        let joined = self.state.join_revisions(node_id).await?;
+        let join_rev = joined.map_or(0, |(m, _)| m);
         // When this node's join first appeared: a join sent again on the same lease (a
         // reconnect while waiting) keeps the key and so its creation.
-        let joined_at = joined.as_ref().map_or(0, |kv| kv.create_revision);
+        let joined_at = joined.map_or(0, |(_, c)| c);
         let (now_gen, _) = self.current_generation().await?;
         let after = if now_gen < after {
             // The store lost its history (etcd restarted with a wiped data dir): generations
@@ -274,11 +183,7 @@ impl Round {
             }
             let wake_at = if leader {
                 if waiting_events.is_none() {
-                    waiting_events = Some(
-                        self.store
-                            .watch_prefix(&self.keys.waiting_prefix(), 0)
-                            .await?,
-                    );
+                    waiting_events = Some(self.state.watch(&self.keys.waiting_prefix()).await?);
                 }
                 match self
                     .lead_step(node_id, join_rev, now, &mut w, &mut progress)
@@ -306,7 +211,7 @@ impl Round {
                     None => {
                         // The watch broke (store restart, network): subscribe again and re-read.
                         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                        round_events = self.store.watch_prefix(&self.keys.gen_current(), 0).await?;
+                        round_events = self.state.watch(&self.keys.gen_current()).await?;
                         check = true;
                     }
                     Some(ev) => check |= self.on_round_event(ev, &mut w.last_reason, &mut progress),
@@ -340,7 +245,7 @@ impl Round {
         w: &mut WaitState,
         progress: &mut impl FnMut(&str),
     ) -> Result<Recheck, RendezvousError> {
-        if self.store.get(&self.keys.finished()).await?.is_some() {
+        if self.state.has_finished().await? {
             return Err(RendezvousError::RunFinished(self.run_id.clone()));
         }
         if let Some(message) = self.failure_for(node_id, join_rev).await? {
@@ -362,8 +267,7 @@ impl Round {
         }
         let leader = self.lead(node_id, lease).await?;
         if !leader {
-            if let Some(kv) = self.store.get(&self.keys.progress()).await? {
-                let reason = kv.value_str();
+            if let Some(reason) = self.state.progress().await? {
                 if !reason.is_empty()
                     && without_countdown(&reason) != without_countdown(&w.last_reason)
                 {
@@ -444,10 +348,7 @@ impl Round {
                     && without_countdown(&reason) != without_countdown(&w.published)
                     && w.last_published.is_none_or(|t| now - t >= PROGRESS_EVERY)
                 {
-                    let _ = self
-                        .store
-                        .put(&self.keys.progress(), reason.clone().into_bytes(), None)
-                        .await;
+                    let _ = self.state.publish_progress(&reason).await;
                     w.last_published = Some(now);
                     w.published = reason;
                 }
@@ -499,34 +400,7 @@ impl Round {
 
     /// Takes or confirms the decider role of the current round.
     async fn lead(&self, node_id: &str, lease: LeaseId) -> Result<bool, StoreError> {
-        let key = self.keys.leader();
-        // Read first: when a round has a decider, its thousand other nodes learn so from one
-        // shared read instead of a thousand failing transactions.
-        if let Some(kv) = self.store.get(&key).await? {
-            return Ok(kv.value == node_id.as_bytes());
-        }
-        let resp = self
-            .store
-            .txn(Txn {
-                compares: vec![Compare::Missing(key.clone())],
-                success: vec![Op::Put {
-                    key: key.clone(),
-                    value: node_id.as_bytes().to_vec(),
-                    lease: Some(lease),
-                }],
-                failure: vec![],
-            })
-            .await;
-        match resp {
-            Ok(r) if r.succeeded => Ok(true),
-            Ok(_) => Ok(self
-                .store
-                .get(&key)
-                .await?
-                .is_some_and(|kv| kv.value == node_id.as_bytes())),
-            Err(StoreError::LeaseLost(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        self.state.lead(node_id, lease).await
     }
 
     /// Whether generation `plan` still runs: not closed, and a member
@@ -534,15 +408,10 @@ impl Round {
     /// by its membership key). A generation whose members all died (leases expired) has ended.
     async fn running(&self, plan: &Plan, starting: bool) -> Result<bool, StoreError> {
         let g = plan.generation;
-        if self.store.get(&self.keys.closed(g)).await?.is_some() {
+        if self.state.closed(g).await?.is_some() {
             return Ok(false);
         }
-        Ok(starting
-            || !self
-                .store
-                .get_prefix(&self.keys.members_prefix(g))
-                .await?
-                .is_empty())
+        Ok(starting || !self.state.live_members(g).await?.is_empty())
     }
 }
 
@@ -600,8 +469,26 @@ enum LeadStep {
     WakeAt(Instant),
 }
 
+/// One step of the decider.
+pub(super) enum Step {
+    Formed(Box<Plan>),
+    Retry,
+    Wait(String, Instant),
+    Failed {
+        reason: String,
+        cause: FailCause,
+        /// Every node waiting in the round.
+        nodes: Vec<String>,
+    },
+    /// The environment check refuses these newcomers of a re-form (the others wait for them
+    /// to leave, then form).
+    TurnAway {
+        reason: String,
+        nodes: Vec<String>,
+    },
+}
+
 mod decider;
-use decider::Step;
 mod verdict;
 
 #[cfg(test)]

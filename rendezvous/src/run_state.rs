@@ -1,51 +1,27 @@
-//! One typed accessor for a run's own keys (`gen/current`, plans, `restarts`, `finished`, `lost/…`, `closed`), with one encode/decode each.
+//! The door to a run's keys: the one typed accessor that reads and writes them, with the
+//! records of [`crate::records`] and their one encoding each.
 //!
-//! [`crate::Round`], the session and [`crate::Ledger`] read these keys only through
-//! [`RunState`]: a value that does not decode is [`StoreError::Corrupt`] everywhere, never a
-//! silent default.
+//! [`crate::Round`], the session, `status` and the reports read and write a run's keys only
+//! through [`RunState`]: its reads here, its transactions in [`round`] (joining, deciding and
+//! forming a generation, a failed round's verdict) and [`session`] (entering, closing and
+//! ending a generation, spending a restart, save requests, losses, accusations, reports). A
+//! value that does not decode is [`StoreError::Corrupt`] everywhere, never a silent default.
+//! The door decides nothing: every guard it writes with is the caller's, named by the method.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use tokio::sync::mpsc;
 
-use crate::formation::Formation;
 use crate::keys::RunKeys;
 use crate::loss;
-use crate::root_cause::RootCause;
-use crate::round::Restarts;
-use crate::session::RunEnd;
-use crate::store::{Compare, KeyValue, Op, Store, Txn};
+use crate::records::Join;
+pub use crate::records::{decode, decode_generation, encode, encode_generation};
+use crate::records::{
+    FailureRecord, Formation, Interval, Restarts, RootCause, RoundFailure, RunEnd,
+};
+use crate::store::{Compare, KeyValue, Op, Store, Txn, WatchEvent};
 use crate::{Plan, StoreError};
-
-/// Encodes a generation number for `gen/current`.
-pub fn encode_generation(g: u64) -> Vec<u8> {
-    g.to_string().into_bytes()
-}
-
-/// Decodes `gen/current` (stored at `key`).
-pub fn decode_generation(key: &str, value: &[u8]) -> Result<u64, StoreError> {
-    std::str::from_utf8(value)
-        .map_err(|e| e.to_string())
-        .and_then(|s| s.parse::<u64>().map_err(|e| e.to_string()))
-        .map_err(|reason| StoreError::Corrupt {
-            key: key.to_string(),
-            reason,
-        })
-}
-
-/// Encodes a JSON record (plans, restart counters, the run's end).
-pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    serde_json::to_vec(value).expect("run records serialize")
-}
-
-/// Decodes a JSON record stored at `key`.
-pub fn decode<T: DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(value).map_err(|e| StoreError::Corrupt {
-        key: key.to_string(),
-        reason: e.to_string(),
-    })
-}
 
 /// Plans decoded lately, newest last: (key, stored bytes, plan).
 type PlanCache = Vec<(String, bytes::Bytes, Plan)>;
@@ -95,8 +71,208 @@ impl RunState {
         }
     }
 
+    /// The run's key layout.
+    pub fn keys(&self) -> &RunKeys {
+        &self.keys
+    }
+
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         self.store.get(key).await
+    }
+
+    async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.get(key).await?.is_some())
+    }
+
+    /// The key suffixes under `prefix`, in key order.
+    async fn names(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .store
+            .get_prefix(prefix)
+            .await?
+            .iter()
+            .map(|kv| kv.key[prefix.len()..].to_string())
+            .collect())
+    }
+
+    /// One transaction of `ops` guarded by `compares`; whether the guards held.
+    async fn txn(&self, compares: Vec<Compare>, success: Vec<Op>) -> Result<bool, StoreError> {
+        let r = self
+            .store
+            .txn(Txn {
+                compares,
+                success,
+                failure: vec![],
+            })
+            .await?;
+        Ok(r.succeeded)
+    }
+
+    /// Every change under `prefix` from now on (a key of this run; see [`RunKeys`]). The channel
+    /// closes when the watch breaks.
+    pub async fn watch(
+        &self,
+        prefix: &str,
+    ) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
+        self.store.watch_prefix(prefix, 0).await
+    }
+
+    /// Whether the run has ended (`finished` exists; not decoded).
+    pub async fn has_finished(&self) -> Result<bool, StoreError> {
+        self.exists(&self.keys.finished()).await
+    }
+
+    /// The round decider's latest progress line (`gen/current.progress`), if any.
+    pub async fn progress(&self) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .get(&self.keys.progress())
+            .await?
+            .map(|kv| kv.value_str()))
+    }
+
+    /// The `(mod_revision, create_revision)` of `node`'s join (`waiting/<node>`), if it waits.
+    pub async fn join_revisions(&self, node: &str) -> Result<Option<(i64, i64)>, StoreError> {
+        Ok(self
+            .get(&self.keys.waiting(node))
+            .await?
+            .map(|kv| (kv.mod_revision, kv.create_revision)))
+    }
+
+    /// The joins waiting for the next generation, oldest first (by creation), each with the
+    /// `mod_revision` of its key.
+    pub async fn waiting(&self) -> Result<Vec<(Join, i64)>, StoreError> {
+        let mut kvs = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
+        kvs.sort_by_key(|kv| kv.create_revision);
+        kvs.iter()
+            .map(|kv| Ok((decode(&kv.key, &kv.value)?, kv.mod_revision)))
+            .collect()
+    }
+
+    /// The node ids waiting for the next generation, in key order (not decoded).
+    pub async fn waiting_nodes(&self) -> Result<Vec<String>, StoreError> {
+        self.names(&self.keys.waiting_prefix()).await
+    }
+
+    /// The waiting joins as JSON, in key order, those that do not parse left out (`status`
+    /// shows what it can of a store written by another drun).
+    pub async fn waiting_json(&self) -> Result<Vec<serde_json::Value>, StoreError> {
+        Ok(self
+            .store
+            .get_prefix(&self.keys.waiting_prefix())
+            .await?
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
+            .collect())
+    }
+
+    /// Node ids whose membership key of generation `g` exists (their lease holds and they
+    /// have not joined again).
+    pub async fn live_members(&self, g: u64) -> Result<Vec<String>, StoreError> {
+        self.names(&self.keys.members_prefix(g)).await
+    }
+
+    /// Whether `node`'s membership key of generation `g` exists.
+    pub async fn is_member(&self, g: u64, node: &str) -> Result<bool, StoreError> {
+        self.exists(&self.keys.member(g, node)).await
+    }
+
+    /// The nodes that recorded their success in generation `g` (`done/<g>/<node>`).
+    pub async fn done_nodes(&self, g: u64) -> Result<Vec<String>, StoreError> {
+        self.names(&self.keys.done_prefix(g)).await
+    }
+
+    /// Every `lost/<node>` record: node → why it was dropped.
+    pub async fn lost_all(&self) -> Result<BTreeMap<String, String>, StoreError> {
+        let prefix = format!("{}lost/", self.keys.prefix());
+        Ok(self
+            .store
+            .get_prefix(&prefix)
+            .await?
+            .iter()
+            .map(|kv| (kv.key[prefix.len()..].to_string(), kv.value_str()))
+            .collect())
+    }
+
+    /// The round decider's key (`gen/current.leader`): the deciding node's id, if any.
+    pub async fn leader(&self) -> Result<Option<bytes::Bytes>, StoreError> {
+        Ok(self.get(&self.keys.leader()).await?.map(|kv| kv.value))
+    }
+
+    /// `ckpt/latest` (the newest sealed manifest's id) and the `mod_revision` of its key.
+    pub async fn ckpt_latest(&self) -> Result<Option<(String, i64)>, StoreError> {
+        Ok(self
+            .get(&self.keys.ckpt_latest())
+            .await?
+            .map(|kv| (kv.value_str(), kv.mod_revision)))
+    }
+
+    /// The raw value of generation `g`'s preemption save request (`gen/<g>/preempt`, or
+    /// `gen/<g>/scale-up-save` when `scale_up`): decoded leniently by the session, as the same
+    /// value arriving through its watch.
+    pub async fn save_request(
+        &self,
+        g: u64,
+        scale_up: bool,
+    ) -> Result<Option<bytes::Bytes>, StoreError> {
+        let key = if scale_up {
+            self.keys.scale_up_save(g)
+        } else {
+            self.keys.preempt(g)
+        };
+        Ok(self.get(&key).await?.map(|kv| kv.value))
+    }
+
+    /// The raw value of generation `g`'s interval save request made after manifest `latest`
+    /// (`gen/<g>/save-due/<latest>`), as [`Self::save_request`].
+    pub async fn interval_save_request(
+        &self,
+        g: u64,
+        latest: &str,
+    ) -> Result<Option<bytes::Bytes>, StoreError> {
+        Ok(self
+            .get(&self.keys.save_due(g, latest))
+            .await?
+            .map(|kv| kv.value))
+    }
+
+    /// Whether the session with `token` still speaks for `node` (`sessions/<node>`).
+    pub async fn speaks_for(&self, node: &str, token: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .get(&self.keys.session_owner(node))
+            .await?
+            .is_some_and(|kv| kv.value == token.as_bytes()))
+    }
+
+    /// A failed round's verdict (`gen/current.failed`) and the `mod_revision` of its key.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] when it does not decode; the store's.
+    pub async fn round_failure(&self) -> Result<Option<(RoundFailure, i64)>, StoreError> {
+        let key = self.keys.round_failed();
+        self.get(&key)
+            .await?
+            .map(|kv| Ok((decode(&key, &kv.value)?, kv.mod_revision)))
+            .transpose()
+    }
+
+    /// A failed round's verdict as JSON, `None` when it does not parse (`status` shows what it
+    /// can of a store written by another drun).
+    pub async fn round_failure_json(&self) -> Result<Option<serde_json::Value>, StoreError> {
+        Ok(self
+            .get(&self.keys.round_failed())
+            .await?
+            .and_then(|kv| serde_json::from_slice(&kv.value).ok()))
+    }
+
+    /// [`Self::round_failure`], a record that does not decode read as `None` beside its
+    /// revision (a verdict being replaced keeps nothing of an unreadable one).
+    pub async fn round_failure_lenient(
+        &self,
+    ) -> Result<Option<(Option<RoundFailure>, i64)>, StoreError> {
+        Ok(self
+            .get(&self.keys.round_failed())
+            .await?
+            .map(|kv| (serde_json::from_slice(&kv.value).ok(), kv.mod_revision)))
     }
 
     /// Current generation (0 before the first formation) and the `mod_revision` of its key.
@@ -118,7 +294,7 @@ impl RunState {
             .transpose()
     }
 
-    /// When generation `g` formed ([`crate::formation::Formation`]); `None` before it did, or
+    /// When generation `g` formed ([`Formation`]); `None` before it did, or
     /// when an older drun formed it.
     pub async fn formation(&self, g: u64) -> Result<Option<Formation>, StoreError> {
         let key = self.keys.formation(g);
@@ -160,7 +336,7 @@ impl RunState {
     }
 
     /// The job-wide failure history, oldest first (keys `failure/<g>`).
-    pub async fn failures(&self) -> Result<Vec<crate::failure_log::FailureRecord>, StoreError> {
+    pub async fn failures(&self) -> Result<Vec<FailureRecord>, StoreError> {
         self.store
             .get_prefix(&self.keys.failures_prefix())
             .await?
@@ -170,9 +346,7 @@ impl RunState {
     }
 
     /// The checkpoint interval in force (`ckpt/interval`), if `--ckpt-interval` set one.
-    pub async fn ckpt_interval(
-        &self,
-    ) -> Result<Option<crate::ckpt_interval::Interval>, StoreError> {
+    pub async fn ckpt_interval(&self) -> Result<Option<Interval>, StoreError> {
         let key = self.keys.ckpt_interval();
         self.get(&key)
             .await?
@@ -215,6 +389,10 @@ impl RunState {
         Ok(r.succeeded)
     }
 }
+
+mod reports;
+pub mod round;
+pub mod session;
 
 #[cfg(test)]
 mod tests {

@@ -265,19 +265,13 @@ pub fn node_states(
 pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus, StoreError> {
     let round = Round::new(store.clone(), run, RoundConfig::single_node());
     let state = round.state().clone();
-    let keys = round.keys().clone();
     let (generation, _) = round.current_generation().await?;
     let plan = round.plan(generation).await?;
     let previous = match generation {
         0 | 1 => None,
         g => round.plan(g - 1).await?,
     };
-    let waiting: Vec<serde_json::Value> = store
-        .get_prefix(&keys.waiting_prefix())
-        .await?
-        .iter()
-        .filter_map(|kv| serde_json::from_slice(&kv.value).ok())
-        .collect();
+    let waiting = state.waiting_json().await?;
     let waiting_ids: Vec<(String, String)> = waiting
         .iter()
         .filter_map(|w| {
@@ -285,25 +279,9 @@ pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus,
             Some((id, w["advertise_addr"].as_str().unwrap_or("").to_string()))
         })
         .collect();
-    let suffixes = |prefix: String| async move {
-        Ok::<_, StoreError>(
-            store
-                .get_prefix(&prefix)
-                .await?
-                .iter()
-                .map(|kv| kv.key[prefix.len()..].to_string())
-                .collect::<Vec<_>>(),
-        )
-    };
-    let present = suffixes(keys.members_prefix(generation)).await?;
-    let done = suffixes(keys.done_prefix(generation)).await?;
-    let lost_prefix = format!("{}lost/", keys.prefix());
-    let lost: BTreeMap<String, String> = store
-        .get_prefix(&lost_prefix)
-        .await?
-        .iter()
-        .map(|kv| (kv.key[lost_prefix.len()..].to_string(), kv.value_str()))
-        .collect();
+    let present = state.live_members(generation).await?;
+    let done = state.done_nodes(generation).await?;
+    let lost = state.lost_all().await?;
     let finished = state.finished().await?;
     let facts = NodeFacts {
         present,
@@ -353,11 +331,8 @@ pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus,
         generation,
         plan,
         waiting,
-        progress: store.get(&keys.progress()).await?.map(|kv| kv.value_str()),
-        round_failed: store
-            .get(&keys.round_failed())
-            .await?
-            .and_then(|kv| serde_json::from_slice(&kv.value).ok()),
+        progress: state.progress().await?,
+        round_failed: state.round_failure_json().await?,
         restarts: RestartCounts {
             failures: restarts.failures,
             membership: restarts.membership,
@@ -381,7 +356,7 @@ pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus,
         closed: state.closed(generation).await?,
         formation,
         nodes,
-        reports: crate::reports::read(store.as_ref(), &keys).await?,
+        reports: state.reports().await?,
     })
 }
 

@@ -27,9 +27,7 @@ pub const MAX_FILES: usize = 100_000;
 /// member for longer than any job waits.
 pub const MAX_LEASE_TTL_MS: u64 = 3_600_000;
 
-/// The longest timeout or interval drun takes, in seconds: 30 days (`--rdzv-conf` timeouts,
-/// `--shutdown-timeout` and the other seconds flags, `--ckpt-interval`).
-pub const MAX_SECONDS: f64 = 2_592_000.0;
+pub use crate::human::MAX_SECONDS;
 
 /// A run or node id: 1 to [`MAX_ID`] bytes of printable characters, no `/` (ids name keys:
 /// run `a` would otherwise see run `a/waiting`'s keys), no whitespace, not `.` or `..` (ids also

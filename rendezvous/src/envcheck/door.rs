@@ -11,21 +11,8 @@
 
 use std::collections::BTreeSet;
 
-use serde::{Deserialize, Serialize};
-
-use super::{effective, verdict, EnvCheck, Fingerprint, Report, Verdict};
-
-/// What the members of a formed group agreed on (pure data, stored with the formation).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Door {
-    /// The keys every member that sent a fingerprint has, with the value they share.
-    pub agreed: Fingerprint,
-    /// The keys the members differ on (a value, or present on some only): not compared.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub disputed: BTreeSet<String>,
-    /// The group's setting: the strictest among its members.
-    pub env_check: EnvCheck,
-}
+use super::{effective, verdict, Fingerprint, Report, Verdict};
+use crate::records::Door;
 
 /// The door of a group formed from `members`; `None` when no member sent a fingerprint (older
 /// agents: nothing to compare with).
@@ -86,6 +73,7 @@ pub fn refusal(door: &Door, g: u64, newcomer: &Report<'_>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::records::EnvCheck;
 
     fn fp(pairs: &[(&str, &str)]) -> Fingerprint {
         pairs

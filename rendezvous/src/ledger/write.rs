@@ -284,17 +284,6 @@ impl Ledger {
         Ok((dropped, garbage))
     }
 
-    /// The formation ops that record an imported manifest (from a manifest file) in the ledger.
-    pub fn import_ops(&self, m: &Manifest) -> Vec<Op> {
-        vec![
-            Op::put(
-                self.keys.ckpt_manifest(&m.id()),
-                serde_json::to_vec(m).expect("Manifest serializes"),
-            ),
-            Op::put(self.keys.ckpt_latest(), m.id()),
-        ]
-    }
-
     /// Marks manifest `id` bad (it failed verification); later formations skip it.
     ///
     /// # Errors

@@ -4,14 +4,13 @@ use std::collections::HashSet;
 
 use tokio::time::Instant;
 
-use super::Round;
+use super::{Round, Step};
 use crate::clock::now_ms;
 use crate::core::{FailCause, RoundView, RunningGeneration};
 use crate::envcheck::{self, Report, Verdict};
 use crate::formation::{lost_work, Formation};
-use crate::ledger::{Ledger, Manifest};
-use crate::run_state;
-use crate::store::{Compare, Op, Txn};
+use crate::ledger::Manifest;
+use crate::run_state::round::FormGeneration;
 use crate::{assign, decide, Candidate, Decision, Join, Plan, RendezvousError};
 
 impl Round {
@@ -28,7 +27,7 @@ impl Round {
         // join that got it in; the node deletes it once it starts. Not a new candidate.
         let current = if g > 0 { self.plan(g).await? } else { None };
         // Members of `g` still live, read BEFORE the waiting set: a survivor moves from one to
-        // the other in one transaction (`Round::join_replacing`), so each is seen in at least
+        // the other in one transaction (`Round::rejoin`), so each is seen in at least
         // one of the two reads and none is left out of a re-form.
         let live: HashSet<String> = match &current {
             Some(_) => self.live_members(g).await?.into_iter().collect(),
@@ -37,7 +36,7 @@ impl Round {
         let (joins, starting) = self.read_waiting(rev, current.as_ref()).await?;
         let candidates: Vec<Candidate> = joins.iter().map(|j| j.candidate.clone()).collect();
         let now = Instant::now();
-        if self.store.get(&self.keys.finished()).await?.is_some() {
+        if self.state.has_finished().await? {
             return Err(RendezvousError::RunFinished(self.run_id.clone()));
         }
         let running = match &current {
@@ -123,13 +122,11 @@ impl Round {
         rev: i64,
         current: Option<&Plan>,
     ) -> Result<(Vec<Join>, bool), RendezvousError> {
-        let mut waiting = self.store.get_prefix(&self.keys.waiting_prefix()).await?;
-        waiting.sort_by_key(|kv| kv.create_revision);
+        let waiting = self.state.waiting().await?;
         let mut joins = Vec::with_capacity(waiting.len());
         let mut starting = false;
-        for kv in waiting {
-            let j: Join = run_state::decode(&kv.key, &kv.value)?;
-            let consumed = kv.mod_revision <= rev
+        for (j, mod_revision) in waiting {
+            let consumed = mod_revision <= rev
                 && current.is_some_and(|p| p.member(&j.candidate.node_id).is_some());
             if consumed {
                 starting = true;
@@ -159,7 +156,7 @@ impl Round {
         // except one whose members all lost their leases at once (a store outage longer than
         // the TTL fences every agent): nobody was left to close it, so it is counted here, in
         // the formation's own transaction, as the membership restart it is.
-        let unclosed = g > 0 && self.store.get(&self.keys.closed(g)).await?.is_none();
+        let unclosed = g > 0 && self.state.closed(g).await?.is_none();
         if unclosed {
             restarts.membership += 1;
         }
@@ -184,8 +181,7 @@ impl Round {
             })
             .filter(|m| g == 0 || m.adopted_from.is_none())
             .collect();
-        let ledger = Ledger::new(self.store.clone(), &self.run_id);
-        let resume = ledger.resume_point(&hints).await?;
+        let resume = self.ledger.resume_point(&hints).await?;
         plan.resume = resume.manifest.clone();
         plan.formed_because = reason.clone();
         plan.notes.extend(env_table);
@@ -193,40 +189,21 @@ impl Round {
             .formation_record(g, opened_at_ms, plan.resume.as_ref())
             .await?;
         formation.door = envcheck::door(&env_reports(admitted, joins));
-        // Constant size whatever the node count (etcd allows 128 ops per txn): admitted nodes
-        // find themselves in the plan and write their own membership keys.
-        let mut ops = vec![
-            Op::put(self.keys.gen_current(), run_state::encode_generation(g + 1)),
-            Op::put(self.keys.plan(g + 1), run_state::encode(&plan)),
-            Op::put(self.keys.formation(g + 1), run_state::encode(&formation)),
-            Op::Delete(self.keys.leader()),
-            Op::Delete(self.keys.progress()),
-            Op::Delete(self.keys.round_failed()),
-        ];
-        if let (true, Some(m)) = (resume.import, &resume.manifest) {
-            ops.extend(ledger.import_ops(m));
-        }
-        let mut compares = vec![
-            Compare::ModRevisionEquals(self.keys.gen_current(), rev),
-            // A seal that landed since the read: decide again with it.
-            Compare::ModRevisionEquals(self.keys.ckpt_latest(), resume.latest_revision),
-        ];
-        if unclosed {
-            ops.push(Op::put(self.keys.restarts(), run_state::encode(&restarts)));
-            compares.push(Compare::ModRevisionEquals(
-                self.keys.restarts(),
-                restarts_rev,
-            ));
-            compares.push(Compare::Missing(self.keys.closed(g)));
-        }
-        let txn = Txn {
-            compares,
-            success: ops,
-            failure: vec![],
-        };
-        match self.store.txn(txn).await {
+        let formed = self
+            .state
+            .form(FormGeneration {
+                g,
+                rev,
+                plan: &plan,
+                formation: &formation,
+                import: resume.manifest.as_ref().filter(|_| resume.import),
+                latest_revision: resume.latest_revision,
+                unclosed: unclosed.then_some((&restarts, restarts_rev)),
+            })
+            .await;
+        match formed {
             Err(e) => Err(e.into()),
-            Ok(r) if r.succeeded => {
+            Ok(true) => {
                 if unclosed {
                     tracing::info!(run = %self.run_id, gen = g, "every member of generation {g} lost its lease (a store outage, or every node lost): re-formed as generation {}", g + 1);
                     crate::metrics::global().reformed(&self.run_id, "every member's lease expired");
@@ -234,7 +211,7 @@ impl Round {
                 tracing::debug!(run = %self.run_id, gen = g + 1, "group formed: {reason}");
                 Ok(Step::Formed(Box::new(plan)))
             }
-            Ok(_) => Ok(Step::Retry),
+            Ok(false) => Ok(Step::Retry),
         }
     }
 }
@@ -303,25 +280,6 @@ fn turned_away(
         return None;
     }
     Some(new.into_iter().map(|c| c.node_id).collect())
-}
-
-/// One step of the decider.
-pub(super) enum Step {
-    Formed(Box<Plan>),
-    Retry,
-    Wait(String, Instant),
-    Failed {
-        reason: String,
-        cause: FailCause,
-        /// Every node waiting in the round.
-        nodes: Vec<String>,
-    },
-    /// The environment check refuses these newcomers of a re-form (the others wait for them
-    /// to leave, then form).
-    TurnAway {
-        reason: String,
-        nodes: Vec<String>,
-    },
 }
 
 /// How many of `candidates` are arrivals a re-form of `current` should settle for: not members

@@ -232,11 +232,7 @@ async fn a_rejoin_replaces_the_old_membership_in_one_revision() {
         .unwrap();
     let mut w = store.watch_prefix(keys.prefix(), 0).await.unwrap();
     round
-        .join_replacing(
-            &cand("n0", 4000).into(),
-            lease,
-            vec![Op::Delete(keys.member(1, "n0"))],
-        )
+        .rejoin(&cand("n0", 4000).into(), lease, 1)
         .await
         .unwrap();
     let (a, b) = (w.recv().await.unwrap(), w.recv().await.unwrap());
@@ -283,7 +279,7 @@ async fn a_join_sent_again_on_the_same_lease_still_takes_the_plan_formed_from_it
     round.join(&join, lease).await.unwrap();
     let p1 = round.wait_for_plan("n0", 0, lease, |_| {}).await.unwrap();
     // The agent never saw p1; after the reconnect its session sends the same join again.
-    round.join_replacing(&join, lease, vec![]).await.unwrap();
+    round.join(&join, lease).await.unwrap();
     let again = tokio::time::timeout(
         Duration::from_secs(5),
         round.wait_for_plan("n0", 0, lease, |_| {}),

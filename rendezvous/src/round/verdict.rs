@@ -1,7 +1,6 @@
 //! A failed round's verdict: published once by its decider, read by every node waiting in it.
 
 use super::{Round, RoundFailure};
-use crate::store::{Compare, Op, Txn};
 use crate::{RendezvousError, StoreError};
 
 impl Round {
@@ -12,18 +11,12 @@ impl Round {
         node_id: &str,
         join_rev: i64,
     ) -> Result<Option<String>, StoreError> {
-        let key = self.keys.round_failed();
-        let Some(kv) = self.store.get(&key).await? else {
+        let Some((f, mod_revision)) = self.state.round_failure().await? else {
             return Ok(None);
         };
-        if kv.mod_revision <= join_rev {
+        if mod_revision <= join_rev {
             return Ok(None); // an earlier round's
         }
-        let f: RoundFailure =
-            serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
-                key,
-                reason: e.to_string(),
-            })?;
         Ok(f.message_for(node_id).map(str::to_string))
     }
 
@@ -63,15 +56,9 @@ impl Round {
     /// Whether the published verdict already names every node of `nodes` (turned away by an
     /// earlier step of this decider or of the previous one).
     pub(super) async fn turned_away_already(&self, nodes: &[String]) -> Result<bool, StoreError> {
-        let key = self.keys.round_failed();
-        let Some(kv) = self.store.get(&key).await? else {
+        let Some((f, _)) = self.state.round_failure().await? else {
             return Ok(false);
         };
-        let f: RoundFailure =
-            serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
-                key,
-                reason: e.to_string(),
-            })?;
         Ok(nodes.iter().all(|n| f.message_for(n).is_some()))
     }
 
@@ -89,7 +76,6 @@ impl Round {
         nodes: Vec<String>,
     ) -> Result<(), StoreError> {
         tracing::warn!(run = %self.run_id, ?nodes, "turning newcomers away: {err}");
-        let key = self.keys.round_failed();
         for _ in 0..5 {
             let mut record = RoundFailure {
                 message: err.to_string(),
@@ -97,35 +83,22 @@ impl Round {
                 at_ms: crate::clock::now_ms(),
                 earlier: Default::default(),
             };
-            let compare = match self.store.get(&key).await? {
-                None => Compare::Missing(key.clone()),
-                Some(kv) => {
-                    if let Ok(old) = serde_json::from_slice::<RoundFailure>(&kv.value) {
-                        for (node, message) in old.verdicts() {
-                            if nodes.iter().any(|n| n == node) {
-                                continue;
-                            }
-                            let join = self.store.get(&self.keys.waiting(node)).await?;
-                            if join.is_some_and(|j| j.mod_revision < kv.mod_revision) {
-                                record.earlier.insert(node.to_string(), message.to_string());
-                            }
+            let replaces = match self.state.round_failure_lenient().await? {
+                None => None,
+                Some((old, rev)) => {
+                    for (node, message) in old.iter().flat_map(|o| o.verdicts()) {
+                        if nodes.iter().any(|n| n == node) {
+                            continue;
+                        }
+                        let join = self.state.join_revisions(node).await?;
+                        if join.is_some_and(|(mod_revision, _)| mod_revision < rev) {
+                            record.earlier.insert(node.to_string(), message.to_string());
                         }
                     }
-                    Compare::ModRevisionEquals(key.clone(), kv.mod_revision)
+                    Some(rev)
                 }
             };
-            let resp = self
-                .store
-                .txn(Txn {
-                    compares: vec![compare],
-                    success: vec![Op::put(
-                        key.clone(),
-                        serde_json::to_vec(&record).expect("RoundFailure serializes"),
-                    )],
-                    failure: vec![],
-                })
-                .await?;
-            if resp.succeeded {
+            if self.state.put_round_failure(&record, replaces).await? {
                 return Ok(());
             }
         }
@@ -139,43 +112,20 @@ impl Round {
         node_id: &str,
         join_rev: i64,
     ) -> Result<Published, StoreError> {
-        let key = self.keys.round_failed();
         if let Some(message) = self.failure_for(node_id, join_rev).await? {
             return Ok(Published::Earlier(message));
         }
         // Missing, or an earlier round's record (replaced).
-        let compare = match self.store.get(&key).await? {
-            None => Compare::Missing(key.clone()),
-            Some(kv) => Compare::ModRevisionEquals(key.clone(), kv.mod_revision),
-        };
-        let resp = self
-            .store
-            .txn(Txn {
-                compares: vec![compare],
-                success: vec![Op::put(
-                    key,
-                    serde_json::to_vec(record).expect("RoundFailure serializes"),
-                )],
-                failure: vec![],
-            })
-            .await?;
-        if !resp.succeeded {
+        let replaces = self
+            .state
+            .round_failure_lenient()
+            .await?
+            .map(|(_, rev)| rev);
+        if !self.state.put_round_failure(record, replaces).await? {
             return Ok(Published::Raced);
         }
         // A new round need not wait for this decider's lease to expire.
-        self.store
-            .txn(Txn {
-                compares: vec![Compare::ValueEquals(
-                    self.keys.leader(),
-                    node_id.as_bytes().to_vec(),
-                )],
-                success: vec![
-                    Op::Delete(self.keys.leader()),
-                    Op::Delete(self.keys.progress()),
-                ],
-                failure: vec![],
-            })
-            .await?;
+        self.state.step_down(node_id).await?;
         Ok(Published::Mine)
     }
 }

@@ -13,7 +13,7 @@ use super::standby;
 use crate::clock::now_ms;
 use crate::ledger::{Ledger, LedgerError, NodeCommit, Retention};
 use crate::loss;
-use crate::store::{LeaseId, Op, Store, WatchEvent};
+use crate::store::{LeaseId, Store, WatchEvent};
 use crate::{Join, Plan, RendezvousError, Round, StoreError};
 
 /// The rendezvous of a joining node, resolving to its generation's plan.
@@ -192,7 +192,7 @@ impl Actor {
         if let Some(l) = self.lease {
             return Ok(l);
         }
-        let l = self.store.lease_grant(self.cfg.lease_ttl).await?;
+        let l = self.round.state().grant_lease(self.cfg.lease_ttl).await?;
         self.lease = Some(l);
         self.start_keeper(l);
         self.claim(l).await?;
@@ -203,7 +203,7 @@ impl Actor {
     /// The first phase: a reconnecting agent's state taken over, or a fresh lease.
     async fn open(&mut self, resume: Option<Resume>) -> Result<Option<Phase>, RendezvousError> {
         match resume {
-            Some(r) if self.store.lease_keep_alive(r.lease).await.is_ok() => {
+            Some(r) if self.round.state().keep_alive(r.lease).await.is_ok() => {
                 self.lease = Some(r.lease);
                 self.start_keeper(r.lease);
                 self.claim(r.lease).await?;
@@ -353,7 +353,7 @@ impl Actor {
     async fn release(&mut self) {
         if let Some(l) = self.lease.take() {
             self.stop_keeper();
-            if let Err(e) = self.store.lease_revoke(l).await {
+            if let Err(e) = self.round.state().revoke_lease(l).await {
                 tracing::debug!(error = %e, "could not revoke the lease of a failed round; it expires");
             }
         }
@@ -385,15 +385,9 @@ impl Actor {
         let c = &cand.candidate;
         self.probe_at = Some((c.advertise_addr.clone(), c.probe_port));
         let mut lease = self.ensure_lease().await?;
-        // A node that comes back is no longer lost; its old membership goes.
-        let mut stale = vec![Op::Delete(self.round.keys().lost(&self.cfg.node_id))];
-        if self.last_gen > 0 {
-            stale.push(Op::Delete(
-                self.round.keys().member(self.last_gen, &self.cfg.node_id),
-            ));
-        }
-        // One transaction: the old membership goes as the join arrives (see `join_replacing`).
-        let joined = self.round.join_replacing(&cand, lease, stale.clone()).await;
+        // A node that comes back is no longer lost; its old membership goes as the join
+        // arrives, in one transaction (see `Round::rejoin`).
+        let joined = self.round.rejoin(&cand, lease, self.last_gen).await;
         if let Err(StoreError::LeaseLost(_)) = joined {
             // The lease ran out while this node was stopped or cut off (the keeper has not said
             // so yet): this node was fenced; it joins as a newcomer with a fresh lease.
@@ -401,7 +395,7 @@ impl Actor {
             self.stop_keeper();
             self.lease = None;
             lease = self.ensure_lease().await?;
-            self.round.join_replacing(&cand, lease, stale).await?;
+            self.round.rejoin(&cand, lease, self.last_gen).await?;
         } else {
             joined?;
         }
@@ -486,10 +480,7 @@ impl Actor {
                 Ok(None)
             }
             Request::Succeeded(g) => {
-                let keys = self.round.keys().clone();
-                self.store
-                    .put(&keys.done(g, &self.cfg.node_id), b"{}".to_vec(), None)
-                    .await?;
+                self.round.state().record_done(g, &self.cfg.node_id).await?;
                 if let Phase::Running(run, _) = &*phase {
                     if run.generation() == g {
                         self.maybe_finish(&run.plan).await?;
@@ -667,9 +658,9 @@ impl Actor {
     async fn leave(&mut self) -> Result<(), RendezvousError> {
         if let Some(l) = self.lease {
             self.stop_keeper();
-            let lost = self.round.keys().lost(&self.cfg.node_id);
-            self.store.put(&lost, loss::LEFT.into(), None).await?;
-            self.store.lease_revoke(l).await?;
+            let state = self.round.state();
+            state.record_lost(&self.cfg.node_id, loss::LEFT).await?;
+            state.revoke_lease(l).await?;
             self.lease = None;
         }
         Ok(())

@@ -11,8 +11,6 @@ use super::protocol::SaveRequest;
 use crate::clock::now_ms;
 use crate::failure_log;
 use crate::human::duration as human;
-use crate::run_state;
-use crate::store::{Compare, Op, Txn};
 use crate::RendezvousError;
 
 impl Actor {
@@ -50,13 +48,7 @@ impl Actor {
         }
         if before.as_ref().is_none_or(|b| b.differs(&interval)) {
             tracing::info!(run = %run_id, gen = g, "{}", interval.line());
-            self.store
-                .put(
-                    &self.round.keys().ckpt_interval(),
-                    run_state::encode(&interval),
-                    None,
-                )
-                .await?;
+            state.record_interval(&interval).await?;
         }
         crate::metrics::global().interval(run_id, &interval);
         if let Some(c) = run.save_clock.as_mut() {
@@ -73,16 +65,11 @@ impl Actor {
         g: u64,
         interval: Duration,
     ) -> Result<(), RendezvousError> {
-        let keys = self.round.keys();
-        let latest = self.store.get(&keys.ckpt_latest()).await?;
-        let (latest_before, latest_guard) = match &latest {
-            Some(kv) => (
-                kv.value_str(),
-                Compare::ModRevisionEquals(keys.ckpt_latest(), kv.mod_revision),
-            ),
-            None => (String::new(), Compare::Missing(keys.ckpt_latest())),
+        let state = self.round.state();
+        let (latest_before, latest_rev) = match state.ckpt_latest().await? {
+            Some((id, rev)) => (id, Some(rev)),
+            None => (String::new(), None),
         };
-        let key = keys.save_due(g, &latest_before);
         let reason = format!(
             "the checkpoint interval ({}) since the last seal passed (--ckpt-interval)",
             human(interval)
@@ -95,19 +82,7 @@ impl Actor {
             scale_up: false,
             interval: true,
         };
-        let resp = self
-            .store
-            .txn(Txn {
-                compares: vec![
-                    Compare::Missing(key.clone()),
-                    Compare::ValueEquals(keys.gen_current(), g.to_string().into()),
-                    latest_guard,
-                ],
-                success: vec![Op::put(key, run_state::encode(&req))],
-                failure: vec![],
-            })
-            .await?;
-        if resp.succeeded {
+        if state.request_interval_save(g, latest_rev, &req).await? {
             tracing::info!(run = %self.cfg.run_id, gen = g, "{reason}: asking every rank for a checkpoint");
         }
         Ok(())

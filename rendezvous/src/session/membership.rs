@@ -31,14 +31,10 @@ impl Actor {
         if self.cfg.auto_keep_alive {
             return Ok(());
         }
-        self.store
-            .put(
-                &self.round.keys().session_owner(&self.cfg.node_id),
-                self.token.clone().into_bytes(),
-                Some(lease),
-            )
+        self.round
+            .state()
+            .claim(&self.cfg.node_id, &self.token, lease)
             .await
-            .map(drop)
     }
 
     /// The plan that admitted this node while its agent was away: the generation's membership
@@ -51,8 +47,7 @@ impl Actor {
         if g == 0 || g <= self.last_gen {
             return Ok(None);
         }
-        let member = self.round.keys().member(g, &self.cfg.node_id);
-        if self.store.get(&member).await?.is_none() {
+        if !self.round.state().is_member(g, &self.cfg.node_id).await? {
             return Ok(None);
         }
         Ok(self
@@ -170,16 +165,12 @@ impl Actor {
 
     /// Records why the agent is gone and revokes its lease: the others re-form.
     async fn revoke_abandoned(&mut self, lease: LeaseId) -> Result<(), RendezvousError> {
-        let keys = self.round.keys().clone();
+        let state = self.round.state().clone();
         self.stop_keeper();
-        self.store
-            .put(
-                &keys.lost(&self.cfg.node_id),
-                loss::CONNECTION_CLOSED.into(),
-                None,
-            )
+        state
+            .record_lost(&self.cfg.node_id, loss::CONNECTION_CLOSED)
             .await?;
-        self.store.lease_revoke(lease).await?;
+        state.revoke_lease(lease).await?;
         self.lease = None;
         Ok(())
     }
@@ -187,12 +178,12 @@ impl Actor {
     /// Whether this session still speaks for its node: no other session claimed it (the agent
     /// reconnected elsewhere) and the run has not finished.
     async fn still_speaks_for_the_node(&self) -> Result<bool, RendezvousError> {
-        let owner = self
-            .store
-            .get(&self.round.keys().session_owner(&self.cfg.node_id))
+        let speaks = self
+            .round
+            .state()
+            .speaks_for(&self.cfg.node_id, &self.token)
             .await?;
-        Ok(owner.is_some_and(|kv| kv.value == self.token.as_bytes())
-            && self.finished().await?.is_none())
+        Ok(speaks && self.finished().await?.is_none())
     }
 
     /// Members of `plan` (other than this node) that are gone now, each described with why.
@@ -209,15 +200,15 @@ impl Actor {
     /// Whether generation `g` was asked for a preemption checkpoint that is now sealed: its
     /// agents are stopping for good.
     pub(super) async fn preemption_sealed(&self, g: u64) -> Result<bool, RendezvousError> {
-        let keys = self.round.keys();
-        let Some(req) = self.store.get(&keys.preempt(g)).await? else {
+        let state = self.round.state();
+        let Some(req) = state.save_request(g, false).await? else {
             return Ok(false);
         };
-        let Ok(req) = serde_json::from_slice::<SaveRequest>(&req.value) else {
+        let Ok(req) = serde_json::from_slice::<SaveRequest>(&req) else {
             return Ok(false);
         };
-        let latest = self.store.get(&keys.ckpt_latest()).await?;
-        Ok(latest.is_some_and(|kv| kv.value_str() > req.latest_before))
+        let latest = state.ckpt_latest().await?;
+        Ok(latest.is_some_and(|(id, _)| id > req.latest_before))
     }
 
     /// A worker failure of generation `g` that coincides with a membership loss (see
@@ -236,11 +227,10 @@ impl Actor {
         if plan.members.len() < 2 {
             return Ok(None);
         }
-        let keys = self.round.keys();
         let deadline = Instant::now() + loss::ATTRIBUTION_WINDOW;
         let mut knocked = false;
         loop {
-            if self.store.get(&keys.closed(g)).await?.is_some() {
+            if self.round.state().closed(g).await?.is_some() {
                 // A re-form is under way (a loss, or a peer that failed first): decided there.
                 return Ok(None);
             }

@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::ledger::{CommitOutcome, NodeCommit, Retention};
 use crate::root_cause::RootCause;
 use crate::round::Restarts;
 use crate::store::LeaseId;
 use crate::{Join, Plan, RoundConfig};
+
+pub use crate::records::{RunEnd, SaveRequest};
 
 /// Settings of one node's session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,48 +45,6 @@ pub struct Resume {
     pub generation: u64,
     /// The join the agent is waiting with, if it is waiting.
     pub waiting: Option<Join>,
-}
-
-/// How a run ended (key `finished`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunEnd {
-    /// All workers of the last generation exited 0.
-    pub success: bool,
-    /// Human-readable cause.
-    pub reason: String,
-    /// When, in milliseconds since the Unix epoch.
-    pub at_ms: u64,
-    /// A failed run's root cause: the worker failure that spent the budget.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub root_cause: Option<RootCause>,
-    /// The run ended because its rendezvous went away (the agent hosting a c10d-style
-    /// rendezvous stopped, taking the run's in-memory state with it), not on a verdict about
-    /// the training: agents end with exit 3, which a restart policy retries, and the restarted
-    /// job resumes from the last checkpoint. Always false for a successful end.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub retryable: bool,
-}
-
-/// A job-wide request for a coordinated checkpoint (key `gen/<g>/preempt`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SaveRequest {
-    /// Node that asked.
-    pub node_id: String,
-    /// Why (e.g. "SIGUSR1: preemption warning").
-    pub reason: String,
-    /// `ckpt/latest` when asked (a manifest id; empty: none): the save is done when a newer
-    /// manifest is sealed.
-    pub latest_before: String,
-    /// When, milliseconds since the Unix epoch.
-    pub at_ms: u64,
-    /// Asked before admitting a newcomer (`--on-scale-up checkpoint`), not for a preemption:
-    /// the agents carry on after the seal instead of stopping.
-    #[serde(default)]
-    pub scale_up: bool,
-    /// Asked by `--ckpt-interval` (the interval since the last seal passed): the agents carry on
-    /// after the seal, as for a scale-up save.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub interval: bool,
 }
 
 /// From the agent to its session.

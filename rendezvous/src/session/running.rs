@@ -9,7 +9,7 @@ use super::actor::{is_transient, Actor, Phase, Watch};
 use super::generation::{self, Effect, Input, Running};
 use super::protocol::{Event, SaveRequest};
 use crate::human::duration as human;
-use crate::store::{Op, Txn, WatchEvent};
+use crate::store::WatchEvent;
 use crate::{Plan, RendezvousError, StoreError};
 
 impl Actor {
@@ -71,24 +71,11 @@ impl Actor {
         let Some(lease) = self.lease else {
             return Ok(Phase::Idle);
         };
-        let keys = self.round.keys().clone();
+        let state = self.round.state().clone();
         // Membership of generation g, under our lease, replaces the join that got us in. A
         // lease that is gone fences us; a generation already closed is reported below.
-        let member = keys.member(plan.generation, &self.cfg.node_id);
-        let resp = self
-            .store
-            .txn(Txn {
-                compares: vec![],
-                success: vec![
-                    Op::Put {
-                        key: member,
-                        value: b"{}".to_vec(),
-                        lease: Some(lease),
-                    },
-                    Op::Delete(keys.waiting(&self.cfg.node_id)),
-                ],
-                failure: vec![],
-            })
+        let resp = state
+            .enter_generation(plan.generation, &self.cfg.node_id, lease)
             .await;
         match resp {
             Err(StoreError::LeaseLost(_)) => {
@@ -115,11 +102,10 @@ impl Actor {
             self.emit(Event::Finished(end));
             return Ok(Phase::Idle);
         }
-        if let Some(kv) = self.store.get(&keys.preempt(plan.generation)).await? {
-            self.emit_save_request(&kv.value);
-        }
-        if let Some(kv) = self.store.get(&keys.scale_up_save(plan.generation)).await? {
-            self.emit_save_request(&kv.value);
+        for scale_up in [false, true] {
+            if let Some(value) = state.save_request(plan.generation, scale_up).await? {
+                self.emit_save_request(&value);
+            }
         }
         if let Some(reason) = self.closed_reason(&plan).await? {
             self.emit(Event::Reform {
@@ -131,21 +117,16 @@ impl Actor {
         // The successor writes its membership key as soon as it sees the plan; if it has not
         // within a lease TTL, it died before starting.
         let successor_started = match generation::successor(&plan, &self.cfg.node_id) {
-            Some(succ) => self
-                .store
-                .get(&keys.member(plan.generation, &succ))
-                .await?
-                .is_some(),
+            Some(succ) => state.is_member(plan.generation, &succ).await?,
             None => true,
         };
         // An interval save asked of this generation before the watch began (a re-watch).
-        let latest = self.store.get(&keys.ckpt_latest()).await?;
-        let due = keys.save_due(
-            plan.generation,
-            &latest.map(|kv| kv.value_str()).unwrap_or_default(),
-        );
-        if let Some(kv) = self.store.get(&due).await? {
-            self.emit_save_request(&kv.value);
+        let latest = state.ckpt_latest().await?.map(|(id, _)| id);
+        if let Some(value) = state
+            .interval_save_request(plan.generation, &latest.unwrap_or_default())
+            .await?
+        {
+            self.emit_save_request(&value);
         }
         let rewatch = before.is_some();
         let mut run = Running::enter(
@@ -193,7 +174,7 @@ impl Actor {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         for prefix in prefixes {
-            let mut source = self.store.watch_prefix(&prefix, 0).await?;
+            let mut source = self.round.state().watch(&prefix).await?;
             let tx = tx.clone();
             tokio::spawn(async move {
                 loop {
@@ -213,9 +194,8 @@ impl Actor {
     }
 
     async fn closed_reason(&self, plan: &Plan) -> Result<Option<String>, RendezvousError> {
-        let keys = self.round.keys();
-        if let Some(kv) = self.store.get(&keys.closed(plan.generation)).await? {
-            return Ok(Some(kv.value_str()));
+        if let Some(reason) = self.round.state().closed(plan.generation).await? {
+            return Ok(Some(reason));
         }
         let (g, _) = self.round.current_generation().await?;
         if g > plan.generation {
@@ -368,8 +348,7 @@ impl Actor {
                 }
             }
             Effect::CheckSuccessorStarted { node, reason } => {
-                let key = self.round.keys().member(g, &node);
-                if self.store.get(&key).await?.is_none() {
+                if !self.round.state().is_member(g, &node).await? {
                     self.close(g, reason, true).await?;
                 }
             }

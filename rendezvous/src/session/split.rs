@@ -13,8 +13,7 @@ use super::protocol::RunEnd;
 use crate::clock::now_ms;
 use crate::partition::{self, Decision};
 use crate::reports::ReportKind;
-use crate::store::{Compare, Op, Txn};
-use crate::{run_state, Plan, RendezvousError};
+use crate::{Plan, RendezvousError};
 
 /// How a fence for a partition begins (the agent stands by after it).
 pub const PARTITIONED: &str = "partitioned from its peers";
@@ -48,27 +47,9 @@ impl Actor {
             .filter(|id| *id != self.cfg.node_id)
             .collect();
         let acc = run.silence.report(silent);
-        let keys = self.round.keys();
-        let me = &self.cfg.node_id;
-        let mut ops: Vec<Op> = acc
-            .withdraw
-            .iter()
-            .map(|a| Op::Delete(keys.silent(g, a, me)))
-            .collect();
-        ops.extend(acc.write.iter().map(|a| Op::Put {
-            key: keys.silent(g, a, me),
-            value: b"{}".to_vec(),
-            lease: Some(lease),
-        }));
-        if ops.is_empty() {
-            return Ok(());
-        }
-        self.store
-            .txn(Txn {
-                compares: vec![],
-                success: ops,
-                failure: vec![],
-            })
+        self.round
+            .state()
+            .accuse(g, &self.cfg.node_id, &acc.write, &acc.withdraw, lease)
             .await?;
         Ok(())
     }
@@ -90,13 +71,11 @@ impl Actor {
         reason: String,
         fence: String,
     ) -> Result<(), RendezvousError> {
-        let keys = self.round.keys().clone();
-        self.store
-            .put(&keys.lost(&self.cfg.node_id), reason.into_bytes(), None)
-            .await?;
+        let state = self.round.state().clone();
+        state.record_lost(&self.cfg.node_id, &reason).await?;
         if let Some(lease) = self.lease {
             self.stop_keeper();
-            self.store.lease_revoke(lease).await?;
+            state.revoke_lease(lease).await?;
         }
         self.fence(fence);
         Ok(())
@@ -110,7 +89,7 @@ impl Actor {
         let Some(me) = plan.member(&self.cfg.node_id).map(|m| m.node_rank) else {
             return Ok(None);
         };
-        let reports = crate::reports::read(self.store.as_ref(), self.round.keys()).await?;
+        let reports = self.round.state().reports().await?;
         let peers = reports
             .get(ReportKind::Peers.as_str())
             .into_iter()
@@ -138,7 +117,6 @@ impl Actor {
             }
             Decision::Split { .. } => Ok(None),
             Decision::End { reason } => {
-                let keys = self.round.keys();
                 let end = RunEnd {
                     success: false,
                     reason: reason.clone(),
@@ -146,13 +124,7 @@ impl Actor {
                     root_cause: None,
                     retryable: true,
                 };
-                self.store
-                    .txn(Txn {
-                        compares: vec![Compare::Missing(keys.finished())],
-                        success: vec![Op::put(keys.finished(), run_state::encode(&end))],
-                        failure: vec![],
-                    })
-                    .await?;
+                self.round.state().end(&end).await?;
                 tracing::error!(run = %self.cfg.run_id, gen = plan.generation, "{reason}");
                 Ok(None)
             }

@@ -4,11 +4,8 @@ use super::actor::Actor;
 use super::generation::{self, FailureVerdict};
 use super::protocol::{Event, SaveRequest};
 use crate::clock::now_ms;
-use crate::keys::RunKeys;
-use crate::root_cause::RootCause;
-use crate::round::{RestartCause, Restarts};
-use crate::run_state;
-use crate::store::{Compare, Op, Txn};
+use crate::records::{FailureRecord, RestartCause, Restarts, RootCause};
+use crate::run_state::session::SpendRestart;
 use crate::{Plan, RendezvousError};
 
 impl Actor {
@@ -23,7 +20,6 @@ impl Actor {
             tracing::warn!(node = %self.cfg.node_id, "{why}; dropped");
             return Ok(());
         }
-        let key = crate::reports::key(self.round.keys(), kind, &self.cfg.node_id);
         let lease = if kind.leased() { self.lease } else { None };
         if kind.leased() && lease.is_none() {
             return Ok(());
@@ -32,9 +28,12 @@ impl Actor {
             .then(|| serde_json::from_str::<serde_json::Value>(&json).ok())
             .flatten()
             .and_then(|v| v["generation"].as_u64());
-        self.store.put(&key, json.into_bytes(), lease).await?;
+        let state = self.round.state();
+        state
+            .put_report(kind, &self.cfg.node_id, json, lease)
+            .await?;
         if let Some(g) = generation {
-            let pace = crate::reports::pace(self.store.as_ref(), self.round.keys(), g).await?;
+            let pace = state.pace(g).await?;
             self.emit(Event::Pace(pace));
         }
         Ok(())
@@ -49,31 +48,22 @@ impl Actor {
         reason: String,
         failure: bool,
     ) -> Result<bool, RendezvousError> {
-        let keys = self.round.keys();
         let (cur, rev) = self.round.current_generation().await?;
         if cur != g {
             return Ok(false);
         }
-        let resp = self
-            .store
-            .txn(Txn {
-                compares: vec![
-                    Compare::ModRevisionEquals(keys.gen_current(), rev),
-                    Compare::Missing(keys.closed(g)),
-                ],
-                success: [Op::put(keys.closed(g), reason.clone())]
-                    .into_iter()
-                    .chain(failure.then(|| failure_put(keys, g, &reason)))
-                    .collect(),
-                failure: vec![],
-            })
+        let record = failure.then(|| failure_record(g, &reason));
+        let closed = self
+            .round
+            .state()
+            .close(g, rev, &reason, record.as_ref())
             .await?;
-        if resp.succeeded {
+        if closed {
             tracing::info!(run = %self.cfg.run_id, gen = g, %reason, "generation closed for re-form");
             crate::metrics::global().reformed(&self.cfg.run_id, &reason);
             self.round.record_restart(RestartCause::Membership).await?;
         }
-        Ok(resp.succeeded)
+        Ok(closed)
     }
 
     /// Writes generation `g`'s request for a coordinated checkpoint, once (`gen/<g>/preempt`, or
@@ -85,17 +75,11 @@ impl Actor {
         reason: String,
         scale_up: bool,
     ) -> Result<String, RendezvousError> {
-        let keys = self.round.keys();
-        let key = if scale_up {
-            keys.scale_up_save(g)
-        } else {
-            keys.preempt(g)
-        };
-        let latest_before = self
-            .store
-            .get(&keys.ckpt_latest())
+        let state = self.round.state();
+        let latest_before = state
+            .ckpt_latest()
             .await?
-            .map(|kv| kv.value_str())
+            .map(|(id, _)| id)
             .unwrap_or_default();
         let req = SaveRequest {
             node_id: self.cfg.node_id.clone(),
@@ -105,52 +89,27 @@ impl Actor {
             scale_up,
             interval: false,
         };
-        self.store
-            .txn(Txn {
-                compares: vec![
-                    Compare::Missing(key.clone()),
-                    Compare::ValueEquals(keys.gen_current(), g.to_string().into()),
-                ],
-                success: vec![Op::put(key, serde_json::to_vec(&req).expect("serializes"))],
-                failure: vec![],
-            })
-            .await?;
+        state.request_save(g, &req).await?;
         Ok(latest_before)
     }
 
     /// Whether a node outside `plan` is waiting to join (a newcomer, not a member's own join).
     pub(super) async fn newcomer_waiting(&self, plan: &Plan) -> Result<bool, RendezvousError> {
-        let prefix = self.round.keys().waiting_prefix();
         Ok(self
-            .store
-            .get_prefix(&prefix)
+            .round
+            .state()
+            .waiting_nodes()
             .await?
             .iter()
-            .any(|kv| plan.member(&kv.key[prefix.len()..]).is_none()))
+            .any(|node| plan.member(node).is_none()))
     }
 
     /// The exit barrier: writes `finished` once every member of `plan` recorded its success.
     pub(super) async fn maybe_finish(&self, plan: &Plan) -> Result<(), RendezvousError> {
-        let keys = self.round.keys();
-        let prefix = keys.done_prefix(plan.generation);
-        let done: Vec<String> = self
-            .store
-            .get_prefix(&prefix)
-            .await?
-            .into_iter()
-            .filter_map(|kv| kv.key.strip_prefix(&prefix).map(str::to_string))
-            .collect();
+        let state = self.round.state();
+        let done = state.done_nodes(plan.generation).await?;
         if let Some(end) = generation::exit_barrier(plan, &done, now_ms()) {
-            self.store
-                .txn(Txn {
-                    compares: vec![
-                        Compare::Missing(keys.finished()),
-                        Compare::Missing(keys.closed(plan.generation)),
-                    ],
-                    success: vec![Op::put(keys.finished(), run_state::encode(&end))],
-                    failure: vec![],
-                })
-                .await?;
+            state.finish(plan.generation, &end).await?;
         }
         Ok(())
     }
@@ -169,11 +128,11 @@ impl Actor {
         if let Some(restarts) = self.attribute_to_loss(g, description).await? {
             return Ok((true, restarts, None));
         }
-        let keys = self.round.keys();
+        let state = self.round.state();
         loop {
             let restarts = self.round.restarts().await?;
             let (cur, cur_rev) = self.round.current_generation().await?;
-            let closed = self.round.state().closed(g).await?;
+            let closed = state.closed(g).await?;
             let verdict = generation::failure_verdict(
                 g,
                 description,
@@ -191,52 +150,28 @@ impl Actor {
                     return Ok((true, restarts, None));
                 }
                 FailureVerdict::Spend { next, closed } => {
-                    let restarts_key = keys.restarts();
-                    let rev = self
-                        .store
-                        .get(&restarts_key)
-                        .await?
-                        .map_or(0, |kv| kv.mod_revision);
-                    let resp = self
-                        .store
-                        .txn(Txn {
-                            compares: vec![
-                                Compare::ModRevisionEquals(keys.gen_current(), cur_rev),
-                                Compare::ModRevisionEquals(restarts_key.clone(), rev),
-                                Compare::Missing(keys.closed(g)),
-                            ],
-                            success: [
-                                Op::put(restarts_key, run_state::encode(&next)),
-                                Op::put(keys.closed(g), closed.clone()),
-                            ]
-                            .into_iter()
-                            .chain(root_cause_put(keys, g, cause))
-                            .chain(Some(failure_put(keys, g, description)))
-                            .collect(),
-                            failure: vec![],
+                    let (_, restarts_rev) = state.restarts().await?;
+                    let failure = failure_record(g, description);
+                    let spent = state
+                        .spend_restart(SpendRestart {
+                            g,
+                            gen_rev: cur_rev,
+                            restarts_rev,
+                            next: &next,
+                            closed: &closed,
+                            root_cause: cause,
+                            failure: &failure,
                         })
                         .await?;
-                    if resp.succeeded {
+                    if spent {
                         crate::metrics::global().reformed(&self.cfg.run_id, &closed);
                         return Ok((true, next, None));
                     }
                 }
                 FailureVerdict::End { mut end, last } => {
                     end.root_cause = cause.cloned();
-                    self.store
-                        .txn(Txn {
-                            compares: vec![Compare::Missing(keys.finished())],
-                            success: [
-                                Op::put(keys.finished(), run_state::encode(&end)),
-                                Op::put(keys.restarts(), run_state::encode(&last)),
-                            ]
-                            .into_iter()
-                            .chain(root_cause_put(keys, g, cause))
-                            .collect(),
-                            failure: vec![],
-                        })
-                        .await?;
-                    let recorded = self.round.state().finished().await?;
+                    state.end_spent(g, &end, &last, cause).await?;
+                    let recorded = state.finished().await?;
                     let cause = recorded.and_then(|e| e.root_cause).or(end.root_cause);
                     return Ok((false, last, cause));
                 }
@@ -245,22 +180,11 @@ impl Actor {
     }
 }
 
-/// The write of `g`'s record in the job-wide failure history (now, and why).
-fn failure_put(keys: &RunKeys, g: u64, reason: &str) -> Op {
-    let rec = crate::failure_log::FailureRecord {
+/// `g`'s record in the job-wide failure history (now, and why).
+fn failure_record(g: u64, reason: &str) -> FailureRecord {
+    FailureRecord {
         generation: g,
         at_ms: now_ms(),
         reason: reason.to_string(),
-    };
-    Op::put(keys.failure(g), run_state::encode(&rec))
-}
-
-/// The write of `g`'s root cause, when a worker failed.
-fn root_cause_put(keys: &RunKeys, g: u64, cause: Option<&RootCause>) -> Option<Op> {
-    cause.map(|c| {
-        Op::put(
-            keys.root_cause(g),
-            serde_json::to_vec(c).expect("RootCause serializes"),
-        )
-    })
+    }
 }

@@ -1,11 +1,33 @@
-//! [`Members`]: a plan's member list, shared between clones, with a lookup by node id.
+//! [`Member`]: one node of a plan; [`Members`]: a plan's member list, shared between clones, with a lookup by node id.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
-use super::Member;
+/// One node of a generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Node identity.
+    pub node_id: String,
+    /// Address the node advertised.
+    pub advertise_addr: String,
+    /// GROUP_RANK, dense in `0..members.len()`.
+    pub node_rank: u32,
+    /// LOCAL_WORLD_SIZE of this node.
+    pub slots: u32,
+    /// Global rank of this node's local rank 0.
+    pub base_rank: u32,
+    /// UDP port on `advertise_addr` where the node's agent answers peer probes; 0: none (an
+    /// older agent).
+    #[serde(default, skip_serializing_if = "no_port")]
+    pub probe_port: u16,
+}
+
+/// Whether a port field is unset (0), so older records stay as they were.
+pub(crate) fn no_port(p: &u16) -> bool {
+    *p == 0
+}
 
 /// A plan's member list in node-rank order, shared by every clone of the plan, with a lookup by
 /// node id built once on first use (a server's thousand sessions each look themselves up in one
