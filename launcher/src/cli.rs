@@ -535,19 +535,27 @@ pub struct Args {
     )]
     pub watch: Option<std::time::Duration>,
 
-    /// torchrun flag not implemented by drun (rejected).
-    #[arg(long = "numa-binding", alias = "numa_binding", hide = true)]
+    /// Bind each worker to the CPUs near its GPU (the GPU whose index is its local rank):
+    /// node, socket, exclusive or core-complex, as torchrun's modes.
+    #[arg(
+        long = "numa-binding",
+        alias = "numa_binding",
+        value_name = "MODE",
+        value_parser = ["node", "socket", "exclusive", "core-complex"],
+        help_heading = "Supervision"
+    )]
     pub numa_binding: Option<String>,
     /// torchrun flag not implemented by drun (rejected).
     #[arg(long = "logs-specs", alias = "logs_specs", hide = true)]
     pub logs_specs: Option<String>,
-    /// torchrun flag not implemented by drun (rejected).
+    /// Each worker sees only its own GPU, as device 0: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES
+    /// set to the agent's entry at its local rank (as torchrun).
     #[arg(
         long = "virtual-local-rank",
         alias = "virtual_local_rank",
         env = "PET_VIRTUAL_LOCAL_RANK",
         value_parser = BoolishValueParser::new(),
-        hide = true
+        help_heading = "Supervision"
     )]
     pub virtual_local_rank: bool,
     /// torchrun flag not implemented by drun (rejected).

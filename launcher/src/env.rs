@@ -40,6 +40,21 @@ pub struct WorkerSlot<'a> {
     pub ckpt_dir: Option<&'a Path>,
     /// DRUN_RESUME_MANIFEST: the manifest file of `plan.resume`.
     pub resume_manifest: Option<&'a Path>,
+    /// `--virtual-local-rank`: LOCAL_RANK 0 and only this worker's GPU visible.
+    pub virtual_local_rank: bool,
+}
+
+/// Under `--virtual-local-rank`, the one device local rank `local_rank` sees, as torchrun picks
+/// it: the entry at `local_rank` of the agent's visible-devices list, or the local rank itself
+/// when the agent has none; `None` when the list is too short.
+pub fn virtual_device(parent_visible: Option<&str>, local_rank: u32) -> Option<String> {
+    match parent_visible {
+        None => Some(local_rank.to_string()),
+        Some(list) => list
+            .split(',')
+            .nth(local_rank as usize)
+            .map(|d| d.trim().to_string()),
+    }
 }
 
 /// drun's checkpoint variables, removed when inherited and not set for this worker.
@@ -103,6 +118,26 @@ pub fn worker_env(
     };
     set("RANK", rank.to_string());
     set("LOCAL_RANK", slot.local_rank.to_string());
+    if slot.virtual_local_rank {
+        // HIP_VISIBLE_DEVICES wins over CUDA_VISIBLE_DEVICES on ROCm: it is the list to pick
+        // from when the agent has it, and both are set then (as torchrun does).
+        let var = |k: &str| {
+            inherited
+                .get(&OsString::from(k))
+                .and_then(|v| v.to_str())
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        let hip = var("HIP_VISIBLE_DEVICES");
+        let parent = hip.clone().or_else(|| var("CUDA_VISIBLE_DEVICES"));
+        // The config refused a list shorter than --nproc-per-node.
+        let device = virtual_device(parent.as_deref(), slot.local_rank).unwrap_or_default();
+        set("LOCAL_RANK", "0".into());
+        if hip.is_some() {
+            set("HIP_VISIBLE_DEVICES", device.clone());
+        }
+        set("CUDA_VISIBLE_DEVICES", device);
+    }
     set("GROUP_RANK", member.node_rank.to_string());
     set("ROLE_RANK", rank.to_string());
     set("ROLE_NAME", slot.role.to_string());
@@ -218,6 +253,7 @@ mod tests {
             agent_sock: None,
             ckpt_dir: None,
             resume_manifest: None,
+            virtual_local_rank: false,
         }
     }
 
@@ -269,5 +305,35 @@ mod tests {
         let env = worker_env(&BTreeMap::new(), &p, &p.members[0], &slot(0));
         assert_eq!(get(&env, "OMP_NUM_THREADS"), "1");
         assert_eq!(get(&env, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+    }
+
+    #[test]
+    fn a_virtual_local_rank_sees_its_own_gpu_as_device_0() {
+        let p = plan(&[4]);
+        let virt = |lr: u32| WorkerSlot {
+            virtual_local_rank: true,
+            ..slot(lr)
+        };
+        let env = worker_env(&BTreeMap::new(), &p, &p.members[0], &virt(2));
+        assert_eq!(get(&env, "LOCAL_RANK"), "0");
+        assert_eq!(get(&env, "RANK"), "2");
+        assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), "2");
+        let mut inherited = BTreeMap::new();
+        inherited.insert(
+            OsString::from("CUDA_VISIBLE_DEVICES"),
+            OsString::from("4,5,6,7"),
+        );
+        let env = worker_env(&inherited, &p, &p.members[0], &virt(1));
+        assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), "5");
+        assert!(!env.contains_key(&OsString::from("HIP_VISIBLE_DEVICES")));
+        inherited.insert(OsString::from("HIP_VISIBLE_DEVICES"), OsString::from("2,3"));
+        let env = worker_env(&inherited, &p, &p.members[0], &virt(1));
+        assert_eq!(get(&env, "HIP_VISIBLE_DEVICES"), "3");
+        assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), "3");
+        // Off: the local rank and the agent's list, unchanged.
+        let env = worker_env(&inherited, &p, &p.members[0], &slot(1));
+        assert_eq!(get(&env, "LOCAL_RANK"), "1");
+        assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), "4,5,6,7");
+        assert_eq!(virtual_device(Some("0,1"), 2), None);
     }
 }

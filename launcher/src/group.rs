@@ -172,6 +172,7 @@ pub(crate) fn env_of(
             agent_sock: ctx.agent_sock,
             ckpt_dir: cfg.ckpt.dir.as_deref(),
             resume_manifest: ctx.resume_manifest,
+            virtual_local_rank: cfg.virtual_local_rank,
         },
     )
 }
@@ -287,6 +288,11 @@ impl WorkerGroup {
             stdin: worker_stdin(cfg, local_rank),
             die_with_agent: true,
             handoff: None,
+            cpus: cfg
+                .numa
+                .as_ref()
+                .and_then(|b| b.for_rank(local_rank))
+                .cloned(),
         };
         let warm = ctx.warm.and_then(|pool| {
             let mut pool = pool.lock().expect("warm pool mutex poisoned");

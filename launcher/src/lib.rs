@@ -85,6 +85,7 @@ pub mod group;
 pub mod k8s;
 pub mod logs;
 pub mod metrics;
+pub mod numa;
 pub mod os;
 pub mod peers;
 pub mod phases;

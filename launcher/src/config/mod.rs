@@ -113,6 +113,10 @@ pub struct LaunchConfig {
     pub stdin_rank: Option<u32>,
     /// `--warm-workers`: restarted workers start on a pre-started interpreter.
     pub warm_workers: crate::warm::WarmWorkers,
+    /// `--numa-binding`: each local rank's CPUs near its GPU; `None`: workers are not bound.
+    pub numa: Option<crate::numa::Binding>,
+    /// `--virtual-local-rank`: each worker sees its own GPU only, as device 0.
+    pub virtual_local_rank: bool,
     /// Who hosts the workers' c10d store (`--worker-store`).
     pub worker_store: crate::worker_store::WorkerStoreMode,
     /// Parsed `--rdzv-conf`.

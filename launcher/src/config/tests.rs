@@ -39,6 +39,10 @@ pub(super) fn ok(v: &[&str]) -> LaunchConfig {
     validate(&args(v), &host()).expect("valid")
 }
 
+fn ok_with(v: &[&str], h: &Host) -> LaunchConfig {
+    validate(&args(v), h).expect("valid")
+}
+
 pub(super) fn err(v: &[&str], h: &Host) -> String {
     validate(&args(v), h).expect_err("invalid").to_string()
 }
@@ -170,7 +174,6 @@ fn rdzv_conf_sets_timing_and_notes_unknown_keys() {
 
 #[test]
 fn unsupported_torchrun_flags_are_refused_by_name() {
-    assert!(err(&["--numa-binding", "node", "t.py"], &host()).starts_with("--numa-binding"));
     assert!(err(&["--logs-specs", "x", "t.py"], &host()).starts_with("--logs-specs"));
     assert!(err(&["--print-completion", "bash", "t.py"], &host()).contains("completion"));
     assert!(err(&["--event-log-handler", "console", "t.py"], &host()).contains("got 'console'"));
@@ -423,4 +426,58 @@ fn hang_timeout_is_off_by_default_and_takes_seconds_a_suffix_or_auto() {
         let e = err(&["--hang-timeout", bad, "t.py"], &host());
         assert!(e.contains("--hang-timeout"), "{bad}: {e}");
     }
+}
+
+#[test]
+fn numa_binding_reads_the_topology_and_refuses_a_node_without_gpus_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let e = err(
+        &["--numa-binding", "node", "t.py"],
+        &with_env(&[("DRUN_TOPOLOGY_ROOT", root)]),
+    );
+    assert!(
+        e.starts_with("invalid --numa-binding 'node': this node has no NVIDIA GPU"),
+        "{e}"
+    );
+    let allowed: Vec<usize> = crate::numa::allowed_cpus().into_iter().collect();
+    let cpu = allowed[0];
+    crate::numa::tests::write_fixture(
+        dir.path(),
+        &[(&cpu.to_string(), 0)],
+        &[("0000:01:00.0", 0), ("0000:02:00.0", 0)],
+    );
+    let h = with_env(&[("DRUN_TOPOLOGY_ROOT", root)]);
+    let c = ok_with(
+        &["--nproc-per-node", "2", "--numa-binding", "node", "t.py"],
+        &h,
+    );
+    let b = c.numa.expect("bound");
+    assert_eq!(b.for_rank(1), Some(&[cpu].into()));
+    let e = err(
+        &["--nproc-per-node", "3", "--numa-binding", "node", "t.py"],
+        &h,
+    );
+    assert!(e.contains("local rank 2 has no GPU"), "{e}");
+}
+
+#[test]
+fn virtual_local_rank_needs_a_device_for_every_local_rank() {
+    let h = with_env(&[("CUDA_VISIBLE_DEVICES", "4,5")]);
+    let c = ok_with(
+        &["--nproc-per-node", "2", "--virtual-local-rank", "t.py"],
+        &h,
+    );
+    assert!(c.virtual_local_rank);
+    let e = err(
+        &["--nproc-per-node", "3", "--virtual-local-rank", "t.py"],
+        &h,
+    );
+    assert!(
+        e.starts_with(
+            "invalid --virtual-local-rank 'CUDA_VISIBLE_DEVICES=4,5': 3 local ranks need 3 devices"
+        ),
+        "{e}"
+    );
+    assert!(!ok(&["--nproc-per-node", "3", "t.py"]).virtual_local_rank);
 }

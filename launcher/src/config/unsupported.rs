@@ -13,17 +13,8 @@ pub(super) fn refuse_unsupported(a: &Args) -> Result<(), ConfigError> {
             why: why.to_string(),
         })
     };
-    if a.numa_binding.is_some() {
-        return unsupported("--numa-binding", "bind with numactl inside your script");
-    }
     if a.logs_specs.is_some() {
         return unsupported("--logs-specs", "use --log-dir, --redirects and --tee");
-    }
-    if a.virtual_local_rank {
-        return unsupported(
-            "--virtual-local-rank",
-            "set CUDA_VISIBLE_DEVICES per worker yourself",
-        );
     }
     if a.duplicate_stdout_filters.is_some() || a.duplicate_stderr_filters.is_some() {
         return unsupported(

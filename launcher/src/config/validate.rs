@@ -58,6 +58,8 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
     let peer_exit_wait = seconds("--peer-exit-wait", a.peer_exit_wait, true)?;
     let hang_timeout = super::timing::hang_timeout(&a.hang_timeout)?;
     check_stdin_rank(a.stdin_rank, nproc_per_node)?;
+    let numa = numa_binding(a.numa_binding.as_deref(), nproc_per_node, host)?;
+    virtual_devices(a.virtual_local_rank, nproc_per_node, host)?;
     let redirects = StdSpec::parse("--redirects", &a.redirects)?;
     let tee = StdSpec::parse("--tee", &a.tee)?;
     let local_ranks_filter = parse_ranks_filter(&a.local_ranks_filter)?;
@@ -141,6 +143,8 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         hang_timeout,
         stdin_rank: a.stdin_rank,
         warm_workers: a.warm_workers,
+        numa,
+        virtual_local_rank: a.virtual_local_rank,
         worker_store,
         rdzv_conf,
         timing,
@@ -308,5 +312,49 @@ fn with_k8s_hint(e: ConfigError, k8s: Option<&crate::k8s::K8sJob>) -> ConfigErro
             why: format!("{why} ({})", job.warnings.join("; ")),
         },
         (e, _) => e,
+    }
+}
+
+/// `--numa-binding`: each local rank's CPUs, from this node's topology (`DRUN_TOPOLOGY_ROOT`,
+/// a test's fixture tree, stands for `/`) and the GPUs `CUDA_VISIBLE_DEVICES` leaves visible.
+fn numa_binding(
+    mode: Option<&str>,
+    nproc_per_node: u32,
+    host: &Host,
+) -> Result<Option<crate::numa::Binding>, ConfigError> {
+    let Some(m) = mode else {
+        return Ok(None);
+    };
+    let refuse = |why: String| invalid("--numa-binding", m, why);
+    let mode: crate::numa::NumaMode = m.parse().map_err(refuse)?;
+    let root = std::path::Path::new(host.var("DRUN_TOPOLOGY_ROOT").unwrap_or("/"));
+    crate::numa::resolve(
+        mode,
+        nproc_per_node,
+        root,
+        host.var("CUDA_VISIBLE_DEVICES"),
+        &crate::numa::allowed_cpus(),
+    )
+    .map(Some)
+    .map_err(|e| refuse(e.to_string()))
+}
+
+/// `--virtual-local-rank` picks each local rank's device from the agent's visible-devices list:
+/// one shorter than `--nproc-per-node` is refused (torchrun fails the launch on it).
+fn virtual_devices(on: bool, nproc_per_node: u32, host: &Host) -> Result<(), ConfigError> {
+    let var = ["HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]
+        .into_iter()
+        .find_map(|k| host.var(k).filter(|v| !v.is_empty()).map(|v| (k, v)));
+    match var {
+        Some((k, list)) if on && crate::env::virtual_device(Some(list), nproc_per_node - 1).is_none() => {
+            Err(invalid(
+                "--virtual-local-rank",
+                format!("{k}={list}"),
+                format!(
+                    "{nproc_per_node} local ranks need {nproc_per_node} devices in {k}; list more or lower --nproc-per-node"
+                ),
+            ))
+        }
+        _ => Ok(()),
     }
 }

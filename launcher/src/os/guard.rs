@@ -48,6 +48,7 @@ impl Guard {
                 stdin: Input::Fd(read),
                 die_with_agent: false,
                 handoff: None,
+                cpus: None,
             })
             .await?;
         Ok(Self {

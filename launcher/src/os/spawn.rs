@@ -77,6 +77,9 @@ pub struct SpawnSpec {
     /// One more descriptor the process gets, as [`HANDOFF_FD`] (a warm worker's hand-off
     /// socket, [`crate::warm`]); every other one from 3 up is closed.
     pub handoff: Option<OwnedFd>,
+    /// The CPUs the process (and every thread it starts) may run on (`--numa-binding`,
+    /// [`crate::numa`]); `None`: the agent's.
+    pub cpus: Option<crate::numa::topology::Cpus>,
 }
 
 /// The descriptor number a process spawned with [`SpawnSpec::handoff`] finds it at.
@@ -169,6 +172,7 @@ fn spawn_now(spec: SpawnSpec) -> io::Result<Spawned> {
         Input::Null => Some(dev_null(OFlag::O_RDONLY)?),
         Input::Fd(fd) => Some(fd),
     };
+    let cpus = spec.cpus.as_ref().map(cpu_set).transpose()?;
     let mut child = ChildArgs {
         path: path.as_ptr(),
         argv: argv_ptrs.as_ptr(),
@@ -178,6 +182,9 @@ fn spawn_now(spec: SpawnSpec) -> io::Result<Spawned> {
         stderr: stderr.as_raw_fd(),
         handoff: spec.handoff.as_ref().map_or(-1, |fd| fd.as_raw_fd()),
         die_with_agent: spec.die_with_agent,
+        cpus: cpus
+            .as_ref()
+            .map_or(std::ptr::null(), |c| c as *const libc::cpu_set_t),
         parent: nix::unistd::getpid().as_raw(),
         error: 0,
     };
@@ -244,6 +251,8 @@ struct ChildArgs {
     /// Descriptor to place at [`HANDOFF_FD`], or -1.
     handoff: libc::c_int,
     die_with_agent: bool,
+    /// CPUs to bind to before exec, or null.
+    cpus: *const libc::cpu_set_t,
     parent: libc::pid_t,
     /// Set by the child when it cannot exec: an errno, or [`AGENT_GONE`].
     error: libc::c_int,
@@ -297,6 +306,11 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         if libc::setsid() < 0 {
             return fail(a, *libc::__errno_location());
         }
+        if !a.cpus.is_null()
+            && libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), a.cpus) < 0
+        {
+            return fail(a, *libc::__errno_location());
+        }
         if a.die_with_agent {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) < 0 {
                 return fail(a, *libc::__errno_location());
@@ -308,6 +322,25 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
         close_inherited(if handoff.is_some() { HANDOFF_FD + 1 } else { 3 });
         libc::execve(a.path, a.argv, a.envp);
         fail(a, *libc::__errno_location())
+    }
+}
+
+/// `cpus` as the kernel's CPU mask (built before the clone: the child only makes the call).
+fn cpu_set(cpus: &crate::numa::topology::Cpus) -> io::Result<libc::cpu_set_t> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET only writes inside it, and every
+    // index is checked against its capacity first.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &cpu in cpus {
+            if cpu >= libc::CPU_SETSIZE as usize {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("CPU {cpu} is beyond the kernel's CPU mask"),
+                ));
+            }
+            libc::CPU_SET(cpu, &mut set);
+        }
+        Ok(set)
     }
 }
 

@@ -319,6 +319,11 @@ async fn start_one(
                 stdin: crate::group::worker_stdin(cfg, local_rank),
                 die_with_agent: true,
                 handoff: Some(theirs),
+                cpus: cfg
+                    .numa
+                    .as_ref()
+                    .and_then(|b| b.for_rank(local_rank))
+                    .cloned(),
             })
             .await
             .map(|s| (s, ours)),

@@ -15,6 +15,7 @@ fn spec(program: &str, args: &[&str], env: &[(&str, &str)]) -> SpawnSpec {
         stdin: Input::Null,
         die_with_agent: true,
         handoff: None,
+        cpus: None,
     }
 }
 
