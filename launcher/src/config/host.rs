@@ -120,21 +120,29 @@ pub fn gpu_count(cuda_visible_devices: Option<&str>) -> u32 {
 
 /// Whether the termination log can be written when drun exits: checked at start, so a wrong
 /// path is said before the run rather than in a warning after it.
-fn termination_log_usable(p: &Path) -> Result<(), String> {
+fn termination_log_usable(p: &Path) -> Result<(), TerminationLogError> {
     if p.is_dir() {
-        return Err("that is a directory; name a file (Kubernetes: /dev/termination-log)".into());
+        return Err(TerminationLogError::Directory);
     }
     let dir = match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     if !dir.is_dir() {
-        return Err(format!(
-            "its directory {} does not exist; name a file in an existing directory (Kubernetes: /dev/termination-log)",
-            dir.display()
-        ));
+        return Err(TerminationLogError::NoDirectory(dir.to_path_buf()));
     }
     Ok(())
+}
+
+/// Why `--termination-log` cannot be written when drun exits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TerminationLogError {
+    /// It names a directory.
+    #[error("that is a directory; name a file (Kubernetes: /dev/termination-log)")]
+    Directory,
+    /// Its directory does not exist.
+    #[error("its directory {} does not exist; name a file in an existing directory (Kubernetes: /dev/termination-log)", .0.display())]
+    NoDirectory(std::path::PathBuf),
 }
 
 /// The side effects of a validated launch: resolves the worker command, creates
@@ -154,12 +162,17 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
         cfg.ckpt.dir = Some(checkpoint_dir(d)?);
     }
     if let Some(p) = &cfg.termination_log {
-        termination_log_usable(p)
-            .map_err(|why| invalid("--termination-log", p.display().to_string(), why))?;
+        termination_log_usable(p).map_err(|why| {
+            invalid(
+                "--termination-log",
+                p.display().to_string(),
+                why.to_string(),
+            )
+        })?;
     }
     if let Some(dir) = &cfg.state_dir {
         let n = crate::container::count_restart(dir)
-            .map_err(|why| invalid("--state-dir", dir.display().to_string(), why))?;
+            .map_err(|why| invalid("--state-dir", dir.display().to_string(), why.to_string()))?;
         cfg.container_restarts = Some(n);
     }
     if let Some(p) = cfg.ckpt.resume_from.take() {
@@ -173,27 +186,28 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
         cfg.ckpt.resume_from = Some(std::fs::canonicalize(&file).unwrap_or(file));
     }
     if let Some(f) = &cfg.rdzv_token_file {
-        cfg.rdzv_token = crate::rdzv::token::resolve(Some(f), None)
-            .map_err(|why| invalid("--rdzv-token-file", f.display().to_string(), why))?;
+        cfg.rdzv_token = crate::rdzv::token::resolve(Some(f), None).map_err(|why| {
+            invalid(
+                "--rdzv-token-file",
+                f.display().to_string(),
+                why.to_string(),
+            )
+        })?;
     }
     if let Some(files) = &cfg.rdzv_host_tls {
-        files
-            .load_named(super::HOST_TLS_FLAGS)
-            .map_err(ConfigError::Credential)?;
+        files.load_named(super::HOST_TLS_FLAGS)?;
     }
     if let Some((ca, cert, key)) = &cfg.rdzv_tls_files {
-        cfg.rdzv_tls = Some(
-            drun_rendezvous::tls::ClientTls::from_files(ca, cert.as_deref(), key.as_deref())
-                .map_err(ConfigError::Credential)?,
-        );
+        cfg.rdzv_tls = Some(drun_rendezvous::tls::ClientTls::from_files(
+            ca,
+            cert.as_deref(),
+            key.as_deref(),
+        )?);
     }
     slurm_token(&mut cfg);
     if !cfg.etcd_access_files.is_empty() {
         let env = std::env::var(drun_rendezvous::etcd::access::PASSWORD_VAR).ok();
-        cfg.etcd_access = cfg
-            .etcd_access_files
-            .load(env.as_deref())
-            .map_err(ConfigError::EtcdAccess)?;
+        cfg.etcd_access = cfg.etcd_access_files.load(env.as_deref())?;
     }
     Ok(cfg)
 }

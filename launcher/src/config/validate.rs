@@ -176,8 +176,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         straggler_factor: straggler_factor(a.observe.straggler_factor)?,
         preflight: preflight(a)?,
         rdzv_token_file: a.rdzv_token_file.clone(),
-        rdzv_token: crate::rdzv::token::resolve(None, host.var(crate::rdzv::token::TOKEN_VAR))
-            .map_err(ConfigError::Credential)?,
+        rdzv_token: crate::rdzv::token::resolve(None, host.var(crate::rdzv::token::TOKEN_VAR))?,
         rdzv_tls_files: match (&a.rdzv_tls_ca, &a.rdzv_tls_cert, &a.rdzv_tls_key) {
             (None, Some(f), _) | (None, None, Some(f)) => {
                 return Err(invalid(

@@ -82,7 +82,7 @@ impl Probes {
         }
         for (what, ep) in names {
             if let Err(why) = crate::dns::resolve(&ep).await {
-                p.unresolved.push((what, ep, why));
+                p.unresolved.push((what, ep, why.to_string()));
             }
         }
         for ep in dialed {
@@ -152,7 +152,7 @@ pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes
     }
     for (ep, answer) in &probes.listeners {
         match verdict(answer, ep) {
-            Err(line) => w.push(line),
+            Err(line) => w.push(line.to_string()),
             Ok(Some(_)) if *answer == Answer::Tls && cfg.rdzv_tls_files.is_some() => {}
             Ok(Some(reason)) => w.push(format!("the rendezvous {ep}: {reason}")),
             Ok(None) => {}

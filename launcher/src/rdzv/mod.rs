@@ -210,7 +210,7 @@ pub async fn open(
                     .transpose()
                 {
                     Ok(t) => t,
-                    Err(why) => return Err(LaunchError::RendezvousFailed(why)),
+                    Err(why) => return Err(LaunchError::RendezvousFailed(why.to_string())),
                 };
                 match host(at, json, cfg.rdzv_token.clone(), tls).await {
                     Ok(h) => Some(h),
@@ -245,7 +245,8 @@ async fn host_addr(
     join_timeout: std::time::Duration,
 ) -> Result<SocketAddr, LaunchError> {
     use tokio::time::Instant;
-    let (_, port) = crate::dns::split(endpoint).map_err(LaunchError::RendezvousFailed)?;
+    let (_, port) =
+        crate::dns::split(endpoint).map_err(|e| LaunchError::RendezvousFailed(e.to_string()))?;
     if is_host == Some(true) {
         return Ok(crate::dns::resolve(endpoint).await.unwrap_or_else(|why| {
             tracing::info!("{why}: hosting the rendezvous on every interface, port {port}");
@@ -267,7 +268,7 @@ async fn host_addr(
                         "waiting for the rendezvous name to resolve: {why} (pods start at different times; retrying until the join timeout)"
                     );
                 }
-                reach.failed_because(why);
+                reach.failed_because(why.to_string());
             }
         }
         let v = reach.check(Instant::now(), false, None, limits, endpoint);
