@@ -185,8 +185,8 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
         })?;
         cfg.ckpt.resume_from = Some(std::fs::canonicalize(&file).unwrap_or(file));
     }
-    if let Some(f) = &cfg.rdzv_token_file {
-        cfg.rdzv_token = crate::rdzv::token::resolve(Some(f), None).map_err(|why| {
+    if let Some(f) = &cfg.security.rdzv_token_file {
+        cfg.security.rdzv_token = crate::rdzv::token::resolve(Some(f), None).map_err(|why| {
             invalid(
                 "--rdzv-token-file",
                 f.display().to_string(),
@@ -194,20 +194,20 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
             )
         })?;
     }
-    if let Some(files) = &cfg.rdzv_host_tls {
+    if let Some(files) = &cfg.security.rdzv_host_tls {
         files.load_named(super::HOST_TLS_FLAGS)?;
     }
-    if let Some((ca, cert, key)) = &cfg.rdzv_tls_files {
-        cfg.rdzv_tls = Some(drun_rendezvous::tls::ClientTls::from_files(
+    if let Some((ca, cert, key)) = &cfg.security.rdzv_tls_files {
+        cfg.security.rdzv_tls = Some(drun_rendezvous::tls::ClientTls::from_files(
             ca,
             cert.as_deref(),
             key.as_deref(),
         )?);
     }
     slurm_token(&mut cfg);
-    if !cfg.etcd_access_files.is_empty() {
+    if !cfg.security.etcd_access_files.is_empty() {
         let env = std::env::var(drun_rendezvous::etcd::access::PASSWORD_VAR).ok();
-        cfg.etcd_access = cfg.etcd_access_files.load(env.as_deref())?;
+        cfg.security.etcd_access = cfg.security.etcd_access_files.load(env.as_deref())?;
     }
     Ok(cfg)
 }
@@ -216,15 +216,17 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
 /// derived from the job id ([`crate::slurm_token`]), said in the Slurm line; when the secret
 /// cannot be had, a note that the rendezvous stays open.
 fn slurm_token(cfg: &mut LaunchConfig) {
-    let (Some(job), Some(path)) = (&cfg.slurm, &cfg.slurm_secret) else {
+    let (Some(job), Some(path)) = (&cfg.slurm, &cfg.security.slurm_secret) else {
         return;
     };
-    if cfg.rdzv_token.is_some() || !matches!(cfg.rendezvous, crate::RendezvousMode::C10d { .. }) {
+    if cfg.security.rdzv_token.is_some()
+        || !matches!(cfg.rendezvous, crate::RendezvousMode::C10d { .. })
+    {
         return;
     }
     match crate::slurm_token::read_or_create(path) {
         Ok(secret) => {
-            cfg.rdzv_token = Some(crate::slurm_token::derive(&secret, &job.job_id));
+            cfg.security.rdzv_token = Some(crate::slurm_token::derive(&secret, &job.job_id));
             if let Some(line) = &mut cfg.slurm_line {
                 line.push_str(&format!(
                     ", rendezvous token derived from the job id and {} ({})",

@@ -52,8 +52,8 @@ impl Creds {
     /// The credentials of a prepared launch config.
     pub fn of(cfg: &crate::LaunchConfig) -> Self {
         Creds {
-            token: cfg.rdzv_token.clone(),
-            tls: cfg.rdzv_tls.clone(),
+            token: cfg.security.rdzv_token.clone(),
+            tls: cfg.security.rdzv_tls.clone(),
         }
     }
 }

@@ -189,8 +189,12 @@ pub async fn open(
         }
         RendezvousMode::Etcd { endpoints } => {
             let store: Arc<dyn Store> = Arc::new(
-                etcd_reach::connect(endpoints, &cfg.etcd_access, session.round.join_timeout)
-                    .await?,
+                etcd_reach::connect(
+                    endpoints,
+                    &cfg.security.etcd_access,
+                    session.round.join_timeout,
+                )
+                .await?,
             );
             let (tx, rx) = spawn_session(store, session, None);
             Ok(Link {
@@ -204,6 +208,7 @@ pub async fn open(
                 let at = host_addr(endpoint, *is_host, cfg.timing.join_timeout).await?;
                 let json = cfg.log_format == crate::LogFormat::Json;
                 let tls = match cfg
+                    .security
                     .rdzv_host_tls
                     .as_ref()
                     .map(|f| f.load_named(crate::config::HOST_TLS_FLAGS))
@@ -212,7 +217,7 @@ pub async fn open(
                     Ok(t) => t,
                     Err(why) => return Err(LaunchError::RendezvousFailed(why.to_string())),
                 };
-                match host(at, json, cfg.rdzv_token.clone(), tls).await {
+                match host(at, json, cfg.security.rdzv_token.clone(), tls).await {
                     Ok(h) => Some(h),
                     Err(e) if *is_host == Some(true) => {
                         return Err(LaunchError::RendezvousFailed(format!(

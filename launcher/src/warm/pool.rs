@@ -283,7 +283,7 @@ pub async fn prestart(
 ) {
     let wanted: Vec<u32> = {
         let pool = pool.lock().expect("warm pool mutex poisoned");
-        if pool.eligible.is_err() || cfg.preflight.is_some() {
+        if pool.eligible.is_err() || cfg.observe.preflight.is_some() {
             return;
         }
         (0..cfg.nproc_per_node)
