@@ -191,19 +191,45 @@ pub fn write_termination_log(explicit: Option<&Path>, message: &str) {
     }
 }
 
+/// A restart counter file whose content is not a count (the content, trimmed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("holds '{0}', not a count; remove it to start counting at 0")]
+pub struct CorruptCount(pub String);
+
+/// Why this start cannot be counted on `--state-dir`: one line naming the counter file.
+#[derive(Debug, thiserror::Error)]
+pub enum StateDirError {
+    /// The directory or the file cannot be created, read or written.
+    #[error("{}: {source}", file.display())]
+    Io {
+        /// The counter file.
+        file: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// The counter file is corrupt.
+    #[error("{} {source}", file.display())]
+    Corrupt {
+        /// The counter file.
+        file: PathBuf,
+        /// What it holds.
+        source: CorruptCount,
+    },
+}
+
 /// The restart count after `previous` (the counter file's content, `None` when absent): one
 /// more than it, 0 for a first start. A corrupt file cannot be trusted to be monotonic: it is
 /// an error naming the file's content.
 ///
 /// # Errors
 /// The content is not a non-negative integer.
-pub fn next_restart_count(previous: Option<&str>) -> Result<u64, String> {
+pub fn next_restart_count(previous: Option<&str>) -> Result<u64, CorruptCount> {
     match previous.map(str::trim) {
         None => Ok(0),
         Some(s) => s
             .parse::<u64>()
             .map(|n| n.saturating_add(1))
-            .map_err(|_| format!("holds '{s}', not a count; remove it to start counting at 0")),
+            .map_err(|_| CorruptCount(s.to_string())),
     }
 }
 
@@ -218,17 +244,23 @@ pub fn restart_file(dir: &Path) -> PathBuf {
 ///
 /// # Errors
 /// The directory cannot be created or written; the counter file is corrupt.
-pub fn count_restart(dir: &Path) -> Result<u64, String> {
+pub fn count_restart(dir: &Path) -> Result<u64, StateDirError> {
     let file = restart_file(dir);
-    let fail = |e: std::io::Error| format!("{}: {e}", file.display());
+    let fail = |source| StateDirError::Io {
+        file: file.clone(),
+        source,
+    };
     std::fs::create_dir_all(dir).map_err(fail)?;
     let previous = match std::fs::read_to_string(&file) {
         Ok(s) => Some(s),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(fail(e)),
     };
-    let next = next_restart_count(previous.as_deref())
-        .map_err(|why| format!("{} {why}", file.display()))?;
+    let next =
+        next_restart_count(previous.as_deref()).map_err(|source| StateDirError::Corrupt {
+            file: file.clone(),
+            source,
+        })?;
     let tmp = dir.join(".container_restarts.tmp");
     std::fs::write(&tmp, format!("{next}\n")).map_err(fail)?;
     std::fs::File::open(&tmp)
@@ -301,14 +333,20 @@ mod tests {
     fn the_restart_counter_only_goes_up() {
         assert_eq!(next_restart_count(None), Ok(0));
         assert_eq!(next_restart_count(Some("4\n")), Ok(5));
-        assert!(next_restart_count(Some("x")).unwrap_err().contains("'x'"));
+        assert!(next_restart_count(Some("x"))
+            .unwrap_err()
+            .to_string()
+            .contains("'x'"));
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
-        assert_eq!(count_restart(&state), Ok(0));
-        assert_eq!(count_restart(&state), Ok(1));
-        assert_eq!(count_restart(&state), Ok(2));
+        assert_eq!(count_restart(&state).unwrap(), 0);
+        assert_eq!(count_restart(&state).unwrap(), 1);
+        assert_eq!(count_restart(&state).unwrap(), 2);
         std::fs::write(restart_file(&state), "garbage").unwrap();
-        assert!(count_restart(&state).unwrap_err().contains("garbage"));
+        assert!(count_restart(&state)
+            .unwrap_err()
+            .to_string()
+            .contains("garbage"));
     }
 
     #[test]

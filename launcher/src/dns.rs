@@ -5,7 +5,23 @@
 
 use std::net::SocketAddr;
 
-pub use drun_rendezvous::dns::{lookup_in_hosts, resolve, split, HOSTS_FILE_VAR};
+pub use drun_rendezvous::dns::{
+    lookup_in_hosts, resolve, split, DnsError, EndpointError, HOSTS_FILE_VAR,
+};
+
+/// A name that still did not resolve when the join timeout ran out ([`wait`]).
+#[derive(Debug, thiserror::Error)]
+#[error("the {what} name {endpoint} did not resolve within the join timeout of {}s ({source}); check the pod's subdomain/headless Service, or raise --rdzv-conf join_timeout=SECONDS", timeout.as_secs())]
+pub struct NotResolved {
+    /// What was waited for ("master", "rendezvous").
+    pub what: String,
+    /// The endpoint, as given.
+    pub endpoint: String,
+    /// The join timeout.
+    pub timeout: std::time::Duration,
+    /// The last resolver error.
+    pub source: DnsError,
+}
 
 /// [`resolve`] until it succeeds or `timeout` passes: retried with backoff (100 ms doubling
 /// to 2 s), one line when the wait starts and a progress line every 10 s naming what is
@@ -17,7 +33,7 @@ pub async fn wait(
     endpoint: &str,
     timeout: std::time::Duration,
     what: &str,
-) -> Result<SocketAddr, String> {
+) -> Result<SocketAddr, NotResolved> {
     use std::time::Duration;
     use tokio::time::Instant;
     let started = Instant::now();
@@ -31,10 +47,12 @@ pub async fn wait(
         let now = Instant::now();
         let waited = now - started;
         if waited >= timeout {
-            return Err(format!(
-                "the {what} name {endpoint} did not resolve within the join timeout of {}s ({why}); check the pod's subdomain/headless Service, or raise --rdzv-conf join_timeout=SECONDS",
-                timeout.as_secs()
-            ));
+            return Err(NotResolved {
+                what: what.to_string(),
+                endpoint: endpoint.to_string(),
+                timeout,
+                source: why,
+            });
         }
         if now >= next_progress {
             tracing::info!(

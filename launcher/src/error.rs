@@ -37,14 +37,17 @@ pub enum ConfigError {
     },
     /// The etcd access flags (`--etcd-cacert`, `--etcd-user`, ...) are incomplete or name a
     /// file that cannot be read: one line naming the flag, never the password.
-    #[error("{0}")]
-    EtcdAccess(String),
-    /// A credential for the rendezvous cannot be used: a TLS file (`--rdzv-tls-*`,
-    /// `--rdzv-host-tls-*`) that cannot be read, is not the PEM it should be or holds a key of
-    /// another certificate ([`drun_rendezvous::pem_check`]), or a `DRUN_RDZV_TOKEN` that gRPC
-    /// metadata cannot carry: one line naming the file or variable, never the secret.
-    #[error("{0}")]
-    Credential(String),
+    #[error(transparent)]
+    EtcdAccess(#[from] drun_rendezvous::etcd::access::EtcdAccessError),
+    /// A TLS file for the rendezvous (`--rdzv-tls-*`, `--rdzv-host-tls-*`) that cannot be
+    /// read, is not the PEM it should be or holds a key of another certificate
+    /// ([`drun_rendezvous::pem_check`]): one line naming the file and its flag, never a key.
+    #[error(transparent)]
+    Tls(#[from] drun_rendezvous::tls::TlsError),
+    /// A `DRUN_RDZV_TOKEN` that gRPC metadata cannot carry: one line naming the variable, never
+    /// the token.
+    #[error(transparent)]
+    Token(#[from] drun_rendezvous::client_token::TokenError),
     /// A torchrun flag drun does not implement yet.
     #[error("{flag} is a torchrun flag drun does not implement yet; remove it ({why})")]
     Unsupported {

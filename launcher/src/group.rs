@@ -163,10 +163,10 @@ pub(crate) fn env_of(
         &WorkerSlot {
             local_rank,
             restart_count,
-            max_restarts: cfg.max_restarts,
+            max_restarts: cfg.supervision.max_restarts,
             role: &cfg.role,
             error_file,
-            signals_to_handle: &cfg.signals_to_handle,
+            signals_to_handle: &cfg.supervision.signals_to_handle,
             use_agent_store: cfg.worker_store.use_agent_store(),
             agent_id: ctx.agent_id,
             agent_sock: ctx.agent_sock,
@@ -344,14 +344,15 @@ impl WorkerGroup {
         stderr: Option<OwnedFd>,
     ) -> Result<Pumps, LaunchError> {
         let cfg = ctx.cfg;
-        let redirect = cfg.redirects.for_rank(local_rank);
-        let tee = cfg.tee.for_rank(local_rank);
+        let redirect = cfg.output.redirects.for_rank(local_rank);
+        let tee = cfg.output.tee.for_rank(local_rank);
         let shown = cfg
+            .output
             .local_ranks_filter
             .as_ref()
             .is_none_or(|f| f.contains(&local_rank));
         let prefix = logs::prefix(
-            cfg.prefix_template.as_deref(),
+            cfg.output.prefix_template.as_deref(),
             &cfg.role,
             local_rank,
             rank,

@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::{Args, ConfigError};
 
 mod hostlist;
-pub use hostlist::{parse_hostlist, MAX_HOSTLIST_BYTES, MAX_HOSTS, MAX_WIDTH};
+pub use hostlist::{parse_hostlist, HostlistError, MAX_HOSTLIST_BYTES, MAX_HOSTS, MAX_WIDTH};
 
 /// `--slurm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -112,7 +112,7 @@ pub fn detect(env: impl Fn(&str) -> Option<String>) -> Result<Option<SlurmJob>, 
         Some(list) => parse_hostlist(&list).map_err(|why| ConfigError::Invalid {
             flag: "SLURM_JOB_NODELIST",
             value: list.clone(),
-            why,
+            why: why.to_string(),
         })?,
         None => Vec::new(),
     };

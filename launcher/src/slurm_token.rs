@@ -62,6 +62,36 @@ pub fn secret_path(var: Option<&str>, home: Option<&str>) -> Option<PathBuf> {
     }
 }
 
+/// A secret file that cannot be used: one line naming it (never the secret).
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFileError {
+    /// The file or its directory cannot be created.
+    #[error("cannot create {}: {source}", path.display())]
+    Create {
+        /// The file or directory.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// `/dev/urandom` cannot be read.
+    #[error("cannot read /dev/urandom: {0}")]
+    Random(#[source] std::io::Error),
+    /// The file cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// Another user's file, or one others can read.
+    #[error("{p} must belong to this user and be readable by no one else (chmod 600 {p})", p = .0.display())]
+    Exposed(PathBuf),
+    /// A secret of fewer than 16 bytes.
+    #[error("{} holds less than 16 bytes; remove it and drun writes a new one", .0.display())]
+    TooShort(PathBuf),
+}
+
 /// The secret in `path`, created with 32 random bytes (hex) when missing. Concurrent first uses
 /// on several nodes agree: each writes a private temporary file and hard-links it into place
 /// (atomic, also on NFS); the losers read the winner's.
@@ -69,15 +99,22 @@ pub fn secret_path(var: Option<&str>, home: Option<&str>) -> Option<PathBuf> {
 /// # Errors
 /// One line: the file cannot be created or read, is empty, is not owned by this user or is
 /// readable by others (`chmod 600` it).
-pub fn read_or_create(path: &Path) -> Result<Vec<u8>, String> {
-    let shown = path.display();
+pub fn read_or_create(path: &Path) -> Result<Vec<u8>, SecretFileError> {
+    let create = |p: &Path| {
+        let path = p.to_path_buf();
+        move |source| SecretFileError::Create { path, source }
+    };
+    let read = |source| SecretFileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
     if !path.exists() {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            .map_err(create(dir))?;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
@@ -85,7 +122,7 @@ pub fn read_or_create(path: &Path) -> Result<Vec<u8>, String> {
         let mut random = [0u8; 32];
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut random))
-            .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+            .map_err(SecretFileError::Random)?;
         let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
         let written = std::fs::OpenOptions::new()
             .write(true)
@@ -101,20 +138,16 @@ pub fn read_or_create(path: &Path) -> Result<Vec<u8>, String> {
                 _ => Ok(()),
             });
         let _ = std::fs::remove_file(&tmp);
-        written.map_err(|e| format!("cannot create {shown}: {e}"))?;
+        written.map_err(create(path))?;
     }
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let meta = std::fs::metadata(path).map_err(read)?;
     if meta.uid() != nix::unistd::geteuid().as_raw() || meta.mode() & 0o077 != 0 {
-        return Err(format!(
-            "{shown} must belong to this user and be readable by no one else (chmod 600 {shown})"
-        ));
+        return Err(SecretFileError::Exposed(path.to_path_buf()));
     }
-    let text = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let text = std::fs::read(path).map_err(read)?;
     let secret = text.trim_ascii().to_vec();
     if secret.len() < 16 {
-        return Err(format!(
-            "{shown} holds less than 16 bytes; remove it and drun writes a new one"
-        ));
+        return Err(SecretFileError::TooShort(path.to_path_buf()));
     }
     Ok(secret)
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use crate::error::ServiceError;
-use crate::token_files::{read, TokenFile};
+use crate::token_files::{read, TokenFile, TokenFileError};
 
 /// The metadata key the token travels under.
 pub const TOKEN_KEY: &str = "authorization";
@@ -79,12 +79,36 @@ pub struct Entry {
     pub token: Secret,
 }
 
+/// A line of a token file that does not parse ([`parse_tokens`]); never quotes the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenLineError {
+    /// More than two fields.
+    #[error("line {0}: expected `TOKEN` or `RUN_ID TOKEN`")]
+    Fields(usize),
+    /// A token [`token_problem`] refuses.
+    #[error("line {line}: {why}")]
+    Token {
+        /// The line number, from 1.
+        line: usize,
+        /// What is wrong with the token.
+        why: String,
+    },
+    /// A run id [`crate::validate::id`] refuses.
+    #[error("line {line}: {why}")]
+    RunId {
+        /// The line number, from 1.
+        line: usize,
+        /// What is wrong with the run id.
+        why: String,
+    },
+}
+
 /// Parses a token file's text: one `TOKEN` or `RUN_ID TOKEN` per line.
 ///
 /// # Errors
 /// A line of more than two fields, a token [`token_problem`] refuses, or a run id
 /// [`crate::validate::id`] refuses: the message names the line number, never the token.
-pub fn parse_tokens(text: &str) -> Result<Vec<Entry>, String> {
+pub fn parse_tokens(text: &str) -> Result<Vec<Entry>, TokenLineError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -101,19 +125,14 @@ pub fn parse_tokens(text: &str) -> Result<Vec<Entry>, String> {
                 run: Some((*run).to_string()),
                 token: Secret::new(token),
             },
-            _ => {
-                return Err(format!(
-                    "line {}: expected `TOKEN` or `RUN_ID TOKEN`",
-                    i + 1
-                ))
-            }
+            _ => return Err(TokenLineError::Fields(i + 1)),
         };
         if let Some(why) = token_problem(&entry.token.0) {
-            return Err(format!("line {}: {why}", i + 1));
+            return Err(TokenLineError::Token { line: i + 1, why });
         }
         if let Some(run) = &entry.run {
             crate::validate::id("the run id", run)
-                .map_err(|why| format!("line {}: {why}", i + 1))?;
+                .map_err(|why| TokenLineError::RunId { line: i + 1, why })?;
         }
         out.push(entry);
     }
@@ -201,14 +220,11 @@ impl Auth {
     ///
     /// # Errors
     /// A file that cannot be read now, does not parse or holds no token: one line naming it.
-    pub fn from_files(files: &[PathBuf]) -> Result<Self, String> {
+    pub fn from_files(files: &[PathBuf]) -> Result<Self, TokenFileError> {
         for f in files {
             let entries = read(f)?;
             if entries.is_empty() {
-                return Err(format!(
-                    "token file {} holds no token; write one `TOKEN` or `RUN_ID TOKEN` per line",
-                    f.display()
-                ));
+                return Err(TokenFileError::Empty(f.clone()));
             }
         }
         Ok(Auth {

@@ -17,12 +17,45 @@ use std::net::{IpAddr, SocketAddr};
 /// The environment variable naming the override file.
 pub const HOSTS_FILE_VAR: &str = "DRUN_HOSTS_FILE";
 
+/// An endpoint that is no `host:port` ([`split`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    /// No `:PORT`.
+    #[error("'{0}' has no port")]
+    NoPort(String),
+    /// A port that is not a number from 0 to 65535.
+    #[error("'{0}' has no valid port")]
+    BadPort(String),
+}
+
+/// Why an endpoint does not resolve ([`resolve`]).
+#[derive(Debug, thiserror::Error)]
+pub enum DnsError {
+    /// The endpoint is no `host:port`.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// The resolver answered with no address.
+    #[error("{host} does not resolve yet (no address)")]
+    NoAddress {
+        /// The host name.
+        host: String,
+    },
+    /// The resolver failed (unknown name, no DNS).
+    #[error("{host} does not resolve yet ({source})")]
+    Lookup {
+        /// The host name.
+        host: String,
+        /// What the resolver said.
+        source: std::io::Error,
+    },
+}
+
 /// Resolves `host:port` (IPv6 in brackets) to one socket address, IPv4 first: an IP literal as
 /// it is, else the `DRUN_HOSTS_FILE` override, else the system resolver.
 ///
 /// # Errors
 /// One line: the name does not resolve (yet), or the endpoint has no valid port.
-pub async fn resolve(endpoint: &str) -> Result<SocketAddr, String> {
+pub async fn resolve(endpoint: &str) -> Result<SocketAddr, DnsError> {
     let (host, port) = split(endpoint)?;
     if let Ok(ip) = host.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
@@ -42,9 +75,14 @@ pub async fn resolve(endpoint: &str) -> Result<SocketAddr, String> {
                 .find(|a| a.is_ipv4())
                 .or(addrs.first())
                 .copied()
-                .ok_or_else(|| format!("{host} does not resolve yet (no address)"))
+                .ok_or_else(|| DnsError::NoAddress {
+                    host: host.to_string(),
+                })
         }
-        Err(e) => Err(format!("{host} does not resolve yet ({e})")),
+        Err(source) => Err(DnsError::Lookup {
+            host: host.to_string(),
+            source,
+        }),
     }
 }
 
@@ -52,13 +90,13 @@ pub async fn resolve(endpoint: &str) -> Result<SocketAddr, String> {
 ///
 /// # Errors
 /// No port, or one that is not a number from 0 to 65535.
-pub fn split(endpoint: &str) -> Result<(&str, u16), String> {
+pub fn split(endpoint: &str) -> Result<(&str, u16), EndpointError> {
     let (host, port) = endpoint
         .rsplit_once(':')
-        .ok_or_else(|| format!("'{endpoint}' has no port"))?;
+        .ok_or_else(|| EndpointError::NoPort(endpoint.to_string()))?;
     let port = port
         .parse::<u16>()
-        .map_err(|_| format!("'{endpoint}' has no valid port"))?;
+        .map_err(|_| EndpointError::BadPort(endpoint.to_string()))?;
     Ok((host.trim_start_matches('[').trim_end_matches(']'), port))
 }
 
@@ -91,8 +129,11 @@ mod tests {
         assert_eq!(lookup_in_hosts(text, "line"), None);
         assert_eq!(split("[::1]:29400").unwrap(), ("::1", 29400));
         assert_eq!(split("a.b:1").unwrap(), ("a.b", 1));
-        assert!(split("a.b").is_err());
-        assert!(split("a.b:x").is_err());
+        assert_eq!(split("a.b"), Err(EndpointError::NoPort("a.b".into())));
+        assert_eq!(
+            split("a.b:x").unwrap_err().to_string(),
+            "'a.b:x' has no valid port"
+        );
     }
 
     #[tokio::test]
@@ -101,7 +142,10 @@ mod tests {
             resolve("127.0.0.1:5").await.unwrap(),
             "127.0.0.1:5".parse().unwrap()
         );
-        let e = resolve("no-such-host.invalid:5").await.unwrap_err();
+        let e = resolve("no-such-host.invalid:5")
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("no-such-host.invalid does not resolve yet"),
             "{e}"

@@ -49,18 +49,29 @@ pub fn classify(reply: &[u8]) -> Answer {
     }
 }
 
+/// Another program holds a rendezvous endpoint: it answered the gRPC handshake otherwise.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("what listens on {endpoint} is not a drun rendezvous server: it answered the gRPC handshake with \"{answered}\"; another program holds the port, so stop it or give every node --rdzv-endpoint HOST:PORT with a free port")]
+pub struct ForeignServer {
+    /// The endpoint, as given.
+    pub endpoint: String,
+    /// The first line it answered, escaped and cut to 60 characters.
+    pub answered: String,
+}
+
 /// What to tell the user about `endpoint` after `answer` (pure): `Err` ends the wait with this
 /// line (exit 3); `Ok(Some)` replaces the reason of the wait (the line around it names the
 /// endpoint); `Ok(None)`: nothing learned.
-pub fn verdict(answer: &Answer, endpoint: &str) -> Result<Option<String>, String> {
+pub fn verdict(answer: &Answer, endpoint: &str) -> Result<Option<String>, ForeignServer> {
     match answer {
         Answer::Http2 => Ok(None),
         Answer::Tls => Ok(Some(
             "the server speaks TLS: give the agent --rdzv-tls-ca CA.pem".into(),
         )),
-        Answer::Other(shown) => Err(format!(
-            "what listens on {endpoint} is not a drun rendezvous server: it answered the gRPC handshake with \"{shown}\"; another program holds the port, so stop it or give every node --rdzv-endpoint HOST:PORT with a free port"
-        )),
+        Answer::Other(shown) => Err(ForeignServer {
+            endpoint: endpoint.to_string(),
+            answered: shown.clone(),
+        }),
         Answer::Silent => Ok(Some(
             "it accepts connections but does not answer the gRPC handshake: a stopped server, or a program that is not a drun rendezvous server (a torch TCPStore?) holding the port".into(),
         )),
@@ -106,7 +117,9 @@ mod tests {
 
     #[test]
     fn only_a_program_that_answers_otherwise_ends_the_wait() {
-        let end = verdict(&Answer::Other("HTTP/1.0 400".into()), "h:29400").unwrap_err();
+        let end = verdict(&Answer::Other("HTTP/1.0 400".into()), "h:29400")
+            .unwrap_err()
+            .to_string();
         assert!(
             end.contains("not a drun rendezvous server") && end.contains("--rdzv-endpoint"),
             "{end}"

@@ -87,27 +87,32 @@ pub fn rank_order(admitted: &[Candidate]) -> Ranking {
 ///
 /// Pins never make a set unformable (see [`rank_order`]); what does is a node without worker
 /// slots (LOCAL_WORLD_SIZE 0: a foreign or broken client) or a world size beyond `u32`.
-pub fn formable(admitted: &[Candidate]) -> Result<(), String> {
+pub fn formable(admitted: &[Candidate]) -> Result<(), Unformable> {
     if admitted.is_empty() {
-        return Err("no nodes".into());
+        return Err(Unformable::NoNodes);
     }
     if let Some(c) = admitted.iter().find(|c| c.slots == 0) {
-        return Err(format!(
-            "node {} offers no worker slots (--nproc-per-node 0)",
-            c.node_id
-        ));
+        return Err(Unformable::NoSlots(c.node_id.clone()));
     }
     admitted
         .iter()
         .try_fold(0u32, |sum, c| sum.checked_add(c.slots))
         .map(|_| ())
-        .ok_or_else(|| {
-            format!(
-                "the world size of {} nodes exceeds {}",
-                admitted.len(),
-                u32::MAX
-            )
-        })
+        .ok_or(Unformable::WorldTooLarge(admitted.len()))
+}
+
+/// Why an admitted set cannot be ranked into a plan ([`formable`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unformable {
+    /// The set is empty.
+    #[error("no nodes")]
+    NoNodes,
+    /// A node offers no worker slots.
+    #[error("node {0} offers no worker slots (--nproc-per-node 0)")]
+    NoSlots(String),
+    /// The world size of this many nodes exceeds `u32::MAX`.
+    #[error("the world size of {0} nodes exceeds {max}", max = u32::MAX)]
+    WorldTooLarge(usize),
 }
 
 /// Ranks an admitted set into a [`Plan`] for `generation` (node ranks by [`rank_order`]).
@@ -135,7 +140,7 @@ pub fn assign(
     restarts_failures: u32,
     restarts_membership: u32,
 ) -> Result<Plan, RendezvousError> {
-    formable(admitted).map_err(RendezvousError::Assignment)?;
+    formable(admitted).map_err(|e| RendezvousError::Assignment(e.to_string()))?;
     let Ranking { order, notes } = rank_order(admitted);
     let mut members = Vec::with_capacity(order.len());
     let mut base = 0u32;
@@ -337,11 +342,12 @@ mod tests {
     fn unformable_sets_are_refused_with_the_reason() {
         assert_eq!(
             formable(&[cand("a", 1, None, 1), cand("b", 0, None, 2)]),
-            Err("node b offers no worker slots (--nproc-per-node 0)".into())
+            Err(Unformable::NoSlots("b".into()))
         );
         assert!(
             formable(&[cand("a", u32::MAX, None, 1), cand("b", 1, None, 2)])
                 .unwrap_err()
+                .to_string()
                 .contains("exceeds")
         );
         assert!(formable(&[]).is_err());

@@ -64,15 +64,14 @@ impl RunTable {
     ///
     /// # Errors
     /// One line when `run` is not served yet and `max` runs already are.
-    pub fn enter(self: &Arc<Self>, run: &str) -> Result<RunSeat, String> {
+    pub fn enter(self: &Arc<Self>, run: &str) -> Result<RunSeat, RunLimitError> {
         let mut open = self.open.lock().expect("run table lock is never poisoned");
         if !open.contains_key(run) && open.len() >= self.max {
-            return Err(format!(
-                "this server already serves {} runs, its limit (--max-runs {}); run '{run}' is refused: \
-                 end a run, raise --max-runs, or use another server",
-                open.len(),
-                self.max
-            ));
+            return Err(RunLimitError {
+                served: open.len(),
+                max: self.max,
+                run: run.to_string(),
+            });
         }
         *open.entry(run.to_string()).or_default() += 1;
         Ok(RunSeat {
@@ -106,6 +105,18 @@ impl Drop for RunSeat {
     }
 }
 
+/// A new run refused because the server serves `--max-runs` runs already.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("this server already serves {served} runs, its limit (--max-runs {max}); run '{run}' is refused: end a run, raise --max-runs, or use another server")]
+pub struct RunLimitError {
+    /// Runs served now.
+    pub served: usize,
+    /// `--max-runs`.
+    pub max: usize,
+    /// The run refused.
+    pub run: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,7 +126,7 @@ mod tests {
         let t = RunTable::new(2);
         let a1 = t.enter("a").unwrap();
         let _b = t.enter("b").unwrap();
-        let err = t.enter("c").unwrap_err();
+        let err = t.enter("c").unwrap_err().to_string();
         assert!(err.contains("--max-runs 2") && err.contains("'c'"), "{err}");
         let a2 = t
             .enter("a")

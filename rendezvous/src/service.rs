@@ -224,10 +224,10 @@ impl Rendezvous for RendezvousService {
         self.auth
             .check(&metadata, Some(&hello.run_id))
             .map_err(|e| refused(&e, Some(&hello.run_id), peer))?;
-        let seat = self
-            .runs
-            .enter(&hello.run_id)
-            .map_err(|why| refused(&ServiceError::Exhausted(why), Some(&hello.run_id), peer))?;
+        let seat = self.runs.enter(&hello.run_id).map_err(|e| {
+            let why = ServiceError::Exhausted(e.to_string());
+            refused(&why, Some(&hello.run_id), peer)
+        })?;
         let cfg = session_config(&hello);
         tracing::info!(
             run = %cfg.run_id,

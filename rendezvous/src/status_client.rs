@@ -114,7 +114,7 @@ impl StatusError {
 /// assert_eq!(parse_interval("500ms").unwrap(), Duration::from_millis(500));
 /// assert!(parse_interval("0").is_err());
 /// ```
-pub fn parse_interval(s: &str) -> Result<Duration, String> {
+pub fn parse_interval(s: &str) -> Result<Duration, IntervalError> {
     let s = s.trim();
     let (num, scale) = if let Some(n) = s.strip_suffix("ms") {
         (n, 0.001)
@@ -129,11 +129,14 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
         Ok(v) if v.is_finite() && v * scale >= 0.05 && v * scale <= 86_400.0 => {
             Ok(Duration::from_secs_f64(v * scale))
         }
-        _ => Err(format!(
-            "'{s}' is not an interval of 50 ms to 1 day: give seconds (2, 0.5) or 500ms, 2s, 1m"
-        )),
+        _ => Err(IntervalError(s.to_string())),
     }
 }
+
+/// A `--watch` value that is not an interval of 50 ms to 1 day ([`parse_interval`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not an interval of 50 ms to 1 day: give seconds (2, 0.5) or 500ms, 2s, 1m")]
+pub struct IntervalError(pub String);
 
 /// The run's state from `query`'s source: the document as served (a superset of [`RunStatus`] when a
 /// newer server answers) and its decoded form.
@@ -192,7 +195,7 @@ async fn ask_servers(
     for ep in endpoints {
         let answer = async {
             let channel = crate::tls::endpoint(ep, tls, None)
-                .map_err(|e| (Answer::NotReached, e))?
+                .map_err(|e| (Answer::NotReached, e.to_string()))?
                 .connect()
                 .await
                 .map_err(|e| {
@@ -264,7 +267,7 @@ async fn with_listener(ep: &str, tls: Option<&crate::tls::ClientTls>, why: Strin
     };
     match foreign::probe(&addr.to_string()).await {
         Some(answer @ (Heard::Other(_) | Heard::Silent)) => match foreign::verdict(&answer, ep) {
-            Err(line) => line,
+            Err(line) => line.to_string(),
             Ok(Some(reason)) => format!("{why}; {reason}"),
             Ok(None) => why,
         },

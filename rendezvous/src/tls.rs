@@ -7,10 +7,41 @@ use std::path::{Path, PathBuf};
 
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 
-use crate::pem_check::{check_ca, check_identity, PemFile};
+use crate::pem_check::{check_ca, check_identity, PemError, PemFile};
 
-fn read(what: &str, flag: &str, p: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(p).map_err(|e| format!("cannot read the {what} {} ({flag}): {e}", p.display()))
+/// A TLS setting that cannot be used: one line naming the file and its flag, never a key.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file that cannot be read.
+    #[error("cannot read the {what} {} ({flag}): {source}", path.display())]
+    Read {
+        /// What the file should hold ("client CA").
+        what: &'static str,
+        /// The flag that named it.
+        flag: String,
+        /// Its path, as given.
+        path: PathBuf,
+        /// Why it cannot be read.
+        source: std::io::Error,
+    },
+    /// A file that is not the PEM it should be, or a key of another certificate.
+    #[error(transparent)]
+    Pem(#[from] PemError),
+    /// Only one of `--rdzv-tls-cert` and `--rdzv-tls-key`.
+    #[error("--rdzv-tls-cert and --rdzv-tls-key go together: give both")]
+    HalfIdentity,
+    /// An endpoint that is not a valid URI, or a TLS setting tonic refuses.
+    #[error("{0}")]
+    Endpoint(#[source] tonic::transport::Error),
+}
+
+fn read(what: &'static str, flag: &str, p: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(p).map_err(|source| TlsError::Read {
+        what,
+        flag: flag.to_string(),
+        path: p.to_path_buf(),
+        source,
+    })
 }
 
 /// The PEM files of a server's TLS: `cert`, `key`, and `client_ca` for mTLS.
@@ -29,7 +60,7 @@ impl ServerTlsFiles {
     ///
     /// # Errors
     /// As [`ServerTlsFiles::load_named`].
-    pub fn load(&self) -> Result<ServerTlsConfig, String> {
+    pub fn load(&self) -> Result<ServerTlsConfig, TlsError> {
         self.load_named(["--tls-cert", "--tls-key", "--tls-client-ca"])
     }
 
@@ -39,7 +70,7 @@ impl ServerTlsFiles {
     /// # Errors
     /// A file that cannot be read, is not the PEM it should be, or a key that does not belong
     /// to the certificate ([`crate::pem_check`]): one line naming the file and its flag.
-    pub fn load_named(&self, flags: [&str; 3]) -> Result<ServerTlsConfig, String> {
+    pub fn load_named(&self, flags: [&str; 3]) -> Result<ServerTlsConfig, TlsError> {
         let [cert_flag, key_flag, ca_flag] = flags;
         let cert = read("certificate", cert_flag, &self.cert)?;
         let key = read("private key", key_flag, &self.key)?;
@@ -101,7 +132,7 @@ impl ClientTls {
         ca_path: &Path,
         cert: Option<&Path>,
         key: Option<&Path>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, TlsError> {
         let ca = read("CA certificate", "--rdzv-tls-ca", ca_path)?;
         check_ca(&PemFile {
             bytes: &ca,
@@ -128,7 +159,7 @@ impl ClientTls {
             }
             (None, None) => None,
             _ => {
-                return Err("--rdzv-tls-cert and --rdzv-tls-key go together: give both".into());
+                return Err(TlsError::HalfIdentity);
             }
         };
         Ok(ClientTls { ca, identity })
@@ -152,19 +183,19 @@ pub fn endpoint(
     ep: &str,
     tls: Option<&ClientTls>,
     server_name: Option<&str>,
-) -> Result<Endpoint, String> {
+) -> Result<Endpoint, TlsError> {
     let url = match tls {
         Some(_) if !ep.contains("://") => format!("https://{ep}"),
         _ => crate::error::endpoint_url(ep),
     };
-    let e = Endpoint::from_shared(url).map_err(|e| e.to_string())?;
+    let e = Endpoint::from_shared(url).map_err(TlsError::Endpoint)?;
     match tls {
         Some(t) => {
             let mut cfg = t.config();
             if let Some(n) = server_name {
                 cfg = cfg.domain_name(n);
             }
-            e.tls_config(cfg).map_err(|e| e.to_string())
+            e.tls_config(cfg).map_err(TlsError::Endpoint)
         }
         None => Ok(e),
     }
@@ -255,13 +286,17 @@ mod tests {
         std::fs::write(&ca, p.self_signed(&ca_key).unwrap().pem()).unwrap();
         let key = dir.path().join("key.pem");
         std::fs::write(&key, rcgen::KeyPair::generate().unwrap().serialize_pem()).unwrap();
-        let err = ClientTls::from_files(&key, None, None).unwrap_err();
+        let err = ClientTls::from_files(&key, None, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("no PEM certificate") && err.contains("(--rdzv-tls-ca)"),
             "{err}"
         );
         // The CA's certificate with another key: refused at start, naming both flags.
-        let err = ClientTls::from_files(&ca, Some(&ca), Some(&key)).unwrap_err();
+        let err = ClientTls::from_files(&ca, Some(&ca), Some(&key))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("does not belong") && err.contains("--rdzv-tls-key"),
             "{err}"
@@ -271,9 +306,13 @@ mod tests {
         assert_eq!(e.uri().scheme_str(), Some("https"));
         let e = endpoint("127.0.0.1:5", None, None).unwrap();
         assert_eq!(e.uri().scheme_str(), Some("http"));
-        let err = ClientTls::from_files(&ca, Some(&ca), None).unwrap_err();
+        let err = ClientTls::from_files(&ca, Some(&ca), None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("go together"), "{err}");
-        let err = ClientTls::from_files(&dir.path().join("gone"), None, None).unwrap_err();
+        let err = ClientTls::from_files(&dir.path().join("gone"), None, None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("--rdzv-tls-ca"), "{err}");
     }
 }

@@ -12,7 +12,34 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::auth::{parse_tokens, Entry};
+use crate::auth::{parse_tokens, Entry, TokenLineError};
+
+/// A token file that cannot be used: one line naming it, never a token.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenFileError {
+    /// It cannot be looked at, opened or read.
+    #[error("cannot read token file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// It is larger than [`MAX_FILE_BYTES`].
+    #[error("token file {} is larger than {} KiB; a token file holds `TOKEN` or `RUN_ID TOKEN` lines", .0.display(), MAX_FILE_BYTES / 1024)]
+    TooLarge(PathBuf),
+    /// A line does not parse.
+    #[error("token file {}: {source}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Which line, and why.
+        source: TokenLineError,
+    },
+    /// It holds no token (refused when the server starts).
+    #[error("token file {} holds no token; write one `TOKEN` or `RUN_ID TOKEN` per line", .0.display())]
+    Empty(PathBuf),
+}
 
 /// How often, at most, a token file is looked at again (1 s).
 pub const RECHECK: Duration = Duration::from_secs(1);
@@ -59,7 +86,7 @@ pub struct TokenFile {
     path: PathBuf,
     checked: Option<Instant>,
     stamp: Option<Stamp>,
-    entries: Result<Vec<Entry>, String>,
+    entries: Result<Vec<Entry>, TokenFileError>,
 }
 
 impl TokenFile {
@@ -85,19 +112,19 @@ impl TokenFile {
                     self.stamp = Some(s);
                     self.set(read(&self.path));
                 }
-                Err(e) => {
+                Err(source) => {
                     self.stamp = None;
-                    self.set(Err(format!(
-                        "cannot read token file {}: {e}",
-                        self.path.display()
-                    )));
+                    self.set(Err(TokenFileError::Read {
+                        path: self.path.clone(),
+                        source,
+                    }));
                 }
             }
         }
         self.entries.as_deref().unwrap_or(&[])
     }
 
-    fn set(&mut self, entries: Result<Vec<Entry>, String>) {
+    fn set(&mut self, entries: Result<Vec<Entry>, TokenFileError>) {
         match (&entries, &self.entries) {
             (Err(e), Ok(_)) => tracing::warn!("{e}; its tokens are not accepted until it is fixed"),
             (Ok(now), Ok(before)) if now.is_empty() && !before.is_empty() => tracing::warn!(
@@ -124,23 +151,25 @@ pub const MAX_FILE_BYTES: u64 = 1 << 20;
 /// # Errors
 /// A file that cannot be read, is larger than [`MAX_FILE_BYTES`] or does not parse: one line
 /// naming it (never a token).
-pub fn read(f: &Path) -> Result<Vec<Entry>, String> {
-    let cannot = |e: &dyn std::fmt::Display| format!("cannot read token file {}: {e}", f.display());
-    let file = std::fs::File::open(f).map_err(|e| cannot(&e))?;
+pub fn read(f: &Path) -> Result<Vec<Entry>, TokenFileError> {
+    let cannot = |source| TokenFileError::Read {
+        path: f.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(f).map_err(cannot)?;
     let mut text = String::new();
     std::io::Read::read_to_string(
         &mut std::io::Read::take(file, MAX_FILE_BYTES + 1),
         &mut text,
     )
-    .map_err(|e| cannot(&e))?;
+    .map_err(cannot)?;
     if text.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!(
-            "token file {} is larger than {} KiB; a token file holds `TOKEN` or `RUN_ID TOKEN` lines",
-            f.display(),
-            MAX_FILE_BYTES / 1024
-        ));
+        return Err(TokenFileError::TooLarge(f.to_path_buf()));
     }
-    parse_tokens(&text).map_err(|e| format!("token file {}: {e}", f.display()))
+    parse_tokens(&text).map_err(|source| TokenFileError::Parse {
+        path: f.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -220,7 +249,7 @@ mod tests {
         // Larger than a token file can be: refused, not read whole.
         std::fs::write(&p, "x\n".repeat(MAX_FILE_BYTES as usize)).unwrap();
         assert!(tokens(&mut f, t0 + RECHECK * 4).is_empty());
-        let e = read(&p).unwrap_err();
+        let e = read(&p).unwrap_err().to_string();
         assert!(e.contains("larger than 1024 KiB"), "{e}");
     }
 }

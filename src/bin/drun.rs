@@ -190,7 +190,7 @@ fn status(args: &Args) -> ExitCode {
 fn drun_rendezvous_tls(
     ca: &std::path::Path,
     args: &Args,
-) -> Result<drun_rendezvous::tls::ClientTls, String> {
+) -> Result<drun_rendezvous::tls::ClientTls, drun_rendezvous::tls::TlsError> {
     drun_rendezvous::tls::ClientTls::from_files(
         ca,
         args.rdzv_tls_cert.as_deref(),

@@ -84,14 +84,14 @@ impl Agent {
         Params {
             run_id: self.cfg.run_id.clone(),
             node_id: self.cfg.node_id.clone(),
-            max_restarts: self.cfg.max_restarts,
-            peer_exit_wait: self.cfg.peer_exit_wait,
-            shutdown_timeout: self.cfg.shutdown_timeout,
+            max_restarts: self.cfg.supervision.max_restarts,
+            peer_exit_wait: self.cfg.supervision.peer_exit_wait,
+            shutdown_timeout: self.cfg.supervision.shutdown_timeout,
             preempt_signal: (self.cfg.on_preempt == OnPreempt::Checkpoint)
                 .then_some(self.cfg.preempt_signal),
             requeue: self.cfg.requeue,
-            hang_timeout: self.cfg.hang_timeout,
-            straggler_factor: self.cfg.straggler_factor,
+            hang_timeout: self.cfg.observe.hang_timeout,
+            straggler_factor: self.cfg.observe.straggler_factor,
         }
     }
 
@@ -102,7 +102,7 @@ impl Agent {
         crate::warm::prestart(&self.warm, &self.os, &self.cfg, &self.inherited).await;
         let (mut m, fx) = Machine::start();
         m = self.carry_out(m, fx, &mut w, link, &p).await?;
-        let mut monitor = tokio::time::interval(self.cfg.monitor_interval);
+        let mut monitor = tokio::time::interval(self.cfg.supervision.monitor_interval);
         let mut poll = tokio::time::interval(STOP_POLL);
         let mut held_join = tokio::time::interval(HELD_JOIN_POLL);
         let mut hang_check = tokio::time::interval(HANG_CHECK);
@@ -128,7 +128,7 @@ impl Agent {
                     }
                     Some(ev.map_or(Input::SessionClosed, Input::Event))
                 }
-                _ = pace.tick(), if self.cfg.straggler_factor > 0.0 => Some(Input::PaceDue),
+                _ = pace.tick(), if self.cfg.observe.straggler_factor > 0.0 => Some(Input::PaceDue),
                 _ = peers.tick(), if probing => {
                     self.check_peers(&m, &mut w, link);
                     self.join_when_reachable(&mut w.partition, link);
@@ -150,7 +150,7 @@ impl Agent {
                     self.release_first_join(&mut w, link);
                     Some(Input::Monitor)
                 }
-                _ = hang_check.tick(), if self.cfg.hang_timeout.is_some() => Some(Input::HangCheck),
+                _ = hang_check.tick(), if self.cfg.observe.hang_timeout.is_some() => Some(Input::HangCheck),
                 _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
                 v = join(&mut w.verifying), if w.verifying.is_some() => {
                     w.verifying = None;
@@ -303,7 +303,10 @@ impl Agent {
                 }
             };
             w.first_success = Some((at, instant));
-            (instant, group.partial_success_line(self.cfg.peer_exit_wait))
+            (
+                instant,
+                group.partial_success_line(self.cfg.supervision.peer_exit_wait),
+            )
         });
         let now = Workers {
             running: group.any_running(),

@@ -163,14 +163,14 @@ impl Agent {
             Spawner::start().map_err(|e| LaunchError::os("cannot start the spawner thread", e))?;
         let os: Arc<dyn Os> = Arc::new(LinuxOs::new(spawner.clone()));
         let agent_id = uuid::Uuid::new_v4().to_string();
-        let metrics = match cfg.metrics_port {
+        let metrics = match cfg.observe.metrics_port {
             Some(port) => Some(serve_metrics(port, &os.hostname()).await?),
             None => None,
         };
         let sigchld =
             signal(SignalKind::child()).map_err(|e| LaunchError::os("cannot watch SIGCHLD", e))?;
         let (tx, signals) = mpsc::unbounded_channel();
-        let mut wanted: Vec<Signal> = cfg.signals.clone();
+        let mut wanted: Vec<Signal> = cfg.supervision.signals.clone();
         wanted.extend(RELAYED);
         wanted.extend(JOB_CONTROL);
         wanted.push(cfg.preempt_signal);
@@ -214,7 +214,7 @@ impl Agent {
             .next()
             .unwrap_or("localhost")
             .to_string();
-        let (base, temp_log_dir) = match &cfg.log_dir {
+        let (base, temp_log_dir) = match &cfg.output.log_dir {
             Some(d) => (d.clone(), false),
             None => (std::env::temp_dir(), true),
         };
@@ -246,6 +246,7 @@ impl Agent {
             }
         };
         let preflight = cfg
+            .observe
             .preflight
             .and_then(|_| preflight::set_up(&cfg, api.as_ref()));
         Ok(Self {

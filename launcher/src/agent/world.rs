@@ -31,7 +31,7 @@ impl Agent {
         if let Some(line) = &self.cfg.slurm_line {
             tracing::info!(
                 "{line}; shutdown grace {}",
-                human(self.cfg.shutdown_timeout)
+                human(self.cfg.supervision.shutdown_timeout)
             );
         }
         if let Some(job) = &self.cfg.k8s {
@@ -53,7 +53,7 @@ impl Agent {
         if let Some(line) = &self.cfg.k8s_line {
             tracing::info!(
                 "{line}; shutdown grace {}",
-                human(self.cfg.shutdown_timeout)
+                human(self.cfg.supervision.shutdown_timeout)
             );
         }
         if self.cfg.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
@@ -216,7 +216,7 @@ impl Agent {
             plan.master_addr,
             plan.master_port,
             plan.restarts_failures,
-            self.cfg.max_restarts,
+            self.cfg.supervision.max_restarts,
             plan.restarts_membership
         );
         if plan.generation > 1 && !plan.formed_because.is_empty() {

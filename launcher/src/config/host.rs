@@ -120,21 +120,29 @@ pub fn gpu_count(cuda_visible_devices: Option<&str>) -> u32 {
 
 /// Whether the termination log can be written when drun exits: checked at start, so a wrong
 /// path is said before the run rather than in a warning after it.
-fn termination_log_usable(p: &Path) -> Result<(), String> {
+fn termination_log_usable(p: &Path) -> Result<(), TerminationLogError> {
     if p.is_dir() {
-        return Err("that is a directory; name a file (Kubernetes: /dev/termination-log)".into());
+        return Err(TerminationLogError::Directory);
     }
     let dir = match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     if !dir.is_dir() {
-        return Err(format!(
-            "its directory {} does not exist; name a file in an existing directory (Kubernetes: /dev/termination-log)",
-            dir.display()
-        ));
+        return Err(TerminationLogError::NoDirectory(dir.to_path_buf()));
     }
     Ok(())
+}
+
+/// Why `--termination-log` cannot be written when drun exits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TerminationLogError {
+    /// It names a directory.
+    #[error("that is a directory; name a file (Kubernetes: /dev/termination-log)")]
+    Directory,
+    /// Its directory does not exist.
+    #[error("its directory {} does not exist; name a file in an existing directory (Kubernetes: /dev/termination-log)", .0.display())]
+    NoDirectory(std::path::PathBuf),
 }
 
 /// The side effects of a validated launch: resolves the worker command, creates
@@ -154,12 +162,17 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
         cfg.ckpt.dir = Some(checkpoint_dir(d)?);
     }
     if let Some(p) = &cfg.termination_log {
-        termination_log_usable(p)
-            .map_err(|why| invalid("--termination-log", p.display().to_string(), why))?;
+        termination_log_usable(p).map_err(|why| {
+            invalid(
+                "--termination-log",
+                p.display().to_string(),
+                why.to_string(),
+            )
+        })?;
     }
     if let Some(dir) = &cfg.state_dir {
         let n = crate::container::count_restart(dir)
-            .map_err(|why| invalid("--state-dir", dir.display().to_string(), why))?;
+            .map_err(|why| invalid("--state-dir", dir.display().to_string(), why.to_string()))?;
         cfg.container_restarts = Some(n);
     }
     if let Some(p) = cfg.ckpt.resume_from.take() {
@@ -172,28 +185,29 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
         })?;
         cfg.ckpt.resume_from = Some(std::fs::canonicalize(&file).unwrap_or(file));
     }
-    if let Some(f) = &cfg.rdzv_token_file {
-        cfg.rdzv_token = crate::rdzv::token::resolve(Some(f), None)
-            .map_err(|why| invalid("--rdzv-token-file", f.display().to_string(), why))?;
+    if let Some(f) = &cfg.security.rdzv_token_file {
+        cfg.security.rdzv_token = crate::rdzv::token::resolve(Some(f), None).map_err(|why| {
+            invalid(
+                "--rdzv-token-file",
+                f.display().to_string(),
+                why.to_string(),
+            )
+        })?;
     }
-    if let Some(files) = &cfg.rdzv_host_tls {
-        files
-            .load_named(super::HOST_TLS_FLAGS)
-            .map_err(ConfigError::Credential)?;
+    if let Some(files) = &cfg.security.rdzv_host_tls {
+        files.load_named(super::HOST_TLS_FLAGS)?;
     }
-    if let Some((ca, cert, key)) = &cfg.rdzv_tls_files {
-        cfg.rdzv_tls = Some(
-            drun_rendezvous::tls::ClientTls::from_files(ca, cert.as_deref(), key.as_deref())
-                .map_err(ConfigError::Credential)?,
-        );
+    if let Some((ca, cert, key)) = &cfg.security.rdzv_tls_files {
+        cfg.security.rdzv_tls = Some(drun_rendezvous::tls::ClientTls::from_files(
+            ca,
+            cert.as_deref(),
+            key.as_deref(),
+        )?);
     }
     slurm_token(&mut cfg);
-    if !cfg.etcd_access_files.is_empty() {
+    if !cfg.security.etcd_access_files.is_empty() {
         let env = std::env::var(drun_rendezvous::etcd::access::PASSWORD_VAR).ok();
-        cfg.etcd_access = cfg
-            .etcd_access_files
-            .load(env.as_deref())
-            .map_err(ConfigError::EtcdAccess)?;
+        cfg.security.etcd_access = cfg.security.etcd_access_files.load(env.as_deref())?;
     }
     Ok(cfg)
 }
@@ -202,15 +216,17 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
 /// derived from the job id ([`crate::slurm_token`]), said in the Slurm line; when the secret
 /// cannot be had, a note that the rendezvous stays open.
 fn slurm_token(cfg: &mut LaunchConfig) {
-    let (Some(job), Some(path)) = (&cfg.slurm, &cfg.slurm_secret) else {
+    let (Some(job), Some(path)) = (&cfg.slurm, &cfg.security.slurm_secret) else {
         return;
     };
-    if cfg.rdzv_token.is_some() || !matches!(cfg.rendezvous, crate::RendezvousMode::C10d { .. }) {
+    if cfg.security.rdzv_token.is_some()
+        || !matches!(cfg.rendezvous, crate::RendezvousMode::C10d { .. })
+    {
         return;
     }
     match crate::slurm_token::read_or_create(path) {
         Ok(secret) => {
-            cfg.rdzv_token = Some(crate::slurm_token::derive(&secret, &job.job_id));
+            cfg.security.rdzv_token = Some(crate::slurm_token::derive(&secret, &job.job_id));
             if let Some(line) = &mut cfg.slurm_line {
                 line.push_str(&format!(
                     ", rendezvous token derived from the job id and {} ({})",

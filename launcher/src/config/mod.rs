@@ -9,16 +9,24 @@
 //! `--ckpt-resume-from` manifest). Each concern lives in one file: [`rendezvous`] (the modes),
 //! `backend` (choosing one: endpoints, run id), [`timing`] (`--rdzv-conf` and durations),
 //! [`parse`] (single flag values), [`host`] (the machine and [`prepare`]), and private files
-//! for the checkpoint flags, the entrypoint and the torchrun flags drun refuses.
+//! for the checkpoint flags, the entrypoint and the torchrun flags drun refuses. The groups of
+//! [`LaunchConfig`] each have a file with their struct and their small validator: `supervision`
+//! ([`SupervisionConfig`]), `output` ([`OutputConfig`]), `observe` ([`ObserveConfig`]) and
+//! `security` ([`SecurityConfig`]); [`validate`] calls them in turn.
 
 mod backend;
 mod ckpt;
 mod entry;
+mod gpu;
 pub mod host;
 pub mod local_addr;
+mod observe;
+mod output;
 pub mod parse;
 mod python;
 pub mod rendezvous;
+mod security;
+mod supervision;
 mod target;
 pub mod timing;
 mod unsupported;
@@ -29,7 +37,7 @@ mod tests;
 #[cfg(test)]
 mod tests_rendezvous;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -39,8 +47,12 @@ use nix::sys::signal::Signal;
 
 pub use crate::cli::Args;
 pub use host::{cpu_count, gpu_count, prepare, Host};
+pub use observe::ObserveConfig;
+pub use output::OutputConfig;
 pub use parse::{parse_nnodes, parse_nproc, parse_signals};
 pub use rendezvous::RendezvousMode;
+pub use security::SecurityConfig;
+pub use supervision::SupervisionConfig;
 pub use target::{slurm_status_token, status_target};
 pub use timing::{parse_rdzv_conf, Timing, RDZV_CONF_KEYS};
 pub use validate::validate;
@@ -56,7 +68,6 @@ pub const HOST_TLS_FLAGS: [&str; 3] = [
 use crate::ckpt::CkptConfig;
 use crate::command::Entrypoint;
 use crate::slurm::{OnPreempt, SlurmJob};
-use crate::std_spec::StdSpec;
 use crate::ConfigError;
 
 /// A validated launch.
@@ -76,10 +87,8 @@ pub struct LaunchConfig {
     pub node_id: String,
     /// `--log-format`: JSON records carry the run and the node on every line.
     pub log_format: crate::LogFormat,
-    /// Worker-failure restart budget.
-    pub max_restarts: u32,
-    /// Poll interval of worker state.
-    pub monitor_interval: Duration,
+    /// The restart budget, the monitor interval, the signals, the grace periods.
+    pub supervision: SupervisionConfig,
     /// ROLE_NAME.
     pub role: String,
     /// The worker command (program resolved by [`prepare`]).
@@ -89,26 +98,10 @@ pub struct LaunchConfig {
     pub python: Option<PathBuf>,
     /// Where `python` came from (for the message when it does not exist).
     pub python_source: crate::command::PythonSource,
-    /// `--log-dir` base, or `None` for a temporary directory.
-    pub log_dir: Option<PathBuf>,
-    /// Streams sent only to files.
-    pub redirects: StdSpec,
-    /// Streams sent to files and the console.
-    pub tee: StdSpec,
-    /// Local ranks whose output reaches the console; `None` = all.
-    pub local_ranks_filter: Option<BTreeSet<u32>>,
-    /// Console line prefix template; `None` = `[rank${rank}]:`.
-    pub prefix_template: Option<String>,
-    /// Signals that trigger forward + teardown.
-    pub signals: Vec<Signal>,
-    /// `--signals-to-handle` as given (exported as TORCHELASTIC_SIGNALS_TO_HANDLE).
-    pub signals_to_handle: String,
-    /// Grace between the termination signal and SIGKILL.
-    pub shutdown_timeout: Duration,
-    /// How long a partial success may last before it counts as a failure.
-    pub peer_exit_wait: Duration,
-    /// `--hang-timeout`: how long a rank that sent step beacons may send none; `None`: off.
-    pub hang_timeout: Option<crate::agent::hang::Timeout>,
+    /// Where the workers' output goes: log files, console, rank filter, line prefix.
+    pub output: OutputConfig,
+    /// How the workers are watched: hangs, stragglers, metrics, the preflight check.
+    pub observe: ObserveConfig,
     /// `--stdin-rank`: the local rank that reads drun's stdin; the others read `/dev/null`.
     pub stdin_rank: Option<u32>,
     /// `--warm-workers`: restarted workers start on a pre-started interpreter.
@@ -155,32 +148,8 @@ pub struct LaunchConfig {
     pub env_check: drun_rendezvous::envcheck::EnvCheck,
     /// `--fingerprint-cmd`.
     pub fingerprint_cmd: Option<String>,
-    /// `--metrics-port` (0: any free port); `None`: no metrics endpoint.
-    pub metrics_port: Option<u16>,
-    /// `--straggler-factor`: 0 (off) or > 1.
-    pub straggler_factor: f64,
-    /// `--preflight`, with its `--preflight-min-gbps` (Gbit/s); `None`: no check.
-    pub preflight: Option<Preflight>,
-    /// `--rdzv-token-file`, read by [`prepare`] into `rdzv_token`.
-    pub rdzv_token_file: Option<std::path::PathBuf>,
-    /// The token sent to the rendezvous server: `DRUN_RDZV_TOKEN`, or the file's once prepared.
-    pub rdzv_token: Option<drun_rendezvous::auth::Secret>,
-    /// `--rdzv-tls-ca`, `--rdzv-tls-cert`, `--rdzv-tls-key` (read by [`prepare`] into `rdzv_tls`).
-    pub rdzv_tls_files: Option<(PathBuf, Option<PathBuf>, Option<PathBuf>)>,
-    /// TLS to the rendezvous server, once prepared.
-    pub rdzv_tls: Option<drun_rendezvous::tls::ClientTls>,
-    /// `--rdzv-host-tls-cert`/`-key` (c10d only): the identity this agent serves the
-    /// rendezvous with when it hosts it, and the CA it requires of clients for mTLS.
-    pub rdzv_host_tls: Option<drun_rendezvous::tls::ServerTlsFiles>,
-    /// Under Slurm, the file of the secret the rendezvous token is derived from when none is
-    /// given (`DRUN_SLURM_SECRET`, else `$HOME/.drun/slurm-secret`; `None`: off or no home).
-    pub slurm_secret: Option<PathBuf>,
-    /// `--etcd-cacert`, `--etcd-cert`, `--etcd-key`, `--etcd-user`, `--etcd-password-file`,
-    /// read by [`prepare`] into `etcd_access`.
-    pub etcd_access_files: drun_rendezvous::etcd::access::EtcdAccessFiles,
-    /// How the `etcd` backend reaches etcd (TLS, user), once prepared; holds the password
-    /// (from the file or `DRUN_ETCD_PASSWORD`), never printed.
-    pub etcd_access: drun_rendezvous::etcd::access::EtcdAccess,
+    /// Credentials: the rendezvous token and TLS, the Slurm secret, etcd access.
+    pub security: SecurityConfig,
 }
 
 /// `--preflight` settings.
@@ -220,7 +189,7 @@ impl LaunchConfig {
             },
             lease_ttl: t.lease_ttl,
             keep_alive_interval: t.keep_alive_interval,
-            max_restarts: self.max_restarts,
+            max_restarts: self.supervision.max_restarts,
             auto_keep_alive: true,
             scale_up_save: self.ckpt.scale_up_save,
             ckpt_interval: self.ckpt.interval,

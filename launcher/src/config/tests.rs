@@ -62,7 +62,7 @@ fn a_bare_script_is_a_standalone_run_on_this_host() {
         ("random-id", "node-a.example_42")
     );
     assert_eq!((c.min_nodes, c.max_nodes, c.nproc_per_node), (1, 1, 1));
-    assert_eq!(c.shutdown_timeout, Duration::from_secs(30));
+    assert_eq!(c.supervision.shutdown_timeout, Duration::from_secs(30));
     assert_eq!(c.entrypoint.kind, EntryKind::Script);
     assert_eq!(c.entrypoint.program, PathBuf::from("python3"));
     assert_eq!(c.entrypoint.argv(0), ["-u", "train.py", "--lr", "1"]);
@@ -110,20 +110,20 @@ fn inside_slurm_the_job_fills_unset_flags_and_kill_wait_sets_the_grace() {
         }
     );
     assert_eq!(c.node_id, "n1_42");
-    assert_eq!(c.shutdown_timeout, Duration::from_secs(8));
+    assert_eq!(c.supervision.shutdown_timeout, Duration::from_secs(8));
     assert!(c.slurm_line.unwrap().starts_with("slurm job 6: run id 6"));
     let c = validate(&args(&["--standalone", "t.py"]), &h).unwrap();
     assert!(c.slurm.is_none(), "--standalone ignores Slurm");
-    assert_eq!(c.shutdown_timeout, Duration::from_secs(30));
+    assert_eq!(c.supervision.shutdown_timeout, Duration::from_secs(30));
 }
 
 #[test]
 fn shutdown_timeout_flag_then_torch_variable_then_default() {
     let h = with_env(&[("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", " 7 ")]);
     let c = validate(&args(&["t.py"]), &h).unwrap();
-    assert_eq!(c.shutdown_timeout, Duration::from_secs(7));
+    assert_eq!(c.supervision.shutdown_timeout, Duration::from_secs(7));
     let c = validate(&args(&["--shutdown-timeout", "2.5", "t.py"]), &h).unwrap();
-    assert_eq!(c.shutdown_timeout, Duration::from_millis(2500));
+    assert_eq!(c.supervision.shutdown_timeout, Duration::from_millis(2500));
     let bad = with_env(&[("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon")]);
     assert!(err(&["t.py"], &bad).contains("is not a number"));
     assert!(err(&["--shutdown-timeout", "-1", "t.py"], &host()).contains(">= 0 seconds"));
@@ -134,16 +134,19 @@ fn shutdown_timeout_flag_then_torch_variable_then_default() {
 fn prefix_template_from_flag_else_non_empty_variable() {
     let h = with_env(&[("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}>")]);
     let c = validate(&args(&["t.py"]), &h).unwrap();
-    assert_eq!(c.prefix_template.as_deref(), Some("${rank}>"));
+    assert_eq!(c.output.prefix_template.as_deref(), Some("${rank}>"));
     let c = validate(&args(&["--log-line-prefix-template", "", "t.py"]), &h).unwrap();
     assert_eq!(
-        c.prefix_template.as_deref(),
+        c.output.prefix_template.as_deref(),
         Some(""),
         "an explicit empty template wins"
     );
     let empty = with_env(&[("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "")]);
     assert_eq!(
-        validate(&args(&["t.py"]), &empty).unwrap().prefix_template,
+        validate(&args(&["t.py"]), &empty)
+            .unwrap()
+            .output
+            .prefix_template,
         None
     );
 }
@@ -257,7 +260,7 @@ fn stdin_rank_and_filters_name_local_ranks() {
     );
     assert!(e.contains("local ranks 0..1 (--nproc-per-node 2)"), "{e}");
     let c = ok(&["--nproc-per-node", "2", "--local-ranks-filter", "1", "t.py"]);
-    assert_eq!(c.local_ranks_filter, Some([1].into()));
+    assert_eq!(c.output.local_ranks_filter, Some([1].into()));
     assert!(err(&["--local-ranks-filter", "x", "t.py"], &host()).contains("comma-separated"));
     assert!(err(
         &["--worker-store", "rank0", "--redirects", "9", "t.py"],
@@ -396,13 +399,17 @@ fn a_program_looked_up_on_an_unset_or_empty_path_is_refused_up_front() {
 
 #[test]
 fn straggler_factor_is_1_5_by_default_0_turns_it_off_and_1_or_less_is_refused() {
-    assert_eq!(ok(&["t.py"]).straggler_factor, 1.5);
+    assert_eq!(ok(&["t.py"]).observe.straggler_factor, 1.5);
     assert_eq!(
-        ok(&["--straggler-factor", "0", "t.py"]).straggler_factor,
+        ok(&["--straggler-factor", "0", "t.py"])
+            .observe
+            .straggler_factor,
         0.0
     );
     assert_eq!(
-        ok(&["--straggler-factor", "2", "t.py"]).straggler_factor,
+        ok(&["--straggler-factor", "2", "t.py"])
+            .observe
+            .straggler_factor,
         2.0
     );
     for bad in ["1", "0.5", "-1", "inf", "NaN"] {
@@ -413,9 +420,12 @@ fn straggler_factor_is_1_5_by_default_0_turns_it_off_and_1_or_less_is_refused() 
 
 #[test]
 fn hang_timeout_is_off_by_default_and_takes_seconds_a_suffix_or_auto() {
-    assert_eq!(ok(&["t.py"]).hang_timeout, None);
-    assert_eq!(ok(&["--hang-timeout", "off", "t.py"]).hang_timeout, None);
-    let secs = |v: &str| ok(&["--hang-timeout", v, "t.py"]).hang_timeout;
+    assert_eq!(ok(&["t.py"]).observe.hang_timeout, None);
+    assert_eq!(
+        ok(&["--hang-timeout", "off", "t.py"]).observe.hang_timeout,
+        None
+    );
+    let secs = |v: &str| ok(&["--hang-timeout", v, "t.py"]).observe.hang_timeout;
     let fixed = |d| Some(crate::agent::hang::Timeout::Fixed(d));
     assert_eq!(secs("5"), fixed(Duration::from_secs(5)));
     assert_eq!(secs("2.5s"), fixed(Duration::from_millis(2500)));

@@ -2,17 +2,16 @@
 
 use super::backend::{rendezvous_mode, Nodes};
 use super::entry::entrypoint;
-use super::parse::{
-    check_stdin_rank, parse_nnodes, parse_nproc, parse_ranks_filter, parse_signals,
-    ranks_filter_note,
-};
-use super::timing::{parse_rdzv_conf, seconds, shutdown_timeout, unused_conf_notes, Timing};
+use super::observe::observe;
+use super::output::output;
+use super::parse::{check_stdin_rank, parse_nnodes, parse_nproc};
+use super::security::security;
+use super::supervision::supervision;
+use super::timing::{parse_rdzv_conf, unused_conf_notes, Timing};
 use super::unsupported::refuse_unsupported;
-use super::RendezvousMode;
 use super::{invalid, Host, LaunchConfig};
 use crate::k8s::K8sMode;
 use crate::slurm::{self, SlurmMode};
-use crate::std_spec::StdSpec;
 use crate::worker_store::WorkerStoreMode;
 use crate::{Args, ConfigError};
 use drun_rendezvous::envcheck::EnvCheck;
@@ -25,6 +24,113 @@ use drun_rendezvous::envcheck::EnvCheck;
 /// # Errors
 /// [`ConfigError`] naming the flag and the fix; the first problem found, in flag order.
 pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
+    let job = detect_job(args, host)?;
+    let a = &job.args;
+    refuse_unsupported(a)?;
+    let (min_nodes, max_nodes) = parse_nnodes(&a.nnodes)?;
+    let nproc_per_node = parse_nproc(&a.nproc_per_node, host.cpu_count, host.gpu_count)?;
+    let supervision = supervision(a, host, job.slurm.is_some())?;
+    let observe = observe(a)?;
+    check_stdin_rank(a.stdin_rank, nproc_per_node)?;
+    let numa = super::gpu::numa_binding(a.numa_binding.as_deref(), nproc_per_node, host)?;
+    super::gpu::virtual_devices(a.virtual_local_rank, nproc_per_node, host)?;
+    let (output, filter_note) = output(a, host, nproc_per_node)?;
+    let rdzv_conf = parse_rdzv_conf(&a.rdzv_conf)?;
+    let mut notes = unused_conf_notes(&rdzv_conf);
+    notes.extend(filter_note);
+    notes.extend(
+        a.local_addr
+            .as_deref()
+            .zip(host.local_addr.as_ref())
+            .and_then(|(flag, check)| super::local_addr::note(flag, check)),
+    );
+    let timing = Timing::from_conf(&rdzv_conf)?;
+    let nodes = Nodes {
+        min: min_nodes,
+        max: max_nodes,
+        conf: &rdzv_conf,
+        slurm: job.slurm.as_ref(),
+        k8s: job.k8s.as_ref(),
+    };
+    let (rendezvous, run_id) = rendezvous_mode(a, &nodes, host, &mut notes)
+        .map_err(|e| with_k8s_hint(e, job.k8s.as_ref()))?;
+    let security = security(a, host, &rendezvous, job.slurm.is_some())?;
+    let requested_node_rank = a.node_rank.filter(|_| !rendezvous.is_static());
+    notes.extend(start_method_note(&a.start_method));
+    let (python, python_source) = super::python::interpreter(a, host)?;
+    let entrypoint = entrypoint(a, python.as_deref())?;
+    super::python::check_path(entrypoint.kind, &entrypoint.script, python.as_deref(), host)?;
+    // Like torchrun's node descriptor (address, pid): unique even for several agents per host,
+    // and sorted first by address so ranks follow hosts.
+    let address = a.local_addr.as_deref().unwrap_or(&host.hostname);
+    let node_id = format!("{address}_{}", host.pid);
+    let (ckpt, preempt_signal) = super::ckpt::checkpoint_flags(a, &rendezvous)?;
+    let worker_store = worker_store(&a.worker_store)?;
+    let env_check = env_check(&a.env_check)?;
+    Ok(LaunchConfig {
+        min_nodes,
+        max_nodes,
+        nproc_per_node,
+        rendezvous,
+        log_format: a.log_format,
+        run_id,
+        node_id,
+        supervision,
+        role: a.role.clone(),
+        entrypoint,
+        python,
+        python_source,
+        output,
+        observe,
+        stdin_rank: a.stdin_rank,
+        warm_workers: a.warm_workers,
+        numa,
+        virtual_local_rank: a.virtual_local_rank,
+        worker_store,
+        rdzv_conf,
+        timing,
+        requested_node_rank,
+        advertise_addr: a.local_addr.clone(),
+        notes,
+        ckpt,
+        slurm: job.slurm,
+        slurm_line: job.slurm_line,
+        k8s: job.k8s,
+        k8s_line: job.k8s_line,
+        termination_log: a.container.termination_log.clone(),
+        state_dir: a.container.state_dir.clone(),
+        container_restarts: None,
+        on_preempt: a.on_preempt,
+        preempt_signal,
+        requeue: a.requeue,
+        env_check,
+        fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
+        security,
+    })
+}
+
+/// The batch job drun runs in, and the command line with the flags the user left unset
+/// filled from it.
+struct Job {
+    /// The flags, filled.
+    args: Args,
+    /// The Slurm job (`--slurm auto` and `SLURM_JOB_ID`), if any.
+    slurm: Option<crate::slurm::SlurmJob>,
+    /// What was taken from it, one line.
+    slurm_line: Option<String>,
+    /// The Kubernetes job (`--kubernetes auto`, outside Slurm), if one was recognized.
+    k8s: Option<crate::k8s::K8sJob>,
+    /// What was taken from it, one line.
+    k8s_line: Option<String>,
+}
+
+/// Detects the Slurm or Kubernetes job (none with `--standalone`) and fills the flags the user
+/// left unset from it.
+///
+/// # Errors
+/// A Slurm variable that does not parse (`SLURM_JOB_NODELIST`, ...), or a Kubernetes variable
+/// the operator set to something drun cannot use.
+fn detect_job(args: &Args, host: &Host) -> Result<Job, ConfigError> {
     let slurm = match args.slurm {
         SlurmMode::Auto if !args.standalone => slurm::detect(|k| host.var(k).map(str::to_string))?,
         _ => None,
@@ -48,257 +154,32 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         });
     }
     let k8s_line = k8s.as_ref().map(|job| job.fill(&mut filled));
-    let a = &filled;
-    refuse_unsupported(a)?;
-    let (min_nodes, max_nodes) = parse_nnodes(&a.nnodes)?;
-    let nproc_per_node = parse_nproc(&a.nproc_per_node, host.cpu_count, host.gpu_count)?;
-    let monitor_interval = seconds("--monitor-interval", a.monitor_interval, false)?;
-    let in_k8s = crate::container::in_kubernetes(|k| host.var(k).map(str::to_string));
-    let shutdown_timeout = shutdown_timeout(a.shutdown_timeout, slurm.is_some(), in_k8s, host)?;
-    let peer_exit_wait = seconds("--peer-exit-wait", a.peer_exit_wait, true)?;
-    let hang_timeout = super::timing::hang_timeout(&a.hang_timeout)?;
-    check_stdin_rank(a.stdin_rank, nproc_per_node)?;
-    let numa = numa_binding(a.numa_binding.as_deref(), nproc_per_node, host)?;
-    virtual_devices(a.virtual_local_rank, nproc_per_node, host)?;
-    let redirects = StdSpec::parse("--redirects", &a.redirects)?;
-    let tee = StdSpec::parse("--tee", &a.tee)?;
-    let local_ranks_filter = parse_ranks_filter(&a.local_ranks_filter)?;
-    let signals = parse_signals(&a.signals_to_handle)?;
-    let rdzv_conf = parse_rdzv_conf(&a.rdzv_conf)?;
-    // An explicit empty template means "no prefix"; the environment variable only counts
-    // when non-empty (torchrun treats it so).
-    let prefix_template = a.log_line_prefix_template.clone().or_else(|| {
-        host.var("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
-            .filter(|t| !t.is_empty())
-            .map(str::to_string)
-    });
-    let mut notes = unused_conf_notes(&rdzv_conf);
-    notes.extend(ranks_filter_note(
-        local_ranks_filter.as_ref(),
-        nproc_per_node,
-    ));
-    notes.extend(
-        a.local_addr
-            .as_deref()
-            .zip(host.local_addr.as_ref())
-            .and_then(|(flag, check)| super::local_addr::note(flag, check)),
-    );
-    let timing = Timing::from_conf(&rdzv_conf)?;
-    let nodes = Nodes {
-        min: min_nodes,
-        max: max_nodes,
-        conf: &rdzv_conf,
-        slurm: slurm.as_ref(),
-        k8s: k8s.as_ref(),
-    };
-    let (rendezvous, run_id) =
-        rendezvous_mode(a, &nodes, host, &mut notes).map_err(|e| with_k8s_hint(e, k8s.as_ref()))?;
-    let rdzv_host_tls = host_tls(a, &rendezvous)?;
-    scheme_agrees_with_tls(&rendezvous, a.rdzv_tls_ca.is_some())?;
-    let requested_node_rank = a.node_rank.filter(|_| !rendezvous.is_static());
-    if a.start_method != "spawn" {
-        notes.push(format!(
-            "--start-method {} only affects function entrypoints in torchrun; drun starts processes directly",
-            a.start_method
-        ));
-    }
-    let (python, python_source) = super::python::interpreter(a, host)?;
-    let entrypoint = entrypoint(a, python.as_deref())?;
-    super::python::check_path(entrypoint.kind, &entrypoint.script, python.as_deref(), host)?;
-    // Like torchrun's node descriptor (address, pid): unique even for several agents per host,
-    // and sorted first by address so ranks follow hosts.
-    let address = a.local_addr.as_deref().unwrap_or(&host.hostname);
-    let node_id = format!("{address}_{}", host.pid);
-    let (ckpt, preempt_signal) = super::ckpt::checkpoint_flags(a, &rendezvous)?;
-    let worker_store = WorkerStoreMode::parse(&a.worker_store).ok_or_else(|| {
-        invalid(
-            "--worker-store",
-            a.worker_store.clone(),
-            "expected agent or rank0",
-        )
-    })?;
-    Ok(LaunchConfig {
-        min_nodes,
-        max_nodes,
-        nproc_per_node,
-        rendezvous,
-        log_format: a.log_format,
-        run_id,
-        node_id,
-        max_restarts: a.max_restarts,
-        monitor_interval,
-        role: a.role.clone(),
-        entrypoint,
-        python,
-        python_source,
-        log_dir: a.log_dir.clone(),
-        redirects,
-        tee,
-        local_ranks_filter,
-        prefix_template,
-        signals,
-        signals_to_handle: a.signals_to_handle.clone(),
-        shutdown_timeout,
-        peer_exit_wait,
-        hang_timeout,
-        stdin_rank: a.stdin_rank,
-        warm_workers: a.warm_workers,
-        numa,
-        virtual_local_rank: a.virtual_local_rank,
-        worker_store,
-        rdzv_conf,
-        timing,
-        requested_node_rank,
-        advertise_addr: a.local_addr.clone(),
-        notes,
-        ckpt,
-        slurm_secret: slurm.as_ref().and_then(|_| {
-            crate::slurm_token::secret_path(
-                host.var(crate::slurm_token::SECRET_VAR),
-                host.var("HOME"),
-            )
-        }),
+    Ok(Job {
+        args: filled,
         slurm,
         slurm_line,
         k8s,
         k8s_line,
-        termination_log: a.container.termination_log.clone(),
-        state_dir: a.container.state_dir.clone(),
-        container_restarts: None,
-        on_preempt: a.on_preempt,
-        preempt_signal,
-        requeue: a.requeue,
-        env_check: EnvCheck::parse(&a.env_check).ok_or_else(|| {
-            invalid(
-                "--env-check",
-                a.env_check.clone(),
-                "expected off, warn or strict",
-            )
-        })?,
-        fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
-        metrics_port: a.observe.metrics_port,
-        straggler_factor: straggler_factor(a.observe.straggler_factor)?,
-        preflight: preflight(a)?,
-        rdzv_token_file: a.rdzv_token_file.clone(),
-        rdzv_token: crate::rdzv::token::resolve(None, host.var(crate::rdzv::token::TOKEN_VAR))
-            .map_err(ConfigError::Credential)?,
-        rdzv_tls_files: match (&a.rdzv_tls_ca, &a.rdzv_tls_cert, &a.rdzv_tls_key) {
-            (None, Some(f), _) | (None, None, Some(f)) => {
-                return Err(invalid(
-                    "--rdzv-tls-cert/--rdzv-tls-key",
-                    f.display().to_string(),
-                    "a client certificate is sent only over TLS: give --rdzv-tls-ca CA.pem too",
-                ))
-            }
-            (ca, cert, key) => ca.clone().map(|ca| (ca, cert.clone(), key.clone())),
-        },
-        rdzv_tls: None,
-        rdzv_host_tls,
-        etcd_access_files: a.etcd.files(),
-        etcd_access: Default::default(),
     })
 }
 
-/// A `https://` drun or c10d endpoint needs `--rdzv-tls-ca` (the scheme alone cannot say which CA
-/// to trust), and an `http://` one contradicts it: both said at start, not at the join timeout.
-fn scheme_agrees_with_tls(mode: &RendezvousMode, tls: bool) -> Result<(), ConfigError> {
-    let eps: &[String] = match mode {
-        RendezvousMode::Server { endpoints } => endpoints,
-        RendezvousMode::C10d { endpoint, .. } => std::slice::from_ref(endpoint),
-        _ => &[],
-    };
-    for e in eps {
-        if e.starts_with("https://") && !tls {
-            return Err(ConfigError::Missing {
-                flag: "--rdzv-tls-ca",
-                why: format!(
-                    "{e} asks for TLS: give --rdzv-tls-ca with the CA of the server's certificate"
-                ),
-            });
-        }
-        if e.starts_with("http://") && tls {
-            return Err(invalid(
-                "--rdzv-endpoint",
-                e.clone(),
-                "http:// is plaintext but --rdzv-tls-ca asks for TLS: write HOST:PORT or https://HOST:PORT",
-            ));
-        }
-    }
-    Ok(())
+/// `--start-method` other than `spawn` changes nothing for drun: a note saying so.
+fn start_method_note(method: &str) -> Option<String> {
+    (method != "spawn").then(|| {
+        format!(
+            "--start-method {method} only affects function entrypoints in torchrun; drun starts processes directly"
+        )
+    })
 }
 
-/// `--rdzv-host-tls-cert`/`-key`: the TLS identity of a c10d host. Under c10d any node may host,
-/// and its clients (itself included) reach it as `--rdzv-tls-ca` says, so the two come
-/// together; other backends host nothing.
-fn host_tls(
-    a: &crate::cli::Args,
-    mode: &RendezvousMode,
-) -> Result<Option<drun_rendezvous::tls::ServerTlsFiles>, ConfigError> {
-    let c10d = matches!(mode, RendezvousMode::C10d { .. });
-    let h = &a.host_tls;
-    match (&h.rdzv_host_tls_cert, &h.rdzv_host_tls_key) {
-        (Some(cert), Some(key)) => {
-            if !c10d {
-                return Err(ConfigError::Conflict(
-                    "--rdzv-host-tls-cert",
-                    "a --rdzv-backend other than c10d (only a c10d agent hosts the rendezvous)",
-                ));
-            }
-            let Some(ca) = &a.rdzv_tls_ca else {
-                return Err(ConfigError::Missing {
-                    flag: "--rdzv-tls-ca",
-                    why: "a c10d host serving TLS is reached over TLS by every node, itself included: give every node --rdzv-tls-ca with the CA of --rdzv-host-tls-cert".into(),
-                });
-            };
-            let files = drun_rendezvous::tls::ServerTlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                // With client certificates of their own the nodes require them of each other.
-                client_ca: a.rdzv_tls_cert.as_ref().map(|_| ca.clone()),
-            };
-            Ok(Some(files))
-        }
-        _ if c10d && a.rdzv_tls_ca.is_some() => Err(ConfigError::Missing {
-            flag: "--rdzv-host-tls-cert",
-            why: "with --rdzv-backend c10d and --rdzv-tls-ca any node may host the rendezvous and must serve it over TLS: give every node --rdzv-host-tls-cert and --rdzv-host-tls-key for the --rdzv-endpoint host".into(),
-        }),
-        _ => Ok(None),
-    }
+/// `--worker-store`: `agent` or `rank0`.
+fn worker_store(v: &str) -> Result<WorkerStoreMode, ConfigError> {
+    WorkerStoreMode::parse(v).ok_or_else(|| invalid("--worker-store", v, "expected agent or rank0"))
 }
 
-/// `--preflight` and `--preflight-min-gbps` (a positive, finite number; only with `--preflight`).
-fn preflight(a: &crate::cli::Args) -> Result<Option<super::Preflight>, ConfigError> {
-    if let Some(v) = a.observe.preflight_min_gbps {
-        if !(v.is_finite() && v > 0.0) {
-            return Err(invalid(
-                "--preflight-min-gbps",
-                v.to_string(),
-                "expected a bandwidth in Gbit/s above 0, e.g. 10",
-            ));
-        }
-        if !a.observe.preflight {
-            return Err(invalid(
-                "--preflight-min-gbps",
-                v.to_string(),
-                "it only applies with --preflight; add --preflight",
-            ));
-        }
-    }
-    Ok(a.observe.preflight.then_some(super::Preflight {
-        min_gbps: a.observe.preflight_min_gbps,
-    }))
-}
-
-/// `--straggler-factor`: 0 (off) or a finite factor > 1.
-fn straggler_factor(v: f64) -> Result<f64, ConfigError> {
-    if v == 0.0 || (v.is_finite() && v > 1.0) {
-        return Ok(v);
-    }
-    Err(invalid(
-        "--straggler-factor",
-        v.to_string(),
-        "expected 0 (off) or a factor above 1, e.g. 1.5",
-    ))
+/// `--env-check`: `off`, `warn` or `strict`.
+fn env_check(v: &str) -> Result<EnvCheck, ConfigError> {
+    EnvCheck::parse(v).ok_or_else(|| invalid("--env-check", v, "expected off, warn or strict"))
 }
 
 /// A rendezvous error inside a pod whose operator setup was incomplete carries what detection
@@ -315,46 +196,54 @@ fn with_k8s_hint(e: ConfigError, k8s: Option<&crate::k8s::K8sJob>) -> ConfigErro
     }
 }
 
-/// `--numa-binding`: each local rank's CPUs, from this node's topology (`DRUN_TOPOLOGY_ROOT`,
-/// a test's fixture tree, stands for `/`) and the GPUs `CUDA_VISIBLE_DEVICES` leaves visible.
-fn numa_binding(
-    mode: Option<&str>,
-    nproc_per_node: u32,
-    host: &Host,
-) -> Result<Option<crate::numa::Binding>, ConfigError> {
-    let Some(m) = mode else {
-        return Ok(None);
-    };
-    let refuse = |why: String| invalid("--numa-binding", m, why);
-    let mode: crate::numa::NumaMode = m.parse().map_err(refuse)?;
-    let root = std::path::Path::new(host.var("DRUN_TOPOLOGY_ROOT").unwrap_or("/"));
-    crate::numa::resolve(
-        mode,
-        nproc_per_node,
-        root,
-        host.var("CUDA_VISIBLE_DEVICES"),
-        &crate::numa::allowed_cpus(),
-    )
-    .map(Some)
-    .map_err(|e| refuse(e.to_string()))
-}
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{args, host, with_env};
+    use super::*;
 
-/// `--virtual-local-rank` picks each local rank's device from the agent's visible-devices list:
-/// one shorter than `--nproc-per-node` is refused (torchrun fails the launch on it).
-fn virtual_devices(on: bool, nproc_per_node: u32, host: &Host) -> Result<(), ConfigError> {
-    let var = ["HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]
-        .into_iter()
-        .find_map(|k| host.var(k).filter(|v| !v.is_empty()).map(|v| (k, v)));
-    match var {
-        Some((k, list)) if on && crate::env::virtual_device(Some(list), nproc_per_node - 1).is_none() => {
-            Err(invalid(
-                "--virtual-local-rank",
-                format!("{k}={list}"),
-                format!(
-                    "{nproc_per_node} local ranks need {nproc_per_node} devices in {k}; list more or lower --nproc-per-node"
-                ),
-            ))
-        }
-        _ => Ok(()),
+    #[test]
+    fn unknown_worker_store_and_env_check_modes_are_refused() {
+        assert_eq!(
+            worker_store("both").unwrap_err().to_string(),
+            "invalid --worker-store 'both': expected agent or rank0"
+        );
+        assert!(worker_store("rank0").is_ok());
+        assert_eq!(
+            env_check("loud").unwrap_err().to_string(),
+            "invalid --env-check 'loud': expected off, warn or strict"
+        );
+        assert!(env_check("strict").is_ok());
+    }
+
+    #[test]
+    fn only_a_start_method_other_than_spawn_is_noted() {
+        assert_eq!(start_method_note("spawn"), None);
+        assert!(start_method_note("fork")
+            .unwrap()
+            .contains("--start-method fork"));
+    }
+
+    #[test]
+    fn a_slurm_job_fills_the_flags_and_a_bad_nodelist_is_refused() {
+        let job = [
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_JOB_NUM_NODES", "2"),
+            ("SLURM_NODEID", "0"),
+            ("SLURM_JOB_NODELIST", "n[1-2]"),
+        ];
+        let found = detect_job(&args(&["t.py"]), &with_env(&job)).expect("a job");
+        assert!(found.slurm.is_some() && found.k8s.is_none());
+        let standalone = detect_job(&args(&["--standalone", "t.py"]), &with_env(&job)).unwrap();
+        assert!(standalone.slurm.is_none());
+        let bad = [job[0], job[1], job[2], ("SLURM_JOB_NODELIST", "n[1-")];
+        let e = detect_job(&args(&["t.py"]), &with_env(&bad))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.starts_with("invalid SLURM_JOB_NODELIST 'n[1-'"), "{e}");
+        assert!(detect_job(&args(&["t.py"]), &host())
+            .unwrap()
+            .slurm
+            .is_none());
     }
 }

@@ -202,7 +202,7 @@ pub fn rows(
         },
         Row {
             setting: "max-restarts",
-            value: cfg.max_restarts.to_string(),
+            value: cfg.supervision.max_restarts.to_string(),
             source: source(&["max_restarts"], false),
         },
         Row {
@@ -212,7 +212,7 @@ pub fn rows(
         },
         Row {
             setting: "shutdown-timeout",
-            value: drun_rendezvous::human::duration(cfg.shutdown_timeout),
+            value: drun_rendezvous::human::duration(cfg.supervision.shutdown_timeout),
             source: shutdown_source,
         },
         Row {

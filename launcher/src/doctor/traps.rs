@@ -77,12 +77,12 @@ impl Probes {
             } => ports.push(("--master-port", *port)),
             RendezvousMode::Embedded { .. } => {}
         }
-        if let Some(port) = cfg.metrics_port.filter(|p| *p != 0) {
+        if let Some(port) = cfg.observe.metrics_port.filter(|p| *p != 0) {
             ports.push(("--metrics-port", port));
         }
         for (what, ep) in names {
             if let Err(why) = crate::dns::resolve(&ep).await {
-                p.unresolved.push((what, ep, why));
+                p.unresolved.push((what, ep, why.to_string()));
             }
         }
         for ep in dialed {
@@ -152,20 +152,23 @@ pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes
     }
     for (ep, answer) in &probes.listeners {
         match verdict(answer, ep) {
-            Err(line) => w.push(line),
-            Ok(Some(_)) if *answer == Answer::Tls && cfg.rdzv_tls_files.is_some() => {}
+            Err(line) => w.push(line.to_string()),
+            Ok(Some(_)) if *answer == Answer::Tls && cfg.security.rdzv_tls_files.is_some() => {}
             Ok(Some(reason)) => w.push(format!("the rendezvous {ep}: {reason}")),
             Ok(None) => {}
         }
     }
     let in_k8s = crate::container::in_kubernetes(|k| host.var(k).map(str::to_string));
-    if in_k8s && cfg.shutdown_timeout + K8S_GRACE_PERIOD - K8S_SHUTDOWN_TIMEOUT > K8S_GRACE_PERIOD {
+    if in_k8s
+        && cfg.supervision.shutdown_timeout + K8S_GRACE_PERIOD - K8S_SHUTDOWN_TIMEOUT
+            > K8S_GRACE_PERIOD
+    {
         w.push(format!(
             "--shutdown-timeout {} leaves drun less than 5 s of the default \
              terminationGracePeriodSeconds (30 s): the kubelet would SIGKILL drun before the \
              workers are stopped; set terminationGracePeriodSeconds to at least {} s",
-            drun_rendezvous::human::duration(cfg.shutdown_timeout),
-            (cfg.shutdown_timeout + Duration::from_secs(5)).as_secs()
+            drun_rendezvous::human::duration(cfg.supervision.shutdown_timeout),
+            (cfg.supervision.shutdown_timeout + Duration::from_secs(5)).as_secs()
         ));
     }
     // A shell as PID 1 (`command: ["sh", "-c", "drun ..."]`) gets the kubelet's SIGTERM and,

@@ -49,7 +49,10 @@ pub fn config_keys(cfg: &LaunchConfig, script_sha256: Option<String>) -> Fingerp
         format!("{}:{}", cfg.min_nodes, cfg.max_nodes),
     );
     put("config.nproc-per-node", cfg.nproc_per_node.to_string());
-    put("config.max-restarts", cfg.max_restarts.to_string());
+    put(
+        "config.max-restarts",
+        cfg.supervision.max_restarts.to_string(),
+    );
     put("config.script", cfg.entrypoint.script.clone());
     put(
         "config.args",

@@ -7,6 +7,22 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
+/// Why a directory may not hold this user's private directory ([`parent_verdict`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnsafeParent {
+    /// Owned by another user than this one or root.
+    #[error("it belongs to user {owner}, not to this user ({me}) or root")]
+    Owner {
+        /// Its owner.
+        owner: u32,
+        /// This user.
+        me: u32,
+    },
+    /// Writable by group or others without the sticky bit (its permission bits).
+    #[error("other users may write to it (mode {0:o}) and it lacks the sticky bit")]
+    Writable(u32),
+}
+
 /// Whether a directory with `mode` (st_mode), owned by `owner`, may hold this user's (`me`)
 /// private directory; `Err`: why not and what to do, one line.
 ///
@@ -15,18 +31,13 @@ use std::path::Path;
 /// assert!(parent_verdict(0o41777, 0, 1000).is_ok()); // /tmp: sticky, root's
 /// assert!(parent_verdict(0o40777, 1000, 1000).is_err()); // anyone may rename in it
 /// ```
-pub fn parent_verdict(mode: u32, owner: u32, me: u32) -> Result<(), String> {
+pub fn parent_verdict(mode: u32, owner: u32, me: u32) -> Result<(), UnsafeParent> {
     const STICKY: u32 = 0o1000;
     if owner != me && owner != 0 {
-        return Err(format!(
-            "it belongs to user {owner}, not to this user ({me}) or root"
-        ));
+        return Err(UnsafeParent::Owner { owner, me });
     }
     if mode & 0o022 != 0 && mode & STICKY == 0 {
-        return Err(format!(
-            "other users may write to it (mode {:o}) and it lacks the sticky bit",
-            mode & 0o7777
-        ));
+        return Err(UnsafeParent::Writable(mode & 0o7777));
     }
     Ok(())
 }
@@ -40,7 +51,8 @@ pub fn parent_verdict(mode: u32, owner: u32, me: u32) -> Result<(), String> {
 pub fn create(parent: &Path, prefix: &str) -> std::io::Result<tempfile::TempDir> {
     let me = nix::unistd::geteuid().as_raw();
     let meta = std::fs::metadata(parent)?;
-    parent_verdict(meta.mode(), meta.uid(), me).map_err(|why| unsafe_dir(parent, &why))?;
+    parent_verdict(meta.mode(), meta.uid(), me)
+        .map_err(|why| unsafe_dir(parent, &why.to_string()))?;
     let dir = tempfile::Builder::new().prefix(prefix).tempdir_in(parent)?;
     // tempfile creates it under the umask (0755 typically): closed before anything goes in.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
@@ -77,13 +89,13 @@ mod tests {
         assert!(parent_verdict(0o40700, 1000, 1000).is_ok());
         assert!(parent_verdict(0o40755, 0, 1000).is_ok());
         assert!(parent_verdict(0o41777, 0, 1000).is_ok());
-        let e = parent_verdict(0o40777, 0, 1000).unwrap_err();
+        let e = parent_verdict(0o40777, 0, 1000).unwrap_err().to_string();
         assert!(e.contains("mode 777") && e.contains("sticky"), "{e}");
         assert!(
             parent_verdict(0o40775, 1000, 1000).is_err(),
             "group-writable"
         );
-        let e = parent_verdict(0o40700, 1001, 1000).unwrap_err();
+        let e = parent_verdict(0o40700, 1001, 1000).unwrap_err().to_string();
         assert!(e.contains("user 1001"), "{e}");
     }
 

@@ -55,10 +55,37 @@ pub async fn dump(ranks: &[(u32, i32)], signal: Signal) {
     }
 }
 
+/// Why `py-spy dump` gave no stacks.
+#[derive(Debug, thiserror::Error)]
+enum PySpyError {
+    /// It cannot be started.
+    #[error("cannot run {}: {source}", path.display())]
+    Spawn {
+        /// The py-spy found.
+        path: std::path::PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// It ran past [`PY_SPY_WAIT`] and was killed.
+    #[error("timed out after {} s", PY_SPY_WAIT.as_secs())]
+    TimedOut,
+    /// Waiting for it failed.
+    #[error("{0}")]
+    Wait(#[source] std::io::Error),
+    /// It failed: its status and the first line of its stderr.
+    #[error("{status}: {stderr}")]
+    Failed {
+        /// How it exited.
+        status: std::process::ExitStatus,
+        /// Its stderr, on one line.
+        stderr: String,
+    },
+}
+
 /// `py-spy dump --pid PID`, killed after [`PY_SPY_WAIT`]; its output, or why there is none.
 /// Its pipes are drained by threads while it runs, so a large dump (many threads) cannot fill
 /// a pipe and block it. (Not `tokio::process`: drun reaps its children itself.)
-async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, String> {
+async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, PySpyError> {
     use std::process::{Command, Stdio};
     let mut child = Command::new(spy)
         .args(["dump", "--pid", &pid.to_string()])
@@ -66,7 +93,10 @@ async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", spy.display()))?;
+        .map_err(|source| PySpyError::Spawn {
+            path: spy.to_path_buf(),
+            source,
+        })?;
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
     let deadline = tokio::time::Instant::now() + PY_SPY_WAIT;
@@ -79,9 +109,9 @@ async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, String> {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("timed out after {} s", PY_SPY_WAIT.as_secs()));
+                return Err(PySpyError::TimedOut);
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(PySpyError::Wait(e)),
         }
     };
     let out = out.join().unwrap_or_default();
@@ -89,7 +119,10 @@ async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, String> {
     if status.success() {
         Ok(out)
     } else {
-        Err(format!("{status}: {}", one_line(&err)))
+        Err(PySpyError::Failed {
+            status,
+            stderr: one_line(&err),
+        })
     }
 }
 

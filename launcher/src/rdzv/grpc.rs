@@ -52,8 +52,8 @@ impl Creds {
     /// The credentials of a prepared launch config.
     pub fn of(cfg: &crate::LaunchConfig) -> Self {
         Creds {
-            token: cfg.rdzv_token.clone(),
-            tls: cfg.rdzv_tls.clone(),
+            token: cfg.security.rdzv_token.clone(),
+            tls: cfg.security.rdzv_tls.clone(),
         }
     }
 }
@@ -248,7 +248,7 @@ impl Client {
         target: &str,
         endpoint: &str,
         chain: &str,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, drun_rendezvous::foreign::ForeignServer> {
         let plain = drun_rendezvous::tls::Mode::Plain;
         if self.tls() != plain
             || self.reach.ever_connected()
@@ -284,7 +284,7 @@ impl Client {
                             "waiting for the rendezvous name to resolve: {why} (pods start at different times; retrying until the join timeout)"
                         );
                     }
-                    self.reach.failed_because(why);
+                    self.reach.failed_because(why.to_string());
                     self.back_off().await;
                     return Conn::Retry;
                 }
@@ -317,7 +317,7 @@ impl Client {
                     Ok(Some(found)) => found,
                     Ok(None) => explain(short_reason(&why), &why, self.tls()),
                     Err(line) => {
-                        let _ = self.events.send(Event::Error(line));
+                        let _ = self.events.send(Event::Error(line.to_string()));
                         return Conn::Fatal;
                     }
                 };
@@ -363,7 +363,7 @@ impl Client {
                     Ok(Some(found)) => found,
                     Ok(None) => explain(not_a_session(&s), &chain, self.tls()),
                     Err(line) => {
-                        let _ = self.events.send(Event::Error(line));
+                        let _ = self.events.send(Event::Error(line.to_string()));
                         return Some(Opened::Refused);
                     }
                 };

@@ -189,8 +189,12 @@ pub async fn open(
         }
         RendezvousMode::Etcd { endpoints } => {
             let store: Arc<dyn Store> = Arc::new(
-                etcd_reach::connect(endpoints, &cfg.etcd_access, session.round.join_timeout)
-                    .await?,
+                etcd_reach::connect(
+                    endpoints,
+                    &cfg.security.etcd_access,
+                    session.round.join_timeout,
+                )
+                .await?,
             );
             let (tx, rx) = spawn_session(store, session, None);
             Ok(Link {
@@ -204,15 +208,16 @@ pub async fn open(
                 let at = host_addr(endpoint, *is_host, cfg.timing.join_timeout).await?;
                 let json = cfg.log_format == crate::LogFormat::Json;
                 let tls = match cfg
+                    .security
                     .rdzv_host_tls
                     .as_ref()
                     .map(|f| f.load_named(crate::config::HOST_TLS_FLAGS))
                     .transpose()
                 {
                     Ok(t) => t,
-                    Err(why) => return Err(LaunchError::RendezvousFailed(why)),
+                    Err(why) => return Err(LaunchError::RendezvousFailed(why.to_string())),
                 };
-                match host(at, json, cfg.rdzv_token.clone(), tls).await {
+                match host(at, json, cfg.security.rdzv_token.clone(), tls).await {
                     Ok(h) => Some(h),
                     Err(e) if *is_host == Some(true) => {
                         return Err(LaunchError::RendezvousFailed(format!(
@@ -245,7 +250,8 @@ async fn host_addr(
     join_timeout: std::time::Duration,
 ) -> Result<SocketAddr, LaunchError> {
     use tokio::time::Instant;
-    let (_, port) = crate::dns::split(endpoint).map_err(LaunchError::RendezvousFailed)?;
+    let (_, port) =
+        crate::dns::split(endpoint).map_err(|e| LaunchError::RendezvousFailed(e.to_string()))?;
     if is_host == Some(true) {
         return Ok(crate::dns::resolve(endpoint).await.unwrap_or_else(|why| {
             tracing::info!("{why}: hosting the rendezvous on every interface, port {port}");
@@ -267,7 +273,7 @@ async fn host_addr(
                         "waiting for the rendezvous name to resolve: {why} (pods start at different times; retrying until the join timeout)"
                     );
                 }
-                reach.failed_because(why);
+                reach.failed_because(why.to_string());
             }
         }
         let v = reach.check(Instant::now(), false, None, limits, endpoint);

@@ -45,7 +45,7 @@ pub fn spawn(
                     if let Err(why) =
                         crate::dns::wait(&target, session.round.join_timeout, "master").await
                     {
-                        let _ = ev_tx.send(Event::Error(why));
+                        let _ = ev_tx.send(Event::Error(why.to_string()));
                         return;
                     }
                     generation += 1;

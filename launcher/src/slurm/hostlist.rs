@@ -1,6 +1,35 @@
 //! Slurm hostlists (`SLURM_JOB_NODELIST`): `n[1-3,7],gpu-a[01-02]` expanded into host names,
 //! within bounds on the names and bytes produced.
 
+/// A hostlist that does not parse, or expands past the bounds ([`parse_hostlist`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostlistError {
+    /// A `[` without `]` or the reverse.
+    #[error("unbalanced brackets")]
+    Unbalanced,
+    /// A bracket inside a bracket, or a `]` before its `[`.
+    #[error("unbalanced or nested brackets")]
+    Nested,
+    /// An empty item (`a,,b`).
+    #[error("empty host name")]
+    EmptyName,
+    /// A bracket part that is neither a number nor a `lo-hi` range.
+    #[error("'{0}' is not a number or range")]
+    NotARange(String),
+    /// A range whose end is below its start.
+    #[error("range '{0}' ends before it starts")]
+    Backwards(String),
+    /// A range of more than a million numbers.
+    #[error("range '{0}' is too large")]
+    RangeTooLarge(String),
+    /// A number padded wider than [`MAX_WIDTH`] digits.
+    #[error("'{0}' is padded wider than {MAX_WIDTH} digits")]
+    TooWide(String),
+    /// More than [`MAX_HOSTS`] names or [`MAX_HOSTLIST_BYTES`] bytes.
+    #[error("expands to more than {MAX_HOSTS} host names or {MAX_HOSTLIST_BYTES} bytes")]
+    TooLarge,
+}
+
 /// Expands a Slurm hostlist (`n[1-3,7],gpu-a[01-02],login`) into host names, in order.
 ///
 /// Follows Slurm's `hostlist_create` syntax: comma-separated items; in an item each bracket group
@@ -11,7 +40,7 @@
 /// Unbalanced brackets, an empty item or range, a range whose end is below its start, a
 /// number padded wider than [`MAX_WIDTH`] digits, a list that expands to more than
 /// [`MAX_HOSTS`] names or [`MAX_HOSTLIST_BYTES`] bytes of names.
-pub fn parse_hostlist(list: &str) -> Result<Vec<String>, String> {
+pub fn parse_hostlist(list: &str) -> Result<Vec<String>, HostlistError> {
     let mut items = Vec::new();
     let (mut depth, mut start) = (0i32, 0usize);
     for (i, c) in list.char_indices() {
@@ -25,11 +54,11 @@ pub fn parse_hostlist(list: &str) -> Result<Vec<String>, String> {
             _ => {}
         }
         if !(0..=1).contains(&depth) {
-            return Err("unbalanced or nested brackets".into());
+            return Err(HostlistError::Nested);
         }
     }
     if depth != 0 {
-        return Err("unbalanced brackets".into());
+        return Err(HostlistError::Unbalanced);
     }
     items.push(&list[start..]);
     let mut hosts = Vec::new();
@@ -40,7 +69,7 @@ pub fn parse_hostlist(list: &str) -> Result<Vec<String>, String> {
     for item in items {
         let item = item.trim();
         if item.is_empty() {
-            return Err("empty host name".into());
+            return Err(HostlistError::EmptyName);
         }
         let expanded = expand(item, &mut budget)?;
         budget.spend(&expanded)?;
@@ -68,7 +97,7 @@ struct Budget {
 
 impl Budget {
     /// Takes `names` out of the budget, or says the list is too large.
-    fn spend(&mut self, names: &[String]) -> Result<(), String> {
+    fn spend(&mut self, names: &[String]) -> Result<(), HostlistError> {
         self.check(names.len(), names.iter().map(String::len).sum())?;
         self.hosts -= names.len();
         self.bytes -= names.iter().map(String::len).sum::<usize>();
@@ -76,24 +105,22 @@ impl Budget {
     }
 
     /// Whether `hosts` more names of `bytes` bytes in all still fit.
-    fn check(&self, hosts: usize, bytes: usize) -> Result<(), String> {
+    fn check(&self, hosts: usize, bytes: usize) -> Result<(), HostlistError> {
         if hosts > self.hosts || bytes > self.bytes {
-            return Err(format!(
-                "expands to more than {MAX_HOSTS} host names or {MAX_HOSTLIST_BYTES} bytes"
-            ));
+            return Err(HostlistError::TooLarge);
         }
         Ok(())
     }
 }
 
-fn expand(item: &str, budget: &mut Budget) -> Result<Vec<String>, String> {
+fn expand(item: &str, budget: &mut Budget) -> Result<Vec<String>, HostlistError> {
     let Some(open) = item.find('[') else {
         return Ok(vec![item.to_string()]);
     };
     let close = item[open..]
         .find(']')
         .map(|c| open + c)
-        .ok_or("unbalanced brackets")?;
+        .ok_or(HostlistError::Unbalanced)?;
     let (prefix, body, rest) = (&item[..open], &item[open + 1..close], &item[close + 1..]);
     let tails = expand(rest, budget)?;
     let tail_bytes: usize = tails.iter().map(String::len).sum();
@@ -105,18 +132,18 @@ fn expand(item: &str, budget: &mut Budget) -> Result<Vec<String>, String> {
         let width = lo.len();
         let parse = |s: &str| {
             s.parse::<u64>()
-                .map_err(|_| format!("'{part}' is not a number or range"))
+                .map_err(|_| HostlistError::NotARange(part.to_string()))
         };
         let (a, b) = (parse(lo)?, parse(hi)?);
         if b < a {
-            return Err(format!("range '{part}' ends before it starts"));
+            return Err(HostlistError::Backwards(part.to_string()));
         }
         if b - a > 1_000_000 {
-            return Err(format!("range '{part}' is too large"));
+            return Err(HostlistError::RangeTooLarge(part.to_string()));
         }
         if width > MAX_WIDTH {
             // Formatting panics past u16::MAX digits of padding; no host name needs more than 20.
-            return Err(format!("'{part}' is padded wider than {MAX_WIDTH} digits"));
+            return Err(HostlistError::TooWide(part.to_string()));
         }
         for n in a..=b {
             let digits = n.checked_ilog10().map_or(1, |d| d as usize + 1);
@@ -167,12 +194,15 @@ mod tests {
         let long = format!("{}[0-999999]", "p".repeat(100));
         let twice = ["n[0-999999]"; 2].join(",");
         for bomb in ["a[0-999999]b[0-999999]", &long, &twice] {
-            let e = parse_hostlist(bomb).unwrap_err();
+            let e = parse_hostlist(bomb).unwrap_err().to_string();
             assert!(e.contains("expands to more than"), "{e}");
         }
         // Zero padding past u16::MAX digits made the formatter panic (found by the fuzz corpus).
         let wide = format!("n[{}1]", "0".repeat(70_000));
-        assert!(parse_hostlist(&wide).unwrap_err().contains("padded wider"));
+        assert!(parse_hostlist(&wide)
+            .unwrap_err()
+            .to_string()
+            .contains("padded wider"));
         assert_eq!(
             parse_hostlist(&format!("n[{}1]", "0".repeat(63))).unwrap()[0].len(),
             65

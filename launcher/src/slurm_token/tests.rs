@@ -62,6 +62,6 @@ fn the_secret_file_is_created_once_private_and_then_reused() {
         1
     );
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-    let e = read_or_create(&path).unwrap_err();
+    let e = read_or_create(&path).unwrap_err().to_string();
     assert!(e.contains("chmod 600"), "{e}");
 }

@@ -38,20 +38,43 @@ impl ScriptFile {
     }
 }
 
+/// Why this run's workers cannot start warm (any more), said once in the run's log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotWarm {
+    /// `--warm-workers off`.
+    #[error("--warm-workers off")]
+    Off,
+    /// The script is not a source file ([`ScriptFile::Other`]).
+    #[error("{0}")]
+    Script(&'static str),
+    /// `--no-python`.
+    #[error("--no-python runs an executable, not a Python script")]
+    Binary,
+    /// `-m`.
+    #[error("-m runs a module; warm workers run scripts only")]
+    Module,
+    /// `--run-path`.
+    #[error("--run-path runs the script with runpy; warm workers run `python script.py` only")]
+    RunPath,
+    /// The first warm interpreter could not import torch (its message).
+    #[error("the worker interpreter cannot import torch ({0})")]
+    NoTorch(String),
+    /// A warm interpreter could not be started (the reason).
+    #[error("a warm interpreter could not start ({0})")]
+    CannotStart(String),
+}
+
 /// Why this run's workers can never start warm, decided once at start; `Ok`: they can.
-pub fn eligibility(mode: WarmWorkers, kind: EntryKind, script: ScriptFile) -> Result<(), String> {
+pub fn eligibility(mode: WarmWorkers, kind: EntryKind, script: ScriptFile) -> Result<(), NotWarm> {
     if mode == WarmWorkers::Off {
-        return Err("--warm-workers off".into());
+        return Err(NotWarm::Off);
     }
     match (kind, script) {
         (EntryKind::Script, ScriptFile::Source) => Ok(()),
-        (EntryKind::Script, ScriptFile::Other(why)) => Err(why.into()),
-        (EntryKind::Binary, _) => Err("--no-python runs an executable, not a Python script".into()),
-        (EntryKind::Module, _) => Err("-m runs a module; warm workers run scripts only".into()),
-        (EntryKind::RunPath, _) => Err(
-            "--run-path runs the script with runpy; warm workers run `python script.py` only"
-                .into(),
-        ),
+        (EntryKind::Script, ScriptFile::Other(why)) => Err(NotWarm::Script(why)),
+        (EntryKind::Binary, _) => Err(NotWarm::Binary),
+        (EntryKind::Module, _) => Err(NotWarm::Module),
+        (EntryKind::RunPath, _) => Err(NotWarm::RunPath),
     }
 }
 
@@ -85,7 +108,7 @@ pub enum Start {
 
 /// How local rank's worker starts: `eligible` is [`eligibility`]'s verdict, `preflight` whether
 /// this generation runs the preflight check first, `warm` the rank's warm interpreter if any.
-pub fn choose(eligible: &Result<(), String>, preflight: bool, warm: Option<&Status>) -> Start {
+pub fn choose(eligible: &Result<(), NotWarm>, preflight: bool, warm: Option<&Status>) -> Start {
     if eligible.is_err() {
         // Said once per run by the pool, not per rank and generation.
         return Start::Cold(None);
@@ -146,13 +169,15 @@ mod tests {
             Ok(())
         );
         let off = eligibility(WarmWorkers::Off, EntryKind::Script, ScriptFile::Source);
-        assert_eq!(off.unwrap_err(), "--warm-workers off");
+        assert_eq!(off.unwrap_err().to_string(), "--warm-workers off");
         for (kind, says) in [
             (EntryKind::Binary, "--no-python"),
             (EntryKind::Module, "-m runs a module"),
             (EntryKind::RunPath, "--run-path"),
         ] {
-            let why = eligibility(ON, kind, ScriptFile::Source).unwrap_err();
+            let why = eligibility(ON, kind, ScriptFile::Source)
+                .unwrap_err()
+                .to_string();
             assert!(why.contains(says), "{why}");
         }
         let zip = eligibility(
@@ -160,7 +185,7 @@ mod tests {
             EntryKind::Script,
             ScriptFile::Other("the script is a zip archive"),
         );
-        assert_eq!(zip.unwrap_err(), "the script is a zip archive");
+        assert_eq!(zip.unwrap_err().to_string(), "the script is a zip archive");
     }
 
     #[test]
@@ -178,7 +203,7 @@ mod tests {
     fn cold_starts_say_why_unless_there_is_nothing_to_say() {
         let ok = Ok(());
         assert_eq!(choose(&ok, false, None), Start::Cold(None), "first start");
-        let never = Err("--warm-workers off".to_string());
+        let never = Err(NotWarm::Off);
         assert_eq!(
             choose(&never, false, Some(&Status::Importing)),
             Start::Cold(None)

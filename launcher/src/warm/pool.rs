@@ -13,7 +13,7 @@ use drun_rendezvous::Plan;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use super::decide::{choose, eligibility, ScriptFile, Start, Status};
+use super::decide::{choose, eligibility, NotWarm, ScriptFile, Start, Status};
 use super::handoff::{self, FD_VAR};
 use crate::command::EntryKind;
 use crate::group::GroupContext;
@@ -91,7 +91,7 @@ pub struct WarmPool {
     os: Arc<dyn Os>,
     /// Why the workers of this run cannot start warm (decided at start, or once the first
     /// interpreter could not import torch).
-    eligible: Result<(), String>,
+    eligible: Result<(), NotWarm>,
     slots: BTreeMap<u32, Warm>,
     /// A generation started (so a later start is a restart, where a cold start is said).
     started: bool,
@@ -147,7 +147,7 @@ impl WarmPool {
         }
         if let Some(e) = no_torch {
             tracing::debug!(error = %e, "the warm interpreter cannot import torch; warm workers off");
-            self.eligible = Err(format!("the worker interpreter cannot import torch ({e})"));
+            self.eligible = Err(NotWarm::NoTorch(e));
             self.kill_all();
         }
     }
@@ -283,7 +283,7 @@ pub async fn prestart(
 ) {
     let wanted: Vec<u32> = {
         let pool = pool.lock().expect("warm pool mutex poisoned");
-        if pool.eligible.is_err() || cfg.preflight.is_some() {
+        if pool.eligible.is_err() || cfg.observe.preflight.is_some() {
             return;
         }
         (0..cfg.nproc_per_node)
@@ -349,7 +349,7 @@ async fn start_one(
         }
         Err(e) => {
             tracing::debug!(error = %e, "cannot start a warm interpreter; warm workers off");
-            pool.eligible = Err(format!("a warm interpreter could not start ({e})"));
+            pool.eligible = Err(NotWarm::CannotStart(e.to_string()));
             false
         }
     }

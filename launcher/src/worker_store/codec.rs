@@ -95,6 +95,8 @@ impl fmt::Display for DecodeError {
     }
 }
 
+impl std::error::Error for DecodeError {}
+
 /// Reading stopped: the query is not complete yet, or it is malformed.
 enum Stop {
     More,

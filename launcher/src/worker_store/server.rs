@@ -19,7 +19,27 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::codec::{self, Query, Reply, VALIDATION_MAGIC};
-use super::state::{ClientId, State};
+use super::state::{ClientId, State, StoreError};
+
+/// Why a worker's connection to the store is closed: it broke the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum ProtocolError {
+    /// A query that does not decode.
+    #[error("bad query: {0}")]
+    BadQuery(#[source] codec::DecodeError),
+    /// A validation with another number than [`VALIDATION_MAGIC`].
+    #[error("bad validation number {0:#x}")]
+    BadValidation(u32),
+    /// A query before the validation.
+    #[error("query before validation")]
+    NotValidated,
+    /// A second validation.
+    #[error("validation repeated")]
+    Repeated,
+    /// A query the store refuses.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
 
 /// Read buffer growth step, in bytes.
 const READ_CHUNK: usize = 4096;
@@ -125,7 +145,7 @@ async fn serve_client(
                 Err(e) => return format!("read error: {e}"),
                 Ok(_) => {
                     if let Err(why) = handle_input(&mut buf, id, shared, &mut validated) {
-                        return why;
+                        return why.to_string();
                     }
                     if buf.capacity() - buf.len() < READ_CHUNK {
                         buf.reserve(READ_CHUNK);
@@ -147,13 +167,13 @@ fn handle_input(
     id: ClientId,
     shared: &SharedRef,
     validated: &mut bool,
-) -> Result<(), String> {
+) -> Result<(), ProtocolError> {
     let mut used = 0;
     let result = loop {
         let (query, n) = match codec::decode(&buf[used..]) {
             Ok(Some(q)) => q,
             Ok(None) => break Ok(()),
-            Err(e) => break Err(format!("bad query: {e}")),
+            Err(e) => break Err(ProtocolError::BadQuery(e)),
         };
         used += n;
         if let Err(e) = handle_query(query, id, shared, validated) {
@@ -169,22 +189,22 @@ fn handle_query(
     id: ClientId,
     shared: &SharedRef,
     validated: &mut bool,
-) -> Result<(), String> {
+) -> Result<(), ProtocolError> {
     let mut s = lock(shared);
     match (query, *validated) {
         (Query::Validate { magic }, false) if magic == VALIDATION_MAGIC => {
             *validated = true;
             Ok(())
         }
-        (Query::Validate { magic }, false) => Err(format!("bad validation number {magic:#x}")),
-        (_, false) => Err("query before validation".into()),
-        (Query::Validate { .. }, true) => Err("validation repeated".into()),
+        (Query::Validate { magic }, false) => Err(ProtocolError::BadValidation(magic)),
+        (_, false) => Err(ProtocolError::NotValidated),
+        (Query::Validate { .. }, true) => Err(ProtocolError::Repeated),
         (Query::Ping { nonce }, true) => {
             send(&s, id, &Reply::U32(nonce));
             Ok(())
         }
         (query, true) => {
-            let out = s.state.apply(id, query).map_err(|e| e.to_string())?;
+            let out = s.state.apply(id, query)?;
             for (to, reply) in &out {
                 send(&s, *to, reply);
             }

@@ -16,19 +16,24 @@ fn token_files_hold_global_and_run_scoped_tokens() {
 
 #[test]
 fn a_bad_token_line_is_named_by_number_not_content() {
-    let err = parse_tokens("ok\nrun tok extra-secret\n").unwrap_err();
+    let err = parse_tokens("ok\nrun tok extra-secret\n")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("line 2"), "{err}");
     assert!(!err.contains("extra-secret"), "{err}");
     let long = "x".repeat(MAX_TOKEN_LEN + 1);
-    assert!(parse_tokens(&long).unwrap_err().contains("line 1"));
+    assert!(parse_tokens(&long)
+        .unwrap_err()
+        .to_string()
+        .contains("line 1"));
     // A token gRPC metadata cannot carry would never match; a run id no run can have, neither.
-    let err = parse_tokens("ok\nrun sécret\n").unwrap_err();
+    let err = parse_tokens("ok\nrun sécret\n").unwrap_err().to_string();
     assert!(
         err.contains("line 2") && err.contains("printable ASCII"),
         "{err}"
     );
     assert!(!err.contains("sécret"), "{err}");
-    let err = parse_tokens("../x tok\n").unwrap_err();
+    let err = parse_tokens("../x tok\n").unwrap_err().to_string();
     assert!(err.contains("line 1") && err.contains("run id"), "{err}");
 }
 
@@ -122,10 +127,14 @@ fn empty_or_unreadable_files_are_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("empty");
     std::fs::write(&empty, "# nothing\n").unwrap();
-    assert!(Auth::from_files(&[empty]).unwrap_err().contains("no token"));
+    assert!(Auth::from_files(&[empty])
+        .unwrap_err()
+        .to_string()
+        .contains("no token"));
     let gone = dir.path().join("gone");
     assert!(Auth::from_files(&[gone])
         .unwrap_err()
+        .to_string()
         .contains("cannot read"));
     assert!(Auth::from_files(&[]).unwrap().is_open());
 }

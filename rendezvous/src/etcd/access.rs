@@ -47,24 +47,70 @@ impl std::fmt::Debug for EtcdAccess {
     }
 }
 
-fn read(what: &str, flag: &str, p: &Path) -> Result<Vec<u8>, String> {
-    std::fs::read(p).map_err(|e| format!("cannot read the {what} {} ({flag}): {e}", p.display()))
+/// Incomplete etcd access flags, or a file of theirs that cannot be used: one line naming the
+/// flag, never the password.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdAccessError {
+    /// A file that cannot be read.
+    #[error("cannot read the {what} {} ({flag}): {source}", path.display())]
+    Read {
+        /// What the file should hold ("client key").
+        what: &'static str,
+        /// The flag that named it.
+        flag: &'static str,
+        /// Its path, as given.
+        path: PathBuf,
+        /// Why it cannot be read.
+        source: std::io::Error,
+    },
+    /// `--etcd-password-file` is not UTF-8.
+    #[error("the password file {} is not UTF-8", .0.display())]
+    PasswordNotUtf8(PathBuf),
+    /// `--etcd-password-file` holds no line.
+    #[error("the password file {} is empty; write the password on its first line", .0.display())]
+    PasswordEmpty(PathBuf),
+    /// Only one of `--etcd-cert` and `--etcd-key`.
+    #[error("--etcd-cert and --etcd-key go together: give both")]
+    HalfIdentity,
+    /// `--etcd-cert` without `--etcd-cacert`.
+    #[error("--etcd-cert needs --etcd-cacert (the CA that signed etcd's certificate)")]
+    CertWithoutCa,
+    /// `--etcd-user NAME:PASSWORD`.
+    #[error("--etcd-user takes the user name only; put the password in --etcd-password-file or DRUN_ETCD_PASSWORD")]
+    PasswordInUser,
+    /// `--etcd-user` without a password.
+    #[error("--etcd-user {0} needs a password: --etcd-password-file PATH or {PASSWORD_VAR}")]
+    NoPassword(String),
+    /// `--etcd-password-file` without `--etcd-user`.
+    #[error("--etcd-password-file needs --etcd-user NAME")]
+    NoUser,
+    /// An `https://` endpoint without TLS.
+    #[error("etcd endpoint {0} is https: give --etcd-cacert CA.pem (the CA that signed etcd's certificate)")]
+    HttpsWithoutCa(String),
+    /// A plaintext endpoint with TLS on.
+    #[error("etcd endpoint {0} is not https but --etcd-cacert is given; write it HOST:PORT or https://HOST:PORT")]
+    NotHttps(String),
+}
+
+fn read(what: &'static str, flag: &'static str, p: &Path) -> Result<Vec<u8>, EtcdAccessError> {
+    std::fs::read(p).map_err(|source| EtcdAccessError::Read {
+        what,
+        flag,
+        path: p.to_path_buf(),
+        source,
+    })
 }
 
 /// The password: the first non-blank line of `file`, else `env` when non-empty.
-fn password(file: Option<&Path>, env: Option<&str>) -> Result<Option<Secret>, String> {
+fn password(file: Option<&Path>, env: Option<&str>) -> Result<Option<Secret>, EtcdAccessError> {
     let Some(f) = file else {
         return Ok(env.filter(|p| !p.trim().is_empty()).map(Secret::new));
     };
     let text = String::from_utf8(read("password file", "--etcd-password-file", f)?)
-        .map_err(|_| format!("the password file {} is not UTF-8", f.display()))?;
+        .map_err(|_| EtcdAccessError::PasswordNotUtf8(f.to_path_buf()))?;
     let line = text.lines().map(str::trim).find(|l| !l.is_empty());
-    line.map(|l| Some(Secret::new(l))).ok_or_else(|| {
-        format!(
-            "the password file {} is empty; write the password on its first line",
-            f.display()
-        )
-    })
+    line.map(|l| Some(Secret::new(l)))
+        .ok_or_else(|| EtcdAccessError::PasswordEmpty(f.to_path_buf()))
 }
 
 impl EtcdAccessFiles {
@@ -80,14 +126,14 @@ impl EtcdAccessFiles {
     /// One line naming the flag: a file that cannot be read, `--etcd-cert` without `--etcd-key`
     /// (or the reverse) or without `--etcd-cacert`, a user without a password or a password
     /// without a user, a user written `NAME:PASSWORD`. Never the password.
-    pub fn load(&self, password_env: Option<&str>) -> Result<EtcdAccess, String> {
+    pub fn load(&self, password_env: Option<&str>) -> Result<EtcdAccess, EtcdAccessError> {
         let identity = match (&self.cert, &self.key) {
             (Some(c), Some(k)) => Some(Identity::from_pem(
                 read("client certificate", "--etcd-cert", c)?,
                 read("client key", "--etcd-key", k)?,
             )),
             (None, None) => None,
-            _ => return Err("--etcd-cert and --etcd-key go together: give both".into()),
+            _ => return Err(EtcdAccessError::HalfIdentity),
         };
         let tls = match &self.cacert {
             Some(ca) => {
@@ -98,31 +144,15 @@ impl EtcdAccessFiles {
                 }
                 Some(t)
             }
-            None if identity.is_some() => {
-                return Err(
-                    "--etcd-cert needs --etcd-cacert (the CA that signed etcd's certificate)"
-                        .into(),
-                )
-            }
+            None if identity.is_some() => return Err(EtcdAccessError::CertWithoutCa),
             None => None,
         };
         let pass = password(self.password_file.as_deref(), password_env)?;
         let user = match (&self.user, pass) {
-            (Some(u), _) if u.contains(':') => {
-                return Err(
-                    "--etcd-user takes the user name only; put the password in --etcd-password-file or DRUN_ETCD_PASSWORD"
-                        .into(),
-                )
-            }
+            (Some(u), _) if u.contains(':') => return Err(EtcdAccessError::PasswordInUser),
             (Some(u), Some(p)) => Some((u.clone(), p)),
-            (Some(u), None) => {
-                return Err(format!(
-                    "--etcd-user {u} needs a password: --etcd-password-file PATH or {PASSWORD_VAR}"
-                ))
-            }
-            (None, Some(_)) if self.password_file.is_some() => {
-                return Err("--etcd-password-file needs --etcd-user NAME".into())
-            }
+            (Some(u), None) => return Err(EtcdAccessError::NoPassword(u.clone())),
+            (None, Some(_)) if self.password_file.is_some() => return Err(EtcdAccessError::NoUser),
             // DRUN_ETCD_PASSWORD alone (e.g. exported for another tool) is ignored.
             (None, _) => None,
         };
@@ -160,17 +190,13 @@ impl EtcdAccess {
     ///
     /// # Errors
     /// An `http://` endpoint with TLS on, or an `https://` one without: one line.
-    pub fn url(&self, ep: &str) -> Result<String, String> {
+    pub fn url(&self, ep: &str) -> Result<String, EtcdAccessError> {
         match (ep.split_once("://").map(|(s, _)| s), self.is_tls()) {
             (None, true) => Ok(format!("https://{ep}")),
             (None, false) => Ok(format!("http://{ep}")),
             (Some("https"), true) | (Some("http"), false) => Ok(ep.to_string()),
-            (Some("https"), false) => Err(format!(
-                "etcd endpoint {ep} is https: give --etcd-cacert CA.pem (the CA that signed etcd's certificate)"
-            )),
-            _ => Err(format!(
-                "etcd endpoint {ep} is not https but --etcd-cacert is given; write it HOST:PORT or https://HOST:PORT"
-            )),
+            (Some("https"), false) => Err(EtcdAccessError::HttpsWithoutCa(ep.to_string())),
+            _ => Err(EtcdAccessError::NotHttps(ep.to_string())),
         }
     }
 }

@@ -60,9 +60,9 @@ impl EtcdStore {
         );
         let mut clients = Vec::with_capacity(endpoints.len());
         for ep in endpoints {
-            let url = access.url(ep).map_err(|reason| StoreError::Refused {
+            let url = access.url(ep).map_err(|e| StoreError::Refused {
                 endpoint: ep.clone(),
-                reason,
+                reason: e.to_string(),
             })?;
             let client = etcd::Client::connect([url.as_str()], Some(opts.clone()))
                 .await

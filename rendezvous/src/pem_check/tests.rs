@@ -45,7 +45,9 @@ fn a_certificate_and_its_own_key_pass() {
 #[test]
 fn a_key_of_another_certificate_is_named_with_both_flags() {
     let (_, leaf, _, other) = pems();
-    let e = check_identity(&f(&leaf, "--tls-cert"), &f(&other, "--tls-key")).unwrap_err();
+    let e = check_identity(&f(&leaf, "--tls-cert"), &f(&other, "--tls-key"))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("does not belong to the certificate")
             && e.contains("(--tls-key)")
@@ -58,26 +60,30 @@ fn a_key_of_another_certificate_is_named_with_both_flags() {
 fn empty_garbage_or_swapped_files_are_named_with_their_flag() {
     let (ca, leaf, key, _) = pems();
     for bad in ["", "not a pem", key.as_str()] {
-        let e = check_ca(&f(bad, "--rdzv-tls-ca")).unwrap_err();
+        let e = check_ca(&f(bad, "--rdzv-tls-ca")).unwrap_err().to_string();
         assert!(
             e.contains("holds no PEM certificate") && e.contains("(--rdzv-tls-ca)"),
             "{e}"
         );
     }
     // A key where the certificate goes, and a certificate where the key goes.
-    let e = check_identity(&f(&key, "--tls-cert"), &f(&key, "--tls-key")).unwrap_err();
+    let e = check_identity(&f(&key, "--tls-cert"), &f(&key, "--tls-key"))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("(--tls-cert)") && e.contains("no PEM certificate"),
         "{e}"
     );
-    let e = check_identity(&f(&leaf, "--tls-cert"), &f(&ca, "--tls-key")).unwrap_err();
+    let e = check_identity(&f(&leaf, "--tls-cert"), &f(&ca, "--tls-key"))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("(--tls-key)") && e.contains("no readable PEM private key"),
         "{e}"
     );
     // A CERTIFICATE block whose body is not a certificate.
     let junk = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-    let e = check_ca(&f(junk, "--rdzv-tls-ca")).unwrap_err();
+    let e = check_ca(&f(junk, "--rdzv-tls-ca")).unwrap_err().to_string();
     assert!(e.contains("(--rdzv-tls-ca)"), "{e}");
 }
 
@@ -103,7 +109,9 @@ yIEVLGTRrJQmi/W7KIqTOnSwY5rX8paJTHj7q6Sgf4TSkeALyacIy3Xe
 #[test]
 fn an_x509_v1_certificate_is_named_with_the_fix() {
     for flag in ["--tls-cert", "--rdzv-tls-cert", "--rdzv-host-tls-cert"] {
-        let e = check_identity(&f(V1_CERT, flag), &f(V1_KEY, "--tls-key")).unwrap_err();
+        let e = check_identity(&f(V1_CERT, flag), &f(V1_KEY, "--tls-key"))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains(&format!("({flag}) is an X.509 v1 certificate"))
                 && e.contains("reissue it as v3")

@@ -4,25 +4,29 @@
 
 use std::net::{AddrParseError, SocketAddr};
 
+use crate::client_token::TokenError;
 use crate::error::error_chain;
+use crate::etcd::access::EtcdAccessError;
 use crate::status_client::StatusError;
+use crate::tls::TlsError;
+use crate::token_files::TokenFileError;
 use crate::StoreError;
 
 /// A failed `drun-rendezvous` command: one readable line, and its exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// The etcd TLS or credential flags are incomplete, or one of their files cannot be read.
-    #[error("{0}")]
-    EtcdAccess(String),
+    #[error(transparent)]
+    EtcdAccess(#[from] EtcdAccessError),
     /// A TLS file (`--tls-*`, `--rdzv-tls-*`) cannot be read or is not the PEM it should be.
-    #[error("{0}")]
-    Tls(String),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     /// A `--token-file` cannot be read or holds no usable token.
     #[error("{0} (--token-file)")]
-    TokenFile(String),
+    TokenFile(#[source] TokenFileError),
     /// The token `status` should send (`--rdzv-token-file`, `DRUN_RDZV_TOKEN`) is unusable.
-    #[error("{0}")]
-    Token(String),
+    #[error(transparent)]
+    Token(#[from] TokenError),
     /// A `HOST:PORT` flag does not parse.
     #[error("invalid {flag} '{value}': {source} (expected HOST:PORT)")]
     Address {

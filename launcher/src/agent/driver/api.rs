@@ -26,7 +26,7 @@ impl Agent {
         link: &Link,
     ) {
         let node = plan.member(&self.cfg.node_id).map_or(0, |m| m.node_rank);
-        let line = event.line(node, &self.hostname, self.cfg.straggler_factor);
+        let line = event.line(node, &self.hostname, self.cfg.observe.straggler_factor);
         tracing::warn!(run = %self.cfg.run_id, gen = plan.generation, "{line}");
         if let Some(m) = &self.metrics {
             m.straggler(event);
@@ -154,7 +154,7 @@ impl Agent {
                     if let Some(m) = &self.metrics {
                         m.progress(rank, step, samples, Instant::now());
                     }
-                    if self.cfg.hang_timeout.is_some() {
+                    if self.cfg.observe.hang_timeout.is_some() {
                         // The worker registers faulthandler for this signal (its stack dump).
                         answer["hang_dump_signal"] = serde_json::json!(hang::DUMP_SIGNAL as i32);
                     }
@@ -168,7 +168,7 @@ impl Agent {
                     &outcome,
                     plan,
                     &self.cfg.node_id,
-                    self.cfg.preflight.and_then(|p| p.min_gbps),
+                    self.cfg.observe.preflight.and_then(|p| p.min_gbps),
                     self.metrics.as_deref(),
                 );
                 if let Some(report) = report {

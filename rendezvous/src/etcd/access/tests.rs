@@ -33,14 +33,15 @@ fn the_password_file_wins_and_a_user_needs_a_password() {
     let a = env_only.load(Some("from-env")).unwrap();
     assert_eq!(a.user.as_ref().unwrap().1.expose(), "from-env");
     assert!(!a.is_tls());
-    let e = env_only.load(None).unwrap_err();
+    let e = env_only.load(None).unwrap_err().to_string();
     assert!(e.contains("needs a password"), "{e}");
     let e = EtcdAccessFiles {
         user: Some("drun:s3cret".into()),
         ..Default::default()
     }
     .load(Some("x"))
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("user name only") && !e.contains("s3cret"), "{e}");
     // The variable alone (exported for another tool) turns nothing on.
     let none = EtcdAccessFiles::default().load(Some("x")).unwrap();
@@ -51,7 +52,7 @@ fn the_password_file_wins_and_a_user_needs_a_password() {
 fn bad_flag_combinations_are_one_line_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let (ca, pw) = files(dir.path());
-    let load = |f: EtcdAccessFiles| f.load(None).unwrap_err();
+    let load = |f: EtcdAccessFiles| f.load(None).unwrap_err().to_string();
     let e = load(EtcdAccessFiles {
         cacert: Some(ca.clone()),
         cert: Some(ca.clone()),
@@ -104,8 +105,13 @@ fn urls_follow_tls() {
     assert!(plain
         .url("https://h:1")
         .unwrap_err()
+        .to_string()
         .contains("--etcd-cacert"));
-    assert!(tls.url("http://h:1").unwrap_err().contains("not https"));
+    assert!(tls
+        .url("http://h:1")
+        .unwrap_err()
+        .to_string()
+        .contains("not https"));
 }
 
 #[test]
