@@ -45,8 +45,13 @@ fn unknown_flag_is_one_line_exit_2() {
 
 #[test]
 fn unimplemented_torchrun_flag_is_named() {
-    rejects(&["--numa-binding", "node"], "--numa-binding");
-    rejects(&["--virtual-local-rank"], "--virtual-local-rank");
+    rejects(&["--logs-specs", "x"], "--logs-specs");
+    rejects(&["--print-completion", "bash"], "--print-completion");
+    // Implemented now: an unknown mode is named with the ones there are.
+    rejects(
+        &["--numa-binding", "cores"],
+        "node, socket, exclusive, core-complex",
+    );
 }
 
 #[test]

@@ -21,6 +21,7 @@ mod metrics;
 mod multinode;
 mod netbed;
 mod node_loss;
+mod numa;
 mod output;
 mod packaging;
 mod ports;

@@ -28,6 +28,9 @@ impl Agent {
         for note in &self.cfg.notes {
             tracing::warn!("{note}");
         }
+        if let Some(binding) = &self.cfg.numa {
+            tracing::info!("{}", binding.describe());
+        }
         if let Some(line) = &self.cfg.slurm_line {
             tracing::info!(
                 "{line}; shutdown grace {}",
