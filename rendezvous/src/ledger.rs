@@ -22,12 +22,12 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::keys::RunKeys;
 pub use crate::records::{
     describe_id, manifest_id, parse_id, Cursor, Manifest, NodeCommit, ShardFile,
 };
+use crate::run_state::RunState;
 use crate::store::Store;
-use crate::{Plan, StoreError};
+use crate::StoreError;
 
 /// Which manifests to keep (`--ckpt-keep-last`, `--ckpt-keep-every`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,19 +107,12 @@ pub struct ResumePoint {
     pub import: bool,
 }
 
-/// The ledger of one run.
+/// The ledger of one run: its rules ([`seal`], [`retention`], [`resume`], pure) carried out
+/// through the run's door ([`crate::run_state::ledger`]).
 #[derive(Clone)]
 pub struct Ledger {
-    store: Arc<dyn Store>,
-    keys: RunKeys,
+    state: RunState,
     run_id: String,
-}
-
-fn corrupt(key: &str, e: serde_json::Error) -> StoreError {
-    StoreError::Corrupt {
-        key: key.to_string(),
-        reason: e.to_string(),
-    }
 }
 
 /// "ranks 0-3" / "ranks 0,2,5" / "rank 4".
@@ -202,14 +195,16 @@ impl Ledger {
     /// The ledger of run `run_id` in `store`.
     pub fn new(store: Arc<dyn Store>, run_id: &str) -> Self {
         Self {
-            store,
-            keys: RunKeys::new(run_id),
+            state: RunState::new(store, run_id),
             run_id: run_id.to_string(),
         }
     }
 }
 
 mod read;
+pub mod resume;
+pub mod retention;
+pub mod seal;
 mod write;
 
 #[cfg(test)]

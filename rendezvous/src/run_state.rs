@@ -4,7 +4,8 @@
 //! [`crate::Round`], the session, `status` and the reports read and write a run's keys only
 //! through [`RunState`]: its reads here, its transactions in [`round`] (joining, deciding and
 //! forming a generation, a failed round's verdict) and [`session`] (entering, closing and
-//! ending a generation, spending a restart, save requests, losses, accusations, reports). A
+//! ending a generation, spending a restart, save requests, losses, accusations, reports) and
+//! [`ledger`] (the checkpoint ledger's commits, seals, retention and bad marks). A
 //! value that does not decode is [`StoreError::Corrupt`] everywhere, never a silent default.
 //! The door decides nothing: every guard it writes with is the caller's, named by the method.
 
@@ -390,6 +391,7 @@ impl RunState {
     }
 }
 
+pub mod ledger;
 mod reports;
 pub mod round;
 pub mod session;

@@ -1,0 +1,215 @@
+//! The commit's rules, pure: who may commit a step, when the step seals and into which
+//! manifest, whether the seal moves `ckpt/latest`.
+
+use super::{cursor_disagreement, merge_files, LedgerError, Manifest, NodeCommit};
+use crate::records::parse_id;
+use crate::Plan;
+
+/// What the records of a step come to once a node's commit is recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completion {
+    /// These members of the generation have not reported the step yet.
+    Waiting(Vec<String>),
+    /// Every member reported it, in agreement: the manifest to seal.
+    Ready(Manifest),
+}
+
+/// Whether `rec` may be recorded for the running generation `plan`: its generation is `plan`'s,
+/// its step after the one `plan` resumed from.
+///
+/// # Errors
+/// [`LedgerError::Stale`] for another generation, [`LedgerError::NotAfterResume`].
+pub fn admit(plan: &Plan, rec: &NodeCommit) -> Result<(), LedgerError> {
+    let g = plan.generation;
+    if rec.generation < g {
+        return Err(LedgerError::Stale(format!(
+            "generation {} is over; the node runs generation {g}",
+            rec.generation
+        )));
+    }
+    if rec.generation > g {
+        return Err(LedgerError::Stale(format!(
+            "generation {} has not begun; the node runs generation {g}",
+            rec.generation
+        )));
+    }
+    if let Some(r) = &plan.resume {
+        if rec.step <= r.step {
+            return Err(LedgerError::NotAfterResume {
+                step: rec.step,
+                resumed: r.step,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The step of `rec` given every node record of it (`records`, `rec`'s included): still
+/// waiting for members of `plan`, or the manifest of run `run_id` to seal at `sealed_at_ms`
+/// (records of non-members left out).
+///
+/// # Errors
+/// [`LedgerError::Misaligned`] when the members' cursors differ,
+/// [`LedgerError::ConflictingFiles`] when two ranks report one file differently.
+pub fn completion(
+    run_id: &str,
+    plan: &Plan,
+    rec: &NodeCommit,
+    mut records: Vec<NodeCommit>,
+    sealed_at_ms: u64,
+) -> Result<Completion, LedgerError> {
+    let waiting_for: Vec<String> = plan
+        .members
+        .iter()
+        .filter(|m| !records.iter().any(|r| r.node_id == m.node_id))
+        .map(|m| m.node_id.clone())
+        .collect();
+    if !waiting_for.is_empty() {
+        return Ok(Completion::Waiting(waiting_for));
+    }
+    records.retain(|r| plan.member(&r.node_id).is_some());
+    if let Some(detail) =
+        cursor_disagreement(records.iter().map(|r| (r.ranks.as_slice(), &r.cursor)))
+    {
+        return Err(LedgerError::Misaligned {
+            step: rec.step,
+            detail,
+        });
+    }
+    let files = merge_files(records.iter().flat_map(|r| r.files.clone())).map_err(|detail| {
+        LedgerError::ConflictingFiles {
+            step: rec.step,
+            detail,
+        }
+    })?;
+    let save_ms = records
+        .iter()
+        .filter_map(|r| r.save_started_ms)
+        .min()
+        .map(|start| sealed_at_ms.saturating_sub(start));
+    Ok(Completion::Ready(Manifest {
+        run_id: run_id.to_string(),
+        step: rec.step,
+        generation: plan.generation,
+        world_size: plan.world_size,
+        cursor: rec.cursor.clone(),
+        files,
+        sealed_at_ms,
+        adopted_from: None,
+        save_ms,
+    }))
+}
+
+/// Whether sealing `manifest` moves `ckpt/latest` (now `latest`, `None`: missing): only forward
+/// in (step, generation); a value that is no manifest id is replaced.
+pub fn moves_latest(latest: Option<&str>, manifest: &Manifest) -> bool {
+    latest.is_none_or(|l| parse_id(l).is_none_or(|l| l < (manifest.step, manifest.generation)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{manifest_id, Cursor, ShardFile};
+    use crate::{assign, Candidate};
+
+    fn cand(id: &str) -> Candidate {
+        Candidate {
+            node_id: id.into(),
+            advertise_addr: "127.0.0.1".into(),
+            slots: 1,
+            requested_node_rank: None,
+            master_port: 29500,
+            probe_port: 0,
+        }
+    }
+
+    fn rec(node: &str, g: u64, step: u64, consumed: u64) -> NodeCommit {
+        NodeCommit {
+            node_id: node.into(),
+            generation: g,
+            step,
+            ranks: vec![if node == "a" { 0 } else { 1 }],
+            files: vec![ShardFile {
+                rank: if node == "a" { 0 } else { 1 },
+                path: format!("/c/{step}/{node}"),
+                bytes: 1,
+                sha256: "0".repeat(64),
+            }],
+            cursor: Cursor {
+                consumed_in_epoch: consumed,
+                ..Cursor::default()
+            },
+            save_started_ms: Some(100),
+        }
+    }
+
+    #[test]
+    fn only_the_running_generation_commits_after_its_resume_point() {
+        let mut plan = assign("r", 2, &[cand("a"), cand("b")], 0, 0).unwrap();
+        assert!(admit(&plan, &rec("a", 2, 5, 0)).is_ok());
+        assert!(matches!(
+            admit(&plan, &rec("a", 1, 5, 0)),
+            Err(LedgerError::Stale(_))
+        ));
+        assert!(matches!(
+            admit(&plan, &rec("a", 3, 5, 0)),
+            Err(LedgerError::Stale(_))
+        ));
+        let Completion::Ready(m) = completion(
+            "r",
+            &plan,
+            &rec("a", 2, 5, 0),
+            vec![rec("a", 2, 5, 0), rec("b", 2, 5, 0)],
+            0,
+        )
+        .unwrap() else {
+            panic!("complete")
+        };
+        plan.resume = Some(m);
+        assert!(matches!(
+            admit(&plan, &rec("a", 2, 5, 0)),
+            Err(LedgerError::NotAfterResume {
+                step: 5,
+                resumed: 5
+            })
+        ));
+    }
+
+    #[test]
+    fn a_step_seals_when_every_member_reported_the_same_cursor() {
+        let plan = assign("r", 1, &[cand("a"), cand("b")], 0, 0).unwrap();
+        let a = rec("a", 1, 3, 8);
+        assert_eq!(
+            completion("r", &plan, &a, vec![a.clone()], 500).unwrap(),
+            Completion::Waiting(vec!["b".into()])
+        );
+        let Completion::Ready(m) =
+            completion("r", &plan, &a, vec![a.clone(), rec("b", 1, 3, 8)], 500).unwrap()
+        else {
+            panic!("complete")
+        };
+        assert_eq!(
+            (m.id(), m.files.len(), m.save_ms),
+            (manifest_id(3, 1), 2, Some(400))
+        );
+        assert!(matches!(
+            completion("r", &plan, &a, vec![a.clone(), rec("b", 1, 3, 9)], 500),
+            Err(LedgerError::Misaligned { step: 3, .. })
+        ));
+    }
+
+    #[test]
+    fn latest_moves_only_forward() {
+        let plan = assign("r", 2, &[cand("a")], 0, 0).unwrap();
+        let a = rec("a", 2, 10, 0);
+        let Completion::Ready(m) = completion("r", &plan, &a, vec![a.clone()], 0).unwrap() else {
+            panic!("complete")
+        };
+        assert!(moves_latest(None, &m));
+        assert!(moves_latest(Some("garbage"), &m));
+        assert!(moves_latest(Some(&manifest_id(9, 3)), &m));
+        assert!(moves_latest(Some(&manifest_id(10, 1)), &m));
+        assert!(!moves_latest(Some(&manifest_id(10, 2)), &m));
+        assert!(!moves_latest(Some(&manifest_id(11, 1)), &m));
+    }
+}
