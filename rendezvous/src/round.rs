@@ -1,7 +1,8 @@
 //! `Round`: drives one run's rendezvous through a [`Store`].
 //!
-//! Any participant may form the next generation: it reads the waiting set, asks
-//! [`crate::decide`], and if the answer is "form" writes `gen/current = g + 1` and the plan in one
+//! Any participant may form the next generation: it reads the round
+//! ([`snapshot::RoundSnapshot`]), judges it ([`judge::judge`], pure, which asks
+//! [`crate::decide`]), and if the answer is "form" writes `gen/current = g + 1` and the plan in one
 //! transaction guarded by the `mod_revision` of `gen/current` it read. Losers of that race see
 //! the winner's plan on their next pass. So the same code serves the embedded single-node group,
 //! a server replica, or every agent acting as a replica against etcd.
@@ -26,6 +27,7 @@ use crate::ledger::Ledger;
 use crate::run_state::RunState;
 use crate::store::{LeaseId, Store, WatchEvent};
 use crate::{Join, Plan, RendezvousError, RoundConfig, StoreError};
+use judge::RoundTimes;
 
 pub use crate::records::{RestartCause, Restarts, RoundFailure};
 
@@ -289,16 +291,7 @@ impl Round {
         progress: &mut impl FnMut(&str),
     ) -> Result<LeadStep, RendezvousError> {
         let (g, rev) = self.current_generation().await?;
-        match self
-            .decide_once(
-                g,
-                rev,
-                &mut w.opened_at,
-                &mut w.min_reached_at,
-                &mut w.batched,
-            )
-            .await?
-        {
+        match self.decide_once(g, rev, &mut w.times).await? {
             Step::Formed(plan) if plan.member(node_id).is_some() => Ok(LeadStep::Member(plan)),
             Step::Formed(_) | Step::Retry => Ok(LeadStep::Again),
             Step::Failed {
@@ -309,7 +302,7 @@ impl Round {
                 let err = match cause {
                     FailCause::JoinTimeout => RendezvousError::Timeout {
                         run: self.run_id.clone(),
-                        waited: now - w.opened_at,
+                        waited: now - w.times.opened_at,
                         joined: nodes.len(),
                         min: self.cfg.min_nodes,
                         detail: reason,
@@ -360,11 +353,11 @@ impl Round {
     /// A follower's next re-read, or its own timeout: the decider's verdict normally comes first
     /// (it opened the round no later); this is for a decider that never gives one.
     fn follower_wake(&self, now: Instant, w: &WaitState) -> Result<Instant, RendezvousError> {
-        let deadline = w.opened_at + self.cfg.join_timeout + FOLLOWER_GRACE;
+        let deadline = w.times.opened_at + self.cfg.join_timeout + FOLLOWER_GRACE;
         if now >= deadline {
             return Err(RendezvousError::Timeout {
                 run: self.run_id.clone(),
-                waited: now - w.opened_at,
+                waited: now - w.times.opened_at,
                 joined: 0,
                 min: self.cfg.min_nodes,
                 detail: format!(
@@ -402,17 +395,6 @@ impl Round {
     async fn lead(&self, node_id: &str, lease: LeaseId) -> Result<bool, StoreError> {
         self.state.lead(node_id, lease).await
     }
-
-    /// Whether generation `plan` still runs: not closed, and a member
-    /// alive (a membership key under its lease, or `starting`: a member's join not yet replaced
-    /// by its membership key). A generation whose members all died (leases expired) has ended.
-    async fn running(&self, plan: &Plan, starting: bool) -> Result<bool, StoreError> {
-        let g = plan.generation;
-        if self.state.closed(g).await?.is_some() {
-            return Ok(false);
-        }
-        Ok(starting || !self.state.live_members(g).await?.is_empty())
-    }
 }
 
 /// How often a waiting node re-reads the round without an event (a safety net).
@@ -424,12 +406,8 @@ const FOLLOWER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A waiting node's view of its round between two reads.
 struct WaitState {
-    /// When the round opened (reset while a generation runs).
-    opened_at: Instant,
-    /// When the waiting set reached MIN.
-    min_reached_at: Option<Instant>,
-    /// Newcomers seen waiting while the previous generation ran (batched by its last call).
-    batched: std::collections::HashSet<String>,
+    /// The decider's memory of the round: when it opened, reached MIN, whom it batched.
+    times: RoundTimes,
     /// The last progress line reported to this node's agent.
     last_reason: String,
     /// When the decider last published its progress line.
@@ -441,9 +419,7 @@ struct WaitState {
 impl WaitState {
     fn new(now: Instant) -> Self {
         Self {
-            opened_at: now,
-            min_reached_at: None,
-            batched: Default::default(),
+            times: RoundTimes::new(now),
             last_reason: String::new(),
             last_published: None,
             published: String::new(),
@@ -489,6 +465,8 @@ pub(super) enum Step {
 }
 
 mod decider;
+pub mod judge;
+pub mod snapshot;
 mod verdict;
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
 //! A small simulated run that the decision-core property drives: nodes, their leases, the
 //! waiting set, the running generation, and a real [`Ledger`] on a [`MemoryStore`].
 //!
-//! The round view is built the way the decider builds it (`round/decider.rs` `decide_once`):
-//! `opened_at` follows the running generation, `min_reached_at` is set when the waiting set
-//! first reaches MIN, `outstanding` lists the live members of the previous generation that have
-//! not joined again, `newcomers` counts the others not seen waiting while it ran. Formations go through the real [`decide`], [`assign`] and
-//! [`Ledger::resume_point`]; seals through the real [`Ledger::commit`].
+//! Each step hands the decider's own judgement ([`judge`], `round/judge.rs`) a snapshot of the
+//! simulated round, as `round/snapshot.rs` reads it from a store: the newest plan, its live
+//! members, the waiting set in arrival order, whether the generation was closed. The judgement
+//! keeps the decider's times (`opened_at` follows the running generation, `min_reached_at` is
+//! set when the waiting set first reaches MIN, newcomers seen while it ran are batched).
+//! Formations go through the real [`formation`] (with [`crate::assign`] and the ledger's
+//! manifests); seals through the real [`Ledger::commit`].
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -13,11 +15,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::core::{FailCause, RoundView, RunningGeneration};
+use crate::core::FailCause;
 use crate::keys::RunKeys;
 use crate::ledger::{CommitOutcome, Cursor, Ledger, LedgerError, NodeCommit, Retention};
+use crate::round::judge::{formation, judge, Judgement, RoundTimes};
+use crate::round::snapshot::{FormationInputs, RoundSnapshot};
 use crate::store::{Op, Store, Txn};
-use crate::{assign, decide, Candidate, Decision, MemoryStore, Plan, RoundConfig};
+use crate::{Candidate, MemoryStore, Plan, RoundConfig};
 
 /// The run id of every simulated run.
 pub const RUN: &str = "props";
@@ -91,9 +95,7 @@ pub struct Sim {
     pub previous: Option<Plan>,
     /// The synthetic clock.
     pub now: Instant,
-    opened_at: Instant,
-    min_reached_at: Option<Instant>,
-    batched: BTreeSet<String>,
+    times: RoundTimes,
     /// The store the ledger and the plans live on.
     pub store: Arc<dyn Store>,
     /// The ledger of the run.
@@ -115,9 +117,7 @@ impl Sim {
             running: false,
             previous: None,
             now,
-            opened_at: now,
-            min_reached_at: None,
-            batched: BTreeSet::new(),
+            times: RoundTimes::new(now),
             ledger: Ledger::new(store.clone(), RUN),
             store,
             keys: RunKeys::new(RUN),
@@ -169,81 +169,53 @@ impl Sim {
         self.decide().await
     }
 
-    /// The round as the decider sees it now (`decide_once`).
-    pub fn view(&mut self) -> RoundView {
-        let running = match &self.plan {
-            Some(p) if self.running => Some(RunningGeneration {
-                generation: p.generation,
-                members: p.members.len(),
-            }),
-            _ => None,
-        };
-        if running.is_some() {
-            self.opened_at = self.now;
-            self.min_reached_at = None;
-        } else if self.waiting.len() >= self.cfg.min_nodes {
-            self.min_reached_at.get_or_insert(self.now);
-        } else {
-            self.min_reached_at = None;
-        }
-        let outstanding = match &self.plan {
-            Some(p) if running.is_none() => Some(
-                p.members
-                    .iter()
-                    .map(|m| m.node_id.clone())
-                    .filter(|id| self.alive.contains(id))
-                    .filter(|id| !self.waiting.iter().any(|w| &w.node_id == id))
-                    .collect(),
-            ),
-            _ => None,
-        };
-        let newcomers = match &self.plan {
-            Some(p) => {
-                let new: Vec<String> = self
-                    .waiting
-                    .iter()
-                    .filter(|w| p.member(&w.node_id).is_none())
-                    .map(|w| w.node_id.clone())
-                    .collect();
-                if running.is_some() {
-                    self.batched.extend(new);
-                    0
-                } else {
-                    new.iter().filter(|n| !self.batched.contains(*n)).count()
-                }
-            }
-            None => 0,
-        };
-        RoundView {
-            opened_at: self.opened_at,
-            min_reached_at: self.min_reached_at,
-            candidates: self.waiting.clone(),
-            outstanding,
-            newcomers,
-            running,
+    /// The round as the decider would read it from a store now (`round/snapshot.rs`): every
+    /// waiting key written after the newest plan's, none of them a member's consumed join.
+    pub fn snapshot(&self) -> RoundSnapshot {
+        RoundSnapshot {
+            generation: self.plan.as_ref().map_or(0, |p| p.generation),
+            revision: 0,
+            current: self.plan.clone(),
+            live: self
+                .plan
+                .iter()
+                .flat_map(|p| p.members.iter())
+                .map(|m| m.node_id.clone())
+                .filter(|id| self.alive.contains(id))
+                .collect(),
+            waiting: self
+                .waiting
+                .iter()
+                .cloned()
+                .map(|c| (c.into(), 1))
+                .collect(),
+            finished: false,
+            closed: !self.running,
+            live_after: true,
         }
     }
 
     async fn decide(&mut self) -> Outcome {
-        let view = self.view();
-        match decide(&view, self.now, &self.cfg) {
-            Decision::Wait { wake_at, .. } => {
-                assert!(wake_at > self.now, "a wait names a future instant");
+        let snap = self.snapshot();
+        let judged = judge(&snap, &self.times, self.now, &self.cfg);
+        self.times = judged.times;
+        match judged.judgement {
+            Judgement::Wait { until } => {
+                assert!(until > self.now, "a wait names a future instant");
                 Outcome::Waited
             }
-            Decision::Fail { cause, .. } => {
+            Judgement::Fail { cause, .. } => {
                 // Every waiting node ends with the verdict; the round opens anew.
                 let waiting = std::mem::take(&mut self.waiting).len();
-                self.opened_at = self.now;
-                self.min_reached_at = None;
+                self.times.opened_at = self.now;
+                self.times.min_reached_at = None;
                 Outcome::Failed { waiting, cause }
             }
-            Decision::Form {
-                admitted, standby, ..
-            } => {
+            Judgement::Form(order) => {
                 let beside_running = self.running;
+                let standby = order.standby.clone();
                 let waiting = std::mem::replace(&mut self.waiting, standby.clone());
-                let plan = self.form(&admitted).await;
+                let plan = self.form(&snap, &order).await;
                 Outcome::Formed {
                     plan: Box::new(plan),
                     waiting,
@@ -251,14 +223,33 @@ impl Sim {
                     beside_running,
                 }
             }
+            other @ (Judgement::Finished | Judgement::TurnAway { .. }) => {
+                unreachable!("no run ends and no fingerprint is sent here: {other:?}")
+            }
         }
     }
 
-    async fn form(&mut self, admitted: &[Candidate]) -> Plan {
-        let g = self.plan.as_ref().map_or(0, |p| p.generation);
-        let mut plan = assign(RUN, g + 1, admitted, 0, 0).expect("admitted sets are formable");
-        let resume = self.ledger.resume_point(&[]).await.expect("memory store");
-        plan.resume = resume.manifest;
+    async fn form(&mut self, snap: &RoundSnapshot, order: &crate::round::judge::FormOrder) -> Plan {
+        let g = snap.generation;
+        let inputs = FormationInputs {
+            // Every generation of the model ends closed: no restart is counted at formation.
+            closed: true,
+            manifests: self.ledger.manifests().await.expect("memory store"),
+            bad: self.ledger.bad().await.expect("memory store"),
+            ..FormationInputs::default()
+        };
+        let plan = formation(
+            RUN,
+            snap,
+            order,
+            "",
+            &inputs,
+            self.times.opened_at,
+            self.now,
+            0,
+        )
+        .expect("admitted sets are formable")
+        .plan;
         let mut ops = vec![Op::put(self.keys.gen_current(), (g + 1).to_string())];
         for m in plan.members.iter() {
             ops.push(Op::put(self.keys.member(g + 1, &m.node_id), "alive"));
