@@ -13,6 +13,9 @@ use serde::Deserialize;
 #[cfg(test)]
 mod tests;
 
+/// Why no rank's dump holds a collective.
+const NOTHING_RECORDED: &str = "the flight recorder holds no collective (off: TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE is 0; or none was called yet)";
+
 /// What the agent got from one local rank when it asked for its flight recorder.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -200,9 +203,9 @@ pub fn judge(outcomes: &BTreeMap<u32, Outcome>) -> Report {
     for (&rank, outcome) in outcomes {
         let why = match outcome {
             Outcome::NotListening => {
-                "it did not listen (a worker that never called drun.progress)".to_string()
+                "not listening (only workers that call drun.progress listen)".to_string()
             }
-            Outcome::NoAnswer => "it wrote no dump in time".to_string(),
+            Outcome::NoAnswer => "no dump written in time".to_string(),
             Outcome::Written(text) => match serde_json::from_str::<WorkerDump>(text) {
                 Ok(d) if !d.backends.is_empty() => {
                     dumps.insert(rank, d.backends.into_values().collect());
@@ -213,6 +216,14 @@ pub fn judge(outcomes: &BTreeMap<u32, Outcome>) -> Report {
             },
         };
         report.missing.push((rank, why));
+    }
+    let recorded = |b: &Vec<TorchDump>| b.iter().any(|d| !d.entries.is_empty());
+    if !dumps.is_empty() && !dumps.values().any(recorded) {
+        // Not one collective anywhere: the recorder is off (or nothing was called yet).
+        for rank in std::mem::take(&mut dumps).into_keys() {
+            report.missing.push((rank, NOTHING_RECORDED.to_string()));
+        }
+        report.missing.sort();
     }
     report.judged = dumps.keys().copied().collect();
     let mut groups: BTreeMap<String, Group> = BTreeMap::new();

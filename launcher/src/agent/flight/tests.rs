@@ -167,9 +167,9 @@ fn ranks_without_a_dump_are_said_in_one_line_per_reason() {
     ]);
     assert_eq!(got.len(), 5, "{got:#?}");
     assert!(got[0].starts_with("flight recorder: default_pg: rank 0 waits in all_reduce #4"));
-    assert!(got.contains(&"flight recorder: no dump from ranks 2, 3: it did not listen (a worker that never called drun.progress)".to_string()), "{got:#?}");
+    assert!(got.contains(&"flight recorder: no dump from ranks 2, 3: not listening (only workers that call drun.progress listen)".to_string()), "{got:#?}");
     assert!(
-        got.contains(&"flight recorder: no dump from rank 4: it wrote no dump in time".to_string()),
+        got.contains(&"flight recorder: no dump from rank 4: no dump written in time".to_string()),
         "{got:#?}"
     );
     assert!(got.contains(&"flight recorder: no dump from rank 5: torch.distributed is not initialized in this process".to_string()), "{got:#?}");
@@ -207,5 +207,17 @@ fn point_to_point_entries_and_empty_inputs_are_handled() {
     assert_eq!(
         got,
         vec!["flight recorder: default_pg: rank 0 waits in barrier #3; rank 1 never entered it (its last: barrier #2)"]
+    );
+}
+
+/// Dumps without a single collective: the recorder was off (TORCH_FR_BUFFER_SIZE=0), which is
+/// said rather than taken for ranks in step; one empty dump among others is a rank that never
+/// called a collective (above).
+#[test]
+fn dumps_without_any_collective_say_the_recorder_is_off() {
+    let got = lines(vec![(0, dump(&[])), (1, dump(&[]))]);
+    assert_eq!(
+        got,
+        vec!["flight recorder: no dump from ranks 0, 1: the flight recorder holds no collective (off: TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE is 0; or none was called yet)"]
     );
 }
