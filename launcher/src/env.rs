@@ -48,8 +48,10 @@ pub struct WorkerSlot<'a> {
 }
 
 /// The sizes of torch's flight recorder (its ring buffer of the last collectives, per process;
-/// the first set wins, 0 turns it off): drun sets both to [`FLIGHT_RECORDER_ENTRIES`] under
-/// `--hang-timeout` unless the user set either, so that a hang's dump has the collectives in it.
+/// the first set wins, 0 turns it off). Under `--hang-timeout` drun sets the first to
+/// [`FLIGHT_RECORDER_ENTRIES`] unless the user set either, so that a hang's dump has the
+/// collectives in it (gloo records none unless it is set). Not the second: torch 2.15 warns
+/// on every rank that it is deprecated, and reads the first for NCCL too.
 pub const FLIGHT_RECORDER_VARS: &[&str] = &["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"];
 
 /// Entries in the flight recorder's ring buffer: torch's own default size, the one its docs
@@ -234,9 +236,10 @@ pub fn base_env(
         .iter()
         .any(|k| env.contains_key(&OsString::from(k)));
     if flight_recorder && !user_sized {
-        for k in FLIGHT_RECORDER_VARS {
-            env.insert(OsString::from(k), OsString::from(FLIGHT_RECORDER_ENTRIES));
-        }
+        env.insert(
+            OsString::from(FLIGHT_RECORDER_VARS[0]),
+            OsString::from(FLIGHT_RECORDER_ENTRIES),
+        );
     }
     env
 }
@@ -384,7 +387,11 @@ mod tests {
             "off without --hang-timeout"
         );
         let on = Some(FLIGHT_RECORDER_ENTRIES.to_string());
-        assert_eq!(fr(&none, true), vec![on.clone(), on]);
+        assert_eq!(
+            fr(&none, true),
+            vec![on, None],
+            "the name torch reads first"
+        );
         // The user's choice (0: off) stands, and the other variable is not set over it.
         let mut user = BTreeMap::new();
         user.insert(
