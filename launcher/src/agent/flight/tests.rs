@@ -108,7 +108,7 @@ fn several_process_groups_are_judged_each_in_id_order() {
         if rank >= 2 {
             e.push(("1", "tp", 1, tp, "all_gather", &[2, 8], tp_done));
         }
-        if rank % 2 == 0 {
+        if rank.is_multiple_of(2) {
             e.push(("2", "undefined", 2, dp, "all_reduce", &[16], dp_done));
         }
         dump(&e)
