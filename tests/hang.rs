@@ -139,3 +139,38 @@ fn a_rank_blocked_in_a_gloo_all_reduce_is_a_hang_within_the_timeout() {
         assert!(err.contains(want), "lacks {want:?}:\n{err}");
     }
 }
+
+/// Real torch (gloo), two process groups: every step all-reduces on a second group ("pair")
+/// and then on the default one; rank 1 stops before the default group's 20th `all_reduce`.
+/// The flight recorders of both ranks (on by default under `--hang-timeout`, dumped by the
+/// helper's thread while rank 0 is blocked in the collective) name the rank that never
+/// entered it and the operation, beside the stacks; the "pair" group, in step, is not named.
+#[test]
+fn a_rank_blocked_in_a_gloo_collective_is_named_by_the_flight_recorder() {
+    let Some(python) = torch_python() else { return };
+    let mut c = drun();
+    c.python(&python)
+        .args(["--standalone", "--nproc-per-node", "2"])
+        .args(["--hang-timeout", "3", "--max-restarts", "0"])
+        .args(["--shutdown-timeout", "3"])
+        .arg(worker("allreduce_hang.py"))
+        .arg("--pair");
+    let (code, _, err) = run(c, Duration::from_secs(120));
+    assert_eq!(code, 1, "{err}");
+    let table: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("flight recorder: "))
+        .collect();
+    assert_eq!(
+        table.len(),
+        1,
+        "one line, for the default group only:\n{err}"
+    );
+    assert!(
+        table[0].contains(
+            "flight recorder: default_pg: rank 0 waits in all_reduce #20 (float[1]); rank 1 never entered it (its last: all_reduce #19)"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("in stuck_here"), "the stacks too:\n{err}");
+}

@@ -6,7 +6,7 @@
 //! TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE,
 //! TORCHELASTIC_ERROR_FILE, TORCHELASTIC_SIGNALS_TO_HANDLE, TORCH_NCCL_ASYNC_ERROR_HANDLING (kept
 //! if set, else `1`) and OMP_NUM_THREADS (`1` when unset and more than one local worker), plus
-//! drun's own `DRUN_*`. Inherited values of the contract variables (e.g. RANK from an outer
+//! drun's own `DRUN_*`; under `--hang-timeout`, torch's flight-recorder size (unless set). Inherited values of the contract variables (e.g. RANK from an outer
 //! launcher) are overwritten, never trusted.
 
 use std::collections::BTreeMap;
@@ -42,7 +42,21 @@ pub struct WorkerSlot<'a> {
     pub resume_manifest: Option<&'a Path>,
     /// `--virtual-local-rank`: LOCAL_RANK 0 and only this worker's GPU visible.
     pub virtual_local_rank: bool,
+    /// `--hang-timeout` is on: torch's flight recorder is on unless the user set its size
+    /// ([`FLIGHT_RECORDER_VARS`]).
+    pub flight_recorder: bool,
 }
+
+/// The sizes of torch's flight recorder (its ring buffer of the last collectives, per process;
+/// the first set wins, 0 turns it off). Under `--hang-timeout` drun sets the first to
+/// [`FLIGHT_RECORDER_ENTRIES`] unless the user set either, so that a hang's dump has the
+/// collectives in it (gloo records none unless it is set). Not the second: torch 2.15 warns
+/// on every rank that it is deprecated, and reads the first for NCCL too.
+pub const FLIGHT_RECORDER_VARS: &[&str] = &["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"];
+
+/// Entries in the flight recorder's ring buffer: torch's own default size, the one its docs
+/// suggest.
+pub const FLIGHT_RECORDER_ENTRIES: &str = "2000";
 
 /// Under `--virtual-local-rank`, the one device local rank `local_rank` sees, as torchrun picks
 /// it: the entry at `local_rank` of the agent's visible-devices list, or the local rank itself
@@ -111,7 +125,7 @@ pub fn worker_env(
     member: &Member,
     slot: &WorkerSlot<'_>,
 ) -> BTreeMap<OsString, OsString> {
-    let mut env = base_env(inherited, member.slots);
+    let mut env = base_env(inherited, member.slots, slot.flight_recorder);
     let rank = member.base_rank + slot.local_rank;
     let mut set = |k: &str, v: String| {
         env.insert(OsString::from(k), OsString::from(v));
@@ -199,12 +213,14 @@ pub fn worker_env(
 
 /// What every worker of a node with `local_slots` workers has, whatever the plan: `inherited`
 /// without the agent's secrets and checkpoint variables, with torch's defaults as drun sets
-/// them (`OMP_NUM_THREADS=1` for more than one local worker, as torchrun does). It is all that
-/// `import torch` reads of drun's, so a warm interpreter started with it before the first plan
-/// imports torch as that plan's worker would.
+/// them (`OMP_NUM_THREADS=1` for more than one local worker, as torchrun does; with
+/// `flight_recorder` (`--hang-timeout`), the flight recorder's size unless the user set it). It
+/// is all that `import torch` reads of drun's, so a warm interpreter started with it before the
+/// first plan imports torch as that plan's worker would.
 pub fn base_env(
     inherited: &BTreeMap<OsString, OsString>,
     local_slots: u32,
+    flight_recorder: bool,
 ) -> BTreeMap<OsString, OsString> {
     let mut env = inherited.clone();
     for k in CKPT_VARS.iter().chain(SECRET_VARS) {
@@ -215,6 +231,15 @@ pub fn base_env(
     if local_slots > 1 {
         env.entry(OsString::from("OMP_NUM_THREADS"))
             .or_insert_with(|| OsString::from("1"));
+    }
+    let user_sized = FLIGHT_RECORDER_VARS
+        .iter()
+        .any(|k| env.contains_key(&OsString::from(k)));
+    if flight_recorder && !user_sized {
+        env.insert(
+            OsString::from(FLIGHT_RECORDER_VARS[0]),
+            OsString::from(FLIGHT_RECORDER_ENTRIES),
+        );
     }
     env
 }
@@ -254,6 +279,7 @@ mod tests {
             ckpt_dir: None,
             resume_manifest: None,
             virtual_local_rank: false,
+            flight_recorder: false,
         }
     }
 
@@ -335,5 +361,43 @@ mod tests {
         assert_eq!(get(&env, "LOCAL_RANK"), "1");
         assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), "4,5,6,7");
         assert_eq!(virtual_device(Some("0,1"), 2), None);
+    }
+
+    #[test]
+    fn the_flight_recorder_is_sized_under_hang_timeout_unless_the_user_sized_it() {
+        let p = plan(&[2]);
+        let fr = |inherited: &BTreeMap<OsString, OsString>, on: bool| {
+            let s = WorkerSlot {
+                flight_recorder: on,
+                ..slot(0)
+            };
+            let env = worker_env(inherited, &p, &p.members[0], &s);
+            FLIGHT_RECORDER_VARS
+                .iter()
+                .map(|k| {
+                    env.get(&OsString::from(k))
+                        .map(|v| v.to_string_lossy().into_owned())
+                })
+                .collect::<Vec<_>>()
+        };
+        let none = BTreeMap::new();
+        assert_eq!(
+            fr(&none, false),
+            vec![None, None],
+            "off without --hang-timeout"
+        );
+        let on = Some(FLIGHT_RECORDER_ENTRIES.to_string());
+        assert_eq!(
+            fr(&none, true),
+            vec![on, None],
+            "the name torch reads first"
+        );
+        // The user's choice (0: off) stands, and the other variable is not set over it.
+        let mut user = BTreeMap::new();
+        user.insert(
+            OsString::from("TORCH_NCCL_TRACE_BUFFER_SIZE"),
+            OsString::from("0"),
+        );
+        assert_eq!(fr(&user, true), vec![None, Some("0".to_string())]);
     }
 }

@@ -173,6 +173,7 @@ pub(crate) fn env_of(
             ckpt_dir: cfg.ckpt.dir.as_deref(),
             resume_manifest: ctx.resume_manifest,
             virtual_local_rank: cfg.virtual_local_rank,
+            flight_recorder: cfg.observe.hang_timeout.is_some(),
         },
     )
 }

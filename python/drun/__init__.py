@@ -32,8 +32,9 @@ from ._version import __version__ as __version__
 
 # The package's modules: _agent (the connection to the node agent and its protocol), _ledger
 # (resume point, checkpoint paths, atomic writes, commits, save requests, step beacons), _sampler
-# (ElasticSampler), _hang (the hang dump), _env (integers from the environment); dcp, lightning
-# and accelerate (the checkpointing recipes) and preflight (``drun --preflight``, run as a script).
+# (ElasticSampler), _hang (the hang's stack dump), _flight (the hang's flight-recorder dump), _env
+# (integers from the environment); dcp, lightning and accelerate (the checkpointing recipes) and
+# preflight (``drun --preflight``, run as a script).
 
 __all__ = [
     "DrunError",

@@ -16,6 +16,7 @@ from typing import (Any, BinaryIO, Callable, Dict, Iterable, Mapping, Optional, 
 
 from ._agent import Client, Json, available
 from ._env import env_int
+from ._flight import FlightDump
 from ._hang import HangDump
 
 PathArg = Union[str, "os.PathLike[str]"]
@@ -30,7 +31,7 @@ _CHUNK = 1 << 20
 class State:
     """What this process keeps between calls: its connection to the agent (shared by every
     request of the training thread), the digests :func:`atomic_save` computed, when the
-    checkpoint it commits next began saving, and its hang dump."""
+    checkpoint it commits next began saving, and its hang dumps (stacks, flight recorder)."""
 
     def __init__(self) -> None:
         self.client = Client()
@@ -42,6 +43,7 @@ class State:
         # the commit; the seal measures the save cost from it (--ckpt-interval auto).
         self.save_started_ms: Optional[int] = None
         self.hang_dump = HangDump()
+        self.flight_dump = FlightDump()
 
     def note_save_start(self) -> None:
         """A save begins now, unless one began since the last commit."""
@@ -277,3 +279,4 @@ def progress(step: Step, samples: Optional[SupportsInt] = None) -> None:
             req["samples"] = int(samples)
         answer = STATE.client.request(req, timeout=30.0)
         STATE.hang_dump.register(answer.get("hang_dump_signal"))
+        STATE.flight_dump.register(answer.get("flight_recorder"))

@@ -7,6 +7,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import unittest
 from unittest import mock
 
@@ -284,6 +285,50 @@ class AgentApi(unittest.TestCase):
         self.assertEqual((info["step"], info["world_size"], info["epoch"],
                           info["global_samples"], info["generation"]), (12, 4, 1, 16, 2))
         self.assertEqual(info["cursor"]["consumed_in_epoch"], 16)
+
+
+class FlightRecorderDump(unittest.TestCase):
+    """The helper's thread answers the agent's request (its FIFO opened for writing) with a dump,
+    again for every request; outside torch.distributed the dump says so."""
+
+    def test_each_request_on_the_fifo_writes_a_dump(self):
+        from drun._flight import FlightDump
+        d = tempfile.mkdtemp()
+        paths = {"request": os.path.join(d, "flight-rank0.fifo"),
+                 "dump": os.path.join(d, "flight-rank0.json")}
+        # A stale FIFO (a previous worker's) is replaced.
+        os.mkfifo(paths["request"])
+        fd = FlightDump()
+        fd.register(None)
+        self.assertIsNone(fd.request)
+        fd.register(paths)
+        fd.register({"request": "/elsewhere", "dump": "/elsewhere"})  # once per process
+        self.assertEqual(fd.request, paths["request"])
+        for _ in range(2):
+            if os.path.exists(paths["dump"]):
+                os.unlink(paths["dump"])
+            w = open_fifo_for_writing(paths["request"])
+            os.write(w, b"dump\n")
+            os.close(w)
+            deadline = time.monotonic() + 10
+            while not os.path.exists(paths["dump"]):
+                self.assertLess(time.monotonic(), deadline, "no dump written")
+                time.sleep(0.01)
+            with open(paths["dump"]) as f:
+                dump = json.load(f)
+            self.assertEqual(dump, {"error": "torch.distributed is not initialized in this process"})
+
+
+def open_fifo_for_writing(path):
+    """Opens the FIFO as the agent does (non-blocking: ENXIO until the helper listens)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 ``drun.progress(step)``. Rank 1 stops at step 20 inside ``stuck_here()`` forever (printing
 ``stuck`` first), so rank 0 blocks in that step's ``all_reduce`` until gloo's timeout (30 min).
 
-Usage: allreduce_hang.py
+With ``--pair`` every step also all-reduces a ``float[2, 3]`` on a second process group
+(``group_desc="pair"``, both ranks), before the default group's ``all_reduce``.
+
+Usage: allreduce_hang.py [--pair]
 """
 
 import datetime
@@ -25,7 +28,10 @@ def stuck_here():
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
     rank = dist.get_rank()
+    pair = dist.new_group([0, 1], group_desc="pair") if "--pair" in sys.argv else None
     for step in range(1, 100000):
+        if pair is not None:
+            dist.all_reduce(torch.ones(2, 3), group=pair)
         if rank == 1 and step == 20:
             print("stuck", flush=True)
             stuck_here()

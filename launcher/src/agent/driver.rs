@@ -44,6 +44,7 @@ const PEERS_EVERY: Duration = crate::peers::PROBE_EVERY;
 const REPORT_AGAIN: Duration = Duration::from_secs(2);
 
 mod api;
+mod hang_dump;
 mod import_wait;
 mod standby;
 
@@ -391,15 +392,7 @@ impl Agent {
             Effect::RemoteCause(c) => self.summarize_remote(&c),
             Effect::Requeue => crate::slurm::requeue(self.cfg.slurm.as_ref()),
             Effect::DumpStacks { ranks, line } => {
-                let pids: Vec<(u32, i32)> = w
-                    .group
-                    .as_ref()
-                    .map(WorkerGroup::running)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter(|(rank, _)| ranks.contains(rank))
-                    .collect();
-                crate::os::stacks::dump(&pids, super::hang::DUMP_SIGNAL).await;
+                self.dump_hung(&ranks, w).await;
                 return Ok(Some(Input::Hung(line)));
             }
             Effect::Straggler { event, stragglers } => {

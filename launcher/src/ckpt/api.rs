@@ -146,6 +146,11 @@ impl ApiServer {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The socket's private directory (the workers' flight-recorder dumps go there too).
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
 }
 
 impl Drop for ApiServer {

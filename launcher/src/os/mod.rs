@@ -7,6 +7,7 @@
 
 pub mod exec_error;
 pub mod fake;
+pub mod flight_recorder;
 pub mod guard;
 pub mod ports;
 pub mod private_dir;

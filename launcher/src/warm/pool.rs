@@ -290,7 +290,11 @@ pub async fn prestart(
             .filter(|r| !pool.slots.contains_key(r))
             .collect()
     };
-    let env = crate::env::base_env(inherited, cfg.nproc_per_node);
+    let env = crate::env::base_env(
+        inherited,
+        cfg.nproc_per_node,
+        cfg.observe.hang_timeout.is_some(),
+    );
     for local_rank in wanted {
         if !start_one(pool, os, cfg, local_rank, env.clone()).await {
             return;

@@ -157,6 +157,13 @@ impl Agent {
                     if self.cfg.observe.hang_timeout.is_some() {
                         // The worker registers faulthandler for this signal (its stack dump).
                         answer["hang_dump_signal"] = serde_json::json!(hang::DUMP_SIGNAL as i32);
+                        // And listens for the agent's request of its flight-recorder dump.
+                        if let Some(api) = &self.api {
+                            let p = crate::os::flight_recorder::paths(api.dir(), rank);
+                            answer["flight_recorder"] = serde_json::json!({
+                                "request": p.request, "dump": p.dump,
+                            });
+                        }
                     }
                 }
                 let _ = reply.send(answer);
