@@ -3,14 +3,7 @@
 use super::*;
 
 fn cand(id: &str) -> Candidate {
-    Candidate {
-        node_id: id.into(),
-        advertise_addr: "127.0.0.1".into(),
-        slots: 2,
-        requested_node_rank: None,
-        master_port: 29500,
-        probe_port: 0,
-    }
+    Candidate::local(id, 2)
 }
 
 fn cfg(min: usize, max: usize) -> RoundConfig {

@@ -34,20 +34,9 @@ pub fn newest_good(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::Cursor;
 
     fn m(run: &str, step: u64, g: u64) -> Manifest {
-        Manifest {
-            run_id: run.into(),
-            step,
-            generation: g,
-            world_size: 1,
-            cursor: Cursor::default(),
-            files: vec![],
-            sealed_at_ms: 0,
-            adopted_from: None,
-            save_ms: None,
-        }
+        Manifest::bare(run, step, g, 0)
     }
 
     #[test]

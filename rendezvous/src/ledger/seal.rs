@@ -113,14 +113,7 @@ mod tests {
     use crate::{assign, Candidate};
 
     fn cand(id: &str) -> Candidate {
-        Candidate {
-            node_id: id.into(),
-            advertise_addr: "127.0.0.1".into(),
-            slots: 1,
-            requested_node_rank: None,
-            master_port: 29500,
-            probe_port: 0,
-        }
+        Candidate::local(id, 1)
     }
 
     fn rec(node: &str, g: u64, step: u64, consumed: u64) -> NodeCommit {

@@ -143,3 +143,21 @@ pub fn parse_id(id: &str) -> Option<(u64, u64)> {
     let (s, g) = id.split_once('-')?;
     Some((s.parse().ok()?, g.parse().ok()?))
 }
+
+#[cfg(test)]
+impl Manifest {
+    /// A test manifest of `run`'s `step` sealed by generation `g` of one rank, without files.
+    pub(crate) fn bare(run: &str, step: u64, g: u64, sealed_at_ms: u64) -> Self {
+        Manifest {
+            run_id: run.into(),
+            step,
+            generation: g,
+            world_size: 1,
+            cursor: Default::default(),
+            files: vec![],
+            sealed_at_ms,
+            adopted_from: None,
+            save_ms: None,
+        }
+    }
+}

@@ -188,3 +188,18 @@ impl Plan {
         }
     }
 }
+
+#[cfg(test)]
+impl Candidate {
+    /// A test candidate on loopback with `slots` workers (no requested rank, no probe port).
+    pub(crate) fn local(id: &str, slots: u32) -> Self {
+        Candidate {
+            node_id: id.into(),
+            advertise_addr: "127.0.0.1".into(),
+            slots,
+            requested_node_rank: None,
+            master_port: 29500,
+            probe_port: 0,
+        }
+    }
+}

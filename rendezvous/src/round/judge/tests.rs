@@ -4,18 +4,10 @@ use std::time::Duration;
 
 use super::*;
 use crate::envcheck::{EnvCheck, Fingerprint};
-use crate::ledger::Cursor;
 use crate::records::Formation;
 
 fn cand(id: &str) -> Candidate {
-    Candidate {
-        node_id: id.into(),
-        advertise_addr: "127.0.0.1".into(),
-        slots: 1,
-        requested_node_rank: None,
-        master_port: 29500,
-        probe_port: 0,
-    }
+    Candidate::local(id, 1)
 }
 
 fn join(id: &str) -> Join {
@@ -275,17 +267,7 @@ fn newcomers_of_a_re_form_not_seen_beside_a_running_generation_are_fresh() {
 }
 
 fn manifest(run: &str, step: u64, g: u64, sealed_at_ms: u64) -> Manifest {
-    Manifest {
-        run_id: run.into(),
-        step,
-        generation: g,
-        world_size: 1,
-        cursor: Cursor::default(),
-        files: vec![],
-        sealed_at_ms,
-        adopted_from: None,
-        save_ms: None,
-    }
+    Manifest::bare(run, step, g, sealed_at_ms)
 }
 
 fn order(ids: &[&str]) -> FormOrder {

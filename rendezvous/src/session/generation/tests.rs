@@ -9,12 +9,8 @@ use crate::{assign, Candidate};
 
 fn cand(id: &str) -> Candidate {
     Candidate {
-        node_id: id.into(),
-        advertise_addr: "127.0.0.1".into(),
-        slots: 2,
-        requested_node_rank: None,
         master_port: 1,
-        probe_port: 0,
+        ..Candidate::local(id, 2)
     }
 }
 
