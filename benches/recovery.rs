@@ -9,8 +9,9 @@
 //!    127.0.0.1-3, running `benches/workers/recovery.py` (real torch, a gloo all_reduce every
 //!    0.1 s). drun goes through `drun-rendezvous serve --store memory` (and, as its own row,
 //!    `--store etcd`) with its default `--max-restarts 0`; torchrun through its c10d backend
-//!    (the store hosted by the first agent) with `--max-restarts 3`. No `--rdzv-conf`. Once
-//!    every worker did its first all_reduce (and 1 s more), the third agent is SIGKILLed: under
+//!    (the store hosted by the first agent) with `--max-restarts 3`. No `--rdzv-conf`. In steady
+//!    training, `DRUN_BENCH_STEADY` seconds (default 5) after every worker did its first
+//!    all_reduce, the third agent is SIGKILLed: under
 //!    drun the agent process only (its guard kills its worker); under torchrun the agent and
 //!    its worker (which torchrun starts in a session of its own) together. Measured: the time
 //!    from the SIGKILL until both survivors' new workers (world size 2) had started — their
@@ -19,12 +20,17 @@
 //! 2. **Hung host.** The same job; the third agent and its worker (and drun's guard) get
 //!    SIGSTOP instead. Same measurement.
 //! 3. **Worker failure.** 3 agents × 1 worker (`--nnodes 3`), `--max-restarts 3` for both
-//!    launchers; rank 1 exits 1 once. From that worker's exit until all three new workers
+//!    launchers; rank 1 exits 1 once, as steadily in training (its step `DRUN_BENCH_STEADY`
+//!    seconds after the first). From that worker's exit until all three new workers
 //!    started (and did their first all_reduce). And `fail-standalone`: `--standalone
 //!    --nproc-per-node 2`, rank 1 exits 1 once; until both new workers started (and did their
 //!    first all_reduce). Rows `loss-cold` and `fail-cold` repeat the node loss and the 3-node
 //!    worker failure under drun with `--warm-workers off` (every new worker starts Python and
-//!    imports torch), to show what the warm interpreters save. Row `arrivals`: two newcomers
+//!    imports torch), to show what the warm interpreters save. Rows `loss-early` and
+//!    `fail-standalone-early` (drun only) inject the same faults 1 s after the first all_reduce:
+//!    the spare warm interpreters a restart hands off to start with the generation, and on 2
+//!    cores saturated by the training they may not have imported torch yet; the restart then
+//!    waits for the rest of their import. Row `arrivals`: two newcomers
 //!    3 s apart join a running `--nnodes 2:4` job (`recovery/arrivals.rs`): seconds until the
 //!    world of 4's first all_reduce, how many re-forms it cost and the training time lost;
 //!    `arrivals-window` the same with `--nnodes 2:5`, where the default 30 s last call decides.
@@ -78,8 +84,9 @@
 //! infinite: the median is a number only when most runs recovered, else the cell says "did not
 //! recover"; in the hung-host row a launcher's first such run is not repeated (torchrun has no
 //! hang detector; only the workers' collective timeout, 30 min for gloo, would end it). Rows are
-//! chosen with `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP` (comma-separated of `loss`, `loss-etcd`,
-//! `loss-cold`, `hung`, `fail`, `fail-cold`, `fail-standalone`, `arrivals`, `arrivals-window`, `launch`, `launch-torch`, `spawn`, `rdzv`,
+//! chosen with `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP` (comma-separated of `loss`, `loss-early`,
+//! `loss-etcd`, `loss-cold`, `hung`, `fail`, `fail-cold`, `fail-standalone`,
+//! `fail-standalone-early`, `arrivals`, `arrivals-window`, `launch`, `launch-torch`, `spawn`, `rdzv`,
 //! `idle`, `bed-cable0`, `bed-cable1`,
 //! `bed-partition`, `bed-outage`). Every process of a run carries the run's
 //! tag in its environment; at the end of the run every launcher's process group and every tagged
@@ -112,14 +119,16 @@ use nix::sys::signal::{kill, Signal};
 use records::{group_phases, group_ready, log_tails, poll, records};
 use table::{fmt, Cell, Row, Unit};
 
-const ROWS: [&str; 18] = [
+const ROWS: [&str; 20] = [
     "loss",
+    "loss-early",
     "loss-etcd",
     "loss-cold",
     "hung",
     "fail",
     "fail-cold",
     "fail-standalone",
+    "fail-standalone-early",
     "arrivals",
     "arrivals-window",
     "launch",
@@ -178,6 +187,8 @@ struct Bench {
     runs: usize,
     bound: Duration,
     idle: Duration,
+    /// [`When::Steady`].
+    steady: Duration,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -237,6 +248,27 @@ enum Fault {
     StandaloneExit,
 }
 
+/// When the fault comes, counted from the moment every worker did its first all_reduce.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum When {
+    /// In steady training: `DRUN_BENCH_STEADY` seconds later (default 5), once the spare warm
+    /// interpreters a restart hands off to have imported torch. A real fault lands hours into a
+    /// run far more often than in its first seconds.
+    Steady,
+    /// 1 s later: the spares, started with the generation, may still be importing torch (on
+    /// this machine the training saturates both cores and the import gets a third of them).
+    Early,
+}
+
+impl When {
+    fn after(self, b: &Bench) -> Duration {
+        match self {
+            When::Steady => b.steady,
+            When::Early => Duration::from_secs(1),
+        }
+    }
+}
+
 /// One recovery run.
 enum Sample {
     /// Seconds from the fault until both new workers started, and until both did their first
@@ -254,7 +286,7 @@ enum Sample {
 }
 
 /// One run of a recovery scenario with launcher `l`.
-fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, run: usize) -> Sample {
+fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, when: When, run: usize) -> Sample {
     let (nodes, nnodes, workers_after) = match fault {
         Fault::WorkerExit => (3, "3", 3),
         Fault::StandaloneExit => (1, "1", 2),
@@ -314,7 +346,9 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, run: usize) -> Sampl
         }
         c.arg(&worker).arg(&recs);
         if fails {
-            c.args(["1", "10"]);
+            // One all_reduce every 0.1 s: rank 1 exits `when` after the first.
+            let steps = (when.after(b).as_millis() / 100).to_string();
+            c.args(["1", &steps]);
         }
         clear_job_env(&mut c);
         if how.cold {
@@ -345,7 +379,7 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, run: usize) -> Sampl
         log_tails(&logs, nodes);
         return Sample::SetupFailed;
     }
-    let Some(t0) = inject(fault, l, &agents, &procs, &recs) else {
+    let Some(t0) = inject(fault, when.after(b), l, &agents, &procs, &recs) else {
         eprintln!("  the failing worker never exited:");
         log_tails(&logs, nodes);
         return Sample::SetupFailed;
@@ -369,10 +403,11 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, run: usize) -> Sampl
     sample
 }
 
-/// Injects `fault` into the third agent (or waits for the failing worker's exit): the fault's
-/// instant in ns, or None when the worker never exited.
+/// Injects `fault` into the third agent `after` the group was ready (or waits for the failing
+/// worker's exit): the fault's instant in ns, or None when the worker never exited.
 fn inject(
     fault: Fault,
+    after: Duration,
     l: Launcher,
     agents: &[nix::unistd::Pid],
     procs: &Procs,
@@ -380,7 +415,7 @@ fn inject(
 ) -> Option<u128> {
     match fault {
         Fault::Crash | Fault::Hang => {
-            std::thread::sleep(Duration::from_secs(1));
+            std::thread::sleep(after);
             let t0 = now_ns();
             match (fault, l) {
                 (Fault::Crash, Launcher::Drun) => kill(agents[2], Signal::SIGKILL).unwrap(),
@@ -437,6 +472,7 @@ fn recovery_rows(
     what: &str,
     fault: Fault,
     how: How,
+    when: When,
     with_torch: bool,
     give_up: bool,
 ) -> [Row; 2] {
@@ -455,7 +491,7 @@ fn recovery_rows(
             if give_up && started.cell(l).gave_up() {
                 continue;
             }
-            let sample = recovery(b, l, fault, how, run);
+            let sample = recovery(b, l, fault, how, when, run);
             let (s, r) = match sample {
                 Sample::Recovered {
                     started,
@@ -513,6 +549,8 @@ fn recovery_rows(
         for row in [&mut started, &mut ready] {
             row.torchrun = Cell::absent(if how.cold {
                 "— (drun's cold start; see above)"
+            } else if when == When::Early {
+                "— (as in steady training; see above)"
             } else {
                 "— (c10d only; see above)"
             });
@@ -589,6 +627,7 @@ fn main() {
         runs: runs(5),
         bound: env_secs("DRUN_BENCH_BOUND", 120),
         idle: env_secs("DRUN_BENCH_IDLE", 30),
+        steady: env_secs("DRUN_BENCH_STEADY", 5),
     };
     let unknown: Vec<String> = ["DRUN_BENCH_ONLY", "DRUN_BENCH_SKIP"]
         .iter()
@@ -607,14 +646,26 @@ fn main() {
     let mut rows: Vec<Row> = Vec::new();
     let loss = "node loss, SIGKILL of 1 of 3 agents, defaults";
     let fail = "worker exits 1 (3 agents, `--max-restarts 3`)";
-    // (row key, what, fault, how drun runs, torchrun beside it, give up after a first miss)
+    let early = "the fault 1 s after the group was ready (the spares still importing torch)";
+    let standalone = "worker exits 1 (`--standalone --nproc-per-node 2`, `--max-restarts 3`)";
+    // (row key, what, fault, how drun runs, when, torchrun beside it, give up after a first miss)
     let recovery_table = [
         (
             "loss",
             format!("{loss}, drun memory store"),
             Fault::Crash,
             How::MEMORY,
+            When::Steady,
             true,
+            false,
+        ),
+        (
+            "loss-early",
+            format!("{loss}, {early}"),
+            Fault::Crash,
+            How::MEMORY,
+            When::Early,
+            false,
             false,
         ),
         (
@@ -622,6 +673,7 @@ fn main() {
             format!("{loss}, drun etcd store"),
             Fault::Crash,
             How::ETCD,
+            When::Steady,
             false,
             false,
         ),
@@ -630,6 +682,7 @@ fn main() {
             format!("{loss}, drun with `--warm-workers off`"),
             Fault::Crash,
             How::COLD,
+            When::Steady,
             false,
             false,
         ),
@@ -638,6 +691,7 @@ fn main() {
             "hung host, SIGSTOP of 1 of 3 agents and its worker, defaults".to_string(),
             Fault::Hang,
             How::MEMORY,
+            When::Steady,
             true,
             true,
         ),
@@ -646,6 +700,7 @@ fn main() {
             fail.to_string(),
             Fault::WorkerExit,
             How::MEMORY,
+            When::Steady,
             true,
             false,
         ),
@@ -654,21 +709,34 @@ fn main() {
             format!("{fail}, drun with `--warm-workers off`"),
             Fault::WorkerExit,
             How::COLD,
+            When::Steady,
             false,
             false,
         ),
         (
             "fail-standalone",
-            "worker exits 1 (`--standalone --nproc-per-node 2`, `--max-restarts 3`)".to_string(),
+            standalone.to_string(),
             Fault::StandaloneExit,
             How::MEMORY,
+            When::Steady,
             true,
             false,
         ),
+        (
+            "fail-standalone-early",
+            format!("{standalone}, {early}"),
+            Fault::StandaloneExit,
+            How::MEMORY,
+            When::Early,
+            false,
+            false,
+        ),
     ];
-    for (key, what, fault, how, with_torch, give_up) in recovery_table {
+    for (key, what, fault, how, when, with_torch, give_up) in recovery_table {
         if selected(key) {
-            rows.extend(recovery_rows(&b, &what, fault, how, with_torch, give_up));
+            rows.extend(recovery_rows(
+                &b, &what, fault, how, when, with_torch, give_up,
+            ));
         }
     }
     if selected("arrivals") {

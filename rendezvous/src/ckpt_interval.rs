@@ -38,26 +38,48 @@ pub enum IntervalMode {
     Auto,
 }
 
+/// A `--ckpt-interval` value [`IntervalMode::parse`] refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} {why}")]
+pub struct BadInterval {
+    /// The value as given.
+    pub value: String,
+    /// What is wrong with it.
+    pub why: IntervalFault,
+}
+
+/// What is wrong with a `--ckpt-interval` value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum IntervalFault {
+    /// Neither `auto`, `off` nor a number.
+    #[error("is not auto, off or a number of seconds (e.g. 600)")]
+    NotAForm,
+    /// Zero or less, infinite or NaN.
+    #[error("must be a positive, finite number of seconds (off turns it off)")]
+    NotPositive,
+    /// Past [`MAX_SECONDS`].
+    #[error("must be at most {MAX_SECONDS} seconds (30 days)")]
+    TooLong,
+}
+
 impl IntervalMode {
     /// Parses `auto`, `off` or a number of seconds (`> 0` and at most [`MAX_SECONDS`],
     /// 30 days as drun's other timeouts; fractions allowed, optional `s`).
     ///
     /// # Errors
     /// One line naming the accepted forms, or the range a number missed.
-    pub fn parse(v: &str) -> Result<Self, String> {
+    pub fn parse(v: &str) -> Result<Self, BadInterval> {
+        let bad = |why| BadInterval {
+            value: v.to_string(),
+            why,
+        };
         match v.trim() {
             "auto" => Ok(Self::Auto),
             "off" | "0" => Ok(Self::Off),
             s => match s.trim_end_matches('s').parse::<f64>() {
-                Err(_) => Err(format!(
-                    "{v:?} is not auto, off or a number of seconds (e.g. 600)"
-                )),
-                Ok(x) if !x.is_finite() || x <= 0.0 => Err(format!(
-                    "{v:?} must be a positive, finite number of seconds (off turns it off)"
-                )),
-                Ok(x) if x > MAX_SECONDS => Err(format!(
-                    "{v:?} must be at most {MAX_SECONDS} seconds (30 days)"
-                )),
+                Err(_) => Err(bad(IntervalFault::NotAForm)),
+                Ok(x) if !x.is_finite() || x <= 0.0 => Err(bad(IntervalFault::NotPositive)),
+                Ok(x) if x > MAX_SECONDS => Err(bad(IntervalFault::TooLong)),
                 Ok(x) => Ok(Self::Fixed(Duration::from_secs_f64(x))),
             },
         }
@@ -264,12 +286,15 @@ mod tests {
         );
         assert!(IntervalMode::parse("1e20")
             .unwrap_err()
+            .to_string()
             .contains("at most 2592000 seconds"));
         assert!(IntervalMode::parse("-5")
             .unwrap_err()
+            .to_string()
             .contains("positive, finite"));
         assert!(IntervalMode::parse("soon")
             .unwrap_err()
+            .to_string()
             .contains("not auto, off"));
         assert!(IntervalMode::parse("2592000").is_ok());
         let at = |s: f64| {

@@ -9,6 +9,59 @@ use crate::session::Request;
 use crate::Candidate;
 use drun_proto::v1 as pb;
 
+/// What the server refuses in an agent's Hello or request: each variant's message is one line
+/// naming the field, the limit and, where there is one, the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    /// An id with no characters.
+    #[error("{what} is empty")]
+    Empty { what: String },
+    /// A field past its length limit, in bytes.
+    #[error("{what} is {len} bytes long; at most {max}")]
+    TooLong {
+        what: String,
+        len: usize,
+        max: usize,
+    },
+    /// `.` or `..` as an id.
+    #[error("{what} '{value}' is not a name (ids also name directories); use letters, digits and -_.:@[]")]
+    NotAName { what: String, value: String },
+    /// An id with `/`, whitespace or control characters (shown escaped).
+    #[error("{what} '{value}' holds '/', whitespace or control characters; use letters, digits and -_.:@[]")]
+    BadCharacters { what: String, value: String },
+    /// An advertised address that is neither a host name nor an IP address (shown escaped).
+    #[error("advertise address '{0}' is not a host name or IP address")]
+    NotAnAddress(String),
+    /// `--nnodes` past [`MAX_NODES`].
+    #[error("nnodes {min}:{max} is past the limit of {MAX_NODES} nodes")]
+    TooManyNodes { min: u32, max: u32 },
+    /// A lease TTL past [`MAX_LEASE_TTL_MS`].
+    #[error("lease TTL {0} ms is past the limit of {MAX_LEASE_TTL_MS} ms")]
+    LeaseTooLong(u64),
+    /// Worker slots outside 1..=[`MAX_SLOTS`].
+    #[error("{0} worker slots offered; a node offers 1 to {MAX_SLOTS}")]
+    Slots(u32),
+    /// A requested node rank at or past [`MAX_NODES`].
+    #[error("node rank {0} requested; node ranks are below {MAX_NODES}")]
+    NodeRank(u32),
+    /// A join or a commit in another node's name (the name shown escaped).
+    #[error("a {what} in the name of node '{claimed}' on node '{node}''s session")]
+    NotItsOwn {
+        what: &'static str,
+        claimed: String,
+        node: String,
+    },
+    /// More shard files in one commit than [`MAX_FILES`].
+    #[error("{0} shard files in one commit; at most {MAX_FILES}")]
+    TooManyFiles(usize),
+    /// A shard whose digest is not 64 hex digits (its path shown escaped).
+    #[error("shard {0} has no SHA-256 (64 hex digits)")]
+    NoDigest(String),
+    /// A fingerprint past [`MAX_REPORT`] bytes.
+    #[error("environment fingerprint is {0} bytes; at most {MAX_REPORT}")]
+    FingerprintTooLarge(usize),
+}
+
 /// Longest run id or node id, in bytes (they name keys in the store).
 pub const MAX_ID: usize = 253;
 /// Longest advertised address, in bytes (a DNS name is at most 253).
@@ -35,26 +88,29 @@ pub use crate::human::MAX_SECONDS;
 ///
 /// # Errors
 /// One line naming `what` and the rule.
-pub fn id(what: &str, v: &str) -> Result<(), String> {
+pub fn id(what: &str, v: &str) -> Result<(), Invalid> {
+    let what = what.to_string();
     if v.is_empty() {
-        return Err(format!("{what} is empty"));
+        return Err(Invalid::Empty { what });
     }
     if v.len() > MAX_ID {
-        return Err(format!(
-            "{what} is {} bytes long; at most {MAX_ID}",
-            v.len()
-        ));
+        return Err(Invalid::TooLong {
+            what,
+            len: v.len(),
+            max: MAX_ID,
+        });
     }
     if v == "." || v == ".." {
-        return Err(format!(
-            "{what} '{v}' is not a name (ids also name directories); use letters, digits and -_.:@[]"
-        ));
+        return Err(Invalid::NotAName {
+            what,
+            value: v.to_string(),
+        });
     }
     if v.contains('/') || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(format!(
-            "{what} '{}' holds '/', whitespace or control characters; use letters, digits and -_.:@[]",
-            v.escape_debug()
-        ));
+        return Err(Invalid::BadCharacters {
+            what,
+            value: v.escape_debug().to_string(),
+        });
     }
     Ok(())
 }
@@ -64,26 +120,22 @@ pub fn id(what: &str, v: &str) -> Result<(), String> {
 ///
 /// # Errors
 /// One line naming the address.
-pub fn addr(v: &str) -> Result<(), String> {
-    if v.len() > MAX_ADDR {
-        return Err(format!(
-            "advertise address is {} bytes long; at most {MAX_ADDR}",
-            v.len()
-        ));
-    }
+pub fn addr(v: &str) -> Result<(), Invalid> {
+    text("advertise address", v, MAX_ADDR)?;
     let ok = |c: char| c.is_ascii_alphanumeric() || "-._:[]%".contains(c);
     if !v.chars().all(ok) {
-        return Err(format!(
-            "advertise address '{}' is not a host name or IP address",
-            v.escape_debug()
-        ));
+        return Err(Invalid::NotAnAddress(v.escape_debug().to_string()));
     }
     Ok(())
 }
 
-fn text(what: &str, v: &str, max: usize) -> Result<(), String> {
+fn text(what: &str, v: &str, max: usize) -> Result<(), Invalid> {
     if v.len() > max {
-        return Err(format!("{what} is {} bytes long; at most {max}", v.len()));
+        return Err(Invalid::TooLong {
+            what: what.to_string(),
+            len: v.len(),
+            max,
+        });
     }
     Ok(())
 }
@@ -92,20 +144,17 @@ fn text(what: &str, v: &str, max: usize) -> Result<(), String> {
 ///
 /// # Errors
 /// One line naming the field.
-pub fn hello(h: &pb::Hello) -> Result<(), String> {
+pub fn hello(h: &pb::Hello) -> Result<(), Invalid> {
     id("run id", &h.run_id)?;
     id("node id", &h.node_id)?;
     if h.max_nodes > MAX_NODES || h.min_nodes > MAX_NODES {
-        return Err(format!(
-            "nnodes {}:{} is past the limit of {MAX_NODES} nodes",
-            h.min_nodes, h.max_nodes
-        ));
+        return Err(Invalid::TooManyNodes {
+            min: h.min_nodes,
+            max: h.max_nodes,
+        });
     }
     if h.lease_ttl_ms > MAX_LEASE_TTL_MS {
-        return Err(format!(
-            "lease TTL {} ms is past the limit of {MAX_LEASE_TTL_MS} ms",
-            h.lease_ttl_ms
-        ));
+        return Err(Invalid::LeaseTooLong(h.lease_ttl_ms));
     }
     Ok(())
 }
@@ -114,44 +163,39 @@ pub fn hello(h: &pb::Hello) -> Result<(), String> {
 ///
 /// # Errors
 /// One line naming the field.
-pub fn candidate(c: &Candidate) -> Result<(), String> {
+pub fn candidate(c: &Candidate) -> Result<(), Invalid> {
     id("node id", &c.node_id)?;
     addr(&c.advertise_addr)?;
     if c.slots == 0 || c.slots > MAX_SLOTS {
-        return Err(format!(
-            "{} worker slots offered; a node offers 1 to {MAX_SLOTS}",
-            c.slots
-        ));
+        return Err(Invalid::Slots(c.slots));
     }
-    if c.requested_node_rank.is_some_and(|r| r >= MAX_NODES) {
-        return Err(format!(
-            "node rank {} requested; node ranks are below {MAX_NODES}",
-            c.requested_node_rank.unwrap_or_default()
-        ));
+    if let Some(r) = c.requested_node_rank.filter(|&r| r >= MAX_NODES) {
+        return Err(Invalid::NodeRank(r));
     }
     Ok(())
 }
 
-fn commit(c: &NodeCommit, node: &str) -> Result<(), String> {
-    if c.node_id != node {
-        return Err(format!(
-            "a commit in the name of node '{}' on node '{node}''s session",
-            c.node_id.escape_debug()
-        ));
+/// Refuses `what` sent in the name of `claimed` on `node`'s session.
+fn own(what: &'static str, claimed: &str, node: &str) -> Result<(), Invalid> {
+    if claimed == node {
+        return Ok(());
     }
+    Err(Invalid::NotItsOwn {
+        what,
+        claimed: claimed.escape_debug().to_string(),
+        node: node.to_string(),
+    })
+}
+
+fn commit(c: &NodeCommit, node: &str) -> Result<(), Invalid> {
+    own("commit", &c.node_id, node)?;
     if c.files.len() > MAX_FILES {
-        return Err(format!(
-            "{} shard files in one commit; at most {MAX_FILES}",
-            c.files.len()
-        ));
+        return Err(Invalid::TooManyFiles(c.files.len()));
     }
     for f in &c.files {
         text("shard path", &f.path, 4096)?;
         if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!(
-                "shard {} has no SHA-256 (64 hex digits)",
-                f.path.escape_debug()
-            ));
+            return Err(Invalid::NoDigest(f.path.escape_debug().to_string()));
         }
     }
     Ok(())
@@ -161,21 +205,14 @@ fn commit(c: &NodeCommit, node: &str) -> Result<(), String> {
 ///
 /// # Errors
 /// One line naming the request and the field.
-pub fn request(r: &Request, node: &str) -> Result<(), String> {
+pub fn request(r: &Request, node: &str) -> Result<(), Invalid> {
     match r {
         Request::Join(j, _) => {
             candidate(&j.candidate)?;
-            if j.candidate.node_id != node {
-                return Err(format!(
-                    "a join in the name of node '{}' on node '{node}''s session",
-                    j.candidate.node_id.escape_debug()
-                ));
-            }
+            own("join", &j.candidate.node_id, node)?;
             let fp: usize = j.fingerprint.iter().map(|(k, v)| k.len() + v.len()).sum();
             if fp > MAX_REPORT {
-                return Err(format!(
-                    "environment fingerprint is {fp} bytes; at most {MAX_REPORT}"
-                ));
+                return Err(Invalid::FingerprintTooLarge(fp));
             }
             Ok(())
         }

@@ -58,8 +58,13 @@ pub(super) fn checkpoint_flags(
         a.ckpt.scale_up_save_timeout,
         false,
     )?;
-    let mode = IntervalMode::parse(&a.ckpt.ckpt_interval)
-        .map_err(|why| invalid("--ckpt-interval", a.ckpt.ckpt_interval.clone(), &why))?;
+    let mode = IntervalMode::parse(&a.ckpt.ckpt_interval).map_err(|e| {
+        invalid(
+            "--ckpt-interval",
+            a.ckpt.ckpt_interval.clone(),
+            e.to_string(),
+        )
+    })?;
     if mode.is_on() && matches!(rendezvous, RendezvousMode::Static { .. }) {
         return Err(invalid(
             "--ckpt-interval",

@@ -15,7 +15,7 @@ pub(super) fn numa_binding(
         return Ok(None);
     };
     let refuse = |why: String| invalid("--numa-binding", m, why);
-    let mode: crate::numa::NumaMode = m.parse().map_err(refuse)?;
+    let mode: crate::numa::NumaMode = m.parse().map_err(|e| refuse(format!("{e}")))?;
     let root = std::path::Path::new(host.var("DRUN_TOPOLOGY_ROOT").unwrap_or("/"));
     crate::numa::resolve(
         mode,

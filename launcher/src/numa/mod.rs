@@ -39,15 +39,20 @@ pub enum NumaMode {
     CoreComplex,
 }
 
+/// A `--numa-binding` value that is not one of torchrun's modes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected node, socket, exclusive or core-complex")]
+pub struct UnknownNumaMode;
+
 impl FromStr for NumaMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownNumaMode;
+    fn from_str(s: &str) -> Result<Self, UnknownNumaMode> {
         match s {
             "node" => Ok(Self::Node),
             "socket" => Ok(Self::Socket),
             "exclusive" => Ok(Self::Exclusive),
             "core-complex" => Ok(Self::CoreComplex),
-            _ => Err("expected node, socket, exclusive or core-complex".into()),
+            _ => Err(UnknownNumaMode),
         }
     }
 }

@@ -35,8 +35,13 @@ pub struct Topology {
     pub llc: BTreeMap<usize, Cpus>,
 }
 
+/// A part of a sysfs CPU list that is not a CPU or a range of them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not a CPU range")]
+pub struct NotACpuRange(pub String);
+
 /// Parses a sysfs CPU or node list (`0-3,8,10-11`).
-pub fn parse_list(text: &str) -> Result<Cpus, String> {
+pub fn parse_list(text: &str) -> Result<Cpus, NotACpuRange> {
     let mut out = Cpus::new();
     for part in text
         .trim()
@@ -46,13 +51,13 @@ pub fn parse_list(text: &str) -> Result<Cpus, String> {
     {
         let num = |s: &str| {
             s.parse::<usize>()
-                .map_err(|_| format!("'{part}' is not a CPU range"))
+                .map_err(|_| NotACpuRange(part.to_string()))
         };
         match part.split_once('-') {
             Some((a, b)) => {
                 let (a, b) = (num(a)?, num(b)?);
                 if a > b {
-                    return Err(format!("'{part}' is not a CPU range"));
+                    return Err(NotACpuRange(part.to_string()));
                 }
                 out.extend(a..=b);
             }

@@ -34,7 +34,7 @@ fn ids_are_printable_bounded_and_slash_free() {
         "..",
         &"x".repeat(MAX_ID + 1),
     ] {
-        let e = id("node id", bad).unwrap_err();
+        let e = id("node id", bad).unwrap_err().to_string();
         assert!(e.starts_with("node id"), "{e}");
         assert!(!e.contains('\n'), "one line: {e}");
     }
@@ -59,7 +59,7 @@ fn addresses_are_names_or_ip_literals() {
 #[test]
 fn a_join_is_checked_field_by_field_and_must_be_the_sessions_own() {
     assert_eq!(request(&join(cand("n1")), "n1"), Ok(()));
-    let e = request(&join(cand("n2")), "n1").unwrap_err();
+    let e = request(&join(cand("n2")), "n1").unwrap_err().to_string();
     assert!(e.contains("in the name of node 'n2'"), "{e}");
     for (c, says) in [
         (
@@ -91,7 +91,7 @@ fn a_join_is_checked_field_by_field_and_must_be_the_sessions_own() {
             "advertise address",
         ),
     ] {
-        let e = request(&join(c), "n1").unwrap_err();
+        let e = request(&join(c), "n1").unwrap_err().to_string();
         assert!(e.contains(says), "{e}");
     }
 }
@@ -106,12 +106,16 @@ fn free_text_and_reports_are_bounded() {
     };
     assert!(request(&failed, "n")
         .unwrap_err()
+        .to_string()
         .contains("failure description"));
     let report = Request::Report {
         kind: crate::reports::ReportKind::Pace,
         json: "y".repeat(MAX_REPORT + 1),
     };
-    assert!(request(&report, "n").unwrap_err().contains("node report"));
+    assert!(request(&report, "n")
+        .unwrap_err()
+        .to_string()
+        .contains("node report"));
     assert_eq!(request(&Request::KeepAlive, "n"), Ok(()));
 }
 
@@ -139,9 +143,11 @@ fn a_commit_must_be_the_sessions_own_with_real_digests() {
     assert_eq!(request(&commit("n", vec![file(&good)]), "n"), Ok(()));
     assert!(request(&commit("m", vec![]), "n")
         .unwrap_err()
+        .to_string()
         .contains("node 'm'"));
     assert!(request(&commit("n", vec![file("zz")]), "n")
         .unwrap_err()
+        .to_string()
         .contains("SHA-256"));
 }
 
@@ -159,7 +165,7 @@ fn a_hello_names_its_run_and_node_within_limits() {
     let bad = |f: &dyn Fn(&mut pb::Hello)| {
         let mut h = h.clone();
         f(&mut h);
-        hello(&h).unwrap_err()
+        hello(&h).unwrap_err().to_string()
     };
     assert!(bad(&|h| h.run_id = "a/b".into()).starts_with("run id"));
     assert!(bad(&|h| h.node_id.clear()).starts_with("node id"));
