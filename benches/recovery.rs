@@ -251,9 +251,10 @@ enum Fault {
 /// When the fault comes, counted from the moment every worker did its first all_reduce.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum When {
-    /// In steady training: `DRUN_BENCH_STEADY` seconds later (default 5), once the spare warm
-    /// interpreters a restart hands off to have imported torch. A real fault lands hours into a
-    /// run far more often than in its first seconds.
+    /// In steady training: `DRUN_BENCH_STEADY` seconds later (default 5), and under drun not
+    /// before the spare warm interpreters a restart hands off to have imported torch (see
+    /// [`wait_for_fault`]). A real fault lands hours into a run far more often than in its
+    /// first seconds.
     Steady,
     /// 1 s later: the spares, started with the generation, may still be importing torch (on
     /// this machine the training saturates both cores and the import gets a third of them).
@@ -346,9 +347,8 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, when: When, run: usi
         }
         c.arg(&worker).arg(&recs);
         if fails {
-            // One all_reduce every 0.1 s: rank 1 exits `when` after the first.
-            let steps = (when.after(b).as_millis() / 100).to_string();
-            c.args(["1", &steps]);
+            // Rank 1 exits at its first step once the bench creates `recs/go` (see `inject`).
+            c.args(["1", "go"]);
         }
         clear_job_env(&mut c);
         if how.cold {
@@ -379,7 +379,13 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, when: When, run: usi
         log_tails(&logs, nodes);
         return Sample::SetupFailed;
     }
-    let Some(t0) = inject(fault, when.after(b), l, &agents, &procs, &recs) else {
+    let spares = match (l, how.cold, standalone) {
+        (Launcher::Drun, false, true) => 2,
+        (Launcher::Drun, false, false) => 1,
+        _ => 0,
+    };
+    wait_for_fault(b, when, &agents, spares);
+    let Some(t0) = inject(fault, l, &agents, &procs, &recs) else {
         eprintln!("  the failing worker never exited:");
         log_tails(&logs, nodes);
         return Sample::SetupFailed;
@@ -403,11 +409,65 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, when: When, run: usi
     sample
 }
 
-/// Injects `fault` into the third agent `after` the group was ready (or waits for the failing
-/// worker's exit): the fault's instant in ns, or None when the worker never exited.
+/// Waits, from the moment the group was ready, until the fault is due ([`When`]): 1 s early;
+/// in steady training `b.steady`, and until each of drun's `agents` has `spares` warm
+/// interpreters that imported torch and wait for a hand-off (bounded by 180 s, then it goes on
+/// with a line).
+fn wait_for_fault(b: &Bench, when: When, agents: &[nix::unistd::Pid], spares: usize) {
+    let t0 = Instant::now();
+    std::thread::sleep(when.after(b));
+    if when == When::Early || spares == 0 {
+        return;
+    }
+    let ready = || {
+        agents
+            .iter()
+            .all(|a| idle_spares(*a) >= spares)
+            .then_some(())
+    };
+    if poll(Duration::from_secs(180), ready).is_none() {
+        eprintln!("  the spare warm interpreters did not get ready within 180 s; injecting anyway");
+    }
+    let waited = t0.elapsed().as_secs_f64();
+    if waited > b.steady.as_secs_f64() + 0.5 {
+        eprintln!("  (spares ready {waited:.1} s after the group)");
+    }
+}
+
+/// How many of agent `agent`'s children are warm interpreters blocked reading their hand-off
+/// socket: they imported torch and wait (a worker, started on one, trains or sleeps instead).
+fn idle_spares(agent: nix::unistd::Pid) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let parent = agent.as_raw().to_string();
+    dir.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|c| c.is_ascii_digit())
+        })
+        .filter(|e| {
+            let p = e.path();
+            let stat = std::fs::read_to_string(p.join("stat")).unwrap_or_default();
+            // pid (comm) state ppid ...: the comm may hold spaces, so split after its ')'.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().nth(1));
+            ppid == Some(parent.as_str())
+                && std::fs::read(p.join("cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("warm worker bootstrap"))
+                && std::fs::read_to_string(p.join("wchan"))
+                    .is_ok_and(|w| w.starts_with("unix_stream"))
+        })
+        .count()
+}
+
+/// Injects `fault` into the third agent (or lets the failing worker exit, creating `recs/go`):
+/// the fault's instant in ns, or None when the worker never exited.
 fn inject(
     fault: Fault,
-    after: Duration,
     l: Launcher,
     agents: &[nix::unistd::Pid],
     procs: &Procs,
@@ -415,7 +475,6 @@ fn inject(
 ) -> Option<u128> {
     match fault {
         Fault::Crash | Fault::Hang => {
-            std::thread::sleep(after);
             let t0 = now_ns();
             match (fault, l) {
                 (Fault::Crash, Launcher::Drun) => kill(agents[2], Signal::SIGKILL).unwrap(),
@@ -428,9 +487,12 @@ fn inject(
             }
             Some(t0)
         }
-        Fault::WorkerExit | Fault::StandaloneExit => poll(Duration::from_secs(60), || {
-            records(recs).iter().find_map(|r| r.exit_ns)
-        }),
+        Fault::WorkerExit | Fault::StandaloneExit => {
+            std::fs::write(recs.join("go"), b"").expect("write the go file");
+            poll(Duration::from_secs(60), || {
+                records(recs).iter().find_map(|r| r.exit_ns)
+            })
+        }
     }
 }
 

@@ -1,13 +1,14 @@
 """Bench worker: a gloo all_reduce every 0.1 s, recording when it started (real torch job).
 
-Usage: recovery.py OUTDIR [FAIL_RANK FAIL_AFTER_STEPS]
+Usage: recovery.py OUTDIR [FAIL_RANK FAIL_AFTER_STEPS|go]
 
 The very first thing it does, before importing torch, is take the wall-clock time, and it writes
 OUTDIR/<pid>.json with it: {"pid", "gen", "rank", "world", "start_ns", "master"}. It rewrites
 the file with "imported_ns" after `import torch`, "init_ns" after init_process_group and
 "ready_ns" after the first all_reduce. gen is
 DRUN_GENERATION under drun and TORCHELASTIC_RESTART_COUNT + 1 under torchrun. With FAIL_RANK,
-that rank exits 1 after FAIL_AFTER_STEPS steps, once per job (OUTDIR/failed marks it: under
+that rank exits 1 after FAIL_AFTER_STEPS steps (with `go`: at the first step once the file
+OUTDIR/go exists, which the bench creates when it wants the fault), once per job (OUTDIR/failed marks it: under
 torchrun a membership restart keeps the generation count, so "generation 1" could fail twice),
 adding "exit_ns" first. With RECOVERY_STEPS=1 in its environment it adds "last_ns", the time of
 its latest step, at every step (the arrivals rows' training time lost).
@@ -43,7 +44,9 @@ def main():
     env = os.environ
     outdir = sys.argv[1]
     fail_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
-    fail_after = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    on_go = len(sys.argv) > 3 and sys.argv[3] == "go"
+    fail_after = int(sys.argv[3]) if len(sys.argv) > 3 and not on_go else 0
+    go = os.path.join(outdir, "go")
     if "DRUN_GENERATION" in env:
         gen = int(env["DRUN_GENERATION"])
     else:
@@ -69,7 +72,8 @@ def main():
     step = 1
     steps = os.environ.get("RECOVERY_STEPS") == "1"
     while time.monotonic() < deadline:
-        if rank == fail_rank and step >= fail_after and fail_once(outdir):
+        due = os.path.exists(go) if on_go else step >= fail_after
+        if rank == fail_rank and due and fail_once(outdir):
             rec["exit_ns"] = time.time_ns()
             write(path, rec)
             os._exit(1)
