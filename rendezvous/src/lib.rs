@@ -5,10 +5,10 @@
 //! * [`store`] is the state: an etcd-shaped key-value API (revisions, leases, transactions,
 //!   watches). [`MemoryStore`] is the embedded default for one machine; the etcd store joins it for
 //!   multi-node runs. Every decision is re-checked inside a transaction, never taken from a read.
-//! * [`core`] is the decision: a pure function of the waiting candidates, the time and the
+//! * [`decisions::core`] is the decision: a pure function of the waiting candidates, the time and the
 //!   configuration that says "form now", "wait" or "fail", with a human-readable reason. It sleeps
 //!   on nothing and is tested with synthetic instants.
-//! * [`plan`] turns an admitted set of nodes into the assignment every agent receives: node
+//! * [`decisions::plan`] turns an admitted set of nodes into the assignment every agent receives: node
 //!   ranks (pinned ranks are an order, so losing any node still forms), contiguous global ranks
 //!   per node, world size, master address and port.
 //! * [`round`] drives one run through the store: join, decide, write the plan of generation `g`
@@ -41,70 +41,40 @@
 //!         └─ Leave ──▶ Left (lease revoked; the session ends)
 //! ```
 //!
-//! Where the decisions live: forming a round — [`core::decide`] (including "no second world
-//! beside a running generation"); ranks — [`plan::assign`]; a running generation's re-form,
+//! Where the decisions live: forming a round — [`decisions::core::decide`] (including "no second world
+//! beside a running generation"); ranks — [`decisions::plan::assign`]; a running generation's re-form,
 //! scale-up admission, successor start, failure budget and exit barrier — the session's
-//! generation core; node loss wording — [`loss`]; checkpoints — [`ledger`].
+//! generation core; node loss wording — [`decisions::loss`]; checkpoints — [`ledger`].
 
-pub mod auth;
-pub mod ckpt_interval;
-pub mod client_token;
+pub mod client;
 pub mod clock;
-pub mod core;
-pub mod dns;
-pub mod envcheck;
+pub mod decisions;
 pub mod error;
-pub mod etcd;
-pub mod etcd_batch;
-pub mod etcd_share;
-pub mod failure_log;
-pub mod foreign;
-pub mod formation;
 pub mod human;
-pub mod keys;
 pub mod ledger;
 pub mod log_format;
-pub mod loss;
-pub mod memory;
-pub mod metrics;
-pub mod partition;
-pub mod pem_check;
-pub mod plan;
 pub mod probe;
-pub mod records;
-pub mod reports;
-pub mod root_cause;
 pub mod round;
-pub mod run_limit;
-pub mod run_state;
 pub mod server;
-pub mod service;
 pub mod session;
-pub mod shared_lease;
 pub mod status;
-pub mod status_client;
-pub mod status_view;
 pub mod store;
-pub mod tls;
-pub mod token_files;
-pub mod validate;
-pub mod wire;
 
 #[cfg(any(test, fuzzing))]
 pub mod checks;
 #[cfg(test)]
 mod props;
 
-pub use crate::core::{decide, Candidate, Decision, Join, RoundConfig};
+pub use decisions::core::{decide, Candidate, Decision, Join, RoundConfig};
+pub use decisions::plan::{assign, Member, Plan};
 pub use error::{endpoint_url, RendezvousError, ServiceError, StoreError};
-pub use etcd::EtcdStore;
 pub use ledger::{
     merge_files, CommitOutcome, Cursor, Ledger, LedgerError, Manifest, NodeCommit, Retention,
     ShardFile,
 };
 pub use log_format::LogFormat;
-pub use memory::MemoryStore;
-pub use plan::{assign, Member, Plan};
 pub use round::Round;
 pub use session::{spawn_session, Event, Request, Resume, RunEnd, SessionConfig};
+pub use store::etcd::EtcdStore;
+pub use store::memory::MemoryStore;
 pub use store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};

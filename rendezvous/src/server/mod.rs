@@ -4,17 +4,25 @@
 //! ([`ServerError`]). The binary parses the command line, installs logging and calls [`run`].
 
 mod args;
+pub mod auth;
 mod error;
+pub mod metrics;
+pub mod pem_check;
+pub mod run_limit;
 mod serve;
+pub mod service;
 mod status;
+pub mod tls;
+pub mod validate;
+pub mod wire;
 
 pub use args::{Command, ServeConfig, StatusArgs, StoreKind};
 pub use error::ServerError;
 pub use serve::{serve, DRAIN};
 pub use status::status;
 
-use crate::etcd::access::{EtcdAccess, PASSWORD_VAR};
-use crate::etcd::args::EtcdArgs;
+use crate::store::etcd::access::{EtcdAccess, PASSWORD_VAR};
+use crate::store::etcd::args::EtcdArgs;
 use crate::LogFormat;
 
 /// Runs `command` to its end: serving until SIGTERM/SIGINT, or printing a run's state.
