@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 
+use super::ServerError;
+use crate::store::etcd::access::{EtcdAccess, PASSWORD_VAR};
 use crate::store::etcd::args::EtcdArgs;
 
 /// A subcommand of `drun-rendezvous`.
@@ -131,6 +133,14 @@ pub struct StatusArgs {
         value_parser = crate::status::client::parse_interval
     )]
     pub watch: Option<Duration>,
+}
+
+/// The etcd access of `args`, the password read from its file or `DRUN_ETCD_PASSWORD`.
+pub(super) fn etcd_access(args: &EtcdArgs) -> Result<EtcdAccess, ServerError> {
+    let env = std::env::var(PASSWORD_VAR).ok();
+    args.files()
+        .load(env.as_deref())
+        .map_err(ServerError::EtcdAccess)
 }
 
 #[cfg(test)]

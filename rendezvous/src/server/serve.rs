@@ -34,7 +34,7 @@ const TARGET: &str = "drun_rendezvous";
 /// A bad flag or file, an address that cannot be bound ([`ServerError::code`] 2), etcd
 /// unreachable or refusing (3), the server failing while it serves (1).
 pub async fn serve(config: ServeConfig, log_format: LogFormat) -> Result<(), ServerError> {
-    let access = super::etcd_access(&config.etcd)?;
+    let access = super::args::etcd_access(&config.etcd)?;
     let tls = match (config.tls_cert, config.tls_key) {
         (Some(cert), Some(key)) => Some(
             ServerTlsFiles {

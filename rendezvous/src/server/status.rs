@@ -13,7 +13,7 @@ use crate::status::client::{show, Source, StatusQuery};
 /// Bad flags or files ([`ServerError::code`] 2); what the status client says otherwise
 /// ([`ServerError::Status`]).
 pub async fn status(args: StatusArgs) -> Result<(), ServerError> {
-    let etcd = super::etcd_access(&args.etcd)?;
+    let etcd = super::args::etcd_access(&args.etcd)?;
     let tls = args
         .rdzv_tls_ca
         .map(|ca| {
