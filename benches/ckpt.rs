@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use drun_launcher::ckpt::verify::{sha256_file, verify};
 use drun_launcher::ckpt::VerifyMode;
-use drun_rendezvous::keys::RunKeys;
+use drun_rendezvous::store::keys::RunKeys;
 use drun_rendezvous::{
     assign, Candidate, Cursor, EtcdStore, Ledger, Manifest, MemoryStore, NodeCommit, Retention,
     ShardFile, Store,

@@ -9,12 +9,14 @@
 //! The overhead of a policy is its wall time minus the useful work: time spent saving plus work
 //! lost, in % of the useful work. Fixed intervals are tried on a fine logarithmic grid (8 % steps
 //! from √(2·C·M)/8 to 8·√(2·C·M)): "best fixed" is the best of them in hindsight. `auto` is drun's
-//! [`drun_rendezvous::ckpt_interval::decide`] fed what drun measures — the save costs, the
+//! [`drun_rendezvous::decisions::ckpt_interval::decide`] fed what drun measures — the save costs, the
 //! failures so far and the time the job has run — re-evaluated after every seal and failure,
 //! starting from the default prior (`--expected-mtbf` 4 h) and the 1 s prior cost.
 //! `DRUN_BENCH_SEED` changes the seed (default 1).
 
-use drun_rendezvous::ckpt_interval::{decide, IntervalMode, Observed, DEFAULT_EXPECTED_MTBF_S};
+use drun_rendezvous::decisions::ckpt_interval::{
+    decide, IntervalMode, Observed, DEFAULT_EXPECTED_MTBF_S,
+};
 
 /// Useful work of each simulated job, in units of M (so ~this many failures each).
 const WORK_MTBFS: f64 = 2000.0;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use drun_rendezvous::keys::RunKeys;
+use drun_rendezvous::store::keys::RunKeys;
 use drun_rendezvous::{
     assign, Candidate, CommitOutcome, Cursor, EtcdStore, Ledger, LedgerError, Manifest,
     MemoryStore, NodeCommit, Plan, Retention, ShardFile, Store,

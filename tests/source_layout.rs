@@ -40,17 +40,16 @@ fn unit_tests_live_in_their_modules_folder_without_path_attributes() {
 }
 
 /// Rendezvous library files that may touch the store directly: the backends and the door.
+/// Not all of `store/`: its records, keys and reports stay outside (they only encode).
 const STORE_LAYER: &[&str] = &[
     "store.rs",
-    "memory.rs",
-    "etcd.rs",
-    "etcd/",
-    "etcd_batch.rs",
-    "etcd_share.rs",
-    "shared_lease.rs",
-    "shared_lease/",
-    "run_state.rs",
-    "run_state/",
+    "store/memory.rs",
+    "store/etcd.rs",
+    "store/etcd/",
+    "store/shared_lease.rs",
+    "store/shared_lease/",
+    "store/run_state.rs",
+    "store/run_state/",
 ];
 
 /// Library files not behind the door yet, each with why. Shrink it; never grow it.
@@ -98,6 +97,12 @@ fn raw_store_calls(text: &str) -> Vec<&'static str> {
 #[test]
 fn only_the_store_door_reads_and_writes_a_runs_keys() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("rendezvous/src");
+    for p in STORE_LAYER {
+        assert!(
+            src.join(p).exists(),
+            "STORE_LAYER names {p}, which is not there any more"
+        );
+    }
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     let mut offenders = Vec::new();
@@ -126,7 +131,7 @@ fn only_the_store_door_reads_and_writes_a_runs_keys() {
     }
     assert!(
         offenders.is_empty(),
-        "raw store access outside the door (give `run_state::RunState` a named method for it): {offenders:#?}"
+        "raw store access outside the door (give `store::run_state::RunState` a named method for it): {offenders:#?}"
     );
     for (p, why) in NOT_BEHIND_THE_DOOR {
         let text = std::fs::read_to_string(src.join(p)).unwrap_or_default();

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use drun_rendezvous::shared_lease::SharedLeases;
+use drun_rendezvous::store::shared_lease::SharedLeases;
 use drun_rendezvous::{EtcdStore, Op, Store, Txn, WatchEvent};
 
 use crate::harness::cluster::Etcd;

@@ -61,7 +61,7 @@ pub fn flags(s: &str) {
     }
     let _ = parse_signals(s);
     let _ = crate::status::parse_interval(s);
-    let _ = drun_rendezvous::ckpt_interval::IntervalMode::parse(s);
+    let _ = drun_rendezvous::decisions::ckpt_interval::IntervalMode::parse(s);
 }
 
 /// Every text target on `s`.

@@ -20,7 +20,7 @@ use clap::{ArgAction, Parser};
 
 pub use ckpt::CkptArgs;
 pub use container::ContainerArgs;
-pub use drun_rendezvous::etcd::args::EtcdArgs;
+pub use drun_rendezvous::store::etcd::args::EtcdArgs;
 pub use env_source::{env_source, flag_env_source};
 pub use host_tls::HostTlsArgs;
 pub use observe::ObserveArgs;

@@ -1,11 +1,11 @@
 //! Waiting for a rendezvous or master name to resolve, up to the join timeout, with a
 //! progress line naming the name (see [`crate::rdzv::reach`]). The resolution itself, re-done at
-//! every attempt (`DRUN_HOSTS_FILE` first), is [`drun_rendezvous::dns`], which the status
+//! every attempt (`DRUN_HOSTS_FILE` first), is [`drun_rendezvous::client::dns`], which the status
 //! client shares; it is re-exported here.
 
 use std::net::SocketAddr;
 
-pub use drun_rendezvous::dns::{
+pub use drun_rendezvous::client::dns::{
     lookup_in_hosts, resolve, split, DnsError, EndpointError, HOSTS_FILE_VAR,
 };
 

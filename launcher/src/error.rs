@@ -38,16 +38,16 @@ pub enum ConfigError {
     /// The etcd access flags (`--etcd-cacert`, `--etcd-user`, ...) are incomplete or name a
     /// file that cannot be read: one line naming the flag, never the password.
     #[error(transparent)]
-    EtcdAccess(#[from] drun_rendezvous::etcd::access::EtcdAccessError),
+    EtcdAccess(#[from] drun_rendezvous::store::etcd::access::EtcdAccessError),
     /// A TLS file for the rendezvous (`--rdzv-tls-*`, `--rdzv-host-tls-*`) that cannot be
     /// read, is not the PEM it should be or holds a key of another certificate
-    /// ([`drun_rendezvous::pem_check`]): one line naming the file and its flag, never a key.
+    /// ([`drun_rendezvous::server::pem_check`]): one line naming the file and its flag, never a key.
     #[error(transparent)]
-    Tls(#[from] drun_rendezvous::tls::TlsError),
+    Tls(#[from] drun_rendezvous::server::tls::TlsError),
     /// A `DRUN_RDZV_TOKEN` that gRPC metadata cannot carry: one line naming the variable, never
     /// the token.
     #[error(transparent)]
-    Token(#[from] drun_rendezvous::client_token::TokenError),
+    Token(#[from] drun_rendezvous::client::token::TokenError),
     /// A torchrun flag drun does not implement yet.
     #[error("{flag} is a torchrun flag drun does not implement yet; remove it ({why})")]
     Unsupported {
@@ -164,7 +164,7 @@ impl LaunchError {
             // The nodes' configs or environments do not match (`--env-check`): a usage error
             // on every node, as a bad flag on one would be.
             LaunchError::Rendezvous(_) | LaunchError::RendezvousFailed(_)
-                if drun_rendezvous::envcheck::is_refusal(&self.to_string()) =>
+                if drun_rendezvous::decisions::envcheck::is_refusal(&self.to_string()) =>
             {
                 AgentExit::Usage
             }

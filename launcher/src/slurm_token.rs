@@ -12,7 +12,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use drun_rendezvous::auth::Secret;
+use drun_rendezvous::server::auth::Secret;
 use sha2::{Digest, Sha256};
 
 /// The variable naming the secret file; `off` turns the derived token off.

@@ -1,8 +1,8 @@
 //! `drun --status`: where the agent's own rendezvous flags say a run's state is read. Asking
-//! and printing is the rendezvous crate's status client ([`drun_rendezvous::status_client`]),
+//! and printing is the rendezvous crate's status client ([`drun_rendezvous::status::client`]),
 //! shared with `drun-rendezvous status` and re-exported here.
 
-pub use drun_rendezvous::status_client::{
+pub use drun_rendezvous::status::client::{
     fetch, parse_interval, show, Source, StatusError, StatusQuery, DEFAULT_WATCH,
 };
 

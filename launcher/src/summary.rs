@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use drun_rendezvous::root_cause::{self, RootCause};
+use drun_rendezvous::decisions::root_cause::{self, RootCause};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 

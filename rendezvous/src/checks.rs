@@ -9,8 +9,8 @@ use drun_proto::v1 as pb;
 use prost::Message;
 
 use crate::ledger::{parse_id, Manifest, NodeCommit};
-use crate::run_state::{decode, decode_generation, decode_plan};
-use crate::wire::request_from_wire;
+use crate::server::wire::request_from_wire;
+use crate::store::run_state::{decode, decode_generation, decode_plan};
 use crate::{Join, Plan, StoreError};
 
 /// Any bytes as a store value: a value or [`StoreError::Corrupt`] naming the key, never a panic.

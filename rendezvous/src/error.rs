@@ -57,7 +57,7 @@ pub enum RendezvousError {
     /// The admitted set cannot be ranked into a plan.
     #[error("cannot assign node ranks: {0}")]
     Assignment(String),
-    /// The nodes due to form cannot form a group (see [`crate::plan::formable`]).
+    /// The nodes due to form cannot form a group (see [`crate::decisions::plan::formable`]).
     #[error("run {run}: {reason}")]
     Unformable {
         /// Run id.
@@ -91,11 +91,11 @@ pub enum ServiceError {
     /// The server or its store cannot answer now; another attempt (or replica) may.
     #[error("{0}")]
     Unavailable(String),
-    /// The request carries no token, or one not accepted for its run ([`crate::auth`]).
+    /// The request carries no token, or one not accepted for its run ([`crate::server::auth`]).
     /// Retrying the same request cannot help.
     #[error("{0}")]
     Unauthenticated(String),
-    /// The server is at a resource limit (runs served at once, [`crate::run_limit`]). Retrying
+    /// The server is at a resource limit (runs served at once, [`crate::server::run_limit`]). Retrying
     /// the same request cannot help until a run ends.
     #[error("{0}")]
     Exhausted(String),

@@ -22,10 +22,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::records::{
+pub use crate::store::records::{
     describe_id, manifest_id, parse_id, Cursor, Manifest, NodeCommit, ShardFile,
 };
-use crate::run_state::RunState;
+use crate::store::run_state::RunState;
 use crate::store::Store;
 use crate::StoreError;
 
@@ -108,7 +108,7 @@ pub struct ResumePoint {
 }
 
 /// The ledger of one run: its rules ([`seal`], [`retention`], [`resume`], pure) carried out
-/// through the run's door ([`crate::run_state::ledger`]).
+/// through the run's door ([`crate::store::run_state::ledger`]).
 #[derive(Clone)]
 pub struct Ledger {
     state: RunState,
@@ -201,6 +201,7 @@ impl Ledger {
     }
 }
 
+pub mod failure_log;
 mod read;
 pub mod resume;
 pub mod retention;

@@ -20,16 +20,16 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::core::{FailCause, PROGRESS_EVERY};
+use crate::decisions::core::{FailCause, PROGRESS_EVERY};
 use crate::human::without_countdown;
-use crate::keys::RunKeys;
 use crate::ledger::Ledger;
-use crate::run_state::RunState;
+use crate::store::keys::RunKeys;
+use crate::store::run_state::RunState;
 use crate::store::{LeaseId, Store, WatchEvent};
 use crate::{Join, Plan, RendezvousError, RoundConfig, StoreError};
 use judge::RoundTimes;
 
-pub use crate::records::{RestartCause, Restarts, RoundFailure};
+pub use crate::store::records::{RestartCause, Restarts, RoundFailure};
 
 /// A run's rendezvous on a store. Cheap to clone.
 #[derive(Clone)]

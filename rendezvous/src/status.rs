@@ -3,7 +3,7 @@
 //! ([`node_states`]).
 //!
 //! Every field decodes with a default, so a status from an older server (without `nodes`,
-//! `formation`, ...) still renders ([`crate::status_view`]), with `-` for what it lacks.
+//! `formation`, ...) still renders ([`crate::status::view`]), with `-` for what it lacks.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,11 +11,12 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::now_ms;
-use crate::formation::Formation;
-use crate::root_cause::RootCause;
+use crate::decisions::formation::Formation;
+use crate::decisions::loss;
+use crate::decisions::root_cause::RootCause;
 use crate::round::Restarts;
 use crate::session::RunEnd;
-use crate::{loss, Ledger, Plan, Round, RoundConfig, Store, StoreError};
+use crate::{Ledger, Plan, Round, RoundConfig, Store, StoreError};
 
 /// A run's state. Serialized, it is the `status --json` document.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -49,14 +50,14 @@ pub struct RunStatus {
     pub formation: Option<FormationStatus>,
     /// Every node the run knows now: members, standbys, and the nodes the last re-form lost.
     pub nodes: Vec<NodeStatus>,
-    /// The nodes' reports (see [`crate::reports`]): kind (`preflight`, `stragglers`) → node →
+    /// The nodes' reports (see [`crate::store::reports`]): kind (`preflight`, `stragglers`) → node →
     /// JSON.
     #[serde(default)]
     pub reports: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
     /// The checkpoint interval in force (`--ckpt-interval`; `None`: off).
-    pub ckpt_interval: Option<crate::ckpt_interval::Interval>,
+    pub ckpt_interval: Option<crate::decisions::ckpt_interval::Interval>,
     /// The job-wide failure history (worker failures and lost nodes), oldest first.
-    pub failures: Vec<crate::failure_log::FailureRecord>,
+    pub failures: Vec<crate::ledger::failure_log::FailureRecord>,
 }
 
 /// Group restarts by cause.
@@ -378,6 +379,9 @@ impl RunStatus {
         self.generation == 0 && self.finished.is_none() && self.waiting.is_empty()
     }
 }
+
+pub mod client;
+pub mod view;
 
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,14 @@ use tokio::sync::mpsc;
 
 use crate::StoreError;
 
+pub mod etcd;
+pub mod keys;
+pub mod memory;
+pub mod records;
+pub mod reports;
+pub mod run_state;
+pub mod shared_lease;
+
 /// An etcd lease id. Keys put with a lease are deleted when it expires or is revoked.
 pub type LeaseId = i64;
 

@@ -162,7 +162,7 @@ fn status(args: &Args) -> ExitCode {
     let etcd = match args
         .etcd
         .files()
-        .load(host.var(drun_rendezvous::etcd::access::PASSWORD_VAR))
+        .load(host.var(drun_rendezvous::store::etcd::access::PASSWORD_VAR))
     {
         Ok(a) => a,
         Err(e) => return fail(AgentExit::Usage.code(), &e),
@@ -190,8 +190,8 @@ fn status(args: &Args) -> ExitCode {
 fn drun_rendezvous_tls(
     ca: &std::path::Path,
     args: &Args,
-) -> Result<drun_rendezvous::tls::ClientTls, drun_rendezvous::tls::TlsError> {
-    drun_rendezvous::tls::ClientTls::from_files(
+) -> Result<drun_rendezvous::server::tls::ClientTls, drun_rendezvous::server::tls::TlsError> {
+    drun_rendezvous::server::tls::ClientTls::from_files(
         ca,
         args.rdzv_tls_cert.as_deref(),
         args.rdzv_tls_key.as_deref(),

@@ -1,6 +1,6 @@
 //! An agent whose connection to the rendezvous server breaks, and which reconnects within the
 //! reconnect grace, keeps its membership: the server revokes the lease of a vanished agent only
-//! (see `rendezvous/src/loss.rs`).
+//! (see `rendezvous/src/decisions/loss.rs`).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -153,7 +153,7 @@ fn a_replica_stopped_with_sigterm_exits_promptly_and_its_agents_keep_their_membe
 fn an_agent_whose_server_replica_dies_keeps_its_membership_on_the_other_replica() {
     // Two replicas on one etcd. Agent 0 talks to replica 1 (and knows replica 2); agent 1 talks
     // to replica 2 only. Replica 1 is SIGKILLed while generation 1 runs: agent 0 reconnects to
-    // replica 2, which takes over its lease (`rendezvous/src/shared_lease.rs`). Replica 1's
+    // replica 2, which takes over its lease (`rendezvous/src/store/shared_lease.rs`). Replica 1's
     // shared etcd lease expires after one TTL (3 s here); had the keys not moved, agent 0's
     // membership would go with it and the group would re-form.
     replica_stops("replica-dies", RdzvServer::kill);

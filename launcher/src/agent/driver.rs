@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use drun_rendezvous::root_cause::RootCause;
+use drun_rendezvous::decisions::root_cause::RootCause;
 use drun_rendezvous::session::Request;
 use drun_rendezvous::{Join, Plan, RendezvousError};
 use nix::sys::signal::Signal;

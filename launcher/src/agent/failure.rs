@@ -2,7 +2,7 @@
 //! end, or — when the failure came from a lost node or this node was fenced — re-form without
 //! spending the restart budget. Transitions of [`Phase::Reporting`], pure like [`super::step()`].
 
-use drun_rendezvous::root_cause::RootCause;
+use drun_rendezvous::decisions::root_cause::RootCause;
 use drun_rendezvous::round::Restarts;
 use drun_rendezvous::session::{Request, RunEnd};
 use drun_rendezvous::Plan;

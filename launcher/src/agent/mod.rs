@@ -146,7 +146,7 @@ struct Agent {
     adoption_failed: Option<String>,
     /// This node's environment fingerprint, sent with every Join (collected once at start;
     /// empty for a one-node group, which has nobody to compare with).
-    fingerprint: drun_rendezvous::envcheck::Fingerprint,
+    fingerprint: drun_rendezvous::decisions::envcheck::Fingerprint,
     /// `--metrics-port`: what the loop records, served at `/metrics`.
     metrics: Option<Arc<AgentMetrics>>,
     /// `--preflight`: the installed check script, when the check can run here.
@@ -296,7 +296,7 @@ async fn serve_metrics(port: u16, hostname: &str) -> Result<Arc<AgentMetrics>, L
         .map_err(|e| LaunchError::os("cannot read the metrics address", e))?;
     let metrics = AgentMetrics::new();
     let shared = metrics.clone();
-    drun_rendezvous::metrics::http::spawn(listener, Arc::new(move || shared.render()));
+    drun_rendezvous::server::metrics::http::spawn(listener, Arc::new(move || shared.render()));
     crate::say!(
         "drun: metrics at http://{hostname}:{}/metrics",
         bound.port()

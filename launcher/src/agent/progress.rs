@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use drun_rendezvous::reports::{ReportKind, PACE_MAX_NODES};
 use drun_rendezvous::session::Request;
+use drun_rendezvous::store::reports::{ReportKind, PACE_MAX_NODES};
 
 use super::hang::Beacons;
 use super::moves::Cx;

@@ -5,7 +5,7 @@
 //! host (the node's advertised address) and local rank come from the plan, which every agent
 //! receives; pids and `CUDA_VISIBLE_DEVICES` are known for node rank 0's own workers only, and
 //! are `-` for the ranks of other nodes. A plan of more than
-//! [`drun_rendezvous::plan::FULL_PLAN_NODES`] nodes reaches an agent with its own entry only: the
+//! [`drun_rendezvous::decisions::plan::FULL_PLAN_NODES`] nodes reaches an agent with its own entry only: the
 //! table then lists this node's ranks and says how many it leaves out.
 
 use drun_rendezvous::Plan;

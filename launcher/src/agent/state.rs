@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use drun_rendezvous::root_cause::RootCause;
+use drun_rendezvous::decisions::root_cause::RootCause;
 use drun_rendezvous::round::Restarts;
 use drun_rendezvous::session::{Request, RunEnd};
 use drun_rendezvous::{Event, Plan};

@@ -6,7 +6,7 @@
 //! The median covers every other rank of the job: this node's from their beacons, the other
 //! nodes' from the job's pace ([`Detector::set_job_pace`]: every node reports its ranks'
 //! medians every few seconds through the rendezvous, runs of at most
-//! [`drun_rendezvous::reports::PACE_MAX_NODES`] nodes). Without the pace (larger runs, the
+//! [`drun_rendezvous::store::reports::PACE_MAX_NODES`] nodes). Without the pace (larger runs, the
 //! static backend) it covers this node's other ranks. Only this node's ranks are judged, so a
 //! straggler is reported once, by its own node.
 

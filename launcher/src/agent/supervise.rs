@@ -1,7 +1,7 @@
 //! The agent's transitions driven by the workers, signals and deadlines: supervision,
 //! teardown (grace, SIGKILL, cleanup) and what follows a stop. Pure, like [`super::step()`].
 
-use drun_rendezvous::root_cause::RootCause;
+use drun_rendezvous::decisions::root_cause::RootCause;
 use drun_rendezvous::session::Request;
 use nix::sys::signal::Signal;
 

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, UNIX_EPOCH};
 
+use drun_rendezvous::decisions::root_cause::RootCause;
 use drun_rendezvous::human::duration as human;
-use drun_rendezvous::root_cause::RootCause;
 use drun_rendezvous::session::Request;
 use drun_rendezvous::{Candidate, Join, Plan};
 use nix::sys::signal::Signal;

@@ -73,7 +73,7 @@ pub struct CkptConfig {
     /// starts from while it has no checkpoint of its own.
     pub resume_from: Option<PathBuf>,
     /// `--ckpt-interval`, `--expected-mtbf`.
-    pub interval: drun_rendezvous::ckpt_interval::IntervalConfig,
+    pub interval: drun_rendezvous::decisions::ckpt_interval::IntervalConfig,
 }
 
 /// Name of the pointer file in `--ckpt-dir`: one line, the path of the newest manifest file.

@@ -71,7 +71,7 @@ pub struct CkptArgs {
     #[arg(
         long = "expected-mtbf",
         value_name = "SECONDS",
-        default_value_t = drun_rendezvous::ckpt_interval::DEFAULT_EXPECTED_MTBF_S,
+        default_value_t = drun_rendezvous::decisions::ckpt_interval::DEFAULT_EXPECTED_MTBF_S,
         help_heading = "Checkpoints"
     )]
     pub expected_mtbf: f64,

@@ -108,14 +108,14 @@ fn check_run_id(id: &str) -> Result<(), ConfigError> {
             why: "give the run a name shared by all its nodes (e.g. --rdzv-id myjob-42), or drop the flag for a one-node run".into(),
         });
     }
-    if id.len() > drun_rendezvous::validate::MAX_ID {
+    if id.len() > drun_rendezvous::server::validate::MAX_ID {
         return Err(ConfigError::Invalid {
             flag: "--rdzv-id",
             value: format!("{}...", id.chars().take(32).collect::<String>()),
             why: format!(
                 "the run id is {} bytes long; a rendezvous server takes at most {}",
                 id.len(),
-                drun_rendezvous::validate::MAX_ID
+                drun_rendezvous::server::validate::MAX_ID
             ),
         });
     }

@@ -8,7 +8,7 @@ use super::{invalid, RendezvousMode};
 use crate::ckpt::{CkptConfig, OnScaleUp};
 use crate::slurm::OnPreempt;
 use crate::{Args, ConfigError};
-use drun_rendezvous::ckpt_interval::{IntervalConfig, IntervalMode};
+use drun_rendezvous::decisions::ckpt_interval::{IntervalConfig, IntervalMode};
 
 /// Checks the checkpoint and preemption flags of `a` against each other and the rendezvous;
 /// returns the checkpoint settings (paths as given: [`super::prepare`] makes them absolute)

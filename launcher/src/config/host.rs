@@ -198,7 +198,7 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
         files.load_named(super::HOST_TLS_FLAGS)?;
     }
     if let Some((ca, cert, key)) = &cfg.security.rdzv_tls_files {
-        cfg.security.rdzv_tls = Some(drun_rendezvous::tls::ClientTls::from_files(
+        cfg.security.rdzv_tls = Some(drun_rendezvous::server::tls::ClientTls::from_files(
             ca,
             cert.as_deref(),
             key.as_deref(),
@@ -206,7 +206,7 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
     }
     slurm_token(&mut cfg);
     if !cfg.security.etcd_access_files.is_empty() {
-        let env = std::env::var(drun_rendezvous::etcd::access::PASSWORD_VAR).ok();
+        let env = std::env::var(drun_rendezvous::store::etcd::access::PASSWORD_VAR).ok();
         cfg.security.etcd_access = cfg.security.etcd_access_files.load(env.as_deref())?;
     }
     Ok(cfg)

@@ -145,7 +145,7 @@ pub struct LaunchConfig {
     /// `--requeue`.
     pub requeue: bool,
     /// `--env-check`.
-    pub env_check: drun_rendezvous::envcheck::EnvCheck,
+    pub env_check: drun_rendezvous::decisions::envcheck::EnvCheck,
     /// `--fingerprint-cmd`.
     pub fingerprint_cmd: Option<String>,
     /// Credentials: the rendezvous token and TLS, the Slurm secret, etcd access.

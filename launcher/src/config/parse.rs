@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use nix::sys::signal::Signal;
 
-use drun_rendezvous::validate::MAX_SLOTS;
+use drun_rendezvous::server::validate::MAX_SLOTS;
 
 use super::invalid;
 use crate::ConfigError;
@@ -34,10 +34,10 @@ pub fn parse_nnodes(v: &str) -> Result<(u32, u32), ConfigError> {
     if min == 0 || min > max {
         return Err(bad("need 0 < MIN <= MAX"));
     }
-    if max > drun_rendezvous::validate::MAX_NODES {
+    if max > drun_rendezvous::server::validate::MAX_NODES {
         return Err(bad(&format!(
             "at most {} nodes",
-            drun_rendezvous::validate::MAX_NODES
+            drun_rendezvous::server::validate::MAX_NODES
         )));
     }
     Ok((min, max))

@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use drun_rendezvous::auth::Secret;
-use drun_rendezvous::etcd::access::{EtcdAccess, EtcdAccessFiles};
-use drun_rendezvous::tls::{ClientTls, ServerTlsFiles};
+use drun_rendezvous::server::auth::Secret;
+use drun_rendezvous::server::tls::{ClientTls, ServerTlsFiles};
+use drun_rendezvous::store::etcd::access::{EtcdAccess, EtcdAccessFiles};
 
 use super::{invalid, Host, RendezvousMode};
 use crate::{Args, ConfigError};

@@ -52,7 +52,7 @@ pub fn slurm_status_token(
     args: &Args,
     host: &Host,
     mode: &RendezvousMode,
-) -> Option<drun_rendezvous::auth::Secret> {
+) -> Option<drun_rendezvous::server::auth::Secret> {
     if args.slurm != SlurmMode::Auto || args.standalone {
         return None;
     }

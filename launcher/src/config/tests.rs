@@ -228,7 +228,7 @@ fn checkpoint_flags_are_checked_without_touching_the_directory() {
 
 #[test]
 fn checkpoint_interval_flags() {
-    use drun_rendezvous::ckpt_interval::IntervalMode;
+    use drun_rendezvous::decisions::ckpt_interval::IntervalMode;
     let c = ok(&["t.py"]);
     assert_eq!(c.ckpt.interval.mode, IntervalMode::Off, "off by default");
     assert_eq!(c.ckpt.interval.expected_mtbf, Duration::from_secs(4 * 3600));

@@ -17,7 +17,7 @@ pub const RDZV_CONF_KEYS: [&str; 6] = [
 ];
 
 // The longest duration a seconds flag accepts: 30 days.
-pub(super) use drun_rendezvous::validate::MAX_SECONDS;
+pub(super) use drun_rendezvous::server::validate::MAX_SECONDS;
 
 /// Rendezvous timing, from `--rdzv-conf` (seconds) with torchrun's defaults where it has them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,7 @@ impl Timing {
                 "at least 1 s: a shorter lease expires between keep-alives on a busy node",
             ));
         }
-        let max_ttl = Duration::from_millis(drun_rendezvous::validate::MAX_LEASE_TTL_MS);
+        let max_ttl = Duration::from_millis(drun_rendezvous::server::validate::MAX_LEASE_TTL_MS);
         if lease_ttl > max_ttl {
             return Err(invalid(
                 "--rdzv-conf",
@@ -104,7 +104,7 @@ impl Timing {
             keep_alive_interval,
             settle: secs(
                 "reform_settle",
-                drun_rendezvous::core::DEFAULT_SETTLE.as_secs_f64(),
+                drun_rendezvous::decisions::core::DEFAULT_SETTLE.as_secs_f64(),
             )?,
         })
     }

@@ -14,7 +14,7 @@ use crate::k8s::K8sMode;
 use crate::slurm::{self, SlurmMode};
 use crate::worker_store::WorkerStoreMode;
 use crate::{Args, ConfigError};
-use drun_rendezvous::envcheck::EnvCheck;
+use drun_rendezvous::decisions::envcheck::EnvCheck;
 
 /// Validates the command line against what was read from the host. Touches nothing: no
 /// filesystem, no environment, no clock, no randomness (all of those come in `host`). Inside

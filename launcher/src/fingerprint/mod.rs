@@ -1,5 +1,5 @@
 //! This node's environment fingerprint, sent with every Join and compared across the members at
-//! formation (`--env-check`, see [`drun_rendezvous::envcheck`]).
+//! formation (`--env-check`, see [`drun_rendezvous::decisions::envcheck`]).
 //!
 //! Keys (values are strings; a key this node cannot know is left out):
 //!
@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use bounded::Bounded;
 
-use drun_rendezvous::envcheck::Fingerprint;
+use drun_rendezvous::decisions::envcheck::Fingerprint;
 use sha2::{Digest, Sha256};
 
 use crate::command::EntryKind;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Parser;
-use drun_rendezvous::plan::Member;
+use drun_rendezvous::decisions::plan::Member;
 use drun_rendezvous::Plan;
 use nix::errno::Errno;
 use nix::sys::signal::Signal;

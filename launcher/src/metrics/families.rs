@@ -27,7 +27,7 @@ fn seconds_histogram() -> Histogram {
 /// `{cause}`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabel {
-    /// For re-forms one of `drun_rendezvous::metrics::CAUSES`; for restarts `failure` or
+    /// For re-forms one of `drun_rendezvous::server::metrics::CAUSES`; for restarts `failure` or
     /// `membership`.
     pub cause: String,
 }

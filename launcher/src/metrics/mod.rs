@@ -2,12 +2,12 @@
 //! families ([`families`]) and what they are computed from, and is told by the agent's loop
 //! what happened — formations, re-form reasons, spawns, stops, worker exits, commits, seals
 //! and step beacons. Worker memory and CPU are read from `/proc` ([`procs`]) and goodput is
-//! computed when `/metrics` is scraped; the HTTP side is `drun_rendezvous::metrics::http`.
+//! computed when `/metrics` is scraped; the HTTP side is `drun_rendezvous::server::metrics::http`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use drun_rendezvous::metrics::reform_cause;
+use drun_rendezvous::server::metrics::reform_cause;
 use drun_rendezvous::Plan;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
@@ -66,11 +66,11 @@ impl AgentMetrics {
         registry.register(
             "lease_keepalive_failures",
             "Lease keep-alives that failed in this process's sessions (--rdzv-backend etcd, embedded store)",
-            drun_rendezvous::metrics::global().keepalive_failures.clone(),
+            drun_rendezvous::server::metrics::global().keepalive_failures.clone(),
         );
         // The checkpoint interval is decided by node rank 0's session: in this process for
         // --rdzv-backend etcd and the embedded store (a drun-rendezvous server exposes its own).
-        let r = drun_rendezvous::metrics::global();
+        let r = drun_rendezvous::server::metrics::global();
         for (name, help, f) in [
             (
                 "ckpt_interval_seconds",

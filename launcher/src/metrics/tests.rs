@@ -160,7 +160,7 @@ fn a_worker_failure_without_a_reason_counts_from_the_budget() {
 
 #[test]
 fn the_checkpoint_interval_decided_in_this_process_is_exposed() {
-    use drun_rendezvous::ckpt_interval::{decide, IntervalMode, Observed};
+    use drun_rendezvous::decisions::ckpt_interval::{decide, IntervalMode, Observed};
     let i = decide(
         IntervalMode::Auto,
         &Observed {
@@ -172,7 +172,7 @@ fn the_checkpoint_interval_decided_in_this_process_is_exposed() {
         3600.0,
     )
     .unwrap();
-    drun_rendezvous::metrics::global().interval("metrics-interval-test", &i);
+    drun_rendezvous::server::metrics::global().interval("metrics-interval-test", &i);
     let text = AgentMetrics::new().render();
     let series = |name: &str| value(&text, &format!("{name}{{run=\"metrics-interval-test\"}}"));
     assert_eq!(

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use drun_rendezvous::etcd::access::EtcdAccess;
 use drun_rendezvous::human::duration as human;
+use drun_rendezvous::store::etcd::access::EtcdAccess;
 use drun_rendezvous::{EtcdStore, StoreError};
 use tokio::time::Instant;
 

@@ -14,9 +14,9 @@ use std::time::Duration;
 use drun_proto::v1 as pb;
 use drun_proto::v1::rendezvous_client::RendezvousClient;
 use drun_proto::PROTOCOL_VERSION;
-use drun_rendezvous::auth::Secret;
+use drun_rendezvous::server::auth::Secret;
+use drun_rendezvous::server::wire::{event_from_wire, request_to_wire};
 use drun_rendezvous::session::{Event, Request, Resume, SessionConfig};
-use drun_rendezvous::wire::{event_from_wire, request_to_wire};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -39,13 +39,13 @@ pub const CUT_OFF: &str = "cut off: no peer answers this node's probes either";
 
 /// Connects to the replicas `endpoints` (`host:port`) for the session described by `cfg`.
 /// How the agent proves who it is and what it trusts: its token (sent with every session, see
-/// `drun_rendezvous::auth`) and its TLS settings (`drun_rendezvous::tls`).
+/// `drun_rendezvous::server::auth`) and its TLS settings (`drun_rendezvous::server::tls`).
 #[derive(Debug, Clone, Default)]
 pub struct Creds {
     /// `--rdzv-token-file` / `DRUN_RDZV_TOKEN`.
     pub token: Option<Secret>,
     /// `--rdzv-tls-ca` (and the mTLS identity).
-    pub tls: Option<drun_rendezvous::tls::ClientTls>,
+    pub tls: Option<drun_rendezvous::server::tls::ClientTls>,
 }
 
 impl Creds {
@@ -236,8 +236,8 @@ impl Client {
     }
 
     /// How this link connects (TLS or not, with a client certificate or not).
-    fn tls(&self) -> drun_rendezvous::tls::Mode {
-        drun_rendezvous::tls::Mode::of(self.creds.tls.as_ref())
+    fn tls(&self) -> drun_rendezvous::server::tls::Mode {
+        drun_rendezvous::server::tls::Mode::of(self.creds.tls.as_ref())
     }
 
     /// What listens on `target` after a plaintext handshake failure (`chain`) before the first
@@ -248,11 +248,11 @@ impl Client {
         target: &str,
         endpoint: &str,
         chain: &str,
-    ) -> Result<Option<String>, drun_rendezvous::foreign::ForeignServer> {
-        let plain = drun_rendezvous::tls::Mode::Plain;
+    ) -> Result<Option<String>, drun_rendezvous::client::foreign::ForeignServer> {
+        let plain = drun_rendezvous::server::tls::Mode::Plain;
         if self.tls() != plain
             || self.reach.ever_connected()
-            || drun_rendezvous::tls::hint(chain, plain).is_none()
+            || drun_rendezvous::server::tls::hint(chain, plain).is_none()
         {
             return Ok(None);
         }
@@ -294,18 +294,19 @@ impl Client {
         let name = endpoint
             .rsplit_once(':')
             .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
-        let channel = match drun_rendezvous::tls::endpoint(&target, self.creds.tls.as_ref(), name) {
-            Ok(e) => e
-                .connect_timeout(Duration::from_secs(2))
-                .http2_keep_alive_interval(Duration::from_secs(2))
-                .keep_alive_timeout(H2_PING_TIMEOUT),
-            Err(e) => {
-                let _ = self.events.send(Event::Error(format!(
-                    "invalid rendezvous endpoint '{endpoint}': {e}"
-                )));
-                return Conn::Fatal;
-            }
-        };
+        let channel =
+            match drun_rendezvous::server::tls::endpoint(&target, self.creds.tls.as_ref(), name) {
+                Ok(e) => e
+                    .connect_timeout(Duration::from_secs(2))
+                    .http2_keep_alive_interval(Duration::from_secs(2))
+                    .keep_alive_timeout(H2_PING_TIMEOUT),
+                Err(e) => {
+                    let _ = self.events.send(Event::Error(format!(
+                        "invalid rendezvous endpoint '{endpoint}': {e}"
+                    )));
+                    return Conn::Fatal;
+                }
+            };
         match channel.connect().await {
             Ok(c) => Conn::Ready(c, target),
             Err(e) => {
@@ -344,7 +345,7 @@ impl Client {
         }
         let mut client = RendezvousClient::new(channel);
         let mut request = tonic::Request::new(UnboundedReceiverStream::new(out_rx));
-        drun_rendezvous::auth::attach(&mut request, self.creds.token.as_ref());
+        drun_rendezvous::server::auth::attach(&mut request, self.creds.token.as_ref());
         match client.session(request).await {
             // Counted as contact only once the server says something (its first answer to a
             // keep-alive comes at once): an HTTP/2 endpoint that is not a drun server (a proxy,
@@ -411,7 +412,7 @@ impl Client {
                             if let Some((g, lasted)) = self.reach.take_outage(Instant::now()) {
                                 tracing::info!("the control plane was away for {}; generation {g} was kept through it", drun_rendezvous::human::duration(lasted));
                                 let _ = out_tx.send(request_to_wire(&Request::Report {
-                                    kind: drun_rendezvous::reports::ReportKind::Outage,
+                                    kind: drun_rendezvous::store::reports::ReportKind::Outage,
                                     json: serde_json::json!({
                                         "generation": g,
                                         "seconds": lasted.as_secs_f64(),
@@ -486,9 +487,9 @@ fn not_a_session(s: &tonic::Status) -> String {
 }
 
 /// `short`, with a hint when the full error `chain` shows a TLS mismatch
-/// ([`drun_rendezvous::tls::hint`]).
-fn explain(short: String, chain: &str, tls: drun_rendezvous::tls::Mode) -> String {
-    match drun_rendezvous::tls::hint(chain, tls) {
+/// ([`drun_rendezvous::server::tls::hint`]).
+fn explain(short: String, chain: &str, tls: drun_rendezvous::server::tls::Mode) -> String {
+    match drun_rendezvous::server::tls::hint(chain, tls) {
         Some(h) => format!("{short}; {h}"),
         None => short,
     }

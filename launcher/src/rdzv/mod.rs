@@ -12,19 +12,19 @@
 //! | `static` | no rendezvous: ranks from `--node-rank`, `--master-addr`, `--master-port` ([`static_link`]) |
 
 mod etcd_reach;
-pub(crate) use drun_rendezvous::foreign;
+pub(crate) use drun_rendezvous::client::foreign;
 pub mod grpc;
 pub mod reach;
 pub mod static_link;
 mod track;
 
 /// The token an agent sends (in the rendezvous crate, which `drun-rendezvous status` shares).
-pub use drun_rendezvous::client_token as token;
+pub use drun_rendezvous::client::token;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use drun_rendezvous::service::RendezvousService;
+use drun_rendezvous::server::service::RendezvousService;
 use drun_rendezvous::session::{spawn_session, Event, Request, SessionConfig};
 use drun_rendezvous::{MemoryStore, Store};
 use tokio::sync::mpsc;
@@ -293,7 +293,7 @@ async fn host_addr(
 async fn host(
     at: SocketAddr,
     json: bool,
-    token: Option<drun_rendezvous::auth::Secret>,
+    token: Option<drun_rendezvous::server::auth::Secret>,
     tls: Option<tonic::transport::ServerTlsConfig>,
 ) -> std::io::Result<HostedServer> {
     let listener = tokio::net::TcpListener::bind(at).await?;
@@ -306,14 +306,14 @@ async fn host(
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let service = RendezvousService::new(store)
         .with_run_on_records(json)
-        .with_auth(drun_rendezvous::auth::Auth::fixed(token));
+        .with_auth(drun_rendezvous::server::auth::Auth::fixed(token));
     let served = service.clone();
     let task = tokio::spawn(async move {
         let shutdown = async {
             let _ = stop_rx.await;
         };
         if let Err(e) =
-            drun_rendezvous::service::serve_with_tls(listener, served, tls, shutdown).await
+            drun_rendezvous::server::service::serve_with_tls(listener, served, tls, shutdown).await
         {
             tracing::error!(error = %e, "embedded rendezvous server failed");
         }

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use super::{Manifest, Retention};
-use crate::run_state::ledger::{Prune, StoredShard};
+use crate::store::run_state::ledger::{Prune, StoredShard};
 
 /// What retention drops after sealing one manifest.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! manifest, whether the seal moves `ckpt/latest`.
 
 use super::{cursor_disagreement, merge_files, LedgerError, Manifest, NodeCommit};
-use crate::records::parse_id;
+use crate::store::records::parse_id;
 use crate::Plan;
 
 /// What the records of a step come to once a node's commit is recorded.

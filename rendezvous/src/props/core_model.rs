@@ -16,7 +16,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::model::{Event, Outcome, Sim};
-use crate::core::FailCause;
+use crate::decisions::core::FailCause;
 use crate::ledger::{CommitOutcome, LedgerError};
 use crate::{Candidate, Plan, RoundConfig};
 

@@ -8,10 +8,10 @@ use prost::Message;
 
 use super::{corpus, edits, mutate};
 use crate::checks;
-use crate::envcheck::EnvCheck;
+use crate::decisions::envcheck::EnvCheck;
 use crate::ledger::{manifest_id, parse_id, Cursor, Manifest, NodeCommit, Retention, ShardFile};
-use crate::run_state::{decode, decode_generation, encode, encode_generation};
-use crate::wire::{request_from_wire, request_to_wire};
+use crate::server::wire::{request_from_wire, request_to_wire};
+use crate::store::run_state::{decode, decode_generation, encode, encode_generation};
 use crate::{assign, Candidate, Join, Plan, Request};
 
 const CASES: u32 = 3_000;

@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::core::FailCause;
-use crate::keys::RunKeys;
+use crate::decisions::core::FailCause;
 use crate::ledger::{CommitOutcome, Cursor, Ledger, LedgerError, NodeCommit, Retention};
 use crate::round::judge::{formation, judge, Judgement, RoundTimes};
 use crate::round::snapshot::{FormationInputs, RoundSnapshot};
+use crate::store::keys::RunKeys;
 use crate::store::{Op, Store, Txn};
 use crate::{Candidate, MemoryStore, Plan, RoundConfig};
 

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::judge::{self, Judgement, RoundTimes};
 use super::{snapshot, Round, Step};
 use crate::clock::now_ms;
-use crate::run_state::round::FormGeneration;
+use crate::store::run_state::round::FormGeneration;
 use crate::RendezvousError;
 
 impl Round {
@@ -66,7 +66,7 @@ impl Round {
         }
         if formed.unclosed.is_some() {
             tracing::info!(run = %self.run_id, gen = g, "every member of generation {g} lost its lease (a store outage, or every node lost): re-formed as generation {}", g + 1);
-            crate::metrics::global().reformed(&self.run_id, "every member's lease expired");
+            crate::server::metrics::global().reformed(&self.run_id, "every member's lease expired");
         }
         tracing::debug!(run = %self.run_id, gen = g + 1, "group formed: {reason}");
         Ok(Step::Formed(Box::new(formed.plan)))

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::envcheck::{is_refusal, EnvCheck, Fingerprint};
+use crate::decisions::envcheck::{is_refusal, EnvCheck, Fingerprint};
 use crate::{Candidate, Join, MemoryStore};
 
 fn join(id: &str, torch: &str, check: EnvCheck) -> Join {

@@ -14,12 +14,12 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use tokio::time::Instant;
 
 use super::snapshot::{FormationInputs, RoundSnapshot};
-use crate::core::{FailCause, RoundView, RunningGeneration};
-use crate::envcheck::{self, Report, Verdict};
-use crate::formation::lost_work;
+use crate::decisions::core::{FailCause, RoundView, RunningGeneration};
+use crate::decisions::envcheck::{self, Report, Verdict};
+use crate::decisions::formation::lost_work;
 use crate::ledger::resume::newest_good;
 use crate::ledger::Manifest;
-use crate::records::{Formation, Restarts};
+use crate::store::records::{Formation, Restarts};
 use crate::{assign, decide, Candidate, Decision, Join, Plan, RendezvousError, RoundConfig};
 
 /// The decider's memory of its round between two steps.
@@ -94,7 +94,7 @@ pub struct Judged {
 }
 
 /// Everything one formation writes, built from the snapshot (see
-/// [`crate::run_state::round::FormGeneration`]).
+/// [`crate::store::run_state::round::FormGeneration`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Formed {
     /// The plan of generation `g + 1`.
@@ -308,7 +308,7 @@ pub fn formation(
     })
 }
 
-/// The environment check of the admitted set (see [`crate::envcheck`]).
+/// The environment check of the admitted set (see [`crate::decisions::envcheck`]).
 fn env_verdict(admitted: &[Candidate], joins: &[&Join]) -> Verdict {
     envcheck::verdict(&env_reports(admitted, joins))
 }

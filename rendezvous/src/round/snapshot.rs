@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashSet};
 
 use crate::ledger::{Ledger, Manifest};
-use crate::records::{Formation, Restarts};
-use crate::run_state::RunState;
+use crate::store::records::{Formation, Restarts};
+use crate::store::run_state::RunState;
 use crate::{Join, Plan, StoreError};
 
 /// The round as the decider reads it at one step.

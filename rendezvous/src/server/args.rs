@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use crate::etcd::args::EtcdArgs;
+use super::ServerError;
+use crate::store::etcd::access::{EtcdAccess, PASSWORD_VAR};
+use crate::store::etcd::args::EtcdArgs;
 
 /// A subcommand of `drun-rendezvous`.
 #[derive(Debug, Subcommand)]
@@ -71,7 +73,7 @@ pub struct ServeConfig {
     pub etcd: EtcdArgs,
     /// Serve at most N runs at once (a run counts while any of its agents holds a
     /// session); an agent of a new run past it is refused with RESOURCE_EXHAUSTED.
-    #[arg(long = "max-runs", env = "DRUN_RDZV_MAX_RUNS", value_name = "N", default_value_t = crate::run_limit::DEFAULT_MAX_RUNS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long = "max-runs", env = "DRUN_RDZV_MAX_RUNS", value_name = "N", default_value_t = crate::server::run_limit::DEFAULT_MAX_RUNS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_runs: usize,
 }
 
@@ -128,9 +130,17 @@ pub struct StatusArgs {
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "2",
-        value_parser = crate::status_client::parse_interval
+        value_parser = crate::status::client::parse_interval
     )]
     pub watch: Option<Duration>,
+}
+
+/// The etcd access of `args`, the password read from its file or `DRUN_ETCD_PASSWORD`.
+pub(super) fn etcd_access(args: &EtcdArgs) -> Result<EtcdAccess, ServerError> {
+    let env = std::env::var(PASSWORD_VAR).ok();
+    args.files()
+        .load(env.as_deref())
+        .map_err(ServerError::EtcdAccess)
 }
 
 #[cfg(test)]
@@ -152,7 +162,7 @@ mod tests {
             panic!("serve parses as Serve");
         };
         assert_eq!(c.store, StoreKind::Memory);
-        assert_eq!(c.max_runs, crate::run_limit::DEFAULT_MAX_RUNS);
+        assert_eq!(c.max_runs, crate::server::run_limit::DEFAULT_MAX_RUNS);
         assert!(Cli::try_parse_from(["d", "status", "r"]).is_err());
         let both = [
             "d",
@@ -172,6 +182,6 @@ mod tests {
             panic!("status parses as Status");
         };
         assert_eq!(s.endpoint, ["a:1", "b:2"]);
-        assert_eq!(s.watch, Some(crate::status_client::DEFAULT_WATCH));
+        assert_eq!(s.watch, Some(crate::status::client::DEFAULT_WATCH));
     }
 }

@@ -4,12 +4,12 @@
 
 use std::net::{AddrParseError, SocketAddr};
 
-use crate::client_token::TokenError;
+use crate::client::token::TokenError;
 use crate::error::error_chain;
-use crate::etcd::access::EtcdAccessError;
-use crate::status_client::StatusError;
-use crate::tls::TlsError;
-use crate::token_files::TokenFileError;
+use crate::server::auth::token_files::TokenFileError;
+use crate::server::tls::TlsError;
+use crate::status::client::StatusError;
+use crate::store::etcd::access::EtcdAccessError;
 use crate::StoreError;
 
 /// A failed `drun-rendezvous` command: one readable line, and its exit code.

@@ -4,17 +4,23 @@
 //! ([`ServerError`]). The binary parses the command line, installs logging and calls [`run`].
 
 mod args;
+pub mod auth;
 mod error;
+pub mod metrics;
+pub mod pem_check;
+pub mod run_limit;
 mod serve;
+pub mod service;
 mod status;
+pub mod tls;
+pub mod validate;
+pub mod wire;
 
 pub use args::{Command, ServeConfig, StatusArgs, StoreKind};
 pub use error::ServerError;
 pub use serve::{serve, DRAIN};
 pub use status::status;
 
-use crate::etcd::access::{EtcdAccess, PASSWORD_VAR};
-use crate::etcd::args::EtcdArgs;
 use crate::LogFormat;
 
 /// Runs `command` to its end: serving until SIGTERM/SIGINT, or printing a run's state.
@@ -27,12 +33,4 @@ pub async fn run(command: Command, log_format: LogFormat) -> Result<(), ServerEr
         Command::Serve(config) => serve(config, log_format).await,
         Command::Status(args) => status(args).await,
     }
-}
-
-/// The etcd access of `args`, the password read from its file or `DRUN_ETCD_PASSWORD`.
-fn etcd_access(args: &EtcdArgs) -> Result<EtcdAccess, ServerError> {
-    let env = std::env::var(PASSWORD_VAR).ok();
-    args.files()
-        .load(env.as_deref())
-        .map_err(ServerError::EtcdAccess)
 }

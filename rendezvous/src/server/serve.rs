@@ -11,11 +11,11 @@ use tokio::net::TcpListener;
 
 use super::args::{ServeConfig, StoreKind};
 use super::ServerError;
-use crate::auth::Auth;
-use crate::etcd::access::EtcdAccess;
-use crate::service::{serve_with_tls, RendezvousService};
-use crate::shared_lease::SharedLeases;
-use crate::tls::ServerTlsFiles;
+use crate::server::auth::Auth;
+use crate::server::service::{serve_with_tls, RendezvousService};
+use crate::server::tls::ServerTlsFiles;
+use crate::store::etcd::access::EtcdAccess;
+use crate::store::shared_lease::SharedLeases;
 use crate::{EtcdStore, LogFormat, MemoryStore, Store};
 
 /// How long a stopping server (SIGTERM, Ctrl-C) lets open sessions run before it closes them:
@@ -34,7 +34,7 @@ const TARGET: &str = "drun_rendezvous";
 /// A bad flag or file, an address that cannot be bound ([`ServerError::code`] 2), etcd
 /// unreachable or refusing (3), the server failing while it serves (1).
 pub async fn serve(config: ServeConfig, log_format: LogFormat) -> Result<(), ServerError> {
-    let access = super::etcd_access(&config.etcd)?;
+    let access = super::args::etcd_access(&config.etcd)?;
     let tls = match (config.tls_cert, config.tls_key) {
         (Some(cert), Some(key)) => Some(
             ServerTlsFiles {
@@ -76,7 +76,10 @@ pub async fn serve(config: ServeConfig, log_format: LogFormat) -> Result<(), Ser
             std::io::stdout(),
             "drun-rendezvous: metrics at http://{at}/metrics"
         );
-        crate::metrics::http::spawn(listener, Arc::new(|| crate::metrics::global().render()));
+        crate::server::metrics::http::spawn(
+            listener,
+            Arc::new(|| crate::server::metrics::global().render()),
+        );
     }
     let (stopping_tx, stopping) = tokio::sync::oneshot::channel();
     let shutdown = async move {
@@ -165,7 +168,7 @@ async fn open_store(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcd::args::EtcdArgs;
+    use crate::store::etcd::args::EtcdArgs;
 
     fn config() -> ServeConfig {
         ServeConfig {
@@ -178,7 +181,7 @@ mod tests {
             tls_key: None,
             tls_client_ca: None,
             etcd: EtcdArgs::default(),
-            max_runs: crate::run_limit::DEFAULT_MAX_RUNS,
+            max_runs: crate::server::run_limit::DEFAULT_MAX_RUNS,
         }
     }
 

@@ -1,11 +1,11 @@
 //! `drun-rendezvous status`: its flags turned into a [`StatusQuery`] for the status client
-//! ([`crate::status_client`]), which asks and prints.
+//! ([`crate::status::client`]), which asks and prints.
 
 use super::args::StatusArgs;
 use super::ServerError;
-use crate::client_token::{self, TOKEN_VAR};
-use crate::status_client::{show, Source, StatusQuery};
-use crate::tls::ClientTls;
+use crate::client::token::{self as client_token, TOKEN_VAR};
+use crate::server::tls::ClientTls;
+use crate::status::client::{show, Source, StatusQuery};
 
 /// Prints the state of `args.run` once, or every `--watch` interval until Ctrl-C.
 ///
@@ -13,7 +13,7 @@ use crate::tls::ClientTls;
 /// Bad flags or files ([`ServerError::code`] 2); what the status client says otherwise
 /// ([`ServerError::Status`]).
 pub async fn status(args: StatusArgs) -> Result<(), ServerError> {
-    let etcd = super::etcd_access(&args.etcd)?;
+    let etcd = super::args::etcd_access(&args.etcd)?;
     let tls = args
         .rdzv_tls_ca
         .map(|ca| {

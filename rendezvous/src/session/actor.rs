@@ -11,8 +11,8 @@ use super::keeper::{self, KeeperConfig, Lost};
 use super::protocol::{Event, Request, Resume, RunEnd, SessionConfig};
 use super::standby;
 use crate::clock::now_ms;
+use crate::decisions::loss;
 use crate::ledger::{Ledger, LedgerError, NodeCommit, Retention};
-use crate::loss;
 use crate::store::{LeaseId, Store, WatchEvent};
 use crate::{Join, Plan, RendezvousError, Round, StoreError};
 
@@ -518,7 +518,7 @@ impl Actor {
             Request::Report { kind, json } => {
                 self.report(kind, json.clone()).await?;
                 match phase {
-                    Phase::Running(run, _) if kind == crate::reports::ReportKind::Peers => {
+                    Phase::Running(run, _) if kind == crate::store::reports::ReportKind::Peers => {
                         self.accuse(run, &json).await?;
                         let plan = run.plan.clone();
                         self.judge_partition(&plan).await

@@ -84,7 +84,7 @@ async fn a_failure_while_every_other_agent_answers_is_the_workers_own_at_once() 
     assert!(restart);
     assert_eq!((restarts.failures, restarts.membership), (1, 0), "spent");
     assert!(
-        took < crate::loss::ATTRIBUTION_WINDOW / 2,
+        took < crate::decisions::loss::ATTRIBUTION_WINDOW / 2,
         "decided without waiting out the window: {took:?}"
     );
 }

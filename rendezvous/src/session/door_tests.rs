@@ -7,7 +7,7 @@ use crate::{Join, MemoryStore};
 fn join(node: &str, script: &str) -> Join {
     let mut j = join_of(node, 1);
     j.fingerprint = [("config.script-sha256".to_string(), script.to_string())].into();
-    j.env_check = Some(crate::envcheck::EnvCheck::Warn);
+    j.env_check = Some(crate::decisions::envcheck::EnvCheck::Warn);
     j
 }
 
@@ -46,11 +46,13 @@ async fn two_newcomers_turned_away_together_both_hear_their_refusal() {
     let d = next(&mut d_rx, &mut seen, error).await.expect("d refused");
     assert!(c.contains("other-c on c"), "{c}");
     assert!(d.contains("other-d on d"), "{d}");
-    assert!(crate::envcheck::is_refusal(&c) && crate::envcheck::is_refusal(&d));
+    assert!(
+        crate::decisions::envcheck::is_refusal(&c) && crate::decisions::envcheck::is_refusal(&d)
+    );
     // The door refused them instead of closing the generation (the one or the other).
-    let keys = crate::keys::RunKeys::new("door");
+    let keys = crate::store::keys::RunKeys::new("door");
     assert_eq!(store.get(&keys.closed(1)).await.unwrap(), None);
-    let (g, _) = crate::run_state::RunState::new(store.clone(), "door")
+    let (g, _) = crate::store::run_state::RunState::new(store.clone(), "door")
         .current_generation()
         .await
         .unwrap();

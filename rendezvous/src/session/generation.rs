@@ -18,9 +18,9 @@ use tokio::time::Instant;
 use super::protocol::{Event, RunEnd};
 use super::save_clock::SaveClock;
 use super::silence::{self, Silence};
-use crate::envcheck::{self, Door, Report};
+use crate::decisions::envcheck::{self, Door, Report};
 use crate::human::duration as human;
-use crate::keys::RunKeys;
+use crate::store::keys::RunKeys;
 use crate::store::WatchEvent;
 use crate::{Join, Plan, StoreError};
 
@@ -39,7 +39,7 @@ pub(crate) struct Rules {
     /// Job-wide worker-failure restart budget.
     pub max_restarts: u32,
     /// `--ckpt-interval`, `--expected-mtbf` (node rank 0's session applies them).
-    pub ckpt_interval: crate::ckpt_interval::IntervalConfig,
+    pub ckpt_interval: crate::decisions::ckpt_interval::IntervalConfig,
 }
 
 /// A newcomer held at the door until a coordinated checkpoint is sealed (`--on-scale-up
@@ -304,7 +304,7 @@ pub(crate) enum Effect {
     TurnAway {
         /// The newcomer.
         node: String,
-        /// The refusal (contains [`crate::envcheck::REFUSAL_MARK`]).
+        /// The refusal (contains [`crate::decisions::envcheck::REFUSAL_MARK`]).
         message: String,
     },
     /// Call the pending scale-up off if no newcomer waits any more
@@ -615,7 +615,7 @@ pub(crate) fn successor_lost(
     why: &str,
     preemption_sealed: bool,
 ) -> Option<String> {
-    (!preemption_sealed).then(|| crate::loss::describe(plan, node, why))
+    (!preemption_sealed).then(|| crate::decisions::loss::describe(plan, node, why))
 }
 
 /// Whether `node` watches the waiting set of `plan`: node rank 0 of a group below MAX.

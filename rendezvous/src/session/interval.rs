@@ -1,6 +1,6 @@
 //! Node rank 0's `--ckpt-interval` I/O: reading C and M from the store and reporting the
 //! interval ([`Actor::evaluate_interval`]), and writing the interval save request
-//! ([`Actor::request_interval_save`]). The decisions are [`crate::ckpt_interval::decide`] and
+//! ([`Actor::request_interval_save`]). The decisions are [`crate::decisions::ckpt_interval::decide`] and
 //! the [`super::save_clock::SaveClock`] in the generation core.
 
 use std::time::Duration;
@@ -9,8 +9,8 @@ use super::actor::Actor;
 use super::generation::Running;
 use super::protocol::SaveRequest;
 use crate::clock::now_ms;
-use crate::failure_log;
 use crate::human::duration as human;
+use crate::ledger::failure_log;
 use crate::RendezvousError;
 
 impl Actor {
@@ -38,9 +38,9 @@ impl Actor {
                     .map(|b| format!(" (expected ≈ {:.1} s)", b.expected_loss_s))
                     .unwrap_or_default();
                 tracing::info!(run = %run_id, gen = g, "the re-form lost {secs:.1} s of work since the checkpoint it resumed from{expected}");
-                crate::metrics::global()
+                crate::server::metrics::global()
                     .reform_lost_work
-                    .get_or_create(&crate::metrics::RunLabel {
+                    .get_or_create(&crate::server::metrics::RunLabel {
                         run: run_id.clone(),
                     })
                     .set(secs);
@@ -50,7 +50,7 @@ impl Actor {
             tracing::info!(run = %run_id, gen = g, "{}", interval.line());
             state.record_interval(&interval).await?;
         }
-        crate::metrics::global().interval(run_id, &interval);
+        crate::server::metrics::global().interval(run_id, &interval);
         if let Some(c) = run.save_clock.as_mut() {
             c.set(interval.duration());
         }

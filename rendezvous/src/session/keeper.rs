@@ -80,7 +80,7 @@ pub(crate) fn spawn_keeper(
                 }),
             };
             if renewed.is_err() {
-                crate::metrics::global().keepalive_failures.inc();
+                crate::server::metrics::global().keepalive_failures.inc();
             }
             match renewed {
                 Ok(_) => last_ok = Instant::now(),

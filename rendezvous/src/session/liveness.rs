@@ -12,9 +12,9 @@
 //!   evidence either way, and the callers wait as they did before they could knock.
 //!
 //! An agent's stream that closed without a Leave is revoked at once when its agent is gone,
-//! instead of after [`crate::loss::RECONNECT_GRACE`]; a worker failure is judged the workers'
+//! instead of after [`crate::decisions::loss::RECONNECT_GRACE`]; a worker failure is judged the workers'
 //! own at once when every other member's agent answers, instead of after
-//! [`crate::loss::ATTRIBUTION_WINDOW`] (see `membership.rs`).
+//! [`crate::decisions::loss::ATTRIBUTION_WINDOW`] (see `membership.rs`).
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The session's view of membership loss: which session speaks for a node, a vanished agent's
 //! lease revoked after the reconnect grace, lost members named, and a worker failure that
-//! coincides with a loss attributed to it (see [`crate::loss`]).
+//! coincides with a loss attributed to it (see [`crate::decisions::loss`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -12,8 +12,8 @@ use super::hold;
 use super::liveness::{self, Knock};
 use super::protocol::SaveRequest;
 use crate::clock::now_ms;
+use crate::decisions::loss;
 use crate::human::duration as human;
-use crate::loss;
 use crate::round::Restarts;
 use crate::store::LeaseId;
 use crate::{Plan, RendezvousError, StoreError};
@@ -26,7 +26,7 @@ const KNOCK_WAIT: Duration = Duration::from_millis(300);
 
 impl Actor {
     /// Server-side: records that this session now speaks for the node (see
-    /// [`crate::keys::RunKeys::session_owner`]).
+    /// [`crate::store::keys::RunKeys::session_owner`]).
     pub(super) async fn claim(&self, lease: LeaseId) -> Result<(), StoreError> {
         if self.cfg.auto_keep_alive {
             return Ok(());

@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
+use crate::decisions::root_cause::RootCause;
 use crate::ledger::{CommitOutcome, NodeCommit, Retention};
-use crate::root_cause::RootCause;
 use crate::round::Restarts;
 use crate::store::LeaseId;
 use crate::{Join, Plan, RoundConfig};
 
-pub use crate::records::{RunEnd, SaveRequest};
+pub use crate::store::records::{RunEnd, SaveRequest};
 
 /// Settings of one node's session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,8 +32,8 @@ pub struct SessionConfig {
     /// stays under one step; `docs/architecture.md` §4). `None`: re-form at once (torchrun's behaviour).
     pub scale_up_save: Option<Duration>,
     /// `--ckpt-interval`, `--expected-mtbf`: node rank 0's session asks every rank for a
-    /// checkpoint when the interval since the last seal has passed ([`crate::ckpt_interval`]).
-    pub ckpt_interval: crate::ckpt_interval::IntervalConfig,
+    /// checkpoint when the interval since the last seal has passed ([`crate::decisions::ckpt_interval`]).
+    pub ckpt_interval: crate::decisions::ckpt_interval::IntervalConfig,
 }
 
 /// State carried over when an agent reconnects to another server replica.
@@ -87,11 +87,11 @@ pub enum Request {
         /// Retention policy applied when this commit seals the step.
         retention: Retention,
     },
-    /// Record what this node learned for `status` (see [`crate::reports`]); not answered.
+    /// Record what this node learned for `status` (see [`crate::store::reports`]); not answered.
     Report {
         /// What it is about.
-        kind: crate::reports::ReportKind,
-        /// The report, JSON (at most [`crate::reports::MAX_REPORT`] bytes).
+        kind: crate::store::reports::ReportKind,
+        /// The report, JSON (at most [`crate::store::reports::MAX_REPORT`] bytes).
         json: String,
     },
     /// The resume point of generation `generation` failed verification on this node: mark

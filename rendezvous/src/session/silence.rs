@@ -12,7 +12,7 @@
 //! - it asks its agent to answer at once (a ping on the session's stream);
 //! - an agent that answers within [`PING_WAIT`] still reaches the control plane, so the fault
 //!   lies on the path between the peers: both sides report each other, and the partition rule
-//!   (`crate::partition`) decides which side leaves;
+//!   (`crate::decisions::partition`) decides which side leaves;
 //! - an agent that does not answer reaches neither its peers nor the server (a pulled cable, a
 //!   dead switch port, a hung host): the node is lost now. The session records why, revokes the
 //!   lease, and the others re-form as after any loss.

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use super::test_support::{config, join, next};
 use super::{spawn_session, Event, Request};
-use crate::reports::ReportKind;
+use crate::store::reports::ReportKind;
 use crate::{MemoryStore, Plan, Store};
 
 type Link = (

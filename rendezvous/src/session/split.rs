@@ -1,6 +1,6 @@
 //! A generation whose members cannot all reach each other (their agents' peer probes go
 //! unanswered): after each peers report of its node, a session judges the generation with the
-//! pure [`crate::partition::decide`] — every session reads the same reports and takes the same
+//! pure [`crate::decisions::partition::decide`] — every session reads the same reports and takes the same
 //! decision — and acts for its own node only: a node sent away is fenced (its agent stops its
 //! workers and stands by until it reaches the others again; the others lose it as any lost node
 //! and re-form), and a split below the run's minimum ends the run for every node.
@@ -11,8 +11,8 @@ use super::actor::{Actor, Phase};
 use super::generation::Running;
 use super::protocol::RunEnd;
 use crate::clock::now_ms;
-use crate::partition::{self, Decision};
-use crate::reports::ReportKind;
+use crate::decisions::partition::{self, Decision};
+use crate::store::reports::ReportKind;
 use crate::{Plan, RendezvousError};
 
 /// How a fence for a partition begins (the agent stands by after it).

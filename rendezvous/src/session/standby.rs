@@ -3,7 +3,7 @@
 //!
 //! # Theory of operation
 //!
-//! The partition rule (`crate::partition`) keeps the largest set of nodes that all reach each
+//! The partition rule (`crate::decisions::partition`) keeps the largest set of nodes that all reach each
 //! other and fences the others (`split.rs`). Such a node must not join again at once: it would be
 //! admitted, fail to reach the same peers, and be sent away again, each time a re-form of the
 //! whole job. So its agent holds its join back and probes. What it must reach is not the

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use super::standby::Reach;
 use super::test_support::{config, join, next};
 use super::{spawn_session, Event, Request, RunEnd};
-use crate::run_state::RunState;
+use crate::store::run_state::RunState;
 use crate::{Join, MemoryStore, Store};
 
 type Link = (

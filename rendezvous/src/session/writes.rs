@@ -4,8 +4,8 @@ use super::actor::Actor;
 use super::generation::{self, FailureVerdict};
 use super::protocol::{Event, SaveRequest};
 use crate::clock::now_ms;
-use crate::records::{FailureRecord, RestartCause, Restarts, RootCause};
-use crate::run_state::session::SpendRestart;
+use crate::store::records::{FailureRecord, RestartCause, Restarts, RootCause};
+use crate::store::run_state::session::SpendRestart;
 use crate::{Plan, RendezvousError};
 
 impl Actor {
@@ -13,10 +13,10 @@ impl Actor {
     /// only feed `status`); a pace report is answered with the job's pace.
     pub(super) async fn report(
         &self,
-        kind: crate::reports::ReportKind,
+        kind: crate::store::reports::ReportKind,
         json: String,
     ) -> Result<(), RendezvousError> {
-        if let Some(why) = crate::reports::invalid(&json) {
+        if let Some(why) = crate::store::reports::invalid(&json) {
             tracing::warn!(node = %self.cfg.node_id, "{why}; dropped");
             return Ok(());
         }
@@ -24,7 +24,7 @@ impl Actor {
         if kind.leased() && lease.is_none() {
             return Ok(());
         }
-        let generation = (kind == crate::reports::ReportKind::Pace)
+        let generation = (kind == crate::store::reports::ReportKind::Pace)
             .then(|| serde_json::from_str::<serde_json::Value>(&json).ok())
             .flatten()
             .and_then(|v| v["generation"].as_u64());
@@ -60,7 +60,7 @@ impl Actor {
             .await?;
         if closed {
             tracing::info!(run = %self.cfg.run_id, gen = g, %reason, "generation closed for re-form");
-            crate::metrics::global().reformed(&self.cfg.run_id, &reason);
+            crate::server::metrics::global().reformed(&self.cfg.run_id, &reason);
             self.round.record_restart(RestartCause::Membership).await?;
         }
         Ok(closed)
@@ -164,7 +164,7 @@ impl Actor {
                         })
                         .await?;
                     if spent {
-                        crate::metrics::global().reformed(&self.cfg.run_id, &closed);
+                        crate::server::metrics::global().reformed(&self.cfg.run_id, &closed);
                         return Ok((true, next, None));
                     }
                 }

@@ -2,8 +2,8 @@
 //! beacons, checkpoint commits; a step beacon goes on to the machine, which judges hangs and
 //! stragglers), and the reports to the job: a straggler verdict, silent peers.
 
-use drun_rendezvous::reports::ReportKind;
 use drun_rendezvous::session::Request;
+use drun_rendezvous::store::reports::ReportKind;
 use drun_rendezvous::Plan;
 use tokio::time::Instant;
 

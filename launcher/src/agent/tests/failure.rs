@@ -56,7 +56,7 @@ fn an_end_decided_by_another_node_failure_prints_it_after_this_node_summary() {
     for (node, named) in [("n1", true), ("n0", false)] {
         let mut t = T::running(1, 2);
         report_failure(&mut t);
-        let cause = drun_rendezvous::root_cause::RootCause {
+        let cause = drun_rendezvous::decisions::root_cause::RootCause {
             node: node.into(),
             rank: 3,
             ..Default::default()
@@ -79,7 +79,7 @@ fn an_end_decided_by_another_node_failure_prints_it_after_this_node_summary() {
 fn a_run_another_node_ended_while_this_failure_waited_names_that_node_when_the_session_closes() {
     // Both nodes' workers failed at once; the other node's failure ended the run, and this
     // node's session closed without answering its report.
-    let cause = drun_rendezvous::root_cause::RootCause {
+    let cause = drun_rendezvous::decisions::root_cause::RootCause {
         node: "n1".into(),
         rank: 3,
         ..Default::default()
@@ -334,7 +334,7 @@ fn an_agent_told_to_stop_as_its_rendezvous_went_away_ends_as_its_signal_says() {
 
 #[test]
 fn a_run_ended_by_another_node_names_that_node_root_cause_before_the_failure_line() {
-    let cause = drun_rendezvous::root_cause::RootCause {
+    let cause = drun_rendezvous::decisions::root_cause::RootCause {
         node: "n1".into(),
         rank: 3,
         exitcode: 7,
@@ -344,7 +344,7 @@ fn a_run_ended_by_another_node_names_that_node_root_cause_before_the_failure_lin
     for (node, named) in [("n1", true), ("n0", false)] {
         let mut t = T::running(1, 2);
         let mut e = end(false);
-        e.root_cause = Some(drun_rendezvous::root_cause::RootCause {
+        e.root_cause = Some(drun_rendezvous::decisions::root_cause::RootCause {
             node: node.into(),
             ..cause.clone()
         });

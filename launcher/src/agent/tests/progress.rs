@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use drun_rendezvous::reports::ReportKind;
+use drun_rendezvous::store::reports::ReportKind;
 
 #[allow(unused_imports)]
 use super::*;

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use super::*;
-use crate::envcheck::{EnvCheck, Fingerprint};
-use crate::records::Formation;
+use crate::decisions::envcheck::{EnvCheck, Fingerprint};
+use crate::store::records::Formation;
 
 fn cand(id: &str) -> Candidate {
     Candidate::local(id, 1)
@@ -136,7 +136,7 @@ fn a_running_generation_stands_everyone_by_and_reopens_the_round() {
     assert_eq!(
         j.judgement,
         Judgement::Wait {
-            until: later + crate::core::PROGRESS_EVERY
+            until: later + crate::decisions::core::PROGRESS_EVERY
         }
     );
     assert_eq!(j.times.opened_at, later);

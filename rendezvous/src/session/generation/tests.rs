@@ -478,7 +478,7 @@ fn only_the_successors_loss_is_acted_on() {
 #[test]
 fn a_lost_successor_reforms_unless_a_preemption_save_is_sealed() {
     let p = plan(3, &["a", "b", "c"]);
-    let why = crate::loss::LEASE_EXPIRED;
+    let why = crate::decisions::loss::LEASE_EXPIRED;
     let reason = successor_lost(&p, "b", why, false).expect("re-forms");
     assert!(reason.contains('b'), "{reason}");
     assert_eq!(successor_lost(&p, "b", why, true), None);
@@ -490,8 +490,8 @@ fn a_lost_successor_reforms_unless_a_preemption_save_is_sealed() {
 fn node_rank_0_asks_for_a_save_each_interval_after_the_last_seal() {
     let t0 = Instant::now();
     let on = Rules {
-        ckpt_interval: crate::ckpt_interval::IntervalConfig {
-            mode: crate::ckpt_interval::IntervalMode::Auto,
+        ckpt_interval: crate::decisions::ckpt_interval::IntervalConfig {
+            mode: crate::decisions::ckpt_interval::IntervalMode::Auto,
             ..Default::default()
         },
         ..rules()

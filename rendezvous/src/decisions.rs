@@ -1,0 +1,22 @@
+//! The decisions: pure functions of a snapshot, the time and the configuration, each with a
+//! reason people read. Nothing here touches the store or sleeps; the round, the session and the
+//! server call them and carry out what they say.
+//!
+//! * [`core`] — when a waiting set forms (last call, settle window, no second world beside a
+//!   running generation); [`plan`] — the ranks every agent receives.
+//! * [`envcheck`] — whether the members' environments agree, and the door a newcomer is judged
+//!   against while a generation runs.
+//! * [`loss`] — naming a lost node and attributing a survivor's failure to it;
+//!   [`root_cause`] — the first failure of a generation and its summary;
+//!   [`partition`] — which side of a partition leaves.
+//! * [`ckpt_interval`] — the automatic checkpoint interval; [`formation`] — the work a re-form
+//!   threw away.
+
+pub mod ckpt_interval;
+pub mod core;
+pub mod envcheck;
+pub mod formation;
+pub mod loss;
+pub mod partition;
+pub mod plan;
+pub mod root_cause;

@@ -1,0 +1,80 @@
+//! The record of one formation (key `formation/<g>`): when the round opened and when the plan
+//! was written, and the work the re-form threw away.
+//!
+//! Written by the decider in the same transaction as the plan of generation `g`, read by
+//! `status` ([`crate::status`]) and, for its [`Door`], by node rank 0's session while the
+//! generation runs. A store written by an older drun has no such key: `status` then shows `-`
+//! for what it would have said, and every newcomer re-forms the group to be judged.
+
+use crate::ledger::Manifest;
+pub use crate::store::records::{Formation, LostWork};
+
+/// The work lost by re-forming (pure): the previous generation ran from `prev_formed_at_ms`
+/// until `closed_at_ms` (both milliseconds since the Unix epoch); what it did before `resume`
+/// was sealed is kept.
+///
+/// ```
+/// use drun_rendezvous::decisions::formation::lost_work;
+/// // Formed at t=10 s, closed at t=70 s, no checkpoint: all 60 s are lost.
+/// assert_eq!(lost_work(10_000, 70_000, None).ms, 60_000);
+/// ```
+pub fn lost_work(prev_formed_at_ms: u64, closed_at_ms: u64, resume: Option<&Manifest>) -> LostWork {
+    let kept_until = resume.map_or(prev_formed_at_ms, |m| m.sealed_at_ms.max(prev_formed_at_ms));
+    LostWork {
+        ms: closed_at_ms.saturating_sub(kept_until),
+        resume_step: resume.map(|m| m.step),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(step: u64, sealed_at_ms: u64) -> Manifest {
+        Manifest {
+            run_id: "r".into(),
+            step,
+            generation: 1,
+            world_size: 2,
+            cursor: Default::default(),
+            files: vec![],
+            sealed_at_ms,
+            adopted_from: None,
+            save_ms: None,
+        }
+    }
+
+    #[test]
+    fn work_after_the_resume_checkpoint_is_lost() {
+        let m = manifest(300, 50_000);
+        let lost = lost_work(10_000, 70_000, Some(&m));
+        assert_eq!(lost.ms, 20_000);
+        assert_eq!(lost.resume_step, Some(300));
+    }
+
+    #[test]
+    fn a_checkpoint_older_than_the_generation_keeps_none_of_it() {
+        let m = manifest(100, 5_000);
+        assert_eq!(lost_work(10_000, 70_000, Some(&m)).ms, 60_000);
+    }
+
+    #[test]
+    fn clocks_that_went_backwards_lose_nothing_rather_than_wrap() {
+        assert_eq!(lost_work(70_000, 10_000, None).ms, 0);
+        let f = Formation {
+            round_opened_at_ms: 9,
+            formed_at_ms: 5,
+            lost_work: None,
+            door: None,
+        };
+        assert_eq!(f.duration_ms(), 0);
+    }
+
+    #[test]
+    fn an_old_record_without_lost_work_decodes() {
+        let f: Formation =
+            serde_json::from_str(r#"{"round_opened_at_ms":1,"formed_at_ms":3}"#).unwrap();
+        assert_eq!(f.duration_ms(), 2);
+        assert_eq!(f.lost_work, None);
+    }
+}

@@ -1,0 +1,259 @@
+//! Tests of the human view on synthetic statuses.
+
+use super::*;
+use crate::decisions::formation::{Formation, LostWork};
+use crate::decisions::loss;
+use crate::status::{FormationStatus, LatestCheckpoint, NodeFacts, RestartCounts};
+use crate::{assign, Candidate};
+
+const NOW: u64 = 1_000_000;
+
+fn status(n: usize) -> RunStatus {
+    let cands: Vec<Candidate> = (0..n)
+        .map(|i| Candidate {
+            node_id: format!("gpu-node-{i:02}.cluster.example"),
+            advertise_addr: format!("10.128.{i}.{}", 200 + i),
+            slots: 8,
+            requested_node_rank: None,
+            master_port: 1,
+            probe_port: 0,
+        })
+        .collect();
+    let mut plan = assign("job42", 3, &cands, 1, 2).unwrap();
+    plan.formed_because = format!("{n} of max {n} nodes joined");
+    let present: Vec<String> = cands[1..].iter().map(|c| c.node_id.clone()).collect();
+    let mut lost = std::collections::BTreeMap::new();
+    lost.insert(
+        cands[0].node_id.clone(),
+        loss::CONNECTION_CLOSED.to_string(),
+    );
+    let waiting = vec![("standby-9".to_string(), "10.128.9.209".to_string())];
+    let facts = NodeFacts {
+        present,
+        waiting,
+        lost,
+        ..Default::default()
+    };
+    let nodes = crate::status::node_states(Some(&plan), None, &facts);
+    RunStatus {
+        run: "job42".into(),
+        generation: 3,
+        plan: Some(plan),
+        restarts: RestartCounts {
+            failures: 1,
+            membership: 2,
+        },
+        now_ms: NOW,
+        formation: Some(FormationStatus {
+            record: Formation {
+                round_opened_at_ms: NOW - 43_100,
+                formed_at_ms: NOW - 41_000,
+                lost_work: Some(LostWork {
+                    ms: 12_000,
+                    resume_step: Some(300),
+                }),
+                door: None,
+            },
+            duration_ms: 2_100,
+            because: format!("{n} of max {n} nodes joined"),
+        }),
+        checkpoints: crate::status::Checkpoints {
+            latest: Some(LatestCheckpoint {
+                step: 400,
+                generation: 3,
+                world_size: 64,
+                bytes: 1_234_567,
+                sealed_at_ms: NOW - 5_000,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        nodes,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn eight_nodes_fit_80_columns_and_every_member_is_named_with_its_ranks() {
+    let s = status(8);
+    let lines = render(&s, 0);
+    let text = lines.join("\n");
+    for l in &lines {
+        assert!(
+            l.chars().count() <= WIDTH,
+            "{} columns: {l}\n{text}",
+            l.chars().count()
+        );
+    }
+    for (i, m) in s.plan.as_ref().unwrap().members.iter().enumerate() {
+        let row = lines
+            .iter()
+            .find(|l| l.starts_with(&m.node_id))
+            .unwrap_or_else(|| panic!("no row for {}:\n{text}", m.node_id));
+        let ranks = format!("{}-{}", 8 * i, 8 * i + 7);
+        assert!(row.contains(&ranks), "{row}");
+        let state = if i == 0 { "lost" } else { "running" };
+        assert!(row.ends_with(state), "{row}");
+    }
+    assert!(text.contains("standby-9"), "{text}");
+    assert!(
+        lines[0].starts_with("run job42: generation 3, running; 8 nodes, world size 64"),
+        "{text}"
+    );
+    assert!(
+        text.contains("formed     41 s ago in 2.1 s: 8 of max 8 nodes joined"),
+        "{text}"
+    );
+    assert!(
+        text.contains("restarts   1 failure, 2 membership"),
+        "{text}"
+    );
+    assert!(
+        text.contains("lost work  12 s at the last re-form (resumed from step 300)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("checkpoint step 400 of generation 3, sealed 5 s ago (64 ranks, 1.2 MB)"),
+        "{text}"
+    );
+    // The lost node's reason, wrapped under the table.
+    assert!(
+        text.contains("gpu-node-00.cluster.example lost: its agent's connection"),
+        "{text}"
+    );
+}
+
+#[test]
+fn what_the_store_does_not_know_is_a_dash() {
+    let mut s = status(3);
+    s.formation = None;
+    s.checkpoints.latest = None;
+    let text = render(&s, NOW).join("\n");
+    assert!(text.contains("formed     -\n"), "{text}");
+    assert!(text.contains("lost work  -\n"), "{text}");
+    assert!(text.contains("checkpoint -\n"), "{text}");
+    // A first formation has no lost work either.
+    let mut s = status(3);
+    s.formation.as_mut().unwrap().record.lost_work = None;
+    assert!(render(&s, NOW).join("\n").contains("lost work  -\n"));
+}
+
+#[test]
+fn a_forming_or_ended_run_says_so() {
+    let mut s = RunStatus {
+        run: "r".into(),
+        progress: Some("waiting for 1 more node (1/2)".into()),
+        ..Default::default()
+    };
+    assert!(render(&s, NOW)[0].contains("forming: waiting for 1 more node (1/2)"));
+    s.finished = Some(crate::RunEnd {
+        success: true,
+        reason: "all workers succeeded".into(),
+        at_ms: NOW,
+        root_cause: None,
+        retryable: false,
+    });
+    assert!(render(&s, NOW)[0].contains("succeeded: all workers succeeded"));
+}
+
+#[test]
+fn a_failed_round_says_why_and_a_newcomer_turned_away_leaves_the_run_running() {
+    let failed = |nodes: &[&str]| {
+        Some(serde_json::json!({
+            "message": "run r: env-check refused to form the group: ...",
+            "nodes": nodes,
+            "at_ms": NOW,
+        }))
+    };
+    let mut s = RunStatus {
+        run: "r".into(),
+        round_failed: failed(&["a", "b"]),
+        ..Default::default()
+    };
+    let head = &render(&s, NOW)[0];
+    assert!(
+        head.contains("round failed: run r: env-check refused"),
+        "{head}"
+    );
+    let mut running = status(2);
+    running.closed = None;
+    running.round_failed = failed(&["newcomer-7"]);
+    let head = render(&running, NOW).join("\n");
+    assert!(
+        head.contains("running; turned away newcomer-7: run r: env-check"),
+        "{head}"
+    );
+    // A member named in the verdict: the round itself failed.
+    let member = running.plan.as_ref().unwrap().members[0].node_id.clone();
+    s = RunStatus {
+        round_failed: failed(&[member.as_str()]),
+        ..running
+    };
+    assert!(render(&s, NOW)[0].contains("round failed:"));
+}
+
+#[test]
+fn long_words_and_cells_are_cut_not_overflowing() {
+    assert_eq!(cut("abcdef", 4), "abc…");
+    assert_eq!(cut("abc", 4), "abc");
+    let mut out = Vec::new();
+    wrap(&mut out, "label", &"x".repeat(200));
+    assert!(out.iter().all(|l| l.chars().count() <= WIDTH), "{out:?}");
+    assert_eq!(bytes(512), "512 B");
+    assert_eq!(bytes(1_234_567), "1.2 MB");
+}
+
+#[test]
+fn the_checkpoint_interval_is_shown_with_its_inputs() {
+    let mut s = status(2);
+    assert!(!render(&s, NOW).join("\n").contains("interval"));
+    s.ckpt_interval = crate::decisions::ckpt_interval::decide(
+        crate::decisions::ckpt_interval::IntervalMode::Auto,
+        &crate::decisions::ckpt_interval::Observed {
+            save_costs_s: vec![0.5],
+            failures: 3,
+            exposure_s: 60.0,
+            restart_s: 1.0,
+        },
+        3600.0,
+    );
+    s.failures = vec![Default::default(); 3];
+    let text = render(&s, NOW).join("\n");
+    assert!(
+        text.contains(
+            "interval   every 4.5 s (C = 0.50 s, M = 20 s from 3 failure(s), expected loss"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn pairs_of_nodes_whose_probes_go_unanswered_are_shown_once_each() {
+    let mut s = status(3);
+    let report = |rank: u32, silent: &[u32], generation: u64| serde_json::json!({"generation": generation, "node_rank": rank, "silent": silent});
+    let peers = s.reports.entry("peers".into()).or_default();
+    peers.insert("a".into(), report(1, &[2], 3));
+    peers.insert("b".into(), report(2, &[1], 3));
+    peers.insert("c".into(), report(0, &[], 3));
+    peers.insert("old".into(), report(0, &[1], 2));
+    let text = render(&s, NOW).join("\n");
+    assert!(text.contains("partition  node 1 ↔ node 2\n"), "{text}");
+    assert!(
+        !text.contains("node 0 ↔"),
+        "another generation's report: {text}"
+    );
+}
+
+#[test]
+fn an_outage_the_generation_was_kept_through_is_shown_with_its_length() {
+    let mut s = status(3);
+    let outages = s.reports.entry("outage".into()).or_default();
+    let report = |secs: f64| serde_json::json!({"generation": 3, "seconds": secs, "ended_at_ms": NOW - 40_000});
+    outages.insert("a".into(), report(31.2));
+    outages.insert("b".into(), report(30.9));
+    let text = render(&s, NOW).join("\n");
+    assert!(
+        text.contains("outage     control plane away 31.2 s, back 40 s ago; generation 3 kept\n"),
+        "{text}"
+    );
+}

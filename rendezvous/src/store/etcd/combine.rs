@@ -1,0 +1,167 @@
+//! The etcd side of combining requests ([`crate::store::etcd::batch`]): which requests combine, and
+//! one transaction for a batch of them.
+
+use etcd_client as etcd;
+
+use super::{to_kv, EtcdStore};
+use crate::store::etcd::batch::Admit;
+use crate::store::{KeyValue, Op, Txn, TxnResponse};
+use crate::StoreError;
+
+/// A read of one key, for a combined read transaction.
+pub(super) struct ReadReq(pub(super) String);
+
+impl Admit for ReadReq {
+    fn ops(&self) -> usize {
+        1
+    }
+    fn bytes(&self) -> usize {
+        self.0.len()
+    }
+    fn fits_with(&self, _: &[Self]) -> bool {
+        true
+    }
+}
+
+/// The ops of an unconditional transaction, for a combined write transaction.
+pub(super) struct WriteReq(pub(super) Vec<Op>);
+
+impl WriteReq {
+    /// The keys it writes.
+    fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|op| match op {
+            Op::Put { key, .. } | Op::Delete(key) | Op::DeletePrefix(key) => key.as_str(),
+        })
+    }
+
+    /// Whether `txn` may share a transaction with others: no compares, no failure branch, no
+    /// prefix delete (it could cover another request's key).
+    pub(super) fn combinable(txn: &Txn) -> bool {
+        txn.compares.is_empty()
+            && txn.failure.is_empty()
+            && !txn.success.is_empty()
+            && !txn
+                .success
+                .iter()
+                .any(|op| matches!(op, Op::DeletePrefix(_)))
+    }
+}
+
+impl Admit for WriteReq {
+    fn ops(&self) -> usize {
+        self.0.len()
+    }
+    fn bytes(&self) -> usize {
+        self.0
+            .iter()
+            .map(|op| match op {
+                Op::Put { key, value, .. } => key.len() + value.len(),
+                Op::Delete(key) | Op::DeletePrefix(key) => key.len(),
+            })
+            .sum()
+    }
+    /// etcd refuses a transaction that writes one key twice.
+    fn fits_with(&self, batch: &[Self]) -> bool {
+        self.keys()
+            .all(|k| batch.iter().all(|other| other.keys().all(|o| o != k)))
+    }
+}
+
+impl EtcdStore {
+    /// One combined transaction of unconditional writes: every request gets its revision. When
+    /// it fails because a lease is gone, each request is sent alone, so only the writes under
+    /// that lease fail (with [`StoreError::LeaseLost`]).
+    pub(super) async fn write_combined(
+        &self,
+        batch: Vec<WriteReq>,
+    ) -> Vec<Result<TxnResponse, StoreError>> {
+        let n = batch.len();
+        let txns: Vec<Txn> = batch
+            .into_iter()
+            .map(|w| Txn {
+                compares: vec![],
+                success: w.0,
+                failure: vec![],
+            })
+            .collect();
+        if n == 1 {
+            return vec![self.txn_once(txns.into_iter().next().expect("one")).await];
+        }
+        let all = Txn {
+            compares: vec![],
+            success: txns.iter().flat_map(|t| t.success.clone()).collect(),
+            failure: vec![],
+        };
+        match self.txn_once(all).await {
+            Ok(r) => vec![Ok(r); n],
+            Err(StoreError::LeaseLost(_)) => {
+                let mut out = Vec::with_capacity(n);
+                for t in txns {
+                    out.push(self.txn_once(t).await);
+                }
+                out
+            }
+            Err(e) => vec![Err(e); n],
+        }
+    }
+
+    /// One combined read transaction: the value of each key, in order.
+    async fn read_combined(
+        &self,
+        batch: Vec<ReadReq>,
+    ) -> Vec<Result<Option<KeyValue>, StoreError>> {
+        if batch.len() == 1 {
+            return vec![self.get_once(&batch[0].0).await];
+        }
+        let t = etcd::Txn::new().and_then(
+            batch
+                .iter()
+                .map(|r| etcd::TxnOp::get(r.0.as_bytes(), None))
+                .collect::<Vec<_>>(),
+        );
+        let resp = self
+            .retry(|c| {
+                let t = t.clone();
+                async move { super::kv(&c).txn(t).await }
+            })
+            .await;
+        match resp {
+            Ok(resp) => {
+                let mut out: Vec<_> = resp
+                    .op_responses()
+                    .into_iter()
+                    .map(|r| match r {
+                        etcd::TxnOpResponse::Get(g) => Ok(g.kvs().first().map(to_kv)),
+                        _ => Err(StoreError::Unavailable {
+                            endpoint: self.endpoints.clone(),
+                            reason: "a read transaction answered with a write".into(),
+                        }),
+                    })
+                    .collect();
+                out.resize_with(batch.len(), || Err(self.dropped("read")));
+                out
+            }
+            Err(e) => vec![Err(self.unavailable(e)); batch.len()],
+        }
+    }
+
+    /// Reads `key` in the next combined read transaction.
+    pub(super) async fn get_batched(&self, key: String) -> Result<Option<KeyValue>, StoreError> {
+        let this = self.clone();
+        self.read_batch
+            .call(ReadReq(key), move |batch| {
+                let this = this.clone();
+                async move { this.read_combined(batch).await }
+            })
+            .await
+            .unwrap_or_else(|| Err(self.dropped("read")))
+    }
+
+    /// The error of a combined request whose answer was lost.
+    pub(super) fn dropped(&self, what: &str) -> StoreError {
+        StoreError::Unavailable {
+            endpoint: self.endpoints.clone(),
+            reason: format!("the combined {what} was dropped"),
+        }
+    }
+}
