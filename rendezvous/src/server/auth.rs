@@ -99,7 +99,7 @@ pub enum TokenLineError {
         /// The line number, from 1.
         line: usize,
         /// What is wrong with the run id.
-        why: crate::validate::Invalid,
+        why: crate::server::validate::Invalid,
     },
 }
 
