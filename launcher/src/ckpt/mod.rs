@@ -23,6 +23,7 @@
 pub mod api;
 mod error;
 pub mod fallback;
+pub mod memory;
 pub mod node;
 pub mod resume;
 pub mod verify;
