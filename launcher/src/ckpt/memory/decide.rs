@@ -51,8 +51,11 @@ pub struct Copy {
     /// Where it stands.
     pub state: CopyState,
     /// It did not fit the budget: the ranks wait until it is persisted (a direct save), and
-    /// its memory is released at once after.
+    /// its memory is released once the ledger answered.
     pub direct: bool,
+    /// The ledger answered the node's commit sent once it was persisted (sealed, recorded, or
+    /// refused): nothing of it is in flight any more.
+    pub answered: bool,
 }
 
 /// Whether a save of `bytes` stays in memory.
@@ -108,7 +111,7 @@ impl Table {
         let pinned: u64 = self
             .copies
             .iter()
-            .filter(|(k, c)| **k != key && !c.state.is_persisted())
+            .filter(|(k, c)| **k != key && !Self::settled(c))
             .map(|(_, c)| c.bytes)
             .sum();
         if pinned + bytes > self.budget {
@@ -128,7 +131,7 @@ impl Table {
             if held <= self.budget {
                 break;
             }
-            if c.state.is_persisted() && *k != key {
+            if Self::settled(c) && *k != key {
                 held -= c.bytes;
                 release.push(*k);
             }
@@ -144,6 +147,7 @@ impl Table {
                 bytes,
                 state: CopyState::Staged { at: now },
                 direct,
+                answered: false,
             },
         );
     }
@@ -177,11 +181,10 @@ impl Table {
         }
     }
 
-    /// `key` is on disk, verified, at `now`. Returns whether its memory goes now (a direct
-    /// save keeps none).
-    pub fn persisted(&mut self, key: Key, now: Instant) -> bool {
+    /// `key` is on disk, verified, at `now` (its node commit goes to the ledger).
+    pub fn persisted(&mut self, key: Key, now: Instant) {
         let Some(c) = self.copies.get_mut(&key) else {
-            return false;
+            return;
         };
         let staged_at = match c.state {
             CopyState::Staged { at } => at,
@@ -190,6 +193,15 @@ impl Table {
             }
         };
         c.state = CopyState::Persisted { staged_at, at: now };
+    }
+
+    /// The ledger answered `key`'s commit. Returns whether its memory goes now (a direct save
+    /// keeps none).
+    pub fn answered(&mut self, key: Key) -> bool {
+        let Some(c) = self.copies.get_mut(&key) else {
+            return false;
+        };
+        c.answered = true;
         if c.direct {
             self.copies.remove(&key);
             return true;
@@ -197,12 +209,18 @@ impl Table {
         false
     }
 
+    /// Whether `key` is done with: on disk and answered by the ledger.
+    fn settled(c: &Copy) -> bool {
+        c.state.is_persisted() && c.answered
+    }
+
     /// Forgets `key` (released, or its persisting failed).
     pub fn release(&mut self, key: Key) {
         self.copies.remove(&key);
     }
 
-    /// Steps not yet on disk, oldest first.
+    /// Steps not yet on disk, oldest first (once on disk their node commits are on their
+    /// way to the ledger, ahead of anything the agent sends after).
     pub fn pending(&self) -> Vec<Key> {
         self.copies
             .iter()
@@ -282,7 +300,7 @@ impl EndWait {
                 waited,
                 unpersisted,
             } => Some(format!(
-                "drun: after {:.1} s (--shutdown-timeout) checkpoint step(s) {} are not persisted to --ckpt-dir: they are lost with this agent",
+                "drun: after {:.1} s (--shutdown-timeout) checkpoint step(s) {} are not persisted to --ckpt-dir: they are no resume point, and their staged copies go with this agent",
                 waited.as_secs_f64(),
                 unpersisted
                     .iter()
@@ -327,6 +345,12 @@ mod tests {
         t.persisted((1, 1), now + Duration::from_secs(1));
         t.start((2, 1), now);
         t.persisted((2, 1), now + Duration::from_secs(2));
+        assert!(
+            matches!(t.admit((3, 1), 40 * MIB), Admit::Direct { .. }),
+            "on disk, but their commits not answered yet"
+        );
+        t.answered((1, 1));
+        t.answered((2, 1));
         assert_eq!(
             t.admit((3, 1), 40 * MIB),
             Admit::Stage {
@@ -359,7 +383,7 @@ mod tests {
         assert_eq!(t.next(), Some((3, 2)));
         t.start((3, 2), now);
         assert_eq!(t.next(), None, "one at a time");
-        assert!(!t.persisted((3, 2), now));
+        t.persisted((3, 2), now);
         assert_eq!(t.next(), Some((5, 2)));
         assert_eq!(t.pending(), vec![(5, 2)]);
     }
@@ -390,7 +414,9 @@ mod tests {
         let now = t0();
         let mut t = Table::new(10 * MIB);
         t.add((1, 1), 20 * MIB, true, now);
-        assert!(t.persisted((1, 1), now));
+        t.persisted((1, 1), now);
+        assert_eq!(t.held(), 20 * MIB, "until the ledger answers");
+        assert!(t.answered((1, 1)));
         assert_eq!(t.held(), 0);
     }
 
