@@ -45,9 +45,10 @@ class State:
         self.save_started_ms: Optional[int] = None
         self.hang_dump = HangDump()
         self.flight_dump = FlightDump()
-        # abspath -> (bytes, sha256) of each file atomic_save staged in the agent's memory
-        # (DRUN_CKPT_STAGE_DIR) instead of writing it at its path; commit() reports it staged.
-        self.staged: Dict[str, Tuple[int, str]] = {}
+        # abspath -> bytes of each file atomic_save staged in the agent's memory
+        # (DRUN_CKPT_STAGE_DIR) instead of writing it at its path; commit() reports it staged,
+        # and the agent hashes it as it persists it.
+        self.staged: Dict[str, int] = {}
         # Whether the one "cannot stage, saving straight to disk" warning was printed.
         self.stage_warned = False
 
@@ -159,8 +160,9 @@ def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str
 
     Under ``drun --ckpt-memory`` (``DRUN_CKPT_STAGE_DIR`` set) a ``path`` inside
     ``DRUN_CKPT_DIR`` is written to the agent's memory instead, at the same place under the
-    staging directory, without fsync; :func:`commit` reports it staged and returns at once, and
-    the agent writes it to ``path`` behind the training. When staging fails (a full or missing
+    staging directory, without fsync or hashing (the digest returned is ``""``);
+    :func:`commit` reports it staged and returns at once, and the agent writes it to ``path``
+    behind the training, hashing it as it copies and verifying the copy on disk. When staging fails (a full or missing
     tmpfs) the file is saved to ``path`` as above, after one warning line.
     """
     STATE.note_save_start()
@@ -169,16 +171,16 @@ def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str
     staged = _staged_place(path)
     if staged is not None:
         try:
-            digest = _write_new(staged, write, sync=False)
+            digest = _write_new(staged, write, sync=False, hash=False)
         except Exception as e:  # noqa: BLE001 - a full or missing tmpfs: save to disk instead
             if not STATE.stage_warned:
                 STATE.stage_warned = True
                 sys.stderr.write("drun: warning: cannot stage the checkpoint in memory (%s): %s; "
                                  "saving it straight to --ckpt-dir\n" % (staged, e))
         else:
-            STATE.staged[path] = (digest[1], digest[0])
+            STATE.staged[path] = digest[1]
             return digest
-    digest = _write_new(path, write, sync=True)
+    digest = _write_new(path, write, sync=True, hash=True)
     st = os.stat(path)
     STATE.digests[path] = (st.st_mtime_ns, st.st_size, digest[0])
     return digest
@@ -198,9 +200,11 @@ def _staged_place(path: str) -> Optional[str]:
     return os.path.join(stage, rel)
 
 
-def _write_new(path: str, write: Callable[[BinaryIO], object], sync: bool) -> Tuple[str, int]:
+def _write_new(path: str, write: Callable[[BinaryIO], object], sync: bool,
+               hash: bool) -> Tuple[str, int]:
     """Writes ``path`` through a temporary file in its directory renamed into place (flushed,
-    and with ``sync`` fsynced with its directory); returns ``(sha256, bytes)``."""
+    and with ``sync`` fsynced with its directory); returns ``(sha256, bytes)`` (the digest ``""``
+    without ``hash``)."""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-" + os.path.basename(path) + "-")
@@ -210,7 +214,7 @@ def _write_new(path: str, write: Callable[[BinaryIO], object], sync: bool) -> Tu
             f.flush()
             if sync:
                 os.fsync(f.fileno())
-        digest = sha256_file(tmp)
+        digest = sha256_file(tmp) if hash else ("", os.path.getsize(tmp))
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -233,7 +237,7 @@ def file_record(path: PathArg) -> Json:
     path = os.path.abspath(path)
     staged = STATE.staged.get(path)
     if staged is not None:
-        return {"path": path, "bytes": staged[0], "sha256": staged[1], "staged": True}
+        return {"path": path, "bytes": staged, "staged": True}
     st = os.stat(path)
     known = STATE.digests.get(path)
     if known and known[0] == st.st_mtime_ns and known[1] == st.st_size:

@@ -161,6 +161,10 @@ impl Agent {
                     None
                 }
                 _ = monitor.tick() => {
+                    if let (Some(m), Some(s)) = (&self.metrics, &w.stage) {
+                        let (held, lag) = s.lag();
+                        m.staging(held, lag, 0);
+                    }
                     self.warm.lock().expect("warm pool mutex poisoned").poll();
                     self.release_first_join(&mut w, link);
                     Some(Input::Monitor)
@@ -602,7 +606,13 @@ impl Agent {
         let Some(stage) = w.stage.as_mut() else {
             return;
         };
-        if let Some(batch) = stage.done(done, w.ledger.as_mut()) {
+        let persisted = u64::from(done.result.is_ok());
+        let batch = stage.done(done, w.ledger.as_mut());
+        if let Some(m) = &self.metrics {
+            let (held, lag) = stage.lag();
+            m.staging(held, lag, persisted);
+        }
+        if let Some(batch) = batch {
             let _ = link.tx.send(Request::Commit {
                 commit: batch,
                 retention: self.cfg.ckpt.retention,

@@ -46,7 +46,9 @@ pub struct FileReport {
     pub path: String,
     /// Size in bytes.
     pub bytes: u64,
-    /// SHA-256, lowercase hex.
+    /// SHA-256, lowercase hex. May be left out (empty) for a staged file: the agent hashes
+    /// the staged copy as it persists it.
+    #[serde(default)]
     pub sha256: String,
     /// Written to the agent's staging directory (`DRUN_CKPT_STAGE_DIR`), not yet at `path`:
     /// the agent persists it there ([`crate::ckpt::memory`]).

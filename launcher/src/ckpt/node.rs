@@ -359,7 +359,10 @@ fn check_file(f: &FileReport, root: Option<&Path>, stage: Option<&Path>) -> Resu
             root.display()
         ));
     }
-    if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let left_to_the_agent = f.staged && f.sha256.is_empty();
+    if !left_to_the_agent
+        && (f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
         return bad(format!(
             "sha256 of '{}' must be 64 hex digits, got '{}'",
             f.path, f.sha256

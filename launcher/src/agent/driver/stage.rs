@@ -171,7 +171,7 @@ impl Stage {
     pub(super) fn done(&mut self, d: Done, ledger: Option<&mut NodeLedger>) -> Option<NodeCommit> {
         let pending = self.pending.remove(&d.key);
         let out = match d.result {
-            Ok(took) => {
+            Ok((took, digests)) => {
                 tracing::debug!(
                     step = d.key.0,
                     gen = d.key.1,
@@ -179,7 +179,18 @@ impl Stage {
                     took.as_secs_f64()
                 );
                 self.table.persisted(d.key, std::time::Instant::now());
-                pending.map(|p| p.batch)
+                pending.map(|p| {
+                    // The digests the persister took of the staged copies (a rank may leave
+                    // them to the agent) go in the ledger.
+                    let mut batch = p.batch;
+                    for (f, digest) in p.files.iter().zip(digests) {
+                        let target = f.target.display().to_string();
+                        for s in batch.files.iter_mut().filter(|s| s.path == target) {
+                            s.sha256.clone_from(&digest);
+                        }
+                    }
+                    batch
+                })
             }
             Err(e) => {
                 crate::say!(
@@ -223,6 +234,12 @@ impl Stage {
                 dir = d.parent();
             }
         }
+    }
+
+    /// The bytes held in memory and how far the disk is behind (the oldest copy not yet
+    /// persisted), for the metrics.
+    pub(super) fn lag(&self) -> (u64, Duration) {
+        (self.table.held(), self.table.lag(std::time::Instant::now()))
     }
 
     /// The staged directory a resume of `m` reads instead of `--ckpt-dir`, when this agent

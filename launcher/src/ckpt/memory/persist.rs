@@ -29,7 +29,8 @@ pub struct StagedFile {
     pub target: PathBuf,
     /// Size, bytes.
     pub bytes: u64,
-    /// SHA-256 the rank computed, lowercase hex.
+    /// SHA-256 the rank computed, lowercase hex; empty when the rank left it to the agent (the
+    /// persister hashes the staged copy while it copies it).
     pub sha256: String,
 }
 
@@ -49,8 +50,9 @@ pub struct Job {
 pub struct Done {
     /// The step.
     pub key: Key,
-    /// How long writing took, or one line naming the file that failed and why.
-    pub result: Result<Duration, String>,
+    /// How long writing took and each file's SHA-256 (in the job's order), or one line naming
+    /// the file that failed and why.
+    pub result: Result<(Duration, Vec<String>), String>,
 }
 
 /// The persister thread; it ends when this is dropped (after the step it is writing).
@@ -74,8 +76,9 @@ impl Persister {
                     let result = job
                         .files
                         .iter()
-                        .try_for_each(|f| persist_file(f, job.rate))
-                        .map(|()| began.elapsed());
+                        .map(|f| persist_file(f, job.rate))
+                        .collect::<Result<Vec<String>, String>>()
+                        .map(|digests| (began.elapsed(), digests));
                     if tx
                         .send(Done {
                             key: job.key,
@@ -97,12 +100,15 @@ impl Persister {
 }
 
 /// Writes `f` to its place in `--ckpt-dir` at no more than `rate` bytes per second (0: no
-/// limit) and verifies it there.
+/// limit), hashing the staged bytes as it copies them, and verifies the file there: its SHA-256
+/// read back from disk must equal the staged copy's (and the rank's, when it gave one).
+/// Returns the SHA-256.
 ///
 /// # Errors
-/// One line naming the file: the staged copy unreadable or of another size, the directory
-/// unwritable, the digest read back differs (the file is then removed from its place).
-pub fn persist_file(f: &StagedFile, rate: u64) -> Result<(), String> {
+/// One line naming the file: the staged copy unreadable, of another size or digest than the
+/// rank reported, the directory unwritable, the digest read back differs (the file is then
+/// removed from its place).
+pub fn persist_file(f: &StagedFile, rate: u64) -> Result<String, String> {
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         format!("cannot persist {}: {what}: {e}", f.target.display())
     };
@@ -122,6 +128,7 @@ pub fn persist_file(f: &StagedFile, rate: u64) -> Result<(), String> {
     let began = Instant::now();
     let mut buf = vec![0u8; CHUNK];
     let mut written = 0u64;
+    let mut h = Sha256::new();
     loop {
         let n = src
             .read(&mut buf)
@@ -129,6 +136,7 @@ pub fn persist_file(f: &StagedFile, rate: u64) -> Result<(), String> {
         if n == 0 {
             break;
         }
+        h.update(&buf[..n]);
         tmp.write_all(&buf[..n]).map_err(|e| fail("writing", &e))?;
         written += n as u64;
         let wait = pause(written, began.elapsed(), rate);
@@ -142,6 +150,13 @@ pub fn persist_file(f: &StagedFile, rate: u64) -> Result<(), String> {
             &format!("{written} bytes, the commit says {}", f.bytes),
         ));
     }
+    let staged = hex(&h.finalize());
+    if !f.sha256.is_empty() && staged != f.sha256 {
+        return Err(fail(
+            "the staged copy's SHA-256 differs from the rank's",
+            &format!("{staged} != {}", f.sha256),
+        ));
+    }
     tmp.as_file().sync_all().map_err(|e| fail("fsync", &e))?;
     tmp.persist(&f.target)
         .map_err(|e| fail("rename into place", &e.error))?;
@@ -149,14 +164,18 @@ pub fn persist_file(f: &StagedFile, rate: u64) -> Result<(), String> {
         let _ = d.sync_all();
     }
     let digest = read_back(&f.target).map_err(|e| fail("reading it back", &e))?;
-    if digest != f.sha256 {
+    if digest != staged {
         let _ = std::fs::remove_file(&f.target);
         return Err(fail(
-            "its SHA-256 read back from disk differs from the rank's",
-            &format!("{digest} != {}", f.sha256),
+            "its SHA-256 read back from disk differs from the staged copy's",
+            &format!("{digest} != {staged}"),
         ));
     }
-    Ok(())
+    Ok(staged)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// SHA-256 of `path` as the disk holds it: its pages are dropped from the cache first (fsynced
@@ -178,7 +197,7 @@ fn read_back(path: &Path) -> std::io::Result<String> {
         }
         h.update(&buf[..n]);
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&h.finalize()))
 }
 
 #[cfg(test)]
@@ -216,7 +235,10 @@ mod tests {
     fn a_file_lands_in_place_verified_with_no_temporary_left() {
         let d = tempfile::tempdir().unwrap();
         let f = staged(d.path(), &vec![7u8; 3 * CHUNK + 5]);
-        persist_file(&f, 0).unwrap();
+        assert_eq!(persist_file(&f, 0).unwrap(), f.sha256);
+        let mut left_to_the_agent = f.clone();
+        left_to_the_agent.sha256.clear();
+        assert_eq!(persist_file(&left_to_the_agent, 0).unwrap(), f.sha256);
         assert_eq!(std::fs::read(&f.target).unwrap(), vec![7u8; 3 * CHUNK + 5]);
         assert!(leftovers(f.target.parent().unwrap()).is_empty());
     }
@@ -227,7 +249,7 @@ mod tests {
         let mut f = staged(d.path(), b"state");
         f.sha256 = "0".repeat(64);
         let e = persist_file(&f, 0).unwrap_err();
-        assert!(e.contains("SHA-256 read back"), "{e}");
+        assert!(e.contains("differs from the rank's"), "{e}");
         assert!(!f.target.exists());
         let mut g = staged(d.path(), b"state");
         g.bytes = 99;
@@ -266,7 +288,7 @@ mod tests {
         });
         let r = done.recv().await.unwrap();
         assert_eq!(r.key, (1, 1));
-        assert!(r.result.is_ok(), "{:?}", r.result);
+        assert_eq!(r.result.unwrap().1, std::slice::from_ref(&f.sha256));
         assert_eq!(std::fs::read(&f.target).unwrap(), b"abc");
     }
 }
