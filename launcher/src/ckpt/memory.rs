@@ -13,14 +13,16 @@
 //! resumes from it.
 //!
 //! **What a save does.** `drun.atomic_save(path, write)` writes the bytes to the staged path
-//! (no fsync: it is memory), hashes them, and `drun.commit` reports the *final* path with
-//! `"staged": true`. The agent checks the staged file's size, answers the node's ranks **at
-//! once** (`{"staged": true, "sealed": false}`): the training goes on. The node's batched
-//! commit goes to the persister ([`persist`]): each file is copied to a temporary file next to
-//! its final path, throttled ([`decide::pause`]), fsynced, renamed into place, its directory
-//! fsynced, then read back from `DIR` and its SHA-256 compared with the digest the rank
-//! computed. Only then does the node's commit go to the ledger — where it seals as any commit
-//! does (manifest, `latest` pointer).
+//! (no fsync: it is memory; no hashing: that is the agent's, off the training's path), and
+//! `drun.commit` reports the *final* path with `"staged": true`. The agent checks the staged
+//! file's size and answers the node's ranks **at once** (`{"staged": true, "sealed": false}`):
+//! the training goes on. The node's batched commit goes to the persister ([`persist`]): each
+//! file is copied to a temporary file next to its final path, throttled ([`decide::pause`]),
+//! hashed as it is copied, fsynced, renamed into place, its directory fsynced, then read back
+//! from `DIR` (its pages dropped from the cache first) and its SHA-256 compared with the staged
+//! copy's (and with the rank's, when it sent one). The manifest records that digest. Only then
+//! does the node's commit go to the ledger — where it seals as any commit does (manifest,
+//! `latest` pointer).
 //!
 //! **States of a step** (this node's, [`decide::Copy`]): `Staged` (in memory, answered to the
 //! ranks) → `Persisting` (being written to `DIR`) → `Persisted` (every file written, fsynced,
