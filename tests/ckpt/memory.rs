@@ -193,3 +193,29 @@ fn torch_a_worker_failure_resumes_the_staged_step_from_memory_exactly() {
     );
     assert_eq!(cmp["max_abs_diff"], 0.0, "{cmp}");
 }
+
+/// No tmpfs to stage in: one warning, every save goes straight to disk, nothing is lost.
+#[test]
+fn a_missing_tmpfs_is_one_warning_and_saves_go_to_disk() {
+    let d = dirs();
+    let missing = d.out.parent().unwrap().join("no-such-tmpfs");
+    let a = memory_agent(&d, &missing, "1G", &[("CKPT_STEPS", "6")]);
+    let (code, _, err) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("cannot stage checkpoints in"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    let evs = events(&d);
+    for e in evs.iter().filter(|e| e["event"] == "committed") {
+        assert_eq!(e["staged"], false, "{e}");
+        assert_eq!(e["on_disk"], true, "{e}");
+    }
+    assert_eq!(
+        count(&evs, "committed", |_| true),
+        6,
+        "steps 2, 4, 6 on both ranks"
+    );
+    assert_eq!(latest_step(&d), 6);
+}
