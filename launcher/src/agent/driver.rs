@@ -599,65 +599,6 @@ impl Agent {
     }
 }
 
-impl Agent {
-    /// The persister's outcome for one step: once on disk and verified, the node's commit goes
-    /// to the ledger.
-    fn persisted(&self, done: crate::ckpt::memory::persist::Done, w: &mut World, link: &Link) {
-        let Some(stage) = w.stage.as_mut() else {
-            return;
-        };
-        let persisted = u64::from(done.result.is_ok());
-        let batch = stage.done(done, w.ledger.as_mut());
-        if let Some(m) = &self.metrics {
-            let (held, lag) = stage.lag();
-            m.staging(held, lag, persisted);
-        }
-        if let Some(batch) = batch {
-            let _ = link.tx.send(Request::Commit {
-                commit: batch,
-                retention: self.cfg.ckpt.retention,
-            });
-        }
-    }
-
-    /// The ledger's answer to a node commit (`--ckpt-memory`): a staged step's memory may go;
-    /// one sealed after its generation's workers stopped (no ledger of that generation to
-    /// publish it) still gets its manifest file and `latest` pointer in --ckpt-dir.
-    fn answered(
-        &self,
-        generation: u64,
-        step: u64,
-        result: &Result<drun_rendezvous::CommitOutcome, String>,
-        w: &mut World,
-    ) {
-        let Some(stage) = w.stage.as_mut() else {
-            return;
-        };
-        stage.answered((step, generation));
-        let published_by_ledger = w
-            .ledger
-            .as_ref()
-            .is_some_and(|l| l.generation() == generation);
-        if let (
-            false,
-            Ok(drun_rendezvous::CommitOutcome::Sealed {
-                manifest,
-                dropped,
-                garbage,
-            }),
-        ) = (published_by_ledger, result)
-        {
-            resume::sealed_here(
-                step,
-                manifest,
-                dropped,
-                garbage,
-                self.cfg.ckpt.dir.as_deref(),
-            );
-        }
-    }
-}
-
 /// One log line of the machine, with the run and generation when it names one.
 fn log(level: Level, gen: Option<u64>, run: &str, text: &str) {
     match (level, gen) {

@@ -1,19 +1,24 @@
 //! The agent's checkpoints in memory (`--ckpt-memory`, design in [`crate::ckpt::memory`]): the
 //! staging directory, the table of staged copies ([`decide::Table`]) and the persister thread,
 //! driven from the agent's loop — a node's batched commit of staged files is answered at once,
-//! persisted behind the training, and sent to the ledger once on disk and verified.
+//! persisted behind the training, and sent to the ledger once on disk and verified; the
+//! ledger's answer releases its memory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use drun_rendezvous::session::Request;
 use drun_rendezvous::{Manifest, NodeCommit};
 use tokio::sync::mpsc;
 
+use super::World;
+use crate::agent::Agent;
 use crate::ckpt::memory::decide::{Admit, EndWait, Key, Table};
 use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile};
 use crate::ckpt::memory::{human_bytes, resume_from_memory, staged_path};
 use crate::ckpt::node::NodeLedger;
+use crate::rdzv::Link;
 
 /// How fast the persister writes, bytes per second, unless `DRUN_CKPT_PERSIST_RATE` says
 /// otherwise: below a local NVMe's or a parallel file system client's bandwidth, so the
@@ -262,6 +267,65 @@ impl Stage {
                 self.end_since = None;
                 false
             }
+        }
+    }
+}
+
+impl Agent {
+    /// The persister's outcome for one step: once on disk and verified, the node's commit goes
+    /// to the ledger.
+    pub(super) fn persisted(&self, done: Done, w: &mut World, link: &Link) {
+        let Some(stage) = w.stage.as_mut() else {
+            return;
+        };
+        let persisted = u64::from(done.result.is_ok());
+        let batch = stage.done(done, w.ledger.as_mut());
+        if let Some(m) = &self.metrics {
+            let (held, lag) = stage.lag();
+            m.staging(held, lag, persisted);
+        }
+        if let Some(batch) = batch {
+            let _ = link.tx.send(Request::Commit {
+                commit: batch,
+                retention: self.cfg.ckpt.retention,
+            });
+        }
+    }
+
+    /// The ledger's answer to a node commit (`--ckpt-memory`): a staged step's memory may go;
+    /// one sealed after its generation's workers stopped (no ledger of that generation to
+    /// publish it) still gets its manifest file and `latest` pointer in --ckpt-dir.
+    pub(super) fn answered(
+        &self,
+        generation: u64,
+        step: u64,
+        result: &Result<drun_rendezvous::CommitOutcome, String>,
+        w: &mut World,
+    ) {
+        let Some(stage) = w.stage.as_mut() else {
+            return;
+        };
+        stage.answered((step, generation));
+        let published_by_ledger = w
+            .ledger
+            .as_ref()
+            .is_some_and(|l| l.generation() == generation);
+        if let (
+            false,
+            Ok(drun_rendezvous::CommitOutcome::Sealed {
+                manifest,
+                dropped,
+                garbage,
+            }),
+        ) = (published_by_ledger, result)
+        {
+            crate::ckpt::resume::sealed_here(
+                step,
+                manifest,
+                dropped,
+                garbage,
+                self.cfg.ckpt.dir.as_deref(),
+            );
         }
     }
 }
