@@ -9,7 +9,14 @@
 //! 3. `--ckpt-verify digest` throughput (MB/s) on one large file and on 8 files, against
 //!    `sha256sum` on the same files in the same run.
 //!
-//! `DRUN_BENCH_MB` sets the verification data size (default 512 MB in total).
+//! 4. the training's stall per save (`drun.atomic_save` + `drun.commit`, 2 local ranks) with
+//!    `--ckpt-memory off` and with `--ckpt-memory` on, against `torch.save` to `--ckpt-dir` plus
+//!    fsync measured in the same workers, and how long the staged step took to be persisted and
+//!    sealed behind the training (its manifest file appearing).
+//!
+//! `DRUN_BENCH_MB` sets the verification data size (default 512 MB in total);
+//! `DRUN_BENCH_STALL_MB` the state per rank of 4. (default 256 MB), saved with torch when the
+//! worker interpreter (`DRUN_TORCH_PYTHON`, else `python3`) has it, else as raw bytes.
 
 mod common;
 use common::Etcd;
@@ -150,6 +157,87 @@ if os.environ["RANK"] == "0":
     serde_json::from_str::<serde_json::Value>(json).ok()?["median_ms"].as_f64()
 }
 
+/// Medians over a run's saves, seconds: (torch.save + fsync to --ckpt-dir, drun's save and
+/// commit, the staged step's persistence lag or 0), and what was saved.
+fn save_stall(mb: u64, memory: &str) -> Option<(f64, f64, f64, String)> {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("w.py");
+    let helper = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    std::fs::write(
+        &script,
+        format!(
+            r#"import json, os, sys, time
+sys.path.insert(0, {helper:?})
+import drun
+mb, saves = {mb}, 4
+try:
+    import torch
+    state = {{"w": torch.randn(mb * (1 << 18))}}
+    dump, kind = (lambda f: torch.save(state, f)), "torch.save"
+except ImportError:
+    blob = os.urandom(mb << 20)
+    dump, kind = (lambda f: f.write(blob)), "bytes"
+rank, gen = int(os.environ["RANK"]), int(os.environ["DRUN_GENERATION"])
+base, ours, lag = [], [], []
+for step in range(1, saves + 1):
+    p = os.path.join(os.environ["DRUN_CKPT_DIR"], "baseline-%d.pt" % rank)
+    t = time.perf_counter()
+    with open(p, "wb") as f:
+        dump(f)
+        f.flush()
+        os.fsync(f.fileno())
+    base.append(time.perf_counter() - t)
+    os.unlink(p)
+    path = drun.shard_path(step)
+    t = time.perf_counter()
+    drun.atomic_save(path, dump)
+    drun.commit(step, [path])
+    done = time.perf_counter()
+    ours.append(done - t)
+    manifest = os.path.join(os.path.dirname(path), "drun-manifest-%d-%d.json" % (step, gen))
+    while not os.path.exists(manifest) and time.perf_counter() - done < 120:
+        time.sleep(0.005)
+    lag.append(time.perf_counter() - done)
+med = lambda v: sorted(v)[len(v) // 2]
+if rank == 0:
+    print(json.dumps({{"base": med(base), "ours": med(ours), "lag": med(lag), "kind": kind}}))
+"#
+        ),
+    )
+    .unwrap();
+    let python = std::env::var("DRUN_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(env!("CARGO_BIN_EXE_drun"))
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-q",
+            "--python",
+            &python,
+        ])
+        .args([
+            "--ckpt-keep-last",
+            "1",
+            "--ckpt-memory",
+            memory,
+            "--ckpt-dir",
+        ])
+        .arg(dir.path().join("ckpt"))
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.contains("\"base\""))?;
+    let v: serde_json::Value = serde_json::from_str(&line[line.find('{')?..]).ok()?;
+    Some((
+        v["base"].as_f64()?,
+        v["ours"].as_f64()?,
+        v["lag"].as_f64()?,
+        v["kind"].as_str()?.to_string(),
+    ))
+}
+
 fn verify_throughput(total_mb: u64) {
     let dir = tempfile::tempdir().unwrap();
     for (label, files) in [("1 file", 1u64), ("8 files", 8)] {
@@ -252,6 +340,25 @@ fn main() {
             "drun.commit() seen by a rank (2 local ranks, embedded store, 64 KiB files): median {v:.2} ms"
         ),
         None => println!("drun.commit() end to end: not measured (python3 missing?)"),
+    }
+    let stall_mb: u64 = std::env::var("DRUN_BENCH_STALL_MB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256);
+    println!(
+        "the training's stall per save, {stall_mb} MB per rank, 2 local ranks (median of 4 saves)"
+    );
+    for memory in ["off", "4G"] {
+        match save_stall(stall_mb, memory) {
+            Some((base, ours, lag, kind)) => println!(
+                "  --ckpt-memory {memory:3}: drun.atomic_save+commit {:.3} s, {kind} + fsync to --ckpt-dir {:.3} s (same run), ratio {:.2}; sealed {:.3} s after the commit returned",
+                ours,
+                base,
+                ours / base,
+                lag
+            ),
+            None => println!("  --ckpt-memory {memory}: not measured (python3 missing?)"),
+        }
     }
     let total_mb: u64 = std::env::var("DRUN_BENCH_MB")
         .ok()

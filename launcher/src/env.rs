@@ -40,6 +40,11 @@ pub struct WorkerSlot<'a> {
     pub ckpt_dir: Option<&'a Path>,
     /// DRUN_RESUME_MANIFEST: the manifest file of `plan.resume`.
     pub resume_manifest: Option<&'a Path>,
+    /// DRUN_CKPT_STAGE_DIR: the agent's staging directory (`--ckpt-memory`).
+    pub ckpt_stage: Option<&'a Path>,
+    /// The staged copy of `plan.resume` this agent holds complete: DRUN_RESUME_PATH names it
+    /// instead of `--ckpt-dir` (a resume from memory).
+    pub resume_staged: Option<&'a Path>,
     /// `--virtual-local-rank`: LOCAL_RANK 0 and only this worker's GPU visible.
     pub virtual_local_rank: bool,
     /// `--hang-timeout` is on: torch's flight recorder is on unless the user set its size
@@ -84,6 +89,7 @@ pub const CKPT_VARS: &[&str] = &[
     "DRUN_GLOBAL_SAMPLES",
     "DRUN_SAMPLE_OFFSET",
     "DRUN_CKPT_VERSION",
+    "DRUN_CKPT_STAGE_DIR",
 ];
 
 /// The agent's secrets, never passed on to workers: the rendezvous token and the etcd password
@@ -188,12 +194,19 @@ pub fn worker_env(
     }
     if let Some(p) = slot.ckpt_dir {
         set("DRUN_CKPT_DIR", p.to_string_lossy().into_owned());
+        if let Some(s) = slot.ckpt_stage {
+            set("DRUN_CKPT_STAGE_DIR", s.to_string_lossy().into_owned());
+        }
     }
     if let Some(m) = &plan.resume {
         // Every rank gets the same values: the global cursor, never a per-rank offset.
         set("DRUN_RESUME_STEP", m.step.to_string());
         set("DRUN_RESUME_GENERATION", m.generation.to_string());
-        if let Some(d) = crate::ckpt::resume_dir(m, slot.resume_manifest) {
+        let dir = slot
+            .resume_staged
+            .map(Path::to_path_buf)
+            .or_else(|| crate::ckpt::resume_dir(m, slot.resume_manifest));
+        if let Some(d) = dir {
             set("DRUN_RESUME_PATH", d.to_string_lossy().into_owned());
         }
         if let Some(p) = slot.resume_manifest {
@@ -278,6 +291,8 @@ mod tests {
             agent_sock: None,
             ckpt_dir: None,
             resume_manifest: None,
+            ckpt_stage: None,
+            resume_staged: None,
             virtual_local_rank: false,
             flight_recorder: false,
         }

@@ -114,6 +114,10 @@ pub struct GroupContext<'a> {
     pub resume_manifest: Option<&'a Path>,
     /// `--preflight`'s check script, when this generation runs it before the training script.
     pub preflight: Option<&'a Path>,
+    /// The agent's staging directory (DRUN_CKPT_STAGE_DIR, `--ckpt-memory`).
+    pub ckpt_stage: Option<&'a Path>,
+    /// The staged copy of the plan's resume point, when this agent holds it complete.
+    pub resume_staged: Option<&'a Path>,
     /// The warm interpreters workers may start on ([`crate::warm`]); `None`: all start cold.
     pub warm: Option<&'a Mutex<WarmPool>>,
 }
@@ -172,6 +176,8 @@ pub(crate) fn env_of(
             agent_sock: ctx.agent_sock,
             ckpt_dir: cfg.ckpt.dir.as_deref(),
             resume_manifest: ctx.resume_manifest,
+            ckpt_stage: ctx.ckpt_stage,
+            resume_staged: ctx.resume_staged,
             virtual_local_rank: cfg.virtual_local_rank,
             flight_recorder: cfg.observe.hang_timeout.is_some(),
         },

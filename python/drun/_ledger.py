@@ -9,6 +9,7 @@ import hashlib
 import json
 import operator
 import os
+import sys
 import tempfile
 import time
 from typing import (Any, BinaryIO, Callable, Dict, Iterable, Mapping, Optional, SupportsIndex,
@@ -44,6 +45,12 @@ class State:
         self.save_started_ms: Optional[int] = None
         self.hang_dump = HangDump()
         self.flight_dump = FlightDump()
+        # abspath -> bytes of each file atomic_save staged in the agent's memory
+        # (DRUN_CKPT_STAGE_DIR) instead of writing it at its path; commit() reports it staged,
+        # and the agent hashes it as it persists it.
+        self.staged: Dict[str, int] = {}
+        # Whether the one "cannot stage, saving straight to disk" warning was printed.
+        self.stage_warned = False
 
     def note_save_start(self) -> None:
         """A save begins now, unless one began since the last commit."""
@@ -150,9 +157,54 @@ def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str
     ``lambda f: torch.save(state, f)``. The file is flushed and fsynced, hashed (from the page
     cache), renamed into place and its directory fsynced, so a rank killed mid-write leaves no
     file at ``path``. The digest is remembered for :func:`commit`.
+
+    Under ``drun --ckpt-memory`` (``DRUN_CKPT_STAGE_DIR`` set) a ``path`` inside
+    ``DRUN_CKPT_DIR`` is written to the agent's memory instead, at the same place under the
+    staging directory, without fsync or hashing (the digest returned is ``""``);
+    :func:`commit` reports it staged and returns at once, and the agent writes it to ``path``
+    behind the training, hashing it as it copies and verifying the copy on disk. When staging fails (a full or missing
+    tmpfs) the file is saved to ``path`` as above, after one warning line.
     """
     STATE.note_save_start()
     path = os.path.abspath(path)
+    STATE.staged.pop(path, None)
+    staged = _staged_place(path)
+    if staged is not None:
+        try:
+            digest = _write_new(staged, write, sync=False, hash=False)
+        except Exception as e:  # noqa: BLE001 - a full or missing tmpfs: save to disk instead
+            if not STATE.stage_warned:
+                STATE.stage_warned = True
+                sys.stderr.write("drun: warning: cannot stage the checkpoint in memory (%s): %s; "
+                                 "saving it straight to --ckpt-dir\n" % (staged, e))
+        else:
+            STATE.staged[path] = digest[1]
+            return digest
+    digest = _write_new(path, write, sync=True, hash=True)
+    st = os.stat(path)
+    STATE.digests[path] = (st.st_mtime_ns, st.st_size, digest[0])
+    return digest
+
+
+def _staged_place(path: str) -> Optional[str]:
+    """Where the file of ``path`` is staged in the agent's memory: at the same place under
+    ``DRUN_CKPT_STAGE_DIR`` as ``path`` under ``DRUN_CKPT_DIR`` (``drun --ckpt-memory``); None
+    when the agent stages nothing or ``path`` is outside ``DRUN_CKPT_DIR``."""
+    stage = os.environ.get("DRUN_CKPT_STAGE_DIR")
+    base = os.environ.get("DRUN_CKPT_DIR")
+    if not (stage and base and available()):
+        return None
+    rel = os.path.relpath(path, os.path.abspath(base))
+    if rel == os.curdir or rel.split(os.sep)[0] == os.pardir:
+        return None
+    return os.path.join(stage, rel)
+
+
+def _write_new(path: str, write: Callable[[BinaryIO], object], sync: bool,
+               hash: bool) -> Tuple[str, int]:
+    """Writes ``path`` through a temporary file in its directory renamed into place (flushed,
+    and with ``sync`` fsynced with its directory); returns ``(sha256, bytes)`` (the digest ``""``
+    without ``hash``)."""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-" + os.path.basename(path) + "-")
@@ -160,8 +212,9 @@ def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
-        digest = sha256_file(tmp)
+            if sync:
+                os.fsync(f.fileno())
+        digest = sha256_file(tmp) if hash else ("", os.path.getsize(tmp))
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -169,13 +222,12 @@ def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str
         except OSError:
             pass
         raise
-    dfd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-    st = os.stat(path)
-    STATE.digests[path] = (st.st_mtime_ns, st.st_size, digest[0])
+    if sync:
+        dfd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
     return digest
 
 
@@ -183,6 +235,9 @@ def file_record(path: PathArg) -> Json:
     """A commit's entry for one file: absolute path, size and SHA-256 (hashed again unless
     :func:`atomic_save` wrote it and it is unchanged since)."""
     path = os.path.abspath(path)
+    staged = STATE.staged.get(path)
+    if staged is not None:
+        return {"path": path, "bytes": staged, "staged": True}
     st = os.stat(path)
     known = STATE.digests.get(path)
     if known and known[0] == st.st_mtime_ns and known[1] == st.st_size:
@@ -230,6 +285,8 @@ def commit(step: Step, paths: Union[PathArg, Iterable[PathArg]] = (),
     if STATE.save_started_ms is not None:
         msg["save_started_ms"] = STATE.save_started_ms
     STATE.save_started_ms = None
+    for f in msg["files"]:
+        STATE.staged.pop(f["path"], None)
     return STATE.client.request(msg, timeout=timeout)
 
 

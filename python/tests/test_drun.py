@@ -272,6 +272,43 @@ class AgentApi(unittest.TestCase):
             drun.atomic_save(target, boom)
         self.assertEqual(os.listdir(d), [])
 
+    def test_a_save_under_ckpt_memory_is_staged_and_committed_staged(self):
+        agent = FakeAgent(lambda r: {"ok": True, "sealed": False, "staged": True})
+        d, stage = tempfile.mkdtemp(), tempfile.mkdtemp()
+        env = dict(CLEAN, DRUN_AGENT_SOCK=agent.path, RANK="1", DRUN_GENERATION="2",
+                   DRUN_CKPT_DIR=d, DRUN_RUN_ID="job", DRUN_CKPT_STAGE_DIR=stage)
+        with mock.patch.dict(os.environ, env, clear=True):
+            path = drun.shard_path(7)
+            sha, size = drun.atomic_save(path, lambda f: f.write(b"s" * 64))
+            answer = drun.commit(7, [path])
+        self.assertTrue(answer["staged"])
+        self.assertFalse(os.path.exists(path), "nothing on disk: the agent persists it")
+        staged = os.path.join(stage, "job", "step-00000007-g2", "rank1.pt")
+        with open(staged, "rb") as f:
+            self.assertEqual(f.read(), b"s" * 64)
+        self.assertEqual(agent.requests[0]["files"], [
+            {"path": path, "bytes": 64, "staged": True}])
+        self.assertEqual((sha, size), ("", 64), "the agent hashes it as it persists it")
+
+    def test_a_save_that_cannot_be_staged_goes_to_disk_with_one_warning(self):
+        agent = FakeAgent(lambda r: {"ok": True, "sealed": True})
+        d = tempfile.mkdtemp()
+        missing = os.path.join(tempfile.mkdtemp(), "gone")
+        open(missing, "w").close()  # a file where the staging directory should be
+        env = dict(CLEAN, DRUN_AGENT_SOCK=agent.path, RANK="0", DRUN_CKPT_DIR=d,
+                   DRUN_CKPT_STAGE_DIR=missing)
+        drun._STATE.stage_warned = False
+        with mock.patch.dict(os.environ, env, clear=True), \
+                mock.patch("sys.stderr") as err:
+            paths = [drun.shard_path(s) for s in (1, 2)]
+            for p in paths:
+                drun.atomic_save(p, lambda f: f.write(b"d"))
+            drun.commit(2, paths[1:])
+        self.assertTrue(all(os.path.exists(p) for p in paths))
+        lines = "".join(c.args[0] for c in err.write.call_args_list)
+        self.assertEqual(lines.count("cannot stage the checkpoint in memory"), 1, lines)
+        self.assertNotIn("staged", agent.requests[0]["files"][0])
+
     def test_resume_info_reads_env_and_manifest(self):
         d = tempfile.mkdtemp()
         manifest = os.path.join(d, "m.json")

@@ -17,6 +17,7 @@ mod frameworks;
 mod hang;
 mod integrity;
 mod interval;
+mod memory;
 mod samples;
 mod scale_up;
 

@@ -100,7 +100,8 @@ for step in range(start + 1, STEPS + 1):
     except drun.DrunError as e:
         log("refused", step=step, error=str(e))
         sys.exit(int(os.environ.get("CKPT_REFUSED_EXIT", "3")))
-    log("committed", step=step, sealed=answer["sealed"], manifest=answer["manifest"])
+    log("committed", step=step, sealed=answer["sealed"], manifest=answer["manifest"],
+        staged=answer.get("staged", False), on_disk=os.path.exists(path))
     if hold is not None and step == int(hold) and GEN == 1:
         log("holding", step=step)
         while not os.path.exists(os.path.join(OUT, "crash")):

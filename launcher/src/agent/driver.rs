@@ -46,6 +46,7 @@ const REPORT_AGAIN: Duration = Duration::from_secs(2);
 mod api;
 mod hang_dump;
 mod import_wait;
+mod stage;
 mod standby;
 
 /// What the effects act on: the workers, the ports and the checkpoint ledger. Their generation's
@@ -78,6 +79,9 @@ struct World {
     partition: standby::Partition,
     /// The first join, held while the warm interpreters import torch (`import_wait`).
     held_join: Option<(Join, u64)>,
+    /// Checkpoints staged in memory (`--ckpt-memory`), and the persister's outcomes.
+    stage: Option<stage::Stage>,
+    stage_done: Option<tokio::sync::mpsc::UnboundedReceiver<crate::ckpt::memory::persist::Done>>,
 }
 
 impl Agent {
@@ -100,6 +104,12 @@ impl Agent {
     pub(super) async fn drive(&mut self, link: &mut Link) -> Result<AgentExit, LaunchError> {
         let p = self.params();
         let mut w = World::default();
+        if let (Some(budget), Some(dir)) = (self.cfg.ckpt.memory, self.cfg.ckpt.dir.as_deref()) {
+            if let Some((s, done)) = stage::Stage::open(budget, dir) {
+                w.stage = Some(s);
+                w.stage_done = Some(done);
+            }
+        }
         crate::warm::prestart(&self.warm, &self.os, &self.cfg, &self.inherited).await;
         let (mut m, fx) = Machine::start();
         m = self.carry_out(m, fx, &mut w, link, &p).await?;
@@ -124,6 +134,10 @@ impl Agent {
                         self.told_whom(&mut w.partition, reach, link);
                         continue;
                     }
+                    if let Some(drun_rendezvous::Event::Committed { generation, step, result }) = &ev {
+                        // The answer to a step persisted behind the training, in any phase.
+                        self.answered(*generation, *step, result, &mut w);
+                    }
                     if let Some(drun_rendezvous::Event::Fenced(why)) = &ev {
                         w.partition.sent_away = why.starts_with(drun_rendezvous::session::split::PARTITIONED);
                     }
@@ -147,12 +161,20 @@ impl Agent {
                     None
                 }
                 _ = monitor.tick() => {
+                    if let (Some(m), Some(s)) = (&self.metrics, &w.stage) {
+                        let (held, lag) = s.lag();
+                        m.staging(held, lag, 0);
+                    }
                     self.warm.lock().expect("warm pool mutex poisoned").poll();
                     self.release_first_join(&mut w, link);
                     Some(Input::Monitor)
                 }
                 _ = hang_check.tick(), if self.cfg.observe.hang_timeout.is_some() => Some(Input::HangCheck),
                 _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
+                Some(done) = stage::next_done(&mut w.stage_done) => {
+                    self.persisted(done, &mut w, link);
+                    None
+                }
                 v = join(&mut w.verifying), if w.verifying.is_some() => {
                     w.verifying = None;
                     Some(Input::Verified(self.checked(v, &mut w)))
@@ -316,6 +338,15 @@ impl Agent {
             first_success,
         };
         if w.workers.as_ref() == Some(&now) {
+            return None;
+        }
+        // The workers' end waits for their staged checkpoints to reach --ckpt-dir (bounded by
+        // --shutdown-timeout): the persister's outcome or the monitor tick looks again.
+        if !now.running
+            && w.stage
+                .as_mut()
+                .is_some_and(|s| s.hold_end(self.cfg.supervision.shutdown_timeout))
+        {
             return None;
         }
         w.workers = Some(now.clone());
@@ -483,6 +514,18 @@ impl Agent {
 
     async fn spawn(&mut self, file: Option<PathBuf>, plan: &Plan, w: &mut World) -> Input {
         w.resume_file = file;
+        let resume_staged = plan
+            .resume
+            .as_ref()
+            .and_then(|m| Some((m, w.stage.as_ref()?.resume_dir(m)?)))
+            .map(|(m, dir)| {
+                tracing::info!(
+                    step = m.step,
+                    "resuming from the staged copy in memory ({}), not from --ckpt-dir",
+                    dir.display()
+                );
+                dir
+            });
         let ctx = GroupContext {
             agent_sock: self.api.as_ref().map(ApiServer::path),
             resume_manifest: w.resume_file.as_deref(),
@@ -495,6 +538,8 @@ impl Agent {
             run_log_dir: &self.run_log_dir,
             preflight: super::preflight::for_plan(self.preflight.as_deref(), plan),
             warm: Some(&self.warm),
+            ckpt_stage: w.stage.as_ref().map(stage::Stage::dir),
+            resume_staged: resume_staged.as_deref(),
         };
         w.workers = None;
         w.first_success = None;
@@ -503,11 +548,10 @@ impl Agent {
                 crate::warm::refill(&ctx, plan, plan.restarts_failures).await;
                 self.print_rank_table(plan, &g);
                 w.group = Some(g);
-                w.ledger = Some(NodeLedger::new(
-                    plan,
-                    &self.cfg.node_id,
-                    self.cfg.ckpt.dir.as_deref(),
-                ));
+                w.ledger = Some(
+                    NodeLedger::new(plan, &self.cfg.node_id, self.cfg.ckpt.dir.as_deref())
+                        .with_stage(w.stage.as_ref().map(stage::Stage::dir)),
+                );
                 Input::Spawned
             }
             Err((partial, e)) => {

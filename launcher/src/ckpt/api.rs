@@ -12,6 +12,11 @@
 //! | `{"op":"preflight","rank":R,"report":{...}\|"skipped":"..."\|"error":"..."}` | `{"ok":true}` (`--preflight`'s results, see [`crate::preflight::Outcome`]) |
 //! | `{"op":"hello","protocol":N}` | `{"ok":true,"protocol":PROTOCOL,"agent":VERSION}`, answered by the socket itself |
 //!
+//! A file entry may carry `"staged": true` (written under `DRUN_CKPT_STAGE_DIR`, at the same
+//! place relative to it as `P` to `--ckpt-dir`): the agent answers once every local rank
+//! reported the step, `{"ok":true,"staged":true,"sealed":false,...}`, and persists the files
+//! behind the training ([`crate::ckpt::memory`]).
+//!
 //! `C` is a [`drun_rendezvous::Cursor`], optional (absent or `null`: a job without a data
 //! cursor; every rank of the step then reports none); `files` may be empty (a rank that wrote
 //! nothing of its own still takes part in the step); `P` absolute; `H` the file's SHA-256,
@@ -41,8 +46,14 @@ pub struct FileReport {
     pub path: String,
     /// Size in bytes.
     pub bytes: u64,
-    /// SHA-256, lowercase hex.
+    /// SHA-256, lowercase hex. May be left out (empty) for a staged file: the agent hashes
+    /// the staged copy as it persists it.
+    #[serde(default)]
     pub sha256: String,
+    /// Written to the agent's staging directory (`DRUN_CKPT_STAGE_DIR`), not yet at `path`:
+    /// the agent persists it there ([`crate::ckpt::memory`]).
+    #[serde(default)]
+    pub staged: bool,
 }
 
 /// A worker's request.

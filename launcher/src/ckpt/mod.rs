@@ -12,6 +12,8 @@
 //! * [`verify`] checks a manifest's files (size or SHA-256) before workers resume from it.
 //! * [`fallback`] remembers a checkpoint that failed verification next to its manifest file,
 //!   and finds the run's newest usable manifest when `latest` cannot be used.
+//! * [`memory`] stages checkpoints in memory and persists them behind the training
+//!   (`--ckpt-memory`): its module doc holds the design and the crash-consistency argument.
 //! * [`resume`] is what the agent calls about the resume point: the hint a joining node offers
 //!   (its own `latest`, or the adopted `--ckpt-resume-from` checkpoint) and the check of the
 //!   plan's resume point ([`resume::Verdict`]).
@@ -23,6 +25,7 @@
 pub mod api;
 mod error;
 pub mod fallback;
+pub mod memory;
 pub mod node;
 pub mod resume;
 pub mod verify;
@@ -74,6 +77,9 @@ pub struct CkptConfig {
     pub resume_from: Option<PathBuf>,
     /// `--ckpt-interval`, `--expected-mtbf`.
     pub interval: drun_rendezvous::decisions::ckpt_interval::IntervalConfig,
+    /// `--ckpt-memory`: the node's budget for checkpoints staged in memory, bytes; `None`: off
+    /// (or no `--ckpt-dir`).
+    pub memory: Option<u64>,
 }
 
 /// Name of the pointer file in `--ckpt-dir`: one line, the path of the newest manifest file.

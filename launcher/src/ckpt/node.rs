@@ -40,6 +40,10 @@ pub struct NodeLedger {
     progress: BTreeMap<u32, u64>,
     /// Per step, the earliest save start a local rank reported (ms since the Unix epoch).
     save_started: BTreeMap<u64, u64>,
+    /// The agent's staging directory (`--ckpt-memory`): where files reported `staged` are.
+    stage: Option<PathBuf>,
+    /// Per step, the files local ranks reported staged (their places in `--ckpt-dir`).
+    staged: BTreeMap<u64, Vec<String>>,
 }
 
 impl NodeLedger {
@@ -62,6 +66,30 @@ impl NodeLedger {
             inflight: BTreeMap::new(),
             progress: BTreeMap::new(),
             save_started: BTreeMap::new(),
+            stage: None,
+            staged: BTreeMap::new(),
+        }
+    }
+
+    /// The same, accepting files staged under `stage` (`--ckpt-memory`; `None`: none).
+    pub fn with_stage(mut self, stage: Option<&Path>) -> Self {
+        self.stage = stage.map(Path::to_path_buf);
+        self
+    }
+
+    /// The files of `step` local ranks reported staged (taken: asked once per batch).
+    pub fn take_staged(&mut self, step: u64) -> Vec<String> {
+        self.staged.remove(&step).unwrap_or_default()
+    }
+
+    /// Answers the ranks waiting on `step` at once: its files are staged in memory and will be
+    /// persisted behind the training (`--ckpt-memory`).
+    pub fn answer_staged(&mut self, step: u64) {
+        for r in self.inflight.remove(&step).unwrap_or_default() {
+            let _ = r.send(json!({
+                "ok": true, "step": step, "sealed": false, "staged": true,
+                "manifest": null, "waiting_for": [],
+            }));
         }
     }
 
@@ -131,11 +159,19 @@ impl NodeLedger {
         } else {
             files
                 .iter()
-                .find_map(|f| check_file(f, self.root.as_deref()).err())
+                .find_map(|f| check_file(f, self.root.as_deref(), self.stage.as_deref()).err())
         };
         if let Some(p) = problem {
             let _ = reply.send(refused(p));
             return None;
+        }
+        let staged: Vec<String> = files
+            .iter()
+            .filter(|f| f.staged)
+            .map(|f| f.path.clone())
+            .collect();
+        if !staged.is_empty() {
+            self.staged.entry(step).or_default().extend(staged);
         }
         let files = files
             .into_iter()
@@ -173,6 +209,7 @@ impl NodeLedger {
                 .map(|(r, c)| (std::slice::from_ref(r), &c.cursor)),
         );
         if let Some(detail) = disagreement {
+            self.staged.remove(&step);
             let msg = format!("step {step} not sealed: misaligned data: {detail}");
             tracing::error!("checkpoint {msg}");
             for (_, c) in ranks {
@@ -304,7 +341,7 @@ fn bad_commit(generation: u64, step: u64, why: String) -> CkptError {
     }
 }
 
-fn check_file(f: &FileReport, root: Option<&Path>) -> Result<(), CkptError> {
+fn check_file(f: &FileReport, root: Option<&Path>, stage: Option<&Path>) -> Result<(), CkptError> {
     let bad = |why: String| {
         Err(CkptError::BadCommitFile {
             path: f.path.clone(),
@@ -322,13 +359,38 @@ fn check_file(f: &FileReport, root: Option<&Path>) -> Result<(), CkptError> {
             root.display()
         ));
     }
-    if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let left_to_the_agent = f.staged && f.sha256.is_empty();
+    if !left_to_the_agent
+        && (f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
         return bad(format!(
             "sha256 of '{}' must be 64 hex digits, got '{}'",
             f.path, f.sha256
         ));
     }
-    match std::fs::metadata(&f.path) {
+    // A staged file is in the agent's staging directory until the persister writes it here.
+    let at = if f.staged {
+        match (stage, root) {
+            (Some(stage), Some(root)) => match super::memory::staged_path(stage, root, path) {
+                Some(p) => p,
+                None => {
+                    return bad(format!(
+                        "'{}' has no place in the staging directory",
+                        f.path
+                    ))
+                }
+            },
+            _ => {
+                return bad(format!(
+                    "'{}' is reported staged, but this agent stages nothing (--ckpt-memory off)",
+                    f.path
+                ))
+            }
+        }
+    } else {
+        path.to_path_buf()
+    };
+    match std::fs::metadata(&at) {
         Ok(m) if !m.is_file() => bad(format!("'{}' is not a regular file", f.path)),
         Ok(m) if m.len() == f.bytes => Ok(()),
         Ok(m) => bad(format!(

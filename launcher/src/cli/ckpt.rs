@@ -38,6 +38,21 @@ pub struct CkptArgs {
     )]
     pub ckpt_resume_from: Option<PathBuf>,
 
+    /// Checkpoints staged in memory and persisted behind the training (with --ckpt-dir):
+    /// `drun.atomic_save` writes to the agent's tmpfs, the commit returns at once, and the agent
+    /// writes the files to --ckpt-dir in the background (throttled, fsynced, digest-verified)
+    /// before the step is sealed. SIZE (e.g. 8GiB) is the node's memory budget for staged
+    /// copies; `auto` a quarter of the node's RAM or cgroup limit; `off` (default) saves
+    /// straight to --ckpt-dir. A save that does not fit goes to disk, with one warning.
+    #[arg(
+        long = "ckpt-memory",
+        value_name = "SIZE|auto|off",
+        default_value = "off",
+        env = "DRUN_CKPT_MEMORY",
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_memory: String,
+
     /// What a node arriving while the group runs below MAX nodes (--nnodes MIN:MAX) does: `now`
     /// re-forms at once, as torchrun does (work since the last checkpoint is repeated);
     /// `checkpoint` first asks every rank for a coordinated checkpoint (`should_save` turns

@@ -76,7 +76,13 @@ pub(super) fn checkpoint_flags(
         mode,
         expected_mtbf: seconds("--expected-mtbf", a.ckpt.expected_mtbf, false)?,
     };
+    let memory =
+        crate::ckpt::memory::budget(&a.ckpt.ckpt_memory, crate::ckpt::memory::NodeMemory::read())
+            .map_err(|why| invalid("--ckpt-memory", a.ckpt.ckpt_memory.clone(), why))?;
+    // Staged copies are persisted to --ckpt-dir: without one there is nothing to stage for.
+    let memory = memory.filter(|_| a.ckpt.ckpt_dir.is_some());
     let ckpt = CkptConfig {
+        memory,
         interval,
         scale_up_save: (a.ckpt.on_scale_up == OnScaleUp::Checkpoint)
             .then_some(scale_up_save_timeout),

@@ -109,6 +109,8 @@ impl Fixture {
             run_log_dir: self.logs.path(),
             agent_sock: None,
             resume_manifest: None,
+            ckpt_stage: None,
+            resume_staged: None,
             preflight: None,
             warm: self.warm.as_ref(),
         }

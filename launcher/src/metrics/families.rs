@@ -79,6 +79,9 @@ pub struct Families {
     pub(super) ckpt_commits: Counter,
     pub(super) ckpt_seals: Counter,
     pub(super) ckpt_verify: Histogram,
+    pub(super) ckpt_persisted: Counter,
+    pub(super) ckpt_staged_bytes: Gauge,
+    pub(super) ckpt_persist_lag: GaugeF,
     pub(super) lost_seconds: CounterF,
     pub(super) lost_steps: Counter,
     pub(super) committed_seconds: CounterF,
@@ -118,6 +121,9 @@ impl Families {
             ckpt_commits: Counter::default(),
             ckpt_seals: Counter::default(),
             ckpt_verify: seconds_histogram(),
+            ckpt_persisted: Counter::default(),
+            ckpt_staged_bytes: Gauge::default(),
+            ckpt_persist_lag: GaugeF::default(),
             lost_seconds: CounterF::default(),
             lost_steps: Counter::default(),
             committed_seconds: CounterF::default(),
@@ -193,6 +199,21 @@ impl Families {
             "ckpt_verify_seconds",
             "Verification of the resume point before spawning",
             self.ckpt_verify.clone(),
+        );
+        r.register(
+            "ckpt_persisted",
+            "Checkpoint steps staged in memory that this node persisted to --ckpt-dir (--ckpt-memory)",
+            self.ckpt_persisted.clone(),
+        );
+        r.register(
+            "ckpt_staged_bytes",
+            "Bytes of checkpoints this node holds in memory (--ckpt-memory)",
+            self.ckpt_staged_bytes.clone(),
+        );
+        r.register(
+            "ckpt_persist_lag_seconds",
+            "Age of the oldest staged checkpoint not yet persisted to --ckpt-dir (0: none)",
+            self.ckpt_persist_lag.clone(),
         );
         r.register(
             "lost_work_seconds",

@@ -233,6 +233,16 @@ impl AgentMetrics {
         self.f.ckpt_commits.inc();
     }
 
+    /// The checkpoints staged in memory (`--ckpt-memory`): `held` bytes, the oldest not yet
+    /// persisted `lag` old, `persisted` more steps written to --ckpt-dir since the last call.
+    pub fn staging(&self, held: u64, lag: std::time::Duration, persisted: u64) {
+        self.f
+            .ckpt_staged_bytes
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
+        self.f.ckpt_persist_lag.set(lag.as_secs_f64());
+        self.f.ckpt_persisted.inc_by(persisted);
+    }
+
     /// A checkpoint was sealed (`id`: its manifest id, `"<step>-<generation>"`).
     pub fn sealed(&self, id: &str) {
         self.f.ckpt_seals.inc();

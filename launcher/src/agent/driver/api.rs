@@ -208,10 +208,17 @@ impl Agent {
                     if let Some(m) = &self.metrics {
                         m.committed();
                     }
-                    let _ = link.tx.send(Request::Commit {
-                        commit: batch,
-                        retention: self.cfg.ckpt.retention,
-                    });
+                    // Staged files: answered now, sent once persisted (`--ckpt-memory`).
+                    let batch = match w.stage.as_mut() {
+                        Some(stage) => stage.complete(batch, ledger),
+                        None => Some(batch),
+                    };
+                    if let Some(batch) = batch {
+                        let _ = link.tx.send(Request::Commit {
+                            commit: batch,
+                            retention: self.cfg.ckpt.retention,
+                        });
+                    }
                 }
             }
         }

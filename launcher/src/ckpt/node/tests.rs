@@ -22,6 +22,7 @@ fn file(dir: &Path, rank: u32) -> FileReport {
         path: p.display().to_string(),
         bytes: 3,
         sha256: "0".repeat(64),
+        staged: false,
     }
 }
 
@@ -105,6 +106,7 @@ fn refuses_stale_misaligned_and_foreign_commits() {
         path: d.path().display().to_string(),
         bytes: 0,
         sha256: "0".repeat(64),
+        staged: false,
     };
     assert!(l.commit(0, 3, 5, vec![dir_as_file], cursor(8), t).is_none());
     assert!(r.try_recv().unwrap()["error"]

@@ -1,0 +1,339 @@
+//! The agent's checkpoints in memory (`--ckpt-memory`, design in [`crate::ckpt::memory`]): the
+//! staging directory, the table of staged copies ([`decide::Table`]) and the persister thread,
+//! driven from the agent's loop — a node's batched commit of staged files is answered at once,
+//! persisted behind the training, and sent to the ledger once on disk and verified; the
+//! ledger's answer releases its memory.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use drun_rendezvous::session::Request;
+use drun_rendezvous::{Manifest, NodeCommit};
+use tokio::sync::mpsc;
+
+use super::World;
+use crate::agent::Agent;
+use crate::ckpt::memory::decide::{Admit, EndWait, Key, Table};
+use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile};
+use crate::ckpt::memory::{human_bytes, resume_from_memory, staged_path};
+use crate::ckpt::node::NodeLedger;
+use crate::rdzv::Link;
+
+/// How fast the persister writes, bytes per second, unless `DRUN_CKPT_PERSIST_RATE` says
+/// otherwise: below a local NVMe's or a parallel file system client's bandwidth, so the
+/// training's own I/O (data loading, logs) keeps the rest.
+pub(super) const PERSIST_RATE: u64 = 1 << 30;
+
+/// A step waiting to be persisted: the node's commit to send once it is on disk.
+struct Pending {
+    batch: NodeCommit,
+    files: Vec<StagedFile>,
+}
+
+/// The staging directory, its table and the persister.
+pub(super) struct Stage {
+    dir: tempfile::TempDir,
+    ckpt_dir: PathBuf,
+    table: Table,
+    persister: Persister,
+    pending: BTreeMap<Key, Pending>,
+    /// The staged files of each copy in memory, for its release.
+    files: BTreeMap<Key, Vec<PathBuf>>,
+    /// Since when the workers' end waits for the persister.
+    end_since: Option<std::time::Instant>,
+    /// Bytes per second the persister writes.
+    rate: u64,
+}
+
+impl Stage {
+    /// Opens the staging directory for `--ckpt-memory` `budget` and `--ckpt-dir` `ckpt_dir` on
+    /// the node's tmpfs (`/dev/shm`, or `DRUN_CKPT_STAGE_PARENT`), and starts the persister;
+    /// `None` (after one warning line) when it cannot: saves then go straight to disk.
+    pub(super) fn open(
+        budget: u64,
+        ckpt_dir: &Path,
+    ) -> Option<(Self, mpsc::UnboundedReceiver<Done>)> {
+        let parent = std::env::var_os("DRUN_CKPT_STAGE_PARENT")
+            .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
+        let dir = match crate::os::private_dir::create(&parent, "drun-stage-") {
+            Ok(d) => d,
+            Err(e) => {
+                crate::say!(
+                    "drun: warning: --ckpt-memory: cannot stage checkpoints in {}: {e}; saving them straight to --ckpt-dir",
+                    parent.display()
+                );
+                return None;
+            }
+        };
+        let (persister, done) = match Persister::start() {
+            Ok(p) => p,
+            Err(e) => {
+                crate::say!("drun: warning: --ckpt-memory: cannot start the persister: {e}; saving checkpoints straight to --ckpt-dir");
+                return None;
+            }
+        };
+        tracing::info!(
+            dir = %dir.path().display(),
+            budget = %human_bytes(budget),
+            "checkpoints are staged in memory and persisted to --ckpt-dir behind the training"
+        );
+        Some((
+            Self {
+                dir,
+                ckpt_dir: ckpt_dir.to_path_buf(),
+                table: Table::new(budget),
+                persister,
+                pending: BTreeMap::new(),
+                files: BTreeMap::new(),
+                end_since: None,
+                rate: std::env::var("DRUN_CKPT_PERSIST_RATE")
+                    .ok()
+                    .and_then(|r| crate::ckpt::memory::parse_size(&r))
+                    .unwrap_or(PERSIST_RATE),
+            },
+            done,
+        ))
+    }
+
+    /// The staging directory (`DRUN_CKPT_STAGE_DIR`).
+    pub(super) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The node's `batch` is complete: `Some(batch)` to send to the ledger now (nothing of it
+    /// staged), else `None`: it is staged, persisted behind, and sent once on disk. The ranks
+    /// are answered at once when it fits the budget; otherwise they wait for the disk.
+    pub(super) fn complete(
+        &mut self,
+        batch: NodeCommit,
+        ledger: &mut NodeLedger,
+    ) -> Option<NodeCommit> {
+        let mut staged = ledger.take_staged(batch.step);
+        if staged.is_empty() {
+            return Some(batch);
+        }
+        staged.sort();
+        staged.dedup();
+        let key = (batch.step, batch.generation);
+        let files: Vec<StagedFile> = batch
+            .files
+            .iter()
+            .filter(|f| staged.binary_search(&f.path).is_ok())
+            .filter_map(|f| {
+                let target = PathBuf::from(&f.path);
+                Some(StagedFile {
+                    staged: staged_path(self.dir(), &self.ckpt_dir, &target)?,
+                    target,
+                    bytes: f.bytes,
+                    sha256: f.sha256.clone(),
+                })
+            })
+            .collect();
+        let bytes = files.iter().map(|f| f.bytes).sum();
+        let direct = match self.table.admit(key, bytes) {
+            Admit::Stage { release } => {
+                for k in release {
+                    self.release(k);
+                }
+                ledger.answer_staged(batch.step);
+                false
+            }
+            Admit::Direct { reason } => {
+                crate::say!("drun: warning: {reason}");
+                true
+            }
+        };
+        self.table
+            .add(key, bytes, direct, std::time::Instant::now());
+        self.files
+            .insert(key, files.iter().map(|f| f.staged.clone()).collect());
+        self.pending.insert(key, Pending { batch, files });
+        self.pump();
+        None
+    }
+
+    /// Hands the next copy to the persister, if the table says so.
+    fn pump(&mut self) {
+        let Some(key) = self.table.next() else {
+            return;
+        };
+        let Some(p) = self.pending.get(&key) else {
+            self.table.release(key);
+            return;
+        };
+        self.table.start(key, std::time::Instant::now());
+        self.persister.submit(Job {
+            key,
+            files: p.files.clone(),
+            rate: self.rate,
+        });
+    }
+
+    /// The persister's outcome for one step: the node's commit to send to the ledger when it is
+    /// on disk and verified; on a failure, the line saying which file, and the ranks of a
+    /// direct save are refused.
+    pub(super) fn done(&mut self, d: Done, ledger: Option<&mut NodeLedger>) -> Option<NodeCommit> {
+        let pending = self.pending.remove(&d.key);
+        let out = match d.result {
+            Ok((took, digests)) => {
+                tracing::debug!(
+                    step = d.key.0,
+                    gen = d.key.1,
+                    "checkpoint step persisted to --ckpt-dir in {:.2} s",
+                    took.as_secs_f64()
+                );
+                self.table.persisted(d.key, std::time::Instant::now());
+                pending.map(|p| {
+                    // The digests the persister took of the staged copies (a rank may leave
+                    // them to the agent) go in the ledger.
+                    let mut batch = p.batch;
+                    for (f, digest) in p.files.iter().zip(digests) {
+                        let target = f.target.display().to_string();
+                        for s in batch.files.iter_mut().filter(|s| s.path == target) {
+                            s.sha256.clone_from(&digest);
+                        }
+                    }
+                    batch
+                })
+            }
+            Err(e) => {
+                crate::say!(
+                    "drun: checkpoint step {} was not persisted and is not a resume point: {e}",
+                    d.key.0
+                );
+                if let Some(l) = ledger.filter(|l| l.generation() == d.key.1) {
+                    l.answered(d.key.0, &Err(e), None);
+                }
+                self.release(d.key);
+                None
+            }
+        };
+        self.pump();
+        out
+    }
+
+    /// The ledger answered the node's commit of `key` (sent once persisted).
+    pub(super) fn answered(&mut self, key: Key) {
+        if self.table.answered(key) {
+            self.remove_files(key);
+        }
+    }
+
+    /// Drops `key`'s copy from memory.
+    fn release(&mut self, key: Key) {
+        self.table.release(key);
+        self.remove_files(key);
+    }
+
+    fn remove_files(&mut self, key: Key) {
+        for f in self.files.remove(&key).unwrap_or_default() {
+            let _ = std::fs::remove_file(&f);
+            let mut dir = f.parent();
+            while let Some(d) =
+                dir.filter(|d| d.starts_with(self.dir.path()) && *d != self.dir.path())
+            {
+                if std::fs::remove_dir(d).is_err() {
+                    break;
+                }
+                dir = d.parent();
+            }
+        }
+    }
+
+    /// The bytes held in memory and how far the disk is behind (the oldest copy not yet
+    /// persisted), for the metrics.
+    pub(super) fn lag(&self) -> (u64, Duration) {
+        (self.table.held(), self.table.lag(std::time::Instant::now()))
+    }
+
+    /// The staged directory a resume of `m` reads instead of `--ckpt-dir`, when this agent
+    /// holds every file of it.
+    pub(super) fn resume_dir(&self, m: &Manifest) -> Option<PathBuf> {
+        resume_from_memory(self.dir(), &self.ckpt_dir, m)
+    }
+
+    /// Whether the workers' end is held back for the persister (at most `limit`); says how
+    /// long it waited, or what it could not persist, when the hold ends.
+    pub(super) fn hold_end(&mut self, limit: Duration) -> bool {
+        let now = std::time::Instant::now();
+        let since = *self.end_since.get_or_insert(now);
+        match self.table.end_wait(since, now, limit) {
+            EndWait::Wait { .. } => true,
+            verdict => {
+                if let Some(line) = verdict.line() {
+                    crate::say!("{line}");
+                }
+                self.end_since = None;
+                false
+            }
+        }
+    }
+}
+
+impl Agent {
+    /// The persister's outcome for one step: once on disk and verified, the node's commit goes
+    /// to the ledger.
+    pub(super) fn persisted(&self, done: Done, w: &mut World, link: &Link) {
+        let Some(stage) = w.stage.as_mut() else {
+            return;
+        };
+        let persisted = u64::from(done.result.is_ok());
+        let batch = stage.done(done, w.ledger.as_mut());
+        if let Some(m) = &self.metrics {
+            let (held, lag) = stage.lag();
+            m.staging(held, lag, persisted);
+        }
+        if let Some(batch) = batch {
+            let _ = link.tx.send(Request::Commit {
+                commit: batch,
+                retention: self.cfg.ckpt.retention,
+            });
+        }
+    }
+
+    /// The ledger's answer to a node commit (`--ckpt-memory`): a staged step's memory may go;
+    /// one sealed after its generation's workers stopped (no ledger of that generation to
+    /// publish it) still gets its manifest file and `latest` pointer in --ckpt-dir.
+    pub(super) fn answered(
+        &self,
+        generation: u64,
+        step: u64,
+        result: &Result<drun_rendezvous::CommitOutcome, String>,
+        w: &mut World,
+    ) {
+        let Some(stage) = w.stage.as_mut() else {
+            return;
+        };
+        stage.answered((step, generation));
+        let published_by_ledger = w
+            .ledger
+            .as_ref()
+            .is_some_and(|l| l.generation() == generation);
+        if let (
+            false,
+            Ok(drun_rendezvous::CommitOutcome::Sealed {
+                manifest,
+                dropped,
+                garbage,
+            }),
+        ) = (published_by_ledger, result)
+        {
+            crate::ckpt::resume::sealed_here(
+                step,
+                manifest,
+                dropped,
+                garbage,
+                self.cfg.ckpt.dir.as_deref(),
+            );
+        }
+    }
+}
+
+/// The persister's next outcome, or never without one.
+pub(super) async fn next_done(rx: &mut Option<mpsc::UnboundedReceiver<Done>>) -> Option<Done> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,335 @@
+//! Checkpoints staged in memory and persisted behind the training (`--ckpt-memory`, issue 35).
+//!
+//! # Design
+//!
+//! **Where staged files live.** With `--ckpt-memory SIZE|auto` and `--ckpt-dir DIR`, the agent
+//! creates one private (0700) directory on the node's tmpfs, `/dev/shm/drun-stage-<random>/`
+//! (or under `DRUN_CKPT_STAGE_PARENT` when set), and exports it to its workers as
+//! `DRUN_CKPT_STAGE_DIR`. A staged file mirrors its final place: the file a rank would write at
+//! `DIR/<run>/step-<s>-g<g>/rank<r>.pt` is written at
+//! `/dev/shm/drun-stage-*/<run>/step-<s>-g<g>/rank<r>.pt` ([`staged_path`]). The directory is
+//! the agent's own: it is removed when the agent exits (however it exits short of SIGKILL, and a
+//! SIGKILLed agent leaves only files under a name no later agent reuses); no other process ever
+//! resumes from it.
+//!
+//! **What a save does.** `drun.atomic_save(path, write)` writes the bytes to the staged path
+//! (no fsync: it is memory; no hashing: that is the agent's, off the training's path), and
+//! `drun.commit` reports the *final* path with `"staged": true`. The agent checks the staged
+//! file's size and answers the node's ranks **at once** (`{"staged": true, "sealed": false}`):
+//! the training goes on. The node's batched commit goes to the persister ([`persist`]): each
+//! file is copied to a temporary file next to its final path, throttled ([`decide::pause`]),
+//! hashed as it is copied, fsynced, renamed into place, its directory fsynced, then read back
+//! from `DIR` (its pages dropped from the cache first) and its SHA-256 compared with the staged
+//! copy's (and with the rank's, when it sent one). The manifest records that digest. Only then
+//! does the node's commit go to the ledger — where it seals as any commit does (manifest,
+//! `latest` pointer).
+//!
+//! **States of a step** (this node's, [`decide::Copy`]): `Staged` (in memory, answered to the
+//! ranks) → `Persisting` (being written to `DIR`) → `Persisted` (every file written, fsynced,
+//! verified; the node's commit is sent to the ledger). A persisted step's staged copy stays
+//! until the budget needs the room (oldest first). A save that does not fit the budget even
+//! after releasing every persisted copy goes straight to disk: the agent persists it before it
+//! answers the ranks (one warning line), as a save without `--ckpt-memory` would cost.
+//!
+//! **What a resume may use.** In the ledger only persisted steps exist in this slice: the
+//! resume point is always a step whose every file is on `DIR`, verified. When the plan's
+//! resume point is a step this agent still holds in memory, complete (every file of its
+//! manifest staged here with its recorded size), the workers' `DRUN_RESUME_PATH` names the
+//! staged directory: the restart reads memory, not disk ([`resume_from_memory`]).
+//!
+//! **Crash consistency.**
+//! * A persisted step becomes a resume point only after every file is written, fsynced and
+//!   digest-verified in `DIR`: the node's commit, without which the step cannot seal, is sent
+//!   after that, never before. An agent killed in the middle of persisting leaves at most
+//!   `.drun-persist-*` temporary files in `DIR`, which no manifest names.
+//! * A staged copy is used for a resume only by the agent that holds it, within its life (the
+//!   directory is private to the agent and removed with it), and only for a step the ledger
+//!   chose for every rank: the staged copy never decides *which* step; the ledger does.
+//! * A worker killed mid-stage has not committed: nothing of it is sealed, and its partial
+//!   file in the staging directory is never named by any commit.
+//! * At the end of the run (success, a signal, a worker failure) the agent reports its workers'
+//!   end only once its staged steps are persisted and committed, bounded by
+//!   `--shutdown-timeout`; it says how long it waited, and names what it could not persist.
+//!
+//! **Why staged steps are not in the ledger yet.** Recording a step as `staged` in the store
+//! would let a resume point at a copy in memory on every node; it needs a second record per
+//! node (persisted) and a resume rule over both — left for the next slice (with replicas on
+//! peers). The first slice keeps the ledger's meaning unchanged: sealed means on disk.
+
+pub mod decide;
+pub mod persist;
+
+use std::path::{Path, PathBuf};
+
+/// The budget when `--ckpt-memory auto`: this fraction of the node's memory (the smaller of
+/// its RAM and its cgroup's limit). A quarter: the training keeps the rest for itself (its own
+/// CPU copy of the state, data loader workers, pinned buffers), and a default tmpfs
+/// (`/dev/shm`, half of RAM) holds it with room to spare.
+pub const AUTO_SHARE: u64 = 4;
+
+/// The node's memory as the budget is judged against it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeMemory {
+    /// MemTotal of `/proc/meminfo`, bytes.
+    pub ram: u64,
+    /// The cgroup's memory limit (`memory.max`, v2; `memory.limit_in_bytes`, v1), bytes;
+    /// `None` when unlimited or unknown.
+    pub cgroup: Option<u64>,
+}
+
+impl NodeMemory {
+    /// The memory this node's processes may use: RAM, or the cgroup limit when smaller.
+    pub fn usable(&self) -> u64 {
+        self.cgroup.map_or(self.ram, |c| c.min(self.ram))
+    }
+
+    /// Reads `/proc/meminfo` and the agent's cgroup limit; `None` when MemTotal is unreadable.
+    pub fn read() -> Option<Self> {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let ram = meminfo_total(&info)?;
+        let cgroup = [
+            "/sys/fs/cgroup/memory.max",
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        ]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .and_then(|s| cgroup_limit(&s));
+        Some(Self { ram, cgroup })
+    }
+}
+
+/// MemTotal of a `/proc/meminfo` text, bytes.
+pub fn meminfo_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A cgroup memory limit file's value: `None` for `max` or a v1 "unlimited" (a huge number).
+pub fn cgroup_limit(text: &str) -> Option<u64> {
+    let v: u64 = text.trim().parse().ok()?;
+    (v < 1 << 60).then_some(v)
+}
+
+/// Parses a size: bytes, or a number with K/M/G/T (powers of 1024; `KiB`, `KB`, `k` alike).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let shift = match unit.trim_end_matches("ib").trim_end_matches('b') {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return None,
+    };
+    let v = n * (1u64 << shift) as f64;
+    (v.is_finite() && v >= 1.0 && v < u64::MAX as f64).then_some(v as u64)
+}
+
+/// `n` bytes for a human: `1.5 GiB`, `300 MiB`, `12 KiB`, `7 B`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    if v >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0} {unit}")
+    } else {
+        format!("{v:.1} {unit}")
+    }
+}
+
+/// The budget `--ckpt-memory` asks for: `Ok(None)` for `off`, `Ok(Some(bytes))` for `auto`
+/// ([`AUTO_SHARE`] of the usable memory) or a size no larger than the node's memory.
+///
+/// # Errors
+/// One line: not a size, zero, or larger than the node's memory or its cgroup limit (naming
+/// both).
+pub fn budget(text: &str, node: Option<NodeMemory>) -> Result<Option<u64>, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "off" | "0" | "false" | "no" => return Ok(None),
+        "auto" | "on" => {
+            return node.map(|n| Some(n.usable() / AUTO_SHARE)).ok_or_else(|| {
+                "auto needs the node's memory, and /proc/meminfo is unreadable: give a SIZE".into()
+            })
+        }
+        _ => {}
+    }
+    let bytes =
+        parse_size(text).ok_or_else(|| "not a size (e.g. 8GiB, 512M, auto or off)".to_string())?;
+    if let Some(n) = node {
+        if bytes > n.usable() {
+            let cgroup = n.cgroup.map_or("no cgroup limit".to_string(), |c| {
+                format!("its cgroup's limit is {}", human_bytes(c))
+            });
+            return Err(format!(
+                "{} is more than this node can hold: it has {} of RAM and {cgroup}",
+                human_bytes(bytes),
+                human_bytes(n.ram)
+            ));
+        }
+    }
+    Ok(Some(bytes))
+}
+
+/// Where the file of final path `path` (inside `ckpt_dir`) is staged under `stage`; `None` for a
+/// path outside `ckpt_dir` or with `..` in it.
+pub fn staged_path(stage: &Path, ckpt_dir: &Path, path: &Path) -> Option<PathBuf> {
+    let rel = path.strip_prefix(ckpt_dir).ok()?;
+    let plain = rel
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_)));
+    (plain && !rel.as_os_str().is_empty()).then(|| stage.join(rel))
+}
+
+/// The staged directory a resume of `m` may read instead of `ckpt_dir`: `Some` only when every
+/// file of `m` is staged under `stage` with its recorded size (this agent holds the whole
+/// checkpoint in memory), else `None` (read the disk).
+pub fn resume_from_memory(
+    stage: &Path,
+    ckpt_dir: &Path,
+    m: &drun_rendezvous::Manifest,
+) -> Option<PathBuf> {
+    if m.files.is_empty() {
+        return None;
+    }
+    let complete = m.files.iter().all(|f| {
+        staged_path(stage, ckpt_dir, Path::new(&f.path))
+            .and_then(|p| std::fs::metadata(p).ok())
+            .is_some_and(|md| md.is_file() && md.len() == f.bytes)
+    });
+    if !complete {
+        return None;
+    }
+    staged_path(stage, ckpt_dir, &m.dir())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("8GiB"), Some(8 * GIB));
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("1.5g"), Some(3 * GIB / 2));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("2 KB"), Some(2048));
+        for bad in ["", "G", "-1G", "3X", "0"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+        assert_eq!(human_bytes(3 * GIB / 2), "1.5 GiB");
+        assert_eq!(human_bytes(300 << 20), "300 MiB");
+    }
+
+    #[test]
+    fn the_budget_is_off_auto_or_a_size_the_node_can_hold() {
+        let node = NodeMemory {
+            ram: 64 * GIB,
+            cgroup: Some(16 * GIB),
+        };
+        assert_eq!(budget("off", Some(node)), Ok(None));
+        assert_eq!(
+            budget("auto", Some(node)),
+            Ok(Some(4 * GIB)),
+            "a quarter of the cgroup"
+        );
+        let free = NodeMemory {
+            cgroup: None,
+            ..node
+        };
+        assert_eq!(budget("auto", Some(free)), Ok(Some(16 * GIB)));
+        assert_eq!(budget("8G", Some(node)), Ok(Some(8 * GIB)));
+        let e = budget("32G", Some(node)).unwrap_err();
+        assert!(
+            e.contains("64 GiB of RAM") && e.contains("cgroup's limit is 16 GiB"),
+            "{e}"
+        );
+        let e = budget("128G", Some(free)).unwrap_err();
+        assert!(e.contains("64 GiB of RAM and no cgroup limit"), "{e}");
+        assert!(budget("lots", Some(node))
+            .unwrap_err()
+            .contains("not a size"));
+        assert!(budget("auto", None).is_err());
+        assert_eq!(budget("1G", None), Ok(Some(GIB)));
+    }
+
+    #[test]
+    fn proc_and_cgroup_files_read() {
+        let info = "MemTotal:       16303412 kB\nMemFree:  1 kB\n";
+        assert_eq!(meminfo_total(info), Some(16303412 * 1024));
+        assert_eq!(cgroup_limit("max\n"), None);
+        assert_eq!(cgroup_limit("9223372036854771712\n"), None, "v1 unlimited");
+        assert_eq!(cgroup_limit("4294967296\n"), Some(4 * GIB));
+    }
+
+    #[test]
+    fn staged_paths_mirror_the_checkpoint_directory() {
+        let (s, d) = (Path::new("/dev/shm/st"), Path::new("/ck"));
+        assert_eq!(
+            staged_path(s, d, Path::new("/ck/run/step-1-g1/rank0.pt")),
+            Some(PathBuf::from("/dev/shm/st/run/step-1-g1/rank0.pt"))
+        );
+        assert_eq!(staged_path(s, d, Path::new("/other/x")), None);
+        assert_eq!(staged_path(s, d, Path::new("/ck/../etc/passwd")), None);
+        assert_eq!(staged_path(s, d, Path::new("/ck")), None);
+    }
+
+    #[test]
+    fn a_resume_reads_memory_only_when_every_file_is_staged() {
+        let stage = tempfile::tempdir().unwrap();
+        let dir = Path::new("/ck");
+        let f = |r: u32| drun_rendezvous::ShardFile {
+            rank: r,
+            path: format!("/ck/run/step-2-g1/rank{r}.pt"),
+            bytes: 3,
+            sha256: String::new(),
+        };
+        let mut m = drun_rendezvous::Manifest {
+            run_id: "run".into(),
+            step: 2,
+            generation: 1,
+            world_size: 2,
+            cursor: Default::default(),
+            files: vec![f(0), f(1)],
+            sealed_at_ms: 0,
+            adopted_from: None,
+            save_ms: None,
+        };
+        let d = stage.path().join("run/step-2-g1");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("rank0.pt"), b"abc").unwrap();
+        assert_eq!(
+            resume_from_memory(stage.path(), dir, &m),
+            None,
+            "rank 1 missing"
+        );
+        std::fs::write(d.join("rank1.pt"), b"ab").unwrap();
+        assert_eq!(
+            resume_from_memory(stage.path(), dir, &m),
+            None,
+            "wrong size"
+        );
+        std::fs::write(d.join("rank1.pt"), b"abc").unwrap();
+        assert_eq!(resume_from_memory(stage.path(), dir, &m), Some(d));
+        m.files.clear();
+        assert_eq!(resume_from_memory(stage.path(), dir, &m), None);
+    }
+}

@@ -1,0 +1,469 @@
+//! The persister's decisions, pure: whether a staged save fits the budget (and which persisted
+//! copies make room for it), what to persist next, how long to pause for the throttle, and
+//! whether the end of the run still waits — each a function of (table, input, now) with a
+//! reason, tested on synthetic instants.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::human_bytes;
+
+/// A step of this node: `(step, generation)`; orders like the ledger's ids.
+pub type Key = (u64, u64);
+
+/// Where this node's copy of a step stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyState {
+    /// In memory only; the ranks were answered (or wait, for a direct save).
+    Staged {
+        /// When the ranks' commit completed.
+        at: Instant,
+    },
+    /// Being written to `--ckpt-dir`.
+    Persisting {
+        /// When it was staged.
+        staged_at: Instant,
+        /// When the writing began.
+        since: Instant,
+    },
+    /// Every file written, fsynced and verified in `--ckpt-dir`; the staged copy is kept for a
+    /// resume from memory until the budget needs its room.
+    Persisted {
+        /// When it was staged.
+        staged_at: Instant,
+        /// When the last file was verified.
+        at: Instant,
+    },
+}
+
+impl CopyState {
+    /// On disk, verified.
+    pub fn is_persisted(&self) -> bool {
+        matches!(self, CopyState::Persisted { .. })
+    }
+}
+
+/// One step's staged copy on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Copy {
+    /// Bytes it holds in memory.
+    pub bytes: u64,
+    /// Where it stands.
+    pub state: CopyState,
+    /// It did not fit the budget: the ranks wait until it is persisted (a direct save), and
+    /// its memory is released once the ledger answered.
+    pub direct: bool,
+    /// The ledger answered the node's commit sent once it was persisted (sealed, recorded, or
+    /// refused): nothing of it is in flight any more.
+    pub answered: bool,
+}
+
+/// Whether a save of `bytes` stays in memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admit {
+    /// It fits once these persisted copies are released (oldest first; may be empty).
+    Stage {
+        /// Persisted copies to release first.
+        release: Vec<Key>,
+    },
+    /// It does not fit even with every persisted copy released: a direct save (the ranks wait
+    /// for the disk). The warning line says why.
+    Direct {
+        /// One line: the save, what memory holds, the budget.
+        reason: String,
+    },
+}
+
+/// This node's staged copies and the budget they share (`--ckpt-memory`).
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    budget: u64,
+    copies: BTreeMap<Key, Copy>,
+}
+
+impl Table {
+    /// An empty table with `budget` bytes.
+    pub fn new(budget: u64) -> Self {
+        Self {
+            budget,
+            copies: BTreeMap::new(),
+        }
+    }
+
+    /// The budget, bytes.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Bytes every copy holds in memory.
+    pub fn held(&self) -> u64 {
+        self.copies.values().map(|c| c.bytes).sum()
+    }
+
+    /// The copies, oldest step first.
+    pub fn copies(&self) -> impl Iterator<Item = (&Key, &Copy)> {
+        self.copies.iter()
+    }
+
+    /// Whether a save of `bytes` for `key` stays in memory; the room is made by releasing
+    /// persisted copies, oldest first, never a copy not yet on disk.
+    pub fn admit(&self, key: Key, bytes: u64) -> Admit {
+        let pinned: u64 = self
+            .copies
+            .iter()
+            .filter(|(k, c)| **k != key && !Self::settled(c))
+            .map(|(_, c)| c.bytes)
+            .sum();
+        if pinned + bytes > self.budget {
+            return Admit::Direct {
+                reason: format!(
+                    "checkpoint step {} ({}) does not fit --ckpt-memory {} ({} not yet on disk): saving it straight to --ckpt-dir; the ranks wait for the disk this once",
+                    key.0,
+                    human_bytes(bytes),
+                    human_bytes(self.budget),
+                    human_bytes(pinned)
+                ),
+            };
+        }
+        let mut held = self.held() + bytes;
+        let mut release = Vec::new();
+        for (k, c) in &self.copies {
+            if held <= self.budget {
+                break;
+            }
+            if Self::settled(c) && *k != key {
+                held -= c.bytes;
+                release.push(*k);
+            }
+        }
+        Admit::Stage { release }
+    }
+
+    /// Records `key`'s copy of `bytes`, staged at `now` (`direct`: the ranks wait for it).
+    pub fn add(&mut self, key: Key, bytes: u64, direct: bool, now: Instant) {
+        self.copies.insert(
+            key,
+            Copy {
+                bytes,
+                state: CopyState::Staged { at: now },
+                direct,
+                answered: false,
+            },
+        );
+    }
+
+    /// The copy to persist next: none while one is being written (one at a time, so the
+    /// training's own I/O keeps the rest of the disk), else the oldest staged one (steps reach
+    /// the ledger in order).
+    pub fn next(&self) -> Option<Key> {
+        if self
+            .copies
+            .values()
+            .any(|c| matches!(c.state, CopyState::Persisting { .. }))
+        {
+            return None;
+        }
+        self.copies
+            .iter()
+            .find(|(_, c)| matches!(c.state, CopyState::Staged { .. }))
+            .map(|(k, _)| *k)
+    }
+
+    /// `key` began persisting at `now`.
+    pub fn start(&mut self, key: Key, now: Instant) {
+        if let Some(c) = self.copies.get_mut(&key) {
+            if let CopyState::Staged { at } = c.state {
+                c.state = CopyState::Persisting {
+                    staged_at: at,
+                    since: now,
+                };
+            }
+        }
+    }
+
+    /// `key` is on disk, verified, at `now` (its node commit goes to the ledger).
+    pub fn persisted(&mut self, key: Key, now: Instant) {
+        let Some(c) = self.copies.get_mut(&key) else {
+            return;
+        };
+        let staged_at = match c.state {
+            CopyState::Staged { at } => at,
+            CopyState::Persisting { staged_at, .. } | CopyState::Persisted { staged_at, .. } => {
+                staged_at
+            }
+        };
+        c.state = CopyState::Persisted { staged_at, at: now };
+    }
+
+    /// The ledger answered `key`'s commit. Returns whether its memory goes now (a direct save
+    /// keeps none).
+    pub fn answered(&mut self, key: Key) -> bool {
+        let Some(c) = self.copies.get_mut(&key) else {
+            return false;
+        };
+        c.answered = true;
+        if c.direct {
+            self.copies.remove(&key);
+            return true;
+        }
+        false
+    }
+
+    /// Whether `key` is done with: on disk and answered by the ledger.
+    fn settled(c: &Copy) -> bool {
+        c.state.is_persisted() && c.answered
+    }
+
+    /// Forgets `key` (released, or its persisting failed).
+    pub fn release(&mut self, key: Key) {
+        self.copies.remove(&key);
+    }
+
+    /// Steps not yet on disk, oldest first (once on disk their node commits are on their
+    /// way to the ledger, ahead of anything the agent sends after).
+    pub fn pending(&self) -> Vec<Key> {
+        self.copies
+            .iter()
+            .filter(|(_, c)| !c.state.is_persisted())
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// How far the disk is behind at `now`: the age of the oldest copy not yet persisted
+    /// (zero when every copy is on disk).
+    pub fn lag(&self, now: Instant) -> Duration {
+        self.copies
+            .values()
+            .filter_map(|c| match c.state {
+                CopyState::Staged { at } | CopyState::Persisting { staged_at: at, .. } => {
+                    Some(now.saturating_duration_since(at))
+                }
+                CopyState::Persisted { .. } => None,
+            })
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Whether the workers' end is reported yet: the agent began waiting for its staged
+    /// copies at `since`, and waits at most `limit` (`--shutdown-timeout`).
+    pub fn end_wait(&self, since: Instant, now: Instant, limit: Duration) -> EndWait {
+        let pending = self.pending();
+        let waited = now.saturating_duration_since(since);
+        if pending.is_empty() {
+            EndWait::Done { waited }
+        } else if waited >= limit {
+            EndWait::GiveUp {
+                waited,
+                unpersisted: pending,
+            }
+        } else {
+            EndWait::Wait {
+                until: since + limit,
+            }
+        }
+    }
+}
+
+/// The end-of-run judgement ([`Table::end_wait`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndWait {
+    /// Every staged copy is on disk: report the end (after `waited`).
+    Done {
+        /// How long the end waited.
+        waited: Duration,
+    },
+    /// Some are still being written: wait, at most until `until`.
+    Wait {
+        /// The limit.
+        until: Instant,
+    },
+    /// The limit passed: report the end; these steps are not on disk.
+    GiveUp {
+        /// How long the end waited.
+        waited: Duration,
+        /// Steps not persisted.
+        unpersisted: Vec<Key>,
+    },
+}
+
+impl EndWait {
+    /// The line the agent says about the wait; `None` when it did not wait at all.
+    pub fn line(&self) -> Option<String> {
+        match self {
+            EndWait::Done { waited } if waited.is_zero() => None,
+            EndWait::Done { waited } => Some(format!(
+                "drun: waited {:.2} s for the staged checkpoints to be persisted to --ckpt-dir",
+                waited.as_secs_f64()
+            )),
+            EndWait::Wait { .. } => None,
+            EndWait::GiveUp {
+                waited,
+                unpersisted,
+            } => Some(format!(
+                "drun: after {:.1} s (--shutdown-timeout) checkpoint step(s) {} are not persisted to --ckpt-dir: they are no resume point, and their staged copies go with this agent",
+                waited.as_secs_f64(),
+                unpersisted
+                    .iter()
+                    .map(|(s, g)| format!("{s} (generation {g})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+}
+
+/// The throttle: how long to pause after `written` bytes in `elapsed` so the copy runs at no
+/// more than `rate` bytes per second (`0`: no limit).
+pub fn pause(written: u64, elapsed: Duration, rate: u64) -> Duration {
+    if rate == 0 {
+        return Duration::ZERO;
+    }
+    let due = Duration::from_secs_f64(written as f64 / rate as f64);
+    due.saturating_sub(elapsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
+    #[test]
+    fn a_save_that_fits_stays_in_memory_releasing_persisted_copies_oldest_first() {
+        let now = t0();
+        let mut t = Table::new(100 * MIB);
+        t.add((1, 1), 40 * MIB, false, now);
+        t.add((2, 1), 40 * MIB, false, now);
+        assert_eq!(t.admit((3, 1), 20 * MIB), Admit::Stage { release: vec![] });
+        // Neither is on disk: a third of 40 MiB cannot go in memory.
+        assert!(matches!(t.admit((3, 1), 40 * MIB), Admit::Direct { .. }));
+        t.start((1, 1), now);
+        t.persisted((1, 1), now + Duration::from_secs(1));
+        t.start((2, 1), now);
+        t.persisted((2, 1), now + Duration::from_secs(2));
+        assert!(
+            matches!(t.admit((3, 1), 40 * MIB), Admit::Direct { .. }),
+            "on disk, but their commits not answered yet"
+        );
+        t.answered((1, 1));
+        t.answered((2, 1));
+        assert_eq!(
+            t.admit((3, 1), 40 * MIB),
+            Admit::Stage {
+                release: vec![(1, 1)]
+            },
+            "the oldest persisted copy makes room"
+        );
+        assert_eq!(
+            t.admit((3, 1), 90 * MIB),
+            Admit::Stage {
+                release: vec![(1, 1), (2, 1)]
+            }
+        );
+        let Admit::Direct { reason } = t.admit((3, 1), 101 * MIB) else {
+            panic!("larger than the budget")
+        };
+        assert!(
+            reason.contains("does not fit --ckpt-memory 100 MiB"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn one_copy_is_persisted_at_a_time_oldest_first() {
+        let now = t0();
+        let mut t = Table::new(100 * MIB);
+        assert_eq!(t.next(), None);
+        t.add((5, 2), MIB, false, now);
+        t.add((3, 2), MIB, false, now);
+        assert_eq!(t.next(), Some((3, 2)));
+        t.start((3, 2), now);
+        assert_eq!(t.next(), None, "one at a time");
+        t.persisted((3, 2), now);
+        assert_eq!(t.next(), Some((5, 2)));
+        assert_eq!(t.pending(), vec![(5, 2)]);
+    }
+
+    #[test]
+    fn the_lag_is_the_age_of_the_oldest_copy_not_on_disk() {
+        let now = t0();
+        let mut t = Table::new(100 * MIB);
+        t.add((1, 1), MIB, false, now);
+        t.add((2, 1), MIB, false, now + Duration::from_secs(4));
+        assert_eq!(
+            t.lag(now + Duration::from_secs(10)),
+            Duration::from_secs(10)
+        );
+        t.start((1, 1), now + Duration::from_secs(1));
+        assert_eq!(
+            t.lag(now + Duration::from_secs(10)),
+            Duration::from_secs(10)
+        );
+        t.persisted((1, 1), now + Duration::from_secs(5));
+        assert_eq!(t.lag(now + Duration::from_secs(10)), Duration::from_secs(6));
+        t.persisted((2, 1), now + Duration::from_secs(6));
+        assert_eq!(t.lag(now + Duration::from_secs(10)), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_direct_save_keeps_no_memory_once_on_disk() {
+        let now = t0();
+        let mut t = Table::new(10 * MIB);
+        t.add((1, 1), 20 * MIB, true, now);
+        t.persisted((1, 1), now);
+        assert_eq!(t.held(), 20 * MIB, "until the ledger answers");
+        assert!(t.answered((1, 1)));
+        assert_eq!(t.held(), 0);
+    }
+
+    #[test]
+    fn the_end_waits_for_the_disk_up_to_the_shutdown_timeout() {
+        let now = t0();
+        let limit = Duration::from_secs(30);
+        let mut t = Table::new(100 * MIB);
+        assert_eq!(
+            t.end_wait(now, now, limit),
+            EndWait::Done {
+                waited: Duration::ZERO
+            }
+        );
+        assert_eq!(t.end_wait(now, now, limit).line(), None);
+        t.add((7, 1), MIB, false, now);
+        assert_eq!(
+            t.end_wait(now, now + Duration::from_secs(3), limit),
+            EndWait::Wait { until: now + limit }
+        );
+        let gave_up = t.end_wait(now, now + limit, limit);
+        assert_eq!(
+            gave_up,
+            EndWait::GiveUp {
+                waited: limit,
+                unpersisted: vec![(7, 1)]
+            }
+        );
+        let line = gave_up.line().unwrap();
+        assert!(
+            line.contains("step(s) 7 (generation 1) are not persisted"),
+            "{line}"
+        );
+        t.persisted((7, 1), now + Duration::from_secs(2));
+        let done = t.end_wait(now, now + Duration::from_secs(2), limit);
+        assert!(done.line().unwrap().contains("waited 2.00 s"), "{done:?}");
+    }
+
+    #[test]
+    fn the_throttle_pauses_to_the_rate() {
+        let s = Duration::from_secs;
+        assert_eq!(pause(100 * MIB, s(0), 0), Duration::ZERO, "no limit");
+        assert_eq!(pause(100 * MIB, s(0), 100 * MIB), s(1));
+        assert_eq!(
+            pause(100 * MIB, Duration::from_millis(400), 100 * MIB),
+            Duration::from_millis(600)
+        );
+        assert_eq!(pause(100 * MIB, s(2), 100 * MIB), Duration::ZERO, "behind");
+    }
+}
