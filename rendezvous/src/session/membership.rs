@@ -44,7 +44,7 @@ impl Actor {
     /// later join of the node deletes it in the same transaction), is that admission.
     pub(super) async fn admitted_while_away(&self) -> Result<Option<Plan>, StoreError> {
         let (g, _) = self.round.current_generation().await?;
-        if g == 0 || g <= self.last_gen {
+        if g == 0 || g <= self.state.last_gen {
             return Ok(None);
         }
         if !self.round.state().is_member(g, &self.cfg.node_id).await? {
@@ -62,7 +62,7 @@ impl Actor {
     /// reconnected meanwhile (another session claimed the node) or the run is over: the others
     /// learn of a crashed agent in about a second instead of a lease TTL.
     pub(super) async fn abandoned(&mut self) -> Result<(), RendezvousError> {
-        let Some(lease) = self.lease.filter(|_| !self.cfg.auto_keep_alive) else {
+        let Some(lease) = self.state.lease.filter(|_| !self.cfg.auto_keep_alive) else {
             return Ok(());
         };
         // The grace, cut short when the agent's host says its probe port is closed: the
@@ -134,7 +134,7 @@ impl Actor {
         if let Some(at) = &self.probe_at {
             return Some(at.clone()).filter(|(_, port)| *port != 0);
         }
-        let plan = self.round.plan(self.last_gen).await.ok()??;
+        let plan = self.round.plan(self.state.last_gen).await.ok()??;
         let me = plan.member(&self.cfg.node_id)?;
         (me.probe_port != 0).then(|| (me.advertise_addr.clone(), me.probe_port))
     }
@@ -171,7 +171,7 @@ impl Actor {
             .record_lost(&self.cfg.node_id, loss::CONNECTION_CLOSED)
             .await?;
         state.revoke_lease(lease).await?;
-        self.lease = None;
+        self.state.lease = None;
         Ok(())
     }
 

@@ -1,0 +1,431 @@
+//! The session's transitions: [`step`], a pure function of (state, input, now, params)
+//! returning the next state, the effects for the driver (`actor.rs`) to carry out and a reason
+//! a human can read. Every [`Input`] is matched here, exhaustively; a running generation's
+//! inputs go on to the generation core ([`generation::step`]). Retries are decided here: a
+//! store operation that failed transiently becomes a [`Retry`] with its deadline in the state,
+//! and the driver only sleeps until [`Session::wake_at`].
+
+use tokio::time::Instant;
+
+use super::generation::{self, Running};
+use super::keeper::Lost;
+use super::protocol::{Event, Request};
+use super::standby::{self, Look, Seen};
+use super::state::{
+    Attempt, Decided, Effect, Failure, Input, Params, Phase, Retry, Session, REQUEST_TRIES,
+    RETRY_PAUSE,
+};
+
+/// One transition: the session after `input` at `now`, what the driver must do, and why
+/// (empty: nothing worth saying).
+pub(crate) fn step(
+    mut s: Session,
+    input: Input,
+    now: Instant,
+    p: &Params,
+) -> (Session, Vec<Effect>, String) {
+    let mut fx = Vec::new();
+    let reason = match input {
+        Input::Request(req) => on_request(&mut s, req, now, p, &mut fx),
+        Input::RequestsClosed => {
+            s.phase = Phase::Left;
+            fx.push(Effect::Abandon);
+            "the agent's stream ended without a leave".into()
+        }
+        Input::Decided(d) => on_decided(&mut s, d, now, &mut fx),
+        Input::Watch(ev) => on_generation(&mut s, ev, now, p, &mut fx),
+        Input::WatchBroke => match std::mem::take(&mut s.phase) {
+            Phase::Running(run) => {
+                let g = run.generation();
+                fx.push(Effect::Try {
+                    what: Attempt::Enter {
+                        plan: run.plan.clone(),
+                        before: Some(Box::new(run)),
+                        announce: false,
+                    },
+                    tries: 0,
+                });
+                format!("the watch of generation {g} broke; watching it again")
+            }
+            other => {
+                s.phase = other;
+                String::new()
+            }
+        },
+        Input::LeaseLost(lost) => on_lost(&mut s, lost, &mut fx),
+        Input::Tick => on_tick(&mut s, now, p, &mut fx),
+        Input::Tried {
+            what,
+            tries,
+            result,
+        } => on_tried(&mut s, what, tries, result, now, &mut fx),
+        Input::Executed { run, ends, result } => on_executed(&mut s, *run, ends, result, &mut fx),
+        Input::Seen(seen) => on_seen(&mut s, seen, now, p, &mut fx),
+    };
+    (s, fx, reason)
+}
+
+/// An agent's request. Keep-alives, stand-bys and duplicate joins are decided here; the rest
+/// is store work for the driver.
+fn on_request(
+    s: &mut Session,
+    req: Request,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    match req {
+        Request::Join(_, after)
+            if generation::join_is_duplicate(
+                s.phase.is_waiting(),
+                s.phase.running_generation(),
+                after,
+            ) =>
+        {
+            format!("a duplicate join (after generation {after}) is ignored")
+        }
+        // Noted by the forwarder in `spawn_session`; the keeper task renews. It may be the
+        // answer to a ping (`silence`).
+        Request::KeepAlive => match &mut s.phase {
+            Phase::Running(run) => {
+                generation::step(run, generation::Input::AgentHeard, now, &p.rules).reason
+            }
+            _ => String::new(),
+        },
+        // A repeat while standing by, or a stale one once the node joined again: nothing.
+        Request::StandBy(g) if s.phase.can_stand_by() => {
+            s.phase = Phase::StandingBy {
+                at: now,
+                told: None,
+            };
+            format!("the agent stands by after generation {g}")
+        }
+        Request::StandBy(_) => String::new(),
+        req @ (Request::Join(..)
+        | Request::Succeeded(_)
+        | Request::Failed { .. }
+        | Request::Leave
+        | Request::Preempt { .. }
+        | Request::Commit { .. }
+        | Request::Report { .. }
+        | Request::MarkBad { .. }) => {
+            fx.push(Effect::Try {
+                what: Attempt::Request(req),
+                tries: 0,
+            });
+            String::new()
+        }
+    }
+}
+
+/// The round this node waited in decided.
+fn on_decided(s: &mut Session, d: Decided, now: Instant, fx: &mut Vec<Effect>) -> String {
+    let join = match std::mem::take(&mut s.phase) {
+        Phase::Waiting { join, .. } => join,
+        other => {
+            // A decision nobody waits for any more (the driver drops the round when it
+            // leaves the waiting phase).
+            s.phase = other;
+            return String::new();
+        }
+    };
+    match d {
+        Decided::Plan(plan) => {
+            s.last_gen = plan.generation;
+            let why = format!("generation {} formed with this node", plan.generation);
+            fx.push(Effect::Try {
+                what: Attempt::Enter {
+                    plan,
+                    before: None,
+                    announce: true,
+                },
+                tries: 0,
+            });
+            why
+        }
+        Decided::RunFinished => {
+            // A standby (or a late joiner) of a run that ended: the agent ends as a joiner of
+            // a finished run does.
+            release(s, fx);
+            fx.push(Effect::ReportFinished);
+            "the run ended while this node waited".into()
+        }
+        Decided::StoreError(e) if s.lease.is_some() => {
+            s.retry = Some(Retry {
+                what: Attempt::Join(join),
+                tries: 1,
+                at: now + RETRY_PAUSE,
+            });
+            format!("rendezvous store error while waiting ({e}); joining again shortly")
+        }
+        Decided::StoreError(e) | Decided::Failed(e) => {
+            release(s, fx);
+            fx.push(Effect::Emit(Event::Error(e.clone())));
+            format!("the round failed: {e}")
+        }
+    }
+}
+
+/// A node whose round failed (join timeout, refused) is no candidate any more: its lease, and
+/// with it its waiting key, goes now — not once its agent's connection closes and the
+/// reconnect grace passes, during which a node arriving would form a group with it.
+fn release(s: &mut Session, fx: &mut Vec<Effect>) {
+    if let Some(l) = s.lease.take() {
+        fx.push(Effect::Release(l));
+    }
+}
+
+/// An input of the running generation, judged by the generation core.
+fn on_generation(
+    s: &mut Session,
+    ev: generation::Input,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let Phase::Running(run) = &mut s.phase else {
+        return String::new();
+    };
+    let step = generation::step(run, ev, now, &p.rules);
+    if !step.effects.is_empty() || step.ends {
+        fx.push(Effect::Generation {
+            effects: step.effects,
+            ends: step.ends,
+        });
+    }
+    step.reason
+}
+
+/// The keeper lost `lease`: fence when it is the current one (a stale keeper's report is
+/// not). A pending retry goes with the membership: fencing stays bounded by the TTL.
+fn on_lost(s: &mut Session, (lease, reason): Lost, fx: &mut Vec<Effect>) -> String {
+    if !generation::fences(s.lease, lease) {
+        return format!("lease {lease:#x} of an earlier join was lost: {reason}");
+    }
+    fence(s, reason.clone(), fx);
+    reason
+}
+
+/// The lease is gone: stop renewing it, tell the agent, drop what was pending.
+fn fence(s: &mut Session, reason: String, fx: &mut Vec<Effect>) {
+    s.lease = None;
+    s.retry = None;
+    fx.push(Effect::StopKeeper);
+    fx.push(Effect::Emit(Event::Fenced(reason.clone())));
+    if !s.phase.is_left() {
+        s.phase = Phase::Fenced { reason };
+    }
+}
+
+/// Time passed: a due retry is tried; otherwise the phase's deadlines.
+fn on_tick(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> String {
+    if let Some(r) = s.retry.take() {
+        if r.at > now {
+            s.retry = Some(r);
+            return String::new();
+        }
+        fx.push(Effect::Try {
+            what: r.what,
+            tries: r.tries,
+        });
+        return format!("trying again (try {})", r.tries + 1);
+    }
+    match &s.phase {
+        Phase::Running(_) => on_generation(s, generation::Input::Tick, now, p, fx),
+        Phase::StandingBy { at, .. } if *at <= now => {
+            fx.push(Effect::Look);
+            String::new()
+        }
+        Phase::StandingBy { .. }
+        | Phase::Idle
+        | Phase::Waiting { .. }
+        | Phase::Fenced { .. }
+        | Phase::Left => String::new(),
+    }
+}
+
+/// The driver tried `what`. A request is tried up to [`REQUEST_TRIES`] times; entering a
+/// generation again after its watch broke, for as long as the lease lasts; a join after the
+/// store failed in the round, once.
+fn on_tried(
+    s: &mut Session,
+    what: Attempt,
+    tries: u32,
+    result: Result<Option<Phase>, Failure>,
+    now: Instant,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let failure = match result {
+        Ok(next) => {
+            if let Some(next) = next {
+                s.phase = next;
+            }
+            return String::new();
+        }
+        Err(f) => f,
+    };
+    let again = |s: &mut Session, what: Attempt| {
+        s.retry = Some(Retry {
+            what,
+            tries: tries + 1,
+            at: now + RETRY_PAUSE,
+        });
+    };
+    match what {
+        Attempt::Request(req) if failure.transient && tries + 1 < REQUEST_TRIES => {
+            let why = format!(
+                "store unavailable ({}); retrying the request {req:?}",
+                failure.message
+            );
+            again(s, Attempt::Request(req));
+            why
+        }
+        Attempt::Request(_) => end(s, failure.message, fx),
+        Attempt::Enter {
+            plan,
+            announce: true,
+            ..
+        } if failure.transient => {
+            s.phase = Phase::Idle;
+            let g = plan.generation;
+            fx.push(Effect::Try {
+                what: Attempt::Enter {
+                    plan,
+                    before: None,
+                    announce: false,
+                },
+                tries: 0,
+            });
+            format!(
+                "store unavailable entering generation {g} ({}); watching it again",
+                failure.message
+            )
+        }
+        Attempt::Enter { announce: true, .. } => end(s, failure.message, fx),
+        Attempt::Enter {
+            plan,
+            before,
+            announce: false,
+        } if failure.transient && s.lease.is_some() => {
+            let why = format!(
+                "store unavailable ({}); retrying the watch",
+                failure.message
+            );
+            s.phase = Phase::Idle;
+            again(
+                s,
+                Attempt::Enter {
+                    plan,
+                    before,
+                    announce: false,
+                },
+            );
+            why
+        }
+        Attempt::Enter { .. } => {
+            s.phase = Phase::Idle;
+            fx.push(Effect::Emit(Event::Error(failure.message.clone())));
+            format!("cannot watch the generation: {}", failure.message)
+        }
+        Attempt::Join(_) => {
+            s.phase = Phase::Idle;
+            format!("joining again failed: {}", failure.message)
+        }
+    }
+}
+
+/// The session ends on an error it cannot get past; the agent hears it.
+fn end(s: &mut Session, message: String, fx: &mut Vec<Effect>) -> String {
+    s.phase = Phase::Left;
+    s.retry = None;
+    fx.push(Effect::Emit(Event::Error(message.clone())));
+    format!("the session ends: {message}")
+}
+
+/// The driver carried out the generation core's effects on `run`. A store that did not
+/// answer re-watches the generation; a node given up meanwhile is fenced; a generation that
+/// ended leaves the session idle.
+fn on_executed(
+    s: &mut Session,
+    run: Running,
+    ends: bool,
+    result: Result<Option<Phase>, Failure>,
+    fx: &mut Vec<Effect>,
+) -> String {
+    match result {
+        Err(f) if f.transient => {
+            let g = run.generation();
+            s.phase = Phase::Idle;
+            fx.push(Effect::Try {
+                what: Attempt::Enter {
+                    plan: run.plan.clone(),
+                    before: Some(Box::new(run)),
+                    announce: false,
+                },
+                tries: 0,
+            });
+            format!(
+                "store error while watching generation {g} ({}); re-watching",
+                f.message
+            )
+        }
+        Err(f) => end(s, f.message, fx),
+        Ok(Some(next)) => {
+            s.phase = next;
+            String::new()
+        }
+        Ok(None) if ends || s.lease.is_none() => {
+            s.phase = Phase::Idle;
+            String::new()
+        }
+        Ok(None) => {
+            s.phase = Phase::Running(run);
+            String::new()
+        }
+    }
+}
+
+/// What a standing-by node's session read of the run: tell the agent what changed, look again
+/// in [`standby::LOOK_EVERY`]; a store that did not answer is asked again then.
+fn on_seen(
+    s: &mut Session,
+    seen: Result<Seen, String>,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let told = match std::mem::take(&mut s.phase) {
+        Phase::StandingBy { told, .. } => told,
+        other => {
+            // A look the session no longer stands by for (it joined again).
+            s.phase = other;
+            return String::new();
+        }
+    };
+    let at = now + standby::LOOK_EVERY;
+    let seen = match seen {
+        Ok(seen) => seen,
+        Err(e) => {
+            s.phase = Phase::StandingBy { at, told };
+            return format!("cannot look at the run for a standing-by node: {e}");
+        }
+    };
+    let look = standby::look(&p.node, seen);
+    if told.as_ref() != Some(&look) {
+        match &look {
+            Look::Ended(end) => {
+                fx.push(Effect::Emit(Event::Finished(end.clone())));
+                return format!("the run ended while this node stood by: {}", end.reason);
+            }
+            Look::Reach(reach) => fx.push(Effect::Emit(Event::StandBy(reach.clone()))),
+        }
+    }
+    s.phase = Phase::StandingBy {
+        at,
+        told: Some(look),
+    };
+    String::new()
+}
+
+#[cfg(test)]
+mod tests;
