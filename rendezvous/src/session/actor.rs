@@ -13,7 +13,7 @@ use super::generation::{self, Rules};
 use super::keeper::{self, KeeperConfig, Lost};
 use super::protocol::{Event, Request, Resume, RunEnd, SessionConfig};
 use super::standby;
-use super::state::{Attempt, Decided, Effect, Failure, Input, Params, Phase, Session};
+use super::state::{Attempt, Decided, Effect, Failure, Input, LossLook, Params, Phase, Session};
 use super::step;
 use crate::clock::now_ms;
 use crate::ledger::{Ledger, LedgerError, NodeCommit, Retention};
@@ -86,6 +86,38 @@ fn decision(r: Result<Plan, RendezvousError>) -> Decided {
         Err(RendezvousError::RunFinished(_)) => Decided::RunFinished,
         Err(e @ RendezvousError::Store(_)) => Decided::StoreError(e.to_string()),
         Err(e) => Decided::Failed(e.to_string()),
+    }
+}
+
+/// What one try brought back.
+// One per try, moved at once into the step's input: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Outcome {
+    /// `Some(phase)` replaces the phase.
+    Phase(Option<Phase>),
+    /// One look for a member's loss.
+    Loss(LossLook),
+}
+
+/// The step's input for a try of `what` that came back with `result`.
+fn tried(what: Attempt, tries: u32, result: Result<Outcome, RendezvousError>) -> Input {
+    match (what, result.map_err(|e| failure(&e))) {
+        (Attempt::Attribute(attribution), result) => Input::Looked {
+            attribution,
+            tries,
+            result: result.map(|o| match o {
+                Outcome::Loss(l) => l,
+                Outcome::Phase(_) => unreachable!("a look for a loss sees a loss or none"),
+            }),
+        },
+        (what, result) => Input::Tried {
+            what,
+            tries,
+            result: result.map(|o| match o {
+                Outcome::Phase(p) => p,
+                Outcome::Loss(_) => unreachable!("only a look for a loss sees one"),
+            }),
+        },
     }
 }
 
@@ -388,13 +420,7 @@ impl Actor {
             };
             self.state.phase = phase;
             match outcome {
-                Ok(result) => {
-                    break Input::Tried {
-                        what,
-                        tries,
-                        result: result.map_err(|e| failure(&e)),
-                    }
-                }
+                Ok(result) => break tried(what, tries, result),
                 Err(lost) if generation::fences(self.state.lease, lost.0) => {
                     break Input::LeaseLost(lost)
                 }
@@ -411,14 +437,14 @@ impl Actor {
         input
     }
 
-    /// One try of `what`; `Some(phase)` replaces the phase (`phase`: the current one).
+    /// One try of `what` (`phase`: the current one).
     async fn attempt(
         &mut self,
         what: &Attempt,
         phase: &mut Phase,
-    ) -> Result<Option<Phase>, RendezvousError> {
+    ) -> Result<Outcome, RendezvousError> {
         match what {
-            Attempt::Request(req) => self.handle(req.clone(), phase).await,
+            Attempt::Request(req) => self.handle(req.clone(), phase).await.map(Outcome::Phase),
             Attempt::Enter {
                 plan,
                 before,
@@ -426,8 +452,12 @@ impl Actor {
             } => self
                 .running(plan.clone(), before.as_deref().cloned(), *announce)
                 .await
-                .map(Some),
-            Attempt::Join(cand) => self.join(cand.clone()).await.map(Some),
+                .map(|p| Outcome::Phase(Some(p))),
+            Attempt::Join(cand) => self
+                .join(cand.clone())
+                .await
+                .map(|p| Outcome::Phase(Some(p))),
+            Attempt::Attribute(a) => self.look_for_loss(a).await.map(Outcome::Loss),
         }
     }
 

@@ -11,10 +11,10 @@ use super::actor::Actor;
 use super::hold;
 use super::liveness::{self, Knock};
 use super::protocol::SaveRequest;
+use super::state::{Attribution, LossLook};
 use crate::clock::now_ms;
 use crate::human::duration as human;
 use crate::loss;
-use crate::round::Restarts;
 use crate::store::LeaseId;
 use crate::{Plan, RendezvousError, StoreError};
 
@@ -211,51 +211,40 @@ impl Actor {
         Ok(latest.is_some_and(|(id, _)| id > req.latest_before))
     }
 
-    /// A worker failure of generation `g` that coincides with a membership loss (see
-    /// [`loss`]): waits up to [`loss::ATTRIBUTION_WINDOW`] for a member to vanish, or for
-    /// someone to close `g`, unless every other member's agent answers a knock at once (then
-    /// nobody is being lost). On a loss, closes `g` as a membership restart naming the lost
-    /// node(s) first and returns the restart counts; `None`: the failure is the workers' own.
-    pub(super) async fn attribute_to_loss(
-        &self,
-        g: u64,
-        description: &str,
-    ) -> Result<Option<Restarts>, RendezvousError> {
+    /// One look whether the worker failure `a` coincides with a membership loss (see
+    /// [`loss`]; the step looks again until the window ends): a member gone closes the
+    /// generation as a membership restart naming the lost node(s) first; a re-form under way,
+    /// or every other member's agent answering a knock (asked once), says the failure is the
+    /// workers' own.
+    pub(super) async fn look_for_loss(&self, a: &Attribution) -> Result<LossLook, RendezvousError> {
+        let g = a.generation;
         let Some(plan) = self.round.plan(g).await? else {
-            return Ok(None);
+            return Ok(LossLook::NotALoss);
         };
         if plan.members.len() < 2 {
-            return Ok(None);
+            return Ok(LossLook::NotALoss);
         }
-        let deadline = Instant::now() + loss::ATTRIBUTION_WINDOW;
-        let mut knocked = false;
-        loop {
-            if self.round.state().closed(g).await?.is_some() {
-                // A re-form is under way (a loss, or a peer that failed first): decided there.
-                return Ok(None);
-            }
-            let lost = self.lost_members(&plan).await?;
-            if !lost.is_empty() {
-                let reason = loss::attributed(&lost, description);
-                self.close(g, reason, true).await?;
-                return Ok(Some(self.round.restarts().await?));
-            }
-            if !knocked {
-                knocked = true;
-                if self.every_other_agent_answers(&plan).await {
-                    tracing::info!(
-                        run = %self.cfg.run_id,
-                        gen = g,
-                        "every other node's agent answers its probe port: the failure is the workers' own"
-                    );
-                    return Ok(None);
-                }
-                continue;
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        if self.round.state().closed(g).await?.is_some() {
+            // A re-form is under way (a loss, or a peer that failed first): decided there.
+            return Ok(LossLook::NotALoss);
         }
+        let lost = self.lost_members(&plan).await?;
+        if !lost.is_empty() {
+            let reason = loss::attributed(&lost, &a.description);
+            self.close(g, reason, true).await?;
+            return Ok(LossLook::Lost(self.round.restarts().await?));
+        }
+        if a.knocked {
+            return Ok(LossLook::Unseen);
+        }
+        if self.every_other_agent_answers(&plan).await {
+            tracing::info!(
+                run = %self.cfg.run_id,
+                gen = g,
+                "every other node's agent answers its probe port: the failure is the workers' own"
+            );
+            return Ok(LossLook::NotALoss);
+        }
+        Ok(LossLook::Knocked)
     }
 }

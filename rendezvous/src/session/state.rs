@@ -38,6 +38,8 @@ use super::generation::{self, Rules, Running};
 use super::keeper::Lost;
 use super::protocol::{Event, Request};
 use super::standby::{Look, Seen};
+use crate::root_cause::RootCause;
+use crate::round::Restarts;
 use crate::store::LeaseId;
 use crate::{Join, Plan};
 
@@ -46,6 +48,9 @@ pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// How many times an agent's request is tried while the store does not answer (~10 s).
 pub(crate) const REQUEST_TRIES: u32 = 20;
+
+/// How often a worker failure looks again for a member's loss within the attribution window.
+pub(crate) const ATTRIBUTION_POLL: Duration = Duration::from_millis(100);
 
 /// What [`step`](super::step::step) needs besides the state: this node and the rules of its
 /// running generations.
@@ -141,6 +146,50 @@ pub(crate) enum Attempt {
     },
     /// Join the round again after the store failed while waiting.
     Join(Join),
+    /// Look once whether a worker failure coincides with a member's loss ([`crate::loss`]).
+    Attribute(Attribution),
+}
+
+/// A worker failure of this node that may be a lost member's doing: looked at again every
+/// [`ATTRIBUTION_POLL`] until `until` ([`crate::loss::ATTRIBUTION_WINDOW`] after it came),
+/// then decided against the restart budget.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Attribution {
+    /// Generation of the failure.
+    pub generation: u64,
+    /// One line: which rank, which exit.
+    pub description: String,
+    /// The failed worker in detail, when a worker failed.
+    pub cause: Option<RootCause>,
+    /// The end of the attribution window.
+    pub until: Instant,
+    /// The other members' agents were knocked on already.
+    pub knocked: bool,
+}
+
+impl Attribution {
+    /// The request that decides the failure against the budget, once no loss explains it.
+    pub fn decide(self) -> Request {
+        Request::Failed {
+            generation: self.generation,
+            description: self.description,
+            cause: self.cause,
+        }
+    }
+}
+
+/// What one look for a member's loss saw.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum LossLook {
+    /// The failure is the workers' own: a single-node group, a re-form already under way (it
+    /// is decided there), or every other member's agent answers.
+    NotALoss,
+    /// A member is gone: the generation was closed as a membership restart; the counters.
+    Lost(Restarts),
+    /// The other members' agents were knocked on and not all answered: look again at once.
+    Knocked,
+    /// Nothing yet.
+    Unseen,
 }
 
 /// A store operation to try again at `at`; `tries` so far.
@@ -255,6 +304,15 @@ pub(crate) enum Input {
     },
     /// What a standing-by node's session read of the run (an error: the store did not answer).
     Seen(Result<Seen, String>),
+    /// One look for a member's loss behind a worker failure (`tries` before it that failed).
+    Looked {
+        /// The failure looked at.
+        attribution: Attribution,
+        /// Tries before this one that the store did not answer.
+        tries: u32,
+        /// What it saw.
+        result: Result<LossLook, Failure>,
+    },
 }
 
 /// What the driver must do.

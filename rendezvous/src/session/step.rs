@@ -12,8 +12,8 @@ use super::keeper::Lost;
 use super::protocol::{Event, Request};
 use super::standby::{self, Look, Seen};
 use super::state::{
-    Attempt, Decided, Effect, Failure, Input, Params, Phase, Retry, Session, REQUEST_TRIES,
-    RETRY_PAUSE,
+    Attempt, Attribution, Decided, Effect, Failure, Input, LossLook, Params, Phase, Retry, Session,
+    ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
 };
 
 /// One transition: the session after `input` at `now`, what the driver must do, and why
@@ -61,6 +61,11 @@ pub(crate) fn step(
         } => on_tried(&mut s, what, tries, result, now, &mut fx),
         Input::Executed { run, ends, result } => on_executed(&mut s, *run, ends, result, &mut fx),
         Input::Seen(seen) => on_seen(&mut s, seen, now, p, &mut fx),
+        Input::Looked {
+            attribution,
+            tries,
+            result,
+        } => on_looked(&mut s, attribution, tries, result, now, &mut fx),
     };
     (s, fx, reason)
 }
@@ -101,9 +106,26 @@ fn on_request(
             format!("the agent stands by after generation {g}")
         }
         Request::StandBy(_) => String::new(),
+        // A worker failure: first, is it a lost member's doing (`crate::loss`)?
+        Request::Failed {
+            generation,
+            description,
+            cause,
+        } => {
+            fx.push(Effect::Try {
+                what: Attempt::Attribute(Attribution {
+                    generation,
+                    description,
+                    cause,
+                    until: now + crate::loss::ATTRIBUTION_WINDOW,
+                    knocked: false,
+                }),
+                tries: 0,
+            });
+            format!("a worker failure of generation {generation}: looking for a lost member first")
+        }
         req @ (Request::Join(..)
         | Request::Succeeded(_)
-        | Request::Failed { .. }
         | Request::Leave
         | Request::Preempt { .. }
         | Request::Commit { .. }
@@ -331,6 +353,74 @@ fn on_tried(
             s.phase = Phase::Idle;
             format!("joining again failed: {}", failure.message)
         }
+        Attempt::Attribute(a) => on_looked(s, a, tries, Err(failure), now, fx),
+    }
+}
+
+/// One look for a member's loss behind a worker failure. A loss restarts the group without
+/// spending the budget; the workers' own failure (or the window's end) is decided against the
+/// budget; meanwhile the failure is looked at again every [`ATTRIBUTION_POLL`].
+fn on_looked(
+    s: &mut Session,
+    mut a: Attribution,
+    tries: u32,
+    result: Result<LossLook, Failure>,
+    now: Instant,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let g = a.generation;
+    let decide = |a: Attribution, fx: &mut Vec<Effect>| {
+        fx.push(Effect::Try {
+            what: Attempt::Request(a.decide()),
+            tries: 0,
+        })
+    };
+    match result {
+        Ok(LossLook::Lost(restarts)) => {
+            fx.push(Effect::Emit(Event::FailureDecision {
+                restart: true,
+                restarts,
+                cause: None,
+            }));
+            format!("the failure in generation {g} is a lost member's doing: a membership restart")
+        }
+        Ok(LossLook::NotALoss) => {
+            decide(a, fx);
+            format!("the failure in generation {g} is the workers' own (or decided by a re-form under way)")
+        }
+        Ok(LossLook::Knocked) => {
+            a.knocked = true;
+            fx.push(Effect::Try {
+                what: Attempt::Attribute(a),
+                tries,
+            });
+            "not every other member's agent answers: looking for a lost member again".into()
+        }
+        Ok(LossLook::Unseen) if now >= a.until => {
+            decide(a, fx);
+            format!("no member of generation {g} was lost within the attribution window")
+        }
+        Ok(LossLook::Unseen) => {
+            s.retry = Some(Retry {
+                what: Attempt::Attribute(a),
+                tries,
+                at: now + ATTRIBUTION_POLL,
+            });
+            String::new()
+        }
+        Err(f) if f.transient && tries + 1 < REQUEST_TRIES => {
+            let why = format!(
+                "store unavailable ({}); looking for a lost member again",
+                f.message
+            );
+            s.retry = Some(Retry {
+                what: Attempt::Attribute(a),
+                tries: tries + 1,
+                at: now + RETRY_PAUSE,
+            });
+            why
+        }
+        Err(f) => end(s, f.message, fx),
     }
 }
 

@@ -10,8 +10,8 @@ use crate::session::generation::{self, Rules, Running};
 use crate::session::protocol::{Event, Request, RunEnd};
 use crate::session::standby::{Look, Reach, Seen};
 use crate::session::state::{
-    Attempt, Decided, Effect, Failure, Input, Params, Phase, Retry, Session, REQUEST_TRIES,
-    RETRY_PAUSE,
+    Attempt, Attribution, Decided, Effect, Failure, Input, LossLook, Params, Phase, Retry, Session,
+    ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
 };
 use crate::{assign, Candidate, Join, Plan};
 
@@ -281,11 +281,6 @@ fn every_request_with_store_work_is_tried_as_it_comes() {
     let t0 = Instant::now();
     let requests = [
         Request::Succeeded(3),
-        Request::Failed {
-            generation: 3,
-            description: "rank 1 exited 1".into(),
-            cause: None,
-        },
         Request::Leave,
         Request::Preempt {
             generation: 3,
@@ -989,6 +984,214 @@ fn a_look_after_the_node_joined_again_is_ignored() {
     let t0 = Instant::now();
     let (s, fx, _) = run(waiting(t0), Input::Seen(Ok(seen_waiting(&["b"]))), t0);
     assert_eq!((s, fx), (waiting(t0), vec![]));
+}
+
+// ---- a worker failure: a lost member's doing, or the workers' own ----
+
+fn failed() -> Request {
+    Request::Failed {
+        generation: 3,
+        description: "rank 1 exited 1".into(),
+        cause: None,
+    }
+}
+
+fn attribution(t0: Instant, knocked: bool) -> Attribution {
+    Attribution {
+        generation: 3,
+        description: "rank 1 exited 1".into(),
+        cause: None,
+        until: ms(t0, 2000),
+        knocked,
+    }
+}
+
+fn looked(a: Attribution, tries: u32, result: Result<LossLook, Failure>) -> Input {
+    Input::Looked {
+        attribution: a,
+        tries,
+        result,
+    }
+}
+
+#[test]
+fn a_worker_failure_looks_for_a_lost_member_within_the_attribution_window() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(running(t0), request(failed()), t0);
+    assert_eq!(s, running(t0));
+    assert_eq!(
+        tries_of(&fx),
+        vec![(Attempt::Attribute(attribution(t0, false)), 0)]
+    );
+}
+
+#[test]
+fn a_failure_whose_member_is_lost_restarts_without_spending_the_budget() {
+    let t0 = Instant::now();
+    let restarts = crate::round::Restarts::default();
+    let (s, fx, why) = run(
+        running(t0),
+        looked(
+            attribution(t0, false),
+            0,
+            Ok(LossLook::Lost(restarts.clone())),
+        ),
+        ms(t0, 30),
+    );
+    assert_eq!(s.retry, None);
+    assert!(why.contains("membership restart"), "{why}");
+    assert_eq!(
+        fx,
+        vec![Effect::Emit(Event::FailureDecision {
+            restart: true,
+            restarts,
+            cause: None
+        })]
+    );
+}
+
+#[test]
+fn the_workers_own_failure_is_decided_against_the_budget_at_once() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(
+        running(t0),
+        looked(attribution(t0, false), 0, Ok(LossLook::NotALoss)),
+        ms(t0, 5),
+    );
+    assert_eq!(s.retry, None);
+    assert_eq!(tries_of(&fx), vec![(Attempt::Request(failed()), 0)]);
+}
+
+#[test]
+fn agents_that_do_not_all_answer_the_knock_are_looked_at_again_at_once() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(
+        running(t0),
+        looked(attribution(t0, false), 0, Ok(LossLook::Knocked)),
+        ms(t0, 300),
+    );
+    assert_eq!(s.retry, None);
+    assert_eq!(
+        tries_of(&fx),
+        vec![(Attempt::Attribute(attribution(t0, true)), 0)]
+    );
+}
+
+#[test]
+fn nothing_seen_yet_looks_again_a_poll_later_with_requests_held_behind() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(
+        running(t0),
+        looked(attribution(t0, true), 0, Ok(LossLook::Unseen)),
+        ms(t0, 400),
+    );
+    assert!(fx.is_empty());
+    assert_eq!(
+        s.retry,
+        Some(Retry {
+            what: Attempt::Attribute(attribution(t0, true)),
+            tries: 0,
+            at: ms(t0, 400) + ATTRIBUTION_POLL
+        })
+    );
+    assert!(!s.reads_requests(), "the answer to the failure comes first");
+}
+
+#[test]
+fn nothing_seen_by_the_end_of_the_window_is_decided_against_the_budget() {
+    let t0 = Instant::now();
+    let (s, fx, why) = run(
+        running(t0),
+        looked(attribution(t0, true), 0, Ok(LossLook::Unseen)),
+        ms(t0, 2000),
+    );
+    assert_eq!(s.retry, None);
+    assert!(why.contains("attribution window"), "{why}");
+    assert_eq!(tries_of(&fx), vec![(Attempt::Request(failed()), 0)]);
+}
+
+#[test]
+fn the_window_is_polled_about_twenty_times_then_decided() {
+    let t0 = Instant::now();
+    let (mut s, mut fx, _) = run(running(t0), request(failed()), t0);
+    let mut now = t0;
+    let mut looks = 0;
+    loop {
+        let [Effect::Try { what, tries }] = &fx[..] else {
+            panic!("{fx:?}")
+        };
+        let Attempt::Attribute(a) = what.clone() else {
+            assert_eq!(*what, Attempt::Request(failed()));
+            break;
+        };
+        looks += 1;
+        let seen = if a.knocked {
+            LossLook::Unseen
+        } else {
+            LossLook::Knocked
+        };
+        let (s2, f2, _) = run(s, looked(a, *tries, Ok(seen)), now);
+        s = s2;
+        fx = f2;
+        if let Some(r) = &s.retry {
+            now = r.at;
+            let (s2, f2, _) = run(s, Input::Tick, now);
+            s = s2;
+            fx = f2;
+        }
+    }
+    assert_eq!(now - t0, Duration::from_secs(2));
+    assert_eq!(
+        looks, 22,
+        "the knock, then one look every 100 ms through the window"
+    );
+}
+
+#[test]
+fn a_look_the_store_did_not_answer_is_tried_again_after_a_pause() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(
+        running(t0),
+        looked(attribution(t0, false), 3, Err(down())),
+        t0,
+    );
+    assert!(fx.is_empty());
+    assert_eq!(
+        s.retry,
+        Some(Retry {
+            what: Attempt::Attribute(attribution(t0, false)),
+            tries: 4,
+            at: t0 + RETRY_PAUSE
+        })
+    );
+}
+
+#[test]
+fn a_look_refused_by_the_store_ends_the_session() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(
+        running(t0),
+        tried(Attempt::Attribute(attribution(t0, false)), 0, Err(broken())),
+        t0,
+    );
+    assert!(s.phase.is_left());
+    assert_eq!(fx, vec![Effect::Emit(Event::Error("corrupt key".into()))]);
+}
+
+#[test]
+fn a_lease_lost_while_looking_for_a_loss_fences_and_stops_looking() {
+    let t0 = Instant::now();
+    let s = Session {
+        retry: Some(Retry {
+            what: Attempt::Attribute(attribution(t0, true)),
+            tries: 0,
+            at: ms(t0, 100),
+        }),
+        ..running(t0)
+    };
+    let (s, _, _) = run(s, Input::LeaseLost((LEASE, "gone".into())), ms(t0, 50));
+    assert_eq!(s.retry, None);
+    assert!(matches!(s.phase, Phase::Fenced { .. }));
 }
 
 // ---- whole paths ----
