@@ -45,6 +45,7 @@
 //!         └─ Leave ──▶ Left (lease revoked; the session ends)
 //!
 //!   Idle | Fenced ── StandBy ──▶ StandingBy { at, told } ── the run ended ──▶ Idle (Finished)
+//!   the agent's stream ends (server) ──▶ Abandoned { lease, at, gone, held } ──▶ Left
 //!   a store that does not answer ──▶ Retry { what, tries, at } beside the phase
 //! ```
 //!

@@ -178,6 +178,8 @@ impl Actor {
             params: Params {
                 node: cfg.node_id.clone(),
                 rules,
+                renews_itself: cfg.auto_keep_alive,
+                keep_alive: cfg.keep_alive_interval,
             },
             rules,
             store,
@@ -395,8 +397,20 @@ impl Actor {
             Effect::Look => Some(Input::Seen(
                 self.seen_standing_by().await.map_err(|e| e.to_string()),
             )),
-            Effect::Abandon => {
-                self.abandoned().await?;
+            Effect::Knock => Some(Input::Knocked(self.knock_agent().await)),
+            Effect::CheckSpeaks => Some(Input::Speaks(
+                self.still_speaks_for_the_node()
+                    .await
+                    .map(|speaks| (speaks, self.run_silent()))
+                    .map_err(|e| failure(&e)),
+            )),
+            Effect::RevokeAbandoned { lease, why } => {
+                tracing::warn!(run = %self.cfg.run_id, node = %self.cfg.node_id, "{why}");
+                self.revoke_abandoned(lease).await?;
+                None
+            }
+            Effect::Warn(line) => {
+                tracing::warn!(run = %self.cfg.run_id, node = %self.cfg.node_id, "{line}");
                 None
             }
         })

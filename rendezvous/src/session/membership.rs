@@ -1,19 +1,16 @@
-//! The session's view of membership loss: which session speaks for a node, a vanished agent's
-//! lease revoked after the reconnect grace, lost members named, and a worker failure that
-//! coincides with a loss attributed to it (see [`crate::loss`]).
+//! The session's store work around membership loss: which session speaks for a node, the knock
+//! on a vanished agent's probe port and the revocation of its lease (when, is the step's), lost
+//! members named, and one look whether a worker failure coincides with a loss (see
+//! [`crate::loss`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::actor::Actor;
-use super::hold;
 use super::liveness::{self, Knock};
 use super::protocol::SaveRequest;
 use super::state::{Attribution, LossLook};
 use crate::clock::now_ms;
-use crate::human::duration as human;
 use crate::loss;
 use crate::store::LeaseId;
 use crate::{Plan, RendezvousError, StoreError};
@@ -57,75 +54,23 @@ impl Actor {
             .filter(|p| p.member(&self.cfg.node_id).is_some()))
     }
 
-    /// The agent's stream ended without a Leave (its process died, or its connection broke).
-    /// Server-side, after [`loss::RECONNECT_GRACE`], the lease is revoked unless the agent
-    /// reconnected meanwhile (another session claimed the node) or the run is over: the others
-    /// learn of a crashed agent in about a second instead of a lease TTL.
-    pub(super) async fn abandoned(&mut self) -> Result<(), RendezvousError> {
-        let Some(lease) = self.state.lease.filter(|_| !self.cfg.auto_keep_alive) else {
-            return Ok(());
-        };
-        // The grace, cut short when the agent's host says its probe port is closed: the
-        // process is gone, no reconnect will come (`liveness.rs`).
-        let grace_ends = Instant::now() + loss::RECONNECT_GRACE;
-        let knocked = match self.probe_address().await {
+    /// Knocks on the abandoned agent's probe port, up to [`loss::RECONNECT_GRACE`]
+    /// (`liveness.rs`); no address to knock at is no evidence.
+    pub(super) async fn knock_agent(&self) -> Knock {
+        match self.probe_address().await {
             Some((host, port)) => {
                 let tag = crate::probe::run_tag(&self.cfg.run_id);
                 liveness::knock(tag, &host, port, loss::RECONNECT_GRACE).await
             }
             None => Knock::NoAnswer,
-        };
-        if knocked == Knock::Gone {
-            if !self.still_speaks_for_the_node().await? {
-                return Ok(());
-            }
-            tracing::warn!(
-                run = %self.cfg.run_id,
-                node = %self.cfg.node_id,
-                "the agent's connection closed without leaving and its host says nothing listens on its probe port any more (its process is gone): revoking its lease"
-            );
-            return self.revoke_abandoned(lease).await;
         }
-        tokio::time::sleep_until(grace_ends).await;
-        let mut held = false;
-        loop {
-            if !self.still_speaks_for_the_node().await? {
-                return Ok(());
-            }
-            let run_silent = self
-                .run_heard
-                .as_ref()
-                .map(|r| Duration::from_millis(now_ms().saturating_sub(r.load(Ordering::SeqCst))));
-            match hold::after_break(run_silent, self.cfg.lease_ttl) {
-                hold::AfterBreak::Hold => {
-                    if !held {
-                        held = true;
-                        tracing::warn!(
-                            run = %self.cfg.run_id,
-                            node = %self.cfg.node_id,
-                            "the agent's connection broke, but no agent of the run was heard for {} either: this server is more likely cut off than every node; holding its lease (up to {}) for it to come back",
-                            human(run_silent.unwrap_or_default()),
-                            human(hold::HOLD_MAX)
-                        );
-                    }
-                    tokio::time::sleep(self.cfg.keep_alive_interval.min(Duration::from_secs(1)))
-                        .await;
-                }
-                hold::AfterBreak::Revoke if held => {
-                    // The run is heard again: give this agent as long to come back.
-                    held = false;
-                    tokio::time::sleep(hold::return_grace(self.cfg.lease_ttl)).await;
-                }
-                hold::AfterBreak::Revoke => break,
-            }
-        }
-        tracing::warn!(
-            run = %self.cfg.run_id,
-            node = %self.cfg.node_id,
-            "the agent's connection closed without leaving and it did not come back within {}: revoking its lease",
-            human(loss::RECONNECT_GRACE)
-        );
-        self.revoke_abandoned(lease).await
+    }
+
+    /// How long no agent of the run was heard on this server (`None`: not a server session).
+    pub(super) fn run_silent(&self) -> Option<Duration> {
+        self.run_heard
+            .as_ref()
+            .map(|r| Duration::from_millis(now_ms().saturating_sub(r.load(Ordering::SeqCst))))
     }
 
     /// Where this node's agent answers peer probes: its candidacy's, or its member entry's in
@@ -164,7 +109,7 @@ impl Actor {
     }
 
     /// Records why the agent is gone and revokes its lease: the others re-form.
-    async fn revoke_abandoned(&mut self, lease: LeaseId) -> Result<(), RendezvousError> {
+    pub(super) async fn revoke_abandoned(&mut self, lease: LeaseId) -> Result<(), RendezvousError> {
         let state = self.round.state().clone();
         self.stop_keeper();
         state
@@ -177,7 +122,7 @@ impl Actor {
 
     /// Whether this session still speaks for its node: no other session claimed it (the agent
     /// reconnected elsewhere) and the run has not finished.
-    async fn still_speaks_for_the_node(&self) -> Result<bool, RendezvousError> {
+    pub(super) async fn still_speaks_for_the_node(&self) -> Result<bool, RendezvousError> {
         let speaks = self
             .round
             .state()

@@ -14,6 +14,9 @@
 //!   at again at `at`.
 //! * [`Phase::Fenced`] — the lease is gone (expired, revoked, given up): no longer a member.
 //!   The next join starts over with a new lease.
+//! * [`Phase::Abandoned`] — the agent's stream ended without a Leave (server-side): after the
+//!   reconnect grace its lease is revoked, unless it came back elsewhere, the run ended, or the
+//!   whole run is silent (this server is more likely cut off: the lease is held).
 //! * [`Phase::Left`] — the agent left, or its stream ended: the session ends.
 //!
 //! Beside the phase: the lease (`None`: fenced, released, or not granted yet), the last
@@ -36,6 +39,7 @@ use tokio::time::Instant;
 
 use super::generation::{self, Rules, Running};
 use super::keeper::Lost;
+use super::liveness::Knock;
 use super::protocol::{Event, Request};
 use super::standby::{Look, Seen};
 use crate::root_cause::RootCause;
@@ -60,6 +64,25 @@ pub(crate) struct Params {
     pub node: String,
     /// The generation core's rules.
     pub rules: Rules,
+    /// The lease is renewed on a timer whatever the agent does (agent-side sessions); `false`:
+    /// only while the agent talks (server-side), and a vanished agent's lease is revoked.
+    pub renews_itself: bool,
+    /// The keep-alive period.
+    pub keep_alive: Duration,
+}
+
+/// An agent whose stream ended without a Leave, on a server: when to look next whether it is
+/// gone, and whether its lease is held because the whole run is silent.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Abandoned {
+    /// The lease to revoke.
+    pub lease: LeaseId,
+    /// When to look next (`None`: a knock or a look is under way).
+    pub at: Option<Instant>,
+    /// Its host said nothing listens on its probe port: its process is gone.
+    pub gone: bool,
+    /// The lease is held: no agent of the run is heard either.
+    pub held: bool,
 }
 
 /// Where the session is. Data and deadlines only: the round's future and the generation's
@@ -92,6 +115,8 @@ pub(crate) enum Phase {
         /// Why, as the agent was told.
         reason: String,
     },
+    /// The agent's stream ended without a Leave: its lease goes after the reconnect grace.
+    Abandoned(Abandoned),
     /// The agent left (or its stream ended): the session ends.
     Left,
 }
@@ -249,13 +274,15 @@ impl Session {
         match &self.phase {
             Phase::Running(run) => run.wake_at(),
             Phase::StandingBy { at, .. } => Some(*at),
+            Phase::Abandoned(a) => a.at,
             _ => None,
         }
     }
 
-    /// Whether the driver reads the agent's requests now (not behind a retry, not at the end).
+    /// Whether the driver reads the agent's requests now (not behind a retry, not once the
+    /// stream ended).
     pub fn reads_requests(&self) -> bool {
-        self.retry.is_none() && !self.phase.is_left()
+        self.retry.is_none() && !matches!(self.phase, Phase::Left | Phase::Abandoned(_))
     }
 
     /// Whether the driver reads the round's decision and the generation's watch now.
@@ -304,6 +331,12 @@ pub(crate) enum Input {
     },
     /// What a standing-by node's session read of the run (an error: the store did not answer).
     Seen(Result<Seen, String>),
+    /// The knock on an abandoned agent's probe port.
+    Knocked(Knock),
+    /// Whether this session still speaks for its node (no other session claimed it and the
+    /// run goes on), and how long no agent of the run was heard on this server (`None`: not
+    /// known) — an abandoned agent's look.
+    Speaks(Result<(bool, Option<Duration>), Failure>),
     /// One look for a member's loss behind a worker failure (`tries` before it that failed).
     Looked {
         /// The failure looked at.
@@ -346,7 +379,19 @@ pub(crate) enum Effect {
     ReportFinished,
     /// Read the run for a standing-by node (the outcome comes back as [`Input::Seen`]).
     Look,
-    /// The agent's stream ended: revoke its lease after the reconnect grace, unless it comes
-    /// back (server-side).
-    Abandon,
+    /// Knock on the abandoned agent's probe port (the outcome comes back as
+    /// [`Input::Knocked`]).
+    Knock,
+    /// Look whether this session still speaks for the node and how long the run was silent
+    /// (the outcome comes back as [`Input::Speaks`]).
+    CheckSpeaks,
+    /// Record that the agent is gone (`lost/<node>`) and revoke `lease`: the others re-form.
+    RevokeAbandoned {
+        /// The lease.
+        lease: LeaseId,
+        /// Why, for the operator.
+        why: String,
+    },
+    /// A line for the operator.
+    Warn(String),
 }

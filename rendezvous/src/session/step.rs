@@ -5,16 +5,21 @@
 //! store operation that failed transiently becomes a [`Retry`] with its deadline in the state,
 //! and the driver only sleeps until [`Session::wake_at`].
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use super::generation::{self, Running};
+use super::hold;
 use super::keeper::Lost;
+use super::liveness::Knock;
 use super::protocol::{Event, Request};
 use super::standby::{self, Look, Seen};
 use super::state::{
-    Attempt, Attribution, Decided, Effect, Failure, Input, LossLook, Params, Phase, Retry, Session,
-    ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
+    Abandoned, Attempt, Attribution, Decided, Effect, Failure, Input, LossLook, Params, Phase,
+    Retry, Session, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
 };
+use crate::human::duration as human;
 
 /// One transition: the session after `input` at `now`, what the driver must do, and why
 /// (empty: nothing worth saying).
@@ -27,11 +32,9 @@ pub(crate) fn step(
     let mut fx = Vec::new();
     let reason = match input {
         Input::Request(req) => on_request(&mut s, req, now, p, &mut fx),
-        Input::RequestsClosed => {
-            s.phase = Phase::Left;
-            fx.push(Effect::Abandon);
-            "the agent's stream ended without a leave".into()
-        }
+        Input::RequestsClosed => on_closed(&mut s, now, p, &mut fx),
+        Input::Knocked(k) => on_knocked(&mut s, k, &mut fx),
+        Input::Speaks(r) => on_speaks(&mut s, r, now, p, &mut fx),
         Input::Decided(d) => on_decided(&mut s, d, now, &mut fx),
         Input::Watch(ev) => on_generation(&mut s, ev, now, p, &mut fx),
         Input::WatchBroke => match std::mem::take(&mut s.phase) {
@@ -224,6 +227,13 @@ fn on_lost(s: &mut Session, (lease, reason): Lost, fx: &mut Vec<Effect>) -> Stri
     if !generation::fences(s.lease, lease) {
         return format!("lease {lease:#x} of an earlier join was lost: {reason}");
     }
+    if let Phase::Abandoned(_) = s.phase {
+        // Nobody to tell, nothing left to revoke.
+        s.lease = None;
+        s.phase = Phase::Left;
+        fx.push(Effect::StopKeeper);
+        return format!("the abandoned agent's {reason}");
+    }
     fence(s, reason.clone(), fx);
     reason
 }
@@ -258,11 +268,128 @@ fn on_tick(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> S
             fx.push(Effect::Look);
             String::new()
         }
+        Phase::Abandoned(a) if a.at.is_some_and(|at| at <= now) => {
+            if let Phase::Abandoned(a) = &mut s.phase {
+                a.at = None;
+            }
+            fx.push(Effect::CheckSpeaks);
+            String::new()
+        }
         Phase::StandingBy { .. }
+        | Phase::Abandoned(_)
         | Phase::Idle
         | Phase::Waiting { .. }
         | Phase::Fenced { .. }
         | Phase::Left => String::new(),
+    }
+}
+
+/// The agent's stream ended without a Leave (its process died, or its connection broke).
+/// Server-side, after [`crate::loss::RECONNECT_GRACE`] its lease is revoked unless the agent
+/// reconnected meanwhile (another session claimed the node) or the run is over: the others
+/// learn of a crashed agent in about a second instead of a lease TTL. The grace is cut short
+/// when the agent's host says its probe port is closed (`liveness.rs`).
+fn on_closed(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> String {
+    s.retry = None;
+    match s.lease {
+        Some(lease) if !p.renews_itself => {
+            s.phase = Phase::Abandoned(Abandoned {
+                lease,
+                at: Some(now + crate::loss::RECONNECT_GRACE),
+                gone: false,
+                held: false,
+            });
+            fx.push(Effect::Knock);
+            "the agent's stream ended without a leave: knocking on its probe port".into()
+        }
+        _ => {
+            s.phase = Phase::Left;
+            "the agent's stream ended".into()
+        }
+    }
+}
+
+/// The abandoned agent's host answered the knock (or did not).
+fn on_knocked(s: &mut Session, k: Knock, fx: &mut Vec<Effect>) -> String {
+    let Phase::Abandoned(a) = &mut s.phase else {
+        return String::new();
+    };
+    if k != Knock::Gone {
+        return String::new();
+    }
+    a.gone = true;
+    a.at = None;
+    fx.push(Effect::CheckSpeaks);
+    "nothing listens on the agent's probe port any more: its process is gone".into()
+}
+
+/// An abandoned agent's look: revoke its lease, hold it while the whole run is silent, or
+/// let another session (or the run's end) have it.
+fn on_speaks(
+    s: &mut Session,
+    r: Result<(bool, Option<Duration>), Failure>,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let mut a = match std::mem::take(&mut s.phase) {
+        Phase::Abandoned(a) => a,
+        other => {
+            s.phase = other;
+            return String::new();
+        }
+    };
+    let (speaks, run_silent) = match r {
+        Ok(seen) => seen,
+        Err(f) => return end(s, f.message, fx),
+    };
+    let ttl = p.rules.lease_ttl;
+    if !speaks {
+        s.phase = Phase::Left;
+        return "another session speaks for the node, or the run ended: its lease stays".into();
+    }
+    if a.gone {
+        s.phase = Phase::Left;
+        s.lease = None;
+        fx.push(Effect::RevokeAbandoned {
+            lease: a.lease,
+            why: "the agent's connection closed without leaving and its host says nothing listens on its probe port any more (its process is gone): revoking its lease".into(),
+        });
+        return String::new();
+    }
+    match hold::after_break(run_silent, ttl) {
+        hold::AfterBreak::Hold => {
+            if !a.held {
+                a.held = true;
+                fx.push(Effect::Warn(format!(
+                    "the agent's connection broke, but no agent of the run was heard for {} either: this server is more likely cut off than every node; holding its lease (up to {}) for it to come back",
+                    human(run_silent.unwrap_or_default()),
+                    human(hold::HOLD_MAX)
+                )));
+            }
+            a.at = Some(now + p.keep_alive.min(Duration::from_secs(1)));
+            s.phase = Phase::Abandoned(a);
+            String::new()
+        }
+        hold::AfterBreak::Revoke if a.held => {
+            // The run is heard again: give this agent as long to come back.
+            a.held = false;
+            a.at = Some(now + hold::return_grace(ttl));
+            s.phase = Phase::Abandoned(a);
+            "the run is heard again: the abandoned agent has a grace to come back".into()
+        }
+        hold::AfterBreak::Revoke => {
+            s.phase = Phase::Left;
+            s.lease = None;
+            fx.push(Effect::RevokeAbandoned {
+                lease: a.lease,
+                why: format!(
+                    "the agent's connection closed without leaving and it did not come back within {}: revoking its lease",
+                    human(crate::loss::RECONNECT_GRACE)
+                ),
+            });
+            String::new()
+        }
     }
 }
 
