@@ -129,17 +129,24 @@ pub(super) fn failure(e: &RendezvousError) -> Failure {
     }
 }
 
+/// The driver and the store work of one session: what it talks to, its state, and the I/O
+/// handles beside it.
 pub(super) struct Actor {
-    pub store: Arc<dyn Store>,
-    pub round: Round,
-    pub ledger: Ledger,
-    pub cfg: SessionConfig,
-    pub rules: Rules,
+    /// The store (for its name in messages).
+    pub(super) store: Arc<dyn Store>,
+    /// The run's rounds and its store door.
+    pub(super) round: Round,
+    /// The run's checkpoint ledger.
+    pub(super) ledger: Ledger,
+    /// This session's settings.
+    pub(super) cfg: SessionConfig,
+    /// The generation core's rules.
+    pub(super) rules: Rules,
     /// What the step needs besides the state.
     params: Params,
     events: mpsc::UnboundedSender<Event>,
     /// The session's state (the lease and the last generation in it).
-    pub state: Session,
+    pub(super) state: Session,
     /// The handles beside the state's phase.
     pub(super) handles: Handles,
     /// When the agent last sent anything (ms since the epoch).
@@ -148,15 +155,15 @@ pub(super) struct Actor {
     pub(super) run_heard: Option<Arc<AtomicU64>>,
     keeper: Option<tokio::task::JoinHandle<()>>,
     lost_tx: mpsc::UnboundedSender<Lost>,
-    pub(super) lost_rx: mpsc::UnboundedReceiver<Lost>,
+    lost_rx: mpsc::UnboundedReceiver<Lost>,
     /// This session's token under `sessions/<node>` (server-side sessions).
-    pub token: String,
+    pub(super) token: String,
     /// Where the agent answers peer probes (its last candidacy's address and probe port).
     pub(super) probe_at: Option<(String, u16)>,
 }
 
 impl Actor {
-    pub fn new(
+    pub(super) fn new(
         store: Arc<dyn Store>,
         cfg: SessionConfig,
         events: mpsc::UnboundedSender<Event>,
@@ -222,17 +229,17 @@ impl Actor {
         ));
     }
 
-    pub fn stop_keeper(&mut self) {
+    pub(super) fn stop_keeper(&mut self) {
         if let Some(k) = self.keeper.take() {
             k.abort();
         }
     }
 
-    pub fn emit(&self, ev: Event) {
+    pub(super) fn emit(&self, ev: Event) {
         let _ = self.events.send(ev);
     }
 
-    pub async fn finished(&self) -> Result<Option<RunEnd>, StoreError> {
+    pub(super) async fn finished(&self) -> Result<Option<RunEnd>, StoreError> {
         self.round.state().finished().await
     }
 
@@ -302,7 +309,7 @@ impl Actor {
 
     /// The driver: one `select!` over the agent's requests, the round, the generation's watch,
     /// the deadlines of the state and the keeper; each wake-up is an [`Input`] for the step.
-    pub async fn run(
+    pub(super) async fn run(
         &mut self,
         resume: Option<Resume>,
         mut requests: mpsc::UnboundedReceiver<Request>,
@@ -482,7 +489,7 @@ impl Actor {
 
     /// Fences from inside store work (the lease was found lost, or the node was given up):
     /// stops renewing, tells the agent, and returns the phase to go to.
-    pub fn fence(&mut self, reason: String) -> Phase {
+    pub(super) fn fence(&mut self, reason: String) -> Phase {
         tracing::error!(node = %self.cfg.node_id, "{reason}");
         self.stop_keeper();
         self.state.lease = None;
@@ -492,7 +499,7 @@ impl Actor {
 
     /// Joins the round with `cand` (a fresh lease if the old one ran out): the round's future
     /// goes to the handles, the phase returned is the waiting one.
-    pub async fn join(&mut self, cand: Join) -> Result<Phase, RendezvousError> {
+    pub(super) async fn join(&mut self, cand: Join) -> Result<Phase, RendezvousError> {
         let c = &cand.candidate;
         self.probe_at = Some((c.advertise_addr.clone(), c.probe_port));
         let mut lease = self.ensure_lease().await?;
