@@ -71,22 +71,30 @@
 //!
 //! ## The session's states
 //!
+//! Every transition is one pure `session::step` over the session's state (`session/state.rs`:
+//! the phase, the lease, the last generation, a pending retry); the actor only turns I/O into
+//! inputs and carries out the effects.
+//!
 //! ```text
 //!              open (fresh lease, or a reconnect's resume)
 //!                         │
 //!                         ▼
-//!   ┌─────────────────▶ Idle ◀──────────── Fenced (lease lost: keeper, or a join's txn)
-//!   │                     │ Join(candidate, after)
-//!   │                     ▼
-//!   │                 Waiting ── round failed / run finished ──▶ Idle (Error / Finished)
+//!   ┌─────────────────▶ Idle        Fenced { reason } ◀── lease lost (keeper, a join's txn),
+//!   │                     │ Join       │ Join (new lease)   given up, sent away by a split
+//!   │                     ▼ ◀──────────┘
+//!   │         Waiting { join, since } ── round failed / run finished ──▶ Idle (Error / Finished)
 //!   │                     │ plan of g formed: members/<g>/<node>, watch gen/<g>/…
 //!   │                     ▼
-//!   │   Running { plan, successor_deadline, scale_up: Option<PendingScaleUp> }
+//!   │   Running(Running { plan, successor_deadline, scale_up, arrivals, save_clock, silence })
 //!   │     │  watch event or deadline ──▶ generation::step ──▶ effects (close g, ask a save…)
 //!   │     │  Failed  ──▶ failure_verdict: spend one restart and close g │ end the run
 //!   │     │  Succeeded ──▶ exit_barrier: the last node writes `finished`
 //!   └─────┤  gen/<g>/closed ──▶ Reform          finished ──▶ Finished
 //!         └─ Leave ──▶ Left (lease revoked; the session ends)
+//!
+//!   Idle | Fenced ── StandBy ──▶ StandingBy { at, told } ── the run ended ──▶ Idle (Finished)
+//!   the agent's stream ends (server) ──▶ Abandoned { lease, at, gone, held } ──▶ Left
+//!   a store that does not answer ──▶ Retry { what, tries, at } beside the phase
 //! ```
 //!
 //! Where the decisions live: forming a round — [`decisions::core::decide`] (including "no

@@ -24,7 +24,10 @@
 //! * A lost lease (expired or revoked) is [`Event::Fenced`]: the node is no longer a member and
 //!   must stop its workers; its next Join starts over with a new lease.
 //!
-//! Layout: [`protocol`](self) types here; `actor.rs` (the phase and the one `select!` loop),
+//! Layout: [`protocol`](self) types here; `state.rs` (the phase, the lease and the last
+//! generation, the inputs and effects), `step.rs` (the pure transitions over every input),
+//! `actor.rs` (the driver: the one `select!` loop that executes the step's effects),
+//! `requests.rs` (the store work of the agent's requests),
 //! `generation.rs` (the pure generation core: every decision of a running generation),
 //! `running.rs` (entering and watching a generation), `writes.rs` (guarded store writes),
 //! `membership.rs` (node loss), `keeper.rs` (the lease keeper).
@@ -43,6 +46,7 @@ mod membership;
 #[cfg(test)]
 mod outage_tests;
 mod protocol;
+mod requests;
 #[cfg(test)]
 mod resume_tests;
 mod running;
@@ -54,6 +58,8 @@ pub mod split;
 pub mod standby;
 #[cfg(test)]
 mod standby_tests;
+mod state;
+mod step;
 #[cfg(test)]
 mod test_support;
 mod verdicts;

@@ -136,7 +136,7 @@ impl Agent {
                     }
                     if let Some(drun_rendezvous::Event::Committed { generation, step, result }) = &ev {
                         // The answer to a step persisted behind the training, in any phase.
-                        self.answered(*generation, *step, result, &mut w);
+                        self.answered(*generation, *step, result, w.stage.as_mut(), w.ledger.as_ref());
                     }
                     if let Some(drun_rendezvous::Event::Fenced(why)) = &ev {
                         w.partition.sent_away = why.starts_with(drun_rendezvous::session::split::PARTITIONED);
@@ -172,7 +172,7 @@ impl Agent {
                 _ = hang_check.tick(), if self.cfg.observe.hang_timeout.is_some() => Some(Input::HangCheck),
                 _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
                 Some(done) = stage::next_done(&mut w.stage_done) => {
-                    self.persisted(done, &mut w, link);
+                    self.persisted(done, w.stage.as_mut(), w.ledger.as_mut(), link);
                     None
                 }
                 v = join(&mut w.verifying), if w.verifying.is_some() => {

@@ -1,18 +1,21 @@
-//! The session actor: its phase, its one `select!` loop, and the requests of its agent.
+//! The session's driver: one `select!` loop that turns I/O into [`Input`]s for the pure
+//! [`step`](super::step::step) and carries out the [`Effect`]s it returns; opening the session
+//! and joining a round (the store work of the agent's requests is in `requests.rs`).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-use super::generation::{self, Rules, Running};
+use super::generation::{self, Rules};
 use super::keeper::{self, KeeperConfig, Lost};
 use super::protocol::{Event, Request, Resume, RunEnd, SessionConfig};
-use super::standby;
+use super::state::{Attempt, Decided, Effect, Failure, Input, LossLook, Params, Phase, Session};
+use super::step;
 use crate::clock::now_ms;
-use crate::decisions::loss;
-use crate::ledger::{Ledger, LedgerError, NodeCommit, Retention};
+use crate::ledger::Ledger;
 use crate::store::{LeaseId, Store, WatchEvent};
 use crate::{Join, Plan, RendezvousError, Round, StoreError};
 
@@ -23,99 +26,142 @@ pub(super) type Waiter =
 /// The watches of a running generation, merged (`None`: a watch broke).
 pub(super) type Watch = mpsc::UnboundedReceiver<Option<WatchEvent>>;
 
-/// Where the session is. Its deadlines live in [`Running`].
-// One value per session, moved between states: its size does not matter.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum Phase {
-    /// Holding a lease (or fenced), neither waiting nor running.
-    Idle,
-    /// The agent left (its lease is revoked): the session ends, closing its event stream.
-    Left,
-    /// Joined the round with this request; the waiter resolves to the plan.
-    Waiting(Join, Waiter),
-    /// A member of a running generation, watching it.
-    Running(Running, Watch),
-    /// Sent away by a partition, the agent stands by (`standby.rs`): the run is looked at
-    /// again at `at`; `told` is what the agent heard last.
-    StandingBy {
-        /// When to look next.
-        at: tokio::time::Instant,
-        /// The last look said.
-        told: Option<standby::Look>,
-    },
+/// The I/O handles beside the state: the round's future while waiting, the generation's watch
+/// while running. Dropped as soon as the phase they belong to is left.
+#[derive(Default)]
+pub(super) struct Handles {
+    /// The round this node waits in (in a mutex only so that the actor is `Sync`: it is
+    /// reached through `&mut`, never locked).
+    pub waiter: Option<std::sync::Mutex<Waiter>>,
+    /// The running generation's watch.
+    pub watch: Option<Watch>,
 }
 
-impl Phase {
-    /// The generation running, if any.
-    pub fn running_generation(&self) -> Option<u64> {
-        match self {
-            Phase::Running(r, _) => Some(r.generation()),
-            _ => None,
+impl Handles {
+    /// Keeps only what `phase` uses.
+    fn keep_for(&mut self, phase: &Phase) {
+        if !phase.is_waiting() {
+            self.waiter = None;
+        }
+        if !phase.is_running() {
+            self.watch = None;
         }
     }
+}
 
-    /// What a waiting or running phase hears next: the round's decision, a watch event of the
-    /// generation, or its next deadline. Never resolves in the other phases.
-    async fn next(&mut self) -> Wake {
-        match self {
-            Phase::Waiting(_, w) => Wake::Plan(w.await),
-            Phase::Running(run, watch) => {
-                let at = run.wake_at();
-                tokio::select! {
-                    ev = watch.recv() => Wake::Watch(ev),
-                    () = sleep_until_opt(at) => Wake::Deadline,
-                }
-            }
-            Phase::StandingBy { at, .. } => {
-                tokio::time::sleep_until(*at).await;
-                Wake::Deadline
-            }
-            Phase::Idle | Phase::Left => std::future::pending().await,
+/// The round's decision, or never.
+async fn decided(waiter: Option<&mut std::sync::Mutex<Waiter>>) -> Result<Plan, RendezvousError> {
+    match waiter {
+        Some(w) => {
+            w.get_mut()
+                .expect("the waiter is never locked, so never poisoned")
+                .await
         }
+        None => std::future::pending().await,
+    }
+}
+
+/// The watch's next event, or never.
+async fn watched(watch: Option<&mut Watch>) -> Option<Option<WatchEvent>> {
+    match watch {
+        Some(w) => w.recv().await,
+        None => std::future::pending().await,
     }
 }
 
 /// Sleeps until `at`, or forever when `None`.
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
         None => std::future::pending().await,
     }
 }
 
-/// What woke the loop.
-enum Wake {
-    Request(Option<Request>),
-    Plan(Result<Plan, RendezvousError>),
-    Watch(Option<Option<WatchEvent>>),
-    Deadline,
-    LeaseLost(Lost),
+/// The round's decision as the step reads it.
+fn decision(r: Result<Plan, RendezvousError>) -> Decided {
+    match r {
+        Ok(plan) => Decided::Plan(plan),
+        Err(RendezvousError::RunFinished(_)) => Decided::RunFinished,
+        Err(e @ RendezvousError::Store(_)) => Decided::StoreError(e.to_string()),
+        Err(e) => Decided::Failed(e.to_string()),
+    }
 }
 
+/// What one try brought back.
+// One per try, moved at once into the step's input: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Outcome {
+    /// `Some(phase)` replaces the phase.
+    Phase(Option<Phase>),
+    /// One look for a member's loss.
+    Loss(LossLook),
+}
+
+/// The step's input for a try of `what` that came back with `result`.
+fn tried(what: Attempt, tries: u32, result: Result<Outcome, RendezvousError>) -> Input {
+    match (what, result.map_err(|e| failure(&e))) {
+        (Attempt::Attribute(attribution), result) => Input::Looked {
+            attribution,
+            tries,
+            result: result.map(|o| match o {
+                Outcome::Loss(l) => l,
+                Outcome::Phase(_) => unreachable!("a look for a loss sees a loss or none"),
+            }),
+        },
+        (what, result) => Input::Tried {
+            what,
+            tries,
+            result: result.map(|o| match o {
+                Outcome::Phase(p) => p,
+                Outcome::Loss(_) => unreachable!("only a look for a loss sees one"),
+            }),
+        },
+    }
+}
+
+/// A store operation's error as the step reads it.
+pub(super) fn failure(e: &RendezvousError) -> Failure {
+    Failure {
+        transient: is_transient(e),
+        message: e.to_string(),
+    }
+}
+
+/// The driver and the store work of one session: what it talks to, its state, and the I/O
+/// handles beside it.
 pub(super) struct Actor {
-    pub store: Arc<dyn Store>,
-    pub round: Round,
-    pub ledger: Ledger,
-    pub cfg: SessionConfig,
-    pub rules: Rules,
+    /// The store (for its name in messages).
+    pub(super) store: Arc<dyn Store>,
+    /// The run's rounds and its store door.
+    pub(super) round: Round,
+    /// The run's checkpoint ledger.
+    pub(super) ledger: Ledger,
+    /// This session's settings.
+    pub(super) cfg: SessionConfig,
+    /// The generation core's rules.
+    pub(super) rules: Rules,
+    /// What the step needs besides the state.
+    params: Params,
     events: mpsc::UnboundedSender<Event>,
-    pub lease: Option<LeaseId>,
-    pub last_gen: u64,
+    /// The session's state (the lease and the last generation in it).
+    pub(super) state: Session,
+    /// The handles beside the state's phase.
+    pub(super) handles: Handles,
     /// When the agent last sent anything (ms since the epoch).
     heard: Arc<AtomicU64>,
     /// When any agent of the run last sent anything to this server (server-side sessions).
     pub(super) run_heard: Option<Arc<AtomicU64>>,
     keeper: Option<tokio::task::JoinHandle<()>>,
     lost_tx: mpsc::UnboundedSender<Lost>,
-    pub(super) lost_rx: mpsc::UnboundedReceiver<Lost>,
+    lost_rx: mpsc::UnboundedReceiver<Lost>,
     /// This session's token under `sessions/<node>` (server-side sessions).
-    pub token: String,
+    pub(super) token: String,
     /// Where the agent answers peer probes (its last candidacy's address and probe port).
     pub(super) probe_at: Option<(String, u16)>,
 }
 
 impl Actor {
-    pub fn new(
+    pub(super) fn new(
         store: Arc<dyn Store>,
         cfg: SessionConfig,
         events: mpsc::UnboundedSender<Event>,
@@ -123,22 +169,29 @@ impl Actor {
         run_heard: Option<Arc<AtomicU64>>,
     ) -> Self {
         let (lost_tx, lost_rx) = mpsc::unbounded_channel();
+        let rules = Rules {
+            max_nodes: cfg.round.max_nodes,
+            scale_up_save: cfg.scale_up_save,
+            scale_up_window: cfg.round.last_call,
+            lease_ttl: cfg.lease_ttl,
+            max_restarts: cfg.max_restarts,
+            ckpt_interval: cfg.ckpt_interval,
+        };
         Self {
             round: Round::new(store.clone(), &cfg.run_id, cfg.round),
             ledger: Ledger::new(store.clone(), &cfg.run_id),
-            rules: Rules {
-                max_nodes: cfg.round.max_nodes,
-                scale_up_save: cfg.scale_up_save,
-                scale_up_window: cfg.round.last_call,
-                lease_ttl: cfg.lease_ttl,
-                max_restarts: cfg.max_restarts,
-                ckpt_interval: cfg.ckpt_interval,
+            params: Params {
+                node: cfg.node_id.clone(),
+                rules,
+                renews_itself: cfg.auto_keep_alive,
+                keep_alive: cfg.keep_alive_interval,
             },
+            rules,
             store,
             cfg,
             events,
-            lease: None,
-            last_gen: 0,
+            state: Session::default(),
+            handles: Handles::default(),
             heard,
             run_heard,
             keeper: None,
@@ -174,26 +227,26 @@ impl Actor {
         ));
     }
 
-    pub fn stop_keeper(&mut self) {
+    pub(super) fn stop_keeper(&mut self) {
         if let Some(k) = self.keeper.take() {
             k.abort();
         }
     }
 
-    pub fn emit(&self, ev: Event) {
+    pub(super) fn emit(&self, ev: Event) {
         let _ = self.events.send(ev);
     }
 
-    pub async fn finished(&self) -> Result<Option<RunEnd>, StoreError> {
+    pub(super) async fn finished(&self) -> Result<Option<RunEnd>, StoreError> {
         self.round.state().finished().await
     }
 
     async fn ensure_lease(&mut self) -> Result<LeaseId, StoreError> {
-        if let Some(l) = self.lease {
+        if let Some(l) = self.state.lease {
             return Ok(l);
         }
         let l = self.round.state().grant_lease(self.cfg.lease_ttl).await?;
-        self.lease = Some(l);
+        self.state.lease = Some(l);
         self.start_keeper(l);
         self.claim(l).await?;
         self.emit(Event::Opened { lease: l });
@@ -204,18 +257,18 @@ impl Actor {
     async fn open(&mut self, resume: Option<Resume>) -> Result<Option<Phase>, RendezvousError> {
         match resume {
             Some(r) if self.round.state().keep_alive(r.lease).await.is_ok() => {
-                self.lease = Some(r.lease);
+                self.state.lease = Some(r.lease);
                 self.start_keeper(r.lease);
                 self.claim(r.lease).await?;
                 self.emit(Event::Opened { lease: r.lease });
                 if r.generation > 0 {
                     if let Some(plan) = self.round.plan(r.generation).await? {
-                        self.last_gen = r.generation;
+                        self.state.last_gen = r.generation;
                         return self.running(plan, None, false).await.map(Some);
                     }
                 } else if let Some(c) = r.waiting {
                     if let Some(plan) = self.admitted_while_away().await? {
-                        self.last_gen = plan.generation;
+                        self.state.last_gen = plan.generation;
                         return self.running(plan, None, true).await.map(Some);
                     }
                     return self.join(c).await.map(Some);
@@ -223,7 +276,7 @@ impl Actor {
             }
             Some(r) => {
                 // The next world must be newer than the one this node was fenced from.
-                self.last_gen = self.last_gen.max(r.generation);
+                self.state.last_gen = self.state.last_gen.max(r.generation);
                 // A store that no longer holds the generation this node ran in has lost the
                 // run's state (a restarted server on the memory store keeps none): that, not
                 // an expiry, is why the lease is unknown.
@@ -238,7 +291,8 @@ impl Actor {
                 } else {
                     format!("lease {:#x} expired while reconnecting", r.lease)
                 };
-                self.emit(Event::Fenced(why));
+                self.emit(Event::Fenced(why.clone()));
+                return Ok(Some(Phase::Fenced { reason: why }));
             }
             None => {
                 if let Some(end) = self.finished().await? {
@@ -251,122 +305,179 @@ impl Actor {
         Ok(Some(Phase::Idle))
     }
 
-    /// The actor: one `select!` over the agent's requests, the round, the generation's watch,
-    /// its deadlines and the keeper; every wake-up handled in [`Self::on_wake`].
-    pub async fn run(
+    /// The driver: one `select!` over the agent's requests, the round, the generation's watch,
+    /// the deadlines of the state and the keeper; each wake-up is an [`Input`] for the step.
+    pub(super) async fn run(
         &mut self,
         resume: Option<Resume>,
         mut requests: mpsc::UnboundedReceiver<Request>,
     ) -> Result<(), RendezvousError> {
-        let Some(mut phase) = self.open(resume).await? else {
+        let Some(phase) = self.open(resume).await? else {
             return Ok(());
         };
-        loop {
-            if let Phase::Left = phase {
-                return Ok(());
-            }
-            let wake = tokio::select! {
-                req = requests.recv() => Wake::Request(req),
-                wake = phase.next() => wake,
-                Some(lost) = self.lost_rx.recv() => Wake::LeaseLost(lost),
+        self.state.phase = phase;
+        self.handles.keep_for(&self.state.phase);
+        while !self.state.phase.is_left() {
+            let at = self.state.wake_at();
+            let reads_requests = self.state.reads_requests();
+            let reads_round = self.state.reads_round();
+            let Handles { waiter, watch } = &mut self.handles;
+            let input = tokio::select! {
+                req = requests.recv(), if reads_requests => match req {
+                    Some(r) => Input::Request(r),
+                    None => Input::RequestsClosed,
+                },
+                plan = decided(waiter.as_mut()), if reads_round && waiter.is_some() => {
+                    self.handles.waiter = None;
+                    Input::Decided(decision(plan))
+                }
+                ev = watched(watch.as_mut()), if reads_round && watch.is_some() => {
+                    match ev.flatten() {
+                        None => Input::WatchBroke,
+                        Some(ev) => {
+                            let g = self.state.phase.running_generation().unwrap_or_default();
+                            Input::Watch(generation::classify(self.round.keys(), g, ev)?)
+                        }
+                    }
+                }
+                () = sleep_until_opt(at) => Input::Tick,
+                Some(lost) = self.lost_rx.recv() => Input::LeaseLost(lost),
             };
-            match self.on_wake(wake, phase).await? {
-                Some(next) => phase = next,
-                None => return Ok(()),
+            self.apply(input).await?;
+        }
+        Ok(())
+    }
+
+    /// Steps on `input`, carries out the effects, and steps on what they bring back.
+    async fn apply(&mut self, input: Input) -> Result<(), RendezvousError> {
+        let mut inputs = VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            let state = std::mem::take(&mut self.state);
+            let (state, effects, reason) = step::step(state, input, Instant::now(), &self.params);
+            self.state = state;
+            self.handles.keep_for(&self.state.phase);
+            if !reason.is_empty() {
+                let g = self.state.phase.running_generation();
+                tracing::debug!(run = %self.cfg.run_id, gen = ?g, "{reason}");
+            }
+            for effect in effects {
+                if let Some(next) = self.carry_out(effect).await? {
+                    inputs.push_back(next);
+                }
             }
         }
+        Ok(())
     }
 
-    /// Handles one wake-up of the loop; `None`: the session ends.
-    async fn on_wake(
-        &mut self,
-        wake: Wake,
-        phase: Phase,
-    ) -> Result<Option<Phase>, RendezvousError> {
-        Ok(Some(match (wake, phase) {
-            (Wake::Request(None), _) => {
-                self.abandoned().await?;
-                return Ok(None);
-            }
-            (Wake::Request(Some(r)), phase) => self.on_request(r, phase).await?,
-            (Wake::LeaseLost(lost), phase) => {
-                if self.fence_if_current(lost) {
-                    Phase::Idle
-                } else {
-                    phase
+    /// Carries out one effect of the step; what it brings back is the step's next input.
+    async fn carry_out(&mut self, effect: Effect) -> Result<Option<Input>, RendezvousError> {
+        Ok(match effect {
+            Effect::Emit(ev) => {
+                if let Event::Fenced(reason) = &ev {
+                    tracing::error!(node = %self.cfg.node_id, "{reason}");
                 }
+                self.emit(ev);
+                None
             }
-            (Wake::Plan(plan), Phase::Waiting(cand, _)) => self.formed(plan, cand).await?,
-            (Wake::Watch(ev), Phase::Running(run, watch)) => match ev.flatten() {
-                None => self.rewatch(run).await,
-                Some(ev) => self.on_watch(run, watch, ev).await?,
-            },
-            (Wake::Deadline, Phase::Running(run, watch)) => self.on_deadline(run, watch).await?,
-            (Wake::Deadline, Phase::StandingBy { told, .. }) => self.look_standing_by(told).await,
-            (Wake::Plan(_) | Wake::Watch(_) | Wake::Deadline, _) => {
-                unreachable!("only a waiting phase has a plan, only a running one a watch")
+            Effect::Try { what, tries } => Some(self.try_once(what, tries).await),
+            Effect::Generation { effects, ends } => Some(self.execute_all(effects, ends).await?),
+            Effect::StopKeeper => {
+                self.stop_keeper();
+                None
             }
-        }))
-    }
-
-    /// The round this node waited in decided.
-    async fn formed(
-        &mut self,
-        plan: Result<Plan, RendezvousError>,
-        cand: Join,
-    ) -> Result<Phase, RendezvousError> {
-        Ok(match plan {
-            Ok(plan) => {
-                self.last_gen = plan.generation;
-                match self.running(plan.clone(), None, true).await {
-                    Ok(p) => p,
-                    Err(e) if is_transient(&e) => self.rewatch_plan(plan, None).await,
-                    Err(e) => return Err(e),
+            Effect::Release(lease) => {
+                self.stop_keeper();
+                if let Err(e) = self.round.state().revoke_lease(lease).await {
+                    tracing::debug!(error = %e, "could not revoke the lease of a failed round; it expires");
                 }
+                None
             }
-            Err(RendezvousError::RunFinished(_)) => {
-                // A standby (or a late joiner) of a run that ended: the agent ends as a joiner
-                // of a finished run does.
-                self.release().await;
+            Effect::ReportFinished => {
                 match self.finished().await {
                     Ok(Some(end)) => self.emit(Event::Finished(end)),
                     _ => self.emit(Event::Error(format!("run {} finished", self.cfg.run_id))),
                 }
-                Phase::Idle
+                None
             }
-            Err(RendezvousError::Store(e)) if self.lease.is_some() => {
-                tracing::warn!(error = %e, "rendezvous store error while waiting; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                self.join(cand).await.unwrap_or(Phase::Idle)
+            Effect::Look => Some(Input::Seen(
+                self.seen_standing_by().await.map_err(|e| e.to_string()),
+            )),
+            Effect::Knock => Some(Input::Knocked(self.knock_agent().await)),
+            Effect::CheckSpeaks => Some(Input::Speaks(
+                self.still_speaks_for_the_node()
+                    .await
+                    .map(|speaks| (speaks, self.run_silent()))
+                    .map_err(|e| failure(&e)),
+            )),
+            Effect::RevokeAbandoned { lease, why } => {
+                tracing::warn!(run = %self.cfg.run_id, node = %self.cfg.node_id, "{why}");
+                self.revoke_abandoned(lease).await?;
+                None
             }
-            Err(e) => {
-                self.release().await;
-                self.emit(Event::Error(e.to_string()));
-                Phase::Idle
+            Effect::Warn(line) => {
+                tracing::warn!(run = %self.cfg.run_id, node = %self.cfg.node_id, "{line}");
+                None
             }
         })
     }
 
-    /// A node whose round failed (join timeout, refused) is no candidate any more: its lease,
-    /// and with it its waiting key, goes now — not once its agent's connection closes and the
-    /// reconnect grace passes, during which a node arriving would form a group with it.
-    async fn release(&mut self) {
-        if let Some(l) = self.lease.take() {
-            self.stop_keeper();
-            if let Err(e) = self.round.state().revoke_lease(l).await {
-                tracing::debug!(error = %e, "could not revoke the lease of a failed round; it expires");
+    /// Tries `what` once. A request, or entering a generation again, races the keeper: a lost
+    /// lease fences at once (fencing stays bounded by the TTL, not by the store's answer): the
+    /// step hears [`Input::LeaseLost`] instead of the try's outcome. A stale keeper's report
+    /// (an earlier lease) starts the try over.
+    async fn try_once(&mut self, what: Attempt, tries: u32) -> Input {
+        let races = !matches!(
+            what,
+            Attempt::Join(_) | Attempt::Enter { announce: true, .. }
+        );
+        let mut lost_rx = std::mem::replace(&mut self.lost_rx, mpsc::unbounded_channel().1);
+        let input = loop {
+            let mut phase = std::mem::take(&mut self.state.phase);
+            let outcome = tokio::select! {
+                r = self.attempt(&what, &mut phase) => Ok(r),
+                Some(lost) = lost_rx.recv(), if races => Err(lost),
+            };
+            self.state.phase = phase;
+            match outcome {
+                Ok(result) => break tried(what, tries, result),
+                Err(lost) if generation::fences(self.state.lease, lost.0) => {
+                    break Input::LeaseLost(lost)
+                }
+                Err(lost) => {
+                    tracing::debug!(
+                        lease = format!("{:#x}", lost.0),
+                        "a stale keeper's report: {}",
+                        lost.1
+                    );
+                }
             }
-        }
+        };
+        self.lost_rx = lost_rx;
+        input
     }
 
-    /// Fences when `lost` is this session's current lease (a stale keeper's report is not);
-    /// true when it did.
-    pub(super) fn fence_if_current(&mut self, (lease, reason): Lost) -> bool {
-        let current = generation::fences(self.lease, lease);
-        if current {
-            self.fence(reason);
+    /// One try of `what` (`phase`: the current one).
+    async fn attempt(
+        &mut self,
+        what: &Attempt,
+        phase: &mut Phase,
+    ) -> Result<Outcome, RendezvousError> {
+        match what {
+            Attempt::Request(req) => self.handle(req.clone(), phase).await.map(Outcome::Phase),
+            Attempt::Enter {
+                plan,
+                before,
+                announce,
+            } => self
+                .running(plan.clone(), before.as_deref().cloned(), *announce)
+                .await
+                .map(|p| Outcome::Phase(Some(p))),
+            Attempt::Join(cand) => self
+                .join(cand.clone())
+                .await
+                .map(|p| Outcome::Phase(Some(p))),
+            Attempt::Attribute(a) => self.look_for_loss(a).await.map(Outcome::Loss),
         }
-        current
     }
 
     /// Whether the agent was heard at or after `at_ms` (ms since the epoch).
@@ -374,34 +485,39 @@ impl Actor {
         self.heard.load(std::sync::atomic::Ordering::SeqCst) >= at_ms
     }
 
-    pub fn fence(&mut self, reason: String) {
+    /// Fences from inside store work (the lease was found lost, or the node was given up):
+    /// stops renewing, tells the agent, and returns the phase to go to.
+    pub(super) fn fence(&mut self, reason: String) -> Phase {
         tracing::error!(node = %self.cfg.node_id, "{reason}");
         self.stop_keeper();
-        self.lease = None;
-        self.emit(Event::Fenced(reason));
+        self.state.lease = None;
+        self.emit(Event::Fenced(reason.clone()));
+        Phase::Fenced { reason }
     }
 
-    pub async fn join(&mut self, cand: Join) -> Result<Phase, RendezvousError> {
+    /// Joins the round with `cand` (a fresh lease if the old one ran out): the round's future
+    /// goes to the handles, the phase returned is the waiting one.
+    pub(super) async fn join(&mut self, cand: Join) -> Result<Phase, RendezvousError> {
         let c = &cand.candidate;
         self.probe_at = Some((c.advertise_addr.clone(), c.probe_port));
         let mut lease = self.ensure_lease().await?;
         // A node that comes back is no longer lost; its old membership goes as the join
         // arrives, in one transaction (see `Round::rejoin`).
-        let joined = self.round.rejoin(&cand, lease, self.last_gen).await;
+        let joined = self.round.rejoin(&cand, lease, self.state.last_gen).await;
         if let Err(StoreError::LeaseLost(_)) = joined {
             // The lease ran out while this node was stopped or cut off (the keeper has not said
             // so yet): this node was fenced; it joins as a newcomer with a fresh lease.
             tracing::warn!(node = %self.cfg.node_id, "lease {lease:#x} expired; joining with a new lease");
             self.stop_keeper();
-            self.lease = None;
+            self.state.lease = None;
             lease = self.ensure_lease().await?;
-            self.round.rejoin(&cand, lease, self.last_gen).await?;
+            self.round.rejoin(&cand, lease, self.state.last_gen).await?;
         } else {
             joined?;
         }
         let round = self.round.clone();
         let node = self.cfg.node_id.clone();
-        let after = self.last_gen;
+        let after = self.state.last_gen;
         let events = self.events.clone();
         let waiter: Waiter = Box::pin(async move {
             round
@@ -410,260 +526,11 @@ impl Actor {
                 })
                 .await
         });
-        Ok(Phase::Waiting(cand, waiter))
-    }
-
-    /// Handles a request, retrying transient store errors for up to ~10 s. A lease lost
-    /// meanwhile fences at once (fencing stays bounded by the TTL, not by these retries).
-    async fn on_request(&mut self, req: Request, phase: Phase) -> Result<Phase, RendezvousError> {
-        let mut lost_rx = std::mem::replace(&mut self.lost_rx, mpsc::unbounded_channel().1);
-        let r = self.on_request_or_lost(req, phase, &mut lost_rx).await;
-        self.lost_rx = lost_rx;
-        r
-    }
-
-    async fn on_request_or_lost(
-        &mut self,
-        req: Request,
-        phase: Phase,
-        lost_rx: &mut mpsc::UnboundedReceiver<Lost>,
-    ) -> Result<Phase, RendezvousError> {
-        let mut phase = phase;
-        let mut attempt = 0;
-        loop {
-            let result = tokio::select! {
-                r = self.handle(req.clone(), &mut phase) => r,
-                Some(lost) = lost_rx.recv() => {
-                    if self.fence_if_current(lost) {
-                        return Ok(Phase::Idle);
-                    }
-                    continue;
-                }
-            };
-            match result {
-                Err(e) if is_transient(&e) && attempt < 19 => {
-                    attempt += 1;
-                    tracing::warn!(error = %e, ?req, "store unavailable; retrying the request");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Ok(Some(next)) => return Ok(next),
-                Ok(None) => return Ok(phase),
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// One attempt at a request; `Some(phase)` replaces the phase.
-    async fn handle(
-        &mut self,
-        req: Request,
-        phase: &mut Phase,
-    ) -> Result<Option<Phase>, RendezvousError> {
-        match req {
-            Request::Join(cand, after) => {
-                let waiting = matches!(phase, Phase::Waiting(..));
-                if generation::join_is_duplicate(waiting, phase.running_generation(), after) {
-                    return Ok(None);
-                }
-                if let Some(end) = self.finished().await? {
-                    self.emit(Event::Finished(end));
-                    return Ok(Some(Phase::Idle));
-                }
-                self.join(cand).await.map(Some)
-            }
-            // Noted by the forwarder in `spawn_session`; the keeper task renews. It may be the
-            // answer to a ping (`silence`).
-            Request::KeepAlive => {
-                if let Phase::Running(run, _) = phase {
-                    self.agent_heard(run);
-                }
-                Ok(None)
-            }
-            Request::Succeeded(g) => {
-                self.round.state().record_done(g, &self.cfg.node_id).await?;
-                if let Phase::Running(run, _) = &*phase {
-                    if run.generation() == g {
-                        self.maybe_finish(&run.plan).await?;
-                    }
-                }
-                Ok(None)
-            }
-            Request::Failed {
-                generation,
-                description,
-                cause,
-            } => {
-                let (restart, restarts, cause) = self
-                    .decide_failure(generation, &description, cause.as_ref())
-                    .await?;
-                self.emit(Event::FailureDecision {
-                    restart,
-                    restarts,
-                    cause,
-                });
-                Ok(None)
-            }
-            Request::Commit { commit, retention } => {
-                let running = match &*phase {
-                    Phase::Running(run, _) => Some(run.plan.clone()),
-                    _ => None,
-                };
-                self.commit(running.as_ref(), commit, retention).await?;
-                Ok(None)
-            }
-            Request::Preempt { generation, reason } => {
-                self.request_save(generation, reason, false).await?;
-                Ok(None)
-            }
-            Request::Report { kind, json } => {
-                self.report(kind, json.clone()).await?;
-                match phase {
-                    Phase::Running(run, _) if kind == crate::store::reports::ReportKind::Peers => {
-                        self.accuse(run, &json).await?;
-                        let plan = run.plan.clone();
-                        self.judge_partition(&plan).await
-                    }
-                    _ => Ok(None),
-                }
-            }
-            Request::MarkBad {
-                generation,
-                id,
-                reason,
-            } => {
-                self.ledger.mark_bad(&id, &reason).await?;
-                self.close(
-                    generation,
-                    format!(
-                        "checkpoint {} failed verification on node {}: {reason}",
-                        crate::ledger::describe_id(&id),
-                        self.cfg.node_id
-                    ),
-                    false,
-                )
-                .await?;
-                Ok(None)
-            }
-            Request::Leave => {
-                self.leave().await?;
-                Ok(Some(Phase::Left))
-            }
-            // A repeat while standing by, or a stale one once the node joined again: nothing.
-            Request::StandBy(_) => Ok(matches!(phase, Phase::Idle).then(|| Phase::StandingBy {
-                at: tokio::time::Instant::now(),
-                told: None,
-            })),
-        }
-    }
-
-    /// Looks at the run for the agent standing by and tells it what changed (`standby.rs`). A
-    /// store that does not answer is asked again at the next look.
-    async fn look_standing_by(&mut self, told: Option<standby::Look>) -> Phase {
-        let next = tokio::time::Instant::now() + standby::LOOK_EVERY;
-        let seen = match self.seen_standing_by().await {
-            Ok(seen) => seen,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot look at the run for a standing-by node");
-                return Phase::StandingBy { at: next, told };
-            }
-        };
-        let look = standby::look(&self.cfg.node_id, seen);
-        if told.as_ref() != Some(&look) {
-            match &look {
-                standby::Look::Ended(end) => {
-                    self.emit(Event::Finished(end.clone()));
-                    return Phase::Idle;
-                }
-                standby::Look::Reach(reach) => self.emit(Event::StandBy(reach.clone())),
-            }
-        }
-        Phase::StandingBy {
-            at: next,
-            told: Some(look),
-        }
-    }
-
-    /// What a standing-by node's session reads of the run: its end, the current generation's
-    /// live members and the waiting candidates.
-    async fn seen_standing_by(&self) -> Result<standby::Seen, RendezvousError> {
-        if let Some(end) = self.finished().await? {
-            return Ok(standby::Seen {
-                finished: Some(end),
-                ..standby::Seen::default()
-            });
-        }
-        let (g, _) = self.round.current_generation().await?;
-        let mut members = Vec::new();
-        if g > 0 {
-            if let Some(plan) = self.round.plan(g).await? {
-                let live = self.round.live_members(g).await?;
-                members = plan
-                    .members
-                    .iter()
-                    .filter(|m| live.contains(&m.node_id))
-                    .cloned()
-                    .collect();
-            }
-        }
-        let waiting = self
-            .round
-            .waiting()
-            .await?
-            .into_iter()
-            .map(|j| j.candidate)
-            .collect();
-        Ok(standby::Seen {
-            finished: None,
-            members,
-            waiting,
+        self.handles.waiter = Some(std::sync::Mutex::new(waiter));
+        Ok(Phase::Waiting {
+            join: cand,
+            since: Instant::now(),
         })
-    }
-
-    /// Records this node's checkpoint report, if its generation runs here, and answers it.
-    async fn commit(
-        &mut self,
-        running: Option<&Plan>,
-        commit: NodeCommit,
-        retention: Retention,
-    ) -> Result<(), RendezvousError> {
-        let result = match running {
-            Some(plan) if plan.generation == commit.generation => {
-                match self.ledger.commit(plan, &commit, retention).await {
-                    Ok(o) => Ok(o),
-                    Err(LedgerError::Store(e)) => return Err(e.into()),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
-            _ => Err(format!(
-                "stale commit: generation {} is not running on node {}",
-                commit.generation, self.cfg.node_id
-            )),
-        };
-        if let Err(e) = &result {
-            tracing::warn!(
-                step = commit.step,
-                gen = commit.generation,
-                "checkpoint commit refused: {e}"
-            );
-        }
-        self.emit(Event::Committed {
-            generation: commit.generation,
-            step: commit.step,
-            result,
-        });
-        Ok(())
-    }
-
-    /// Leaves the run: records why, revokes the lease (survivors re-form).
-    async fn leave(&mut self) -> Result<(), RendezvousError> {
-        if let Some(l) = self.lease {
-            self.stop_keeper();
-            let state = self.round.state();
-            state.record_lost(&self.cfg.node_id, loss::LEFT).await?;
-            state.revoke_lease(l).await?;
-            self.lease = None;
-        }
-        Ok(())
     }
 }
 

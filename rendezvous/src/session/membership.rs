@@ -1,20 +1,17 @@
-//! The session's view of membership loss: which session speaks for a node, a vanished agent's
-//! lease revoked after the reconnect grace, lost members named, and a worker failure that
-//! coincides with a loss attributed to it (see [`crate::decisions::loss`]).
+//! The session's store work around membership loss: which session speaks for a node, the knock
+//! on a vanished agent's probe port and the revocation of its lease (when, is the step's), lost
+//! members named, and one look whether a worker failure coincides with a loss (see
+//! [`crate::decisions::loss`]).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::actor::Actor;
-use super::hold;
 use super::liveness::{self, Knock};
 use super::protocol::SaveRequest;
+use super::state::{Attribution, LossLook};
 use crate::clock::now_ms;
 use crate::decisions::loss;
-use crate::human::duration as human;
-use crate::round::Restarts;
 use crate::store::LeaseId;
 use crate::{Plan, RendezvousError, StoreError};
 
@@ -44,7 +41,7 @@ impl Actor {
     /// later join of the node deletes it in the same transaction), is that admission.
     pub(super) async fn admitted_while_away(&self) -> Result<Option<Plan>, StoreError> {
         let (g, _) = self.round.current_generation().await?;
-        if g == 0 || g <= self.last_gen {
+        if g == 0 || g <= self.state.last_gen {
             return Ok(None);
         }
         if !self.round.state().is_member(g, &self.cfg.node_id).await? {
@@ -57,75 +54,23 @@ impl Actor {
             .filter(|p| p.member(&self.cfg.node_id).is_some()))
     }
 
-    /// The agent's stream ended without a Leave (its process died, or its connection broke).
-    /// Server-side, after [`loss::RECONNECT_GRACE`], the lease is revoked unless the agent
-    /// reconnected meanwhile (another session claimed the node) or the run is over: the others
-    /// learn of a crashed agent in about a second instead of a lease TTL.
-    pub(super) async fn abandoned(&mut self) -> Result<(), RendezvousError> {
-        let Some(lease) = self.lease.filter(|_| !self.cfg.auto_keep_alive) else {
-            return Ok(());
-        };
-        // The grace, cut short when the agent's host says its probe port is closed: the
-        // process is gone, no reconnect will come (`liveness.rs`).
-        let grace_ends = Instant::now() + loss::RECONNECT_GRACE;
-        let knocked = match self.probe_address().await {
+    /// Knocks on the abandoned agent's probe port, up to [`loss::RECONNECT_GRACE`]
+    /// (`liveness.rs`); no address to knock at is no evidence.
+    pub(super) async fn knock_agent(&self) -> Knock {
+        match self.probe_address().await {
             Some((host, port)) => {
                 let tag = crate::probe::run_tag(&self.cfg.run_id);
                 liveness::knock(tag, &host, port, loss::RECONNECT_GRACE).await
             }
             None => Knock::NoAnswer,
-        };
-        if knocked == Knock::Gone {
-            if !self.still_speaks_for_the_node().await? {
-                return Ok(());
-            }
-            tracing::warn!(
-                run = %self.cfg.run_id,
-                node = %self.cfg.node_id,
-                "the agent's connection closed without leaving and its host says nothing listens on its probe port any more (its process is gone): revoking its lease"
-            );
-            return self.revoke_abandoned(lease).await;
         }
-        tokio::time::sleep_until(grace_ends).await;
-        let mut held = false;
-        loop {
-            if !self.still_speaks_for_the_node().await? {
-                return Ok(());
-            }
-            let run_silent = self
-                .run_heard
-                .as_ref()
-                .map(|r| Duration::from_millis(now_ms().saturating_sub(r.load(Ordering::SeqCst))));
-            match hold::after_break(run_silent, self.cfg.lease_ttl) {
-                hold::AfterBreak::Hold => {
-                    if !held {
-                        held = true;
-                        tracing::warn!(
-                            run = %self.cfg.run_id,
-                            node = %self.cfg.node_id,
-                            "the agent's connection broke, but no agent of the run was heard for {} either: this server is more likely cut off than every node; holding its lease (up to {}) for it to come back",
-                            human(run_silent.unwrap_or_default()),
-                            human(hold::HOLD_MAX)
-                        );
-                    }
-                    tokio::time::sleep(self.cfg.keep_alive_interval.min(Duration::from_secs(1)))
-                        .await;
-                }
-                hold::AfterBreak::Revoke if held => {
-                    // The run is heard again: give this agent as long to come back.
-                    held = false;
-                    tokio::time::sleep(hold::return_grace(self.cfg.lease_ttl)).await;
-                }
-                hold::AfterBreak::Revoke => break,
-            }
-        }
-        tracing::warn!(
-            run = %self.cfg.run_id,
-            node = %self.cfg.node_id,
-            "the agent's connection closed without leaving and it did not come back within {}: revoking its lease",
-            human(loss::RECONNECT_GRACE)
-        );
-        self.revoke_abandoned(lease).await
+    }
+
+    /// How long no agent of the run was heard on this server (`None`: not a server session).
+    pub(super) fn run_silent(&self) -> Option<Duration> {
+        self.run_heard
+            .as_ref()
+            .map(|r| Duration::from_millis(now_ms().saturating_sub(r.load(Ordering::SeqCst))))
     }
 
     /// Where this node's agent answers peer probes: its candidacy's, or its member entry's in
@@ -134,7 +79,7 @@ impl Actor {
         if let Some(at) = &self.probe_at {
             return Some(at.clone()).filter(|(_, port)| *port != 0);
         }
-        let plan = self.round.plan(self.last_gen).await.ok()??;
+        let plan = self.round.plan(self.state.last_gen).await.ok()??;
         let me = plan.member(&self.cfg.node_id)?;
         (me.probe_port != 0).then(|| (me.advertise_addr.clone(), me.probe_port))
     }
@@ -164,20 +109,20 @@ impl Actor {
     }
 
     /// Records why the agent is gone and revokes its lease: the others re-form.
-    async fn revoke_abandoned(&mut self, lease: LeaseId) -> Result<(), RendezvousError> {
+    pub(super) async fn revoke_abandoned(&mut self, lease: LeaseId) -> Result<(), RendezvousError> {
         let state = self.round.state().clone();
         self.stop_keeper();
         state
             .record_lost(&self.cfg.node_id, loss::CONNECTION_CLOSED)
             .await?;
         state.revoke_lease(lease).await?;
-        self.lease = None;
+        self.state.lease = None;
         Ok(())
     }
 
     /// Whether this session still speaks for its node: no other session claimed it (the agent
     /// reconnected elsewhere) and the run has not finished.
-    async fn still_speaks_for_the_node(&self) -> Result<bool, RendezvousError> {
+    pub(super) async fn still_speaks_for_the_node(&self) -> Result<bool, RendezvousError> {
         let speaks = self
             .round
             .state()
@@ -211,51 +156,40 @@ impl Actor {
         Ok(latest.is_some_and(|(id, _)| id > req.latest_before))
     }
 
-    /// A worker failure of generation `g` that coincides with a membership loss (see
-    /// [`loss`]): waits up to [`loss::ATTRIBUTION_WINDOW`] for a member to vanish, or for
-    /// someone to close `g`, unless every other member's agent answers a knock at once (then
-    /// nobody is being lost). On a loss, closes `g` as a membership restart naming the lost
-    /// node(s) first and returns the restart counts; `None`: the failure is the workers' own.
-    pub(super) async fn attribute_to_loss(
-        &self,
-        g: u64,
-        description: &str,
-    ) -> Result<Option<Restarts>, RendezvousError> {
+    /// One look whether the worker failure `a` coincides with a membership loss (see
+    /// [`loss`]; the step looks again until the window ends): a member gone closes the
+    /// generation as a membership restart naming the lost node(s) first; a re-form under way,
+    /// or every other member's agent answering a knock (asked once), says the failure is the
+    /// workers' own.
+    pub(super) async fn look_for_loss(&self, a: &Attribution) -> Result<LossLook, RendezvousError> {
+        let g = a.generation;
         let Some(plan) = self.round.plan(g).await? else {
-            return Ok(None);
+            return Ok(LossLook::NotALoss);
         };
         if plan.members.len() < 2 {
-            return Ok(None);
+            return Ok(LossLook::NotALoss);
         }
-        let deadline = Instant::now() + loss::ATTRIBUTION_WINDOW;
-        let mut knocked = false;
-        loop {
-            if self.round.state().closed(g).await?.is_some() {
-                // A re-form is under way (a loss, or a peer that failed first): decided there.
-                return Ok(None);
-            }
-            let lost = self.lost_members(&plan).await?;
-            if !lost.is_empty() {
-                let reason = loss::attributed(&lost, description);
-                self.close(g, reason, true).await?;
-                return Ok(Some(self.round.restarts().await?));
-            }
-            if !knocked {
-                knocked = true;
-                if self.every_other_agent_answers(&plan).await {
-                    tracing::info!(
-                        run = %self.cfg.run_id,
-                        gen = g,
-                        "every other node's agent answers its probe port: the failure is the workers' own"
-                    );
-                    return Ok(None);
-                }
-                continue;
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        if self.round.state().closed(g).await?.is_some() {
+            // A re-form is under way (a loss, or a peer that failed first): decided there.
+            return Ok(LossLook::NotALoss);
         }
+        let lost = self.lost_members(&plan).await?;
+        if !lost.is_empty() {
+            let reason = loss::attributed(&lost, &a.description);
+            self.close(g, reason, true).await?;
+            return Ok(LossLook::Lost(self.round.restarts().await?));
+        }
+        if a.knocked {
+            return Ok(LossLook::Unseen);
+        }
+        if self.every_other_agent_answers(&plan).await {
+            tracing::info!(
+                run = %self.cfg.run_id,
+                gen = g,
+                "every other node's agent answers its probe port: the failure is the workers' own"
+            );
+            return Ok(LossLook::NotALoss);
+        }
+        Ok(LossLook::Knocked)
     }
 }

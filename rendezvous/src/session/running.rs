@@ -1,65 +1,16 @@
 //! Entering and watching a running generation: the store I/O around the pure generation core.
 
-use std::time::Duration;
-
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::actor::{is_transient, Actor, Phase, Watch};
-use super::generation::{self, Effect, Input, Running};
+use super::actor::{failure, is_transient, Actor, Watch};
+use super::generation::{self, Effect, Running};
 use super::protocol::{Event, SaveRequest};
+use super::state::{Input, Phase};
 use crate::human::duration as human;
-use crate::store::WatchEvent;
 use crate::{Plan, RendezvousError, StoreError};
 
 impl Actor {
-    /// Re-establishes the watch of a running generation after the store hiccuped, retrying
-    /// transient errors; the agent hears nothing unless something really changed.
-    pub(super) async fn rewatch(&mut self, run: Running) -> Phase {
-        let plan = run.plan.clone();
-        self.rewatch_plan(plan, Some(run)).await
-    }
-
-    /// [`Self::rewatch`] from a plan (and the view before, if any).
-    ///
-    /// A lease lost meanwhile (the store stayed away for a whole TTL) fences at once: the keeper's
-    /// verdict is not left waiting behind the retries, so fencing stays bounded by the TTL.
-    pub(super) async fn rewatch_plan(&mut self, plan: Plan, before: Option<Running>) -> Phase {
-        // Borrowed out of `self` for the duration, so it can be raced against `self.running`.
-        let mut lost_rx = std::mem::replace(&mut self.lost_rx, mpsc::unbounded_channel().1);
-        let phase = loop {
-            let attempt = tokio::select! {
-                r = self.running(plan.clone(), before.clone(), false) => r,
-                Some(lost) = lost_rx.recv() => {
-                    if self.fence_if_current(lost) {
-                        break Phase::Idle;
-                    }
-                    continue;
-                }
-            };
-            match attempt {
-                Ok(p) => break p,
-                Err(e) if is_transient(&e) && self.lease.is_some() => {
-                    tracing::warn!(error = %e, "store unavailable; retrying the watch");
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                        Some(lost) = lost_rx.recv() => {
-                            if self.fence_if_current(lost) {
-                                break Phase::Idle;
-                            }
-                        }
-                    }
-                }
-                Err(e) => {
-                    self.emit(Event::Error(e.to_string()));
-                    break Phase::Idle;
-                }
-            }
-        };
-        self.lost_rx = lost_rx;
-        phase
-    }
-
     /// Enters generation `plan.generation`: membership key, watch, and a check of what may have
     /// happened before the watch started. `before`: this session's view of it, on a re-watch.
     pub(super) async fn running(
@@ -68,7 +19,7 @@ impl Actor {
         before: Option<Running>,
         announce: bool,
     ) -> Result<Phase, RendezvousError> {
-        let Some(lease) = self.lease else {
+        let Some(lease) = self.state.lease else {
             return Ok(Phase::Idle);
         };
         let state = self.round.state().clone();
@@ -79,7 +30,7 @@ impl Actor {
             .await;
         match resp {
             Err(StoreError::LeaseLost(_)) => {
-                self.fence(if before.is_some() {
+                return Ok(self.fence(if before.is_some() {
                     // Re-entering after the watch broke: the store was out past lease_ttl.
                     format!(
                         "lease expired while generation {} ran (the store was unreachable for longer than lease_ttl)",
@@ -87,8 +38,7 @@ impl Actor {
                     )
                 } else {
                     format!("lease lost before joining generation {}", plan.generation)
-                });
-                return Ok(Phase::Idle);
+                }));
             }
             Err(e) => return Err(e.into()),
             Ok(_) => {}
@@ -148,7 +98,8 @@ impl Actor {
                 .await?
                 .and_then(|f| f.door);
         }
-        Ok(Phase::Running(run, watch))
+        self.handles.watch = Some(watch);
+        Ok(Phase::Running(run))
     }
 
     /// The watches of a running generation, merged into one channel (`None` = a watch broke).
@@ -212,65 +163,43 @@ impl Actor {
         }
     }
 
-    /// A watch event of the running generation.
-    pub(super) async fn on_watch(
+    /// Carries out the generation core's effects on the running generation, in order; the
+    /// outcome is the step's next input. A node given up meanwhile is fenced.
+    pub(super) async fn execute_all(
         &mut self,
-        run: Running,
-        watch: Watch,
-        ev: WatchEvent,
-    ) -> Result<Phase, RendezvousError> {
-        let input = generation::classify(self.round.keys(), run.generation(), ev)?;
-        self.on_input(run, watch, input).await
-    }
-
-    /// A deadline of the running generation passed.
-    pub(super) async fn on_deadline(
-        &mut self,
-        run: Running,
-        watch: Watch,
-    ) -> Result<Phase, RendezvousError> {
-        self.on_input(run, watch, Input::Tick).await
-    }
-
-    /// Asks the core, carries out its effects; a transient store error re-watches.
-    async fn on_input(
-        &mut self,
-        mut run: Running,
-        watch: Watch,
-        input: Input,
-    ) -> Result<Phase, RendezvousError> {
-        let step = generation::step(&mut run, input, Instant::now(), &self.rules);
-        if !step.reason.is_empty() {
-            tracing::debug!(run = %self.cfg.run_id, gen = run.generation(), "{}", step.reason);
-        }
-        for effect in step.effects {
+        effects: Vec<Effect>,
+        ends: bool,
+    ) -> Result<Input, RendezvousError> {
+        let Phase::Running(mut run) = std::mem::take(&mut self.state.phase) else {
+            unreachable!("the step asks for a generation's effects only while it runs")
+        };
+        let mut next = None;
+        for effect in effects {
             match self.execute(&mut run, effect).await {
-                Ok(()) => {}
+                Ok(fenced) => next = fenced.or(next),
                 Err(e) if is_transient(&e) => {
-                    tracing::warn!(error = %e, "store error while watching the group; re-watching");
-                    return Ok(self.rewatch(run).await);
+                    return Ok(Input::Executed {
+                        run: Box::new(run),
+                        ends,
+                        result: Err(failure(&e)),
+                    })
                 }
                 Err(e) => return Err(e),
             }
         }
-        // A node given up ([`Effect::GiveUpIfUnheard`]) was fenced: no generation runs here.
-        Ok(if step.ends || self.lease.is_none() {
-            Phase::Idle
-        } else {
-            Phase::Running(run, watch)
+        Ok(Input::Executed {
+            run: Box::new(run),
+            ends,
+            result: Ok(next),
         })
     }
 
-    /// The agent sent something while `run` runs: the answer to a ping, if one is out.
-    pub(super) fn agent_heard(&self, run: &mut Running) {
-        let step = generation::step(run, Input::AgentHeard, Instant::now(), &self.rules);
-        if !step.reason.is_empty() {
-            tracing::info!(run = %self.cfg.run_id, gen = run.generation(), "{}", step.reason);
-        }
-    }
-
-    /// Carries out one effect of the generation core.
-    async fn execute(&mut self, run: &mut Running, effect: Effect) -> Result<(), RendezvousError> {
+    /// Carries out one effect of the generation core; `Some(phase)`: the node was fenced.
+    async fn execute(
+        &mut self,
+        run: &mut Running,
+        effect: Effect,
+    ) -> Result<Option<Phase>, RendezvousError> {
         let g = run.generation();
         match effect {
             Effect::Emit(ev) => self.emit(ev),
@@ -288,7 +217,7 @@ impl Actor {
                     .reason;
                     tracing::info!(run = %self.cfg.run_id, gen = g, "{why}");
                 } else {
-                    self.give_up(g, reason).await?;
+                    return self.give_up(g, reason).await.map(Some);
                 }
             }
             Effect::ReportSaveRequest(v) => self.emit_save_request(&v),
@@ -353,6 +282,6 @@ impl Actor {
                 }
             }
         }
-        Ok(())
+        Ok(None)
     }
 }

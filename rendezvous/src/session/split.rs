@@ -7,9 +7,10 @@
 
 use std::collections::BTreeSet;
 
-use super::actor::{Actor, Phase};
+use super::actor::Actor;
 use super::generation::Running;
 use super::protocol::RunEnd;
+use super::state::Phase;
 use crate::clock::now_ms;
 use crate::decisions::partition::{self, Decision};
 use crate::store::reports::ReportKind;
@@ -27,7 +28,7 @@ impl Actor {
         run: &mut Running,
         json: &str,
     ) -> Result<(), RendezvousError> {
-        let Some(lease) = self.lease else {
+        let Some(lease) = self.state.lease else {
             return Ok(());
         };
         let Ok(r) = serde_json::from_str::<serde_json::Value>(json) else {
@@ -56,8 +57,12 @@ impl Actor {
 
     /// Gives this node up as lost in generation `g` (its peers and the server do not hear it,
     /// [`super::silence`]): records why, revokes the lease (its membership key goes, and the
-    /// member watching it re-forms the others) and fences the agent.
-    pub(super) async fn give_up(&mut self, g: u64, reason: String) -> Result<(), RendezvousError> {
+    /// member watching it re-forms the others) and fences the agent (the phase to go to).
+    pub(super) async fn give_up(
+        &mut self,
+        g: u64,
+        reason: String,
+    ) -> Result<Phase, RendezvousError> {
         tracing::warn!(run = %self.cfg.run_id, gen = g, node = %self.cfg.node_id, "node {} is lost: {reason}", self.cfg.node_id);
         let fence = format!("given up: {reason}");
         self.leave_as_lost(reason, fence).await
@@ -65,23 +70,22 @@ impl Actor {
 
     /// Drops this node from its generation: `lost/<node>` says why (`reason`), the lease is
     /// revoked (its membership key goes, and the member watching it re-forms the others), and
-    /// the agent is fenced with `fence`.
+    /// the agent is fenced with `fence` (the phase to go to).
     async fn leave_as_lost(
         &mut self,
         reason: String,
         fence: String,
-    ) -> Result<(), RendezvousError> {
+    ) -> Result<Phase, RendezvousError> {
         let state = self.round.state().clone();
         state.record_lost(&self.cfg.node_id, &reason).await?;
-        if let Some(lease) = self.lease {
+        if let Some(lease) = self.state.lease {
             self.stop_keeper();
             state.revoke_lease(lease).await?;
         }
-        self.fence(fence);
-        Ok(())
+        Ok(self.fence(fence))
     }
 
-    /// Judges `plan`'s generation after a peers report; `Some(Idle)`: this node was sent away.
+    /// Judges `plan`'s generation after a peers report; `Some(Fenced)`: this node was sent away.
     pub(super) async fn judge_partition(
         &mut self,
         plan: &Plan,
@@ -112,8 +116,7 @@ impl Actor {
             Decision::Split { leave, reason, .. } if leave.contains(&me) => {
                 tracing::warn!(run = %self.cfg.run_id, gen = plan.generation, node = %self.cfg.node_id, "{reason}");
                 let fence = format!("{PARTITIONED}: {reason}");
-                self.leave_as_lost(reason, fence).await?;
-                Ok(Some(Phase::Idle))
+                self.leave_as_lost(reason, fence).await.map(Some)
             }
             Decision::Split { .. } => Ok(None),
             Decision::End { reason } => {

@@ -20,7 +20,11 @@ impl Actor {
             tracing::warn!(node = %self.cfg.node_id, "{why}; dropped");
             return Ok(());
         }
-        let lease = if kind.leased() { self.lease } else { None };
+        let lease = if kind.leased() {
+            self.state.lease
+        } else {
+            None
+        };
         if kind.leased() && lease.is_none() {
             return Ok(());
         }
@@ -118,16 +122,13 @@ impl Actor {
     /// (the verdict is [`generation::failure_verdict`]'s). The failure that decides (`cause`,
     /// when a worker failed) is recorded as `g`'s root cause and named in a failed run's end;
     /// an end returns the run's root cause as recorded (another node's when its failure ended
-    /// the run first).
+    /// the run first). Asked once the step found no member's loss behind the failure.
     pub(super) async fn decide_failure(
         &self,
         g: u64,
         description: &str,
         cause: Option<&RootCause>,
     ) -> Result<(bool, Restarts, Option<RootCause>), RendezvousError> {
-        if let Some(restarts) = self.attribute_to_loss(g, description).await? {
-            return Ok((true, restarts, None));
-        }
         let state = self.round.state();
         loop {
             let restarts = self.round.restarts().await?;

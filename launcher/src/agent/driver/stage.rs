@@ -12,7 +12,6 @@ use drun_rendezvous::session::Request;
 use drun_rendezvous::{Manifest, NodeCommit};
 use tokio::sync::mpsc;
 
-use super::World;
 use crate::agent::Agent;
 use crate::ckpt::memory::decide::{Admit, EndWait, Key, Table};
 use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile};
@@ -274,12 +273,18 @@ impl Stage {
 impl Agent {
     /// The persister's outcome for one step: once on disk and verified, the node's commit goes
     /// to the ledger.
-    pub(super) fn persisted(&self, done: Done, w: &mut World, link: &Link) {
-        let Some(stage) = w.stage.as_mut() else {
+    pub(super) fn persisted(
+        &self,
+        done: Done,
+        stage: Option<&mut Stage>,
+        ledger: Option<&mut NodeLedger>,
+        link: &Link,
+    ) {
+        let Some(stage) = stage else {
             return;
         };
         let persisted = u64::from(done.result.is_ok());
-        let batch = stage.done(done, w.ledger.as_mut());
+        let batch = stage.done(done, ledger);
         if let Some(m) = &self.metrics {
             let (held, lag) = stage.lag();
             m.staging(held, lag, persisted);
@@ -300,16 +305,14 @@ impl Agent {
         generation: u64,
         step: u64,
         result: &Result<drun_rendezvous::CommitOutcome, String>,
-        w: &mut World,
+        stage: Option<&mut Stage>,
+        ledger: Option<&NodeLedger>,
     ) {
-        let Some(stage) = w.stage.as_mut() else {
+        let Some(stage) = stage else {
             return;
         };
         stage.answered((step, generation));
-        let published_by_ledger = w
-            .ledger
-            .as_ref()
-            .is_some_and(|l| l.generation() == generation);
+        let published_by_ledger = ledger.is_some_and(|l| l.generation() == generation);
         if let (
             false,
             Ok(drun_rendezvous::CommitOutcome::Sealed {

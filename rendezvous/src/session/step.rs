@@ -1,0 +1,648 @@
+//! The session's transitions: [`step`], a pure function of (state, input, now, params)
+//! returning the next state, the effects for the driver (`actor.rs`) to carry out and a reason
+//! a human can read. Every [`Input`] is matched here, exhaustively; a running generation's
+//! inputs go on to the generation core ([`generation::step`]). Retries are decided here: a
+//! store operation that failed transiently becomes a [`Retry`] with its deadline in the state,
+//! and the driver only sleeps until [`Session::wake_at`].
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::generation::{self, Running};
+use super::hold;
+use super::keeper::Lost;
+use super::liveness::Knock;
+use super::protocol::{Event, Request};
+use super::standby::{self, Look, Seen};
+use super::state::{
+    Abandoned, Attempt, Attribution, Decided, Effect, Failure, Input, LossLook, Params, Phase,
+    Retry, Session, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
+};
+use crate::human::duration as human;
+
+/// One transition: the session after `input` at `now`, what the driver must do, and why
+/// (empty: nothing worth saying).
+pub(crate) fn step(
+    mut s: Session,
+    input: Input,
+    now: Instant,
+    p: &Params,
+) -> (Session, Vec<Effect>, String) {
+    let mut fx = Vec::new();
+    let reason = match input {
+        Input::Request(req) => on_request(&mut s, req, now, p, &mut fx),
+        Input::RequestsClosed => on_closed(&mut s, now, p, &mut fx),
+        Input::Knocked(k) => on_knocked(&mut s, k, &mut fx),
+        Input::Speaks(r) => on_speaks(&mut s, r, now, p, &mut fx),
+        Input::Decided(d) => on_decided(&mut s, d, now, &mut fx),
+        Input::Watch(ev) => on_generation(&mut s, ev, now, p, &mut fx),
+        Input::WatchBroke => match std::mem::take(&mut s.phase) {
+            Phase::Running(run) => {
+                let g = run.generation();
+                fx.push(Effect::Try {
+                    what: Attempt::Enter {
+                        plan: run.plan.clone(),
+                        before: Some(Box::new(run)),
+                        announce: false,
+                    },
+                    tries: 0,
+                });
+                format!("the watch of generation {g} broke; watching it again")
+            }
+            other => {
+                s.phase = other;
+                String::new()
+            }
+        },
+        Input::LeaseLost(lost) => on_lost(&mut s, lost, &mut fx),
+        Input::Tick => on_tick(&mut s, now, p, &mut fx),
+        Input::Tried {
+            what,
+            tries,
+            result,
+        } => on_tried(&mut s, what, tries, result, now, &mut fx),
+        Input::Executed { run, ends, result } => on_executed(&mut s, *run, ends, result, &mut fx),
+        Input::Seen(seen) => on_seen(&mut s, seen, now, p, &mut fx),
+        Input::Looked {
+            attribution,
+            tries,
+            result,
+        } => on_looked(&mut s, attribution, tries, result, now, &mut fx),
+    };
+    (s, fx, reason)
+}
+
+/// An agent's request. Keep-alives, stand-bys and duplicate joins are decided here; the rest
+/// is store work for the driver.
+fn on_request(
+    s: &mut Session,
+    req: Request,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    match req {
+        Request::Join(_, after)
+            if generation::join_is_duplicate(
+                s.phase.is_waiting(),
+                s.phase.running_generation(),
+                after,
+            ) =>
+        {
+            format!("a duplicate join (after generation {after}) is ignored")
+        }
+        // Noted by the forwarder in `spawn_session`; the keeper task renews. It may be the
+        // answer to a ping (`silence`).
+        Request::KeepAlive => match &mut s.phase {
+            Phase::Running(run) => {
+                generation::step(run, generation::Input::AgentHeard, now, &p.rules).reason
+            }
+            _ => String::new(),
+        },
+        // A repeat while standing by, or a stale one once the node joined again: nothing.
+        Request::StandBy(g) if s.phase.can_stand_by() => {
+            s.phase = Phase::StandingBy {
+                at: now,
+                told: None,
+            };
+            format!("the agent stands by after generation {g}")
+        }
+        Request::StandBy(_) => String::new(),
+        // A worker failure: first, is it a lost member's doing (`crate::decisions::loss`)?
+        Request::Failed {
+            generation,
+            description,
+            cause,
+        } => {
+            fx.push(Effect::Try {
+                what: Attempt::Attribute(Attribution {
+                    generation,
+                    description,
+                    cause,
+                    until: now + crate::decisions::loss::ATTRIBUTION_WINDOW,
+                    knocked: false,
+                }),
+                tries: 0,
+            });
+            format!("a worker failure of generation {generation}: looking for a lost member first")
+        }
+        req @ (Request::Join(..)
+        | Request::Succeeded(_)
+        | Request::Leave
+        | Request::Preempt { .. }
+        | Request::Commit { .. }
+        | Request::Report { .. }
+        | Request::MarkBad { .. }) => {
+            fx.push(Effect::Try {
+                what: Attempt::Request(req),
+                tries: 0,
+            });
+            String::new()
+        }
+    }
+}
+
+/// The round this node waited in decided.
+fn on_decided(s: &mut Session, d: Decided, now: Instant, fx: &mut Vec<Effect>) -> String {
+    let join = match std::mem::take(&mut s.phase) {
+        Phase::Waiting { join, .. } => join,
+        other => {
+            // A decision nobody waits for any more (the driver drops the round when it
+            // leaves the waiting phase).
+            s.phase = other;
+            return String::new();
+        }
+    };
+    match d {
+        Decided::Plan(plan) => {
+            s.last_gen = plan.generation;
+            let why = format!("generation {} formed with this node", plan.generation);
+            fx.push(Effect::Try {
+                what: Attempt::Enter {
+                    plan,
+                    before: None,
+                    announce: true,
+                },
+                tries: 0,
+            });
+            why
+        }
+        Decided::RunFinished => {
+            // A standby (or a late joiner) of a run that ended: the agent ends as a joiner of
+            // a finished run does.
+            release(s, fx);
+            fx.push(Effect::ReportFinished);
+            "the run ended while this node waited".into()
+        }
+        Decided::StoreError(e) if s.lease.is_some() => {
+            s.retry = Some(Retry {
+                what: Attempt::Join(join),
+                tries: 1,
+                at: now + RETRY_PAUSE,
+            });
+            format!("rendezvous store error while waiting ({e}); joining again shortly")
+        }
+        Decided::StoreError(e) | Decided::Failed(e) => {
+            release(s, fx);
+            fx.push(Effect::Emit(Event::Error(e.clone())));
+            format!("the round failed: {e}")
+        }
+    }
+}
+
+/// A node whose round failed (join timeout, refused) is no candidate any more: its lease, and
+/// with it its waiting key, goes now — not once its agent's connection closes and the
+/// reconnect grace passes, during which a node arriving would form a group with it.
+fn release(s: &mut Session, fx: &mut Vec<Effect>) {
+    if let Some(l) = s.lease.take() {
+        fx.push(Effect::Release(l));
+    }
+}
+
+/// An input of the running generation, judged by the generation core.
+fn on_generation(
+    s: &mut Session,
+    ev: generation::Input,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let Phase::Running(run) = &mut s.phase else {
+        return String::new();
+    };
+    let step = generation::step(run, ev, now, &p.rules);
+    if !step.effects.is_empty() || step.ends {
+        fx.push(Effect::Generation {
+            effects: step.effects,
+            ends: step.ends,
+        });
+    }
+    step.reason
+}
+
+/// The keeper lost `lease`: fence when it is the current one (a stale keeper's report is
+/// not). A pending retry goes with the membership: fencing stays bounded by the TTL.
+fn on_lost(s: &mut Session, (lease, reason): Lost, fx: &mut Vec<Effect>) -> String {
+    if !generation::fences(s.lease, lease) {
+        return format!("lease {lease:#x} of an earlier join was lost: {reason}");
+    }
+    if let Phase::Abandoned(_) = s.phase {
+        // Nobody to tell, nothing left to revoke.
+        s.lease = None;
+        s.phase = Phase::Left;
+        fx.push(Effect::StopKeeper);
+        return format!("the abandoned agent's {reason}");
+    }
+    fence(s, reason.clone(), fx);
+    reason
+}
+
+/// The lease is gone: stop renewing it, tell the agent, drop what was pending.
+fn fence(s: &mut Session, reason: String, fx: &mut Vec<Effect>) {
+    s.lease = None;
+    s.retry = None;
+    fx.push(Effect::StopKeeper);
+    fx.push(Effect::Emit(Event::Fenced(reason.clone())));
+    if !s.phase.is_left() {
+        s.phase = Phase::Fenced { reason };
+    }
+}
+
+/// Time passed: a due retry is tried; otherwise the phase's deadlines.
+fn on_tick(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> String {
+    if let Some(r) = s.retry.take() {
+        if r.at > now {
+            s.retry = Some(r);
+            return String::new();
+        }
+        fx.push(Effect::Try {
+            what: r.what,
+            tries: r.tries,
+        });
+        return format!("trying again (try {})", r.tries + 1);
+    }
+    match &s.phase {
+        Phase::Running(_) => on_generation(s, generation::Input::Tick, now, p, fx),
+        Phase::StandingBy { at, .. } if *at <= now => {
+            fx.push(Effect::Look);
+            String::new()
+        }
+        Phase::Abandoned(a) if a.at.is_some_and(|at| at <= now) => {
+            if let Phase::Abandoned(a) = &mut s.phase {
+                a.at = None;
+            }
+            fx.push(Effect::CheckSpeaks);
+            String::new()
+        }
+        Phase::StandingBy { .. }
+        | Phase::Abandoned(_)
+        | Phase::Idle
+        | Phase::Waiting { .. }
+        | Phase::Fenced { .. }
+        | Phase::Left => String::new(),
+    }
+}
+
+/// The agent's stream ended without a Leave (its process died, or its connection broke).
+/// Server-side, after [`crate::decisions::loss::RECONNECT_GRACE`] its lease is revoked unless the agent
+/// reconnected meanwhile (another session claimed the node) or the run is over: the others
+/// learn of a crashed agent in about a second instead of a lease TTL. The grace is cut short
+/// when the agent's host says its probe port is closed (`liveness.rs`).
+fn on_closed(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> String {
+    s.retry = None;
+    match s.lease {
+        Some(lease) if !p.renews_itself => {
+            s.phase = Phase::Abandoned(Abandoned {
+                lease,
+                at: Some(now + crate::decisions::loss::RECONNECT_GRACE),
+                gone: false,
+                held: false,
+            });
+            fx.push(Effect::Knock);
+            "the agent's stream ended without a leave: knocking on its probe port".into()
+        }
+        _ => {
+            s.phase = Phase::Left;
+            "the agent's stream ended".into()
+        }
+    }
+}
+
+/// The abandoned agent's host answered the knock (or did not).
+fn on_knocked(s: &mut Session, k: Knock, fx: &mut Vec<Effect>) -> String {
+    let Phase::Abandoned(a) = &mut s.phase else {
+        return String::new();
+    };
+    if k != Knock::Gone {
+        return String::new();
+    }
+    a.gone = true;
+    a.at = None;
+    fx.push(Effect::CheckSpeaks);
+    "nothing listens on the agent's probe port any more: its process is gone".into()
+}
+
+/// An abandoned agent's look: revoke its lease, hold it while the whole run is silent, or
+/// let another session (or the run's end) have it.
+fn on_speaks(
+    s: &mut Session,
+    r: Result<(bool, Option<Duration>), Failure>,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let mut a = match std::mem::take(&mut s.phase) {
+        Phase::Abandoned(a) => a,
+        other => {
+            s.phase = other;
+            return String::new();
+        }
+    };
+    let (speaks, run_silent) = match r {
+        Ok(seen) => seen,
+        Err(f) => return end(s, f.message, fx),
+    };
+    let ttl = p.rules.lease_ttl;
+    if !speaks {
+        s.phase = Phase::Left;
+        return "another session speaks for the node, or the run ended: its lease stays".into();
+    }
+    if a.gone {
+        s.phase = Phase::Left;
+        s.lease = None;
+        fx.push(Effect::RevokeAbandoned {
+            lease: a.lease,
+            why: "the agent's connection closed without leaving and its host says nothing listens on its probe port any more (its process is gone): revoking its lease".into(),
+        });
+        return String::new();
+    }
+    match hold::after_break(run_silent, ttl) {
+        hold::AfterBreak::Hold => {
+            if !a.held {
+                a.held = true;
+                fx.push(Effect::Warn(format!(
+                    "the agent's connection broke, but no agent of the run was heard for {} either: this server is more likely cut off than every node; holding its lease (up to {}) for it to come back",
+                    human(run_silent.unwrap_or_default()),
+                    human(hold::HOLD_MAX)
+                )));
+            }
+            a.at = Some(now + p.keep_alive.min(Duration::from_secs(1)));
+            s.phase = Phase::Abandoned(a);
+            String::new()
+        }
+        hold::AfterBreak::Revoke if a.held => {
+            // The run is heard again: give this agent as long to come back.
+            a.held = false;
+            a.at = Some(now + hold::return_grace(ttl));
+            s.phase = Phase::Abandoned(a);
+            "the run is heard again: the abandoned agent has a grace to come back".into()
+        }
+        hold::AfterBreak::Revoke => {
+            s.phase = Phase::Left;
+            s.lease = None;
+            fx.push(Effect::RevokeAbandoned {
+                lease: a.lease,
+                why: format!(
+                    "the agent's connection closed without leaving and it did not come back within {}: revoking its lease",
+                    human(crate::decisions::loss::RECONNECT_GRACE)
+                ),
+            });
+            String::new()
+        }
+    }
+}
+
+/// The driver tried `what`. A request is tried up to [`REQUEST_TRIES`] times; entering a
+/// generation again after its watch broke, for as long as the lease lasts; a join after the
+/// store failed in the round, once.
+fn on_tried(
+    s: &mut Session,
+    what: Attempt,
+    tries: u32,
+    result: Result<Option<Phase>, Failure>,
+    now: Instant,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let failure = match result {
+        Ok(next) => {
+            if let Some(next) = next {
+                s.phase = next;
+            }
+            return String::new();
+        }
+        Err(f) => f,
+    };
+    let again = |s: &mut Session, what: Attempt| {
+        s.retry = Some(Retry {
+            what,
+            tries: tries + 1,
+            at: now + RETRY_PAUSE,
+        });
+    };
+    match what {
+        Attempt::Request(req) if failure.transient && tries + 1 < REQUEST_TRIES => {
+            let why = format!(
+                "store unavailable ({}); retrying the request {req:?}",
+                failure.message
+            );
+            again(s, Attempt::Request(req));
+            why
+        }
+        Attempt::Request(_) => end(s, failure.message, fx),
+        Attempt::Enter {
+            plan,
+            announce: true,
+            ..
+        } if failure.transient => {
+            s.phase = Phase::Idle;
+            let g = plan.generation;
+            fx.push(Effect::Try {
+                what: Attempt::Enter {
+                    plan,
+                    before: None,
+                    announce: false,
+                },
+                tries: 0,
+            });
+            format!(
+                "store unavailable entering generation {g} ({}); watching it again",
+                failure.message
+            )
+        }
+        Attempt::Enter { announce: true, .. } => end(s, failure.message, fx),
+        Attempt::Enter {
+            plan,
+            before,
+            announce: false,
+        } if failure.transient && s.lease.is_some() => {
+            let why = format!(
+                "store unavailable ({}); retrying the watch",
+                failure.message
+            );
+            s.phase = Phase::Idle;
+            again(
+                s,
+                Attempt::Enter {
+                    plan,
+                    before,
+                    announce: false,
+                },
+            );
+            why
+        }
+        Attempt::Enter { .. } => {
+            s.phase = Phase::Idle;
+            fx.push(Effect::Emit(Event::Error(failure.message.clone())));
+            format!("cannot watch the generation: {}", failure.message)
+        }
+        Attempt::Join(_) => {
+            s.phase = Phase::Idle;
+            format!("joining again failed: {}", failure.message)
+        }
+        Attempt::Attribute(a) => on_looked(s, a, tries, Err(failure), now, fx),
+    }
+}
+
+/// One look for a member's loss behind a worker failure. A loss restarts the group without
+/// spending the budget; the workers' own failure (or the window's end) is decided against the
+/// budget; meanwhile the failure is looked at again every [`ATTRIBUTION_POLL`].
+fn on_looked(
+    s: &mut Session,
+    mut a: Attribution,
+    tries: u32,
+    result: Result<LossLook, Failure>,
+    now: Instant,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let g = a.generation;
+    let decide = |a: Attribution, fx: &mut Vec<Effect>| {
+        fx.push(Effect::Try {
+            what: Attempt::Request(a.decide()),
+            tries: 0,
+        })
+    };
+    match result {
+        Ok(LossLook::Lost(restarts)) => {
+            fx.push(Effect::Emit(Event::FailureDecision {
+                restart: true,
+                restarts,
+                cause: None,
+            }));
+            format!("the failure in generation {g} is a lost member's doing: a membership restart")
+        }
+        Ok(LossLook::NotALoss) => {
+            decide(a, fx);
+            format!("the failure in generation {g} is the workers' own (or decided by a re-form under way)")
+        }
+        Ok(LossLook::Knocked) => {
+            a.knocked = true;
+            fx.push(Effect::Try {
+                what: Attempt::Attribute(a),
+                tries,
+            });
+            "not every other member's agent answers: looking for a lost member again".into()
+        }
+        Ok(LossLook::Unseen) if now >= a.until => {
+            decide(a, fx);
+            format!("no member of generation {g} was lost within the attribution window")
+        }
+        Ok(LossLook::Unseen) => {
+            s.retry = Some(Retry {
+                what: Attempt::Attribute(a),
+                tries,
+                at: now + ATTRIBUTION_POLL,
+            });
+            String::new()
+        }
+        Err(f) if f.transient && tries + 1 < REQUEST_TRIES => {
+            let why = format!(
+                "store unavailable ({}); looking for a lost member again",
+                f.message
+            );
+            s.retry = Some(Retry {
+                what: Attempt::Attribute(a),
+                tries: tries + 1,
+                at: now + RETRY_PAUSE,
+            });
+            why
+        }
+        Err(f) => end(s, f.message, fx),
+    }
+}
+
+/// The session ends on an error it cannot get past; the agent hears it.
+fn end(s: &mut Session, message: String, fx: &mut Vec<Effect>) -> String {
+    s.phase = Phase::Left;
+    s.retry = None;
+    fx.push(Effect::Emit(Event::Error(message.clone())));
+    format!("the session ends: {message}")
+}
+
+/// The driver carried out the generation core's effects on `run`. A store that did not
+/// answer re-watches the generation; a node given up meanwhile is fenced; a generation that
+/// ended leaves the session idle.
+fn on_executed(
+    s: &mut Session,
+    run: Running,
+    ends: bool,
+    result: Result<Option<Phase>, Failure>,
+    fx: &mut Vec<Effect>,
+) -> String {
+    match result {
+        Err(f) if f.transient => {
+            let g = run.generation();
+            s.phase = Phase::Idle;
+            fx.push(Effect::Try {
+                what: Attempt::Enter {
+                    plan: run.plan.clone(),
+                    before: Some(Box::new(run)),
+                    announce: false,
+                },
+                tries: 0,
+            });
+            format!(
+                "store error while watching generation {g} ({}); re-watching",
+                f.message
+            )
+        }
+        Err(f) => end(s, f.message, fx),
+        Ok(Some(next)) => {
+            s.phase = next;
+            String::new()
+        }
+        Ok(None) if ends || s.lease.is_none() => {
+            s.phase = Phase::Idle;
+            String::new()
+        }
+        Ok(None) => {
+            s.phase = Phase::Running(run);
+            String::new()
+        }
+    }
+}
+
+/// What a standing-by node's session read of the run: tell the agent what changed, look again
+/// in [`standby::LOOK_EVERY`]; a store that did not answer is asked again then.
+fn on_seen(
+    s: &mut Session,
+    seen: Result<Seen, String>,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let told = match std::mem::take(&mut s.phase) {
+        Phase::StandingBy { told, .. } => told,
+        other => {
+            // A look the session no longer stands by for (it joined again).
+            s.phase = other;
+            return String::new();
+        }
+    };
+    let at = now + standby::LOOK_EVERY;
+    let seen = match seen {
+        Ok(seen) => seen,
+        Err(e) => {
+            s.phase = Phase::StandingBy { at, told };
+            return format!("cannot look at the run for a standing-by node: {e}");
+        }
+    };
+    let look = standby::look(&p.node, seen);
+    if told.as_ref() != Some(&look) {
+        match &look {
+            Look::Ended(end) => {
+                fx.push(Effect::Emit(Event::Finished(end.clone())));
+                return format!("the run ended while this node stood by: {}", end.reason);
+            }
+            Look::Reach(reach) => fx.push(Effect::Emit(Event::StandBy(reach.clone()))),
+        }
+    }
+    s.phase = Phase::StandingBy {
+        at,
+        told: Some(look),
+    };
+    String::new()
+}
+
+#[cfg(test)]
+mod tests;
