@@ -4,7 +4,8 @@ Usage: flaky.py OUTDIR
 
 Writes OUTDIR/attempt<TORCHELASTIC_RESTART_COUNT>_rank<RANK> holding a JSON
 object of a few launcher env vars; then, if TORCHELASTIC_RESTART_COUNT is "0"
-and RANK is "1", exits 1 after 0.2 s; otherwise exits 0.
+and RANK is "1", exits 1 0.2 s after rank 0 wrote its record (at most 30 s); otherwise
+exits 0.
 """
 
 import json
@@ -25,6 +26,12 @@ def main():
     info = {key: os.environ.get(key) for key in KEYS}
     write_atomic(os.path.join(outdir, f"attempt{restart}_rank{rank}"), json.dumps(info))
     if restart == "0" and rank == "1":
+        # Fail once rank 0 wrote its record too (its interpreter may start later on a busy
+        # machine), so that the test sees both attempts; at most 30 s.
+        peer = os.path.join(outdir, "attempt0_rank0")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(peer) and time.monotonic() < deadline:
+            time.sleep(0.02)
         time.sleep(0.2)
         print(f"flaky: rank {rank} failing on attempt {restart}", file=sys.stderr, flush=True)
         return 1
