@@ -40,14 +40,7 @@ pub(crate) fn step(
         Input::WatchBroke => match std::mem::take(&mut s.phase) {
             Phase::Running(run) => {
                 let g = run.generation();
-                fx.push(Effect::Try {
-                    what: Attempt::Enter {
-                        plan: run.plan.clone(),
-                        before: Some(Box::new(run)),
-                        announce: false,
-                    },
-                    tries: 0,
-                });
+                fx.push(rewatch(run));
                 format!("the watch of generation {g} broke; watching it again")
             }
             other => {
@@ -573,14 +566,7 @@ fn on_executed(
         Err(f) if f.transient => {
             let g = run.generation();
             s.phase = Phase::Idle;
-            fx.push(Effect::Try {
-                what: Attempt::Enter {
-                    plan: run.plan.clone(),
-                    before: Some(Box::new(run)),
-                    announce: false,
-                },
-                tries: 0,
-            });
+            fx.push(rewatch(run));
             format!(
                 "store error while watching generation {g} ({}); re-watching",
                 f.message
@@ -646,3 +632,16 @@ fn on_seen(
 
 #[cfg(test)]
 mod tests;
+
+/// Enters `run`'s generation again (its watch broke): the same plan, quietly, keeping what the
+/// running generation knew.
+fn rewatch(run: Running) -> Effect {
+    Effect::Try {
+        what: Attempt::Enter {
+            plan: run.plan.clone(),
+            before: Some(Box::new(run)),
+            announce: false,
+        },
+        tries: 0,
+    }
+}
