@@ -239,7 +239,11 @@ fn the_jobset_failure_policies_follow_drun_exit_codes() {
     );
     assert_eq!(
         codes_for("Count"),
-        BTreeSet::from([code(AgentExit::Rendezvous), code(AgentExit::Fenced)])
+        BTreeSet::from([
+            code(AgentExit::Rendezvous),
+            code(AgentExit::Fenced),
+            code(AgentExit::GpuUnhealthy)
+        ])
     );
     assert_eq!(
         codes_for("Ignore"),

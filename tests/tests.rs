@@ -10,6 +10,7 @@ mod elastic;
 mod envcheck;
 mod etcd_secure;
 mod flood;
+mod gpu_health;
 mod hang;
 mod hostile;
 mod json_logs;

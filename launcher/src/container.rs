@@ -32,6 +32,7 @@
 //! | 3 | rendezvous failed (join timeout, unreachable store, name never resolved) | retryable: infrastructure |
 //! | 4 | fenced: lost membership and could not rejoin | retryable: infrastructure |
 //! | 5 | preempted after a sealed coordinated checkpoint | retryable: resume from it |
+//! | 6 | a GPU of this node failed its health check and the run's size is fixed | retryable: another node |
 //! | 128+N | stopped by signal N (143: SIGTERM, pod deleted or evicted) | retryable |
 
 use std::path::{Path, PathBuf};
@@ -80,9 +81,11 @@ pub fn exit_class(exit: AgentExit) -> ExitClass {
     match exit {
         AgentExit::Success => ExitClass::Success,
         AgentExit::WorkerFailure | AgentExit::Usage => ExitClass::Fatal,
-        AgentExit::Rendezvous | AgentExit::Fenced | AgentExit::Preempted | AgentExit::Signal(_) => {
-            ExitClass::Retryable
-        }
+        AgentExit::Rendezvous
+        | AgentExit::Fenced
+        | AgentExit::Preempted
+        | AgentExit::GpuUnhealthy
+        | AgentExit::Signal(_) => ExitClass::Retryable,
     }
 }
 

@@ -137,6 +137,10 @@ pub enum LaunchError {
     /// words (see [`crate::os::exec_error`]).
     #[error("cannot start worker: {0}")]
     WorkerStart(String),
+    /// A GPU of this node failed its health check in a run of a fixed size (exit 6): the GPUs and
+    /// reasons, one line.
+    #[error("{0}")]
+    GpuUnhealthy(String),
     /// An OS-level failure while setting up the agent or spawning workers (exit 1).
     #[error("{what}: {source}")]
     Os {
@@ -173,6 +177,7 @@ impl LaunchError {
             | LaunchError::RunFinished { .. }
             | LaunchError::Store(_) => AgentExit::Rendezvous,
             LaunchError::Os { .. } | LaunchError::WorkerStart(_) => AgentExit::WorkerFailure,
+            LaunchError::GpuUnhealthy(_) => AgentExit::GpuUnhealthy,
         }
     }
 }

@@ -12,9 +12,11 @@ Exit codes:
   4        fenced: lost membership and could not rejoin
   5        preempted: a coordinated checkpoint was sealed after a preemption warning
            (--on-preempt checkpoint); requeue the job to resume from it
+  6        a GPU of this node failed its health check (--gpu-health) and the run's size is
+           fixed, so the node cannot join
   128+N    the agent was stopped by signal N (workers were signalled and reaped first)
 For Kubernetes failure policies (podFailurePolicy, JobSet): 1 and 2 are fatal (the same
-error would recur); 3, 4, 5 and 128+N are retryable (infrastructure, preemption).
+error would recur); 3, 4, 5, 6 and 128+N are retryable (infrastructure, preemption).
 
 drun doctor [FLAGS] [SCRIPT]: print every setting this command line resolves to, where each
 came from (flag, PET_*, Slurm, the Kubernetes operator, default) and the known traps.";
@@ -34,6 +36,8 @@ pub enum AgentExit {
     Fenced,
     /// Checkpointed after a preemption warning: requeue me.
     Preempted,
+    /// A GPU of this node failed its health check and the run's size is fixed: it cannot join.
+    GpuUnhealthy,
     /// Stopped by this signal number after tearing the workers down.
     Signal(i32),
 }
@@ -54,6 +58,7 @@ impl AgentExit {
             AgentExit::Rendezvous => 3,
             AgentExit::Fenced => 4,
             AgentExit::Preempted => 5,
+            AgentExit::GpuUnhealthy => 6,
             AgentExit::Signal(n) => (128 + n).clamp(0, 255) as u8,
         }
     }

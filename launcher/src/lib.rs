@@ -81,6 +81,7 @@ pub mod env;
 pub mod error;
 pub mod exit;
 pub mod fingerprint;
+pub mod gpu_health;
 pub mod group;
 pub mod k8s;
 pub mod logs;

@@ -44,6 +44,7 @@ const PEERS_EVERY: Duration = crate::peers::PROBE_EVERY;
 const REPORT_AGAIN: Duration = Duration::from_secs(2);
 
 mod api;
+mod gpu_check;
 mod hang_dump;
 mod import_wait;
 mod stage;
@@ -79,6 +80,8 @@ struct World {
     partition: standby::Partition,
     /// The first join, held while the warm interpreters import torch (`import_wait`).
     held_join: Option<(Join, u64)>,
+    /// The checks of this node's GPUs (`--gpu-health`; `None`: off or no NVIDIA GPU).
+    gpus: Option<gpu_check::Gpus>,
     /// Checkpoints staged in memory (`--ckpt-memory`), and the persister's outcomes.
     stage: Option<stage::Stage>,
     stage_done: Option<tokio::sync::mpsc::UnboundedReceiver<crate::ckpt::memory::persist::Done>>,
@@ -103,7 +106,10 @@ impl Agent {
     /// Runs the machine to its end.
     pub(super) async fn drive(&mut self, link: &mut Link) -> Result<AgentExit, LaunchError> {
         let p = self.params();
-        let mut w = World::default();
+        let mut w = World {
+            gpus: self.gpu_checks(),
+            ..World::default()
+        };
         if let (Some(budget), Some(dir)) = (self.cfg.ckpt.memory, self.cfg.ckpt.dir.as_deref()) {
             if let Some((s, done)) = stage::Stage::open(budget, dir) {
                 w.stage = Some(s);
@@ -171,6 +177,12 @@ impl Agent {
                 }
                 _ = hang_check.tick(), if self.cfg.observe.hang_timeout.is_some() => Some(Input::HangCheck),
                 _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
+                ev = gpu_check::next(&mut w.gpus) => {
+                    if let Some((cand, after)) = self.on_gpus(ev, &mut w.gpus)? {
+                        self.send_join(cand, after, &mut w, link);
+                    }
+                    None
+                }
                 Some(done) = stage::next_done(&mut w.stage_done) => {
                     self.persisted(done, w.stage.as_mut(), w.ledger.as_mut(), link);
                     None
@@ -340,6 +352,9 @@ impl Agent {
         if w.workers.as_ref() == Some(&now) {
             return None;
         }
+        if let (true, Some(g)) = (now.failed, w.gpus.as_mut()) {
+            g.suspect();
+        }
         // The workers' end waits for their staged checkpoints to reach --ckpt-dir (bounded by
         // --shutdown-timeout): the persister's outcome or the monitor tick looks again.
         if !now.running
@@ -471,14 +486,22 @@ impl Agent {
             return Ok(());
         }
         w.partition.sent_away = false;
-        if self.hold_first_join(&cand, after, w) {
+        if self.gpu_holds_join(&cand, after, &mut w.gpus)? {
             return Ok(());
+        }
+        self.send_join(cand, after, w, link);
+        Ok(())
+    }
+
+    /// Sends the join, unless the first one waits for the warm interpreters' import.
+    fn send_join(&self, cand: Join, after: u64, w: &mut World, link: &Link) {
+        if self.hold_first_join(&cand, after, w) {
+            return;
         }
         if let Some(m) = &self.metrics {
             m.joining();
         }
         let _ = link.tx.send(Request::Join(cand, after));
-        Ok(())
     }
 
     /// A plan arrived: announce it, serve the workers' store, start the resume check.

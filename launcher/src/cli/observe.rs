@@ -52,4 +52,21 @@ pub struct ObserveArgs {
         help_heading = "Metrics"
     )]
     pub preflight_min_gbps: Option<f64>,
+
+    /// Check this node's GPUs before it joins a generation (`nvidia-smi` and the kernel log),
+    /// again when one of its workers failed, and every SECONDS while it trains or stands by. A
+    /// GPU that `nvidia-smi` cannot reach, with uncorrectable ECC errors, with memory held by
+    /// another process, with clocks held back by a hardware or thermal slowdown, or with a
+    /// hardware Xid in the last 10 minutes keeps the node out: it stands by, naming the GPU,
+    /// and joins once the GPU passes (a run of a fixed size ends instead, exit 6). A check that
+    /// cannot be made holds nothing back; a node without an NVIDIA GPU skips it in one line.
+    /// `off` disables it. Default: 30.
+    #[arg(
+        long = "gpu-health",
+        env = "DRUN_GPU_HEALTH",
+        value_name = "SECONDS|off",
+        default_value = "30",
+        help_heading = "Metrics"
+    )]
+    pub gpu_health: String,
 }

@@ -15,6 +15,9 @@ pub struct ObserveConfig {
     pub metrics_port: Option<u16>,
     /// `--preflight`, with its `--preflight-min-gbps` (Gbit/s); `None`: no check.
     pub preflight: Option<Preflight>,
+    /// `--gpu-health`: how often the node's GPUs are checked while it trains or stands by (and
+    /// before every join); `None`: off.
+    pub gpu_health: Option<std::time::Duration>,
 }
 
 /// `--hang-timeout`, `--straggler-factor`, `--metrics-port`, `--preflight` and
@@ -29,7 +32,34 @@ pub(super) fn observe(a: &Args) -> Result<ObserveConfig, ConfigError> {
         straggler_factor: straggler_factor(a.observe.straggler_factor)?,
         metrics_port: a.observe.metrics_port,
         preflight: preflight(a)?,
+        gpu_health: gpu_health(&a.observe.gpu_health)?,
     })
+}
+
+/// `--gpu-health`: `off`, or seconds (with an optional suffix `s` or `m`), at least 1.
+fn gpu_health(v: &str) -> Result<Option<std::time::Duration>, ConfigError> {
+    let flag = "--gpu-health";
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let (num, unit) = match v.char_indices().last() {
+        Some((i, 's')) => (&v[..i], 1.0),
+        Some((i, 'm')) => (&v[..i], 60.0),
+        _ => (v, 1.0),
+    };
+    let refuse = || {
+        invalid(
+            flag,
+            v.to_string(),
+            "must be `off` or a number of seconds of at least 1 (or with a suffix s, m), e.g. 30",
+        )
+    };
+    let secs: f64 = num.trim().parse().map_err(|_| refuse())?;
+    if secs.is_nan() || secs * unit < 1.0 {
+        return Err(refuse());
+    }
+    super::timing::seconds(flag, secs * unit, false).map(Some)
 }
 
 /// `--preflight` and `--preflight-min-gbps` (a positive, finite number; only with `--preflight`).
@@ -74,6 +104,23 @@ mod tests {
 
     fn refused(v: &[&str]) -> String {
         observe(&args(v)).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn gpu_health_is_every_30_s_by_default_and_can_be_off() {
+        let d = observe(&args(&["t.py"])).unwrap();
+        assert_eq!(d.gpu_health, Some(std::time::Duration::from_secs(30)));
+        let off = observe(&args(&["--gpu-health", "off", "t.py"])).unwrap();
+        assert_eq!(off.gpu_health, None);
+        let m = observe(&args(&["--gpu-health", "2m", "t.py"])).unwrap();
+        assert_eq!(m.gpu_health, Some(std::time::Duration::from_secs(120)));
+        for bad in ["0", "0.5", "soon", "-3", "NaN"] {
+            let e = refused(&["--gpu-health", bad, "t.py"]);
+            assert!(
+                e.starts_with(&format!("invalid --gpu-health '{bad}'")),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

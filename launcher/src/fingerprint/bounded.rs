@@ -26,21 +26,41 @@ pub enum Bounded {
 
 /// Runs `cmd` (stdin and stderr null, stdout captured) for at most `limit`.
 pub fn output_within(cmd: &mut Command, limit: Duration) -> Bounded {
+    run(cmd, limit, false)
+}
+
+/// Like [`output_within`], with standard error captured too, after standard output (a tool
+/// that reports a failing device on standard error, as `nvidia-smi` may).
+pub fn output_within_with_errors(cmd: &mut Command, limit: Duration) -> Bounded {
+    run(cmd, limit, true)
+}
+
+fn run(cmd: &mut Command, limit: Duration, errors: bool) -> Bounded {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(if errors {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .process_group(0);
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return Bounded::CannotRun(e),
     };
     let group = Pid::from_raw(child.id() as i32);
-    let mut stdout = child.stdout.take().expect("stdout is piped");
-    let reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = stdout.read_to_end(&mut buf);
-        buf
-    });
+    let read_all = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let stdout = read_all(Box::new(child.stdout.take().expect("stdout is piped")));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|e| read_all(Box::new(e) as Box<dyn Read + Send>));
     let deadline = Instant::now() + limit;
     let status = loop {
         match child.try_wait() {
@@ -55,9 +75,13 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> Bounded {
         let _ = child.wait();
         return Bounded::TimedOut;
     };
+    let mut out = stdout.join().unwrap_or_default();
+    if let Some(e) = stderr {
+        out.extend(e.join().unwrap_or_default());
+    }
     Bounded::Exited(Output {
         status,
-        stdout: reader.join().unwrap_or_default(),
+        stdout: out,
         stderr: Vec::new(),
     })
 }
@@ -105,6 +129,23 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn errors_can_be_captured_after_the_output() {
+        match output_within_with_errors(
+            &mut sh("echo row; echo 'Unable to determine' >&2; exit 15"),
+            Duration::from_secs(10),
+        ) {
+            Bounded::Exited(o) => {
+                assert_eq!(o.status.code(), Some(15));
+                assert_eq!(
+                    String::from_utf8_lossy(&o.stdout),
+                    "row\nUnable to determine\n"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

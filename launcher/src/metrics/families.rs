@@ -97,6 +97,7 @@ pub struct Families {
     pub(super) preflight_link_bw: Family<LinkLabel, GaugeF>,
     pub(super) preflight_link_latency: Family<LinkLabel, GaugeF>,
     pub(super) preflight_link_slow: Family<LinkLabel, Gauge>,
+    pub(super) gpu_unhealthy: Gauge,
 }
 
 impl Default for Families {
@@ -139,6 +140,7 @@ impl Families {
             preflight_link_bw: Family::default(),
             preflight_link_latency: Family::default(),
             preflight_link_slow: Family::default(),
+            gpu_unhealthy: Gauge::default(),
         }
     }
 
@@ -293,6 +295,11 @@ impl Families {
             "preflight_link_slow",
             "1 for a link --preflight named slow, else 0",
             self.preflight_link_slow.clone(),
+        );
+        r.register(
+            "gpu_unhealthy",
+            "GPUs of this node that failed the last health check (--gpu-health); 0 when all pass",
+            self.gpu_unhealthy.clone(),
         );
     }
 }

@@ -155,6 +155,13 @@ impl AgentMetrics {
         self.f.waiting.set(1);
     }
 
+    /// The last GPU health check found `n` GPUs that may not train.
+    pub fn gpu_unhealthy(&self, n: usize) {
+        self.f
+            .gpu_unhealthy
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
     /// The session said generation `generation` closed, with `reason`.
     pub fn reform(&self, generation: u64, reason: &str) {
         self.t().reason = Some((generation, reform_cause(reason)));

@@ -1,0 +1,225 @@
+//! `--gpu-health` on a node whose `nvidia-smi` is a fixture: a script first on `PATH` that
+//! answers the health query with a file the test writes (the rows a real `nvidia-smi` prints
+//! for that query) and the fingerprint's query with one model. The agents, the rendezvous, the
+//! workers and the re-checks are real.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::harness::cluster::RdzvServer;
+use crate::harness::scrape::{announced, scrape};
+use crate::harness::{drun, node_cmd, run, wait_for, worker, Agent};
+
+const HEALTHY: &str = "0, 00000000:18:00.0, GPU-5f3c1d2a-0b1e-4c55-9a1d-7e2f3a4b5c6d, NVIDIA H200, 1, 143771, 0, 0x0000000000000001\n\
+                       1, 00000000:3B:00.0, GPU-9a8b7c6d-1e2f-4a3b-8c9d-0e1f2a3b4c5d, NVIDIA H200, 1, 143771, 0, 0x0000000000000001\n";
+
+/// GPU 1 has 2 uncorrectable ECC errors.
+const ECC: &str = "0, 00000000:18:00.0, GPU-5f3c1d2a-0b1e-4c55-9a1d-7e2f3a4b5c6d, NVIDIA H200, 1, 143771, 0, 0x0000000000000001\n\
+                   1, 00000000:3B:00.0, GPU-9a8b7c6d-1e2f-4a3b-8c9d-0e1f2a3b4c5d, NVIDIA H200, 1, 143771, 2, 0x0000000000000001\n";
+
+/// A directory with a fake `nvidia-smi` answering from `gpus.csv` (written with `rows`).
+struct FakeSmi {
+    dir: tempfile::TempDir,
+}
+
+impl FakeSmi {
+    fn new(rows: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FakeSmi { dir };
+        s.set(rows);
+        let script = s.dir.path().join("nvidia-smi");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\ncase \"$*\" in\n  *name,driver_version*) echo 'NVIDIA H200, 550.54.15' ;;\n  *) cat '{}' ;;\nesac\n",
+                s.csv().display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        s
+    }
+
+    fn csv(&self) -> PathBuf {
+        self.dir.path().join("gpus.csv")
+    }
+
+    /// Replaces the rows, atomically (the agent may be reading them).
+    fn set(&self, rows: &str) {
+        let tmp = self.dir.path().join("gpus.csv.tmp");
+        std::fs::write(&tmp, rows).unwrap();
+        std::fs::rename(&tmp, self.csv()).unwrap();
+    }
+
+    /// `PATH` with the fake first.
+    fn path(&self) -> String {
+        format!(
+            "{}:{}",
+            self.dir.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        )
+    }
+}
+
+/// Writes `OUT/ran_<RANK>` and exits 0.
+fn ran_script(dir: &Path) -> PathBuf {
+    let p = dir.join("ran.py");
+    std::fs::write(
+        &p,
+        "import os, sys\nopen(os.path.join(sys.argv[1], 'ran_' + os.environ['RANK']), 'w').close()\n",
+    )
+    .unwrap();
+    p
+}
+
+fn standalone(smi: &FakeSmi, out: &Path) -> (i32, String, String) {
+    let mut c = drun();
+    c.env("PATH", smi.path())
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--warm-workers",
+            "off",
+        ])
+        .arg(ran_script(out))
+        .arg(out);
+    run(c, Duration::from_secs(60))
+}
+
+/// Healthy GPUs: one line says they pass and the job runs.
+#[test]
+fn healthy_gpus_are_said_to_pass_and_the_job_runs() {
+    let smi = FakeSmi::new(HEALTHY);
+    let out = tempfile::tempdir().unwrap();
+    let (code, _, err) = standalone(&smi, out.path());
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("GPU health: 2 GPU(s) pass"), "{err}");
+    assert!(out.path().join("ran_0").exists() && out.path().join("ran_1").exists());
+}
+
+/// A run of a fixed size whose node has a failing GPU ends before any worker starts: exit 6,
+/// one line naming the GPU, the reason and what to do.
+#[test]
+fn a_failing_gpu_in_a_run_of_fixed_size_ends_it_naming_the_gpu_exit_6() {
+    let smi = FakeSmi::new(ECC);
+    let out = tempfile::tempdir().unwrap();
+    let (code, _, err) = standalone(&smi, out.path());
+    assert_eq!(code, 6, "{err}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s)"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line names the GPU:\n{err}");
+    assert!(lines[0].contains("--nnodes MIN:MAX"), "{}", lines[0]);
+    assert!(
+        !out.path().join("ran_0").exists() && !out.path().join("ran_1").exists(),
+        "no worker ran"
+    );
+}
+
+/// `--gpu-health off` turns the check off: the same node trains.
+#[test]
+fn gpu_health_off_does_not_check() {
+    let smi = FakeSmi::new(ECC);
+    let out = tempfile::tempdir().unwrap();
+    let mut c = drun();
+    c.env("PATH", smi.path())
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--warm-workers",
+            "off",
+        ])
+        .args(["--gpu-health", "off"])
+        .arg(ran_script(out.path()))
+        .arg(out.path());
+    let (code, _, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("GPU health"), "{err}");
+}
+
+/// An elastic run: the node whose GPU fails stands by (one line, the metric says 1), the other
+/// trains alone; once the GPU passes again the node joins at its next check and the group
+/// re-forms with both.
+#[test]
+fn a_node_with_a_failing_gpu_stands_by_and_joins_once_it_passes() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let rdzv = [
+        "--rdzv-endpoint",
+        server.endpoint.as_str(),
+        "--rdzv-conf",
+        "lease_ttl=3,last_call_timeout=0.5",
+    ];
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let good = FakeSmi::new(HEALTHY);
+    let bad = FakeSmi::new(ECC);
+    let start = |i: usize, smi: &FakeSmi| {
+        let mut c = node_cmd(i, "gpu-standby", "1:2", &rdzv);
+        c.env("PATH", smi.path())
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .args([
+                "--gpu-health",
+                "1",
+                "--warm-workers",
+                "off",
+                "--metrics-port",
+                "0",
+            ])
+            .arg(worker("trap.py"))
+            .arg(dirs[i].path())
+            .arg("0");
+        Agent::start(c)
+    };
+    let ready = |i: usize, r: u32| dirs[i].path().join(format!("ready_{r}")).exists();
+    let a = start(0, &good);
+    let b = start(1, &bad);
+    wait_for("node 0 to train alone", Duration::from_secs(60), || {
+        ready(0, 0) && ready(0, 1)
+    });
+    wait_for(
+        "node 1 to say it stands by",
+        Duration::from_secs(30),
+        || {
+            b.stderr_so_far().contains(
+            "GPU health: GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s) since the driver loaded: this node stands by",
+        )
+        },
+    );
+    let addr = announced(&b.stderr_so_far()).expect("node 1 announces its metrics");
+    let unhealthy = || {
+        scrape(&addr)
+            .and_then(|s| s.into_iter().find(|s| s.name == "drun_gpu_unhealthy"))
+            .map(|s| s.value)
+    };
+    wait_for(
+        "the metric to show the failing GPU",
+        Duration::from_secs(10),
+        || unhealthy() == Some(1.0),
+    );
+    assert!(
+        std::fs::read_dir(dirs[1].path()).unwrap().next().is_none(),
+        "node 1 runs no worker while it stands by"
+    );
+    let said = b.stderr_so_far().matches("this node stands by").count();
+    assert_eq!(
+        said,
+        1,
+        "said once, not at every check:\n{}",
+        b.stderr_so_far()
+    );
+    bad.set(HEALTHY);
+    wait_for(
+        "node 1 to join once its GPU passes",
+        Duration::from_secs(60),
+        || (0..4).any(|r| ready(1, r)),
+    );
+    assert!(b
+        .stderr_so_far()
+        .contains("GPU health: all 2 GPU(s) pass now"));
+    assert_eq!(unhealthy(), Some(0.0));
+    drop((a, b));
+}
