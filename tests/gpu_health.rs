@@ -6,9 +6,22 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::harness::cluster::rendezvous_bin;
 use crate::harness::cluster::RdzvServer;
 use crate::harness::scrape::{announced, scrape};
 use crate::harness::{drun, node_cmd, run, wait_for, worker, Agent};
+
+/// `drun-rendezvous status RUN --endpoint SERVER`, as text.
+fn status_text(run: &str, endpoint: &str) -> String {
+    let out = std::process::Command::new(rendezvous_bin())
+        .args(["status", run, "--endpoint", endpoint])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
 
 const HEALTHY: &str = "0, 00000000:18:00.0, GPU-5f3c1d2a-0b1e-4c55-9a1d-7e2f3a4b5c6d, NVIDIA H200, 1, 143771, 0, 0x0000000000000001\n\
                        1, 00000000:3B:00.0, GPU-9a8b7c6d-1e2f-4a3b-8c9d-0e1f2a3b4c5d, NVIDIA H200, 1, 143771, 0, 0x0000000000000001\n";
@@ -200,6 +213,15 @@ fn a_node_with_a_failing_gpu_stands_by_and_joins_once_it_passes() {
         Duration::from_secs(10),
         || unhealthy() == Some(1.0),
     );
+    wait_for(
+        "status to name the failing GPU",
+        Duration::from_secs(10),
+        || {
+            status_text("gpu-standby", &server.endpoint).contains(
+            "stands by: GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s) since the driver loaded",
+        )
+        },
+    );
     assert!(
         std::fs::read_dir(dirs[1].path()).unwrap().next().is_none(),
         "node 1 runs no worker while it stands by"
@@ -221,5 +243,10 @@ fn a_node_with_a_failing_gpu_stands_by_and_joins_once_it_passes() {
         .stderr_so_far()
         .contains("GPU health: all 2 GPU(s) pass now"));
     assert_eq!(unhealthy(), Some(0.0));
+    wait_for(
+        "status to drop the GPU line",
+        Duration::from_secs(10),
+        || !status_text("gpu-standby", &server.endpoint).contains("gpu node"),
+    );
     drop((a, b));
 }

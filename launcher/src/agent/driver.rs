@@ -178,7 +178,7 @@ impl Agent {
                 _ = hang_check.tick(), if self.cfg.observe.hang_timeout.is_some() => Some(Input::HangCheck),
                 _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
                 ev = gpu_check::next(&mut w.gpus) => {
-                    if let Some((cand, after)) = self.on_gpus(ev, &mut w.gpus)? {
+                    if let Some((cand, after)) = self.on_gpus(ev, &mut w.gpus, link)? {
                         self.send_join(cand, after, &mut w, link);
                     }
                     None
@@ -486,7 +486,7 @@ impl Agent {
             return Ok(());
         }
         w.partition.sent_away = false;
-        if self.gpu_holds_join(&cand, after, &mut w.gpus)? {
+        if self.gpu_holds_join(&cand, after, &mut w.gpus, link)? {
             return Ok(());
         }
         self.send_join(cand, after, w, link);

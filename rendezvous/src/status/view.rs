@@ -141,7 +141,7 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
 
 /// The nodes' reports of the current generation: the `--preflight` summary (its links, the
 /// slow ones marked), the current stragglers, and the pairs of nodes whose probes go
-/// unanswered.
+/// unanswered; and, from any node, the GPUs that fail their health check.
 fn reports(out: &mut Vec<String>, status: &RunStatus) {
     let of = |kind: &str| status.reports.get(kind).into_iter().flatten();
     for (_, r) in of("preflight") {
@@ -208,6 +208,32 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
             .map(|(a, b)| format!("node {a} ↔ node {b}"))
             .collect();
         wrap(out, "partition", &pairs.join("; "));
+    }
+    // GPUs failing their health check, on any node of the run (one standing by is not a member).
+    let gpus: Vec<String> = of("gpu")
+        .filter_map(|(node, r)| {
+            let failing: Vec<&str> = r["failing"]
+                .as_array()?
+                .iter()
+                .filter_map(|f| f.as_str())
+                .collect();
+            if failing.is_empty() {
+                return None;
+            }
+            let what = if r["standing_by"].as_bool() == Some(true) {
+                "stands by"
+            } else {
+                "will not join the next generation"
+            };
+            Some(format!(
+                "node {node} (host {}) {what}: {}",
+                r["host"].as_str().unwrap_or("?"),
+                failing.join(", ")
+            ))
+        })
+        .collect();
+    if !gpus.is_empty() {
+        wrap(out, "gpu", &gpus.join("; "));
     }
     let outage = of("outage")
         .map(|(_, r)| r)

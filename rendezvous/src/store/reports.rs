@@ -31,6 +31,10 @@ pub enum ReportKind {
     /// A control-plane outage the node kept its generation through (`{"generation": G,
     /// "seconds": S, "ended_at_ms": T}`), sent when a server answers again.
     Outage,
+    /// The node's GPUs that failed its last health check (`{"host": H, "failing": ["GPU 1
+    /// (0000:3b:00.0): why", ...], "standing_by": bool}`; empty list: all pass), sent at each
+    /// change of the verdict.
+    Gpu,
 }
 
 /// The largest run (nodes) whose agents exchange their pace: every node reads every other's
@@ -46,6 +50,7 @@ impl ReportKind {
             ReportKind::Pace => "pace",
             ReportKind::Peers => "peers",
             ReportKind::Outage => "outage",
+            ReportKind::Gpu => "gpu",
         }
     }
 
@@ -57,6 +62,7 @@ impl ReportKind {
             ReportKind::Pace,
             ReportKind::Peers,
             ReportKind::Outage,
+            ReportKind::Gpu,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -98,6 +104,7 @@ mod tests {
             ReportKind::Pace,
             ReportKind::Peers,
             ReportKind::Outage,
+            ReportKind::Gpu,
         ] {
             assert_eq!(ReportKind::parse(k.as_str()), Some(k));
         }

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::agent::Agent;
 use crate::gpu_health::{gate, judge, probe, Cadence, Checks, Gate, Probe, Rules, Verdict};
+use crate::rdzv::Link;
 use crate::LaunchError;
 
 /// The checks of this node's GPUs (`None` in [`World`]: off, or no NVIDIA GPU).
@@ -110,6 +111,7 @@ impl Agent {
         cand: &Join,
         after: u64,
         g: &mut Option<Gpus>,
+        link: &Link,
     ) -> Result<bool, LaunchError> {
         let Some(g) = g.as_mut() else {
             return Ok(false);
@@ -130,10 +132,30 @@ impl Agent {
                     list.join("; "),
                     drun_rendezvous::human::duration(g.cadence.standing_by)
                 );
+                if let Some((_, v)) = &g.checks.last {
+                    self.report_gpus(v, true, link);
+                }
                 g.held = Some((cand.clone(), after));
                 Ok(true)
             }
         }
+    }
+
+    /// Tells `status` which GPUs fail (none: all pass), whether the node stands by for them.
+    fn report_gpus(&self, v: &Verdict, standing_by: bool, link: &Link) {
+        let failing: Vec<String> = match v {
+            Verdict::Unhealthy(f) => f.iter().map(ToString::to_string).collect(),
+            _ => Vec::new(),
+        };
+        let json = serde_json::json!({
+            "host": self.hostname,
+            "failing": failing,
+            "standing_by": standing_by && !failing.is_empty(),
+        });
+        let _ = link.tx.send(drun_rendezvous::session::Request::Report {
+            kind: drun_rendezvous::store::reports::ReportKind::Gpu,
+            json: json.to_string(),
+        });
     }
 
     /// The error that ends the agent of a run of a fixed size when GPUs fail.
@@ -152,6 +174,7 @@ impl Agent {
         &self,
         ev: GpuEvent,
         g: &mut Option<Gpus>,
+        link: &Link,
     ) -> Result<Option<(Join, u64)>, LaunchError> {
         let Some(g) = g.as_mut() else {
             return Ok(None);
@@ -184,6 +207,7 @@ impl Agent {
                 g.fixed,
                 g.cadence.standing_by,
             );
+            self.report_gpus(&verdict, standing_by, link);
             g.said = Some(verdict.clone());
         }
         if let (Verdict::Unhealthy(f), true) = (&verdict, g.fixed && standing_by) {

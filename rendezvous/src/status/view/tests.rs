@@ -257,3 +257,28 @@ fn an_outage_the_generation_was_kept_through_is_shown_with_its_length() {
         "{text}"
     );
 }
+
+#[test]
+fn failing_gpus_are_shown_per_node_and_passing_ones_are_not() {
+    let mut s = status(3);
+    let gpu = s.reports.entry("gpu".into()).or_default();
+    gpu.insert(
+        "b".into(),
+        serde_json::json!({"host": "h-b", "failing": ["GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s) since the driver loaded"], "standing_by": true}),
+    );
+    gpu.insert(
+        "a".into(),
+        serde_json::json!({"host": "h-a", "failing": [], "standing_by": false}),
+    );
+    let text = render(&s, NOW).join("\n");
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("gpu node b (host h-b) stands by: GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s) since the driver loaded"),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("gpu        node b")),
+        "{text}"
+    );
+    assert!(!text.contains("node a (host h-a)"), "{text}");
+}
