@@ -114,10 +114,12 @@ pub struct Link {
 /// Why a link is named slow, one phrase; `None` for a link that is fine.
 pub type Slow = Option<String>;
 
-/// Judges every link of `links` (same order): under `min_gbps` (`--preflight-min-gbps`), or
-/// under half the median bandwidth of all links (with at least two links).
+/// Judges every link of `links` (same order): under `min_gbps` (`--preflight-min-gbps`), under
+/// half the median bandwidth of all links (with at least two links), or touching a node of
+/// [`slow_nodes`].
 pub fn judge(links: &[Link], min_gbps: Option<f64>) -> Vec<Slow> {
     let median = median(links.iter().map(|l| l.gbps).collect());
+    let nodes = slow_nodes(links);
     links
         .iter()
         .map(|l| match (min_gbps, median) {
@@ -125,9 +127,63 @@ pub fn judge(links: &[Link], min_gbps: Option<f64>) -> Vec<Slow> {
             (_, Some(m)) if links.len() >= 2 && l.gbps < m / 2.0 => {
                 Some(format!("below half the median link ({m:.2} Gbit/s)"))
             }
-            _ => None,
+            _ => nodes
+                .iter()
+                .find(|n| n.node == l.src || n.node == l.dst)
+                .map(|n| {
+                    format!(
+                        "node {} is slow (under half the links between the other nodes, {:.2} Gbit/s)",
+                        n.node, n.others
+                    )
+                }),
         })
         .collect()
+}
+
+/// A node to blame for its slow links.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlowNode {
+    /// Node rank.
+    pub node: u32,
+    /// Its host.
+    pub host: String,
+    /// Bandwidth of its incoming and outgoing ring links, Gbit/s.
+    pub gbps_in: f64,
+    /// See `gbps_in`.
+    pub gbps_out: f64,
+    /// The median of the links between the other nodes, Gbit/s.
+    pub others: f64,
+}
+
+/// The nodes to blame: in a ring of at least 3 nodes, a node whose incoming and outgoing links
+/// are both under half the median of the links between the other nodes (a slow NIC, cable or
+/// host explains both). With 2 nodes both links touch both nodes and nothing can be told apart.
+/// This also finds the node of a 3-node ring, where its 2 slow links are the median.
+pub fn slow_nodes(links: &[Link]) -> Vec<SlowNode> {
+    let mut out = Vec::new();
+    for out_link in links {
+        let k = out_link.src;
+        let Some(in_link) = links.iter().find(|l| l.dst == k) else {
+            continue;
+        };
+        let others = links
+            .iter()
+            .filter(|l| l.src != k && l.dst != k)
+            .map(|l| l.gbps)
+            .collect();
+        let Some(m) = median(others) else { continue };
+        if out_link.gbps < m / 2.0 && in_link.gbps < m / 2.0 {
+            out.push(SlowNode {
+                node: k,
+                host: out_link.src_host.clone(),
+                gbps_in: in_link.gbps,
+                gbps_out: out_link.gbps,
+                others: m,
+            });
+        }
+    }
+    out.sort_by_key(|n| n.node);
+    out
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {

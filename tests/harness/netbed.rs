@@ -362,6 +362,29 @@ impl Bed {
         );
     }
 
+    /// Limits what host `name` receives to `rate`: a token bucket on its port of the switch
+    /// (gone with the bed).
+    pub fn limit_receive_rate(&self, name: &str, rate: &str) {
+        let port = &self.host(name).port;
+        let o = Command::new("ip")
+            .args(["-n", &self.switch, "link", "show", port])
+            .output()
+            .expect("run ip");
+        assert!(o.status.success(), "no switch port {port} for {name}");
+        let o = Command::new("ip")
+            .args([
+                "netns", "exec", &self.switch, "tc", "qdisc", "add", "dev", port, "root", "tbf",
+            ])
+            .args(["rate", rate, "burst", "32kbit", "latency", "400ms"])
+            .output()
+            .expect("run tc");
+        assert!(
+            o.status.success(),
+            "tc tbf on {name}'s switch port: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+
     /// Removes the token bucket [`Bed::limit_rate`] put on host `name`'s `eth0`.
     pub fn unlimit_rate(&self, name: &str) {
         let ns = &self.host(name).ns;

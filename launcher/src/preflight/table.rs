@@ -1,7 +1,7 @@
 //! The preflight report as printed: one table (node rank 0's agent) and one summary line (every
 //! other agent).
 
-use super::{Report, Slow};
+use super::{slow_nodes, Report, Slow};
 
 /// The table: a heading with the check's total time, the `all_reduce` line, then one row per
 /// link with its bandwidth and latency, slow links marked with the reason.
@@ -69,6 +69,13 @@ pub fn lines(r: &Report, slow: &[Slow]) -> Vec<String> {
         }
         out.push(row);
     }
+    for n in slow_nodes(&r.links) {
+        out.push(format!(
+            "  SLOW NODE: node {} ({}): in {:.2} and out {:.2} Gbit/s, the links between the other \
+             nodes {:.2}: check its NIC, cable and load",
+            n.node, n.host, n.gbps_in, n.gbps_out, n.others
+        ));
+    }
     out
 }
 
@@ -90,9 +97,13 @@ pub fn summary(r: &Report, slow: &[Slow]) -> String {
         .filter(|(_, s)| s.is_some())
         .map(|(l, _)| format!("node {} → {}", l.src, l.dst))
         .collect();
+    let nodes: Vec<String> = slow_nodes(&r.links)
+        .into_iter()
+        .map(|n| format!("; slow node: node {} ({})", n.node, n.host))
+        .collect();
     format!(
-        "preflight: all_reduce bus bandwidth {:.2} Gbit/s, {} link{} measured, {} (table on node \
-         rank 0) in {:.2} s",
+        "preflight: all_reduce bus bandwidth {:.2} Gbit/s, {} link{} measured, {}{} (table on \
+         node rank 0) in {:.2} s",
         r.all_reduce.busbw_gbps,
         r.links.len(),
         if r.links.len() == 1 { "" } else { "s" },
@@ -101,6 +112,7 @@ pub fn summary(r: &Report, slow: &[Slow]) -> String {
         } else {
             format!("slow: {}", named.join(", "))
         },
+        nodes.concat(),
         r.seconds
     )
 }

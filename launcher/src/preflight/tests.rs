@@ -138,3 +138,53 @@ fn the_worker_api_answer_parses_with_and_without_a_report() {
     let back: Outcome = serde_json::from_value(full).unwrap();
     assert_eq!(back.report, Some(r));
 }
+
+#[test]
+fn a_node_whose_two_links_are_slow_is_named_even_in_a_ring_of_three() {
+    // Node 2 is slow both ways: its two links are the median of three, so the median rule alone
+    // names nothing; the links between the other nodes show it.
+    let links = [link(0, 1, 10.0), link(1, 2, 0.02), link(2, 0, 0.03)];
+    let nodes = slow_nodes(&links);
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert_eq!((nodes[0].node, nodes[0].host.as_str()), (2, "h2"));
+    assert_eq!(
+        (nodes[0].gbps_in, nodes[0].gbps_out, nodes[0].others),
+        (0.02, 0.03, 10.0)
+    );
+    let v = judge(&links, None);
+    assert_eq!(v[0], None);
+    assert!(
+        v[1].as_deref().unwrap().starts_with("node 2 is slow"),
+        "{v:?}"
+    );
+    assert!(
+        v[2].as_deref().unwrap().starts_with("node 2 is slow"),
+        "{v:?}"
+    );
+    let r = report(links.to_vec());
+    let table = lines(&r, &v).join("\n");
+    assert!(
+        table.contains("SLOW NODE: node 2 (h2): in 0.02 and out 0.03 Gbit/s, the links between the other nodes 10.00"),
+        "{table}"
+    );
+    assert!(summary(&r, &v).contains("; slow node: node 2 (h2)"));
+}
+
+#[test]
+fn one_slow_link_or_two_nodes_name_no_node() {
+    // Only node 2's outgoing link is slow: the link is named, not a node.
+    let links = [link(0, 1, 10.0), link(1, 2, 9.0), link(2, 0, 0.02)];
+    assert!(slow_nodes(&links).is_empty());
+    // Two nodes: both links touch both nodes.
+    assert!(slow_nodes(&[link(0, 1, 0.01), link(1, 0, 0.01)]).is_empty());
+    // Five nodes, node 3 slow both ways.
+    let five = [
+        link(0, 1, 10.0),
+        link(1, 2, 11.0),
+        link(2, 3, 0.5),
+        link(3, 4, 0.4),
+        link(4, 0, 9.0),
+    ];
+    let n = slow_nodes(&five);
+    assert_eq!(n.iter().map(|n| n.node).collect::<Vec<_>>(), [3]);
+}
