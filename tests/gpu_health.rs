@@ -133,6 +133,50 @@ fn a_failing_gpu_in_a_run_of_fixed_size_ends_it_naming_the_gpu_exit_6() {
     );
 }
 
+/// A worker fails and its GPU with it (the worker writes the failing rows before it exits 1):
+/// the check that starts with the failure keeps the node from restarting onto the GPU, although
+/// restarts are left; the run's size is fixed, so it ends with exit 6 after one attempt.
+#[test]
+fn a_worker_failure_with_a_failing_gpu_is_not_restarted_onto_it() {
+    let smi = FakeSmi::new(HEALTHY);
+    let out = tempfile::tempdir().unwrap();
+    let script = out.path().join("breaks.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import os, sys\nopen(os.path.join(sys.argv[1], 'ran_' + os.environ['RANK'] + '_' + os.environ['TORCHELASTIC_RESTART_COUNT']), 'w').close()\nopen('{tmp}', 'w').write(sys.argv[2]); os.rename('{tmp}', '{csv}')\nsys.exit(1)\n",
+            tmp = smi.csv().with_extension("w").display(),
+            csv = smi.csv().display()
+        ),
+    )
+    .unwrap();
+    let mut c = drun();
+    c.env("PATH", smi.path())
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--warm-workers",
+            "off",
+        ])
+        .args(["--max-restarts", "3"])
+        .arg(&script)
+        .arg(out.path())
+        .arg(ECC);
+    let (code, _, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 6, "{err}");
+    assert!(
+        err.contains("GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s)"),
+        "{err}"
+    );
+    assert!(out.path().join("ran_0_0").exists(), "the first attempt ran");
+    assert!(
+        !out.path().join("ran_0_1").exists(),
+        "no restart onto the failing GPU:\n{err}"
+    );
+}
+
 /// `--gpu-health off` turns the check off: the same node trains.
 #[test]
 fn gpu_health_off_does_not_check() {

@@ -373,7 +373,16 @@ impl Bed {
         assert!(o.status.success(), "no switch port {port} for {name}");
         let o = Command::new("ip")
             .args([
-                "netns", "exec", &self.switch, "tc", "qdisc", "add", "dev", port, "root", "tbf",
+                "netns",
+                "exec",
+                &self.switch,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                port,
+                "root",
+                "tbf",
             ])
             .args(["rate", rate, "burst", "32kbit", "latency", "400ms"])
             .output()

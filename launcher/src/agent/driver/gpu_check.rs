@@ -62,9 +62,18 @@ pub(super) async fn next(g: &mut Option<Gpus>) -> GpuEvent {
 }
 
 impl Gpus {
-    /// A worker of this node failed: its GPUs are suspect until the next probe.
+    /// A worker of this node failed: its GPUs are suspect until the next probe, which starts
+    /// now, while the group stops, so that the re-form's join seldom waits for it.
     pub(super) fn suspect(&mut self) {
+        if self.checks.suspect {
+            return;
+        }
         self.checks.suspect = true;
+        if let Some(h) = self.probe.take() {
+            // Under way since before the failure: its verdict does not clear the suspicion.
+            h.abort();
+        }
+        self.start_probe();
     }
 
     fn start_probe(&mut self) {
