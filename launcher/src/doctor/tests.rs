@@ -111,6 +111,12 @@ fn traps_are_named_from_the_probes() {
         pid1: false,
         pid1_comm: Some("sh".into()),
         listeners: vec![],
+        gpus: Some(crate::gpu_health::Verdict::Unhealthy(vec![
+            crate::gpu_health::Finding {
+                gpu: "GPU 1 (0000:3b:00.0)".into(),
+                reason: "2 uncorrectable ECC error(s) since the driver loaded".into(),
+            },
+        ])),
     };
     let w = traps(&cfg, &raw, &host, &probes).join("\n");
     for needle in [
@@ -120,6 +126,7 @@ fn traps_are_named_from_the_probes() {
         "port 9100 (--metrics-port) is already taken",
         "--shutdown-timeout 30 s leaves drun less than 5 s",
         "PID 1 of this container is `sh`",
+        "GPU health: GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s) since the driver loaded: this node's agent would end with exit 6",
     ] {
         assert!(w.contains(needle), "{needle} in:\n{w}");
     }

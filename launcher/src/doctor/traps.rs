@@ -22,6 +22,8 @@ pub struct Probes {
     /// What answered on each rendezvous endpoint this node dials (`--rdzv-backend drun`, or
     /// c10d where another node hosts): (endpoint, answer); nothing listening is left out.
     pub listeners: Vec<(String, Answer)>,
+    /// The GPU health check's verdict (`--gpu-health` on and an NVIDIA GPU on this node).
+    pub gpus: Option<crate::gpu_health::Verdict>,
 }
 
 impl Probes {
@@ -97,6 +99,18 @@ impl Probes {
             if let Err(e) = std::net::TcpListener::bind(("0.0.0.0", port)) {
                 p.taken.push((what, port, e.to_string()));
             }
+        }
+        if cfg.observe.gpu_health.is_some() && crate::gpu_health::probe::has_nvidia() {
+            let probe = tokio::task::spawn_blocking(crate::gpu_health::probe::probe)
+                .await
+                .unwrap_or_default();
+            let one_per_rank = cfg.numa.is_some() || cfg.virtual_local_rank;
+            p.gpus = Some(crate::gpu_health::judge::judge(
+                &probe,
+                std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+                one_per_rank.then_some(cfg.nproc_per_node as usize),
+                &crate::gpu_health::Rules::default(),
+            ));
         }
         p
     }
@@ -185,6 +199,22 @@ pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes
              container command (as PID 1 drun handles signals and reaps orphans itself)",
             probes.pid1_comm.as_deref().unwrap_or_default()
         ));
+    }
+    match &probes.gpus {
+        Some(crate::gpu_health::Verdict::Unhealthy(f)) => {
+            let then = if cfg.min_nodes == cfg.max_nodes {
+                "this node's agent would end with exit 6 before starting a worker"
+            } else {
+                "this node would stand by until they pass"
+            };
+            for finding in f {
+                w.push(format!("GPU health: {finding}: {then}"));
+            }
+        }
+        Some(crate::gpu_health::Verdict::Unknown(why)) => {
+            w.push(format!("GPU health cannot be checked: {why}"));
+        }
+        _ => {}
     }
     w
 }

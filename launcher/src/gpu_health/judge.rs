@@ -73,7 +73,7 @@ impl std::fmt::Display for Finding {
 }
 
 /// What a probe came to.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// Every visible GPU may train.
     Healthy {
