@@ -174,3 +174,44 @@ fn a_rank_blocked_in_a_gloo_collective_is_named_by_the_flight_recorder() {
     );
     assert!(err.contains("in stuck_here"), "the stacks too:\n{err}");
 }
+
+/// The same hang across two nodes (one rank each): neither node alone can name rank 1 (node 0
+/// sees its rank wait, node 1 sees its rank in no collective), so each reports its dumps and
+/// `drun-rendezvous status` judges them together, after the run ended too.
+#[test]
+fn across_nodes_status_names_the_rank_on_another_node_that_never_entered_the_collective() {
+    let Some(python) = torch_python() else { return };
+    let server = crate::harness::cluster::RdzvServer::start(&["--store", "memory"]);
+    let agents: Vec<crate::harness::Agent> = (0..2)
+        .map(|i| {
+            let mut c =
+                crate::harness::node_cmd(i, "flight2", "2", &["--rdzv-endpoint", &server.endpoint]);
+            c.python(&python)
+                .args(["--nproc-per-node", "1", "--warm-workers", "off"])
+                .args(["--hang-timeout", "3", "--max-restarts", "0"])
+                .args(["--shutdown-timeout", "3"])
+                .arg(worker("allreduce_hang.py"));
+            crate::harness::Agent::start(c)
+        })
+        .collect();
+    let errs: Vec<String> = agents
+        .into_iter()
+        .map(|a| a.wait(Duration::from_secs(120)).2)
+        .collect();
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("flight recorder dumps are reported")),
+        "{errs:?}"
+    );
+    let out = std::process::Command::new(crate::harness::cluster::rendezvous_bin())
+        .args(["status", "flight2", "--endpoint", &server.endpoint])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("flight generation 1 hung:")
+            && flat.contains("default_pg: rank 0 waits in all_reduce #20 (float[1]); rank 1 never entered it (its last: all_reduce #19)"),
+        "{text}\n{errs:?}"
+    );
+}

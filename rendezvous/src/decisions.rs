@@ -11,10 +11,13 @@
 //!   [`partition`] — which side of a partition leaves.
 //! * [`ckpt_interval`] — the automatic checkpoint interval; [`formation`] — the work a re-form
 //!   threw away.
+//! * [`flight`] — the flight recorder's verdict on a hang: who waits for whom, over the dumps
+//!   of one node (its agent) or of every node (`status`).
 
 pub mod ckpt_interval;
 pub mod core;
 pub mod envcheck;
+pub mod flight;
 pub mod formation;
 pub mod loss;
 pub mod partition;

@@ -438,7 +438,8 @@ impl Agent {
             Effect::RemoteCause(c) => self.summarize_remote(&c),
             Effect::Requeue => crate::slurm::requeue(self.cfg.slurm.as_ref()),
             Effect::DumpStacks { ranks, line } => {
-                self.dump_hung(&ranks, w).await;
+                let nodes = m.plan().map_or(1, |p| p.node_count());
+                self.dump_hung(&ranks, nodes, w, link).await;
                 return Ok(Some(Input::Hung(line)));
             }
             Effect::Straggler { event, stragglers } => {

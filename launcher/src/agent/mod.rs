@@ -7,7 +7,6 @@
 //!   signals, worker API requests, deadlines) and carries out the effects;
 //! * `world` — what the effects touch: candidate, announcement, teardown sweep, summary;
 //! * [`rank_table`] — the rank table node rank 0 prints at each formation (pure);
-//! * [`flight`] — the flight recorder's verdict on a hang: who waits for whom (pure).
 //!
 //! The state diagram is in the crate's theory of operation ([`crate`]).
 
@@ -30,7 +29,6 @@ use crate::{AgentExit, LaunchConfig, LaunchError};
 
 mod driver;
 mod failure;
-pub mod flight;
 pub mod hang;
 mod log_dir;
 mod moves;

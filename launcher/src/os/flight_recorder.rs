@@ -2,7 +2,7 @@
 //! listens on a FIFO in the worker API socket's private directory (made by the worker, named by
 //! the agent in its answer to `progress`); the agent opens it for writing, which wakes the
 //! helper's thread even while the rank's main thread is blocked in a collective, and the helper
-//! writes torch's dump next to it. What the dumps say is [`crate::agent::flight`]'s to judge.
+//! writes torch's dump next to it. What the dumps say is [`drun_rendezvous::decisions::flight`]'s to judge.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -10,7 +10,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::agent::flight::Outcome;
+use drun_rendezvous::decisions::flight::Outcome;
 
 /// How long the workers get to write their dumps once asked (torch's takes milliseconds).
 pub const WAIT: Duration = Duration::from_secs(3);

@@ -141,7 +141,8 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
 
 /// The nodes' reports of the current generation: the `--preflight` summary (its links, the
 /// slow ones marked), the current stragglers, and the pairs of nodes whose probes go
-/// unanswered; and, from any node, the GPUs that fail their health check.
+/// unanswered, the flight recorder's verdict over every node's dumps after a hang; and, from any
+/// node, the GPUs that fail their health check.
 fn reports(out: &mut Vec<String>, status: &RunStatus) {
     let of = |kind: &str| status.reports.get(kind).into_iter().flatten();
     for (_, r) in of("preflight") {
@@ -208,6 +209,46 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
             .map(|(a, b)| format!("node {a} ↔ node {b}"))
             .collect();
         wrap(out, "partition", &pairs.join("; "));
+    }
+    // The flight recorder over every node's ranks: each node reports its own after a hang; the
+    // last generation that hung is shown (it may have ended since).
+    let hung = of("flight")
+        .filter_map(|(_, r)| r["generation"].as_u64())
+        .max();
+    let flights: Vec<&serde_json::Value> = of("flight")
+        .map(|(_, r)| r)
+        .filter(|r| r["generation"].as_u64() == hung)
+        .collect();
+    if let Some(hung) = hung {
+        wrap(out, "flight", &format!("generation {hung} hung:"));
+        use crate::decisions::flight;
+        let outcomes: std::collections::BTreeMap<u32, flight::Outcome> = flights
+            .iter()
+            .filter_map(|r| r["dumps"].as_object())
+            .flatten()
+            .filter_map(|(rank, d)| {
+                Some((rank.parse().ok()?, flight::Outcome::Written(d.to_string())))
+            })
+            .collect();
+        let nodes = status
+            .plan
+            .as_ref()
+            .filter(|p| p.generation == hung)
+            .map_or(0, |p| p.node_count());
+        if flights.len() < nodes {
+            wrap(
+                out,
+                "flight",
+                &format!("dumps from {} of {nodes} nodes so far", flights.len()),
+            );
+        }
+        for line in flight::judge(&outcomes).lines() {
+            wrap(
+                out,
+                "flight",
+                line.strip_prefix("flight recorder: ").unwrap_or(&line),
+            );
+        }
     }
     // GPUs failing their health check, on any node of the run (one standing by is not a member).
     let gpus: Vec<String> = of("gpu")

@@ -35,6 +35,10 @@ pub enum ReportKind {
     /// (0000:3b:00.0): why", ...], "standing_by": bool}`; empty list: all pass), sent at each
     /// change of the verdict.
     Gpu,
+    /// The node's ranks' flight recorder dumps after a hang, cut to what the verdict reads
+    /// (`{"generation": G, "dumps": {"RANK": dump}}`, see
+    /// [`crate::decisions::flight::compact`]); `status` judges every node's together.
+    Flight,
 }
 
 /// The largest run (nodes) whose agents exchange their pace: every node reads every other's
@@ -51,6 +55,7 @@ impl ReportKind {
             ReportKind::Peers => "peers",
             ReportKind::Outage => "outage",
             ReportKind::Gpu => "gpu",
+            ReportKind::Flight => "flight",
         }
     }
 
@@ -63,14 +68,16 @@ impl ReportKind {
             ReportKind::Peers,
             ReportKind::Outage,
             ReportKind::Gpu,
+            ReportKind::Flight,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
     }
 
-    /// Whether the key goes with the node's lease.
+    /// Whether the key goes with the node's lease (the preflight's and the flight recorder's
+    /// outlive their nodes: they are read after the generation, or the run, ended).
     pub fn leased(self) -> bool {
-        self != ReportKind::Preflight
+        !matches!(self, ReportKind::Preflight | ReportKind::Flight)
     }
 }
 
@@ -105,11 +112,13 @@ mod tests {
             ReportKind::Peers,
             ReportKind::Outage,
             ReportKind::Gpu,
+            ReportKind::Flight,
         ] {
             assert_eq!(ReportKind::parse(k.as_str()), Some(k));
         }
         assert_eq!(ReportKind::parse("plan"), None);
         assert!(ReportKind::Stragglers.leased() && !ReportKind::Preflight.leased());
+        assert!(ReportKind::Gpu.leased() && !ReportKind::Flight.leased());
     }
 
     #[test]

@@ -1,17 +1,21 @@
 //! What the agent does when it judged a hang, before the group stops: every running local
 //! rank's flight recorder is asked for its dump, the stuck ranks' stacks are dumped, and the
-//! flight recorder's verdict ([`crate::agent::flight`]) is printed beside the stacks.
+//! flight recorder's verdict ([`drun_rendezvous::decisions::flight`]) is printed beside the stacks.
 
 use std::collections::BTreeMap;
 
 use super::World;
-use crate::agent::{flight, hang, Agent};
+use crate::agent::{hang, Agent};
 use crate::group::WorkerGroup;
 use crate::os::flight_recorder;
+use crate::rdzv::Link;
+use drun_rendezvous::decisions::flight;
 
 impl Agent {
-    /// Dumps the stacks of the stuck `ranks` and judges every running rank's flight recorder.
-    pub(super) async fn dump_hung(&self, ranks: &[u32], w: &World) {
+    /// Dumps the stacks of the stuck `ranks`, judges every running rank's flight recorder, and
+    /// reports the dumps (cut down) so that `status` judges every node's together.
+    /// (`nodes`: the generation's node count; one node's verdict is already whole.)
+    pub(super) async fn dump_hung(&self, ranks: &[u32], nodes: usize, w: &World, link: &Link) {
         let running = w
             .group
             .as_ref()
@@ -35,6 +39,23 @@ impl Agent {
             let gen = w.group.as_ref().map(|g| g.generation);
             for line in flight::judge(&dumps).lines() {
                 tracing::warn!(run = %self.cfg.run_id, gen, "{line}");
+            }
+            let compact: serde_json::Map<String, serde_json::Value> = dumps
+                .iter()
+                .filter_map(|(rank, o)| Some((rank.to_string(), flight::compact(o)?)))
+                .collect();
+            if let (Some(gen), false, true) = (gen, compact.is_empty(), nodes > 1) {
+                let json = serde_json::json!({"generation": gen, "dumps": compact}).to_string();
+                if drun_rendezvous::store::reports::invalid(&json).is_none() {
+                    tracing::info!(
+                        "this node's flight recorder dumps are reported: `drun-rendezvous status {}` judges them with the other nodes' (a rank on another node may be the one this node's ranks wait for)",
+                        self.cfg.run_id
+                    );
+                    let _ = link.tx.send(drun_rendezvous::session::Request::Report {
+                        kind: drun_rendezvous::store::reports::ReportKind::Flight,
+                        json,
+                    });
+                }
             }
         }
     }

@@ -282,3 +282,30 @@ fn failing_gpus_are_shown_per_node_and_passing_ones_are_not() {
     );
     assert!(!text.contains("node a (host h-a)"), "{text}");
 }
+
+#[test]
+fn the_flight_recorder_is_judged_over_every_nodes_dumps() {
+    use crate::decisions::flight::{compact, Outcome};
+    let dump = |text: &str| compact(&Outcome::Written(text.to_string())).unwrap();
+    let mut s = status(3);
+    let flight = s.reports.entry("flight".into()).or_default();
+    // Rank 1, on another node than rank 0, never entered all_reduce #4: neither node alone can
+    // tell (rank 0's node sees only a rank waiting), both together can.
+    flight.insert(
+        "a".into(),
+        serde_json::json!({"generation": 3, "dumps": {"0": dump(include_str!("../../decisions/flight/fixtures/skip-rank0.json"))}}),
+    );
+    let alone = render(&s, NOW).join("\n");
+    let flat = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat(&alone).contains("flight dumps from 1 of"), "{alone}");
+    assert!(!flat(&alone).contains("never entered"), "{alone}");
+    s.reports.get_mut("flight").unwrap().insert(
+        "b".into(),
+        serde_json::json!({"generation": 3, "dumps": {"1": dump(include_str!("../../decisions/flight/fixtures/skip-rank1.json"))}}),
+    );
+    let both = flat(&render(&s, NOW).join("\n"));
+    assert!(
+        both.contains("flight default_pg: rank 0 waits in all_reduce #4 (float[4]); rank 1 never entered it (its last: all_reduce #3)"),
+        "{both}"
+    );
+}

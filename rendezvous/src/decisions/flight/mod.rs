@@ -4,7 +4,10 @@
 //! ranks wait in and the ranks that never entered it, or ranks that entered the same collective
 //! number with different operations or sizes (a desync).
 //!
-//! Only the ranks whose dumps the agent has are judged: the local node's.
+//! Only the ranks whose dumps are at hand are judged: the agent judges its node's; each node also
+//! reports its ranks' dumps, cut to what the judgement reads ([`compact`]), and `status` judges
+//! every node's together, so that a rank on another node that never entered a collective is
+//! named.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -194,6 +197,74 @@ struct Group {
     entries: BTreeMap<u32, Vec<Entry>>,
     /// Ranks some dump lists as members.
     members: BTreeSet<u32>,
+}
+
+/// Entries kept per process group and rank by [`compact`]: the judgement reads the last
+/// collective each rank entered, and the few before it to find a desync.
+pub const KEPT: usize = 4;
+
+/// The entry fields [`judge`] reads.
+const ENTRY_FIELDS: [&str; 9] = [
+    "collective_seq_id",
+    "is_p2p",
+    "pg_id",
+    "process_group",
+    "profiling_name",
+    "input_sizes",
+    "input_dtypes",
+    "retired",
+    "state",
+];
+
+/// A written dump cut to what [`judge`] reads (the last [`KEPT`] collectives per process group,
+/// their judged fields, each group's ranks), in the dump's own shape; `None` for no dump or an
+/// unreadable one. A few KiB per rank, to travel in a node report.
+pub fn compact(outcome: &Outcome) -> Option<serde_json::Value> {
+    use serde_json::{Map, Value};
+    let Outcome::Written(text) = outcome else {
+        return None;
+    };
+    let dump: Value = serde_json::from_str(text).ok()?;
+    let mut backends = Map::new();
+    for (name, b) in dump.get("backends")?.as_object()? {
+        let mut by_group: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+        for e in b
+            .get("entries")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let group = e["process_group"][0]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            by_group.entry(group).or_default().push(e);
+        }
+        let mut entries = Vec::new();
+        for mut es in by_group.into_values() {
+            es.sort_by_key(|e| e["collective_seq_id"].as_u64().unwrap_or(0));
+            let from = es.len().saturating_sub(KEPT);
+            for e in &es[from..] {
+                let kept: Map<String, Value> = ENTRY_FIELDS
+                    .iter()
+                    .filter_map(|f| e.get(*f).map(|v| ((*f).to_string(), v.clone())))
+                    .collect();
+                entries.push(Value::Object(kept));
+            }
+        }
+        let pg_config: Map<String, Value> = b
+            .get("pg_config")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), serde_json::json!({"ranks": v["ranks"]})))
+            .collect();
+        backends.insert(
+            name.clone(),
+            serde_json::json!({"entries": entries, "pg_config": pg_config}),
+        );
+    }
+    Some(serde_json::json!({ "backends": backends }))
 }
 
 /// Judges the dumps of `outcomes` (global rank → what it sent).
