@@ -89,6 +89,7 @@ async fn ledger_latency(store: Arc<dyn Store>, nodes: usize, steps: u64) -> (Dur
                     })
                     .collect(),
                 save_started_ms: None,
+                staged_ms: None,
             };
             let t = Instant::now();
             ledger
@@ -274,6 +275,7 @@ fn verify_throughput(total_mb: u64) {
             sealed_at_ms: 0,
             adopted_from: None,
             save_ms: None,
+            stall_ms: None,
         };
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
         let t = Instant::now();

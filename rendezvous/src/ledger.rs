@@ -291,6 +291,7 @@ mod tests {
             sealed_at_ms: 0,
             adopted_from: None,
             save_ms: None,
+            stall_ms: None,
         };
         assert_eq!(m.dir(), std::path::PathBuf::from("/c/step-1"));
         m.files.push(f("/c/extra/x"));

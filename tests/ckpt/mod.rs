@@ -221,7 +221,10 @@ fn assert_all_persisted(d: &Dirs, stage: &Path) -> Vec<u64> {
         .flatten()
         .map(|e| e.path())
         .collect();
-    assert!(left.is_empty(), "the staging directory goes with the agent: {left:?}");
+    assert!(
+        left.is_empty(),
+        "the staging directory goes with the agent: {left:?}"
+    );
     steps
 }
 

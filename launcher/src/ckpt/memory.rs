@@ -312,6 +312,7 @@ mod tests {
             sealed_at_ms: 0,
             adopted_from: None,
             save_ms: None,
+            stall_ms: None,
         };
         let d = stage.path().join("run/step-2-g1");
         std::fs::create_dir_all(&d).unwrap();

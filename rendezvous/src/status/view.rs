@@ -109,9 +109,12 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
     wrap(&mut out, "checkpoint", &ckpt);
     if let Some(i) = &status.ckpt_interval {
         let line = format!(
-            "every {} (C = {:.2} s, M = {:.0} s from {} failure(s), expected loss per failure ≈ {:.1} s)",
+            "every {} (C = {:.2} s{}, M = {:.0} s from {} failure(s), expected loss per failure ≈ {:.1} s)",
             duration(i.duration()),
             i.cost_s,
+            i.persist_s.map_or(String::new(), |p| format!(
+                " stall, {p:.2} s to disk"
+            )),
             i.mtbf_s,
             status.failures.len(),
             i.expected_loss_s

@@ -105,7 +105,7 @@ impl Stage {
     /// are answered at once when it fits the budget; otherwise they wait for the disk.
     pub(super) fn complete(
         &mut self,
-        batch: NodeCommit,
+        mut batch: NodeCommit,
         ledger: &mut NodeLedger,
     ) -> Option<NodeCommit> {
         let mut staged = ledger.take_staged(batch.step);
@@ -136,6 +136,8 @@ impl Stage {
                     self.release(k);
                 }
                 ledger.answer_staged(batch.step);
+                // The training goes on from now: the seal measures its stall up to here.
+                batch.staged_ms = Some(drun_rendezvous::clock::now_ms());
                 false
             }
             Admit::Direct { reason } => {

@@ -211,6 +211,7 @@ fn the_checkpoint_interval_is_shown_with_its_inputs() {
         crate::decisions::ckpt_interval::IntervalMode::Auto,
         &crate::decisions::ckpt_interval::Observed {
             save_costs_s: vec![0.5],
+            persist_costs_s: vec![2.5],
             failures: 3,
             exposure_s: 60.0,
             restart_s: 1.0,
@@ -220,9 +221,7 @@ fn the_checkpoint_interval_is_shown_with_its_inputs() {
     s.failures = vec![Default::default(); 3];
     let text = render(&s, NOW).join("\n");
     assert!(
-        text.contains(
-            "interval   every 4.5 s (C = 0.50 s, M = 20 s from 3 failure(s), expected loss"
-        ),
+        text.contains("interval   every 4.5 s (C = 0.50 s stall, 2.50 s to disk, M = 20 s"),
         "{text}"
     );
 }
