@@ -212,6 +212,11 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
             .collect();
         wrap(out, "partition", &pairs.join("; "));
     }
+    for (node, r) in of("staging") {
+        if let Some(text) = staging(r, status.now_ms) {
+            wrap(out, "memory", &format!("{node}: {text}"));
+        }
+    }
     let outage = of("outage")
         .map(|(_, r)| r)
         .filter(current)
@@ -230,6 +235,38 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
             ),
         );
     }
+}
+
+/// A node's checkpoints in memory (`--ckpt-memory`, its `staging` report) at `now_ms`: each step
+/// staged / persisting / persisted, the memory they hold, and how far the disk is behind (the
+/// report's lag grown by its age while a step is still not on disk); `None` when it holds none.
+fn staging(r: &serde_json::Value, now_ms: u64) -> Option<String> {
+    let steps = r["steps"].as_array().filter(|s| !s.is_empty())?;
+    let list: Vec<String> = steps
+        .iter()
+        .map(|s| format!("step {} {}", s["step"], s["state"].as_str().unwrap_or("?")))
+        .collect();
+    let pending = steps.iter().any(|s| s["state"] != "persisted");
+    let lag_ms = r["lag_ms"].as_u64().unwrap_or(0)
+        + if pending {
+            now_ms.saturating_sub(r["at_ms"].as_u64().unwrap_or(now_ms))
+        } else {
+            0
+        };
+    let disk = if pending {
+        format!(
+            "the disk {} behind",
+            duration(std::time::Duration::from_millis(lag_ms))
+        )
+    } else {
+        "all on disk".to_string()
+    };
+    Some(format!(
+        "{}; {} of {} in memory, {disk}",
+        list.join(", "),
+        bytes(r["held"].as_u64().unwrap_or(0)),
+        bytes(r["budget"].as_u64().unwrap_or(0)),
+    ))
 }
 
 /// One phrase for the run as a whole.

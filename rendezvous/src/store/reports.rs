@@ -31,6 +31,11 @@ pub enum ReportKind {
     /// A control-plane outage the node kept its generation through (`{"generation": G,
     /// "seconds": S, "ended_at_ms": T}`), sent when a server answers again.
     Outage,
+    /// `--ckpt-memory`: the node's checkpoints in memory (`{"generation": G, "at_ms": T,
+    /// "budget": B, "held": H, "lag_ms": L, "steps": [{"step": S, "generation": G, "state":
+    /// "staged"|"persisting"|"persisted", "bytes": N}, ...]}`, `lag_ms` the age at `at_ms` of the
+    /// oldest copy not yet on disk), sent at each change.
+    Staging,
 }
 
 /// The largest run (nodes) whose agents exchange their pace: every node reads every other's
@@ -46,6 +51,7 @@ impl ReportKind {
             ReportKind::Pace => "pace",
             ReportKind::Peers => "peers",
             ReportKind::Outage => "outage",
+            ReportKind::Staging => "staging",
         }
     }
 
@@ -57,6 +63,7 @@ impl ReportKind {
             ReportKind::Pace,
             ReportKind::Peers,
             ReportKind::Outage,
+            ReportKind::Staging,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -98,6 +105,7 @@ mod tests {
             ReportKind::Pace,
             ReportKind::Peers,
             ReportKind::Outage,
+            ReportKind::Staging,
         ] {
             assert_eq!(ReportKind::parse(k.as_str()), Some(k));
         }

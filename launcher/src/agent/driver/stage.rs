@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use drun_rendezvous::session::Request;
+use drun_rendezvous::store::reports::ReportKind;
 use drun_rendezvous::{Manifest, NodeCommit};
 use tokio::sync::mpsc;
 
@@ -65,6 +66,17 @@ impl Stage {
                 return None;
             }
         };
+        // The tmpfs may hold less than the budget (a container's 64 MiB /dev/shm): stage no
+        // more than it has free, so a save that would not fit goes to disk from the agent's
+        // table, not through a write that fails half-way.
+        let (budget, warning) = crate::ckpt::memory::fit_tmpfs(
+            budget,
+            crate::ckpt::memory::free_bytes(&parent),
+            &parent,
+        );
+        if let Some(line) = warning {
+            crate::say!("{line}");
+        }
         let (persister, done) = match Persister::start() {
             Ok(p) => p,
             Err(e) => {
@@ -248,6 +260,15 @@ impl Stage {
         (self.table.held(), self.table.lag(std::time::Instant::now()))
     }
 
+    /// The `staging` report `status` shows (see [`ReportKind::Staging`]), from generation
+    /// `generation`'s agent.
+    pub(super) fn report(&self, generation: u64) -> String {
+        let mut r = self.table.report(std::time::Instant::now());
+        r["generation"] = generation.into();
+        r["at_ms"] = drun_rendezvous::clock::now_ms().into();
+        r.to_string()
+    }
+
     /// The staged directory a resume of `m` reads instead of `--ckpt-dir`, when this agent
     /// holds every file of it.
     pub(super) fn resume_dir(&self, m: &Manifest) -> Option<PathBuf> {
@@ -286,7 +307,9 @@ impl Agent {
             return;
         };
         let persisted = u64::from(done.result.is_ok());
+        let generation = ledger.as_ref().map_or(done.key.1, |l| l.generation());
         let batch = stage.done(done, ledger);
+        report_staging(stage, generation, link);
         if let Some(m) = &self.metrics {
             let (held, lag) = stage.lag();
             m.staging(held, lag, persisted);
@@ -333,6 +356,14 @@ impl Agent {
             );
         }
     }
+}
+
+/// Sends this node's `staging` report (`status` shows it): at each change of its copies.
+pub(super) fn report_staging(stage: &Stage, generation: u64, link: &Link) {
+    let _ = link.tx.send(Request::Report {
+        kind: ReportKind::Staging,
+        json: stage.report(generation),
+    });
 }
 
 /// The persister's next outcome, or never without one.

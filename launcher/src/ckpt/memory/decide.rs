@@ -264,6 +264,34 @@ impl Table {
     }
 }
 
+impl Table {
+    /// What `status` shows of this node's copies at `now` (the `staging` report, without its
+    /// generation and time): the budget, the bytes held, the lag, and each copy, oldest first,
+    /// with where it stands.
+    pub fn report(&self, now: Instant) -> serde_json::Value {
+        let steps: Vec<serde_json::Value> = self
+            .copies
+            .iter()
+            .map(|((step, generation), c)| {
+                let state = match c.state {
+                    CopyState::Staged { .. } => "staged",
+                    CopyState::Persisting { .. } => "persisting",
+                    CopyState::Persisted { .. } => "persisted",
+                };
+                serde_json::json!({
+                    "step": step, "generation": generation, "state": state, "bytes": c.bytes,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "budget": self.budget,
+            "held": self.held(),
+            "lag_ms": u64::try_from(self.lag(now).as_millis()).unwrap_or(u64::MAX),
+            "steps": steps,
+        })
+    }
+}
+
 /// The end-of-run judgement ([`Table::end_wait`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EndWait {
@@ -407,6 +435,31 @@ mod tests {
         assert_eq!(t.lag(now + Duration::from_secs(10)), Duration::from_secs(6));
         t.persisted((2, 1), now + Duration::from_secs(6));
         assert_eq!(t.lag(now + Duration::from_secs(10)), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_report_shows_each_copy_and_the_lag() {
+        let now = t0();
+        let mut t = Table::new(100 * MIB);
+        t.add((4, 1), MIB, false, now);
+        t.add((8, 1), 2 * MIB, false, now + Duration::from_secs(1));
+        t.start((4, 1), now);
+        let r = t.report(now + Duration::from_millis(2_500));
+        assert_eq!(r["budget"], 100 * MIB);
+        assert_eq!(r["held"], 3 * MIB);
+        assert_eq!(r["lag_ms"], 2_500);
+        let states: Vec<(u64, &str)> = r["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["step"].as_u64().unwrap(), s["state"].as_str().unwrap()))
+            .collect();
+        assert_eq!(states, [(4, "persisting"), (8, "staged")]);
+        t.persisted((4, 1), now + Duration::from_secs(3));
+        t.persisted((8, 1), now + Duration::from_secs(3));
+        let r = t.report(now + Duration::from_secs(4));
+        assert_eq!(r["lag_ms"], 0);
+        assert_eq!(r["steps"][1]["state"], "persisted");
     }
 
     #[test]

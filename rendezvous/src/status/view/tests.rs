@@ -227,6 +227,43 @@ fn the_checkpoint_interval_is_shown_with_its_inputs() {
 }
 
 #[test]
+fn checkpoints_in_memory_are_shown_per_node_with_the_disk_lag() {
+    let mut s = status(2);
+    let report = serde_json::json!({
+        "generation": 3, "at_ms": NOW - 2_000, "budget": 64u64 << 20, "held": 3u64 << 20,
+        "lag_ms": 1_500,
+        "steps": [
+            {"step": 12, "generation": 3, "state": "persisted", "bytes": 1u64 << 20},
+            {"step": 16, "generation": 3, "state": "persisting", "bytes": 1u64 << 20},
+            {"step": 20, "generation": 3, "state": "staged", "bytes": 1u64 << 20},
+        ],
+    });
+    let staging = s.reports.entry("staging".into()).or_default();
+    staging.insert("gpu-node-01".into(), report);
+    staging.insert(
+        "idle".into(),
+        serde_json::json!({"generation": 3, "at_ms": NOW, "budget": 1, "held": 0, "lag_ms": 0, "steps": []}),
+    );
+    let text = render(&s, NOW).join("\n");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("memory"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("gpu-node-01: step 12 persisted, step 16 persisting, step 20 staged;"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the disk 3.5 s behind"),
+        "lag grown by the report's age: {text}"
+    );
+    assert!(
+        !text.contains("idle:"),
+        "a node holding nothing is not shown: {text}"
+    );
+}
+
+#[test]
 fn pairs_of_nodes_whose_probes_go_unanswered_are_shown_once_each() {
     let mut s = status(3);
     let report = |rank: u32, silent: &[u32], generation: u64| serde_json::json!({"generation": generation, "node_rank": rank, "silent": silent});
