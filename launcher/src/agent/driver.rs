@@ -407,7 +407,13 @@ impl Agent {
                     }
                 }
             }
-            Effect::Serve { should_save } => return Ok(self.serve(should_save, m.plan(), w, link)),
+            Effect::Serve { should_save } => {
+                // A request this node already answered with a step staged in memory asks no more
+                // (its seal follows once persisted).
+                let newest = w.stage.as_ref().and_then(stage::Stage::newest);
+                let should_save = should_save && m.save().is_none_or(|s| s.asks(newest.as_deref()));
+                return Ok(self.serve(should_save, m.plan(), w, link));
+            }
             Effect::Refuse => {
                 if let Some((_, reply)) = w.call.take() {
                     let _ = reply.send(refused("no worker group is running"));

@@ -107,6 +107,16 @@ impl Stage {
         ))
     }
 
+    /// The newest step this node holds in memory (staged, persisting or persisted), as a
+    /// manifest id.
+    pub(super) fn newest(&self) -> Option<String> {
+        self.table
+            .copies()
+            .map(|(k, _)| *k)
+            .max()
+            .map(|(step, g)| drun_rendezvous::ledger::manifest_id(step, g))
+    }
+
     /// The staging directory (`DRUN_CKPT_STAGE_DIR`).
     pub(super) fn dir(&self) -> &Path {
         self.dir.path()
