@@ -107,6 +107,12 @@ impl Stage {
         ))
     }
 
+    /// Whether the workers' end is being held for steps not yet persisted and answered by the
+    /// ledger (the loop then reads the ledger's answers even while the workers stop).
+    pub(super) fn awaits_answers(&self) -> bool {
+        self.end_since.is_some() && !self.table.unsettled().is_empty()
+    }
+
     /// The newest step this node holds in memory (staged, persisting or persisted), as a
     /// manifest id.
     pub(super) fn newest(&self) -> Option<String> {

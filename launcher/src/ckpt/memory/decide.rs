@@ -229,6 +229,16 @@ impl Table {
             .collect()
     }
 
+    /// Steps not yet settled, oldest first: not on disk, or on disk with their node commit not
+    /// yet answered by the ledger (not sealed or recorded yet).
+    pub fn unsettled(&self) -> Vec<Key> {
+        self.copies
+            .iter()
+            .filter(|(_, c)| !Self::settled(c))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
     /// How far the disk is behind at `now`: the age of the oldest copy not yet persisted
     /// (zero when every copy is on disk).
     pub fn lag(&self, now: Instant) -> Duration {
@@ -245,9 +255,11 @@ impl Table {
     }
 
     /// Whether the workers' end is reported yet: the agent began waiting for its staged
-    /// copies at `since`, and waits at most `limit` (`--shutdown-timeout`).
+    /// copies at `since` — until each is on disk and its node commit answered by the ledger
+    /// (sealed or recorded: its manifest file and `latest` pointer are written then) — and
+    /// waits at most `limit` (`--shutdown-timeout`).
     pub fn end_wait(&self, since: Instant, now: Instant, limit: Duration) -> EndWait {
-        let pending = self.pending();
+        let pending = self.unsettled();
         let waited = now.saturating_duration_since(since);
         if pending.is_empty() {
             EndWait::Done { waited }
@@ -328,7 +340,7 @@ impl EndWait {
                 waited,
                 unpersisted,
             } => Some(format!(
-                "drun: after {:.1} s (--shutdown-timeout) checkpoint step(s) {} are not persisted to --ckpt-dir: they are no resume point, and their staged copies go with this agent",
+                "drun: after {:.1} s (--shutdown-timeout) checkpoint step(s) {} are not persisted to --ckpt-dir and sealed: they are no resume point, and their staged copies go with this agent",
                 waited.as_secs_f64(),
                 unpersisted
                     .iter()
@@ -504,6 +516,12 @@ mod tests {
             "{line}"
         );
         t.persisted((7, 1), now + Duration::from_secs(2));
+        assert_eq!(
+            t.end_wait(now, now + Duration::from_secs(2), limit),
+            EndWait::Wait { until: now + limit },
+            "on disk, but the ledger has not answered its commit: no manifest file yet"
+        );
+        t.answered((7, 1));
         let done = t.end_wait(now, now + Duration::from_secs(2), limit);
         assert!(done.line().unwrap().contains("waited 2.00 s"), "{done:?}");
     }
