@@ -243,8 +243,16 @@ pub fn decide(mode: IntervalMode, obs: &Observed, expected_mtbf_s: f64) -> Optio
         IntervalMode::Fixed(d) => (d.as_secs_f64(), "fixed by --ckpt-interval".to_string()),
         IntervalMode::Auto => {
             let best = optimum(cost_s, mtbf_s);
+            let persist_s = save_cost(&obs.persist_costs_s).unwrap_or(0.0);
             let floor = MIN_INTERVAL_S.max(2.0 * cost_s);
-            if best < floor {
+            if best < persist_s && persist_s > floor {
+                // Staged steps reach the disk one at a time: saving faster than that only
+                // queues them in memory until the budget sends saves straight to disk.
+                (
+                    persist_s,
+                    format!("√(2·C·M) = {best:.1}s clamped up to the persistence time (staged checkpoints reach --ckpt-dir no faster)"),
+                )
+            } else if best < floor {
                 let why = if floor > MIN_INTERVAL_S {
                     "clamped up to 2·C (failures come within a few saves of each other: the first-order model no longer holds)"
                 } else {
@@ -351,22 +359,31 @@ mod tests {
     #[test]
     fn in_memory_the_stall_is_c_and_the_persistence_is_reported_apart() {
         // 60 s to disk with 2 h between failures: ~14 % of the training; a 0.2 s stall with
-        // the disk behind it: √(2·0.2·7200) ≈ 54 s, and the line names both.
+        // the disk 10 s behind it: √(2·0.2·7200) ≈ 54 s, and the line names both.
         let disk = auto(&obs(&[60.0], 4, 4.0 * 7200.0), 1.0);
         assert!((disk.interval_s - 929.516).abs() < 1e-3, "{disk:?}");
         assert_eq!(disk.persist_s, None);
         assert!(!disk.line().contains("stall"), "{}", disk.line());
         let memory = Observed {
-            persist_costs_s: vec![59.0, 61.0],
+            persist_costs_s: vec![9.0, 11.0],
             ..obs(&[0.2, 0.2], 4, 4.0 * 7200.0)
         };
         let i = auto(&memory, 1.0);
         assert!((i.cost_s - 0.2).abs() < 1e-12, "C is the stall: {i:?}");
         assert!((i.interval_s - 53.666).abs() < 1e-3, "{i:?}");
-        assert_eq!(i.persist_s, Some(60.0));
+        assert_eq!(i.persist_s, Some(10.0));
+        // Failures every 100 s: √(2·0.2·100) ≈ 6.3 s, but a step takes 60 s to reach the disk:
+        // the interval is the persistence time, not a queue growing in memory.
+        let often = Observed {
+            persist_costs_s: vec![60.0],
+            ..obs(&[0.2], 4, 400.0)
+        };
+        let j = auto(&often, 1.0);
+        assert_eq!(j.interval_s, 60.0, "{j:?}");
+        assert!(j.reason.contains("persistence time"), "{}", j.reason);
         let line = i.line();
         assert!(
-            line.contains("C = 0.20 s the training's stall; persisted in 60.00 s behind it"),
+            line.contains("C = 0.20 s the training's stall; persisted in 10.00 s behind it"),
             "{line}"
         );
     }
