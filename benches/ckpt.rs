@@ -9,7 +9,8 @@
 //! 3. `--ckpt-verify digest` throughput (MB/s) on one large file and on 8 files, against
 //!    `sha256sum` on the same files in the same run.
 //!
-//! 4. the training's stall per save (`drun.atomic_save` + `drun.commit`, 2 local ranks) with
+//! 4. the training's stall per save (`drun.atomic_save` + `drun.commit`, and `drun.dcp.save`
+//!    with gloo; 2 local ranks) with
 //!    `--ckpt-memory off` and with `--ckpt-memory` on, against `torch.save` to `--ckpt-dir` plus
 //!    fsync measured in the same workers, and how long the staged step took to be persisted and
 //!    sealed behind the training (its manifest file appearing).
@@ -89,6 +90,7 @@ async fn ledger_latency(store: Arc<dyn Store>, nodes: usize, steps: u64) -> (Dur
                     })
                     .collect(),
                 save_started_ms: None,
+                staged_ms: None,
             };
             let t = Instant::now();
             ledger
@@ -159,7 +161,7 @@ if os.environ["RANK"] == "0":
 
 /// Medians over a run's saves, seconds: (torch.save + fsync to --ckpt-dir, drun's save and
 /// commit, the staged step's persistence lag or 0), and what was saved.
-fn save_stall(mb: u64, memory: &str) -> Option<(f64, f64, f64, String)> {
+fn save_stall(mb: u64, memory: &str, path: &str) -> Option<(f64, f64, f64, String)> {
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("w.py");
     let helper = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
@@ -169,14 +171,20 @@ fn save_stall(mb: u64, memory: &str) -> Option<(f64, f64, f64, String)> {
             r#"import json, os, sys, time
 sys.path.insert(0, {helper:?})
 import drun
-mb, saves = {mb}, 4
+mb, saves, how = {mb}, 4, {path:?}
 try:
     import torch
     state = {{"w": torch.randn(mb * (1 << 18))}}
     dump, kind = (lambda f: torch.save(state, f)), "torch.save"
 except ImportError:
+    if how == "dcp":
+        sys.exit(0)
     blob = os.urandom(mb << 20)
     dump, kind = (lambda f: f.write(blob)), "bytes"
+if how == "dcp":
+    import torch.distributed as dist
+    import drun.dcp
+    dist.init_process_group("gloo")
 rank, gen = int(os.environ["RANK"]), int(os.environ["DRUN_GENERATION"])
 base, ours, lag = [], [], []
 for step in range(1, saves + 1):
@@ -190,8 +198,11 @@ for step in range(1, saves + 1):
     os.unlink(p)
     path = drun.shard_path(step)
     t = time.perf_counter()
-    drun.atomic_save(path, dump)
-    drun.commit(step, [path])
+    if how == "dcp":
+        drun.dcp.save(state, step)
+    else:
+        drun.atomic_save(path, dump)
+        drun.commit(step, [path])
     done = time.perf_counter()
     ours.append(done - t)
     manifest = os.path.join(os.path.dirname(path), "drun-manifest-%d-%d.json" % (step, gen))
@@ -274,6 +285,7 @@ fn verify_throughput(total_mb: u64) {
             sealed_at_ms: 0,
             adopted_from: None,
             save_ms: None,
+            stall_ms: None,
         };
         let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
         let t = Instant::now();
@@ -348,16 +360,26 @@ fn main() {
     println!(
         "the training's stall per save, {stall_mb} MB per rank, 2 local ranks (median of 4 saves)"
     );
-    for memory in ["off", "4G"] {
-        match save_stall(stall_mb, memory) {
+    for (path, memory) in [
+        ("atomic", "off"),
+        ("atomic", "4G"),
+        ("dcp", "off"),
+        ("dcp", "4G"),
+    ] {
+        let call = if path == "dcp" {
+            "drun.dcp.save"
+        } else {
+            "drun.atomic_save+commit"
+        };
+        match save_stall(stall_mb, memory, path) {
             Some((base, ours, lag, kind)) => println!(
-                "  --ckpt-memory {memory:3}: drun.atomic_save+commit {:.3} s, {kind} + fsync to --ckpt-dir {:.3} s (same run), ratio {:.2}; sealed {:.3} s after the commit returned",
+                "  --ckpt-memory {memory:3}: {call} {:.3} s, {kind} + fsync to --ckpt-dir {:.3} s (same run), ratio {:.2}; sealed {:.3} s after the save returned",
                 ours,
                 base,
                 ours / base,
                 lag
             ),
-            None => println!("  --ckpt-memory {memory}: not measured (python3 missing?)"),
+            None => println!("  --ckpt-memory {memory}: {call} not measured (python3 or torch missing?)"),
         }
     }
     let total_mb: u64 = std::env::var("DRUN_BENCH_MB")

@@ -93,6 +93,7 @@ fn commit(plan: &Plan, node: &str, step: u64, samples: u64) -> NodeCommit {
         ranks,
         cursor: cursor(samples),
         save_started_ms: None,
+        staged_ms: None,
     }
 }
 

@@ -12,8 +12,8 @@ import os
 import sys
 import tempfile
 import time
-from typing import (Any, BinaryIO, Callable, Dict, Iterable, Mapping, Optional, SupportsIndex,
-                    SupportsInt, Tuple, Union)
+from typing import (Any, BinaryIO, Callable, Dict, Iterable, List, Mapping, Optional,
+                    SupportsIndex, SupportsInt, Tuple, Union)
 
 from ._agent import Client, Json, available
 from ._env import env_int
@@ -150,6 +150,53 @@ def step_dir(step: int) -> str:
     return d
 
 
+def save_into(step: int, write: Callable[[str], object]) -> Tuple[str, str]:
+    """Runs ``write(directory)``, a writer that names its own files (DCP, Lightning, Accelerate),
+    for ``step``'s directory, and returns ``(written, final)``: where it wrote, and the step's
+    directory in ``--ckpt-dir`` (:func:`step_dir`), which the commit names.
+
+    Under ``drun --ckpt-memory`` (``DRUN_CKPT_STAGE_DIR`` set) ``written`` is the step's staged
+    directory in the agent's memory (the same place under the staging directory as ``final``
+    under ``DRUN_CKPT_DIR``): the writer writes memory, and :func:`staged_files` notes what it
+    wrote as staged, so the commit returns at once and the agent persists the files behind the
+    training. When writing there fails (a full tmpfs), ``write`` runs again into ``final`` after
+    one warning line. Otherwise ``written`` is ``final``.
+    """
+    final = os.path.dirname(shard_path(step))
+    staged = _staged_place(final)
+    if staged is not None:
+        try:
+            os.makedirs(staged, exist_ok=True)
+            write(staged)
+        except Exception as e:  # noqa: BLE001 - a full tmpfs: save to disk instead
+            _stage_failed(staged, e)
+        else:
+            return staged, final
+    write(step_dir(step))
+    return final, final
+
+
+def staged_files(written: str, final: str, paths: Iterable[PathArg]) -> List[str]:
+    """The places in ``final`` of ``paths``, files a writer wrote under ``written``
+    (:func:`save_into`); when ``written`` is the staged directory each is noted staged with its
+    size, so :func:`commit` reports it staged (the agent hashes it as it persists it)."""
+    out: List[str] = []
+    for p in paths:
+        target = os.path.join(final, os.path.relpath(os.path.abspath(p), written))
+        if written != final:
+            STATE.staged[target] = os.path.getsize(p)
+        out.append(target)
+    return out
+
+
+def _stage_failed(staged: str, e: BaseException) -> None:
+    """The one warning line of a save that could not be staged and goes straight to disk."""
+    if not STATE.stage_warned:
+        STATE.stage_warned = True
+        sys.stderr.write("drun: warning: cannot stage the checkpoint in memory (%s): %s; "
+                         "saving it straight to --ckpt-dir\n" % (staged, e))
+
+
 def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str, int]:
     """Writes a file atomically and returns ``(sha256, bytes)``.
 
@@ -173,10 +220,7 @@ def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str
         try:
             digest = _write_new(staged, write, sync=False, hash=False)
         except Exception as e:  # noqa: BLE001 - a full or missing tmpfs: save to disk instead
-            if not STATE.stage_warned:
-                STATE.stage_warned = True
-                sys.stderr.write("drun: warning: cannot stage the checkpoint in memory (%s): %s; "
-                                 "saving it straight to --ckpt-dir\n" % (staged, e))
+            _stage_failed(staged, e)
         else:
             STATE.staged[path] = digest[1]
             return digest

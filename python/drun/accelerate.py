@@ -14,7 +14,9 @@ the step's directory, committed by every process.
 ``save_state`` writes ``accelerator.save_state(drun.step_dir(step))`` (the main process writes
 the model, optimizer, scheduler and sampler files; every process its
 ``random_states_<i>.pkl``), waits for every process, then each commits the files it wrote.
-``load_state`` loads the sealed step every rank resumes from. Outside drun: saves into
+``load_state`` loads the sealed step every rank resumes from. Under ``drun --ckpt-memory``
+``save_state`` writes the step's staged directory in the agent's memory instead: the commit
+returns at once and the agent persists the files to ``--ckpt-dir`` behind the training. Outside drun: saves into
 ``./checkpoints/local/`` and starts fresh.
 """
 
@@ -25,6 +27,7 @@ import re
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import drun
+from drun import _ledger
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -53,12 +56,15 @@ def save_state(accelerator: Accelerator, step: int, cursor: Optional[Dict[str, A
                **save_kwargs: Any) -> Optional[Dict[str, Any]]:
     """``accelerator.save_state(drun.step_dir(step))`` and a commit of each process's files;
     returns the agent's answer (None outside drun). A collective: every process calls it with
-    the same ``step``. ``cursor``: the global data cursor or None. Raises
+    the same ``step``. ``cursor``: the global data cursor or None. Under ``drun --ckpt-memory``
+    the state is written to memory and persisted by the agent behind the training. Raises
     :class:`drun.DrunError` when the agent refuses the commit."""
-    directory = drun.step_dir(step)
-    accelerator.save_state(directory, **save_kwargs)
+    _ledger.STATE.note_save_start()
+    written, final = _ledger.save_into(
+        step, lambda d: accelerator.save_state(d, **save_kwargs))
     accelerator.wait_for_everyone()
-    return drun.commit(step, files_of_process(directory, accelerator.process_index), cursor)
+    mine = files_of_process(written, accelerator.process_index)
+    return drun.commit(step, _ledger.staged_files(written, final, mine), cursor)
 
 
 def load_state(accelerator: Accelerator, **load_kwargs: Any) -> Optional[int]:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Union
 from . import _agent, _ledger
 from ._agent import DrunError, available
 from ._env import env_int as _env_int
-from ._ledger import resume_info, step_dir
+from ._ledger import resume_info
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -102,27 +102,47 @@ def _rank() -> int:
 
 
 def _save_loader(directory: str, loader: Optional[_Stateful], rank: int) -> None:
+    """Writes ``loader``'s state into ``directory`` atomically: the step's directory (fsynced),
+    or its staged copy in the agent's memory (``--ckpt-memory``: no fsync)."""
     if loader is None:
         return
     import torch
 
-    _ledger.atomic_save(os.path.join(directory, "loader-rank%d.pt" % rank),
-                        lambda f: torch.save(loader.state_dict(), f))
+    _ledger._write_new(os.path.join(directory, "loader-rank%d.pt" % rank),
+                       lambda f: torch.save(loader.state_dict(), f), sync=not _in_stage(directory),
+                       hash=False)
 
 
-def _commit(client: _agent.Client, step: int, directory: str, rank: int,
-            cursor: Optional[Dict[str, Any]]) -> Optional[_agent.Json]:
+def _in_stage(directory: str) -> bool:
+    """Whether ``directory`` is inside the agent's staging directory (``DRUN_CKPT_STAGE_DIR``)."""
+    stage = os.environ.get("DRUN_CKPT_STAGE_DIR")
+    if not stage:
+        return False
+    return os.path.abspath(directory).startswith(os.path.abspath(stage) + os.sep)
+
+
+def _commit(client: _agent.Client, step: int, written: str, final: str, rank: int,
+            cursor: Optional[Dict[str, Any]], started_ms: Optional[int]) -> Optional[_agent.Json]:
+    """Commits the files ``rank`` wrote under ``written`` (the step's directory ``final``, or
+    its staged copy in memory: then they are committed staged, by their places in ``final``);
+    ``started_ms``: when this rank began saving the step (the save cost of
+    ``--ckpt-interval auto`` is measured from it)."""
     if not available():
         return None
+    paths = _ledger.staged_files(written, final, files_of_rank(written, rank))
     msg: _agent.Json = {
         "op": "commit",
         "rank": _env_int("RANK", rank),
         "generation": _env_int("DRUN_GENERATION", 0),
         "step": int(step),
-        "files": [_ledger.file_record(p) for p in files_of_rank(directory, rank)],
+        "files": [_ledger.file_record(p) for p in paths],
     }
+    for p in paths:
+        _ledger.STATE.staged.pop(p, None)
     if cursor is not None:
         msg["cursor"] = cursor
+    if started_ms is not None:
+        msg["save_started_ms"] = started_ms
     return client.request(msg, timeout=600.0)
 
 
@@ -137,16 +157,25 @@ def save(state_dict: _StateDict, step: int, cursor: Optional[Dict[str, Any]] = N
     ``state_dict()`` is saved with the step. ``dcp_kwargs`` go to DCP's ``save`` (e.g.
     ``planner``, ``storage_writer``; ``checkpoint_id`` is always the step's directory).
 
+    Under ``drun --ckpt-memory`` DCP writes the step's staged directory in the agent's memory
+    instead (:func:`drun._ledger.save_into`): the commit returns at once and the agent persists
+    the files to ``drun.step_dir(step)`` behind the training; the step seals once they are there.
+
     Raises :class:`drun.DrunError` when the agent refuses the commit.
     """
     import torch.distributed.checkpoint as dcp
 
     wait()
-    directory = step_dir(step)
     rank = _rank()
-    _save_loader(directory, loader, rank)
-    dcp.save(state_dict, checkpoint_id=directory, **dcp_kwargs)
-    return _commit(_ledger.STATE.client, step, directory, rank, cursor)
+    _ledger.STATE.note_save_start()
+
+    def write(directory: str) -> None:
+        _save_loader(directory, loader, rank)
+        dcp.save(state_dict, checkpoint_id=directory, **dcp_kwargs)
+
+    written, final = _ledger.save_into(step, write)
+    started, _ledger.STATE.save_started_ms = _ledger.STATE.save_started_ms, None
+    return _commit(_ledger.STATE.client, step, written, final, rank, cursor, started)
 
 
 def _checkpoint_group() -> Optional[Union[ProcessGroup, int]]:
@@ -171,15 +200,27 @@ def async_save(state_dict: _StateDict, step: int, cursor: Optional[Dict[str, Any
     or raising DCP's error or :class:`drun.DrunError`. Waits for the previous one first (one
     async save in flight, as DCP asks); :func:`wait` waits for the last one, call it before exit.
     A collective, like :func:`save`; the first call creates a gloo group on every rank.
+
+    Under ``drun --ckpt-memory`` the background write goes to the step's staged directory in the
+    agent's memory (as :func:`save`), so it finishes sooner and the agent persists the files
+    behind the training; a background write that fails there is not retried on disk (the future
+    raises it, as a failed disk write would).
     """
     import torch.distributed.checkpoint as dcp
 
     wait()
-    directory = step_dir(step)
     rank = _rank()
-    _save_loader(directory, loader, rank)
+    _ledger.STATE.note_save_start()
+    started, _ledger.STATE.save_started_ms = _ledger.STATE.save_started_ms, None
     dcp_kwargs.setdefault("process_group", _checkpoint_group())
-    written = dcp.async_save(state_dict, checkpoint_id=directory, **dcp_kwargs)
+    pending: List[Any] = []
+
+    def write(directory: str) -> None:
+        _save_loader(directory, loader, rank)
+        pending.append(dcp.async_save(state_dict, checkpoint_id=directory, **dcp_kwargs))
+
+    directory, final = _ledger.save_into(step, write)
+    written = pending[-1]
     if not isinstance(written, concurrent.futures.Future):  # AsyncSaveResponse (staging too)
         written = written.upload_completion
     done: concurrent.futures.Future[Optional[_agent.Json]] = concurrent.futures.Future()
@@ -189,7 +230,7 @@ def async_save(state_dict: _StateDict, step: int, cursor: Optional[Dict[str, Any
             f.result()
             client = _agent.Client()  # its own connection: the training thread uses the shared one
             try:
-                done.set_result(_commit(client, step, directory, rank, cursor))
+                done.set_result(_commit(client, step, directory, final, rank, cursor, started))
             finally:
                 client.close()
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on `done`

@@ -9,7 +9,9 @@
 Every ``every_n_train_steps`` optimizer steps the callback saves a full Lightning checkpoint
 (``trainer.save_checkpoint``, written by global rank 0) to ``drun.step_dir(step)/lightning.ckpt``
 and every rank commits the step (rank 0 with the file, the others with none), so the step is
-sealed only once the file is complete and every rank got there. After a re-form, ``fit`` resumes
+sealed only once the file is complete and every rank got there. Under ``drun --ckpt-memory`` the
+file is written to the step's staged directory in the agent's memory instead: the commit returns
+at once and the agent persists it to ``--ckpt-dir`` behind the training. After a re-form, ``fit`` resumes
 from the sealed step (model, optimizer, loop counters, callbacks): the callback is an
 ``OnExceptionCheckpoint``, whose ``ckpt_path`` Lightning itself loads when ``fit`` is called
 without one; here it is the sealed step's file. Unlike Lightning's, it saves nothing on an
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
 import drun
+from drun import _ledger
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -73,10 +76,14 @@ class DrunCheckpoint(OnExceptionCheckpoint):
         if step <= 0 or step % self.every or step == self._last:
             return
         self._last = step
-        path = os.path.join(drun.step_dir(step), FILE_NAME)
-        trainer.save_checkpoint(path)  # every rank; global rank 0 writes, then a barrier
+        _ledger.STATE.note_save_start()
+        # Every rank saves; global rank 0 writes, then a barrier. Under --ckpt-memory into the
+        # step's staged directory in memory: the commit returns at once, the agent persists it.
+        written, final = _ledger.save_into(
+            step, lambda d: trainer.save_checkpoint(os.path.join(d, FILE_NAME)))
         cursor = self.cursor(trainer) if self.cursor else None
-        drun.commit(step, [path] if trainer.is_global_zero else [], cursor)
+        mine = [os.path.join(written, FILE_NAME)] if trainer.is_global_zero else []
+        drun.commit(step, _ledger.staged_files(written, final, mine), cursor)
 
     def on_exception(self, trainer: pl.Trainer, *args: Any, **kwargs: Any) -> None:
         """Saves nothing: a save by some ranks only is never sealed."""

@@ -73,6 +73,60 @@ class Dcp(unittest.TestCase):
                                         "re-split; use drun.ElasticSampler"):
                 drun.dcp.load(state, loader=resumed_loader)
 
+    def test_under_ckpt_memory_dcp_writes_memory_and_commits_staged(self):
+        agent = FakeAgent(lambda r: {"ok": True, "sealed": False, "staged": True})
+        d, stage = tempfile.mkdtemp(), tempfile.mkdtemp()
+        env = dict(CLEAN, DRUN_AGENT_SOCK=agent.path, RANK="0", WORLD_SIZE="1",
+                   DRUN_GENERATION="3", DRUN_CKPT_DIR=d, DRUN_RUN_ID="job",
+                   DRUN_CKPT_STAGE_DIR=stage)
+        loader = StatefulDataLoader(list(range(20)), batch_size=2)
+        model = torch.nn.Linear(3, 2)
+        with mock.patch.dict(os.environ, env, clear=True):
+            answer = drun.dcp.save({"model": model.state_dict()}, 5, loader=loader)
+        self.assertTrue(answer["staged"])
+        final = os.path.join(d, "job", "step-00000005-g3")
+        self.assertFalse(os.path.exists(final), "nothing on disk: the agent persists it")
+        staged = os.path.join(stage, "job", "step-00000005-g3")
+        req = agent.requests[0]
+        self.assertIn("save_started_ms", req)
+        self.assertEqual(sorted(os.path.basename(f["path"]) for f in req["files"]),
+                         [".metadata", "__0_0.distcp", "loader-rank0.pt"])
+        for f in req["files"]:
+            self.assertTrue(f["staged"], f)
+            self.assertEqual(os.path.dirname(f["path"]), final, "named by their place on disk")
+            self.assertNotIn("sha256", f, "the agent hashes them as it persists them")
+            here = os.path.join(staged, os.path.basename(f["path"]))
+            self.assertEqual(os.path.getsize(here), f["bytes"])
+        self.assertEqual(drun._STATE.staged, {}, "nothing left to report twice")
+        # Resumed from the staged directory (a restart under the same agent).
+        fresh = {"model": torch.nn.Linear(3, 2).state_dict()}
+        resumed = dict(CLEAN, RANK="0", WORLD_SIZE="1", DRUN_RESUME_STEP="5",
+                       DRUN_RESUME_PATH=staged, DRUN_RESUME_WORLD_SIZE="1")
+        with mock.patch.dict(os.environ, resumed, clear=True):
+            self.assertEqual(drun.dcp.load(fresh), 5)
+        self.assertTrue(torch.equal(fresh["model"]["weight"], model.weight))
+
+    def test_a_dcp_save_that_cannot_be_staged_goes_to_disk_with_one_warning(self):
+        agent = FakeAgent(lambda r: {"ok": True, "sealed": True})
+        d = tempfile.mkdtemp()
+        blocked = os.path.join(tempfile.mkdtemp(), "gone")
+        open(blocked, "w").close()  # a file where the staging directory should be
+        env = dict(CLEAN, DRUN_AGENT_SOCK=agent.path, RANK="0", WORLD_SIZE="1",
+                   DRUN_GENERATION="1", DRUN_CKPT_DIR=d, DRUN_RUN_ID="job",
+                   DRUN_CKPT_STAGE_DIR=blocked)
+        drun._STATE.stage_warned = False
+        with mock.patch.dict(os.environ, env, clear=True), mock.patch("sys.stderr") as err:
+            drun.dcp.save({"model": torch.nn.Linear(3, 2).state_dict()}, 2)
+        lines = "".join(c.args[0] for c in err.write.call_args_list)
+        self.assertEqual(lines.count("cannot stage the checkpoint in memory"), 1, lines)
+        files = agent.requests[0]["files"]
+        self.assertEqual(sorted(os.path.basename(f["path"]) for f in files),
+                         [".metadata", "__0_0.distcp"])
+        for f in files:
+            self.assertNotIn("staged", f)
+            self.assertEqual(os.path.getsize(f["path"]), f["bytes"], "on disk")
+            self.assertEqual(len(f["sha256"]), 64)
+
     def test_outside_drun_load_starts_fresh(self):
         with mock.patch.dict(os.environ, CLEAN, clear=True):
             self.assertIsNone(drun.dcp.load({}))

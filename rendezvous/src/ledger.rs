@@ -39,6 +39,8 @@ pub struct Retention {
 }
 
 /// What a commit achieved.
+// One per commit answer, moved once to the agent: boxing the manifest would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommitOutcome {
     /// Recorded; the step seals when these nodes have reported it too (empty: a peer sealed it).
@@ -291,6 +293,7 @@ mod tests {
             sealed_at_ms: 0,
             adopted_from: None,
             save_ms: None,
+            stall_ms: None,
         };
         assert_eq!(m.dir(), std::path::PathBuf::from("/c/step-1"));
         m.files.push(f("/c/extra/x"));

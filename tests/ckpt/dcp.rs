@@ -44,9 +44,14 @@ fn dcp_agent(
 
 /// The same training without faults on one node of 4 workers; its `final.pt`.
 fn fault_free(python: &Path, base: &Dirs) -> PathBuf {
+    fault_free_on(python, base, "4")
+}
+
+/// The same training without faults on one node of `nproc` workers; its `final.pt`.
+fn fault_free_on(python: &Path, base: &Dirs, nproc: &str) -> PathBuf {
     let mut c = drun();
     c.python(python)
-        .args(["--standalone", "--nproc-per-node", "4", "--ckpt-dir"])
+        .args(["--standalone", "--nproc-per-node", nproc, "--ckpt-dir"])
         .arg(&base.ckpt)
         .arg(worker("dcp_train.py"))
         .env("DCP_OUT", &base.out)
@@ -271,4 +276,108 @@ fn dcp_corrupted_distcp_falls_back_to_the_previous_step() {
     }
     assert_eq!(count(&evs, "done", |_| true), 4);
     assert_eq!(latest_step(&d), 24);
+}
+
+/// `--ckpt-memory` on one node of 2 workers, its persister slowed so the disk lags the training:
+/// `drun.dcp.save` (or `async_save`) writes the step's staged directory in memory and the commit
+/// is answered staged, not sealed; rank 0 fails after step 12 was staged; the failure waits for
+/// the persister, and the restarted ranks load step 12 from memory. The final model is the
+/// fault-free run's exactly; at the end every sealed step is on disk, whole, with no temporary
+/// file left and the staging directory gone.
+fn dcp_staged_step_resumed_exactly(async_write: bool) {
+    let Some(python) = crate::harness::torch_python() else {
+        eprintln!("skipped: no torch interpreter (DRUN_TORCH_PYTHON)");
+        return;
+    };
+    let d = dirs();
+    let stage = d.out.parent().unwrap().join("shm");
+    std::fs::create_dir_all(&stage).unwrap();
+    let mut c: Command = drun();
+    c.python(&python)
+        .args(["--standalone", "--rdzv-id", "dcp-memory"])
+        .nproc(2)
+        .args(["--max-restarts", "1", "--shutdown-timeout", "60"])
+        .args(["--ckpt-memory", "64M", "--ckpt-dir"])
+        .arg(&d.ckpt)
+        .arg(worker("dcp_train.py"))
+        .env("DCP_OUT", &d.out)
+        .env("DCP_STEPS", STEPS)
+        .env("DCP_EVERY", EVERY)
+        .env("DCP_HOLD_AT", HOLD_AT)
+        .env("DRUN_CKPT_STAGE_PARENT", &stage)
+        // A few KB a step at 4000 B/s: each step reaches the disk a second or so after its
+        // commit, long after the failure.
+        .env("DRUN_CKPT_PERSIST_RATE", "4000");
+    if async_write {
+        c.env("DCP_ASYNC", "1").env("DCP_WAIT_HOLD", "1");
+    }
+    let a = Agent::start(c);
+    wait_for(
+        "both ranks hold at step 14 with step 12 committed",
+        Duration::from_secs(300),
+        || {
+            let evs = events(&d);
+            count(&evs, "holding", |_| true) == 2
+                && count(&evs, "committed", |e| e["step"] == 12) == 2
+        },
+    );
+    assert!(
+        latest_step(&d) < 12,
+        "step 12 is not sealed yet: the disk lags"
+    );
+    std::fs::write(d.out.join("crash"), b"").unwrap();
+    let (code, _, err) = a.wait(Duration::from_secs(300));
+    assert_eq!(code, 0, "{err}");
+    let evs = events(&d);
+    for e in evs.iter().filter(|e| e["event"] == "committed") {
+        assert_eq!(e["staged"], true, "answered staged: {e}");
+        assert_eq!(e["sealed"], false, "not sealed before it is on disk: {e}");
+    }
+    assert!(
+        err.contains("for the staged checkpoints to be persisted"),
+        "the failure waited for the disk: {err}"
+    );
+    let from_memory = err
+        .lines()
+        .find(|l| l.contains("resuming from the staged copy in memory"))
+        .unwrap_or_else(|| panic!("resumed from memory: {err}"));
+    assert!(from_memory.contains("step=12"), "{from_memory}");
+    let starts = last_starts(&evs);
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    for s in &starts {
+        assert_eq!(s["resume_step"], 12, "{s}");
+        let path = s["resume_path"].as_str().unwrap();
+        assert!(
+            Path::new(path).starts_with(&stage) && path.ends_with("/step-00000012-g1"),
+            "DCP loaded the staged directory in memory, not {path}"
+        );
+    }
+    assert_eq!(count(&evs, "done", |_| true), 2);
+    assert_eq!(latest_step(&d), 24, "the end waited for every step");
+    assert_eq!(assert_all_persisted(&d, &stage), [4, 8, 12, 16, 20, 24]);
+    assert_lists_the_directory(&latest(&d).unwrap());
+
+    let base = dirs();
+    let clean = fault_free_on(&python, &base, "2");
+    let cmp = check(
+        &python,
+        &[
+            "compare",
+            d.out.join("final.pt").to_str().unwrap(),
+            clean.to_str().unwrap(),
+            "--tol",
+            "0",
+        ],
+    );
+    assert_eq!(cmp["max_abs_diff"], 0.0, "{cmp}");
+}
+
+#[test]
+fn dcp_save_in_memory_a_worker_failure_resumes_the_staged_step_exactly() {
+    dcp_staged_step_resumed_exactly(false);
+}
+
+#[test]
+fn dcp_async_save_in_memory_a_worker_failure_resumes_the_staged_step_exactly() {
+    dcp_staged_step_resumed_exactly(true);
 }

@@ -27,26 +27,37 @@ fn framework_python() -> Option<PathBuf> {
 /// sealed); rank 1 is SIGKILLed; the restarted group resumes at step 8 with step 8's weights and
 /// trains to step 16.
 /// `rank1_files`: the names of the files rank 1 commits (none: a rank without files takes part).
-fn survives_a_worker_kill(script: &str, rank1_files: &[&str]) {
+/// With `memory` (`--ckpt-memory`, a persister slowed so the disk lags), the rank is killed as
+/// soon as both hold, whether step 8 is on disk yet or not; the restarted group loads step 8
+/// from the staged copy in memory, and at the end every sealed step is on disk.
+fn survives_a_worker_kill(script: &str, rank1_files: &[&str], memory: bool) {
     let Some(python) = framework_python() else {
         return;
     };
     let d = dirs();
+    let stage = d.out.parent().unwrap().join("shm");
     let mut c: Command = drun();
     c.python(&python)
         .args(["--standalone", "--max-restarts", "1", "--ckpt-dir"])
         .arg(&d.ckpt)
         .nproc(2)
-        .quick_shutdown()
-        .arg(worker(script))
         .env("FW_OUT", &d.out)
         .env("FW_STEPS", "16")
         .env("FW_HOLD_AT", "10");
+    if memory {
+        std::fs::create_dir_all(&stage).unwrap();
+        c.args(["--ckpt-memory", "64M", "--shutdown-timeout", "60"])
+            .env("DRUN_CKPT_STAGE_PARENT", &stage)
+            .env("DRUN_CKPT_PERSIST_RATE", "16K");
+    } else {
+        c.quick_shutdown();
+    }
+    c.arg(worker(script));
     let a = Agent::start(c);
     wait_for(
-        "both ranks holding after step 10 with step 8 sealed",
+        "both ranks holding after step 10 with step 8 sealed (or staged)",
         Duration::from_secs(300),
-        || count(&events(&d), "holding", |_| true) == 2 && latest_step(&d) == 8,
+        || count(&events(&d), "holding", |_| true) == 2 && (memory || latest_step(&d) == 8),
     );
     let evs = events(&d);
     let victim = evs
@@ -77,6 +88,13 @@ fn survives_a_worker_kill(script: &str, rank1_files: &[&str]) {
     assert_eq!(resumed.len(), 2, "both ranks restarted once: {resumed:?}");
     for s in resumed {
         assert_eq!(s["resume_step"], 8, "resumed at the sealed step: {s}");
+        if memory {
+            let path = s["resume_path"].as_str().unwrap();
+            assert!(
+                Path::new(path).starts_with(&stage),
+                "from the staged copy in memory, not {path}:\n{err}"
+            );
+        }
         assert_eq!(s["step"], 8, "the framework's step counter too: {s}");
         assert_eq!(s["weight"], saved, "with step 8's weights: {s}");
     }
@@ -95,14 +113,31 @@ fn survives_a_worker_kill(script: &str, rank1_files: &[&str]) {
         .map(|f| f["path"].as_str().unwrap().rsplit('/').next().unwrap())
         .collect();
     assert_eq!(of_rank1, rank1_files, "{m}");
+    if memory {
+        assert!(
+            err.contains("resuming from the staged copy in memory"),
+            "{err}"
+        );
+        assert_eq!(assert_all_persisted(&d, &stage), [4, 8, 12, 16]);
+    }
 }
 
 #[test]
 fn lightning_callback_survives_a_worker_kill() {
-    survives_a_worker_kill("lightning_train.py", &[]);
+    survives_a_worker_kill("lightning_train.py", &[], false);
 }
 
 #[test]
 fn accelerate_recipe_survives_a_worker_kill() {
-    survives_a_worker_kill("accelerate_train.py", &["random_states_1.pkl"]);
+    survives_a_worker_kill("accelerate_train.py", &["random_states_1.pkl"], false);
+}
+
+#[test]
+fn lightning_callback_in_memory_resumes_the_staged_step() {
+    survives_a_worker_kill("lightning_train.py", &[], true);
+}
+
+#[test]
+fn accelerate_recipe_in_memory_resumes_the_staged_step() {
+    survives_a_worker_kill("accelerate_train.py", &["random_states_1.pkl"], true);
 }

@@ -223,3 +223,108 @@ fn the_interval_converges_to_the_optimum_on_the_memory_store() {
 fn the_interval_converges_to_the_optimum_on_etcd() {
     converges(Store::Etcd);
 }
+
+/// `--ckpt-interval auto` with `--ckpt-memory` (etcd, one node of 2 stdlib workers whose save
+/// takes 0.1 s, a persister slowed to ~1 s a step): C is the training's stall, not the time to
+/// disk; the interval line reports the persistence apart, and `status` shows the node's steps in
+/// memory and the interval's two numbers.
+#[test]
+fn in_memory_the_interval_uses_the_stall_and_status_shows_the_disk() {
+    let run = "ckpt-interval-memory";
+    let r = rdzv(Store::Etcd, run, "1");
+    let d = dirs();
+    let stage = d.out.parent().unwrap().join("shm");
+    std::fs::create_dir_all(&stage).unwrap();
+    let mut c: Command = drun();
+    c.args(&r.args)
+        .nproc(2)
+        .node(0)
+        .args(["--shutdown-timeout", "30", "--ckpt-interval", "auto"])
+        .args([
+            "--expected-mtbf",
+            "20",
+            "--ckpt-memory",
+            "64M",
+            "--ckpt-dir",
+        ])
+        .arg(&d.ckpt)
+        .arg(worker("interval_worker.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("SAVE_SECONDS", "0.1")
+        .env("DRUN_CKPT_STAGE_PARENT", &stage)
+        // 2 KiB a step at 2000 B/s: about a second to disk.
+        .env("DRUN_CKPT_PERSIST_RATE", "2000");
+    let agent = Agent::start(c);
+    let mut line = String::new();
+    wait_for(
+        "an interval line with the stall and the persistence",
+        Duration::from_secs(90),
+        || {
+            let log = agent.stderr_so_far();
+            line = log
+                .lines()
+                .rev()
+                .find(|l| l.contains("checkpoint interval ") && l.contains("persisted in"))
+                .unwrap_or_default()
+                .to_string();
+            !line.is_empty()
+        },
+    );
+    let (_, cost, _, _) = last_interval(&line).unwrap();
+    let persist: f64 = line
+        .split("persisted in ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    eprintln!("C = {cost} s (stall), persisted in {persist} s: {line}");
+    assert!(
+        line.contains("the training's stall"),
+        "C is named the stall: {line}"
+    );
+    assert!(
+        (0.1..0.6).contains(&cost),
+        "C is the 0.1 s save plus the commit, not the disk: {line}"
+    );
+    assert!(
+        persist >= 0.8,
+        "the disk took about a second a step: {line}"
+    );
+    let status = |json: bool| {
+        let mut c = Command::new(crate::harness::cluster::rendezvous_bin());
+        c.args(["status", run]).args(&r.status);
+        if json {
+            c.arg("--json");
+        }
+        String::from_utf8(c.output().unwrap().stdout).unwrap()
+    };
+    let mut text = String::new();
+    wait_for(
+        "status shows the node's steps in memory",
+        Duration::from_secs(30),
+        || {
+            text = status(false);
+            text.contains("memory ") && text.contains(" in memory, ")
+        },
+    );
+    assert!(text.contains(" s stall, "), "{text}");
+    let memory = text
+        .lines()
+        .find(|l| l.starts_with("memory"))
+        .unwrap()
+        .to_string();
+    assert!(
+        memory.contains("persisted") || memory.contains("staged") || memory.contains("persisting"),
+        "{memory}"
+    );
+    let json: Value = serde_json::from_str(&status(true)).expect("status JSON");
+    let steps = json["reports"]["staging"]
+        .as_object()
+        .and_then(|m| m.values().next())
+        .map(|r| r["steps"].clone())
+        .unwrap_or_else(|| panic!("{json}"));
+    assert!(!steps.as_array().unwrap().is_empty(), "{json}");
+    agent.signal(Signal::SIGTERM);
+    let (code, _, log) = agent.wait(Duration::from_secs(60));
+    assert_eq!(code, 128 + 15, "{log}");
+}

@@ -219,3 +219,245 @@ fn a_missing_tmpfs_is_one_warning_and_saves_go_to_disk() {
     );
     assert_eq!(latest_step(&d), 6);
 }
+
+/// A budget the node can hold but its tmpfs has no room for (a real 1 MiB tmpfs, mounted in a
+/// user and mount namespace, like a container's small `/dev/shm`): one warning line naming both
+/// and what drun does, and the run stages and seals every step as usual (they fit in 1 MiB).
+#[test]
+fn a_budget_larger_than_the_tmpfs_has_free_is_one_warning_naming_both() {
+    let d = dirs();
+    let shm = d.out.parent().unwrap().join("small-shm");
+    std::fs::create_dir_all(&shm).unwrap();
+    let probe = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg(format!("mount -t tmpfs -o size=1m tmpfs {}", shm.display()))
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: no unprivileged user and mount namespaces to mount a small tmpfs");
+        return;
+    }
+    let mut c = crate::harness::clean_env(Command::new("unshare"));
+    c.args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o size=1m tmpfs {} && exec \"$0\" \"$@\"",
+            shm.display()
+        ))
+        .arg(crate::harness::drun_bin())
+        .args(["--standalone", "--rdzv-id", "ckpt-memory-shm"])
+        .nproc(2)
+        .args([
+            "--shutdown-timeout",
+            "30",
+            "--ckpt-memory",
+            "64M",
+            "--ckpt-dir",
+        ])
+        .arg(&d.ckpt)
+        .arg(worker("ckpt_worker.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("CKPT_STEPS", "6")
+        .env("DRUN_CKPT_STAGE_PARENT", &shm);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("has free")).collect();
+    assert_eq!(lines.len(), 1, "one line:\n{err}");
+    let want = format!(
+        "drun: warning: --ckpt-memory 64 MiB is more than {} has free (",
+        shm.display()
+    );
+    assert!(
+        lines[0].starts_with(&want)
+            && lines[0].contains("): this agent stages at most ")
+            && lines[0].contains("a save that does not fit goes straight to --ckpt-dir"),
+        "{}\nwant: {want}…",
+        lines[0]
+    );
+    let evs = events(&d);
+    for e in evs.iter().filter(|e| e["event"] == "committed") {
+        assert_eq!(e["staged"], true, "a few KB still fit: {e}");
+    }
+    assert_eq!(count(&evs, "committed", |_| true), 6);
+    assert_eq!(latest_step(&d), 6);
+}
+
+/// A run stopped by SIGTERM while its staged steps are still being written: the agent persists
+/// them before it exits (within --shutdown-timeout), says how long it waited, and every step the
+/// ranks committed is sealed on disk.
+#[test]
+fn sigterm_waits_for_the_staged_steps_and_says_how_long() {
+    let d = dirs();
+    let stage = d.out.parent().unwrap().join("shm");
+    std::fs::create_dir_all(&stage).unwrap();
+    let a = memory_agent(&d, &stage, "4000", &[("CKPT_HOLD_AT", "6")]);
+    wait_for(
+        "both ranks hold after step 6",
+        Duration::from_secs(60),
+        || count(&events(&d), "holding", |e| e["step"] == 6) == 2,
+    );
+    assert!(latest_step(&d) < 6, "step 6 is not on disk yet");
+    a.signal(Signal::SIGTERM);
+    let (code, _, err) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, 128 + 15, "{err}");
+    let waited = err
+        .lines()
+        .find(|l| l.contains("for the staged checkpoints to be persisted to --ckpt-dir"))
+        .unwrap_or_else(|| panic!("says how long it waited:\n{err}"));
+    assert!(waited.starts_with("drun: waited "), "{waited}");
+    assert_eq!(latest_step(&d), 6, "the last committed step is sealed");
+    assert_eq!(assert_all_persisted(&d, &stage), [2, 4, 6]);
+}
+
+/// The same with a --shutdown-timeout too short for the disk: the agent gives up at the limit
+/// and names the steps it could not persist; none of them is sealed, nothing half-written is a
+/// resume point.
+#[test]
+fn sigterm_waits_at_most_the_shutdown_timeout_and_names_what_is_not_persisted() {
+    let d = dirs();
+    let stage = d.out.parent().unwrap().join("shm");
+    std::fs::create_dir_all(&stage).unwrap();
+    let mut c: Command = drun();
+    c.args(["--standalone", "--rdzv-id", "ckpt-memory-bounded"])
+        .nproc(2)
+        .args([
+            "--shutdown-timeout",
+            "2",
+            "--ckpt-memory",
+            "64M",
+            "--ckpt-dir",
+        ])
+        .arg(&d.ckpt)
+        .arg(worker("ckpt_worker.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("CKPT_HOLD_AT", "6")
+        .env("DRUN_CKPT_STAGE_PARENT", &stage)
+        // About 5.6 KB a step at 500 B/s: 11 s a step, far past the 2 s limit.
+        .env("DRUN_CKPT_PERSIST_RATE", "500");
+    let a = Agent::start(c);
+    wait_for(
+        "both ranks hold after step 6",
+        Duration::from_secs(60),
+        || count(&events(&d), "holding", |e| e["step"] == 6) == 2,
+    );
+    a.signal(Signal::SIGTERM);
+    let t = std::time::Instant::now();
+    let (code, _, err) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, 128 + 15, "{err}");
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "bounded by --shutdown-timeout: {:?}",
+        t.elapsed()
+    );
+    let line = err
+        .lines()
+        .find(|l| l.contains("are not persisted to --ckpt-dir"))
+        .unwrap_or_else(|| panic!("names what it could not persist:\n{err}"));
+    assert!(
+        line.contains("(--shutdown-timeout) checkpoint step(s) ")
+            && line.contains("6 (generation 1)"),
+        "{line}"
+    );
+    let sealed = manifest_files(&d);
+    assert!(
+        !sealed.iter().any(|(s, _)| *s == 6),
+        "step 6 never reached the disk and is not sealed: {sealed:?}"
+    );
+}
+
+/// The agent SIGKILLed while it is writing a staged step to --ckpt-dir: no half step becomes a
+/// resume point. The run (etcd) re-forms with a new agent on the node, which resumes the last
+/// step sealed before the kill, and trains to the end.
+#[test]
+fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
+    let d = dirs();
+    let stage = d.out.parent().unwrap().join("shm");
+    std::fs::create_dir_all(&stage).unwrap();
+    let r = rdzv(Store::Etcd, "ckpt-memory-kill", "1");
+    let start = |rate: &str, hold: bool| {
+        let mut c: Command = drun();
+        c.args(&r.args)
+            .nproc(2)
+            .node(0)
+            .args([
+                "--shutdown-timeout",
+                "30",
+                "--ckpt-memory",
+                "64M",
+                "--ckpt-dir",
+            ])
+            .arg(&d.ckpt)
+            .arg(worker("ckpt_worker.py"))
+            .env("CKPT_OUT", &d.out)
+            .env("DRUN_CKPT_STAGE_PARENT", &stage)
+            .env("DRUN_CKPT_PERSIST_RATE", rate);
+        if hold {
+            c.env("CKPT_HOLD_AT", "6");
+        }
+        Agent::start(c)
+    };
+    // About 5.6 KB a step at 1000 B/s: each step takes ~3 s to reach the disk.
+    let a = start("1000", true);
+    let mut half = None;
+    wait_for(
+        "step 2 sealed and a later step half-written to --ckpt-dir",
+        Duration::from_secs(60),
+        || {
+            half = files_under(&d.ckpt)
+                .into_iter()
+                .find(|f| f.to_string_lossy().contains(".drun-persist-"));
+            latest_step(&d) >= 2 && half.is_some()
+        },
+    );
+    a.signal(Signal::SIGKILL);
+    drop(a);
+    let sealed_before = latest_step(&d);
+    let half = half.unwrap();
+    let half_step = half
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap();
+    let half_step: u64 = half_step
+        .strip_prefix("step-")
+        .and_then(|r| r.split('-').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(half_step > sealed_before, "{half_step} vs {sealed_before}");
+    assert!(
+        manifest_files(&d).iter().all(|(s, _)| *s <= sealed_before),
+        "nothing after step {sealed_before} is sealed: {:?}",
+        manifest_files(&d)
+    );
+
+    let b = start("1G", false);
+    let (code, _, err) = b.wait(Duration::from_secs(120));
+    assert_eq!(code, 0, "{err}");
+    let evs = events(&d);
+    let resumed: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["event"] == "start" && e["gen"].as_u64() > Some(1))
+        .collect();
+    assert!(!resumed.is_empty(), "{evs:?}");
+    for s in &resumed {
+        assert_eq!(
+            s["resume_step"], sealed_before,
+            "resumed the last step sealed before the kill, not the half-written {half_step}: {s}"
+        );
+    }
+    assert!(
+        !manifest_files(&d).contains(&(half_step, 1)),
+        "the half-written step of generation 1 was never sealed: {:?}",
+        manifest_files(&d)
+    );
+    // The half-written file is named by no manifest: the new generation's steps are its own.
+    for f in files_under(&d.ckpt).iter().filter(|f| {
+        f.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("drun-manifest-"))
+    }) {
+        let m = read_json(f);
+        assert!(
+            !m.to_string().contains(".drun-persist-"),
+            "a manifest names a temporary file: {m}"
+        );
+    }
+    assert_eq!(latest_step(&d), 12);
+}

@@ -187,6 +187,47 @@ fn manifest_files(d: &Dirs) -> Vec<(u64, u64)> {
     v
 }
 
+/// `--ckpt-memory`'s end state: every sealed manifest's files are on disk with their recorded
+/// sizes, no temporary file of the persister is left in `--ckpt-dir`, and the agent's staging
+/// directories under `stage` went with it. Returns the sealed steps, oldest first.
+fn assert_all_persisted(d: &Dirs, stage: &Path) -> Vec<u64> {
+    let all = files_under(&d.ckpt);
+    let mut steps = Vec::new();
+    for f in all.iter().filter(|f| {
+        f.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("drun-manifest-"))
+    }) {
+        let m = read_json(f);
+        for file in m["files"].as_array().unwrap() {
+            let p = file["path"].as_str().unwrap();
+            let len = std::fs::metadata(p).map(|m| m.len());
+            assert_eq!(
+                len.ok(),
+                file["bytes"].as_u64(),
+                "{p} of sealed step {} is on disk with its size",
+                m["step"]
+            );
+        }
+        steps.push(m["step"].as_u64().unwrap());
+    }
+    steps.sort_unstable();
+    let temps: Vec<&PathBuf> = all
+        .iter()
+        .filter(|f| f.to_string_lossy().contains(".drun-persist-"))
+        .collect();
+    assert!(temps.is_empty(), "no temporary file is left: {temps:?}");
+    let left: Vec<PathBuf> = std::fs::read_dir(stage)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the staging directory goes with the agent: {left:?}"
+    );
+    steps
+}
+
 fn now() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -41,7 +41,9 @@ def main():
     loader = DataLoader(TensorDataset(x, y), batch_size=8)
     model, opt, loader = accelerator.prepare(model, opt, loader)
     start = drun.accelerate.load_state(accelerator) or 0
+    info = drun.resume_info()
     event(accelerator, event="start", step=start, resume_step=start or None,
+          resume_path=info and info["path"],
           world=accelerator.num_processes,
           weight=accelerator.unwrap_model(model).weight.detach().flatten().tolist())
     step = start

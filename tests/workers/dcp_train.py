@@ -11,6 +11,7 @@ checkpoint ends with the same model as one that never failed. Environment:
                 (or until DCP_OUT/crash exists: then exit 1)
   DCP_SLOW_STEP with DCP_ASYNC, in a fresh start, the background write of this step never
                 finishes (it announces itself with DCP_OUT/writing-<step>-rank<r>)
+  DCP_WAIT_HOLD with DCP_ASYNC, "1": wait for the last async_save's commit before holding
 """
 
 import json
@@ -33,6 +34,7 @@ EVERY = int(os.environ.get("DCP_EVERY", "4"))
 ASYNC = os.environ.get("DCP_ASYNC") == "1"
 HOLD_AT = int(os.environ.get("DCP_HOLD_AT", "0"))
 SLOW_STEP = int(os.environ.get("DCP_SLOW_STEP", "0"))
+WAIT_HOLD = os.environ.get("DCP_WAIT_HOLD") == "1"
 GLOBAL_BATCH = 16
 
 
@@ -83,6 +85,10 @@ def main():
     event(event="start", resume_step=start, resume_path=info and info["path"], world=world)
     for step in range((start or 0) + 1, STEPS + 1):
         if start is None and step == HOLD_AT:
+            if WAIT_HOLD:
+                answer = drun.dcp.wait()
+                event(event="committed", step=step - step % EVERY, sealed=answer["sealed"],
+                      staged=answer.get("staged", False))
             event(event="holding", step=step)
             while not os.path.exists(os.path.join(OUT, "crash")):
                 time.sleep(0.05)
@@ -105,7 +111,8 @@ def main():
                 event(event="async_saved", step=step)
             else:
                 answer = drun.dcp.save(state, step)
-                event(event="committed", step=step, sealed=answer and answer["sealed"])
+                event(event="committed", step=step, sealed=answer and answer["sealed"],
+                      staged=answer and answer.get("staged", False))
     drun.dcp.wait()
     if rank == 0:
         torch.save({"model": model.state_dict()}, os.path.join(OUT, "final.pt"))

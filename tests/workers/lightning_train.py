@@ -50,6 +50,7 @@ class Probe(L.Callback):
         info = drun.resume_info()
         self.fresh = info is None
         self.event(trainer, event="start", resume_step=info and info["step"],
+                   resume_path=info and info["path"],
                    weight=pl_module.net.weight.detach().flatten().tolist())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

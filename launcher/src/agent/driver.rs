@@ -85,6 +85,10 @@ struct World {
     /// Checkpoints staged in memory (`--ckpt-memory`), and the persister's outcomes.
     stage: Option<stage::Stage>,
     stage_done: Option<tokio::sync::mpsc::UnboundedReceiver<crate::ckpt::memory::persist::Done>>,
+    /// Session events read while the machine did not (the workers stopping while the ledger's
+    /// answers to persisted steps were awaited), in order, for the machine once it reads again;
+    /// `None`: the session closed.
+    deferred: std::collections::VecDeque<Option<drun_rendezvous::Event>>,
 }
 
 impl Agent {
@@ -129,25 +133,33 @@ impl Agent {
         while !m.is_done() {
             let deadline = m.deadline();
             let stopping = matches!(m.phase, super::Phase::Stopping(_));
+            if m.reads_session() {
+                if let Some(ev) = w.deferred.pop_front() {
+                    let input = self.session_event(ev, &mut w, link);
+                    m = self.feed(m, input, &mut w, link, &p).await?;
+                    continue;
+                }
+            }
+            // The end of the workers waits for the ledger's answers to the steps persisted
+            // behind them: the session is read for those while the machine does not read it.
+            let awaits_answers = w.stage.as_ref().is_some_and(stage::Stage::awaits_answers)
+                && !w.deferred.back().is_some_and(Option::is_none);
             let input = tokio::select! {
-                ev = link.rx.recv(), if m.reads_session() => {
+                ev = link.rx.recv(), if m.reads_session() || awaits_answers => {
                     if let Some(drun_rendezvous::Event::Ping) = &ev {
                         // A peer does not hear this node: the session asks whether it is there.
                         let _ = link.tx.send(drun_rendezvous::Request::KeepAlive);
-                        continue;
-                    }
-                    if let Some(drun_rendezvous::Event::StandBy(reach)) = &ev {
-                        self.told_whom(&mut w.partition, reach, link);
                         continue;
                     }
                     if let Some(drun_rendezvous::Event::Committed { generation, step, result }) = &ev {
                         // The answer to a step persisted behind the training, in any phase.
                         self.answered(*generation, *step, result, w.stage.as_mut(), w.ledger.as_ref());
                     }
-                    if let Some(drun_rendezvous::Event::Fenced(why)) = &ev {
-                        w.partition.sent_away = why.starts_with(drun_rendezvous::session::split::PARTITIONED);
+                    if !m.reads_session() {
+                        w.deferred.push_back(ev);
+                        continue;
                     }
-                    Some(ev.map_or(Input::SessionClosed, Input::Event))
+                    self.session_event(ev, &mut w, link)
                 }
                 _ = pace.tick(), if self.cfg.observe.straggler_factor > 0.0 => Some(Input::PaceDue),
                 _ = peers.tick(), if probing => {
@@ -201,6 +213,24 @@ impl Agent {
             unreachable!("the loop ends when the machine is done")
         };
         self.ended(end, &mut w)
+    }
+
+    /// A session event for the machine (its answer to a commit already handed to the staging
+    /// driver): a standby's reach and a fence's reason are noted first.
+    fn session_event(
+        &mut self,
+        ev: Option<drun_rendezvous::Event>,
+        w: &mut World,
+        link: &Link,
+    ) -> Option<Input> {
+        if let Some(drun_rendezvous::Event::StandBy(reach)) = &ev {
+            self.told_whom(&mut w.partition, reach, link);
+            return None;
+        }
+        if let Some(drun_rendezvous::Event::Fenced(why)) = &ev {
+            w.partition.sent_away = why.starts_with(drun_rendezvous::session::split::PARTITIONED);
+        }
+        Some(ev.map_or(Input::SessionClosed, Input::Event))
     }
 
     fn ended(&self, end: End, w: &mut World) -> Result<AgentExit, LaunchError> {
@@ -422,7 +452,13 @@ impl Agent {
                     }
                 }
             }
-            Effect::Serve { should_save } => return Ok(self.serve(should_save, m.plan(), w, link)),
+            Effect::Serve { should_save } => {
+                // A request this node already answered with a step staged in memory asks no more
+                // (its seal follows once persisted).
+                let newest = w.stage.as_ref().and_then(stage::Stage::newest);
+                let should_save = should_save && m.save().is_none_or(|s| s.asks(newest.as_deref()));
+                return Ok(self.serve(should_save, m.plan(), w, link));
+            }
             Effect::Refuse => {
                 if let Some((_, reply)) = w.call.take() {
                     let _ = reply.send(refused("no worker group is running"));

@@ -146,6 +146,24 @@ pub enum Save {
     },
 }
 
+impl Save {
+    /// Whether this node's ranks are still asked to save, given the newest step this node
+    /// staged in memory (`--ckpt-memory`; its manifest id, `"<step>-<generation>"`): an interval
+    /// or scale-up request is answered for them by a staged step newer than the request — its
+    /// seal follows once it is persisted, and ends the request — so they do not save again at
+    /// every step while the disk catches up. A preemption asks until its seal (exit 5 needs the
+    /// step on disk).
+    pub fn asks(&self, newest_staged: Option<&str>) -> bool {
+        match self {
+            Save::Idle => false,
+            Save::Preempt { .. } => true,
+            Save::Interval { latest_before } | Save::ScaleUp { latest_before } => {
+                newest_staged.is_none_or(|id| id <= latest_before.as_str())
+            }
+        }
+    }
+}
+
 /// What the running generation's step beacons (`drun.progress(step)`) tell: hangs
 /// (`--hang-timeout`) and stragglers (`--straggler-factor`), judged by [`super::step()`].
 #[derive(Debug, Clone, Default)]
@@ -473,6 +491,14 @@ impl Machine {
     }
 
     /// The generation the agent is in, or (forming) was last part of.
+    /// The coordinated checkpoint requested of the running workers, if they run.
+    pub fn save(&self) -> Option<&Save> {
+        match &self.phase {
+            Phase::Running { save, .. } => Some(save),
+            _ => None,
+        }
+    }
+
     pub fn plan(&self) -> Option<&Plan> {
         match &self.phase {
             Phase::Forming { after, .. } => after.as_deref(),

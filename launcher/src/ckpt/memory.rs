@@ -187,6 +187,32 @@ pub fn budget(text: &str, node: Option<NodeMemory>) -> Result<Option<u64>, Strin
     Ok(Some(bytes))
 }
 
+/// The budget the staging tmpfs can hold: `budget`, or the tmpfs's `free` bytes when fewer, with
+/// the one warning line that says so (naming both and what drun does). `free`: `None` when
+/// unknown (the budget stands).
+pub fn fit_tmpfs(budget: u64, free: Option<u64>, tmpfs: &Path) -> (u64, Option<String>) {
+    match free {
+        Some(free) if free < budget => (
+            free,
+            Some(format!(
+                "drun: warning: --ckpt-memory {} is more than {} has free ({}): this agent stages at most {} there, and a save that does not fit goes straight to --ckpt-dir (the ranks wait for the disk); enlarge {} (a container's --shm-size) or lower --ckpt-memory",
+                human_bytes(budget),
+                tmpfs.display(),
+                human_bytes(free),
+                human_bytes(free),
+                tmpfs.display()
+            )),
+        ),
+        _ => (budget, None),
+    }
+}
+
+/// Bytes free for an unprivileged writer on the file system of `dir`, if it can be asked.
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
+}
+
 /// Where the file of final path `path` (inside `ckpt_dir`) is staged under `stage`; `None` for a
 /// path outside `ckpt_dir` or with `..` in it.
 pub fn staged_path(stage: &Path, ckpt_dir: &Path, path: &Path) -> Option<PathBuf> {
@@ -272,6 +298,23 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_larger_than_the_tmpfs_has_free_is_cut_to_it_with_one_line() {
+        let shm = Path::new("/dev/shm");
+        assert_eq!(fit_tmpfs(8 * GIB, Some(16 * GIB), shm), (8 * GIB, None));
+        assert_eq!(fit_tmpfs(8 * GIB, None, shm), (8 * GIB, None), "unknown");
+        let (b, line) = fit_tmpfs(8 * GIB, Some(GIB / 2), shm);
+        assert_eq!(b, GIB / 2);
+        let line = line.unwrap();
+        assert!(
+            line.starts_with("drun: warning: --ckpt-memory 8 GiB is more than /dev/shm has free (512 MiB): this agent stages at most 512 MiB there")
+                && line.contains("goes straight to --ckpt-dir")
+                && !line.contains('\n'),
+            "{line}"
+        );
+        assert!(free_bytes(Path::new("/")).is_some_and(|f| f > 0));
+    }
+
+    #[test]
     fn proc_and_cgroup_files_read() {
         let info = "MemTotal:       16303412 kB\nMemFree:  1 kB\n";
         assert_eq!(meminfo_total(info), Some(16303412 * 1024));
@@ -312,6 +355,7 @@ mod tests {
             sealed_at_ms: 0,
             adopted_from: None,
             save_ms: None,
+            stall_ms: None,
         };
         let d = stage.path().join("run/step-2-g1");
         std::fs::create_dir_all(&d).unwrap();

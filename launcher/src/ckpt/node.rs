@@ -225,6 +225,7 @@ impl NodeLedger {
             cursor: ranks.values().next().expect("slots ≥ 1").cursor.clone(),
             files: Vec::new(),
             save_started_ms: self.save_started.remove(&step),
+            staged_ms: None,
         };
         let mut replies = Vec::new();
         for (_, c) in ranks {

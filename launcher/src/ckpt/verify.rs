@@ -157,6 +157,7 @@ mod tests {
             sealed_at_ms: 0,
             adopted_from: None,
             save_ms: None,
+            stall_ms: None,
         };
         assert_eq!(verify(&m, VerifyMode::Digest, 3).unwrap().files, 4);
         // Same size, one byte flipped: only the digest notices.

@@ -79,8 +79,13 @@ impl AgentMetrics {
             ),
             (
                 "ckpt_save_cost_seconds",
-                "Save cost C the checkpoint interval uses",
+                "Save cost C the checkpoint interval uses: the time the training waited",
                 &r.ckpt_save_cost,
+            ),
+            (
+                "ckpt_persist_seconds",
+                "--ckpt-memory: time staged checkpoints take to reach --ckpt-dir behind the training; 0 without",
+                &r.ckpt_persist,
             ),
             (
                 "mtbf_seconds",

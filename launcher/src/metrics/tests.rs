@@ -165,6 +165,7 @@ fn the_checkpoint_interval_decided_in_this_process_is_exposed() {
         IntervalMode::Auto,
         &Observed {
             save_costs_s: vec![0.5],
+            persist_costs_s: vec![2.0],
             failures: 2,
             exposure_s: 40.0,
             restart_s: 1.0,
@@ -181,6 +182,7 @@ fn the_checkpoint_interval_decided_in_this_process_is_exposed() {
         "{text}"
     );
     assert_eq!(series("drun_ckpt_save_cost_seconds"), Some(0.5));
+    assert_eq!(series("drun_ckpt_persist_seconds"), Some(2.0));
     assert_eq!(series("drun_mtbf_seconds"), Some(20.0));
     assert_eq!(
         series("drun_ckpt_expected_loss_seconds"),

@@ -152,6 +152,7 @@ mod tests {
                 cursor: Default::default(),
                 files: vec![],
                 save_started_ms: None,
+                staged_ms: None,
             },
             retention: Retention::default(),
         }

@@ -128,8 +128,12 @@ impl IntervalConfig {
 /// What the job has measured so far (all times in seconds).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Observed {
-    /// Save costs of sealed checkpoints (first rank's save start → seal), oldest first.
+    /// Save costs of sealed checkpoints, oldest first: the time the training waited (the first
+    /// rank's save start → the seal; with `--ckpt-memory`, → the staged answer).
     pub save_costs_s: Vec<f64>,
+    /// `--ckpt-memory`: how long each staged checkpoint took to reach `--ckpt-dir` after the
+    /// training went on (staged answer → seal), oldest first; empty without it.
+    pub persist_costs_s: Vec<f64>,
     /// Failures (worker failures and lost nodes) recorded job-wide.
     pub failures: u32,
     /// How long the job has been running: now − its first formation.
@@ -148,6 +152,9 @@ pub struct Interval {
     pub cost_s: f64,
     /// Whether C was measured (`false`: [`PRIOR_COST_S`]).
     pub cost_measured: bool,
+    /// `--ckpt-memory`: the persistence behind the training (staged answer → seal, mean of the
+    /// newest), seconds; C is then the stall alone. `None` without staged checkpoints.
+    pub persist_s: Option<f64>,
     /// M: the mean time between failures used, seconds.
     pub mtbf_s: f64,
     /// Failures M was computed from (0: the prior).
@@ -179,10 +186,13 @@ impl Interval {
     /// The log line.
     pub fn line(&self) -> String {
         format!(
-            "checkpoint interval {:.1} s (C = {:.2} s{}, M = {:.1} s{}; expected lost work per failure ≈ {:.1} s): {}",
+            "checkpoint interval {:.1} s (C = {:.2} s{}{}, M = {:.1} s{}; expected lost work per failure ≈ {:.1} s): {}",
             self.interval_s,
             self.cost_s,
             if self.cost_measured { "" } else { " assumed" },
+            self.persist_s.map_or(String::new(), |p| format!(
+                " the training's stall; persisted in {p:.2} s behind it"
+            )),
             self.mtbf_s,
             if self.failures == 0 {
                 " prior".to_string()
@@ -233,8 +243,16 @@ pub fn decide(mode: IntervalMode, obs: &Observed, expected_mtbf_s: f64) -> Optio
         IntervalMode::Fixed(d) => (d.as_secs_f64(), "fixed by --ckpt-interval".to_string()),
         IntervalMode::Auto => {
             let best = optimum(cost_s, mtbf_s);
+            let persist_s = save_cost(&obs.persist_costs_s).unwrap_or(0.0);
             let floor = MIN_INTERVAL_S.max(2.0 * cost_s);
-            if best < floor {
+            if best < persist_s && persist_s > floor {
+                // Staged steps reach the disk one at a time: saving faster than that only
+                // queues them in memory until the budget sends saves straight to disk.
+                (
+                    persist_s,
+                    format!("√(2·C·M) = {best:.1}s clamped up to the persistence time (staged checkpoints reach --ckpt-dir no faster)"),
+                )
+            } else if best < floor {
                 let why = if floor > MIN_INTERVAL_S {
                     "clamped up to 2·C (failures come within a few saves of each other: the first-order model no longer holds)"
                 } else {
@@ -255,6 +273,7 @@ pub fn decide(mode: IntervalMode, obs: &Observed, expected_mtbf_s: f64) -> Optio
         interval_s,
         cost_s,
         cost_measured: measured.is_some(),
+        persist_s: save_cost(&obs.persist_costs_s),
         mtbf_s,
         failures: obs.failures,
         expected_loss_s: interval_s / 2.0 + obs.restart_s,
@@ -313,6 +332,7 @@ mod tests {
     fn obs(costs: &[f64], failures: u32, exposure_s: f64) -> Observed {
         Observed {
             save_costs_s: costs.to_vec(),
+            persist_costs_s: Vec::new(),
             failures,
             exposure_s,
             restart_s: 2.0,
@@ -334,6 +354,38 @@ mod tests {
         // C = 30 s, M = 1 h: 465 s.
         let i = auto(&obs(&[30.0], 4, 4.0 * 3600.0), 1.0);
         assert!((i.interval_s - 464.758).abs() < 1e-3);
+    }
+
+    #[test]
+    fn in_memory_the_stall_is_c_and_the_persistence_is_reported_apart() {
+        // 60 s to disk with 2 h between failures: ~14 % of the training; a 0.2 s stall with
+        // the disk 10 s behind it: √(2·0.2·7200) ≈ 54 s, and the line names both.
+        let disk = auto(&obs(&[60.0], 4, 4.0 * 7200.0), 1.0);
+        assert!((disk.interval_s - 929.516).abs() < 1e-3, "{disk:?}");
+        assert_eq!(disk.persist_s, None);
+        assert!(!disk.line().contains("stall"), "{}", disk.line());
+        let memory = Observed {
+            persist_costs_s: vec![9.0, 11.0],
+            ..obs(&[0.2, 0.2], 4, 4.0 * 7200.0)
+        };
+        let i = auto(&memory, 1.0);
+        assert!((i.cost_s - 0.2).abs() < 1e-12, "C is the stall: {i:?}");
+        assert!((i.interval_s - 53.666).abs() < 1e-3, "{i:?}");
+        assert_eq!(i.persist_s, Some(10.0));
+        // Failures every 100 s: √(2·0.2·100) ≈ 6.3 s, but a step takes 60 s to reach the disk:
+        // the interval is the persistence time, not a queue growing in memory.
+        let often = Observed {
+            persist_costs_s: vec![60.0],
+            ..obs(&[0.2], 4, 400.0)
+        };
+        let j = auto(&often, 1.0);
+        assert_eq!(j.interval_s, 60.0, "{j:?}");
+        assert!(j.reason.contains("persistence time"), "{}", j.reason);
+        let line = i.line();
+        assert!(
+            line.contains("C = 0.20 s the training's stall; persisted in 10.00 s behind it"),
+            "{line}"
+        );
     }
 
     #[test]

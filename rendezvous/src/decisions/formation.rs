@@ -41,6 +41,7 @@ mod tests {
             sealed_at_ms,
             adopted_from: None,
             save_ms: None,
+            stall_ms: None,
         }
     }
 

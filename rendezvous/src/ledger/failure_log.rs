@@ -36,9 +36,16 @@ pub fn observed(
         restart_ms.iter().sum::<u64>() as f64 / restart_ms.len() as f64 / 1000.0
     };
     Observed {
+        // C is what the training waited: the stall when the step was staged in memory
+        // (`--ckpt-memory`), else the whole save; the persistence behind it is reported apart.
         save_costs_s: sealed
             .iter()
-            .filter_map(|m| m.save_ms)
+            .filter_map(|m| m.stall_ms.or(m.save_ms))
+            .map(|ms| ms as f64 / 1000.0)
+            .collect(),
+        persist_costs_s: sealed
+            .iter()
+            .filter_map(|m| Some(m.save_ms?.saturating_sub(m.stall_ms?)))
             .map(|ms| ms as f64 / 1000.0)
             .collect(),
         failures: failures.len() as u32,
@@ -84,6 +91,7 @@ mod tests {
             sealed_at_ms,
             adopted_from: None,
             save_ms,
+            stall_ms: None,
         }
     }
 
@@ -111,5 +119,26 @@ mod tests {
         assert!((o.restart_s - 0.3).abs() < 1e-9);
         let none = observed(&[], &[], None, &[], 5);
         assert_eq!(none, Observed::default());
+    }
+
+    #[test]
+    fn a_step_staged_in_memory_costs_its_stall_and_persists_apart() {
+        let staged = Manifest {
+            stall_ms: Some(40),
+            ..manifest(9_000, Some(2_040))
+        };
+        let o = observed(
+            &[manifest(3_000, Some(500)), staged],
+            &[],
+            Some(1_000),
+            &[],
+            10_000,
+        );
+        assert_eq!(
+            o.save_costs_s,
+            vec![0.5, 0.04],
+            "C is what the training waited"
+        );
+        assert_eq!(o.persist_costs_s, vec![2.0], "the disk's time behind it");
     }
 }

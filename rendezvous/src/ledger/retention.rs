@@ -97,6 +97,7 @@ mod tests {
             sealed_at_ms: 0,
             adopted_from: None,
             save_ms: None,
+            stall_ms: None,
         }
     }
 
@@ -111,6 +112,7 @@ mod tests {
                 cursor: Cursor::default(),
                 files: vec![file(&format!("/c/unsealed-{g}-{step}"))],
                 save_started_ms: None,
+                staged_ms: None,
             }),
         }
     }

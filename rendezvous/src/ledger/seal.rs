@@ -82,11 +82,7 @@ pub fn completion(
             detail,
         }
     })?;
-    let save_ms = records
-        .iter()
-        .filter_map(|r| r.save_started_ms)
-        .min()
-        .map(|start| sealed_at_ms.saturating_sub(start));
+    let (save_ms, stall_ms) = save_costs(&records, sealed_at_ms);
     Ok(Completion::Ready(Manifest {
         run_id: run_id.to_string(),
         step: rec.step,
@@ -97,7 +93,25 @@ pub fn completion(
         sealed_at_ms,
         adopted_from: None,
         save_ms,
+        stall_ms,
     }))
+}
+
+/// A step's save costs from its node `records`, sealed at `sealed_at_ms`: (the first rank's save
+/// start → the seal, the training's stall). The stall is the first save start → the last node's
+/// staged answer when every node answered its ranks from memory (`--ckpt-memory`), else `None`
+/// (some ranks waited for the seal: the stall is the whole save). Both `None` when no rank
+/// reported its save start.
+pub fn save_costs(records: &[NodeCommit], sealed_at_ms: u64) -> (Option<u64>, Option<u64>) {
+    let Some(start) = records.iter().filter_map(|r| r.save_started_ms).min() else {
+        return (None, None);
+    };
+    let save_ms = sealed_at_ms.saturating_sub(start);
+    let staged: Option<Vec<u64>> = records.iter().map(|r| r.staged_ms).collect();
+    let stall_ms = staged
+        .and_then(|s| s.into_iter().max())
+        .map(|last| last.saturating_sub(start).min(save_ms));
+    (Some(save_ms), stall_ms)
 }
 
 /// Whether sealing `manifest` moves `ckpt/latest` (now `latest`, `None`: missing): only forward
@@ -133,6 +147,7 @@ mod tests {
                 ..Cursor::default()
             },
             save_started_ms: Some(100),
+            staged_ms: None,
         }
     }
 
@@ -189,6 +204,43 @@ mod tests {
             completion("r", &plan, &a, vec![a.clone(), rec("b", 1, 3, 9)], 500),
             Err(LedgerError::Misaligned { step: 3, .. })
         ));
+    }
+
+    #[test]
+    fn the_stall_is_the_last_staged_answer_when_every_node_staged() {
+        let staged = |node: &str, start: u64, at: Option<u64>| NodeCommit {
+            save_started_ms: Some(start),
+            staged_ms: at,
+            ..rec(node, 1, 3, 0)
+        };
+        assert_eq!(
+            save_costs(
+                &[staged("a", 100, Some(130)), staged("b", 110, Some(160))],
+                2_000
+            ),
+            (Some(1_900), Some(60)),
+            "save start 100, last node answered at 160, sealed at 2000"
+        );
+        assert_eq!(
+            save_costs(
+                &[staged("a", 100, Some(130)), staged("b", 110, None)],
+                2_000
+            ),
+            (Some(1_900), None),
+            "node b's ranks waited for the disk (a direct save): the stall is the save"
+        );
+        let unknown = NodeCommit {
+            save_started_ms: None,
+            ..staged("a", 0, Some(5))
+        };
+        assert_eq!(save_costs(&[unknown], 2_000), (None, None));
+        let plan = assign("r", 1, &[cand("a"), cand("b")], 0, 0).unwrap();
+        let (a, b) = (staged("a", 100, Some(130)), staged("b", 110, Some(160)));
+        let Completion::Ready(m) = completion("r", &plan, &a, vec![a.clone(), b], 2_000).unwrap()
+        else {
+            panic!("complete")
+        };
+        assert_eq!((m.save_ms, m.stall_ms), (Some(1_900), Some(60)));
     }
 
     #[test]

@@ -70,6 +70,7 @@ fn manifest() -> impl Strategy<Value = Manifest> {
         any::<u64>(),
         prop::option::of(text()),
         prop::option::of(any::<u64>()),
+        prop::option::of(any::<u64>()),
     )
         .prop_map(
             |(
@@ -82,6 +83,7 @@ fn manifest() -> impl Strategy<Value = Manifest> {
                 sealed_at_ms,
                 adopted_from,
                 save_ms,
+                stall_ms,
             )| Manifest {
                 run_id,
                 step,
@@ -92,6 +94,7 @@ fn manifest() -> impl Strategy<Value = Manifest> {
                 sealed_at_ms,
                 adopted_from,
                 save_ms,
+                stall_ms,
             },
         )
 }
@@ -178,6 +181,7 @@ proptest! {
             cursor: m.cursor.clone(),
             files: m.files.clone(),
             save_started_ms: m.save_ms,
+            staged_ms: m.stall_ms,
         };
         let req = Request::Commit { commit, retention: Retention::default() };
         prop_assert_eq!(via_wire(&req), Some(req.clone()));

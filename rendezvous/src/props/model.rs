@@ -280,6 +280,7 @@ impl Sim {
                 cursor: cursor.clone(),
                 files: vec![],
                 save_started_ms: None,
+                staged_ms: None,
             };
             out.push(self.ledger.commit(plan, &rec, Retention::default()).await);
         }

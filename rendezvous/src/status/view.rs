@@ -109,9 +109,12 @@ pub fn render(status: &RunStatus, now_ms: u64) -> Vec<String> {
     wrap(&mut out, "checkpoint", &ckpt);
     if let Some(i) = &status.ckpt_interval {
         let line = format!(
-            "every {} (C = {:.2} s, M = {:.0} s from {} failure(s), expected loss per failure ≈ {:.1} s)",
+            "every {} (C = {:.2} s{}, M = {:.0} s from {} failure(s), expected loss per failure ≈ {:.1} s)",
             duration(i.duration()),
             i.cost_s,
+            i.persist_s.map_or(String::new(), |p| format!(
+                " stall, {p:.2} s to disk"
+            )),
             i.mtbf_s,
             status.failures.len(),
             i.expected_loss_s
@@ -276,6 +279,11 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
     if !gpus.is_empty() {
         wrap(out, "gpu", &gpus.join("; "));
     }
+    for (node, r) in of("staging") {
+        if let Some(text) = staging(r, status.now_ms) {
+            wrap(out, "memory", &format!("{node}: {text}"));
+        }
+    }
     let outage = of("outage")
         .map(|(_, r)| r)
         .filter(current)
@@ -294,6 +302,38 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
             ),
         );
     }
+}
+
+/// A node's checkpoints in memory (`--ckpt-memory`, its `staging` report) at `now_ms`: each step
+/// staged / persisting / persisted, the memory they hold, and how far the disk is behind (the
+/// report's lag grown by its age while a step is still not on disk); `None` when it holds none.
+fn staging(r: &serde_json::Value, now_ms: u64) -> Option<String> {
+    let steps = r["steps"].as_array().filter(|s| !s.is_empty())?;
+    let list: Vec<String> = steps
+        .iter()
+        .map(|s| format!("step {} {}", s["step"], s["state"].as_str().unwrap_or("?")))
+        .collect();
+    let pending = steps.iter().any(|s| s["state"] != "persisted");
+    let lag_ms = r["lag_ms"].as_u64().unwrap_or(0)
+        + if pending {
+            now_ms.saturating_sub(r["at_ms"].as_u64().unwrap_or(now_ms))
+        } else {
+            0
+        };
+    let disk = if pending {
+        format!(
+            "the disk {} behind",
+            duration(std::time::Duration::from_millis(lag_ms))
+        )
+    } else {
+        "all on disk".to_string()
+    };
+    Some(format!(
+        "{}; {} of {} in memory, {disk}",
+        list.join(", "),
+        bytes(r["held"].as_u64().unwrap_or(0)),
+        bytes(r["budget"].as_u64().unwrap_or(0)),
+    ))
 }
 
 /// One phrase for the run as a whole.

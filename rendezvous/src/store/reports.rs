@@ -39,6 +39,11 @@ pub enum ReportKind {
     /// (`{"generation": G, "dumps": {"RANK": dump}}`, see
     /// [`crate::decisions::flight::compact`]); `status` judges every node's together.
     Flight,
+    /// `--ckpt-memory`: the node's checkpoints in memory (`{"generation": G, "at_ms": T,
+    /// "budget": B, "held": H, "lag_ms": L, "steps": [{"step": S, "generation": G, "state":
+    /// "staged"|"persisting"|"persisted", "bytes": N}, ...]}`, `lag_ms` the age at `at_ms` of the
+    /// oldest copy not yet on disk), sent at each change.
+    Staging,
 }
 
 /// The largest run (nodes) whose agents exchange their pace: every node reads every other's
@@ -56,6 +61,7 @@ impl ReportKind {
             ReportKind::Outage => "outage",
             ReportKind::Gpu => "gpu",
             ReportKind::Flight => "flight",
+            ReportKind::Staging => "staging",
         }
     }
 
@@ -69,6 +75,7 @@ impl ReportKind {
             ReportKind::Outage,
             ReportKind::Gpu,
             ReportKind::Flight,
+            ReportKind::Staging,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -113,6 +120,7 @@ mod tests {
             ReportKind::Outage,
             ReportKind::Gpu,
             ReportKind::Flight,
+            ReportKind::Staging,
         ] {
             assert_eq!(ReportKind::parse(k.as_str()), Some(k));
         }

@@ -210,7 +210,14 @@ impl Agent {
                     }
                     // Staged files: answered now, sent once persisted (`--ckpt-memory`).
                     let batch = match w.stage.as_mut() {
-                        Some(stage) => stage.complete(batch, ledger),
+                        Some(stage) => {
+                            let batch = stage.complete(batch, ledger);
+                            if batch.is_none() {
+                                // Staged: status shows it at once.
+                                super::stage::report_staging(stage, ledger.generation(), link);
+                            }
+                            batch
+                        }
                         None => Some(batch),
                     };
                     if let Some(batch) = batch {

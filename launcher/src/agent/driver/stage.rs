@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use drun_rendezvous::session::Request;
+use drun_rendezvous::store::reports::ReportKind;
 use drun_rendezvous::{Manifest, NodeCommit};
 use tokio::sync::mpsc;
 
@@ -65,6 +66,17 @@ impl Stage {
                 return None;
             }
         };
+        // The tmpfs may hold less than the budget (a container's 64 MiB /dev/shm): stage no
+        // more than it has free, so a save that would not fit goes to disk from the agent's
+        // table, not through a write that fails half-way.
+        let (budget, warning) = crate::ckpt::memory::fit_tmpfs(
+            budget,
+            crate::ckpt::memory::free_bytes(&parent),
+            &parent,
+        );
+        if let Some(line) = warning {
+            crate::say!("{line}");
+        }
         let (persister, done) = match Persister::start() {
             Ok(p) => p,
             Err(e) => {
@@ -95,6 +107,22 @@ impl Stage {
         ))
     }
 
+    /// Whether the workers' end is being held for steps not yet persisted and answered by the
+    /// ledger (the loop then reads the ledger's answers even while the workers stop).
+    pub(super) fn awaits_answers(&self) -> bool {
+        self.end_since.is_some() && !self.table.unsettled().is_empty()
+    }
+
+    /// The newest step this node holds in memory (staged, persisting or persisted), as a
+    /// manifest id.
+    pub(super) fn newest(&self) -> Option<String> {
+        self.table
+            .copies()
+            .map(|(k, _)| *k)
+            .max()
+            .map(|(step, g)| drun_rendezvous::ledger::manifest_id(step, g))
+    }
+
     /// The staging directory (`DRUN_CKPT_STAGE_DIR`).
     pub(super) fn dir(&self) -> &Path {
         self.dir.path()
@@ -105,7 +133,7 @@ impl Stage {
     /// are answered at once when it fits the budget; otherwise they wait for the disk.
     pub(super) fn complete(
         &mut self,
-        batch: NodeCommit,
+        mut batch: NodeCommit,
         ledger: &mut NodeLedger,
     ) -> Option<NodeCommit> {
         let mut staged = ledger.take_staged(batch.step);
@@ -136,6 +164,8 @@ impl Stage {
                     self.release(k);
                 }
                 ledger.answer_staged(batch.step);
+                // The training goes on from now: the seal measures its stall up to here.
+                batch.staged_ms = Some(drun_rendezvous::clock::now_ms());
                 false
             }
             Admit::Direct { reason } => {
@@ -246,6 +276,15 @@ impl Stage {
         (self.table.held(), self.table.lag(std::time::Instant::now()))
     }
 
+    /// The `staging` report `status` shows (see [`ReportKind::Staging`]), from generation
+    /// `generation`'s agent.
+    pub(super) fn report(&self, generation: u64) -> String {
+        let mut r = self.table.report(std::time::Instant::now());
+        r["generation"] = generation.into();
+        r["at_ms"] = drun_rendezvous::clock::now_ms().into();
+        r.to_string()
+    }
+
     /// The staged directory a resume of `m` reads instead of `--ckpt-dir`, when this agent
     /// holds every file of it.
     pub(super) fn resume_dir(&self, m: &Manifest) -> Option<PathBuf> {
@@ -284,7 +323,9 @@ impl Agent {
             return;
         };
         let persisted = u64::from(done.result.is_ok());
+        let generation = ledger.as_ref().map_or(done.key.1, |l| l.generation());
         let batch = stage.done(done, ledger);
+        report_staging(stage, generation, link);
         if let Some(m) = &self.metrics {
             let (held, lag) = stage.lag();
             m.staging(held, lag, persisted);
@@ -331,6 +372,14 @@ impl Agent {
             );
         }
     }
+}
+
+/// Sends this node's `staging` report (`status` shows it): at each change of its copies.
+pub(super) fn report_staging(stage: &Stage, generation: u64, link: &Link) {
+    let _ = link.tx.send(Request::Report {
+        kind: ReportKind::Staging,
+        json: stage.report(generation),
+    });
 }
 
 /// The persister's next outcome, or never without one.

@@ -247,3 +247,30 @@ fn an_interval_save_asks_until_a_newer_seal_and_yields_to_a_preemption() {
     let fx = t.ev(Event::Sealed("0008-0001".into()));
     assert!(fx.contains(&Effect::Stop(Signal::SIGTERM)) || logged(&fx, "drun: preempted"));
 }
+
+#[test]
+fn a_step_staged_in_memory_answers_an_interval_request_for_this_nodes_ranks() {
+    use crate::agent::state::Save;
+    let id = drun_rendezvous::ledger::manifest_id;
+    let interval = Save::Interval {
+        latest_before: id(8, 1),
+    };
+    assert!(interval.asks(None), "nothing staged: save");
+    assert!(interval.asks(Some(&id(8, 1))), "the step the request saw");
+    assert!(
+        !interval.asks(Some(&id(12, 1))),
+        "a newer step staged: its seal follows once persisted"
+    );
+    let scale_up = Save::ScaleUp {
+        latest_before: id(8, 1),
+    };
+    assert!(!scale_up.asks(Some(&id(9, 2))));
+    let preempt = Save::Preempt {
+        latest_before: id(8, 1),
+    };
+    assert!(
+        preempt.asks(Some(&id(12, 1))),
+        "a preemption asks until the seal: exit 5 needs the step on disk"
+    );
+    assert!(!Save::Idle.asks(None));
+}

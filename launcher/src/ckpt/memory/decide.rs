@@ -229,6 +229,16 @@ impl Table {
             .collect()
     }
 
+    /// Steps not yet settled, oldest first: not on disk, or on disk with their node commit not
+    /// yet answered by the ledger (not sealed or recorded yet).
+    pub fn unsettled(&self) -> Vec<Key> {
+        self.copies
+            .iter()
+            .filter(|(_, c)| !Self::settled(c))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
     /// How far the disk is behind at `now`: the age of the oldest copy not yet persisted
     /// (zero when every copy is on disk).
     pub fn lag(&self, now: Instant) -> Duration {
@@ -245,9 +255,11 @@ impl Table {
     }
 
     /// Whether the workers' end is reported yet: the agent began waiting for its staged
-    /// copies at `since`, and waits at most `limit` (`--shutdown-timeout`).
+    /// copies at `since` — until each is on disk and its node commit answered by the ledger
+    /// (sealed or recorded: its manifest file and `latest` pointer are written then) — and
+    /// waits at most `limit` (`--shutdown-timeout`).
     pub fn end_wait(&self, since: Instant, now: Instant, limit: Duration) -> EndWait {
-        let pending = self.pending();
+        let pending = self.unsettled();
         let waited = now.saturating_duration_since(since);
         if pending.is_empty() {
             EndWait::Done { waited }
@@ -261,6 +273,34 @@ impl Table {
                 until: since + limit,
             }
         }
+    }
+}
+
+impl Table {
+    /// What `status` shows of this node's copies at `now` (the `staging` report, without its
+    /// generation and time): the budget, the bytes held, the lag, and each copy, oldest first,
+    /// with where it stands.
+    pub fn report(&self, now: Instant) -> serde_json::Value {
+        let steps: Vec<serde_json::Value> = self
+            .copies
+            .iter()
+            .map(|((step, generation), c)| {
+                let state = match c.state {
+                    CopyState::Staged { .. } => "staged",
+                    CopyState::Persisting { .. } => "persisting",
+                    CopyState::Persisted { .. } => "persisted",
+                };
+                serde_json::json!({
+                    "step": step, "generation": generation, "state": state, "bytes": c.bytes,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "budget": self.budget,
+            "held": self.held(),
+            "lag_ms": u64::try_from(self.lag(now).as_millis()).unwrap_or(u64::MAX),
+            "steps": steps,
+        })
     }
 }
 
@@ -300,7 +340,7 @@ impl EndWait {
                 waited,
                 unpersisted,
             } => Some(format!(
-                "drun: after {:.1} s (--shutdown-timeout) checkpoint step(s) {} are not persisted to --ckpt-dir: they are no resume point, and their staged copies go with this agent",
+                "drun: after {:.1} s (--shutdown-timeout) checkpoint step(s) {} are not persisted to --ckpt-dir and sealed: they are no resume point, and their staged copies go with this agent",
                 waited.as_secs_f64(),
                 unpersisted
                     .iter()
@@ -410,6 +450,31 @@ mod tests {
     }
 
     #[test]
+    fn the_report_shows_each_copy_and_the_lag() {
+        let now = t0();
+        let mut t = Table::new(100 * MIB);
+        t.add((4, 1), MIB, false, now);
+        t.add((8, 1), 2 * MIB, false, now + Duration::from_secs(1));
+        t.start((4, 1), now);
+        let r = t.report(now + Duration::from_millis(2_500));
+        assert_eq!(r["budget"], 100 * MIB);
+        assert_eq!(r["held"], 3 * MIB);
+        assert_eq!(r["lag_ms"], 2_500);
+        let states: Vec<(u64, &str)> = r["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["step"].as_u64().unwrap(), s["state"].as_str().unwrap()))
+            .collect();
+        assert_eq!(states, [(4, "persisting"), (8, "staged")]);
+        t.persisted((4, 1), now + Duration::from_secs(3));
+        t.persisted((8, 1), now + Duration::from_secs(3));
+        let r = t.report(now + Duration::from_secs(4));
+        assert_eq!(r["lag_ms"], 0);
+        assert_eq!(r["steps"][1]["state"], "persisted");
+    }
+
+    #[test]
     fn a_direct_save_keeps_no_memory_once_on_disk() {
         let now = t0();
         let mut t = Table::new(10 * MIB);
@@ -451,6 +516,12 @@ mod tests {
             "{line}"
         );
         t.persisted((7, 1), now + Duration::from_secs(2));
+        assert_eq!(
+            t.end_wait(now, now + Duration::from_secs(2), limit),
+            EndWait::Wait { until: now + limit },
+            "on disk, but the ledger has not answered its commit: no manifest file yet"
+        );
+        t.answered((7, 1));
         let done = t.end_wait(now, now + Duration::from_secs(2), limit);
         assert!(done.line().unwrap().contains("waited 2.00 s"), "{done:?}");
     }

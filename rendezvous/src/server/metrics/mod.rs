@@ -68,6 +68,9 @@ pub struct RendezvousMetrics {
     pub ckpt_interval: Family<RunLabel, SecondsGauge>,
     /// `drun_rdzv_ckpt_save_cost_seconds{run}`: C, the save cost the interval uses.
     pub ckpt_save_cost: Family<RunLabel, SecondsGauge>,
+    /// `drun_rdzv_ckpt_persist_seconds{run}`: `--ckpt-memory`, how long staged checkpoints take
+    /// to reach `--ckpt-dir` behind the training (C is then the stall alone); 0 without.
+    pub ckpt_persist: Family<RunLabel, SecondsGauge>,
     /// `drun_rdzv_mtbf_seconds{run}`: M, the mean time between failures it uses.
     pub mtbf: Family<RunLabel, SecondsGauge>,
     /// `drun_rdzv_ckpt_expected_loss_seconds{run}`: expected work lost per failure.
@@ -95,6 +98,7 @@ impl RendezvousMetrics {
             etcd_errors: Counter::default(),
             ckpt_interval: Family::default(),
             ckpt_save_cost: Family::default(),
+            ckpt_persist: Family::default(),
             mtbf: Family::default(),
             ckpt_expected_loss: Family::default(),
             reform_lost_work: Family::default(),
@@ -107,8 +111,13 @@ impl RendezvousMetrics {
             ),
             (
                 "ckpt_save_cost_seconds",
-                "Save cost C the interval uses (first rank's save start to seal, mean of the newest)",
+                "Save cost C the interval uses: the time the training waited (first rank's save start to seal, or to the staged answer with --ckpt-memory), mean of the newest",
                 &m.ckpt_save_cost,
+            ),
+            (
+                "ckpt_persist_seconds",
+                "--ckpt-memory: time staged checkpoints take to reach --ckpt-dir behind the training (staged answer to seal), mean of the newest; 0 without",
+                &m.ckpt_persist,
             ),
             (
                 "mtbf_seconds",
@@ -176,6 +185,9 @@ impl RendezvousMetrics {
         let l = RunLabel { run: run.into() };
         self.ckpt_interval.get_or_create(&l).set(i.interval_s);
         self.ckpt_save_cost.get_or_create(&l).set(i.cost_s);
+        self.ckpt_persist
+            .get_or_create(&l)
+            .set(i.persist_s.unwrap_or(0.0));
         self.mtbf.get_or_create(&l).set(i.mtbf_s);
         self.ckpt_expected_loss
             .get_or_create(&l)

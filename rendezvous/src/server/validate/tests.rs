@@ -136,6 +136,7 @@ fn a_commit_must_be_the_sessions_own_with_real_digests() {
             cursor: Default::default(),
             files,
             save_started_ms: None,
+            staged_ms: None,
         },
         retention: Default::default(),
     };

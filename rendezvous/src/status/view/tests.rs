@@ -211,6 +211,7 @@ fn the_checkpoint_interval_is_shown_with_its_inputs() {
         crate::decisions::ckpt_interval::IntervalMode::Auto,
         &crate::decisions::ckpt_interval::Observed {
             save_costs_s: vec![0.5],
+            persist_costs_s: vec![2.5],
             failures: 3,
             exposure_s: 60.0,
             restart_s: 1.0,
@@ -220,10 +221,45 @@ fn the_checkpoint_interval_is_shown_with_its_inputs() {
     s.failures = vec![Default::default(); 3];
     let text = render(&s, NOW).join("\n");
     assert!(
-        text.contains(
-            "interval   every 4.5 s (C = 0.50 s, M = 20 s from 3 failure(s), expected loss"
-        ),
+        text.contains("interval   every 4.5 s (C = 0.50 s stall, 2.50 s to disk, M = 20 s"),
         "{text}"
+    );
+}
+
+#[test]
+fn checkpoints_in_memory_are_shown_per_node_with_the_disk_lag() {
+    let mut s = status(2);
+    let report = serde_json::json!({
+        "generation": 3, "at_ms": NOW - 2_000, "budget": 64u64 << 20, "held": 3u64 << 20,
+        "lag_ms": 1_500,
+        "steps": [
+            {"step": 12, "generation": 3, "state": "persisted", "bytes": 1u64 << 20},
+            {"step": 16, "generation": 3, "state": "persisting", "bytes": 1u64 << 20},
+            {"step": 20, "generation": 3, "state": "staged", "bytes": 1u64 << 20},
+        ],
+    });
+    let staging = s.reports.entry("staging".into()).or_default();
+    staging.insert("gpu-node-01".into(), report);
+    staging.insert(
+        "idle".into(),
+        serde_json::json!({"generation": 3, "at_ms": NOW, "budget": 1, "held": 0, "lag_ms": 0, "steps": []}),
+    );
+    let text = render(&s, NOW).join("\n");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("memory"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains("gpu-node-01: step 12 persisted, step 16 persisting, step 20 staged;"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the disk 3.5 s behind"),
+        "lag grown by the report's age: {text}"
+    );
+    assert!(
+        !text.contains("idle:"),
+        "a node holding nothing is not shown: {text}"
     );
 }
 

@@ -59,6 +59,11 @@ pub struct NodeCommit {
     /// `drun.should_save()`), milliseconds since the Unix epoch; `None` when no rank said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub save_started_ms: Option<u64>,
+    /// `--ckpt-memory`: when the agent answered those ranks because their files were staged in
+    /// memory (the training went on from then; the record is written once the files are
+    /// persisted), milliseconds since the Unix epoch; `None` when the ranks waited for the disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged_ms: Option<u64>,
 }
 
 /// A sealed checkpoint: complete (every rank of its generation reported it) and consistent.
@@ -87,6 +92,12 @@ pub struct Manifest {
     /// milliseconds; `None` when no rank reported its start (the `--ckpt-interval auto` input C).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub save_ms: Option<u64>,
+    /// `--ckpt-memory`: the time the training waited for the save, the first rank's save start
+    /// → the last node's staged answer, milliseconds; `None` unless every node staged the step
+    /// (then the training waited until the seal, `save_ms`). With it `--ckpt-interval auto`
+    /// uses it as C, and `save_ms − stall_ms` is the persistence behind the training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_ms: Option<u64>,
 }
 
 impl Manifest {
@@ -158,6 +169,7 @@ impl Manifest {
             sealed_at_ms,
             adopted_from: None,
             save_ms: None,
+            stall_ms: None,
         }
     }
 }
