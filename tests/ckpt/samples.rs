@@ -75,11 +75,19 @@ fn no_skip_no_duplicate(store: Store) {
         "ran at 4, then 2, then 4 workers: {summary}"
     );
 
-    // The same job without faults, at the same global batch: the same model.
+    // The same job without faults, at the same global batch: the same model. Without warm
+    // workers: nothing restarts, so waiting interpreters would import torch for nothing.
     let base = dirs();
     let mut c = drun();
     c.python(&python)
-        .args(["--standalone", "--nproc-per-node", "2", "--ckpt-dir"])
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--warm-workers",
+            "off",
+        ])
+        .arg("--ckpt-dir")
         .arg(&base.ckpt)
         .arg(crate::harness::root().join("examples/train_ddp.py"))
         .args(EXAMPLE_ARGS)
