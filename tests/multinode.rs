@@ -365,9 +365,7 @@ fn ddp_all_reduce_across_four_agents() {
     let agents: Vec<Agent> = (0..4)
         .map(|i| {
             let mut c = agent_cmd(i, "ddp8", "4", &["--rdzv-endpoint", &server.endpoint]);
-            // Nothing restarts: warm interpreters would import torch 8 more times for nothing.
             c.python(&python)
-                .args(["--warm-workers", "off"])
                 .arg(crate::harness::root().join("examples/train_ddp.py"))
                 .args(["--epochs", "2", "--out"])
                 .arg(out.path());
