@@ -237,8 +237,12 @@ fn newest_generation(dir: &Path) -> Option<(u64, usize)> {
 const TTL: u64 = 10;
 
 /// How long a loaded CI machine may take from a pulled cable to the survivors' first all_reduce
-/// at world 2 (at the defaults about 2 s here; the recovery benchmark measures it).
-const SURVIVORS_WITHIN: Duration = Duration::from_secs(6);
+/// at world 2. At the defaults it is about 2 s here (the promise: the recovery benchmark's
+/// `bed-cable*` rows measure it); on a CI machine running other tests beside this one it took
+/// up to 15 s. What the test asserts is how: the survivors re-form because neither the peers
+/// nor the server hear the victim, not because its lease expired; this bound only catches a
+/// re-form that does not come.
+const SURVIVORS_WITHIN: Duration = Duration::from_secs(30);
 
 /// Three hosts `n0`–`n2` (one torch worker each, `--nnodes 2:3`, default settings) and a
 /// rendezvous server on a fourth; the cable of the host of node rank `node_rank` (the victim)
@@ -331,6 +335,16 @@ fn pulled_cable(node_rank: u32) {
     assert!(
         first_all_reduce <= SURVIVORS_WITHIN.as_secs_f64(),
         "the survivors' first all_reduce at world 2 came {first_all_reduce:.2} s after the cut"
+    );
+    // Given up for its silence (peers and server), not for an expired lease.
+    let hosts = ["n0", "n1", "n2"];
+    let survivor = hosts.iter().position(|h| *h != victim).unwrap();
+    let said = agents[survivor].stderr_so_far();
+    assert!(
+        said.lines().any(|l| l.contains("re-forming the group")
+            && l.contains(&format!("({}, rank ", bed.host(victim).addr))
+            && l.contains("lost: neither its peers")),
+        "a survivor re-formed because nobody hears {victim}:\n{said}"
     );
     // Cut off, the victim's agent fences itself at the lease TTL and stops its worker within
     // the shutdown grace (3 s), counted from the cut; two seconds of slack for the poll and
@@ -490,7 +504,8 @@ fn etcd_on(bed: &Bed, name: &str, data: &Path) -> Listener {
 /// for four lease TTLs. Every peer still answers, so neither agent fences and the server, hearing
 /// no agent at all, holds their leases: the training does not pause (2 s allowed on a loaded
 /// machine), no re-form happens, the workers are the same processes, and both agents attach
-/// again when the cable is back.
+/// again when the cable is back. The TTL is [`OUTAGE_TTL`]: the rules are the same at every TTL,
+/// and four TTLs of 10 s plus two after the outage were a minute of waiting per store.
 fn control_plane_outage(store: &str) {
     let Some(python) = torch_python() else { return };
     let Some(bed) = Bed::new(&["server", "n0", "n1"]) else {
@@ -513,11 +528,11 @@ fn control_plane_outage(store: &str) {
     let out = dir.path().join("records");
     std::fs::create_dir(&out).unwrap();
     // `DRUN_BED_LEASE_TTL` and `DRUN_BED_OUTAGE_SECS` measure the same path at other settings
-    // (the defaults: a 10 s TTL; a 30 s or 5-minute outage), as the closing notes quote.
+    // (the defaults: `DRUN_BED_LEASE_TTL=10`; a 30 s or 5-minute outage), as the guide quotes.
     let ttl: u64 = std::env::var("DRUN_BED_LEASE_TTL")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(TTL);
+        .unwrap_or(OUTAGE_TTL);
     let conf = format!("lease_ttl={ttl}");
     let agents = trainers(
         &bed,
@@ -622,6 +637,10 @@ fn control_plane_outage(store: &str) {
         back - cut
     );
 }
+
+/// The lease TTL of the outage tests, seconds: shorter than the default (10 s), longer than the
+/// 3 s of the queued-commit test below; an outage lasts four of them.
+const OUTAGE_TTL: u64 = 4;
 
 #[test]
 fn a_control_plane_outage_is_not_a_training_outage_memory() {

@@ -72,7 +72,8 @@ pub fn compare(reference: &[f64], got: &[f64], tol: f64) -> Result<f64, String> 
 }
 
 /// The final parameters of the same training without faults: one agent, one worker (world size
-/// 1, the same global batch and steps, no sleep), run once per test process and kept.
+/// 1, the same global batch and steps, no sleep), run once per test process and kept. Without
+/// warm workers: nothing restarts, so a waiting interpreter would import torch for nothing.
 pub fn reference(python: &Path, data: Data) -> Result<Vec<f64>, String> {
     static REF: OnceLock<Result<Vec<f64>, String>> = OnceLock::new();
     REF.get_or_init(|| {
@@ -80,7 +81,7 @@ pub fn reference(python: &Path, data: Data) -> Result<Vec<f64>, String> {
         let out = dir.path().join("out");
         std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
         let mut c = drun();
-        c.arg("--standalone")
+        c.args(["--standalone", "--warm-workers", "off"])
             .nproc(1)
             .python(python)
             .arg("--ckpt-dir")

@@ -8,7 +8,10 @@ const STEPS: &str = "24";
 const EVERY: &str = "4";
 const HOLD_AT: &str = "14";
 
-/// An agent on loopback address 127.0.0.(i+1) running `dcp_train.py` with `nproc` workers.
+/// An agent on loopback address 127.0.0.(i+1) running `dcp_train.py` with `nproc` workers,
+/// started cold (`--warm-workers off`): warm interpreters are `tests/warm.rs`'s subject, and here
+/// most would import torch for a generation that never comes (the killed node's, the one after
+/// the last), a third of the test's CPU time.
 fn dcp_agent(
     python: &Path,
     i: usize,
@@ -28,6 +31,8 @@ fn dcp_agent(
             "3",
             "--shutdown-timeout",
             "5",
+            "--warm-workers",
+            "off",
             "--ckpt-dir",
         ])
         .arg(&d.ckpt)
@@ -42,7 +47,8 @@ fn dcp_agent(
     Agent::start(c)
 }
 
-/// The same training without faults on one node of 4 workers; its `final.pt`.
+/// The same training without faults on one node of 4 workers; its `final.pt`. Without warm
+/// workers: nothing restarts, so a waiting interpreter per rank would import torch for nothing.
 fn fault_free(python: &Path, base: &Dirs) -> PathBuf {
     fault_free_on(python, base, "4")
 }
@@ -51,7 +57,14 @@ fn fault_free(python: &Path, base: &Dirs) -> PathBuf {
 fn fault_free_on(python: &Path, base: &Dirs, nproc: &str) -> PathBuf {
     let mut c = drun();
     c.python(python)
-        .args(["--standalone", "--nproc-per-node", nproc, "--ckpt-dir"])
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            nproc,
+            "--warm-workers",
+            "off",
+        ])
+        .arg("--ckpt-dir")
         .arg(&base.ckpt)
         .arg(worker("dcp_train.py"))
         .env("DCP_OUT", &base.out)

@@ -248,12 +248,9 @@ const EXAMPLE_ARGS: &[&str] = &[
     "0.05",
 ];
 
-fn example_agent(python: &Path, i: usize, r: &Rdzv, d: &Dirs, out: &str) -> Agent {
-    example_agent_with(python, i, r, d, out, &[], &[])
-}
-
-/// [`example_agent`] with more drun flags and more training arguments (which win over
-/// `EXAMPLE_ARGS`: argparse keeps the last).
+/// An agent on loopback address 127.0.0.(i+1) running `examples/train_ddp.py` with 2 workers,
+/// `EXAMPLE_ARGS`, more drun flags and more training arguments (which win over `EXAMPLE_ARGS`:
+/// argparse keeps the last).
 fn example_agent_with(
     python: &Path,
     i: usize,

@@ -11,8 +11,12 @@ fn no_skip_no_duplicate(store: Store) {
     };
     let d = dirs();
     let r = rdzv(store, "ckpt-torch", "1:2");
-    let a = example_agent(&python, 0, &r, &d, "faults");
-    let b = example_agent(&python, 1, &r, &d, "faults");
+    // Cold agents join at once, so the first world has both nodes: a warm agent joins once its
+    // interpreters imported torch, and on a loaded machine one of them formed alone (`1:2`,
+    // a 0.5 s last call) and trained the whole run before the other was admitted.
+    let cold = ["--warm-workers", "off"];
+    let a = example_agent_with(&python, 0, &r, &d, "faults", &cold, &[]);
+    let b = example_agent_with(&python, 1, &r, &d, "faults", &cold, &[]);
     wait_for(
         "a checkpoint sealed by 4 workers",
         Duration::from_secs(120),
@@ -25,9 +29,8 @@ fn no_skip_no_duplicate(store: Store) {
         Duration::from_secs(120),
         || latest(&d).is_some_and(|m| m["world_size"] == 2),
     );
-    // The newcomer starts cold so that it joins at once: a warm one joins once its interpreters
-    // imported torch, and on a loaded machine the survivors could finish the run meanwhile.
-    let cold = ["--warm-workers", "off"];
+    // The newcomer starts cold too: a warm one joins once its interpreters imported torch, and
+    // on a loaded machine the survivors could finish the run meanwhile.
     let b2 = example_agent_with(&python, 1, &r, &d, "faults", &cold, &[]);
     let (ca, oa, ea) = a.wait(Duration::from_secs(240));
     let (cb, _, eb) = b2.wait(Duration::from_secs(60));
@@ -75,11 +78,19 @@ fn no_skip_no_duplicate(store: Store) {
         "ran at 4, then 2, then 4 workers: {summary}"
     );
 
-    // The same job without faults, at the same global batch: the same model.
+    // The same job without faults, at the same global batch: the same model. Without warm
+    // workers: nothing restarts, so waiting interpreters would import torch for nothing.
     let base = dirs();
     let mut c = drun();
     c.python(&python)
-        .args(["--standalone", "--nproc-per-node", "2", "--ckpt-dir"])
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--warm-workers",
+            "off",
+        ])
+        .arg("--ckpt-dir")
         .arg(&base.ckpt)
         .arg(crate::harness::root().join("examples/train_ddp.py"))
         .args(EXAMPLE_ARGS)
