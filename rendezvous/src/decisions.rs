@@ -11,12 +11,14 @@
 //!   [`partition`] — which side of a partition leaves.
 //! * [`ckpt_interval`] — the automatic checkpoint interval; [`formation`] — the work a re-form
 //!   threw away.
+//! * [`names`] — node lists in those reasons, bounded whatever the group's size.
 
 pub mod ckpt_interval;
 pub mod core;
 pub mod envcheck;
 pub mod formation;
 pub mod loss;
+pub mod names;
 pub mod partition;
 pub mod plan;
 pub mod root_cause;
