@@ -62,9 +62,8 @@ mod tests {
         assert!(line.ends_with("sim-00007 and 9992 more"), "{line}");
         assert!(line.len() < 200, "{} bytes", line.len());
         let one_more: Vec<String> = (0..=NAMED_NODES).map(|i| format!("n{i}")).collect();
-        assert!(node_list(&one_more).ends_with(&format!(
-            "and {} more",
-            NAMED_NODES + 1 - NAMED_FIRST
-        )));
+        assert!(
+            node_list(&one_more).ends_with(&format!("and {} more", NAMED_NODES + 1 - NAMED_FIRST))
+        );
     }
 }

@@ -379,9 +379,14 @@ fn the_lines_of_a_ten_thousand_node_round_stay_short() {
     }
     let all = reform(t0, &refs(&ids), &[]);
     match decide(&all, t0, &cfg(1, 10_000)) {
-        Decision::Form { reason, admitted, .. } => {
+        Decision::Form {
+            reason, admitted, ..
+        } => {
             assert_eq!(admitted.len(), 10_000);
-            assert!(reason.starts_with("10000 of max 10000 nodes joined [sim-00000,"), "{reason}");
+            assert!(
+                reason.starts_with("10000 of max 10000 nodes joined [sim-00000,"),
+                "{reason}"
+            );
             assert!(reason.ends_with("and 9992 more]"), "{reason}");
             assert!(reason.len() < 300, "{} bytes", reason.len());
         }
