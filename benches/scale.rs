@@ -13,12 +13,19 @@
 //! 2. **steady state**: server and etcd CPU (cores), server RSS per agent and the keep-alive
 //!    latency (agent's KeepAlive → the server's `kept_alive` answer; p50, p99, max) over a
 //!    window of keep-alives at the default interval;
-//! 3. **re-form after 1 % of the agents crash** (their streams dropped without a Leave): from the
-//!    crash to the last survivor holding the new plan, and its etcd requests.
+//! 3. **re-form after 1 % of the agents crash** (their streams dropped without a Leave): the
+//!    detection (from the crash to the first survivor told to re-form: the reconnect grace and
+//!    the loss noticed), the re-form (from there to the last survivor holding the new plan), and
+//!    its etcd requests;
+//!
+//! and at the end the **series**: formation and re-formation against N, with the time per agent,
+//! so a super-linear step shows.
 //!
 //! `DRUN_SCALE_SIZES` (comma-separated, default `256,1024`) picks the sizes;
 //! `DRUN_SCALE_WINDOW` the steady-state window in seconds (default 10);
-//! `DRUN_BENCH_SERVER_LOG` the server's log filter (default `warn`).
+//! `DRUN_BENCH_SERVER_LOG` the server's log filter (default `warn`);
+//! `DRUN_BENCH_RDZV_BIN` another build's `drun-rendezvous` (to compare two builds under the same
+//! load).
 
 mod common;
 use common::{Etcd, RdzvServer};
@@ -45,6 +52,8 @@ const PER_CONNECTION: usize = 64;
 enum Report {
     /// It holds the plan of this generation.
     Formed { generation: u64, at: Instant },
+    /// It was told that its generation re-forms.
+    Reform { at: Instant },
     /// The server ended its session with an error.
     Error(String),
     /// The server answered a keep-alive this long after it was sent.
@@ -127,7 +136,10 @@ async fn agent(
                     Some(In::Formed(p)) => {
                         let _ = reports.send(Report::Formed { generation: p.generation, at: Instant::now() });
                     }
-                    Some(In::Reform(r)) => { let _ = tx.send(join(&node, i, r.generation)); }
+                    Some(In::Reform(r)) => {
+                        let _ = reports.send(Report::Reform { at: Instant::now() });
+                        let _ = tx.send(join(&node, i, r.generation));
+                    }
                     Some(In::KeptAlive(_)) => {
                         if let Some(at) = sent.pop_front() {
                             let _ = reports.send(Report::KeptAlive(at.elapsed()));
@@ -190,6 +202,14 @@ fn show(d: &BTreeMap<String, f64>, n: usize) -> String {
     )
 }
 
+/// What [`wait_formed`] saw: the instant the last agent held the plan, its generation, and the
+/// first instant an agent was told to re-form (if one was).
+struct Formed {
+    at: Instant,
+    generation: u64,
+    first_reform: Option<Instant>,
+}
+
 /// Waits until every agent in `alive` reported a plan of a generation above `after`; returns
 /// the instant of the last one and that generation, or why not within `limit`.
 async fn wait_formed(
@@ -197,10 +217,11 @@ async fn wait_formed(
     alive: usize,
     after: u64,
     limit: Duration,
-) -> Result<(Instant, u64), String> {
+) -> Result<Formed, String> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut count: BTreeMap<u64, usize> = BTreeMap::new();
     let mut last = Instant::now();
+    let mut first_reform: Option<Instant> = None;
     loop {
         match tokio::time::timeout_at(deadline, reports.recv()).await {
             Ok(Some(Report::Formed { generation, at })) if generation > after => {
@@ -208,8 +229,15 @@ async fn wait_formed(
                 *c += 1;
                 last = last.max(at);
                 if *c == alive {
-                    return Ok((last, generation));
+                    return Ok(Formed {
+                        at: last,
+                        generation,
+                        first_reform,
+                    });
                 }
+            }
+            Ok(Some(Report::Reform { at })) => {
+                first_reform = Some(first_reform.map_or(at, |f| f.min(at)));
             }
             Ok(Some(Report::Formed { .. } | Report::KeptAlive(_))) => {}
             Ok(Some(Report::Error(e))) => return Err(format!("an agent's session ended: {e}")),
@@ -223,7 +251,21 @@ async fn wait_formed(
     }
 }
 
-async fn one_size(n: usize, window: Duration) {
+/// One size's results for the series.
+#[derive(Default, Clone, Copy)]
+struct Row {
+    n: usize,
+    formed_s: Option<f64>,
+    detected_s: Option<f64>,
+    reformed_s: Option<f64>,
+    rss_kib_per_agent: f64,
+}
+
+async fn one_size(n: usize, window: Duration) -> Row {
+    let mut row = Row {
+        n,
+        ..Row::default()
+    };
     let etcd = Etcd::start();
     let server = RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &etcd.endpoint]);
     let run = format!("scale{n}");
@@ -255,12 +297,13 @@ async fn one_size(n: usize, window: Duration) {
     }
     let limit = Duration::from_secs(60) + Duration::from_millis(30 * n as u64);
     let (at, g) = match wait_formed(&mut reports, n, 0, limit).await {
-        Ok(v) => v,
+        Ok(f) => (f.at, f.generation),
         Err(e) => {
             println!("{n:>6} agents: formation FAILED: {e}");
-            return;
+            return row;
         }
     };
+    row.formed_s = Some((at - t0).as_secs_f64());
     let formed = etcd_requests(&etcd.endpoint);
     println!(
         "{n:>6} agents: formed generation {g} in {:.3} s; {}",
@@ -289,6 +332,7 @@ async fn one_size(n: usize, window: Duration) {
     };
     let (s1, e1) = (cpu(spid), cpu(etcd.pid()));
     let rss = common::procs::rss_kib(spid).unwrap_or(0);
+    row.rss_kib_per_agent = rss as f64 / n as f64;
     let steady = etcd_requests(&etcd.endpoint);
     println!(
         "        steady state over {secs:.0} s: {} keep-alives answered, latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
@@ -318,16 +362,47 @@ async fn one_size(n: usize, window: Duration) {
         let _ = c.send(true);
     }
     match wait_formed(&mut reports, n - lost, g, Duration::from_secs(120)).await {
-        Ok((at, g2)) => println!(
-            "        {lost} of {n} crashed: generation {g2} held by all {} survivors {:.3} s later; {}",
-            n - lost,
-            (at - t_crash).as_secs_f64(),
-            show(&delta(&etcd_requests(&etcd.endpoint), &before), n)
-        ),
+        Ok(f) => {
+            let detected = f.first_reform.unwrap_or(t_crash);
+            row.detected_s = Some((detected - t_crash).as_secs_f64());
+            row.reformed_s = Some((f.at - detected).as_secs_f64());
+            println!(
+                "        {lost} of {n} crashed: generation {} held by all {} survivors {:.3} s later (detected in {:.3} s, re-formed {:.3} s after that); {}",
+                f.generation,
+                n - lost,
+                (f.at - t_crash).as_secs_f64(),
+                (detected - t_crash).as_secs_f64(),
+                (f.at - detected).as_secs_f64(),
+                show(&delta(&etcd_requests(&etcd.endpoint), &before), n)
+            )
+        }
         Err(e) => println!("        {lost} of {n} crashed: re-form FAILED: {e}"),
     }
     for c in &crash {
         let _ = c.send(true);
+    }
+    row
+}
+
+/// The series: each size's formation and re-formation, and their time per agent.
+fn series(rows: &[Row]) {
+    let secs = |v: Option<f64>| v.map_or("failed".to_string(), |s| format!("{s:.3} s"));
+    let per = |v: Option<f64>, n: usize| {
+        v.map_or("-".to_string(), |s| format!("{:.0} µs", s * 1e6 / n as f64))
+    };
+    println!();
+    println!("series (N: formed, per agent | detected | re-formed after detection, per agent | server RSS per agent)");
+    for r in rows {
+        println!(
+            "{:>6}: {:>9} {:>8} | {:>9} | {:>9} {:>8} | {:>7.1} KiB",
+            r.n,
+            secs(r.formed_s),
+            per(r.formed_s, r.n),
+            secs(r.detected_s),
+            secs(r.reformed_s),
+            per(r.reformed_s, r.n),
+            r.rss_kib_per_agent
+        );
     }
 }
 
@@ -352,7 +427,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    for n in sizes {
-        rt.block_on(one_size(n, window));
-    }
+    let rows: Vec<Row> = sizes
+        .into_iter()
+        .map(|n| rt.block_on(one_size(n, window)))
+        .collect();
+    series(&rows);
 }

@@ -74,7 +74,11 @@ impl RdzvServer {
         store_args: &[&str],
         wrap: impl FnOnce(Command) -> Command,
     ) -> RdzvServer {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_drun-rendezvous"));
+        // `DRUN_BENCH_RDZV_BIN`: another build's server (e.g. the base commit's, to compare
+        // under the same load).
+        let bin = std::env::var_os("DRUN_BENCH_RDZV_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_drun-rendezvous").into());
+        let mut cmd = Command::new(bin);
         cmd.args(["serve", "--listen", listen])
             .args(store_args)
             .env(

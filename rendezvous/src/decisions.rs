@@ -13,6 +13,7 @@
 //!   threw away.
 //! * [`flight`] — the flight recorder's verdict on a hang: who waits for whom, over the dumps
 //!   of one node (its agent) or of every node (`status`).
+//! * [`names`] — node lists in those reasons, bounded whatever the group's size.
 
 pub mod ckpt_interval;
 pub mod core;
@@ -20,6 +21,7 @@ pub mod envcheck;
 pub mod flight;
 pub mod formation;
 pub mod loss;
+pub mod names;
 pub mod partition;
 pub mod plan;
 pub mod root_cause;

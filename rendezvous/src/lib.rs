@@ -35,7 +35,8 @@
 //!   newcomer is judged against), [`decisions::loss`] (naming a lost node),
 //!   [`decisions::root_cause`] (a run's first failure), [`decisions::partition`] (which side of
 //!   a partition leaves), [`decisions::ckpt_interval`] (the automatic checkpoint interval),
-//!   [`decisions::formation`] (the work a re-form threw away).
+//!   [`decisions::formation`] (the work a re-form threw away), [`decisions::names`] (node lists
+//!   in the lines every agent receives, bounded).
 //! * [`store`] — **what touches the store**: the [`Store`] trait (an etcd-shaped key-value API:
 //!   revisions, leases, transactions, watches), [`MemoryStore`] (embedded, for one machine),
 //!   [`EtcdStore`] with its sharing and batching ([`store::etcd`]), a server's agent leases on a

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::decisions::names::node_list;
 pub use crate::store::records::{Candidate, Join};
 
 /// Knobs of one rendezvous round.
@@ -163,11 +164,12 @@ fn standing_by(run: RunningGeneration, n: usize, now: Instant) -> Decision {
 }
 
 /// The waiting nodes' ids, sorted as unpinned node ranks are: the same order as the "world
-/// formed" line.
+/// formed" line; a large group by its first nodes and a count ([`node_list`]: this line goes
+/// into the plan and the progress every agent receives).
 fn names(view: &RoundView) -> String {
     let mut ids: Vec<&str> = view.candidates.iter().map(|c| c.node_id.as_str()).collect();
     ids.sort_unstable();
-    ids.join(", ")
+    node_list(&ids)
 }
 
 /// A failure if the set due to form cannot be ranked into a plan.
@@ -178,11 +180,12 @@ fn unformable(admitted: &[Candidate]) -> Option<Decision> {
             reason: format!(
                 "the {} node(s) due to form [{}] cannot form a group: {why}",
                 admitted.len(),
-                admitted
-                    .iter()
-                    .map(|c| c.node_id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                node_list(
+                    &admitted
+                        .iter()
+                        .map(|c| c.node_id.as_str())
+                        .collect::<Vec<_>>()
+                )
             ),
             cause: FailCause::Unformable,
         })
@@ -253,7 +256,7 @@ fn above_min(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
             cfg.max_nodes,
             cfg.min_nodes,
             out.len(),
-            out.join(", ")
+            node_list(out)
         ),
         None => format!(
             "{n}/{} nodes joined (min {}), last call in {left} s",
