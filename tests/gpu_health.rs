@@ -126,7 +126,12 @@ fn a_failing_gpu_in_a_run_of_fixed_size_ends_it_naming_the_gpu_exit_6() {
         .filter(|l| l.contains("GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s)"))
         .collect();
     assert_eq!(lines.len(), 1, "one line names the GPU:\n{err}");
-    assert!(lines[0].contains("--nnodes MIN:MAX"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("the run's size is fixed (1 node)")
+            && lines[0].contains("CUDA_VISIBLE_DEVICES can leave this one out"),
+        "{}",
+        lines[0]
+    );
     assert!(
         !out.path().join("ran_0").exists() && !out.path().join("ran_1").exists(),
         "no worker ran"
@@ -174,6 +179,54 @@ fn a_worker_failure_with_a_failing_gpu_is_not_restarted_onto_it() {
     assert!(
         !out.path().join("ran_0_1").exists(),
         "no restart onto the failing GPU:\n{err}"
+    );
+}
+
+/// The checks while the node trains see its own workers' GPU memory: that is not "another
+/// process" (the fake reports 40 GB in use while the worker's marker exists).
+#[test]
+fn the_workers_own_gpu_memory_is_not_held_against_the_node() {
+    let smi = FakeSmi::new(HEALTHY);
+    let out = tempfile::tempdir().unwrap();
+    let marker = out.path().join("training");
+    let busy = HEALTHY.replace(", 1, 143771,", ", 40000, 143771,");
+    let busy_csv = out.path().join("busy.csv");
+    std::fs::write(&busy_csv, busy).unwrap();
+    std::fs::write(
+        smi.dir.path().join("nvidia-smi"),
+        format!(
+            "#!/bin/sh\ncase \"$*\" in\n  *name,driver_version*) echo 'NVIDIA H200, 550.54.15' ;;\n  *) if [ -e '{}' ]; then cat '{}'; else cat '{}'; fi ;;\nesac\n",
+            marker.display(),
+            busy_csv.display(),
+            smi.csv().display()
+        ),
+    )
+    .unwrap();
+    let script = out.path().join("trains.py");
+    std::fs::write(
+        &script,
+        "import os, sys, time\nm = sys.argv[1]\nopen(m, 'w').close()\ntime.sleep(4)\nos.remove(m)\n",
+    )
+    .unwrap();
+    let mut c = drun();
+    c.env("PATH", smi.path())
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .args([
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "--warm-workers",
+            "off",
+        ])
+        .args(["--gpu-health", "1"])
+        .arg(&script)
+        .arg(&marker);
+    let (code, _, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("in use by another process"), "{err}");
+    assert!(
+        !err.contains("not checked"),
+        "no check may read as failed or timed out:\n{err}"
     );
 }
 

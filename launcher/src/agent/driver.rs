@@ -190,7 +190,7 @@ impl Agent {
                 _ = hang_check.tick(), if self.cfg.observe.hang_timeout.is_some() => Some(Input::HangCheck),
                 _ = sleep_until(deadline), if deadline.is_some() => Some(Input::Tick),
                 ev = gpu_check::next(&mut w.gpus) => {
-                    if let Some((cand, after)) = self.on_gpus(ev, &mut w.gpus, link)? {
+                    if let Some((cand, after)) = self.on_gpus(ev, &mut w.gpus, w.group.as_ref().is_some_and(WorkerGroup::any_running), link)? {
                         self.send_join(cand, after, &mut w, link);
                     }
                     None
@@ -383,7 +383,7 @@ impl Agent {
             return None;
         }
         if let (true, Some(g)) = (now.failed, w.gpus.as_mut()) {
-            g.suspect();
+            g.suspect(now.running);
         }
         // The workers' end waits for their staged checkpoints to reach --ckpt-dir (bounded by
         // --shutdown-timeout): the persister's outcome or the monitor tick looks again.

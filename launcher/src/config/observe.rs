@@ -36,7 +36,8 @@ pub(super) fn observe(a: &Args) -> Result<ObserveConfig, ConfigError> {
     })
 }
 
-/// `--gpu-health`: `off`, or seconds (with an optional suffix `s` or `m`), at least 1.
+/// `--gpu-health`: `off`, or seconds (with an optional suffix `s`, `m` or `h`), from 1 s to 30
+/// days.
 fn gpu_health(v: &str) -> Result<Option<std::time::Duration>, ConfigError> {
     let flag = "--gpu-health";
     let v = v.trim();
@@ -46,20 +47,22 @@ fn gpu_health(v: &str) -> Result<Option<std::time::Duration>, ConfigError> {
     let (num, unit) = match v.char_indices().last() {
         Some((i, 's')) => (&v[..i], 1.0),
         Some((i, 'm')) => (&v[..i], 60.0),
+        Some((i, 'h')) => (&v[..i], 3600.0),
         _ => (v, 1.0),
     };
-    let refuse = || {
-        invalid(
+    let secs = num
+        .trim()
+        .parse::<f64>()
+        .map(|n| n * unit)
+        .unwrap_or(f64::NAN);
+    if !(1.0..=2_592_000.0).contains(&secs) {
+        return Err(invalid(
             flag,
             v.to_string(),
-            "must be `off` or a number of seconds of at least 1 (or with a suffix s, m), e.g. 30",
-        )
-    };
-    let secs: f64 = num.trim().parse().map_err(|_| refuse())?;
-    if secs.is_nan() || secs * unit < 1.0 {
-        return Err(refuse());
+            "must be `off` or a number of seconds from 1 to 2592000 (30 days), or with a suffix s, m, h; e.g. 30",
+        ));
     }
-    super::timing::seconds(flag, secs * unit, false).map(Some)
+    Ok(Some(std::time::Duration::from_secs_f64(secs)))
 }
 
 /// `--preflight` and `--preflight-min-gbps` (a positive, finite number; only with `--preflight`).
@@ -114,7 +117,9 @@ mod tests {
         assert_eq!(off.gpu_health, None);
         let m = observe(&args(&["--gpu-health", "2m", "t.py"])).unwrap();
         assert_eq!(m.gpu_health, Some(std::time::Duration::from_secs(120)));
-        for bad in ["0", "0.5", "soon", "-3", "NaN"] {
+        let h = observe(&args(&["--gpu-health", "1h", "t.py"])).unwrap();
+        assert_eq!(h.gpu_health, Some(std::time::Duration::from_secs(3600)));
+        for bad in ["0", "0.5", "soon", "-3", "NaN", "1e9", "inf"] {
             let e = refused(&["--gpu-health", bad, "t.py"]);
             assert!(
                 e.starts_with(&format!("invalid --gpu-health '{bad}'")),

@@ -16,7 +16,8 @@ const POLL: Duration = Duration::from_millis(5);
 /// What a bounded run came to.
 #[derive(Debug)]
 pub enum Bounded {
-    /// It exited within the limit (standard output captured, standard error discarded).
+    /// It exited within the limit (standard output captured, standard error discarded). Its
+    /// status reads 0 when another waiter (the agent's reaper) collected it first.
     Exited(Output),
     /// It was still running at the limit: its process group was killed.
     TimedOut,
@@ -33,6 +34,25 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> Bounded {
 /// that reports a failing device on standard error, as `nvidia-smi` may).
 pub fn output_within_with_errors(cmd: &mut Command, limit: Duration) -> Bounded {
     run(cmd, limit, true)
+}
+
+/// Polls `try_wait` until the child's status, or `None` at `deadline` (or on an error). A child
+/// reaped by another waiter (ECHILD: the agent reaps every child of its own once workers run,
+/// as their subreaper) has ended: its status is lost, read as 0.
+fn wait_until(
+    mut try_wait: impl FnMut() -> std::io::Result<Option<std::process::ExitStatus>>,
+    deadline: Instant,
+) -> Option<std::process::ExitStatus> {
+    loop {
+        match try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ECHILD) => {
+                return Some(std::os::unix::process::ExitStatusExt::from_raw(0))
+            }
+            _ => return None,
+        }
+    }
 }
 
 fn run(cmd: &mut Command, limit: Duration, errors: bool) -> Bounded {
@@ -61,14 +81,7 @@ fn run(cmd: &mut Command, limit: Duration, errors: bool) -> Bounded {
         .stderr
         .take()
         .map(|e| read_all(Box::new(e) as Box<dyn Read + Send>));
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(POLL),
-            _ => break None,
-        }
-    };
+    let status = wait_until(|| child.try_wait(), Instant::now() + limit);
     // Whatever it left behind (a background child holding the pipe) goes too; ESRCH is fine.
     let _ = killpg(group, Signal::SIGKILL);
     let Some(status) = status else {
@@ -146,6 +159,21 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_child_reaped_by_another_waiter_has_ended_not_timed_out() {
+        let far = Instant::now() + Duration::from_secs(60);
+        let gone = || Err(std::io::Error::from_raw_os_error(nix::libc::ECHILD));
+        assert_eq!(wait_until(gone, far).map(|s| s.success()), Some(true));
+        let other = || Err(std::io::Error::from_raw_os_error(nix::libc::EINTR));
+        assert_eq!(wait_until(other, far), None);
+        let mut polls = 0;
+        let later = || {
+            polls += 1;
+            Ok((polls == 3).then(|| std::os::unix::process::ExitStatusExt::from_raw(256)))
+        };
+        assert_eq!(wait_until(later, far).and_then(|s| s.code()), Some(1));
     }
 
     #[test]

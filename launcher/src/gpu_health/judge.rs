@@ -55,6 +55,9 @@ pub struct Probe {
     /// Why `nvidia-smi` gave nothing usable (did not start, timed out, failed with no rows),
     /// when it did not.
     pub failed: Option<String>,
+    /// The node's own workers ran during the probe: the memory in use is theirs, not held
+    /// against the GPU.
+    pub workers_running: bool,
 }
 
 /// A GPU that may not train, and why.
@@ -158,7 +161,9 @@ fn reasons(r: &Reading, probe: &Probe, rules: &Rules) -> Vec<String> {
             "{n} uncorrectable ECC error(s) since the driver loaded"
         ));
     }
-    if let (Some(used), Some(total)) = (r.memory_used_mib, r.memory_total_mib) {
+    if let (Some(used), Some(total), false) =
+        (r.memory_used_mib, r.memory_total_mib, probe.workers_running)
+    {
         if used > rules.used_floor_mib && used as f64 > rules.max_used_share * total as f64 {
             out.push(format!(
                 "{used} MiB of {total} MiB in use by another process before the workers start"
@@ -182,14 +187,17 @@ fn reasons(r: &Reading, probe: &Probe, rules: &Rules) -> Vec<String> {
     }
     if let Some(now) = probe.uptime {
         let window = rules.xid_window.as_secs_f64();
-        let mut codes: Vec<u32> = probe
+        let mut codes: Vec<u32> = Vec::new();
+        for x in probe
             .xids
             .iter()
             .filter(|x| x.bus_id == r.bus_id && NODE_XIDS.contains(&x.code))
             .filter(|x| x.at <= now && now - x.at <= window)
-            .map(|x| x.code)
-            .collect();
-        codes.dedup();
+        {
+            if !codes.contains(&x.code) {
+                codes.push(x.code);
+            }
+        }
         if !codes.is_empty() {
             let list: Vec<String> = codes.iter().map(u32::to_string).collect();
             out.push(format!(
@@ -279,6 +287,22 @@ mod tests {
     }
 
     #[test]
+    fn the_nodes_own_workers_memory_is_not_held_against_the_gpu() {
+        let mut g = two();
+        g[1].memory_used_mib = Some(70_000);
+        let mut p = probe(g);
+        assert!(matches!(
+            judge(&p, None, None, &Rules::default()),
+            Verdict::Unhealthy(_)
+        ));
+        p.workers_running = true;
+        assert_eq!(
+            judge(&p, None, None, &Rules::default()),
+            Verdict::Healthy { gpus: 2 }
+        );
+    }
+
+    #[test]
     fn hardware_and_thermal_slowdowns_count_and_the_power_cap_does_not() {
         let mut g = two();
         g[0].throttle = Some(0x4); // SW power cap: a busy GPU's normal state
@@ -300,6 +324,7 @@ mod tests {
         };
         let mut p = probe(two());
         p.xids = vec![xid(13, 9_990.0), xid(79, 1_000.0)];
+        // (a repeated code is named once, wherever it repeats: below, 48 79 48)
         assert_eq!(
             judge(&p, None, None, &Rules::default()),
             Verdict::Healthy { gpus: 2 }

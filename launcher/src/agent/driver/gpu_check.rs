@@ -26,6 +26,9 @@ pub(super) struct Gpus {
     probe: Option<JoinHandle<Probe>>,
     /// A join held for a probe or while a GPU fails.
     held: Option<(Join, u64)>,
+    /// The probe under way started while this node's workers ran (their own GPU memory is then
+    /// no other process's).
+    probed_while_training: bool,
     /// The last verdict said, so that a repeated one is not said again.
     said: Option<Verdict>,
 }
@@ -64,7 +67,7 @@ pub(super) async fn next(g: &mut Option<Gpus>) -> GpuEvent {
 impl Gpus {
     /// A worker of this node failed: its GPUs are suspect until the next probe, which starts
     /// now, while the group stops, so that the re-form's join seldom waits for it.
-    pub(super) fn suspect(&mut self) {
+    pub(super) fn suspect(&mut self, training: bool) {
         if self.checks.suspect {
             return;
         }
@@ -73,12 +76,14 @@ impl Gpus {
             // Under way since before the failure: its verdict does not clear the suspicion.
             h.abort();
         }
-        self.start_probe();
+        self.start_probe(training);
     }
 
-    fn start_probe(&mut self) {
+    /// Starts a probe unless one is under way (`training`: the node's workers run).
+    fn start_probe(&mut self, training: bool) {
         if self.probe.is_none() {
             self.checks.probing = true;
+            self.probed_while_training = training;
             self.probe = Some(tokio::task::spawn_blocking(probe::probe));
         }
     }
@@ -107,9 +112,10 @@ impl Agent {
             fixed: self.cfg.min_nodes == self.cfg.max_nodes,
             probe: None,
             held: None,
+            probed_while_training: false,
             said: None,
         };
-        g.start_probe();
+        g.start_probe(false);
         Some(g)
     }
 
@@ -129,7 +135,7 @@ impl Agent {
             Gate::Go => Ok(false),
             Gate::Probe(why) => {
                 tracing::debug!("the join waits: {why}");
-                g.start_probe();
+                g.start_probe(false);
                 g.held = Some((cand.clone(), after));
                 Ok(true)
             }
@@ -170,10 +176,16 @@ impl Agent {
     /// The error that ends the agent of a run of a fixed size when GPUs fail.
     fn cannot_join(&self, f: &[crate::gpu_health::Finding]) -> LaunchError {
         let list: Vec<String> = f.iter().map(ToString::to_string).collect();
+        let n = self.cfg.max_nodes;
+        let fix = if n > 1 {
+            "replace the GPU or the node, or give an elastic range (--nnodes MIN:MAX)"
+        } else {
+            "replace the GPU, or run the job where the GPUs pass (CUDA_VISIBLE_DEVICES can leave this one out)"
+        };
         LaunchError::GpuUnhealthy(format!(
-            "GPU health: {}; the run's size is fixed (--nnodes {}), so it cannot form without this node: replace the GPU or the node, or give an elastic range (--nnodes MIN:MAX)",
+            "GPU health: {}; the run's size is fixed ({n} node{}), so it cannot form without this node: {fix}",
             list.join("; "),
-            self.cfg.max_nodes
+            if n == 1 { "" } else { "s" }
         ))
     }
 
@@ -183,6 +195,7 @@ impl Agent {
         &self,
         ev: GpuEvent,
         g: &mut Option<Gpus>,
+        training: bool,
         link: &Link,
     ) -> Result<Option<(Join, u64)>, LaunchError> {
         let Some(g) = g.as_mut() else {
@@ -190,10 +203,13 @@ impl Agent {
         };
         let p = match ev {
             GpuEvent::Due => {
-                g.start_probe();
+                g.start_probe(training);
                 return Ok(None);
             }
-            GpuEvent::Probed(p) => p,
+            GpuEvent::Probed(mut p) => {
+                p.workers_running = g.probed_while_training;
+                p
+            }
         };
         let verdict = judge::judge(&p, g.visible.as_deref(), g.expected, &g.rules);
         g.checks = Checks {
