@@ -86,19 +86,26 @@ fn ran_script(dir: &Path) -> PathBuf {
     p
 }
 
-fn standalone(smi: &FakeSmi, out: &Path) -> (i32, String, String) {
+/// `drun --standalone --nproc-per-node NPROC --warm-workers off EXTRA...` on a node whose
+/// `nvidia-smi` is `smi` (the script and its arguments follow).
+fn standalone_on(smi: &FakeSmi, nproc: &str, extra: &[&str]) -> std::process::Command {
     let mut c = drun();
     c.env("PATH", smi.path())
         .env_remove("CUDA_VISIBLE_DEVICES")
         .args([
             "--standalone",
             "--nproc-per-node",
-            "2",
+            nproc,
             "--warm-workers",
             "off",
         ])
-        .arg(ran_script(out))
-        .arg(out);
+        .args(extra);
+    c
+}
+
+fn standalone(smi: &FakeSmi, out: &Path) -> (i32, String, String) {
+    let mut c = standalone_on(smi, "2", &[]);
+    c.arg(ran_script(out)).arg(out);
     run(c, Duration::from_secs(60))
 }
 
@@ -155,20 +162,8 @@ fn a_worker_failure_with_a_failing_gpu_is_not_restarted_onto_it() {
         ),
     )
     .unwrap();
-    let mut c = drun();
-    c.env("PATH", smi.path())
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .args([
-            "--standalone",
-            "--nproc-per-node",
-            "1",
-            "--warm-workers",
-            "off",
-        ])
-        .args(["--max-restarts", "3"])
-        .arg(&script)
-        .arg(out.path())
-        .arg(ECC);
+    let mut c = standalone_on(&smi, "1", &["--max-restarts", "3"]);
+    c.arg(&script).arg(out.path()).arg(ECC);
     let (code, _, err) = run(c, Duration::from_secs(60));
     assert_eq!(code, 6, "{err}");
     assert!(
@@ -208,19 +203,8 @@ fn the_workers_own_gpu_memory_is_not_held_against_the_node() {
         "import os, sys, time\nm = sys.argv[1]\nopen(m, 'w').close()\ntime.sleep(4)\nos.remove(m)\n",
     )
     .unwrap();
-    let mut c = drun();
-    c.env("PATH", smi.path())
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .args([
-            "--standalone",
-            "--nproc-per-node",
-            "1",
-            "--warm-workers",
-            "off",
-        ])
-        .args(["--gpu-health", "1"])
-        .arg(&script)
-        .arg(&marker);
+    let mut c = standalone_on(&smi, "1", &["--gpu-health", "1"]);
+    c.arg(&script).arg(&marker);
     let (code, _, err) = run(c, Duration::from_secs(60));
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("in use by another process"), "{err}");
@@ -235,18 +219,8 @@ fn the_workers_own_gpu_memory_is_not_held_against_the_node() {
 fn gpu_health_off_does_not_check() {
     let smi = FakeSmi::new(ECC);
     let out = tempfile::tempdir().unwrap();
-    let mut c = drun();
-    c.env("PATH", smi.path())
-        .args([
-            "--standalone",
-            "--nproc-per-node",
-            "1",
-            "--warm-workers",
-            "off",
-        ])
-        .args(["--gpu-health", "off"])
-        .arg(ran_script(out.path()))
-        .arg(out.path());
+    let mut c = standalone_on(&smi, "1", &["--gpu-health", "off"]);
+    c.arg(ran_script(out.path())).arg(out.path());
     let (code, _, err) = run(c, Duration::from_secs(60));
     assert_eq!(code, 0, "{err}");
     assert!(!err.contains("GPU health"), "{err}");
