@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use drun_rendezvous::decisions::root_cause::RootCause;
-use drun_rendezvous::session::Request;
 use drun_rendezvous::{Join, Plan, RendezvousError};
 use nix::sys::signal::Signal;
 use tokio::task::JoinHandle;
@@ -23,7 +22,7 @@ use crate::rdzv::Link;
 use crate::slurm::OnPreempt;
 use crate::summary::{self, root_cause};
 use crate::worker_store::WorkerStore;
-use crate::{AgentExit, LaunchError, RendezvousMode};
+use crate::{AgentExit, LaunchError};
 
 /// How long the agent waits for output readers after the workers are gone, once no byte moved.
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
@@ -47,6 +46,7 @@ mod api;
 mod gpu_check;
 mod hang_dump;
 mod import_wait;
+mod join;
 mod stage;
 mod standby;
 
@@ -485,60 +485,6 @@ impl Agent {
             }
         }
         Ok(None)
-    }
-
-    /// Joins the rendezvous: with a newly reserved MASTER_PORT (`fresh`), or the last candidate.
-    fn join(
-        &mut self,
-        fresh: bool,
-        after: u64,
-        w: &mut World,
-        link: &mut Link,
-    ) -> Result<(), LaunchError> {
-        if fresh || w.candidate.is_none() {
-            // The last generation's store and port go; a verification under way is moot.
-            w.worker_store = None;
-            w.reserved = None;
-            if let Some(h) = w.verifying.take() {
-                h.abort();
-            }
-            let fixed_port = match &self.cfg.rendezvous {
-                RendezvousMode::Embedded { fixed_port, .. } => *fixed_port,
-                RendezvousMode::Static { master_port, .. } => Some(*master_port),
-                _ => None,
-            };
-            if fixed_port.is_none() {
-                w.reserved = Some(
-                    ReservedPort::new()
-                        .map_err(|e| LaunchError::os("cannot reserve a MASTER_PORT", e))?,
-                );
-            }
-            let port =
-                fixed_port.unwrap_or_else(|| w.reserved.as_ref().map_or(0, ReservedPort::port));
-            w.candidate = Some(self.candidate(port));
-        }
-        let cand = w.candidate.clone().expect("a candidate was built above");
-        if w.partition.sent_away && !self.peers_all_answer() {
-            self.stand_by(&mut w.partition, cand, after, link);
-            return Ok(());
-        }
-        w.partition.sent_away = false;
-        if self.gpu_holds_join(&cand, after, &mut w.gpus, link)? {
-            return Ok(());
-        }
-        self.send_join(cand, after, w, link);
-        Ok(())
-    }
-
-    /// Sends the join, unless the first one waits for the warm interpreters' import.
-    fn send_join(&self, cand: Join, after: u64, w: &mut World, link: &Link) {
-        if self.hold_first_join(&cand, after, w) {
-            return;
-        }
-        if let Some(m) = &self.metrics {
-            m.joining();
-        }
-        let _ = link.tx.send(Request::Join(cand, after));
     }
 
     /// A plan arrived: announce it, serve the workers' store, start the resume check.

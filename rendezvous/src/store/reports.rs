@@ -65,20 +65,21 @@ impl ReportKind {
         }
     }
 
+    /// Every kind.
+    pub const ALL: [ReportKind; 8] = [
+        ReportKind::Preflight,
+        ReportKind::Stragglers,
+        ReportKind::Pace,
+        ReportKind::Peers,
+        ReportKind::Outage,
+        ReportKind::Gpu,
+        ReportKind::Flight,
+        ReportKind::Staging,
+    ];
+
     /// The kind named `s` (the wire name), if any.
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            ReportKind::Preflight,
-            ReportKind::Stragglers,
-            ReportKind::Pace,
-            ReportKind::Peers,
-            ReportKind::Outage,
-            ReportKind::Gpu,
-            ReportKind::Flight,
-            ReportKind::Staging,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
     }
 
     /// Whether the key goes with the node's lease (the preflight's and the flight recorder's
@@ -112,16 +113,7 @@ mod tests {
 
     #[test]
     fn kinds_round_trip_their_names_and_unknown_names_are_none() {
-        for k in [
-            ReportKind::Preflight,
-            ReportKind::Stragglers,
-            ReportKind::Pace,
-            ReportKind::Peers,
-            ReportKind::Outage,
-            ReportKind::Gpu,
-            ReportKind::Flight,
-            ReportKind::Staging,
-        ] {
+        for k in ReportKind::ALL {
             assert_eq!(ReportKind::parse(k.as_str()), Some(k));
         }
         assert_eq!(ReportKind::parse("plan"), None);
