@@ -24,18 +24,31 @@ fn memory_agent(d: &Dirs, stage: &Path, rate: &str, env: &[(&str, &str)]) -> Age
     Agent::start(c)
 }
 
-#[test]
-fn a_staged_step_is_answered_at_once_persisted_behind_and_resumed_from_memory() {
-    let d = dirs();
+/// The run's staging directory (the tmpfs stand-in), created.
+fn staging_dir(d: &Dirs) -> PathBuf {
     let stage = d.out.parent().unwrap().join("shm");
     std::fs::create_dir_all(&stage).unwrap();
-    // About 5.6 KB a step at 4000 B/s: each step reaches the disk some 1.4 s after its commit.
-    let a = memory_agent(&d, &stage, "4000", &[("CKPT_HOLD_AT", "6")]);
+    stage
+}
+
+/// A memory agent whose steps reach the disk about 1.4 s after their commit (5.6 KB a step at
+/// 4000 B/s), once both ranks hold after step 6.
+fn holding_at_step_6(d: &Dirs, stage: &Path) -> Agent {
+    let a = memory_agent(d, stage, "4000", &[("CKPT_HOLD_AT", "6")]);
     wait_for(
         "both ranks hold after step 6",
         Duration::from_secs(60),
-        || count(&events(&d), "holding", |e| e["step"] == 6) == 2,
+        || count(&events(d), "holding", |e| e["step"] == 6) == 2,
     );
+    a
+}
+
+#[test]
+fn a_staged_step_is_answered_at_once_persisted_behind_and_resumed_from_memory() {
+    let d = dirs();
+    let stage = staging_dir(&d);
+    // About 5.6 KB a step at 4000 B/s: each step reaches the disk some 1.4 s after its commit.
+    let a = holding_at_step_6(&d, &stage);
     // Rank 0 fails at once: step 6 is staged, not yet on disk.
     std::fs::write(d.out.join("crash"), b"").unwrap();
     let (code, _, err) = a.wait(Duration::from_secs(120));
@@ -130,8 +143,7 @@ fn torch_a_worker_failure_resumes_the_staged_step_from_memory_exactly() {
         return;
     };
     let d = dirs();
-    let stage = d.out.parent().unwrap().join("shm");
-    std::fs::create_dir_all(&stage).unwrap();
+    let stage = staging_dir(&d);
     let train = crate::harness::root().join("examples/train_ddp.py");
     let mut c = drun();
     c.python(&python)
@@ -286,14 +298,8 @@ fn a_budget_larger_than_the_tmpfs_has_free_is_one_warning_naming_both() {
 #[test]
 fn sigterm_waits_for_the_staged_steps_and_says_how_long() {
     let d = dirs();
-    let stage = d.out.parent().unwrap().join("shm");
-    std::fs::create_dir_all(&stage).unwrap();
-    let a = memory_agent(&d, &stage, "4000", &[("CKPT_HOLD_AT", "6")]);
-    wait_for(
-        "both ranks hold after step 6",
-        Duration::from_secs(60),
-        || count(&events(&d), "holding", |e| e["step"] == 6) == 2,
-    );
+    let stage = staging_dir(&d);
+    let a = holding_at_step_6(&d, &stage);
     assert!(latest_step(&d) < 6, "step 6 is not on disk yet");
     a.signal(Signal::SIGTERM);
     let (code, _, err) = a.wait(Duration::from_secs(60));
@@ -313,8 +319,7 @@ fn sigterm_waits_for_the_staged_steps_and_says_how_long() {
 #[test]
 fn sigterm_waits_at_most_the_shutdown_timeout_and_names_what_is_not_persisted() {
     let d = dirs();
-    let stage = d.out.parent().unwrap().join("shm");
-    std::fs::create_dir_all(&stage).unwrap();
+    let stage = staging_dir(&d);
     let mut c: Command = drun();
     c.args(["--standalone", "--rdzv-id", "ckpt-memory-bounded"])
         .nproc(2)
@@ -369,8 +374,7 @@ fn sigterm_waits_at_most_the_shutdown_timeout_and_names_what_is_not_persisted() 
 #[test]
 fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
     let d = dirs();
-    let stage = d.out.parent().unwrap().join("shm");
-    std::fs::create_dir_all(&stage).unwrap();
+    let stage = staging_dir(&d);
     let r = rdzv(Store::Etcd, "ckpt-memory-kill", "1");
     let start = |rate: &str, hold: bool| {
         let mut c: Command = drun();
