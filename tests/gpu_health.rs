@@ -321,3 +321,87 @@ fn a_node_with_a_failing_gpu_stands_by_and_joins_once_it_passes() {
     );
     drop((a, b));
 }
+
+/// `drun` for node `i` of a run of a fixed size (`--nnodes 2`) on rendezvous `rdzv`, whose
+/// `nvidia-smi` is `smi`; the join timeout is 300 s, so a node left waiting for the other would
+/// outlast the test's bounds.
+fn fixed_node(i: usize, run: &str, rdzv: &[&str], smi: &FakeSmi, out: &Path) -> Agent {
+    let mut c = node_cmd(i, run, "2", rdzv);
+    c.env("PATH", smi.path())
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .args(["--rdzv-conf", "join_timeout=300", "--warm-workers", "off"])
+        .arg(ran_script(out))
+        .arg(out);
+    Agent::start(c)
+}
+
+/// The node's exit-6 line names `node`'s failing GPU, and that the run cannot form without it.
+fn names_the_unfit_node(err: &str) {
+    assert!(
+        err.lines().any(
+            |l| l.contains("GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s)")
+                && l.contains("the run's size is fixed (2 nodes), so it cannot form without node")
+        ),
+        "one line names the GPU and the node:\n{err}"
+    );
+}
+
+/// A run of a fixed size on a rendezvous server, one node of which has a failing GPU: that node
+/// ends the run for every agent, so the healthy node also ends with exit 6 and the same line
+/// within seconds, instead of waiting for the join timeout (300 s here); no worker starts.
+#[test]
+fn a_failing_gpu_in_a_fixed_multi_node_run_ends_every_node_naming_it() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let rdzv = ["--rdzv-endpoint", server.endpoint.as_str()];
+    let out = tempfile::tempdir().unwrap();
+    let good = FakeSmi::new(HEALTHY);
+    let bad = FakeSmi::new(ECC);
+    let a = fixed_node(0, "gpu-unfit", &rdzv, &good, out.path());
+    let b = fixed_node(1, "gpu-unfit", &rdzv, &bad, out.path());
+    let (code_b, _, err_b) = b.wait(Duration::from_secs(60));
+    assert_eq!(code_b, 6, "{err_b}");
+    names_the_unfit_node(&err_b);
+    let (code_a, _, err_a) = a.wait(Duration::from_secs(60));
+    assert_eq!(code_a, 6, "the healthy node ends too:\n{err_a}");
+    names_the_unfit_node(&err_a);
+    assert!(
+        std::fs::read_dir(out.path())
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().starts_with("ran_")),
+        "no worker ran"
+    );
+}
+
+/// The same with a c10d-style rendezvous hosted by the node whose GPU fails, and the healthy
+/// node started only once that node has said it cannot join: the host keeps serving the ended
+/// run until the other node has connected and learned it, then both end with exit 6.
+#[test]
+fn a_c10d_host_with_a_failing_gpu_ends_the_run_for_a_node_that_comes_later() {
+    let endpoint = format!("127.0.0.1:{}", crate::harness::etcd::free_port());
+    let rdzv = [
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint.as_str(),
+    ];
+    let out = tempfile::tempdir().unwrap();
+    let good = FakeSmi::new(HEALTHY);
+    let bad = FakeSmi::new(ECC);
+    let host = fixed_node(0, "gpu-unfit-c10d", &rdzv, &bad, out.path());
+    wait_for(
+        "the host to say it serves the ended run for the nodes to come",
+        Duration::from_secs(30),
+        || {
+            host.stderr_so_far()
+                .contains("so that the nodes not connected yet learn it")
+        },
+    );
+    let late = fixed_node(1, "gpu-unfit-c10d", &rdzv, &good, out.path());
+    let (code, _, err) = late.wait(Duration::from_secs(60));
+    assert_eq!(code, 6, "the late node learns the end:\n{err}");
+    names_the_unfit_node(&err);
+    let (code, _, err) = host.wait(Duration::from_secs(30));
+    assert_eq!(code, 6, "{err}");
+    names_the_unfit_node(&err);
+}

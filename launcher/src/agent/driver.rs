@@ -236,6 +236,7 @@ impl Agent {
     fn ended(&self, end: End, w: &mut World) -> Result<AgentExit, LaunchError> {
         match end {
             End::Exit(exit) => Ok(exit),
+            End::RunFinished(end) if end.unfit => Err(LaunchError::GpuUnhealthy(end.reason)),
             End::RunFinished(end) if end.retryable => {
                 Err(LaunchError::RendezvousFailed(end.reason))
             }

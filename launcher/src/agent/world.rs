@@ -89,7 +89,20 @@ impl Agent {
         if !matches!(result, Ok(AgentExit::Success | AgentExit::WorkerFailure)) {
             // Not after a preemption: every agent of the job saves and exits for the requeue on
             // its own, and one still waiting for the save must not end as a rendezvous failure.
-            if let (Some(h), false) = (&link.hosted, matches!(result, Ok(AgentExit::Preempted))) {
+            if let (Err(LaunchError::GpuUnhealthy(why)), true) = (&result, self.cfg.max_nodes > 1) {
+                // A run of a fixed size cannot form without this node: it ends for every agent
+                // now, naming the GPUs, instead of leaving them waiting for the join timeout.
+                match &link.hosted {
+                    Some(h) => h.end_run_unfit(&self.cfg.run_id, why.clone()).await,
+                    None => {
+                        let _ = link.tx.send(Request::Unfit {
+                            reason: why.clone(),
+                        });
+                    }
+                }
+            } else if let (Some(h), false) =
+                (&link.hosted, matches!(result, Ok(AgentExit::Preempted)))
+            {
                 h.end_run(&self.cfg.run_id, host_stopped(&self.cfg.node_id, &result))
                     .await;
             }
@@ -101,7 +114,15 @@ impl Agent {
             .await;
         }
         if let Some(h) = link.hosted.take() {
-            h.shutdown().await;
+            // An ended run whose size is fixed: every node must learn it, also those that have
+            // not connected yet.
+            let unfit = matches!(result, Err(LaunchError::GpuUnhealthy(_)));
+            h.shutdown(if unfit {
+                self.cfg.max_nodes as usize
+            } else {
+                0
+            })
+            .await;
         }
         result
     }

@@ -61,24 +61,64 @@ impl HostedServer {
     /// without it, and re-forming around a server that is about to go only left them waiting
     /// for it until the join timeout.
     pub async fn end_run(&self, run: &str, reason: String) {
-        let end = drun_rendezvous::session::RunEnd {
-            success: false,
-            reason,
-            at_ms: drun_rendezvous::clock::now_ms(),
-            root_cause: None,
-            retryable: true,
-        };
+        self.end(
+            run,
+            drun_rendezvous::session::RunEnd {
+                success: false,
+                reason,
+                at_ms: drun_rendezvous::clock::now_ms(),
+                root_cause: None,
+                retryable: true,
+                unfit: false,
+            },
+        )
+        .await;
+    }
+
+    /// Ends run `run` for every agent of it because this node cannot take part and the run's
+    /// size is fixed ([`drun_rendezvous::session::RunEnd::unfit`]: they end with exit 6 and
+    /// `reason`), unless it ended already.
+    pub async fn end_run_unfit(&self, run: &str, reason: String) {
+        self.end(
+            run,
+            drun_rendezvous::session::RunEnd {
+                success: false,
+                reason,
+                at_ms: drun_rendezvous::clock::now_ms(),
+                root_cause: None,
+                retryable: false,
+                unfit: true,
+            },
+        )
+        .await;
+    }
+
+    async fn end(&self, run: &str, end: drun_rendezvous::session::RunEnd) {
         match self.service.end_run(run, &end).await {
+            // An unfit node's own error line says why.
+            Ok(true) if end.unfit => tracing::info!(run = %run, "ended the run for every agent"),
             Ok(true) => tracing::info!(run = %run, "ended the run for every agent: {}", end.reason),
             Ok(false) => {}
             Err(e) => tracing::warn!(run = %run, "could not end the run for the other agents: {e}"),
         }
     }
 
-    /// Stops serving once the other agents have closed their sessions (at most [`HOST_LINGER`]).
-    pub async fn shutdown(mut self) {
+    /// Stops serving once at least `nodes` sessions have opened (this agent's own included) and
+    /// the other agents have closed theirs, at most [`HOST_LINGER`] after the call. `nodes` > 1
+    /// keeps an ended run's server up for agents that have not connected yet, so that they
+    /// learn the end instead of waiting for the join timeout.
+    pub async fn shutdown(mut self, nodes: usize) {
         let deadline = tokio::time::Instant::now() + HOST_LINGER;
-        while self.service.active_sessions() > 1 && tokio::time::Instant::now() < deadline {
+        if self.service.sessions_opened() < nodes {
+            tracing::info!(
+                "the run has ended; serving it up to {} more so that the nodes not connected yet learn it ({} of {nodes} sessions opened)",
+                drun_rendezvous::human::duration(HOST_LINGER),
+                self.service.sessions_opened()
+            );
+        }
+        while (self.service.active_sessions() > 1 || self.service.sessions_opened() < nodes)
+            && tokio::time::Instant::now() < deadline
+        {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         if let Some(s) = self.stop.take() {

@@ -107,12 +107,15 @@ pub fn spawn(
                     at_ms: 0,
                     root_cause: None,
                     retryable: false,
+                    unfit: false,
                 }),
                 Request::KeepAlive
                 | Request::MarkBad { .. }
                 | Request::Preempt { .. }
                 | Request::Report { .. }
-                | Request::StandBy(_) => continue,
+                | Request::StandBy(_)
+                // The other nodes of a static rendezvous are not told: each runs its own checks.
+                | Request::Unfit { .. } => continue,
                 Request::Commit { commit, .. } => Event::Committed {
                     generation: commit.generation,
                     step: commit.step,

@@ -36,6 +36,7 @@ use crate::{RoundConfig, Store};
 pub struct RendezvousService {
     store: Arc<dyn Store>,
     sessions: Arc<AtomicUsize>,
+    opened: Arc<AtomicUsize>,
     run_on_records: bool,
     auth: Arc<Auth>,
     runs: Arc<crate::server::run_limit::RunTable>,
@@ -47,6 +48,7 @@ impl RendezvousService {
         Self {
             store,
             sessions: Arc::new(AtomicUsize::new(0)),
+            opened: Arc::new(AtomicUsize::new(0)),
             run_on_records: false,
             auth: Arc::new(Auth::open()),
             runs: crate::server::run_limit::RunTable::new(
@@ -95,6 +97,11 @@ impl RendezvousService {
     /// Agent sessions currently open on this replica.
     pub fn active_sessions(&self) -> usize {
         self.sessions.load(Ordering::SeqCst)
+    }
+
+    /// Agent sessions opened on this replica since it started (a reconnect counts again).
+    pub fn sessions_opened(&self) -> usize {
+        self.opened.load(Ordering::SeqCst)
     }
 
     /// The tonic server wrapper.
@@ -256,6 +263,7 @@ impl Rendezvous for RendezvousService {
         });
         let sessions = self.sessions.clone();
         sessions.fetch_add(1, Ordering::SeqCst);
+        self.opened.fetch_add(1, Ordering::SeqCst);
         crate::server::metrics::global().session(&cfg.run_id, 1);
         let node = cfg.node_id.clone();
         let waiting = Waiting::new(&cfg.run_id);

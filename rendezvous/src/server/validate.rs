@@ -218,6 +218,7 @@ pub fn request(r: &Request, node: &str) -> Result<(), Invalid> {
         }
         Request::Failed { description, .. } => text("failure description", description, MAX_TEXT),
         Request::Preempt { reason, .. } => text("preemption reason", reason, MAX_TEXT),
+        Request::Unfit { reason } => text("unfit reason", reason, MAX_TEXT),
         Request::MarkBad { id, reason, .. } => {
             text("manifest id", id, MAX_ID)?;
             text("bad-checkpoint reason", reason, MAX_TEXT)

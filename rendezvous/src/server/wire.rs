@@ -138,6 +138,9 @@ pub fn request_to_wire(r: &Request) -> pb::AgentMessage {
             root_cause_json: cause_to_wire(cause.as_ref()),
         }),
         Request::Leave => Kind::Leave(true),
+        Request::Unfit { reason } => Kind::Unfit(pb::Unfit {
+            reason: reason.clone(),
+        }),
         Request::StandBy(g) => Kind::StandBy(*g),
         Request::Commit { commit, retention } => Kind::Commit(pb::Commit {
             node_commit_json: serde_json::to_string(commit).expect("NodeCommit serializes"),
@@ -179,6 +182,7 @@ pub fn request_from_wire(m: pb::AgentMessage) -> Option<Request> {
             cause: optional_json(&f.root_cause_json),
         },
         Kind::Leave(_) => Request::Leave,
+        Kind::Unfit(u) => Request::Unfit { reason: u.reason },
         Kind::StandBy(g) => Request::StandBy(g),
         Kind::Commit(c) => Request::Commit {
             commit: serde_json::from_str(&c.node_commit_json).ok()?,
@@ -220,6 +224,7 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
             at_ms: end.at_ms,
             root_cause_json: cause_to_wire(end.root_cause.as_ref()),
             retryable: end.retryable,
+            unfit: end.unfit,
         }),
         Event::FailureDecision {
             restart,
@@ -296,6 +301,7 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
             at_ms: f.at_ms,
             root_cause: optional_json(&f.root_cause_json),
             retryable: f.retryable,
+            unfit: f.unfit,
         }),
         Kind::FailureDecision(d) => Event::FailureDecision {
             restart: d.restart,
@@ -366,15 +372,29 @@ mod tests {
 
     #[test]
     fn a_run_end_crosses_the_wire_with_whether_a_restart_may_carry_on() {
-        for (success, retryable) in [(true, false), (false, false), (false, true)] {
+        for (success, retryable, unfit) in [
+            (true, false, false),
+            (false, false, false),
+            (false, true, false),
+            (false, false, true),
+        ] {
             let end = Event::Finished(RunEnd {
                 success,
                 reason: "why".into(),
                 at_ms: 42,
                 root_cause: None,
                 retryable,
+                unfit,
             });
             assert_eq!(event_from_wire(event_to_wire(&end)), Some(end));
         }
+    }
+
+    #[test]
+    fn an_unfit_node_s_request_crosses_the_wire() {
+        let r = Request::Unfit {
+            reason: "GPU health: GPU 1: lost".into(),
+        };
+        assert_eq!(request_from_wire(request_to_wire(&r)), Some(r));
     }
 }

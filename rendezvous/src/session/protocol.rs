@@ -94,6 +94,13 @@ pub enum Request {
         /// The report, JSON (at most [`crate::store::reports::MAX_REPORT`] bytes).
         json: String,
     },
+    /// This node cannot take part and the run's size is fixed (its GPUs failed their health
+    /// check): end the run for every agent ([`RunEnd::unfit`](crate::session::RunEnd)), with
+    /// `reason` (one line naming the node, the GPUs and the fix) as the run's end.
+    Unfit {
+        /// One line.
+        reason: String,
+    },
     /// The resume point of generation `generation` failed verification on this node: mark
     /// manifest `id` bad and re-form (onto the previous manifest).
     MarkBad {

@@ -92,6 +92,20 @@ impl Actor {
                 .await?;
                 Ok(None)
             }
+            Request::Unfit { reason } => {
+                let end = crate::session::RunEnd {
+                    success: false,
+                    reason,
+                    at_ms: crate::clock::now_ms(),
+                    root_cause: None,
+                    retryable: false,
+                    unfit: true,
+                };
+                if self.round.state().end(&end).await? {
+                    tracing::info!(run = %self.cfg.run_id, node = %self.cfg.node_id, "the run ends: the node cannot take part in a run of a fixed size");
+                }
+                Ok(None)
+            }
             Request::Leave => {
                 self.leave().await?;
                 Ok(Some(Phase::Left))

@@ -126,6 +126,7 @@ impl Actor {
                     at_ms: now_ms(),
                     root_cause: None,
                     retryable: true,
+                    unfit: false,
                 };
                 self.round.state().end(&end).await?;
                 tracing::error!(run = %self.cfg.run_id, gen = plan.generation, "{reason}");

@@ -131,6 +131,7 @@ mod tests {
             at_ms: 1,
             root_cause: None,
             retryable: false,
+            unfit: false,
         };
         let seen = Seen {
             finished: Some(end.clone()),

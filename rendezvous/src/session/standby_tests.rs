@@ -103,6 +103,7 @@ async fn a_node_standing_by_hears_that_the_run_ended() {
         at_ms: 1,
         root_cause: None,
         retryable: false,
+        unfit: false,
     };
     assert!(RunState::new(store.clone(), run).end(&end).await.unwrap());
     let mut seen = vec![];

@@ -123,6 +123,7 @@ fn on_request(
         req @ (Request::Join(..)
         | Request::Succeeded(_)
         | Request::Leave
+        | Request::Unfit { .. }
         | Request::Preempt { .. }
         | Request::Commit { .. }
         | Request::Report { .. }

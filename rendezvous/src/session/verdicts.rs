@@ -75,6 +75,7 @@ pub(crate) fn failure_verdict(
             at_ms,
             root_cause: None,
             retryable: false,
+            unfit: false,
         },
         last: next,
     }
@@ -95,6 +96,7 @@ pub(crate) fn exit_barrier(plan: &Plan, done: &[String], at_ms: u64) -> Option<R
             at_ms,
             root_cause: None,
             retryable: false,
+            unfit: false,
         })
 }
 

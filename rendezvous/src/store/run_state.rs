@@ -410,6 +410,7 @@ mod tests {
             at_ms: 1,
             root_cause: None,
             retryable: true,
+            unfit: false,
         };
         assert!(state.end(&end("the host stopped")).await.unwrap());
         assert!(!state.end(&end("later")).await.unwrap());

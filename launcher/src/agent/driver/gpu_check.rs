@@ -183,9 +183,10 @@ impl Agent {
             "replace the GPU, or run the job where the GPUs pass (CUDA_VISIBLE_DEVICES can leave this one out)"
         };
         LaunchError::GpuUnhealthy(format!(
-            "GPU health: {}; the run's size is fixed ({n} node{}), so it cannot form without this node: {fix}",
+            "GPU health: {}; the run's size is fixed ({n} node{}), so it cannot form without node {}: {fix}",
             list.join("; "),
-            if n == 1 { "" } else { "s" }
+            if n == 1 { "" } else { "s" },
+            self.cfg.node_id
         ))
     }
 

@@ -193,6 +193,7 @@ pub(super) fn end(success: bool) -> RunEnd {
         at_ms: 0,
         root_cause: None,
         retryable: false,
+        unfit: false,
     }
 }
 

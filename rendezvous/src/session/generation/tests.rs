@@ -202,6 +202,7 @@ fn the_run_end_is_reported_and_ends_the_phase() {
         at_ms: 7,
         root_cause: None,
         retryable: false,
+        unfit: false,
     };
     let s = step(&mut r, Input::Finished(end.clone()), t0, &rules());
     assert!(s.ends);

@@ -133,6 +133,7 @@ fn end(reason: &str) -> RunEnd {
         at_ms: 7,
         root_cause: None,
         retryable: false,
+        unfit: false,
     }
 }
 

@@ -152,6 +152,7 @@ fn a_forming_or_ended_run_says_so() {
         at_ms: NOW,
         root_cause: None,
         retryable: false,
+        unfit: false,
     });
     assert!(render(&s, NOW)[0].contains("succeeded: all workers succeeded"));
 }

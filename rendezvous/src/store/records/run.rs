@@ -126,6 +126,11 @@ pub struct RunEnd {
     /// job resumes from the last checkpoint. Always false for a successful end.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub retryable: bool,
+    /// The run's size is fixed and a node could not take part (its GPUs failed their health
+    /// check; `reason` names the node and the GPUs): every agent ends with exit 6, as that
+    /// node did, so a restart policy that retries exit 6 retries the job on other hardware.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unfit: bool,
 }
 
 /// A job-wide request for a coordinated checkpoint (key `gen/<g>/preempt`).
