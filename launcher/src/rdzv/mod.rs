@@ -61,39 +61,26 @@ impl HostedServer {
     /// without it, and re-forming around a server that is about to go only left them waiting
     /// for it until the join timeout.
     pub async fn end_run(&self, run: &str, reason: String) {
-        self.end(
-            run,
-            drun_rendezvous::session::RunEnd {
-                success: false,
-                reason,
-                at_ms: drun_rendezvous::clock::now_ms(),
-                root_cause: None,
-                retryable: true,
-                unfit: false,
-            },
-        )
-        .await;
+        self.end(run, reason, false).await;
     }
 
     /// Ends run `run` for every agent of it because this node cannot take part and the run's
     /// size is fixed ([`drun_rendezvous::session::RunEnd::unfit`]: they end with exit 6 and
     /// `reason`), unless it ended already.
     pub async fn end_run_unfit(&self, run: &str, reason: String) {
-        self.end(
-            run,
-            drun_rendezvous::session::RunEnd {
-                success: false,
-                reason,
-                at_ms: drun_rendezvous::clock::now_ms(),
-                root_cause: None,
-                retryable: false,
-                unfit: true,
-            },
-        )
-        .await;
+        self.end(run, reason, true).await;
     }
 
-    async fn end(&self, run: &str, end: drun_rendezvous::session::RunEnd) {
+    /// A failed end: retryable (the host stops), or `unfit`.
+    async fn end(&self, run: &str, reason: String, unfit: bool) {
+        let end = drun_rendezvous::session::RunEnd {
+            success: false,
+            reason,
+            at_ms: drun_rendezvous::clock::now_ms(),
+            root_cause: None,
+            retryable: !unfit,
+            unfit,
+        };
         match self.service.end_run(run, &end).await {
             // An unfit node's own error line says why.
             Ok(true) if end.unfit => tracing::info!(run = %run, "ended the run for every agent"),
