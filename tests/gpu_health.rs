@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::harness::cluster::rendezvous_bin;
 use crate::harness::cluster::RdzvServer;
+use crate::harness::fake_smi::{FakeSmi, ECC, HEALTHY};
 use crate::harness::scrape::{announced, scrape};
 use crate::harness::{drun, node_cmd, run, wait_for, worker, Agent};
 
@@ -21,58 +22,6 @@ fn status_text(run: &str, endpoint: &str) -> String {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-const HEALTHY: &str = "0, 00000000:18:00.0, GPU-5f3c1d2a-0b1e-4c55-9a1d-7e2f3a4b5c6d, NVIDIA H200, 1, 143771, 0, 0x0000000000000001\n\
-                       1, 00000000:3B:00.0, GPU-9a8b7c6d-1e2f-4a3b-8c9d-0e1f2a3b4c5d, NVIDIA H200, 1, 143771, 0, 0x0000000000000001\n";
-
-/// GPU 1 has 2 uncorrectable ECC errors.
-const ECC: &str = "0, 00000000:18:00.0, GPU-5f3c1d2a-0b1e-4c55-9a1d-7e2f3a4b5c6d, NVIDIA H200, 1, 143771, 0, 0x0000000000000001\n\
-                   1, 00000000:3B:00.0, GPU-9a8b7c6d-1e2f-4a3b-8c9d-0e1f2a3b4c5d, NVIDIA H200, 1, 143771, 2, 0x0000000000000001\n";
-
-/// A directory with a fake `nvidia-smi` answering from `gpus.csv` (written with `rows`).
-struct FakeSmi {
-    dir: tempfile::TempDir,
-}
-
-impl FakeSmi {
-    fn new(rows: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let s = FakeSmi { dir };
-        s.set(rows);
-        let script = s.dir.path().join("nvidia-smi");
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\ncase \"$*\" in\n  *name,driver_version*) echo 'NVIDIA H200, 550.54.15' ;;\n  *) cat '{}' ;;\nesac\n",
-                s.csv().display()
-            ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        s
-    }
-
-    fn csv(&self) -> PathBuf {
-        self.dir.path().join("gpus.csv")
-    }
-
-    /// Replaces the rows, atomically (the agent may be reading them).
-    fn set(&self, rows: &str) {
-        let tmp = self.dir.path().join("gpus.csv.tmp");
-        std::fs::write(&tmp, rows).unwrap();
-        std::fs::rename(&tmp, self.csv()).unwrap();
-    }
-
-    /// `PATH` with the fake first.
-    fn path(&self) -> String {
-        format!(
-            "{}:{}",
-            self.dir.path().display(),
-            std::env::var("PATH").unwrap_or_default()
-        )
-    }
 }
 
 /// Writes `OUT/ran_<RANK>` and exits 0.
@@ -188,7 +137,7 @@ fn the_workers_own_gpu_memory_is_not_held_against_the_node() {
     let busy_csv = out.path().join("busy.csv");
     std::fs::write(&busy_csv, busy).unwrap();
     std::fs::write(
-        smi.dir.path().join("nvidia-smi"),
+        smi.script(),
         format!(
             "#!/bin/sh\ncase \"$*\" in\n  *name,driver_version*) echo 'NVIDIA H200, 550.54.15' ;;\n  *) if [ -e '{}' ]; then cat '{}'; else cat '{}'; fi ;;\nesac\n",
             marker.display(),

@@ -11,6 +11,7 @@ mod envcheck;
 mod etcd_secure;
 mod flood;
 mod gpu_health;
+mod gpu_memory;
 mod hang;
 mod hostile;
 mod json_logs;

@@ -5,6 +5,7 @@
 pub mod cluster;
 mod cmd;
 pub mod etcd;
+pub mod fake_smi;
 pub mod netbed;
 pub mod scrape;
 
