@@ -59,8 +59,8 @@ fn row<'a>(err: &'a str, link: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no row for {link}:\n{err}"))
 }
 
-/// Node rank 0 prints one table (the check's total time, the all_reduce, both ring links with
-/// bandwidth and latency, none slow), node 1 one summary line; then the DDP script inits its
+/// Node rank 0 prints one table (the check's total time, the all_reduce, each node's own
+/// all_reduce, both ring links with bandwidth and latency, none slow), node 1 one summary line; then the DDP script inits its
 /// own process group on the same store and every worker exits 0.
 #[test]
 fn preflight_on_two_nodes_prints_a_per_link_table_then_trains() {
@@ -76,6 +76,11 @@ fn preflight_on_two_nodes_prints_a_per_link_table_then_trains() {
     assert!(
         err_a.contains("all_reduce of ") && err_a.contains(" over all ranks: bus bandwidth "),
         "{err_a}"
+    );
+    assert!(
+        err_a.contains("all_reduce within each node: bus bandwidth median ")
+            && err_a.contains(", 2 ranks on a node"),
+        "each node's own all_reduce:\n{err_a}"
     );
     for link in ["node 0 → 1", "node 1 → 0"] {
         let r = row(&err_a, link);

@@ -1,6 +1,7 @@
 //! `--preflight`: before the run's first generation trains, its workers measure the interconnect
-//! with the job's own backend — an `all_reduce` over all ranks, then a ring of node-to-node
-//! links — and the agent names the links that are slow.
+//! with the job's own backend — an `all_reduce` over all ranks, a ring of node-to-node links,
+//! and an `all_reduce` within each node ([`within`]) — and the agent names the links and nodes
+//! that are slow.
 //!
 //! # How it runs
 //!
@@ -23,6 +24,7 @@
 //! bandwidth it is configuration, not the algorithm). Units are Gbit/s throughout.
 
 mod table;
+pub mod within;
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use crate::command::{EntryKind, Entrypoint};
 
 pub use table::{lines, summary};
+pub use within::{expected, Expected, Within};
 
 /// The measuring script, run by the worker interpreter.
 pub const SCRIPT: &str = include_str!("../../python/drun/preflight.py");
@@ -73,6 +76,9 @@ pub struct Report {
     /// check's budgets whatever the links.
     #[serde(default)]
     pub measure_seconds: f64,
+    /// Every node's all_reduce among its own ranks (none when a node has a single rank).
+    #[serde(default)]
+    pub within: Vec<Within>,
 }
 
 /// The `all_reduce` test: median of 5 timed runs after a warm-up.
@@ -186,7 +192,7 @@ pub fn slow_nodes(links: &[Link]) -> Vec<SlowNode> {
     out
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }

@@ -15,6 +15,9 @@ worker store under the ``drun-preflight/`` key prefix, so the script's own
    its 1.5 s slot is over, each measured from what it moved. Whatever the links, the check
    measures for under 5 s (``measure_seconds`` in the report; well under 1 s on fast links): a
    slow link is named from what it moved in its slot, not waited for.
+3. on every node with 2 ranks or more, an ``all_reduce`` among the node's own ranks (its GPUs,
+   over NVLink or PCIe), all nodes at once, in a budget of 1 s: the agent
+   names a node under half the median node, or under half what its GPU model reaches.
 
 Local rank 0 of every node reports the whole job's results to its agent over the worker API
 (``{"op": "preflight", ...}``); the agent judges the links and prints the table. Then the
@@ -45,6 +48,7 @@ _MAX_GPU_BYTES = 64 << 20
 _FIRST_BYTES = 64 << 10  # first all_reduce buffer and first chunk of a link
 _ALL_REDUCE_ITERS = 5
 _ALL_REDUCE_BUDGET = 1.5  # seconds for the all_reduce's sizing and timed runs
+_WITHIN_BUDGET = 1.0  # ... for the all_reduce within each node
 _LINK_SLOT = 1.5  # seconds every link sends for at most
 _LINK_SENDS = 3  # ... or until it moved this many largest all_reduce buffers (a fast link)
 _MAX_CPU_CHUNK = 1 << 20  # a link's chunks grow while they take under _FAST_CHUNK
@@ -173,9 +177,12 @@ def _measure(rank: int, local_rank: int, world: int, node: int) -> Dict[str, Any
                 "seconds": secs,
             })
         dist.barrier()
+        within = _within_node(torch, dist, device, sync, cuda, peers, node, local_rank)
         measure_secs = time.monotonic() - measuring
         links: List[Any] = [None] * world  # every rank's measured links
         dist.all_gather_object(links, measured)
+        nodes_within: List[Any] = [None] * world  # every node's own all_reduce (its local rank 0)
+        dist.all_gather_object(nodes_within, within)
     finally:
         dist.destroy_process_group()
     del store
@@ -191,32 +198,86 @@ def _measure(rank: int, local_rank: int, world: int, node: int) -> Dict[str, Any
             "busbw_gbps": algbw * 2 * (world - 1) / world if world > 1 else algbw,
         },
         "links": sorted((l for per_rank in links for l in per_rank), key=lambda l: l["src"]),
+        "within": sorted((w for w in nodes_within if w is not None), key=lambda w: w["node"]),
         "seconds": time.monotonic() - started,
         "measure_seconds": measure_secs,
     }
 
 
+def _within_node(
+    torch: Any,
+    dist: Any,
+    device: Any,
+    sync: Callable[[], None],
+    cuda: bool,
+    peers: List[Any],
+    node: int,
+    local_rank: int,
+) -> Any:
+    """Every node's all_reduce among its own ranks (its GPUs, over NVLink or PCIe), all nodes at
+    once: this node's result from its local rank 0, else None. Skipped (None everywhere) unless
+    every node has at least 2 ranks: one rank has nothing to reduce with.
+    """
+    by_node: Dict[int, List[int]] = {}
+    for r, (n, _lr, _host) in enumerate(peers):
+        by_node.setdefault(n, []).append(r)
+    if min(len(r) for r in by_node.values()) < 2:
+        return None
+    # Every rank creates every group, in the same order (torch's rule for new_group).
+    groups = {n: dist.new_group(ranks) for n, ranks in sorted(by_node.items())}
+    ranks = len(by_node[node])
+    size, secs = _all_reduce(
+        torch,
+        dist,
+        device,
+        sync,
+        _MAX_GPU_BYTES if cuda else _MAX_CPU_BYTES,
+        groups[node],
+        _WITHIN_BUDGET,
+    )
+    dist.barrier()
+    if local_rank != 0:
+        return None
+    algbw = size * 8 / secs / 1e9
+    return {
+        "node": node,
+        "host": socket.gethostname(),
+        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+        "ranks": ranks,
+        "bytes": size,
+        "seconds": secs,
+        "busbw_gbps": algbw * 2 * (ranks - 1) / ranks,
+    }
+
+
 def _all_reduce(
-    torch: Any, dist: Any, device: Any, sync: Callable[[], None], max_bytes: int
+    torch: Any,
+    dist: Any,
+    device: Any,
+    sync: Callable[[], None],
+    max_bytes: int,
+    group: Any = None,
+    budget: float = _ALL_REDUCE_BUDGET,
 ) -> Tuple[int, float]:
     """The all_reduce test within its budget: (buffer bytes, median seconds of the timed runs).
 
     Starts at a small buffer and quadruples it while the slowest rank says five runs of the next
     size fit in what is left of the budget, so a slow link shrinks the buffer, not the budget.
+    Over ``group`` (default: all ranks); disjoint groups measure side by side.
     """
     began = time.perf_counter()
     size = _FIRST_BYTES
     x = torch.ones(size // 4, dtype=torch.float32, device=device)
-    dist.all_reduce(x)  # warm-up: connections, buffers
+    dist.all_reduce(x, group=group)  # warm-up: connections, buffers
     sync()
     while True:
         t = time.perf_counter()
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=group)
         sync()
         slowest = torch.tensor([time.perf_counter() - t], dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # every rank takes the same decision
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)  # every rank takes the same decision
         one = float(slowest.item())
-        left = _ALL_REDUCE_BUDGET - (time.perf_counter() - began)
+        left = budget - (time.perf_counter() - began)
         bigger = min(size * 4, max_bytes)
         if bigger == size or one * bigger / size * (_ALL_REDUCE_ITERS + 1) > left:
             break
@@ -225,7 +286,7 @@ def _all_reduce(
     times: List[float] = []
     for _ in range(_ALL_REDUCE_ITERS):
         t = time.perf_counter()
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=group)
         sync()
         times.append(time.perf_counter() - t)
     return size, statistics.median(times)

@@ -71,7 +71,10 @@ pub(super) fn reported(
     if let Some(m) = metrics {
         m.preflight(r, &slow, node_rank);
     }
-    let any_slow = slow.iter().any(Option::is_some);
+    let any_slow = slow.iter().any(Option::is_some)
+        || preflight::within::judge(&r.within)
+            .iter()
+            .any(Option::is_some);
     let text = if node_rank == 0 {
         preflight::lines(r, &slow).join("\n")
     } else {

@@ -1,7 +1,7 @@
 //! The preflight report as printed: one table (node rank 0's agent) and one summary line (every
 //! other agent).
 
-use super::{slow_nodes, Report, Slow};
+use super::{slow_nodes, within, Report, Slow};
 
 /// The table: a heading with the check's total time, the `all_reduce` line, then one row per
 /// link with its bandwidth and latency, slow links marked with the reason.
@@ -26,6 +26,7 @@ pub fn lines(r: &Report, slow: &[Slow]) -> Vec<String> {
             ar.seconds * 1e3
         ),
     ];
+    out.extend(within::lines(&r.within, &within::judge(&r.within)));
     if r.links.is_empty() {
         out.push("  links: one node, none to test".into());
         return out;
@@ -97,10 +98,15 @@ pub fn summary(r: &Report, slow: &[Slow]) -> String {
         .filter(|(_, s)| s.is_some())
         .map(|(l, _)| format!("node {} → {}", l.src, l.dst))
         .collect();
-    let nodes: Vec<String> = slow_nodes(&r.links)
+    let mut nodes: Vec<String> = slow_nodes(&r.links)
         .into_iter()
         .map(|n| format!("; slow node: node {} ({})", n.node, n.host))
         .collect();
+    for (w, why) in r.within.iter().zip(within::judge(&r.within)) {
+        if why.is_some() {
+            nodes.push(format!("; slow within node: node {} ({})", w.node, w.host));
+        }
+    }
     format!(
         "preflight: all_reduce bus bandwidth {:.2} Gbit/s, {} link{} measured, {}{} (table on \
          node rank 0) in {:.2} s",

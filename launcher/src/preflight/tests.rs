@@ -29,6 +29,7 @@ fn report(links: Vec<Link>) -> Report {
         links,
         seconds: 0.8,
         measure_seconds: 0.5,
+        within: Vec::new(),
     }
 }
 
