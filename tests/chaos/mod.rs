@@ -477,9 +477,14 @@ fn chaos_campaign() {
                     String::new()
                 };
                 let on = if s.bed { " (bed)" } else { "" };
+                let persisting = if s.ckpt_memory() {
+                    format!(", {} agent(s) killed mid-persist", st.killed_persisting)
+                } else {
+                    String::new()
+                };
                 eprintln!(
                     "seed {} {store:?}{on}: ok, {} faults applied ({} skipped), {} generations, \
-                     {:?}{requeued}{model}",
+                     {:?}{requeued}{persisting}{model}",
                     s.seed, st.applied, st.skipped, st.generations, st.elapsed
                 );
             }

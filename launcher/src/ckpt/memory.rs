@@ -62,6 +62,7 @@
 pub mod decide;
 pub mod leftover;
 pub mod persist;
+pub mod replica;
 
 use std::path::{Path, PathBuf};
 
