@@ -114,10 +114,8 @@ impl Agent {
             gpus: self.gpu_checks(),
             ..World::default()
         };
-        if let Some(dir) = self.cfg.ckpt.dir.as_deref() {
-            stage::sweep_leftovers(dir);
-        }
         if let (Some(budget), Some(dir)) = (self.cfg.ckpt.memory, self.cfg.ckpt.dir.as_deref()) {
+            stage::sweep_leftovers(dir);
             if let Some((s, done)) = stage::Stage::open(budget, dir) {
                 w.stage = Some(s);
                 w.stage_done = Some(done);

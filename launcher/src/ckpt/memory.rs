@@ -42,8 +42,8 @@
 //!   digest-verified in `DIR`: the node's commit, without which the step cannot seal, is sent
 //!   after that, never before. An agent killed in the middle of persisting leaves at most
 //!   `.drun-persist-*` temporary files in `DIR`, which no manifest names. Each names its
-//!   owner (boot, pid namespace, pid, start time: [`leftover`]); the next agent with this
-//!   `--ckpt-dir` removes at its start those whose owner it sees gone, in one line, and leaves
+//!   owner (boot, pid namespace, pid, start time: [`leftover`]); the next agent with
+//!   `--ckpt-memory` and this `--ckpt-dir` removes at its start those whose owner it sees gone, in one line, and leaves
 //!   a live persister's and those of owners it cannot see (another machine or container).
 //! * A staged copy is used for a resume only by the agent that holds it, within its life (the
 //!   directory is private to the agent and removed with it), and only for a step the ledger

@@ -27,7 +27,8 @@ pub(super) const PERSIST_RATE: u64 = 1 << 30;
 
 /// Removes from `ckpt_dir` the persister's temporary files an agent killed mid-persist left
 /// (their owner gone, [`crate::ckpt::memory::leftover`]), saying so in one line; called at the
-/// agent's start, before its own persister writes any.
+/// start of an agent with `--ckpt-memory` (only a persister writes them: an agent without one
+/// does not walk a shared `--ckpt-dir` for nothing), before its own persister writes any.
 pub(super) fn sweep_leftovers(ckpt_dir: &Path) {
     if let Some(me) = crate::ckpt::memory::leftover::Owner::me() {
         let swept = crate::ckpt::memory::leftover::sweep(ckpt_dir, me);
