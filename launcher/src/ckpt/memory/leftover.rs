@@ -165,7 +165,7 @@ impl Swept {
     }
 }
 
-/// Removes from `dir` (to [`DEPTH`] levels, not following links) every persister temporary
+/// Removes from `dir` (four levels down, not following links) every persister temporary
 /// file whose owner [`judge`] finds gone, as seen by `me`.
 pub fn sweep(dir: &Path, me: &Owner) -> Swept {
     let mut out = Swept::default();
