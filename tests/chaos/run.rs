@@ -336,15 +336,23 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                 gone.push((i, a, leave));
             }
             Event::KillPersisting(i) => {
-                let a = slots[i]
+                let mut a = slots[i]
                     .take()
                     .expect("the generator kills live agents only");
-                let caught = wait_until(Duration::from_secs(30), || c.persisting(a.pid()));
-                signal(a.pid(), Signal::SIGKILL);
+                let pid = a.pid();
+                let mut over = false;
+                let caught = wait_until(Duration::from_secs(30), || {
+                    over = exited(&mut a);
+                    over || c.persisting(pid)
+                }) && !over;
+                signal(pid, Signal::SIGKILL);
                 if caught {
                     stats.killed_persisting += 1;
                 } else {
-                    log.push("      (not caught persisting within 30 s: killed anyway)".into());
+                    log.push(
+                        "      (not caught persisting: it exited, or 30 s passed; killed anyway)"
+                            .into(),
+                    );
                 }
                 gone.push((i, a, false));
             }
