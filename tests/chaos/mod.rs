@@ -12,8 +12,8 @@ mod torch;
 
 use run::Worker;
 use schedule::{
-    generate, generate_bed, with_corruption, with_etcd_members, with_preemption, Event, Schedule,
-    StoreKind, Timed,
+    generate, generate_bed, with_corruption, with_etcd_members, with_persist_kill, with_preemption,
+    Event, Schedule, StoreKind, Timed,
 };
 
 /// One CI schedule: `seed` on `store`, 2 to 4 faults and corrupted shards; panics with the
@@ -55,6 +55,35 @@ fn chaos_ci_seed_2_etcd() {
 #[test]
 fn chaos_ci_seed_3_etcd() {
     ci(3, StoreKind::Etcd);
+}
+
+/// One CI schedule of `seed` on `store` under `--ckpt-memory` (a slowed persister): 2 to 4
+/// faults and corrupted shards, and an agent SIGKILLed while it persists a staged checkpoint
+/// (issue 35, item 6). The invariants are the same: no half-written step becomes a resume
+/// point, every rank resumes the same sealed step and cursor, no sample is lost or repeated.
+fn ci_persist_kill(seed: u64, store: StoreKind) {
+    let s = with_persist_kill(with_corruption(generate(seed, store, 2, 4)));
+    eprintln!("{s}");
+    match run::run(&s, &Worker::Stdlib, &[]) {
+        Ok(stats) => {
+            eprintln!("passed: {stats:?}");
+            assert_eq!(
+                stats.killed_persisting, 1,
+                "the agent was killed mid-persist: {stats:?}"
+            );
+        }
+        Err(report) => panic!("{report}"),
+    }
+}
+
+#[test]
+fn chaos_ci_seed_1_memory_kill_mid_persist() {
+    ci_persist_kill(1, StoreKind::Memory);
+}
+
+#[test]
+fn chaos_ci_seed_2_etcd_kill_mid_persist() {
+    ci_persist_kill(2, StoreKind::Etcd);
 }
 
 /// One CI schedule on the network test bed: the campaign's bed schedule of `seed`
@@ -365,6 +394,8 @@ fn chaos_regression_seed_35_memory_torch_preempt() {
 /// corrupted shards (as the regression seeds were found). `DRUN_CHAOS_TORCH=1` runs the torch
 /// worker (gloo, `DRUN_TORCH_PYTHON`) and compares each run's final model with a fault-free run's;
 /// `DRUN_CHAOS_PREEMPT=1` adds a preemption warning (and requeue) to about half the schedules.
+/// `DRUN_CHAOS_PERSIST_KILL=1` runs the agents with `--ckpt-memory` and a slowed persister and
+/// kills one mid-persist ([`with_persist_kill`]; not on the bed).
 /// `DRUN_CHAOS_BED=1` draws bed schedules instead ([`generate_bed`]: the server and each agent on
 /// a host of its own, the network's faults; the memory store) and requires the bed
 /// (`DRUN_REQUIRE_NETNS=1` is implied).
@@ -414,6 +445,11 @@ fn chaos_campaign() {
         } else {
             s
         };
+        let s = if var("DRUN_CHAOS_PERSIST_KILL", "0") == "1" && !bed {
+            with_persist_kill(s)
+        } else {
+            s
+        };
         let s = if var("DRUN_CHAOS_ETCD3", "0") == "1" {
             with_etcd_members(s)
         } else {
@@ -441,9 +477,14 @@ fn chaos_campaign() {
                     String::new()
                 };
                 let on = if s.bed { " (bed)" } else { "" };
+                let persisting = if s.ckpt_memory() {
+                    format!(", {} agent(s) killed mid-persist", st.killed_persisting)
+                } else {
+                    String::new()
+                };
                 eprintln!(
                     "seed {} {store:?}{on}: ok, {} faults applied ({} skipped), {} generations, \
-                     {:?}{requeued}{model}",
+                     {:?}{requeued}{persisting}{model}",
                     s.seed, st.applied, st.skipped, st.generations, st.elapsed
                 );
             }

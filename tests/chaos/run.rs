@@ -56,7 +56,16 @@ pub struct Stats {
     pub requeued: usize,
     /// Torch runs: the largest |Δ| between the final parameters and the fault-free run's.
     pub max_delta: Option<f64>,
+    /// Agents SIGKILLed while a `.drun-persist-*` file of theirs was in `--ckpt-dir`
+    /// ([`Event::KillPersisting`]).
+    pub killed_persisting: usize,
 }
+
+/// `--ckpt-memory` schedules: bytes per second the agents' persisters write. A chaos worker's
+/// file is about 20 bytes: each takes some 150 ms to reach the disk, a node's step (two ranks)
+/// about as long as the worker's two steps between saves, so the disk keeps up but an agent is
+/// mostly in the middle of persisting.
+const PERSIST_RATE: &str = "128";
 
 fn signal(pid: i32, sig: Signal) {
     // The process may be gone already (a fault can race the run's own end): not an error.
@@ -78,6 +87,8 @@ struct Cluster {
     step_s: f64,
     worker: Worker,
     env: Vec<(String, String)>,
+    /// `--ckpt-memory` with a slowed persister ([`Schedule::ckpt_memory`]), its tmpfs stand-in.
+    ckpt_memory: Option<PathBuf>,
     /// Last, so that it goes after the server and the agents (a bed removes its hosts).
     place: Place,
 }
@@ -101,6 +112,12 @@ impl Cluster {
                 "--ckpt-dir",
             ])
             .arg(&self.ckpt);
+        // Before the script: what follows it is the script's.
+        if let Some(stage) = &self.ckpt_memory {
+            c.args(["--ckpt-memory", "64M"])
+                .env("DRUN_CKPT_STAGE_PARENT", stage)
+                .env("DRUN_CKPT_PERSIST_RATE", PERSIST_RATE);
+        }
         match &self.worker {
             Worker::Stdlib => c.arg(worker("chaos_worker.py")),
             Worker::Torch(python) => c.python(python).arg(torch::script()),
@@ -112,6 +129,45 @@ impl Cluster {
             c.env(k, v);
         }
         Agent::start(self.place.on_agent_host(slot, c))
+    }
+
+    /// Checkpoints sealed so far: the seals the ranks heard, or with `--ckpt-memory` (where a
+    /// commit is answered before its step is sealed) the manifests in `--ckpt-dir`.
+    fn sealed(&self) -> usize {
+        if self.ckpt_memory.is_none() {
+            return self.history_text().matches("\"sealed\": true").count();
+        }
+        let entries = |d: PathBuf| std::fs::read_dir(d).into_iter().flatten().flatten();
+        // <ckpt>/<run>/step-…/drun-manifest-….json
+        entries(self.ckpt.clone())
+            .flat_map(|run| entries(run.path()))
+            .flat_map(|step| entries(step.path()))
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("drun-manifest-")
+            })
+            .count()
+    }
+
+    /// Whether the persister of the agent of `pid` is writing a file to `--ckpt-dir`: a
+    /// `.drun-persist-<boot>.<pidns>.<pid>.<start>-…` file of that pid is there.
+    fn persisting(&self, pid: i32) -> bool {
+        fn walk(dir: &Path, depth: usize, pid: &str) -> bool {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let owner = name
+                        .strip_prefix(".drun-persist-")
+                        .and_then(|r| r.split('-').next())
+                        .and_then(|token| token.split('.').nth(2));
+                    owner == Some(pid) || (depth > 0 && walk(&e.path(), depth - 1, pid))
+                })
+        }
+        walk(&self.ckpt, 3, &pid.to_string())
     }
 
     fn history_text(&self) -> String {
@@ -176,6 +232,7 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("out")).unwrap();
+    std::fs::create_dir_all(dir.join("shm")).unwrap();
     let etcd: Vec<Etcd> = if s.store == StoreKind::Etcd {
         Etcd::cluster(s.etcd_members())
     } else {
@@ -214,6 +271,7 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
         nproc: s.nproc,
         step_s: if s.bed { BED_STEP_S } else { STEP_S },
         worker: worker.clone(),
+        ckpt_memory: s.ckpt_memory().then(|| dir.join("shm")),
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -276,6 +334,27 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                     },
                 );
                 gone.push((i, a, leave));
+            }
+            Event::KillPersisting(i) => {
+                let mut a = slots[i]
+                    .take()
+                    .expect("the generator kills live agents only");
+                let pid = a.pid();
+                let mut over = false;
+                let caught = wait_until(Duration::from_secs(30), || {
+                    over = exited(&mut a);
+                    over || c.persisting(pid)
+                }) && !over;
+                signal(pid, Signal::SIGKILL);
+                if caught {
+                    stats.killed_persisting += 1;
+                } else {
+                    log.push(
+                        "      (not caught persisting: it exited, or 30 s passed; killed anyway)"
+                            .into(),
+                    );
+                }
+                gone.push((i, a, false));
             }
             Event::StopAgent { slot, ms } => {
                 let pid = slots[slot].as_ref().unwrap().pid();
@@ -353,10 +432,9 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                 log.extend(requeue(&c, &mut slots, slot, &dir, &mut outcome));
             }
             Event::WaitSealed => {
-                let sealed = |c: &Cluster| c.history_text().matches("\"sealed\": true").count();
-                let before = sealed(&c);
+                let before = c.sealed();
                 wait_until(Duration::from_secs(30), || {
-                    sealed(&c) > before || slots.iter_mut().flatten().all(exited)
+                    c.sealed() > before || slots.iter_mut().flatten().all(exited)
                 });
             }
         }
@@ -449,6 +527,9 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
             }
             if s.bed {
                 knobs.push_str("DRUN_CHAOS_BED=1 ");
+            }
+            if s.ckpt_memory() {
+                knobs.push_str("DRUN_CHAOS_PERSIST_KILL=1 ");
             }
             let shown = Outcome {
                 verified: Vec::new(),

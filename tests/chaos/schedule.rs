@@ -66,6 +66,11 @@ pub enum Event {
     CutServer { ms: u64 },
     /// Bed only: a 20 Mbit/s token bucket on agent `slot`'s host for `ms`.
     SlowLink { slot: usize, ms: u64 },
+    /// SIGKILL agent `slot` while its persister writes a staged checkpoint to `--ckpt-dir`: as
+    /// soon as a `.drun-persist-*` file naming its pid is there (at most 30 s; then it is
+    /// killed anyway, and the runner says so). A schedule with this event runs with
+    /// `--ckpt-memory` and a slowed persister ([`Schedule::ckpt_memory`]).
+    KillPersisting(usize),
 }
 
 /// An event `delay_ms` milliseconds after the previous one finished.
@@ -321,7 +326,9 @@ pub fn with_preemption(mut s: Schedule) -> Schedule {
     let mut live: Vec<usize> = (0..s.agents).collect();
     for t in &s.events[..at] {
         match t.event {
-            Event::KillAgent(a) | Event::Leave(a) => live.retain(|l| *l != a),
+            Event::KillAgent(a) | Event::Leave(a) | Event::KillPersisting(a) => {
+                live.retain(|l| *l != a)
+            }
             Event::ScaleUp(a) => live.push(a),
             _ => {}
         }
@@ -335,6 +342,52 @@ pub fn with_preemption(mut s: Schedule) -> Schedule {
             event: Event::Preempt(slot),
         },
     );
+    s
+}
+
+/// `s` with an agent killed while it persists a staged checkpoint ([`Event::KillPersisting`]),
+/// early, so that it hits a running job: at the first point where fewer than [`MAX_AGENTS`]
+/// run, an agent is started in a fresh slot, a checkpoint is awaited, and that agent is killed
+/// mid-persist — the live agents after it are those before it, so every later event of `s`
+/// stays applicable. When [`MAX_AGENTS`] run throughout, a live agent is killed at the end
+/// instead. Drawn from a stream of its own of the seed, so the other events stay those of `s`.
+/// The schedule then runs with `--ckpt-memory`.
+pub fn with_persist_kill(mut s: Schedule) -> Schedule {
+    let mut rng = Rng::new(s.seed ^ 0x9E25_1575_5EED_0005);
+    let mut live: Vec<usize> = (0..s.agents).collect();
+    let mut at = None;
+    for (i, t) in s.events.iter().enumerate() {
+        if live.len() < MAX_AGENTS {
+            at = Some(i);
+            break;
+        }
+        match t.event {
+            Event::KillAgent(a) | Event::Leave(a) | Event::KillPersisting(a) => {
+                live.retain(|l| *l != a)
+            }
+            Event::ScaleUp(a) => live.push(a),
+            _ => {}
+        }
+    }
+    let at = at.or((live.len() < MAX_AGENTS).then_some(s.events.len()));
+    let timed = |delay_ms, event| Timed { delay_ms, event };
+    let added = match at {
+        Some(at) => {
+            let fresh = s.slots();
+            let added = [
+                timed(rng.range(300, 1000), Event::ScaleUp(fresh)),
+                timed(0, Event::WaitSealed),
+                timed(rng.range(0, 300), Event::KillPersisting(fresh)),
+            ];
+            s.events.splice(at..at, added);
+            return s;
+        }
+        None => [
+            timed(rng.range(0, 300), Event::KillPersisting(rng.pick(&live))),
+            timed(0, Event::WaitSealed),
+        ],
+    };
+    s.events.extend(added);
     s
 }
 
@@ -366,6 +419,14 @@ pub fn with_etcd_members(mut s: Schedule) -> Schedule {
 }
 
 impl Schedule {
+    /// Whether the agents stage checkpoints in memory (`--ckpt-memory`, a slowed persister):
+    /// the schedule kills an agent mid-persist.
+    pub fn ckpt_memory(&self) -> bool {
+        self.events
+            .iter()
+            .any(|t| matches!(t.event, Event::KillPersisting(_)))
+    }
+
     /// etcd members the schedule needs: 3 when it takes one down, else 1.
     pub fn etcd_members(&self) -> usize {
         if self
@@ -419,6 +480,8 @@ impl Schedule {
                     | Event::SlowLink { ms, .. } => ms + recover,
                     // The coordinated checkpoint, the exits, and a start from scratch.
                     Event::Preempt(_) => 2 * recover,
+                    // The wait for the persister, then a lost agent.
+                    Event::KillPersisting(_) => 30_000 + recover,
                     _ => recover,
                 }
         })
@@ -429,6 +492,10 @@ impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Event::KillAgent(s) => write!(f, "SIGKILL agent {s}"),
+            Event::KillPersisting(s) => write!(
+                f,
+                "SIGKILL agent {s} while it persists a staged checkpoint (--ckpt-memory)"
+            ),
             Event::StopAgent { slot, ms } => write!(
                 f,
                 "SIGSTOP agent {slot} for {ms} ms ({} the {TTL_S} s lease TTL)",
@@ -536,13 +603,32 @@ mod tests {
     fn chaos_schedule_events_are_always_applicable() {
         for seed in 0..500 {
             for store in [StoreKind::Memory, StoreKind::Etcd] {
-                let s = with_preemption(generate(seed, store, 2, 10));
-                assert!((2..=11).contains(&s.faults()), "{s}");
+                let plain = with_preemption(generate(seed, store, 2, 10));
+                let s = with_persist_kill(plain.clone());
+                // Without the kill and what was added for it, the schedule is the plain one.
+                let k = s
+                    .events
+                    .iter()
+                    .position(|t| matches!(t.event, Event::KillPersisting(_)))
+                    .expect("a kill mid-persist");
+                let fresh =
+                    matches!(s.events[k].event, Event::KillPersisting(a) if a == plain.slots());
+                let mut rest = s.events.clone();
+                if fresh {
+                    assert_eq!(rest[k - 2].event, Event::ScaleUp(plain.slots()), "{s}");
+                    rest.drain(k - 2..=k);
+                } else {
+                    assert_eq!(k, s.events.len() - 2, "at the end: {s}");
+                    rest.drain(k..);
+                }
+                assert_eq!(rest, plain.events, "{s}");
+                assert!(s.ckpt_memory() && !plain.ckpt_memory());
+                assert!((3..=13).contains(&s.faults()), "{s}");
                 assert!((1..=MAX_AGENTS).contains(&s.agents) && (1..=2).contains(&s.nproc));
                 let mut live: Vec<usize> = (0..s.agents).collect();
                 for t in &s.events {
                     match t.event {
-                        Event::KillAgent(a) | Event::Leave(a) => {
+                        Event::KillAgent(a) | Event::Leave(a) | Event::KillPersisting(a) => {
                             assert!(live.contains(&a), "{s}");
                             live.retain(|l| *l != a);
                             assert!(!live.is_empty(), "one agent always survives: {s}");
@@ -609,7 +695,8 @@ mod tests {
                     Event::StopAgent { .. }
                     | Event::RestartServer { .. }
                     | Event::CorruptShard { .. }
-                    | Event::EtcdMember { .. } => panic!("not drawn on the bed: {s}"),
+                    | Event::EtcdMember { .. }
+                    | Event::KillPersisting(_) => panic!("not drawn on the bed: {s}"),
                 }
             }
         }

@@ -369,8 +369,9 @@ fn sigterm_waits_at_most_the_shutdown_timeout_and_names_what_is_not_persisted() 
 }
 
 /// The agent SIGKILLed while it is writing a staged step to --ckpt-dir: no half step becomes a
-/// resume point. The run (etcd) re-forms with a new agent on the node, which resumes the last
-/// step sealed before the kill, and trains to the end.
+/// resume point. The run (etcd) re-forms with a new agent on the node, which removes the killed
+/// agent's temporary files at its start (one line), resumes the last step sealed before the
+/// kill, and trains to the end.
 #[test]
 fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
     let d = dirs();
@@ -432,9 +433,28 @@ fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
         manifest_files(&d)
     );
 
+    assert!(half.exists(), "the killed agent left {}", half.display());
     let b = start("1G", false);
     let (code, _, err) = b.wait(Duration::from_secs(120));
     assert_eq!(code, 0, "{err}");
+    // The new agent removed the killed one's temporary files at its start, in one line.
+    let removed: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("temporary file") && l.contains("left in"))
+        .collect();
+    assert_eq!(removed.len(), 1, "{err}");
+    assert!(
+        removed[0].starts_with("drun: removed ")
+            && removed[0].contains(&half.display().to_string()),
+        "{}",
+        removed[0]
+    );
+    assert!(!half.exists(), "{} was removed", half.display());
+    let temps: Vec<PathBuf> = files_under(&d.ckpt)
+        .into_iter()
+        .filter(|f| f.to_string_lossy().contains(".drun-persist-"))
+        .collect();
+    assert!(temps.is_empty(), "no temporary file is left: {temps:?}");
     let evs = events(&d);
     let resumed: Vec<&Value> = evs
         .iter()

@@ -115,6 +115,7 @@ impl Agent {
             ..World::default()
         };
         if let (Some(budget), Some(dir)) = (self.cfg.ckpt.memory, self.cfg.ckpt.dir.as_deref()) {
+            stage::sweep_leftovers(dir);
             if let Some((s, done)) = stage::Stage::open(budget, dir) {
                 w.stage = Some(s);
                 w.stage_done = Some(done);

@@ -41,7 +41,10 @@
 //! * A persisted step becomes a resume point only after every file is written, fsynced and
 //!   digest-verified in `DIR`: the node's commit, without which the step cannot seal, is sent
 //!   after that, never before. An agent killed in the middle of persisting leaves at most
-//!   `.drun-persist-*` temporary files in `DIR`, which no manifest names.
+//!   `.drun-persist-*` temporary files in `DIR`, which no manifest names. Each names its
+//!   owner (boot, pid namespace, pid, start time: [`leftover`]); the next agent with
+//!   `--ckpt-memory` and this `--ckpt-dir` removes at its start those whose owner it sees gone, in one line, and leaves
+//!   a live persister's and those of owners it cannot see (another machine or container).
 //! * A staged copy is used for a resume only by the agent that holds it, within its life (the
 //!   directory is private to the agent and removed with it), and only for a step the ledger
 //!   chose for every rank: the staged copy never decides *which* step; the ledger does.
@@ -57,7 +60,9 @@
 //! peers). The first slice keeps the ledger's meaning unchanged: sealed means on disk.
 
 pub mod decide;
+pub mod leftover;
 pub mod persist;
+pub mod replica;
 
 use std::path::{Path, PathBuf};
 

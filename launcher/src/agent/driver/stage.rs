@@ -25,6 +25,19 @@ use crate::rdzv::Link;
 /// training's own I/O (data loading, logs) keeps the rest.
 pub(super) const PERSIST_RATE: u64 = 1 << 30;
 
+/// Removes from `ckpt_dir` the persister's temporary files an agent killed mid-persist left
+/// (their owner gone, [`crate::ckpt::memory::leftover`]), saying so in one line; called at the
+/// start of an agent with `--ckpt-memory` (only a persister writes them: an agent without one
+/// does not walk a shared `--ckpt-dir` for nothing), before its own persister writes any.
+pub(super) fn sweep_leftovers(ckpt_dir: &Path) {
+    if let Some(me) = crate::ckpt::memory::leftover::Owner::me() {
+        let swept = crate::ckpt::memory::leftover::sweep(ckpt_dir, me);
+        if let Some(line) = swept.line(ckpt_dir) {
+            crate::say!("{line}");
+        }
+    }
+}
+
 /// A step waiting to be persisted: the node's commit to send once it is on disk.
 struct Pending {
     batch: NodeCommit,

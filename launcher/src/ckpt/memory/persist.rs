@@ -17,8 +17,28 @@ use super::decide::{pause, Key};
 const CHUNK: usize = 8 << 20;
 
 /// Prefix of the temporary files the persister writes next to a file's place: a persister
-/// killed mid-copy leaves only such files, which no manifest ever names.
+/// killed mid-copy leaves only such files, which no manifest ever names. The owner's token
+/// follows it ([`super::leftover::Owner`]), so the next agent can tell a dead owner's files
+/// from a live one's and remove them.
 pub const TEMP_PREFIX: &str = ".drun-persist-";
+
+/// Longest part of the file's own name a temporary file's name repeats (file names end at 255
+/// bytes; the owner's token and the random tail take about 70).
+const NAME_IN_TEMP: usize = 120;
+
+/// The prefix of a temporary file for `name`: [`TEMP_PREFIX`], the owner's token when `/proc`
+/// says who this is, and the name (cut to [`NAME_IN_TEMP`] bytes).
+fn temp_prefix(name: &str) -> String {
+    let mut cut = name.len().min(NAME_IN_TEMP);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let name = &name[..cut];
+    match super::leftover::Owner::me() {
+        Some(o) => format!("{TEMP_PREFIX}{}-{name}-", o.token()),
+        None => format!("{TEMP_PREFIX}{name}-"),
+    }
+}
 
 /// One staged file and where it belongs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,7 +142,7 @@ pub fn persist_file(f: &StagedFile, rate: u64) -> Result<String, String> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let mut tmp = tempfile::Builder::new()
-        .prefix(&format!("{TEMP_PREFIX}{name}-"))
+        .prefix(&temp_prefix(&name))
         .tempfile_in(dir)
         .map_err(|e| fail("cannot create a temporary file", &e))?;
     let began = Instant::now();
@@ -273,6 +293,21 @@ mod tests {
             t.elapsed() >= Duration::from_millis(240),
             "{:?}",
             t.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_temporary_file_names_its_owner_and_a_cut_name() {
+        let me = super::super::leftover::Owner::me().expect("/proc says who this is");
+        let p = temp_prefix("rank0.pt");
+        assert_eq!(p, format!("{TEMP_PREFIX}{}-rank0.pt-", me.token()));
+        assert_eq!(
+            super::super::leftover::Owner::of_file(&format!("{p}Ab12Cd")).as_ref(),
+            Some(me)
+        );
+        let long = "é".repeat(200);
+        assert!(
+            temp_prefix(&long).len() <= TEMP_PREFIX.len() + me.token().len() + 2 + NAME_IN_TEMP
         );
     }
 
