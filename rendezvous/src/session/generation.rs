@@ -206,6 +206,20 @@ pub(crate) enum Input {
     },
     /// This node's agent sent something (it answers the ping of [`silence`]).
     AgentHeard,
+    /// Node rank 0's checkpoint interval was decided (what [`Effect::EvaluateInterval`] read).
+    IntervalDecided(Duration),
+    /// The scale-up save for `node` was written while `ckpt/latest` was `latest_before` (what
+    /// [`Effect::RequestScaleUpSave`] did): hold the newcomer up to `limit`.
+    ScaleUpSaveWritten {
+        /// The newcomer(s), listed.
+        node: String,
+        /// `ckpt/latest` when the save was requested.
+        latest_before: String,
+        /// How long to wait for the seal.
+        limit: Duration,
+    },
+    /// No newcomer waits any more (what [`Effect::CallOffIfNobodyWaits`] read).
+    NobodyWaits,
     /// A watched key this core has no use for.
     Other,
     /// Time passed: deadlines at or before `now` are due.
@@ -407,6 +421,31 @@ pub(crate) fn step(run: &mut Running, input: Input, now: Instant, rules: &Rules)
             silent(run.silence.accused(&by, still, now))
         }
         Input::AgentHeard => silent(run.silence.heard(now)),
+        Input::IntervalDecided(interval) => {
+            if let Some(c) = run.save_clock.as_mut() {
+                c.set(interval);
+            }
+            Step::nothing("")
+        }
+        Input::ScaleUpSaveWritten {
+            node,
+            latest_before,
+            limit,
+        } => {
+            run.scale_up_requested(&node, latest_before, now, limit);
+            Step::nothing(format!(
+                "{} waiting to join: asking every rank for a checkpoint first (--on-scale-up checkpoint, up to {})",
+                are(&node),
+                human(limit)
+            ))
+        }
+        Input::NobodyWaits => match run.call_off_scale_up() {
+            Some(node) => Step::nothing(format!(
+                "{} no longer waiting to join: the scale-up is called off, no re-form",
+                are(&node)
+            )),
+            None => Step::nothing(""),
+        },
         Input::Tick => tick(run, now, rules),
         Input::Accused { .. }
         | Input::WaitingGone

@@ -6,7 +6,7 @@
 use super::actor::Actor;
 use super::protocol::{Event, Request};
 use super::standby;
-use super::state::Phase;
+use super::state::{LeaseChange, Phase};
 use crate::decisions::loss;
 use crate::ledger::{LedgerError, NodeCommit, Retention};
 use crate::{Plan, RendezvousError};
@@ -173,12 +173,12 @@ impl Actor {
 
     /// Leaves the run: records why, revokes the lease (survivors re-form).
     async fn leave(&mut self) -> Result<(), RendezvousError> {
-        if let Some(l) = self.state.lease {
+        if let Some(l) = self.lease() {
             self.stop_keeper();
             let state = self.round.state();
             state.record_lost(&self.cfg.node_id, loss::LEFT).await?;
             state.revoke_lease(l).await?;
-            self.state.lease = None;
+            self.lease_changed(LeaseChange::Released);
         }
         Ok(())
     }

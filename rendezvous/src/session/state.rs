@@ -237,6 +237,46 @@ pub(crate) struct Failure {
     pub message: String,
 }
 
+/// What store work did to the session's lease, reported back for the step to apply: the
+/// driver grants, revokes and renews, the state says which lease the session holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseChange {
+    /// A lease was granted (or a reconnecting agent's taken over) and its keeper started.
+    Granted(LeaseId),
+    /// The lease was revoked, or found gone, and its keeper stopped: the session holds none.
+    Released,
+}
+
+impl LeaseChange {
+    /// The lease held after this change.
+    pub fn held(self) -> Option<LeaseId> {
+        match self {
+            LeaseChange::Granted(l) => Some(l),
+            LeaseChange::Released => None,
+        }
+    }
+}
+
+/// How opening the session went: the first phase (`None`: the run had ended, the agent was
+/// told) and the last generation the agent reconnected from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Opened {
+    /// The first phase.
+    pub phase: Option<Phase>,
+    /// The last generation this node ran or was fenced from.
+    pub last_gen: u64,
+}
+
+/// What one of the generation core's effects read (or wrote) that the core judges next:
+/// its input, and the effects of the same step still to carry out after what it decides.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Read {
+    /// The generation core's next input.
+    pub input: generation::Input,
+    /// The effects after the one that read, in order.
+    pub rest: Vec<generation::Effect>,
+}
+
 /// What the round this node waited in decided.
 // One per round: its size does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -298,6 +338,11 @@ impl Session {
 pub(crate) enum Input {
     /// The agent asks.
     Request(Request),
+    /// The session opened (a reconnecting agent's state taken over, or a fresh start).
+    Opened(Opened),
+    /// Store work changed the lease (granted, revoked, found gone); comes before the outcome
+    /// of the work that changed it.
+    Leased(LeaseChange),
     /// The agent's stream ended without a Leave.
     RequestsClosed,
     /// The round this node waited in decided.
@@ -328,6 +373,8 @@ pub(crate) enum Input {
         ends: bool,
         /// How it went.
         result: Result<Option<Phase>, Failure>,
+        /// A read for the generation core to judge before the rest of the effects go on.
+        read: Option<Read>,
     },
     /// What a standing-by node's session read of the run (an error: the store did not answer).
     Seen(Result<Seen, String>),
@@ -394,4 +441,12 @@ pub(crate) enum Effect {
     },
     /// A line for the operator.
     Warn(String),
+    /// A line for the operator about generation `generation` (what the generation core
+    /// judged of a read).
+    Note {
+        /// The generation.
+        generation: u64,
+        /// The line.
+        line: String,
+    },
 }

@@ -16,8 +16,8 @@ use super::liveness::Knock;
 use super::protocol::{Event, Request};
 use super::standby::{self, Look, Seen};
 use super::state::{
-    Abandoned, Attempt, Attribution, Decided, Effect, Failure, Input, LossLook, Params, Phase,
-    Retry, Session, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
+    Abandoned, Attempt, Attribution, Decided, Effect, Failure, Input, LeaseChange, LossLook,
+    Opened, Params, Phase, Read, Retry, Session, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
 };
 use crate::human::duration as human;
 
@@ -31,6 +31,8 @@ pub(crate) fn step(
 ) -> (Session, Vec<Effect>, String) {
     let mut fx = Vec::new();
     let reason = match input {
+        Input::Opened(o) => on_opened(&mut s, o),
+        Input::Leased(change) => on_leased(&mut s, change),
         Input::Request(req) => on_request(&mut s, req, now, p, &mut fx),
         Input::RequestsClosed => on_closed(&mut s, now, p, &mut fx),
         Input::Knocked(k) => on_knocked(&mut s, k, &mut fx),
@@ -55,7 +57,12 @@ pub(crate) fn step(
             tries,
             result,
         } => on_tried(&mut s, what, tries, result, now, &mut fx),
-        Input::Executed { run, ends, result } => on_executed(&mut s, *run, ends, result, &mut fx),
+        Input::Executed {
+            run,
+            ends,
+            result,
+            read,
+        } => on_executed(&mut s, *run, ends, result, read, now, p, &mut fx),
         Input::Seen(seen) => on_seen(&mut s, seen, now, p, &mut fx),
         Input::Looked {
             attribution,
@@ -64,6 +71,58 @@ pub(crate) fn step(
         } => on_looked(&mut s, attribution, tries, result, now, &mut fx),
     };
     (s, fx, reason)
+}
+
+/// The session opened: its first phase (none: the run had ended, the session ends) and the
+/// last generation the agent came from.
+fn on_opened(s: &mut Session, o: Opened) -> String {
+    s.last_gen = s.last_gen.max(o.last_gen);
+    match o.phase {
+        Some(phase) => {
+            let why = match &phase {
+                Phase::Fenced { reason } => format!("the session opens fenced: {reason}"),
+                Phase::Running(run) => format!(
+                    "the session opens in generation {}, taken over from the reconnecting agent",
+                    run.generation()
+                ),
+                Phase::Waiting { .. } => {
+                    "the session opens waiting in the round, taken over from the reconnecting agent"
+                        .into()
+                }
+                _ => String::new(),
+            };
+            s.phase = phase;
+            why
+        }
+        None => {
+            s.phase = Phase::Left;
+            "the run had ended before the session opened".into()
+        }
+    }
+}
+
+/// Store work changed the lease: the session holds what it left (a grant, or none).
+fn on_leased(s: &mut Session, change: LeaseChange) -> String {
+    s.lease = change.held();
+    match change {
+        LeaseChange::Granted(l) => format!("holding lease {l:#x}"),
+        LeaseChange::Released => "the lease is given up".into(),
+    }
+}
+
+/// Store work left the session in `next`: fenced from inside the work (the lease was found
+/// gone, or the node was given up or sent away) goes through [`fence`], which tells the agent.
+fn go_to(s: &mut Session, next: Phase, fx: &mut Vec<Effect>) -> String {
+    match next {
+        Phase::Fenced { reason } => {
+            fence(s, reason.clone(), fx);
+            format!("fenced: {reason}")
+        }
+        next => {
+            s.phase = next;
+            String::new()
+        }
+    }
 }
 
 /// An agent's request. Keep-alives, stand-bys and duplicate joins are decided here; the rest
@@ -398,12 +457,7 @@ fn on_tried(
     fx: &mut Vec<Effect>,
 ) -> String {
     let failure = match result {
-        Ok(next) => {
-            if let Some(next) = next {
-                s.phase = next;
-            }
-            return String::new();
-        }
+        Ok(next) => return next.map(|n| go_to(s, n, fx)).unwrap_or_default(),
         Err(f) => f,
     };
     let again = |s: &mut Session, what: Attempt| {
@@ -553,13 +607,19 @@ fn end(s: &mut Session, message: String, fx: &mut Vec<Effect>) -> String {
 }
 
 /// The driver carried out the generation core's effects on `run`. A store that did not
-/// answer re-watches the generation; a node given up meanwhile is fenced; a generation that
+/// answer re-watches the generation; a node given up meanwhile is fenced; a read the core
+/// judges goes to it, and what it decides is carried out before the rest; a generation that
 /// ended leaves the session idle.
+// The step's own arguments and the input's fields: one call site.
+#[allow(clippy::too_many_arguments)]
 fn on_executed(
     s: &mut Session,
     run: Running,
     ends: bool,
     result: Result<Option<Phase>, Failure>,
+    read: Option<Read>,
+    now: Instant,
+    p: &Params,
     fx: &mut Vec<Effect>,
 ) -> String {
     match result {
@@ -573,19 +633,49 @@ fn on_executed(
             )
         }
         Err(f) => end(s, f.message, fx),
-        Ok(Some(next)) => {
-            s.phase = next;
-            String::new()
-        }
-        Ok(None) if ends || s.lease.is_none() => {
-            s.phase = Phase::Idle;
-            String::new()
-        }
-        Ok(None) => {
-            s.phase = Phase::Running(run);
-            String::new()
-        }
+        Ok(Some(next)) => go_to(s, next, fx),
+        Ok(None) => match read {
+            Some(read) => judge(s, run, ends, read, now, p, fx),
+            None if ends || s.lease.is_none() => {
+                s.phase = Phase::Idle;
+                String::new()
+            }
+            None => {
+                s.phase = Phase::Running(run);
+                String::new()
+            }
+        },
     }
+}
+
+/// The generation core judges what one of its effects read; its decision, then the rest of
+/// the effects, are carried out next. What it says goes to the operator
+/// ([`Effect::Note`]).
+fn judge(
+    s: &mut Session,
+    mut run: Running,
+    ends: bool,
+    read: Read,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let g = run.generation();
+    let step = generation::step(&mut run, read.input, now, &p.rules);
+    s.phase = Phase::Running(run);
+    if !step.reason.is_empty() {
+        fx.push(Effect::Note {
+            generation: g,
+            line: step.reason,
+        });
+    }
+    let mut effects = step.effects;
+    effects.extend(read.rest);
+    let ends = ends || step.ends;
+    if !effects.is_empty() || ends {
+        fx.push(Effect::Generation { effects, ends });
+    }
+    String::new()
 }
 
 /// What a standing-by node's session read of the run: tell the agent what changed, look again

@@ -20,11 +20,7 @@ impl Actor {
             tracing::warn!(node = %self.cfg.node_id, "{why}; dropped");
             return Ok(());
         }
-        let lease = if kind.leased() {
-            self.state.lease
-        } else {
-            None
-        };
+        let lease = if kind.leased() { self.lease() } else { None };
         if kind.leased() && lease.is_none() {
             return Ok(());
         }

@@ -10,8 +10,8 @@ use crate::session::liveness::Knock;
 use crate::session::protocol::{Event, Request, RunEnd};
 use crate::session::standby::{Look, Reach, Seen};
 use crate::session::state::{
-    Abandoned, Attempt, Attribution, Decided, Effect, Failure, Input, LossLook, Params, Phase,
-    Retry, Session, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
+    Abandoned, Attempt, Attribution, Decided, Effect, Failure, Input, LeaseChange, LossLook,
+    Opened, Params, Phase, Read, Retry, Session, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
 };
 use crate::store::reports::ReportKind;
 use crate::{assign, Candidate, Join, Plan};
@@ -794,6 +794,7 @@ fn executed(run: Running, ends: bool, result: Result<Option<Phase>, Failure>) ->
         run: Box::new(run),
         ends,
         result,
+        read: None,
     }
 }
 
@@ -1411,4 +1412,321 @@ fn the_transitions_need_no_runtime() {
         s = s2;
     }
     assert!(s.phase.is_running());
+}
+
+// ---- opening, and the lease as store work left it ----
+
+fn opened(phase: Option<Phase>, last_gen: u64) -> Input {
+    Input::Opened(Opened { phase, last_gen })
+}
+
+#[test]
+fn a_session_opens_in_the_phase_its_opening_found() {
+    let t0 = Instant::now();
+    let view = running_view(t0, true);
+    let (s, fx, why) = run(
+        Session::default(),
+        opened(Some(Phase::Running(view.clone())), 3),
+        t0,
+    );
+    assert_eq!((s.phase, s.last_gen, fx), (Phase::Running(view), 3, vec![]));
+    assert!(why.contains("opens in generation 3"), "{why}");
+}
+
+#[test]
+fn a_session_opened_after_the_run_ended_is_over() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(Session::default(), opened(None, 0), t0);
+    assert_eq!((s.phase, fx), (Phase::Left, vec![]));
+}
+
+#[test]
+fn a_session_that_opens_fenced_keeps_the_newer_last_generation_and_says_nothing_twice() {
+    let t0 = Instant::now();
+    let fenced = Phase::Fenced {
+        reason: "lease 0x51 expired while reconnecting".into(),
+    };
+    let s = Session {
+        lease: None,
+        ..session(Phase::Idle)
+    };
+    // Opening told the agent already: no second Fenced event.
+    let (s, fx, why) = run(s, opened(Some(fenced.clone()), 7), t0);
+    assert_eq!((s.phase, s.last_gen, fx), (fenced, 7, vec![]));
+    assert!(why.contains("opens fenced"), "{why}");
+}
+
+#[test]
+fn an_opening_never_lowers_the_last_generation() {
+    let t0 = Instant::now();
+    let s = Session {
+        last_gen: 5,
+        ..Session::default()
+    };
+    let (s, _, _) = run(s, opened(Some(Phase::Idle), 2), t0);
+    assert_eq!((s.phase, s.last_gen), (Phase::Idle, 5));
+}
+
+#[test]
+fn a_lease_granted_by_store_work_is_held_and_the_phase_waits_for_the_outcome() {
+    let t0 = Instant::now();
+    let s = Session {
+        lease: None,
+        ..session(Phase::Fenced {
+            reason: "gone".into(),
+        })
+    };
+    let (s, fx, why) = run(s, Input::Leased(LeaseChange::Granted(0x77)), t0);
+    assert_eq!(s.lease, Some(0x77));
+    assert!(matches!(s.phase, Phase::Fenced { .. }), "{:?}", s.phase);
+    assert!(fx.is_empty());
+    assert!(why.contains("0x77"), "{why}");
+}
+
+#[test]
+fn a_lease_released_by_store_work_is_held_no_more() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(waiting(t0), Input::Leased(LeaseChange::Released), t0);
+    assert_eq!((s.lease, fx), (None, vec![]));
+    assert!(s.phase.is_waiting());
+}
+
+#[test]
+fn a_lease_regranted_mid_join_replaces_the_old_one() {
+    let t0 = Instant::now();
+    let (s, _, _) = run(idle(), Input::Leased(LeaseChange::Granted(0x99)), t0);
+    assert_eq!(s.lease, Some(0x99));
+}
+
+#[test]
+fn a_lease_lost_right_after_its_grant_fences_with_the_new_lease() {
+    let t0 = Instant::now();
+    let s = Session {
+        lease: None,
+        ..idle()
+    };
+    let (s, _, _) = run(s, Input::Leased(LeaseChange::Granted(0x99)), t0);
+    let (s, fx, _) = run(s, Input::LeaseLost((0x99, "lease expired".into())), t0);
+    assert_eq!(s.lease, None);
+    assert!(matches!(s.phase, Phase::Fenced { .. }), "{:?}", s.phase);
+    assert!(fx.contains(&Effect::StopKeeper), "{fx:?}");
+}
+
+#[test]
+fn a_fence_found_by_a_request_tells_the_agent_and_drops_the_lease() {
+    let t0 = Instant::now();
+    let reason = "partitioned from its peers: node 1 hears nobody".to_string();
+    let fenced = Phase::Fenced {
+        reason: reason.clone(),
+    };
+    let what = Attempt::Request(Request::Report {
+        kind: ReportKind::Peers,
+        json: "{}".into(),
+    });
+    let (s, fx, why) = run(running(t0), tried(what, 0, Ok(Some(fenced.clone()))), t0);
+    assert_eq!((s.phase, s.lease), (fenced, None));
+    assert_eq!(
+        fx,
+        vec![Effect::StopKeeper, Effect::Emit(Event::Fenced(reason))]
+    );
+    assert!(why.starts_with("fenced: partitioned"), "{why}");
+}
+
+#[test]
+fn a_fence_found_entering_a_generation_tells_the_agent() {
+    let t0 = Instant::now();
+    let reason = "lease lost before joining generation 3".to_string();
+    let what = Attempt::Enter {
+        plan: plan(3, &["a", "b"]),
+        before: None,
+        announce: true,
+    };
+    let (s, fx, _) = run(
+        idle(),
+        tried(
+            what,
+            0,
+            Ok(Some(Phase::Fenced {
+                reason: reason.clone(),
+            })),
+        ),
+        t0,
+    );
+    assert!(matches!(s.phase, Phase::Fenced { .. }));
+    assert!(fx.contains(&Effect::Emit(Event::Fenced(reason))), "{fx:?}");
+}
+
+#[test]
+fn a_node_given_up_while_the_effects_ran_hears_it_once() {
+    let t0 = Instant::now();
+    let reason = "given up: its agent did not answer".to_string();
+    let fenced = Phase::Fenced {
+        reason: reason.clone(),
+    };
+    let (s, fx, _) = run(
+        idle(),
+        executed(running_view(t0, true), false, Ok(Some(fenced.clone()))),
+        t0,
+    );
+    assert_eq!((s.phase, s.lease), (fenced, None));
+    let told = fx
+        .iter()
+        .filter(|e| matches!(e, Effect::Emit(Event::Fenced(_))))
+        .count();
+    assert_eq!(told, 1, "{fx:?}");
+}
+
+// ---- what the generation core's effects read, judged by it ----
+
+fn read_back(
+    run: Running,
+    ends: bool,
+    input: generation::Input,
+    rest: Vec<generation::Effect>,
+) -> Input {
+    Input::Executed {
+        run: Box::new(run),
+        ends,
+        result: Ok(None),
+        read: Some(Read { input, rest }),
+    }
+}
+
+fn pending_scale_up(t0: Instant) -> Running {
+    let mut view = running_view(t0, true);
+    view.scale_up_requested("d", "ckpt-1".into(), t0, Duration::from_secs(30));
+    view
+}
+
+#[test]
+fn nobody_waiting_any_more_calls_the_scale_up_off_before_the_rest_goes_on() {
+    let t0 = Instant::now();
+    let read = read_back(
+        pending_scale_up(t0),
+        false,
+        generation::Input::NobodyWaits,
+        vec![generation::Effect::Ping],
+    );
+    let (s, fx, _) = run(idle(), read, ms(t0, 10));
+    let Phase::Running(view) = &s.phase else {
+        panic!("{:?}", s.phase)
+    };
+    assert_eq!(view.scale_up, None);
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Note {
+                generation: 3,
+                line: "node d is no longer waiting to join: the scale-up is called off, no re-form"
+                    .into()
+            },
+            Effect::Generation {
+                effects: vec![generation::Effect::Ping],
+                ends: false
+            }
+        ]
+    );
+}
+
+#[test]
+fn nobody_waiting_without_a_scale_up_pending_says_nothing() {
+    let t0 = Instant::now();
+    let view = running_view(t0, true);
+    let read = read_back(view.clone(), false, generation::Input::NobodyWaits, vec![]);
+    let (s, fx, _) = run(idle(), read, t0);
+    assert_eq!((s.phase, fx), (Phase::Running(view), vec![]));
+}
+
+#[test]
+fn a_scale_up_save_written_holds_the_newcomer_until_its_deadline() {
+    let t0 = Instant::now();
+    let read = read_back(
+        running_view(t0, true),
+        false,
+        generation::Input::ScaleUpSaveWritten {
+            node: "d".into(),
+            latest_before: "ckpt-1".into(),
+            limit: Duration::from_secs(30),
+        },
+        vec![],
+    );
+    let (s, fx, _) = run(idle(), read, ms(t0, 500));
+    let Phase::Running(view) = &s.phase else {
+        panic!("{:?}", s.phase)
+    };
+    let pending = view.scale_up.as_ref().expect("pending");
+    assert_eq!(
+        (pending.node.as_str(), pending.latest_before.as_str()),
+        ("d", "ckpt-1")
+    );
+    assert_eq!(pending.deadline, ms(t0, 30_500));
+    assert!(
+        matches!(&fx[..], [Effect::Note { generation: 3, line }] if line.contains("asking every rank for a checkpoint first")),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn an_agent_heard_since_the_ping_keeps_the_node_and_the_rest_goes_on() {
+    let t0 = Instant::now();
+    let read = read_back(
+        running_view(t0, true),
+        false,
+        generation::Input::AgentHeard,
+        vec![generation::Effect::Close("newcomer".into())],
+    );
+    let (s, fx, _) = run(idle(), read, t0);
+    assert!(s.phase.is_running());
+    assert_eq!(
+        fx.last(),
+        Some(&Effect::Generation {
+            effects: vec![generation::Effect::Close("newcomer".into())],
+            ends: false
+        })
+    );
+}
+
+#[test]
+fn a_decided_interval_sets_the_save_clock() {
+    let t0 = Instant::now();
+    let mut view = running_view(t0, true);
+    view.save_clock = Some(crate::session::save_clock::SaveClock::start(t0));
+    let read = read_back(
+        view.clone(),
+        false,
+        generation::Input::IntervalDecided(Duration::from_secs(60)),
+        vec![],
+    );
+    let (s, fx, _) = run(idle(), read, ms(t0, 5));
+    let mut want = view;
+    want.save_clock
+        .as_mut()
+        .expect("clock")
+        .set(Duration::from_secs(60));
+    // The clock counts now: without the read it would still be evaluating.
+    assert_ne!(
+        want.save_clock,
+        Some(crate::session::save_clock::SaveClock::start(t0))
+    );
+    assert_eq!((s.phase, fx), (Phase::Running(want), vec![]));
+}
+
+#[test]
+fn a_read_of_a_generation_that_ends_still_ends_it_after_the_rest() {
+    let t0 = Instant::now();
+    let read = read_back(
+        running_view(t0, true),
+        true,
+        generation::Input::NobodyWaits,
+        vec![],
+    );
+    let (s, fx, _) = run(idle(), read, t0);
+    assert!(s.phase.is_running());
+    assert_eq!(
+        fx,
+        vec![Effect::Generation {
+            effects: vec![],
+            ends: true
+        }]
+    );
 }
