@@ -13,7 +13,8 @@ use super::generation::{self, Rules};
 use super::keeper::{self, KeeperConfig, Lost};
 use super::protocol::{Event, Request, Resume, RunEnd, SessionConfig};
 use super::state::{
-    Attempt, Decided, Effect, Failure, Input, LeaseChange, LossLook, Opened, Params, Phase, Session,
+    Attempt, BudgetSeen, Decided, Effect, Failure, Input, LeaseChange, LossLook, Opened, Params,
+    Phase, Session,
 };
 use super::step;
 use crate::clock::now_ms;
@@ -97,6 +98,8 @@ enum Outcome {
     Phase(Option<Phase>),
     /// One look for a member's loss.
     Loss(LossLook),
+    /// One stage of the budget.
+    Budget(BudgetSeen),
 }
 
 /// The step's input for a try of `what` that came back with `result`.
@@ -107,7 +110,15 @@ fn tried(what: Attempt, tries: u32, result: Result<Outcome, RendezvousError>) ->
             tries,
             result: result.map(|o| match o {
                 Outcome::Loss(l) => l,
-                Outcome::Phase(_) => unreachable!("a look for a loss sees a loss or none"),
+                _ => unreachable!("a look for a loss sees a loss or none"),
+            }),
+        },
+        (Attempt::Budget { spending, .. }, result) => Input::Budgeted {
+            spending,
+            tries,
+            result: result.map(|o| match o {
+                Outcome::Budget(b) => b,
+                _ => unreachable!("the budget's store work sees the budget"),
             }),
         },
         (what, result) => Input::Tried {
@@ -115,7 +126,7 @@ fn tried(what: Attempt, tries: u32, result: Result<Outcome, RendezvousError>) ->
             tries,
             result: result.map(|o| match o {
                 Outcome::Phase(p) => p,
-                Outcome::Loss(_) => unreachable!("only a look for a loss sees one"),
+                _ => unreachable!("only a look for a loss or the budget's work sees more"),
             }),
         },
     }
@@ -455,6 +466,11 @@ impl Actor {
                 self.revoke_abandoned(lease).await?;
                 None
             }
+            Effect::Reformed { generation, reason } => {
+                tracing::debug!(run = %self.cfg.run_id, gen = generation, "re-form counted: {reason}");
+                crate::server::metrics::global().reformed(&self.cfg.run_id, &reason);
+                None
+            }
             Effect::Note { generation, line } => {
                 tracing::info!(run = %self.cfg.run_id, gen = generation, "{line}");
                 None
@@ -522,6 +538,9 @@ impl Actor {
                 .await
                 .map(|p| Outcome::Phase(Some(p))),
             Attempt::Attribute(a) => self.look_for_loss(a).await.map(Outcome::Loss),
+            Attempt::Budget { spending, stage } => {
+                self.budget(spending, stage).await.map(Outcome::Budget)
+            }
         }
     }
 

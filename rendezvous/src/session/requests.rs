@@ -36,20 +36,8 @@ impl Actor {
                 }
                 Ok(None)
             }
-            Request::Failed {
-                generation,
-                description,
-                cause,
-            } => {
-                let (restart, restarts, cause) = self
-                    .decide_failure(generation, &description, cause.as_ref())
-                    .await?;
-                self.emit(Event::FailureDecision {
-                    restart,
-                    restarts,
-                    cause,
-                });
-                Ok(None)
+            Request::Failed { .. } => {
+                unreachable!("a worker failure is decided by the step: a look for a loss, then the budget's stages")
             }
             Request::Commit { commit, retention } => {
                 let running = match &*phase {

@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use super::generation::{self, Rules, Running};
 use super::keeper::Lost;
 use super::liveness::Knock;
-use super::protocol::{Event, Request};
+use super::protocol::{Event, Request, RunEnd};
 use super::standby::{Look, Seen};
 use crate::decisions::root_cause::RootCause;
 use crate::round::Restarts;
@@ -173,6 +173,85 @@ pub(crate) enum Attempt {
     Join(Join),
     /// Look once whether a worker failure coincides with a member's loss ([`crate::decisions::loss`]).
     Attribute(Attribution),
+    /// One stage of deciding a worker failure against the job-wide restart budget.
+    Budget {
+        /// The failure.
+        spending: Spending,
+        /// Which stage.
+        stage: BudgetStage,
+    },
+}
+
+/// A worker failure decided against the job-wide restart budget, once no member's loss
+/// explained it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Spending {
+    /// Generation of the failure.
+    pub generation: u64,
+    /// One line: which rank, which exit.
+    pub description: String,
+    /// The failed worker in detail, when a worker failed.
+    pub cause: Option<RootCause>,
+}
+
+/// The store work of deciding a failure against the budget: read, then spend or end. The
+/// verdict between them is [`crate::session::generation::failure_verdict`]'s, in the step.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum BudgetStage {
+    /// Read the counters, the current generation and whether it is closed.
+    Read,
+    /// Close the generation and count one restart in one transaction, guarded on the
+    /// revisions read (a lost race reads again).
+    Spend {
+        /// `gen/current`'s revision as read.
+        gen_rev: i64,
+        /// The counters' revision as read.
+        restarts_rev: i64,
+        /// The counters after spending.
+        next: Restarts,
+        /// The close reason.
+        closed: String,
+    },
+    /// End the run as failed: the budget is spent.
+    End {
+        /// The run's end (its root cause this failure's).
+        end: RunEnd,
+        /// The counters with this failure in the history.
+        last: Restarts,
+    },
+}
+
+/// What the budget's store work brought back.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum BudgetSeen {
+    /// What [`BudgetStage::Read`] read.
+    Read {
+        /// The counters and their revision.
+        restarts: (Restarts, i64),
+        /// `gen/current` and its revision.
+        current: (u64, i64),
+        /// `gen/<g>/closed`'s reason, when closed.
+        closed: Option<String>,
+        /// The wall clock (ms since the epoch), for a run end.
+        at_ms: u64,
+    },
+    /// The spend transaction: whether it won; the counters and reason it wrote.
+    Spent {
+        /// It won (no other session spent or closed meanwhile).
+        won: bool,
+        /// The counters after spending.
+        next: Restarts,
+        /// The close reason.
+        closed: String,
+    },
+    /// The run was ended as failed; its root cause as recorded (another node's when its
+    /// failure ended the run first).
+    Ended {
+        /// The counters with this failure in the history.
+        last: Restarts,
+        /// The run's root cause.
+        cause: Option<RootCause>,
+    },
 }
 
 /// A worker failure of this node that may be a lost member's doing: looked at again every
@@ -193,9 +272,9 @@ pub(crate) struct Attribution {
 }
 
 impl Attribution {
-    /// The request that decides the failure against the budget, once no loss explains it.
-    pub fn decide(self) -> Request {
-        Request::Failed {
+    /// The failure to decide against the budget, once no loss explains it.
+    pub fn decide(self) -> Spending {
+        Spending {
             generation: self.generation,
             description: self.description,
             cause: self.cause,
@@ -378,6 +457,16 @@ pub(crate) enum Input {
     },
     /// What a standing-by node's session read of the run (an error: the store did not answer).
     Seen(Result<Seen, String>),
+    /// One stage of deciding a failure against the budget came back (`tries` before it that
+    /// failed).
+    Budgeted {
+        /// The failure.
+        spending: Spending,
+        /// Tries before this one that the store did not answer.
+        tries: u32,
+        /// What it brought back.
+        result: Result<BudgetSeen, Failure>,
+    },
     /// The knock on an abandoned agent's probe port.
     Knocked(Knock),
     /// Whether this session still speaks for its node (no other session claimed it and the
@@ -441,6 +530,13 @@ pub(crate) enum Effect {
     },
     /// A line for the operator.
     Warn(String),
+    /// Generation `generation` was closed for a re-form with `reason` (the re-form metric).
+    Reformed {
+        /// The generation.
+        generation: u64,
+        /// The close reason.
+        reason: String,
+    },
     /// A line for the operator about generation `generation` (what the generation core
     /// judged of a read).
     Note {

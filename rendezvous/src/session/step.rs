@@ -16,8 +16,9 @@ use super::liveness::Knock;
 use super::protocol::{Event, Request};
 use super::standby::{self, Look, Seen};
 use super::state::{
-    Abandoned, Attempt, Attribution, Decided, Effect, Failure, Input, LeaseChange, LossLook,
-    Opened, Params, Phase, Read, Retry, Session, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
+    Abandoned, Attempt, Attribution, BudgetSeen, BudgetStage, Decided, Effect, Failure, Input,
+    LeaseChange, LossLook, Opened, Params, Phase, Read, Retry, Session, ATTRIBUTION_POLL,
+    REQUEST_TRIES, RETRY_PAUSE,
 };
 use crate::human::duration as human;
 
@@ -56,7 +57,12 @@ pub(crate) fn step(
             what,
             tries,
             result,
-        } => on_tried(&mut s, what, tries, result, now, &mut fx),
+        } => on_tried(&mut s, what, tries, result, now, p, &mut fx),
+        Input::Budgeted {
+            spending,
+            tries,
+            result,
+        } => on_budget(&mut s, spending, tries, result, now, p, &mut fx),
         Input::Executed {
             run,
             ends,
@@ -454,6 +460,7 @@ fn on_tried(
     tries: u32,
     result: Result<Option<Phase>, Failure>,
     now: Instant,
+    p: &Params,
     fx: &mut Vec<Effect>,
 ) -> String {
     let failure = match result {
@@ -528,6 +535,7 @@ fn on_tried(
             format!("joining again failed: {}", failure.message)
         }
         Attempt::Attribute(a) => on_looked(s, a, tries, Err(failure), now, fx),
+        Attempt::Budget { spending, .. } => on_budget(s, spending, tries, Err(failure), now, p, fx),
     }
 }
 
@@ -545,7 +553,10 @@ fn on_looked(
     let g = a.generation;
     let decide = |a: Attribution, fx: &mut Vec<Effect>| {
         fx.push(Effect::Try {
-            what: Attempt::Request(a.decide()),
+            what: Attempt::Budget {
+                spending: a.decide(),
+                stage: BudgetStage::Read,
+            },
             tries: 0,
         })
     };
@@ -595,6 +606,130 @@ fn on_looked(
             why
         }
         Err(f) => end(s, f.message, fx),
+    }
+}
+
+/// One stage of deciding a worker failure against the job-wide restart budget came back: the
+/// read is judged ([`generation::failure_verdict`]) — the failure joins a re-form under way,
+/// spends one restart, or ends the run — and the agent hears the decision once the store
+/// work for it is done. A spend that lost its race reads again at once; a store that did
+/// not answer starts over from the read after [`RETRY_PAUSE`], up to [`REQUEST_TRIES`]
+/// tries in all.
+fn on_budget(
+    s: &mut Session,
+    spending: super::state::Spending,
+    tries: u32,
+    result: Result<BudgetSeen, Failure>,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let g = spending.generation;
+    let seen = match result {
+        Ok(seen) => seen,
+        Err(f) if f.transient && tries + 1 < REQUEST_TRIES => {
+            let why = format!(
+                "store unavailable ({}); deciding the failure of generation {g} again",
+                f.message
+            );
+            s.retry = Some(Retry {
+                what: Attempt::Budget {
+                    spending,
+                    stage: BudgetStage::Read,
+                },
+                tries: tries + 1,
+                at: now + RETRY_PAUSE,
+            });
+            return why;
+        }
+        Err(f) => return end(s, f.message, fx),
+    };
+    let next_stage = |stage: BudgetStage, fx: &mut Vec<Effect>| {
+        fx.push(Effect::Try {
+            what: Attempt::Budget {
+                spending: spending.clone(),
+                stage,
+            },
+            tries,
+        })
+    };
+    match seen {
+        BudgetSeen::Read {
+            restarts: (restarts, restarts_rev),
+            current: (current, gen_rev),
+            closed,
+            at_ms,
+        } => match generation::failure_verdict(
+            g,
+            &spending.description,
+            &restarts,
+            current,
+            closed.as_deref(),
+            &p.rules,
+            at_ms,
+        ) {
+            generation::FailureVerdict::Joins { restarts, reason } => {
+                if closed.is_some() {
+                    fx.push(Effect::Note {
+                        generation: g,
+                        line: reason.clone(),
+                    });
+                }
+                fx.push(Effect::Emit(Event::FailureDecision {
+                    restart: true,
+                    restarts,
+                    cause: None,
+                }));
+                reason
+            }
+            generation::FailureVerdict::Spend { next, closed } => {
+                let why = format!("generation {g}: spending one restart ({closed})");
+                next_stage(
+                    BudgetStage::Spend {
+                        gen_rev,
+                        restarts_rev,
+                        next,
+                        closed,
+                    },
+                    fx,
+                );
+                why
+            }
+            generation::FailureVerdict::End { mut end, last } => {
+                end.root_cause = spending.cause.clone();
+                let why = format!("the restart budget is spent: the run ends ({})", end.reason);
+                next_stage(BudgetStage::End { end, last }, fx);
+                why
+            }
+        },
+        BudgetSeen::Spent {
+            won: true,
+            next,
+            closed,
+        } => {
+            fx.push(Effect::Reformed {
+                generation: g,
+                reason: closed,
+            });
+            fx.push(Effect::Emit(Event::FailureDecision {
+                restart: true,
+                restarts: next,
+                cause: None,
+            }));
+            format!("generation {g} closed for a restart of the failed workers")
+        }
+        BudgetSeen::Spent { won: false, .. } => {
+            next_stage(BudgetStage::Read, fx);
+            "the budget or the generation changed meanwhile: reading them again".into()
+        }
+        BudgetSeen::Ended { last, cause } => {
+            fx.push(Effect::Emit(Event::FailureDecision {
+                restart: false,
+                restarts: last,
+                cause,
+            }));
+            format!("generation {g}'s failure ended the run")
+        }
     }
 }
 

@@ -10,8 +10,9 @@ use crate::session::liveness::Knock;
 use crate::session::protocol::{Event, Request, RunEnd};
 use crate::session::standby::{Look, Reach, Seen};
 use crate::session::state::{
-    Abandoned, Attempt, Attribution, Decided, Effect, Failure, Input, LeaseChange, LossLook,
-    Opened, Params, Phase, Read, Retry, Session, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
+    Abandoned, Attempt, Attribution, BudgetSeen, BudgetStage, Decided, Effect, Failure, Input,
+    LeaseChange, LossLook, Opened, Params, Phase, Read, Retry, Session, Spending, ATTRIBUTION_POLL,
+    REQUEST_TRIES, RETRY_PAUSE,
 };
 use crate::store::reports::ReportKind;
 use crate::{assign, Candidate, Join, Plan};
@@ -991,6 +992,21 @@ fn failed() -> Request {
     }
 }
 
+fn spending() -> Spending {
+    Spending {
+        generation: 3,
+        description: "rank 1 exited 1".into(),
+        cause: None,
+    }
+}
+
+fn budget(stage: BudgetStage) -> Attempt {
+    Attempt::Budget {
+        spending: spending(),
+        stage,
+    }
+}
+
 fn attribution(t0: Instant, knocked: bool) -> Attribution {
     Attribution {
         generation: 3,
@@ -1054,7 +1070,7 @@ fn the_workers_own_failure_is_decided_against_the_budget_at_once() {
         ms(t0, 5),
     );
     assert_eq!(s.retry, None);
-    assert_eq!(tries_of(&fx), vec![(Attempt::Request(failed()), 0)]);
+    assert_eq!(tries_of(&fx), vec![(budget(BudgetStage::Read), 0)]);
 }
 
 #[test]
@@ -1102,7 +1118,7 @@ fn nothing_seen_by_the_end_of_the_window_is_decided_against_the_budget() {
     );
     assert_eq!(s.retry, None);
     assert!(why.contains("attribution window"), "{why}");
-    assert_eq!(tries_of(&fx), vec![(Attempt::Request(failed()), 0)]);
+    assert_eq!(tries_of(&fx), vec![(budget(BudgetStage::Read), 0)]);
 }
 
 #[test]
@@ -1116,7 +1132,7 @@ fn the_window_is_polled_about_twenty_times_then_decided() {
             panic!("{fx:?}")
         };
         let Attempt::Attribute(a) = what.clone() else {
-            assert_eq!(*what, Attempt::Request(failed()));
+            assert_eq!(*what, budget(BudgetStage::Read));
             break;
         };
         looks += 1;
@@ -1728,5 +1744,238 @@ fn a_read_of_a_generation_that_ends_still_ends_it_after_the_rest() {
             effects: vec![],
             ends: true
         }]
+    );
+}
+
+// ---- a worker failure against the job-wide restart budget ----
+
+fn budgeted(tries: u32, result: Result<BudgetSeen, Failure>) -> Input {
+    Input::Budgeted {
+        spending: spending(),
+        tries,
+        result,
+    }
+}
+
+fn counters(failures: u32) -> crate::round::Restarts {
+    crate::round::Restarts {
+        failures,
+        ..Default::default()
+    }
+}
+
+fn read(failures: u32, current: u64, closed: Option<&str>) -> BudgetSeen {
+    BudgetSeen::Read {
+        restarts: (counters(failures), 40),
+        current: (current, 41),
+        closed: closed.map(String::from),
+        at_ms: 1_000,
+    }
+}
+
+fn decision(fx: &[Effect]) -> Option<(bool, u32)> {
+    fx.iter().find_map(|e| match e {
+        Effect::Emit(Event::FailureDecision {
+            restart, restarts, ..
+        }) => Some((*restart, restarts.failures)),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_failure_with_budget_left_spends_one_restart_guarded_on_what_was_read() {
+    let t0 = Instant::now();
+    let (s, fx, why) = run(running(t0), budgeted(0, Ok(read(0, 3, None))), t0);
+    assert_eq!(s, running(t0));
+    let [(Attempt::Budget { stage, .. }, 0)] = &tries_of(&fx)[..] else {
+        panic!("{fx:?}")
+    };
+    let BudgetStage::Spend {
+        gen_rev,
+        restarts_rev,
+        next,
+        closed,
+    } = stage
+    else {
+        panic!("{stage:?}")
+    };
+    assert_eq!((*gen_rev, *restarts_rev, next.failures), (41, 40, 1));
+    assert_eq!(
+        next.history,
+        vec!["generation 3: rank 1 exited 1".to_string()]
+    );
+    assert_eq!(closed, "worker failure: rank 1 exited 1");
+    assert!(why.contains("spending one restart"), "{why}");
+    assert_eq!(decision(&fx), None, "the agent hears it once spent");
+}
+
+#[test]
+fn a_spend_that_won_restarts_the_workers_and_counts_the_reform() {
+    let t0 = Instant::now();
+    let seen = BudgetSeen::Spent {
+        won: true,
+        next: counters(1),
+        closed: "worker failure: rank 1 exited 1".into(),
+    };
+    let (s, fx, _) = run(running(t0), budgeted(0, Ok(seen)), t0);
+    assert_eq!(s, running(t0));
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Reformed {
+                generation: 3,
+                reason: "worker failure: rank 1 exited 1".into()
+            },
+            Effect::Emit(Event::FailureDecision {
+                restart: true,
+                restarts: counters(1),
+                cause: None
+            })
+        ]
+    );
+}
+
+#[test]
+fn a_spend_that_lost_its_race_reads_the_budget_again_at_once() {
+    let t0 = Instant::now();
+    let seen = BudgetSeen::Spent {
+        won: false,
+        next: counters(1),
+        closed: "x".into(),
+    };
+    let (s, fx, _) = run(running(t0), budgeted(2, Ok(seen)), t0);
+    assert_eq!(s.retry, None);
+    assert_eq!(tries_of(&fx), vec![(budget(BudgetStage::Read), 2)]);
+    assert_eq!(decision(&fx), None);
+}
+
+#[test]
+fn a_failure_during_a_reform_under_way_joins_it_and_spends_nothing() {
+    let t0 = Instant::now();
+    let (_, fx, why) = run(
+        running(t0),
+        budgeted(0, Ok(read(1, 3, Some("node b lost")))),
+        t0,
+    );
+    assert_eq!(tries_of(&fx), vec![]);
+    assert_eq!(decision(&fx), Some((true, 1)));
+    assert!(why.contains("joins an ongoing re-form"), "{why}");
+    assert!(
+        matches!(&fx[0], Effect::Note { generation: 3, line } if line.contains("node b lost")),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn a_failure_of_a_generation_that_is_over_spends_nothing_and_says_it_quietly() {
+    let t0 = Instant::now();
+    let (_, fx, why) = run(running(t0), budgeted(0, Ok(read(0, 4, None))), t0);
+    assert_eq!(decision(&fx), Some((true, 0)));
+    assert!(why.contains("is over"), "{why}");
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::Note { .. })),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn a_spent_budget_ends_the_run_naming_the_failure_as_its_root_cause() {
+    let t0 = Instant::now();
+    let cause = crate::decisions::root_cause::RootCause::default();
+    let with_cause = Input::Budgeted {
+        spending: Spending {
+            cause: Some(cause.clone()),
+            ..spending()
+        },
+        tries: 0,
+        result: Ok(read(2, 3, None)),
+    };
+    let (_, fx, why) = run(running(t0), with_cause, t0);
+    let [(Attempt::Budget { stage, .. }, 0)] = &tries_of(&fx)[..] else {
+        panic!("{fx:?}")
+    };
+    let BudgetStage::End { end, last } = stage else {
+        panic!("{stage:?}")
+    };
+    assert!(!end.success);
+    assert_eq!(end.root_cause, Some(cause));
+    assert_eq!(last.history.len(), 1);
+    assert!(why.contains("budget is spent"), "{why}");
+    assert_eq!(decision(&fx), None);
+}
+
+#[test]
+fn an_ended_run_tells_the_agent_not_to_restart_with_the_recorded_cause() {
+    let t0 = Instant::now();
+    let seen = BudgetSeen::Ended {
+        last: counters(2),
+        cause: None,
+    };
+    let (_, fx, _) = run(running(t0), budgeted(0, Ok(seen)), t0);
+    assert_eq!(
+        fx,
+        vec![Effect::Emit(Event::FailureDecision {
+            restart: false,
+            restarts: counters(2),
+            cause: None
+        })]
+    );
+}
+
+#[test]
+fn a_budget_the_store_does_not_answer_starts_over_from_the_read_after_a_pause() {
+    let t0 = Instant::now();
+    let (s, fx, why) = run(running(t0), budgeted(3, Err(down())), t0);
+    assert_eq!(fx, vec![]);
+    assert_eq!(
+        s.retry,
+        Some(Retry {
+            what: budget(BudgetStage::Read),
+            tries: 4,
+            at: t0 + RETRY_PAUSE
+        })
+    );
+    assert!(
+        why.contains("deciding the failure of generation 3 again"),
+        "{why}"
+    );
+    // Due: tried again, from the read.
+    let (s, fx, _) = run(s, Input::Tick, t0 + RETRY_PAUSE);
+    assert_eq!(s.retry, None);
+    assert_eq!(tries_of(&fx), vec![(budget(BudgetStage::Read), 4)]);
+}
+
+#[test]
+fn a_budget_the_store_never_answers_ends_the_session_after_the_last_try() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(running(t0), budgeted(REQUEST_TRIES - 1, Err(down())), t0);
+    assert_eq!(s.phase, Phase::Left);
+    assert_eq!(
+        fx,
+        vec![Effect::Emit(Event::Error("store unavailable".into()))]
+    );
+}
+
+#[test]
+fn a_budget_stage_that_fails_for_good_ends_the_session() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(running(t0), budgeted(0, Err(broken())), t0);
+    assert_eq!(s.phase, Phase::Left);
+    assert_eq!(fx, vec![Effect::Emit(Event::Error("corrupt key".into()))]);
+}
+
+#[test]
+fn a_spend_the_store_did_not_answer_comes_back_through_tried_and_is_retried_from_the_read() {
+    let t0 = Instant::now();
+    let what = budget(BudgetStage::Spend {
+        gen_rev: 1,
+        restarts_rev: 1,
+        next: counters(1),
+        closed: "x".into(),
+    });
+    let (s, _, _) = run(running(t0), tried(what, 0, Err(down())), t0);
+    assert_eq!(
+        s.retry.map(|r| (r.what, r.tries)),
+        Some((budget(BudgetStage::Read), 1))
     );
 }
