@@ -74,7 +74,7 @@ use crate::clock::now_ms;
 use crate::store::Store;
 use actor::Actor;
 
-pub use protocol::{Event, Request, Resume, RunEnd, SaveRequest, SessionConfig};
+pub use protocol::{CommitRefused, Event, Request, Resume, RunEnd, SaveRequest, SessionConfig};
 
 /// Starts a session actor; it ends when the request sender is dropped or after `Leave`.
 pub fn spawn_session(

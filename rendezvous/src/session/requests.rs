@@ -4,7 +4,7 @@
 //! reads of the run.
 
 use super::actor::Actor;
-use super::protocol::{Event, Request};
+use super::protocol::{CommitRefused, Event, Request};
 use super::standby;
 use super::state::{LeaseChange, Phase};
 use crate::decisions::loss;
@@ -136,13 +136,13 @@ impl Actor {
                 match self.ledger.commit(plan, &commit, retention).await {
                     Ok(o) => Ok(o),
                     Err(LedgerError::Store(e)) => return Err(e.into()),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(CommitRefused::Ledger(e.to_string())),
                 }
             }
-            _ => Err(format!(
-                "stale commit: generation {} is not running on node {}",
-                commit.generation, self.cfg.node_id
-            )),
+            _ => Err(CommitRefused::NotRunning {
+                generation: commit.generation,
+                node: self.cfg.node_id.clone(),
+            }),
         };
         if let Err(e) = &result {
             tracing::warn!(
