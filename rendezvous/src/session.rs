@@ -27,6 +27,7 @@
 //! Layout: [`protocol`](self) types here; `state.rs` (the phase, the lease and the last
 //! generation, the inputs and effects), `step.rs` (the pure transitions over every input),
 //! `actor.rs` (the driver: the one `select!` loop that executes the step's effects),
+//! `open.rs` (opening: a reconnecting agent taken over, or a fresh lease),
 //! `requests.rs` (the store work of the agent's requests),
 //! `generation.rs` (the pure generation core: every decision of a running generation),
 //! `running.rs` (entering and watching a generation), `writes.rs` (guarded store writes),
@@ -43,6 +44,7 @@ mod interval;
 mod keeper;
 mod liveness;
 mod membership;
+mod open;
 #[cfg(test)]
 mod outage_tests;
 mod protocol;

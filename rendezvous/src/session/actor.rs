@@ -13,8 +13,8 @@ use super::generation::{self, Rules};
 use super::keeper::{self, KeeperConfig, Lost};
 use super::protocol::{Event, Request, Resume, RunEnd, SessionConfig};
 use super::state::{
-    Attempt, BudgetSeen, Decided, Effect, Failure, Input, LeaseChange, LossLook, Opened, Params,
-    Phase, Session,
+    Attempt, BudgetSeen, Decided, Effect, Failure, Input, LeaseChange, LossLook, Params, Phase,
+    Session,
 };
 use super::step;
 use crate::clock::now_ms;
@@ -227,7 +227,7 @@ impl Actor {
         }
     }
 
-    fn start_keeper(&mut self, lease: LeaseId) {
+    pub(super) fn start_keeper(&mut self, lease: LeaseId) {
         self.stop_keeper();
         let cfg = KeeperConfig {
             ttl: self.cfg.lease_ttl,
@@ -271,7 +271,7 @@ impl Actor {
         self.lease_change = Some(change);
     }
 
-    async fn ensure_lease(&mut self) -> Result<LeaseId, StoreError> {
+    pub(super) async fn ensure_lease(&mut self) -> Result<LeaseId, StoreError> {
         if let Some(l) = self.lease() {
             return Ok(l);
         }
@@ -281,74 +281,6 @@ impl Actor {
         self.claim(l).await?;
         self.emit(Event::Opened { lease: l });
         Ok(l)
-    }
-
-    /// The first phase: a reconnecting agent's state taken over, or a fresh lease (the lease
-    /// goes to the step as [`Input::Leased`], the phase as [`Input::Opened`]).
-    async fn open(&mut self, resume: Option<Resume>) -> Result<Opened, RendezvousError> {
-        let mut last_gen = self.state.last_gen;
-        let phase = match resume {
-            Some(r) if self.round.state().keep_alive(r.lease).await.is_ok() => {
-                self.lease_changed(LeaseChange::Granted(r.lease));
-                self.start_keeper(r.lease);
-                self.claim(r.lease).await?;
-                self.emit(Event::Opened { lease: r.lease });
-                if r.generation > 0 {
-                    match self.round.plan(r.generation).await? {
-                        Some(plan) => {
-                            last_gen = r.generation;
-                            self.running(plan, None, false).await?
-                        }
-                        None => Phase::Idle,
-                    }
-                } else if let Some(c) = r.waiting {
-                    match self.admitted_while_away().await? {
-                        Some(plan) => {
-                            last_gen = plan.generation;
-                            self.running(plan, None, true).await?
-                        }
-                        None => self.join(c).await?,
-                    }
-                } else {
-                    Phase::Idle
-                }
-            }
-            Some(r) => {
-                // The next world must be newer than the one this node was fenced from.
-                last_gen = last_gen.max(r.generation);
-                // A store that no longer holds the generation this node ran in has lost the
-                // run's state (a restarted server on the memory store keeps none): that, not
-                // an expiry, is why the lease is unknown.
-                let (current, _) = self.round.current_generation().await?;
-                let why = if current < r.generation {
-                    format!(
-                        "the rendezvous store ({}) no longer holds this run's generation {} (a restarted server on the memory store keeps no state), so lease {:#x} is gone",
-                        self.store.name(),
-                        r.generation,
-                        r.lease
-                    )
-                } else {
-                    format!("lease {:#x} expired while reconnecting", r.lease)
-                };
-                self.emit(Event::Fenced(why.clone()));
-                Phase::Fenced { reason: why }
-            }
-            None => {
-                if let Some(end) = self.finished().await? {
-                    self.emit(Event::Finished(end));
-                    return Ok(Opened {
-                        phase: None,
-                        last_gen,
-                    });
-                }
-                self.ensure_lease().await?;
-                Phase::Idle
-            }
-        };
-        Ok(Opened {
-            phase: Some(phase),
-            last_gen,
-        })
     }
 
     /// The driver: one `select!` over the agent's requests, the round, the generation's watch,

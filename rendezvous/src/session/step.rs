@@ -3,24 +3,20 @@
 //! a human can read. Every [`Input`] is matched here, exhaustively; a running generation's
 //! inputs go on to the generation core ([`generation::step`]). Retries are decided here: a
 //! store operation that failed transiently becomes a [`Retry`] with its deadline in the state,
-//! and the driver only sleeps until [`Session::wake_at`].
-
-use std::time::Duration;
+//! and the driver only sleeps until [`Session::wake_at`]. Two concerns have a file of their
+//! own: an abandoned agent (`step/abandoned.rs`) and a worker failure's attribution and
+//! budget (`step/failure.rs`).
 
 use tokio::time::Instant;
 
 use super::generation::{self, Running};
-use super::hold;
 use super::keeper::Lost;
-use super::liveness::Knock;
 use super::protocol::{Event, Request};
 use super::standby::{self, Look, Seen};
 use super::state::{
-    Abandoned, Attempt, Attribution, BudgetSeen, BudgetStage, Decided, Effect, Failure, Input,
-    LeaseChange, LossLook, Opened, Params, Phase, Read, Retry, Session, ATTRIBUTION_POLL,
-    REQUEST_TRIES, RETRY_PAUSE,
+    Attempt, Attribution, Decided, Effect, Failure, Input, LeaseChange, Opened, Params, Phase,
+    Read, Retry, Session, REQUEST_TRIES, RETRY_PAUSE,
 };
-use crate::human::duration as human;
 
 /// One transition: the session after `input` at `now`, what the driver must do, and why
 /// (empty: nothing worth saying).
@@ -35,9 +31,9 @@ pub(crate) fn step(
         Input::Opened(o) => on_opened(&mut s, o),
         Input::Leased(change) => on_leased(&mut s, change),
         Input::Request(req) => on_request(&mut s, req, now, p, &mut fx),
-        Input::RequestsClosed => on_closed(&mut s, now, p, &mut fx),
-        Input::Knocked(k) => on_knocked(&mut s, k, &mut fx),
-        Input::Speaks(r) => on_speaks(&mut s, r, now, p, &mut fx),
+        Input::RequestsClosed => abandoned::on_closed(&mut s, now, p, &mut fx),
+        Input::Knocked(k) => abandoned::on_knocked(&mut s, k, &mut fx),
+        Input::Speaks(r) => abandoned::on_speaks(&mut s, r, now, p, &mut fx),
         Input::Decided(d) => on_decided(&mut s, d, now, &mut fx),
         Input::Watch(ev) => on_generation(&mut s, ev, now, p, &mut fx),
         Input::WatchBroke => match std::mem::take(&mut s.phase) {
@@ -62,7 +58,7 @@ pub(crate) fn step(
             spending,
             tries,
             result,
-        } => on_budget(&mut s, spending, tries, result, now, p, &mut fx),
+        } => failure::on_budget(&mut s, spending, tries, result, now, p, &mut fx),
         Input::Executed {
             run,
             ends,
@@ -74,7 +70,7 @@ pub(crate) fn step(
             attribution,
             tries,
             result,
-        } => on_looked(&mut s, attribution, tries, result, now, &mut fx),
+        } => failure::on_looked(&mut s, attribution, tries, result, now, &mut fx),
     };
     (s, fx, reason)
 }
@@ -342,115 +338,6 @@ fn on_tick(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> S
     }
 }
 
-/// The agent's stream ended without a Leave (its process died, or its connection broke).
-/// Server-side, after [`crate::decisions::loss::RECONNECT_GRACE`] its lease is revoked unless the agent
-/// reconnected meanwhile (another session claimed the node) or the run is over: the others
-/// learn of a crashed agent in about a second instead of a lease TTL. The grace is cut short
-/// when the agent's host says its probe port is closed (`liveness.rs`).
-fn on_closed(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> String {
-    s.retry = None;
-    match s.lease {
-        Some(lease) if !p.renews_itself => {
-            s.phase = Phase::Abandoned(Abandoned {
-                lease,
-                at: Some(now + crate::decisions::loss::RECONNECT_GRACE),
-                gone: false,
-                held: false,
-            });
-            fx.push(Effect::Knock);
-            "the agent's stream ended without a leave: knocking on its probe port".into()
-        }
-        _ => {
-            s.phase = Phase::Left;
-            "the agent's stream ended".into()
-        }
-    }
-}
-
-/// The abandoned agent's host answered the knock (or did not).
-fn on_knocked(s: &mut Session, k: Knock, fx: &mut Vec<Effect>) -> String {
-    let Phase::Abandoned(a) = &mut s.phase else {
-        return String::new();
-    };
-    if k != Knock::Gone {
-        return String::new();
-    }
-    a.gone = true;
-    a.at = None;
-    fx.push(Effect::CheckSpeaks);
-    "nothing listens on the agent's probe port any more: its process is gone".into()
-}
-
-/// An abandoned agent's look: revoke its lease, hold it while the whole run is silent, or
-/// let another session (or the run's end) have it.
-fn on_speaks(
-    s: &mut Session,
-    r: Result<(bool, Option<Duration>), Failure>,
-    now: Instant,
-    p: &Params,
-    fx: &mut Vec<Effect>,
-) -> String {
-    let mut a = match std::mem::take(&mut s.phase) {
-        Phase::Abandoned(a) => a,
-        other => {
-            s.phase = other;
-            return String::new();
-        }
-    };
-    let (speaks, run_silent) = match r {
-        Ok(seen) => seen,
-        Err(f) => return end(s, f.message, fx),
-    };
-    let ttl = p.rules.lease_ttl;
-    if !speaks {
-        s.phase = Phase::Left;
-        return "another session speaks for the node, or the run ended: its lease stays".into();
-    }
-    if a.gone {
-        s.phase = Phase::Left;
-        s.lease = None;
-        fx.push(Effect::RevokeAbandoned {
-            lease: a.lease,
-            why: "the agent's connection closed without leaving and its host says nothing listens on its probe port any more (its process is gone): revoking its lease".into(),
-        });
-        return String::new();
-    }
-    match hold::after_break(run_silent, ttl) {
-        hold::AfterBreak::Hold => {
-            if !a.held {
-                a.held = true;
-                fx.push(Effect::Warn(format!(
-                    "the agent's connection broke, but no agent of the run was heard for {} either: this server is more likely cut off than every node; holding its lease (up to {}) for it to come back",
-                    human(run_silent.unwrap_or_default()),
-                    human(hold::HOLD_MAX)
-                )));
-            }
-            a.at = Some(now + p.keep_alive.min(Duration::from_secs(1)));
-            s.phase = Phase::Abandoned(a);
-            String::new()
-        }
-        hold::AfterBreak::Revoke if a.held => {
-            // The run is heard again: give this agent as long to come back.
-            a.held = false;
-            a.at = Some(now + hold::return_grace(ttl));
-            s.phase = Phase::Abandoned(a);
-            "the run is heard again: the abandoned agent has a grace to come back".into()
-        }
-        hold::AfterBreak::Revoke => {
-            s.phase = Phase::Left;
-            s.lease = None;
-            fx.push(Effect::RevokeAbandoned {
-                lease: a.lease,
-                why: format!(
-                    "the agent's connection closed without leaving and it did not come back within {}: revoking its lease",
-                    human(crate::decisions::loss::RECONNECT_GRACE)
-                ),
-            });
-            String::new()
-        }
-    }
-}
-
 /// The driver tried `what`. A request is tried up to [`REQUEST_TRIES`] times; entering a
 /// generation again after its watch broke, for as long as the lease lasts; a join after the
 /// store failed in the round, once.
@@ -534,211 +421,11 @@ fn on_tried(
             s.phase = Phase::Idle;
             format!("joining again failed: {}", failure.message)
         }
-        Attempt::Attribute(a) => on_looked(s, a, tries, Err(failure), now, fx),
-        Attempt::Budget { spending, .. } => on_budget(s, spending, tries, Err(failure), now, p, fx),
-    }
-}
-
-/// One look for a member's loss behind a worker failure. A loss restarts the group without
-/// spending the budget; the workers' own failure (or the window's end) is decided against the
-/// budget; meanwhile the failure is looked at again every [`ATTRIBUTION_POLL`].
-fn on_looked(
-    s: &mut Session,
-    mut a: Attribution,
-    tries: u32,
-    result: Result<LossLook, Failure>,
-    now: Instant,
-    fx: &mut Vec<Effect>,
-) -> String {
-    let g = a.generation;
-    let decide = |a: Attribution, fx: &mut Vec<Effect>| {
-        fx.push(Effect::Try {
-            what: Attempt::Budget {
-                spending: a.decide(),
-                stage: BudgetStage::Read,
-            },
-            tries: 0,
-        })
-    };
-    match result {
-        Ok(LossLook::Lost(restarts)) => {
-            fx.push(Effect::Emit(Event::FailureDecision {
-                restart: true,
-                restarts,
-                cause: None,
-            }));
-            format!("the failure in generation {g} is a lost member's doing: a membership restart")
-        }
-        Ok(LossLook::NotALoss) => {
-            decide(a, fx);
-            format!("the failure in generation {g} is the workers' own (or decided by a re-form under way)")
-        }
-        Ok(LossLook::Knocked) => {
-            a.knocked = true;
-            fx.push(Effect::Try {
-                what: Attempt::Attribute(a),
-                tries,
-            });
-            "not every other member's agent answers: looking for a lost member again".into()
-        }
-        Ok(LossLook::Unseen) if now >= a.until => {
-            decide(a, fx);
-            format!("no member of generation {g} was lost within the attribution window")
-        }
-        Ok(LossLook::Unseen) => {
-            s.retry = Some(Retry {
-                what: Attempt::Attribute(a),
-                tries,
-                at: now + ATTRIBUTION_POLL,
-            });
-            String::new()
-        }
-        Err(f) if f.transient && tries + 1 < REQUEST_TRIES => {
-            let why = format!(
-                "store unavailable ({}); looking for a lost member again",
-                f.message
-            );
-            s.retry = Some(Retry {
-                what: Attempt::Attribute(a),
-                tries: tries + 1,
-                at: now + RETRY_PAUSE,
-            });
-            why
-        }
-        Err(f) => end(s, f.message, fx),
-    }
-}
-
-/// One stage of deciding a worker failure against the job-wide restart budget came back: the
-/// read is judged ([`generation::failure_verdict`]) — the failure joins a re-form under way,
-/// spends one restart, or ends the run — and the agent hears the decision once the store
-/// work for it is done. A spend that lost its race reads again at once; a store that did
-/// not answer starts over from the read after [`RETRY_PAUSE`], up to [`REQUEST_TRIES`]
-/// tries in all.
-fn on_budget(
-    s: &mut Session,
-    spending: super::state::Spending,
-    tries: u32,
-    result: Result<BudgetSeen, Failure>,
-    now: Instant,
-    p: &Params,
-    fx: &mut Vec<Effect>,
-) -> String {
-    let g = spending.generation;
-    let seen = match result {
-        Ok(seen) => seen,
-        Err(f) if f.transient && tries + 1 < REQUEST_TRIES => {
-            let why = format!(
-                "store unavailable ({}); deciding the failure of generation {g} again",
-                f.message
-            );
-            s.retry = Some(Retry {
-                what: Attempt::Budget {
-                    spending,
-                    stage: BudgetStage::Read,
-                },
-                tries: tries + 1,
-                at: now + RETRY_PAUSE,
-            });
-            return why;
-        }
-        Err(f) => return end(s, f.message, fx),
-    };
-    let next_stage = |stage: BudgetStage, fx: &mut Vec<Effect>| {
-        fx.push(Effect::Try {
-            what: Attempt::Budget {
-                spending: spending.clone(),
-                stage,
-            },
-            tries,
-        })
-    };
-    match seen {
-        BudgetSeen::Read {
-            restarts: (restarts, restarts_rev),
-            current: (current, gen_rev),
-            closed,
-            at_ms,
-        } => match generation::failure_verdict(
-            g,
-            &spending.description,
-            &restarts,
-            current,
-            closed.as_deref(),
-            &p.rules,
-            at_ms,
-        ) {
-            generation::FailureVerdict::Joins { restarts, reason } => {
-                if closed.is_some() {
-                    fx.push(Effect::Note {
-                        generation: g,
-                        line: reason.clone(),
-                    });
-                }
-                fx.push(Effect::Emit(Event::FailureDecision {
-                    restart: true,
-                    restarts,
-                    cause: None,
-                }));
-                reason
-            }
-            generation::FailureVerdict::Spend { next, closed } => {
-                let why = format!("generation {g}: spending one restart ({closed})");
-                next_stage(
-                    BudgetStage::Spend {
-                        gen_rev,
-                        restarts_rev,
-                        next,
-                        closed,
-                    },
-                    fx,
-                );
-                why
-            }
-            generation::FailureVerdict::End { mut end, last } => {
-                end.root_cause = spending.cause.clone();
-                let why = format!("the restart budget is spent: the run ends ({})", end.reason);
-                next_stage(BudgetStage::End { end, last }, fx);
-                why
-            }
-        },
-        BudgetSeen::Spent {
-            won: true,
-            next,
-            closed,
-        } => {
-            fx.push(Effect::Reformed {
-                generation: g,
-                reason: closed,
-            });
-            fx.push(Effect::Emit(Event::FailureDecision {
-                restart: true,
-                restarts: next,
-                cause: None,
-            }));
-            format!("generation {g} closed for a restart of the failed workers")
-        }
-        BudgetSeen::Spent { won: false, .. } => {
-            next_stage(BudgetStage::Read, fx);
-            "the budget or the generation changed meanwhile: reading them again".into()
-        }
-        BudgetSeen::Ended { last, cause } => {
-            fx.push(Effect::Emit(Event::FailureDecision {
-                restart: false,
-                restarts: last,
-                cause,
-            }));
-            format!("generation {g}'s failure ended the run")
+        Attempt::Attribute(a) => failure::on_looked(s, a, tries, Err(failure), now, fx),
+        Attempt::Budget { spending, .. } => {
+            failure::on_budget(s, spending, tries, Err(failure), now, p, fx)
         }
     }
-}
-
-/// The session ends on an error it cannot get past; the agent hears it.
-fn end(s: &mut Session, message: String, fx: &mut Vec<Effect>) -> String {
-    s.phase = Phase::Left;
-    s.retry = None;
-    fx.push(Effect::Emit(Event::Error(message.clone())));
-    format!("the session ends: {message}")
 }
 
 /// The driver carried out the generation core's effects on `run`. A store that did not
@@ -855,6 +542,11 @@ fn on_seen(
     String::new()
 }
 
+mod abandoned;
+mod ends;
+mod failure;
+
+use ends::end;
 #[cfg(test)]
 mod tests;
 
