@@ -65,6 +65,7 @@ mod step;
 #[cfg(test)]
 mod test_support;
 mod verdicts;
+mod watch;
 mod writes;
 
 use std::sync::atomic::{AtomicU64, Ordering};

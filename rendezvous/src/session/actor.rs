@@ -314,7 +314,7 @@ impl Actor {
                         None => Input::WatchBroke,
                         Some(ev) => {
                             let g = self.state.phase.running_generation().unwrap_or_default();
-                            Input::Watch(generation::classify(self.round.keys(), g, ev)?)
+                            Input::Watch(super::watch::classify(self.round.keys(), g, ev)?)
                         }
                     }
                 }

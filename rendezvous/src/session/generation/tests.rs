@@ -519,19 +519,6 @@ fn node_rank_0_asks_for_a_save_each_interval_after_the_last_seal() {
     );
     r.save_clock.as_mut().unwrap().set(Duration::from_secs(3));
     assert_eq!(r.wake_at(), Some(ms(t0, 8_000)), "counted from the seal");
-    // The request key of the generation is a save request like a preemption's.
-    let keys = RunKeys::new("run");
-    let kv = crate::store::KeyValue {
-        key: keys.save_due(3, "L2"),
-        value: bytes::Bytes::from_static(b"{}"),
-        mod_revision: 1,
-        create_revision: 1,
-        lease: None,
-    };
-    assert!(matches!(
-        classify(&keys, 3, WatchEvent::Put(kv)).unwrap(),
-        Input::SaveRequest(_)
-    ));
 }
 
 // ---- arrivals batched in the scale-up window ----
