@@ -132,7 +132,7 @@ pub use ledger::{
 };
 pub use log_format::LogFormat;
 pub use round::Round;
-pub use session::{spawn_session, Event, Request, Resume, RunEnd, SessionConfig};
+pub use session::{spawn_session, CommitRefused, Event, Request, Resume, RunEnd, SessionConfig};
 pub use store::etcd::EtcdStore;
 pub use store::memory::MemoryStore;
 pub use store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};

@@ -27,6 +27,7 @@
 //! Layout: [`protocol`](self) types here; `state.rs` (the phase, the lease and the last
 //! generation, the inputs and effects), `step.rs` (the pure transitions over every input),
 //! `actor.rs` (the driver: the one `select!` loop that executes the step's effects),
+//! `open.rs` (opening: a reconnecting agent taken over, or a fresh lease),
 //! `requests.rs` (the store work of the agent's requests),
 //! `generation.rs` (the pure generation core: every decision of a running generation),
 //! `running.rs` (entering and watching a generation), `writes.rs` (guarded store writes),
@@ -43,6 +44,7 @@ mod interval;
 mod keeper;
 mod liveness;
 mod membership;
+mod open;
 #[cfg(test)]
 mod outage_tests;
 mod protocol;
@@ -63,6 +65,7 @@ mod step;
 #[cfg(test)]
 mod test_support;
 mod verdicts;
+mod watch;
 mod writes;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,7 +77,7 @@ use crate::clock::now_ms;
 use crate::store::Store;
 use actor::Actor;
 
-pub use protocol::{Event, Request, Resume, RunEnd, SaveRequest, SessionConfig};
+pub use protocol::{CommitRefused, Event, Request, Resume, RunEnd, SaveRequest, SessionConfig};
 
 /// Starts a session actor; it ends when the request sender is dropped or after `Leave`.
 pub fn spawn_session(

@@ -417,7 +417,7 @@ pub enum Effect {
         /// Step.
         step: u64,
         /// The answer.
-        result: Result<drun_rendezvous::CommitOutcome, String>,
+        result: Result<drun_rendezvous::CommitOutcome, drun_rendezvous::CommitRefused>,
     },
     /// Warn about ranks that wait on a commit the others have not made.
     CheckStalled,

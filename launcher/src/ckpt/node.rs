@@ -265,7 +265,7 @@ impl NodeLedger {
     pub fn answered(
         &mut self,
         step: u64,
-        result: &Result<CommitOutcome, String>,
+        result: &Result<CommitOutcome, drun_rendezvous::CommitRefused>,
         manifest_file: Option<&Path>,
     ) {
         let Some(replies) = self.inflight.remove(&step) else {
@@ -295,7 +295,7 @@ impl NodeLedger {
         &mut self,
         generation: u64,
         step: u64,
-        result: &Result<CommitOutcome, String>,
+        result: &Result<CommitOutcome, drun_rendezvous::CommitRefused>,
         dir: Option<&Path>,
     ) {
         if generation != self.generation {

@@ -119,9 +119,7 @@ pub fn spawn(
                 Request::Commit { commit, .. } => Event::Committed {
                     generation: commit.generation,
                     step: commit.step,
-                    result: Err("the static rendezvous backend has no checkpoint ledger; \
-                                 use the embedded, drun, c10d or etcd backend"
-                        .into()),
+                    result: Err(drun_rendezvous::CommitRefused::NoLedger),
                 },
                 Request::Leave => return,
             };

@@ -197,7 +197,7 @@ mod tests {
         t.received(&Event::Committed {
             generation: 2,
             step: 10,
-            result: Err("refused".into()),
+            result: Err(drun_rendezvous::CommitRefused::Said("refused".into())),
         });
         assert_eq!(t.replay(), vec![Request::Succeeded(2), commit(2, 20)]);
     }

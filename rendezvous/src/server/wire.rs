@@ -266,7 +266,11 @@ pub fn event_to_wire(e: &Event) -> pb::ServerEvent {
                 .as_ref()
                 .map(|o| serde_json::to_string(o).expect("CommitOutcome serializes"))
                 .unwrap_or_default(),
-            error: result.as_ref().err().cloned().unwrap_or_default(),
+            error: result
+                .as_ref()
+                .err()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
         }),
     };
     pb::ServerEvent { kind: Some(kind) }
@@ -322,9 +326,9 @@ pub fn event_from_wire(e: pb::ServerEvent) -> Option<Event> {
             step: c.step,
             result: if c.error.is_empty() {
                 serde_json::from_str(&c.outcome_json)
-                    .map_err(|e| format!("undecodable commit answer: {e}"))
+                    .map_err(|e| crate::CommitRefused::Undecodable(e.to_string()))
             } else {
-                Err(c.error)
+                Err(crate::CommitRefused::Said(c.error))
             },
         },
     })
@@ -396,5 +400,47 @@ mod tests {
             reason: "GPU health: GPU 1: lost".into(),
         };
         assert_eq!(request_from_wire(request_to_wire(&r)), Some(r));
+    }
+
+    /// A refused commit's line crosses the wire as it was; it comes back as the line.
+    #[test]
+    fn a_refused_commit_crosses_the_wire_as_its_line() {
+        let refusals = [
+            crate::CommitRefused::NotRunning {
+                generation: 4,
+                node: "n1".into(),
+            },
+            crate::CommitRefused::Ledger("checkpoint 00000007 is already sealed".into()),
+            crate::CommitRefused::NoLedger,
+        ];
+        for refused in refusals {
+            let line = refused.to_string();
+            let ev = Event::Committed {
+                generation: 4,
+                step: 7,
+                result: Err(refused),
+            };
+            let wire = event_to_wire(&ev);
+            let Some(pb::server_event::Kind::Committed(c)) = &wire.kind else {
+                panic!("{wire:?}")
+            };
+            assert_eq!(c.error, line);
+            assert_eq!(
+                event_from_wire(wire),
+                Some(Event::Committed {
+                    generation: 4,
+                    step: 7,
+                    result: Err(crate::CommitRefused::Said(line)),
+                })
+            );
+        }
+        assert_eq!(
+            crate::CommitRefused::NotRunning {
+                generation: 4,
+                node: "n1".into()
+            }
+            .to_string(),
+            "stale commit: generation 4 is not running on node n1"
+        );
     }
 }

@@ -12,7 +12,10 @@ use tokio::time::Instant;
 use super::generation::{self, Rules};
 use super::keeper::{self, KeeperConfig, Lost};
 use super::protocol::{Event, Request, Resume, RunEnd, SessionConfig};
-use super::state::{Attempt, Decided, Effect, Failure, Input, LossLook, Params, Phase, Session};
+use super::state::{
+    Attempt, BudgetSeen, Decided, Effect, Failure, Input, LeaseChange, LossLook, Params, Phase,
+    Session,
+};
 use super::step;
 use crate::clock::now_ms;
 use crate::ledger::Ledger;
@@ -95,6 +98,8 @@ enum Outcome {
     Phase(Option<Phase>),
     /// One look for a member's loss.
     Loss(LossLook),
+    /// One stage of the budget.
+    Budget(BudgetSeen),
 }
 
 /// The step's input for a try of `what` that came back with `result`.
@@ -105,7 +110,15 @@ fn tried(what: Attempt, tries: u32, result: Result<Outcome, RendezvousError>) ->
             tries,
             result: result.map(|o| match o {
                 Outcome::Loss(l) => l,
-                Outcome::Phase(_) => unreachable!("a look for a loss sees a loss or none"),
+                _ => unreachable!("a look for a loss sees a loss or none"),
+            }),
+        },
+        (Attempt::Budget { spending, .. }, result) => Input::Budgeted {
+            spending,
+            tries,
+            result: result.map(|o| match o {
+                Outcome::Budget(b) => b,
+                _ => unreachable!("the budget's store work sees the budget"),
             }),
         },
         (what, result) => Input::Tried {
@@ -113,7 +126,7 @@ fn tried(what: Attempt, tries: u32, result: Result<Outcome, RendezvousError>) ->
             tries,
             result: result.map(|o| match o {
                 Outcome::Phase(p) => p,
-                Outcome::Loss(_) => unreachable!("only a look for a loss sees one"),
+                _ => unreachable!("only a look for a loss or the budget's work sees more"),
             }),
         },
     }
@@ -147,6 +160,9 @@ pub(super) struct Actor {
     pub(super) state: Session,
     /// The handles beside the state's phase.
     pub(super) handles: Handles,
+    /// What the store work under way did to the lease, not yet told to the step
+    /// ([`Input::Leased`]).
+    lease_change: Option<LeaseChange>,
     /// When the agent last sent anything (ms since the epoch).
     heard: Arc<AtomicU64>,
     /// When any agent of the run last sent anything to this server (server-side sessions).
@@ -192,6 +208,7 @@ impl Actor {
             events,
             state: Session::default(),
             handles: Handles::default(),
+            lease_change: None,
             heard,
             run_heard,
             keeper: None,
@@ -210,7 +227,7 @@ impl Actor {
         }
     }
 
-    fn start_keeper(&mut self, lease: LeaseId) {
+    pub(super) fn start_keeper(&mut self, lease: LeaseId) {
         self.stop_keeper();
         let cfg = KeeperConfig {
             ttl: self.cfg.lease_ttl,
@@ -241,68 +258,29 @@ impl Actor {
         self.round.state().finished().await
     }
 
-    async fn ensure_lease(&mut self) -> Result<LeaseId, StoreError> {
-        if let Some(l) = self.state.lease {
+    /// The lease the session holds, as the store work under way left it.
+    pub(super) fn lease(&self) -> Option<LeaseId> {
+        match self.lease_change {
+            Some(change) => change.held(),
+            None => self.state.lease,
+        }
+    }
+
+    /// Notes what store work did to the lease; the step hears it next ([`Input::Leased`]).
+    pub(super) fn lease_changed(&mut self, change: LeaseChange) {
+        self.lease_change = Some(change);
+    }
+
+    pub(super) async fn ensure_lease(&mut self) -> Result<LeaseId, StoreError> {
+        if let Some(l) = self.lease() {
             return Ok(l);
         }
         let l = self.round.state().grant_lease(self.cfg.lease_ttl).await?;
-        self.state.lease = Some(l);
+        self.lease_changed(LeaseChange::Granted(l));
         self.start_keeper(l);
         self.claim(l).await?;
         self.emit(Event::Opened { lease: l });
         Ok(l)
-    }
-
-    /// The first phase: a reconnecting agent's state taken over, or a fresh lease.
-    async fn open(&mut self, resume: Option<Resume>) -> Result<Option<Phase>, RendezvousError> {
-        match resume {
-            Some(r) if self.round.state().keep_alive(r.lease).await.is_ok() => {
-                self.state.lease = Some(r.lease);
-                self.start_keeper(r.lease);
-                self.claim(r.lease).await?;
-                self.emit(Event::Opened { lease: r.lease });
-                if r.generation > 0 {
-                    if let Some(plan) = self.round.plan(r.generation).await? {
-                        self.state.last_gen = r.generation;
-                        return self.running(plan, None, false).await.map(Some);
-                    }
-                } else if let Some(c) = r.waiting {
-                    if let Some(plan) = self.admitted_while_away().await? {
-                        self.state.last_gen = plan.generation;
-                        return self.running(plan, None, true).await.map(Some);
-                    }
-                    return self.join(c).await.map(Some);
-                }
-            }
-            Some(r) => {
-                // The next world must be newer than the one this node was fenced from.
-                self.state.last_gen = self.state.last_gen.max(r.generation);
-                // A store that no longer holds the generation this node ran in has lost the
-                // run's state (a restarted server on the memory store keeps none): that, not
-                // an expiry, is why the lease is unknown.
-                let (current, _) = self.round.current_generation().await?;
-                let why = if current < r.generation {
-                    format!(
-                        "the rendezvous store ({}) no longer holds this run's generation {} (a restarted server on the memory store keeps no state), so lease {:#x} is gone",
-                        self.store.name(),
-                        r.generation,
-                        r.lease
-                    )
-                } else {
-                    format!("lease {:#x} expired while reconnecting", r.lease)
-                };
-                self.emit(Event::Fenced(why.clone()));
-                return Ok(Some(Phase::Fenced { reason: why }));
-            }
-            None => {
-                if let Some(end) = self.finished().await? {
-                    self.emit(Event::Finished(end));
-                    return Ok(None);
-                }
-                self.ensure_lease().await?;
-            }
-        }
-        Ok(Some(Phase::Idle))
     }
 
     /// The driver: one `select!` over the agent's requests, the round, the generation's watch,
@@ -312,11 +290,11 @@ impl Actor {
         resume: Option<Resume>,
         mut requests: mpsc::UnboundedReceiver<Request>,
     ) -> Result<(), RendezvousError> {
-        let Some(phase) = self.open(resume).await? else {
-            return Ok(());
-        };
-        self.state.phase = phase;
-        self.handles.keep_for(&self.state.phase);
+        let opened = self.open(resume).await?;
+        let mut first = VecDeque::new();
+        first.extend(self.lease_change.take().map(Input::Leased));
+        first.push_back(Input::Opened(opened));
+        self.apply(first).await?;
         while !self.state.phase.is_left() {
             let at = self.state.wake_at();
             let reads_requests = self.state.reads_requests();
@@ -336,34 +314,40 @@ impl Actor {
                         None => Input::WatchBroke,
                         Some(ev) => {
                             let g = self.state.phase.running_generation().unwrap_or_default();
-                            Input::Watch(generation::classify(self.round.keys(), g, ev)?)
+                            Input::Watch(super::watch::classify(self.round.keys(), g, ev)?)
                         }
                     }
                 }
                 () = sleep_until_opt(at) => Input::Tick,
                 Some(lost) = self.lost_rx.recv() => Input::LeaseLost(lost),
             };
-            self.apply(input).await?;
+            self.apply(VecDeque::from([input])).await?;
         }
         Ok(())
     }
 
-    /// Steps on `input`, carries out the effects, and steps on what they bring back.
-    async fn apply(&mut self, input: Input) -> Result<(), RendezvousError> {
-        let mut inputs = VecDeque::from([input]);
+    /// Steps on `inputs`, carries out the effects, and steps on what they bring back (a
+    /// change of the lease first, then the outcome).
+    async fn apply(&mut self, mut inputs: VecDeque<Input>) -> Result<(), RendezvousError> {
         while let Some(input) = inputs.pop_front() {
+            // A change of the lease comes before the outcome of the work that made it and
+            // leaves the phase as it is: the handles that work set up for the phase it leads
+            // to (a join's round) stay until that outcome is stepped on.
+            let leased = matches!(input, Input::Leased(_));
             let state = std::mem::take(&mut self.state);
             let (state, effects, reason) = step::step(state, input, Instant::now(), &self.params);
             self.state = state;
-            self.handles.keep_for(&self.state.phase);
+            if !leased {
+                self.handles.keep_for(&self.state.phase);
+            }
             if !reason.is_empty() {
                 let g = self.state.phase.running_generation();
                 tracing::debug!(run = %self.cfg.run_id, gen = ?g, "{reason}");
             }
             for effect in effects {
-                if let Some(next) = self.carry_out(effect).await? {
-                    inputs.push_back(next);
-                }
+                let next = self.carry_out(effect).await?;
+                inputs.extend(self.lease_change.take().map(Input::Leased));
+                inputs.extend(next);
             }
         }
         Ok(())
@@ -414,6 +398,15 @@ impl Actor {
                 self.revoke_abandoned(lease).await?;
                 None
             }
+            Effect::Reformed { generation, reason } => {
+                tracing::debug!(run = %self.cfg.run_id, gen = generation, "re-form counted: {reason}");
+                crate::server::metrics::global().reformed(&self.cfg.run_id, &reason);
+                None
+            }
+            Effect::Note { generation, line } => {
+                tracing::info!(run = %self.cfg.run_id, gen = generation, "{line}");
+                None
+            }
             Effect::Warn(line) => {
                 tracing::warn!(run = %self.cfg.run_id, node = %self.cfg.node_id, "{line}");
                 None
@@ -440,7 +433,7 @@ impl Actor {
             self.state.phase = phase;
             match outcome {
                 Ok(result) => break tried(what, tries, result),
-                Err(lost) if generation::fences(self.state.lease, lost.0) => {
+                Err(lost) if generation::fences(self.lease(), lost.0) => {
                     break Input::LeaseLost(lost)
                 }
                 Err(lost) => {
@@ -477,6 +470,9 @@ impl Actor {
                 .await
                 .map(|p| Outcome::Phase(Some(p))),
             Attempt::Attribute(a) => self.look_for_loss(a).await.map(Outcome::Loss),
+            Attempt::Budget { spending, stage } => {
+                self.budget(spending, stage).await.map(Outcome::Budget)
+            }
         }
     }
 
@@ -486,12 +482,10 @@ impl Actor {
     }
 
     /// Fences from inside store work (the lease was found lost, or the node was given up):
-    /// stops renewing, tells the agent, and returns the phase to go to.
+    /// stops renewing and returns the phase to go to; the step tells the agent.
     pub(super) fn fence(&mut self, reason: String) -> Phase {
-        tracing::error!(node = %self.cfg.node_id, "{reason}");
         self.stop_keeper();
-        self.state.lease = None;
-        self.emit(Event::Fenced(reason.clone()));
+        self.lease_changed(LeaseChange::Released);
         Phase::Fenced { reason }
     }
 
@@ -509,7 +503,7 @@ impl Actor {
             // so yet): this node was fenced; it joins as a newcomer with a fresh lease.
             tracing::warn!(node = %self.cfg.node_id, "lease {lease:#x} expired; joining with a new lease");
             self.stop_keeper();
-            self.state.lease = None;
+            self.lease_changed(LeaseChange::Released);
             lease = self.ensure_lease().await?;
             self.round.rejoin(&cand, lease, self.state.last_gen).await?;
         } else {

@@ -4,7 +4,8 @@
 //! session's view of the generation, a watch event or a timer tick, now, the rules) returning
 //! effects for the actor to carry out and a reason a human can read. Nothing here touches the
 //! store, spawns or sleeps: the tests drive it with synthetic instants. The actor
-//! (`session/actor.rs`) classifies store events into [`Input`]s, calls [`step`], and executes the
+//! (`session/actor.rs`) classifies store events into [`Input`]s (`session/watch.rs`), calls
+//! [`step`], and executes the
 //! [`Effect`]s; a few effects are guarded by one store read (does a newcomer still wait? did the
 //! successor start?) whose answer is again judged here ([`successor_lost`]).
 //!
@@ -20,9 +21,7 @@ use super::save_clock::SaveClock;
 use super::silence::{self, Silence};
 use crate::decisions::envcheck::{self, Door, Report};
 use crate::human::duration as human;
-use crate::store::keys::RunKeys;
-use crate::store::WatchEvent;
-use crate::{Join, Plan, StoreError};
+use crate::{Join, Plan};
 
 /// The knobs the generation core needs, taken from [`super::SessionConfig`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,60 +205,24 @@ pub(crate) enum Input {
     },
     /// This node's agent sent something (it answers the ping of [`silence`]).
     AgentHeard,
+    /// Node rank 0's checkpoint interval was decided (what [`Effect::EvaluateInterval`] read).
+    IntervalDecided(Duration),
+    /// The scale-up save for `node` was written while `ckpt/latest` was `latest_before` (what
+    /// [`Effect::RequestScaleUpSave`] did): hold the newcomer up to `limit`.
+    ScaleUpSaveWritten {
+        /// The newcomer(s), listed.
+        node: String,
+        /// `ckpt/latest` when the save was requested.
+        latest_before: String,
+        /// How long to wait for the seal.
+        limit: Duration,
+    },
+    /// No newcomer waits any more (what [`Effect::CallOffIfNobodyWaits`] read).
+    NobodyWaits,
     /// A watched key this core has no use for.
     Other,
     /// Time passed: deadlines at or before `now` are due.
     Tick,
-}
-
-/// Turns a watch event of generation `g` into an [`Input`]. A corrupt `finished` is an error.
-pub(crate) fn classify(keys: &RunKeys, g: u64, ev: WatchEvent) -> Result<Input, StoreError> {
-    let waiting = keys.waiting_prefix();
-    let members = keys.members_prefix(g);
-    let silent = keys.silent_prefix(g);
-    let accusation = |key: &str, still: bool| {
-        let (accused, by) = key[silent.len()..].split_once('/')?;
-        Some(Input::Accused {
-            accused: accused.to_string(),
-            by: by.to_string(),
-            still,
-        })
-    };
-    Ok(match ev {
-        WatchEvent::Put(kv) if kv.key.starts_with(&silent) => {
-            accusation(&kv.key, true).unwrap_or(Input::Other)
-        }
-        WatchEvent::Delete(key, _) if key.starts_with(&silent) => {
-            accusation(&key, false).unwrap_or(Input::Other)
-        }
-        WatchEvent::Put(kv) if kv.key == keys.closed(g) => Input::Closed(kv.value_str()),
-        WatchEvent::Put(kv)
-            if kv.key == keys.preempt(g)
-                || kv.key == keys.scale_up_save(g)
-                || kv.key.starts_with(&keys.save_due_prefix(g)) =>
-        {
-            Input::SaveRequest(kv.value.to_vec())
-        }
-        WatchEvent::Put(kv) if kv.key == keys.ckpt_latest() => Input::Sealed(kv.value_str()),
-        WatchEvent::Put(kv) if kv.key == keys.finished() => Input::Finished(
-            serde_json::from_slice(&kv.value).map_err(|e| StoreError::Corrupt {
-                key: kv.key.clone(),
-                reason: e.to_string(),
-            })?,
-        ),
-        WatchEvent::Put(kv) if kv.key.starts_with(&waiting) => Input::Waiting(
-            kv.key[waiting.len()..].to_string(),
-            serde_json::from_slice(&kv.value).ok(),
-        ),
-        WatchEvent::Put(kv) if kv.key.starts_with(&members) => {
-            Input::MemberUp(kv.key[members.len()..].to_string())
-        }
-        WatchEvent::Delete(key, _) if key.starts_with(&waiting) => Input::WaitingGone,
-        WatchEvent::Delete(key, _) if key.starts_with(&members) => {
-            Input::MemberGone(key[members.len()..].to_string())
-        }
-        _ => Input::Other,
-    })
 }
 
 /// What the actor must do.
@@ -407,6 +370,31 @@ pub(crate) fn step(run: &mut Running, input: Input, now: Instant, rules: &Rules)
             silent(run.silence.accused(&by, still, now))
         }
         Input::AgentHeard => silent(run.silence.heard(now)),
+        Input::IntervalDecided(interval) => {
+            if let Some(c) = run.save_clock.as_mut() {
+                c.set(interval);
+            }
+            Step::nothing("")
+        }
+        Input::ScaleUpSaveWritten {
+            node,
+            latest_before,
+            limit,
+        } => {
+            run.scale_up_requested(&node, latest_before, now, limit);
+            Step::nothing(format!(
+                "{} waiting to join: asking every rank for a checkpoint first (--on-scale-up checkpoint, up to {})",
+                are(&node),
+                human(limit)
+            ))
+        }
+        Input::NobodyWaits => match run.call_off_scale_up() {
+            Some(node) => Step::nothing(format!(
+                "{} no longer waiting to join: the scale-up is called off, no re-form",
+                are(&node)
+            )),
+            None => Step::nothing(""),
+        },
         Input::Tick => tick(run, now, rules),
         Input::Accused { .. }
         | Input::WaitingGone

@@ -15,18 +15,19 @@ use crate::RendezvousError;
 
 impl Actor {
     /// Decides the interval from what the store measured; logs it (one line when it changed),
-    /// records it (`ckpt/interval`, metrics) and sets `run`'s clock. `entered`: generation
-    /// `g` just started; after a re-form, the work it lost is logged next to what was expected.
+    /// records it (`ckpt/interval`, metrics) and returns it for `run`'s clock (the generation
+    /// core sets it). `entered`: generation `g` just started; after a re-form, the work it
+    /// lost is logged next to what was expected.
     pub(super) async fn evaluate_interval(
         &self,
-        run: &mut Running,
+        run: &Running,
         entered: bool,
-    ) -> Result<(), RendezvousError> {
+    ) -> Result<Option<Duration>, RendezvousError> {
         let g = run.generation();
         let state = self.round.state();
         let obs = failure_log::observe(state, &self.ledger, g, now_ms()).await?;
         let Some(interval) = self.rules.ckpt_interval.decide(&obs) else {
-            return Ok(());
+            return Ok(None);
         };
         let before = state.ckpt_interval().await?;
         let run_id = &self.cfg.run_id;
@@ -51,10 +52,7 @@ impl Actor {
             state.record_interval(&interval).await?;
         }
         crate::server::metrics::global().interval(run_id, &interval);
-        if let Some(c) = run.save_clock.as_mut() {
-            c.set(interval.duration());
-        }
-        Ok(())
+        Ok(Some(interval.duration()))
     }
 
     /// Asks every rank of generation `g` for a checkpoint: `interval` since the last seal

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::actor::Actor;
 use super::liveness::{self, Knock};
 use super::protocol::SaveRequest;
-use super::state::{Attribution, LossLook};
+use super::state::{Attribution, LeaseChange, LossLook};
 use crate::clock::now_ms;
 use crate::decisions::loss;
 use crate::store::LeaseId;
@@ -116,7 +116,7 @@ impl Actor {
             .record_lost(&self.cfg.node_id, loss::CONNECTION_CLOSED)
             .await?;
         state.revoke_lease(lease).await?;
-        self.state.lease = None;
+        self.lease_changed(LeaseChange::Released);
         Ok(())
     }
 

@@ -158,8 +158,8 @@ pub enum Event {
         generation: u64,
         /// Step of the commit.
         step: u64,
-        /// What it achieved, or one line saying why it was refused.
-        result: Result<CommitOutcome, String>,
+        /// What it achieved, or why it was refused.
+        result: Result<CommitOutcome, CommitRefused>,
     },
     /// The answer to a pace [`Request::Report`]: every rank's median seconds per step in the
     /// reporting node's generation, job-wide.
@@ -170,4 +170,37 @@ pub enum Event {
     /// To a node standing by ([`Request::StandBy`]): join once every one of these nodes answers
     /// its probes; none: join now. Said again when it changes.
     StandBy(Vec<super::standby::Reach>),
+}
+
+/// Why a checkpoint commit was refused, as the agent hears it in [`Event::Committed`]. Its
+/// line crosses the wire as it is; an answer read back from the wire keeps only the line
+/// ([`CommitRefused::Said`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommitRefused {
+    /// The commit's generation does not run on the committing node's session.
+    #[error("stale commit: generation {generation} is not running on node {node}")]
+    NotRunning {
+        /// The commit's generation.
+        generation: u64,
+        /// The committing node.
+        node: String,
+    },
+    /// The ledger refused it: its [`crate::LedgerError`]'s line.
+    #[error("{0}")]
+    Ledger(String),
+    /// The rendezvous backend keeps no checkpoint ledger (`static`).
+    #[error(
+        "the static rendezvous backend has no checkpoint ledger; use the embedded, drun, c10d or etcd backend"
+    )]
+    NoLedger,
+    /// The agent could not persist the step it staged in memory (`--ckpt-memory`): the
+    /// commit never reached the ledger; why.
+    #[error("{0}")]
+    NotPersisted(String),
+    /// The refusal as it came over the wire.
+    #[error("{0}")]
+    Said(String),
+    /// An answer that came over the wire but did not decode.
+    #[error("undecodable commit answer: {0}")]
+    Undecodable(String),
 }

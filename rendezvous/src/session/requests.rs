@@ -4,9 +4,9 @@
 //! reads of the run.
 
 use super::actor::Actor;
-use super::protocol::{Event, Request};
+use super::protocol::{CommitRefused, Event, Request};
 use super::standby;
-use super::state::Phase;
+use super::state::{LeaseChange, Phase};
 use crate::decisions::loss;
 use crate::ledger::{LedgerError, NodeCommit, Retention};
 use crate::{Plan, RendezvousError};
@@ -36,20 +36,8 @@ impl Actor {
                 }
                 Ok(None)
             }
-            Request::Failed {
-                generation,
-                description,
-                cause,
-            } => {
-                let (restart, restarts, cause) = self
-                    .decide_failure(generation, &description, cause.as_ref())
-                    .await?;
-                self.emit(Event::FailureDecision {
-                    restart,
-                    restarts,
-                    cause,
-                });
-                Ok(None)
+            Request::Failed { .. } => {
+                unreachable!("a worker failure is decided by the step: a look for a loss, then the budget's stages")
             }
             Request::Commit { commit, retention } => {
                 let running = match &*phase {
@@ -162,13 +150,13 @@ impl Actor {
                 match self.ledger.commit(plan, &commit, retention).await {
                     Ok(o) => Ok(o),
                     Err(LedgerError::Store(e)) => return Err(e.into()),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(CommitRefused::Ledger(e.to_string())),
                 }
             }
-            _ => Err(format!(
-                "stale commit: generation {} is not running on node {}",
-                commit.generation, self.cfg.node_id
-            )),
+            _ => Err(CommitRefused::NotRunning {
+                generation: commit.generation,
+                node: self.cfg.node_id.clone(),
+            }),
         };
         if let Err(e) = &result {
             tracing::warn!(
@@ -187,12 +175,12 @@ impl Actor {
 
     /// Leaves the run: records why, revokes the lease (survivors re-form).
     async fn leave(&mut self) -> Result<(), RendezvousError> {
-        if let Some(l) = self.state.lease {
+        if let Some(l) = self.lease() {
             self.stop_keeper();
             let state = self.round.state();
             state.record_lost(&self.cfg.node_id, loss::LEFT).await?;
             state.revoke_lease(l).await?;
-            self.state.lease = None;
+            self.lease_changed(LeaseChange::Released);
         }
         Ok(())
     }

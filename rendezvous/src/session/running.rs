@@ -6,8 +6,7 @@ use tokio::time::Instant;
 use super::actor::{failure, is_transient, Actor, Watch};
 use super::generation::{self, Effect, Running};
 use super::protocol::{Event, SaveRequest};
-use super::state::{Input, Phase};
-use crate::human::duration as human;
+use super::state::{Input, Phase, Read};
 use crate::{Plan, RendezvousError, StoreError};
 
 impl Actor {
@@ -19,7 +18,7 @@ impl Actor {
         before: Option<Running>,
         announce: bool,
     ) -> Result<Phase, RendezvousError> {
-        let Some(lease) = self.state.lease else {
+        let Some(lease) = self.lease() else {
             return Ok(Phase::Idle);
         };
         let state = self.round.state().clone();
@@ -88,7 +87,14 @@ impl Actor {
             &self.rules,
         );
         if run.save_clock.is_some() {
-            self.evaluate_interval(&mut run, !rewatch).await?;
+            if let Some(interval) = self.evaluate_interval(&run, !rewatch).await? {
+                generation::step(
+                    &mut run,
+                    generation::Input::IntervalDecided(interval),
+                    Instant::now(),
+                    &self.rules,
+                );
+            }
         }
         if generation::watches_newcomers(&run.plan, &self.cfg.node_id, &self.rules) {
             run.door = self
@@ -164,24 +170,41 @@ impl Actor {
     }
 
     /// Carries out the generation core's effects on the running generation, in order; the
-    /// outcome is the step's next input. A node given up meanwhile is fenced.
+    /// outcome is the step's next input. A node given up meanwhile is fenced. A read the core
+    /// judges stops the run of effects: it goes back with the rest ([`Read`]).
     pub(super) async fn execute_all(
         &mut self,
         effects: Vec<Effect>,
         ends: bool,
     ) -> Result<Input, RendezvousError> {
-        let Phase::Running(mut run) = std::mem::take(&mut self.state.phase) else {
+        let Phase::Running(run) = std::mem::take(&mut self.state.phase) else {
             unreachable!("the step asks for a generation's effects only while it runs")
         };
         let mut next = None;
-        for effect in effects {
-            match self.execute(&mut run, effect).await {
-                Ok(fenced) => next = fenced.or(next),
+        let mut effects = effects.into_iter();
+        while let Some(effect) = effects.next() {
+            match self.execute(&run, effect).await {
+                Ok(Done::Carried) => {}
+                Ok(Done::Fenced(phase)) => next = Some(*phase),
+                Ok(Done::Read(input)) if next.is_none() => {
+                    return Ok(Input::Executed {
+                        run: Box::new(run),
+                        ends,
+                        result: Ok(None),
+                        read: Some(Read {
+                            input,
+                            rest: effects.collect(),
+                        }),
+                    })
+                }
+                // Given up already: the view of the generation goes with the membership.
+                Ok(Done::Read(_)) => {}
                 Err(e) if is_transient(&e) => {
                     return Ok(Input::Executed {
                         run: Box::new(run),
                         ends,
                         result: Err(failure(&e)),
+                        read: None,
                     })
                 }
                 Err(e) => return Err(e),
@@ -191,15 +214,13 @@ impl Actor {
             run: Box::new(run),
             ends,
             result: Ok(next),
+            read: None,
         })
     }
 
-    /// Carries out one effect of the generation core; `Some(phase)`: the node was fenced.
-    async fn execute(
-        &mut self,
-        run: &mut Running,
-        effect: Effect,
-    ) -> Result<Option<Phase>, RendezvousError> {
+    /// Carries out one effect of the generation core: its store work only; what the core must
+    /// judge of it comes back as [`Done::Read`].
+    async fn execute(&mut self, run: &Running, effect: Effect) -> Result<Done, RendezvousError> {
         let g = run.generation();
         match effect {
             Effect::Emit(ev) => self.emit(ev),
@@ -208,23 +229,22 @@ impl Actor {
                 let asked_ms =
                     crate::clock::now_ms().saturating_sub(asked_at.elapsed().as_millis() as u64);
                 if self.heard_since(asked_ms) {
-                    let why = generation::step(
-                        run,
-                        generation::Input::AgentHeard,
-                        Instant::now(),
-                        &self.rules,
-                    )
-                    .reason;
-                    tracing::info!(run = %self.cfg.run_id, gen = g, "{why}");
-                } else {
-                    return self.give_up(g, reason).await.map(Some);
+                    return Ok(Done::Read(generation::Input::AgentHeard));
                 }
+                return self
+                    .give_up(g, reason)
+                    .await
+                    .map(|p| Done::Fenced(Box::new(p)));
             }
             Effect::ReportSaveRequest(v) => self.emit_save_request(&v),
             Effect::Close(reason) => {
                 self.close(g, reason, false).await?;
             }
-            Effect::EvaluateInterval { entered } => self.evaluate_interval(run, entered).await?,
+            Effect::EvaluateInterval { entered } => {
+                if let Some(interval) = self.evaluate_interval(run, entered).await? {
+                    return Ok(Done::Read(generation::Input::IntervalDecided(interval)));
+                }
+            }
             Effect::RequestIntervalSave(interval) => {
                 self.request_interval_save(g, interval).await?
             }
@@ -243,12 +263,11 @@ impl Actor {
                         true,
                     )
                     .await?;
-                tracing::info!(
-                    run = %self.cfg.run_id,
-                    gen = g,
-                    "{} waiting to join: asking every rank for a checkpoint first (--on-scale-up checkpoint, up to {})", generation::are(&node), human(limit)
-                );
-                run.scale_up_requested(&node, latest_before, Instant::now(), limit);
+                return Ok(Done::Read(generation::Input::ScaleUpSaveWritten {
+                    node,
+                    latest_before,
+                    limit,
+                }));
             }
             Effect::TurnAway { node, message } => {
                 let err = RendezvousError::Unformable {
@@ -259,9 +278,7 @@ impl Actor {
             }
             Effect::CallOffIfNobodyWaits => {
                 if !self.newcomer_waiting(&run.plan).await? {
-                    if let Some(node) = run.call_off_scale_up() {
-                        tracing::info!(run = %self.cfg.run_id, gen = g, "{} no longer waiting to join: the scale-up is called off, no re-form", generation::are(&node));
-                    }
+                    return Ok(Done::Read(generation::Input::NobodyWaits));
                 }
             }
             Effect::SuccessorLost(node) => {
@@ -282,6 +299,16 @@ impl Actor {
                 }
             }
         }
-        Ok(None)
+        Ok(Done::Carried)
     }
+}
+
+/// What carrying out one of the generation core's effects brought back.
+pub(super) enum Done {
+    /// Carried out; nothing to judge.
+    Carried,
+    /// This node was given up: the phase to go to.
+    Fenced(Box<Phase>),
+    /// A read (or a write's result) for the generation core to judge.
+    Read(generation::Input),
 }

@@ -28,7 +28,7 @@ impl Actor {
         run: &mut Running,
         json: &str,
     ) -> Result<(), RendezvousError> {
-        let Some(lease) = self.state.lease else {
+        let Some(lease) = self.lease() else {
             return Ok(());
         };
         let Ok(r) = serde_json::from_str::<serde_json::Value>(json) else {
@@ -78,7 +78,7 @@ impl Actor {
     ) -> Result<Phase, RendezvousError> {
         let state = self.round.state().clone();
         state.record_lost(&self.cfg.node_id, &reason).await?;
-        if let Some(lease) = self.state.lease {
+        if let Some(lease) = self.lease() {
             self.stop_keeper();
             state.revoke_lease(lease).await?;
         }

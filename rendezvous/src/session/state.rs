@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use super::generation::{self, Rules, Running};
 use super::keeper::Lost;
 use super::liveness::Knock;
-use super::protocol::{Event, Request};
+use super::protocol::{Event, Request, RunEnd};
 use super::standby::{Look, Seen};
 use crate::decisions::root_cause::RootCause;
 use crate::round::Restarts;
@@ -173,6 +173,85 @@ pub(crate) enum Attempt {
     Join(Join),
     /// Look once whether a worker failure coincides with a member's loss ([`crate::decisions::loss`]).
     Attribute(Attribution),
+    /// One stage of deciding a worker failure against the job-wide restart budget.
+    Budget {
+        /// The failure.
+        spending: Spending,
+        /// Which stage.
+        stage: BudgetStage,
+    },
+}
+
+/// A worker failure decided against the job-wide restart budget, once no member's loss
+/// explained it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Spending {
+    /// Generation of the failure.
+    pub generation: u64,
+    /// One line: which rank, which exit.
+    pub description: String,
+    /// The failed worker in detail, when a worker failed.
+    pub cause: Option<RootCause>,
+}
+
+/// The store work of deciding a failure against the budget: read, then spend or end. The
+/// verdict between them is [`crate::session::generation::failure_verdict`]'s, in the step.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum BudgetStage {
+    /// Read the counters, the current generation and whether it is closed.
+    Read,
+    /// Close the generation and count one restart in one transaction, guarded on the
+    /// revisions read (a lost race reads again).
+    Spend {
+        /// `gen/current`'s revision as read.
+        gen_rev: i64,
+        /// The counters' revision as read.
+        restarts_rev: i64,
+        /// The counters after spending.
+        next: Restarts,
+        /// The close reason.
+        closed: String,
+    },
+    /// End the run as failed: the budget is spent.
+    End {
+        /// The run's end (its root cause this failure's).
+        end: RunEnd,
+        /// The counters with this failure in the history.
+        last: Restarts,
+    },
+}
+
+/// What the budget's store work brought back.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum BudgetSeen {
+    /// What [`BudgetStage::Read`] read.
+    Read {
+        /// The counters and their revision.
+        restarts: (Restarts, i64),
+        /// `gen/current` and its revision.
+        current: (u64, i64),
+        /// `gen/<g>/closed`'s reason, when closed.
+        closed: Option<String>,
+        /// The wall clock (ms since the epoch), for a run end.
+        at_ms: u64,
+    },
+    /// The spend transaction: whether it won; the counters and reason it wrote.
+    Spent {
+        /// It won (no other session spent or closed meanwhile).
+        won: bool,
+        /// The counters after spending.
+        next: Restarts,
+        /// The close reason.
+        closed: String,
+    },
+    /// The run was ended as failed; its root cause as recorded (another node's when its
+    /// failure ended the run first).
+    Ended {
+        /// The counters with this failure in the history.
+        last: Restarts,
+        /// The run's root cause.
+        cause: Option<RootCause>,
+    },
 }
 
 /// A worker failure of this node that may be a lost member's doing: looked at again every
@@ -193,9 +272,9 @@ pub(crate) struct Attribution {
 }
 
 impl Attribution {
-    /// The request that decides the failure against the budget, once no loss explains it.
-    pub fn decide(self) -> Request {
-        Request::Failed {
+    /// The failure to decide against the budget, once no loss explains it.
+    pub fn decide(self) -> Spending {
+        Spending {
             generation: self.generation,
             description: self.description,
             cause: self.cause,
@@ -235,6 +314,46 @@ pub(crate) struct Failure {
     pub transient: bool,
     /// One line.
     pub message: String,
+}
+
+/// What store work did to the session's lease, reported back for the step to apply: the
+/// driver grants, revokes and renews, the state says which lease the session holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseChange {
+    /// A lease was granted (or a reconnecting agent's taken over) and its keeper started.
+    Granted(LeaseId),
+    /// The lease was revoked, or found gone, and its keeper stopped: the session holds none.
+    Released,
+}
+
+impl LeaseChange {
+    /// The lease held after this change.
+    pub fn held(self) -> Option<LeaseId> {
+        match self {
+            LeaseChange::Granted(l) => Some(l),
+            LeaseChange::Released => None,
+        }
+    }
+}
+
+/// How opening the session went: the first phase (`None`: the run had ended, the agent was
+/// told) and the last generation the agent reconnected from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Opened {
+    /// The first phase.
+    pub phase: Option<Phase>,
+    /// The last generation this node ran or was fenced from.
+    pub last_gen: u64,
+}
+
+/// What one of the generation core's effects read (or wrote) that the core judges next:
+/// its input, and the effects of the same step still to carry out after what it decides.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Read {
+    /// The generation core's next input.
+    pub input: generation::Input,
+    /// The effects after the one that read, in order.
+    pub rest: Vec<generation::Effect>,
 }
 
 /// What the round this node waited in decided.
@@ -298,6 +417,11 @@ impl Session {
 pub(crate) enum Input {
     /// The agent asks.
     Request(Request),
+    /// The session opened (a reconnecting agent's state taken over, or a fresh start).
+    Opened(Opened),
+    /// Store work changed the lease (granted, revoked, found gone); comes before the outcome
+    /// of the work that changed it.
+    Leased(LeaseChange),
     /// The agent's stream ended without a Leave.
     RequestsClosed,
     /// The round this node waited in decided.
@@ -328,9 +452,21 @@ pub(crate) enum Input {
         ends: bool,
         /// How it went.
         result: Result<Option<Phase>, Failure>,
+        /// A read for the generation core to judge before the rest of the effects go on.
+        read: Option<Read>,
     },
     /// What a standing-by node's session read of the run (an error: the store did not answer).
     Seen(Result<Seen, String>),
+    /// One stage of deciding a failure against the budget came back (`tries` before it that
+    /// failed).
+    Budgeted {
+        /// The failure.
+        spending: Spending,
+        /// Tries before this one that the store did not answer.
+        tries: u32,
+        /// What it brought back.
+        result: Result<BudgetSeen, Failure>,
+    },
     /// The knock on an abandoned agent's probe port.
     Knocked(Knock),
     /// Whether this session still speaks for its node (no other session claimed it and the
@@ -394,4 +530,19 @@ pub(crate) enum Effect {
     },
     /// A line for the operator.
     Warn(String),
+    /// Generation `generation` was closed for a re-form with `reason` (the re-form metric).
+    Reformed {
+        /// The generation.
+        generation: u64,
+        /// The close reason.
+        reason: String,
+    },
+    /// A line for the operator about generation `generation` (what the generation core
+    /// judged of a read).
+    Note {
+        /// The generation.
+        generation: u64,
+        /// The line.
+        line: String,
+    },
 }

@@ -3,23 +3,20 @@
 //! a human can read. Every [`Input`] is matched here, exhaustively; a running generation's
 //! inputs go on to the generation core ([`generation::step`]). Retries are decided here: a
 //! store operation that failed transiently becomes a [`Retry`] with its deadline in the state,
-//! and the driver only sleeps until [`Session::wake_at`].
-
-use std::time::Duration;
+//! and the driver only sleeps until [`Session::wake_at`]. Two concerns have a file of their
+//! own: an abandoned agent (`step/abandoned.rs`) and a worker failure's attribution and
+//! budget (`step/failure.rs`).
 
 use tokio::time::Instant;
 
 use super::generation::{self, Running};
-use super::hold;
 use super::keeper::Lost;
-use super::liveness::Knock;
 use super::protocol::{Event, Request};
 use super::standby::{self, Look, Seen};
 use super::state::{
-    Abandoned, Attempt, Attribution, Decided, Effect, Failure, Input, LossLook, Params, Phase,
-    Retry, Session, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
+    Attempt, Attribution, Decided, Effect, Failure, Input, LeaseChange, Opened, Params, Phase,
+    Read, Retry, Session, REQUEST_TRIES, RETRY_PAUSE,
 };
-use crate::human::duration as human;
 
 /// One transition: the session after `input` at `now`, what the driver must do, and why
 /// (empty: nothing worth saying).
@@ -31,10 +28,12 @@ pub(crate) fn step(
 ) -> (Session, Vec<Effect>, String) {
     let mut fx = Vec::new();
     let reason = match input {
+        Input::Opened(o) => on_opened(&mut s, o),
+        Input::Leased(change) => on_leased(&mut s, change),
         Input::Request(req) => on_request(&mut s, req, now, p, &mut fx),
-        Input::RequestsClosed => on_closed(&mut s, now, p, &mut fx),
-        Input::Knocked(k) => on_knocked(&mut s, k, &mut fx),
-        Input::Speaks(r) => on_speaks(&mut s, r, now, p, &mut fx),
+        Input::RequestsClosed => abandoned::on_closed(&mut s, now, p, &mut fx),
+        Input::Knocked(k) => abandoned::on_knocked(&mut s, k, &mut fx),
+        Input::Speaks(r) => abandoned::on_speaks(&mut s, r, now, p, &mut fx),
         Input::Decided(d) => on_decided(&mut s, d, now, &mut fx),
         Input::Watch(ev) => on_generation(&mut s, ev, now, p, &mut fx),
         Input::WatchBroke => match std::mem::take(&mut s.phase) {
@@ -54,16 +53,78 @@ pub(crate) fn step(
             what,
             tries,
             result,
-        } => on_tried(&mut s, what, tries, result, now, &mut fx),
-        Input::Executed { run, ends, result } => on_executed(&mut s, *run, ends, result, &mut fx),
+        } => on_tried(&mut s, what, tries, result, now, p, &mut fx),
+        Input::Budgeted {
+            spending,
+            tries,
+            result,
+        } => failure::on_budget(&mut s, spending, tries, result, now, p, &mut fx),
+        Input::Executed {
+            run,
+            ends,
+            result,
+            read,
+        } => on_executed(&mut s, *run, ends, result, read, now, p, &mut fx),
         Input::Seen(seen) => on_seen(&mut s, seen, now, p, &mut fx),
         Input::Looked {
             attribution,
             tries,
             result,
-        } => on_looked(&mut s, attribution, tries, result, now, &mut fx),
+        } => failure::on_looked(&mut s, attribution, tries, result, now, &mut fx),
     };
     (s, fx, reason)
+}
+
+/// The session opened: its first phase (none: the run had ended, the session ends) and the
+/// last generation the agent came from.
+fn on_opened(s: &mut Session, o: Opened) -> String {
+    s.last_gen = s.last_gen.max(o.last_gen);
+    match o.phase {
+        Some(phase) => {
+            let why = match &phase {
+                Phase::Fenced { reason } => format!("the session opens fenced: {reason}"),
+                Phase::Running(run) => format!(
+                    "the session opens in generation {}, taken over from the reconnecting agent",
+                    run.generation()
+                ),
+                Phase::Waiting { .. } => {
+                    "the session opens waiting in the round, taken over from the reconnecting agent"
+                        .into()
+                }
+                _ => String::new(),
+            };
+            s.phase = phase;
+            why
+        }
+        None => {
+            s.phase = Phase::Left;
+            "the run had ended before the session opened".into()
+        }
+    }
+}
+
+/// Store work changed the lease: the session holds what it left (a grant, or none).
+fn on_leased(s: &mut Session, change: LeaseChange) -> String {
+    s.lease = change.held();
+    match change {
+        LeaseChange::Granted(l) => format!("holding lease {l:#x}"),
+        LeaseChange::Released => "the lease is given up".into(),
+    }
+}
+
+/// Store work left the session in `next`: fenced from inside the work (the lease was found
+/// gone, or the node was given up or sent away) goes through [`fence`], which tells the agent.
+fn go_to(s: &mut Session, next: Phase, fx: &mut Vec<Effect>) -> String {
+    match next {
+        Phase::Fenced { reason } => {
+            fence(s, reason.clone(), fx);
+            format!("fenced: {reason}")
+        }
+        next => {
+            s.phase = next;
+            String::new()
+        }
+    }
 }
 
 /// An agent's request. Keep-alives, stand-bys and duplicate joins are decided here; the rest
@@ -278,115 +339,6 @@ fn on_tick(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> S
     }
 }
 
-/// The agent's stream ended without a Leave (its process died, or its connection broke).
-/// Server-side, after [`crate::decisions::loss::RECONNECT_GRACE`] its lease is revoked unless the agent
-/// reconnected meanwhile (another session claimed the node) or the run is over: the others
-/// learn of a crashed agent in about a second instead of a lease TTL. The grace is cut short
-/// when the agent's host says its probe port is closed (`liveness.rs`).
-fn on_closed(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> String {
-    s.retry = None;
-    match s.lease {
-        Some(lease) if !p.renews_itself => {
-            s.phase = Phase::Abandoned(Abandoned {
-                lease,
-                at: Some(now + crate::decisions::loss::RECONNECT_GRACE),
-                gone: false,
-                held: false,
-            });
-            fx.push(Effect::Knock);
-            "the agent's stream ended without a leave: knocking on its probe port".into()
-        }
-        _ => {
-            s.phase = Phase::Left;
-            "the agent's stream ended".into()
-        }
-    }
-}
-
-/// The abandoned agent's host answered the knock (or did not).
-fn on_knocked(s: &mut Session, k: Knock, fx: &mut Vec<Effect>) -> String {
-    let Phase::Abandoned(a) = &mut s.phase else {
-        return String::new();
-    };
-    if k != Knock::Gone {
-        return String::new();
-    }
-    a.gone = true;
-    a.at = None;
-    fx.push(Effect::CheckSpeaks);
-    "nothing listens on the agent's probe port any more: its process is gone".into()
-}
-
-/// An abandoned agent's look: revoke its lease, hold it while the whole run is silent, or
-/// let another session (or the run's end) have it.
-fn on_speaks(
-    s: &mut Session,
-    r: Result<(bool, Option<Duration>), Failure>,
-    now: Instant,
-    p: &Params,
-    fx: &mut Vec<Effect>,
-) -> String {
-    let mut a = match std::mem::take(&mut s.phase) {
-        Phase::Abandoned(a) => a,
-        other => {
-            s.phase = other;
-            return String::new();
-        }
-    };
-    let (speaks, run_silent) = match r {
-        Ok(seen) => seen,
-        Err(f) => return end(s, f.message, fx),
-    };
-    let ttl = p.rules.lease_ttl;
-    if !speaks {
-        s.phase = Phase::Left;
-        return "another session speaks for the node, or the run ended: its lease stays".into();
-    }
-    if a.gone {
-        s.phase = Phase::Left;
-        s.lease = None;
-        fx.push(Effect::RevokeAbandoned {
-            lease: a.lease,
-            why: "the agent's connection closed without leaving and its host says nothing listens on its probe port any more (its process is gone): revoking its lease".into(),
-        });
-        return String::new();
-    }
-    match hold::after_break(run_silent, ttl) {
-        hold::AfterBreak::Hold => {
-            if !a.held {
-                a.held = true;
-                fx.push(Effect::Warn(format!(
-                    "the agent's connection broke, but no agent of the run was heard for {} either: this server is more likely cut off than every node; holding its lease (up to {}) for it to come back",
-                    human(run_silent.unwrap_or_default()),
-                    human(hold::HOLD_MAX)
-                )));
-            }
-            a.at = Some(now + p.keep_alive.min(Duration::from_secs(1)));
-            s.phase = Phase::Abandoned(a);
-            String::new()
-        }
-        hold::AfterBreak::Revoke if a.held => {
-            // The run is heard again: give this agent as long to come back.
-            a.held = false;
-            a.at = Some(now + hold::return_grace(ttl));
-            s.phase = Phase::Abandoned(a);
-            "the run is heard again: the abandoned agent has a grace to come back".into()
-        }
-        hold::AfterBreak::Revoke => {
-            s.phase = Phase::Left;
-            s.lease = None;
-            fx.push(Effect::RevokeAbandoned {
-                lease: a.lease,
-                why: format!(
-                    "the agent's connection closed without leaving and it did not come back within {}: revoking its lease",
-                    human(crate::decisions::loss::RECONNECT_GRACE)
-                ),
-            });
-            String::new()
-        }
-    }
-}
-
 /// The driver tried `what`. A request is tried up to [`REQUEST_TRIES`] times; entering a
 /// generation again after its watch broke, for as long as the lease lasts; a join after the
 /// store failed in the round, once.
@@ -396,15 +348,11 @@ fn on_tried(
     tries: u32,
     result: Result<Option<Phase>, Failure>,
     now: Instant,
+    p: &Params,
     fx: &mut Vec<Effect>,
 ) -> String {
     let failure = match result {
-        Ok(next) => {
-            if let Some(next) = next {
-                s.phase = next;
-            }
-            return String::new();
-        }
+        Ok(next) => return next.map(|n| go_to(s, n, fx)).unwrap_or_default(),
         Err(f) => f,
     };
     let again = |s: &mut Session, what: Attempt| {
@@ -474,93 +422,27 @@ fn on_tried(
             s.phase = Phase::Idle;
             format!("joining again failed: {}", failure.message)
         }
-        Attempt::Attribute(a) => on_looked(s, a, tries, Err(failure), now, fx),
+        Attempt::Attribute(a) => failure::on_looked(s, a, tries, Err(failure), now, fx),
+        Attempt::Budget { spending, .. } => {
+            failure::on_budget(s, spending, tries, Err(failure), now, p, fx)
+        }
     }
-}
-
-/// One look for a member's loss behind a worker failure. A loss restarts the group without
-/// spending the budget; the workers' own failure (or the window's end) is decided against the
-/// budget; meanwhile the failure is looked at again every [`ATTRIBUTION_POLL`].
-fn on_looked(
-    s: &mut Session,
-    mut a: Attribution,
-    tries: u32,
-    result: Result<LossLook, Failure>,
-    now: Instant,
-    fx: &mut Vec<Effect>,
-) -> String {
-    let g = a.generation;
-    let decide = |a: Attribution, fx: &mut Vec<Effect>| {
-        fx.push(Effect::Try {
-            what: Attempt::Request(a.decide()),
-            tries: 0,
-        })
-    };
-    match result {
-        Ok(LossLook::Lost(restarts)) => {
-            fx.push(Effect::Emit(Event::FailureDecision {
-                restart: true,
-                restarts,
-                cause: None,
-            }));
-            format!("the failure in generation {g} is a lost member's doing: a membership restart")
-        }
-        Ok(LossLook::NotALoss) => {
-            decide(a, fx);
-            format!("the failure in generation {g} is the workers' own (or decided by a re-form under way)")
-        }
-        Ok(LossLook::Knocked) => {
-            a.knocked = true;
-            fx.push(Effect::Try {
-                what: Attempt::Attribute(a),
-                tries,
-            });
-            "not every other member's agent answers: looking for a lost member again".into()
-        }
-        Ok(LossLook::Unseen) if now >= a.until => {
-            decide(a, fx);
-            format!("no member of generation {g} was lost within the attribution window")
-        }
-        Ok(LossLook::Unseen) => {
-            s.retry = Some(Retry {
-                what: Attempt::Attribute(a),
-                tries,
-                at: now + ATTRIBUTION_POLL,
-            });
-            String::new()
-        }
-        Err(f) if f.transient && tries + 1 < REQUEST_TRIES => {
-            let why = format!(
-                "store unavailable ({}); looking for a lost member again",
-                f.message
-            );
-            s.retry = Some(Retry {
-                what: Attempt::Attribute(a),
-                tries: tries + 1,
-                at: now + RETRY_PAUSE,
-            });
-            why
-        }
-        Err(f) => end(s, f.message, fx),
-    }
-}
-
-/// The session ends on an error it cannot get past; the agent hears it.
-fn end(s: &mut Session, message: String, fx: &mut Vec<Effect>) -> String {
-    s.phase = Phase::Left;
-    s.retry = None;
-    fx.push(Effect::Emit(Event::Error(message.clone())));
-    format!("the session ends: {message}")
 }
 
 /// The driver carried out the generation core's effects on `run`. A store that did not
-/// answer re-watches the generation; a node given up meanwhile is fenced; a generation that
+/// answer re-watches the generation; a node given up meanwhile is fenced; a read the core
+/// judges goes to it, and what it decides is carried out before the rest; a generation that
 /// ended leaves the session idle.
+// The step's own arguments and the input's fields: one call site.
+#[allow(clippy::too_many_arguments)]
 fn on_executed(
     s: &mut Session,
     run: Running,
     ends: bool,
     result: Result<Option<Phase>, Failure>,
+    read: Option<Read>,
+    now: Instant,
+    p: &Params,
     fx: &mut Vec<Effect>,
 ) -> String {
     match result {
@@ -574,19 +456,49 @@ fn on_executed(
             )
         }
         Err(f) => end(s, f.message, fx),
-        Ok(Some(next)) => {
-            s.phase = next;
-            String::new()
-        }
-        Ok(None) if ends || s.lease.is_none() => {
-            s.phase = Phase::Idle;
-            String::new()
-        }
-        Ok(None) => {
-            s.phase = Phase::Running(run);
-            String::new()
-        }
+        Ok(Some(next)) => go_to(s, next, fx),
+        Ok(None) => match read {
+            Some(read) => judge(s, run, ends, read, now, p, fx),
+            None if ends || s.lease.is_none() => {
+                s.phase = Phase::Idle;
+                String::new()
+            }
+            None => {
+                s.phase = Phase::Running(run);
+                String::new()
+            }
+        },
     }
+}
+
+/// The generation core judges what one of its effects read; its decision, then the rest of
+/// the effects, are carried out next. What it says goes to the operator
+/// ([`Effect::Note`]).
+fn judge(
+    s: &mut Session,
+    mut run: Running,
+    ends: bool,
+    read: Read,
+    now: Instant,
+    p: &Params,
+    fx: &mut Vec<Effect>,
+) -> String {
+    let g = run.generation();
+    let step = generation::step(&mut run, read.input, now, &p.rules);
+    s.phase = Phase::Running(run);
+    if !step.reason.is_empty() {
+        fx.push(Effect::Note {
+            generation: g,
+            line: step.reason,
+        });
+    }
+    let mut effects = step.effects;
+    effects.extend(read.rest);
+    let ends = ends || step.ends;
+    if !effects.is_empty() || ends {
+        fx.push(Effect::Generation { effects, ends });
+    }
+    String::new()
 }
 
 /// What a standing-by node's session read of the run: tell the agent what changed, look again
@@ -631,6 +543,11 @@ fn on_seen(
     String::new()
 }
 
+mod abandoned;
+mod ends;
+mod failure;
+
+use ends::end;
 #[cfg(test)]
 mod tests;
 

@@ -1,10 +1,11 @@
 //! The session's guarded store writes: close a generation, request a save, the exit barrier, the failure budget.
 
 use super::actor::Actor;
-use super::generation::{self, FailureVerdict};
+use super::generation;
 use super::protocol::{Event, SaveRequest};
+use super::state::{BudgetSeen, BudgetStage, Spending};
 use crate::clock::now_ms;
-use crate::store::records::{FailureRecord, RestartCause, Restarts, RootCause};
+use crate::store::records::{FailureRecord, RestartCause};
 use crate::store::run_state::session::SpendRestart;
 use crate::{Plan, RendezvousError};
 
@@ -20,11 +21,7 @@ impl Actor {
             tracing::warn!(node = %self.cfg.node_id, "{why}; dropped");
             return Ok(());
         }
-        let lease = if kind.leased() {
-            self.state.lease
-        } else {
-            None
-        };
+        let lease = if kind.leased() { self.lease() } else { None };
         if kind.leased() && lease.is_none() {
             return Ok(());
         }
@@ -118,66 +115,62 @@ impl Actor {
         Ok(())
     }
 
-    /// Spends one restart of the job-wide budget and closes `g`, or ends the run as failed
-    /// (the verdict is [`generation::failure_verdict`]'s). The failure that decides (`cause`,
-    /// when a worker failed) is recorded as `g`'s root cause and named in a failed run's end;
-    /// an end returns the run's root cause as recorded (another node's when its failure ended
-    /// the run first). Asked once the step found no member's loss behind the failure.
-    pub(super) async fn decide_failure(
+    /// One stage of deciding a worker failure against the job-wide budget (the step judges
+    /// between the stages with [`super::generation::failure_verdict`]): read the counters, the
+    /// current generation and whether it is closed; spend one restart and close the
+    /// generation, guarded on what was read, with the failure as `g`'s root cause and in the
+    /// failure history; or end the run as failed and read back its root cause as recorded
+    /// (another node's when its failure ended the run first).
+    pub(super) async fn budget(
         &self,
-        g: u64,
-        description: &str,
-        cause: Option<&RootCause>,
-    ) -> Result<(bool, Restarts, Option<RootCause>), RendezvousError> {
+        spending: &Spending,
+        stage: &BudgetStage,
+    ) -> Result<BudgetSeen, RendezvousError> {
         let state = self.round.state();
-        loop {
-            let restarts = self.round.restarts().await?;
-            let (cur, cur_rev) = self.round.current_generation().await?;
-            let closed = state.closed(g).await?;
-            let verdict = generation::failure_verdict(
-                g,
-                description,
-                &restarts,
-                cur,
-                closed.as_deref(),
-                &self.rules,
-                now_ms(),
-            );
-            match verdict {
-                FailureVerdict::Joins { restarts, reason } => {
-                    if closed.is_some() {
-                        tracing::info!(gen = g, "{reason}");
-                    }
-                    return Ok((true, restarts, None));
-                }
-                FailureVerdict::Spend { next, closed } => {
-                    let (_, restarts_rev) = state.restarts().await?;
-                    let failure = failure_record(g, description);
-                    let spent = state
-                        .spend_restart(SpendRestart {
-                            g,
-                            gen_rev: cur_rev,
-                            restarts_rev,
-                            next: &next,
-                            closed: &closed,
-                            root_cause: cause,
-                            failure: &failure,
-                        })
-                        .await?;
-                    if spent {
-                        crate::server::metrics::global().reformed(&self.cfg.run_id, &closed);
-                        return Ok((true, next, None));
-                    }
-                }
-                FailureVerdict::End { mut end, last } => {
-                    end.root_cause = cause.cloned();
-                    state.end_spent(g, &end, &last, cause).await?;
-                    let recorded = state.finished().await?;
-                    let cause = recorded.and_then(|e| e.root_cause).or(end.root_cause);
-                    return Ok((false, last, cause));
+        let g = spending.generation;
+        let cause = spending.cause.as_ref();
+        Ok(match stage {
+            BudgetStage::Read => BudgetSeen::Read {
+                restarts: state.restarts().await?,
+                current: self.round.current_generation().await?,
+                closed: state.closed(g).await?,
+                at_ms: now_ms(),
+            },
+            BudgetStage::Spend {
+                gen_rev,
+                restarts_rev,
+                next,
+                closed,
+            } => {
+                let failure = failure_record(g, &spending.description);
+                let won = state
+                    .spend_restart(SpendRestart {
+                        g,
+                        gen_rev: *gen_rev,
+                        restarts_rev: *restarts_rev,
+                        next,
+                        closed,
+                        root_cause: cause,
+                        failure: &failure,
+                    })
+                    .await?;
+                BudgetSeen::Spent {
+                    won,
+                    next: next.clone(),
+                    closed: closed.clone(),
                 }
             }
-        }
+            BudgetStage::End { end, last } => {
+                state.end_spent(g, end, last, cause).await?;
+                let recorded = state.finished().await?;
+                BudgetSeen::Ended {
+                    last: last.clone(),
+                    cause: recorded
+                        .and_then(|e| e.root_cause)
+                        .or_else(|| end.root_cause.clone()),
+                }
+            }
+        })
     }
 }
 

@@ -245,7 +245,11 @@ impl Stage {
                     d.key.0
                 );
                 if let Some(l) = ledger.filter(|l| l.generation() == d.key.1) {
-                    l.answered(d.key.0, &Err(e), None);
+                    l.answered(
+                        d.key.0,
+                        &Err(drun_rendezvous::CommitRefused::NotPersisted(e)),
+                        None,
+                    );
                 }
                 self.release(d.key);
                 None
@@ -358,7 +362,7 @@ impl Agent {
         &self,
         generation: u64,
         step: u64,
-        result: &Result<drun_rendezvous::CommitOutcome, String>,
+        result: &Result<drun_rendezvous::CommitOutcome, drun_rendezvous::CommitRefused>,
         stage: Option<&mut Stage>,
         ledger: Option<&NodeLedger>,
     ) {

@@ -194,7 +194,7 @@ fn commits_reach_the_ledger_only_while_workers_run() {
     let committed = || Event::Committed {
         generation: 1,
         step: 4,
-        result: Err("stale".into()),
+        result: Err(drun_rendezvous::CommitRefused::Said("stale".into())),
     };
     let mut t = T::new();
     assert!(t.ev(committed()).is_empty());

@@ -520,19 +520,6 @@ fn node_rank_0_asks_for_a_save_each_interval_after_the_last_seal() {
     );
     r.save_clock.as_mut().unwrap().set(Duration::from_secs(3));
     assert_eq!(r.wake_at(), Some(ms(t0, 8_000)), "counted from the seal");
-    // The request key of the generation is a save request like a preemption's.
-    let keys = RunKeys::new("run");
-    let kv = crate::store::KeyValue {
-        key: keys.save_due(3, "L2"),
-        value: bytes::Bytes::from_static(b"{}"),
-        mod_revision: 1,
-        create_revision: 1,
-        lease: None,
-    };
-    assert!(matches!(
-        classify(&keys, 3, WatchEvent::Put(kv)).unwrap(),
-        Input::SaveRequest(_)
-    ));
 }
 
 // ---- arrivals batched in the scale-up window ----
@@ -641,4 +628,60 @@ fn without_a_last_call_each_newcomer_reforms_at_once() {
         Some("node c is waiting to join (scale-up)")
     );
     assert_eq!(r.arrivals, None);
+}
+
+// ---- what the core's own effects read, judged here ----
+
+#[test]
+fn a_decided_interval_without_a_save_clock_changes_nothing() {
+    let t0 = Instant::now();
+    let mut r = running("a", t0, &rules());
+    let before = r.clone();
+    let s = step(
+        &mut r,
+        Input::IntervalDecided(Duration::from_secs(60)),
+        t0,
+        &rules(),
+    );
+    assert_eq!((r, s), (before, Step::nothing("")));
+}
+
+#[test]
+fn a_written_scale_up_save_holds_the_newcomer_and_its_deadline_wakes_the_session() {
+    let t0 = Instant::now();
+    let r0 = with_save(30);
+    let mut r = running("a", t0, &r0);
+    let s = step(
+        &mut r,
+        Input::ScaleUpSaveWritten {
+            node: "d".into(),
+            latest_before: "ckpt-1".into(),
+            limit: Duration::from_secs(30),
+        },
+        ms(t0, 200),
+        &r0,
+    );
+    assert!(s.effects.is_empty() && !s.ends);
+    assert!(s.reason.contains("up to 30 s"), "{}", s.reason);
+    assert_eq!(
+        r.scale_up,
+        Some(PendingScaleUp {
+            node: "d".into(),
+            latest_before: "ckpt-1".into(),
+            deadline: ms(t0, 30_200),
+        })
+    );
+    assert_eq!(r.wake_at(), Some(ms(t0, 30_200)));
+}
+
+#[test]
+fn nobody_waiting_calls_off_a_pending_scale_up_once() {
+    let t0 = Instant::now();
+    let mut r = running("a", t0, &with_save(30));
+    r.scale_up_requested("d", "ckpt-1".into(), t0, Duration::from_secs(30));
+    let first = step(&mut r, Input::NobodyWaits, ms(t0, 1), &rules());
+    assert!(first.reason.contains("called off"), "{}", first.reason);
+    assert_eq!(r.scale_up, None);
+    let again = step(&mut r, Input::NobodyWaits, ms(t0, 2), &rules());
+    assert_eq!(again, Step::nothing(""));
 }

@@ -10,8 +10,9 @@ use crate::session::liveness::Knock;
 use crate::session::protocol::{Event, Request, RunEnd};
 use crate::session::standby::{Look, Reach, Seen};
 use crate::session::state::{
-    Abandoned, Attempt, Attribution, Decided, Effect, Failure, Input, LossLook, Params, Phase,
-    Retry, Session, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
+    Abandoned, Attempt, Attribution, BudgetSeen, BudgetStage, Decided, Effect, Failure, Input,
+    LeaseChange, LossLook, Opened, Params, Phase, Read, Retry, Session, Spending, ATTRIBUTION_POLL,
+    REQUEST_TRIES, RETRY_PAUSE,
 };
 use crate::store::reports::ReportKind;
 use crate::{assign, Candidate, Join, Plan};
@@ -795,6 +796,7 @@ fn executed(run: Running, ends: bool, result: Result<Option<Phase>, Failure>) ->
         run: Box::new(run),
         ends,
         result,
+        read: None,
     }
 }
 
@@ -991,6 +993,21 @@ fn failed() -> Request {
     }
 }
 
+fn spending() -> Spending {
+    Spending {
+        generation: 3,
+        description: "rank 1 exited 1".into(),
+        cause: None,
+    }
+}
+
+fn budget(stage: BudgetStage) -> Attempt {
+    Attempt::Budget {
+        spending: spending(),
+        stage,
+    }
+}
+
 fn attribution(t0: Instant, knocked: bool) -> Attribution {
     Attribution {
         generation: 3,
@@ -1054,7 +1071,7 @@ fn the_workers_own_failure_is_decided_against_the_budget_at_once() {
         ms(t0, 5),
     );
     assert_eq!(s.retry, None);
-    assert_eq!(tries_of(&fx), vec![(Attempt::Request(failed()), 0)]);
+    assert_eq!(tries_of(&fx), vec![(budget(BudgetStage::Read), 0)]);
 }
 
 #[test]
@@ -1102,7 +1119,7 @@ fn nothing_seen_by_the_end_of_the_window_is_decided_against_the_budget() {
     );
     assert_eq!(s.retry, None);
     assert!(why.contains("attribution window"), "{why}");
-    assert_eq!(tries_of(&fx), vec![(Attempt::Request(failed()), 0)]);
+    assert_eq!(tries_of(&fx), vec![(budget(BudgetStage::Read), 0)]);
 }
 
 #[test]
@@ -1116,7 +1133,7 @@ fn the_window_is_polled_about_twenty_times_then_decided() {
             panic!("{fx:?}")
         };
         let Attempt::Attribute(a) = what.clone() else {
-            assert_eq!(*what, Attempt::Request(failed()));
+            assert_eq!(*what, budget(BudgetStage::Read));
             break;
         };
         looks += 1;
@@ -1412,4 +1429,554 @@ fn the_transitions_need_no_runtime() {
         s = s2;
     }
     assert!(s.phase.is_running());
+}
+
+// ---- opening, and the lease as store work left it ----
+
+fn opened(phase: Option<Phase>, last_gen: u64) -> Input {
+    Input::Opened(Opened { phase, last_gen })
+}
+
+#[test]
+fn a_session_opens_in_the_phase_its_opening_found() {
+    let t0 = Instant::now();
+    let view = running_view(t0, true);
+    let (s, fx, why) = run(
+        Session::default(),
+        opened(Some(Phase::Running(view.clone())), 3),
+        t0,
+    );
+    assert_eq!((s.phase, s.last_gen, fx), (Phase::Running(view), 3, vec![]));
+    assert!(why.contains("opens in generation 3"), "{why}");
+}
+
+#[test]
+fn a_session_opened_after_the_run_ended_is_over() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(Session::default(), opened(None, 0), t0);
+    assert_eq!((s.phase, fx), (Phase::Left, vec![]));
+}
+
+#[test]
+fn a_session_that_opens_fenced_keeps_the_newer_last_generation_and_says_nothing_twice() {
+    let t0 = Instant::now();
+    let fenced = Phase::Fenced {
+        reason: "lease 0x51 expired while reconnecting".into(),
+    };
+    let s = Session {
+        lease: None,
+        ..session(Phase::Idle)
+    };
+    // Opening told the agent already: no second Fenced event.
+    let (s, fx, why) = run(s, opened(Some(fenced.clone()), 7), t0);
+    assert_eq!((s.phase, s.last_gen, fx), (fenced, 7, vec![]));
+    assert!(why.contains("opens fenced"), "{why}");
+}
+
+#[test]
+fn an_opening_never_lowers_the_last_generation() {
+    let t0 = Instant::now();
+    let s = Session {
+        last_gen: 5,
+        ..Session::default()
+    };
+    let (s, _, _) = run(s, opened(Some(Phase::Idle), 2), t0);
+    assert_eq!((s.phase, s.last_gen), (Phase::Idle, 5));
+}
+
+#[test]
+fn a_lease_granted_by_store_work_is_held_and_the_phase_waits_for_the_outcome() {
+    let t0 = Instant::now();
+    let s = Session {
+        lease: None,
+        ..session(Phase::Fenced {
+            reason: "gone".into(),
+        })
+    };
+    let (s, fx, why) = run(s, Input::Leased(LeaseChange::Granted(0x77)), t0);
+    assert_eq!(s.lease, Some(0x77));
+    assert!(matches!(s.phase, Phase::Fenced { .. }), "{:?}", s.phase);
+    assert!(fx.is_empty());
+    assert!(why.contains("0x77"), "{why}");
+}
+
+#[test]
+fn a_lease_released_by_store_work_is_held_no_more() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(waiting(t0), Input::Leased(LeaseChange::Released), t0);
+    assert_eq!((s.lease, fx), (None, vec![]));
+    assert!(s.phase.is_waiting());
+}
+
+#[test]
+fn a_lease_regranted_mid_join_replaces_the_old_one() {
+    let t0 = Instant::now();
+    let (s, _, _) = run(idle(), Input::Leased(LeaseChange::Granted(0x99)), t0);
+    assert_eq!(s.lease, Some(0x99));
+}
+
+#[test]
+fn a_lease_lost_right_after_its_grant_fences_with_the_new_lease() {
+    let t0 = Instant::now();
+    let s = Session {
+        lease: None,
+        ..idle()
+    };
+    let (s, _, _) = run(s, Input::Leased(LeaseChange::Granted(0x99)), t0);
+    let (s, fx, _) = run(s, Input::LeaseLost((0x99, "lease expired".into())), t0);
+    assert_eq!(s.lease, None);
+    assert!(matches!(s.phase, Phase::Fenced { .. }), "{:?}", s.phase);
+    assert!(fx.contains(&Effect::StopKeeper), "{fx:?}");
+}
+
+#[test]
+fn a_fence_found_by_a_request_tells_the_agent_and_drops_the_lease() {
+    let t0 = Instant::now();
+    let reason = "partitioned from its peers: node 1 hears nobody".to_string();
+    let fenced = Phase::Fenced {
+        reason: reason.clone(),
+    };
+    let what = Attempt::Request(Request::Report {
+        kind: ReportKind::Peers,
+        json: "{}".into(),
+    });
+    let (s, fx, why) = run(running(t0), tried(what, 0, Ok(Some(fenced.clone()))), t0);
+    assert_eq!((s.phase, s.lease), (fenced, None));
+    assert_eq!(
+        fx,
+        vec![Effect::StopKeeper, Effect::Emit(Event::Fenced(reason))]
+    );
+    assert!(why.starts_with("fenced: partitioned"), "{why}");
+}
+
+#[test]
+fn a_fence_found_entering_a_generation_tells_the_agent() {
+    let t0 = Instant::now();
+    let reason = "lease lost before joining generation 3".to_string();
+    let what = Attempt::Enter {
+        plan: plan(3, &["a", "b"]),
+        before: None,
+        announce: true,
+    };
+    let (s, fx, _) = run(
+        idle(),
+        tried(
+            what,
+            0,
+            Ok(Some(Phase::Fenced {
+                reason: reason.clone(),
+            })),
+        ),
+        t0,
+    );
+    assert!(matches!(s.phase, Phase::Fenced { .. }));
+    assert!(fx.contains(&Effect::Emit(Event::Fenced(reason))), "{fx:?}");
+}
+
+#[test]
+fn a_node_given_up_while_the_effects_ran_hears_it_once() {
+    let t0 = Instant::now();
+    let reason = "given up: its agent did not answer".to_string();
+    let fenced = Phase::Fenced {
+        reason: reason.clone(),
+    };
+    let (s, fx, _) = run(
+        idle(),
+        executed(running_view(t0, true), false, Ok(Some(fenced.clone()))),
+        t0,
+    );
+    assert_eq!((s.phase, s.lease), (fenced, None));
+    let told = fx
+        .iter()
+        .filter(|e| matches!(e, Effect::Emit(Event::Fenced(_))))
+        .count();
+    assert_eq!(told, 1, "{fx:?}");
+}
+
+// ---- what the generation core's effects read, judged by it ----
+
+fn read_back(
+    run: Running,
+    ends: bool,
+    input: generation::Input,
+    rest: Vec<generation::Effect>,
+) -> Input {
+    Input::Executed {
+        run: Box::new(run),
+        ends,
+        result: Ok(None),
+        read: Some(Read { input, rest }),
+    }
+}
+
+fn pending_scale_up(t0: Instant) -> Running {
+    let mut view = running_view(t0, true);
+    view.scale_up_requested("d", "ckpt-1".into(), t0, Duration::from_secs(30));
+    view
+}
+
+#[test]
+fn nobody_waiting_any_more_calls_the_scale_up_off_before_the_rest_goes_on() {
+    let t0 = Instant::now();
+    let read = read_back(
+        pending_scale_up(t0),
+        false,
+        generation::Input::NobodyWaits,
+        vec![generation::Effect::Ping],
+    );
+    let (s, fx, _) = run(idle(), read, ms(t0, 10));
+    let Phase::Running(view) = &s.phase else {
+        panic!("{:?}", s.phase)
+    };
+    assert_eq!(view.scale_up, None);
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Note {
+                generation: 3,
+                line: "node d is no longer waiting to join: the scale-up is called off, no re-form"
+                    .into()
+            },
+            Effect::Generation {
+                effects: vec![generation::Effect::Ping],
+                ends: false
+            }
+        ]
+    );
+}
+
+#[test]
+fn nobody_waiting_without_a_scale_up_pending_says_nothing() {
+    let t0 = Instant::now();
+    let view = running_view(t0, true);
+    let read = read_back(view.clone(), false, generation::Input::NobodyWaits, vec![]);
+    let (s, fx, _) = run(idle(), read, t0);
+    assert_eq!((s.phase, fx), (Phase::Running(view), vec![]));
+}
+
+#[test]
+fn a_scale_up_save_written_holds_the_newcomer_until_its_deadline() {
+    let t0 = Instant::now();
+    let read = read_back(
+        running_view(t0, true),
+        false,
+        generation::Input::ScaleUpSaveWritten {
+            node: "d".into(),
+            latest_before: "ckpt-1".into(),
+            limit: Duration::from_secs(30),
+        },
+        vec![],
+    );
+    let (s, fx, _) = run(idle(), read, ms(t0, 500));
+    let Phase::Running(view) = &s.phase else {
+        panic!("{:?}", s.phase)
+    };
+    let pending = view.scale_up.as_ref().expect("pending");
+    assert_eq!(
+        (pending.node.as_str(), pending.latest_before.as_str()),
+        ("d", "ckpt-1")
+    );
+    assert_eq!(pending.deadline, ms(t0, 30_500));
+    assert!(
+        matches!(&fx[..], [Effect::Note { generation: 3, line }] if line.contains("asking every rank for a checkpoint first")),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn an_agent_heard_since_the_ping_keeps_the_node_and_the_rest_goes_on() {
+    let t0 = Instant::now();
+    let read = read_back(
+        running_view(t0, true),
+        false,
+        generation::Input::AgentHeard,
+        vec![generation::Effect::Close("newcomer".into())],
+    );
+    let (s, fx, _) = run(idle(), read, t0);
+    assert!(s.phase.is_running());
+    assert_eq!(
+        fx.last(),
+        Some(&Effect::Generation {
+            effects: vec![generation::Effect::Close("newcomer".into())],
+            ends: false
+        })
+    );
+}
+
+#[test]
+fn a_decided_interval_sets_the_save_clock() {
+    let t0 = Instant::now();
+    let mut view = running_view(t0, true);
+    view.save_clock = Some(crate::session::save_clock::SaveClock::start(t0));
+    let read = read_back(
+        view.clone(),
+        false,
+        generation::Input::IntervalDecided(Duration::from_secs(60)),
+        vec![],
+    );
+    let (s, fx, _) = run(idle(), read, ms(t0, 5));
+    let mut want = view;
+    want.save_clock
+        .as_mut()
+        .expect("clock")
+        .set(Duration::from_secs(60));
+    // The clock counts now: without the read it would still be evaluating.
+    assert_ne!(
+        want.save_clock,
+        Some(crate::session::save_clock::SaveClock::start(t0))
+    );
+    assert_eq!((s.phase, fx), (Phase::Running(want), vec![]));
+}
+
+#[test]
+fn a_read_of_a_generation_that_ends_still_ends_it_after_the_rest() {
+    let t0 = Instant::now();
+    let read = read_back(
+        running_view(t0, true),
+        true,
+        generation::Input::NobodyWaits,
+        vec![],
+    );
+    let (s, fx, _) = run(idle(), read, t0);
+    assert!(s.phase.is_running());
+    assert_eq!(
+        fx,
+        vec![Effect::Generation {
+            effects: vec![],
+            ends: true
+        }]
+    );
+}
+
+// ---- a worker failure against the job-wide restart budget ----
+
+fn budgeted(tries: u32, result: Result<BudgetSeen, Failure>) -> Input {
+    Input::Budgeted {
+        spending: spending(),
+        tries,
+        result,
+    }
+}
+
+fn counters(failures: u32) -> crate::round::Restarts {
+    crate::round::Restarts {
+        failures,
+        ..Default::default()
+    }
+}
+
+fn read(failures: u32, current: u64, closed: Option<&str>) -> BudgetSeen {
+    BudgetSeen::Read {
+        restarts: (counters(failures), 40),
+        current: (current, 41),
+        closed: closed.map(String::from),
+        at_ms: 1_000,
+    }
+}
+
+fn decision(fx: &[Effect]) -> Option<(bool, u32)> {
+    fx.iter().find_map(|e| match e {
+        Effect::Emit(Event::FailureDecision {
+            restart, restarts, ..
+        }) => Some((*restart, restarts.failures)),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_failure_with_budget_left_spends_one_restart_guarded_on_what_was_read() {
+    let t0 = Instant::now();
+    let (s, fx, why) = run(running(t0), budgeted(0, Ok(read(0, 3, None))), t0);
+    assert_eq!(s, running(t0));
+    let [(Attempt::Budget { stage, .. }, 0)] = &tries_of(&fx)[..] else {
+        panic!("{fx:?}")
+    };
+    let BudgetStage::Spend {
+        gen_rev,
+        restarts_rev,
+        next,
+        closed,
+    } = stage
+    else {
+        panic!("{stage:?}")
+    };
+    assert_eq!((*gen_rev, *restarts_rev, next.failures), (41, 40, 1));
+    assert_eq!(
+        next.history,
+        vec!["generation 3: rank 1 exited 1".to_string()]
+    );
+    assert_eq!(closed, "worker failure: rank 1 exited 1");
+    assert!(why.contains("spending one restart"), "{why}");
+    assert_eq!(decision(&fx), None, "the agent hears it once spent");
+}
+
+#[test]
+fn a_spend_that_won_restarts_the_workers_and_counts_the_reform() {
+    let t0 = Instant::now();
+    let seen = BudgetSeen::Spent {
+        won: true,
+        next: counters(1),
+        closed: "worker failure: rank 1 exited 1".into(),
+    };
+    let (s, fx, _) = run(running(t0), budgeted(0, Ok(seen)), t0);
+    assert_eq!(s, running(t0));
+    assert_eq!(
+        fx,
+        vec![
+            Effect::Reformed {
+                generation: 3,
+                reason: "worker failure: rank 1 exited 1".into()
+            },
+            Effect::Emit(Event::FailureDecision {
+                restart: true,
+                restarts: counters(1),
+                cause: None
+            })
+        ]
+    );
+}
+
+#[test]
+fn a_spend_that_lost_its_race_reads_the_budget_again_at_once() {
+    let t0 = Instant::now();
+    let seen = BudgetSeen::Spent {
+        won: false,
+        next: counters(1),
+        closed: "x".into(),
+    };
+    let (s, fx, _) = run(running(t0), budgeted(2, Ok(seen)), t0);
+    assert_eq!(s.retry, None);
+    assert_eq!(tries_of(&fx), vec![(budget(BudgetStage::Read), 2)]);
+    assert_eq!(decision(&fx), None);
+}
+
+#[test]
+fn a_failure_during_a_reform_under_way_joins_it_and_spends_nothing() {
+    let t0 = Instant::now();
+    let (_, fx, why) = run(
+        running(t0),
+        budgeted(0, Ok(read(1, 3, Some("node b lost")))),
+        t0,
+    );
+    assert_eq!(tries_of(&fx), vec![]);
+    assert_eq!(decision(&fx), Some((true, 1)));
+    assert!(why.contains("joins an ongoing re-form"), "{why}");
+    assert!(
+        matches!(&fx[0], Effect::Note { generation: 3, line } if line.contains("node b lost")),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn a_failure_of_a_generation_that_is_over_spends_nothing_and_says_it_quietly() {
+    let t0 = Instant::now();
+    let (_, fx, why) = run(running(t0), budgeted(0, Ok(read(0, 4, None))), t0);
+    assert_eq!(decision(&fx), Some((true, 0)));
+    assert!(why.contains("is over"), "{why}");
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::Note { .. })),
+        "{fx:?}"
+    );
+}
+
+#[test]
+fn a_spent_budget_ends_the_run_naming_the_failure_as_its_root_cause() {
+    let t0 = Instant::now();
+    let cause = crate::decisions::root_cause::RootCause::default();
+    let with_cause = Input::Budgeted {
+        spending: Spending {
+            cause: Some(cause.clone()),
+            ..spending()
+        },
+        tries: 0,
+        result: Ok(read(2, 3, None)),
+    };
+    let (_, fx, why) = run(running(t0), with_cause, t0);
+    let [(Attempt::Budget { stage, .. }, 0)] = &tries_of(&fx)[..] else {
+        panic!("{fx:?}")
+    };
+    let BudgetStage::End { end, last } = stage else {
+        panic!("{stage:?}")
+    };
+    assert!(!end.success);
+    assert_eq!(end.root_cause, Some(cause));
+    assert_eq!(last.history.len(), 1);
+    assert!(why.contains("budget is spent"), "{why}");
+    assert_eq!(decision(&fx), None);
+}
+
+#[test]
+fn an_ended_run_tells_the_agent_not_to_restart_with_the_recorded_cause() {
+    let t0 = Instant::now();
+    let seen = BudgetSeen::Ended {
+        last: counters(2),
+        cause: None,
+    };
+    let (_, fx, _) = run(running(t0), budgeted(0, Ok(seen)), t0);
+    assert_eq!(
+        fx,
+        vec![Effect::Emit(Event::FailureDecision {
+            restart: false,
+            restarts: counters(2),
+            cause: None
+        })]
+    );
+}
+
+#[test]
+fn a_budget_the_store_does_not_answer_starts_over_from_the_read_after_a_pause() {
+    let t0 = Instant::now();
+    let (s, fx, why) = run(running(t0), budgeted(3, Err(down())), t0);
+    assert_eq!(fx, vec![]);
+    assert_eq!(
+        s.retry,
+        Some(Retry {
+            what: budget(BudgetStage::Read),
+            tries: 4,
+            at: t0 + RETRY_PAUSE
+        })
+    );
+    assert!(
+        why.contains("deciding the failure of generation 3 again"),
+        "{why}"
+    );
+    // Due: tried again, from the read.
+    let (s, fx, _) = run(s, Input::Tick, t0 + RETRY_PAUSE);
+    assert_eq!(s.retry, None);
+    assert_eq!(tries_of(&fx), vec![(budget(BudgetStage::Read), 4)]);
+}
+
+#[test]
+fn a_budget_the_store_never_answers_ends_the_session_after_the_last_try() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(running(t0), budgeted(REQUEST_TRIES - 1, Err(down())), t0);
+    assert_eq!(s.phase, Phase::Left);
+    assert_eq!(
+        fx,
+        vec![Effect::Emit(Event::Error("store unavailable".into()))]
+    );
+}
+
+#[test]
+fn a_budget_stage_that_fails_for_good_ends_the_session() {
+    let t0 = Instant::now();
+    let (s, fx, _) = run(running(t0), budgeted(0, Err(broken())), t0);
+    assert_eq!(s.phase, Phase::Left);
+    assert_eq!(fx, vec![Effect::Emit(Event::Error("corrupt key".into()))]);
+}
+
+#[test]
+fn a_spend_the_store_did_not_answer_comes_back_through_tried_and_is_retried_from_the_read() {
+    let t0 = Instant::now();
+    let what = budget(BudgetStage::Spend {
+        gen_rev: 1,
+        restarts_rev: 1,
+        next: counters(1),
+        closed: "x".into(),
+    });
+    let (s, _, _) = run(running(t0), tried(what, 0, Err(down())), t0);
+    assert_eq!(
+        s.retry.map(|r| (r.what, r.tries)),
+        Some((budget(BudgetStage::Read), 1))
+    );
 }
