@@ -365,7 +365,10 @@ fn ddp_all_reduce_across_four_agents() {
     let agents: Vec<Agent> = (0..4)
         .map(|i| {
             let mut c = agent_cmd(i, "ddp8", "4", &["--rdzv-endpoint", &server.endpoint]);
+            // One generation that never restarts: a warm interpreter per rank would import
+            // torch beside the workers for nothing (8 of the test's 16 imports).
             c.python(&python)
+                .args(["--warm-workers", "off"])
                 .arg(crate::harness::root().join("examples/train_ddp.py"))
                 .args(["--epochs", "2", "--out"])
                 .arg(out.path());

@@ -541,7 +541,9 @@ fn control_plane_outage(store: &str) {
         &python,
         ("outage", "2"),
         |c| {
-            c.args(["--rdzv-conf", &conf])
+            // The generation is kept through the outage (the assertion): no restart would use
+            // a warm interpreter.
+            c.args(["--rdzv-conf", &conf, "--warm-workers", "off"])
                 .arg(worker("paced_steps.py"))
                 .arg(&out);
         },

@@ -364,7 +364,7 @@ pub struct Args {
     /// `on`: while a generation trains, keep one more interpreter per local rank that has
     /// imported torch and waits, so a restarted worker (after a worker failure or a node loss)
     /// skips interpreter start and `import torch`. Only for `python script.py` entrypoints;
-    /// the first start is cold. `off`: every worker starts a new interpreter (for scripts that
+    /// none on one node once its restarts are spent (no generation can follow). `off`: every worker starts a new interpreter (for scripts that
     /// need a fresh interpreter at import, or to save the memory of the waiting interpreters).
     #[arg(
         long = "warm-workers",

@@ -333,6 +333,8 @@ fn a_restart_hands_off_to_the_warm_interpreters_and_starts_cold_where_one_died()
     std::fs::write(&script, "print(1)\n").expect("script");
     f.cfg.entrypoint.script = script.display().to_string();
     f.cfg.entrypoint.leading = vec!["-u".into(), f.cfg.entrypoint.script.clone()];
+    // A restart needs budget: without it no warm interpreter is started (the test below).
+    f.cfg.supervision.max_restarts = 1;
     f.warm = Some(Mutex::new(WarmPool::new(&f.cfg, f.os.clone())));
     let first = f.start(0).expect("started");
     f.refill(0);
@@ -393,4 +395,33 @@ fn a_restart_hands_off_to_the_warm_interpreters_and_starts_cold_where_one_died()
     assert_eq!(env["LOCAL_RANK"], "0");
     assert!(!env.contains_key("DRUN_WARM_FD"));
     assert_eq!(msg["argv"][0], f.cfg.entrypoint.script.as_str());
+}
+
+#[test]
+fn one_node_starts_no_warm_interpreter_for_a_generation_that_cannot_come() {
+    let mut f = Fixture::new(2);
+    let script = f.logs.path().join("train.py");
+    std::fs::write(&script, "print(1)\n").expect("script");
+    f.cfg.entrypoint.script = script.display().to_string();
+    f.cfg.entrypoint.leading = vec!["-u".into(), f.cfg.entrypoint.script.clone()];
+    // One node (the in-process rendezvous) and the default --max-restarts 0: the first
+    // generation is the last.
+    f.warm = Some(Mutex::new(WarmPool::new(&f.cfg, f.os.clone())));
+    f.start(0).expect("started");
+    f.refill(0);
+    assert_eq!(f.os.calls().len(), 2, "2 workers and no warm interpreter");
+    // With one restart: warm interpreters for the second generation, none after it.
+    f.cfg.supervision.max_restarts = 1;
+    f.refill(0);
+    assert_eq!(f.os.calls().len(), 4, "2 warm interpreters for the restart");
+    let mut g = Fixture::new(2);
+    g.cfg = f.cfg.clone();
+    g.warm = Some(Mutex::new(WarmPool::new(&g.cfg, g.os.clone())));
+    g.start(1).expect("restarted");
+    g.refill(1);
+    assert_eq!(
+        g.os.calls().len(),
+        2,
+        "the restart used the budget: none for a third"
+    );
 }

@@ -130,6 +130,24 @@ pub fn choose(eligible: &Result<(), NotWarm>, preflight: bool, warm: Option<&Sta
     }
 }
 
+/// Whether a generation can follow the one starting now, so that warm interpreters started for
+/// it could ever be used. `one_node` is the in-process rendezvous (`--standalone`, or a
+/// one-node launch): no node can join or leave it, so the only next generation is a restart of
+/// the group, which needs `--max-restarts` budget left (`restarts_used` of `max_restarts`).
+/// Every other rendezvous can re-form on a membership change whatever the budget. `Err`: why
+/// none is started (a debug line).
+pub fn next_generation(
+    one_node: bool,
+    restarts_used: u32,
+    max_restarts: u32,
+) -> Result<(), &'static str> {
+    if one_node && restarts_used >= max_restarts {
+        Err("one node and no restart left: no generation can follow this one")
+    } else {
+        Ok(())
+    }
+}
+
 /// How long a node's first join waits at most for its warm interpreters' `import torch`.
 pub const IMPORT_WAIT: Duration = Duration::from_secs(30);
 
@@ -186,6 +204,19 @@ mod tests {
             ScriptFile::Other("the script is a zip archive"),
         );
         assert_eq!(zip.unwrap_err().to_string(), "the script is a zip archive");
+    }
+
+    #[test]
+    fn one_node_keeps_warm_interpreters_only_while_a_restart_is_left() {
+        // The default standalone run (--max-restarts 0): its first generation is its last.
+        let last = next_generation(true, 0, 0).unwrap_err();
+        assert!(last.contains("no restart left"), "{last}");
+        assert_eq!(next_generation(true, 0, 1), Ok(()));
+        assert_eq!(next_generation(true, 2, 3), Ok(()));
+        assert!(next_generation(true, 3, 3).is_err());
+        // A multi-node rendezvous can re-form on a node loss or arrival, restarts or not.
+        assert_eq!(next_generation(false, 0, 0), Ok(()));
+        assert_eq!(next_generation(false, 3, 3), Ok(()));
     }
 
     #[test]

@@ -28,6 +28,10 @@
 //!   handed off anyway, it `exec`s the cold command line itself.
 //! * Not a `python script.py` entrypoint (`--no-python`, `-m`, `--run-path`, a zip or
 //!   directory), `--warm-workers off`, or a generation running the `--preflight` check: cold.
+//! * No refill when no generation can follow ([`decide::next_generation`]): on the in-process
+//!   rendezvous (one node, nobody joins or leaves) once `--max-restarts` is spent, e.g. every
+//!   default `--standalone` run (`--max-restarts 0`); the spares would import torch beside the
+//!   workers for nothing.
 //! * The teardown sweep spares the warm interpreters (they are the agent's children and carry
 //!   `DRUN_AGENT_ID`); the agent kills them at exit, and PDEATHSIG kills them if it dies.
 //!

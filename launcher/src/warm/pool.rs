@@ -13,7 +13,7 @@ use drun_rendezvous::Plan;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-use super::decide::{choose, eligibility, NotWarm, ScriptFile, Start, Status};
+use super::decide::{choose, eligibility, next_generation, NotWarm, ScriptFile, Start, Status};
 use super::handoff::{self, FD_VAR};
 use crate::command::EntryKind;
 use crate::group::GroupContext;
@@ -245,10 +245,27 @@ impl WarmPool {
 /// Starts a warm interpreter for every local rank of `plan` that has none, with the
 /// environment a worker of this generation has (what `import torch` reads is the same in every
 /// generation: the agent's environment, OMP_NUM_THREADS as drun sets it). A spawn that fails
-/// turns warm workers off for the run.
+/// turns warm workers off for the run. None when no generation can follow this one
+/// ([`next_generation`]: one node and no restart left), since it would import torch for nothing.
 pub async fn refill(ctx: &GroupContext<'_>, plan: &Plan, restart_count: u32) {
     let Some(pool) = ctx.warm else { return };
     let cfg = ctx.cfg;
+    let one_node = matches!(
+        cfg.rendezvous,
+        crate::config::RendezvousMode::Embedded { .. }
+    );
+    if let Err(why) = next_generation(one_node, restart_count, cfg.supervision.max_restarts) {
+        // Said only where warm workers are on: with them off the run says so once, at start.
+        if pool
+            .lock()
+            .expect("warm pool mutex poisoned")
+            .eligible
+            .is_ok()
+        {
+            tracing::debug!(gen = plan.generation, "no spare interpreters: {why}");
+        }
+        return;
+    }
     let Some(member) = plan.member(&cfg.node_id) else {
         return;
     };
