@@ -69,6 +69,41 @@ fn with_py_spy_on_path_the_stuck_ranks_stack_comes_from_py_spy() {
     );
 }
 
+/// A stuck rank with NCCL loaded (its memory maps name `libnccl`, as a GPU job's do) is dumped
+/// with `py-spy dump --native`: the native frames say which call it waits in; its Python frames
+/// are still there.
+#[test]
+fn a_stuck_rank_with_nccl_loaded_is_dumped_with_native_frames() {
+    let Some(python) = torch_python() else { return };
+    let spy = python.with_file_name("py-spy");
+    assert!(spy.is_file(), "{} is missing: run .ci/setup", spy.display());
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&spy, dir.path().join("py-spy")).unwrap();
+    let path = std::env::join_paths(std::iter::once(dir.path().to_path_buf()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .unwrap();
+    let mut c = drun();
+    c.args(["--standalone", "--nproc-per-node", "2"])
+        .args(["--hang-timeout", "2", "--max-restarts", "0"])
+        .args(["--shutdown-timeout", "3"])
+        .env("PATH", path)
+        .env("HANG_AS_NCCL", dir.path())
+        .arg(worker("hang.py"))
+        .args(["200", "-1", "1"]);
+    let (code, _, err) = run(c, Duration::from_secs(90));
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("[rank 1] stacks (py-spy dump --native --pid "),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("[rank 1]") && l.contains("stuck_here (")),
+        "py-spy's frame of stuck_here:\n{err}"
+    );
+}
+
 /// Without a restart left, the run ends with the hang's line naming the rank.
 #[test]
 fn a_hang_without_restarts_left_ends_the_run_naming_the_hung_rank() {

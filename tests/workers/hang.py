@@ -3,6 +3,9 @@
 rank 1 stops at step 20 inside ``stuck_here()`` for STUCK seconds (-1: forever; ``sigstop``: it
 stops itself with SIGSTOP); the others go on. Prints ``done rank=R`` at the end.
 
+With ``HANG_AS_NCCL=DIR`` in the environment the worker first loads a copy of the C math library
+named ``DIR/libnccl.so.2.<RANK>``, so that its memory maps show an NCCL library as a GPU job's do.
+
 Usage: hang.py STEPS STUCK BEACONS
 """
 
@@ -25,7 +28,20 @@ def stuck_here(seconds):
     time.sleep(seconds)
 
 
+def load_as_nccl(where):
+    import ctypes
+    import shutil
+
+    with open("/proc/self/maps") as maps:
+        libm = next(line.split()[-1] for line in maps if "/libm.so" in line or "/libm-" in line)
+    copy = os.path.join(where, "libnccl.so.2." + os.environ["RANK"])
+    shutil.copyfile(libm, copy)
+    ctypes.CDLL(copy)
+
+
 def main():
+    if os.environ.get("HANG_AS_NCCL"):
+        load_as_nccl(os.environ["HANG_AS_NCCL"])
     steps, beacons = int(sys.argv[1]), sys.argv[3] == "1"
     stuck = sys.argv[2] if sys.argv[2] == "sigstop" else float(sys.argv[2])
     rank = int(os.environ["RANK"])

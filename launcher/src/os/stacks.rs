@@ -35,15 +35,27 @@ pub async fn dump(ranks: &[(u32, i32)], signal: Signal) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
         }
         if let Some(spy) = &spy {
-            match run_py_spy(spy, pid).await {
-                Ok(out) => {
-                    crate::say!("[rank {rank}] stacks (py-spy dump --pid {pid}):");
-                    for line in out.lines() {
-                        crate::say!("[rank {rank}] {line}");
-                    }
-                    continue;
+            let native = std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                .is_ok_and(|maps| wants_native(&maps));
+            let mut dumped = if native {
+                run_py_spy(spy, pid, true).await.map_err(|why| {
+                    tracing::debug!(rank, pid, "py-spy dump --native: {why}; without it");
+                })
+            } else {
+                Err(())
+            };
+            let flag = if dumped.is_ok() { "--native " } else { "" };
+            if dumped.is_err() {
+                dumped = run_py_spy(spy, pid, false).await.map_err(|why| {
+                    tracing::warn!(rank, pid, "py-spy dump: {why}; using faulthandler")
+                });
+            }
+            if let Ok(out) = dumped {
+                crate::say!("[rank {rank}] stacks (py-spy dump {flag}--pid {pid}):");
+                for line in out.lines() {
+                    crate::say!("[rank {rank}] {line}");
                 }
-                Err(why) => tracing::warn!(rank, pid, "py-spy dump: {why}; using faulthandler"),
+                continue;
             }
         }
         // ESRCH: the worker is gone already; nothing to dump.
@@ -53,6 +65,19 @@ pub async fn dump(ranks: &[(u32, i32)], signal: Signal) {
     if signalled {
         tokio::time::sleep(FAULTHANDLER_WAIT).await;
     }
+}
+
+/// Whether a worker whose memory maps are `maps` (`/proc/PID/maps`) is dumped with
+/// `py-spy dump --native`: it has NCCL or CUDA loaded, so a hang most likely waits in a native
+/// call (a collective, a kernel, a stream synchronisation) below the Python frame that made it,
+/// and the native frames say which.
+pub fn wants_native(maps: &str) -> bool {
+    maps.lines().any(|l| {
+        let file = l.rsplit('/').next().unwrap_or("");
+        file.starts_with("libnccl")
+            || file.starts_with("libcuda.so")
+            || file.starts_with("libcudart")
+    })
 }
 
 /// Why `py-spy dump` gave no stacks.
@@ -82,13 +107,15 @@ enum PySpyError {
     },
 }
 
-/// `py-spy dump --pid PID`, killed after [`PY_SPY_WAIT`]; its output, or why there is none.
+/// `py-spy dump [--native] --pid PID`, killed after [`PY_SPY_WAIT`]; its output, or why there is none.
 /// Its pipes are drained by threads while it runs, so a large dump (many threads) cannot fill
 /// a pipe and block it. (Not `tokio::process`: drun reaps its children itself.)
-async fn run_py_spy(spy: &std::path::Path, pid: i32) -> Result<String, PySpyError> {
+async fn run_py_spy(spy: &std::path::Path, pid: i32, native: bool) -> Result<String, PySpyError> {
     use std::process::{Command, Stdio};
     let mut child = Command::new(spy)
-        .args(["dump", "--pid", &pid.to_string()])
+        .arg("dump")
+        .args(native.then_some("--native"))
+        .args(["--pid", &pid.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -170,7 +197,31 @@ fn one_line(report: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::one_line;
+    use super::{one_line, wants_native};
+
+    #[test]
+    fn a_worker_with_nccl_or_cuda_loaded_is_dumped_with_native_frames() {
+        let maps = |lib: &str| {
+            format!(
+                "7f1c2a000000-7f1c2a200000 r-xp 00000000 08:01 131 /usr/lib/x86_64-linux-gnu/libm.so.6\n\
+                 7f1c2b000000-7f1c2b400000 r-xp 00000000 08:01 132 {lib}\n\
+                 7ffd1c000000-7ffd1c021000 rw-p 00000000 00:00 0 [stack]\n"
+            )
+        };
+        for lib in [
+            "/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+            "/venv/lib/python3.11/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12",
+        ] {
+            assert!(wants_native(&maps(lib)), "{lib}");
+        }
+        for lib in [
+            "/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so",
+            "/venv/lib/python3.11/site-packages/torch/lib/libgloo.so",
+        ] {
+            assert!(!wants_native(&maps(lib)), "{lib}");
+        }
+    }
 
     #[test]
     fn a_py_spy_report_becomes_one_line() {
