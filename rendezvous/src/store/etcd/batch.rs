@@ -37,13 +37,30 @@ pub const MAX_BYTES: usize = 512 * 1024;
 /// `DRUN_RDZV_WRITES_IN_FLIGHT` says otherwise (1 gives the old one-at-a-time behaviour).
 pub const WRITES_IN_FLIGHT: usize = 2;
 
-/// [`WRITES_IN_FLIGHT`], or `DRUN_RDZV_WRITES_IN_FLIGHT` when that is a number from 1 to 16.
+/// [`WRITES_IN_FLIGHT`], or `DRUN_RDZV_WRITES_IN_FLIGHT` (a value that is not a number from 1 to
+/// 16 is named in one warning and the default used).
 pub fn writes_in_flight() -> usize {
-    std::env::var("DRUN_RDZV_WRITES_IN_FLIGHT")
+    let value = std::env::var("DRUN_RDZV_WRITES_IN_FLIGHT").ok();
+    parse_writes_in_flight(value.as_deref()).unwrap_or_else(|why| {
+        tracing::warn!("{why}");
+        WRITES_IN_FLIGHT
+    })
+}
+
+/// `DRUN_RDZV_WRITES_IN_FLIGHT`'s value (`None`: unset) as a count, or the line that says why not.
+pub fn parse_writes_in_flight(value: Option<&str>) -> Result<usize, String> {
+    let Some(v) = value else {
+        return Ok(WRITES_IN_FLIGHT);
+    };
+    v.trim()
+        .parse::<usize>()
         .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|n| (1..=16).contains(n))
-        .unwrap_or(WRITES_IN_FLIGHT)
+        .ok_or_else(|| {
+            format!(
+                "DRUN_RDZV_WRITES_IN_FLIGHT={v:?} is not a number from 1 to 16; using {WRITES_IN_FLIGHT} (unset it, or give e.g. 1 for one etcd write batch at a time)"
+            )
+        })
 }
 
 /// What a batch of requests may hold together.
@@ -260,6 +277,20 @@ mod tests {
     impl W {
         fn key(&self) -> String {
             self.0.to_string()
+        }
+    }
+
+    #[test]
+    fn writes_in_flight_is_a_number_from_1_to_16_and_a_bad_value_is_named() {
+        assert_eq!(parse_writes_in_flight(None), Ok(WRITES_IN_FLIGHT));
+        assert_eq!(parse_writes_in_flight(Some(" 4 ")), Ok(4));
+        assert_eq!(parse_writes_in_flight(Some("1")), Ok(1));
+        for bad in ["0", "17", "two", ""] {
+            let why = parse_writes_in_flight(Some(bad)).unwrap_err();
+            assert!(
+                why.contains("DRUN_RDZV_WRITES_IN_FLIGHT") && why.contains("1 to 16"),
+                "{why}"
+            );
         }
     }
 
