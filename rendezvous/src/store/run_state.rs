@@ -450,6 +450,45 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn a_plan_read_twice_is_decoded_once_and_either_buffer_finds_it() {
+        use crate::{assign, Candidate};
+        let c: Vec<Candidate> = ["a", "b"]
+            .iter()
+            .map(|id| Candidate {
+                node_id: id.to_string(),
+                advertise_addr: id.to_string(),
+                slots: 1,
+                requested_node_rank: None,
+                master_port: 1,
+                probe_port: 0,
+            })
+            .collect();
+        // A key of its own: the cache is process-wide and other tests decode plans too.
+        let key = RunKeys::new("decode-once").plan(1);
+        let bytes = encode(&assign("decode-once", 1, &c, 0, 0).unwrap());
+        let (first, second) = (
+            bytes::Bytes::from(bytes.clone()),
+            bytes::Bytes::from(bytes.clone()),
+        );
+        assert_ne!(first.as_ptr(), second.as_ptr(), "two reads, two buffers");
+        let a = decode_plan(&key, &first).unwrap();
+        let b = decode_plan(&key, &second).unwrap();
+        let again = decode_plan(&key, &first).unwrap();
+        assert_eq!(a, b);
+        // One decoded member list shared by all three (a decode would allocate its own).
+        assert_eq!(a.members.as_ptr(), b.members.as_ptr());
+        assert_eq!(a.members.as_ptr(), again.members.as_ptr());
+        let mut other = bytes;
+        other.extend_from_slice(b" ");
+        let c = decode_plan(&key, &bytes::Bytes::from(other)).unwrap();
+        assert_ne!(
+            a.members.as_ptr(),
+            c.members.as_ptr(),
+            "other bytes are decoded anew"
+        );
+    }
+
     #[tokio::test]
     async fn corrupt_records_are_errors() {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
