@@ -28,7 +28,7 @@ pub(super) struct WriteReq(pub(super) Vec<Op>);
 
 impl WriteReq {
     /// The keys it writes.
-    fn keys(&self) -> impl Iterator<Item = &str> {
+    fn written(&self) -> impl Iterator<Item = &str> {
         self.0.iter().map(|op| match op {
             Op::Put { key, .. } | Op::Delete(key) | Op::DeletePrefix(key) => key.as_str(),
         })
@@ -62,8 +62,11 @@ impl Admit for WriteReq {
     }
     /// etcd refuses a transaction that writes one key twice.
     fn fits_with(&self, batch: &[Self]) -> bool {
-        self.keys()
-            .all(|k| batch.iter().all(|other| other.keys().all(|o| o != k)))
+        self.written()
+            .all(|k| batch.iter().all(|other| other.written().all(|o| o != k)))
+    }
+    fn keys(&self) -> Vec<String> {
+        self.written().map(str::to_string).collect()
     }
 }
 

@@ -82,7 +82,9 @@ impl EtcdStore {
             reads: Arc::default(),
             watches: Arc::default(),
             read_batch: Arc::default(),
-            write_batch: Arc::default(),
+            write_batch: Arc::new(super::batch::Batcher::with_in_flight(
+                super::batch::writes_in_flight(),
+            )),
             keep_alives: Arc::default(),
         };
         // Connecting is lazy: prove the cluster answers, and that this user may read drun's keys.

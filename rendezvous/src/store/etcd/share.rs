@@ -120,11 +120,16 @@ impl Subscribers {
             if !key.is_char_boundary(end) {
                 continue;
             }
-            if let Some(txs) = self.by_prefix.get_mut(&key[..end]) {
+            let prefix = &key[..end];
+            if let Some(txs) = self.by_prefix.get_mut(prefix) {
                 txs.retain(|t| t.send(ev.clone()).is_ok());
+                // Only the prefixes this event reached: a pass over every prefix per event
+                // was quadratic when 10,000 sessions each watch one membership key.
+                if txs.is_empty() {
+                    self.by_prefix.remove(prefix);
+                }
             }
         }
-        self.by_prefix.retain(|_, txs| !txs.is_empty());
     }
 
     fn prune(&mut self) {
