@@ -47,8 +47,27 @@ impl Etcd {
         Self::cluster(1).pop().unwrap()
     }
 
-    /// An `n`-member cluster, every member healthy when this returns.
+    /// An `n`-member cluster, every member healthy when this returns. A member that exits
+    /// before it is healthy lost one of its ports to another process between [`free_port`] and
+    /// its bind: the cluster starts again on new ports (at most 3 tries).
     pub fn cluster(n: usize) -> Vec<Etcd> {
+        for _ in 0..2 {
+            let mut members = Self::try_cluster(n);
+            if members
+                .iter_mut()
+                .all(|m| m.healthy_within("etcd to become healthy").is_ok())
+            {
+                return members;
+            }
+        }
+        let mut members = Self::try_cluster(n);
+        for m in &mut members {
+            m.wait_healthy("etcd to become healthy");
+        }
+        members
+    }
+
+    fn try_cluster(n: usize) -> Vec<Etcd> {
         let token = format!("drun-test-{}", std::process::id());
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let initial: Vec<String> = ports
@@ -93,9 +112,6 @@ impl Etcd {
                 }
             })
             .collect();
-        for m in &members {
-            m.wait_healthy("etcd to become healthy");
-        }
         members
     }
 
@@ -133,7 +149,7 @@ impl Etcd {
             "--log-level".into(),
             "error".into(),
         ];
-        let e = Etcd {
+        let mut e = Etcd {
             child: spawn_etcd(&args, data.path()),
             endpoint: format!("127.0.0.1:{client}"),
             health: format!("127.0.0.1:{metrics}"),
@@ -166,14 +182,29 @@ impl Etcd {
         self.wait_healthy("etcd member to come back");
     }
 
-    /// Polls `/health` until it reports healthy; panics with `what` after 30 s.
-    fn wait_healthy(&self, what: &str) {
+    /// Polls `/health` until it reports healthy; panics with `what` after 30 s or when the
+    /// member exits first.
+    fn wait_healthy(&mut self, what: &str) {
+        if let Err(why) = self.healthy_within(what) {
+            panic!("{why}");
+        }
+    }
+
+    /// Polls `/health` until it reports healthy (at most 30 s); why not, if the member exited
+    /// or the time ran out.
+    fn healthy_within(&mut self, what: &str) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while !http_get(&self.health, "/health").is_some_and(|b| b.contains("\"health\":\"true\""))
         {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("etcd exited ({status}) while waiting for {what}"));
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("timed out waiting for {what}"));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
+        Ok(())
     }
 
     /// Whether this member is the raft leader (from its /metrics).

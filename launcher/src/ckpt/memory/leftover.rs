@@ -7,7 +7,11 @@
 
 use std::path::{Path, PathBuf};
 
-use super::persist::TEMP_PREFIX;
+/// Prefix of the temporary files the persister writes next to a file's place: a persister
+/// killed mid-copy leaves only such files, which no manifest ever names. The owner's token
+/// follows it ([`Owner`]), so the next agent can tell a dead owner's files from a live one's
+/// and remove them.
+pub const TEMP_PREFIX: &str = ".drun-persist-";
 
 /// How deep below `--ckpt-dir` the sweep looks: `<run>/<step>/<file>` and one level more (a
 /// DCP checkpoint's or a user's own sub-directory).

@@ -16,11 +16,7 @@ use super::decide::{pause, Key};
 /// Bytes copied between two looks at the throttle.
 const CHUNK: usize = 8 << 20;
 
-/// Prefix of the temporary files the persister writes next to a file's place: a persister
-/// killed mid-copy leaves only such files, which no manifest ever names. The owner's token
-/// follows it ([`super::leftover::Owner`]), so the next agent can tell a dead owner's files
-/// from a live one's and remove them.
-pub const TEMP_PREFIX: &str = ".drun-persist-";
+pub use super::leftover::TEMP_PREFIX;
 
 /// Longest part of the file's own name a temporary file's name repeats (file names end at 255
 /// bytes; the owner's token and the random tail take about 70).
