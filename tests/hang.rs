@@ -18,6 +18,23 @@ fn hang_job(max_restarts: &str, steps: &str, stuck: &str, beacons: &str) -> (i32
     run(c, Duration::from_secs(90))
 }
 
+/// `PATH` with the test venv's `py-spy` (linked into `dir`) first.
+fn path_with_py_spy(python: &std::path::Path, dir: &std::path::Path) -> std::ffi::OsString {
+    let spy = python.with_file_name("py-spy");
+    assert!(
+        spy.is_file(),
+        "{} is missing: run .ci/setup (it installs py-spy into the test venv)",
+        spy.display()
+    );
+    std::os::unix::fs::symlink(&spy, dir.join("py-spy")).unwrap();
+    std::env::join_paths(
+        std::iter::once(dir.to_path_buf()).chain(std::env::split_paths(
+            &std::env::var_os("PATH").unwrap_or_default(),
+        )),
+    )
+    .unwrap()
+}
+
 /// Rank 1 stops beaconing inside `stuck_here()` while rank 0 goes on: its stack is dumped,
 /// the hang names it and its last step, one restart is spent and the second attempt finishes.
 #[test]
@@ -40,18 +57,8 @@ fn a_rank_that_stops_beaconing_is_dumped_named_and_restarted() {
 #[test]
 fn with_py_spy_on_path_the_stuck_ranks_stack_comes_from_py_spy() {
     let Some(python) = torch_python() else { return };
-    let spy = python.with_file_name("py-spy");
-    assert!(
-        spy.is_file(),
-        "{} is missing: run .ci/setup (it installs py-spy into the test venv)",
-        spy.display()
-    );
     let dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(&spy, dir.path().join("py-spy")).unwrap();
-    let path = std::env::join_paths(std::iter::once(dir.path().to_path_buf()).chain(
-        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
-    ))
-    .unwrap();
+    let path = path_with_py_spy(&python, dir.path());
     let mut c = drun();
     c.args(["--standalone", "--nproc-per-node", "2"])
         .args(["--hang-timeout", "2", "--max-restarts", "0"])
@@ -75,14 +82,8 @@ fn with_py_spy_on_path_the_stuck_ranks_stack_comes_from_py_spy() {
 #[test]
 fn a_stuck_rank_with_nccl_loaded_is_dumped_with_native_frames() {
     let Some(python) = torch_python() else { return };
-    let spy = python.with_file_name("py-spy");
-    assert!(spy.is_file(), "{} is missing: run .ci/setup", spy.display());
     let dir = tempfile::tempdir().unwrap();
-    std::os::unix::fs::symlink(&spy, dir.path().join("py-spy")).unwrap();
-    let path = std::env::join_paths(std::iter::once(dir.path().to_path_buf()).chain(
-        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
-    ))
-    .unwrap();
+    let path = path_with_py_spy(&python, dir.path());
     let mut c = drun();
     c.args(["--standalone", "--nproc-per-node", "2"])
         .args(["--hang-timeout", "2", "--max-restarts", "0"])
