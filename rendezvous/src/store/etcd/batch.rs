@@ -34,8 +34,12 @@ pub const MAX_OPS: usize = 128;
 pub const MAX_BYTES: usize = 512 * 1024;
 
 /// Combined write transactions a server keeps in flight at once, unless
-/// `DRUN_RDZV_WRITES_IN_FLIGHT` says otherwise (1 gives the old one-at-a-time behaviour).
-pub const WRITES_IN_FLIGHT: usize = 2;
+/// `DRUN_RDZV_WRITES_IN_FLIGHT` says otherwise. One: with 2, the chaos campaign's seed 1 on a
+/// 3-member etcd (`chaos_ci_seed_1_etcd_members`) left a waiting session without its plan
+/// after the etcd leader was killed during a re-form, in 2 of 3 runs under load (3 of 3 runs
+/// passed at 1); more than one stays an experiment for the scale benchmark until that is
+/// understood.
+pub const WRITES_IN_FLIGHT: usize = 1;
 
 /// [`WRITES_IN_FLIGHT`], or `DRUN_RDZV_WRITES_IN_FLIGHT` (a value that is not a number from 1 to
 /// 16 is named in one warning and the default used).
