@@ -183,9 +183,10 @@ pub fn budget(text: &str, node: Option<NodeMemory>) -> Result<Option<u64>, Strin
                 format!("its cgroup's limit is {}", human_bytes(c))
             });
             return Err(format!(
-                "{} is more than this node can hold: it has {} of RAM and {cgroup}",
+                "{} is more than this node can hold: it has {} of RAM and {cgroup}; give at most {}, auto (a quarter of that) or off",
                 human_bytes(bytes),
-                human_bytes(n.ram)
+                human_bytes(n.ram),
+                human_bytes(n.usable())
             ));
         }
     }
