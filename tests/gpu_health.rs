@@ -181,12 +181,7 @@ fn gpu_health_off_does_not_check() {
 #[test]
 fn a_node_with_a_failing_gpu_stands_by_and_joins_once_it_passes() {
     let server = RdzvServer::start(&["--store", "memory"]);
-    let rdzv = [
-        "--rdzv-endpoint",
-        server.endpoint.as_str(),
-        "--rdzv-conf",
-        "lease_ttl=3,last_call_timeout=0.5",
-    ];
+    let rdzv = server.quick_rdzv();
     let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let good = FakeSmi::new(HEALTHY);
     let bad = FakeSmi::new(ECC);

@@ -89,12 +89,7 @@ fn a_sigkilled_agent_leaves_no_process_holding_gpu_memory() {
 #[test]
 fn a_reform_starts_the_new_workers_with_the_old_ones_gpu_memory_freed() {
     let server = RdzvServer::start(&["--store", "memory"]);
-    let rdzv = [
-        "--rdzv-endpoint",
-        server.endpoint.as_str(),
-        "--rdzv-conf",
-        "lease_ttl=3,last_call_timeout=0.5",
-    ];
+    let rdzv = server.quick_rdzv();
     let smis = [FakeSmi::new(HEALTHY), FakeSmi::new(HEALTHY)];
     let outs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let start = |i: usize| {

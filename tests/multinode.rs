@@ -411,12 +411,7 @@ fn standing_by(status: &Value) -> bool {
 #[test]
 fn a_standby_never_forms_a_second_world_beside_a_running_group() {
     let server = RdzvServer::start(&["--store", "memory"]);
-    let rdzv = [
-        "--rdzv-endpoint",
-        server.endpoint.as_str(),
-        "--rdzv-conf",
-        "lease_ttl=3,last_call_timeout=0.5",
-    ];
+    let rdzv = server.quick_rdzv();
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let start = |i: usize| {
         let mut c = agent_cmd(i, "standby", "1:2", &rdzv);
@@ -479,12 +474,7 @@ fn a_standby_never_forms_a_second_world_beside_a_running_group() {
 #[test]
 fn a_standby_of_a_finished_run_starts_nothing() {
     let server = RdzvServer::start(&["--store", "memory"]);
-    let rdzv = [
-        "--rdzv-endpoint",
-        server.endpoint.as_str(),
-        "--rdzv-conf",
-        "lease_ttl=3,last_call_timeout=0.5",
-    ];
+    let rdzv = server.quick_rdzv();
     let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let start = |i: usize| {
         let mut c = agent_cmd(i, "standby-end", "1", &rdzv);

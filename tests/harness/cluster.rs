@@ -25,6 +25,17 @@ pub fn rendezvous_bin() -> PathBuf {
 }
 
 impl RdzvServer {
+    /// `--rdzv-endpoint` this replica with a 3 s lease TTL and a 0.5 s last call: an elastic
+    /// test's quick re-forms.
+    pub fn quick_rdzv(&self) -> [&str; 4] {
+        [
+            "--rdzv-endpoint",
+            self.endpoint.as_str(),
+            "--rdzv-conf",
+            "lease_ttl=3,last_call_timeout=0.5",
+        ]
+    }
+
     /// Starts a replica on a free port; `store_args` e.g. `["--store", "memory"]`.
     pub fn start(store_args: &[&str]) -> RdzvServer {
         Self::start_on("127.0.0.1:0", store_args)
