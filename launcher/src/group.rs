@@ -445,6 +445,15 @@ impl WorkerGroup {
             .all(|w| matches!(w.state, WorkerState::Exited { exit, .. } if exit.is_success()))
     }
 
+    /// The global ranks that exited 0.
+    pub fn finished(&self) -> Vec<u32> {
+        self.workers
+            .iter()
+            .filter(|w| matches!(w.state, WorkerState::Exited { exit, .. } if exit.is_success()))
+            .map(|w| w.rank)
+            .collect()
+    }
+
     /// When the first worker exited 0 while others still run (a partial success), if so.
     pub fn first_success_at(&self) -> Option<SystemTime> {
         if !self.any_running() {

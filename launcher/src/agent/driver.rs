@@ -380,6 +380,7 @@ impl Agent {
             failed: group.has_failure(),
             all_succeeded: group.all_succeeded(),
             first_success,
+            finished: group.finished(),
         };
         if w.workers.as_ref() == Some(&now) {
             return None;

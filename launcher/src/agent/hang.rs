@@ -61,6 +61,12 @@ impl Beacons {
         }
     }
 
+    /// `rank` finished (its worker exited 0): it is not judged any more.
+    pub fn forget(&mut self, rank: u32) {
+        self.last.remove(&rank);
+        self.step_times.remove(&rank);
+    }
+
     /// The timeout in force: `None` while `auto` has seen too few steps.
     pub fn timeout(&self, t: Timeout) -> Option<Duration> {
         let Timeout::Fixed(d) = t else {
@@ -83,7 +89,8 @@ impl Beacons {
 
     /// The hang, if a rank sent no beacon for `timeout`. Once one has, every rank silent for
     /// half the timeout is counted stuck with it: ranks blocked in the collective the first
-    /// one left stop at about the same moment, and their stacks tell the story too.
+    /// one left stop at about the same moment, and their stacks tell the story too. The stuck
+    /// are listed silent longest first.
     pub fn decide(&self, now: Instant, timeout: Duration) -> Option<Hang> {
         let mut hang = Hang {
             stuck: Vec::new(),
@@ -101,6 +108,8 @@ impl Beacons {
                 hang.progressing.push((rank, step));
             }
         }
+        // The rank silent longest first: the one the others wait for, most likely.
+        hang.stuck.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
         Some(hang)
     }
 }
@@ -221,5 +230,19 @@ mod tests {
         assert_eq!(all.ranks(), vec![0, 1]);
         assert!(all.progressing.is_empty());
         assert!(!all.line("n").contains("were at"));
+    }
+
+    #[test]
+    fn the_rank_silent_longest_is_named_first() {
+        let t0 = Instant::now();
+        let mut b = Beacons::default();
+        b.beacon(0, 40, t0 + s(1.0));
+        b.beacon(1, 19, t0);
+        let hang = b.decide(t0 + s(5.0), s(4.0)).unwrap();
+        assert_eq!(hang.ranks(), vec![1, 0]);
+        assert!(hang.line("n").starts_with("hang: rank 1 on node n"));
+        // Forgotten (its worker exited 0): only rank 1 is judged.
+        b.forget(0);
+        assert_eq!(b.decide(t0 + s(5.0), s(4.0)).unwrap().ranks(), vec![1]);
     }
 }

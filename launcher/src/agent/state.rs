@@ -298,6 +298,8 @@ pub struct Workers {
     pub all_succeeded: bool,
     /// Some exited 0 while others still run: when the first did, and the line saying so.
     pub first_success: Option<(Instant, String)>,
+    /// The global ranks that exited 0 (a finished rank is not judged for a hang).
+    pub finished: Vec<u32>,
 }
 
 /// What drives the machine.

@@ -156,9 +156,12 @@ pub(super) fn on_workers(m: &mut Machine, phase: Phase, w: Workers, cx: &mut Cx<
         Phase::Running {
             plan,
             save,
-            progress,
+            mut progress,
             ..
         } => {
+            for &rank in &w.finished {
+                progress.beacons.forget(rank);
+            }
             if w.failed {
                 return stop(m, plan, Signal::SIGTERM, Then::Report { partial: None }, cx);
             }

@@ -81,6 +81,34 @@ fn a_rank_silent_for_the_hang_timeout_has_its_stacks_dumped_then_fails_the_group
 }
 
 #[test]
+fn a_rank_whose_worker_exited_0_is_not_judged_for_a_hang() {
+    let mut t = watching();
+    beacon(&mut t, 0, 40);
+    beacon(&mut t, 1, 19);
+    // Rank 0 finished its steps and exited 0 while rank 1 runs on.
+    t.feed(Input::Workers(Workers {
+        running: true,
+        first_success: Some((t.now, "ranks [0] exited 0".into())),
+        finished: vec![0],
+        ..Workers::default()
+    }));
+    t.now += HANG - Duration::from_secs(1);
+    beacon(&mut t, 1, 20);
+    t.now += Duration::from_secs(1);
+    assert!(
+        t.feed(Input::HangCheck).is_empty(),
+        "a finished rank's silence is no hang"
+    );
+    t.now += HANG - Duration::from_secs(1);
+    let fx = t.feed(Input::HangCheck);
+    assert!(
+        matches!(&fx[1], Effect::DumpStacks { ranks, line }
+            if ranks == &vec![1] && line == "hang: rank 1 on node n0 made no progress for 5.0 s (last step 20)"),
+        "{fx:?}"
+    );
+}
+
+#[test]
 fn beacons_are_judged_only_with_a_hang_timeout_and_while_the_workers_run() {
     let mut t = T::running(1, 2);
     beacon(&mut t, 0, 1);
