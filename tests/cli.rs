@@ -279,7 +279,7 @@ fn unreachable_rendezvous_is_one_line_exit_3() {
 fn flag_typo_before_the_script_is_named_not_taken_for_the_script() {
     rejects(
         &["--nproc-per-nodes", "2"],
-        "unknown flag '--nproc-per-nodes'",
+        "unknown flag '--nproc-per-nodes'; did you mean --nproc-per-node?",
     );
 }
 

@@ -76,11 +76,18 @@ pub enum ConfigError {
     /// Two flags that exclude each other.
     #[error("{0} cannot be combined with {1}")]
     Conflict(&'static str, &'static str),
-    /// A flag that looks like drun's but came where the training script should be.
+    /// A flag that looks like drun's but came where the training script should be, with the
+    /// nearest of drun's flags when one is near.
     #[error(
-        "unknown flag '{0}' (drun's own flags go before the training script; see drun --help)"
+        "unknown flag '{flag}'{} (drun's own flags go before the training script; see drun --help)",
+        .nearest.as_ref().map(|n| format!("; did you mean {n}?")).unwrap_or_default()
     )]
-    UnknownFlag(String),
+    UnknownFlag {
+        /// The flag as given.
+        flag: String,
+        /// The nearest of drun's flags (`--nnodes` for `--nnodse`).
+        nearest: Option<String>,
+    },
     /// A path drun must create or write (e.g. --log-dir) is not usable.
     #[error("cannot use {what} {}: {source}", path.display())]
     Path {
