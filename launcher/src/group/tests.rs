@@ -17,6 +17,8 @@ use super::*;
 use crate::config::{validate, Host};
 use crate::os::fake::{Call, FakeOs};
 use crate::os::guard::Guard;
+use crate::warm::WarmPool;
+use crate::LaunchConfig;
 
 fn config(nproc: u32) -> LaunchConfig {
     let args =
