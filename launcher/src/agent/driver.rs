@@ -99,9 +99,9 @@ impl Agent {
             max_restarts: self.cfg.supervision.max_restarts,
             peer_exit_wait: self.cfg.supervision.peer_exit_wait,
             shutdown_timeout: self.cfg.supervision.shutdown_timeout,
-            preempt_signal: (self.cfg.on_preempt == OnPreempt::Checkpoint)
-                .then_some(self.cfg.preempt_signal),
-            requeue: self.cfg.requeue,
+            preempt_signal: (self.cfg.scheduler.on_preempt == OnPreempt::Checkpoint)
+                .then_some(self.cfg.scheduler.preempt_signal),
+            requeue: self.cfg.scheduler.requeue,
             hang_timeout: self.cfg.observe.hang_timeout,
             straggler_factor: self.cfg.observe.straggler_factor,
         }
@@ -475,7 +475,7 @@ impl Agent {
                 }
             }
             Effect::RemoteCause(c) => self.summarize_remote(&c),
-            Effect::Requeue => crate::slurm::requeue(self.cfg.slurm.as_ref()),
+            Effect::Requeue => crate::slurm::requeue(self.cfg.scheduler.slurm.as_ref()),
             Effect::DumpStacks { ranks, line } => {
                 let nodes = m.plan().map_or(1, |p| p.node_count());
                 self.dump_hung(&ranks, nodes, w, link).await;

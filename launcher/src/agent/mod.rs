@@ -67,9 +67,9 @@ pub async fn run(cfg: LaunchConfig) -> AgentExit {
 
 async fn run_agent(cfg: LaunchConfig) -> AgentExit {
     let end = Termination {
-        path: cfg.termination_log.clone(),
+        path: cfg.scheduler.termination_log.clone(),
         run_id: cfg.run_id.clone(),
-        restarts: cfg.container_restarts,
+        restarts: cfg.scheduler.container_restarts,
     };
     let mut agent = match Agent::new(cfg).await {
         Ok(a) => a,
@@ -173,7 +173,7 @@ impl Agent {
         let mut wanted: Vec<Signal> = cfg.supervision.signals.clone();
         wanted.extend(RELAYED);
         wanted.extend(JOB_CONTROL);
-        wanted.push(cfg.preempt_signal);
+        wanted.push(cfg.scheduler.preempt_signal);
         wanted.sort_by_key(|s| *s as i32);
         wanted.dedup();
         // `nohup drun ...`: a signal ignored at start stays ignored, for drun and its workers.

@@ -31,18 +31,18 @@ impl Agent {
         if let Some(binding) = &self.cfg.numa {
             tracing::info!("{}", binding.describe());
         }
-        if let Some(line) = &self.cfg.slurm_line {
+        if let Some(line) = &self.cfg.scheduler.slurm_line {
             tracing::info!(
                 "{line}; shutdown grace {}",
                 human(self.cfg.supervision.shutdown_timeout)
             );
         }
-        if let Some(job) = &self.cfg.k8s {
+        if let Some(job) = &self.cfg.scheduler.k8s {
             for w in &job.warnings {
                 tracing::warn!("{w}");
             }
         }
-        if let Some(n) = self.cfg.container_restarts {
+        if let Some(n) = self.cfg.scheduler.container_restarts {
             tracing::info!(
                 "container start {} on --state-dir (restarts so far: {n})",
                 n + 1
@@ -53,7 +53,7 @@ impl Agent {
                 "running as PID 1: signals are handled, every orphan in the container is reaped"
             );
         }
-        if let Some(line) = &self.cfg.k8s_line {
+        if let Some(line) = &self.cfg.scheduler.k8s_line {
             tracing::info!(
                 "{line}; shutdown grace {}",
                 human(self.cfg.supervision.shutdown_timeout)
@@ -155,7 +155,11 @@ impl Agent {
 
     /// False inside a Slurm job that is not a requeued one (job ids are reused).
     pub(super) fn may_resume_files(&self) -> bool {
-        self.cfg.slurm.as_ref().is_none_or(|j| j.may_resume_files())
+        self.cfg
+            .scheduler
+            .slurm
+            .as_ref()
+            .is_none_or(|j| j.may_resume_files())
     }
 
     /// Starts the peer probes of a run that may span nodes through a rendezvous that can be

@@ -161,7 +161,7 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
     if let Some(d) = cfg.ckpt.dir.take() {
         cfg.ckpt.dir = Some(checkpoint_dir(d)?);
     }
-    if let Some(p) = &cfg.termination_log {
+    if let Some(p) = &cfg.scheduler.termination_log {
         termination_log_usable(p).map_err(|why| {
             invalid(
                 "--termination-log",
@@ -170,10 +170,10 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
             )
         })?;
     }
-    if let Some(dir) = &cfg.state_dir {
+    if let Some(dir) = &cfg.scheduler.state_dir {
         let n = crate::container::count_restart(dir)
             .map_err(|why| invalid("--state-dir", dir.display().to_string(), why.to_string()))?;
-        cfg.container_restarts = Some(n);
+        cfg.scheduler.container_restarts = Some(n);
     }
     if let Some(p) = cfg.ckpt.resume_from.take() {
         let (file, _) = crate::ckpt::read_adoptable(&p).map_err(|why| {
@@ -216,7 +216,7 @@ pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
 /// derived from the job id ([`crate::slurm_token`]), said in the Slurm line; when the secret
 /// cannot be had, a note that the rendezvous stays open.
 fn slurm_token(cfg: &mut LaunchConfig) {
-    let (Some(job), Some(path)) = (&cfg.slurm, &cfg.security.slurm_secret) else {
+    let (Some(job), Some(path)) = (&cfg.scheduler.slurm, &cfg.security.slurm_secret) else {
         return;
     };
     if cfg.security.rdzv_token.is_some()
@@ -227,7 +227,7 @@ fn slurm_token(cfg: &mut LaunchConfig) {
     match crate::slurm_token::read_or_create(path) {
         Ok(secret) => {
             cfg.security.rdzv_token = Some(crate::slurm_token::derive(&secret, &job.job_id));
-            if let Some(line) = &mut cfg.slurm_line {
+            if let Some(line) = &mut cfg.scheduler.slurm_line {
                 line.push_str(&format!(
                     ", rendezvous token derived from the job id and {} ({})",
                     path.display(),

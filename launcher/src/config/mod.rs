@@ -25,6 +25,7 @@ mod output;
 pub mod parse;
 mod python;
 pub mod rendezvous;
+mod scheduler;
 mod security;
 mod supervision;
 mod target;
@@ -43,7 +44,6 @@ use std::time::Duration;
 
 use drun_rendezvous::session::SessionConfig;
 use drun_rendezvous::RoundConfig;
-use nix::sys::signal::Signal;
 
 pub use crate::cli::Args;
 pub use host::{cpu_count, gpu_count, prepare, Host};
@@ -51,6 +51,7 @@ pub use observe::ObserveConfig;
 pub use output::OutputConfig;
 pub use parse::{parse_nnodes, parse_nproc, parse_signals};
 pub use rendezvous::RendezvousMode;
+pub use scheduler::SchedulerConfig;
 pub use security::SecurityConfig;
 pub use supervision::SupervisionConfig;
 pub use target::{slurm_status_token, status_target};
@@ -67,7 +68,6 @@ pub const HOST_TLS_FLAGS: [&str; 3] = [
 
 use crate::ckpt::CkptConfig;
 use crate::command::Entrypoint;
-use crate::slurm::{OnPreempt, SlurmJob};
 use crate::ConfigError;
 
 /// A validated launch.
@@ -124,26 +124,8 @@ pub struct LaunchConfig {
     pub notes: Vec<String>,
     /// Checkpoint ledger settings.
     pub ckpt: CkptConfig,
-    /// The Slurm job drun runs in, if any.
-    pub slurm: Option<SlurmJob>,
-    /// What was taken from Slurm, one line (printed at start).
-    pub slurm_line: Option<String>,
-    /// The Kubernetes job drun runs in, if one was recognized.
-    pub k8s: Option<crate::k8s::K8sJob>,
-    /// What was taken from it, one line (printed at start).
-    pub k8s_line: Option<String>,
-    /// `--termination-log`.
-    pub termination_log: Option<PathBuf>,
-    /// `--state-dir`.
-    pub state_dir: Option<PathBuf>,
-    /// This container's start count on `--state-dir` (0: first start), counted by [`prepare`].
-    pub container_restarts: Option<u64>,
-    /// `--on-preempt`.
-    pub on_preempt: OnPreempt,
-    /// `--preempt-signal`.
-    pub preempt_signal: Signal,
-    /// `--requeue`.
-    pub requeue: bool,
+    /// The Slurm or Kubernetes job, preemption and requeue, the container's files.
+    pub scheduler: SchedulerConfig,
     /// `--env-check`.
     pub env_check: drun_rendezvous::decisions::envcheck::EnvCheck,
     /// `--fingerprint-cmd`.

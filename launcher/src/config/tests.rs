@@ -66,7 +66,7 @@ fn a_bare_script_is_a_standalone_run_on_this_host() {
     assert_eq!(c.entrypoint.kind, EntryKind::Script);
     assert_eq!(c.entrypoint.program, PathBuf::from("python3"));
     assert_eq!(c.entrypoint.argv(0), ["-u", "train.py", "--lr", "1"]);
-    assert!(c.notes.is_empty() && c.slurm.is_none() && c.requested_node_rank.is_none());
+    assert!(c.notes.is_empty() && c.scheduler.slurm.is_none() && c.requested_node_rank.is_none());
 }
 
 #[test]
@@ -111,9 +111,13 @@ fn inside_slurm_the_job_fills_unset_flags_and_kill_wait_sets_the_grace() {
     );
     assert_eq!(c.node_id, "n1_42");
     assert_eq!(c.supervision.shutdown_timeout, Duration::from_secs(8));
-    assert!(c.slurm_line.unwrap().starts_with("slurm job 6: run id 6"));
+    assert!(c
+        .scheduler
+        .slurm_line
+        .unwrap()
+        .starts_with("slurm job 6: run id 6"));
     let c = validate(&args(&["--standalone", "t.py"]), &h).unwrap();
-    assert!(c.slurm.is_none(), "--standalone ignores Slurm");
+    assert!(c.scheduler.slurm.is_none(), "--standalone ignores Slurm");
     assert_eq!(c.supervision.shutdown_timeout, Duration::from_secs(30));
 }
 

@@ -170,7 +170,7 @@ fn a_multi_node_run_id_comes_from_the_flag_or_the_slurm_job_variable() {
     assert!(!e.contains("'none'"), "{e}");
     let c = validate(&args(&v), &with_env(&[("SLURM_JOB_ID", "77")])).unwrap();
     assert_eq!(c.run_id, "77");
-    assert!(c.slurm.is_none(), "--slurm off");
+    assert!(c.scheduler.slurm.is_none(), "--slurm off");
 }
 
 #[test]

@@ -9,6 +9,7 @@ use super::security::security;
 use super::supervision::supervision;
 use super::timing::{parse_rdzv_conf, unused_conf_notes, Timing};
 use super::unsupported::refuse_unsupported;
+use super::SchedulerConfig;
 use super::{invalid, Host, LaunchConfig};
 use crate::k8s::K8sMode;
 use crate::slurm::{self, SlurmMode};
@@ -93,16 +94,18 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
         advertise_addr: a.local_addr.clone(),
         notes,
         ckpt,
-        slurm: job.slurm,
-        slurm_line: job.slurm_line,
-        k8s: job.k8s,
-        k8s_line: job.k8s_line,
-        termination_log: a.container.termination_log.clone(),
-        state_dir: a.container.state_dir.clone(),
-        container_restarts: None,
-        on_preempt: a.on_preempt,
-        preempt_signal,
-        requeue: a.requeue,
+        scheduler: SchedulerConfig {
+            slurm: job.slurm,
+            slurm_line: job.slurm_line,
+            k8s: job.k8s,
+            k8s_line: job.k8s_line,
+            termination_log: a.container.termination_log.clone(),
+            state_dir: a.container.state_dir.clone(),
+            container_restarts: None,
+            on_preempt: a.on_preempt,
+            preempt_signal,
+            requeue: a.requeue,
+        },
         env_check,
         fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
         security,

@@ -89,7 +89,7 @@ pub fn rows(
     cfg: &LaunchConfig,
     host: &Host,
 ) -> Vec<Row> {
-    let detected = match (&cfg.slurm, &cfg.k8s) {
+    let detected = match (&cfg.scheduler.slurm, &cfg.scheduler.k8s) {
         (Some(_), _) => Some("Slurm".to_string()),
         (None, Some(k)) => Some(k.operator.name().to_string()),
         (None, None) => None,
@@ -100,7 +100,7 @@ pub fn rows(
             .iter()
             .filter_map(|id| match origins.get(*id) {
                 Some(Origin::Flag) => Some("flag".to_string()),
-                Some(Origin::Env(v)) => Some(match &cfg.k8s {
+                Some(Origin::Env(v)) => Some(match &cfg.scheduler.k8s {
                     Some(k) if v.starts_with("PET_") => format!("env {v} ({})", k.operator.name()),
                     _ => format!("env {v}"),
                 }),
@@ -138,7 +138,7 @@ pub fn rows(
         source(&["shutdown_timeout"], false)
     } else if host.var("TORCH_ELASTIC_SHUTDOWN_TIMEOUT").is_some() {
         "env TORCH_ELASTIC_SHUTDOWN_TIMEOUT".into()
-    } else if cfg.slurm.is_some() && host.slurm_kill_wait.is_some() {
+    } else if cfg.scheduler.slurm.is_some() && host.slurm_kill_wait.is_some() {
         "Slurm (KillWait - 2 s)".into()
     } else if crate::container::in_kubernetes(|k| host.var(k).map(str::to_string)) {
         "default in Kubernetes (25 s, inside the 30 s terminationGracePeriodSeconds)".into()
@@ -160,8 +160,15 @@ pub fn rows(
             value: cfg.nproc_per_node.to_string(),
             source: source(
                 &["nproc_per_node"],
-                cfg.k8s.as_ref().is_some_and(|k| k.nproc_per_node.is_some())
-                    || cfg.slurm.as_ref().is_some_and(|s| s.procs_hint.is_some())
+                cfg.scheduler
+                    .k8s
+                    .as_ref()
+                    .is_some_and(|k| k.nproc_per_node.is_some())
+                    || cfg
+                        .scheduler
+                        .slurm
+                        .as_ref()
+                        .is_some_and(|s| s.procs_hint.is_some())
                         && raw.nproc_per_node.trim() == "auto",
             ),
         },
@@ -217,7 +224,7 @@ pub fn rows(
         },
         Row {
             setting: "termination-log",
-            value: cfg.termination_log.as_ref().map_or_else(
+            value: cfg.scheduler.termination_log.as_ref().map_or_else(
                 || {
                     if std::path::Path::new(crate::container::DEFAULT_TERMINATION_LOG).exists() {
                         crate::container::DEFAULT_TERMINATION_LOG.to_string()
@@ -232,6 +239,7 @@ pub fn rows(
         Row {
             setting: "state-dir",
             value: cfg
+                .scheduler
                 .state_dir
                 .as_ref()
                 .map_or_else(none, |p| p.display().to_string()),
@@ -243,7 +251,7 @@ pub fn rows(
 /// The report as printed: the detection line, the settings table, then the warnings.
 pub fn render(cfg: &LaunchConfig, rows: &[Row], warnings: &[String]) -> String {
     let mut s = String::new();
-    let env = match (&cfg.slurm_line, &cfg.k8s_line) {
+    let env = match (&cfg.scheduler.slurm_line, &cfg.scheduler.k8s_line) {
         (Some(l), _) | (None, Some(l)) => l.clone(),
         _ => "no Slurm job or Kubernetes operator detected".into(),
     };

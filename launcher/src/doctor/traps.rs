@@ -120,7 +120,7 @@ impl Probes {
 /// Slurm or Kubernetes detection filled it.
 pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes) -> Vec<String> {
     let mut w: Vec<String> = Vec::new();
-    if let Some(k) = &cfg.k8s {
+    if let Some(k) = &cfg.scheduler.k8s {
         w.extend(k.warnings.iter().cloned());
     }
     let pod_level: Vec<String> = [

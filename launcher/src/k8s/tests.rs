@@ -308,7 +308,7 @@ fn each_operator_environment_resolves_to_the_right_launch() {
                 c.name
             );
         }
-        let line = cfg.k8s_line.clone().unwrap_or_default();
+        let line = cfg.scheduler.k8s_line.clone().unwrap_or_default();
         assert!(
             line.starts_with(&format!("kubernetes: {}", c.operator.name())),
             "{}: {line}",
