@@ -498,7 +498,7 @@ impl Agent {
         }
         w.silent_peers.clear();
         w.worker_store = crate::worker_store::host(
-            self.cfg.worker_store,
+            self.cfg.workers.worker_store,
             &plan,
             &self.cfg.node_id,
             &mut w.reserved,

@@ -15,8 +15,8 @@ use crate::LaunchConfig;
 pub(super) fn set_up(cfg: &LaunchConfig, api: Option<&ApiServer>) -> Option<PathBuf> {
     let skip = |why: &str| tracing::warn!("--preflight: skipped: {why}");
     if let Some(why) = preflight::unsupported(
-        &cfg.entrypoint,
-        cfg.worker_store == crate::worker_store::WorkerStoreMode::Agent,
+        &cfg.workers.entrypoint,
+        cfg.workers.worker_store == crate::worker_store::WorkerStoreMode::Agent,
     ) {
         skip(why);
         return None;

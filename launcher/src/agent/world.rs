@@ -28,7 +28,7 @@ impl Agent {
         for note in &self.cfg.notes {
             tracing::warn!("{note}");
         }
-        if let Some(binding) = &self.cfg.numa {
+        if let Some(binding) = &self.cfg.workers.numa {
             tracing::info!("{}", binding.describe());
         }
         if let Some(line) = &self.cfg.scheduler.slurm_line {
@@ -59,7 +59,7 @@ impl Agent {
                 human(self.cfg.supervision.shutdown_timeout)
             );
         }
-        if self.cfg.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        if self.cfg.workers.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
             tracing::info!(
                 "OMP_NUM_THREADS is unset; setting it to 1 for each worker, as torchrun does \
                  (export it to tune)"
@@ -210,7 +210,7 @@ impl Agent {
         let candidate = Candidate {
             node_id: self.cfg.node_id.clone(),
             advertise_addr,
-            slots: self.cfg.nproc_per_node,
+            slots: self.cfg.workers.nproc_per_node,
             requested_node_rank: self.cfg.requested_node_rank,
             master_port,
             probe_port: self.peers.as_ref().map_or(0, crate::peers::Prober::port),
@@ -339,7 +339,7 @@ impl Agent {
         crate::say_raw!(
             "{}",
             summary::format_summary(
-                &self.cfg.entrypoint.script,
+                &self.cfg.workers.entrypoint.script,
                 &self.hostname,
                 &failures,
                 history.split_last().map_or(&[][..], |(_, earlier)| earlier)
@@ -358,7 +358,10 @@ impl Agent {
         let at = UNIX_EPOCH + Duration::from_millis(cause.at_ms);
         crate::say_raw!(
             "{}",
-            cause.block(&self.cfg.entrypoint.script, &summary::format_time(at))
+            cause.block(
+                &self.cfg.workers.entrypoint.script,
+                &summary::format_time(at)
+            )
         );
     }
 

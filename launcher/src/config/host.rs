@@ -152,12 +152,16 @@ enum TerminationLogError {
 /// # Errors
 /// A missing script or interpreter, an unusable checkpoint directory, an unreadable manifest.
 pub fn prepare(mut cfg: LaunchConfig) -> Result<LaunchConfig, ConfigError> {
-    let e = &cfg.entrypoint;
+    let e = &cfg.workers.entrypoint;
     let script_and_args: Vec<String> = std::iter::once(e.script.clone())
         .chain(e.args.iter().cloned())
         .collect();
-    let python = cfg.python.as_deref().map(|p| (p, cfg.python_source));
-    cfg.entrypoint = Entrypoint::resolve(e.kind, &script_and_args, python)?;
+    let python = cfg
+        .workers
+        .python
+        .as_deref()
+        .map(|p| (p, cfg.workers.python_source));
+    cfg.workers.entrypoint = Entrypoint::resolve(e.kind, &script_and_args, python)?;
     if let Some(d) = cfg.ckpt.dir.take() {
         cfg.ckpt.dir = Some(checkpoint_dir(d)?);
     }

@@ -32,6 +32,7 @@ mod target;
 pub mod timing;
 mod unsupported;
 mod validate;
+mod workers;
 
 #[cfg(test)]
 mod tests;
@@ -39,7 +40,6 @@ mod tests;
 mod tests_rendezvous;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use drun_rendezvous::session::SessionConfig;
@@ -57,6 +57,7 @@ pub use supervision::SupervisionConfig;
 pub use target::{slurm_status_token, status_target};
 pub use timing::{parse_rdzv_conf, Timing, RDZV_CONF_KEYS};
 pub use validate::validate;
+pub use workers::WorkersConfig;
 
 /// How an agent hosting a c10d rendezvous over TLS names its server's cert, key and client CA
 /// files in messages.
@@ -67,7 +68,6 @@ pub const HOST_TLS_FLAGS: [&str; 3] = [
 ];
 
 use crate::ckpt::CkptConfig;
-use crate::command::Entrypoint;
 use crate::ConfigError;
 
 /// A validated launch.
@@ -77,8 +77,8 @@ pub struct LaunchConfig {
     pub min_nodes: u32,
     /// `--nnodes` MAX.
     pub max_nodes: u32,
-    /// Workers on this node (LOCAL_WORLD_SIZE), ≥ 1.
-    pub nproc_per_node: u32,
+    /// This node's workers: how many, the command, stdin, warm interpreters, CPUs and GPUs.
+    pub workers: WorkersConfig,
     /// How the group forms.
     pub rendezvous: RendezvousMode,
     /// Run id (TORCHELASTIC_RUN_ID, DRUN_RUN_ID).
@@ -89,29 +89,10 @@ pub struct LaunchConfig {
     pub log_format: crate::LogFormat,
     /// The restart budget, the monitor interval, the signals, the grace periods.
     pub supervision: SupervisionConfig,
-    /// ROLE_NAME.
-    pub role: String,
-    /// The worker command (program resolved by [`prepare`]).
-    pub entrypoint: Entrypoint,
-    /// `--python`, `DRUN_PYTHON` or `PYTHON_EXEC`, as given (resolved into the entrypoint by
-    /// [`prepare`]); `None`: `python3` on PATH.
-    pub python: Option<PathBuf>,
-    /// Where `python` came from (for the message when it does not exist).
-    pub python_source: crate::command::PythonSource,
     /// Where the workers' output goes: log files, console, rank filter, line prefix.
     pub output: OutputConfig,
     /// How the workers are watched: hangs, stragglers, metrics, the preflight check.
     pub observe: ObserveConfig,
-    /// `--stdin-rank`: the local rank that reads drun's stdin; the others read `/dev/null`.
-    pub stdin_rank: Option<u32>,
-    /// `--warm-workers`: restarted workers start on a pre-started interpreter.
-    pub warm_workers: crate::warm::WarmWorkers,
-    /// `--numa-binding`: each local rank's CPUs near its GPU; `None`: workers are not bound.
-    pub numa: Option<crate::numa::Binding>,
-    /// `--virtual-local-rank`: each worker sees its own GPU only, as device 0.
-    pub virtual_local_rank: bool,
-    /// Who hosts the workers' c10d store (`--worker-store`).
-    pub worker_store: crate::worker_store::WorkerStoreMode,
     /// Parsed `--rdzv-conf`.
     pub rdzv_conf: BTreeMap<String, String>,
     /// Rendezvous timing knobs.

@@ -61,29 +61,47 @@ fn a_bare_script_is_a_standalone_run_on_this_host() {
         (c.run_id.as_str(), c.node_id.as_str()),
         ("random-id", "node-a.example_42")
     );
-    assert_eq!((c.min_nodes, c.max_nodes, c.nproc_per_node), (1, 1, 1));
+    assert_eq!(
+        (c.min_nodes, c.max_nodes, c.workers.nproc_per_node),
+        (1, 1, 1)
+    );
     assert_eq!(c.supervision.shutdown_timeout, Duration::from_secs(30));
-    assert_eq!(c.entrypoint.kind, EntryKind::Script);
-    assert_eq!(c.entrypoint.program, PathBuf::from("python3"));
-    assert_eq!(c.entrypoint.argv(0), ["-u", "train.py", "--lr", "1"]);
+    assert_eq!(c.workers.entrypoint.kind, EntryKind::Script);
+    assert_eq!(c.workers.entrypoint.program, PathBuf::from("python3"));
+    assert_eq!(
+        c.workers.entrypoint.argv(0),
+        ["-u", "train.py", "--lr", "1"]
+    );
     assert!(c.notes.is_empty() && c.scheduler.slurm.is_none() && c.requested_node_rank.is_none());
 }
 
 #[test]
 fn nproc_words_use_the_host_counts() {
-    assert_eq!(ok(&["--nproc-per-node", "cpu", "t.py"]).nproc_per_node, 8);
-    assert_eq!(ok(&["--nproc-per-node", "auto", "t.py"]).nproc_per_node, 8);
+    assert_eq!(
+        ok(&["--nproc-per-node", "cpu", "t.py"])
+            .workers
+            .nproc_per_node,
+        8
+    );
+    assert_eq!(
+        ok(&["--nproc-per-node", "auto", "t.py"])
+            .workers
+            .nproc_per_node,
+        8
+    );
     let gpus = Host {
         gpu_count: 4,
         ..host()
     };
     let c = validate(&args(&["--nproc-per-node", "gpu", "t.py"]), &gpus).unwrap();
-    assert_eq!(c.nproc_per_node, 4);
+    assert_eq!(c.workers.nproc_per_node, 4);
     assert!(err(&["--nproc-per-node", "gpu", "t.py"], &host()).contains("no NVIDIA GPU"));
     assert!(err(&["--nproc-per-node", "xpu", "t.py"], &host()).contains("Intel XPUs"));
     // More than a rendezvous server accepts is refused here, not by the server or the kernel.
     assert_eq!(
-        ok(&["--nproc-per-node", "4096", "t.py"]).nproc_per_node,
+        ok(&["--nproc-per-node", "4096", "t.py"])
+            .workers
+            .nproc_per_node,
         4096
     );
     let e = err(&["--nproc-per-node", "99999999", "t.py"], &host());
@@ -193,16 +211,20 @@ fn entrypoint_kinds_and_the_script_position() {
     assert!(err(&["--nproc-per-nodes", "2"], &host()).contains("unknown flag '--nproc-per-nodes'"));
     let c = ok(&["-m", "pkg.mod", "--", "x"]);
     assert_eq!(
-        c.entrypoint.argv(0),
+        c.workers.entrypoint.argv(0),
         ["-u", "-m", "pkg.mod", "x"],
         "one `--` is dropped"
     );
     let c = ok(&["--no-python", "./bin", "${local_rank}"]);
-    assert_eq!(c.entrypoint.program, PathBuf::from("./bin"));
-    assert_eq!(c.entrypoint.argv(3), ["3"]);
+    assert_eq!(c.workers.entrypoint.program, PathBuf::from("./bin"));
+    assert_eq!(c.workers.entrypoint.argv(3), ["3"]);
     let c = ok(&["--python", "/opt/py", "--run-path", "--no-python", "t.py"]);
-    assert_eq!(c.entrypoint.kind, EntryKind::RunPath, "--run-path wins");
-    assert_eq!(c.entrypoint.program, PathBuf::from("/opt/py"));
+    assert_eq!(
+        c.workers.entrypoint.kind,
+        EntryKind::RunPath,
+        "--run-path wins"
+    );
+    assert_eq!(c.workers.entrypoint.program, PathBuf::from("/opt/py"));
 }
 
 #[test]
@@ -355,17 +377,20 @@ fn the_interpreter_comes_from_the_flag_then_drun_python_then_python_exec() {
     ]);
     let c = validate(&args(&["t.py"]), &h).unwrap();
     assert_eq!(
-        (c.python.as_deref(), c.python_source),
+        (c.workers.python.as_deref(), c.workers.python_source),
         (
             Some(std::path::Path::new("/venv/bin/python")),
             PythonSource::DrunPython
         )
     );
-    assert_eq!(c.entrypoint.program, PathBuf::from("/venv/bin/python"));
+    assert_eq!(
+        c.workers.entrypoint.program,
+        PathBuf::from("/venv/bin/python")
+    );
     let c = validate(&args(&["--python", "/f/py", "t.py"]), &h).unwrap();
-    assert_eq!(c.python_source, PythonSource::Flag);
+    assert_eq!(c.workers.python_source, PythonSource::Flag);
     let c = validate(&args(&["t.py"]), &with_env(&[("PYTHON_EXEC", "/x/py")])).unwrap();
-    assert_eq!(c.python_source, PythonSource::PythonExec);
+    assert_eq!(c.workers.python_source, PythonSource::PythonExec);
     let e = err(&["t.py"], &with_env(&[("DRUN_PYTHON", "")]));
     assert!(
         e.starts_with("DRUN_PYTHON is empty: unset it, or name"),
@@ -466,7 +491,7 @@ fn numa_binding_reads_the_topology_and_refuses_a_node_without_gpus_by_name() {
         &["--nproc-per-node", "2", "--numa-binding", "node", "t.py"],
         &h,
     );
-    let b = c.numa.expect("bound");
+    let b = c.workers.numa.expect("bound");
     assert_eq!(b.for_rank(1), Some(&[cpu].into()));
     let e = err(
         &["--nproc-per-node", "3", "--numa-binding", "node", "t.py"],
@@ -482,7 +507,7 @@ fn virtual_local_rank_needs_a_device_for_every_local_rank() {
         &["--nproc-per-node", "2", "--virtual-local-rank", "t.py"],
         &h,
     );
-    assert!(c.virtual_local_rank);
+    assert!(c.workers.virtual_local_rank);
     let e = err(
         &["--nproc-per-node", "3", "--virtual-local-rank", "t.py"],
         &h,
@@ -493,5 +518,9 @@ fn virtual_local_rank_needs_a_device_for_every_local_rank() {
         ),
         "{e}"
     );
-    assert!(!ok(&["--nproc-per-node", "3", "t.py"]).virtual_local_rank);
+    assert!(
+        !ok(&["--nproc-per-node", "3", "t.py"])
+            .workers
+            .virtual_local_rank
+    );
 }

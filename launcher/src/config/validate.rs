@@ -9,8 +9,8 @@ use super::security::security;
 use super::supervision::supervision;
 use super::timing::{parse_rdzv_conf, unused_conf_notes, Timing};
 use super::unsupported::refuse_unsupported;
-use super::SchedulerConfig;
 use super::{invalid, Host, LaunchConfig};
+use super::{SchedulerConfig, WorkersConfig};
 use crate::k8s::K8sMode;
 use crate::slurm::{self, SlurmMode};
 use crate::worker_store::WorkerStoreMode;
@@ -69,25 +69,27 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
     let worker_store = worker_store(&a.worker_store)?;
     let env_check = env_check(&a.env_check)?;
     Ok(LaunchConfig {
+        workers: WorkersConfig {
+            nproc_per_node,
+            role: a.role.clone(),
+            entrypoint,
+            python,
+            python_source,
+            stdin_rank: a.stdin_rank,
+            warm_workers: a.warm_workers,
+            numa,
+            virtual_local_rank: a.virtual_local_rank,
+            worker_store,
+        },
         min_nodes,
         max_nodes,
-        nproc_per_node,
         rendezvous,
         log_format: a.log_format,
         run_id,
         node_id,
         supervision,
-        role: a.role.clone(),
-        entrypoint,
-        python,
-        python_source,
         output,
         observe,
-        stdin_rank: a.stdin_rank,
-        warm_workers: a.warm_workers,
-        numa,
-        virtual_local_rank: a.virtual_local_rank,
-        worker_store,
         rdzv_conf,
         timing,
         requested_node_rank,

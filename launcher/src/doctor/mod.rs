@@ -157,7 +157,7 @@ pub fn rows(
         },
         Row {
             setting: "nproc-per-node",
-            value: cfg.nproc_per_node.to_string(),
+            value: cfg.workers.nproc_per_node.to_string(),
             source: source(
                 &["nproc_per_node"],
                 cfg.scheduler

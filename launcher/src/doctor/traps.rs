@@ -104,11 +104,11 @@ impl Probes {
             let probe = tokio::task::spawn_blocking(crate::gpu_health::probe::probe)
                 .await
                 .unwrap_or_default();
-            let one_per_rank = cfg.numa.is_some() || cfg.virtual_local_rank;
+            let one_per_rank = cfg.workers.numa.is_some() || cfg.workers.virtual_local_rank;
             p.gpus = Some(crate::gpu_health::judge::judge(
                 &probe,
                 std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
-                one_per_rank.then_some(cfg.nproc_per_node as usize),
+                one_per_rank.then_some(cfg.workers.nproc_per_node as usize),
                 &crate::gpu_health::Rules::default(),
             ));
         }
@@ -139,7 +139,7 @@ pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes
              drun gives each worker its own RANK, LOCAL_RANK, WORLD_SIZE ({} workers in all at full size) \
              and the group's MASTER_ADDR/MASTER_PORT",
             pod_level.join(", "),
-            cfg.max_nodes * cfg.nproc_per_node
+            cfg.max_nodes * cfg.workers.nproc_per_node
         ));
     }
     // Slurm's SLURM_NODEID pin is deliberate; a --node-rank or PET_NODE_RANK given to an

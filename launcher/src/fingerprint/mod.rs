@@ -48,18 +48,21 @@ pub fn config_keys(cfg: &LaunchConfig, script_sha256: Option<String>) -> Fingerp
         "config.nnodes",
         format!("{}:{}", cfg.min_nodes, cfg.max_nodes),
     );
-    put("config.nproc-per-node", cfg.nproc_per_node.to_string());
+    put(
+        "config.nproc-per-node",
+        cfg.workers.nproc_per_node.to_string(),
+    );
     put(
         "config.max-restarts",
         cfg.supervision.max_restarts.to_string(),
     );
-    put("config.script", cfg.entrypoint.script.clone());
+    put("config.script", cfg.workers.entrypoint.script.clone());
     put(
         "config.args",
-        serde_json::to_string(&cfg.entrypoint.args).expect("strings serialize"),
+        serde_json::to_string(&cfg.workers.entrypoint.args).expect("strings serialize"),
     );
     if let Some(h) = script_sha256 {
-        let key = if cfg.entrypoint.kind == EntryKind::Binary {
+        let key = if cfg.workers.entrypoint.kind == EntryKind::Binary {
             "config.program-sha256"
         } else {
             "config.script-sha256"
@@ -91,8 +94,8 @@ pub fn collect(cfg: &LaunchConfig, env: &BTreeMap<String, String>) -> Fingerprin
     if let Ok(k) = std::fs::read_to_string("/proc/sys/kernel/osrelease") {
         f.insert("kernel".into(), k.trim().to_string());
     }
-    if cfg.entrypoint.kind != EntryKind::Binary {
-        f.extend(probe::python_versions(&cfg.entrypoint.program, env));
+    if cfg.workers.entrypoint.kind != EntryKind::Binary {
+        f.extend(probe::python_versions(&cfg.workers.entrypoint.program, env));
     }
     if let Some(cmd) = &cfg.fingerprint_cmd {
         f.insert(
@@ -108,10 +111,10 @@ pub fn collect(cfg: &LaunchConfig, env: &BTreeMap<String, String>) -> Fingerprin
 /// a module or a file that cannot be read. [`config_keys`] files an executable's under
 /// `config.program-sha256`, which is not one of the refused keys.
 pub fn script_sha256(cfg: &LaunchConfig) -> Option<String> {
-    let path = match cfg.entrypoint.kind {
+    let path = match cfg.workers.entrypoint.kind {
         EntryKind::Module => return None,
-        EntryKind::Binary => cfg.entrypoint.program.clone(),
-        EntryKind::Script | EntryKind::RunPath => cfg.entrypoint.script.clone().into(),
+        EntryKind::Binary => cfg.workers.entrypoint.program.clone(),
+        EntryKind::Script | EntryKind::RunPath => cfg.workers.entrypoint.script.clone().into(),
     };
     let mut file = std::fs::File::open(&path).ok()?;
     let mut h = Sha256::new();

@@ -45,7 +45,7 @@ impl WorkerGroup {
             .is_none_or(|f| f.contains(&local_rank));
         let prefix = logs::prefix(
             cfg.output.prefix_template.as_deref(),
-            &cfg.role,
+            &cfg.workers.role,
             local_rank,
             rank,
             ctx.hostname,

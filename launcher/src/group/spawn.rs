@@ -23,7 +23,7 @@ use super::{Worker, WorkerGroup, WorkerState};
 /// A worker's stdin: drun's own for the `--stdin-rank` local rank, `/dev/null` for the others;
 /// a warm interpreter gets its rank's.
 pub(crate) fn worker_stdin(cfg: &LaunchConfig, local_rank: u32) -> Input {
-    if cfg.stdin_rank == Some(local_rank) {
+    if cfg.workers.stdin_rank == Some(local_rank) {
         Input::Inherit
     } else {
         Input::Null
@@ -94,17 +94,17 @@ pub(crate) fn env_of(
             local_rank,
             restart_count,
             max_restarts: cfg.supervision.max_restarts,
-            role: &cfg.role,
+            role: &cfg.workers.role,
             error_file,
             signals_to_handle: &cfg.supervision.signals_to_handle,
-            use_agent_store: cfg.worker_store.use_agent_store(),
+            use_agent_store: cfg.workers.worker_store.use_agent_store(),
             agent_id: ctx.agent_id,
             agent_sock: ctx.agent_sock,
             ckpt_dir: cfg.ckpt.dir.as_deref(),
             resume_manifest: ctx.resume_manifest,
             ckpt_stage: ctx.ckpt_stage,
             resume_staged: ctx.resume_staged,
-            virtual_local_rank: cfg.virtual_local_rank,
+            virtual_local_rank: cfg.workers.virtual_local_rank,
             flight_recorder: cfg.observe.hang_timeout.is_some(),
         },
     )
@@ -202,10 +202,10 @@ impl WorkerGroup {
             .map_err(|e| LaunchError::os(format!("cannot create log dir {}", dir.display()), e))?;
         let error_file = dir.join("error.json");
         let spec = SpawnSpec {
-            program: cfg.entrypoint.program.clone(),
+            program: cfg.workers.entrypoint.program.clone(),
             args: match ctx.preflight {
-                Some(check) => crate::preflight::argv(&cfg.entrypoint, check, local_rank),
-                None => cfg.entrypoint.argv(local_rank),
+                Some(check) => crate::preflight::argv(&cfg.workers.entrypoint, check, local_rank),
+                None => cfg.workers.entrypoint.argv(local_rank),
             },
             env: env_of(ctx, plan, local_rank, restart_count, &error_file),
             output: Output::Piped,
@@ -213,6 +213,7 @@ impl WorkerGroup {
             die_with_agent: true,
             handoff: None,
             cpus: cfg
+                .workers
                 .numa
                 .as_ref()
                 .and_then(|b| b.for_rank(local_rank))
@@ -227,7 +228,7 @@ impl WorkerGroup {
             Some(spawned) => spawned,
             None => ctx.os.spawn(spec).await.map_err(|e| {
                 LaunchError::WorkerStart(crate::os::exec_error::describe(
-                    &cfg.entrypoint.program,
+                    &cfg.workers.entrypoint.program,
                     &e,
                 ))
             })?,

@@ -43,12 +43,12 @@ fn plan(cfg: &LaunchConfig, base_rank: u32) -> Plan {
             node_id: cfg.node_id.clone(),
             advertise_addr: "h".into(),
             node_rank: 0,
-            slots: cfg.nproc_per_node,
+            slots: cfg.workers.nproc_per_node,
             base_rank,
             probe_port: 0,
         }]
         .into(),
-        world_size: base_rank + cfg.nproc_per_node,
+        world_size: base_rank + cfg.workers.nproc_per_node,
         master_addr: "h".into(),
         master_port: 29500,
         restarts_failures: 0,
@@ -333,8 +333,8 @@ fn a_restart_hands_off_to_the_warm_interpreters_and_starts_cold_where_one_died()
     let mut f = Fixture::new(2);
     let script = f.logs.path().join("train.py");
     std::fs::write(&script, "print(1)\n").expect("script");
-    f.cfg.entrypoint.script = script.display().to_string();
-    f.cfg.entrypoint.leading = vec!["-u".into(), f.cfg.entrypoint.script.clone()];
+    f.cfg.workers.entrypoint.script = script.display().to_string();
+    f.cfg.workers.entrypoint.leading = vec!["-u".into(), f.cfg.workers.entrypoint.script.clone()];
     // A restart needs budget: without it no warm interpreter is started (the test below).
     f.cfg.supervision.max_restarts = 1;
     f.warm = Some(Mutex::new(WarmPool::new(&f.cfg, f.os.clone())));
@@ -396,7 +396,7 @@ fn a_restart_hands_off_to_the_warm_interpreters_and_starts_cold_where_one_died()
     assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], "1");
     assert_eq!(env["LOCAL_RANK"], "0");
     assert!(!env.contains_key("DRUN_WARM_FD"));
-    assert_eq!(msg["argv"][0], f.cfg.entrypoint.script.as_str());
+    assert_eq!(msg["argv"][0], f.cfg.workers.entrypoint.script.as_str());
 }
 
 #[test]
@@ -404,8 +404,8 @@ fn one_node_starts_no_warm_interpreter_for_a_generation_that_cannot_come() {
     let mut f = Fixture::new(2);
     let script = f.logs.path().join("train.py");
     std::fs::write(&script, "print(1)\n").expect("script");
-    f.cfg.entrypoint.script = script.display().to_string();
-    f.cfg.entrypoint.leading = vec!["-u".into(), f.cfg.entrypoint.script.clone()];
+    f.cfg.workers.entrypoint.script = script.display().to_string();
+    f.cfg.workers.entrypoint.leading = vec!["-u".into(), f.cfg.workers.entrypoint.script.clone()];
     // One node (the in-process rendezvous) and the default --max-restarts 0: the first
     // generation is the last.
     f.warm = Some(Mutex::new(WarmPool::new(&f.cfg, f.os.clone())));

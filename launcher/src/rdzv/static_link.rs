@@ -30,7 +30,7 @@ pub fn spawn(
         unreachable!("static_link::spawn is only called for the static backend")
     };
     let nnodes = cfg.max_nodes;
-    let slots = cfg.nproc_per_node;
+    let slots = cfg.workers.nproc_per_node;
     let (req_tx, mut req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {

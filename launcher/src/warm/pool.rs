@@ -102,13 +102,17 @@ pub struct WarmPool {
 impl WarmPool {
     /// The pool for `cfg`'s workers (the script is looked at once, here).
     pub fn new(cfg: &LaunchConfig, os: Arc<dyn Os>) -> Self {
-        let script = match cfg.entrypoint.kind {
-            EntryKind::Script => ScriptFile::inspect(Path::new(&cfg.entrypoint.script)),
+        let script = match cfg.workers.entrypoint.kind {
+            EntryKind::Script => ScriptFile::inspect(Path::new(&cfg.workers.entrypoint.script)),
             _ => ScriptFile::Other("not a script"),
         };
         Self {
             os,
-            eligible: eligibility(cfg.warm_workers, cfg.entrypoint.kind, script),
+            eligible: eligibility(
+                cfg.workers.warm_workers,
+                cfg.workers.entrypoint.kind,
+                script,
+            ),
             slots: BTreeMap::new(),
             started: false,
             said: false,
@@ -303,13 +307,13 @@ pub async fn prestart(
         if pool.eligible.is_err() || cfg.observe.preflight.is_some() {
             return;
         }
-        (0..cfg.nproc_per_node)
+        (0..cfg.workers.nproc_per_node)
             .filter(|r| !pool.slots.contains_key(r))
             .collect()
     };
     let env = crate::env::base_env(
         inherited,
-        cfg.nproc_per_node,
+        cfg.workers.nproc_per_node,
         cfg.observe.hang_timeout.is_some(),
     );
     for local_rank in wanted {
@@ -333,14 +337,15 @@ async fn start_one(
     let spawned = match started {
         Ok((ours, theirs)) => os
             .spawn(SpawnSpec {
-                program: cfg.entrypoint.program.clone(),
-                args: handoff::warm_args(&cfg.entrypoint.leading),
+                program: cfg.workers.entrypoint.program.clone(),
+                args: handoff::warm_args(&cfg.workers.entrypoint.leading),
                 env,
                 output: Output::Piped,
                 stdin: crate::group::worker_stdin(cfg, local_rank),
                 die_with_agent: true,
                 handoff: Some(theirs),
                 cpus: cfg
+                    .workers
                     .numa
                     .as_ref()
                     .and_then(|b| b.for_rank(local_rank))

@@ -98,7 +98,7 @@ impl Agent {
             tracing::info!("no NVIDIA GPU on this node: the GPU health check is skipped");
             return None;
         }
-        let one_per_rank = self.cfg.numa.is_some() || self.cfg.virtual_local_rank;
+        let one_per_rank = self.cfg.workers.numa.is_some() || self.cfg.workers.virtual_local_rank;
         let mut g = Gpus {
             checks: Checks::default(),
             cadence: Cadence {
@@ -108,7 +108,7 @@ impl Agent {
             },
             rules: Rules::default(),
             visible: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
-            expected: one_per_rank.then_some(self.cfg.nproc_per_node as usize),
+            expected: one_per_rank.then_some(self.cfg.workers.nproc_per_node as usize),
             fixed: self.cfg.min_nodes == self.cfg.max_nodes,
             probe: None,
             held: None,
