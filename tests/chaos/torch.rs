@@ -72,28 +72,34 @@ pub fn compare(reference: &[f64], got: &[f64], tol: f64) -> Result<f64, String> 
 }
 
 /// The final parameters of the same training without faults: one agent, one worker (world size
-/// 1, the same global batch and steps, no sleep), run once per test process and kept. Without
-/// warm workers: nothing restarts, so a waiting interpreter would import torch for nothing.
+/// 1, the same global batch and steps, no sleep), run once per nextest run and shared by the
+/// torch chaos tests. Without warm workers: nothing restarts, so a waiting interpreter would
+/// import torch for nothing.
 pub fn reference(python: &Path, data: Data) -> Result<Vec<f64>, String> {
     static REF: OnceLock<Result<Vec<f64>, String>> = OnceLock::new();
     REF.get_or_init(|| {
-        let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-        let out = dir.path().join("out");
-        std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-        let mut c = drun();
-        c.args(["--standalone", "--warm-workers", "off"])
-            .nproc(1)
-            .python(python)
-            .arg("--ckpt-dir")
-            .arg(dir.path().join("ckpt"))
-            .arg(script())
-            .env("CHAOS_OUT", &out)
-            .env("CHAOS_SLEEP", "0");
-        let (code, _, err) = Agent::start(c).wait(Duration::from_secs(180));
-        if code != 0 {
-            return Err(format!("the fault-free run exited {code}:\n{err}"));
+        let dir = crate::harness::reference::shared("chaos-torch-world-1", |dir| {
+            let out = dir.join("out");
+            std::fs::create_dir_all(&out).unwrap();
+            let mut c = drun();
+            c.args(["--standalone", "--warm-workers", "off"])
+                .nproc(1)
+                .python(python)
+                .arg("--ckpt-dir")
+                .arg(dir.join("ckpt"))
+                .arg(script())
+                .env("CHAOS_OUT", &out)
+                .env("CHAOS_SLEEP", "0");
+            let (code, _, err) = Agent::start(c).wait(Duration::from_secs(180));
+            if code != 0 {
+                let why = format!("the fault-free run exited {code}:\n{err}");
+                std::fs::write(dir.join("failed"), why).unwrap();
+            }
+        });
+        if let Ok(why) = std::fs::read_to_string(dir.join("failed")) {
+            return Err(why);
         }
-        final_params(&out, data)
+        final_params(&dir.join("out"), data)
     })
     .clone()
 }

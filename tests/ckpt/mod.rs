@@ -284,6 +284,33 @@ fn example_agent_with(
     Agent::start(c)
 }
 
+/// `examples/train_ddp.py` without faults on one node of 2 workers, `EXAMPLE_ARGS` without the
+/// step sleep; its `final.pt`, trained once per nextest run for every test that compares with
+/// it (how often a run checkpoints does not change its model). Without warm workers: nothing
+/// restarts, so waiting interpreters would import torch for nothing.
+fn example_reference(python: &Path) -> PathBuf {
+    let dir = crate::harness::reference::shared("train-ddp-2-ranks", |dir| {
+        let mut c = drun();
+        c.python(python)
+            .args([
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "--warm-workers",
+                "off",
+            ])
+            .arg("--ckpt-dir")
+            .arg(dir.join("ckpt"))
+            .arg(crate::harness::root().join("examples/train_ddp.py"))
+            .args(EXAMPLE_ARGS)
+            .args(["--step-sleep", "0", "--out"])
+            .arg(dir.join("clean"));
+        let (code, _, err) = crate::harness::run(c, Duration::from_secs(240));
+        assert_eq!(code, 0, "fault-free run:\n{err}");
+    });
+    dir.join("clean/final.pt")
+}
+
 fn check(python: &Path, args: &[&str]) -> Value {
     let o = Command::new(python)
         .arg(worker("check_indices.py"))

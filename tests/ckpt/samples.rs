@@ -78,32 +78,13 @@ fn no_skip_no_duplicate(store: Store) {
         "ran at 4, then 2, then 4 workers: {summary}"
     );
 
-    // The same job without faults, at the same global batch: the same model. Without warm
-    // workers: nothing restarts, so waiting interpreters would import torch for nothing.
-    let base = dirs();
-    let mut c = drun();
-    c.python(&python)
-        .args([
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--warm-workers",
-            "off",
-        ])
-        .arg("--ckpt-dir")
-        .arg(&base.ckpt)
-        .arg(crate::harness::root().join("examples/train_ddp.py"))
-        .args(EXAMPLE_ARGS)
-        .args(["--step-sleep", "0", "--out"])
-        .arg(base.out.join("clean"));
-    let (code, _, err) = crate::harness::run(c, Duration::from_secs(240));
-    assert_eq!(code, 0, "{err}");
+    // The same job without faults, at the same global batch: the same model.
     let cmp = check(
         &python,
         &[
             "compare",
             d.out.join("faults/final.pt").to_str().unwrap(),
-            base.out.join("clean/final.pt").to_str().unwrap(),
+            example_reference(&python).to_str().unwrap(),
             "--tol",
             "1e-5",
         ],

@@ -7,6 +7,7 @@ mod cmd;
 pub mod etcd;
 pub mod fake_smi;
 pub mod netbed;
+pub mod reference;
 pub mod scrape;
 
 pub use cmd::DrunCmd;

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::agent::Agent;
 use crate::ckpt::memory::decide::{Admit, EndWait, Key, Table};
-use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile};
+use crate::ckpt::memory::persist::{Done, Job, Persister, Rate, StagedFile};
 use crate::ckpt::memory::{human_bytes, resume_from_memory, staged_path};
 use crate::ckpt::node::NodeLedger;
 use crate::rdzv::Link;
@@ -55,8 +55,12 @@ pub(super) struct Stage {
     files: BTreeMap<Key, Vec<PathBuf>>,
     /// Since when the workers' end waits for the persister.
     end_since: Option<std::time::Instant>,
-    /// Bytes per second the persister writes.
+    /// Bytes per second the persister writes while the workers run.
     rate: u64,
+    /// Bytes per second it writes while the workers' end waits for it.
+    held_rate: u64,
+    /// The persister's current rate: `rate`, or `held_rate` while the end is held.
+    throttle: Rate,
 }
 
 impl Stage {
@@ -97,6 +101,16 @@ impl Stage {
                 return None;
             }
         };
+        let env_rate = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .and_then(|r| crate::ckpt::memory::parse_size(&r))
+        };
+        let rate = env_rate("DRUN_CKPT_PERSIST_RATE").unwrap_or(PERSIST_RATE);
+        // A test knob: the rate while the workers' end waits for the persister (the same
+        // unless set). Tests slow the persister so a fault lands while the disk lags, and set
+        // this so the waits that follow the fault do not crawl at the same rate.
+        let held_rate = env_rate("DRUN_CKPT_PERSIST_RATE_HELD").unwrap_or(rate);
         tracing::info!(
             dir = %dir.path().display(),
             budget = %human_bytes(budget),
@@ -111,10 +125,9 @@ impl Stage {
                 pending: BTreeMap::new(),
                 files: BTreeMap::new(),
                 end_since: None,
-                rate: std::env::var("DRUN_CKPT_PERSIST_RATE")
-                    .ok()
-                    .and_then(|r| crate::ckpt::memory::parse_size(&r))
-                    .unwrap_or(PERSIST_RATE),
+                rate,
+                held_rate,
+                throttle: Rate::new(rate),
             },
             done,
         ))
@@ -208,7 +221,7 @@ impl Stage {
         self.persister.submit(Job {
             key,
             files: p.files.clone(),
-            rate: self.rate,
+            rate: self.throttle.clone(),
         });
     }
 
@@ -312,7 +325,10 @@ impl Stage {
     /// long it waited, or what it could not persist, when the hold ends.
     pub(super) fn hold_end(&mut self, limit: Duration) -> bool {
         let now = std::time::Instant::now();
-        let since = *self.end_since.get_or_insert(now);
+        let since = *self.end_since.get_or_insert_with(|| {
+            self.throttle.set(self.held_rate);
+            now
+        });
         match self.table.end_wait(since, now, limit) {
             EndWait::Wait { .. } => true,
             verdict => {
@@ -320,6 +336,7 @@ impl Stage {
                     crate::say!("{line}");
                 }
                 self.end_since = None;
+                self.throttle.set(self.rate);
                 false
             }
         }

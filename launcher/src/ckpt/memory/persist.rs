@@ -6,6 +6,8 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -15,6 +17,29 @@ use super::decide::{pause, Key};
 
 /// Bytes copied between two looks at the throttle.
 const CHUNK: usize = 8 << 20;
+
+/// Longest sleep of the throttle between two looks at its rate, which the agent may change
+/// while a file is being written ([`Rate::set`]).
+const RECHECK: Duration = Duration::from_millis(50);
+
+/// The persister's throttle, bytes per second (0: no limit), shared with the agent: it can
+/// change while a step is being written, and the write follows within [`RECHECK`].
+#[derive(Debug, Clone)]
+pub struct Rate(Arc<AtomicU64>);
+
+impl Rate {
+    pub fn new(bytes_per_s: u64) -> Self {
+        Self(Arc::new(AtomicU64::new(bytes_per_s)))
+    }
+
+    pub fn set(&self, bytes_per_s: u64) {
+        self.0.store(bytes_per_s, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 pub use super::leftover::TEMP_PREFIX;
 
@@ -57,8 +82,8 @@ pub struct Job {
     pub key: Key,
     /// Its files on this node.
     pub files: Vec<StagedFile>,
-    /// Bytes per second at most (0: no limit).
-    pub rate: u64,
+    /// Bytes per second at most (0: no limit), as it is while the step is written.
+    pub rate: Rate,
 }
 
 /// A step's outcome.
@@ -92,7 +117,7 @@ impl Persister {
                     let result = job
                         .files
                         .iter()
-                        .map(|f| persist_file(f, job.rate))
+                        .map(|f| persist_file(f, &job.rate))
                         .collect::<Result<Vec<String>, String>>()
                         .map(|digests| (began.elapsed(), digests));
                     if tx
@@ -116,7 +141,7 @@ impl Persister {
 }
 
 /// Writes `f` to its place in `--ckpt-dir` at no more than `rate` bytes per second (0: no
-/// limit), hashing the staged bytes as it copies them, and verifies the file there: its SHA-256
+/// limit; a change of `rate` applies to the rest of the file), hashing the staged bytes as it copies them, and verifies the file there: its SHA-256
 /// read back from disk must equal the staged copy's (and the rank's, when it gave one).
 /// Returns the SHA-256.
 ///
@@ -124,7 +149,7 @@ impl Persister {
 /// One line naming the file: the staged copy unreadable, of another size or digest than the
 /// rank reported, the directory unwritable, the digest read back differs (the file is then
 /// removed from its place).
-pub fn persist_file(f: &StagedFile, rate: u64) -> Result<String, String> {
+pub fn persist_file(f: &StagedFile, rate: &Rate) -> Result<String, String> {
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         format!("cannot persist {}: {what}: {e}", f.target.display())
     };
@@ -155,9 +180,12 @@ pub fn persist_file(f: &StagedFile, rate: u64) -> Result<String, String> {
         h.update(&buf[..n]);
         tmp.write_all(&buf[..n]).map_err(|e| fail("writing", &e))?;
         written += n as u64;
-        let wait = pause(written, began.elapsed(), rate);
-        if !wait.is_zero() {
-            std::thread::sleep(wait);
+        loop {
+            let wait = pause(written, began.elapsed(), rate.get());
+            if wait.is_zero() {
+                break;
+            }
+            std::thread::sleep(wait.min(RECHECK));
         }
     }
     if written != f.bytes {
@@ -251,10 +279,13 @@ mod tests {
     fn a_file_lands_in_place_verified_with_no_temporary_left() {
         let d = tempfile::tempdir().unwrap();
         let f = staged(d.path(), &vec![7u8; 3 * CHUNK + 5]);
-        assert_eq!(persist_file(&f, 0).unwrap(), f.sha256);
+        assert_eq!(persist_file(&f, &Rate::new(0)).unwrap(), f.sha256);
         let mut left_to_the_agent = f.clone();
         left_to_the_agent.sha256.clear();
-        assert_eq!(persist_file(&left_to_the_agent, 0).unwrap(), f.sha256);
+        assert_eq!(
+            persist_file(&left_to_the_agent, &Rate::new(0)).unwrap(),
+            f.sha256
+        );
         assert_eq!(std::fs::read(&f.target).unwrap(), vec![7u8; 3 * CHUNK + 5]);
         assert!(leftovers(f.target.parent().unwrap()).is_empty());
     }
@@ -264,17 +295,17 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let mut f = staged(d.path(), b"state");
         f.sha256 = "0".repeat(64);
-        let e = persist_file(&f, 0).unwrap_err();
+        let e = persist_file(&f, &Rate::new(0)).unwrap_err();
         assert!(e.contains("differs from the rank's"), "{e}");
         assert!(!f.target.exists());
         let mut g = staged(d.path(), b"state");
         g.bytes = 99;
-        let e = persist_file(&g, 0).unwrap_err();
+        let e = persist_file(&g, &Rate::new(0)).unwrap_err();
         assert!(e.contains("another size"), "{e}");
         assert!(!g.target.exists());
         assert!(leftovers(g.target.parent().unwrap()).is_empty());
         std::fs::remove_file(&g.staged).unwrap();
-        assert!(persist_file(&g, 0)
+        assert!(persist_file(&g, &Rate::new(0))
             .unwrap_err()
             .contains("staged copy is gone"));
     }
@@ -284,9 +315,31 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = staged(d.path(), &vec![1u8; 2 << 20]);
         let t = Instant::now();
-        persist_file(&f, 8 << 20).unwrap(); // 2 MiB at 8 MiB/s: at least 250 ms
+        persist_file(&f, &Rate::new(8 << 20)).unwrap(); // 2 MiB at 8 MiB/s: at least 250 ms
         assert!(
             t.elapsed() >= Duration::from_millis(240),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_rate_lifted_mid_file_applies_to_the_rest_of_it() {
+        let d = tempfile::tempdir().unwrap();
+        let f = staged(d.path(), &vec![1u8; 64 << 10]);
+        // 64 KiB at 1 KiB/s would take a minute; lifted after 200 ms, it ends at once.
+        let rate = Rate::new(1 << 10);
+        let lift = rate.clone();
+        let t = Instant::now();
+        let lifter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            lift.set(0);
+        });
+        assert_eq!(persist_file(&f, &rate).unwrap(), f.sha256);
+        lifter.join().unwrap();
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        assert!(
+            t.elapsed() >= Duration::from_millis(190),
             "{:?}",
             t.elapsed()
         );
@@ -315,7 +368,7 @@ mod tests {
         p.submit(Job {
             key: (1, 1),
             files: vec![f.clone()],
-            rate: 0,
+            rate: Rate::new(0),
         });
         let r = done.recv().await.unwrap();
         assert_eq!(r.key, (1, 1));
