@@ -126,7 +126,7 @@ impl Actor {
         let speaks = self
             .round
             .state()
-            .speaks_for(&self.cfg.node_id, &self.token)
+            .speaks_for(&self.cfg.node_id, &self.token, self.claim_due)
             .await?;
         Ok(speaks && self.finished().await?.is_none())
     }
