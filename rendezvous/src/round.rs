@@ -75,23 +75,16 @@ impl Round {
 
     /// Asks to be admitted to the next generation; the key lives as long as `lease`.
     pub async fn join(&self, join: &Join, lease: LeaseId) -> Result<(), StoreError> {
-        self.state.join(join, lease, None, None).await
+        self.state.join(join, lease, None).await
     }
 
     /// [`Self::join`] of a node that comes back after generation `last` (0: none): its
     /// `lost/<node>` record and its membership key of `last` go in the same transaction, so a
     /// decider never sees a survivor of a re-form in neither the old generation's members nor
     /// the waiting set and never forms without it (see `decider.rs`, which reads the members
-    /// before the waiting set). `claim`: a server-side session's token, its claim of the node
-    /// written in the same transaction (see [`RunState::join`]).
-    pub async fn rejoin(
-        &self,
-        join: &Join,
-        lease: LeaseId,
-        last: u64,
-        claim: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.state.join(join, lease, Some(last), claim).await
+    /// before the waiting set).
+    pub async fn rejoin(&self, join: &Join, lease: LeaseId, last: u64) -> Result<(), StoreError> {
+        self.state.join(join, lease, Some(last)).await
     }
 
     /// Restart counters as stored now.

@@ -37,8 +37,6 @@ mod actor;
 #[cfg(test)]
 mod attribution_tests;
 #[cfg(test)]
-mod claim_tests;
-#[cfg(test)]
 mod door_tests;
 #[cfg(test)]
 mod enter_tests;

@@ -232,7 +232,7 @@ async fn a_rejoin_replaces_the_old_membership_in_one_revision() {
         .unwrap();
     let mut w = store.watch_prefix(keys.prefix(), 0).await.unwrap();
     round
-        .rejoin(&cand("n0", 4000).into(), lease, 1, None)
+        .rejoin(&cand("n0", 4000).into(), lease, 1)
         .await
         .unwrap();
     let (a, b) = (w.recv().await.unwrap(), w.recv().await.unwrap());

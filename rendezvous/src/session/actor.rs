@@ -172,9 +172,6 @@ pub(super) struct Actor {
     lost_rx: mpsc::UnboundedReceiver<Lost>,
     /// This session's token under `sessions/<node>` (server-side sessions).
     pub(super) token: String,
-    /// A fresh lease whose claim (`sessions/<node>`) is not written yet: the next join writes
-    /// it, in its own transaction (server-side sessions).
-    pub(super) claim_due: bool,
     /// Where the agent answers peer probes (its last candidacy's address and probe port).
     pub(super) probe_at: Option<(String, u16)>,
 }
@@ -218,7 +215,6 @@ impl Actor {
             lost_tx,
             lost_rx,
             probe_at: None,
-            claim_due: false,
             token: {
                 static NEXT: AtomicU64 = AtomicU64::new(0);
                 format!(
@@ -282,8 +278,7 @@ impl Actor {
         let l = self.round.state().grant_lease(self.cfg.lease_ttl).await?;
         self.lease_changed(LeaseChange::Granted(l));
         self.start_keeper(l);
-        // A server-side session claims the node with its first join, in the same transaction.
-        self.claim_due = !self.cfg.auto_keep_alive;
+        self.claim(l).await?;
         self.emit(Event::Opened { lease: l });
         Ok(l)
     }
@@ -504,11 +499,7 @@ impl Actor {
         let mut lease = self.ensure_lease().await?;
         // A node that comes back is no longer lost; its old membership goes as the join
         // arrives, in one transaction (see `Round::rejoin`).
-        let claim = self.claim_due.then(|| self.token.clone());
-        let joined = self
-            .round
-            .rejoin(&cand, lease, self.state.last_gen, claim.as_deref())
-            .await;
+        let joined = self.round.rejoin(&cand, lease, self.state.last_gen).await;
         if let Err(StoreError::LeaseLost(_)) = joined {
             // The lease ran out while this node was stopped or cut off (the keeper has not said
             // so yet): this node was fenced; it joins as a newcomer with a fresh lease.
@@ -516,14 +507,10 @@ impl Actor {
             self.stop_keeper();
             self.lease_changed(LeaseChange::Released);
             lease = self.ensure_lease().await?;
-            let claim = self.claim_due.then(|| self.token.clone());
-            self.round
-                .rejoin(&cand, lease, self.state.last_gen, claim.as_deref())
-                .await?;
+            self.round.rejoin(&cand, lease, self.state.last_gen).await?;
         } else {
             joined?;
         }
-        self.claim_due = false;
         let round = self.round.clone();
         let node = self.cfg.node_id.clone();
         let after = self.state.last_gen;

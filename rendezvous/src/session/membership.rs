@@ -126,7 +126,7 @@ impl Actor {
         let speaks = self
             .round
             .state()
-            .speaks_for(&self.cfg.node_id, &self.token, self.claim_due)
+            .speaks_for(&self.cfg.node_id, &self.token)
             .await?;
         Ok(speaks && self.finished().await?.is_none())
     }

@@ -253,18 +253,11 @@ impl RunState {
     }
 
     /// Whether the session with `token` still speaks for `node` (`sessions/<node>`).
-    /// `unclaimed`: the session has not written its claim yet (its first join writes it), so
-    /// no claim at all still leaves it speaking; another session's claim never does.
-    pub async fn speaks_for(
-        &self,
-        node: &str,
-        token: &str,
-        unclaimed: bool,
-    ) -> Result<bool, StoreError> {
-        Ok(match self.get(&self.keys.session_owner(node)).await? {
-            Some(kv) => kv.value == token.as_bytes(),
-            None => unclaimed,
-        })
+    pub async fn speaks_for(&self, node: &str, token: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .get(&self.keys.session_owner(node))
+            .await?
+            .is_some_and(|kv| kv.value == token.as_bytes()))
     }
 
     /// A failed round's verdict (`gen/current.failed`) and the `mod_revision` of its key.

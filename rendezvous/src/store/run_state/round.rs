@@ -34,26 +34,15 @@ impl RunState {
     /// Writes `join` as `waiting/<node>` under `lease`. `returning`: the node comes back after
     /// generation `returning` (0: none), so its `lost/<node>` record and that generation's
     /// membership key go in the same transaction (a decider never sees a survivor of a
-    /// re-form in neither the members nor the waiting set). `claim`: a server-side session's
-    /// token, written as its claim (`sessions/<node>`, see [`RunState::claim`]) in the same
-    /// transaction: a fresh session's first join claims the node with it instead of a write
-    /// of its own before it (one write, and one round trip, less per agent at a formation).
+    /// re-form in neither the members nor the waiting set).
     pub async fn join(
         &self,
         join: &Join,
         lease: LeaseId,
         returning: Option<u64>,
-        claim: Option<&str>,
     ) -> Result<(), StoreError> {
         let node = &join.candidate.node_id;
         let mut ops = Vec::new();
-        if let Some(token) = claim {
-            ops.push(Op::Put {
-                key: self.keys.session_owner(node),
-                value: token.as_bytes().to_vec(),
-                lease: Some(lease),
-            });
-        }
         if let Some(last) = returning {
             ops.push(Op::Delete(self.keys.lost(node)));
             if last > 0 {
