@@ -38,6 +38,8 @@ mod actor;
 mod attribution_tests;
 #[cfg(test)]
 mod door_tests;
+#[cfg(test)]
+mod enter_tests;
 mod generation;
 pub mod hold;
 mod interval;

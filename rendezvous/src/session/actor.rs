@@ -418,7 +418,7 @@ impl Actor {
     /// lease fences at once (fencing stays bounded by the TTL, not by the store's answer): the
     /// step hears [`Input::LeaseLost`] instead of the try's outcome. A stale keeper's report
     /// (an earlier lease) starts the try over.
-    async fn try_once(&mut self, what: Attempt, tries: u32) -> Input {
+    async fn try_once(&mut self, mut what: Attempt, tries: u32) -> Input {
         let races = !matches!(
             what,
             Attempt::Join(_) | Attempt::Enter { announce: true, .. }
@@ -427,7 +427,7 @@ impl Actor {
         let input = loop {
             let mut phase = std::mem::take(&mut self.state.phase);
             let outcome = tokio::select! {
-                r = self.attempt(&what, &mut phase) => Ok(r),
+                r = self.attempt(&mut what, &mut phase) => Ok(r),
                 Some(lost) = lost_rx.recv(), if races => Err(lost),
             };
             self.state.phase = phase;
@@ -449,10 +449,12 @@ impl Actor {
         input
     }
 
-    /// One try of `what` (`phase`: the current one).
+    /// One try of `what` (`phase`: the current one). What the try got done stays done: an
+    /// entry that told the agent its plan before it failed comes back as an entry without
+    /// the announcement, so the step's next try only watches.
     async fn attempt(
         &mut self,
-        what: &Attempt,
+        what: &mut Attempt,
         phase: &mut Phase,
     ) -> Result<Outcome, RendezvousError> {
         match what {
@@ -462,7 +464,7 @@ impl Actor {
                 before,
                 announce,
             } => self
-                .running(plan.clone(), before.as_deref().cloned(), *announce)
+                .running(plan.clone(), before.as_deref().cloned(), announce)
                 .await
                 .map(|p| Outcome::Phase(Some(p))),
             Attempt::Join(cand) => self

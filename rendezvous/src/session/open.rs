@@ -22,7 +22,7 @@ impl Actor {
                     match self.round.plan(r.generation).await? {
                         Some(plan) => {
                             last_gen = r.generation;
-                            self.running(plan, None, false).await?
+                            self.running(plan, None, &mut false).await?
                         }
                         None => Phase::Idle,
                     }
@@ -30,7 +30,7 @@ impl Actor {
                     match self.admitted_while_away().await? {
                         Some(plan) => {
                             last_gen = plan.generation;
-                            self.running(plan, None, true).await?
+                            self.running(plan, None, &mut true).await?
                         }
                         None => self.join(c).await?,
                     }

@@ -12,11 +12,15 @@ use crate::{Plan, RendezvousError, StoreError};
 impl Actor {
     /// Enters generation `plan.generation`: membership key, watch, and a check of what may have
     /// happened before the watch started. `before`: this session's view of it, on a re-watch.
+    /// `announce`: the agent is still to hear the plan ([`Event::Formed`], once the membership
+    /// key and the watch are in place); cleared once it has, so that a try which fails after
+    /// that tells the step what is left to do (watching), and one that fails before it leaves
+    /// the telling to the next try.
     pub(super) async fn running(
         &mut self,
         plan: Plan,
         before: Option<Running>,
-        announce: bool,
+        announce: &mut bool,
     ) -> Result<Phase, RendezvousError> {
         let Some(lease) = self.lease() else {
             return Ok(Phase::Idle);
@@ -44,8 +48,9 @@ impl Actor {
         }
         let watch = self.watch_generation(&plan).await?;
         // Watch first, then read: whatever happened before the watch began is seen here.
-        if announce {
+        if *announce {
             self.emit(Event::Formed(plan.clone()));
+            *announce = false;
         }
         if let Some(end) = self.finished().await? {
             self.emit(Event::Finished(end));

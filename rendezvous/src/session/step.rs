@@ -372,6 +372,11 @@ fn on_tried(
             why
         }
         Attempt::Request(_) => end(s, failure.message, fx),
+        // The store failed before the agent heard the plan (the driver hands back an entry
+        // that got as far as telling it as `announce: false`): the next try still tells it.
+        // Retrying without the announcement left the session in the generation and its agent
+        // waiting for a plan it was never sent (chaos seed 1, an etcd leader killed while
+        // the members of a re-form wrote their membership keys).
         Attempt::Enter {
             plan,
             announce: true,
@@ -379,16 +384,23 @@ fn on_tried(
         } if failure.transient => {
             s.phase = Phase::Idle;
             let g = plan.generation;
-            fx.push(Effect::Try {
-                what: Attempt::Enter {
+            if s.lease.is_none() {
+                return format!(
+                    "store unavailable entering generation {g} ({}) and the lease is gone",
+                    failure.message
+                );
+            }
+            // After a pause, from the driver's loop: a lease lost meanwhile fences first.
+            again(
+                s,
+                Attempt::Enter {
                     plan,
                     before: None,
-                    announce: false,
+                    announce: true,
                 },
-                tries: 0,
-            });
+            );
             format!(
-                "store unavailable entering generation {g} ({}); watching it again",
+                "store unavailable entering generation {g} ({}); entering it again shortly",
                 failure.message
             )
         }

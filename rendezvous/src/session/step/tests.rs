@@ -709,13 +709,48 @@ fn a_leave_that_went_through_ends_the_session() {
     assert!(!s.reads_requests());
 }
 
+/// The store failed before the agent heard the plan (an etcd leader killed while the members
+/// of a re-form wrote their membership keys): the next try still tells it. It used to retry
+/// without telling, and the agent waited for a plan it was never sent (chaos seed 1).
 #[test]
-fn a_first_entry_the_store_did_not_answer_watches_again_at_once() {
+fn a_first_entry_the_store_did_not_answer_before_the_agent_heard_the_plan_still_tells_it() {
     let t0 = Instant::now();
     let p = plan(3, &["a", "b"]);
-    let (s, fx, _) = run(idle(), tried(enter(p.clone(), true), 0, Err(down())), t0);
-    assert_eq!(s.retry, None);
-    assert_eq!(tries_of(&fx), vec![(enter(p, false), 0)]);
+    let (s, fx, why) = run(idle(), tried(enter(p.clone(), true), 0, Err(down())), t0);
+    assert!(fx.is_empty(), "after a pause: {fx:?}");
+    assert_eq!(s.phase, Phase::Idle);
+    assert_eq!(
+        s.retry,
+        Some(Retry {
+            what: enter(p, true),
+            tries: 1,
+            at: t0 + RETRY_PAUSE
+        })
+    );
+    assert!(why.contains("entering generation 3"), "{why}");
+}
+
+/// A try that told the agent before the store failed comes back as an entry without the
+/// announcement (the driver's part): the next try only watches, the agent hears it once.
+#[test]
+fn a_first_entry_that_failed_after_the_agent_heard_the_plan_only_watches_again() {
+    let t0 = Instant::now();
+    let p = plan(3, &["a", "b"]);
+    let (s, fx, _) = run(idle(), tried(enter(p.clone(), false), 0, Err(down())), t0);
+    assert!(fx.is_empty());
+    assert_eq!(s.retry.map(|r| r.what), Some(enter(p, false)));
+}
+
+#[test]
+fn a_first_entry_the_store_did_not_answer_without_a_lease_goes_idle() {
+    let t0 = Instant::now();
+    let s = Session {
+        lease: None,
+        ..idle()
+    };
+    let (s, fx, _) = run(s, tried(enter(plan(3, &["a"]), true), 0, Err(down())), t0);
+    assert_eq!((s.phase, s.retry), (Phase::Idle, None));
+    assert!(fx.is_empty(), "{fx:?}");
 }
 
 #[test]
