@@ -220,7 +220,7 @@ impl Agent {
                     None
                 }
                 Some(note) = replicas::next(&mut w.replica_notes) => {
-                    self.replica_note(note, &mut w, link);
+                    self.replica_note(note, w.stage.as_mut(), w.ledger.as_ref(), link);
                     None
                 }
                 v = join(&mut w.verifying), if w.verifying.is_some() => {

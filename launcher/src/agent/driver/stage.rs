@@ -546,24 +546,20 @@ impl Agent {
             );
         }
     }
-}
 
-impl Agent {
     /// A note of replicas: recorded, shown in `status` and counted.
     pub(super) fn replica_note(
         &self,
         note: super::replicas::Note,
-        w: &mut super::World,
+        stage: Option<&mut Stage>,
+        ledger: Option<&NodeLedger>,
         link: &Link,
     ) {
-        let Some(stage) = w.stage.as_mut() else {
+        let Some(stage) = stage else {
             return;
         };
         let sent = stage.replica_note(note);
-        let generation = w
-            .ledger
-            .as_ref()
-            .map_or(stage.followed, NodeLedger::generation);
+        let generation = ledger.map_or(stage.followed, NodeLedger::generation);
         report_staging(stage, generation, link);
         if let Some(m) = &self.metrics {
             m.replicas(sent, stage.replica_bytes());

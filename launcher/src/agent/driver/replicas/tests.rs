@@ -1,9 +1,14 @@
 //! Replicas over real loopback sockets: taken from the ring predecessor and verified; refused
 //! from anyone else, when corrupted, unsigned with a token, or beyond the budget.
 
+use super::send::line;
 use super::*;
+use crate::ckpt::memory::wire::NONCE_BYTES;
 use drun_rendezvous::{assign, Candidate};
+use sha2::{Digest, Sha256};
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 
 const WAIT: Duration = Duration::from_secs(20);
 
