@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use drun_rendezvous::Plan;
 use tokio::net::TcpListener;
@@ -25,12 +24,8 @@ use crate::ckpt::memory::wire::{Offer, OfferFile};
 use receive::serve;
 use send::{offer_to, Target};
 pub(super) use shelf::Note;
-use shelf::{remove, Ctx, Shelf};
+use shelf::{remove, transfer_limit, Ctx, Shelf};
 
-/// The longest a transfer may take: this much plus a second per [`SLOWEST`] bytes.
-const TRANSFER_BASE: Duration = Duration::from_secs(30);
-/// The slowest link a transfer is given time for, bytes per second.
-const SLOWEST: u64 = 20 << 20;
 /// Binds a UDP socket (the peer probes) and a TCP listener (replicas) on one port number of
 /// `ip`, trying kernel-chosen ports until one is free for both.
 ///
@@ -182,7 +177,7 @@ impl Replicas {
         let notes = self.notes.clone();
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            let limit = TRANSFER_BASE + Duration::from_secs(offer.bytes() / SLOWEST);
+            let limit = transfer_limit(offer.bytes());
             let result =
                 match tokio::time::timeout(limit, offer_to(&t, offer, &staged, token)).await {
                     Ok(r) => r.map(|()| started.elapsed()),

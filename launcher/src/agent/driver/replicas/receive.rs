@@ -12,7 +12,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use super::shelf::{remove, Copy, Ctx, Note, Shelf, CHUNK};
+use super::shelf::{remove, transfer_limit, Copy, Ctx, Note, Shelf, CHUNK};
+
+/// How long a connection may take to send its offer.
+const OFFER_WAIT: Duration = Duration::from_secs(10);
 use crate::ckpt::memory::decide::Key;
 use crate::ckpt::memory::replica::{self, Fit, Held};
 use crate::ckpt::memory::staged_path;
@@ -60,12 +63,18 @@ async fn receive(
     let nonce = nonce();
     let io = |e: std::io::Error| format!("connection from {peer}: {e}");
     conn.get_mut().write_all(&nonce).await.map_err(io)?;
-    let len = conn.read_u32().await.map_err(io)?;
-    if len > MAX_OFFER {
-        return Err(format!("an offer of {len} bytes is more than {MAX_OFFER}"));
-    }
-    let mut header = vec![0u8; len as usize];
-    conn.read_exact(&mut header).await.map_err(io)?;
+    // A connection that sends no offer holds nothing for long.
+    let header = tokio::time::timeout(OFFER_WAIT, async {
+        let len = conn.read_u32().await.map_err(io)?;
+        if len > MAX_OFFER {
+            return Err(format!("an offer of {len} bytes is more than {MAX_OFFER}"));
+        }
+        let mut header = vec![0u8; len as usize];
+        conn.read_exact(&mut header).await.map_err(io)?;
+        Ok(header)
+    })
+    .await
+    .map_err(|_| format!("no offer from {peer} within {} s", OFFER_WAIT.as_secs()))??;
     let offer: Offer = serde_json::from_slice(&header).map_err(|e| format!("not an offer: {e}"))?;
     let key = (offer.step, offer.generation);
     let taken = take(&offer, key, peer.ip(), &nonce, shelf, ctx);
@@ -82,9 +91,20 @@ async fn receive(
     if !release_own.is_empty() {
         let _ = notes.send(Note::ReleaseOwn(release_own));
     }
-    conn.get_mut().write_all(b"take\n").await.map_err(io)?;
     let mut files = Vec::new();
-    let got = read_files(&mut conn, &offer, ctx, &mut files).await;
+    // The room reserved for it goes again unless every byte arrives, in time, verified.
+    let limit = transfer_limit(offer.bytes());
+    let got = match conn.get_mut().write_all(b"take\n").await {
+        Err(e) => Err(io(e)),
+        Ok(()) => tokio::time::timeout(limit, read_files(&mut conn, &offer, ctx, &mut files))
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "the bytes did not arrive within {} s",
+                    limit.as_secs()
+                ))
+            }),
+    };
     match got {
         Ok(()) => {
             if let Some(c) = shelf.lock().copies.get_mut(&key) {

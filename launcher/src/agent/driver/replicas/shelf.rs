@@ -12,6 +12,16 @@ use crate::ckpt::memory::replica::Held;
 /// Copy buffer.
 pub(super) const CHUNK: usize = 1 << 20;
 
+/// The longest a transfer may take: this much plus a second per [`SLOWEST`] bytes.
+const TRANSFER_BASE: Duration = Duration::from_secs(30);
+/// The slowest link a transfer is given time for, bytes per second.
+const SLOWEST: u64 = 20 << 20;
+
+/// The longest a transfer of `bytes` may take, on either side.
+pub(super) fn transfer_limit(bytes: u64) -> Duration {
+    TRANSFER_BASE + Duration::from_secs(bytes / SLOWEST)
+}
+
 /// What the loop hears about replicas.
 #[derive(Debug)]
 pub(crate) enum Note {
