@@ -13,7 +13,7 @@ mod torch;
 use run::Worker;
 use schedule::{
     generate, generate_bed, with_corruption, with_etcd_members, with_persist_kill, with_preemption,
-    Event, Schedule, StoreKind, Timed,
+    with_replica_kill, Event, Schedule, StoreKind, Timed,
 };
 
 /// One CI schedule: `seed` on `store`, 2 to 4 faults and corrupted shards; panics with the
@@ -84,6 +84,25 @@ fn chaos_ci_seed_1_memory_kill_mid_persist() {
 #[test]
 fn chaos_ci_seed_2_etcd_kill_mid_persist() {
     ci_persist_kill(2, StoreKind::Etcd);
+}
+
+/// One CI schedule of `seed` under `--ckpt-memory --ckpt-replicas 1` (a slowed persister): 2
+/// to 4 faults and corrupted shards, and an agent SIGKILLed once it holds a replica of its ring
+/// predecessor's staged checkpoint (issue 35, item 6). The invariants are the same.
+#[test]
+fn chaos_ci_seed_4_memory_kill_replica_holder() {
+    let s = with_replica_kill(with_corruption(generate(4, StoreKind::Memory, 2, 4)));
+    eprintln!("{s}");
+    match run::run(&s, &Worker::Stdlib, &[]) {
+        Ok(stats) => {
+            eprintln!("passed: {stats:?}");
+            assert_eq!(
+                stats.killed_replica_holder, 1,
+                "the agent was killed holding a replica: {stats:?}"
+            );
+        }
+        Err(report) => panic!("{report}"),
+    }
 }
 
 /// One CI schedule on the network test bed: the campaign's bed schedule of `seed`
@@ -396,6 +415,9 @@ fn chaos_regression_seed_35_memory_torch_preempt() {
 /// `DRUN_CHAOS_PREEMPT=1` adds a preemption warning (and requeue) to about half the schedules.
 /// `DRUN_CHAOS_PERSIST_KILL=1` runs the agents with `--ckpt-memory` and a slowed persister and
 /// kills one mid-persist ([`with_persist_kill`]; not on the bed).
+/// `DRUN_CHAOS_REPLICA_KILL=1` runs them with `--ckpt-memory --ckpt-replicas 1` and kills one
+/// holding a replica of its ring predecessor's staged checkpoint ([`with_replica_kill`]; not on
+/// the bed; instead of the kill mid-persist when both are asked).
 /// `DRUN_CHAOS_BED=1` draws bed schedules instead ([`generate_bed`]: the server and each agent on
 /// a host of its own, the network's faults; the memory store) and requires the bed
 /// (`DRUN_REQUIRE_NETNS=1` is implied).
@@ -445,7 +467,9 @@ fn chaos_campaign() {
         } else {
             s
         };
-        let s = if var("DRUN_CHAOS_PERSIST_KILL", "0") == "1" && !bed {
+        let s = if var("DRUN_CHAOS_REPLICA_KILL", "0") == "1" && !bed {
+            with_replica_kill(s)
+        } else if var("DRUN_CHAOS_PERSIST_KILL", "0") == "1" && !bed {
             with_persist_kill(s)
         } else {
             s
@@ -477,7 +501,12 @@ fn chaos_campaign() {
                     String::new()
                 };
                 let on = if s.bed { " (bed)" } else { "" };
-                let persisting = if s.ckpt_memory() {
+                let persisting = if s.replicas() {
+                    format!(
+                        ", {} agent(s) killed holding a replica",
+                        st.killed_replica_holder
+                    )
+                } else if s.ckpt_memory() {
                     format!(", {} agent(s) killed mid-persist", st.killed_persisting)
                 } else {
                     String::new()

@@ -59,6 +59,9 @@ pub struct Stats {
     /// Agents SIGKILLed while a `.drun-persist-*` file of theirs was in `--ckpt-dir`
     /// ([`Event::KillPersisting`]).
     pub killed_persisting: usize,
+    /// Agents SIGKILLed while they held a replica of their ring predecessor's staged
+    /// checkpoint ([`Event::KillReplicaHolder`]).
+    pub killed_replica_holder: usize,
 }
 
 /// `--ckpt-memory` schedules: bytes per second the agents' persisters write. A chaos worker's
@@ -89,6 +92,8 @@ struct Cluster {
     env: Vec<(String, String)>,
     /// `--ckpt-memory` with a slowed persister ([`Schedule::ckpt_memory`]), its tmpfs stand-in.
     ckpt_memory: Option<PathBuf>,
+    /// `--ckpt-replicas 1` beside `--ckpt-memory` ([`Schedule::replicas`]).
+    replicas: bool,
     /// Last, so that it goes after the server and the agents (a bed removes its hosts).
     place: Place,
 }
@@ -114,9 +119,15 @@ impl Cluster {
             .arg(&self.ckpt);
         // Before the script: what follows it is the script's.
         if let Some(stage) = &self.ckpt_memory {
+            // A tmpfs stand-in per slot: the runner sees which agent holds what.
+            let stage = stage.join(slot.to_string());
+            std::fs::create_dir_all(&stage).expect("the slot's staging parent");
             c.args(["--ckpt-memory", "64M"])
                 .env("DRUN_CKPT_STAGE_PARENT", stage)
                 .env("DRUN_CKPT_PERSIST_RATE", PERSIST_RATE);
+            if self.replicas {
+                c.args(["--ckpt-replicas", "1"]);
+            }
         }
         match &self.worker {
             Worker::Stdlib => c.arg(worker("chaos_worker.py")),
@@ -148,6 +159,29 @@ impl Cluster {
                     .starts_with("drun-manifest-")
             })
             .count()
+    }
+
+    /// Whether the agent of `slot` holds a replica of another node's staged checkpoint: a file
+    /// under the `.replicas` of its staging directory.
+    fn holds_replica(&self, slot: usize) -> bool {
+        fn walk(dir: &Path, depth: usize, inside: bool) -> bool {
+            std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| {
+                    let p = e.path();
+                    let inside = inside || e.file_name() == ".replicas";
+                    if p.is_dir() {
+                        depth > 0 && walk(&p, depth - 1, inside)
+                    } else {
+                        inside
+                    }
+                })
+        }
+        self.ckpt_memory
+            .as_ref()
+            .is_some_and(|stage| walk(&stage.join(slot.to_string()), 6, false))
     }
 
     /// Whether the persister of the agent of `pid` is writing a file to `--ckpt-dir`: a
@@ -272,6 +306,7 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
         step_s: if s.bed { BED_STEP_S } else { STEP_S },
         worker: worker.clone(),
         ckpt_memory: s.ckpt_memory().then(|| dir.join("shm")),
+        replicas: s.replicas(),
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -351,6 +386,27 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                 } else {
                     log.push(
                         "      (not caught persisting: it exited, or 30 s passed; killed anyway)"
+                            .into(),
+                    );
+                }
+                gone.push((i, a, false));
+            }
+            Event::KillReplicaHolder(i) => {
+                let mut a = slots[i]
+                    .take()
+                    .expect("the generator kills live agents only");
+                let pid = a.pid();
+                let mut over = false;
+                let caught = wait_until(Duration::from_secs(30), || {
+                    over = exited(&mut a);
+                    over || c.holds_replica(i)
+                }) && !over;
+                signal(pid, Signal::SIGKILL);
+                if caught {
+                    stats.killed_replica_holder += 1;
+                } else {
+                    log.push(
+                        "      (not caught holding a replica: it exited, or 30 s passed; killed anyway)"
                             .into(),
                     );
                 }
@@ -528,7 +584,9 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
             if s.bed {
                 knobs.push_str("DRUN_CHAOS_BED=1 ");
             }
-            if s.ckpt_memory() {
+            if s.replicas() {
+                knobs.push_str("DRUN_CHAOS_REPLICA_KILL=1 ");
+            } else if s.ckpt_memory() {
                 knobs.push_str("DRUN_CHAOS_PERSIST_KILL=1 ");
             }
             let shown = Outcome {

@@ -71,6 +71,12 @@ pub enum Event {
     /// killed anyway, and the runner says so). A schedule with this event runs with
     /// `--ckpt-memory` and a slowed persister ([`Schedule::ckpt_memory`]).
     KillPersisting(usize),
+    /// SIGKILL agent `slot` once it holds a replica of its ring predecessor's staged
+    /// checkpoint (`--ckpt-replicas 1`): as soon as a file is under the `.replicas` of its
+    /// staging directory (at most 30 s; then it is killed anyway, and the runner says so). A
+    /// schedule with this event runs with `--ckpt-memory`, `--ckpt-replicas 1` and a slowed
+    /// persister ([`Schedule::replicas`]).
+    KillReplicaHolder(usize),
 }
 
 /// An event `delay_ms` milliseconds after the previous one finished.
@@ -326,9 +332,10 @@ pub fn with_preemption(mut s: Schedule) -> Schedule {
     let mut live: Vec<usize> = (0..s.agents).collect();
     for t in &s.events[..at] {
         match t.event {
-            Event::KillAgent(a) | Event::Leave(a) | Event::KillPersisting(a) => {
-                live.retain(|l| *l != a)
-            }
+            Event::KillAgent(a)
+            | Event::Leave(a)
+            | Event::KillPersisting(a)
+            | Event::KillReplicaHolder(a) => live.retain(|l| *l != a),
             Event::ScaleUp(a) => live.push(a),
             _ => {}
         }
@@ -352,8 +359,21 @@ pub fn with_preemption(mut s: Schedule) -> Schedule {
 /// stays applicable. When [`MAX_AGENTS`] run throughout, a live agent is killed at the end
 /// instead. Drawn from a stream of its own of the seed, so the other events stay those of `s`.
 /// The schedule then runs with `--ckpt-memory`.
-pub fn with_persist_kill(mut s: Schedule) -> Schedule {
-    let mut rng = Rng::new(s.seed ^ 0x9E25_1575_5EED_0005);
+pub fn with_persist_kill(s: Schedule) -> Schedule {
+    with_kill(s, 0x9E25_1575_5EED_0005, Event::KillPersisting)
+}
+
+/// `s` with the agent holding a replica killed ([`Event::KillReplicaHolder`]), placed as
+/// [`with_persist_kill`] places its kill (from a stream of its own); the schedule then runs with
+/// `--ckpt-memory --ckpt-replicas 1`.
+pub fn with_replica_kill(s: Schedule) -> Schedule {
+    with_kill(s, 0x9E25_1575_5EED_0006, Event::KillReplicaHolder)
+}
+
+/// `s` with the kill `kill(slot)` placed as [`with_persist_kill`] says, drawn from the stream
+/// `salt` of the seed.
+fn with_kill(mut s: Schedule, salt: u64, kill: fn(usize) -> Event) -> Schedule {
+    let mut rng = Rng::new(s.seed ^ salt);
     let mut live: Vec<usize> = (0..s.agents).collect();
     let mut at = None;
     for (i, t) in s.events.iter().enumerate() {
@@ -362,9 +382,10 @@ pub fn with_persist_kill(mut s: Schedule) -> Schedule {
             break;
         }
         match t.event {
-            Event::KillAgent(a) | Event::Leave(a) | Event::KillPersisting(a) => {
-                live.retain(|l| *l != a)
-            }
+            Event::KillAgent(a)
+            | Event::Leave(a)
+            | Event::KillPersisting(a)
+            | Event::KillReplicaHolder(a) => live.retain(|l| *l != a),
             Event::ScaleUp(a) => live.push(a),
             _ => {}
         }
@@ -377,13 +398,13 @@ pub fn with_persist_kill(mut s: Schedule) -> Schedule {
             let added = [
                 timed(rng.range(300, 1000), Event::ScaleUp(fresh)),
                 timed(0, Event::WaitSealed),
-                timed(rng.range(0, 300), Event::KillPersisting(fresh)),
+                timed(rng.range(0, 300), kill(fresh)),
             ];
             s.events.splice(at..at, added);
             return s;
         }
         None => [
-            timed(rng.range(0, 300), Event::KillPersisting(rng.pick(&live))),
+            timed(rng.range(0, 300), kill(rng.pick(&live))),
             timed(0, Event::WaitSealed),
         ],
     };
@@ -422,9 +443,20 @@ impl Schedule {
     /// Whether the agents stage checkpoints in memory (`--ckpt-memory`, a slowed persister):
     /// the schedule kills an agent mid-persist.
     pub fn ckpt_memory(&self) -> bool {
+        self.events.iter().any(|t| {
+            matches!(
+                t.event,
+                Event::KillPersisting(_) | Event::KillReplicaHolder(_)
+            )
+        })
+    }
+
+    /// Whether the agents also copy their staged checkpoints to their ring neighbour
+    /// (`--ckpt-replicas 1`): the schedule kills an agent holding a replica.
+    pub fn replicas(&self) -> bool {
         self.events
             .iter()
-            .any(|t| matches!(t.event, Event::KillPersisting(_)))
+            .any(|t| matches!(t.event, Event::KillReplicaHolder(_)))
     }
 
     /// etcd members the schedule needs: 3 when it takes one down, else 1.
@@ -481,7 +513,7 @@ impl Schedule {
                     // The coordinated checkpoint, the exits, and a start from scratch.
                     Event::Preempt(_) => 2 * recover,
                     // The wait for the persister, then a lost agent.
-                    Event::KillPersisting(_) => 30_000 + recover,
+                    Event::KillPersisting(_) | Event::KillReplicaHolder(_) => 30_000 + recover,
                     _ => recover,
                 }
         })
@@ -495,6 +527,10 @@ impl fmt::Display for Event {
             Event::KillPersisting(s) => write!(
                 f,
                 "SIGKILL agent {s} while it persists a staged checkpoint (--ckpt-memory)"
+            ),
+            Event::KillReplicaHolder(s) => write!(
+                f,
+                "SIGKILL agent {s} once it holds a replica of its ring predecessor's staged checkpoint (--ckpt-replicas 1)"
             ),
             Event::StopAgent { slot, ms } => write!(
                 f,
@@ -604,15 +640,28 @@ mod tests {
         for seed in 0..500 {
             for store in [StoreKind::Memory, StoreKind::Etcd] {
                 let plain = with_preemption(generate(seed, store, 2, 10));
-                let s = with_persist_kill(plain.clone());
+                let replicas = seed % 2 == 1;
+                let s = if replicas {
+                    with_replica_kill(plain.clone())
+                } else {
+                    with_persist_kill(plain.clone())
+                };
+                assert_eq!(s.replicas(), replicas, "{s}");
                 // Without the kill and what was added for it, the schedule is the plain one.
                 let k = s
                     .events
                     .iter()
-                    .position(|t| matches!(t.event, Event::KillPersisting(_)))
-                    .expect("a kill mid-persist");
-                let fresh =
-                    matches!(s.events[k].event, Event::KillPersisting(a) if a == plain.slots());
+                    .position(|t| {
+                        matches!(
+                            t.event,
+                            Event::KillPersisting(_) | Event::KillReplicaHolder(_)
+                        )
+                    })
+                    .expect("a kill mid-persist or of a replica's holder");
+                let fresh = matches!(
+                    s.events[k].event,
+                    Event::KillPersisting(a) | Event::KillReplicaHolder(a) if a == plain.slots()
+                );
                 let mut rest = s.events.clone();
                 if fresh {
                     assert_eq!(rest[k - 2].event, Event::ScaleUp(plain.slots()), "{s}");
@@ -628,7 +677,10 @@ mod tests {
                 let mut live: Vec<usize> = (0..s.agents).collect();
                 for t in &s.events {
                     match t.event {
-                        Event::KillAgent(a) | Event::Leave(a) | Event::KillPersisting(a) => {
+                        Event::KillAgent(a)
+                        | Event::Leave(a)
+                        | Event::KillPersisting(a)
+                        | Event::KillReplicaHolder(a) => {
                             assert!(live.contains(&a), "{s}");
                             live.retain(|l| *l != a);
                             assert!(!live.is_empty(), "one agent always survives: {s}");
@@ -696,7 +748,8 @@ mod tests {
                     | Event::RestartServer { .. }
                     | Event::CorruptShard { .. }
                     | Event::EtcdMember { .. }
-                    | Event::KillPersisting(_) => panic!("not drawn on the bed: {s}"),
+                    | Event::KillPersisting(_)
+                    | Event::KillReplicaHolder(_) => panic!("not drawn on the bed: {s}"),
                 }
             }
         }

@@ -18,6 +18,7 @@ mod hang;
 mod integrity;
 mod interval;
 mod memory;
+mod replicas;
 mod samples;
 mod scale_up;
 

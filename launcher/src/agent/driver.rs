@@ -47,6 +47,7 @@ mod gpu_check;
 mod hang_dump;
 mod import_wait;
 mod join;
+pub(super) mod replicas;
 mod stage;
 mod standby;
 
@@ -85,6 +86,8 @@ struct World {
     /// Checkpoints staged in memory (`--ckpt-memory`), and the persister's outcomes.
     stage: Option<stage::Stage>,
     stage_done: Option<tokio::sync::mpsc::UnboundedReceiver<crate::ckpt::memory::persist::Done>>,
+    /// What the loop hears of replicas (`--ckpt-replicas 1`).
+    replica_notes: Option<tokio::sync::mpsc::UnboundedReceiver<replicas::Note>>,
     /// Session events read while the machine did not (the workers stopping while the ledger's
     /// answers to persisted steps were awaited), in order, for the machine once it reads again;
     /// `None`: the session closed.
@@ -116,7 +119,23 @@ impl Agent {
         };
         if let (Some(budget), Some(dir)) = (self.cfg.ckpt.memory, self.cfg.ckpt.dir.as_deref()) {
             stage::sweep_leftovers(dir);
-            if let Some((s, done)) = stage::Stage::open(budget, dir) {
+            if let Some((mut s, done)) = stage::Stage::open(budget, dir) {
+                if let Some(listener) = self.replica_listener.take() {
+                    w.replica_notes = s.start_replicas(
+                        listener,
+                        &self.cfg.run_id,
+                        &self.cfg.node_id,
+                        self.cfg
+                            .security
+                            .rdzv_token
+                            .as_ref()
+                            .map(|t| t.expose().to_string()),
+                    );
+                } else if self.cfg.ckpt.replicas > 0 {
+                    tracing::info!(
+                        "--ckpt-replicas: a run of one node keeps its checkpoints on that node"
+                    );
+                }
                 w.stage = Some(s);
                 w.stage_done = Some(done);
             }
@@ -198,6 +217,10 @@ impl Agent {
                 }
                 Some(done) = stage::next_done(&mut w.stage_done) => {
                     self.persisted(done, w.stage.as_mut(), w.ledger.as_mut(), link);
+                    None
+                }
+                Some(note) = replicas::next(&mut w.replica_notes) => {
+                    self.replica_note(note, w.stage.as_mut(), w.ledger.as_ref(), link);
                     None
                 }
                 v = join(&mut w.verifying), if w.verifying.is_some() => {
@@ -495,6 +518,9 @@ impl Agent {
         self.announce(&plan);
         if let Some(p) = &self.peers {
             p.follow(&plan);
+        }
+        if let Some(s) = w.stage.as_mut() {
+            s.follow(&plan);
         }
         w.silent_peers.clear();
         w.worker_store = crate::worker_store::host(

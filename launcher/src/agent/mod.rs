@@ -151,6 +151,9 @@ struct Agent {
     preflight: Option<PathBuf>,
     /// The peer probes of a multi-node run (`crate::peers`), started with the rendezvous link.
     peers: Option<crate::peers::Prober>,
+    /// `--ckpt-replicas`: the TCP listener on the probe port's number where the ring
+    /// predecessor's replicas arrive; taken by the staging driver.
+    replica_listener: Option<std::net::TcpListener>,
     /// The warm interpreters for the next generation's workers (`crate::warm`).
     warm: Mutex<WarmPool>,
 }
@@ -253,6 +256,7 @@ impl Agent {
             warm: Mutex::new(WarmPool::new(&cfg, os.clone())),
             preflight,
             peers: None,
+            replica_listener: None,
             metrics,
             api,
             api_rx,

@@ -181,7 +181,25 @@ impl Agent {
             .and_then(|a| a.parse::<std::net::IpAddr>().ok())
             .filter(|ip| ports::holds_address(*ip))
             .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-        match crate::peers::Prober::start(ip, &self.cfg.run_id, &self.cfg.node_id).await {
+        let started = if self.cfg.ckpt.replicas > 0 {
+            // Replicas arrive over TCP on the probe port's number: one published port per
+            // agent for the agents' own traffic.
+            match super::driver::replicas::bind_pair(ip) {
+                Ok((udp, tcp)) => {
+                    self.replica_listener = Some(tcp);
+                    tokio::net::UdpSocket::from_std(udp).and_then(|u| {
+                        crate::peers::Prober::start_on(u, &self.cfg.run_id, &self.cfg.node_id)
+                    })
+                }
+                Err(e) => {
+                    crate::say!("drun: warning: --ckpt-replicas: cannot open the replica port: {e}; this node's checkpoints stay on this node only");
+                    crate::peers::Prober::start(ip, &self.cfg.run_id, &self.cfg.node_id).await
+                }
+            }
+        } else {
+            crate::peers::Prober::start(ip, &self.cfg.run_id, &self.cfg.node_id).await
+        };
+        match started {
             Ok(p) => self.peers = Some(p),
             Err(e) => tracing::warn!(
                 error = %e,

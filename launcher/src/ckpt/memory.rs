@@ -63,6 +63,7 @@ pub mod decide;
 pub mod leftover;
 pub mod persist;
 pub mod replica;
+pub mod wire;
 
 use std::path::{Path, PathBuf};
 

@@ -80,6 +80,9 @@ pub struct CkptConfig {
     /// `--ckpt-memory`: the node's budget for checkpoints staged in memory, bytes; `None`: off
     /// (or no `--ckpt-dir`).
     pub memory: Option<u64>,
+    /// `--ckpt-replicas`: copies of each node's staged checkpoints kept on another node (0 or
+    /// 1; 0 whenever `memory` is off).
+    pub replicas: u8,
 }
 
 /// Name of the pointer file in `--ckpt-dir`: one line, the path of the newest manifest file.

@@ -53,6 +53,22 @@ pub struct CkptArgs {
     )]
     pub ckpt_memory: String,
 
+    /// Copies of each node's checkpoints in memory kept on another node (with --ckpt-memory):
+    /// `1` sends each node's staged files of a step to its ring neighbour's agent (the next node
+    /// by node rank) over a TCP connection between the agents, on the port number of the peer
+    /// probes, verified by SHA-256 on receipt and held within the receiver's --ckpt-memory;
+    /// `status` shows the steps `replicated`. `0` (default) keeps them on their own node only:
+    /// a replica doubles the memory each node holds and sends every checkpoint over the
+    /// network while the training runs.
+    #[arg(
+        long = "ckpt-replicas",
+        value_name = "0|1",
+        default_value_t = 0,
+        env = "DRUN_CKPT_REPLICAS",
+        help_heading = "Checkpoints"
+    )]
+    pub ckpt_replicas: u8,
+
     /// What a node arriving while the group runs below MAX nodes (--nnodes MIN:MAX) does: `now`
     /// re-forms at once, as torchrun does (work since the last checkpoint is repeated);
     /// `checkpoint` first asks every rank for a coordinated checkpoint (`should_save` turns

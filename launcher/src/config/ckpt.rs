@@ -81,8 +81,24 @@ pub(super) fn checkpoint_flags(
             .map_err(|why| invalid("--ckpt-memory", a.ckpt.ckpt_memory.clone(), why))?;
     // Staged copies are persisted to --ckpt-dir: without one there is nothing to stage for.
     let memory = memory.filter(|_| a.ckpt.ckpt_dir.is_some());
+    let replicas = a.ckpt.ckpt_replicas;
+    if replicas > 1 {
+        return Err(invalid(
+            "--ckpt-replicas",
+            replicas.to_string(),
+            "give 0 or 1 (one copy on the ring neighbour; more are not built)",
+        ));
+    }
+    if replicas > 0 && memory.is_none() {
+        return Err(invalid(
+            "--ckpt-replicas",
+            replicas.to_string(),
+            "replicas are copies of checkpoints staged in memory: give --ckpt-memory SIZE|auto and --ckpt-dir, or --ckpt-replicas 0",
+        ));
+    }
     let ckpt = CkptConfig {
         memory,
+        replicas,
         interval,
         scale_up_save: (a.ckpt.on_scale_up == OnScaleUp::Checkpoint)
             .then_some(scale_up_save_timeout),

@@ -240,6 +240,37 @@ fn checkpoint_flags_are_checked_without_touching_the_directory() {
     assert!(err(&["--ckpt-keep-last", "2", "t.py"], &host()).contains("needs --ckpt-dir DIR"));
     assert!(err(&["--ckpt-keep-every", "5", "t.py"], &host()).contains("needs --ckpt-keep-last"));
     assert!(err(&["--requeue", "t.py"], &host()).contains("needs --on-preempt checkpoint"));
+    let e = err(&["--ckpt-replicas", "1", "t.py"], &host());
+    assert!(
+        e.contains("--ckpt-replicas")
+            && e.contains("give --ckpt-memory SIZE|auto")
+            && !e.contains('\n'),
+        "{e}"
+    );
+    let e = err(
+        &[
+            "--ckpt-dir",
+            dir,
+            "--ckpt-memory",
+            "1M",
+            "--ckpt-replicas",
+            "2",
+            "t.py",
+        ],
+        &host(),
+    );
+    assert!(e.contains("give 0 or 1"), "{e}");
+    let c = ok(&[
+        "--ckpt-dir",
+        dir,
+        "--ckpt-memory",
+        "1M",
+        "--ckpt-replicas",
+        "1",
+        "t.py",
+    ]);
+    assert_eq!((c.ckpt.memory, c.ckpt.replicas), (Some(1 << 20), 1));
+    assert_eq!(ok(&["t.py"]).ckpt.replicas, 0, "off by default");
     assert!(err(&["--on-preempt", "checkpoint", "t.py"], &host()).contains("in-memory"));
     assert!(err(&["--preempt-signal", "SIGNOPE", "t.py"], &host()).contains("--preempt-signal"));
     let c = ok(&[

@@ -80,6 +80,8 @@ pub struct Families {
     pub(super) ckpt_seals: Counter,
     pub(super) ckpt_verify: Histogram,
     pub(super) ckpt_persisted: Counter,
+    pub(super) ckpt_replicated: Counter,
+    pub(super) ckpt_replica_bytes: Gauge,
     pub(super) ckpt_staged_bytes: Gauge,
     pub(super) ckpt_persist_lag: GaugeF,
     pub(super) lost_seconds: CounterF,
@@ -123,6 +125,8 @@ impl Families {
             ckpt_seals: Counter::default(),
             ckpt_verify: seconds_histogram(),
             ckpt_persisted: Counter::default(),
+            ckpt_replicated: Counter::default(),
+            ckpt_replica_bytes: Gauge::default(),
             ckpt_staged_bytes: Gauge::default(),
             ckpt_persist_lag: GaugeF::default(),
             lost_seconds: CounterF::default(),
@@ -206,6 +210,16 @@ impl Families {
             "ckpt_persisted",
             "Checkpoint steps staged in memory that this node persisted to --ckpt-dir (--ckpt-memory)",
             self.ckpt_persisted.clone(),
+        );
+        r.register(
+            "ckpt_replicated",
+            "Checkpoint steps staged in memory that this node copied to its ring neighbour's agent, verified there (--ckpt-replicas)",
+            self.ckpt_replicated.clone(),
+        );
+        r.register(
+            "ckpt_replica_bytes",
+            "Bytes of other nodes' checkpoints this node holds in memory as replicas (--ckpt-replicas)",
+            self.ckpt_replica_bytes.clone(),
         );
         r.register(
             "ckpt_staged_bytes",

@@ -255,6 +255,15 @@ impl AgentMetrics {
         self.f.ckpt_persisted.inc_by(persisted);
     }
 
+    /// Replicas (`--ckpt-replicas`): `sent` more steps of this node verified on its ring
+    /// neighbour since the last call; `held` bytes of other nodes' steps held here.
+    pub fn replicas(&self, sent: u64, held: u64) {
+        self.f.ckpt_replicated.inc_by(sent);
+        self.f
+            .ckpt_replica_bytes
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
+    }
+
     /// A checkpoint was sealed (`id`: its manifest id, `"<step>-<generation>"`).
     pub fn sealed(&self, id: &str) {
         self.f.ckpt_seals.inc();

@@ -189,3 +189,14 @@ fn the_checkpoint_interval_decided_in_this_process_is_exposed() {
         Some(i.expected_loss_s)
     );
 }
+
+#[test]
+fn replicas_sent_count_up_and_replicas_held_are_a_gauge() {
+    let m = AgentMetrics::new();
+    m.replicas(1, 4096);
+    m.replicas(0, 4096);
+    m.replicas(1, 1024);
+    let text = m.render();
+    assert_eq!(value(&text, "drun_ckpt_replicated_total"), Some(2.0));
+    assert_eq!(value(&text, "drun_ckpt_replica_bytes"), Some(1024.0));
+}

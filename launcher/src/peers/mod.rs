@@ -150,7 +150,19 @@ impl Prober {
     /// # Errors
     /// The bind's error.
     pub async fn start(ip: IpAddr, run_id: &str, node_id: &str) -> std::io::Result<Prober> {
-        let socket = UdpSocket::bind(SocketAddr::new(ip, 0)).await?;
+        Self::start_on(
+            UdpSocket::bind(SocketAddr::new(ip, 0)).await?,
+            run_id,
+            node_id,
+        )
+    }
+
+    /// The same on a socket already bound (its port shared with a TCP listener of the agent:
+    /// `--ckpt-replicas`).
+    ///
+    /// # Errors
+    /// The socket's address cannot be read.
+    pub fn start_on(socket: UdpSocket, run_id: &str, node_id: &str) -> std::io::Result<Prober> {
         let port = socket.local_addr()?.port();
         let health = PeerHealth::default();
         let (control, rx) = mpsc::unbounded_channel();

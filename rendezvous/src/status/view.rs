@@ -311,8 +311,35 @@ fn staging(r: &serde_json::Value, now_ms: u64) -> Option<String> {
     let steps = r["steps"].as_array().filter(|s| !s.is_empty())?;
     let list: Vec<String> = steps
         .iter()
-        .map(|s| format!("step {} {}", s["step"], s["state"].as_str().unwrap_or("?")))
+        .map(|s| {
+            let replica = s["replica"]
+                .as_str()
+                .map_or(String::new(), |r| format!(" ({r})"));
+            format!(
+                "step {} {}{replica}",
+                s["step"],
+                s["state"].as_str().unwrap_or("?")
+            )
+        })
         .collect();
+    // Replicas of the ring predecessor's steps held here (`--ckpt-replicas`).
+    let held: Vec<String> = r["replicas"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|h| {
+            format!(
+                "step {} of {}",
+                h["step"],
+                h["from"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    let held = if held.is_empty() {
+        String::new()
+    } else {
+        format!("; holds replicas of {}", held.join(", "))
+    };
     let pending = steps.iter().any(|s| s["state"] != "persisted");
     let lag_ms = r["lag_ms"].as_u64().unwrap_or(0)
         + if pending {
@@ -329,7 +356,7 @@ fn staging(r: &serde_json::Value, now_ms: u64) -> Option<String> {
         "all on disk".to_string()
     };
     Some(format!(
-        "{}; {} of {} in memory, {disk}",
+        "{}; {} of {} in memory, {disk}{held}",
         list.join(", "),
         bytes(r["held"].as_u64().unwrap_or(0)),
         bytes(r["budget"].as_u64().unwrap_or(0)),

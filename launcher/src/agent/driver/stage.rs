@@ -61,6 +61,11 @@ pub(super) struct Stage {
     held_rate: u64,
     /// The persister's current rate: `rate`, or `held_rate` while the end is held.
     throttle: Rate,
+    /// `--ckpt-replicas 1`: this node's replicas on its ring neighbour, and its predecessor's
+    /// here.
+    replicas: Option<super::replicas::Replicas>,
+    /// The generation of the last plan (for reports between generations).
+    followed: u64,
 }
 
 impl Stage {
@@ -128,9 +133,116 @@ impl Stage {
                 rate,
                 held_rate,
                 throttle: Rate::new(rate),
+                replicas: None,
+                followed: 0,
             },
             done,
         ))
+    }
+
+    /// Starts replicas (`--ckpt-replicas 1`) on `listener`: the loop hears of them on the
+    /// receiver returned; `None` (after one warning line) when they cannot start.
+    pub(super) fn start_replicas(
+        &mut self,
+        listener: std::net::TcpListener,
+        run_id: &str,
+        me: &str,
+        token: Option<String>,
+    ) -> Option<mpsc::UnboundedReceiver<super::replicas::Note>> {
+        match super::replicas::Replicas::start(
+            listener,
+            run_id,
+            me,
+            token,
+            &self.ckpt_dir,
+            self.dir.path(),
+            self.table.budget(),
+        ) {
+            Ok((r, rx)) => {
+                self.replicas = Some(r);
+                self.sync_own();
+                Some(rx)
+            }
+            Err(e) => {
+                crate::say!("drun: warning: --ckpt-replicas: cannot start: {e}; this node's checkpoints stay on this node only");
+                None
+            }
+        }
+    }
+
+    /// A new generation: replicas follow its ring.
+    pub(super) fn follow(&mut self, plan: &drun_rendezvous::Plan) {
+        self.followed = plan.generation;
+        if let Some(r) = self.replicas.as_mut() {
+            r.follow(plan);
+        }
+    }
+
+    /// What the loop heard of replicas: `1` when one of this node's steps was verified on its
+    /// neighbour (for the metric).
+    pub(super) fn replica_note(&mut self, n: super::replicas::Note) -> u64 {
+        use super::replicas::Note;
+        let Some(r) = self.replicas.as_mut() else {
+            return 0;
+        };
+        match n {
+            Note::Sent { key, to, result } => {
+                r.sent(key, result.is_ok());
+                match result {
+                    Ok(took) => {
+                        tracing::info!(
+                            step = key.0,
+                            gen = key.1,
+                            to = %to,
+                            "checkpoint step replicated to {to} in {:.2} s",
+                            took.as_secs_f64()
+                        );
+                        return 1;
+                    }
+                    Err(why) => crate::say!(
+                        "drun: warning: checkpoint step {} was not replicated to {to}: {why}; it stays on this node only",
+                        key.0
+                    ),
+                }
+            }
+            Note::Received { key, from } => {
+                tracing::info!(step = key.0, gen = key.1, from = %from, "holding a replica of {from}'s checkpoint step {}", key.0);
+            }
+            Note::ReleaseOwn(keys) => {
+                for k in keys {
+                    let persisted = self
+                        .table
+                        .copies()
+                        .any(|(c, copy)| *c == k && copy.state.is_persisted());
+                    if persisted {
+                        self.release(k);
+                    }
+                }
+            }
+        }
+        0
+    }
+
+    /// Bytes of other nodes' replicas held here.
+    pub(super) fn replica_bytes(&self) -> u64 {
+        self.replicas.as_ref().map_or(0, |r| r.held().1)
+    }
+
+    /// Tells the replica shelf this node's own copies (its budget counts them).
+    fn sync_own(&self) {
+        if let Some(r) = &self.replicas {
+            r.own(
+                self.table
+                    .copies()
+                    .map(|(k, c)| crate::ckpt::memory::replica::Held {
+                        key: *k,
+                        bytes: c.bytes,
+                        replica: false,
+                        persisted: c.state.is_persisted(),
+                    })
+                    .collect(),
+            );
+        }
     }
 
     /// Whether the workers' end is being held for steps not yet persisted and answered by the
@@ -184,6 +296,9 @@ impl Stage {
             })
             .collect();
         let bytes = files.iter().map(|f| f.bytes).sum();
+        if let Some(r) = &self.replicas {
+            r.make_room(self.table.held(), bytes);
+        }
         let direct = match self.table.admit(key, bytes) {
             Admit::Stage { release } => {
                 for k in release {
@@ -203,8 +318,25 @@ impl Stage {
             .add(key, bytes, direct, std::time::Instant::now());
         self.files
             .insert(key, files.iter().map(|f| f.staged.clone()).collect());
+        if let (Some(r), false) = (self.replicas.as_mut(), direct) {
+            r.send(
+                key,
+                files
+                    .iter()
+                    .map(|f| {
+                        (
+                            f.target.display().to_string(),
+                            f.staged.clone(),
+                            f.bytes,
+                            f.sha256.clone(),
+                        )
+                    })
+                    .collect(),
+            );
+        }
         self.pending.insert(key, Pending { batch, files });
         self.pump();
+        self.sync_own();
         None
     }
 
@@ -269,6 +401,7 @@ impl Stage {
             }
         };
         self.pump();
+        self.sync_own();
         out
     }
 
@@ -277,12 +410,17 @@ impl Stage {
         if self.table.answered(key) {
             self.remove_files(key);
         }
+        self.sync_own();
     }
 
     /// Drops `key`'s copy from memory.
     fn release(&mut self, key: Key) {
         self.table.release(key);
         self.remove_files(key);
+        if let Some(r) = self.replicas.as_mut() {
+            r.forget(key);
+        }
+        self.sync_own();
     }
 
     fn remove_files(&mut self, key: Key) {
@@ -310,6 +448,25 @@ impl Stage {
     /// `generation`'s agent.
     pub(super) fn report(&self, generation: u64) -> String {
         let mut r = self.table.report(std::time::Instant::now());
+        if let Some(reps) = &self.replicas {
+            if let Some(steps) = r["steps"].as_array_mut() {
+                for s in steps {
+                    let key = (
+                        s["step"].as_u64().unwrap_or(0),
+                        s["generation"].as_u64().unwrap_or(0),
+                    );
+                    if let Some(sent) = reps.sent_state(key) {
+                        s["replica"] = match sent {
+                            Some(true) => "replicated",
+                            Some(false) => "not replicated",
+                            None => "replicating",
+                        }
+                        .into();
+                    }
+                }
+            }
+            r["replicas"] = reps.held().0.into();
+        }
         r["generation"] = generation.into();
         r["at_ms"] = drun_rendezvous::clock::now_ms().into();
         r.to_string()
@@ -404,6 +561,25 @@ impl Agent {
                 garbage,
                 self.cfg.ckpt.dir.as_deref(),
             );
+        }
+    }
+
+    /// A note of replicas: recorded, shown in `status` and counted.
+    pub(super) fn replica_note(
+        &self,
+        note: super::replicas::Note,
+        stage: Option<&mut Stage>,
+        ledger: Option<&NodeLedger>,
+        link: &Link,
+    ) {
+        let Some(stage) = stage else {
+            return;
+        };
+        let sent = stage.replica_note(note);
+        let generation = ledger.map_or(stage.followed, NodeLedger::generation);
+        report_staging(stage, generation, link);
+        if let Some(m) = &self.metrics {
+            m.replicas(sent, stage.replica_bytes());
         }
     }
 }

@@ -4,8 +4,11 @@
 //! from whom ([`to_fetch`]), and which replicas make room for an incoming one ([`release`]) —
 //! each a function of its inputs with a reason, tested on synthetic holdings.
 //!
-//! Not wired yet: the transport between agents, the flag and the ledger's record of staged
-//! steps are the next slice; these rules are what they will carry out.
+//! Wired so far: the flag (`--ckpt-replicas`), the transport between agents
+//! ([`super::wire`], `agent/driver/replicas.rs`: each staged step goes to [`neighbour`], is
+//! verified by digest on receipt and held within the receiver's budget by [`release`] and
+//! [`make_room_for_own`]) and `status`'s `replicated`. Not wired yet: the ledger's record of
+//! staged steps and the resume after a node loss ([`resume_point`], [`to_fetch`]).
 //!
 //! # The rules
 //! * Each node sends its staged files of a step to its ring neighbour: the next node by node
@@ -34,6 +37,38 @@ pub fn neighbour<'a>(nodes: &'a [String], me: &str) -> Option<&'a str> {
     let i = nodes.iter().position(|n| n == me)?;
     let next = &nodes[(i + 1) % nodes.len()];
     (next != me).then_some(next.as_str())
+}
+
+/// The node whose replicas `me` holds: the one before it in the ring (whose [`neighbour`] is
+/// `me`); the only node a replica is accepted from.
+pub fn predecessor<'a>(nodes: &'a [String], me: &str) -> Option<&'a str> {
+    let i = nodes.iter().position(|n| n == me)?;
+    let prev = &nodes[(i + nodes.len() - 1) % nodes.len()];
+    (prev != me).then_some(prev.as_str())
+}
+
+/// The replicas (oldest first) this node drops so that its own save of `incoming` bytes fits
+/// the `budget` beside `own_held` bytes of its own copies: a node's own copy always wins over
+/// a replica (the replica's sender still holds its own). Empty when it fits as is; every
+/// replica when even that is not enough (the own save then goes its usual way, to disk).
+pub fn make_room_for_own(
+    replicas: &[(Key, u64)],
+    budget: u64,
+    own_held: u64,
+    incoming: u64,
+) -> Vec<Key> {
+    let mut used = own_held + replicas.iter().map(|(_, b)| b).sum::<u64>();
+    let mut order: Vec<&(Key, u64)> = replicas.iter().collect();
+    order.sort_by_key(|(k, _)| *k);
+    let mut out = Vec::new();
+    for (k, b) in order {
+        if used + incoming <= budget {
+            break;
+        }
+        used -= b;
+        out.push(*k);
+    }
+    out
 }
 
 /// A step staged by every node of its generation (the ledger's record): each rank's node.
@@ -282,6 +317,14 @@ mod tests {
         let n = nodes(3);
         assert_eq!(neighbour(&n, "n0"), Some("n1"));
         assert_eq!(neighbour(&n, "n2"), Some("n0"));
+        assert_eq!(predecessor(&n, "n0"), Some("n2"), "n0 holds n2's replicas");
+        assert_eq!(predecessor(&n, "n1"), Some("n0"));
+        assert_eq!(predecessor(&nodes(1), "n0"), None);
+        assert_eq!(predecessor(&n, "x"), None);
+        for me in &n {
+            let next = neighbour(&n, me).unwrap();
+            assert_eq!(predecessor(&n, next), Some(me.as_str()), "the two agree");
+        }
         assert_eq!(neighbour(&n, "x"), None);
         assert_eq!(neighbour(&nodes(1), "n0"), None, "alone: no replica");
     }
@@ -369,6 +412,28 @@ mod tests {
             resume_point(&[], None, &survivors),
             Resume::Persisted { reason } if reason.contains("nothing persisted yet")
         ));
+    }
+
+    #[test]
+    fn an_own_save_drops_replicas_oldest_first_and_only_as_many_as_needed() {
+        let replicas = [((4, 1), 30), ((2, 1), 30), ((6, 1), 30)];
+        assert_eq!(
+            make_room_for_own(&replicas, 200, 40, 30),
+            Vec::<Key>::new(),
+            "fits"
+        );
+        assert_eq!(make_room_for_own(&replicas, 150, 40, 30), vec![(2, 1)]);
+        assert_eq!(
+            make_room_for_own(&replicas, 150, 40, 61),
+            vec![(2, 1), (4, 1)],
+            "the oldest step first"
+        );
+        assert_eq!(
+            make_room_for_own(&replicas, 50, 40, 30),
+            vec![(2, 1), (4, 1), (6, 1)],
+            "every replica, and still not enough: the own save goes its usual way"
+        );
+        assert!(make_room_for_own(&[], 10, 40, 30).is_empty());
     }
 
     #[test]

@@ -265,6 +265,37 @@ fn checkpoints_in_memory_are_shown_per_node_with_the_disk_lag() {
 }
 
 #[test]
+fn replicas_are_shown_per_step_and_per_holder() {
+    let mut s = status(2);
+    let report = serde_json::json!({
+        "generation": 3, "at_ms": NOW, "budget": 64u64 << 20, "held": 2u64 << 20, "lag_ms": 0,
+        "steps": [
+            {"step": 16, "generation": 3, "state": "persisted", "bytes": 1u64 << 20, "replica": "replicated"},
+            {"step": 20, "generation": 3, "state": "staged", "bytes": 1u64 << 20, "replica": "replicating"},
+        ],
+        "replicas": [{"step": 20, "generation": 3, "from": "gpu-node-02", "bytes": 1u64 << 20}],
+    });
+    s.reports
+        .entry("staging".into())
+        .or_default()
+        .insert("gpu-node-01".into(), report);
+    // The line wraps: read it as one.
+    let text = render(&s, NOW)
+        .join(" ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        text.contains("gpu-node-01: step 16 persisted (replicated), step 20 staged (replicating);"),
+        "{text}"
+    );
+    assert!(
+        text.contains("; holds replicas of step 20 of gpu-node-02"),
+        "{text}"
+    );
+}
+
+#[test]
 fn pairs_of_nodes_whose_probes_go_unanswered_are_shown_once_each() {
     let mut s = status(3);
     let report = |rank: u32, silent: &[u32], generation: u64| serde_json::json!({"generation": generation, "node_rank": rank, "silent": silent});

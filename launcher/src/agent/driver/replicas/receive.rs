@@ -1,0 +1,250 @@
+//! Receives the ring predecessor's staged steps (`--ckpt-replicas`): each offer judged
+//! ([`crate::ckpt::memory::wire::judge`]), fitted to the budget
+//! ([`crate::ckpt::memory::replica::release`]), read and verified by digest, or refused.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use super::shelf::{remove, transfer_limit, Copy, Ctx, Note, Shelf, CHUNK};
+
+/// How long a connection may take to send its offer.
+const OFFER_WAIT: Duration = Duration::from_secs(10);
+use crate::ckpt::memory::decide::Key;
+use crate::ckpt::memory::replica::{self, Fit, Held};
+use crate::ckpt::memory::staged_path;
+use crate::ckpt::memory::wire::{judge, Offer, Receiver, MAX_OFFER, NONCE_BYTES};
+
+/// Accepts the predecessor's offers, one task per connection.
+pub(super) async fn serve(
+    listener: TcpListener,
+    shelf: Shelf,
+    ctx: Arc<Ctx>,
+    notes: mpsc::UnboundedSender<Note>,
+) {
+    loop {
+        let Ok((conn, peer)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let (shelf, ctx, notes) = (shelf.clone(), ctx.clone(), notes.clone());
+        tokio::spawn(async move {
+            if let Err(why) = receive(conn, peer, &shelf, &ctx, &notes).await {
+                tracing::warn!(%peer, "a replica was not taken: {why}");
+            }
+        });
+    }
+}
+
+/// A random nonce.
+fn nonce() -> [u8; NONCE_BYTES] {
+    let mut n = [0u8; NONCE_BYTES];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut n);
+    }
+    n
+}
+
+/// One offer: judged, fitted to the budget, received and verified, or refused.
+async fn receive(
+    conn: TcpStream,
+    peer: SocketAddr,
+    shelf: &Shelf,
+    ctx: &Ctx,
+    notes: &mpsc::UnboundedSender<Note>,
+) -> Result<(), String> {
+    let mut conn = BufReader::new(conn);
+    let nonce = nonce();
+    let io = |e: std::io::Error| format!("connection from {peer}: {e}");
+    conn.get_mut().write_all(&nonce).await.map_err(io)?;
+    // A connection that sends no offer holds nothing for long.
+    let header = tokio::time::timeout(OFFER_WAIT, async {
+        let len = conn.read_u32().await.map_err(io)?;
+        if len > MAX_OFFER {
+            return Err(format!("an offer of {len} bytes is more than {MAX_OFFER}"));
+        }
+        let mut header = vec![0u8; len as usize];
+        conn.read_exact(&mut header).await.map_err(io)?;
+        Ok(header)
+    })
+    .await
+    .map_err(|_| format!("no offer from {peer} within {} s", OFFER_WAIT.as_secs()))??;
+    let offer: Offer = serde_json::from_slice(&header).map_err(|e| format!("not an offer: {e}"))?;
+    let key = (offer.step, offer.generation);
+    let taken = take(&offer, key, peer.ip(), &nonce, shelf, ctx);
+    let release_own = match taken {
+        Ok(r) => r,
+        Err(why) => {
+            let _ = conn
+                .get_mut()
+                .write_all(format!("refused: {why}\n").as_bytes())
+                .await;
+            return Err(why);
+        }
+    };
+    if !release_own.is_empty() {
+        let _ = notes.send(Note::ReleaseOwn(release_own));
+    }
+    let mut files = Vec::new();
+    // The room reserved for it goes again unless every byte arrives, in time, verified.
+    let limit = transfer_limit(offer.bytes());
+    let got = match conn.get_mut().write_all(b"take\n").await {
+        Err(e) => Err(io(e)),
+        Ok(()) => tokio::time::timeout(limit, read_files(&mut conn, &offer, ctx, &mut files))
+            .await
+            .unwrap_or_else(|_| {
+                Err(format!(
+                    "the bytes did not arrive within {} s",
+                    limit.as_secs()
+                ))
+            }),
+    };
+    match got {
+        Ok(()) => {
+            if let Some(c) = shelf.lock().copies.get_mut(&key) {
+                c.files = files;
+                c.complete = true;
+            }
+            conn.get_mut().write_all(b"ok\n").await.map_err(io)?;
+            let _ = notes.send(Note::Received {
+                key,
+                from: offer.from,
+            });
+            Ok(())
+        }
+        Err(why) => {
+            shelf.lock().copies.remove(&key);
+            remove(&files, &ctx.root);
+            let _ = conn
+                .get_mut()
+                .write_all(format!("bad: {why}\n").as_bytes())
+                .await;
+            Err(why)
+        }
+    }
+}
+
+/// Judges `offer` and reserves its room on the shelf: the own persisted copies to release for
+/// it, or why it is refused.
+fn take(
+    offer: &Offer,
+    key: Key,
+    peer: IpAddr,
+    nonce: &[u8],
+    shelf: &Shelf,
+    ctx: &Ctx,
+) -> Result<Vec<Key>, String> {
+    let mut s = shelf.lock();
+    let nodes = s.generation.as_ref().map(|(g, n)| (*g, n.as_slice()));
+    judge(
+        offer,
+        &Receiver {
+            run_id: &ctx.run_id,
+            generation: nodes,
+            me: &ctx.me,
+            peer,
+            token: ctx.token.as_deref(),
+            nonce,
+            ckpt_dir: &ctx.ckpt_dir,
+        },
+    )?;
+    if s.copies.contains_key(&key) {
+        return Err(format!("step {} is held here already", key.0));
+    }
+    let mut held: Vec<Held> = s.own.clone();
+    held.extend(s.copies.iter().map(|(k, c)| Held {
+        key: *k,
+        bytes: c.bytes,
+        replica: true,
+        persisted: false,
+    }));
+    let release = match replica::release(&held, s.budget, key, offer.bytes()) {
+        Fit::Take { release } => release,
+        Fit::Refuse { reason } => return Err(reason),
+    };
+    let mut own = Vec::new();
+    for k in release {
+        match s.copies.remove(&k) {
+            Some(c) => remove(&c.files, &ctx.root),
+            None => own.push(k),
+        }
+    }
+    s.copies.insert(
+        key,
+        Copy {
+            from: offer.from.clone(),
+            bytes: offer.bytes(),
+            files: Vec::new(),
+            complete: false,
+        },
+    );
+    Ok(own)
+}
+
+/// Reads each file of `offer` and its digest, writing it under `ctx.root`.
+async fn read_files(
+    conn: &mut BufReader<TcpStream>,
+    offer: &Offer,
+    ctx: &Ctx,
+    files: &mut Vec<PathBuf>,
+) -> Result<(), String> {
+    let mut buf = vec![0u8; CHUNK];
+    for f in &offer.files {
+        let dest = staged_path(&ctx.root, &ctx.ckpt_dir, Path::new(&f.path))
+            .ok_or_else(|| format!("'{}' is not inside --ckpt-dir", f.path))?;
+        if let Some(d) = dest.parent() {
+            tokio::fs::create_dir_all(d)
+                .await
+                .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+        }
+        let mut out = tokio::fs::File::create(&dest)
+            .await
+            .map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+        files.push(dest.clone());
+        let mut hash = Sha256::new();
+        let mut left = f.bytes;
+        while left > 0 {
+            let n = conn
+                .read(&mut buf[..CHUNK.min(left as usize)])
+                .await
+                .map_err(|e| format!("reading {}: {e}", f.path))?;
+            if n == 0 {
+                return Err(format!("{} ended before its {} bytes", f.path, f.bytes));
+            }
+            hash.update(&buf[..n]);
+            out.write_all(&buf[..n])
+                .await
+                .map_err(|e| format!("writing {}: {e}", dest.display()))?;
+            left -= n as u64;
+        }
+        // tokio's file writes in the background: the bytes are in the file once flushed.
+        out.flush()
+            .await
+            .map_err(|e| format!("writing {}: {e}", dest.display()))?;
+        let mut digest = [0u8; 32];
+        conn.read_exact(&mut digest)
+            .await
+            .map_err(|e| format!("reading the digest of {}: {e}", f.path))?;
+        let got = hash.finalize();
+        if got.as_slice() != digest {
+            return Err(format!(
+                "{}: the bytes received do not match the sender's SHA-256",
+                f.path
+            ));
+        }
+        let got = crate::ckpt::verify::hex(&got);
+        if !f.sha256.is_empty() && f.sha256 != got {
+            return Err(format!(
+                "{}: SHA-256 {got}, the rank's is {}",
+                f.path, f.sha256
+            ));
+        }
+    }
+    Ok(())
+}

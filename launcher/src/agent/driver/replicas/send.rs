@@ -1,0 +1,90 @@
+//! Sends one staged step to the ring neighbour's agent (`--ckpt-replicas`; the exchange in
+//! [`crate::ckpt::memory::wire`]).
+
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::shelf::CHUNK;
+use crate::ckpt::memory::wire::{Offer, NONCE_BYTES};
+
+/// Who this node's replicas go to.
+#[derive(Debug, Clone)]
+pub(super) struct Target {
+    pub(super) node_id: String,
+    pub(super) addr: String,
+    pub(super) port: u16,
+    pub(super) generation: u64,
+}
+/// The connection's next line, trimmed.
+pub(super) async fn line(conn: &mut BufReader<TcpStream>) -> Result<String, String> {
+    let mut l = String::new();
+    conn.read_line(&mut l)
+        .await
+        .map_err(|e| format!("reading the answer: {e}"))?;
+    Ok(l.trim_end().to_string())
+}
+
+/// Offers `offer` to `t` and streams `staged` when taken.
+pub(super) async fn offer_to(
+    t: &Target,
+    mut offer: Offer,
+    staged: &[PathBuf],
+    token: Option<String>,
+) -> Result<(), String> {
+    let addr = tokio::net::lookup_host((t.addr.as_str(), t.port))
+        .await
+        .map_err(|e| format!("cannot resolve {}: {e}", t.addr))?
+        .next()
+        .ok_or_else(|| format!("{} resolves to nothing", t.addr))?;
+    let conn = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    let mut conn = BufReader::new(conn);
+    let mut nonce = [0u8; NONCE_BYTES];
+    conn.read_exact(&mut nonce)
+        .await
+        .map_err(|e| format!("no nonce from {addr}: {e}"))?;
+    offer.sign(token.as_deref(), &nonce);
+    let w = |e: std::io::Error| format!("sending to {addr}: {e}");
+    conn.get_mut().write_all(&offer.encode()).await.map_err(w)?;
+    let answer = line(&mut conn).await?;
+    if answer != "take" {
+        return Err(answer);
+    }
+    let mut buf = vec![0u8; CHUNK];
+    for (f, path) in offer.files.iter().zip(staged) {
+        let mut file = tokio::fs::File::open(path)
+            .await
+            .map_err(|e| format!("cannot read the staged copy {}: {e}", path.display()))?;
+        let mut hash = Sha256::new();
+        let mut left = f.bytes;
+        while left > 0 {
+            let n = file
+                .read(&mut buf[..CHUNK.min(left as usize)])
+                .await
+                .map_err(|e| format!("reading {}: {e}", path.display()))?;
+            if n == 0 {
+                return Err(format!(
+                    "{} is shorter than its {} bytes",
+                    path.display(),
+                    f.bytes
+                ));
+            }
+            hash.update(&buf[..n]);
+            conn.get_mut().write_all(&buf[..n]).await.map_err(w)?;
+            left -= n as u64;
+        }
+        conn.get_mut()
+            .write_all(&hash.finalize())
+            .await
+            .map_err(w)?;
+    }
+    conn.get_mut().flush().await.map_err(w)?;
+    match line(&mut conn).await? {
+        ok if ok == "ok" => Ok(()),
+        bad => Err(bad),
+    }
+}

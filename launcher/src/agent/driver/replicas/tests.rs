@@ -1,0 +1,209 @@
+//! Replicas over real loopback sockets: taken from the ring predecessor and verified; refused
+//! from anyone else, when corrupted, unsigned with a token, or beyond the budget.
+
+use super::send::line;
+use super::*;
+use crate::ckpt::memory::wire::NONCE_BYTES;
+use drun_rendezvous::{assign, Candidate};
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn listener() -> (std::net::TcpListener, u16) {
+    let (_udp, tcp) = bind_pair(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)).unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    (tcp, port)
+}
+
+/// Nodes a, b, c (node ranks 0, 1, 2) on loopback with these replica ports.
+fn plan(ports: [u16; 3]) -> Plan {
+    let c: Vec<Candidate> = ["a", "b", "c"]
+        .iter()
+        .zip(ports)
+        .enumerate()
+        .map(|(i, (id, port))| Candidate {
+            node_id: (*id).into(),
+            advertise_addr: "127.0.0.1".into(),
+            slots: 1,
+            requested_node_rank: Some(i as u32),
+            master_port: 1,
+            probe_port: port,
+        })
+        .collect();
+    assign("run", 3, &c, 0, 0).unwrap()
+}
+
+struct Node {
+    r: Replicas,
+    rx: mpsc::UnboundedReceiver<Note>,
+    stage: tempfile::TempDir,
+}
+
+fn node(
+    me: &str,
+    tcp: std::net::TcpListener,
+    ckpt: &Path,
+    budget: u64,
+    token: Option<&str>,
+) -> Node {
+    let stage = tempfile::tempdir().unwrap();
+    let (r, rx) = Replicas::start(
+        tcp,
+        "run",
+        me,
+        token.map(String::from),
+        ckpt,
+        stage.path(),
+        budget,
+    )
+    .unwrap();
+    Node { r, rx, stage }
+}
+
+async fn note(rx: &mut mpsc::UnboundedReceiver<Note>) -> Note {
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_staged_step_reaches_the_ring_neighbour_verified() {
+    let ckpt = tempfile::tempdir().unwrap();
+    let ((ta, pa), (tb, pb)) = (listener(), listener());
+    let p = plan([pa, pb, 1]);
+    let mut a = node("a", ta, ckpt.path(), 8 << 20, Some("tok"));
+    let mut b = node("b", tb, ckpt.path(), 8 << 20, Some("tok"));
+    a.r.follow(&p);
+    b.r.follow(&p);
+    let key = (2, p.generation);
+    let rel = format!("run/step-2-g{}/rank0.pt", p.generation);
+    let staged = a.stage.path().join(&rel);
+    std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
+    let body = vec![7u8; 3 << 20];
+    std::fs::write(&staged, &body).unwrap();
+    let target = ckpt.path().join(&rel).display().to_string();
+    assert!(a.r.send(
+        key,
+        vec![(target, staged, body.len() as u64, String::new())]
+    ));
+    assert_eq!(a.r.sent_state(key), Some(None), "in flight");
+    match note(&mut a.rx).await {
+        Note::Sent { key: k, to, result } => {
+            assert_eq!((k, to.as_str()), (key, "b"));
+            result.unwrap();
+        }
+        n => panic!("{n:?}"),
+    }
+    a.r.sent(key, true);
+    assert_eq!(a.r.sent_state(key), Some(Some(true)));
+    assert!(matches!(note(&mut b.rx).await, Note::Received { from, .. } if from == "a"));
+    let held = b.stage.path().join(".replicas").join(&rel);
+    let got = std::fs::read(&held).unwrap();
+    assert!(
+        got == body,
+        "identical bytes: {} of {} bytes",
+        got.len(),
+        body.len()
+    );
+    let (list, bytes) = b.r.held();
+    assert_eq!(bytes, body.len() as u64);
+    assert_eq!(list[0]["from"], "a");
+    // b's neighbour is c (port 1: nobody): a send fails with a reason, nothing else.
+    let staged_b = b.stage.path().join("x.pt");
+    std::fs::write(&staged_b, b"abc").unwrap();
+    let target = ckpt.path().join("run/x.pt").display().to_string();
+    assert!(b.r.send(key, vec![(target, staged_b, 3, String::new())]));
+    loop {
+        if let Note::Sent { result, .. } = note(&mut b.rx).await {
+            assert!(result.unwrap_err().contains("cannot connect"));
+            break;
+        }
+    }
+    // An own save that needs the room releases the replica.
+    b.r.make_room(0, (8 << 20) - 10);
+    assert_eq!(b.r.held().1, 0);
+    assert!(!held.exists(), "its file is gone");
+}
+
+/// Offers `offer` by hand to `port` (signed with `token`), streaming `body` with `digest` when
+/// taken; the answer lines.
+async fn offer_by_hand(
+    port: u16,
+    mut offer: Offer,
+    token: Option<&str>,
+    body: &[u8],
+    digest: [u8; 32],
+) -> Vec<String> {
+    let conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut conn = BufReader::new(conn);
+    let mut nonce = [0u8; NONCE_BYTES];
+    conn.read_exact(&mut nonce).await.unwrap();
+    offer.sign(token, &nonce);
+    conn.get_mut().write_all(&offer.encode()).await.unwrap();
+    let first = line(&mut conn).await.unwrap();
+    if first != "take" {
+        return vec![first];
+    }
+    conn.get_mut().write_all(body).await.unwrap();
+    conn.get_mut().write_all(&digest).await.unwrap();
+    vec![first, line(&mut conn).await.unwrap()]
+}
+
+#[tokio::test]
+async fn offers_from_outside_the_ring_corrupted_unsigned_or_too_big_are_refused() {
+    let ckpt = tempfile::tempdir().unwrap();
+    let (tb, pb) = listener();
+    let p = plan([1, pb, 2]);
+    let mut b = node("b", tb, ckpt.path(), 100, Some("tok"));
+    b.r.follow(&p);
+    let offer = |from: &str, bytes: u64| Offer {
+        run_id: "run".into(),
+        generation: p.generation,
+        step: 4,
+        from: from.into(),
+        files: vec![OfferFile {
+            path: ckpt
+                .path()
+                .join("run/step-4/rank0.pt")
+                .display()
+                .to_string(),
+            bytes,
+            sha256: String::new(),
+        }],
+        mac: String::new(),
+    };
+    let good: [u8; 32] = Sha256::digest(b"abc").into();
+    let a = offer_by_hand(pb, offer("c", 3), Some("tok"), b"abc", good).await;
+    assert!(
+        a[0].starts_with("refused: 'c' is not the node whose replicas this node holds"),
+        "{a:?}"
+    );
+    let a = offer_by_hand(pb, offer("a", 3), None, b"abc", good).await;
+    assert!(a[0].contains("MAC does not match"), "unsigned: {a:?}");
+    let a = offer_by_hand(pb, offer("a", 3), Some("other"), b"abc", good).await;
+    assert!(a[0].contains("MAC does not match"), "another token: {a:?}");
+    let a = offer_by_hand(pb, offer("a", 101), Some("tok"), b"abc", good).await;
+    assert!(
+        a[0].starts_with("refused: a replica of step 4 (101 B) does not fit the budget of 100 B"),
+        "{a:?}"
+    );
+    let a = offer_by_hand(pb, offer("a", 3), Some("tok"), b"abd", good).await;
+    assert_eq!(a[0], "take");
+    assert!(
+        a[1].starts_with("bad: ") && a[1].contains("do not match the sender's SHA-256"),
+        "{a:?}"
+    );
+    assert_eq!(b.r.held().1, 0, "nothing of it is held");
+    assert!(
+        !b.stage.path().join(".replicas/run").exists(),
+        "its file is gone"
+    );
+    let a = offer_by_hand(pb, offer("a", 3), Some("tok"), b"abc", good).await;
+    assert_eq!(a, ["take", "ok"]);
+    assert!(matches!(note(&mut b.rx).await, Note::Received { .. }));
+    assert_eq!(b.r.held().1, 3);
+}
