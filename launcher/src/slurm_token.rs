@@ -13,7 +13,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use drun_rendezvous::server::auth::Secret;
-use sha2::{Digest, Sha256};
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
 
 /// The variable naming the secret file; `off` turns the derived token off.
 pub const SECRET_VAR: &str = "DRUN_SLURM_SECRET";
@@ -21,27 +22,13 @@ pub const SECRET_VAR: &str = "DRUN_SLURM_SECRET";
 /// Domain separation: a token derived here is good for nothing else.
 const CONTEXT: &[u8] = b"drun slurm rendezvous token v1\0";
 
-/// SHA-256's block size in bytes, for HMAC.
-const BLOCK: usize = 64;
-
 /// HMAC-SHA256 of `msg` under `key` (RFC 2104).
 fn hmac_sha256(key: &[u8], msg: &[&[u8]]) -> [u8; 32] {
-    let mut k = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        k[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let pad = |b: u8| k.map(|x| x ^ b);
-    let mut inner = Sha256::new();
-    inner.update(pad(0x36));
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
     for m in msg {
-        inner.update(m);
+        mac.update(m);
     }
-    let mut outer = Sha256::new();
-    outer.update(pad(0x5c));
-    outer.update(inner.finalize());
-    outer.finalize().into()
+    mac.finalize().into_bytes().into()
 }
 
 /// The token of Slurm job `job_id` under `secret`: 64 hex digits.
