@@ -222,6 +222,18 @@ impl Cluster {
     }
 }
 
+/// SIGKILLs agent `a` once `caught` says it is in the state the fault wants (persisting,
+/// holding a replica), or after 30 s; whether it was caught so (not when it exited first).
+fn kill_when(a: &mut Agent, mut caught: impl FnMut() -> bool) -> bool {
+    let mut over = false;
+    let in_state = wait_until(Duration::from_secs(30), || {
+        over = exited(a);
+        over || caught()
+    }) && !over;
+    signal(a.pid(), Signal::SIGKILL);
+    in_state
+}
+
 fn exited(a: &mut Agent) -> bool {
     a.child.try_wait().ok().flatten().is_some()
 }
@@ -375,13 +387,7 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                     .take()
                     .expect("the generator kills live agents only");
                 let pid = a.pid();
-                let mut over = false;
-                let caught = wait_until(Duration::from_secs(30), || {
-                    over = exited(&mut a);
-                    over || c.persisting(pid)
-                }) && !over;
-                signal(pid, Signal::SIGKILL);
-                if caught {
+                if kill_when(&mut a, || c.persisting(pid)) {
                     stats.killed_persisting += 1;
                 } else {
                     log.push(
@@ -395,14 +401,7 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
                 let mut a = slots[i]
                     .take()
                     .expect("the generator kills live agents only");
-                let pid = a.pid();
-                let mut over = false;
-                let caught = wait_until(Duration::from_secs(30), || {
-                    over = exited(&mut a);
-                    over || c.holds_replica(i)
-                }) && !over;
-                signal(pid, Signal::SIGKILL);
-                if caught {
+                if kill_when(&mut a, || c.holds_replica(i)) {
                     stats.killed_replica_holder += 1;
                 } else {
                     log.push(

@@ -117,20 +117,29 @@ fn a_staged_step_is_answered_at_once_persisted_behind_and_resumed_from_memory() 
 
 #[test]
 fn a_memory_budget_larger_than_the_node_is_a_usage_error() {
+    refused(&["--ckpt-memory", "1000TiB"], "--ckpt-memory", "of RAM");
+}
+
+/// `drun --standalone ARGS --ckpt-dir DIR ckpt_worker.py` exits 2 with one line naming `flag`
+/// that says `needle`, and starts nothing.
+pub(super) fn refused(args: &[&str], flag: &str, needle: &str) {
     let d = dirs();
     let mut c: Command = drun();
-    c.args(["--standalone", "--ckpt-memory", "1000TiB", "--ckpt-dir"])
+    c.arg("--standalone")
+        .args(args)
+        .arg("--ckpt-dir")
         .arg(&d.ckpt)
         .arg(worker("ckpt_worker.py"))
         .env("CKPT_OUT", &d.out);
     let (code, _, err) = crate::harness::run(c, Duration::from_secs(30));
     assert_eq!(code, 2, "{err}");
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.contains("--ckpt-memory"))
-        .collect();
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains(flag)).collect();
     assert_eq!(lines.len(), 1, "{err}");
-    assert!(lines[0].contains("of RAM"), "{err}");
+    assert!(lines[0].contains(needle), "{err}");
+    assert!(
+        !d.out.exists() || std::fs::read_dir(&d.out).unwrap().next().is_none(),
+        "a worker ran: {err}"
+    );
 }
 
 /// Real torch: rank 1 fails one step after step 16 was staged (its files not on disk yet); the

@@ -143,18 +143,9 @@ fn each_staged_step_reaches_the_ring_neighbour_with_identical_bytes() {
 
 #[test]
 fn replicas_without_memory_are_a_usage_error() {
-    let d = dirs();
-    let mut c: Command = drun();
-    c.args(["--standalone", "--ckpt-replicas", "1", "--ckpt-dir"])
-        .arg(&d.ckpt)
-        .arg(worker("ckpt_worker.py"))
-        .env("CKPT_OUT", &d.out);
-    let (code, _, err) = crate::harness::run(c, Duration::from_secs(30));
-    assert_eq!(code, 2, "{err}");
-    let lines: Vec<&str> = err
-        .lines()
-        .filter(|l| l.contains("--ckpt-replicas"))
-        .collect();
-    assert_eq!(lines.len(), 1, "{err}");
-    assert!(lines[0].contains("give --ckpt-memory SIZE|auto"), "{err}");
+    super::memory::refused(
+        &["--ckpt-replicas", "1"],
+        "--ckpt-replicas",
+        "give --ckpt-memory SIZE|auto",
+    );
 }
