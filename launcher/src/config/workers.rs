@@ -30,3 +30,13 @@ pub struct WorkersConfig {
     /// Who hosts the workers' c10d store (`--worker-store`).
     pub worker_store: crate::worker_store::WorkerStoreMode,
 }
+
+impl WorkersConfig {
+    /// The CPUs local rank `local_rank` is bound to (`--numa-binding`), if any.
+    pub fn cpus_of(&self, local_rank: u32) -> Option<crate::numa::topology::Cpus> {
+        self.numa
+            .as_ref()
+            .and_then(|b| b.for_rank(local_rank))
+            .cloned()
+    }
+}

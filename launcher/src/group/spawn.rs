@@ -212,12 +212,7 @@ impl WorkerGroup {
             stdin: worker_stdin(cfg, local_rank),
             die_with_agent: true,
             handoff: None,
-            cpus: cfg
-                .workers
-                .numa
-                .as_ref()
-                .and_then(|b| b.for_rank(local_rank))
-                .cloned(),
+            cpus: cfg.workers.cpus_of(local_rank),
         };
         let warm = ctx.warm.and_then(|pool| {
             let mut pool = pool.lock().expect("warm pool mutex poisoned");

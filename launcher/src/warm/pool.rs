@@ -344,12 +344,7 @@ async fn start_one(
                 stdin: crate::group::worker_stdin(cfg, local_rank),
                 die_with_agent: true,
                 handoff: Some(theirs),
-                cpus: cfg
-                    .workers
-                    .numa
-                    .as_ref()
-                    .and_then(|b| b.for_rank(local_rank))
-                    .cloned(),
+                cpus: cfg.workers.cpus_of(local_rank),
             })
             .await
             .map(|s| (s, ours)),
