@@ -2,6 +2,7 @@
 //! its stacks dumped, is named, and fails the group like a worker failure; a script that sends
 //! no beacons is never judged.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::harness::{drun, run, torch_python, wait_for, worker, Agent, DrunCmd};
@@ -19,7 +20,7 @@ fn hang_job(max_restarts: &str, steps: &str, stuck: &str, beacons: &str) -> (i32
 }
 
 /// `PATH` with the test venv's `py-spy` (linked into `dir`) first.
-fn path_with_py_spy(python: &std::path::Path, dir: &std::path::Path) -> std::ffi::OsString {
+fn path_with_py_spy(python: &Path, dir: &Path) -> std::ffi::OsString {
     let spy = python.with_file_name("py-spy");
     assert!(
         spy.is_file(),
@@ -58,22 +59,29 @@ fn a_rank_that_stops_beaconing_is_dumped_named_and_restarted() {
 fn with_py_spy_on_path_the_stuck_ranks_stack_comes_from_py_spy() {
     let Some(python) = torch_python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let path = path_with_py_spy(&python, dir.path());
+    let err = stuck_rank_1_with_py_spy(&python, dir.path(), &[]);
+    assert!(err.contains("[rank 1] stacks (py-spy dump --pid "), "{err}");
+}
+
+/// `hang.py` with rank 1 stuck, `py-spy` on PATH and `env` set: the run fails and py-spy's
+/// frames show rank 1 in `stuck_here`; returns drun's stderr.
+fn stuck_rank_1_with_py_spy(python: &Path, dir: &Path, env: &[(&str, &Path)]) -> String {
     let mut c = drun();
     c.args(["--standalone", "--nproc-per-node", "2"])
         .args(["--hang-timeout", "2", "--max-restarts", "0"])
         .args(["--shutdown-timeout", "3"])
-        .env("PATH", path)
+        .env("PATH", path_with_py_spy(python, dir))
+        .envs(env.iter().copied())
         .arg(worker("hang.py"))
         .args(["200", "-1", "1"]);
     let (code, _, err) = run(c, Duration::from_secs(90));
     assert_ne!(code, 0, "{err}");
-    assert!(err.contains("[rank 1] stacks (py-spy dump --pid "), "{err}");
     assert!(
         err.lines()
             .any(|l| l.starts_with("[rank 1]") && l.contains("stuck_here (")),
         "py-spy's frame of stuck_here:\n{err}"
     );
+    err
 }
 
 /// A stuck rank with NCCL loaded (its memory maps name `libnccl`, as a GPU job's do) is dumped
@@ -83,25 +91,10 @@ fn with_py_spy_on_path_the_stuck_ranks_stack_comes_from_py_spy() {
 fn a_stuck_rank_with_nccl_loaded_is_dumped_with_native_frames() {
     let Some(python) = torch_python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let path = path_with_py_spy(&python, dir.path());
-    let mut c = drun();
-    c.args(["--standalone", "--nproc-per-node", "2"])
-        .args(["--hang-timeout", "2", "--max-restarts", "0"])
-        .args(["--shutdown-timeout", "3"])
-        .env("PATH", path)
-        .env("HANG_AS_NCCL", dir.path())
-        .arg(worker("hang.py"))
-        .args(["200", "-1", "1"]);
-    let (code, _, err) = run(c, Duration::from_secs(90));
-    assert_ne!(code, 0, "{err}");
+    let err = stuck_rank_1_with_py_spy(&python, dir.path(), &[("HANG_AS_NCCL", dir.path())]);
     assert!(
         err.contains("[rank 1] stacks (py-spy dump --native --pid "),
         "{err}"
-    );
-    assert!(
-        err.lines()
-            .any(|l| l.starts_with("[rank 1]") && l.contains("stuck_here (")),
-        "py-spy's frame of stuck_here:\n{err}"
     );
 }
 
