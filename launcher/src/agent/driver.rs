@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use drun_rendezvous::decisions::root_cause::RootCause;
 use drun_rendezvous::{Join, Plan, RendezvousError};
 use nix::sys::signal::Signal;
 use tokio::task::JoinHandle;
@@ -13,19 +12,17 @@ use tokio::time::Instant;
 
 use super::state::{Checked, Effect, End, Input, Level, Machine, Params, Workers};
 use super::{step, Agent};
-use crate::ckpt::api::{refused, ApiCall, ApiServer};
+use crate::ckpt::api::{refused, ApiCall};
 use crate::ckpt::node::NodeLedger;
 use crate::ckpt::resume::{self, Verdict};
-use crate::group::{GroupContext, WorkerGroup};
+use crate::group::WorkerGroup;
 use crate::os::ports::ReservedPort;
 use crate::rdzv::Link;
 use crate::slurm::OnPreempt;
-use crate::summary::{self, root_cause};
+use crate::summary::{self};
 use crate::worker_store::WorkerStore;
 use crate::{AgentExit, LaunchError};
 
-/// How long the agent waits for output readers after the workers are gone, once no byte moved.
-const DRAIN_WAIT: Duration = Duration::from_secs(2);
 /// How long some local ranks may wait for the others to commit a step before the agent says so.
 const STALLED_COMMIT: Duration = Duration::from_secs(30);
 /// How often a stopping agent reaps, in case a SIGCHLD was coalesced.
@@ -50,6 +47,7 @@ mod join;
 pub(super) mod replicas;
 mod stage;
 mod standby;
+mod workers;
 
 /// What the effects act on: the workers, the ports and the checkpoint ledger. Their generation's
 /// plan is the machine's ([`Machine::plan`]), handed to the effects that need it.
@@ -358,72 +356,6 @@ impl Agent {
         step(m, input, now, p)
     }
 
-    /// Reaps exited workers; the workers' state if it changed since last reported.
-    fn reaped(&self, w: &mut World) -> Option<Workers> {
-        let group = w.group.as_mut()?;
-        for (pid, exit, ours) in group.reap() {
-            if ours {
-                if let Some(m) = &self.metrics {
-                    m.worker_exit(exit);
-                }
-                self.guard()
-                    .lock()
-                    .expect("guard mutex poisoned")
-                    .unwatch(pid);
-                let (rank, pid) = (group.rank_of(pid), pid.as_raw());
-                tracing::debug!(rank, pid, ?exit, "worker exited");
-            } else if self
-                .warm
-                .lock()
-                .expect("warm pool mutex poisoned")
-                .exited(pid, exit)
-            {
-                tracing::debug!(pid = pid.as_raw(), ?exit, "a warm interpreter exited");
-            } else {
-                tracing::debug!(pid = pid.as_raw(), ?exit, "reaped a re-parented descendant");
-            }
-        }
-        let first_success = group.first_success_at().map(|at| {
-            let instant = match w.first_success {
-                Some((t, i)) if t == at => i,
-                _ => {
-                    let waited = at.elapsed().unwrap_or_default();
-                    let now = Instant::now();
-                    now.checked_sub(waited).unwrap_or(now)
-                }
-            };
-            w.first_success = Some((at, instant));
-            (
-                instant,
-                group.partial_success_line(self.cfg.supervision.peer_exit_wait),
-            )
-        });
-        let now = Workers {
-            running: group.any_running(),
-            failed: group.has_failure(),
-            all_succeeded: group.all_succeeded(),
-            first_success,
-            finished: group.finished(),
-        };
-        if w.workers.as_ref() == Some(&now) {
-            return None;
-        }
-        if let (true, Some(g)) = (now.failed, w.gpus.as_mut()) {
-            g.suspect(now.running);
-        }
-        // The workers' end waits for their staged checkpoints to reach --ckpt-dir (bounded by
-        // --shutdown-timeout): the persister's outcome or the monitor tick looks again.
-        if !now.running
-            && w.stage
-                .as_mut()
-                .is_some_and(|s| s.hold_end(self.cfg.supervision.shutdown_timeout))
-        {
-            return None;
-        }
-        w.workers = Some(now.clone());
-        Some(now)
-    }
-
     /// One effect, for the machine `m` that asked for it; `Some(input)` when it answers the
     /// machine at once.
     async fn execute(
@@ -545,92 +477,6 @@ impl Agent {
             resume::check(src, &checked, reached, adoption_failed).await
         }));
         Ok(())
-    }
-
-    async fn spawn(&mut self, file: Option<PathBuf>, plan: &Plan, w: &mut World) -> Input {
-        w.resume_file = file;
-        let resume_staged = plan
-            .resume
-            .as_ref()
-            .and_then(|m| Some((m, w.stage.as_ref()?.resume_dir(m)?)))
-            .map(|(m, dir)| {
-                tracing::info!(
-                    step = m.step,
-                    "resuming from the staged copy in memory ({}), not from --ckpt-dir",
-                    dir.display()
-                );
-                dir
-            });
-        let ctx = GroupContext {
-            agent_sock: self.api.as_ref().map(ApiServer::path),
-            resume_manifest: w.resume_file.as_deref(),
-            cfg: &self.cfg,
-            os: self.os.clone(),
-            guard: self.guard(),
-            agent_id: &self.agent_id,
-            hostname: &self.hostname,
-            inherited: &self.inherited,
-            run_log_dir: &self.run_log_dir,
-            preflight: super::preflight::for_plan(self.preflight.as_deref(), plan),
-            warm: Some(&self.warm),
-            ckpt_stage: w.stage.as_ref().map(stage::Stage::dir),
-            resume_staged: resume_staged.as_deref(),
-        };
-        w.workers = None;
-        w.first_success = None;
-        match WorkerGroup::start(&ctx, plan, plan.restarts_failures).await {
-            Ok(g) => {
-                crate::warm::refill(&ctx, plan, plan.restarts_failures).await;
-                self.print_rank_table(plan, &g);
-                w.group = Some(g);
-                w.ledger = Some(
-                    NodeLedger::new(plan, &self.cfg.node_id, self.cfg.ckpt.dir.as_deref())
-                        .with_stage(w.stage.as_ref().map(stage::Stage::dir)),
-                );
-                Input::Spawned
-            }
-            Err((partial, e)) => {
-                w.group = Some(partial);
-                let why = e.to_string();
-                w.fatal = Some(e);
-                Input::SpawnFailed(why)
-            }
-        }
-    }
-
-    /// Closes the ledger (ranks waiting on a commit are told the group is stopping) and sends
-    /// `sig` to every running worker's process group, once.
-    fn stop(&self, sig: Signal, w: &mut World) {
-        w.reached_before = w.ledger.take().and_then(|l| l.reached());
-        if let Some(m) = &self.metrics {
-            m.stopping(Instant::now());
-        }
-        // Reported afresh: the stop waits for "no worker runs", even if none ran already.
-        w.workers = None;
-        let Some(group) = w.group.as_mut() else {
-            return;
-        };
-        group.mark_stopping();
-        if group.any_running() {
-            group.stop_running(sig);
-        }
-    }
-
-    /// Every worker is gone: kill what they left behind, drain their output; the root cause
-    /// when a worker failed.
-    async fn cleanup(&mut self, w: &mut World) -> Input {
-        self.sweep_descendants().await;
-        let mut cause = None;
-        if let Some(group) = w.group.as_mut() {
-            group.drain_output(DRAIN_WAIT).await;
-            let failures = group.failures();
-            cause = root_cause(&failures)
-                .map(|i| failures[i].root_cause(&self.cfg.node_id, &self.hostname));
-        }
-        Input::Stopped {
-            failure: cause.as_ref().map(RootCause::line),
-            cause,
-        }
     }
 }
 
