@@ -69,6 +69,8 @@ fn run(cmd: &mut Command, limit: Duration, errors: bool) -> Bounded {
         Err(e) => return Bounded::CannotRun(e),
     };
     let group = Pid::from_raw(child.id() as i32);
+    // The sweep after a stop spares it (a health check may run beside one).
+    let _held = crate::os::helpers::hold(child.id() as i32);
     let read_all = |mut r: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut buf = Vec::new();

@@ -9,6 +9,7 @@ pub mod exec_error;
 pub mod fake;
 pub mod flight_recorder;
 pub mod guard;
+pub mod helpers;
 pub mod ports;
 pub mod private_dir;
 pub mod procs;
@@ -44,7 +45,8 @@ pub trait Os: Send + Sync + std::fmt::Debug {
     /// Live descendants this agent must not leave behind: its children other than `except`
     /// (the guard, the warm interpreters: [`crate::warm`]; the rest are re-parented orphans,
     /// since the agent is a subreaper) and every process whose environment carries
-    /// `DRUN_AGENT_ID=<agent_id>`, again but `except`; sorted, without duplicates.
+    /// `DRUN_AGENT_ID=<agent_id>`, again but `except` and the agent's own running helpers
+    /// ([`helpers`]); sorted, without duplicates.
     fn descendants(&self, agent_id: &str, except: &[Pid]) -> Vec<Pid>;
 
     /// This machine's hostname (`localhost` when it cannot be read).
@@ -84,7 +86,8 @@ impl Os for LinuxOs {
     fn descendants(&self, agent_id: &str, except: &[Pid]) -> Vec<Pid> {
         let mut left = procs::children_of(nix::unistd::getpid());
         left.extend(procs::with_env("DRUN_AGENT_ID", agent_id));
-        left.retain(|p| !except.contains(p));
+        // The agent's own helpers (a GPU health check running beside a stop) are not leftovers.
+        left.retain(|p| !except.contains(p) && !helpers::is_running(p.as_raw()));
         left.sort_unstable();
         left.dedup();
         left
