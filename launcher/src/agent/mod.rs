@@ -57,7 +57,7 @@ pub async fn run(cfg: LaunchConfig) -> AgentExit {
     // names the run, the node and (once formed) the generation.
     let span = if cfg.log_format == crate::LogFormat::Json {
         tracing::info_span!("agent", run = %cfg.run_id, node = %cfg.node_id, gen = tracing::field::Empty)
-    } else if cfg.max_nodes > 1 {
+    } else if cfg.rdzv.max_nodes > 1 {
         tracing::info_span!("agent", node = %cfg.node_id)
     } else {
         tracing::Span::none()

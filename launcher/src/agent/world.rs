@@ -65,16 +65,17 @@ impl Agent {
                  (export it to tune)"
             );
         }
-        let t = self.cfg.timing;
+        let t = self.cfg.rdzv.timing;
         let session = self.cfg.session_config();
-        if self.cfg.max_nodes > 1 || !matches!(self.cfg.rendezvous, RendezvousMode::Embedded { .. })
+        if self.cfg.rdzv.max_nodes > 1
+            || !matches!(self.cfg.rdzv.mode, RendezvousMode::Embedded { .. })
         {
             tracing::info!(
                 run = %self.cfg.run_id,
                 "rendezvous {}; nnodes {}:{}, join_timeout {}, last_call {}, lease_ttl {}, keep_alive {}",
-                self.cfg.rendezvous,
-                self.cfg.min_nodes,
-                self.cfg.max_nodes,
+                self.cfg.rdzv.mode,
+                self.cfg.rdzv.min_nodes,
+                self.cfg.rdzv.max_nodes,
                 human(t.join_timeout),
                 human(session.round.last_call),
                 human(t.lease_ttl),
@@ -89,7 +90,9 @@ impl Agent {
         if !matches!(result, Ok(AgentExit::Success | AgentExit::WorkerFailure)) {
             // Not after a preemption: every agent of the job saves and exits for the requeue on
             // its own, and one still waiting for the save must not end as a rendezvous failure.
-            if let (Err(LaunchError::GpuUnhealthy(why)), true) = (&result, self.cfg.max_nodes > 1) {
+            if let (Err(LaunchError::GpuUnhealthy(why)), true) =
+                (&result, self.cfg.rdzv.max_nodes > 1)
+            {
                 // A run of a fixed size cannot form without this node: it ends for every agent
                 // now, naming the GPUs, instead of leaving them waiting for the join timeout.
                 match &link.hosted {
@@ -118,7 +121,7 @@ impl Agent {
             // not connected yet.
             let unfit = matches!(result, Err(LaunchError::GpuUnhealthy(_)));
             h.shutdown(if unfit {
-                self.cfg.max_nodes as usize
+                self.cfg.rdzv.max_nodes as usize
             } else {
                 0
             })
@@ -132,7 +135,9 @@ impl Agent {
     /// strictest setting among the nodes wins, and a launch-config mismatch is refused whatever
     /// the setting.
     async fn collect_fingerprint(&mut self) {
-        if self.cfg.max_nodes <= 1 || matches!(self.cfg.rendezvous, RendezvousMode::Static { .. }) {
+        if self.cfg.rdzv.max_nodes <= 1
+            || matches!(self.cfg.rdzv.mode, RendezvousMode::Static { .. })
+        {
             return;
         }
         let cfg = self.cfg.clone();
@@ -166,9 +171,9 @@ impl Agent {
     /// away (a server, a c10d host, etcd), bound to `--local-addr` when this host holds it.
     /// Without them the agent fences itself when the rendezvous is gone, as before.
     async fn start_peer_probes(&mut self) {
-        if self.cfg.max_nodes <= 1
+        if self.cfg.rdzv.max_nodes <= 1
             || matches!(
-                self.cfg.rendezvous,
+                self.cfg.rdzv.mode,
                 RendezvousMode::Embedded { .. } | RendezvousMode::Static { .. }
             )
         {
@@ -176,6 +181,7 @@ impl Agent {
         }
         let ip = self
             .cfg
+            .rdzv
             .advertise_addr
             .as_deref()
             .and_then(|a| a.parse::<std::net::IpAddr>().ok())
@@ -211,15 +217,16 @@ impl Agent {
 
     /// This node's Join: its candidacy and, apart from it, the checkpoint it could resume from.
     pub(super) fn candidate(&mut self, master_port: u16) -> Join {
-        let advertise_addr = match &self.cfg.rendezvous {
+        let advertise_addr = match &self.cfg.rdzv.mode {
             RendezvousMode::Embedded { master_addr, .. } => master_addr.clone(),
             RendezvousMode::Static { master_addr, .. } => master_addr.clone(),
             // Empty: the server fills in the address it sees the agent connect from.
             RendezvousMode::Server { .. } | RendezvousMode::C10d { .. } => {
-                self.cfg.advertise_addr.clone().unwrap_or_default()
+                self.cfg.rdzv.advertise_addr.clone().unwrap_or_default()
             }
             RendezvousMode::Etcd { endpoints } => self
                 .cfg
+                .rdzv
                 .advertise_addr
                 .clone()
                 .or_else(|| endpoints.first().and_then(|e| ports::route_local_ip(e)))
@@ -229,7 +236,7 @@ impl Agent {
             node_id: self.cfg.node_id.clone(),
             advertise_addr,
             slots: self.cfg.workers.nproc_per_node,
-            requested_node_rank: self.cfg.requested_node_rank,
+            requested_node_rank: self.cfg.rdzv.requested_node_rank,
             master_port,
             probe_port: self.peers.as_ref().map_or(0, crate::peers::Prober::port),
         };
@@ -244,7 +251,7 @@ impl Agent {
                 &mut self.adoption_failed,
             ),
             fingerprint: self.fingerprint.clone(),
-            env_check: Some(self.cfg.env_check),
+            env_check: Some(self.cfg.rdzv.env_check),
         }
     }
 

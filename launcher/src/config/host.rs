@@ -224,7 +224,7 @@ fn slurm_token(cfg: &mut LaunchConfig) {
         return;
     };
     if cfg.security.rdzv_token.is_some()
-        || !matches!(cfg.rendezvous, crate::RendezvousMode::C10d { .. })
+        || !matches!(cfg.rdzv.mode, crate::RendezvousMode::C10d { .. })
     {
         return;
     }

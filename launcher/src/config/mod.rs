@@ -39,7 +39,6 @@ mod tests;
 #[cfg(test)]
 mod tests_rendezvous;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use drun_rendezvous::session::SessionConfig;
@@ -50,7 +49,7 @@ pub use host::{cpu_count, gpu_count, prepare, Host};
 pub use observe::ObserveConfig;
 pub use output::OutputConfig;
 pub use parse::{parse_nnodes, parse_nproc, parse_signals};
-pub use rendezvous::RendezvousMode;
+pub use rendezvous::{RdzvConfig, RendezvousMode};
 pub use scheduler::SchedulerConfig;
 pub use security::SecurityConfig;
 pub use supervision::SupervisionConfig;
@@ -73,14 +72,11 @@ use crate::ConfigError;
 /// A validated launch.
 #[derive(Debug, Clone)]
 pub struct LaunchConfig {
-    /// `--nnodes` MIN.
-    pub min_nodes: u32,
-    /// `--nnodes` MAX.
-    pub max_nodes: u32,
     /// This node's workers: how many, the command, stdin, warm interpreters, CPUs and GPUs.
     pub workers: WorkersConfig,
-    /// How the group forms.
-    pub rendezvous: RendezvousMode,
+    /// How the group forms: the node range, the rendezvous mode and its timing, this node's
+    /// address and pinned rank, the environment check.
+    pub rdzv: RdzvConfig,
     /// Run id (TORCHELASTIC_RUN_ID, DRUN_RUN_ID).
     pub run_id: String,
     /// Identity of this node in the rendezvous.
@@ -93,24 +89,12 @@ pub struct LaunchConfig {
     pub output: OutputConfig,
     /// How the workers are watched: hangs, stragglers, metrics, the preflight check.
     pub observe: ObserveConfig,
-    /// Parsed `--rdzv-conf`.
-    pub rdzv_conf: BTreeMap<String, String>,
-    /// Rendezvous timing knobs.
-    pub timing: Timing,
-    /// `--node-rank` pinned for a dynamic rendezvous.
-    pub requested_node_rank: Option<u32>,
-    /// `--local-addr`: address other nodes use to reach this one (else chosen per backend).
-    pub advertise_addr: Option<String>,
     /// Notes about ignored or defaulted flags, printed once at start.
     pub notes: Vec<String>,
     /// Checkpoint ledger settings.
     pub ckpt: CkptConfig,
     /// The Slurm or Kubernetes job, preemption and requeue, the container's files.
     pub scheduler: SchedulerConfig,
-    /// `--env-check`.
-    pub env_check: drun_rendezvous::decisions::envcheck::EnvCheck,
-    /// `--fingerprint-cmd`.
-    pub fingerprint_cmd: Option<String>,
     /// Credentials: the rendezvous token and TLS, the Slurm secret, etcd access.
     pub security: SecurityConfig,
 }
@@ -135,14 +119,14 @@ impl LaunchConfig {
     /// This node's rendezvous session settings: the round's node counts and timing, the lease,
     /// the restart budget. A fixed-size group has no last call.
     pub fn session_config(&self) -> SessionConfig {
-        let t = self.timing;
+        let t = self.rdzv.timing;
         SessionConfig {
             run_id: self.run_id.clone(),
             node_id: self.node_id.clone(),
             round: RoundConfig {
-                min_nodes: self.min_nodes as usize,
-                max_nodes: self.max_nodes as usize,
-                last_call: if self.min_nodes == self.max_nodes {
+                min_nodes: self.rdzv.min_nodes as usize,
+                max_nodes: self.rdzv.max_nodes as usize,
+                last_call: if self.rdzv.min_nodes == self.rdzv.max_nodes {
                     Duration::ZERO
                 } else {
                     t.last_call

@@ -1,4 +1,33 @@
-//! How this node finds its group: the rendezvous mode and run id, chosen by torchrun's rules.
+//! How this node finds its group: the rendezvous mode and run id, chosen by torchrun's rules,
+//! and the settings of the rendezvous that come with it ([`RdzvConfig`]).
+
+use std::collections::BTreeMap;
+
+use super::timing::Timing;
+use drun_rendezvous::decisions::envcheck::EnvCheck;
+
+/// How the group forms: what the agent brings to the rendezvous and how long it waits there.
+#[derive(Debug, Clone)]
+pub struct RdzvConfig {
+    /// `--nnodes` MIN.
+    pub min_nodes: u32,
+    /// `--nnodes` MAX.
+    pub max_nodes: u32,
+    /// The backend and where it is.
+    pub mode: RendezvousMode,
+    /// Parsed `--rdzv-conf`.
+    pub conf: BTreeMap<String, String>,
+    /// Rendezvous timing knobs (from `--rdzv-conf`).
+    pub timing: Timing,
+    /// `--node-rank` pinned for a dynamic rendezvous.
+    pub requested_node_rank: Option<u32>,
+    /// `--local-addr`: address other nodes use to reach this one (else chosen per backend).
+    pub advertise_addr: Option<String>,
+    /// `--env-check`: how a node whose environment differs is judged at the round.
+    pub env_check: EnvCheck,
+    /// `--fingerprint-cmd`: a command whose output joins the environment fingerprint.
+    pub fingerprint_cmd: Option<String>,
+}
 
 /// How this node finds its group.
 #[derive(Debug, Clone, PartialEq, Eq)]

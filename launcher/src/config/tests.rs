@@ -51,7 +51,7 @@ pub(super) fn err(v: &[&str], h: &Host) -> String {
 fn a_bare_script_is_a_standalone_run_on_this_host() {
     let c = ok(&["train.py", "--lr", "1"]);
     assert_eq!(
-        c.rendezvous,
+        c.rdzv.mode,
         RendezvousMode::Embedded {
             master_addr: "127.0.0.1".into(),
             fixed_port: None
@@ -62,7 +62,7 @@ fn a_bare_script_is_a_standalone_run_on_this_host() {
         ("random-id", "node-a.example_42")
     );
     assert_eq!(
-        (c.min_nodes, c.max_nodes, c.workers.nproc_per_node),
+        (c.rdzv.min_nodes, c.rdzv.max_nodes, c.workers.nproc_per_node),
         (1, 1, 1)
     );
     assert_eq!(c.supervision.shutdown_timeout, Duration::from_secs(30));
@@ -72,7 +72,9 @@ fn a_bare_script_is_a_standalone_run_on_this_host() {
         c.workers.entrypoint.argv(0),
         ["-u", "train.py", "--lr", "1"]
     );
-    assert!(c.notes.is_empty() && c.scheduler.slurm.is_none() && c.requested_node_rank.is_none());
+    assert!(
+        c.notes.is_empty() && c.scheduler.slurm.is_none() && c.rdzv.requested_node_rank.is_none()
+    );
 }
 
 #[test]
@@ -119,9 +121,12 @@ fn inside_slurm_the_job_fills_unset_flags_and_kill_wait_sets_the_grace() {
     ]);
     h.slurm_kill_wait = Some(Duration::from_secs(10));
     let c = validate(&args(&["t.py"]), &h).unwrap();
-    assert_eq!((c.run_id.as_str(), c.min_nodes, c.max_nodes), ("6", 1, 2));
     assert_eq!(
-        c.rendezvous,
+        (c.run_id.as_str(), c.rdzv.min_nodes, c.rdzv.max_nodes),
+        ("6", 1, 2)
+    );
+    assert_eq!(
+        c.rdzv.mode,
         RendezvousMode::C10d {
             endpoint: "n1:20006".into(),
             is_host: Some(true)
@@ -180,8 +185,8 @@ fn rdzv_conf_sets_timing_and_notes_unknown_keys() {
         "join_timeout=5,lease_ttl=6,colour=red",
         "t.py",
     ]);
-    assert_eq!(c.timing.join_timeout, Duration::from_secs(5));
-    assert_eq!(c.timing.keep_alive_interval, Duration::from_secs(2));
+    assert_eq!(c.rdzv.timing.join_timeout, Duration::from_secs(5));
+    assert_eq!(c.rdzv.timing.keep_alive_interval, Duration::from_secs(2));
     assert_eq!(c.notes.len(), 1);
     assert!(c.notes[0].starts_with("--rdzv-conf colour is not used"));
     let e = err(
@@ -358,7 +363,7 @@ fn local_addr_names_the_node_and_the_standalone_master() {
     assert_eq!(c.node_id, "10.0.0.5_42");
     assert_eq!(c.run_id, "keep", "an explicit id survives standalone");
     assert!(
-        matches!(c.rendezvous, RendezvousMode::Embedded { ref master_addr, .. } if master_addr == "10.0.0.5")
+        matches!(c.rdzv.mode, RendezvousMode::Embedded { ref master_addr, .. } if master_addr == "10.0.0.5")
     );
     let c = ok(&["--standalone", "--rdzv-endpoint", "x:1", "t.py"]);
     assert!(c.notes[0].contains("ignoring the explicit --rdzv-endpoint"));

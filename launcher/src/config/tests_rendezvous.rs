@@ -38,14 +38,17 @@ fn multi_node_static_needs_a_node_rank_below_nnodes() {
         "t.py",
     ]);
     assert_eq!(
-        c.rendezvous,
+        c.rdzv.mode,
         RendezvousMode::Static {
             node_rank: 1,
             master_addr: "m".into(),
             master_port: 29500
         }
     );
-    assert_eq!(c.requested_node_rank, None, "a static rank is not a pin");
+    assert_eq!(
+        c.rdzv.requested_node_rank, None,
+        "a static rank is not a pin"
+    );
     assert_eq!(c.run_id, "none");
 }
 
@@ -53,7 +56,7 @@ fn multi_node_static_needs_a_node_rank_below_nnodes() {
 fn one_node_static_with_a_port_or_endpoint_keeps_it() {
     let c = ok(&["--master-port", "1234", "t.py"]);
     assert_eq!(
-        c.rendezvous,
+        c.rdzv.mode,
         RendezvousMode::Embedded {
             master_addr: "127.0.0.1".into(),
             fixed_port: Some(1234)
@@ -67,7 +70,7 @@ fn one_node_static_with_a_port_or_endpoint_keeps_it() {
         "t.py",
     ]);
     assert_eq!(
-        c.rendezvous,
+        c.rdzv.mode,
         RendezvousMode::Embedded {
             master_addr: "::1".into(),
             fixed_port: Some(77)
@@ -89,12 +92,12 @@ fn dynamic_backends_get_their_default_ports_and_keep_pins() {
         "t.py",
     ]);
     assert_eq!(
-        c.rendezvous,
+        c.rdzv.mode,
         RendezvousMode::Server {
             endpoints: vec!["a:29400".into(), "b:5".into()]
         }
     );
-    assert_eq!(c.requested_node_rank, Some(2));
+    assert_eq!(c.rdzv.requested_node_rank, Some(2));
     let c = ok(&[
         "--rdzv-backend",
         "etcd-v2",
@@ -105,7 +108,7 @@ fn dynamic_backends_get_their_default_ports_and_keep_pins() {
         "t.py",
     ]);
     assert_eq!(
-        c.rendezvous,
+        c.rdzv.mode,
         RendezvousMode::Etcd {
             endpoints: vec!["e:2379".into()]
         }
@@ -126,7 +129,7 @@ fn c10d_is_host_comes_from_rdzv_conf() {
     let mode = |conf: &str| {
         let mut v = base.to_vec();
         v.extend([conf, "t.py"]);
-        ok(&v).rendezvous
+        ok(&v).rdzv.mode
     };
     assert_eq!(
         mode("is_host=yes"),

@@ -10,7 +10,7 @@ use super::supervision::supervision;
 use super::timing::{parse_rdzv_conf, unused_conf_notes, Timing};
 use super::unsupported::refuse_unsupported;
 use super::{invalid, Host, LaunchConfig};
-use super::{SchedulerConfig, WorkersConfig};
+use super::{RdzvConfig, SchedulerConfig, WorkersConfig};
 use crate::k8s::K8sMode;
 use crate::slurm::{self, SlurmMode};
 use crate::worker_store::WorkerStoreMode;
@@ -81,19 +81,23 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             virtual_local_rank: a.virtual_local_rank,
             worker_store,
         },
-        min_nodes,
-        max_nodes,
-        rendezvous,
+        rdzv: RdzvConfig {
+            min_nodes,
+            max_nodes,
+            mode: rendezvous,
+            conf: rdzv_conf,
+            timing,
+            requested_node_rank,
+            advertise_addr: a.local_addr.clone(),
+            env_check,
+            fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
+        },
         log_format: a.log_format,
         run_id,
         node_id,
         supervision,
         output,
         observe,
-        rdzv_conf,
-        timing,
-        requested_node_rank,
-        advertise_addr: a.local_addr.clone(),
         notes,
         ckpt,
         scheduler: SchedulerConfig {
@@ -108,8 +112,6 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
             preempt_signal,
             requeue: a.requeue,
         },
-        env_check,
-        fingerprint_cmd: a.fingerprint_cmd.clone().filter(|c| !c.trim().is_empty()),
         security,
     })
 }

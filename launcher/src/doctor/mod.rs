@@ -114,13 +114,13 @@ pub fn rows(
             _ => "default".into(),
         }
     };
-    let nnodes = format!("{}:{}", cfg.min_nodes, cfg.max_nodes);
+    let nnodes = format!("{}:{}", cfg.rdzv.min_nodes, cfg.rdzv.max_nodes);
     let raw_nnodes = crate::config::parse_nnodes(&raw.nnodes).ok();
-    let node_rank = match &cfg.rendezvous {
+    let node_rank = match &cfg.rdzv.mode {
         RendezvousMode::Static { node_rank, .. } => Some(*node_rank),
-        _ => cfg.requested_node_rank,
+        _ => cfg.rdzv.requested_node_rank,
     };
-    let (master, master_filled) = match &cfg.rendezvous {
+    let (master, master_filled) = match &cfg.rdzv.mode {
         RendezvousMode::Static {
             master_addr,
             master_port,
@@ -131,7 +131,7 @@ pub fn rows(
         ),
         _ => ("(from the rendezvous)".to_string(), false),
     };
-    let rdzv_filled = !matches!(cfg.rendezvous, RendezvousMode::Static { .. })
+    let rdzv_filled = !matches!(cfg.rdzv.mode, RendezvousMode::Static { .. })
         && raw.rdzv_endpoint.is_none()
         && !raw.standalone;
     let shutdown_source = if origins.get("shutdown_timeout") != Some(&Origin::Default) {
@@ -152,7 +152,7 @@ pub fn rows(
             value: nnodes,
             source: source(
                 &["nnodes"],
-                raw_nnodes != Some((cfg.min_nodes, cfg.max_nodes)),
+                raw_nnodes != Some((cfg.rdzv.min_nodes, cfg.rdzv.max_nodes)),
             ),
         },
         Row {
@@ -182,12 +182,12 @@ pub fn rows(
         },
         Row {
             setting: "rendezvous",
-            value: cfg.rendezvous.to_string(),
+            value: cfg.rdzv.mode.to_string(),
             source: match source(
                 &["rdzv_backend", "rdzv_endpoint", "standalone"],
                 rdzv_filled && detected.is_some(),
             ) {
-                s if s == "default" && cfg.rendezvous.is_static() => {
+                s if s == "default" && cfg.rdzv.mode.is_static() => {
                     "default (static: no --rdzv-endpoint)".into()
                 }
                 s => s,
@@ -214,7 +214,7 @@ pub fn rows(
         },
         Row {
             setting: "join-timeout",
-            value: drun_rendezvous::human::duration(cfg.timing.join_timeout),
+            value: drun_rendezvous::human::duration(cfg.rdzv.timing.join_timeout),
             source: source(&["rdzv_conf"], false),
         },
         Row {

@@ -42,7 +42,7 @@ impl Probes {
         let mut ports: Vec<(&'static str, u16)> = Vec::new();
         // Rendezvous servers this node dials: is it a drun server that listens there?
         let mut dialed: Vec<String> = Vec::new();
-        match &cfg.rendezvous {
+        match &cfg.rdzv.mode {
             RendezvousMode::Static {
                 node_rank,
                 master_addr,
@@ -139,24 +139,28 @@ pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes
              drun gives each worker its own RANK, LOCAL_RANK, WORLD_SIZE ({} workers in all at full size) \
              and the group's MASTER_ADDR/MASTER_PORT",
             pod_level.join(", "),
-            cfg.max_nodes * cfg.workers.nproc_per_node
+            cfg.rdzv.max_nodes * cfg.workers.nproc_per_node
         ));
     }
     // Slurm's SLURM_NODEID pin is deliberate; a --node-rank or PET_NODE_RANK given to an
     // elastic launch usually is not.
-    if let Some(r) = cfg.requested_node_rank.filter(|_| raw.node_rank.is_some()) {
+    if let Some(r) = cfg
+        .rdzv
+        .requested_node_rank
+        .filter(|_| raw.node_rank.is_some())
+    {
         w.push(format!(
             "--node-rank {r} with a dynamic rendezvous ({}) only orders the nodes; ranks are \
              assigned at each formation and change when nodes leave or join. An operator's \
              PET_NODE_RANK is meant for the static backend",
-            cfg.rendezvous
+            cfg.rdzv.mode
         ));
     }
     for (what, ep, why) in &probes.unresolved {
         w.push(format!(
             "the {what} name {ep} does not resolve now ({why}); drun will wait for it up to the \
              join timeout ({}), which is normal while the other pods start",
-            drun_rendezvous::human::duration(cfg.timing.join_timeout)
+            drun_rendezvous::human::duration(cfg.rdzv.timing.join_timeout)
         ));
     }
     for (what, port, e) in &probes.taken {
@@ -202,7 +206,7 @@ pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes
     }
     match &probes.gpus {
         Some(crate::gpu_health::Verdict::Unhealthy(f)) => {
-            let then = if cfg.min_nodes == cfg.max_nodes {
+            let then = if cfg.rdzv.min_nodes == cfg.rdzv.max_nodes {
                 "this node's agent would end with exit 6 before starting a worker"
             } else {
                 "this node would stand by until they pass"

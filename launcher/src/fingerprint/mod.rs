@@ -46,7 +46,7 @@ pub fn config_keys(cfg: &LaunchConfig, script_sha256: Option<String>) -> Fingerp
     put("drun", env!("CARGO_PKG_VERSION").to_string());
     put(
         "config.nnodes",
-        format!("{}:{}", cfg.min_nodes, cfg.max_nodes),
+        format!("{}:{}", cfg.rdzv.min_nodes, cfg.rdzv.max_nodes),
     );
     put(
         "config.nproc-per-node",
@@ -97,7 +97,7 @@ pub fn collect(cfg: &LaunchConfig, env: &BTreeMap<String, String>) -> Fingerprin
     if cfg.workers.entrypoint.kind != EntryKind::Binary {
         f.extend(probe::python_versions(&cfg.workers.entrypoint.program, env));
     }
-    if let Some(cmd) = &cfg.fingerprint_cmd {
+    if let Some(cmd) = &cfg.rdzv.fingerprint_cmd {
         f.insert(
             "fingerprint-cmd".into(),
             run_fingerprint_cmd(cmd, env, FINGERPRINT_CMD_TIMEOUT),

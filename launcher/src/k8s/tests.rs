@@ -265,10 +265,15 @@ fn each_operator_environment_resolves_to_the_right_launch() {
         };
         let cfg = validate(&args_with_pet(c.argv, &e), &host)
             .unwrap_or_else(|err| panic!("{}: {err}", c.name));
-        assert_eq!((cfg.min_nodes, cfg.max_nodes), c.nnodes, "{}", c.name);
-        assert_eq!(cfg.rendezvous.to_string(), c.rendezvous, "{}", c.name);
+        assert_eq!(
+            (cfg.rdzv.min_nodes, cfg.rdzv.max_nodes),
+            c.nnodes,
+            "{}",
+            c.name
+        );
+        assert_eq!(cfg.rdzv.mode.to_string(), c.rendezvous, "{}", c.name);
         assert_eq!(cfg.run_id, c.run_id, "{}", c.name);
-        let rank = match cfg.rendezvous {
+        let rank = match cfg.rdzv.mode {
             RendezvousMode::Static { node_rank, .. } => Some(node_rank),
             _ => None,
         };
@@ -341,7 +346,7 @@ fn explicit_flags_win_over_what_the_operator_injected() {
     .unwrap();
     let cfg = validate(&a, &host).unwrap();
     assert_eq!(cfg.run_id, "mine");
-    assert_eq!(cfg.rendezvous.to_string(), "drun servers rdzv.pt:29400");
+    assert_eq!(cfg.rdzv.mode.to_string(), "drun servers rdzv.pt:29400");
     // The elastic PyTorchJob's hosting decision is about <job>-worker-0 only.
     let e = env(&[("PET_RDZV_ENDPOINT", "j-worker-0:23456")]);
     let job = detect(&e, "j-worker-0", None).unwrap();
@@ -456,7 +461,7 @@ fn a_pytorchjob_variable_the_operator_never_sets_is_refused_by_name() {
     // The well-formed pod still launches.
     let a = Args::try_parse_from(["drun", "--nproc-per-node", "1", "t.py"]).unwrap();
     let cfg = validate(&a, &pod(&base)).unwrap();
-    assert_eq!((cfg.min_nodes, cfg.max_nodes), (2, 2));
+    assert_eq!((cfg.rdzv.min_nodes, cfg.rdzv.max_nodes), (2, 2));
 }
 
 #[test]

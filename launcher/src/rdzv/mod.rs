@@ -188,7 +188,7 @@ pub async fn open(
     session: SessionConfig,
     peers: Option<crate::peers::PeerHealth>,
 ) -> Result<Link, LaunchError> {
-    match &cfg.rendezvous {
+    match &cfg.rdzv.mode {
         RendezvousMode::Embedded { .. } => {
             let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
             let (tx, rx) = spawn_session(store, session, None);
@@ -232,7 +232,7 @@ pub async fn open(
         }
         RendezvousMode::C10d { endpoint, is_host } => {
             let hosted = if *is_host != Some(false) {
-                let at = host_addr(endpoint, *is_host, cfg.timing.join_timeout).await?;
+                let at = host_addr(endpoint, *is_host, cfg.rdzv.timing.join_timeout).await?;
                 let json = cfg.log_format == crate::LogFormat::Json;
                 let tls = match cfg
                     .security

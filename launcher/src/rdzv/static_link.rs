@@ -25,11 +25,11 @@ pub fn spawn(
         node_rank,
         master_addr,
         master_port,
-    } = cfg.rendezvous.clone()
+    } = cfg.rdzv.mode.clone()
     else {
         unreachable!("static_link::spawn is only called for the static backend")
     };
-    let nnodes = cfg.max_nodes;
+    let nnodes = cfg.rdzv.max_nodes;
     let slots = cfg.workers.nproc_per_node;
     let (req_tx, mut req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();

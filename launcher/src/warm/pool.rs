@@ -255,7 +255,7 @@ pub async fn refill(ctx: &GroupContext<'_>, plan: &Plan, restart_count: u32) {
     let Some(pool) = ctx.warm else { return };
     let cfg = ctx.cfg;
     let one_node = matches!(
-        cfg.rendezvous,
+        cfg.rdzv.mode,
         crate::config::RendezvousMode::Embedded { .. }
     );
     if let Err(why) = next_generation(one_node, restart_count, cfg.supervision.max_restarts) {

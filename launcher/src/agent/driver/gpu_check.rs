@@ -109,7 +109,7 @@ impl Agent {
             rules: Rules::default(),
             visible: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
             expected: one_per_rank.then_some(self.cfg.workers.nproc_per_node as usize),
-            fixed: self.cfg.min_nodes == self.cfg.max_nodes,
+            fixed: self.cfg.rdzv.min_nodes == self.cfg.rdzv.max_nodes,
             probe: None,
             held: None,
             probed_while_training: false,
@@ -176,7 +176,7 @@ impl Agent {
     /// The error that ends the agent of a run of a fixed size when GPUs fail.
     fn cannot_join(&self, f: &[crate::gpu_health::Finding]) -> LaunchError {
         let list: Vec<String> = f.iter().map(ToString::to_string).collect();
-        let n = self.cfg.max_nodes;
+        let n = self.cfg.rdzv.max_nodes;
         let fix = if n > 1 {
             "replace the GPU or the node, or give an elastic range (--nnodes MIN:MAX)"
         } else {

@@ -28,7 +28,7 @@ impl Agent {
             if let Some(h) = w.verifying.take() {
                 h.abort();
             }
-            let fixed_port = match &self.cfg.rendezvous {
+            let fixed_port = match &self.cfg.rdzv.mode {
                 RendezvousMode::Embedded { fixed_port, .. } => *fixed_port,
                 RendezvousMode::Static { master_port, .. } => Some(*master_port),
                 _ => None,
