@@ -3,14 +3,14 @@
 //! # Design
 //!
 //! **Where staged files live.** With `--ckpt-memory SIZE|auto` and `--ckpt-dir DIR`, the agent
-//! creates one private (0700) directory on the node's tmpfs, `/dev/shm/drun-stage-<random>/`
+//! creates one private (0700) directory on the node's tmpfs, `/dev/shm/drun-stage-<owner>-<random>/`
 //! (or under `DRUN_CKPT_STAGE_PARENT` when set), and exports it to its workers as
 //! `DRUN_CKPT_STAGE_DIR`. A staged file mirrors its final place: the file a rank would write at
 //! `DIR/<run>/step-<s>-g<g>/rank<r>.pt` is written at
 //! `/dev/shm/drun-stage-*/<run>/step-<s>-g<g>/rank<r>.pt` ([`staged_path`]). The directory is
-//! the agent's own: it is removed when the agent exits (however it exits short of SIGKILL, and a
-//! SIGKILLed agent leaves only files under a name no later agent reuses); no other process ever
-//! resumes from it.
+//! the agent's own: it is removed when the agent exits (however it exits short of SIGKILL; a
+//! SIGKILLed agent's, named with its owner, is removed by the next agent on the tmpfs:
+//! [`leftover::sweep_stages`]); no other process ever resumes from it.
 //!
 //! **What a save does.** `drun.atomic_save(path, write)` writes the bytes to the staged path
 //! (no fsync: it is memory; no hashing: that is the agent's, off the training's path), and

@@ -78,6 +78,15 @@ impl Stage {
     ) -> Option<(Self, mpsc::UnboundedReceiver<Done>)> {
         let parent = std::env::var_os("DRUN_CKPT_STAGE_PARENT")
             .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
+        // The staging directory names its owner, so that the next agent on this tmpfs removes
+        // it if this one is killed (its staged copies would hold memory until reboot).
+        let owner = crate::ckpt::memory::leftover::Owner::me();
+        if let Some(me) = owner {
+            let swept = crate::ckpt::memory::leftover::sweep_stages(&parent, me);
+            if let Some(line) = swept.stages_line(&parent) {
+                crate::say!("{line}");
+            }
+        }
         // The tmpfs may hold less than the budget (a container's 64 MiB /dev/shm): stage no
         // more than it has free, so a save that would not fit goes to disk from the agent's
         // table, not through a write that fails half-way.
@@ -98,7 +107,15 @@ impl Stage {
                 return None;
             }
         };
-        let dir = match crate::os::private_dir::create(&parent, "drun-stage-") {
+        let prefix = match owner {
+            Some(me) => format!(
+                "{}{}-",
+                crate::ckpt::memory::leftover::STAGE_PREFIX,
+                me.token()
+            ),
+            None => crate::ckpt::memory::leftover::STAGE_PREFIX.to_string(),
+        };
+        let dir = match crate::os::private_dir::create(&parent, &prefix) {
             Ok(d) => d,
             Err(e) => {
                 crate::say!(

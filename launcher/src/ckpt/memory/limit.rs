@@ -101,8 +101,10 @@ pub fn cgroup_limit_of(
             let plain = Path::new(path)
                 .components()
                 .all(|c| matches!(c, Component::Normal(_) | Component::RootDir));
-            let depths = if plain { 0..=names.len() } else { 1..=0 };
-            depths
+            let depth = if plain { Some(names.len()) } else { None };
+            depth
+                .into_iter()
+                .flat_map(|d| 0..=d)
                 .map(|n| {
                     let mut dir = mount.clone();
                     dir.extend(&names[..n]);
