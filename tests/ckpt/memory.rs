@@ -491,8 +491,8 @@ fn sigterm_waits_at_most_the_shutdown_timeout_and_names_what_is_not_persisted() 
 
 /// The agent SIGKILLed while it is writing a staged step to --ckpt-dir: no half step becomes a
 /// resume point. The run (etcd) re-forms with a new agent on the node, which removes the killed
-/// agent's temporary files at its start (one line), resumes the last step sealed before the
-/// kill, and trains to the end.
+/// agent's temporary files and its staging directory at its start (one line each), resumes the
+/// last step sealed before the kill, and trains to the end.
 #[test]
 fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
     let d = dirs();
@@ -555,6 +555,16 @@ fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
     );
 
     assert!(half.exists(), "the killed agent left {}", half.display());
+    let killed_stage: Vec<PathBuf> = std::fs::read_dir(&stage)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(
+        killed_stage.len(),
+        1,
+        "the killed agent left its staging directory: {killed_stage:?}"
+    );
     let b = start("1G", false);
     let (code, _, err) = b.wait(Duration::from_secs(120));
     assert_eq!(code, 0, "{err}");
@@ -571,6 +581,23 @@ fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
         removed[0]
     );
     assert!(!half.exists(), "{} was removed", half.display());
+    // And its staging directory on the tmpfs (its staged copies held memory), in one line.
+    let swept: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("staging director"))
+        .collect();
+    assert_eq!(swept.len(), 1, "{err}");
+    assert!(
+        swept[0].starts_with("drun: removed 1 staging directory (")
+            && swept[0].contains(&killed_stage[0].display().to_string()),
+        "{}",
+        swept[0]
+    );
+    assert_eq!(
+        std::fs::read_dir(&stage).unwrap().count(),
+        0,
+        "no staging directory is left"
+    );
     let temps: Vec<PathBuf> = files_under(&d.ckpt)
         .into_iter()
         .filter(|f| f.to_string_lossy().contains(".drun-persist-"))
