@@ -696,11 +696,19 @@ fn a_checkpoint_committed_during_a_control_plane_outage_is_sealed_when_it_return
             .unwrap()
             .as_secs_f64()
     };
+    // Sealed: a seal the ranks heard, or (checkpoints in memory, the default: a commit is
+    // answered staged before its step is persisted and sealed) its manifest in --ckpt-dir.
     let sealed = |g: u64| -> Vec<u64> {
         ckpt_events(&out)
             .iter()
             .filter(|e| e["event"] == "committed" && e["gen"] == g && e["sealed"] == true)
             .filter_map(|e| e["step"].as_u64())
+            .chain(
+                manifests(&ckpt)
+                    .into_iter()
+                    .filter(|m| m.1 == g)
+                    .map(|m| m.0),
+            )
             .collect()
     };
     wait_for(
@@ -1110,10 +1118,18 @@ fn a_cut_off_world_commits_nothing_and_the_host_resumes_from_what_the_survivors_
                 .env("CKPT_SLEEP", "0.05");
         },
     );
+    // Sealed: a seal the ranks heard, or (checkpoints in memory, the default: a commit is
+    // answered staged before its step is persisted and sealed) its manifest in --ckpt-dir.
     let sealed_in = |evs: &[serde_json::Value], g: u64| {
         evs.iter()
             .filter(|e| e["event"] == "committed" && e["gen"] == g && e["sealed"] == true)
             .filter_map(|e| e["step"].as_u64())
+            .chain(
+                manifests(&ckpt)
+                    .into_iter()
+                    .filter(|m| m.1 == g)
+                    .map(|m| m.0),
+            )
             .max()
     };
     wait_for(
@@ -1181,10 +1197,13 @@ fn a_cut_off_world_commits_nothing_and_the_host_resumes_from_what_the_survivors_
         .filter_map(|e| e["step"].as_u64())
         .max()
         .unwrap_or(0);
+    // Accepted by the ledger: a commit answered by it. A staged answer is the cut-off agent's
+    // own (checkpoints in memory, the default), given before the ledger sees the step; whether
+    // the ledger took such a step shows as its manifest, checked below.
     let accepted: Vec<&serde_json::Value> = evs
         .iter()
         .filter(victims)
-        .filter(|e| e["event"] == "committed")
+        .filter(|e| e["event"] == "committed" && e["staged"] != true)
         .filter(|e| e["step"].as_u64().is_some_and(|s| sent_after.contains(&s)))
         .collect();
     assert!(

@@ -128,6 +128,11 @@ impl Cluster {
             if self.replicas {
                 c.args(["--ckpt-replicas", "1"]);
             }
+        } else {
+            // The direct path on purpose: a commit answers once its step is sealed on disk, and
+            // the history's checks read the seals the ranks heard ([`Cluster::sealed`]). The
+            // schedules of the memory path are the `--ckpt-memory` ones above.
+            c.args(["--ckpt-memory", "off"]);
         }
         match &self.worker {
             Worker::Stdlib => c.arg(worker("chaos_worker.py")),

@@ -194,12 +194,16 @@ fn killed_mid_write_never_seals_etcd() {
 
 // --- Misaligned cursors across nodes ----------------------------------------------------------
 
-fn misaligned_cursor_is_refused(store: Store) {
+/// `extra`: `--ckpt-memory off` for the direct path, where the refused rank hears it on its
+/// commit of step 4; at the default (in memory) that commit was answered staged, and the
+/// refusal answers the rank's commit of its next step, naming step 4.
+fn misaligned_cursor_is_refused(store: Store, extra: &[&str]) {
+    let direct = extra.contains(&"off");
     let d = dirs();
     let r = rdzv(store, "ckpt-misaligned", "2");
     let env = [("CKPT_BAD_CURSOR", "1:4"), ("CKPT_STEPS", "40")];
-    let a = agent(0, &r, &d, 1, &[], &env);
-    let b = agent(1, &r, &d, 1, &[], &env);
+    let a = agent(0, &r, &d, 1, extra, &env);
+    let b = agent(1, &r, &d, 1, extra, &env);
     let (ca, _, ea) = a.wait(Duration::from_secs(60));
     let (cb, _, eb) = b.wait(Duration::from_secs(60));
     assert_eq!(
@@ -222,9 +226,17 @@ fn misaligned_cursor_is_refused(store: Store) {
     let evs = events(&d);
     // The node whose record completes the step is told (both, when they complete it at once).
     assert!(
-        count(&evs, "refused", |e| e["step"] == 4
-            && e["error"].as_str().unwrap().contains("misaligned data"))
-            >= 1
+        count(&evs, "refused", |e| {
+            let error = e["error"].as_str().unwrap();
+            error.contains("misaligned data")
+                && if direct {
+                    e["step"] == 4
+                } else {
+                    e["step"].as_u64() > Some(4)
+                        && error.contains("checkpoint step 4 was refused after this node answered it staged in memory")
+                }
+        }) >= 1,
+        "{evs:?}"
     );
     let sealed = manifest_files(&d);
     assert!(sealed.contains(&(2, 1)), "{sealed:?}");
@@ -236,17 +248,27 @@ fn misaligned_cursor_is_refused(store: Store) {
 
 #[test]
 fn misaligned_cursor_is_refused_memory() {
-    misaligned_cursor_is_refused(Store::Memory);
+    misaligned_cursor_is_refused(Store::Memory, &[]);
 }
 
 #[test]
 fn misaligned_cursor_is_refused_etcd() {
-    misaligned_cursor_is_refused(Store::Etcd);
+    misaligned_cursor_is_refused(Store::Etcd, &[]);
+}
+
+/// The direct path (`--ckpt-memory off`): the refusal answers the commit of step 4 itself.
+#[test]
+fn misaligned_cursor_is_refused_on_the_direct_path() {
+    misaligned_cursor_is_refused(Store::Memory, &["--ckpt-memory", "off"]);
 }
 
 // --- A stale agent ------------------------------------------------------------------------------
 
-fn stale_agent_cannot_commit(store: Store) {
+/// `extra`: `--ckpt-memory off` for the direct path, where the ledger's refusal answers the
+/// stale worker's commit. At the default (in memory) its own agent answers that commit staged
+/// before the ledger sees it: the answer may come, but never a seal, and nothing after it seals.
+fn stale_agent_cannot_commit(store: Store, extra: &[&str]) {
+    let direct = extra.contains(&"off");
     let d = dirs();
     let r = rdzv(store, "ckpt-stale", "1:2");
     let env = [
@@ -256,8 +278,8 @@ fn stale_agent_cannot_commit(store: Store) {
         ("CKPT_REFUSED_EXIT", "0"),
         ("CKPT_PROGRESS", "0"),
     ];
-    let a = agent(0, &r, &d, 1, &[], &env);
-    let b = agent(1, &r, &d, 1, &[], &env);
+    let a = agent(0, &r, &d, 1, extra, &env);
+    let b = agent(1, &r, &d, 1, extra, &env);
     wait_for(
         "a checkpoint sealed at world size 2",
         Duration::from_secs(30),
@@ -309,12 +331,26 @@ fn stale_agent_cannot_commit(store: Store) {
         || !alive(b_worker) || count(&events(&d), "refused", |e| e["pid"] == b_worker) > 0,
     );
     let evs = events(&d);
-    assert_eq!(
-        count(&evs, "committed", |e| e["pid"] == b_worker
-            && e["t"].as_f64().unwrap() > stopped_at),
-        0,
-        "the stale agent's commit was not accepted"
-    );
+    let answered: Vec<&Value> = evs
+        .iter()
+        .filter(|e| {
+            e["event"] == "committed"
+                && e["pid"] == b_worker
+                && e["t"].as_f64().unwrap() > stopped_at
+        })
+        .collect();
+    if direct {
+        assert!(
+            answered.is_empty(),
+            "the stale agent's commit was not accepted: {answered:?}"
+        );
+    }
+    for e in answered {
+        assert!(
+            e["staged"] == true && e["sealed"] == false,
+            "only answered staged by its own agent, never sealed: {e}"
+        );
+    }
     for e in evs
         .iter()
         .filter(|e| e["event"] == "refused" && e["pid"] == b_worker)
@@ -351,10 +387,16 @@ fn stale_agent_cannot_commit(store: Store) {
 
 #[test]
 fn stale_agent_cannot_commit_memory() {
-    stale_agent_cannot_commit(Store::Memory);
+    stale_agent_cannot_commit(Store::Memory, &[]);
 }
 
 #[test]
 fn stale_agent_cannot_commit_etcd() {
-    stale_agent_cannot_commit(Store::Etcd);
+    stale_agent_cannot_commit(Store::Etcd, &[]);
+}
+
+/// The direct path (`--ckpt-memory off`): the ledger's refusal is the answer to the commit.
+#[test]
+fn stale_agent_cannot_commit_on_the_direct_path() {
+    stale_agent_cannot_commit(Store::Etcd, &["--ckpt-memory", "off"]);
 }

@@ -206,6 +206,127 @@ fn torch_a_worker_failure_resumes_the_staged_step_from_memory_exactly() {
     assert_eq!(cmp["max_abs_diff"], 0.0, "{cmp}");
 }
 
+/// `drun --standalone` with 2 `ckpt_worker.py` ranks of 6 steps, `--ckpt-dir` and `args`,
+/// its tmpfs replaced by `stage`: the exit code and stderr.
+fn six_steps(d: &Dirs, stage: &Path, args: &[&str]) -> (i32, String) {
+    let mut c: Command = drun();
+    c.args(["--standalone", "--rdzv-id", "ckpt-default"])
+        .nproc(2)
+        .args(["--shutdown-timeout", "30"])
+        .args(args)
+        .arg("--ckpt-dir")
+        .arg(&d.ckpt)
+        .arg(worker("ckpt_worker.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("CKPT_STEPS", "6")
+        .env("DRUN_CKPT_STAGE_PARENT", stage);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(60));
+    (code, err)
+}
+
+/// Checkpoints in memory are the default: with `--ckpt-dir` and no `--ckpt-memory`, every save
+/// is staged, its commit answered before it is sealed, and the end of the run leaves every step
+/// sealed on disk and no staging directory behind.
+#[test]
+fn checkpoints_are_staged_in_memory_by_default() {
+    let d = dirs();
+    let stage = staging_dir(&d);
+    let (code, err) = six_steps(&d, &stage, &[]);
+    assert_eq!(code, 0, "{err}");
+    let evs = events(&d);
+    let committed: Vec<&Value> = evs.iter().filter(|e| e["event"] == "committed").collect();
+    assert_eq!(committed.len(), 6, "steps 2, 4, 6 on both ranks: {evs:?}");
+    for e in &committed {
+        assert_eq!(e["staged"], true, "{e}");
+        assert_eq!(e["sealed"], false, "{e}");
+    }
+    assert_eq!(assert_all_persisted(&d, &stage), [2, 4, 6]);
+    assert_eq!(latest_step(&d), 6);
+}
+
+/// `--ckpt-memory off` keeps the direct path: nothing is staged (no staging directory is made),
+/// each commit answers once its step is sealed with its file on disk.
+#[test]
+fn ckpt_memory_off_saves_straight_to_disk_and_the_commit_answers_sealed() {
+    let d = dirs();
+    let stage = staging_dir(&d);
+    let (code, err) = six_steps(&d, &stage, &["--ckpt-memory", "off"]);
+    assert_eq!(code, 0, "{err}");
+    let evs = events(&d);
+    let committed: Vec<&Value> = evs.iter().filter(|e| e["event"] == "committed").collect();
+    assert_eq!(committed.len(), 6, "steps 2, 4, 6 on both ranks: {evs:?}");
+    for e in &committed {
+        assert_eq!(e["staged"], false, "{e}");
+        assert_eq!(e["sealed"], true, "{e}");
+        assert_eq!(e["on_disk"], true, "{e}");
+    }
+    assert!(
+        !err.contains("persisted to --ckpt-dir"),
+        "no wait for a persister: {err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&stage).unwrap().count(),
+        0,
+        "nothing staged"
+    );
+    assert_eq!(latest_step(&d), 6);
+}
+
+/// A tmpfs with no room left (a real 1 MiB tmpfs filled up, in a user and mount namespace), at
+/// the default `--ckpt-memory`: one warning line, nothing staged, every save goes straight to
+/// disk and every step is sealed.
+#[test]
+fn a_full_tmpfs_is_one_warning_and_saves_go_to_disk() {
+    let d = dirs();
+    let shm = d.out.parent().unwrap().join("full-shm");
+    std::fs::create_dir_all(&shm).unwrap();
+    let probe = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg(format!("mount -t tmpfs -o size=1m tmpfs {}", shm.display()))
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: no unprivileged user and mount namespaces to mount a small tmpfs");
+        return;
+    }
+    let mut c = crate::harness::clean_env(Command::new("unshare"));
+    c.args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o size=1m tmpfs {0} && {{ dd if=/dev/zero of={0}/fill bs=4k 2>/dev/null; true; }} && exec \"$0\" \"$@\"",
+            shm.display()
+        ))
+        .arg(crate::harness::drun_bin())
+        .args(["--standalone", "--rdzv-id", "ckpt-memory-full"])
+        .nproc(2)
+        .args(["--shutdown-timeout", "30", "--ckpt-dir"])
+        .arg(&d.ckpt)
+        .arg(worker("ckpt_worker.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("CKPT_STEPS", "6")
+        .env("DRUN_CKPT_STAGE_PARENT", &shm);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("--ckpt-memory"))
+        .collect();
+    assert_eq!(lines.len(), 1, "one line:\n{err}");
+    let want = format!("drun: warning: --ckpt-memory: {} is full (", shm.display());
+    assert!(
+        lines[0].starts_with(&want) && lines[0].contains("saved straight to --ckpt-dir"),
+        "{}\nwant: {want}…",
+        lines[0]
+    );
+    assert!(!err.contains("cannot stage"), "{err}");
+    let evs = events(&d);
+    for e in evs.iter().filter(|e| e["event"] == "committed") {
+        assert_eq!(e["staged"], false, "{e}");
+        assert_eq!(e["sealed"], true, "{e}");
+        assert_eq!(e["on_disk"], true, "{e}");
+    }
+    assert_eq!(count(&evs, "committed", |_| true), 6);
+    assert_eq!(latest_step(&d), 6);
+}
+
 /// No tmpfs to stage in: one warning, every save goes straight to disk, nothing is lost.
 #[test]
 fn a_missing_tmpfs_is_one_warning_and_saves_go_to_disk() {
@@ -370,8 +491,8 @@ fn sigterm_waits_at_most_the_shutdown_timeout_and_names_what_is_not_persisted() 
 
 /// The agent SIGKILLed while it is writing a staged step to --ckpt-dir: no half step becomes a
 /// resume point. The run (etcd) re-forms with a new agent on the node, which removes the killed
-/// agent's temporary files at its start (one line), resumes the last step sealed before the
-/// kill, and trains to the end.
+/// agent's temporary files and its staging directory at its start (one line each), resumes the
+/// last step sealed before the kill, and trains to the end.
 #[test]
 fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
     let d = dirs();
@@ -434,6 +555,16 @@ fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
     );
 
     assert!(half.exists(), "the killed agent left {}", half.display());
+    let killed_stage: Vec<PathBuf> = std::fs::read_dir(&stage)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(
+        killed_stage.len(),
+        1,
+        "the killed agent left its staging directory: {killed_stage:?}"
+    );
     let b = start("1G", false);
     let (code, _, err) = b.wait(Duration::from_secs(120));
     assert_eq!(code, 0, "{err}");
@@ -450,6 +581,23 @@ fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
         removed[0]
     );
     assert!(!half.exists(), "{} was removed", half.display());
+    // And its staging directory on the tmpfs (its staged copies held memory), in one line.
+    let swept: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("staging director"))
+        .collect();
+    assert_eq!(swept.len(), 1, "{err}");
+    assert!(
+        swept[0].starts_with("drun: removed 1 staging directory (")
+            && swept[0].contains(&killed_stage[0].display().to_string()),
+        "{}",
+        swept[0]
+    );
+    assert_eq!(
+        std::fs::read_dir(&stage).unwrap().count(),
+        0,
+        "no staging directory is left"
+    );
     let temps: Vec<PathBuf> = files_under(&d.ckpt)
         .into_iter()
         .filter(|f| f.to_string_lossy().contains(".drun-persist-"))

@@ -144,7 +144,8 @@ fn each_staged_step_reaches_the_ring_neighbour_with_identical_bytes() {
 #[test]
 fn replicas_without_memory_are_a_usage_error() {
     super::memory::refused(
-        &["--ckpt-replicas", "1"],
+        // Checkpoints in memory are on by default: off on purpose, replicas have nothing to copy.
+        &["--ckpt-memory", "off", "--ckpt-replicas", "1"],
         "--ckpt-replicas",
         "give --ckpt-memory SIZE|auto",
     );

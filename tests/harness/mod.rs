@@ -79,6 +79,8 @@ pub fn clean_env(mut c: Command) -> Command {
         "DRUN_TERMINATION_LOG",
         "DRUN_STATE_DIR",
         "DRUN_HOSTS_FILE",
+        // Checkpoints in memory are on by default; a test that wants them off says so.
+        "DRUN_CKPT_MEMORY",
     ] {
         c.env_remove(k);
     }

@@ -3,14 +3,14 @@
 //! # Design
 //!
 //! **Where staged files live.** With `--ckpt-memory SIZE|auto` and `--ckpt-dir DIR`, the agent
-//! creates one private (0700) directory on the node's tmpfs, `/dev/shm/drun-stage-<random>/`
+//! creates one private (0700) directory on the node's tmpfs, `/dev/shm/drun-stage-<owner>-<random>/`
 //! (or under `DRUN_CKPT_STAGE_PARENT` when set), and exports it to its workers as
 //! `DRUN_CKPT_STAGE_DIR`. A staged file mirrors its final place: the file a rank would write at
 //! `DIR/<run>/step-<s>-g<g>/rank<r>.pt` is written at
 //! `/dev/shm/drun-stage-*/<run>/step-<s>-g<g>/rank<r>.pt` ([`staged_path`]). The directory is
-//! the agent's own: it is removed when the agent exits (however it exits short of SIGKILL, and a
-//! SIGKILLed agent leaves only files under a name no later agent reuses); no other process ever
-//! resumes from it.
+//! the agent's own: it is removed when the agent exits (however it exits short of SIGKILL; a
+//! SIGKILLed agent's, named with its owner, is removed by the next agent on the tmpfs:
+//! [`leftover::sweep_stages`]); no other process ever resumes from it.
 //!
 //! **What a save does.** `drun.atomic_save(path, write)` writes the bytes to the staged path
 //! (no fsync: it is memory; no hashing: that is the agent's, off the training's path), and
@@ -61,61 +61,14 @@
 
 pub mod decide;
 pub mod leftover;
+pub mod limit;
 pub mod persist;
 pub mod replica;
 pub mod wire;
 
+pub use limit::{NodeMemory, AUTO_SHARE};
+
 use std::path::{Path, PathBuf};
-
-/// The budget when `--ckpt-memory auto`: this fraction of the node's memory (the smaller of
-/// its RAM and its cgroup's limit). A quarter: the training keeps the rest for itself (its own
-/// CPU copy of the state, data loader workers, pinned buffers), and a default tmpfs
-/// (`/dev/shm`, half of RAM) holds it with room to spare.
-pub const AUTO_SHARE: u64 = 4;
-
-/// The node's memory as the budget is judged against it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeMemory {
-    /// MemTotal of `/proc/meminfo`, bytes.
-    pub ram: u64,
-    /// The cgroup's memory limit (`memory.max`, v2; `memory.limit_in_bytes`, v1), bytes;
-    /// `None` when unlimited or unknown.
-    pub cgroup: Option<u64>,
-}
-
-impl NodeMemory {
-    /// The memory this node's processes may use: RAM, or the cgroup limit when smaller.
-    pub fn usable(&self) -> u64 {
-        self.cgroup.map_or(self.ram, |c| c.min(self.ram))
-    }
-
-    /// Reads `/proc/meminfo` and the agent's cgroup limit; `None` when MemTotal is unreadable.
-    pub fn read() -> Option<Self> {
-        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-        let ram = meminfo_total(&info)?;
-        let cgroup = [
-            "/sys/fs/cgroup/memory.max",
-            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-        ]
-        .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok())
-        .and_then(|s| cgroup_limit(&s));
-        Some(Self { ram, cgroup })
-    }
-}
-
-/// MemTotal of a `/proc/meminfo` text, bytes.
-pub fn meminfo_total(text: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// A cgroup memory limit file's value: `None` for `max` or a v1 "unlimited" (a huge number).
-pub fn cgroup_limit(text: &str) -> Option<u64> {
-    let v: u64 = text.trim().parse().ok()?;
-    (v < 1 << 60).then_some(v)
-}
 
 /// Parses a size: bytes, or a number with K/M/G/T (powers of 1024; `KiB`, `KB`, `k` alike).
 pub fn parse_size(text: &str) -> Option<u64> {
@@ -161,7 +114,8 @@ pub fn human_bytes(n: u64) -> String {
 }
 
 /// The budget `--ckpt-memory` asks for: `Ok(None)` for `off`, `Ok(Some(bytes))` for `auto`
-/// ([`AUTO_SHARE`] of the usable memory) or a size no larger than the node's memory.
+/// ([`AUTO_SHARE`] of the usable memory; `Ok(None)` when the node's memory is unknown) or a
+/// size no larger than the node's memory.
 ///
 /// # Errors
 /// One line: not a size, zero, or larger than the node's memory or its cgroup limit (naming
@@ -169,11 +123,9 @@ pub fn human_bytes(n: u64) -> String {
 pub fn budget(text: &str, node: Option<NodeMemory>) -> Result<Option<u64>, String> {
     match text.trim().to_ascii_lowercase().as_str() {
         "off" | "0" | "false" | "no" => return Ok(None),
-        "auto" | "on" => {
-            return node.map(|n| Some(n.usable() / AUTO_SHARE)).ok_or_else(|| {
-                "auto needs the node's memory, and /proc/meminfo is unreadable: give a SIZE".into()
-            })
-        }
+        // The default: where the node's memory cannot be read, nothing is staged (the
+        // checkpoints go straight to disk, as with `off`) rather than a run refused.
+        "auto" | "on" => return Ok(node.map(|n| n.usable() / AUTO_SHARE)),
         _ => {}
     }
     let bytes =
@@ -194,14 +146,38 @@ pub fn budget(text: &str, node: Option<NodeMemory>) -> Result<Option<u64>, Strin
     Ok(Some(bytes))
 }
 
+/// Below this many bytes free (16 pages), a tmpfs is full: nothing is staged in it.
+pub const TMPFS_FULL_BELOW: u64 = 64 << 10;
+
+/// What the staging tmpfs allows of a budget ([`fit_tmpfs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TmpfsFit {
+    /// Stage up to `budget` bytes there; `warning` (one line) when that is less than asked.
+    Stage {
+        /// The budget it can hold.
+        budget: u64,
+        /// The line saying it was cut to what the tmpfs has free.
+        warning: Option<String>,
+    },
+    /// It is full (less than [`TMPFS_FULL_BELOW`] free): stage nothing, every save goes
+    /// straight to `--ckpt-dir`; the one warning line.
+    Full(String),
+}
+
 /// The budget the staging tmpfs can hold: `budget`, or the tmpfs's `free` bytes when fewer, with
-/// the one warning line that says so (naming both and what drun does). `free`: `None` when
-/// unknown (the budget stands).
-pub fn fit_tmpfs(budget: u64, free: Option<u64>, tmpfs: &Path) -> (u64, Option<String>) {
+/// the one warning line that says so (naming both and what drun does); nothing when it is full.
+/// `free`: `None` when unknown (the budget stands).
+pub fn fit_tmpfs(budget: u64, free: Option<u64>, tmpfs: &Path) -> TmpfsFit {
     match free {
-        Some(free) if free < budget => (
-            free,
-            Some(format!(
+        Some(free) if free < TMPFS_FULL_BELOW => TmpfsFit::Full(format!(
+            "drun: warning: --ckpt-memory: {} is full ({} free): checkpoints are saved straight to --ckpt-dir (the ranks wait for the disk); free or enlarge {} (a container's --shm-size), or give --ckpt-memory off",
+            tmpfs.display(),
+            human_bytes(free),
+            tmpfs.display()
+        )),
+        Some(free) if free < budget => TmpfsFit::Stage {
+            budget: free,
+            warning: Some(format!(
                 "drun: warning: --ckpt-memory {} is more than {} has free ({}): this agent stages at most {} there, and a save that does not fit goes straight to --ckpt-dir (the ranks wait for the disk); enlarge {} (a container's --shm-size) or lower --ckpt-memory",
                 human_bytes(budget),
                 tmpfs.display(),
@@ -209,8 +185,11 @@ pub fn fit_tmpfs(budget: u64, free: Option<u64>, tmpfs: &Path) -> (u64, Option<S
                 human_bytes(free),
                 tmpfs.display()
             )),
-        ),
-        _ => (budget, None),
+        },
+        _ => TmpfsFit::Stage {
+            budget,
+            warning: None,
+        },
     }
 }
 
@@ -300,18 +279,27 @@ mod tests {
         assert!(budget("lots", Some(node))
             .unwrap_err()
             .contains("not a size"));
-        assert!(budget("auto", None).is_err());
+        assert_eq!(budget("auto", None), Ok(None), "unknown memory: off");
         assert_eq!(budget("1G", None), Ok(Some(GIB)));
     }
 
     #[test]
     fn a_budget_larger_than_the_tmpfs_has_free_is_cut_to_it_with_one_line() {
         let shm = Path::new("/dev/shm");
-        assert_eq!(fit_tmpfs(8 * GIB, Some(16 * GIB), shm), (8 * GIB, None));
-        assert_eq!(fit_tmpfs(8 * GIB, None, shm), (8 * GIB, None), "unknown");
-        let (b, line) = fit_tmpfs(8 * GIB, Some(GIB / 2), shm);
-        assert_eq!(b, GIB / 2);
-        let line = line.unwrap();
+        let as_is = |budget| TmpfsFit::Stage {
+            budget,
+            warning: None,
+        };
+        assert_eq!(fit_tmpfs(8 * GIB, Some(16 * GIB), shm), as_is(8 * GIB));
+        assert_eq!(fit_tmpfs(8 * GIB, None, shm), as_is(8 * GIB), "unknown");
+        let TmpfsFit::Stage {
+            budget,
+            warning: Some(line),
+        } = fit_tmpfs(8 * GIB, Some(GIB / 2), shm)
+        else {
+            panic!("cut to what is free")
+        };
+        assert_eq!(budget, GIB / 2);
         assert!(
             line.starts_with("drun: warning: --ckpt-memory 8 GiB is more than /dev/shm has free (512 MiB): this agent stages at most 512 MiB there")
                 && line.contains("goes straight to --ckpt-dir")
@@ -322,12 +310,23 @@ mod tests {
     }
 
     #[test]
-    fn proc_and_cgroup_files_read() {
-        let info = "MemTotal:       16303412 kB\nMemFree:  1 kB\n";
-        assert_eq!(meminfo_total(info), Some(16303412 * 1024));
-        assert_eq!(cgroup_limit("max\n"), None);
-        assert_eq!(cgroup_limit("9223372036854771712\n"), None, "v1 unlimited");
-        assert_eq!(cgroup_limit("4294967296\n"), Some(4 * GIB));
+    fn a_full_tmpfs_stages_nothing_with_one_line() {
+        let shm = Path::new("/dev/shm");
+        for free in [0, 4096, TMPFS_FULL_BELOW - 1] {
+            let TmpfsFit::Full(line) = fit_tmpfs(8 * GIB, Some(free), shm) else {
+                panic!("{free} bytes free is full");
+            };
+            assert!(
+                line.starts_with("drun: warning: --ckpt-memory: /dev/shm is full (")
+                    && line.contains("saved straight to --ckpt-dir")
+                    && !line.contains('\n'),
+                "{line}"
+            );
+        }
+        assert!(matches!(
+            fit_tmpfs(8 * GIB, Some(TMPFS_FULL_BELOW), shm),
+            TmpfsFit::Stage { budget, .. } if budget == TMPFS_FULL_BELOW
+        ));
     }
 
     #[test]

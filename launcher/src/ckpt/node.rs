@@ -1,7 +1,7 @@
 //! Batching of this node's checkpoint commits: one [`NodeCommit`] per step once every local rank
 //! has reported it, and the answers back to the ranks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,25 @@ pub struct NodeLedger {
     stage: Option<PathBuf>,
     /// Per step, the files local ranks reported staged (their places in `--ckpt-dir`).
     staged: BTreeMap<u64, Vec<String>>,
+    /// Steps whose ranks were answered `staged` before the ledger saw them.
+    answered_staged: BTreeSet<u64>,
+    /// A staged step the ledger refused after its ranks went on ([`Self::on_committed`]).
+    refused_behind: Option<RefusedBehind>,
+}
+
+/// A refusal of a step its ranks were answered `staged` for (`--ckpt-memory`): they cannot hear
+/// it on that commit any more, so it is the answer to every local rank's commit of the next
+/// step — the training learns it, as it would on the direct path, one step later.
+#[derive(Debug)]
+struct RefusedBehind {
+    /// The refused step.
+    step: u64,
+    /// The ledger's reason, one line.
+    why: String,
+    /// The step refused with it (the first committed after it arrived), once known.
+    next: Option<u64>,
+    /// Local ranks told.
+    told: BTreeSet<u32>,
 }
 
 impl NodeLedger {
@@ -68,6 +87,8 @@ impl NodeLedger {
             save_started: BTreeMap::new(),
             stage: None,
             staged: BTreeMap::new(),
+            answered_staged: BTreeSet::new(),
+            refused_behind: None,
         }
     }
 
@@ -85,6 +106,7 @@ impl NodeLedger {
     /// Answers the ranks waiting on `step` at once: its files are staged in memory and will be
     /// persisted behind the training (`--ckpt-memory`).
     pub fn answer_staged(&mut self, step: u64) {
+        self.answered_staged.insert(step);
         for r in self.inflight.remove(&step).unwrap_or_default() {
             let _ = r.send(json!({
                 "ok": true, "step": step, "sealed": false, "staged": true,
@@ -143,6 +165,8 @@ impl NodeLedger {
             ))
         } else if let Err(e) = self.check_rank(rank) {
             Some(e)
+        } else if let Some(why) = self.refusal_behind(rank, step) {
+            bad(why)
         } else if self.resume_step.is_some_and(|r| step <= r) {
             bad(format!(
                 "step {step} is not after the step this generation resumed from ({})",
@@ -237,6 +261,57 @@ impl NodeLedger {
         Some(batch)
     }
 
+    /// The refusal of an earlier staged step that answers rank `rank`'s commit of `step`, if
+    /// any ([`RefusedBehind`]); forgotten once every local rank was told, or once a rank
+    /// commits a later step than the one refused with it.
+    fn refusal_behind(&mut self, rank: u32, step: u64) -> Option<String> {
+        let r = self.refused_behind.as_mut()?;
+        let next = *r.next.get_or_insert(step);
+        if step > next {
+            self.refused_behind = None;
+            return None;
+        }
+        if step < next {
+            return None;
+        }
+        r.told.insert(rank);
+        let why = format!(
+            "checkpoint step {} was refused after this node answered it staged in memory: {}; so is this commit of step {step}, on every rank of this node",
+            r.step, r.why
+        );
+        if r.told.len() >= self.slots as usize {
+            self.refused_behind = None;
+        }
+        Some(why)
+    }
+
+    /// The ledger refused `step` after its ranks were answered staged: waiting local ranks of a
+    /// later step are refused with it now, the others on their next commit.
+    fn refuse_behind(&mut self, step: u64, why: String) {
+        let mut r = RefusedBehind {
+            step,
+            why,
+            next: None,
+            told: BTreeSet::new(),
+        };
+        if let Some((&next, _)) = self.steps.iter().find(|(s, _)| **s > step) {
+            r.next = Some(next);
+            self.refused_behind = Some(r);
+            let waiting = self.steps.remove(&next).unwrap_or_default();
+            self.started.remove(&next);
+            self.staged.remove(&next);
+            self.save_started.remove(&next);
+            for (rank, c) in waiting {
+                let why = self.refusal_behind(rank, next).expect("refused with it");
+                let _ = c
+                    .reply
+                    .send(refused(bad_commit(self.generation, next, why)));
+            }
+        } else {
+            self.refused_behind = Some(r);
+        }
+    }
+
     /// One line for each step some local ranks have waited on for longer than `after` (reported
     /// once per step): which ranks have not committed it.
     pub fn stalled(&mut self, after: Duration) -> Vec<String> {
@@ -313,6 +388,12 @@ impl NodeLedger {
                 None
             }
         };
+        if self.answered_staged.remove(&step) {
+            if let Err(e) = result {
+                self.refuse_behind(step, e.to_string());
+            }
+            return;
+        }
         self.answered(step, result, file.as_deref());
     }
 

@@ -42,12 +42,15 @@ pub struct CkptArgs {
     /// `drun.atomic_save` writes to the agent's tmpfs, the commit returns at once, and the agent
     /// writes the files to --ckpt-dir in the background (throttled, fsynced, digest-verified)
     /// before the step is sealed. SIZE (e.g. 8GiB) is the node's memory budget for staged
-    /// copies; `auto` a quarter of the node's RAM or cgroup limit; `off` (default) saves
-    /// straight to --ckpt-dir. A save that does not fit goes to disk, with one warning.
+    /// copies; `auto` (default) a quarter of the node's RAM or of its cgroup's limit when
+    /// smaller, no more than the tmpfs has free; `off` saves straight to --ckpt-dir (the commit
+    /// answers once the step is sealed on disk). A save that does not fit, or a tmpfs that is
+    /// missing or full, goes straight to disk, with one warning. Nothing changes for a run
+    /// without --ckpt-dir.
     #[arg(
         long = "ckpt-memory",
         value_name = "SIZE|auto|off",
-        default_value = "off",
+        default_value = "auto",
         env = "DRUN_CKPT_MEMORY",
         help_heading = "Checkpoints"
     )]

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use crate::agent::Agent;
 use crate::ckpt::memory::decide::{Admit, EndWait, Key, Table};
 use crate::ckpt::memory::persist::{Done, Job, Persister, Rate, StagedFile};
-use crate::ckpt::memory::{human_bytes, resume_from_memory, staged_path};
+use crate::ckpt::memory::{human_bytes, resume_from_memory, staged_path, TmpfsFit};
 use crate::ckpt::node::NodeLedger;
 use crate::rdzv::Link;
 
@@ -78,7 +78,44 @@ impl Stage {
     ) -> Option<(Self, mpsc::UnboundedReceiver<Done>)> {
         let parent = std::env::var_os("DRUN_CKPT_STAGE_PARENT")
             .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
-        let dir = match crate::os::private_dir::create(&parent, "drun-stage-") {
+        // The staging directory names its owner, so that the next agent on this tmpfs removes
+        // it if this one is killed (its staged copies would hold memory until reboot).
+        let owner = crate::ckpt::memory::leftover::Owner::me();
+        if let Some(me) = owner {
+            let swept = crate::ckpt::memory::leftover::sweep_stages(&parent, me);
+            if let Some(line) = swept.stages_line(&parent) {
+                crate::say!("{line}");
+            }
+        }
+        // The tmpfs may hold less than the budget (a container's 64 MiB /dev/shm): stage no
+        // more than it has free, so a save that would not fit goes to disk from the agent's
+        // table, not through a write that fails half-way.
+        // A full one stages nothing: every save goes straight to disk, after one line.
+        let budget = match crate::ckpt::memory::fit_tmpfs(
+            budget,
+            crate::ckpt::memory::free_bytes(&parent),
+            &parent,
+        ) {
+            TmpfsFit::Stage { budget, warning } => {
+                if let Some(line) = warning {
+                    crate::say!("{line}");
+                }
+                budget
+            }
+            TmpfsFit::Full(line) => {
+                crate::say!("{line}");
+                return None;
+            }
+        };
+        let prefix = match owner {
+            Some(me) => format!(
+                "{}{}-",
+                crate::ckpt::memory::leftover::STAGE_PREFIX,
+                me.token()
+            ),
+            None => crate::ckpt::memory::leftover::STAGE_PREFIX.to_string(),
+        };
+        let dir = match crate::os::private_dir::create(&parent, &prefix) {
             Ok(d) => d,
             Err(e) => {
                 crate::say!(
@@ -88,17 +125,6 @@ impl Stage {
                 return None;
             }
         };
-        // The tmpfs may hold less than the budget (a container's 64 MiB /dev/shm): stage no
-        // more than it has free, so a save that would not fit goes to disk from the agent's
-        // table, not through a write that fails half-way.
-        let (budget, warning) = crate::ckpt::memory::fit_tmpfs(
-            budget,
-            crate::ckpt::memory::free_bytes(&parent),
-            &parent,
-        );
-        if let Some(line) = warning {
-            crate::say!("{line}");
-        }
         let (persister, done) = match Persister::start() {
             Ok(p) => p,
             Err(e) => {

@@ -3,7 +3,8 @@
 //! ([`Owner`]: the machine's boot, the pid namespace, the pid and its start time), so a later
 //! agent removes only drun's own files whose owner it can see is gone ([`judge`], pure), and
 //! leaves alone those of a live persister or of an owner it cannot see (another machine, another
-//! container's pid namespace).
+//! container's pid namespace). The same for an agent's staging directory on the tmpfs
+//! ([`sweep_stages`]): a killed agent's staged copies would otherwise hold memory until reboot.
 
 use std::path::{Path, PathBuf};
 
@@ -41,7 +42,12 @@ impl Owner {
     /// The owner named by a temporary file's name (`.drun-persist-<token>-<name>-<random>`);
     /// `None` for any other name, or one written before owners were named.
     pub fn of_file(name: &str) -> Option<Self> {
-        let token = name.strip_prefix(TEMP_PREFIX)?.split('-').next()?;
+        Self::of_name(name, TEMP_PREFIX)
+    }
+
+    /// The owner named by `name`, `<prefix><token>-<rest>`; `None` for any other name.
+    pub fn of_name(name: &str, prefix: &str) -> Option<Self> {
+        let token = name.strip_prefix(prefix)?.split('-').next()?;
         let mut it = token.split('.');
         let boot = it.next()?;
         if boot.len() != 16 || !boot.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -169,6 +175,26 @@ impl Swept {
     }
 }
 
+impl Swept {
+    /// The one line an agent prints after [`sweep_stages`], `None` when nothing was removed.
+    pub fn stages_line(&self, parent: &Path) -> Option<String> {
+        let first = self.removed.first()?;
+        let n = self.removed.len();
+        Some(format!(
+            "drun: removed {n} staging director{} ({}) left in {} by an agent that was killed: {}{}",
+            if n == 1 { "y" } else { "ies" },
+            super::human_bytes(self.bytes),
+            parent.display(),
+            first.display(),
+            if n > 1 {
+                format!(" and {} more", n - 1)
+            } else {
+                String::new()
+            }
+        ))
+    }
+}
+
 /// Removes from `dir` (four levels down, not following links) every persister temporary
 /// file whose owner [`judge`] finds gone, as seen by `me`.
 pub fn sweep(dir: &Path, me: &Owner) -> Swept {
@@ -191,6 +217,48 @@ pub fn sweep(dir: &Path, me: &Owner) -> Swept {
             }
         }
     });
+    out
+}
+
+/// Prefix of an agent's staging directory on the tmpfs; the owner's token follows it
+/// (`drun-stage-<token>-<random>`), so that a later agent can tell a dead agent's from a live
+/// one's.
+pub const STAGE_PREFIX: &str = "drun-stage-";
+
+/// Removes from `parent` (the tmpfs, `/dev/shm`) the staging directories of agents that died
+/// without removing theirs (SIGKILL, the OOM killer): their staged copies hold memory until the
+/// next reboot, and no agent ever reads another's. Only directories named with an owner
+/// ([`STAGE_PREFIX`]), this user's, whose owner [`judge`] finds gone, as seen by `me`.
+pub fn sweep_stages(parent: &Path, me: &Owner) -> Swept {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Swept::default();
+    let uid = nix::unistd::geteuid().as_raw();
+    for e in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(owner) = Owner::of_name(&name, STAGE_PREFIX) else {
+            continue;
+        };
+        let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+            continue;
+        };
+        if !meta.is_dir() || meta.uid() != uid {
+            continue;
+        }
+        match judge(Some(&owner), me, start_time(owner.pid)) {
+            Verdict::Remove => {
+                let mut bytes = 0;
+                walk(&e.path(), 8, &mut |_, _, len| bytes += len);
+                if std::fs::remove_dir_all(e.path()).is_ok() {
+                    out.removed.push(e.path());
+                    out.bytes += bytes;
+                }
+            }
+            Verdict::Keep(why) => {
+                tracing::debug!(dir = %e.path().display(), why, "staging directory kept");
+                out.kept += 1;
+            }
+        }
+    }
     out
 }
 
@@ -236,6 +304,47 @@ mod tests {
         ] {
             assert_eq!(Owner::of_file(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn a_dead_agents_staging_directory_is_removed_and_a_live_ones_kept() {
+        let shm = tempfile::tempdir().unwrap();
+        let me = Owner::current().expect("/proc says who this is");
+        // A dead agent: this boot and pid namespace, a pid no process holds now.
+        let dead = Owner {
+            pid: u32::MAX - 1,
+            ..me.clone()
+        };
+        let other_machine = Owner {
+            boot: "fedcba9876543210".into(),
+            ..dead.clone()
+        };
+        let mk = |o: &Owner, file: &[u8]| {
+            let d = shm
+                .path()
+                .join(format!("{STAGE_PREFIX}{}-Ab12Cd", o.token()));
+            std::fs::create_dir_all(d.join("run/step-2-g1")).unwrap();
+            std::fs::write(d.join("run/step-2-g1/rank0.pt"), file).unwrap();
+            d
+        };
+        let gone = mk(&dead, &[0; 1000]);
+        let live = mk(&me, b"x");
+        let foreign = mk(&other_machine, b"x");
+        let unnamed = shm.path().join("drun-stage-Ab12Cd");
+        std::fs::create_dir(&unnamed).unwrap();
+        let swept = sweep_stages(shm.path(), &me);
+        assert_eq!(swept.removed, std::slice::from_ref(&gone));
+        assert_eq!(swept.bytes, 1000);
+        assert_eq!(swept.kept, 2, "the live one's and the other machine's");
+        assert!(!gone.exists() && live.exists() && foreign.exists() && unnamed.exists());
+        let line = swept.stages_line(shm.path()).unwrap();
+        assert!(
+            line.starts_with("drun: removed 1 staging directory (1000 B) left in ")
+                && line.contains("by an agent that was killed")
+                && !line.contains('\n'),
+            "{line}"
+        );
+        assert_eq!(sweep_stages(shm.path(), &me).stages_line(shm.path()), None);
     }
 
     #[test]

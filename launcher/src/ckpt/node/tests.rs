@@ -171,3 +171,98 @@ fn steps_go_forward_and_a_missing_rank_is_named() {
     );
     assert!(l.stalled(Duration::ZERO).is_empty(), "said once");
 }
+
+fn staged_file(dir: &Path, rank: u32) -> FileReport {
+    FileReport {
+        staged: true,
+        sha256: String::new(),
+        ..file(dir, rank)
+    }
+}
+
+/// `--ckpt-memory`: a step answered staged and then refused by the ledger (misaligned across
+/// nodes, a stale agent) is told to every local rank as the answer to its commit of the next
+/// step — a rank already waiting on that step at once — and only that step.
+#[test]
+fn a_refusal_after_a_staged_answer_reaches_every_local_rank_on_its_next_commit() {
+    let d = tempfile::tempdir().unwrap();
+    let mut l = NodeLedger::new(&plan(2), "a", Some(d.path())).with_stage(Some(d.path()));
+    let commit = |l: &mut NodeLedger, rank: u32, step: u64| {
+        let (t, r) = oneshot::channel();
+        let batch = l.commit(
+            rank,
+            3,
+            step,
+            vec![staged_file(d.path(), rank)],
+            cursor(step),
+            t,
+        );
+        (batch, r)
+    };
+    let (_, mut r0) = commit(&mut l, 0, 4);
+    let (batch, mut r1) = commit(&mut l, 1, 4);
+    assert!(batch.is_some());
+    assert_eq!(l.take_staged(4).len(), 2);
+    l.answer_staged(4);
+    for r in [&mut r0, &mut r1] {
+        assert_eq!(r.try_recv().unwrap()["staged"], true);
+    }
+    // Rank 0 already waits on step 6 when the refusal of step 4 arrives: it hears it now.
+    let (none, mut w0) = commit(&mut l, 0, 6);
+    assert!(none.is_none());
+    let refusal = Err(drun_rendezvous::CommitRefused::NotPersisted(
+        "step 4 not sealed: misaligned data".into(),
+    ));
+    l.on_committed(3, 4, &refusal, None);
+    let a = w0.try_recv().expect("answered at once");
+    assert_eq!(a["ok"], false);
+    let e = a["error"].as_str().unwrap();
+    assert!(
+        e.contains("checkpoint step 4 was refused after this node answered it staged in memory")
+            && e.contains("misaligned data")
+            && e.contains("step 6"),
+        "{e}"
+    );
+    // Rank 1 hears it on its commit of step 6; then the refusal is spent.
+    let (none, mut w1) = commit(&mut l, 1, 6);
+    assert!(none.is_none());
+    assert_eq!(w1.try_recv().unwrap()["ok"], false);
+    let (_, mut s0) = commit(&mut l, 0, 8);
+    let (batch, _) = commit(&mut l, 1, 8);
+    assert!(batch.is_some(), "step 8 is committed as usual");
+    assert!(
+        s0.try_recv().is_err(),
+        "rank 0 waits for the answer to step 8"
+    );
+    // An answer to a staged step that is not a refusal changes nothing for the ranks.
+    l.answer_staged(8);
+    l.on_committed(
+        3,
+        8,
+        &Ok(CommitOutcome::Recorded {
+            waiting_for: vec![],
+        }),
+        None,
+    );
+    let (_, mut n0) = commit(&mut l, 0, 10);
+    assert!(n0.try_recv().is_err(), "not refused");
+}
+
+/// On the direct path a refusal answers the commit itself, and nothing is left for later.
+#[test]
+fn a_refusal_of_a_commit_waiting_for_its_answer_is_not_told_again() {
+    let d = tempfile::tempdir().unwrap();
+    let mut l = NodeLedger::new(&plan(1), "a", None);
+    let (t, mut r) = oneshot::channel();
+    assert!(l
+        .commit(0, 3, 4, vec![file(d.path(), 0)], cursor(4), t)
+        .is_some());
+    let refusal = Err(drun_rendezvous::CommitRefused::NotPersisted("no".into()));
+    l.on_committed(3, 4, &refusal, None);
+    assert_eq!(r.try_recv().unwrap()["ok"], false);
+    let (t, mut r) = oneshot::channel();
+    assert!(l
+        .commit(0, 3, 6, vec![file(d.path(), 0)], cursor(6), t)
+        .is_some());
+    assert!(r.try_recv().is_err(), "step 6 waits for its own answer");
+}
