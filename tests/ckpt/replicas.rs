@@ -149,3 +149,200 @@ fn replicas_without_memory_are_a_usage_error() {
         "give --ckpt-memory SIZE|auto",
     );
 }
+
+/// Three agents with replicas and a persister slowed so the disk is well behind: each node's
+/// staging parent, and the agents, holding after step 6 (staged on every node, replicated,
+/// not persisted).
+struct Held {
+    d: Dirs,
+    r: Rdzv,
+    shm: Vec<PathBuf>,
+    agents: Vec<Option<Agent>>,
+}
+
+fn three_holding_at_6(store: Store, run: &str, nnodes: &str) -> Held {
+    let d = dirs();
+    let r = rdzv(store, run, nnodes);
+    let shm: Vec<PathBuf> = (0..3)
+        .map(|i| {
+            let p = d.out.parent().unwrap().join(format!("shm{i}"));
+            std::fs::create_dir_all(&p).unwrap();
+            p
+        })
+        .collect();
+    let agents = (0..3)
+        .map(|i| {
+            let mut c: Command = drun();
+            c.args(&r.args)
+                .nproc(1)
+                .node(i)
+                .args(["--shutdown-timeout", "5"])
+                .args(["--ckpt-memory", "64M", "--ckpt-replicas", "1", "--ckpt-dir"])
+                .arg(&d.ckpt)
+                .arg(worker("ckpt_worker.py"))
+                .env("CKPT_OUT", &d.out)
+                .env("CKPT_HOLD_AT", "6")
+                .env("CKPT_STEPS", "8")
+                .env("DRUN_CKPT_STAGE_PARENT", &shm[i])
+                // 2.8 KB a step at 400 B/s: 7 s a step, so step 6 is far from the disk when
+                // the node goes; once the workers stop, the wait for the disk is quick.
+                .env("DRUN_CKPT_PERSIST_RATE", "400")
+                .env("DRUN_CKPT_PERSIST_RATE_HELD", "1G");
+            Some(Agent::start(c))
+        })
+        .collect();
+    wait_for(
+        "the three ranks hold after step 6",
+        Duration::from_secs(90),
+        || count(&events(&d), "holding", |e| e["step"] == 6) == 3,
+    );
+    wait_for(
+        "each node holds a replica of step 6",
+        Duration::from_secs(30),
+        || {
+            shm.iter().all(|s| {
+                files_with(s, ".replicas")
+                    .iter()
+                    .any(|p| p.to_string_lossy().contains("step-00000006-"))
+            })
+        },
+    );
+    Held { d, r, shm, agents }
+}
+
+/// The payload `ckpt_worker.py` writes for `rank` at `step`, hashed.
+fn payload_sha(rank: u32, step: u64) -> String {
+    use sha2::Digest;
+    let bytes = format!("rank {rank} step {step} ").repeat(200);
+    sha2::Sha256::digest(bytes.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The `start` events of generation 2.
+fn gen2_starts(d: &Dirs) -> Vec<Value> {
+    events(d)
+        .into_iter()
+        .filter(|e| e["event"] == "start" && e["gen"] == 2)
+        .collect()
+}
+
+/// One node SIGKILLed right after step 6 was staged everywhere and replicated, before it was
+/// persisted: the two survivors resume step 6 — not the older persisted step — from their
+/// memory and the replica the lost node's ring neighbour holds, byte for byte what the ranks
+/// wrote, and train to the end.
+fn one_node_lost_resumes_the_staged_step(store: Store, run: &str) {
+    let mut h = three_holding_at_6(store, run, "2:3");
+    let persisted = latest_step(&h.d);
+    assert!(
+        persisted < 6,
+        "step 6 must not be on disk when the node goes (latest {persisted}); the persister is too fast"
+    );
+    let lost = h.agents[2].take().unwrap();
+    lost.signal(Signal::SIGKILL);
+    drop(lost);
+    wait_for(
+        "the survivors' ranks start generation 2",
+        Duration::from_secs(90),
+        || gen2_starts(&h.d).len() == 2,
+    );
+    let starts = gen2_starts(&h.d);
+    for s in &starts {
+        assert_eq!(
+            s["resume_step"], 6,
+            "every rank resumes the staged step 6, not the persisted step {persisted}: {s}"
+        );
+        let dir = s["env_resume"]["DRUN_RESUME_PATH"].as_str().unwrap_or("");
+        assert!(
+            h.shm.iter().any(|p| dir.starts_with(p.to_str().unwrap())),
+            "read from the staging directory in memory, not --ckpt-dir: {s}"
+        );
+        // Every rank file of step 6 — the lost node's included — is the bytes the rank wrote.
+        for rank in 0..3u32 {
+            assert_eq!(
+                s["resume_files"][format!("rank{rank}.pt")],
+                payload_sha(rank, 6),
+                "rank {rank}'s file of step 6: {s}"
+            );
+        }
+    }
+    assert!(
+        !manifest_files(&h.d).contains(&(6, 1)),
+        "step 6 was never sealed on disk: it came from memory"
+    );
+    let mut errs = String::new();
+    for a in h.agents.iter_mut().filter_map(Option::take) {
+        let (code, _, err) = a.wait(Duration::from_secs(120));
+        assert_eq!(code, 0, "{err}");
+        errs.push_str(&err);
+    }
+    assert!(
+        errs.contains("resuming step 6 (generation 1) from the survivors' copies in memory"),
+        "{errs}"
+    );
+    assert!(
+        errs.contains("fetched 1 file(s) of checkpoint step 6"),
+        "{errs}"
+    );
+    assert_eq!(
+        count(&events(&h.d), "done", |e| e["gen"] == 2),
+        2,
+        "the survivors train to the end"
+    );
+    assert_eq!(latest_step(&h.d), 8, "the next step sealed on disk");
+    drop(h.r);
+}
+
+#[test]
+fn one_node_lost_after_a_staged_seal_resumes_that_step_from_memory() {
+    one_node_lost_resumes_the_staged_step(Store::Memory, "ckpt-replica-resume");
+}
+
+#[test]
+fn one_node_lost_after_a_staged_seal_resumes_that_step_from_memory_etcd() {
+    one_node_lost_resumes_the_staged_step(Store::Etcd, "ckpt-replica-resume-etcd");
+}
+
+/// Two of the three nodes SIGKILLed at once: the lost node's only copies went with its
+/// replica holder, so the survivor resumes the persisted step, and every agent's log says why
+/// in one line.
+#[test]
+fn two_nodes_lost_at_once_resume_the_persisted_step_with_the_line() {
+    let mut h = three_holding_at_6(Store::Memory, "ckpt-replica-two-lost", "1:3");
+    let persisted = latest_step(&h.d);
+    assert!(persisted < 6, "latest {persisted}");
+    let gone: Vec<Agent> = [1, 2]
+        .iter()
+        .map(|i| h.agents[*i].take().unwrap())
+        .collect();
+    for a in &gone {
+        a.signal(Signal::SIGKILL);
+    }
+    drop(gone);
+    wait_for(
+        "the survivor's rank starts generation 2",
+        Duration::from_secs(90),
+        || gen2_starts(&h.d).len() == 1,
+    );
+    let s = &gen2_starts(&h.d)[0];
+    let resumed = s["resume_step"].as_u64().unwrap_or(0);
+    assert!(resumed < 6, "not the staged step: {s}");
+    let a = h.agents[0].take().unwrap();
+    let (code, _, err) = a.wait(Duration::from_secs(120));
+    assert_eq!(code, 0, "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("not resuming from memory: step 6 (generation 1)"))
+        .unwrap_or_else(|| panic!("the line: {err}"));
+    assert!(
+        line.contains("were held only by") && line.contains("and its replica holder"),
+        "{line}"
+    );
+    let want = if resumed == 0 {
+        "resuming from the start (nothing persisted)".to_string()
+    } else {
+        format!("resuming the persisted step {resumed} (generation 1)")
+    };
+    assert!(line.ends_with(&want), "{line}\nwant: {want}");
+}

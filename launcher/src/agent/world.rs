@@ -245,6 +245,7 @@ impl Agent {
             ),
             fingerprint: self.fingerprint.clone(),
             env_check: Some(self.cfg.env_check),
+            held: Vec::new(),
         }
     }
 

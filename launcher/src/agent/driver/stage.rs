@@ -66,6 +66,15 @@ pub(super) struct Stage {
     replicas: Option<super::replicas::Replicas>,
     /// The generation of the last plan (for reports between generations).
     followed: u64,
+    /// The world size of the last plan (a staged step's, for a join's report of it).
+    followed_world: u32,
+    /// Per own copy in memory, what a join reports of it (its files, ranks, digests once
+    /// known, cursor): a re-forming world may resume it from memory.
+    own_held: BTreeMap<Key, drun_rendezvous::HeldStep>,
+    /// The step this agent's workers resume from the survivors' copies (`Plan::
+    /// resume_memory`; its files gathered in the staging directory): reported in its joins
+    /// until this node's part of a newer step is on disk, then removed.
+    resumed: Option<Manifest>,
 }
 
 impl Stage {
@@ -135,6 +144,9 @@ impl Stage {
                 throttle: Rate::new(rate),
                 replicas: None,
                 followed: 0,
+                followed_world: 0,
+                own_held: BTreeMap::new(),
+                resumed: None,
             },
             done,
         ))
@@ -173,6 +185,7 @@ impl Stage {
     /// A new generation: replicas follow its ring.
     pub(super) fn follow(&mut self, plan: &drun_rendezvous::Plan) {
         self.followed = plan.generation;
+        self.followed_world = plan.world_size;
         if let Some(r) = self.replicas.as_mut() {
             r.follow(plan);
         }
@@ -221,6 +234,109 @@ impl Stage {
             }
         }
         0
+    }
+
+    /// What this node holds in memory, as its join reports it: its own staged copies (a file
+    /// whose digest the rank left to the agent and the persister has not taken yet is hashed
+    /// here, once), the replicas it received, and the step it resumed from the survivors'
+    /// copies (the files still here).
+    pub(super) fn held(&mut self) -> Vec<drun_rendezvous::HeldStep> {
+        let mut out = Vec::new();
+        let keys: Vec<Key> = self.table.copies().map(|(k, _)| *k).collect();
+        for key in keys {
+            let Some(h) = self.own_held.get_mut(&key) else {
+                continue;
+            };
+            for f in h.files.iter_mut().filter(|f| f.sha256.is_empty()) {
+                let digest = staged_path(self.dir.path(), &self.ckpt_dir, Path::new(&f.path))
+                    .and_then(|p| crate::ckpt::verify::sha256_file(&p).ok());
+                if let Some((d, _)) = digest {
+                    f.sha256 = d;
+                }
+            }
+            out.push(h.clone());
+        }
+        if let Some(r) = &self.replicas {
+            out.extend(r.held_steps());
+        }
+        if let Some(m) = &self.resumed {
+            let files: Vec<_> = m
+                .files
+                .iter()
+                .filter(|f| {
+                    staged_path(self.dir.path(), &self.ckpt_dir, Path::new(&f.path))
+                        .and_then(|p| std::fs::metadata(p).ok())
+                        .is_some_and(|md| md.len() == f.bytes)
+                })
+                .cloned()
+                .collect();
+            if !files.is_empty() {
+                out.push(drun_rendezvous::HeldStep {
+                    step: m.step,
+                    generation: m.generation,
+                    saved_by: String::new(),
+                    world_size: Some(m.world_size),
+                    cursor: Some(m.cursor.clone()),
+                    files,
+                });
+            }
+        }
+        out
+    }
+
+    /// What a fetch for a resume from memory needs of this node.
+    pub(super) fn local(
+        &self,
+        run_id: &str,
+        me: &str,
+        token: Option<String>,
+    ) -> super::replicas::fetch::Local {
+        super::replicas::fetch::Local {
+            run_id: run_id.to_string(),
+            me: me.to_string(),
+            token,
+            stage: self.dir.path().to_path_buf(),
+            ckpt_dir: self.ckpt_dir.clone(),
+        }
+    }
+
+    /// The workers resume `m` from the survivors' copies, its files gathered here: kept (and
+    /// reported in joins) until this node's part of a newer step is on disk and answered by
+    /// the ledger.
+    pub(super) fn resuming(&mut self, m: &Manifest) {
+        if self.resumed.as_ref() != Some(m) {
+            self.drop_resumed();
+            self.resumed = Some(m.clone());
+        }
+    }
+
+    /// This node's part of step `step` is on disk and answered: a resumed step older than it
+    /// is no longer kept in memory.
+    fn superseded(&mut self, step: u64) {
+        if self.resumed.as_ref().is_some_and(|m| m.step < step) {
+            self.drop_resumed();
+        }
+    }
+
+    /// Removes the resumed step's files gathered here, but for this node's own staged copies
+    /// (released with their copy).
+    fn drop_resumed(&mut self) {
+        let Some(m) = self.resumed.take() else {
+            return;
+        };
+        let own: std::collections::BTreeSet<&PathBuf> = self.files.values().flatten().collect();
+        let mut gathered: Vec<PathBuf> = m
+            .files
+            .iter()
+            .filter_map(|f| staged_path(self.dir.path(), &self.ckpt_dir, Path::new(&f.path)))
+            .filter(|p| !own.contains(p))
+            .collect();
+        if let Some(d) = staged_path(self.dir.path(), &self.ckpt_dir, &m.dir()) {
+            gathered.push(d.join(m.file_name()));
+        }
+        for f in gathered {
+            let _ = std::fs::remove_file(f);
+        }
     }
 
     /// Bytes of other nodes' replicas held here.
@@ -318,6 +434,35 @@ impl Stage {
             .add(key, bytes, direct, std::time::Instant::now());
         self.files
             .insert(key, files.iter().map(|f| f.staged.clone()).collect());
+        let rank_of = |target: &Path| {
+            let t = target.display().to_string();
+            batch
+                .files
+                .iter()
+                .find(|s| s.path == t)
+                .map_or(0, |s| s.rank)
+        };
+        if !direct {
+            self.own_held.insert(
+                key,
+                drun_rendezvous::HeldStep {
+                    step: key.0,
+                    generation: key.1,
+                    saved_by: batch.node_id.clone(),
+                    world_size: (self.followed == key.1).then_some(self.followed_world),
+                    cursor: Some(batch.cursor.clone()),
+                    files: files
+                        .iter()
+                        .map(|f| drun_rendezvous::ShardFile {
+                            rank: rank_of(&f.target),
+                            path: f.target.display().to_string(),
+                            bytes: f.bytes,
+                            sha256: f.sha256.clone(),
+                        })
+                        .collect(),
+                },
+            );
+        }
         if let (Some(r), false) = (self.replicas.as_mut(), direct) {
             r.send(
                 key,
@@ -329,6 +474,7 @@ impl Stage {
                             f.staged.clone(),
                             f.bytes,
                             f.sha256.clone(),
+                            rank_of(&f.target),
                         )
                     })
                     .collect(),
@@ -375,9 +521,18 @@ impl Stage {
                     // The digests the persister took of the staged copies (a rank may leave
                     // them to the agent) go in the ledger.
                     let mut batch = p.batch;
+                    let held = self.own_held.get_mut(&d.key);
+                    let mut held_files = held.map(|h| &mut h.files);
                     for (f, digest) in p.files.iter().zip(digests) {
                         let target = f.target.display().to_string();
                         for s in batch.files.iter_mut().filter(|s| s.path == target) {
+                            s.sha256.clone_from(&digest);
+                        }
+                        for s in held_files
+                            .iter_mut()
+                            .flat_map(|h| h.iter_mut())
+                            .filter(|s| s.path == target)
+                        {
                             s.sha256.clone_from(&digest);
                         }
                     }
@@ -410,11 +565,13 @@ impl Stage {
         if self.table.answered(key) {
             self.remove_files(key);
         }
+        self.superseded(key.0);
         self.sync_own();
     }
 
     /// Drops `key`'s copy from memory.
     fn release(&mut self, key: Key) {
+        self.own_held.remove(&key);
         self.table.release(key);
         self.remove_files(key);
         if let Some(r) = self.replicas.as_mut() {
