@@ -66,7 +66,9 @@ pub fn choose(
         .filter(|(s, g)| !bad.contains_key(&manifest_id(*s, *g)))
         .collect();
     let mut why_not = Vec::new();
+    let mut keys_tried = Vec::new();
     for key in keys.into_iter().rev() {
+        keys_tried.push(key);
         match complete(run_id, key, held, ending, now_ms) {
             Ok((manifest, sources)) => {
                 let served: BTreeSet<&str> = sources.sources.values().map(String::as_str).collect();
@@ -90,9 +92,23 @@ pub fn choose(
     if why_not.is_empty() {
         return Choice::Sealed(None);
     }
+    // The newest step's reason; the older ones failed too (a node's copies of every step go
+    // with it), named by step only.
+    let older = if why_not.len() > 1 {
+        format!(
+            " (nor from the older staged step(s) {})",
+            keys_tried[1..]
+                .iter()
+                .map(|(s, _)| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    } else {
+        String::new()
+    };
     Choice::Sealed(Some(format!(
-        "not resuming from memory: {}: resuming {}",
-        why_not.join("; "),
+        "not resuming from memory: {}{older}: resuming {}",
+        why_not[0],
         describe(sealed)
     )))
 }
@@ -394,6 +410,20 @@ mod tests {
             choose("r", Some(&sealed(10)), &BTreeMap::new(), &view(&apart), None, 0),
             Choice::Memory { ref manifest, .. } if manifest.step == 12
         ));
+    }
+
+    #[test]
+    fn the_line_names_the_newest_step_and_the_older_ones_by_step() {
+        let h = ring(3, &[10, 12], &[1, 2]);
+        let Choice::Sealed(Some(line)) =
+            choose("r", Some(&sealed(8)), &BTreeMap::new(), &view(&h), None, 0)
+        else {
+            panic!()
+        };
+        assert_eq!(
+            line,
+            "not resuming from memory: step 12 (generation 1): rank(s) 2–3 held by no survivor (nor from the older staged step(s) 10): resuming the persisted step 8 (generation 1)"
+        );
     }
 
     #[test]
