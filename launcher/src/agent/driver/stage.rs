@@ -310,10 +310,70 @@ impl Stage {
         }
     }
 
-    /// This node's part of step `step` is on disk and answered: a resumed step older than it
-    /// is no longer kept in memory.
-    fn superseded(&mut self, step: u64) {
-        if self.resumed.as_ref().is_some_and(|m| m.step < step) {
+    /// The workers of `plan` resume its step from the survivors' copies: this node persists
+    /// the files of the ranks the plan names it the source of (each file of the step is
+    /// written by exactly one member: its saver when it survived, else the survivor that served
+    /// its replica), verified by digest like any staged step, then commits them — an empty
+    /// commit when it serves none — so the ledger seals the step as its generation saved it
+    /// once every member's part is on disk. Once per plan.
+    pub(super) fn persist_resumed(&mut self, plan: &drun_rendezvous::Plan, me: &str) {
+        let (Some(m), Some(mem)) = (&plan.resume, &plan.resume_memory) else {
+            return;
+        };
+        let key = (m.step, plan.generation);
+        if self.pending.contains_key(&key) || self.table.copies().any(|(k, _)| *k == key) {
+            return;
+        }
+        let served: Vec<drun_rendezvous::ShardFile> = m
+            .files
+            .iter()
+            .filter(|f| mem.sources.get(&f.rank).map(String::as_str) == Some(me))
+            .cloned()
+            .collect();
+        let files: Vec<StagedFile> = served
+            .iter()
+            .filter_map(|f| {
+                Some(StagedFile {
+                    staged: staged_path(self.dir(), &self.ckpt_dir, Path::new(&f.path))?,
+                    target: PathBuf::from(&f.path),
+                    bytes: f.bytes,
+                    sha256: f.sha256.clone(),
+                })
+            })
+            .collect();
+        let batch = NodeCommit {
+            node_id: me.to_string(),
+            generation: plan.generation,
+            step: m.step,
+            ranks: Vec::new(),
+            cursor: m.cursor.clone(),
+            files: served,
+            save_started_ms: None,
+            staged_ms: None,
+        };
+        tracing::info!(
+            step = m.step,
+            "persisting {} file(s) of checkpoint step {} (resumed from memory) to --ckpt-dir",
+            files.len(),
+            m.step
+        );
+        let bytes = files.iter().map(|f| f.bytes).sum();
+        self.table.add(key, bytes, false, std::time::Instant::now());
+        // Its files are the resumed step's (released with it), not a copy of their own.
+        self.files.insert(key, Vec::new());
+        self.pending.insert(key, Pending { batch, files });
+        self.pump();
+        self.sync_own();
+    }
+
+    /// This node's part of step `key` (of a later generation) is on disk and answered: a
+    /// resumed step older than it is no longer kept in memory.
+    fn superseded(&mut self, key: Key) {
+        if self
+            .resumed
+            .as_ref()
+            .is_some_and(|m| m.step < key.0 && m.generation < key.1)
+        {
             self.drop_resumed();
         }
     }
@@ -565,7 +625,7 @@ impl Stage {
         if self.table.answered(key) {
             self.remove_files(key);
         }
-        self.superseded(key.0);
+        self.superseded(key);
         self.sync_own();
     }
 
