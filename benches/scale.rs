@@ -73,7 +73,6 @@ fn hello(run: &str, node: &str, n: usize) -> pb::AgentMessage {
             lease_ttl_ms: LEASE_TTL.as_millis() as u64,
             max_restarts: 0,
             resume: None,
-            resume_memory: None,
             scale_up_save_timeout_ms: 0,
             reform_settle_ms: Some(1_000),
             ckpt_interval: String::new(),

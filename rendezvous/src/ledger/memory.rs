@@ -30,6 +30,8 @@ use crate::store::records::{HeldStep, MemoryResume};
 use crate::Plan;
 
 /// Where the new world resumes, as far as memory is concerned.
+// One per formation, moved once into the plan: boxing the manifest would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Choice {
     /// From memory: the step (as a manifest, not sealed) and who serves each rank.
