@@ -386,7 +386,13 @@ fn torch_node(python: &Path, i: usize, r: &Rdzv, d: &Dirs, shm: &Path) -> Agent 
         .nproc(1)
         .node(i)
         .args(["--max-restarts", "3", "--shutdown-timeout", "5"])
-        .args(["--ckpt-memory", "256M", "--ckpt-replicas", "1", "--ckpt-dir"])
+        .args([
+            "--ckpt-memory",
+            "256M",
+            "--ckpt-replicas",
+            "1",
+            "--ckpt-dir",
+        ])
         .arg(&d.ckpt)
         .arg(crate::harness::root().join("examples/train_ddp.py"))
         .args(EXAMPLE_ARGS)
@@ -414,7 +420,9 @@ fn torch_a_node_lost_after_a_staged_seal_resumes_it_from_memory_exactly() {
     let d = dirs();
     let r = rdzv(Store::Memory, "ckpt-replica-torch", "2");
     let shm = |i: usize| d.out.parent().unwrap().join(format!("shm{i}"));
-    let mut agents: Vec<Agent> = (0..2).map(|i| torch_node(&python, i, &r, &d, &shm(i))).collect();
+    let mut agents: Vec<Agent> = (0..2)
+        .map(|i| torch_node(&python, i, &r, &d, &shm(i)))
+        .collect();
     // A step of 8 or later held as a replica on every node, newer than the sealed one.
     let replicated = |i: usize| -> Vec<u64> {
         files_with(&shm(i), ".replicas")
@@ -463,7 +471,10 @@ fn torch_a_node_lost_after_a_staged_seal_resumes_it_from_memory_exactly() {
         resumed >= staged && resumed > persisted,
         "resumed step {resumed}: staged {staged} everywhere, {persisted} persisted at the kill"
     );
-    assert!(errs.contains("fetched "), "the newcomer fetched its files: {errs}");
+    assert!(
+        errs.contains("fetched "),
+        "the newcomer fetched its files: {errs}"
+    );
     let cmp = check(
         &python,
         &[
