@@ -204,6 +204,7 @@ impl Ledger {
 }
 
 pub mod failure_log;
+pub mod memory;
 mod read;
 pub mod resume;
 pub mod retention;

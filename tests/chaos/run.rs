@@ -62,6 +62,9 @@ pub struct Stats {
     /// Agents SIGKILLed while they held a replica of their ring predecessor's staged
     /// checkpoint ([`Event::KillReplicaHolder`]).
     pub killed_replica_holder: usize,
+    /// Resume points an agent took from the survivors' copies in memory (`--ckpt-replicas`),
+    /// from the agents' logs.
+    pub resumed_from_memory: usize,
 }
 
 /// `--ckpt-memory` schedules: bytes per second the agents' persisters write. A chaos worker's
@@ -529,6 +532,10 @@ pub fn run(s: &Schedule, worker: &Worker, env: &[(&str, &str)]) -> Result<Stats,
         if name.starts_with("agent") && name.ends_with(".log") {
             let log = std::fs::read_to_string(e.path()).unwrap_or_default();
             outcome.verified.extend(history::verified(&log));
+            stats.resumed_from_memory += log
+                .lines()
+                .filter(|l| l.contains("from the survivors' copies in memory, every file verified"))
+                .count();
         }
     }
     stats.requeued = outcome.preempted.iter().filter(|c| **c == 5).count();

@@ -57,11 +57,22 @@ def log(event, **kw):
     os.close(fd)
 
 
+def resume_files():
+    """SHA-256 of each rank file in DRUN_RESUME_PATH, by name: what this rank resumes from."""
+    d = os.environ.get("DRUN_RESUME_PATH")
+    if not d or not os.path.isdir(d):
+        return {}
+    import hashlib
+    return {n: hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest()
+            for n in sorted(os.listdir(d)) if n.endswith(".pt")}
+
+
 info = drun.resume_info()
 start = info["step"] if info else 0
 log("start", resume_step=info and info["step"], resume_samples=info and info["global_samples"],
     world=int(os.environ["WORLD_SIZE"]), env_resume={k: v for k, v in os.environ.items()
-                                                     if k.startswith("DRUN_RESUME")})
+                                                     if k.startswith("DRUN_RESUME")},
+    resume_files=resume_files())
 bad_cursor = knob("CKPT_BAD_CURSOR")
 die = knob("CKPT_DIE_MIDWRITE")
 hang = knob("CKPT_HANG_AT")

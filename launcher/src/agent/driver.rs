@@ -45,7 +45,7 @@ mod hang_dump;
 mod import_wait;
 mod join;
 pub(super) mod replicas;
-mod stage;
+pub(super) mod stage;
 mod standby;
 mod workers;
 
@@ -462,6 +462,12 @@ impl Agent {
             &mut w.reserved,
         )
         .await?;
+        // A resume from the survivors' copies in memory: gathered and verified here, not read
+        // from --ckpt-dir.
+        if let (Some(sources), Some(m)) = (plan.resume_memory.clone(), plan.resume.clone()) {
+            w.verifying = Some(self.resume_from_peers(&plan, m, sources, w.stage.as_mut()));
+            return Ok(());
+        }
         let run_id = self.cfg.run_id.clone();
         let ckpt = self.cfg.ckpt.clone();
         let may_resume_files = self.may_resume_files();

@@ -252,6 +252,7 @@ impl Agent {
             ),
             fingerprint: self.fingerprint.clone(),
             env_check: Some(self.cfg.rdzv.env_check),
+            held: Vec::new(),
         }
     }
 

@@ -54,6 +54,7 @@ fn plan(cfg: &LaunchConfig, base_rank: u32) -> Plan {
         restarts_failures: 0,
         restarts_membership: 0,
         resume: None,
+        resume_memory: None,
         notes: vec![],
         formed_because: String::new(),
         node_count: 0,

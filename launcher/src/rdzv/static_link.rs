@@ -77,6 +77,7 @@ pub fn spawn(
                         restarts_failures: restarts.failures,
                         restarts_membership: 0,
                         resume: None,
+                        resume_memory: None,
                         notes: vec![],
                         formed_because: String::new(),
                         node_count: 0,

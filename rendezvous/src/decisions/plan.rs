@@ -168,6 +168,7 @@ pub fn assign(
         restarts_failures,
         restarts_membership,
         resume: None,
+        resume_memory: None,
         notes,
         formed_because: String::new(),
         node_count: 0,

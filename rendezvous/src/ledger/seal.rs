@@ -34,7 +34,10 @@ pub fn admit(plan: &Plan, rec: &NodeCommit) -> Result<(), LedgerError> {
         )));
     }
     if let Some(r) = &plan.resume {
-        if rec.step <= r.step {
+        // A step resumed from the survivors' copies in memory is persisted by the generation
+        // that resumed it: its members commit that step once more, to seal it as it was saved.
+        let persisting_resumed = plan.resume_memory.is_some() && rec.step == r.step;
+        if rec.step <= r.step && !persisting_resumed {
             return Err(LedgerError::NotAfterResume {
                 step: rec.step,
                 resumed: r.step,
@@ -82,6 +85,11 @@ pub fn completion(
             detail,
         }
     })?;
+    if let (Some(r), Some(_)) = (&plan.resume, &plan.resume_memory) {
+        if r.step == rec.step {
+            return resumed_complete(r, files, sealed_at_ms);
+        }
+    }
     let (save_ms, stall_ms) = save_costs(&records, sealed_at_ms);
     Ok(Completion::Ready(Manifest {
         run_id: run_id.to_string(),
@@ -94,6 +102,34 @@ pub fn completion(
         adopted_from: None,
         save_ms,
         stall_ms,
+    }))
+}
+
+/// The resumed step `r` (from memory) once every member persisted the files it served: sealed
+/// as the generation that saved it saved it, when the files persisted are exactly its files.
+fn resumed_complete(
+    r: &Manifest,
+    mut files: Vec<super::ShardFile>,
+    sealed_at_ms: u64,
+) -> Result<Completion, LedgerError> {
+    let mut want = r.files.clone();
+    let key = |f: &super::ShardFile| (f.rank, f.path.clone());
+    files.sort_by_key(key);
+    want.sort_by_key(key);
+    if files != want {
+        return Err(LedgerError::ConflictingFiles {
+            step: r.step,
+            detail: format!(
+                "the files persisted ({}) are not the {} file(s) of step {} resumed from memory",
+                files.len(),
+                want.len(),
+                r.step
+            ),
+        });
+    }
+    Ok(Completion::Ready(Manifest {
+        sealed_at_ms,
+        ..r.clone()
     }))
 }
 
@@ -149,6 +185,68 @@ mod tests {
             save_started_ms: Some(100),
             staged_ms: None,
         }
+    }
+
+    #[test]
+    fn a_step_resumed_from_memory_is_sealed_by_the_generation_that_resumed_it_as_saved() {
+        let mut plan = assign("r", 3, &[cand("a"), cand("b")], 0, 0).unwrap();
+        // Step 6 of generation 2, world size 3, resumed from memory: a serves ranks 0 and 2
+        // (2 was the lost node's, from its replica), b serves rank 1.
+        let file = |rank: u32| ShardFile {
+            rank,
+            path: format!("/c/6/rank{rank}"),
+            bytes: 1,
+            sha256: format!("{rank:064}"),
+        };
+        let resumed = Manifest {
+            world_size: 3,
+            files: (0..3).map(file).collect(),
+            ..Manifest::bare("r", 6, 2, 5)
+        };
+        plan.resume = Some(resumed.clone());
+        let part = |node: &str, ranks: &[u32]| NodeCommit {
+            ranks: vec![],
+            files: ranks.iter().map(|r| file(*r)).collect(),
+            cursor: Cursor::default(),
+            save_started_ms: None,
+            ..rec(node, 3, 6, 0)
+        };
+        assert!(
+            matches!(
+                admit(&plan, &part("a", &[0, 2])),
+                Err(LedgerError::NotAfterResume { .. })
+            ),
+            "a sealed resume point is not committed again"
+        );
+        plan.resume_memory = Some(Default::default());
+        assert!(admit(&plan, &part("a", &[0, 2])).is_ok());
+        assert!(matches!(
+            admit(&plan, &rec("a", 3, 4, 0)),
+            Err(LedgerError::NotAfterResume { .. })
+        ));
+        assert_eq!(
+            completion("r", &plan, &part("a", &[0, 2]), vec![part("a", &[0, 2])], 9).unwrap(),
+            Completion::Waiting(vec!["b".into()])
+        );
+        let both = vec![part("a", &[0, 2]), part("b", &[1])];
+        let Completion::Ready(m) = completion("r", &plan, &part("b", &[1]), both, 9).unwrap()
+        else {
+            panic!("complete")
+        };
+        assert_eq!(
+            m,
+            Manifest {
+                sealed_at_ms: 9,
+                ..resumed
+            },
+            "sealed as generation 2 saved it, at world size 3"
+        );
+        // A part that is not the resumed step's files is refused.
+        let wrong = vec![part("a", &[0]), part("b", &[1])];
+        assert!(matches!(
+            completion("r", &plan, &part("b", &[1]), wrong, 9),
+            Err(LedgerError::ConflictingFiles { .. })
+        ));
     }
 
     #[test]

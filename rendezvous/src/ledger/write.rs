@@ -30,7 +30,7 @@ impl Ledger {
             Completion::Waiting(waiting_for) => return Ok(CommitOutcome::Recorded { waiting_for }),
             Completion::Ready(manifest) => manifest,
         };
-        if let Some(outcome) = self.seal(&manifest).await? {
+        if let Some(outcome) = self.seal(&manifest, g).await? {
             return Ok(outcome);
         }
         tracing::debug!(run = %self.run_id, step = rec.step, gen = g, files = manifest.files.len(), "checkpoint sealed");
@@ -42,15 +42,20 @@ impl Ledger {
         })
     }
 
-    /// Seals `manifest` (moving `ckpt/latest` forward if it is newer), retrying while only
-    /// `ckpt/latest` moved under it. `Some(outcome)`: a peer sealed the same step first;
-    /// `None`: sealed here.
-    async fn seal(&self, manifest: &Manifest) -> Result<Option<CommitOutcome>, LedgerError> {
+    /// Seals `manifest` for the running generation `g` (moving `ckpt/latest` forward if it is
+    /// newer), retrying while only `ckpt/latest` moved under it. `Some(outcome)`: a peer sealed
+    /// the same step first; `None`: sealed here. `g` is the manifest's generation but for a step
+    /// resumed from memory, which the generation after it persists and seals.
+    async fn seal(
+        &self,
+        manifest: &Manifest,
+        g: u64,
+    ) -> Result<Option<CommitOutcome>, LedgerError> {
         loop {
             let latest = self.state.ckpt_latest().await?;
             let latest_rev = latest.as_ref().map_or(0, |(_, rev)| *rev);
             let moves = moves_latest(latest.as_ref().map(|(id, _)| id.as_str()), manifest);
-            if self.state.seal(manifest, latest_rev, moves).await? {
+            if self.state.seal(manifest, g, latest_rev, moves).await? {
                 return Ok(None);
             }
             if self.state.is_sealed(&manifest.id()).await? {
@@ -60,10 +65,10 @@ impl Ledger {
                 }));
             }
             let (cur, _) = self.state.current_generation().await?;
-            if cur != manifest.generation {
+            if cur != g {
                 return Err(LedgerError::Stale(format!(
-                    "generation {} ended (now {cur}) before step {} was sealed",
-                    manifest.generation, manifest.step
+                    "generation {g} ended (now {cur}) before step {} was sealed",
+                    manifest.step
                 )));
             }
         }

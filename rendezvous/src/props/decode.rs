@@ -112,6 +112,7 @@ fn join() -> impl Strategy<Value = Join> {
             resume_hint: hint.map(Box::new),
             fingerprint,
             env_check,
+            held: Vec::new(),
         },
     )
 }

@@ -25,6 +25,7 @@ fn join(id: &str, torch: &str, check: EnvCheck) -> Join {
         resume_hint: None,
         fingerprint,
         env_check: Some(check),
+        held: Vec::new(),
     }
 }
 

@@ -9,7 +9,7 @@
 //! check of the set due to form, which refuses the round, or turns away a re-form's newcomers
 //! when the previous members alone agree, or forms with a warning table.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use tokio::time::Instant;
 
@@ -17,9 +17,10 @@ use super::snapshot::{FormationInputs, RoundSnapshot};
 use crate::decisions::core::{FailCause, RoundView, RunningGeneration};
 use crate::decisions::envcheck::{self, Report, Verdict};
 use crate::decisions::formation::lost_work;
+use crate::ledger::memory;
 use crate::ledger::resume::newest_good;
 use crate::ledger::Manifest;
-use crate::store::records::{Formation, Restarts};
+use crate::store::records::{Formation, HeldStep, Restarts};
 use crate::{assign, decide, Candidate, Decision, Join, Plan, RendezvousError, RoundConfig};
 
 /// The decider's memory of its round between two steps.
@@ -290,8 +291,39 @@ pub fn formation(
         })
         .filter(|m| g == 0 || m.adopted_from.is_none())
         .collect();
-    let (resume, import) = newest_good(run_id, inputs.manifests.clone(), &inputs.bad, &hints);
+    let (resume, mut import) = newest_good(run_id, inputs.manifests.clone(), &inputs.bad, &hints);
     plan.resume = resume;
+    // `--ckpt-replicas`: a newer step the joining nodes hold in memory, every rank of it,
+    // wins over the sealed one ([`memory::choose`]); the line says which and why.
+    let held: BTreeMap<&str, &[HeldStep]> = admitted
+        .iter()
+        .filter_map(|c| by_id.get(c.node_id.as_str()))
+        .filter(|j| !j.held.is_empty())
+        .map(|j| (j.candidate.node_id.as_str(), j.held.as_slice()))
+        .collect();
+    if !held.is_empty() {
+        match memory::choose(
+            run_id,
+            plan.resume.as_ref(),
+            &inputs.bad,
+            &held,
+            snap.current.as_ref(),
+            now_ms,
+        ) {
+            memory::Choice::Memory {
+                manifest,
+                sources,
+                reason,
+            } => {
+                plan.resume = Some(manifest);
+                plan.resume_memory = Some(sources);
+                plan.notes.push(reason);
+                import = false;
+            }
+            memory::Choice::Sealed(Some(line)) => plan.notes.push(line),
+            memory::Choice::Sealed(None) => {}
+        }
+    }
     plan.formed_because = reason.to_string();
     plan.notes.extend(order.env_table.clone());
     let opened_at_ms = now_ms.saturating_sub((now - opened_at).as_millis() as u64);

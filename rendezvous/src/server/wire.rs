@@ -32,6 +32,11 @@ impl From<&Join> for pb::Candidate {
                 .env_check
                 .map(|c| c.as_str().to_string())
                 .unwrap_or_default(),
+            held_json: if j.held.is_empty() {
+                String::new()
+            } else {
+                serde_json::to_string(&j.held).expect("HeldStep serializes")
+            },
         }
     }
 }
@@ -50,6 +55,7 @@ impl From<pb::Candidate> for Join {
             resume_hint: optional_json(&c.resume_hint_json),
             fingerprint: c.fingerprint.into_iter().collect(),
             env_check: crate::decisions::envcheck::EnvCheck::parse(&c.env_check),
+            held: optional_json(&c.held_json).unwrap_or_default(),
         }
     }
 }
@@ -81,6 +87,11 @@ impl From<&Plan> for pb::Plan {
                 .as_ref()
                 .map(|m| serde_json::to_string(m).expect("Manifest serializes"))
                 .unwrap_or_default(),
+            resume_memory_json: p
+                .resume_memory
+                .as_ref()
+                .map(|m| serde_json::to_string(m).expect("MemoryResume serializes"))
+                .unwrap_or_default(),
             notes: p.notes.clone(),
             formed_because: p.formed_because.clone(),
             node_count: p.node_count,
@@ -111,6 +122,7 @@ impl From<pb::Plan> for Plan {
             restarts_failures: p.restarts_failures,
             restarts_membership: p.restarts_membership,
             resume: optional_json(&p.resume_json),
+            resume_memory: optional_json(&p.resume_memory_json),
             notes: p.notes,
             formed_because: p.formed_because,
             node_count: p.node_count,

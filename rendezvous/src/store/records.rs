@@ -19,7 +19,9 @@ pub use crate::decisions::ckpt_interval::Interval;
 pub use crate::decisions::root_cause::RootCause;
 pub use crate::store::reports::ReportKind;
 pub use ckpt::{describe_id, manifest_id, parse_id, Cursor, Manifest, NodeCommit, ShardFile};
-pub use join::{Candidate, Door, EnvCheck, Fingerprint, Join, Plan, FULL_PLAN_NODES};
+pub use join::{
+    Candidate, Door, EnvCheck, Fingerprint, HeldStep, Join, MemoryResume, Plan, FULL_PLAN_NODES,
+};
 pub use members::{Member, Members};
 pub use run::{
     FailureRecord, Formation, LostWork, RestartCause, Restarts, RoundFailure, RunEnd, SaveRequest,

@@ -43,7 +43,12 @@ impl Agent {
                 fixed_port.unwrap_or_else(|| w.reserved.as_ref().map_or(0, ReservedPort::port));
             w.candidate = Some(self.candidate(port));
         }
-        let cand = w.candidate.clone().expect("a candidate was built above");
+        let mut cand = w.candidate.clone().expect("a candidate was built above");
+        // `--ckpt-replicas`: what this node holds in memory now, for a resume from the
+        // survivors' copies (each join says it afresh).
+        if self.cfg.ckpt.replicas > 0 {
+            cand.held = w.stage.as_mut().map(|s| s.held()).unwrap_or_default();
+        }
         if w.partition.sent_away && !self.peers_all_answer() {
             self.stand_by(&mut w.partition, cand, after, link);
             return Ok(());

@@ -5,6 +5,7 @@
 //! sender of this node's staged steps to its ring neighbour ([`send`]). What happens to a
 //! step's replica is told to the agent's loop as a [`Note`].
 
+pub(super) mod fetch;
 mod receive;
 mod send;
 mod shelf;
@@ -150,9 +151,13 @@ impl Replicas {
         }
     }
 
-    /// Sends this node's staged `files` (final path, staged copy, bytes, rank's digest) of
-    /// `key` to the ring neighbour, in the background; `false` when there is none.
-    pub(super) fn send(&mut self, key: Key, files: Vec<(String, PathBuf, u64, String)>) -> bool {
+    /// Sends this node's staged `files` (final path, staged copy, bytes, rank's digest, rank)
+    /// of `key` to the ring neighbour, in the background; `false` when there is none.
+    pub(super) fn send(
+        &mut self,
+        key: Key,
+        files: Vec<(String, PathBuf, u64, String, u32)>,
+    ) -> bool {
         let Some(t) = self.target.clone().filter(|t| t.generation == key.1) else {
             return false;
         };
@@ -164,15 +169,16 @@ impl Replicas {
             from: self.ctx.me.clone(),
             files: files
                 .iter()
-                .map(|(path, _, bytes, sha256)| OfferFile {
+                .map(|(path, _, bytes, sha256, rank)| OfferFile {
                     path: path.clone(),
                     bytes: *bytes,
                     sha256: sha256.clone(),
+                    rank: Some(*rank),
                 })
                 .collect(),
             mac: String::new(),
         };
-        let staged: Vec<PathBuf> = files.into_iter().map(|(_, s, _, _)| s).collect();
+        let staged: Vec<PathBuf> = files.into_iter().map(|(_, s, _, _, _)| s).collect();
         let token = self.ctx.token.clone();
         let notes = self.notes.clone();
         tokio::spawn(async move {
@@ -207,6 +213,24 @@ impl Replicas {
     /// Per own step: verified on the neighbour (`Some(true)`), failed, or in flight.
     pub(super) fn sent_state(&self, key: Key) -> Option<Option<bool>> {
         self.sent.get(&key).copied()
+    }
+
+    /// The replicas held, complete and with their ranks, as a join reports them (a resume
+    /// after a node loss may fetch them).
+    pub(super) fn held_steps(&self) -> Vec<drun_rendezvous::HeldStep> {
+        let s = self.shelf.lock();
+        s.copies
+            .iter()
+            .filter(|(_, c)| c.complete && !c.held.is_empty())
+            .map(|((step, g), c)| drun_rendezvous::HeldStep {
+                step: *step,
+                generation: *g,
+                saved_by: c.from.clone(),
+                world_size: None,
+                cursor: None,
+                files: c.held.clone(),
+            })
+            .collect()
     }
 
     /// The replicas held (complete ones): for `status`, and their bytes.

@@ -20,6 +20,8 @@ use crate::ckpt::memory::{human_bytes, resume_from_memory, staged_path, TmpfsFit
 use crate::ckpt::node::NodeLedger;
 use crate::rdzv::Link;
 
+mod resumed;
+
 /// How fast the persister writes, bytes per second, unless `DRUN_CKPT_PERSIST_RATE` says
 /// otherwise: below a local NVMe's or a parallel file system client's bandwidth, so the
 /// training's own I/O (data loading, logs) keeps the rest.
@@ -66,6 +68,15 @@ pub(super) struct Stage {
     replicas: Option<super::replicas::Replicas>,
     /// The generation of the last plan (for reports between generations).
     followed: u64,
+    /// The world size of the last plan (a staged step's, for a join's report of it).
+    followed_world: u32,
+    /// Per own copy in memory, what a join reports of it (its files, ranks, digests once
+    /// known, cursor): a re-forming world may resume it from memory.
+    own_held: BTreeMap<Key, drun_rendezvous::HeldStep>,
+    /// The step this agent's workers resume from the survivors' copies (`Plan::
+    /// resume_memory`; its files gathered in the staging directory): reported in its joins
+    /// until this node's part of a newer step is on disk, then removed.
+    resumed: Option<Manifest>,
 }
 
 impl Stage {
@@ -161,6 +172,9 @@ impl Stage {
                 throttle: Rate::new(rate),
                 replicas: None,
                 followed: 0,
+                followed_world: 0,
+                own_held: BTreeMap::new(),
+                resumed: None,
             },
             done,
         ))
@@ -199,6 +213,7 @@ impl Stage {
     /// A new generation: replicas follow its ring.
     pub(super) fn follow(&mut self, plan: &drun_rendezvous::Plan) {
         self.followed = plan.generation;
+        self.followed_world = plan.world_size;
         if let Some(r) = self.replicas.as_mut() {
             r.follow(plan);
         }
@@ -344,6 +359,35 @@ impl Stage {
             .add(key, bytes, direct, std::time::Instant::now());
         self.files
             .insert(key, files.iter().map(|f| f.staged.clone()).collect());
+        let rank_of = |target: &Path| {
+            let t = target.display().to_string();
+            batch
+                .files
+                .iter()
+                .find(|s| s.path == t)
+                .map_or(0, |s| s.rank)
+        };
+        if !direct {
+            self.own_held.insert(
+                key,
+                drun_rendezvous::HeldStep {
+                    step: key.0,
+                    generation: key.1,
+                    saved_by: batch.node_id.clone(),
+                    world_size: (self.followed == key.1).then_some(self.followed_world),
+                    cursor: Some(batch.cursor.clone()),
+                    files: files
+                        .iter()
+                        .map(|f| drun_rendezvous::ShardFile {
+                            rank: rank_of(&f.target),
+                            path: f.target.display().to_string(),
+                            bytes: f.bytes,
+                            sha256: f.sha256.clone(),
+                        })
+                        .collect(),
+                },
+            );
+        }
         if let (Some(r), false) = (self.replicas.as_mut(), direct) {
             r.send(
                 key,
@@ -355,6 +399,7 @@ impl Stage {
                             f.staged.clone(),
                             f.bytes,
                             f.sha256.clone(),
+                            rank_of(&f.target),
                         )
                     })
                     .collect(),
@@ -401,9 +446,18 @@ impl Stage {
                     // The digests the persister took of the staged copies (a rank may leave
                     // them to the agent) go in the ledger.
                     let mut batch = p.batch;
+                    let held = self.own_held.get_mut(&d.key);
+                    let mut held_files = held.map(|h| &mut h.files);
                     for (f, digest) in p.files.iter().zip(digests) {
                         let target = f.target.display().to_string();
                         for s in batch.files.iter_mut().filter(|s| s.path == target) {
+                            s.sha256.clone_from(&digest);
+                        }
+                        for s in held_files
+                            .iter_mut()
+                            .flat_map(|h| h.iter_mut())
+                            .filter(|s| s.path == target)
+                        {
                             s.sha256.clone_from(&digest);
                         }
                     }
@@ -436,11 +490,13 @@ impl Stage {
         if self.table.answered(key) {
             self.remove_files(key);
         }
+        self.superseded(key);
         self.sync_own();
     }
 
     /// Drops `key`'s copy from memory.
     fn release(&mut self, key: Key) {
+        self.own_held.remove(&key);
         self.table.release(key);
         self.remove_files(key);
         if let Some(r) = self.replicas.as_mut() {

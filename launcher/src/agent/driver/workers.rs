@@ -107,6 +107,9 @@ impl Agent {
                 );
                 dir
             });
+        if let (Some(s), true) = (w.stage.as_mut(), plan.resume_memory.is_some()) {
+            s.persist_resumed(plan, &self.cfg.node_id);
+        }
         let ctx = GroupContext {
             agent_sock: self.api.as_ref().map(ApiServer::path),
             resume_manifest: w.resume_file.as_deref(),

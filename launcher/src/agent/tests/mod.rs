@@ -58,6 +58,7 @@ pub(super) fn plan(generation: u64, nodes: u32, restarts_failures: u32) -> Plan 
         restarts_failures,
         restarts_membership: 0,
         resume: None,
+        resume_memory: None,
         notes: Vec::new(),
         formed_because: String::new(),
         node_count: 0,

@@ -1,28 +1,23 @@
 //! Replicas on peers (`--ckpt-replicas 1`, issue 35 item 3): the protocol's decisions, pure —
-//! which peer holds a node's replica ([`neighbour`]), which staged step a new world may resume
-//! from memory given what the survivors hold ([`resume_point`]), what each survivor fetches
-//! from whom ([`to_fetch`]), and which replicas make room for an incoming one ([`release`]) —
-//! each a function of its inputs with a reason, tested on synthetic holdings.
+//! which peer holds a node's replica ([`neighbour`]), what each survivor fetches from whom for
+//! a resume from memory ([`to_fetch`]), and which replicas make room for an incoming one
+//! ([`release`]) — each a function of its inputs with a reason, tested on synthetic holdings.
 //!
-//! Wired so far: the flag (`--ckpt-replicas`), the transport between agents
-//! ([`super::wire`], `agent/driver/replicas.rs`: each staged step goes to [`neighbour`], is
-//! verified by digest on receipt and held within the receiver's budget by [`release`] and
-//! [`make_room_for_own`]) and `status`'s `replicated`. Not wired yet: the ledger's record of
-//! staged steps and the resume after a node loss ([`resume_point`], [`to_fetch`]).
+//! Wired: the flag (`--ckpt-replicas`), the transport between agents ([`super::wire`],
+//! `agent/driver/replicas.rs`: each staged step goes to [`neighbour`], is verified by digest
+//! on receipt and held within the receiver's budget by [`release`] and
+//! [`make_room_for_own`]), `status`'s `replicated`, and the resume after a node loss: every
+//! agent reports what it holds in its join, the formation decides
+//! (`drun_rendezvous::ledger::memory`, where the rule of which step and which source lives),
+//! and each agent fetches what [`to_fetch`] names before its workers start.
 //!
 //! # The rules
 //! * Each node sends its staged files of a step to its ring neighbour: the next node by node
 //!   rank in the generation that saved it, the last node's to the first. With one replica, the
 //!   loss of any one node leaves every file of a step on some survivor; two adjacent nodes lost
 //!   at once (in a ring of 3, any two) take one node's only copies with them.
-//! * A new world resumes from memory only a step the ledger knows as staged by every node of
-//!   its generation (their commits agreed on the cursor), newer than the persisted step, and
-//!   only when the survivors hold every rank's files of it — own staged copies and replicas,
-//!   each verified by digest on receipt. The newest such step wins; otherwise the persisted
-//!   step, with a reason naming the ranks no survivor holds. Every rank resumes what this one
-//!   decision says (it is the ledger's, as today).
-//! * A rank's files are fetched from the node that saved them when it survived, else from the
-//!   survivor with the smallest node id that holds a replica: one deterministic source.
+//! * A rank's files are fetched from the member the plan names for it; a node fetches only the
+//!   ranks it does not hold already.
 //! * A replica that does not fit the receiver's budget releases replicas of older steps first;
 //!   the receiver's own staged copies not yet persisted are never released for a replica (the
 //!   replica is refused instead, and the sender's node keeps its own copy).
@@ -69,128 +64,6 @@ pub fn make_room_for_own(
         out.push(*k);
     }
     out
-}
-
-/// A step staged by every node of its generation (the ledger's record): each rank's node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StagedStep {
-    /// `(step, generation)`.
-    pub key: Key,
-    /// The node that saved each rank's files, by global rank.
-    pub saved_by: BTreeMap<u32, String>,
-}
-
-/// What a survivor holds in memory, verified: per step, the ranks whose files it has (its own
-/// staged copies and the replicas it received).
-pub type Holdings = BTreeMap<Key, BTreeSet<u32>>;
-
-/// Where the new world resumes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resume {
-    /// From memory: the step and, per rank, the survivor that serves its files.
-    Memory {
-        /// The step.
-        key: Key,
-        /// Per global rank of the step, the node to read its files from.
-        sources: BTreeMap<u32, String>,
-        /// Why, for the log.
-        reason: String,
-    },
-    /// From the persisted step (the ledger's sealed one, as without memory).
-    Persisted {
-        /// Why, for the log.
-        reason: String,
-    },
-}
-
-/// Where a new world of `survivors` (node id → holdings) resumes: the newest of `staged` newer
-/// than `persisted` whose every rank's files some survivor holds, else the persisted step.
-pub fn resume_point(
-    staged: &[StagedStep],
-    persisted: Option<Key>,
-    survivors: &BTreeMap<String, Holdings>,
-) -> Resume {
-    let mut candidates: Vec<&StagedStep> = staged
-        .iter()
-        .filter(|s| persisted.is_none_or(|p| s.key > p) && !s.saved_by.is_empty())
-        .collect();
-    candidates.sort_by_key(|s| std::cmp::Reverse(s.key));
-    let mut why_not = Vec::new();
-    for s in candidates {
-        match sources(s, survivors) {
-            Ok(sources) => {
-                let fetched = sources
-                    .iter()
-                    .filter(|(r, n)| s.saved_by.get(r) != Some(n))
-                    .count();
-                let reason = format!(
-                    "step {} (generation {}) is held in memory by the survivors: {} rank(s) from their own node, {} from a replica",
-                    s.key.0,
-                    s.key.1,
-                    sources.len() - fetched,
-                    fetched
-                );
-                return Resume::Memory {
-                    key: s.key,
-                    sources,
-                    reason,
-                };
-            }
-            Err(missing) => why_not.push(format!(
-                "step {} (generation {}): rank(s) {} held by no survivor",
-                s.key.0,
-                s.key.1,
-                missing
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
-        }
-    }
-    let persisted = persisted.map_or("nothing persisted yet".to_string(), |(s, g)| {
-        format!("the persisted step {s} (generation {g})")
-    });
-    let reason = if why_not.is_empty() {
-        format!("no staged step newer than {persisted}: resuming {persisted}")
-    } else {
-        format!("{}: resuming {persisted}", why_not.join("; "))
-    };
-    Resume::Persisted { reason }
-}
-
-/// Per rank of `s`, the survivor to read its files from (its own node when it survived, else
-/// the smallest node id holding a replica), or the ranks no survivor holds.
-fn sources(
-    s: &StagedStep,
-    survivors: &BTreeMap<String, Holdings>,
-) -> Result<BTreeMap<u32, String>, Vec<u32>> {
-    let mut out = BTreeMap::new();
-    let mut missing = Vec::new();
-    for (rank, saver) in &s.saved_by {
-        let holds = |n: &String| {
-            survivors
-                .get(n)
-                .and_then(|h| h.get(&s.key))
-                .is_some_and(|r| r.contains(rank))
-        };
-        let from = if holds(saver) {
-            Some(saver.clone())
-        } else {
-            survivors.keys().find(|n| holds(n)).cloned()
-        };
-        match from {
-            Some(n) => {
-                out.insert(*rank, n);
-            }
-            None => missing.push(*rank),
-        }
-    }
-    if missing.is_empty() {
-        Ok(out)
-    } else {
-        Err(missing)
-    }
 }
 
 /// The ranks `me` must fetch, and from whom, to hold every file of the step `sources` names:
@@ -276,42 +149,6 @@ mod tests {
         (0..n).map(|i| format!("n{i}")).collect()
     }
 
-    /// Step `key` of a ring of `n` nodes, 2 ranks each (node i has ranks 2i, 2i+1).
-    fn staged(key: Key, n: usize) -> StagedStep {
-        StagedStep {
-            key,
-            saved_by: (0..2 * n as u32)
-                .map(|r| (r, format!("n{}", r / 2)))
-                .collect(),
-        }
-    }
-
-    /// What each node of a ring of `n` holds after `--ckpt-replicas 1` for `keys`: its own two
-    /// ranks and its ring predecessor's.
-    fn ring(n: usize, keys: &[Key]) -> BTreeMap<String, Holdings> {
-        let all = nodes(n);
-        all.iter()
-            .map(|me| {
-                let mut ranks = BTreeSet::new();
-                for node in &all {
-                    if node == me || neighbour(&all, node) == Some(me.as_str()) {
-                        let i: u32 = node[1..].parse().unwrap();
-                        ranks.extend([2 * i, 2 * i + 1]);
-                    }
-                }
-                let h = keys.iter().map(|k| (*k, ranks.clone())).collect();
-                (me.clone(), h)
-            })
-            .collect()
-    }
-
-    fn lose(mut s: BTreeMap<String, Holdings>, gone: &[&str]) -> BTreeMap<String, Holdings> {
-        for g in gone {
-            s.remove(*g);
-        }
-        s
-    }
-
     #[test]
     fn the_neighbour_is_the_next_node_of_the_ring() {
         let n = nodes(3);
@@ -330,88 +167,25 @@ mod tests {
     }
 
     #[test]
-    fn one_node_lost_resumes_the_staged_step_from_memory() {
-        let survivors = lose(ring(3, &[(6, 1), (8, 1)]), &["n1"]);
-        let r = resume_point(
-            &[staged((6, 1), 3), staged((8, 1), 3)],
-            Some((4, 1)),
-            &survivors,
-        );
-        let Resume::Memory {
-            key,
-            sources,
-            reason,
-        } = r
-        else {
-            panic!("{r:?}")
-        };
-        assert_eq!(key, (8, 1), "the newest staged step");
-        // n1's ranks come from n2, which holds n1's replica; the others from their own node.
-        let want: BTreeMap<u32, String> = [(0, "n0"), (1, "n0"), (2, "n2"), (3, "n2")]
+    fn a_survivor_fetches_only_the_ranks_it_does_not_hold_from_their_source() {
+        let sources: BTreeMap<u32, String> = [(0, "n0"), (1, "n0"), (2, "n2"), (3, "n2")]
             .into_iter()
             .chain([(4, "n2"), (5, "n2")])
             .map(|(r, n)| (r, n.to_string()))
             .collect();
-        assert_eq!(sources, want);
-        assert!(
-            reason.contains("4 rank(s) from their own node, 2 from a replica"),
-            "{reason}"
-        );
+        // n0 holds its own ranks and n2's replica (4, 5): it fetches n1's ranks from n2.
+        let n0: BTreeSet<u32> = [0, 1, 4, 5].into();
         assert_eq!(
-            to_fetch("n0", &sources, survivors["n0"].get(&key)),
-            vec![(2, "n2".into()), (3, "n2".into())],
-            "n0 holds n2's replica already"
+            to_fetch("n0", &sources, Some(&n0)),
+            vec![(2, "n2".into()), (3, "n2".into())]
         );
+        // n2 serves 2..=5 itself: it fetches n0's.
         assert_eq!(
-            to_fetch("n2", &sources, survivors["n2"].get(&key)),
+            to_fetch("n2", &sources, None),
             vec![(0, "n0".into()), (1, "n0".into())]
         );
-    }
-
-    #[test]
-    fn two_nodes_lost_at_once_fall_back_to_the_persisted_step() {
-        let survivors = lose(ring(3, &[(8, 1)]), &["n0", "n1"]);
-        let r = resume_point(&[staged((8, 1), 3)], Some((4, 1)), &survivors);
-        let Resume::Persisted { reason } = r else {
-            panic!("{r:?}")
-        };
-        assert_eq!(
-            reason,
-            "step 8 (generation 1): rank(s) 0, 1 held by no survivor: resuming the persisted step 4 (generation 1)"
-        );
-        // In a ring of 4, two losses that are not neighbours leave every file on a survivor.
-        let apart = lose(ring(4, &[(8, 1)]), &["n0", "n2"]);
-        assert!(matches!(
-            resume_point(&[staged((8, 1), 4)], Some((4, 1)), &apart),
-            Resume::Memory { key: (8, 1), .. }
-        ));
-    }
-
-    #[test]
-    fn an_older_complete_step_wins_over_a_newer_incomplete_one_and_persisted_wins_ties() {
-        let mut survivors = lose(ring(3, &[(6, 1), (8, 1)]), &["n1"]);
-        // n2 never received n1's replica of step 8.
-        survivors
-            .get_mut("n2")
-            .unwrap()
-            .get_mut(&(8, 1))
-            .unwrap()
-            .retain(|r| *r >= 4);
-        let steps = [staged((6, 1), 3), staged((8, 1), 3)];
-        let r = resume_point(&steps, Some((4, 1)), &survivors);
-        assert!(matches!(r, Resume::Memory { key: (6, 1), .. }), "{r:?}");
-        let r = resume_point(&steps, Some((8, 1)), &survivors);
-        assert_eq!(
-            r,
-            Resume::Persisted {
-                reason: "no staged step newer than the persisted step 8 (generation 1): resuming the persisted step 8 (generation 1)".into()
-            },
-            "a step on disk is never resumed from memory by this rule"
-        );
-        assert!(matches!(
-            resume_point(&[], None, &survivors),
-            Resume::Persisted { reason } if reason.contains("nothing persisted yet")
-        ));
+        // A newcomer holds nothing: everything, each from its source.
+        assert_eq!(to_fetch("n9", &sources, None).len(), 6);
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub struct OfferFile {
     pub bytes: u64,
     /// The rank's SHA-256 (hex), when it sent one; empty otherwise.
     pub sha256: String,
+    /// The global rank that wrote it (`None` from an older agent: such a replica is kept but
+    /// not offered for a resume after a node loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
 }
 
 /// What a node offers its ring neighbour: its staged files of one step.
@@ -83,6 +87,149 @@ impl Offer {
         out.extend(json);
         out
     }
+}
+
+/// A request for the staged files of a step the new world resumes from memory (`Plan::
+/// resume_memory` names the receiving node as their source): sent in place of an [`Offer`] on
+/// the same connection, told apart by its `fetch` field. The receiver judges it
+/// ([`judge_fetch`]), answers `take` or `refused: <why>`, and on `take` sends each file's bytes
+/// followed by its SHA-256 (32 bytes), as an offer's sender does; the requester verifies each
+/// against the digest and the plan's, and answers `ok` or `bad: <why>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fetch {
+    /// Always `true`: marks a fetch.
+    pub fetch: bool,
+    /// The run.
+    pub run_id: String,
+    /// The generation the requester follows (the one resuming the step).
+    pub generation: u64,
+    /// The requester's node id.
+    pub from: String,
+    /// The step.
+    pub step: u64,
+    /// The generation that saved the step.
+    pub saved_in: u64,
+    /// The files wanted, with their sizes and digests from the plan.
+    pub files: Vec<OfferFile>,
+    /// HMAC-SHA256 (hex) of the nonce and the request with this field empty, keyed by the
+    /// run's token; empty without one.
+    pub mac: String,
+}
+
+impl Fetch {
+    /// Bytes the files hold.
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
+
+    /// Signs the request for `nonce` with `token` (nothing without one).
+    pub fn sign(&mut self, token: Option<&str>, nonce: &[u8]) {
+        self.mac = token.map_or_else(String::new, |t| self.mac_for(t, nonce));
+    }
+
+    fn mac_for(&self, token: &str, nonce: &[u8]) -> String {
+        let unsigned = Fetch {
+            mac: String::new(),
+            ..self.clone()
+        };
+        let mut msg = nonce.to_vec();
+        msg.extend(serde_json::to_vec(&unsigned).expect("a fetch serializes"));
+        crate::ckpt::verify::hex(&hmac_sha256(token.as_bytes(), &msg))
+    }
+
+    /// The header on the wire: length and JSON.
+    pub fn encode(&self) -> Vec<u8> {
+        let json = serde_json::to_vec(self).expect("a fetch serializes");
+        let mut out = (json.len() as u32).to_be_bytes().to_vec();
+        out.extend(json);
+        out
+    }
+}
+
+/// What a connection's header is.
+#[derive(Debug)]
+pub enum Header {
+    /// A ring predecessor's staged step.
+    Offer(Offer),
+    /// A member's request for files a resume from memory needs.
+    Fetch(Fetch),
+}
+
+/// Decodes a connection's header: a fetch when it says so, else an offer.
+///
+/// # Errors
+/// One line when it is neither.
+pub fn decode(header: &[u8]) -> Result<Header, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(header).map_err(|e| format!("not an offer: {e}"))?;
+    if v.get("fetch").and_then(serde_json::Value::as_bool) == Some(true) {
+        serde_json::from_value(v)
+            .map(Header::Fetch)
+            .map_err(|e| format!("not a fetch: {e}"))
+    } else {
+        serde_json::from_value(v)
+            .map(Header::Offer)
+            .map_err(|e| format!("not an offer: {e}"))
+    }
+}
+
+/// Whether `f` may be served by `r`: the run, the generation `r` follows, a member of it
+/// asking from the address it advertises, the MAC, plain paths inside `--ckpt-dir`; `Err`
+/// with one line why not.
+pub fn judge_fetch(f: &Fetch, r: &Receiver<'_>) -> Result<(), String> {
+    if f.run_id != r.run_id {
+        return Err(format!("a fetch of run '{}', not '{}'", f.run_id, r.run_id));
+    }
+    let Some((generation, nodes)) = r.generation else {
+        return Err("this node follows no generation now".into());
+    };
+    if f.generation != generation {
+        return Err(format!(
+            "a fetch in generation {}, this node follows generation {generation}",
+            f.generation
+        ));
+    }
+    let Some((_, addr)) = nodes.iter().find(|(id, _)| *id == f.from) else {
+        return Err(format!(
+            "'{}' is not a member of generation {generation}",
+            f.from
+        ));
+    };
+    from_advertised(&f.from, addr, r.peer)?;
+    if let Some(t) = r.token {
+        if f.mac.is_empty() || !same(f.mac.as_bytes(), f.mac_for(t, r.nonce).as_bytes()) {
+            return Err("the fetch's MAC does not match this run's token".into());
+        }
+    }
+    if f.files.is_empty() {
+        return Err("a fetch of no files".into());
+    }
+    inside(f.files.iter().map(|f| f.path.as_str()), r.ckpt_dir)
+}
+
+/// A node advertising an IP address connects from it (a host name is not resolved here).
+fn from_advertised(who: &str, addr: &str, peer: IpAddr) -> Result<(), String> {
+    if let Some(ip) = addr.parse::<IpAddr>().ok().filter(|ip| {
+        *ip != peer && !(ip.is_loopback() && peer.is_loopback()) && !ip.is_unspecified()
+    }) {
+        return Err(format!(
+            "the connection of '{who}' came from {peer}, but that node advertises {ip}"
+        ));
+    }
+    Ok(())
+}
+
+/// Every path a plain path inside `ckpt_dir`, or a line naming the first that is not.
+fn inside<'a>(paths: impl Iterator<Item = &'a str>, ckpt_dir: &Path) -> Result<(), String> {
+    for p in paths {
+        if super::staged_path(Path::new("/"), ckpt_dir, Path::new(p)).is_none() {
+            return Err(format!(
+                "'{p}' is not a plain path inside --ckpt-dir {}",
+                ckpt_dir.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// HMAC-SHA256 (RFC 2104) of `msg` keyed by `key`.
@@ -192,6 +339,7 @@ mod tests {
                 path: "/ck/job/step-8-g2/rank0.pt".into(),
                 bytes: 3,
                 sha256: String::new(),
+                rank: Some(0),
             }],
             mac: String::new(),
         }
@@ -204,6 +352,82 @@ mod tests {
     }
 
     const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    fn fetch(from: &str) -> Fetch {
+        Fetch {
+            fetch: true,
+            run_id: "job".into(),
+            generation: 3,
+            from: from.into(),
+            step: 8,
+            saved_in: 2,
+            files: offer("a").files,
+            mac: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_fetch_is_served_to_any_member_of_the_followed_generation_and_told_from_an_offer() {
+        let n = nodes();
+        let r = Receiver {
+            run_id: "job",
+            generation: Some((3, &n)),
+            me: "b",
+            peer: LOCAL,
+            token: Some("tok"),
+            nonce: b"0123456789abcdef",
+            ckpt_dir: Path::new("/ck"),
+        };
+        let mut f = fetch("c");
+        f.sign(Some("tok"), r.nonce);
+        assert_eq!(
+            judge_fetch(&f, &r),
+            Ok(()),
+            "c is not b's predecessor: still served"
+        );
+        let Header::Fetch(back) = decode(&f.encode()[4..]).unwrap() else {
+            panic!("a fetch decodes as one")
+        };
+        assert_eq!(back, f);
+        assert!(matches!(
+            decode(&offer("a").encode()[4..]),
+            Ok(Header::Offer(_))
+        ));
+        assert!(decode(b"{}").unwrap_err().starts_with("not an offer"));
+        let unsigned = fetch("c");
+        assert_eq!(
+            judge_fetch(&unsigned, &r).unwrap_err(),
+            "the fetch's MAC does not match this run's token"
+        );
+        let mut stranger = fetch("x");
+        stranger.sign(Some("tok"), r.nonce);
+        assert_eq!(
+            judge_fetch(&stranger, &r).unwrap_err(),
+            "'x' is not a member of generation 3"
+        );
+        let earlier = Receiver {
+            generation: Some((2, &n)),
+            ..r
+        };
+        assert_eq!(
+            judge_fetch(&f, &earlier).unwrap_err(),
+            "a fetch in generation 3, this node follows generation 2"
+        );
+        let elsewhere = Receiver {
+            peer: "10.0.0.9".parse().unwrap(),
+            ..r
+        };
+        assert_eq!(
+            judge_fetch(&f, &elsewhere).unwrap_err(),
+            "the connection of 'c' came from 10.0.0.9, but that node advertises 127.0.0.1"
+        );
+        let mut escape = fetch("c");
+        escape.files[0].path = "/ck/../etc/passwd".into();
+        escape.sign(Some("tok"), r.nonce);
+        assert!(judge_fetch(&escape, &r)
+            .unwrap_err()
+            .contains("is not a plain path inside --ckpt-dir /ck"));
+    }
 
     #[test]
     fn hmac_matches_rfc_4231() {

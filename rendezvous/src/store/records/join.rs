@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::members::no_port;
-use super::{Manifest, Member, Members};
+use super::{Cursor, Manifest, Member, Members, ShardFile};
 
 /// A node asking to join: what the decision and the ranking need to know of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +45,41 @@ pub struct Join {
     /// The node's `--env-check`; `None`: not sent (an older agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_check: Option<EnvCheck>,
+    /// `--ckpt-memory`: the checkpoint steps the node's agent holds in memory (its own staged
+    /// copies, replicas it received, copies it fetched for a resume), each file with its
+    /// SHA-256; a re-forming world may resume from them ([`crate::ledger::memory`]). Empty:
+    /// nothing held (or an older agent).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldStep>,
+}
+
+/// One checkpoint step a node holds in memory, as it reports it in its join.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldStep {
+    /// The step.
+    pub step: u64,
+    /// The generation that saved it.
+    pub generation: u64,
+    /// The node that saved these files (the holder itself for its own staged copy, else the
+    /// node whose replica it is).
+    pub saved_by: String,
+    /// WORLD_SIZE of the generation that saved it, when the holder knows it (its own copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
+    /// The data cursor after the step, when the holder knows it (its own copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<Cursor>,
+    /// The files held, each with its rank, final path in `--ckpt-dir`, size and SHA-256.
+    pub files: Vec<ShardFile>,
+}
+
+/// A resume point taken from the survivors' copies in memory (a step staged by every node
+/// of its generation, not yet sealed on disk): which member serves each rank's files. Every
+/// agent fetches what it lacks from these before its workers start.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryResume {
+    /// Per global rank of the step, the node id of the member that serves its files.
+    pub sources: BTreeMap<u32, String>,
 }
 
 impl From<Candidate> for Join {
@@ -54,6 +89,7 @@ impl From<Candidate> for Join {
             resume_hint: None,
             fingerprint: Default::default(),
             env_check: None,
+            held: Vec::new(),
         }
     }
 }
@@ -133,6 +169,10 @@ pub struct Plan {
     /// formation (`None`: start fresh).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<Manifest>,
+    /// Set when `resume` is a step resumed from the survivors' copies in memory
+    /// (`--ckpt-replicas`), not a sealed checkpoint: who serves each rank's files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_memory: Option<MemoryResume>,
     /// Lines every agent prints as a warning when the generation forms (e.g. two nodes pinned
     /// the same node rank and the tie went by node id).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -99,30 +99,29 @@ impl RunState {
             .collect()
     }
 
-    /// Seals `manifest`: writes `ckpt/manifest/<id>`, deletes its step's node records and, when
-    /// `moves_latest`, points `ckpt/latest` at it; guarded by `gen/current` being the manifest's
-    /// generation, `ckpt/latest`'s `mod_revision` being `latest_revision` (0: missing) and the
+    /// Seals `manifest` for the running generation `g`: writes `ckpt/manifest/<id>`, deletes
+    /// `g`'s node records of its step and, when `moves_latest`, points `ckpt/latest` at it;
+    /// guarded by `gen/current` being `g` (the manifest's generation, but for a step resumed from
+    /// memory, sealed by the generation that resumed it), `ckpt/latest`'s `mod_revision` being `latest_revision` (0: missing) and the
     /// manifest not being sealed yet. Whether the guards held.
     pub async fn seal(
         &self,
         manifest: &Manifest,
+        g: u64,
         latest_revision: i64,
         moves_latest: bool,
     ) -> Result<bool, StoreError> {
         let id = manifest.id();
         let mut ops = vec![
             Op::put(self.keys.ckpt_manifest(&id), encode(manifest)),
-            Op::DeletePrefix(
-                self.keys
-                    .ckpt_step_prefix(manifest.generation, manifest.step),
-            ),
+            Op::DeletePrefix(self.keys.ckpt_step_prefix(g, manifest.step)),
         ];
         if moves_latest {
             ops.push(Op::put(self.keys.ckpt_latest(), id.clone()));
         }
         self.txn(
             vec![
-                self.generation_is(manifest.generation),
+                self.generation_is(g),
                 Compare::ModRevisionEquals(self.keys.ckpt_latest(), latest_revision),
                 Compare::Missing(self.keys.ckpt_manifest(&id)),
             ],

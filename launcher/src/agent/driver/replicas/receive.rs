@@ -15,11 +15,13 @@ use tokio::sync::mpsc;
 use super::shelf::{remove, transfer_limit, Copy, Ctx, Note, Shelf, CHUNK};
 
 /// How long a connection may take to send its offer.
-const OFFER_WAIT: Duration = Duration::from_secs(10);
+pub(super) const OFFER_WAIT: Duration = Duration::from_secs(10);
 use crate::ckpt::memory::decide::Key;
 use crate::ckpt::memory::replica::{self, Fit, Held};
 use crate::ckpt::memory::staged_path;
-use crate::ckpt::memory::wire::{judge, Offer, Receiver, MAX_OFFER, NONCE_BYTES};
+use crate::ckpt::memory::wire::{
+    decode, judge, Header, Offer, OfferFile, Receiver, MAX_OFFER, NONCE_BYTES,
+};
 
 /// Accepts the predecessor's offers, one task per connection.
 pub(super) async fn serve(
@@ -43,7 +45,7 @@ pub(super) async fn serve(
 }
 
 /// A random nonce.
-fn nonce() -> [u8; NONCE_BYTES] {
+pub(super) fn nonce() -> [u8; NONCE_BYTES] {
     let mut n = [0u8; NONCE_BYTES];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
         let _ = std::io::Read::read_exact(&mut f, &mut n);
@@ -75,7 +77,10 @@ async fn receive(
     })
     .await
     .map_err(|_| format!("no offer from {peer} within {} s", OFFER_WAIT.as_secs()))??;
-    let offer: Offer = serde_json::from_slice(&header).map_err(|e| format!("not an offer: {e}"))?;
+    let offer = match decode(&header)? {
+        Header::Offer(o) => o,
+        Header::Fetch(f) => return super::fetch::serve(conn, peer, f, &nonce, shelf, ctx).await,
+    };
     let key = (offer.step, offer.generation);
     let taken = take(&offer, key, peer.ip(), &nonce, shelf, ctx);
     let release_own = match taken {
@@ -96,20 +101,45 @@ async fn receive(
     let limit = transfer_limit(offer.bytes());
     let got = match conn.get_mut().write_all(b"take\n").await {
         Err(e) => Err(io(e)),
-        Ok(()) => tokio::time::timeout(limit, read_files(&mut conn, &offer, ctx, &mut files))
-            .await
-            .unwrap_or_else(|_| {
-                Err(format!(
-                    "the bytes did not arrive within {} s",
-                    limit.as_secs()
-                ))
-            }),
+        Ok(()) => tokio::time::timeout(
+            limit,
+            read_files(
+                &mut conn,
+                &offer.files,
+                &ctx.root,
+                &ctx.ckpt_dir,
+                &mut files,
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "the bytes did not arrive within {} s",
+                limit.as_secs()
+            ))
+        }),
     };
     match got {
-        Ok(()) => {
+        Ok(digests) => {
             if let Some(c) = shelf.lock().copies.get_mut(&key) {
                 c.files = files;
                 c.complete = true;
+                // What a resume after a node loss may ask of this copy: each file with its rank
+                // and the digest verified on receipt (a file without a rank: none of it).
+                c.held = offer
+                    .files
+                    .iter()
+                    .zip(digests)
+                    .map(|(f, sha256)| {
+                        f.rank.map(|rank| drun_rendezvous::ShardFile {
+                            rank,
+                            path: f.path.clone(),
+                            bytes: f.bytes,
+                            sha256,
+                        })
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .unwrap_or_default();
             }
             conn.get_mut().write_all(b"ok\n").await.map_err(io)?;
             let _ = notes.send(Note::Received {
@@ -182,21 +212,26 @@ fn take(
             bytes: offer.bytes(),
             files: Vec::new(),
             complete: false,
+            held: Vec::new(),
         },
     );
     Ok(own)
 }
 
-/// Reads each file of `offer` and its digest, writing it under `ctx.root`.
-async fn read_files(
+/// Reads each of `wanted` and its digest, writing it at its staged path under `root` (each
+/// path written is pushed on `files`); the SHA-256 of each, verified against the sender's and
+/// (when given) the expected one.
+pub(super) async fn read_files(
     conn: &mut BufReader<TcpStream>,
-    offer: &Offer,
-    ctx: &Ctx,
+    wanted: &[OfferFile],
+    root: &Path,
+    ckpt_dir: &Path,
     files: &mut Vec<PathBuf>,
-) -> Result<(), String> {
+) -> Result<Vec<String>, String> {
     let mut buf = vec![0u8; CHUNK];
-    for f in &offer.files {
-        let dest = staged_path(&ctx.root, &ctx.ckpt_dir, Path::new(&f.path))
+    let mut digests = Vec::new();
+    for f in wanted {
+        let dest = staged_path(root, ckpt_dir, Path::new(&f.path))
             .ok_or_else(|| format!("'{}' is not inside --ckpt-dir", f.path))?;
         if let Some(d) = dest.parent() {
             tokio::fs::create_dir_all(d)
@@ -245,6 +280,7 @@ async fn read_files(
                 f.path, f.sha256
             ));
         }
+        digests.push(got);
     }
-    Ok(())
+    Ok(digests)
 }

@@ -8,7 +8,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::shelf::CHUNK;
-use crate::ckpt::memory::wire::{Offer, NONCE_BYTES};
+use crate::ckpt::memory::wire::{Offer, OfferFile, NONCE_BYTES};
 
 /// Who this node's replicas go to.
 #[derive(Debug, Clone)]
@@ -27,18 +27,23 @@ pub(super) async fn line(conn: &mut BufReader<TcpStream>) -> Result<String, Stri
     Ok(l.trim_end().to_string())
 }
 
-/// Offers `offer` to `t` and streams `staged` when taken.
-pub(super) async fn offer_to(
-    t: &Target,
-    mut offer: Offer,
-    staged: &[PathBuf],
-    token: Option<String>,
-) -> Result<(), String> {
-    let addr = tokio::net::lookup_host((t.addr.as_str(), t.port))
+/// Connects to a peer agent's replica port and reads its nonce.
+pub(super) async fn open(
+    host: &str,
+    port: u16,
+) -> Result<
+    (
+        BufReader<TcpStream>,
+        [u8; NONCE_BYTES],
+        std::net::SocketAddr,
+    ),
+    String,
+> {
+    let addr = tokio::net::lookup_host((host, port))
         .await
-        .map_err(|e| format!("cannot resolve {}: {e}", t.addr))?
+        .map_err(|e| format!("cannot resolve {host}: {e}"))?
         .next()
-        .ok_or_else(|| format!("{} resolves to nothing", t.addr))?;
+        .ok_or_else(|| format!("{host} resolves to nothing"))?;
     let conn = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
@@ -47,6 +52,17 @@ pub(super) async fn offer_to(
     conn.read_exact(&mut nonce)
         .await
         .map_err(|e| format!("no nonce from {addr}: {e}"))?;
+    Ok((conn, nonce, addr))
+}
+
+/// Offers `offer` to `t` and streams `staged` when taken.
+pub(super) async fn offer_to(
+    t: &Target,
+    mut offer: Offer,
+    staged: &[PathBuf],
+    token: Option<String>,
+) -> Result<(), String> {
+    let (mut conn, nonce, addr) = open(&t.addr, t.port).await?;
     offer.sign(token.as_deref(), &nonce);
     let w = |e: std::io::Error| format!("sending to {addr}: {e}");
     conn.get_mut().write_all(&offer.encode()).await.map_err(w)?;
@@ -54,8 +70,24 @@ pub(super) async fn offer_to(
     if answer != "take" {
         return Err(answer);
     }
+    stream_files(conn.get_mut(), &offer.files, staged, &addr.to_string()).await?;
+    match line(&mut conn).await? {
+        ok if ok == "ok" => Ok(()),
+        bad => Err(bad),
+    }
+}
+
+/// Streams each of `files` from its `staged` copy to `conn`, each followed by the SHA-256 of
+/// the bytes sent (32 bytes), then flushes; `to` names the other end in errors.
+pub(super) async fn stream_files(
+    conn: &mut TcpStream,
+    files: &[OfferFile],
+    staged: &[PathBuf],
+    to: &str,
+) -> Result<(), String> {
+    let w = |e: std::io::Error| format!("sending to {to}: {e}");
     let mut buf = vec![0u8; CHUNK];
-    for (f, path) in offer.files.iter().zip(staged) {
+    for (f, path) in files.iter().zip(staged) {
         let mut file = tokio::fs::File::open(path)
             .await
             .map_err(|e| format!("cannot read the staged copy {}: {e}", path.display()))?;
@@ -74,17 +106,10 @@ pub(super) async fn offer_to(
                 ));
             }
             hash.update(&buf[..n]);
-            conn.get_mut().write_all(&buf[..n]).await.map_err(w)?;
+            conn.write_all(&buf[..n]).await.map_err(w)?;
             left -= n as u64;
         }
-        conn.get_mut()
-            .write_all(&hash.finalize())
-            .await
-            .map_err(w)?;
+        conn.write_all(&hash.finalize()).await.map_err(w)?;
     }
-    conn.get_mut().flush().await.map_err(w)?;
-    match line(&mut conn).await? {
-        ok if ok == "ok" => Ok(()),
-        bad => Err(bad),
-    }
+    conn.flush().await.map_err(w)
 }

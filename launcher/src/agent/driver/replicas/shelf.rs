@@ -45,6 +45,9 @@ pub(super) struct Copy {
     pub(super) files: Vec<PathBuf>,
     /// Every file arrived and was verified.
     pub(super) complete: bool,
+    /// Its files with their ranks and verified digests (empty while incomplete, or from an
+    /// older sender that names no ranks): what it offers a resume after a node loss.
+    pub(super) held: Vec<drun_rendezvous::ShardFile>,
 }
 
 #[derive(Debug, Default)]

@@ -88,7 +88,7 @@ async fn a_staged_step_reaches_the_ring_neighbour_verified() {
     let target = ckpt.path().join(&rel).display().to_string();
     assert!(a.r.send(
         key,
-        vec![(target, staged, body.len() as u64, String::new())]
+        vec![(target, staged, body.len() as u64, String::new(), 0)]
     ));
     assert_eq!(a.r.sent_state(key), Some(None), "in flight");
     match note(&mut a.rx).await {
@@ -116,7 +116,7 @@ async fn a_staged_step_reaches_the_ring_neighbour_verified() {
     let staged_b = b.stage.path().join("x.pt");
     std::fs::write(&staged_b, b"abc").unwrap();
     let target = ckpt.path().join("run/x.pt").display().to_string();
-    assert!(b.r.send(key, vec![(target, staged_b, 3, String::new())]));
+    assert!(b.r.send(key, vec![(target, staged_b, 3, String::new(), 0)]));
     loop {
         if let Note::Sent { result, .. } = note(&mut b.rx).await {
             assert!(result.unwrap_err().contains("cannot connect"));
@@ -173,6 +173,7 @@ async fn offers_from_outside_the_ring_corrupted_unsigned_or_too_big_are_refused(
                 .to_string(),
             bytes,
             sha256: String::new(),
+            rank: Some(0),
         }],
         mac: String::new(),
     };
@@ -206,4 +207,102 @@ async fn offers_from_outside_the_ring_corrupted_unsigned_or_too_big_are_refused(
     assert_eq!(a, ["take", "ok"]);
     assert!(matches!(note(&mut b.rx).await, Note::Received { .. }));
     assert_eq!(b.r.held().1, 3);
+}
+
+/// A resume from memory over loopback: c holds nothing and fetches each rank from the node
+/// the plan names; b links in the replica it holds; a digest that is not the plan's is refused
+/// and leaves nothing behind.
+#[tokio::test]
+async fn a_resume_from_memory_gathers_every_file_by_fetch_or_replica_verified() {
+    let ckpt = tempfile::tempdir().unwrap();
+    let ((ta, pa), (tb, pb), (tc, pc)) = (listener(), listener(), listener());
+    let p = plan([pa, pb, pc]);
+    let a = node("a", ta, ckpt.path(), 8 << 20, Some("tok"));
+    let b = node("b", tb, ckpt.path(), 8 << 20, Some("tok"));
+    let c = node("c", tc, ckpt.path(), 8 << 20, Some("tok"));
+    let mut nodes = [a, b, c];
+    for n in nodes.iter_mut() {
+        n.r.follow(&p);
+    }
+    let [a, b, c] = nodes;
+    let rel = |r: u32| format!("run/step-6-g1/rank{r}.pt");
+    let body = |r: u32| format!("rank {r} step 6 ").repeat(5000).into_bytes();
+    let put = |root: &Path, r: u32| {
+        let f = root.join(rel(r));
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, body(r)).unwrap();
+    };
+    // a staged rank 0; b staged rank 1 and holds a's replica of rank 0.
+    put(a.stage.path(), 0);
+    put(b.stage.path(), 1);
+    put(&b.stage.path().join(".replicas"), 0);
+    let m = drun_rendezvous::Manifest {
+        run_id: "run".into(),
+        step: 6,
+        generation: 1,
+        world_size: 2,
+        cursor: Default::default(),
+        files: (0..2)
+            .map(|r| drun_rendezvous::ShardFile {
+                rank: r,
+                path: ckpt.path().join(rel(r)).display().to_string(),
+                bytes: body(r).len() as u64,
+                sha256: crate::ckpt::verify::hex(&Sha256::digest(body(r))),
+            })
+            .collect(),
+        sealed_at_ms: 0,
+        adopted_from: None,
+        save_ms: None,
+        stall_ms: None,
+    };
+    let sources = drun_rendezvous::MemoryResume {
+        sources: [(0, "a".to_string()), (1, "b".to_string())].into(),
+    };
+    let local = |n: &Node, me: &str| fetch::Local {
+        run_id: "run".into(),
+        me: me.into(),
+        token: Some("tok".into()),
+        stage: n.stage.path().to_path_buf(),
+        ckpt_dir: ckpt.path().to_path_buf(),
+    };
+    let file = fetch::gather(&local(&c, "c"), &p, &m, &sources)
+        .await
+        .unwrap();
+    for r in 0..2 {
+        assert_eq!(
+            std::fs::read(c.stage.path().join(rel(r))).unwrap(),
+            body(r),
+            "c fetched rank {r} byte for byte"
+        );
+    }
+    assert_eq!(
+        file,
+        c.stage.path().join("run/step-6-g1/drun-manifest-6-1.json")
+    );
+    // b holds both already (its own, a's replica linked in): nothing crosses the wire.
+    fetch::gather(&local(&b, "b"), &p, &m, &sources)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(b.stage.path().join(rel(0))).unwrap(), body(0));
+    // A plan whose digest of rank 1 is not the bytes b serves: refused, nothing left on a.
+    let mut wrong = m.clone();
+    wrong.files[1].sha256 = "0".repeat(64);
+    let err = fetch::gather(&local(&a, "a"), &p, &wrong, &sources)
+        .await
+        .unwrap_err();
+    assert!(
+        err.contains("fetching from b") && err.contains("SHA-256"),
+        "{err}"
+    );
+    assert!(
+        !a.stage.path().join(rel(1)).exists(),
+        "nothing half-fetched stays"
+    );
+    // Without the run's token the source refuses.
+    let mut stranger = local(&a, "a");
+    stranger.token = None;
+    let err = fetch::gather(&stranger, &p, &m, &sources)
+        .await
+        .unwrap_err();
+    assert!(err.contains("MAC"), "{err}");
 }

@@ -1,0 +1,402 @@
+//! The resume from the survivors' copies after a node loss (`--ckpt-replicas`; the decision is
+//! the formation's, [`drun_rendezvous::ledger::memory`], carried in `Plan::resume_memory`):
+//! before the workers start, each agent gathers every file of the step into its staging
+//! directory — its own staged copies are there already, its replicas are linked in, the rest
+//! is fetched from the member the plan names ([`fetch_from`], served by [`serve`] on the
+//! replica port, verified by digest) — then checks every file's SHA-256 against the plan's, so
+//! the workers' resume from the staged directory reads exactly the step the plan names.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use drun_rendezvous::{Manifest, MemoryResume, Plan};
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::receive::read_files;
+use super::send::{line, open, stream_files};
+use super::shelf::{transfer_limit, Ctx, Shelf};
+use crate::ckpt::memory::replica::to_fetch;
+use crate::ckpt::memory::staged_path;
+use crate::ckpt::memory::wire::{judge_fetch, Fetch, OfferFile, Receiver};
+
+/// How long a fetch is retried while its source refuses it for following another generation
+/// (the plan reaches the agents one by one) or cannot be reached yet.
+const RETRY_FOR: Duration = Duration::from_secs(20);
+
+/// Serves a member's fetch on this node's replica port: judged, each file found among this
+/// node's staged copies or the replicas it holds, streamed with its digest.
+pub(super) async fn serve(
+    mut conn: BufReader<TcpStream>,
+    peer: SocketAddr,
+    f: Fetch,
+    nonce: &[u8],
+    shelf: &Shelf,
+    ctx: &Ctx,
+) -> Result<(), String> {
+    let judged = {
+        let s = shelf.lock();
+        let nodes = s.generation.as_ref().map(|(g, n)| (*g, n.as_slice()));
+        judge_fetch(
+            &f,
+            &Receiver {
+                run_id: &ctx.run_id,
+                generation: nodes,
+                me: &ctx.me,
+                peer: peer.ip(),
+                token: ctx.token.as_deref(),
+                nonce,
+                ckpt_dir: &ctx.ckpt_dir,
+            },
+        )
+    };
+    let staged = judged.and_then(|()| locate(&f.files, &ctx.root, &ctx.ckpt_dir));
+    let staged = match staged {
+        Ok(s) => s,
+        Err(why) => {
+            let _ = conn
+                .get_mut()
+                .write_all(format!("refused: {why}\n").as_bytes())
+                .await;
+            return Err(why);
+        }
+    };
+    let io = |e: std::io::Error| format!("connection from {peer}: {e}");
+    conn.get_mut().write_all(b"take\n").await.map_err(io)?;
+    let limit = transfer_limit(f.bytes());
+    tokio::time::timeout(
+        limit,
+        stream_files(conn.get_mut(), &f.files, &staged, &f.from),
+    )
+    .await
+    .map_err(|_| format!("the bytes were not sent within {} s", limit.as_secs()))??;
+    match line(&mut conn).await? {
+        ok if ok == "ok" => {
+            tracing::info!(
+                step = f.step,
+                to = %f.from,
+                "served {} file(s) of checkpoint step {} to {} for its resume from memory",
+                f.files.len(),
+                f.step,
+                f.from
+            );
+            Ok(())
+        }
+        bad => Err(bad),
+    }
+}
+
+/// Where this node holds each of `files`: its own staged copy (under the staging directory,
+/// the parent of `replicas`) or a replica (under `replicas`), with the size asked; or which one
+/// it does not hold.
+fn locate(files: &[OfferFile], replicas: &Path, ckpt_dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let stage = replicas.parent().unwrap_or(replicas);
+    files
+        .iter()
+        .map(|f| {
+            [stage, replicas]
+                .iter()
+                .filter_map(|root| staged_path(root, ckpt_dir, Path::new(&f.path)))
+                .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() == f.bytes))
+                .ok_or_else(|| format!("{} is not held here", f.path))
+        })
+        .collect()
+}
+
+/// What a fetch needs to know of this node and its run.
+#[derive(Debug, Clone)]
+pub(in crate::agent::driver) struct Local {
+    /// The run.
+    pub(in crate::agent::driver) run_id: String,
+    /// This node's id.
+    pub(in crate::agent::driver) me: String,
+    /// The run's `--rdzv-token`, if any.
+    pub(in crate::agent::driver) token: Option<String>,
+    /// The staging directory.
+    pub(in crate::agent::driver) stage: PathBuf,
+    /// `--ckpt-dir`.
+    pub(in crate::agent::driver) ckpt_dir: PathBuf,
+}
+
+/// Gathers every file of `m` (the plan's resume point, from memory per `sources`) into
+/// `local.stage`, then verifies each by SHA-256: the files already staged here stay, replicas
+/// held here are linked in, the rest is fetched from its source member of `plan`. Returns the
+/// manifest file to hand the workers, written in the staging directory (`--ckpt-dir` holds no
+/// manifest of a step not sealed).
+///
+/// # Errors
+/// One line naming the file or the source that failed; nothing added stays behind.
+pub(in crate::agent::driver) async fn gather(
+    local: &Local,
+    plan: &Plan,
+    m: &Manifest,
+    sources: &MemoryResume,
+) -> Result<PathBuf, String> {
+    let mut added = Vec::new();
+    let out = gather_into(local, plan, m, sources, &mut added).await;
+    if out.is_err() {
+        for f in &added {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+    out
+}
+
+async fn gather_into(
+    local: &Local,
+    plan: &Plan,
+    m: &Manifest,
+    sources: &MemoryResume,
+    added: &mut Vec<PathBuf>,
+) -> Result<PathBuf, String> {
+    let replicas = local.stage.join(".replicas");
+    let dest = |path: &str| {
+        staged_path(&local.stage, &local.ckpt_dir, Path::new(path))
+            .ok_or_else(|| format!("'{path}' is not inside --ckpt-dir"))
+    };
+    let sized = |p: &Path, bytes: u64| {
+        std::fs::metadata(p).is_ok_and(|md| md.is_file() && md.len() == bytes)
+    };
+    // The ranks whose every file is here now (own staged copies, replicas linked in).
+    let mut mine: BTreeSet<u32> = m.files.iter().map(|f| f.rank).collect();
+    for f in &m.files {
+        let to = dest(&f.path)?;
+        if sized(&to, f.bytes) {
+            continue;
+        }
+        let replica = staged_path(&replicas, &local.ckpt_dir, Path::new(&f.path))
+            .filter(|p| sized(p, f.bytes));
+        match replica {
+            Some(r) => {
+                if let Some(d) = to.parent() {
+                    std::fs::create_dir_all(d)
+                        .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+                }
+                std::fs::hard_link(&r, &to)
+                    .or_else(|_| std::fs::copy(&r, &to).map(|_| ()))
+                    .map_err(|e| format!("cannot link the replica {}: {e}", r.display()))?;
+                added.push(to);
+            }
+            None => {
+                mine.remove(&f.rank);
+            }
+        }
+    }
+    let wanted = to_fetch(&local.me, &sources.sources, Some(&mine));
+    let mut by_source: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for (rank, node) in wanted {
+        by_source.entry(node).or_default().push(rank);
+    }
+    for (node, ranks) in by_source {
+        let member = plan
+            .member(&node)
+            .filter(|mb| mb.probe_port != 0)
+            .ok_or_else(|| format!("the source {node} is not a member with a replica port"))?;
+        let files: Vec<OfferFile> = m
+            .files
+            .iter()
+            .filter(|f| ranks.contains(&f.rank))
+            .map(|f| OfferFile {
+                path: f.path.clone(),
+                bytes: f.bytes,
+                sha256: f.sha256.clone(),
+                rank: Some(f.rank),
+            })
+            .collect();
+        let req = Fetch {
+            fetch: true,
+            run_id: local.run_id.clone(),
+            generation: plan.generation,
+            from: local.me.clone(),
+            step: m.step,
+            saved_in: m.generation,
+            files,
+            mac: String::new(),
+        };
+        let got = fetch_from(&member.advertise_addr, member.probe_port, req, local).await;
+        match got {
+            Ok(files) => {
+                tracing::info!(
+                    step = m.step,
+                    from = %node,
+                    "fetched {} file(s) of checkpoint step {} from {node}",
+                    files.len(),
+                    m.step
+                );
+                added.extend(files);
+            }
+            Err(why) => return Err(format!("fetching from {node}: {why}")),
+        }
+    }
+    // Every file, however it came, is the plan's: SHA-256 against the manifest.
+    let stage = local.stage.clone();
+    let ckpt_dir = local.ckpt_dir.clone();
+    let check = m.clone();
+    tokio::task::spawn_blocking(move || verify_staged(&stage, &ckpt_dir, &check))
+        .await
+        .map_err(|e| e.to_string())??;
+    let dir = dest(&m.dir().display().to_string())?;
+    let file = dir.join(m.file_name());
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::write(
+        &file,
+        serde_json::to_vec_pretty(m).expect("Manifest serializes"),
+    )
+    .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    added.push(file.clone());
+    Ok(file)
+}
+
+/// Every file of `m` staged under `stage` has the manifest's SHA-256.
+fn verify_staged(stage: &Path, ckpt_dir: &Path, m: &Manifest) -> Result<(), String> {
+    for f in &m.files {
+        let p = staged_path(stage, ckpt_dir, Path::new(&f.path))
+            .ok_or_else(|| format!("'{}' is not inside --ckpt-dir", f.path))?;
+        let (got, _) = crate::ckpt::verify::sha256_file(&p)
+            .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        if got != f.sha256 {
+            return Err(format!(
+                "{}: SHA-256 {got} in memory, the plan's is {}",
+                f.path, f.sha256
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Fetches `req`'s files from the agent at `host:port` into `local.stage`, verified by digest
+/// (the sender's and the plan's); a refusal for following another generation, or a source not
+/// reachable yet, is tried again for [`RETRY_FOR`].
+async fn fetch_from(
+    host: &str,
+    port: u16,
+    req: Fetch,
+    local: &Local,
+) -> Result<Vec<PathBuf>, String> {
+    let deadline = tokio::time::Instant::now() + RETRY_FOR;
+    loop {
+        let why = match fetch_once(host, port, req.clone(), local).await {
+            Ok(files) => return Ok(files),
+            Err((why, again)) if again => why,
+            Err((why, _)) => return Err(why),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(why);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One try: the files, or why not and whether trying again may help.
+async fn fetch_once(
+    host: &str,
+    port: u16,
+    mut req: Fetch,
+    local: &Local,
+) -> Result<Vec<PathBuf>, (String, bool)> {
+    let (mut conn, nonce, addr) = open(host, port).await.map_err(|e| (e, true))?;
+    req.sign(local.token.as_deref(), &nonce);
+    let w = |e: std::io::Error| (format!("sending to {addr}: {e}"), true);
+    conn.get_mut().write_all(&req.encode()).await.map_err(w)?;
+    let answer = line(&mut conn).await.map_err(|e| (e, true))?;
+    if answer != "take" {
+        let again = answer.contains("follows");
+        return Err((answer, again));
+    }
+    let mut files = Vec::new();
+    let limit = transfer_limit(req.bytes());
+    let got = tokio::time::timeout(
+        limit,
+        read_files(
+            &mut conn,
+            &req.files,
+            &local.stage,
+            &local.ckpt_dir,
+            &mut files,
+        ),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(format!(
+            "the bytes did not arrive within {} s",
+            limit.as_secs()
+        ))
+    });
+    match got {
+        Ok(_) => {
+            conn.get_mut().write_all(b"ok\n").await.map_err(w)?;
+            Ok(files)
+        }
+        Err(why) => {
+            for f in &files {
+                let _ = std::fs::remove_file(f);
+            }
+            let _ = conn
+                .get_mut()
+                .write_all(format!("bad: {why}\n").as_bytes())
+                .await;
+            Err((why, false))
+        }
+    }
+}
+
+impl crate::agent::Agent {
+    /// The resume check of a plan resuming `m` from the survivors' copies (`sources`): the
+    /// files gathered into this node's staging directory and verified, in the background;
+    /// `Use` with the manifest file written there, or `Bad` (marked, the group re-forms onto
+    /// the persisted step) with the line why.
+    pub(in crate::agent::driver) fn resume_from_peers(
+        &self,
+        plan: &Plan,
+        m: Manifest,
+        sources: MemoryResume,
+        stage: Option<&mut crate::agent::driver::stage::Stage>,
+    ) -> tokio::task::JoinHandle<crate::ckpt::resume::Verdict> {
+        use crate::ckpt::resume::Verdict;
+        let local = stage.map(|s| {
+            s.resuming(&m);
+            s.local(
+                &self.cfg.run_id,
+                &self.cfg.node_id,
+                self.cfg
+                    .security
+                    .rdzv_token
+                    .as_ref()
+                    .map(|t| t.expose().to_string()),
+            )
+        });
+        let plan = plan.clone();
+        tokio::spawn(async move {
+            let ready = match &local {
+                Some(local) => gather(local, &plan, &m, &sources).await,
+                None => {
+                    Err("this node has no --ckpt-memory staging directory to gather it in".into())
+                }
+            };
+            match ready {
+                Ok(manifest_file) => {
+                    tracing::info!(
+                        "resuming from checkpoint step {} (saved by generation {} at world size {}, now {}) from the survivors' copies in memory, every file verified by SHA-256; data: epoch {}, sample {} of its permutation",
+                        m.step,
+                        m.generation,
+                        m.world_size,
+                        plan.world_size,
+                        m.cursor.epoch,
+                        m.cursor.consumed_in_epoch
+                    );
+                    Verdict::Use(Some(manifest_file))
+                }
+                Err(reason) => {
+                    crate::say!(
+                        "drun: checkpoint step {} (generation {}) could not be gathered from the survivors' copies: {reason}; marked bad, falling back to the persisted step",
+                        m.step,
+                        m.generation
+                    );
+                    Verdict::Bad { id: m.id(), reason }
+                }
+            }
+        })
+    }
+}

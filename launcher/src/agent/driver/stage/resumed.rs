@@ -1,0 +1,180 @@
+//! The staging side of a resume from the survivors' copies in memory (`--ckpt-replicas`):
+//! what this node reports holding in its joins, the step its workers resume (kept until a newer
+//! step of this node is on disk), and the persisting of the files it served for that step.
+
+use std::path::{Path, PathBuf};
+
+use drun_rendezvous::{Manifest, NodeCommit};
+
+use super::{Key, Pending, Stage};
+use crate::ckpt::memory::persist::StagedFile;
+use crate::ckpt::memory::staged_path;
+
+impl Stage {
+    /// What this node holds in memory, as its join reports it: its own staged copies (a file
+    /// whose digest the rank left to the agent and the persister has not taken yet is hashed
+    /// here, once), the replicas it received, and the step it resumed from the survivors'
+    /// copies (the files still here).
+    pub(in crate::agent::driver) fn held(&mut self) -> Vec<drun_rendezvous::HeldStep> {
+        let mut out = Vec::new();
+        let keys: Vec<Key> = self.table.copies().map(|(k, _)| *k).collect();
+        for key in keys {
+            let Some(h) = self.own_held.get_mut(&key) else {
+                continue;
+            };
+            for f in h.files.iter_mut().filter(|f| f.sha256.is_empty()) {
+                let digest = staged_path(self.dir.path(), &self.ckpt_dir, Path::new(&f.path))
+                    .and_then(|p| crate::ckpt::verify::sha256_file(&p).ok());
+                if let Some((d, _)) = digest {
+                    f.sha256 = d;
+                }
+            }
+            out.push(h.clone());
+        }
+        if let Some(r) = &self.replicas {
+            out.extend(r.held_steps());
+        }
+        if let Some(m) = &self.resumed {
+            let files: Vec<_> = m
+                .files
+                .iter()
+                .filter(|f| {
+                    staged_path(self.dir.path(), &self.ckpt_dir, Path::new(&f.path))
+                        .and_then(|p| std::fs::metadata(p).ok())
+                        .is_some_and(|md| md.len() == f.bytes)
+                })
+                .cloned()
+                .collect();
+            if !files.is_empty() {
+                out.push(drun_rendezvous::HeldStep {
+                    step: m.step,
+                    generation: m.generation,
+                    saved_by: String::new(),
+                    world_size: Some(m.world_size),
+                    cursor: Some(m.cursor.clone()),
+                    files,
+                });
+            }
+        }
+        out
+    }
+
+    /// What a fetch for a resume from memory needs of this node.
+    pub(in crate::agent::driver) fn local(
+        &self,
+        run_id: &str,
+        me: &str,
+        token: Option<String>,
+    ) -> crate::agent::driver::replicas::fetch::Local {
+        crate::agent::driver::replicas::fetch::Local {
+            run_id: run_id.to_string(),
+            me: me.to_string(),
+            token,
+            stage: self.dir.path().to_path_buf(),
+            ckpt_dir: self.ckpt_dir.clone(),
+        }
+    }
+
+    /// The workers resume `m` from the survivors' copies, its files gathered here: kept (and
+    /// reported in joins) until this node's part of a newer step is on disk and answered by
+    /// the ledger.
+    pub(in crate::agent::driver) fn resuming(&mut self, m: &Manifest) {
+        if self.resumed.as_ref() != Some(m) {
+            self.drop_resumed();
+            self.resumed = Some(m.clone());
+        }
+    }
+
+    /// The workers of `plan` resume its step from the survivors' copies: this node persists
+    /// the files of the ranks the plan names it the source of (each file of the step is
+    /// written by exactly one member: its saver when it survived, else the survivor that served
+    /// its replica), verified by digest like any staged step, then commits them — an empty
+    /// commit when it serves none — so the ledger seals the step as its generation saved it
+    /// once every member's part is on disk. Once per plan.
+    pub(in crate::agent::driver) fn persist_resumed(
+        &mut self,
+        plan: &drun_rendezvous::Plan,
+        me: &str,
+    ) {
+        let (Some(m), Some(mem)) = (&plan.resume, &plan.resume_memory) else {
+            return;
+        };
+        let key = (m.step, plan.generation);
+        if self.pending.contains_key(&key) || self.table.copies().any(|(k, _)| *k == key) {
+            return;
+        }
+        let served: Vec<drun_rendezvous::ShardFile> = m
+            .files
+            .iter()
+            .filter(|f| mem.sources.get(&f.rank).map(String::as_str) == Some(me))
+            .cloned()
+            .collect();
+        let files: Vec<StagedFile> = served
+            .iter()
+            .filter_map(|f| {
+                Some(StagedFile {
+                    staged: staged_path(self.dir(), &self.ckpt_dir, Path::new(&f.path))?,
+                    target: PathBuf::from(&f.path),
+                    bytes: f.bytes,
+                    sha256: f.sha256.clone(),
+                })
+            })
+            .collect();
+        let batch = NodeCommit {
+            node_id: me.to_string(),
+            generation: plan.generation,
+            step: m.step,
+            ranks: Vec::new(),
+            cursor: m.cursor.clone(),
+            files: served,
+            save_started_ms: None,
+            staged_ms: None,
+        };
+        tracing::info!(
+            step = m.step,
+            "persisting {} file(s) of checkpoint step {} (resumed from memory) to --ckpt-dir",
+            files.len(),
+            m.step
+        );
+        let bytes = files.iter().map(|f| f.bytes).sum();
+        self.table.add(key, bytes, false, std::time::Instant::now());
+        // Its files are the resumed step's (released with it), not a copy of their own.
+        self.files.insert(key, Vec::new());
+        self.pending.insert(key, Pending { batch, files });
+        self.pump();
+        self.sync_own();
+    }
+
+    /// This node's part of step `key` (of a later generation) is on disk and answered: a
+    /// resumed step older than it is no longer kept in memory.
+    pub(super) fn superseded(&mut self, key: Key) {
+        if self
+            .resumed
+            .as_ref()
+            .is_some_and(|m| m.step < key.0 && m.generation < key.1)
+        {
+            self.drop_resumed();
+        }
+    }
+
+    /// Removes the resumed step's files gathered here, but for this node's own staged copies
+    /// (released with their copy).
+    fn drop_resumed(&mut self) {
+        let Some(m) = self.resumed.take() else {
+            return;
+        };
+        let own: std::collections::BTreeSet<&PathBuf> = self.files.values().flatten().collect();
+        let mut gathered: Vec<PathBuf> = m
+            .files
+            .iter()
+            .filter_map(|f| staged_path(self.dir.path(), &self.ckpt_dir, Path::new(&f.path)))
+            .filter(|p| !own.contains(p))
+            .collect();
+        if let Some(d) = staged_path(self.dir.path(), &self.ckpt_dir, &m.dir()) {
+            gathered.push(d.join(m.file_name()));
+        }
+        for f in gathered {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
