@@ -501,7 +501,13 @@ fn torch_staged_saves_skip_the_zip_crc_and_write_over_spare_memory_exactly() {
     c.python(&python)
         .args(["--standalone", "--rdzv-id", "ckpt-memory-spare"])
         .nproc(2)
-        .args(["--ckpt-memory", "64M", "--ckpt-keep-last", "8", "--ckpt-dir"])
+        .args([
+            "--ckpt-memory",
+            "64M",
+            "--ckpt-keep-last",
+            "8",
+            "--ckpt-dir",
+        ])
         .arg(&d.ckpt)
         .arg(worker("staged_saves.py"))
         .env("CKPT_OUT", &d.out)
@@ -520,7 +526,10 @@ fn torch_staged_saves_skip_the_zip_crc_and_write_over_spare_memory_exactly() {
         let steps = r["steps"].as_array().unwrap();
         assert_eq!(steps.len(), 4, "{r}");
         for s in steps {
-            assert_eq!(s["equal"], true, "the persisted copy loads back exactly: {s}");
+            assert_eq!(
+                s["equal"], true,
+                "the persisted copy loads back exactly: {s}"
+            );
             assert_eq!(
                 s["crcs"],
                 serde_json::json!([0]),
