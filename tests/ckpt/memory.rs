@@ -633,3 +633,61 @@ fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
     }
     assert_eq!(latest_step(&d), 12);
 }
+
+/// Real torch: a staged `torch.save` skips its zip CRC-32s (the agent's SHA-256 covers the
+/// file) and writes over staging memory allocated ahead (a spare file per rank), a smaller
+/// state than its spare and a larger one alike; every persisted copy loads back exactly.
+#[test]
+fn torch_staged_saves_skip_the_zip_crc_and_write_over_spare_memory_exactly() {
+    let Some(python) = crate::harness::torch_python() else {
+        eprintln!("skipped: no torch interpreter (DRUN_TORCH_PYTHON)");
+        return;
+    };
+    let d = dirs();
+    let stage = staging_dir(&d);
+    let mut c = drun();
+    c.python(&python)
+        .args(["--standalone", "--rdzv-id", "ckpt-memory-spare"])
+        .nproc(2)
+        .args([
+            "--ckpt-memory",
+            "64M",
+            "--ckpt-keep-last",
+            "8",
+            "--ckpt-dir",
+        ])
+        .arg(&d.ckpt)
+        .arg(worker("staged_saves.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("DRUN_CKPT_STAGE_PARENT", &stage);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(180));
+    assert_eq!(code, 0, "{err}");
+    for rank in 0..2 {
+        let text = std::fs::read_to_string(d.out.join(format!("rank{rank}.json")))
+            .unwrap_or_else(|e| panic!("rank {rank} wrote no report ({e}): {err}"));
+        let r: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            r["spare_before"],
+            serde_json::json!([false, true, true, true]),
+            "every save after the first had its spare staging memory ready: {r}"
+        );
+        let steps = r["steps"].as_array().unwrap();
+        assert_eq!(steps.len(), 4, "{r}");
+        for s in steps {
+            assert_eq!(
+                s["equal"], true,
+                "the persisted copy loads back exactly: {s}"
+            );
+            assert_eq!(
+                s["crcs"],
+                serde_json::json!([0]),
+                "no CRC-32 computed in the training's thread: {s}"
+            );
+        }
+        let bytes: Vec<u64> = steps.iter().map(|s| s["bytes"].as_u64().unwrap()).collect();
+        assert!(
+            bytes[1] < bytes[0] && bytes[2] > bytes[0] && bytes[3] == bytes[1],
+            "a save over a larger spare is cut to its own size: {bytes:?}"
+        );
+    }
+}

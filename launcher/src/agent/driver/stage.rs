@@ -505,19 +505,16 @@ impl Stage {
         self.sync_own();
     }
 
+    /// Removes `key`'s staged files (and the directories they leave empty) on a thread of its
+    /// own: freeing a GiB of tmpfs pages takes a few hundred milliseconds, and a release made to
+    /// admit a new step would otherwise hold back the answer the training waits for.
     fn remove_files(&mut self, key: Key) {
-        for f in self.files.remove(&key).unwrap_or_default() {
-            let _ = std::fs::remove_file(&f);
-            let mut dir = f.parent();
-            while let Some(d) =
-                dir.filter(|d| d.starts_with(self.dir.path()) && *d != self.dir.path())
-            {
-                if std::fs::remove_dir(d).is_err() {
-                    break;
-                }
-                dir = d.parent();
-            }
+        let files = self.files.remove(&key).unwrap_or_default();
+        if files.is_empty() {
+            return;
         }
+        let root = self.dir.path().to_path_buf();
+        std::thread::spawn(move || remove_staged(&files, &root));
     }
 
     /// The bytes held in memory and how far the disk is behind (the oldest copy not yet
@@ -679,5 +676,19 @@ pub(super) async fn next_done(rx: &mut Option<mpsc::UnboundedReceiver<Done>>) ->
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
+    }
+}
+
+/// Removes staged `files` and the directories below `root` they leave empty.
+fn remove_staged(files: &[PathBuf], root: &Path) {
+    for f in files {
+        let _ = std::fs::remove_file(f);
+        let mut dir = f.parent();
+        while let Some(d) = dir.filter(|d| d.starts_with(root) && *d != root) {
+            if std::fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
     }
 }

@@ -1,0 +1,79 @@
+"""Benchmark worker (benches/ckpt.rs part 4): the training's stall per save through drun, against
+``torch.save`` + fsync to ``--ckpt-dir`` in the same worker, and the training steps' time while
+the agent persists a staged step behind them against steps with nothing persisting.
+
+Arguments: MB per rank, SAVES, HOW (``atomic``: ``drun.atomic_save`` + ``drun.commit``;
+``dcp``: ``drun.dcp.save`` with gloo). Rank 0 prints one JSON line. Without torch the state is
+raw bytes (``dcp`` exits at once) and no steps are timed."""
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.environ["DRUN_BENCH_HELPER"])
+import drun  # noqa: E402
+
+mb, saves, how = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+try:
+    import torch
+    torch.set_num_threads(1)  # one core per rank, as a training that keeps the node busy
+    state = {"w": torch.randn(mb * (1 << 18))}
+    dump, kind = (lambda f: torch.save(state, f)), "torch.save"
+    a = torch.randn(384, 384)
+
+    def step() -> float:
+        t = time.perf_counter()
+        for _ in range(8):
+            a.copy_(torch.tanh(a @ a) * 0.5)
+        return time.perf_counter() - t
+except ImportError:
+    if how == "dcp":
+        sys.exit(0)
+    blob = os.urandom(mb << 20)
+    dump, kind, step = (lambda f: f.write(blob)), "bytes", None
+if how == "dcp":
+    import torch.distributed as dist
+    import drun.dcp
+    dist.init_process_group("gloo")
+rank, gen = int(os.environ["RANK"]), int(os.environ["DRUN_GENERATION"])
+base, ours, lag, busy, quiet = [], [], [], [], []
+for s in range(1, saves + 1):
+    p = os.path.join(os.environ["DRUN_CKPT_DIR"], "baseline-%d.pt" % rank)
+    t = time.perf_counter()
+    with open(p, "wb") as f:
+        dump(f)
+        f.flush()
+        os.fsync(f.fileno())
+    base.append(time.perf_counter() - t)
+    os.unlink(p)
+    path = drun.shard_path(s)
+    t = time.perf_counter()
+    if how == "dcp":
+        drun.dcp.save(state, s)
+    else:
+        drun.atomic_save(path, dump)
+        drun.commit(s, [path])
+    done = time.perf_counter()
+    ours.append(done - t)
+    manifest = os.path.join(os.path.dirname(path), "drun-manifest-%d-%d.json" % (s, gen))
+    # Training steps while the agent persists the staged step (none when it is already on disk).
+    while not os.path.exists(manifest) and time.perf_counter() - done < 300:
+        if step is None:
+            time.sleep(0.005)
+        else:
+            busy.append(step())
+    lag.append(time.perf_counter() - done)
+    # The same steps with nothing persisting.
+    for _ in range(10 if step else 0):
+        quiet.append(step())
+
+
+def med(v):
+    return sorted(v)[len(v) // 2] if v else None
+
+
+if rank == 0:
+    print(json.dumps({"base": med(base), "ours": med(ours), "first": ours[0], "lag": med(lag),
+                      "kind": kind, "busy_step": med(busy), "quiet_step": med(quiet),
+                      "busy_steps": len(busy), "load": os.getloadavg()[0]}), flush=True)
