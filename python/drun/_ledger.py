@@ -112,6 +112,8 @@ class _Spare:
         if path is None or size <= 0 or self.thread is not None:
             return
         want = size + size // 64 + (1 << 20)
+        if not _leaves_room(os.path.dirname(path), want):
+            return
 
         def allocate() -> None:
             try:
@@ -130,6 +132,17 @@ class _Spare:
 
         self.thread = threading.Thread(target=allocate, name="drun-stage-spare", daemon=True)
         self.thread.start()
+
+
+def _leaves_room(stage: str, want: int) -> bool:
+    """Whether a spare of ``want`` bytes leaves the staging tmpfs room for as much again (the
+    next save and its step's other copies): a spare never takes the room a save needs. The
+    spare sits outside ``--ckpt-memory``'s budget, which counts staged steps."""
+    try:
+        st = os.statvfs(stage)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize >= 2 * want
 
 
 class State:
