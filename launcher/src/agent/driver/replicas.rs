@@ -6,6 +6,7 @@
 //! step's replica is told to the agent's loop as a [`Note`].
 
 pub(super) mod fetch;
+mod files;
 mod receive;
 mod send;
 mod shelf;

@@ -15,7 +15,7 @@ use drun_rendezvous::{Manifest, MemoryResume, Plan};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use super::receive::read_files;
+use super::files::read_files;
 use super::send::{line, open, stream_files};
 use super::shelf::{transfer_limit, Ctx, Shelf};
 use crate::ckpt::memory::replica::to_fetch;
@@ -107,17 +107,17 @@ fn locate(files: &[OfferFile], replicas: &Path, ckpt_dir: &Path) -> Result<Vec<P
 
 /// What a fetch needs to know of this node and its run.
 #[derive(Debug, Clone)]
-pub(in crate::agent::driver) struct Local {
+pub(crate) struct Local {
     /// The run.
-    pub(in crate::agent::driver) run_id: String,
+    pub(crate) run_id: String,
     /// This node's id.
-    pub(in crate::agent::driver) me: String,
+    pub(crate) me: String,
     /// The run's `--rdzv-token`, if any.
-    pub(in crate::agent::driver) token: Option<String>,
+    pub(crate) token: Option<String>,
     /// The staging directory.
-    pub(in crate::agent::driver) stage: PathBuf,
+    pub(crate) stage: PathBuf,
     /// `--ckpt-dir`.
-    pub(in crate::agent::driver) ckpt_dir: PathBuf,
+    pub(crate) ckpt_dir: PathBuf,
 }
 
 /// Gathers every file of `m` (the plan's resume point, from memory per `sources`) into
@@ -128,7 +128,7 @@ pub(in crate::agent::driver) struct Local {
 ///
 /// # Errors
 /// One line naming the file or the source that failed; nothing added stays behind.
-pub(in crate::agent::driver) async fn gather(
+pub(crate) async fn gather(
     local: &Local,
     plan: &Plan,
     m: &Manifest,
@@ -339,64 +339,5 @@ async fn fetch_once(
                 .await;
             Err((why, false))
         }
-    }
-}
-
-impl crate::agent::Agent {
-    /// The resume check of a plan resuming `m` from the survivors' copies (`sources`): the
-    /// files gathered into this node's staging directory and verified, in the background;
-    /// `Use` with the manifest file written there, or `Bad` (marked, the group re-forms onto
-    /// the persisted step) with the line why.
-    pub(in crate::agent::driver) fn resume_from_peers(
-        &self,
-        plan: &Plan,
-        m: Manifest,
-        sources: MemoryResume,
-        stage: Option<&mut crate::agent::driver::stage::Stage>,
-    ) -> tokio::task::JoinHandle<crate::ckpt::resume::Verdict> {
-        use crate::ckpt::resume::Verdict;
-        let local = stage.map(|s| {
-            s.resuming(&m);
-            s.local(
-                &self.cfg.run_id,
-                &self.cfg.node_id,
-                self.cfg
-                    .security
-                    .rdzv_token
-                    .as_ref()
-                    .map(|t| t.expose().to_string()),
-            )
-        });
-        let plan = plan.clone();
-        tokio::spawn(async move {
-            let ready = match &local {
-                Some(local) => gather(local, &plan, &m, &sources).await,
-                None => {
-                    Err("this node has no --ckpt-memory staging directory to gather it in".into())
-                }
-            };
-            match ready {
-                Ok(manifest_file) => {
-                    tracing::info!(
-                        "resuming from checkpoint step {} (saved by generation {} at world size {}, now {}) from the survivors' copies in memory, every file verified by SHA-256; data: epoch {}, sample {} of its permutation",
-                        m.step,
-                        m.generation,
-                        m.world_size,
-                        plan.world_size,
-                        m.cursor.epoch,
-                        m.cursor.consumed_in_epoch
-                    );
-                    Verdict::Use(Some(manifest_file))
-                }
-                Err(reason) => {
-                    crate::say!(
-                        "drun: checkpoint step {} (generation {}) could not be gathered from the survivors' copies: {reason}; marked bad, falling back to the persisted step",
-                        m.step,
-                        m.generation
-                    );
-                    Verdict::Bad { id: m.id(), reason }
-                }
-            }
-        })
     }
 }

@@ -4,8 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use drun_rendezvous::{Manifest, NodeCommit};
+use drun_rendezvous::{Manifest, MemoryResume, NodeCommit, Plan};
 
+use super::super::replicas::fetch::gather;
 use super::{Key, Pending, Stage};
 use crate::ckpt::memory::persist::StagedFile;
 use crate::ckpt::memory::staged_path;
@@ -176,5 +177,64 @@ impl Stage {
         for f in gathered {
             let _ = std::fs::remove_file(f);
         }
+    }
+}
+
+impl crate::agent::Agent {
+    /// The resume check of a plan resuming `m` from the survivors' copies (`sources`): the
+    /// files gathered into this node's staging directory and verified, in the background;
+    /// `Use` with the manifest file written there, or `Bad` (marked, the group re-forms onto
+    /// the persisted step) with the line why.
+    pub(in crate::agent::driver) fn resume_from_peers(
+        &self,
+        plan: &Plan,
+        m: Manifest,
+        sources: MemoryResume,
+        stage: Option<&mut Stage>,
+    ) -> tokio::task::JoinHandle<crate::ckpt::resume::Verdict> {
+        use crate::ckpt::resume::Verdict;
+        let local = stage.map(|s| {
+            s.resuming(&m);
+            s.local(
+                &self.cfg.run_id,
+                &self.cfg.node_id,
+                self.cfg
+                    .security
+                    .rdzv_token
+                    .as_ref()
+                    .map(|t| t.expose().to_string()),
+            )
+        });
+        let plan = plan.clone();
+        tokio::spawn(async move {
+            let ready = match &local {
+                Some(local) => gather(local, &plan, &m, &sources).await,
+                None => {
+                    Err("this node has no --ckpt-memory staging directory to gather it in".into())
+                }
+            };
+            match ready {
+                Ok(manifest_file) => {
+                    tracing::info!(
+                        "resuming from checkpoint step {} (saved by generation {} at world size {}, now {}) from the survivors' copies in memory, every file verified by SHA-256; data: epoch {}, sample {} of its permutation",
+                        m.step,
+                        m.generation,
+                        m.world_size,
+                        plan.world_size,
+                        m.cursor.epoch,
+                        m.cursor.consumed_in_epoch
+                    );
+                    Verdict::Use(Some(manifest_file))
+                }
+                Err(reason) => {
+                    crate::say!(
+                        "drun: checkpoint step {} (generation {}) could not be gathered from the survivors' copies: {reason}; marked bad, falling back to the persisted step",
+                        m.step,
+                        m.generation
+                    );
+                    Verdict::Bad { id: m.id(), reason }
+                }
+            }
+        })
     }
 }

@@ -1,0 +1,80 @@
+//! Reading a transfer's files off its connection (a replica offered by the ring predecessor,
+//! or a fetch's answer): each written at its staged path and checked against its SHA-256. Used
+//! by both directions of the replica port, so it imports neither.
+
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::shelf::CHUNK;
+use crate::ckpt::memory::staged_path;
+use crate::ckpt::memory::wire::OfferFile;
+
+/// Reads each of `wanted` and its digest, writing it at its staged path under `root` (each
+/// path written is pushed on `files`); the SHA-256 of each, verified against the sender's and
+/// (when given) the expected one.
+pub(super) async fn read_files(
+    conn: &mut BufReader<TcpStream>,
+    wanted: &[OfferFile],
+    root: &Path,
+    ckpt_dir: &Path,
+    files: &mut Vec<PathBuf>,
+) -> Result<Vec<String>, String> {
+    let mut buf = vec![0u8; CHUNK];
+    let mut digests = Vec::new();
+    for f in wanted {
+        let dest = staged_path(root, ckpt_dir, Path::new(&f.path))
+            .ok_or_else(|| format!("'{}' is not inside --ckpt-dir", f.path))?;
+        if let Some(d) = dest.parent() {
+            tokio::fs::create_dir_all(d)
+                .await
+                .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+        }
+        let mut out = tokio::fs::File::create(&dest)
+            .await
+            .map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+        files.push(dest.clone());
+        let mut hash = Sha256::new();
+        let mut left = f.bytes;
+        while left > 0 {
+            let n = conn
+                .read(&mut buf[..CHUNK.min(left as usize)])
+                .await
+                .map_err(|e| format!("reading {}: {e}", f.path))?;
+            if n == 0 {
+                return Err(format!("{} ended before its {} bytes", f.path, f.bytes));
+            }
+            hash.update(&buf[..n]);
+            out.write_all(&buf[..n])
+                .await
+                .map_err(|e| format!("writing {}: {e}", dest.display()))?;
+            left -= n as u64;
+        }
+        // tokio's file writes in the background: the bytes are in the file once flushed.
+        out.flush()
+            .await
+            .map_err(|e| format!("writing {}: {e}", dest.display()))?;
+        let mut digest = [0u8; 32];
+        conn.read_exact(&mut digest)
+            .await
+            .map_err(|e| format!("reading the digest of {}: {e}", f.path))?;
+        let got = hash.finalize();
+        if got.as_slice() != digest {
+            return Err(format!(
+                "{}: the bytes received do not match the sender's SHA-256",
+                f.path
+            ));
+        }
+        let got = crate::ckpt::verify::hex(&got);
+        if !f.sha256.is_empty() && f.sha256 != got {
+            return Err(format!(
+                "{}: SHA-256 {got}, the rank's is {}",
+                f.path, f.sha256
+            ));
+        }
+        digests.push(got);
+    }
+    Ok(digests)
+}
