@@ -285,6 +285,13 @@ fn a_full_tmpfs_is_one_warning_and_saves_go_to_disk() {
         .arg(format!("mount -t tmpfs -o size=1m tmpfs {}", shm.display()))
         .output();
     if !probe.is_ok_and(|o| o.status.success()) {
+        // Required where namespaces are (CI sets DRUN_REQUIRE_NETNS=1), skipped with a note
+        // elsewhere.
+        assert_ne!(
+            std::env::var("DRUN_REQUIRE_NETNS").as_deref(),
+            Ok("1"),
+            "DRUN_REQUIRE_NETNS=1 but no user and mount namespaces to mount a small tmpfs"
+        );
         eprintln!("skipped: no unprivileged user and mount namespaces to mount a small tmpfs");
         return;
     }
@@ -366,6 +373,13 @@ fn a_budget_larger_than_the_tmpfs_has_free_is_one_warning_naming_both() {
         .arg(format!("mount -t tmpfs -o size=1m tmpfs {}", shm.display()))
         .output();
     if !probe.is_ok_and(|o| o.status.success()) {
+        // Required where namespaces are (CI sets DRUN_REQUIRE_NETNS=1), skipped with a note
+        // elsewhere.
+        assert_ne!(
+            std::env::var("DRUN_REQUIRE_NETNS").as_deref(),
+            Ok("1"),
+            "DRUN_REQUIRE_NETNS=1 but no user and mount namespaces to mount a small tmpfs"
+        );
         eprintln!("skipped: no unprivileged user and mount namespaces to mount a small tmpfs");
         return;
     }
