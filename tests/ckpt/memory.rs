@@ -272,6 +272,61 @@ fn ckpt_memory_off_saves_straight_to_disk_and_the_commit_answers_sealed() {
     assert_eq!(latest_step(&d), 6);
 }
 
+/// Runs a `--standalone` agent of 2 ranks saving 6 steps, with `--ckpt-memory`'s tmpfs a real
+/// 1 MiB tmpfs mounted at `shm` in a user and mount namespace (like a container's small
+/// `/dev/shm`), filled up first when `fill`; `extra` flags go before `--ckpt-dir`. Its exit code
+/// and stderr, or `None` (skipped with a note) where there are no such namespaces; required
+/// where CI requires namespaces (`DRUN_REQUIRE_NETNS=1`).
+fn in_small_tmpfs(
+    d: &Dirs,
+    shm: &Path,
+    fill: bool,
+    run_id: &str,
+    extra: &[&str],
+) -> Option<(i32, String)> {
+    std::fs::create_dir_all(shm).unwrap();
+    let probe = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg(format!("mount -t tmpfs -o size=1m tmpfs {}", shm.display()))
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        assert_ne!(
+            std::env::var("DRUN_REQUIRE_NETNS").as_deref(),
+            Ok("1"),
+            "DRUN_REQUIRE_NETNS=1 but no user and mount namespaces to mount a small tmpfs"
+        );
+        eprintln!("skipped: no unprivileged user and mount namespaces to mount a small tmpfs");
+        return None;
+    }
+    let fill = if fill {
+        format!(
+            " && {{ dd if=/dev/zero of={}/fill bs=4k 2>/dev/null; true; }}",
+            shm.display()
+        )
+    } else {
+        String::new()
+    };
+    let mut c = crate::harness::clean_env(Command::new("unshare"));
+    c.args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o size=1m tmpfs {}{fill} && exec \"$0\" \"$@\"",
+            shm.display()
+        ))
+        .arg(crate::harness::drun_bin())
+        .args(["--standalone", "--rdzv-id", run_id])
+        .nproc(2)
+        .args(["--shutdown-timeout", "30"])
+        .args(extra)
+        .arg("--ckpt-dir")
+        .arg(&d.ckpt)
+        .arg(worker("ckpt_worker.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("CKPT_STEPS", "6")
+        .env("DRUN_CKPT_STAGE_PARENT", shm);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(60));
+    Some((code, err))
+}
+
 /// A tmpfs with no room left (a real 1 MiB tmpfs filled up, in a user and mount namespace), at
 /// the default `--ckpt-memory`: one warning line, nothing staged, every save goes straight to
 /// disk and every step is sealed.
@@ -279,38 +334,9 @@ fn ckpt_memory_off_saves_straight_to_disk_and_the_commit_answers_sealed() {
 fn a_full_tmpfs_is_one_warning_and_saves_go_to_disk() {
     let d = dirs();
     let shm = d.out.parent().unwrap().join("full-shm");
-    std::fs::create_dir_all(&shm).unwrap();
-    let probe = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
-        .arg(format!("mount -t tmpfs -o size=1m tmpfs {}", shm.display()))
-        .output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        // Required where namespaces are (CI sets DRUN_REQUIRE_NETNS=1), skipped with a note
-        // elsewhere.
-        assert_ne!(
-            std::env::var("DRUN_REQUIRE_NETNS").as_deref(),
-            Ok("1"),
-            "DRUN_REQUIRE_NETNS=1 but no user and mount namespaces to mount a small tmpfs"
-        );
-        eprintln!("skipped: no unprivileged user and mount namespaces to mount a small tmpfs");
+    let Some((code, err)) = in_small_tmpfs(&d, &shm, true, "ckpt-memory-full", &[]) else {
         return;
-    }
-    let mut c = crate::harness::clean_env(Command::new("unshare"));
-    c.args(["--user", "--map-root-user", "--mount", "sh", "-c"])
-        .arg(format!(
-            "mount -t tmpfs -o size=1m tmpfs {0} && {{ dd if=/dev/zero of={0}/fill bs=4k 2>/dev/null; true; }} && exec \"$0\" \"$@\"",
-            shm.display()
-        ))
-        .arg(crate::harness::drun_bin())
-        .args(["--standalone", "--rdzv-id", "ckpt-memory-full"])
-        .nproc(2)
-        .args(["--shutdown-timeout", "30", "--ckpt-dir"])
-        .arg(&d.ckpt)
-        .arg(worker("ckpt_worker.py"))
-        .env("CKPT_OUT", &d.out)
-        .env("CKPT_STEPS", "6")
-        .env("DRUN_CKPT_STAGE_PARENT", &shm);
-    let (code, _, err) = crate::harness::run(c, Duration::from_secs(60));
+    };
     assert_eq!(code, 0, "{err}");
     let lines: Vec<&str> = err
         .lines()
@@ -367,44 +393,15 @@ fn a_missing_tmpfs_is_one_warning_and_saves_go_to_disk() {
 fn a_budget_larger_than_the_tmpfs_has_free_is_one_warning_naming_both() {
     let d = dirs();
     let shm = d.out.parent().unwrap().join("small-shm");
-    std::fs::create_dir_all(&shm).unwrap();
-    let probe = Command::new("unshare")
-        .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
-        .arg(format!("mount -t tmpfs -o size=1m tmpfs {}", shm.display()))
-        .output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        // Required where namespaces are (CI sets DRUN_REQUIRE_NETNS=1), skipped with a note
-        // elsewhere.
-        assert_ne!(
-            std::env::var("DRUN_REQUIRE_NETNS").as_deref(),
-            Ok("1"),
-            "DRUN_REQUIRE_NETNS=1 but no user and mount namespaces to mount a small tmpfs"
-        );
-        eprintln!("skipped: no unprivileged user and mount namespaces to mount a small tmpfs");
+    let Some((code, err)) = in_small_tmpfs(
+        &d,
+        &shm,
+        false,
+        "ckpt-memory-shm",
+        &["--ckpt-memory", "64M"],
+    ) else {
         return;
-    }
-    let mut c = crate::harness::clean_env(Command::new("unshare"));
-    c.args(["--user", "--map-root-user", "--mount", "sh", "-c"])
-        .arg(format!(
-            "mount -t tmpfs -o size=1m tmpfs {} && exec \"$0\" \"$@\"",
-            shm.display()
-        ))
-        .arg(crate::harness::drun_bin())
-        .args(["--standalone", "--rdzv-id", "ckpt-memory-shm"])
-        .nproc(2)
-        .args([
-            "--shutdown-timeout",
-            "30",
-            "--ckpt-memory",
-            "64M",
-            "--ckpt-dir",
-        ])
-        .arg(&d.ckpt)
-        .arg(worker("ckpt_worker.py"))
-        .env("CKPT_OUT", &d.out)
-        .env("CKPT_STEPS", "6")
-        .env("DRUN_CKPT_STAGE_PARENT", &shm);
-    let (code, _, err) = crate::harness::run(c, Duration::from_secs(60));
+    };
     assert_eq!(code, 0, "{err}");
     let lines: Vec<&str> = err.lines().filter(|l| l.contains("has free")).collect();
     assert_eq!(lines.len(), 1, "one line:\n{err}");
