@@ -307,23 +307,15 @@ async fn fetch_once(
     }
     let mut files = Vec::new();
     let limit = transfer_limit(req.bytes());
-    let got = tokio::time::timeout(
+    let got = read_files(
         limit,
-        read_files(
-            &mut conn,
-            &req.files,
-            &local.stage,
-            &local.ckpt_dir,
-            &mut files,
-        ),
+        &mut conn,
+        &req.files,
+        &local.stage,
+        &local.ckpt_dir,
+        &mut files,
     )
-    .await
-    .unwrap_or_else(|_| {
-        Err(format!(
-            "the bytes did not arrive within {} s",
-            limit.as_secs()
-        ))
-    });
+    .await;
     match got {
         Ok(_) => {
             conn.get_mut().write_all(b"ok\n").await.map_err(w)?;

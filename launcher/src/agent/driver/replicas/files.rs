@@ -3,6 +3,7 @@
 //! by both directions of the replica port, so it imports neither.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -12,10 +13,30 @@ use super::shelf::CHUNK;
 use crate::ckpt::memory::staged_path;
 use crate::ckpt::memory::wire::OfferFile;
 
+/// [`read_each`] within `limit`: a sender that stalls does not hold the connection (and the
+/// memory its transfer reserved) longer.
+pub(super) async fn read_files(
+    limit: Duration,
+    conn: &mut BufReader<TcpStream>,
+    wanted: &[OfferFile],
+    root: &Path,
+    ckpt_dir: &Path,
+    files: &mut Vec<PathBuf>,
+) -> Result<Vec<String>, String> {
+    tokio::time::timeout(limit, read_each(conn, wanted, root, ckpt_dir, files))
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "the bytes did not arrive within {} s",
+                limit.as_secs()
+            ))
+        })
+}
+
 /// Reads each of `wanted` and its digest, writing it at its staged path under `root` (each
 /// path written is pushed on `files`); the SHA-256 of each, verified against the sender's and
 /// (when given) the expected one.
-pub(super) async fn read_files(
+async fn read_each(
     conn: &mut BufReader<TcpStream>,
     wanted: &[OfferFile],
     root: &Path,

@@ -97,23 +97,17 @@ async fn receive(
     let limit = transfer_limit(offer.bytes());
     let got = match conn.get_mut().write_all(b"take\n").await {
         Err(e) => Err(io(e)),
-        Ok(()) => tokio::time::timeout(
-            limit,
+        Ok(()) => {
             read_files(
+                limit,
                 &mut conn,
                 &offer.files,
                 &ctx.root,
                 &ctx.ckpt_dir,
                 &mut files,
-            ),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(format!(
-                "the bytes did not arrive within {} s",
-                limit.as_secs()
-            ))
-        }),
+            )
+            .await
+        }
     };
     match got {
         Ok(digests) => {
