@@ -123,11 +123,7 @@ impl Agent {
                         listener,
                         &self.cfg.run_id,
                         &self.cfg.node_id,
-                        self.cfg
-                            .security
-                            .rdzv_token
-                            .as_ref()
-                            .map(|t| t.expose().to_string()),
+                        self.cfg.security.rdzv_token_text(),
                     );
                 } else if self.cfg.ckpt.replicas > 0 {
                     tracing::info!(

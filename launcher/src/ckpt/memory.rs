@@ -199,6 +199,21 @@ pub fn free_bytes(dir: &Path) -> Option<u64> {
     Some((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
 }
 
+/// Removes `files` and the directories below `root` they leave empty (a staged step's or a
+/// replica's files once released).
+pub fn remove_under(files: &[PathBuf], root: &Path) {
+    for f in files {
+        let _ = std::fs::remove_file(f);
+        let mut dir = f.parent();
+        while let Some(d) = dir.filter(|d| d.starts_with(root) && *d != root) {
+            if std::fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
+    }
+}
+
 /// Where the file of final path `path` (inside `ckpt_dir`) is staged under `stage`; `None` for a
 /// path outside `ckpt_dir` or with `..` in it.
 pub fn staged_path(stage: &Path, ckpt_dir: &Path, path: &Path) -> Option<PathBuf> {

@@ -39,6 +39,14 @@ pub struct SecurityConfig {
     pub etcd_access: EtcdAccess,
 }
 
+impl SecurityConfig {
+    /// The `--rdzv-token`'s text, for the agent-to-agent paths that sign with it (checkpoint
+    /// replicas and their fetches); it never crosses a connection.
+    pub fn rdzv_token_text(&self) -> Option<String> {
+        self.rdzv_token.as_ref().map(|t| t.expose().to_string())
+    }
+}
+
 /// The credential flags against the rendezvous `mode`: the c10d host's TLS identity, the
 /// endpoints' scheme against `--rdzv-tls-ca`, `DRUN_RDZV_TOKEN`, the client certificate (only
 /// with a CA); `in_slurm`: the Slurm secret's path is taken from the host.

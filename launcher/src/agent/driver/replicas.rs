@@ -21,12 +21,13 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::ckpt::memory::decide::Key;
+use crate::ckpt::memory::remove_under;
 use crate::ckpt::memory::replica::{self, Held};
 use crate::ckpt::memory::wire::{Offer, OfferFile};
 use receive::serve;
 use send::{offer_to, Target};
 pub(super) use shelf::Note;
-use shelf::{remove, transfer_limit, Ctx, Shelf};
+use shelf::{transfer_limit, Ctx, Shelf};
 
 /// Binds a UDP socket (the peer probes) and a TCP listener (replicas) on one port number of
 /// `ip`, trying kernel-chosen ports until one is free for both.
@@ -147,7 +148,7 @@ impl Replicas {
                     from = %c.from,
                     "replica released for this node's own checkpoint"
                 );
-                remove(&c.files, &self.ctx.root);
+                remove_under(&c.files, &self.ctx.root);
             }
         }
     }

@@ -2,7 +2,8 @@
 //! staging directory, the table of staged copies ([`decide::Table`]) and the persister thread,
 //! driven from the agent's loop — a node's batched commit of staged files is answered at once,
 //! persisted behind the training, and sent to the ledger once on disk and verified; the
-//! ledger's answer releases its memory.
+//! ledger's answer releases its memory. Replicas on peers are `stage/replicated.rs`; a resume
+//! from the survivors' copies is `stage/resumed.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,10 +17,11 @@ use tokio::sync::mpsc;
 use crate::agent::Agent;
 use crate::ckpt::memory::decide::{Admit, EndWait, Key, Table};
 use crate::ckpt::memory::persist::{Done, Job, Persister, Rate, StagedFile};
-use crate::ckpt::memory::{human_bytes, resume_from_memory, staged_path, TmpfsFit};
+use crate::ckpt::memory::{human_bytes, remove_under, resume_from_memory, staged_path, TmpfsFit};
 use crate::ckpt::node::NodeLedger;
 use crate::rdzv::Link;
 
+mod replicated;
 mod resumed;
 
 /// How fast the persister writes, bytes per second, unless `DRUN_CKPT_PERSIST_RATE` says
@@ -180,109 +182,12 @@ impl Stage {
         ))
     }
 
-    /// Starts replicas (`--ckpt-replicas 1`) on `listener`: the loop hears of them on the
-    /// receiver returned; `None` (after one warning line) when they cannot start.
-    pub(super) fn start_replicas(
-        &mut self,
-        listener: std::net::TcpListener,
-        run_id: &str,
-        me: &str,
-        token: Option<String>,
-    ) -> Option<mpsc::UnboundedReceiver<super::replicas::Note>> {
-        match super::replicas::Replicas::start(
-            listener,
-            run_id,
-            me,
-            token,
-            &self.ckpt_dir,
-            self.dir.path(),
-            self.table.budget(),
-        ) {
-            Ok((r, rx)) => {
-                self.replicas = Some(r);
-                self.sync_own();
-                Some(rx)
-            }
-            Err(e) => {
-                crate::say!("drun: warning: --ckpt-replicas: cannot start: {e}; this node's checkpoints stay on this node only");
-                None
-            }
-        }
-    }
-
     /// A new generation: replicas follow its ring.
     pub(super) fn follow(&mut self, plan: &drun_rendezvous::Plan) {
         self.followed = plan.generation;
         self.followed_world = plan.world_size;
         if let Some(r) = self.replicas.as_mut() {
             r.follow(plan);
-        }
-    }
-
-    /// What the loop heard of replicas: `1` when one of this node's steps was verified on its
-    /// neighbour (for the metric).
-    pub(super) fn replica_note(&mut self, n: super::replicas::Note) -> u64 {
-        use super::replicas::Note;
-        let Some(r) = self.replicas.as_mut() else {
-            return 0;
-        };
-        match n {
-            Note::Sent { key, to, result } => {
-                r.sent(key, result.is_ok());
-                match result {
-                    Ok(took) => {
-                        tracing::info!(
-                            step = key.0,
-                            gen = key.1,
-                            to = %to,
-                            "checkpoint step replicated to {to} in {:.2} s",
-                            took.as_secs_f64()
-                        );
-                        return 1;
-                    }
-                    Err(why) => crate::say!(
-                        "drun: warning: checkpoint step {} was not replicated to {to}: {why}; it stays on this node only",
-                        key.0
-                    ),
-                }
-            }
-            Note::Received { key, from } => {
-                tracing::info!(step = key.0, gen = key.1, from = %from, "holding a replica of {from}'s checkpoint step {}", key.0);
-            }
-            Note::ReleaseOwn(keys) => {
-                for k in keys {
-                    let persisted = self
-                        .table
-                        .copies()
-                        .any(|(c, copy)| *c == k && copy.state.is_persisted());
-                    if persisted {
-                        self.release(k);
-                    }
-                }
-            }
-        }
-        0
-    }
-
-    /// Bytes of other nodes' replicas held here.
-    pub(super) fn replica_bytes(&self) -> u64 {
-        self.replicas.as_ref().map_or(0, |r| r.held().1)
-    }
-
-    /// Tells the replica shelf this node's own copies (its budget counts them).
-    fn sync_own(&self) {
-        if let Some(r) = &self.replicas {
-            r.own(
-                self.table
-                    .copies()
-                    .map(|(k, c)| crate::ckpt::memory::replica::Held {
-                        key: *k,
-                        bytes: c.bytes,
-                        replica: false,
-                        persisted: c.state.is_persisted(),
-                    })
-                    .collect(),
-            );
         }
     }
 
@@ -514,7 +419,7 @@ impl Stage {
             return;
         }
         let root = self.dir.path().to_path_buf();
-        std::thread::spawn(move || remove_staged(&files, &root));
+        std::thread::spawn(move || remove_under(&files, &root));
     }
 
     /// The bytes held in memory and how far the disk is behind (the oldest copy not yet
@@ -642,25 +547,6 @@ impl Agent {
             );
         }
     }
-
-    /// A note of replicas: recorded, shown in `status` and counted.
-    pub(super) fn replica_note(
-        &self,
-        note: super::replicas::Note,
-        stage: Option<&mut Stage>,
-        ledger: Option<&NodeLedger>,
-        link: &Link,
-    ) {
-        let Some(stage) = stage else {
-            return;
-        };
-        let sent = stage.replica_note(note);
-        let generation = ledger.map_or(stage.followed, NodeLedger::generation);
-        report_staging(stage, generation, link);
-        if let Some(m) = &self.metrics {
-            m.replicas(sent, stage.replica_bytes());
-        }
-    }
 }
 
 /// Sends this node's `staging` report (`status` shows it): at each change of its copies.
@@ -676,19 +562,5 @@ pub(super) async fn next_done(rx: &mut Option<mpsc::UnboundedReceiver<Done>>) ->
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,
-    }
-}
-
-/// Removes staged `files` and the directories below `root` they leave empty.
-fn remove_staged(files: &[PathBuf], root: &Path) {
-    for f in files {
-        let _ = std::fs::remove_file(f);
-        let mut dir = f.parent();
-        while let Some(d) = dir.filter(|d| d.starts_with(root) && *d != root) {
-            if std::fs::remove_dir(d).is_err() {
-                break;
-            }
-            dir = d.parent();
-        }
     }
 }

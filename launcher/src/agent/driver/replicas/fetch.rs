@@ -15,7 +15,7 @@ use drun_rendezvous::{Manifest, MemoryResume, Plan};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use super::files::read_files;
+use super::files::{read_files, tell};
 use super::send::{line, open, stream_files};
 use super::shelf::{transfer_limit, Ctx, Shelf};
 use crate::ckpt::memory::replica::to_fetch;
@@ -56,10 +56,7 @@ pub(super) async fn serve(
     let staged = match staged {
         Ok(s) => s,
         Err(why) => {
-            let _ = conn
-                .get_mut()
-                .write_all(format!("refused: {why}\n").as_bytes())
-                .await;
+            tell(&mut conn, "refused", &why).await;
             return Err(why);
         }
     };
@@ -325,10 +322,7 @@ async fn fetch_once(
             for f in &files {
                 let _ = std::fs::remove_file(f);
             }
-            let _ = conn
-                .get_mut()
-                .write_all(format!("bad: {why}\n").as_bytes())
-                .await;
+            tell(&mut conn, "bad", &why).await;
             Err((why, false))
         }
     }

@@ -1,6 +1,6 @@
-//! Reading a transfer's files off its connection (a replica offered by the ring predecessor,
-//! or a fetch's answer): each written at its staged path and checked against its SHA-256. Used
-//! by both directions of the replica port, so it imports neither.
+//! What both directions of the replica port (a replica offered by the ring predecessor, a
+//! fetch) do on a connection: read a transfer's files, each written at its staged path and
+//! checked against its SHA-256, and answer a refusal. Used by both, so it imports neither.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,6 +12,15 @@ use tokio::net::TcpStream;
 use super::shelf::CHUNK;
 use crate::ckpt::memory::staged_path;
 use crate::ckpt::memory::wire::OfferFile;
+
+/// Tells the peer `kind` (`refused`: the request; `bad`: the bytes) and why, as far as the
+/// connection still takes it.
+pub(super) async fn tell(conn: &mut BufReader<TcpStream>, kind: &str, why: &str) {
+    let _ = conn
+        .get_mut()
+        .write_all(format!("{kind}: {why}\n").as_bytes())
+        .await;
+}
 
 /// [`read_each`] within `limit`: a sender that stalls does not hold the connection (and the
 /// memory its transfer reserved) longer.

@@ -10,8 +10,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use super::files::read_files;
-use super::shelf::{remove, transfer_limit, Copy, Ctx, Note, Shelf};
+use super::files::{read_files, tell};
+use super::shelf::{transfer_limit, Copy, Ctx, Note, Shelf};
+use crate::ckpt::memory::remove_under;
 
 /// How long a connection may take to send its offer.
 pub(super) const OFFER_WAIT: Duration = Duration::from_secs(10);
@@ -82,10 +83,7 @@ async fn receive(
     let release_own = match taken {
         Ok(r) => r,
         Err(why) => {
-            let _ = conn
-                .get_mut()
-                .write_all(format!("refused: {why}\n").as_bytes())
-                .await;
+            tell(&mut conn, "refused", &why).await;
             return Err(why);
         }
     };
@@ -140,11 +138,8 @@ async fn receive(
         }
         Err(why) => {
             shelf.lock().copies.remove(&key);
-            remove(&files, &ctx.root);
-            let _ = conn
-                .get_mut()
-                .write_all(format!("bad: {why}\n").as_bytes())
-                .await;
+            remove_under(&files, &ctx.root);
+            tell(&mut conn, "bad", &why).await;
             Err(why)
         }
     }
@@ -191,7 +186,7 @@ fn take(
     let mut own = Vec::new();
     for k in release {
         match s.copies.remove(&k) {
-            Some(c) => remove(&c.files, &ctx.root),
+            Some(c) => remove_under(&c.files, &ctx.root),
             None => own.push(k),
         }
     }

@@ -2,7 +2,7 @@
 //! the receiver ([`super::receive`]) and the staging driver ([`super::Replicas`]).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -78,17 +78,4 @@ pub(super) struct Ctx {
     pub(super) ckpt_dir: PathBuf,
     /// Where replicas are kept: `<staging dir>/.replicas`, mirroring `--ckpt-dir`.
     pub(super) root: PathBuf,
-}
-/// Removes `files` and the directories under `root` they leave empty.
-pub(super) fn remove(files: &[PathBuf], root: &Path) {
-    for f in files {
-        let _ = std::fs::remove_file(f);
-        let mut dir = f.parent();
-        while let Some(d) = dir.filter(|d| d.starts_with(root) && *d != root) {
-            if std::fs::remove_dir(d).is_err() {
-                break;
-            }
-            dir = d.parent();
-        }
-    }
 }

@@ -198,11 +198,7 @@ impl crate::agent::Agent {
             s.local(
                 &self.cfg.run_id,
                 &self.cfg.node_id,
-                self.cfg
-                    .security
-                    .rdzv_token
-                    .as_ref()
-                    .map(|t| t.expose().to_string()),
+                self.cfg.security.rdzv_token_text(),
             )
         });
         let plan = plan.clone();
