@@ -21,33 +21,45 @@ fn rank_of(p: &Path) -> u32 {
         .unwrap()
 }
 
-#[test]
-fn each_staged_step_reaches_the_ring_neighbour_with_identical_bytes() {
-    let d = dirs();
-    let run = "ckpt-replicas";
-    let r = rdzv(Store::Memory, run, "3");
-    let shm: Vec<PathBuf> = (0..3)
+/// `n` staging parents, one per node (`DRUN_CKPT_STAGE_PARENT`): each node's memory apart.
+fn shm_dirs(d: &Dirs, n: usize) -> Vec<PathBuf> {
+    (0..n)
         .map(|i| {
             let p = d.out.parent().unwrap().join(format!("shm{i}"));
             std::fs::create_dir_all(&p).unwrap();
             p
         })
-        .collect();
+        .collect()
+}
+
+/// Node `i` of a 3-agent run with replicas: one `ckpt_worker.py` rank staging in `shm`
+/// (`--ckpt-memory 64M --ckpt-replicas 1`), holding after step 6 (`CKPT_HOLD_AT`).
+fn replica_node(r: &Rdzv, d: &Dirs, i: usize, shm: &Path) -> Command {
+    let mut c: Command = drun();
+    c.args(&r.args)
+        .nproc(1)
+        .node(i)
+        .args(["--shutdown-timeout", "5"])
+        .args(["--ckpt-memory", "64M", "--ckpt-replicas", "1", "--ckpt-dir"])
+        .arg(&d.ckpt)
+        .arg(worker("ckpt_worker.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("CKPT_HOLD_AT", "6")
+        .env("DRUN_CKPT_STAGE_PARENT", shm);
+    c
+}
+
+#[test]
+fn each_staged_step_reaches_the_ring_neighbour_with_identical_bytes() {
+    let d = dirs();
+    let run = "ckpt-replicas";
+    let r = rdzv(Store::Memory, run, "3");
+    let shm = shm_dirs(&d, 3);
     let agents: Vec<Agent> = (0..3)
         .map(|i| {
-            let mut c: Command = drun();
-            c.args(&r.args)
-                .nproc(1)
-                .node(i)
-                .args(["--shutdown-timeout", "5"])
-                .args(["--ckpt-memory", "64M", "--ckpt-replicas", "1", "--ckpt-dir"])
-                .arg(&d.ckpt)
-                .arg(worker("ckpt_worker.py"))
-                .env("CKPT_OUT", &d.out)
-                .env("CKPT_HOLD_AT", "6")
-                .env("DRUN_CKPT_STAGE_PARENT", &shm[i])
-                // About 2.8 KB a step at 2000 B/s: the disk stays behind the training.
-                .env("DRUN_CKPT_PERSIST_RATE", "2000");
+            let mut c = replica_node(&r, &d, i, &shm[i]);
+            // About 2.8 KB a step at 2000 B/s: the disk stays behind the training.
+            c.env("DRUN_CKPT_PERSIST_RATE", "2000");
             Agent::start(c)
         })
         .collect();
@@ -164,27 +176,11 @@ struct Held {
 fn three_holding_at_6(store: Store, run: &str, nnodes: &str) -> Held {
     let d = dirs();
     let r = rdzv(store, run, nnodes);
-    let shm: Vec<PathBuf> = (0..3)
-        .map(|i| {
-            let p = d.out.parent().unwrap().join(format!("shm{i}"));
-            std::fs::create_dir_all(&p).unwrap();
-            p
-        })
-        .collect();
+    let shm = shm_dirs(&d, 3);
     let agents = (0..3)
         .map(|i| {
-            let mut c: Command = drun();
-            c.args(&r.args)
-                .nproc(1)
-                .node(i)
-                .args(["--shutdown-timeout", "5"])
-                .args(["--ckpt-memory", "64M", "--ckpt-replicas", "1", "--ckpt-dir"])
-                .arg(&d.ckpt)
-                .arg(worker("ckpt_worker.py"))
-                .env("CKPT_OUT", &d.out)
-                .env("CKPT_HOLD_AT", "6")
-                .env("CKPT_STEPS", "8")
-                .env("DRUN_CKPT_STAGE_PARENT", &shm[i])
+            let mut c = replica_node(&r, &d, i, &shm[i]);
+            c.env("CKPT_STEPS", "8")
                 // 2.8 KB a step at 400 B/s: 7 s a step, so step 6 is far from the disk when
                 // the node goes; once the workers stop, the wait for the disk is quick.
                 .env("DRUN_CKPT_PERSIST_RATE", "400")
