@@ -57,6 +57,10 @@ def parse_args():
     parser.add_argument("--fail-at-step", type=int, default=0,
                         help="demo of recovery: the last rank exits 1 at this step in the first "
                              "generation (DRUN_GENERATION=1)")
+    parser.add_argument("--exact-sums", action="store_true",
+                        help="average gradients across ranks in float64, so that the model does "
+                             "not depend on the order of the sum: a run restarted at 3 ranks or "
+                             "more then ends with the fault-free run's model exactly (tests)")
     parser.add_argument("--record-indices", default=None,
                         help="append '<step> <sample indices>' lines per rank to "
                              "<prefix>[.r<SLURM_RESTART_COUNT>].rank<R>.gen<G> (data-order tests)")
@@ -82,6 +86,21 @@ def make_model():
         nn.ReLU(),
         nn.Linear(64, 1),
     )
+
+
+def exact_mean(_state, bucket):
+    """DDP communication hook: the mean of the ranks' gradients, summed in float64. A float32 sum
+    of three or more ranks depends on its order, which changes with DDP's bucket layout (rebuilt
+    after a (re)start's first step) and gloo's ring. In float64 the sum of a few float32 values is
+    exact (unless their magnitudes lie 2^29 apart, and then the difference is rounded away on the
+    way back to float32), so the mean is the same whatever the order."""
+    grads = bucket.buffer()
+    wide = grads.to(torch.float64)
+
+    def mean(fut):
+        return (fut.value()[0] / dist.get_world_size()).to(grads.dtype)
+
+    return dist.all_reduce(wide, async_op=True).get_future().then(mean)
 
 
 @record
@@ -114,6 +133,8 @@ def main():
             print(f"resumed at step={step} epoch={sampler.epoch} sample={sampler.start} "
                   f"(saved at world size {resume['world_size']}, now {world_size})", flush=True)
     model = DistributedDataParallel(model)
+    if args.exact_sums:
+        model.register_comm_hook(None, exact_mean)
     loss_fn = nn.MSELoss()
     record = None
     if args.record_indices:

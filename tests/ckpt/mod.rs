@@ -290,20 +290,28 @@ fn example_agent_with(
 /// it (how often a run checkpoints does not change its model). Without warm workers: nothing
 /// restarts, so waiting interpreters would import torch for nothing.
 fn example_reference(python: &Path) -> PathBuf {
-    let dir = crate::harness::reference::shared("train-ddp-2-ranks", |dir| {
+    example_reference_with(python, 2, &[])
+}
+
+/// [`example_reference`] at `ranks` workers with more training arguments (`train_extra`, which
+/// win over `EXAMPLE_ARGS`), trained once per nextest run for each set of both.
+fn example_reference_with(python: &Path, ranks: usize, train_extra: &[&str]) -> PathBuf {
+    let mut name = format!("train-ddp-{ranks}-ranks");
+    for a in train_extra {
+        name.push('-');
+        name.push_str(a.trim_start_matches('-'));
+    }
+    let dir = crate::harness::reference::shared(&name, |dir| {
         let mut c = drun();
         c.python(python)
-            .args([
-                "--standalone",
-                "--nproc-per-node",
-                "2",
-                "--warm-workers",
-                "off",
-            ])
+            .args(["--standalone", "--nproc-per-node"])
+            .arg(ranks.to_string())
+            .args(["--warm-workers", "off"])
             .arg("--ckpt-dir")
             .arg(dir.join("ckpt"))
             .arg(crate::harness::root().join("examples/train_ddp.py"))
             .args(EXAMPLE_ARGS)
+            .args(train_extra)
             .args(["--step-sleep", "0", "--out"])
             .arg(dir.join("clean"));
         let (code, _, err) = crate::harness::run(c, Duration::from_secs(240));
