@@ -330,9 +330,8 @@ fn one_node_lost_after_a_staged_seal_resumes_that_step_from_memory_etcd() {
 /// Two of the three nodes SIGKILLed at once: the lost node's only copies went with its
 /// replica holder, so the survivor resumes the persisted step, and every agent's log says why
 /// in one line.
-#[test]
-fn two_nodes_lost_at_once_resume_the_persisted_step_with_the_line() {
-    let mut h = three_holding_at_6(Store::Memory, "ckpt-replica-two-lost", "1:3");
+fn two_nodes_lost_resume_the_persisted_step(store: Store, run: &str) {
+    let mut h = three_holding_at_6(store, run, "1:3");
     let persisted = latest_step(&h.d);
     assert_eq!(persisted, 2);
     let gone: Vec<Agent> = [1, 2]
@@ -370,6 +369,16 @@ fn two_nodes_lost_at_once_resume_the_persisted_step_with_the_line() {
         ),
         "{line}"
     );
+}
+
+#[test]
+fn two_nodes_lost_at_once_resume_the_persisted_step_with_the_line() {
+    two_nodes_lost_resume_the_persisted_step(Store::Memory, "ckpt-replica-two-lost");
+}
+
+#[test]
+fn two_nodes_lost_at_once_resume_the_persisted_step_with_the_line_etcd() {
+    two_nodes_lost_resume_the_persisted_step(Store::Etcd, "ckpt-replica-two-lost-etcd");
 }
 
 /// The torch test's training arguments beside `EXAMPLE_ARGS`: a global batch that 3 ranks
