@@ -21,7 +21,7 @@ from ._agent import Client, Json, available
 from ._env import env_int
 from ._flight import FlightDump
 from ._hang import HangDump
-from ._stage import MappedFile, Spare, Spares
+from ._stage import MappedFile, Spares
 
 PathArg = Union[str, "os.PathLike[str]"]
 """A file's path, absolute or relative to the working directory."""
@@ -225,16 +225,12 @@ def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str
     staged = _staged_place(path)
     if staged is not None:
         try:
-            used: List[mmap.mmap] = []
             with _no_zip_crc():
-                digest = _write_new(staged, write, sync=False, hash=False,
-                                    reuse=STATE.spare.take(), used=used)
+                digest = _write_new(staged, write, sync=False, hash=False, spare=True)
         except Exception as e:  # noqa: BLE001 - a full or missing tmpfs: save to disk instead
-            STATE.spare.prepare(0, retire=used)
             _stage_failed(staged, e)
         else:
             STATE.staged[path] = digest[1]
-            STATE.spare.prepare(digest[1], retire=used)
             return digest
     digest = _write_new(path, write, sync=True, hash=True)
     st = os.stat(path)
@@ -285,39 +281,19 @@ def _staged_place(path: str) -> Optional[str]:
 
 
 def _write_new(path: str, write: Callable[[BinaryIO], object], sync: bool,
-               hash: bool, reuse: Optional[Spare] = None,
-               used: Optional[List[mmap.mmap]] = None) -> Tuple[str, int]:
+               hash: bool, spare: bool = False) -> Tuple[str, int]:
     """Writes ``path`` through a temporary file in its directory renamed into place (flushed,
     and with ``sync`` fsynced with its directory); returns ``(sha256, bytes)`` (the digest ``""``
-    without ``hash``). ``reuse``: a spare staging file on the same file system, allocated and
-    mapped ahead (:class:`drun._stage.Spares`); it becomes the temporary file, written through
-    its mapping from its start (:class:`drun._stage.MappedFile`) and cut to what ``write``
-    wrote. Its mapping, once written through, goes into ``used`` to be unmapped off the
-    training's thread (or is unmapped here without ``used``)."""
+    without ``hash``). With ``spare`` (a staged save) the temporary file is written over this
+    rank's spare staging memory (:func:`over_spare`)."""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-" + os.path.basename(path) + "-")
-    mapped: Optional[MappedFile] = None
     try:
-        if reuse is not None:
-            try:
-                os.replace(reuse.path, tmp)
-            except OSError:
-                reuse.mapping.close()  # gone: the empty temporary file stands
-            else:
-                os.close(fd)
-                fd = os.open(tmp, os.O_RDWR)
-                mapped = MappedFile(fd, reuse)
-        if mapped is not None:
-            try:
-                write(mapped)  # type: ignore[arg-type]
-            finally:
-                m = mapped.end()
-                if used is not None:
-                    used.append(m)
-                else:
-                    m.close()
-                os.close(fd)
+        if spare:
+            os.close(fd)
+            with over_spare(tmp) as f:
+                write(f)
         else:
             with os.fdopen(fd, "wb") as f:
                 write(f)
@@ -339,6 +315,43 @@ def _write_new(path: str, write: Callable[[BinaryIO], object], sync: bool,
         finally:
             os.close(dfd)
     return digest
+
+
+@contextlib.contextmanager
+def over_spare(path: str) -> Iterator[BinaryIO]:
+    """A new file at ``path`` in the staging directory for a staged save, written over this
+    rank's spare staging memory when one is ready (:class:`drun._stage.Spares`: the spare is
+    renamed to ``path`` and written through its mapping, :class:`drun._stage.MappedFile`), else
+    a plain file. Afterwards the spare for the next save is prepared in the background, sized by
+    this file, and the mapping written through is unmapped there. A writer that fails leaves
+    the file as far as it got (the caller removes it)."""
+    spare = STATE.spare.take()
+    used: List[mmap.mmap] = []
+    size = 0
+    try:
+        if spare is not None:
+            try:
+                os.replace(spare.path, path)
+            except OSError:
+                spare.mapping.close()  # gone: a plain file
+                spare = None
+        if spare is None:
+            with open(path, "wb") as f:
+                yield f
+            size = os.path.getsize(path)
+            return
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mapped = MappedFile(fd, spare)
+            try:
+                yield mapped  # type: ignore[misc]
+            finally:
+                used.append(mapped.end())
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    finally:
+        STATE.spare.prepare(size, retire=used)
 
 
 def file_record(path: PathArg) -> Json:

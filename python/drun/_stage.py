@@ -244,6 +244,10 @@ class MappedFile:
     def flush(self) -> None:
         pass
 
+    def close(self) -> None:
+        """Nothing to release before :meth:`end` (the caller owns the descriptor)."""
+        self.closed = True
+
     def writable(self) -> bool:
         return True
 

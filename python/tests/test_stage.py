@@ -185,6 +185,34 @@ class Staged(unittest.TestCase):
         self.assertEqual(len(self.leftovers()), 1, "the half-written temporary file only")
 
 
+    @unittest.skipIf(torch is None, "torch is not installed")
+    def test_dcp_data_files_over_a_spare_are_byte_identical_and_load_back(self):
+        import torch.distributed.checkpoint as dcp
+        import drun.dcp
+
+        spares = []
+        for step, n in enumerate([1 << 20, 3 << 20, 1 << 18], start=1):
+            state = {"w": torch.arange(n, dtype=torch.float32) * step, "b": torch.ones(7) * step}
+            if _ledger.STATE.spare.thread is not None:
+                _ledger.STATE.spare.thread.join()
+            spares.append(_ledger.STATE.spare.ready is not None)
+            staged = os.path.join(self.stage, "step%d" % step)
+            plain = os.path.join(self.ckpt, "plain%d" % step)
+            with _ledger._no_zip_crc():
+                os.makedirs(staged)
+                dcp.save(state, checkpoint_id=staged, no_dist=True,
+                         storage_writer=drun.dcp._staged_writer(staged))
+                dcp.save(state, checkpoint_id=plain, no_dist=True)
+            with open(os.path.join(staged, "__0_0.distcp"), "rb") as a, \
+                    open(os.path.join(plain, "__0_0.distcp"), "rb") as b:
+                data = a.read()
+                self.assertEqual(data, b.read(), "step %d: the bytes DCP writes" % step)
+            got = {"w": torch.zeros(n), "b": torch.zeros(7)}
+            dcp.load(got, checkpoint_id=staged, no_dist=True)
+            self.assertTrue(torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"]))
+        self.assertEqual(spares, [False, True, True])
+
+
 class Copy(unittest.TestCase):
     def test_a_copy_split_among_threads_copies_every_byte(self):
         src = bytearray(os.urandom(1 << 16) * ((_stage._PARALLEL_COPY >> 16) + 3))
