@@ -323,7 +323,8 @@ def over_spare(path: str) -> Iterator[BinaryIO]:
     rank's spare staging memory when one is ready (:class:`drun._stage.Spares`: the spare is
     renamed to ``path`` and written through its mapping, :class:`drun._stage.MappedFile`), else
     a plain file. Afterwards the spare for the next save is prepared in the background, sized by
-    this file, and the mapping written through is unmapped there. A writer that fails leaves
+    this file, and the mapping written through is unmapped there, once the commit returned
+(:meth:`drun._stage.Spares.after_save`). A writer that fails leaves
     the file as far as it got (the caller removes it)."""
     spare = STATE.spare.take()
     used: List[mmap.mmap] = []
@@ -351,7 +352,7 @@ def over_spare(path: str) -> Iterator[BinaryIO]:
         finally:
             os.close(fd)
     finally:
-        STATE.spare.prepare(size, retire=used)
+        STATE.spare.after_save(size, retire=used)
 
 
 def file_record(path: PathArg) -> Json:
@@ -410,7 +411,10 @@ def commit(step: Step, paths: Union[PathArg, Iterable[PathArg]] = (),
     STATE.save_started_ms = None
     for f in msg["files"]:
         STATE.staged.pop(f["path"], None)
-    return STATE.client.request(msg, timeout=timeout)
+    try:
+        return STATE.client.request(msg, timeout=timeout)
+    finally:
+        STATE.spare.start()
 
 
 def should_save(sync: bool = True) -> bool:

@@ -170,7 +170,10 @@ def _commit(client: _agent.Client, step: int, written: str, final: str, rank: in
         msg["cursor"] = cursor
     if started_ms is not None:
         msg["save_started_ms"] = started_ms
-    return client.request(msg, timeout=600.0)
+    try:
+        return client.request(msg, timeout=600.0)
+    finally:
+        _ledger.STATE.spare.start()
 
 
 def save(state_dict: _StateDict, step: int, cursor: Optional[Dict[str, Any]] = None,

@@ -18,6 +18,7 @@ HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, HELPER)
 import drun  # noqa: E402
 from drun import _ledger, _stage  # noqa: E402
+from test_drun import FakeAgent  # noqa: E402
 
 try:
     import torch
@@ -38,14 +39,16 @@ def shm_dir():
 
 
 class Staged(unittest.TestCase):
-    """Saves through ``drun.atomic_save`` with a staging directory (no agent is asked: a save
-    only writes; the commit is AgentApi's)."""
+    """Saves through ``drun.atomic_save`` with a staging directory, each committed to a fake
+    agent that answers staged."""
 
     def setUp(self):
         self.ckpt, self.stage = tempfile.mkdtemp(), shm_dir()
         self.addCleanup(shutil.rmtree, self.ckpt, True)
         self.addCleanup(shutil.rmtree, self.stage, True)
-        env = dict(CLEAN, DRUN_AGENT_SOCK=os.path.join(self.stage, "no.sock"), RANK="0",
+        drun._client.close()
+        self.agent = FakeAgent(lambda r: {"ok": True, "staged": True, "sealed": False})
+        env = dict(CLEAN, DRUN_AGENT_SOCK=self.agent.path, RANK="0",
                    DRUN_GENERATION="1", DRUN_RUN_ID="job", DRUN_CKPT_DIR=self.ckpt,
                    DRUN_CKPT_STAGE_DIR=self.stage, LOCAL_WORLD_SIZE="1")
         patch = mock.patch.dict(os.environ, env, clear=True)
@@ -61,13 +64,16 @@ class Staged(unittest.TestCase):
             ready.discard()
 
     def save(self, step, write):
-        """A staged save of ``step``; returns (whether a spare was ready, the staged bytes)."""
+        """A staged save of ``step`` and its commit; returns (whether a spare was ready, the
+        staged bytes)."""
         spares = _ledger.STATE.spare
         if spares.thread is not None:
             spares.thread.join()
         had_spare = spares.ready is not None
         path = drun.shard_path(step)
         sha, size = drun.atomic_save(path, write)
+        self.assertIsNone(spares.thread, "no spare is prepared before the commit returned")
+        self.assertTrue(drun.commit(step, [path])["staged"])
         self.assertFalse(os.path.exists(path), "staged, not on disk")
         staged = _ledger._staged_place(path)
         with open(staged, "rb") as f:
@@ -156,6 +162,8 @@ class Staged(unittest.TestCase):
         path = drun.shard_path(2)
         with self.assertRaises(KeyboardInterrupt):
             drun.atomic_save(path, boom)
+        self.assertEqual(_ledger.STATE.spare.pending, 0, "a failed save asks for no spare")
+        _ledger.STATE.spare.start()  # the mapping it wrote through is unmapped
         self.assertFalse(os.path.exists(_ledger._staged_place(path)))
         self.assertEqual(self.leftovers(), [])
         had, data = self.save(3, lambda f: f.write(b"b" * 10))
@@ -170,6 +178,7 @@ class Staged(unittest.TestCase):
             import drun
             from drun import _ledger
             drun.atomic_save(drun.shard_path(1), lambda f: f.write(b"1" * (4 << 20)))
+            _ledger.STATE.spare.start()  # as drun.commit does
             _ledger.STATE.spare.thread.join()
             assert _ledger.STATE.spare.ready is not None, "a spare is ready"
             def die(f):
@@ -203,6 +212,7 @@ class Staged(unittest.TestCase):
                 dcp.save(state, checkpoint_id=staged, no_dist=True,
                          storage_writer=drun.dcp._staged_writer(staged))
                 dcp.save(state, checkpoint_id=plain, no_dist=True)
+            _ledger.STATE.spare.start()  # as drun.dcp.save's commit does
             with open(os.path.join(staged, "__0_0.distcp"), "rb") as a, \
                     open(os.path.join(plain, "__0_0.distcp"), "rb") as b:
                 data = a.read()
