@@ -23,6 +23,7 @@
 //!    otherwise). Workers: `benches/workers/ckpt_stall.py`, `ckpt_resume.py`,
 //!    `dlrover_stall.py`, `dlrover_run.py`.
 //!
+//! `DRUN_BENCH_PARTS` picks the parts (`4`: the save stall alone; all when unset);
 //! `DRUN_BENCH_MB` sets the verification data size (default 512 MB in total);
 //! `DRUN_BENCH_STALL_MB` the state per rank of 4. (default 1024 MB, the target), saved
 //! with torch when the worker interpreter (`DRUN_TORCH_PYTHON`, else `python3`) has it, else as
@@ -279,7 +280,8 @@ fn secs(v: &serde_json::Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or(f64::NAN)
 }
 
-/// Part 4: the save stall, the steps' slowdown while persisting, the resume's load, DLRover.
+/// Part 4: the save stall (beside one copy of the state, the floor of a save that copies), the
+/// steps' slowdown while persisting, the resume's load, DLRover.
 fn stall_part() {
     let mb: u64 = std::env::var("DRUN_BENCH_STALL_MB")
         .ok()
@@ -307,10 +309,12 @@ fn stall_part() {
         };
         let (ours, base) = (secs(&v, "ours"), secs(&v, "base"));
         println!(
-            "  --ckpt-memory {memory:4}: {call} {ours:.3} s (first save {:.3} s), {} + fsync to --ckpt-dir {base:.3} s (same run), ratio {:.2}; sealed {:.3} s after the save returned; load {:.1}",
+            "  --ckpt-memory {memory:4}: {call} {ours:.3} s (first save {:.3} s; CPU in the training's thread {:.3} s), {} + fsync to --ckpt-dir {base:.3} s (same run), ratio {:.2}; one copy of the state {:.3} s (same run); sealed {:.3} s after the save returned; load {:.1}",
             secs(&v, "first"),
+            secs(&v, "cpu"),
             v["kind"].as_str().unwrap_or("?"),
             ours / base,
+            secs(&v, "copy"),
             secs(&v, "lag"),
             secs(&v, "load"),
         );
@@ -329,9 +333,10 @@ fn stall_part() {
     }
     match dlrover_stall(mb, saves) {
         Ok(v) => println!(
-            "  DLRover flash checkpoint (DdpCheckpointer, StorageType.DISK, dlrover-run --standalone): {:.3} s (first save {:.3} s), torch.save + fsync {:.3} s (same run); persisted {:.3} s after the save returned; load {:.1}",
+            "  DLRover flash checkpoint (DdpCheckpointer, StorageType.DISK, dlrover-run --standalone): {:.3} s (first save {:.3} s; CPU in the training's thread {:.3} s), torch.save + fsync {:.3} s (same run); persisted {:.3} s after the save returned; load {:.1}",
             secs(&v, "ours"),
             secs(&v, "first"),
+            secs(&v, "cpu"),
             secs(&v, "base"),
             secs(&v, "lag"),
             secs(&v, "load"),
@@ -427,7 +432,40 @@ fn verify_throughput(total_mb: u64) {
     }
 }
 
+/// Whether part `n` runs: `DRUN_BENCH_PARTS` lists the parts to run (`4`: the save stall alone;
+/// `1,2`), all of them when unset.
+fn part(n: u32) -> bool {
+    std::env::var("DRUN_BENCH_PARTS")
+        .map_or(true, |v| v.split(',').any(|p| p.trim().parse() == Ok(n)))
+}
+
 fn main() {
+    if part(1) {
+        ledger_part();
+    }
+    if part(2) {
+        match e2e_commit_latency() {
+            Some(v) => println!(
+                "drun.commit() seen by a rank (2 local ranks, embedded store, 64 KiB files): median {v:.2} ms"
+            ),
+            None => println!("drun.commit() end to end: not measured (python3 missing?)"),
+        }
+    }
+    if part(4) {
+        stall_part();
+    }
+    if part(3) {
+        let total_mb: u64 = std::env::var("DRUN_BENCH_MB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(512);
+        println!("--ckpt-verify digest throughput (files in page cache), same files as sha256sum");
+        verify_throughput(total_mb);
+    }
+}
+
+/// Part 1: the ledger's commit and seal latency, in-process, on the memory store and etcd.
+fn ledger_part() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     println!(
         "ledger latency (median; commit = a record that does not seal, seal = the one that does)"
@@ -459,17 +497,4 @@ fn main() {
         }
         None => println!("  etcd: not measured (no etcd on PATH)"),
     }
-    match e2e_commit_latency() {
-        Some(v) => println!(
-            "drun.commit() seen by a rank (2 local ranks, embedded store, 64 KiB files): median {v:.2} ms"
-        ),
-        None => println!("drun.commit() end to end: not measured (python3 missing?)"),
-    }
-    stall_part();
-    let total_mb: u64 = std::env::var("DRUN_BENCH_MB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(512);
-    println!("--ckpt-verify digest throughput (files in page cache), same files as sha256sum");
-    verify_throughput(total_mb);
 }

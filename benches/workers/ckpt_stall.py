@@ -4,7 +4,11 @@ the agent persists a staged step behind them against steps with nothing persisti
 
 Arguments: MB per rank, SAVES, HOW (``atomic``: ``drun.atomic_save`` + ``drun.commit``;
 ``dcp``: ``drun.dcp.save`` with gloo). Rank 0 prints one JSON line. Without torch the state is
-raw bytes (``dcp`` exits at once) and no steps are timed."""
+raw bytes (``dcp`` exits at once) and no steps are timed. ``copy`` is the floor of a save that
+copies the state once: the time to copy its bytes through a buffer already in memory (a quarter
+of the state at a time, so as not to hold a second copy), measured before each save (none for
+raw bytes); ``cpu`` the CPU time the training's thread spent in the save (its wall time less
+the waits: for the CPU on a loaded machine, for the other ranks in the commit)."""
 
 import json
 import os
@@ -19,6 +23,14 @@ try:
     import torch
     torch.set_num_threads(1)  # one core per rank, as a training that keeps the node busy
     state = {"w": torch.randn(mb * (1 << 18))}
+    quarter = torch.empty(state["w"].numel() // 4)
+    quarter.zero_()
+
+    def copy_floor() -> float:
+        t = time.perf_counter()
+        for part in state["w"].chunk(4):
+            quarter[:part.numel()].copy_(part)
+        return time.perf_counter() - t
     dump, kind = (lambda f: torch.save(state, f)), "torch.save"
     a = torch.randn(384, 384)
 
@@ -32,12 +44,14 @@ except ImportError:
         sys.exit(0)
     blob = os.urandom(mb << 20)
     dump, kind, step = (lambda f: f.write(blob)), "bytes", None
+
+    copy_floor = None
 if how == "dcp":
     import torch.distributed as dist
     import drun.dcp
     dist.init_process_group("gloo")
 rank, gen = int(os.environ["RANK"]), int(os.environ["DRUN_GENERATION"])
-base, ours, lag, busy, quiet = [], [], [], [], []
+base, ours, lag, busy, quiet, floor, cpu = [], [], [], [], [], [], []
 for s in range(1, saves + 1):
     p = os.path.join(os.environ["DRUN_CKPT_DIR"], "baseline-%d.pt" % rank)
     t = time.perf_counter()
@@ -47,8 +61,10 @@ for s in range(1, saves + 1):
         os.fsync(f.fileno())
     base.append(time.perf_counter() - t)
     os.unlink(p)
+    if copy_floor is not None:
+        floor.append(copy_floor())
     path = drun.shard_path(s)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.thread_time()
     if how == "dcp":
         drun.dcp.save(state, s)
     else:
@@ -56,6 +72,7 @@ for s in range(1, saves + 1):
         drun.commit(s, [path])
     done = time.perf_counter()
     ours.append(done - t)
+    cpu.append(time.thread_time() - c)
     manifest = os.path.join(os.path.dirname(path), "drun-manifest-%d-%d.json" % (s, gen))
     # Training steps while the agent persists the staged step (none when it is already on disk).
     while not os.path.exists(manifest) and time.perf_counter() - done < 300:
@@ -74,6 +91,7 @@ def med(v):
 
 
 if rank == 0:
-    print(json.dumps({"base": med(base), "ours": med(ours), "first": ours[0], "lag": med(lag),
-                      "kind": kind, "busy_step": med(busy), "quiet_step": med(quiet),
+    print(json.dumps({"base": med(base), "ours": med(ours), "first": ours[0], "cpu": med(cpu),
+                      "lag": med(lag), "kind": kind, "copy": med(floor),
+                      "busy_step": med(busy), "quiet_step": med(quiet),
                       "busy_steps": len(busy), "load": os.getloadavg()[0]}), flush=True)

@@ -31,7 +31,8 @@ from ._sampler import _permutation as _permutation  # the unit tests compare wit
 from ._version import __version__ as __version__
 
 # The package's modules: _agent (the connection to the node agent and its protocol), _ledger
-# (resume point, checkpoint paths, atomic writes, commits, save requests, step beacons), _sampler
+# (resume point, checkpoint paths, atomic writes, commits, save requests, step beacons), _stage
+# (the spare staging memory a staged save is written through), _sampler
 # (ElasticSampler), _hang (the hang's stack dump), _flight (the hang's flight-recorder dump), _env
 # (integers from the environment); dcp, lightning and accelerate (the checkpointing recipes) and
 # preflight (``drun --preflight``, run as a script).

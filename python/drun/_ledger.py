@@ -8,11 +8,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import operator
 import os
 import sys
 import tempfile
-import threading
 import time
 from typing import (Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapping,
                     Optional, SupportsIndex, SupportsInt, Tuple, Union)
@@ -21,6 +21,7 @@ from ._agent import Client, Json, available
 from ._env import env_int
 from ._flight import FlightDump
 from ._hang import HangDump
+from ._stage import MappedFile, Spares
 
 PathArg = Union[str, "os.PathLike[str]"]
 """A file's path, absolute or relative to the working directory."""
@@ -29,120 +30,6 @@ Step = Union[SupportsIndex, float]
 """A step number: an int, a NumPy integer, an integer tensor, or a float without a fraction."""
 
 _CHUNK = 1 << 20
-
-
-class _Over:
-    """The file a writer gets when its save writes over a spare file (:class:`_Spare`): the
-    binary file, with the furthest byte written tracked so that the spare's allocated tail is
-    cut off at the end (:meth:`end`) however the writer seeks. A writer that takes the file's
-    descriptor (``fileno()``, writing around this object) first has the file cut to what was
-    written so far: its own writes then set the length, as in a fresh file."""
-
-    def __init__(self, f: BinaryIO) -> None:
-        self._f = f
-        self._high = 0
-        self._tracked = True
-
-    def write(self, b: Any) -> int:
-        n = self._f.write(b)
-        self._high = max(self._high, self._f.tell())
-        return n
-
-    def writelines(self, lines: Iterable[Any]) -> None:
-        for b in lines:
-            self.write(b)
-
-    def truncate(self, size: Optional[int] = None) -> int:
-        n = self._f.truncate(size)
-        self._high = n
-        return n
-
-    def fileno(self) -> int:
-        if self._tracked:
-            self._f.flush()
-            self._f.truncate(self._high)
-            self._tracked = False
-        return self._f.fileno()
-
-    def end(self) -> None:
-        """Cuts the file to the furthest byte written (unless the writer took the descriptor:
-        then the file's length is already its own)."""
-        if self._tracked:
-            self._f.truncate(self._high)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._f, name)
-
-
-class _Spare:
-    """Staging memory allocated ahead, off the training's thread: after a staged save of N
-    bytes, a background thread allocates a file of about N bytes in the agent's staging
-    directory (``posix_fallocate``: the tmpfs pages are allocated and zeroed there, not while
-    the next save writes), and the next staged save of this rank writes over it
-    (:func:`_write_new` ``reuse``). On a 1 GiB state the allocation of fresh tmpfs pages is
-    about a third of the save's time. It costs one more file the size of this rank's last save
-    in the staging tmpfs (outside ``--ckpt-memory``'s budget, which counts staged steps), gone
-    with the agent's directory. A tmpfs too full for it: no spare, the save allocates as it
-    writes."""
-
-    def __init__(self) -> None:
-        self.thread: Optional[threading.Thread] = None
-        self.ready: Optional[str] = None
-
-    @staticmethod
-    def _path() -> Optional[str]:
-        stage = os.environ.get("DRUN_CKPT_STAGE_DIR")
-        if not stage:
-            return None
-        return os.path.join(stage, ".spare-rank%d" % env_int("RANK", 0))
-
-    def take(self) -> Optional[str]:
-        """The spare file for a save now (waiting for its allocation when still running), or
-        None."""
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        ready, self.ready = self.ready, None
-        return ready
-
-    def prepare(self, size: int) -> None:
-        """Allocates a spare of ``size`` bytes and a little more (a state that grows a bit)
-        in the background, for the next save."""
-        path = self._path()
-        if path is None or size <= 0 or self.thread is not None:
-            return
-        want = size + size // 64 + (1 << 20)
-        if not _leaves_room(os.path.dirname(path), want):
-            return
-
-        def allocate() -> None:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-                try:
-                    os.posix_fallocate(fd, 0, want)
-                finally:
-                    os.close(fd)
-            except OSError:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-                return
-            self.ready = path
-
-        self.thread = threading.Thread(target=allocate, name="drun-stage-spare", daemon=True)
-        self.thread.start()
-
-
-def _leaves_room(stage: str, want: int) -> bool:
-    """Whether a spare of ``want`` bytes leaves the staging tmpfs room for as much again (the
-    next save and its step's other copies): a spare never takes the room a save needs. The
-    spare sits outside ``--ckpt-memory``'s budget, which counts staged steps."""
-    try:
-        st = os.statvfs(stage)
-    except OSError:
-        return False
-    return st.f_bavail * st.f_frsize >= 2 * want
 
 
 class State:
@@ -167,8 +54,8 @@ class State:
         self.staged: Dict[str, int] = {}
         # Whether the one "cannot stage, saving straight to disk" warning was printed.
         self.stage_warned = False
-        # The staging memory allocated ahead for this rank's next staged save (_Spare).
-        self.spare = _Spare()
+        # The staging memory allocated and mapped ahead for this rank's next staged save.
+        self.spare = Spares()
 
     def note_save_start(self) -> None:
         """A save begins now, unless one began since the last commit."""
@@ -339,13 +226,11 @@ def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str
     if staged is not None:
         try:
             with _no_zip_crc():
-                digest = _write_new(staged, write, sync=False, hash=False,
-                                    reuse=STATE.spare.take())
+                digest = _write_new(staged, write, sync=False, hash=False, spare=True)
         except Exception as e:  # noqa: BLE001 - a full or missing tmpfs: save to disk instead
             _stage_failed(staged, e)
         else:
             STATE.staged[path] = digest[1]
-            STATE.spare.prepare(digest[1])
             return digest
     digest = _write_new(path, write, sync=True, hash=True)
     st = os.stat(path)
@@ -396,36 +281,25 @@ def _staged_place(path: str) -> Optional[str]:
 
 
 def _write_new(path: str, write: Callable[[BinaryIO], object], sync: bool,
-               hash: bool, reuse: Optional[str] = None) -> Tuple[str, int]:
+               hash: bool, spare: bool = False) -> Tuple[str, int]:
     """Writes ``path`` through a temporary file in its directory renamed into place (flushed,
     and with ``sync`` fsynced with its directory); returns ``(sha256, bytes)`` (the digest ``""``
-    without ``hash``). ``reuse``: a file on the same file system whose memory is already
-    allocated (:class:`_Spare`); it becomes the temporary file, written over from its start and
-    cut to what ``write`` wrote."""
+    without ``hash``). With ``spare`` (a staged save) the temporary file is written over this
+    rank's spare staging memory (:func:`over_spare`)."""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-" + os.path.basename(path) + "-")
     try:
-        reused = False
-        if reuse is not None:
-            try:
-                os.replace(reuse, tmp)
-            except OSError:
-                pass  # gone: the empty temporary file stands
-            else:
-                os.close(fd)
-                fd = os.open(tmp, os.O_RDWR)
-                reused = True
-        with os.fdopen(fd, "r+b" if reused else "wb") as f:
-            if reused:
-                over = _Over(f)
-                write(over)  # type: ignore[arg-type]
-                over.end()
-            else:
+        if spare:
+            os.close(fd)
+            with over_spare(tmp) as f:
                 write(f)
-            f.flush()
-            if sync:
-                os.fsync(f.fileno())
+        else:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                if sync:
+                    os.fsync(f.fileno())
         digest = sha256_file(tmp) if hash else ("", os.path.getsize(tmp))
         os.replace(tmp, path)
     except BaseException:
@@ -441,6 +315,44 @@ def _write_new(path: str, write: Callable[[BinaryIO], object], sync: bool,
         finally:
             os.close(dfd)
     return digest
+
+
+@contextlib.contextmanager
+def over_spare(path: str) -> Iterator[BinaryIO]:
+    """A new file at ``path`` in the staging directory for a staged save, written over this
+    rank's spare staging memory when one is ready (:class:`drun._stage.Spares`: the spare is
+    renamed to ``path`` and written through its mapping, :class:`drun._stage.MappedFile`), else
+    a plain file. Afterwards the spare for the next save is prepared in the background, sized by
+    this file, and the mapping written through is unmapped there, once the commit returned
+(:meth:`drun._stage.Spares.after_save`). A writer that fails leaves
+    the file as far as it got (the caller removes it)."""
+    spare = STATE.spare.take()
+    used: List[mmap.mmap] = []
+    size = 0
+    try:
+        if spare is not None:
+            try:
+                os.replace(spare.path, path)
+            except OSError:
+                spare.mapping.close()  # gone: a plain file
+                spare = None
+        if spare is None:
+            with open(path, "wb") as f:
+                yield f
+            size = os.path.getsize(path)
+            return
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mapped = MappedFile(fd, spare)
+            try:
+                yield mapped  # type: ignore[misc]
+            finally:
+                used.append(mapped.end())
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    finally:
+        STATE.spare.after_save(size, retire=used)
 
 
 def file_record(path: PathArg) -> Json:
@@ -499,7 +411,10 @@ def commit(step: Step, paths: Union[PathArg, Iterable[PathArg]] = (),
     STATE.save_started_ms = None
     for f in msg["files"]:
         STATE.staged.pop(f["path"], None)
-    return STATE.client.request(msg, timeout=timeout)
+    try:
+        return STATE.client.request(msg, timeout=timeout)
+    finally:
+        STATE.spare.start()
 
 
 def should_save(sync: bool = True) -> bool:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Protocol, Union
 
 from . import _agent, _ledger
 from ._agent import DrunError, available
@@ -121,6 +121,33 @@ def _in_stage(directory: str) -> bool:
     return os.path.abspath(directory).startswith(os.path.abspath(stage) + os.sep)
 
 
+def _staged_writer(directory: str) -> Any:
+    """DCP's ``FileSystemWriter`` for a staged ``directory``, its data file written over this
+    rank's spare staging memory, allocated and mapped ahead as :func:`drun.atomic_save`'s is
+    (:class:`drun._stage.Spares`; the first of the rank's ``.distcp`` files per save, other
+    files as DCP writes them); each save prepares the spare for the next from its data file's
+    size."""
+    import contextlib
+
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class OverSpare(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: Union[str, "os.PathLike[str]"],
+                          mode: str) -> Iterator[Any]:
+            if mode != "wb" or not str(path).endswith(".distcp"):
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            with _ledger.over_spare(str(path)) as stream:
+                yield stream
+
+    writer = FileSystemWriter(directory)
+    writer.fs = OverSpare()
+    return writer
+
+
 def _commit(client: _agent.Client, step: int, written: str, final: str, rank: int,
             cursor: Optional[Dict[str, Any]], started_ms: Optional[int]) -> Optional[_agent.Json]:
     """Commits the files ``rank`` wrote under ``written`` (the step's directory ``final``, or
@@ -143,7 +170,10 @@ def _commit(client: _agent.Client, step: int, written: str, final: str, rank: in
         msg["cursor"] = cursor
     if started_ms is not None:
         msg["save_started_ms"] = started_ms
-    return client.request(msg, timeout=600.0)
+    try:
+        return client.request(msg, timeout=600.0)
+    finally:
+        _ledger.STATE.spare.start()
 
 
 def save(state_dict: _StateDict, step: int, cursor: Optional[Dict[str, Any]] = None,
@@ -171,7 +201,10 @@ def save(state_dict: _StateDict, step: int, cursor: Optional[Dict[str, Any]] = N
 
     def write(directory: str) -> None:
         _save_loader(directory, loader, rank)
-        dcp.save(state_dict, checkpoint_id=directory, **dcp_kwargs)
+        kwargs = dict(dcp_kwargs)
+        if _in_stage(directory) and "storage_writer" not in kwargs:
+            kwargs["storage_writer"] = _staged_writer(directory)
+        dcp.save(state_dict, checkpoint_id=directory, **kwargs)
 
     written, final = _ledger.save_into(step, write)
     started, _ledger.STATE.save_started_ms = _ledger.STATE.save_started_ms, None

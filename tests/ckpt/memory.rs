@@ -702,3 +702,43 @@ fn torch_staged_saves_skip_the_zip_crc_and_write_over_spare_memory_exactly() {
         );
     }
 }
+
+/// Real torch: a rank SIGKILLed halfway through a staged `torch.save` written over its spare
+/// staging memory leaves nothing of that step sealed: the restart resumes the step before, whose
+/// persisted copy loads back exactly, and no manifest names the half-written step.
+#[test]
+fn torch_a_rank_killed_mid_save_over_its_spare_leaves_the_step_unsealed() {
+    let Some(python) = crate::harness::torch_python() else {
+        eprintln!("skipped: no torch interpreter (DRUN_TORCH_PYTHON)");
+        return;
+    };
+    let d = dirs();
+    let stage = staging_dir(&d);
+    let mut c = drun();
+    c.python(&python)
+        .args(["--standalone", "--rdzv-id", "ckpt-memory-killed"])
+        .nproc(2)
+        .args(["--max-restarts", "1", "--shutdown-timeout", "60"])
+        .args(["--ckpt-memory", "64M", "--ckpt-dir"])
+        .arg(&d.ckpt)
+        .arg(worker("staged_kill.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("DRUN_CKPT_STAGE_PARENT", &stage);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(180));
+    assert_eq!(code, 0, "{err}");
+    for rank in 0..2 {
+        let text = std::fs::read_to_string(d.out.join(format!("rank{rank}.json")))
+            .unwrap_or_else(|e| panic!("rank {rank} wrote no report ({e}): {err}"));
+        let r: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(r["resumed"], 1, "the restart resumes the step before: {r}");
+        assert_eq!(
+            r["equal"], true,
+            "its persisted copy loads back exactly: {r}"
+        );
+    }
+    assert!(
+        manifest_files(&d).iter().all(|&(step, _)| step == 1),
+        "no manifest names the half-written step 2: {:?}",
+        manifest_files(&d)
+    );
+}
