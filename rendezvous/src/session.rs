@@ -90,41 +90,59 @@ pub fn spawn_session(
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
 ) {
-    spawn_server_session(store, cfg, resume, None)
+    let (requests, events) = spawn_server_session(store, cfg, resume, None);
+    let (req_tx, mut outer_rx) = mpsc::unbounded_channel();
+    // Notes when the agent was last heard from, even while the actor is busy with the store.
+    tokio::spawn(async move {
+        while let Some(r) = outer_rx.recv().await {
+            if requests.send(r).is_err() {
+                return;
+            }
+        }
+    });
+    (req_tx, events)
+}
+
+/// The sending side of a session's requests: each send notes when the agent was last heard
+/// from (the session's clock, and the run's when it has one), even while the actor is busy
+/// with the store. A server-side session keeps the lease alive only for an agent that still
+/// talks.
+pub struct Requests {
+    tx: mpsc::UnboundedSender<Request>,
+    heard: Arc<AtomicU64>,
+    run_heard: Option<Arc<AtomicU64>>,
+}
+
+impl Requests {
+    /// Hands `request` to the session; an error when it has ended.
+    pub fn send(&self, request: Request) -> Result<(), mpsc::error::SendError<Request>> {
+        let now = now_ms();
+        self.heard.store(now, Ordering::SeqCst);
+        if let Some(run) = &self.run_heard {
+            run.fetch_max(now, Ordering::SeqCst);
+        }
+        self.tx.send(request)
+    }
 }
 
 /// [`spawn_session`] for a server, with the clock of when any agent of the run was last heard
 /// on this server (`run_heard`, ms since the epoch; shared by the run's sessions): it keeps the
-/// leases of a run it hears nobody of ([`hold`]).
+/// leases of a run it hears nobody of ([`hold`]). The server's stream reader sends through
+/// [`Requests`] itself: no task between it and the actor.
 pub fn spawn_server_session(
     store: Arc<dyn Store>,
     cfg: SessionConfig,
     resume: Option<Resume>,
     run_heard: Option<Arc<AtomicU64>>,
-) -> (
-    mpsc::UnboundedSender<Request>,
-    mpsc::UnboundedReceiver<Event>,
-) {
-    let (req_tx, mut outer_rx) = mpsc::unbounded_channel();
-    let (inner_tx, req_rx) = mpsc::unbounded_channel();
+) -> (Requests, mpsc::UnboundedReceiver<Event>) {
+    let (tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let heard = Arc::new(AtomicU64::new(now_ms()));
-    // Notes when the agent was last heard from, even while the actor is busy with the store:
-    // a server-side session keeps the lease alive only for an agent that still talks.
-    let heard_fwd = heard.clone();
-    let run_fwd = run_heard.clone();
-    tokio::spawn(async move {
-        while let Some(r) = outer_rx.recv().await {
-            let now = now_ms();
-            heard_fwd.store(now, Ordering::SeqCst);
-            if let Some(run) = &run_fwd {
-                run.fetch_max(now, Ordering::SeqCst);
-            }
-            if inner_tx.send(r).is_err() {
-                return;
-            }
-        }
-    });
+    let requests = Requests {
+        tx,
+        heard: heard.clone(),
+        run_heard: run_heard.clone(),
+    };
     // The caller's span (an agent's `node=...`) stays on the session's lines.
     tokio::spawn(tracing::Instrument::in_current_span(async move {
         let mut actor = Actor::new(store, cfg, ev_tx, heard, run_heard);
@@ -133,7 +151,7 @@ pub fn spawn_server_session(
         }
         actor.stop_keeper();
     }));
-    (req_tx, ev_rx)
+    (requests, ev_rx)
 }
 
 #[cfg(test)]

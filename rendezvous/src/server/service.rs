@@ -19,7 +19,7 @@ use drun_proto::v1 as pb;
 use drun_proto::v1::rendezvous_server::{Rendezvous, RendezvousServer};
 use drun_proto::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
@@ -331,7 +331,13 @@ impl Rendezvous for RendezvousService {
             joined.set(false);
             tracing::info!(run = %cfg.run_id, node = %cfg.node_id, "agent session closed");
         });
-        let out = UnboundedReceiverStream::new(outbound(events, ack_rx, node, waiting)).map(Ok);
+        let out = Outbound {
+            events,
+            acks: ack_rx,
+            node,
+            waiting,
+            ended: false,
+        };
         Ok(Response::new(Box::pin(out)))
     }
 
@@ -369,41 +375,61 @@ fn refused(e: &ServiceError, run: Option<&str>, peer: Option<SocketAddr>) -> Sta
 
 /// The messages of one session's stream to its agent: the session's events (a large plan cut
 /// to the agent's own entry, [`crate::Plan::for_node`]) and the keep-alive answers, until the
-/// session ends.
-fn outbound(
-    mut events: mpsc::UnboundedReceiver<Event>,
-    mut acks: mpsc::UnboundedReceiver<pb::ServerEvent>,
+/// session ends. Polled by the stream itself: no task or channel of its own per session.
+struct Outbound {
+    events: mpsc::UnboundedReceiver<Event>,
+    acks: mpsc::UnboundedReceiver<pb::ServerEvent>,
     node: String,
     waiting: Waiting,
-) -> mpsc::UnboundedReceiver<pb::ServerEvent> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        loop {
-            let msg = tokio::select! {
-                ev = events.recv() => match ev {
-                    Some(Event::Formed(plan)) => {
-                        crate::server::metrics::global().formed(&plan);
-                        waiting.set(false);
-                        event_to_wire(&Event::Formed(plan.for_node(&node)))
-                    }
-                    Some(ev) => event_to_wire(&ev),
-                    None => {
-                        // The session ended: what the reader sent before it ended it (a
-                        // refusal's one line) still goes out.
-                        while let Ok(ack) = acks.try_recv() {
-                            let _ = tx.send(ack);
-                        }
-                        return;
-                    }
-                },
-                Some(ack) = acks.recv() => ack,
-            };
-            if tx.send(msg).is_err() {
-                return;
+    /// The session ended and what the reader sent before it was sent.
+    ended: bool,
+}
+
+impl Outbound {
+    fn wire(&self, ev: Event) -> pb::ServerEvent {
+        match ev {
+            Event::Formed(plan) => {
+                crate::server::metrics::global().formed(&plan);
+                self.waiting.set(false);
+                event_to_wire(&Event::Formed(plan.for_node(&self.node)))
             }
+            ev => event_to_wire(&ev),
         }
-    });
-    rx
+    }
+}
+
+impl Stream for Outbound {
+    type Item = Result<pb::ServerEvent, Status>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        match self.events.poll_recv(cx) {
+            Poll::Ready(Some(ev)) => return Poll::Ready(Some(Ok(self.wire(ev)))),
+            Poll::Ready(None) => {
+                // The session ended: what the reader sent before it ended it (a refusal's one
+                // line) still goes out.
+                return Poll::Ready(match self.acks.try_recv() {
+                    Ok(ack) => Some(Ok(ack)),
+                    Err(_) => {
+                        self.ended = true;
+                        None
+                    }
+                });
+            }
+            Poll::Pending => {}
+        }
+        match self.acks.poll_recv(cx) {
+            Poll::Ready(Some(ack)) => Poll::Ready(Some(Ok(ack))),
+            // The reader ended: the session's events still go out until it ends too.
+            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 /// Whether one session's agent waits for a plan (counted in `drun_rdzv_waiting{run}`): set by
