@@ -81,6 +81,11 @@ use actor::Actor;
 
 pub use protocol::{CommitRefused, Event, Request, Resume, RunEnd, SaveRequest, SessionConfig};
 
+/// Where a session's events go, as it emits them: a channel to the agent's driver
+/// ([`spawn_session`]), or a server's stream, which turns each into its wire message at once
+/// ([`spawn_server_session`]).
+pub type Emit = Arc<dyn Fn(Event) + Send + Sync>;
+
 /// Starts a session actor; it ends when the request sender is dropped or after `Leave`.
 pub fn spawn_session(
     store: Arc<dyn Store>,
@@ -90,7 +95,11 @@ pub fn spawn_session(
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
 ) {
-    let (requests, events) = spawn_server_session(store, cfg, resume, None);
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    let emit: Emit = Arc::new(move |ev| {
+        let _ = ev_tx.send(ev);
+    });
+    let requests = spawn_server_session(store, cfg, resume, None, emit, || {});
     let (req_tx, mut outer_rx) = mpsc::unbounded_channel();
     // Notes when the agent was last heard from, even while the actor is busy with the store.
     tokio::spawn(async move {
@@ -100,7 +109,7 @@ pub fn spawn_session(
             }
         }
     });
-    (req_tx, events)
+    (req_tx, ev_rx)
 }
 
 /// The sending side of a session's requests: each send notes when the agent was last heard
@@ -108,7 +117,9 @@ pub fn spawn_session(
 /// with the store. A server-side session keeps the lease alive only for an agent that still
 /// talks.
 pub struct Requests {
-    tx: mpsc::UnboundedSender<Request>,
+    /// Boxed: a channel holds room for 32 of its items from the start, and a server holds a
+    /// session per agent.
+    tx: mpsc::UnboundedSender<Box<Request>>,
     heard: Arc<AtomicU64>,
     run_heard: Option<Arc<AtomicU64>>,
 }
@@ -121,22 +132,37 @@ impl Requests {
         if let Some(run) = &self.run_heard {
             run.fetch_max(now, Ordering::SeqCst);
         }
-        self.tx.send(request)
+        self.tx
+            .send(Box::new(request))
+            .map_err(|e| mpsc::error::SendError(*e.0))
+    }
+}
+
+/// Calls its function when dropped: the session's end, however its task ends.
+struct OnEnd<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnEnd<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
     }
 }
 
 /// [`spawn_session`] for a server, with the clock of when any agent of the run was last heard
 /// on this server (`run_heard`, ms since the epoch; shared by the run's sessions): it keeps the
-/// leases of a run it hears nobody of ([`hold`]). The server's stream reader sends through
-/// [`Requests`] itself: no task between it and the actor.
+/// leases of a run it hears nobody of ([`hold`]). The session's events go to `emit` as they
+/// happen, and `ended` is called once when the session ends; the server's stream reader sends
+/// through [`Requests`] itself: no task or channel between the stream and the actor.
 pub fn spawn_server_session(
     store: Arc<dyn Store>,
     cfg: SessionConfig,
     resume: Option<Resume>,
     run_heard: Option<Arc<AtomicU64>>,
-) -> (Requests, mpsc::UnboundedReceiver<Event>) {
+    emit: Emit,
+    ended: impl FnOnce() + Send + 'static,
+) -> Requests {
     let (tx, req_rx) = mpsc::unbounded_channel();
-    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
     let heard = Arc::new(AtomicU64::new(now_ms()));
     let requests = Requests {
         tx,
@@ -145,13 +171,14 @@ pub fn spawn_server_session(
     };
     // The caller's span (an agent's `node=...`) stays on the session's lines.
     tokio::spawn(tracing::Instrument::in_current_span(async move {
-        let mut actor = Actor::new(store, cfg, ev_tx, heard, run_heard);
+        let _end = OnEnd(Some(ended));
+        let mut actor = Actor::new(store, cfg, emit, heard, run_heard);
         if let Err(e) = actor.run(resume, req_rx).await {
             actor.emit(Event::Error(e.to_string()));
         }
         actor.stop_keeper();
     }));
-    (requests, ev_rx)
+    requests
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use crate::clock::now_ms;
 use crate::error::ServiceError;
 use crate::server::auth::Auth;
 use crate::server::wire::{event_to_wire, request_from_wire};
-use crate::session::{spawn_server_session, Event, Request, SessionConfig};
+use crate::session::{spawn_server_session, Emit, Event, Request, SessionConfig};
 pub use crate::status::status_json;
 use crate::{RoundConfig, Store};
 
@@ -253,21 +253,45 @@ impl Rendezvous for RendezvousService {
             tracing::info_span!("session", node = %cfg.node_id)
         };
         let run_heard = self.runs.contact(&cfg.run_id);
-        let (req_tx, events) = span.in_scope(|| {
+        let waiting = Waiting::new(&cfg.run_id);
+        // One channel to the agent's stream for the session's events and the keep-alive
+        // answers, each turned into its wire message as it is sent.
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let emit: Emit = {
+            let (tx, node, waiting) = (out_tx.clone(), cfg.node_id.clone(), waiting.clone());
+            Arc::new(move |ev| {
+                let msg = match ev {
+                    Event::Formed(plan) => {
+                        crate::server::metrics::global().formed(&plan);
+                        waiting.set(false);
+                        event_to_wire(&Event::Formed(plan.for_node(&node)))
+                    }
+                    ev => event_to_wire(&ev),
+                };
+                let _ = tx.send(Outgoing::Message(Box::new(msg)));
+            })
+        };
+        let ended = {
+            let tx = out_tx.clone();
+            move || {
+                let _ = tx.send(Outgoing::Ended);
+            }
+        };
+        let req_tx = span.in_scope(|| {
             spawn_server_session(
                 self.store.clone(),
                 cfg.clone(),
                 hello.resume.map(Into::into),
                 Some(run_heard),
+                emit,
+                ended,
             )
         });
         let sessions = self.sessions.clone();
         sessions.fetch_add(1, Ordering::SeqCst);
         self.opened.fetch_add(1, Ordering::SeqCst);
         crate::server::metrics::global().session(&cfg.run_id, 1);
-        let node = cfg.node_id.clone();
-        let waiting = Waiting::new(&cfg.run_id);
-        let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+        let ack_tx = out_tx;
         let joined = waiting.clone();
         tokio::spawn(async move {
             loop {
@@ -285,9 +309,9 @@ impl Rendezvous for RendezvousService {
                                 | tonic::Code::Internal
                         ) {
                             tracing::warn!(run = %cfg.run_id, node = %cfg.node_id, "refused a message: {}", s.message());
-                            let _ = ack_tx.send(crate::server::wire::event_to_wire(&Event::Error(
+                            let _ = ack_tx.send(Outgoing::Message(Box::new(event_to_wire(&Event::Error(
                                 format!("the rendezvous server refused a message: {}", s.message()),
-                            )));
+                            )))));
                         }
                         break;
                     }
@@ -299,9 +323,9 @@ impl Rendezvous for RendezvousService {
                     // One line to the agent, and the session ends: a well-behaved agent never
                     // sends this, so nothing it asks for next can be trusted.
                     tracing::warn!(run = %cfg.run_id, node = %cfg.node_id, "refused an invalid request: {why}");
-                    let _ = ack_tx.send(crate::server::wire::event_to_wire(&Event::Error(
+                    let _ = ack_tx.send(Outgoing::Message(Box::new(event_to_wire(&Event::Error(
                         format!("the rendezvous server refused an invalid request: {why}"),
-                    )));
+                    )))));
                     break;
                 }
                 if let Request::Join(j, _) = &mut req {
@@ -320,9 +344,9 @@ impl Rendezvous for RendezvousService {
                     break;
                 }
                 if keep_alive {
-                    let _ = ack_tx.send(pb::ServerEvent {
+                    let _ = ack_tx.send(Outgoing::Message(Box::new(pb::ServerEvent {
                         kind: Some(pb::server_event::Kind::KeptAlive(now_ms())),
-                    });
+                    })));
                 }
             }
             drop(seat);
@@ -331,14 +355,10 @@ impl Rendezvous for RendezvousService {
             joined.set(false);
             tracing::info!(run = %cfg.run_id, node = %cfg.node_id, "agent session closed");
         });
-        let out = Outbound {
-            events,
-            acks: ack_rx,
-            node,
-            waiting,
+        Ok(Response::new(Box::pin(Outbound {
+            rx: out_rx,
             ended: false,
-        };
-        Ok(Response::new(Box::pin(out)))
+        })))
     }
 
     async fn status(
@@ -373,29 +393,21 @@ fn refused(e: &ServiceError, run: Option<&str>, peer: Option<SocketAddr>) -> Sta
     e.to_status()
 }
 
-/// The messages of one session's stream to its agent: the session's events (a large plan cut
-/// to the agent's own entry, [`crate::Plan::for_node`]) and the keep-alive answers, until the
-/// session ends. Polled by the stream itself: no task or channel of its own per session.
-struct Outbound {
-    events: mpsc::UnboundedReceiver<Event>,
-    acks: mpsc::UnboundedReceiver<pb::ServerEvent>,
-    node: String,
-    waiting: Waiting,
-    /// The session ended and what the reader sent before it was sent.
-    ended: bool,
+/// What goes to an agent's stream.
+enum Outgoing {
+    /// A message (boxed: a channel holds room for 32 items from the start, and a server holds
+    /// a stream per agent).
+    Message(Box<pb::ServerEvent>),
+    /// The session ended: the stream ends (what was sent before it still goes out).
+    Ended,
 }
 
-impl Outbound {
-    fn wire(&self, ev: Event) -> pb::ServerEvent {
-        match ev {
-            Event::Formed(plan) => {
-                crate::server::metrics::global().formed(&plan);
-                self.waiting.set(false);
-                event_to_wire(&Event::Formed(plan.for_node(&self.node)))
-            }
-            ev => event_to_wire(&ev),
-        }
-    }
+/// The messages of one session's stream to its agent: the session's events (a large plan cut
+/// to the agent's own entry, [`crate::Plan::for_node`]) and the keep-alive answers, until the
+/// session ends. Polled by the stream itself: no task of its own per session.
+struct Outbound {
+    rx: mpsc::UnboundedReceiver<Outgoing>,
+    ended: bool,
 }
 
 impl Stream for Outbound {
@@ -405,30 +417,16 @@ impl Stream for Outbound {
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
-        use std::task::Poll;
         if self.ended {
-            return Poll::Ready(None);
+            return std::task::Poll::Ready(None);
         }
-        match self.events.poll_recv(cx) {
-            Poll::Ready(Some(ev)) => return Poll::Ready(Some(Ok(self.wire(ev)))),
-            Poll::Ready(None) => {
-                // The session ended: what the reader sent before it ended it (a refusal's one
-                // line) still goes out.
-                return Poll::Ready(match self.acks.try_recv() {
-                    Ok(ack) => Some(Ok(ack)),
-                    Err(_) => {
-                        self.ended = true;
-                        None
-                    }
-                });
+        self.rx.poll_recv(cx).map(|out| match out {
+            Some(Outgoing::Message(m)) => Some(Ok(*m)),
+            Some(Outgoing::Ended) | None => {
+                self.ended = true;
+                None
             }
-            Poll::Pending => {}
-        }
-        match self.acks.poll_recv(cx) {
-            Poll::Ready(Some(ack)) => Poll::Ready(Some(Ok(ack))),
-            // The reader ended: the session's events still go out until it ends too.
-            Poll::Ready(None) | Poll::Pending => Poll::Pending,
-        }
+        })
     }
 }
 

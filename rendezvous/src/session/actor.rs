@@ -155,7 +155,7 @@ pub(super) struct Actor {
     pub(super) rules: Rules,
     /// What the step needs besides the state.
     params: Params,
-    events: mpsc::UnboundedSender<Event>,
+    events: super::Emit,
     /// The session's state (the lease and the last generation in it).
     pub(super) state: Session,
     /// The handles beside the state's phase.
@@ -180,7 +180,7 @@ impl Actor {
     pub(super) fn new(
         store: Arc<dyn Store>,
         cfg: SessionConfig,
-        events: mpsc::UnboundedSender<Event>,
+        events: super::Emit,
         heard: Arc<AtomicU64>,
         run_heard: Option<Arc<AtomicU64>>,
     ) -> Self {
@@ -251,7 +251,7 @@ impl Actor {
     }
 
     pub(super) fn emit(&self, ev: Event) {
-        let _ = self.events.send(ev);
+        (self.events)(ev);
     }
 
     pub(super) async fn finished(&self) -> Result<Option<RunEnd>, StoreError> {
@@ -288,7 +288,7 @@ impl Actor {
     pub(super) async fn run(
         &mut self,
         resume: Option<Resume>,
-        mut requests: mpsc::UnboundedReceiver<Request>,
+        mut requests: mpsc::UnboundedReceiver<Box<Request>>,
     ) -> Result<(), RendezvousError> {
         // Boxed, as each effect below: the task's own allocation is as large as the largest
         // state it may await in, and a session idles in the `select!` for nearly all of its
@@ -305,7 +305,7 @@ impl Actor {
             let Handles { waiter, watch } = &mut self.handles;
             let input = tokio::select! {
                 req = requests.recv(), if reads_requests => match req {
-                    Some(r) => Input::Request(r),
+                    Some(r) => Input::Request(*r),
                     None => Input::RequestsClosed,
                 },
                 plan = decided(waiter.as_mut()), if reads_round && waiter.is_some() => {
@@ -520,9 +520,7 @@ impl Actor {
         let events = self.events.clone();
         let waiter: Waiter = Box::pin(async move {
             round
-                .wait_for_plan(&node, after, lease, |r| {
-                    let _ = events.send(Event::Waiting(r.to_string()));
-                })
+                .wait_for_plan(&node, after, lease, |r| events(Event::Waiting(r.to_string())))
                 .await
         });
         self.handles.waiter = Some(std::sync::Mutex::new(waiter));
