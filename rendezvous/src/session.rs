@@ -79,12 +79,9 @@ use crate::clock::now_ms;
 use crate::store::Store;
 use actor::Actor;
 
-pub use protocol::{CommitRefused, Event, Request, Resume, RunEnd, SaveRequest, SessionConfig};
-
-/// Where a session's events go, as it emits them: a channel to the agent's driver
-/// ([`spawn_session`]), or a server's stream, which turns each into its wire message at once
-/// ([`spawn_server_session`]).
-pub type Emit = Arc<dyn Fn(Event) + Send + Sync>;
+pub use protocol::{
+    CommitRefused, Emit, Event, Request, Resume, RunEnd, SaveRequest, SessionConfig,
+};
 
 /// Starts a session actor; it ends when the request sender is dropped or after `Leave`.
 pub fn spawn_session(
@@ -126,15 +123,13 @@ pub struct Requests {
 
 impl Requests {
     /// Hands `request` to the session; an error when it has ended.
-    pub fn send(&self, request: Request) -> Result<(), mpsc::error::SendError<Request>> {
+    pub fn send(&self, request: Request) -> Result<(), mpsc::error::SendError<Box<Request>>> {
         let now = now_ms();
         self.heard.store(now, Ordering::SeqCst);
         if let Some(run) = &self.run_heard {
             run.fetch_max(now, Ordering::SeqCst);
         }
-        self.tx
-            .send(Box::new(request))
-            .map_err(|e| mpsc::error::SendError(*e.0))
+        self.tx.send(Box::new(request))
     }
 }
 

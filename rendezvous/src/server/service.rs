@@ -309,9 +309,12 @@ impl Rendezvous for RendezvousService {
                                 | tonic::Code::Internal
                         ) {
                             tracing::warn!(run = %cfg.run_id, node = %cfg.node_id, "refused a message: {}", s.message());
-                            let _ = ack_tx.send(Outgoing::Message(Box::new(event_to_wire(&Event::Error(
-                                format!("the rendezvous server refused a message: {}", s.message()),
-                            )))));
+                            let _ = ack_tx.send(Outgoing::Message(Box::new(event_to_wire(
+                                &Event::Error(format!(
+                                    "the rendezvous server refused a message: {}",
+                                    s.message()
+                                )),
+                            ))));
                         }
                         break;
                     }
@@ -477,6 +480,33 @@ mod tests {
         // An older agent sends neither: off, with the default prior.
         let old = session_config(&pb::Hello::default()).ckpt_interval;
         assert_eq!(old, IntervalConfig::default());
+    }
+
+    #[tokio::test]
+    async fn a_sessions_stream_sends_what_came_before_its_end_then_ends_though_the_reader_lives() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let kept = |at| {
+            Outgoing::Message(Box::new(pb::ServerEvent {
+                kind: Some(pb::server_event::Kind::KeptAlive(at)),
+            }))
+        };
+        tx.send(kept(1)).unwrap();
+        tx.send(kept(2)).unwrap();
+        tx.send(Outgoing::Ended).unwrap();
+        // The reader answers once more after the session ended: never sent.
+        tx.send(kept(3)).unwrap();
+        // `tx` (the stream's reader) lives on: the stream ends at the session's end anyway.
+        let out: Vec<_> = tokio::time::timeout(
+            Duration::from_secs(5),
+            Outbound { rx, ended: false }
+                .map(|m| m.unwrap().kind)
+                .collect(),
+        )
+        .await
+        .expect("the stream ends at the session's end");
+        use pb::server_event::Kind::KeptAlive;
+        assert_eq!(out, vec![Some(KeptAlive(1)), Some(KeptAlive(2))]);
+        drop(tx);
     }
 
     async fn hello_with_version(version: u32) -> Result<(), Status> {

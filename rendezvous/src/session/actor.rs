@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::generation::{self, Rules};
 use super::keeper::{self, KeeperConfig, Lost};
-use super::protocol::{Event, Request, Resume, RunEnd, SessionConfig};
+use super::protocol::{Emit, Event, Request, Resume, RunEnd, SessionConfig};
 use super::state::{
     Attempt, BudgetSeen, Decided, Effect, Failure, Input, LeaseChange, LossLook, Params, Phase,
     Session,
@@ -155,7 +155,7 @@ pub(super) struct Actor {
     pub(super) rules: Rules,
     /// What the step needs besides the state.
     params: Params,
-    events: super::Emit,
+    events: Emit,
     /// The session's state (the lease and the last generation in it).
     pub(super) state: Session,
     /// The handles beside the state's phase.
@@ -180,7 +180,7 @@ impl Actor {
     pub(super) fn new(
         store: Arc<dyn Store>,
         cfg: SessionConfig,
-        events: super::Emit,
+        events: Emit,
         heard: Arc<AtomicU64>,
         run_heard: Option<Arc<AtomicU64>>,
     ) -> Self {
@@ -520,7 +520,9 @@ impl Actor {
         let events = self.events.clone();
         let waiter: Waiter = Box::pin(async move {
             round
-                .wait_for_plan(&node, after, lease, |r| events(Event::Waiting(r.to_string())))
+                .wait_for_plan(&node, after, lease, |r| {
+                    events(Event::Waiting(r.to_string()))
+                })
                 .await
         });
         self.handles.waiter = Some(std::sync::Mutex::new(waiter));

@@ -441,6 +441,78 @@ mod tests {
 }
 
 #[cfg(test)]
+mod merged_tests {
+    use super::*;
+
+    fn put(key: &str) -> WatchEvent {
+        WatchEvent::Put(KeyValue {
+            key: key.into(),
+            value: bytes::Bytes::new(),
+            create_revision: 1,
+            mod_revision: 1,
+            lease: None,
+        })
+    }
+
+    fn key(ev: &WatchEvent) -> &str {
+        match ev {
+            WatchEvent::Put(kv) => &kv.key,
+            WatchEvent::Delete(k, _) => k,
+        }
+    }
+
+    #[tokio::test]
+    async fn merged_watches_of_two_hubs_feed_one_channel_and_a_broken_one_says_so_once() {
+        let watches = Arc::new(Watches::default());
+        let (gen_tx, gen_rx) = mpsc::unbounded_channel();
+        let (mem_tx, mem_rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        watches
+            .watch_into("/r/gen/2/", Sink::Merged(tx.clone()), |hub| {
+                assert_eq!(hub, "/r/gen/2/");
+                async { Ok(gen_rx) }
+            })
+            .await
+            .unwrap();
+        watches
+            .watch_into("/r/members/2/b", Sink::Merged(tx.clone()), |hub| {
+                assert_eq!(hub, "/r/members/2/");
+                async { Ok(mem_rx) }
+            })
+            .await
+            .unwrap();
+        // Another session's own channel on the same hub is not disturbed.
+        let mut other = watches
+            .watch("/r/members/2/c", |_| async {
+                unreachable!("the running watch is shared")
+            })
+            .await
+            .unwrap();
+        drop(tx);
+        mem_tx.send(put("/r/members/2/a")).unwrap();
+        mem_tx.send(put("/r/members/2/b")).unwrap();
+        gen_tx.send(put("/r/gen/2/closed")).unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            seen.push(key(&rx.recv().await.unwrap().unwrap()).to_string());
+        }
+        seen.sort();
+        assert_eq!(seen, ["/r/gen/2/closed", "/r/members/2/b"]);
+        // The membership watch breaks: the merged channel hears it once and stays open for
+        // the generation's watch; a subscriber of its own sees its channel end.
+        drop(mem_tx);
+        assert_eq!(rx.recv().await, Some(None));
+        assert!(other.recv().await.is_none());
+        gen_tx.send(put("/r/gen/2/preempt")).unwrap();
+        assert_eq!(key(&rx.recv().await.unwrap().unwrap()), "/r/gen/2/preempt");
+        drop(gen_tx);
+        assert_eq!(rx.recv().await, Some(None));
+        // Every watch of the session is gone: its channel ends.
+        assert_eq!(rx.recv().await, None);
+    }
+}
+
+#[cfg(test)]
 mod hub_tests {
     use super::*;
 
