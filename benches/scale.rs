@@ -251,6 +251,40 @@ async fn wait_formed(
     }
 }
 
+/// CPU time spent by the server, etcd and this process (the simulated agents) since a start:
+/// what a formation costs whatever the machine's load, which stretches its wall time.
+struct Spent {
+    pids: (nix::unistd::Pid, nix::unistd::Pid),
+    at: (Duration, Duration, Duration),
+}
+
+impl Spent {
+    fn start(server: nix::unistd::Pid, etcd: nix::unistd::Pid) -> Self {
+        let cpu = |p| common::procs::cpu_time(p).unwrap_or_default();
+        Self {
+            pids: (server, etcd),
+            at: (cpu(server), cpu(etcd), common::procs::own_cpu_time()),
+        }
+    }
+
+    /// The CPU spent since the start, in seconds and per agent.
+    fn show(&self, n: usize) -> String {
+        let cpu = |p| common::procs::cpu_time(p).unwrap_or_default();
+        let (s, e, a) = (
+            cpu(self.pids.0).saturating_sub(self.at.0),
+            cpu(self.pids.1).saturating_sub(self.at.1),
+            common::procs::own_cpu_time().saturating_sub(self.at.2),
+        );
+        format!(
+            "CPU spent: server {:.2} s ({:.0} µs per agent), etcd {:.2} s, simulated agents {:.2} s",
+            s.as_secs_f64(),
+            s.as_secs_f64() * 1e6 / n as f64,
+            e.as_secs_f64(),
+            a.as_secs_f64()
+        )
+    }
+}
+
 /// One size's results for the series.
 #[derive(Default, Clone, Copy)]
 struct Row {
@@ -282,6 +316,9 @@ async fn one_size(n: usize, window: Duration) -> Row {
     let (rep_tx, mut reports) = mpsc::unbounded_channel();
     let mut crash = Vec::new();
     let before = etcd_requests(&etcd.endpoint);
+    let spid = server.pid();
+    let cpu = |p| common::procs::cpu_time(p).unwrap_or_default();
+    let spent = Spent::start(spid, etcd.pid());
     let t0 = Instant::now();
     for i in 0..n {
         let (c_tx, c_rx) = watch::channel(false);
@@ -310,9 +347,8 @@ async fn one_size(n: usize, window: Duration) -> Row {
         (at - t0).as_secs_f64(),
         show(&delta(&formed, &before), n)
     );
+    println!("        {}", spent.show(n));
 
-    let spid = server.pid();
-    let cpu = |p| common::procs::cpu_time(p).unwrap_or_default();
     let (s0, e0) = (cpu(spid), cpu(etcd.pid()));
     let w0 = Instant::now();
     let mut kept = Vec::new();
@@ -357,6 +393,7 @@ async fn one_size(n: usize, window: Duration) -> Row {
 
     let lost = (n / 100).max(1);
     let before = etcd_requests(&etcd.endpoint);
+    let spent = Spent::start(spid, etcd.pid());
     let t_crash = Instant::now();
     for c in crash.iter().take(lost) {
         let _ = c.send(true);
@@ -374,7 +411,8 @@ async fn one_size(n: usize, window: Duration) -> Row {
                 (detected - t_crash).as_secs_f64(),
                 (f.at - detected).as_secs_f64(),
                 show(&delta(&etcd_requests(&etcd.endpoint), &before), n)
-            )
+            );
+            println!("        {}", spent.show(n));
         }
         Err(e) => println!("        {lost} of {n} crashed: re-form FAILED: {e}"),
     }

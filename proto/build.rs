@@ -12,6 +12,8 @@ fn main() {
         );
     }
     tonic_prost_build::configure()
+        // Small starting buffers per stream (src/codec.rs).
+        .codec_path("crate::codec::SmallBuffers")
         .compile_protos(&protos, &["proto"])
         .unwrap_or_else(|e| panic!("compiling drun.v1 protos failed: {e}"));
 }

@@ -1,5 +1,7 @@
 //! The `drun.v1` wire schema shared by the agent (`drun`) and the rendezvous server
-//! (`drun-rendezvous`). Only generated code lives here.
+//! (`drun-rendezvous`). Generated code, and the codec it names ([`codec`]).
+
+pub mod codec;
 
 /// Generated messages and the `Rendezvous` service for protocol version 1.
 pub mod v1 {

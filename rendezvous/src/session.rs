@@ -79,7 +79,9 @@ use crate::clock::now_ms;
 use crate::store::Store;
 use actor::Actor;
 
-pub use protocol::{CommitRefused, Event, Request, Resume, RunEnd, SaveRequest, SessionConfig};
+pub use protocol::{
+    CommitRefused, Emit, Event, Request, Resume, RunEnd, SaveRequest, SessionConfig,
+};
 
 /// Starts a session actor; it ends when the request sender is dropped or after `Leave`.
 pub fn spawn_session(
@@ -90,50 +92,88 @@ pub fn spawn_session(
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
 ) {
-    spawn_server_session(store, cfg, resume, None)
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    let emit: Emit = Arc::new(move |ev| {
+        let _ = ev_tx.send(ev);
+    });
+    let requests = spawn_server_session(store, cfg, resume, None, emit, || {});
+    let (req_tx, mut outer_rx) = mpsc::unbounded_channel();
+    // Notes when the agent was last heard from, even while the actor is busy with the store.
+    tokio::spawn(async move {
+        while let Some(r) = outer_rx.recv().await {
+            if requests.send(r).is_err() {
+                return;
+            }
+        }
+    });
+    (req_tx, ev_rx)
+}
+
+/// The sending side of a session's requests: each send notes when the agent was last heard
+/// from (the session's clock, and the run's when it has one), even while the actor is busy
+/// with the store. A server-side session keeps the lease alive only for an agent that still
+/// talks.
+pub struct Requests {
+    /// Boxed: a channel holds room for 32 of its items from the start, and a server holds a
+    /// session per agent.
+    tx: mpsc::UnboundedSender<Box<Request>>,
+    heard: Arc<AtomicU64>,
+    run_heard: Option<Arc<AtomicU64>>,
+}
+
+impl Requests {
+    /// Hands `request` to the session; an error when it has ended.
+    pub fn send(&self, request: Request) -> Result<(), mpsc::error::SendError<Box<Request>>> {
+        let now = now_ms();
+        self.heard.store(now, Ordering::SeqCst);
+        if let Some(run) = &self.run_heard {
+            run.fetch_max(now, Ordering::SeqCst);
+        }
+        self.tx.send(Box::new(request))
+    }
+}
+
+/// Calls its function when dropped: the session's end, however its task ends.
+struct OnEnd<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnEnd<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
 }
 
 /// [`spawn_session`] for a server, with the clock of when any agent of the run was last heard
 /// on this server (`run_heard`, ms since the epoch; shared by the run's sessions): it keeps the
-/// leases of a run it hears nobody of ([`hold`]).
+/// leases of a run it hears nobody of ([`hold`]). The session's events go to `emit` as they
+/// happen, and `ended` is called once when the session ends; the server's stream reader sends
+/// through [`Requests`] itself: no task or channel between the stream and the actor.
 pub fn spawn_server_session(
     store: Arc<dyn Store>,
     cfg: SessionConfig,
     resume: Option<Resume>,
     run_heard: Option<Arc<AtomicU64>>,
-) -> (
-    mpsc::UnboundedSender<Request>,
-    mpsc::UnboundedReceiver<Event>,
-) {
-    let (req_tx, mut outer_rx) = mpsc::unbounded_channel();
-    let (inner_tx, req_rx) = mpsc::unbounded_channel();
-    let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+    emit: Emit,
+    ended: impl FnOnce() + Send + 'static,
+) -> Requests {
+    let (tx, req_rx) = mpsc::unbounded_channel();
     let heard = Arc::new(AtomicU64::new(now_ms()));
-    // Notes when the agent was last heard from, even while the actor is busy with the store:
-    // a server-side session keeps the lease alive only for an agent that still talks.
-    let heard_fwd = heard.clone();
-    let run_fwd = run_heard.clone();
-    tokio::spawn(async move {
-        while let Some(r) = outer_rx.recv().await {
-            let now = now_ms();
-            heard_fwd.store(now, Ordering::SeqCst);
-            if let Some(run) = &run_fwd {
-                run.fetch_max(now, Ordering::SeqCst);
-            }
-            if inner_tx.send(r).is_err() {
-                return;
-            }
-        }
-    });
+    let requests = Requests {
+        tx,
+        heard: heard.clone(),
+        run_heard: run_heard.clone(),
+    };
     // The caller's span (an agent's `node=...`) stays on the session's lines.
     tokio::spawn(tracing::Instrument::in_current_span(async move {
-        let mut actor = Actor::new(store, cfg, ev_tx, heard, run_heard);
+        let _end = OnEnd(Some(ended));
+        let mut actor = Actor::new(store, cfg, emit, heard, run_heard);
         if let Err(e) = actor.run(resume, req_rx).await {
             actor.emit(Event::Error(e.to_string()));
         }
         actor.stop_keeper();
     }));
-    (req_tx, ev_rx)
+    requests
 }
 
 #[cfg(test)]

@@ -150,6 +150,36 @@ pub trait Store: Send + Sync + 'static {
         after: i64,
     ) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError>;
 
+    /// Every change under each of `prefixes` from now on, merged into one channel; `None`
+    /// arrives once for each watch that breaks (the others go on). The channel closes when
+    /// the store goes away. A server's session watches four or five prefixes while its
+    /// generation runs: the etcd store feeds them all into one channel, without a task or a
+    /// channel per prefix; this default forwards each [`Store::watch_prefix`] on a task.
+    async fn watch_prefixes(
+        &self,
+        prefixes: &[String],
+    ) -> Result<mpsc::UnboundedReceiver<Option<WatchEvent>>, StoreError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for prefix in prefixes {
+            let mut source = self.watch_prefix(prefix, 0).await?;
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        ev = source.recv() => {
+                            let done = ev.is_none();
+                            if tx.send(ev).is_err() || done {
+                                return;
+                            }
+                        }
+                        _ = tx.closed() => return,
+                    }
+                }
+            });
+        }
+        Ok(rx)
+    }
+
     /// Put one key (a one-op transaction).
     async fn put(
         &self,

@@ -19,7 +19,7 @@ use drun_proto::v1 as pb;
 use drun_proto::v1::rendezvous_server::{Rendezvous, RendezvousServer};
 use drun_proto::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
@@ -27,7 +27,7 @@ use crate::clock::now_ms;
 use crate::error::ServiceError;
 use crate::server::auth::Auth;
 use crate::server::wire::{event_to_wire, request_from_wire};
-use crate::session::{spawn_server_session, Event, Request, SessionConfig};
+use crate::session::{spawn_server_session, Emit, Event, Request, SessionConfig};
 pub use crate::status::status_json;
 use crate::{RoundConfig, Store};
 
@@ -253,21 +253,45 @@ impl Rendezvous for RendezvousService {
             tracing::info_span!("session", node = %cfg.node_id)
         };
         let run_heard = self.runs.contact(&cfg.run_id);
-        let (req_tx, events) = span.in_scope(|| {
+        let waiting = Waiting::new(&cfg.run_id);
+        // One channel to the agent's stream for the session's events and the keep-alive
+        // answers, each turned into its wire message as it is sent.
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let emit: Emit = {
+            let (tx, node, waiting) = (out_tx.clone(), cfg.node_id.clone(), waiting.clone());
+            Arc::new(move |ev| {
+                let msg = match ev {
+                    Event::Formed(plan) => {
+                        crate::server::metrics::global().formed(&plan);
+                        waiting.set(false);
+                        event_to_wire(&Event::Formed(plan.for_node(&node)))
+                    }
+                    ev => event_to_wire(&ev),
+                };
+                let _ = tx.send(Outgoing::Message(Box::new(msg)));
+            })
+        };
+        let ended = {
+            let tx = out_tx.clone();
+            move || {
+                let _ = tx.send(Outgoing::Ended);
+            }
+        };
+        let req_tx = span.in_scope(|| {
             spawn_server_session(
                 self.store.clone(),
                 cfg.clone(),
                 hello.resume.map(Into::into),
                 Some(run_heard),
+                emit,
+                ended,
             )
         });
         let sessions = self.sessions.clone();
         sessions.fetch_add(1, Ordering::SeqCst);
         self.opened.fetch_add(1, Ordering::SeqCst);
         crate::server::metrics::global().session(&cfg.run_id, 1);
-        let node = cfg.node_id.clone();
-        let waiting = Waiting::new(&cfg.run_id);
-        let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+        let ack_tx = out_tx;
         let joined = waiting.clone();
         tokio::spawn(async move {
             loop {
@@ -285,9 +309,12 @@ impl Rendezvous for RendezvousService {
                                 | tonic::Code::Internal
                         ) {
                             tracing::warn!(run = %cfg.run_id, node = %cfg.node_id, "refused a message: {}", s.message());
-                            let _ = ack_tx.send(crate::server::wire::event_to_wire(&Event::Error(
-                                format!("the rendezvous server refused a message: {}", s.message()),
-                            )));
+                            let _ = ack_tx.send(Outgoing::Message(Box::new(event_to_wire(
+                                &Event::Error(format!(
+                                    "the rendezvous server refused a message: {}",
+                                    s.message()
+                                )),
+                            ))));
                         }
                         break;
                     }
@@ -299,9 +326,9 @@ impl Rendezvous for RendezvousService {
                     // One line to the agent, and the session ends: a well-behaved agent never
                     // sends this, so nothing it asks for next can be trusted.
                     tracing::warn!(run = %cfg.run_id, node = %cfg.node_id, "refused an invalid request: {why}");
-                    let _ = ack_tx.send(crate::server::wire::event_to_wire(&Event::Error(
+                    let _ = ack_tx.send(Outgoing::Message(Box::new(event_to_wire(&Event::Error(
                         format!("the rendezvous server refused an invalid request: {why}"),
-                    )));
+                    )))));
                     break;
                 }
                 if let Request::Join(j, _) = &mut req {
@@ -320,9 +347,9 @@ impl Rendezvous for RendezvousService {
                     break;
                 }
                 if keep_alive {
-                    let _ = ack_tx.send(pb::ServerEvent {
+                    let _ = ack_tx.send(Outgoing::Message(Box::new(pb::ServerEvent {
                         kind: Some(pb::server_event::Kind::KeptAlive(now_ms())),
-                    });
+                    })));
                 }
             }
             drop(seat);
@@ -331,8 +358,10 @@ impl Rendezvous for RendezvousService {
             joined.set(false);
             tracing::info!(run = %cfg.run_id, node = %cfg.node_id, "agent session closed");
         });
-        let out = UnboundedReceiverStream::new(outbound(events, ack_rx, node, waiting)).map(Ok);
-        Ok(Response::new(Box::pin(out)))
+        Ok(Response::new(Box::pin(Outbound {
+            rx: out_rx,
+            ended: false,
+        })))
     }
 
     async fn status(
@@ -367,43 +396,41 @@ fn refused(e: &ServiceError, run: Option<&str>, peer: Option<SocketAddr>) -> Sta
     e.to_status()
 }
 
+/// What goes to an agent's stream.
+enum Outgoing {
+    /// A message (boxed: a channel holds room for 32 items from the start, and a server holds
+    /// a stream per agent).
+    Message(Box<pb::ServerEvent>),
+    /// The session ended: the stream ends (what was sent before it still goes out).
+    Ended,
+}
+
 /// The messages of one session's stream to its agent: the session's events (a large plan cut
 /// to the agent's own entry, [`crate::Plan::for_node`]) and the keep-alive answers, until the
-/// session ends.
-fn outbound(
-    mut events: mpsc::UnboundedReceiver<Event>,
-    mut acks: mpsc::UnboundedReceiver<pb::ServerEvent>,
-    node: String,
-    waiting: Waiting,
-) -> mpsc::UnboundedReceiver<pb::ServerEvent> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        loop {
-            let msg = tokio::select! {
-                ev = events.recv() => match ev {
-                    Some(Event::Formed(plan)) => {
-                        crate::server::metrics::global().formed(&plan);
-                        waiting.set(false);
-                        event_to_wire(&Event::Formed(plan.for_node(&node)))
-                    }
-                    Some(ev) => event_to_wire(&ev),
-                    None => {
-                        // The session ended: what the reader sent before it ended it (a
-                        // refusal's one line) still goes out.
-                        while let Ok(ack) = acks.try_recv() {
-                            let _ = tx.send(ack);
-                        }
-                        return;
-                    }
-                },
-                Some(ack) = acks.recv() => ack,
-            };
-            if tx.send(msg).is_err() {
-                return;
-            }
+/// session ends. Polled by the stream itself: no task of its own per session.
+struct Outbound {
+    rx: mpsc::UnboundedReceiver<Outgoing>,
+    ended: bool,
+}
+
+impl Stream for Outbound {
+    type Item = Result<pb::ServerEvent, Status>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        if self.ended {
+            return std::task::Poll::Ready(None);
         }
-    });
-    rx
+        self.rx.poll_recv(cx).map(|out| match out {
+            Some(Outgoing::Message(m)) => Some(Ok(*m)),
+            Some(Outgoing::Ended) | None => {
+                self.ended = true;
+                None
+            }
+        })
+    }
 }
 
 /// Whether one session's agent waits for a plan (counted in `drun_rdzv_waiting{run}`): set by
@@ -453,6 +480,33 @@ mod tests {
         // An older agent sends neither: off, with the default prior.
         let old = session_config(&pb::Hello::default()).ckpt_interval;
         assert_eq!(old, IntervalConfig::default());
+    }
+
+    #[tokio::test]
+    async fn a_sessions_stream_sends_what_came_before_its_end_then_ends_though_the_reader_lives() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let kept = |at| {
+            Outgoing::Message(Box::new(pb::ServerEvent {
+                kind: Some(pb::server_event::Kind::KeptAlive(at)),
+            }))
+        };
+        tx.send(kept(1)).unwrap();
+        tx.send(kept(2)).unwrap();
+        tx.send(Outgoing::Ended).unwrap();
+        // The reader answers once more after the session ended: never sent.
+        tx.send(kept(3)).unwrap();
+        // `tx` (the stream's reader) lives on: the stream ends at the session's end anyway.
+        let out: Vec<_> = tokio::time::timeout(
+            Duration::from_secs(5),
+            Outbound { rx, ended: false }
+                .map(|m| m.unwrap().kind)
+                .collect(),
+        )
+        .await
+        .expect("the stream ends at the session's end");
+        use pb::server_event::Kind::KeptAlive;
+        assert_eq!(out, vec![Some(KeptAlive(1)), Some(KeptAlive(2))]);
+        drop(tx);
     }
 
     async fn hello_with_version(version: u32) -> Result<(), Status> {

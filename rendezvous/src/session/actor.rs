@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::generation::{self, Rules};
 use super::keeper::{self, KeeperConfig, Lost};
-use super::protocol::{Event, Request, Resume, RunEnd, SessionConfig};
+use super::protocol::{Emit, Event, Request, Resume, RunEnd, SessionConfig};
 use super::state::{
     Attempt, BudgetSeen, Decided, Effect, Failure, Input, LeaseChange, LossLook, Params, Phase,
     Session,
@@ -155,7 +155,7 @@ pub(super) struct Actor {
     pub(super) rules: Rules,
     /// What the step needs besides the state.
     params: Params,
-    events: mpsc::UnboundedSender<Event>,
+    events: Emit,
     /// The session's state (the lease and the last generation in it).
     pub(super) state: Session,
     /// The handles beside the state's phase.
@@ -180,7 +180,7 @@ impl Actor {
     pub(super) fn new(
         store: Arc<dyn Store>,
         cfg: SessionConfig,
-        events: mpsc::UnboundedSender<Event>,
+        events: Emit,
         heard: Arc<AtomicU64>,
         run_heard: Option<Arc<AtomicU64>>,
     ) -> Self {
@@ -251,7 +251,7 @@ impl Actor {
     }
 
     pub(super) fn emit(&self, ev: Event) {
-        let _ = self.events.send(ev);
+        (self.events)(ev);
     }
 
     pub(super) async fn finished(&self) -> Result<Option<RunEnd>, StoreError> {
@@ -288,9 +288,12 @@ impl Actor {
     pub(super) async fn run(
         &mut self,
         resume: Option<Resume>,
-        mut requests: mpsc::UnboundedReceiver<Request>,
+        mut requests: mpsc::UnboundedReceiver<Box<Request>>,
     ) -> Result<(), RendezvousError> {
-        let opened = self.open(resume).await?;
+        // Boxed, as each effect below: the task's own allocation is as large as the largest
+        // state it may await in, and a session idles in the `select!` for nearly all of its
+        // life; nested inline, the store work made every session's task about 11 KB.
+        let opened = Box::pin(self.open(resume)).await?;
         let mut first = VecDeque::new();
         first.extend(self.lease_change.take().map(Input::Leased));
         first.push_back(Input::Opened(opened));
@@ -302,7 +305,7 @@ impl Actor {
             let Handles { waiter, watch } = &mut self.handles;
             let input = tokio::select! {
                 req = requests.recv(), if reads_requests => match req {
-                    Some(r) => Input::Request(r),
+                    Some(r) => Input::Request(*r),
                     None => Input::RequestsClosed,
                 },
                 plan = decided(waiter.as_mut()), if reads_round && waiter.is_some() => {
@@ -345,7 +348,7 @@ impl Actor {
                 tracing::debug!(run = %self.cfg.run_id, gen = ?g, "{reason}");
             }
             for effect in effects {
-                let next = self.carry_out(effect).await?;
+                let next = Box::pin(self.carry_out(effect)).await?;
                 inputs.extend(self.lease_change.take().map(Input::Leased));
                 inputs.extend(next);
             }
@@ -518,7 +521,7 @@ impl Actor {
         let waiter: Waiter = Box::pin(async move {
             round
                 .wait_for_plan(&node, after, lease, |r| {
-                    let _ = events.send(Event::Waiting(r.to_string()));
+                    events(Event::Waiting(r.to_string()))
                 })
                 .await
         });

@@ -113,6 +113,11 @@ pub enum Request {
     },
 }
 
+/// Where a session's events go, as it emits them: a channel to the agent's driver
+/// ([`super::spawn_session`]), or a server's stream, which turns each into its wire message at
+/// once ([`super::spawn_server_session`]).
+pub type Emit = std::sync::Arc<dyn Fn(Event) + Send + Sync>;
+
 /// From the session to the agent.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {

@@ -1,6 +1,5 @@
 //! Entering and watching a running generation: the store I/O around the pure generation core.
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::actor::{failure, is_transient, Actor, Watch};
@@ -134,25 +133,7 @@ impl Actor {
         if generation::watches_newcomers(plan, &self.cfg.node_id, &self.rules) {
             prefixes.push(keys.waiting_prefix());
         }
-        let (tx, rx) = mpsc::unbounded_channel();
-        for prefix in prefixes {
-            let mut source = self.round.state().watch(&prefix).await?;
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        ev = source.recv() => {
-                            let done = ev.is_none();
-                            if tx.send(ev).is_err() || done {
-                                return;
-                            }
-                        }
-                        _ = tx.closed() => return,
-                    }
-                }
-            });
-        }
-        Ok(rx)
+        self.round.state().watch_all(&prefixes).await
     }
 
     async fn closed_reason(&self, plan: &Plan) -> Result<Option<String>, RendezvousError> {

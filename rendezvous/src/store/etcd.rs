@@ -30,7 +30,7 @@ use crate::StoreError;
 use batch::Batcher;
 use combine::{ReadReq, WriteReq};
 use keep_alive::KeepAlives;
-use share::{Reads, Watches};
+use share::{Reads, Sink, Watches};
 
 /// Timeout of one etcd request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -251,6 +251,21 @@ impl Store for EtcdStore {
         self.watches
             .watch(prefix, |hub| async move { self.watch_once(&hub, 0).await })
             .await
+    }
+
+    async fn watch_prefixes(
+        &self,
+        prefixes: &[String],
+    ) -> Result<mpsc::UnboundedReceiver<Option<WatchEvent>>, StoreError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for prefix in prefixes {
+            self.watches
+                .watch_into(prefix, Sink::Merged(tx.clone()), |hub| async move {
+                    self.watch_once(&hub, 0).await
+                })
+                .await?;
+        }
+        Ok(rx)
     }
 }
 

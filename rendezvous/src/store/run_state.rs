@@ -134,6 +134,15 @@ impl RunState {
         self.store.watch_prefix(prefix, 0).await
     }
 
+    /// Every change under each of `prefixes` (keys of this run) from now on, in one channel;
+    /// `None` when one of the watches broke ([`Store::watch_prefixes`]).
+    pub async fn watch_all(
+        &self,
+        prefixes: &[String],
+    ) -> Result<mpsc::UnboundedReceiver<Option<WatchEvent>>, StoreError> {
+        self.store.watch_prefixes(prefixes).await
+    }
+
     /// Whether the run has ended (`finished` exists; not decoded).
     pub async fn has_finished(&self) -> Result<bool, StoreError> {
         self.exists(&self.keys.finished()).await

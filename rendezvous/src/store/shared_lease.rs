@@ -287,6 +287,13 @@ impl Store for Arc<SharedLeases> {
     ) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
         self.inner.watch_prefix(prefix, after).await
     }
+
+    async fn watch_prefixes(
+        &self,
+        prefixes: &[String],
+    ) -> Result<mpsc::UnboundedReceiver<Option<WatchEvent>>, StoreError> {
+        self.inner.watch_prefixes(prefixes).await
+    }
 }
 
 #[cfg(test)]

@@ -93,20 +93,60 @@ impl Reads {
     }
 }
 
+/// Where a subscriber's events go.
+pub enum Sink {
+    /// A channel of its own, which ends when the watch breaks.
+    One(mpsc::UnboundedSender<WatchEvent>),
+    /// A channel shared with the subscriber's other watches ([`crate::Store::watch_prefixes`]):
+    /// `None` says that this watch broke.
+    Merged(mpsc::UnboundedSender<Option<WatchEvent>>),
+}
+
+impl Sink {
+    /// Sends `ev`; false when the subscriber went away.
+    fn send(&self, ev: &WatchEvent) -> bool {
+        match self {
+            Sink::One(tx) => tx.send(ev.clone()).is_ok(),
+            Sink::Merged(tx) => tx.send(Some(ev.clone())).is_ok(),
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match self {
+            Sink::One(tx) => tx.is_closed(),
+            Sink::Merged(tx) => tx.is_closed(),
+        }
+    }
+
+    /// The watch broke: a channel of its own ends (dropped here), a merged one is told.
+    fn broke(self) {
+        if let Sink::Merged(tx) = self {
+            let _ = tx.send(None);
+        }
+    }
+}
+
 /// The subscribers of one shared watch, by the prefix each asked for; `closed` once its task
 /// ended or is ending.
 #[derive(Default)]
 struct Subscribers {
     closed: bool,
-    by_prefix: HashMap<String, Vec<mpsc::UnboundedSender<WatchEvent>>>,
+    by_prefix: HashMap<String, Vec<Sink>>,
 }
 
 impl Subscribers {
-    fn add(&mut self, prefix: &str, tx: mpsc::UnboundedSender<WatchEvent>) {
+    fn add(&mut self, prefix: &str, sink: Sink) {
         self.by_prefix
             .entry(prefix.to_string())
             .or_default()
-            .push(tx);
+            .push(sink);
+    }
+
+    /// The watch broke: every subscriber hears it.
+    fn broke(&mut self) {
+        for (_, sinks) in self.by_prefix.drain() {
+            sinks.into_iter().for_each(Sink::broke);
+        }
     }
 
     /// Sends `ev` to every subscriber whose prefix starts its key (the prefixes of the key
@@ -122,7 +162,7 @@ impl Subscribers {
             }
             let prefix = &key[..end];
             if let Some(txs) = self.by_prefix.get_mut(prefix) {
-                txs.retain(|t| t.send(ev.clone()).is_ok());
+                txs.retain(|t| t.send(ev));
                 // Only the prefixes this event reached: a pass over every prefix per event
                 // was quadratic when 10,000 sessions each watch one membership key.
                 if txs.is_empty() {
@@ -169,13 +209,31 @@ impl Watches {
         F: FnOnce(String) -> Fut,
         Fut: Future<Output = Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError>>,
     {
-        let hub = hub_of(prefix);
         let (tx, rx) = mpsc::unbounded_channel();
+        self.watch_into(prefix, Sink::One(tx), open).await?;
+        Ok(rx)
+    }
+
+    /// [`Self::watch`] into `sink`.
+    ///
+    /// # Errors
+    /// `open`'s [`StoreError`].
+    pub async fn watch_into<F, Fut>(
+        self: &Arc<Self>,
+        prefix: &str,
+        sink: Sink,
+        open: F,
+    ) -> Result<(), StoreError>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: Future<Output = Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError>>,
+    {
+        let hub = hub_of(prefix);
         if let Some(subs) = self.hubs.lock().await.get(hub) {
             let mut s = subs.lock().expect("subscribers mutex poisoned");
             if !s.closed {
-                s.add(prefix, tx);
-                return Ok(rx);
+                s.add(prefix, sink);
+                return Ok(());
             }
         }
         // Not under the map's lock: watches of other hubs open meanwhile.
@@ -185,17 +243,17 @@ impl Watches {
             let mut s = subs.lock().expect("subscribers mutex poisoned");
             if !s.closed {
                 // Another caller opened it first: share theirs, drop ours.
-                s.add(prefix, tx);
-                return Ok(rx);
+                s.add(prefix, sink);
+                return Ok(());
             }
         }
         let mut first = Subscribers::default();
-        first.add(prefix, tx);
+        first.add(prefix, sink);
         let subs = Arc::new(Mutex::new(first));
         hubs.insert(hub.to_string(), subs.clone());
         drop(hubs);
         tokio::spawn(self.clone().forward(hub.to_string(), upstream, subs));
-        Ok(rx)
+        Ok(())
     }
 
     /// Forwards the etcd watch's events to the live subscribers they concern until the watch
@@ -214,8 +272,9 @@ impl Watches {
                     let mut s = subs.lock().expect("subscribers mutex poisoned");
                     match ev {
                         Some(ev) => s.deliver(&hub, &ev),
-                        // The etcd watch broke: every subscriber's channel ends.
-                        None => s.by_prefix.clear(),
+                        // The etcd watch broke: every subscriber's channel ends (a merged
+                        // one is told).
+                        None => s.broke(),
                     }
                     if s.by_prefix.is_empty() {
                         s.closed = true;
@@ -378,6 +437,78 @@ mod tests {
         let mut c = watches.watch("p/", |_| async { Ok(up2_rx) }).await.unwrap();
         up2_tx.send(WatchEvent::Put(kv("y"))).unwrap();
         assert!(matches!(c.recv().await, Some(WatchEvent::Put(_))));
+    }
+}
+
+#[cfg(test)]
+mod merged_tests {
+    use super::*;
+
+    fn put(key: &str) -> WatchEvent {
+        WatchEvent::Put(KeyValue {
+            key: key.into(),
+            value: bytes::Bytes::new(),
+            create_revision: 1,
+            mod_revision: 1,
+            lease: None,
+        })
+    }
+
+    fn key(ev: &WatchEvent) -> &str {
+        match ev {
+            WatchEvent::Put(kv) => &kv.key,
+            WatchEvent::Delete(k, _) => k,
+        }
+    }
+
+    #[tokio::test]
+    async fn merged_watches_of_two_hubs_feed_one_channel_and_a_broken_one_says_so_once() {
+        let watches = Arc::new(Watches::default());
+        let (gen_tx, gen_rx) = mpsc::unbounded_channel();
+        let (mem_tx, mem_rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        watches
+            .watch_into("/r/gen/2/", Sink::Merged(tx.clone()), |hub| {
+                assert_eq!(hub, "/r/gen/2/");
+                async { Ok(gen_rx) }
+            })
+            .await
+            .unwrap();
+        watches
+            .watch_into("/r/members/2/b", Sink::Merged(tx.clone()), |hub| {
+                assert_eq!(hub, "/r/members/2/");
+                async { Ok(mem_rx) }
+            })
+            .await
+            .unwrap();
+        // Another session's own channel on the same hub is not disturbed.
+        let mut other = watches
+            .watch("/r/members/2/c", |_| async {
+                unreachable!("the running watch is shared")
+            })
+            .await
+            .unwrap();
+        drop(tx);
+        mem_tx.send(put("/r/members/2/a")).unwrap();
+        mem_tx.send(put("/r/members/2/b")).unwrap();
+        gen_tx.send(put("/r/gen/2/closed")).unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            seen.push(key(&rx.recv().await.unwrap().unwrap()).to_string());
+        }
+        seen.sort();
+        assert_eq!(seen, ["/r/gen/2/closed", "/r/members/2/b"]);
+        // The membership watch breaks: the merged channel hears it once and stays open for
+        // the generation's watch; a subscriber of its own sees its channel end.
+        drop(mem_tx);
+        assert_eq!(rx.recv().await, Some(None));
+        assert!(other.recv().await.is_none());
+        gen_tx.send(put("/r/gen/2/preempt")).unwrap();
+        assert_eq!(key(&rx.recv().await.unwrap().unwrap()), "/r/gen/2/preempt");
+        drop(gen_tx);
+        assert_eq!(rx.recv().await, Some(None));
+        // Every watch of the session is gone: its channel ends.
+        assert_eq!(rx.recv().await, None);
     }
 }
 
