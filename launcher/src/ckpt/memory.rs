@@ -26,7 +26,7 @@
 //!
 //! **Sharing the node with the training.** The persister is throttled by a byte rate
 //! ([`decide::pause`]) and by the CPU ([`decide::pace`]): while the node's CPUs are busy (the
-//! rest of the node leaves less than most of one CPU idle, `/proc/stat`), it keeps to a share
+//! rest of the CPUs the agent may run on leave less than most of one idle, `/proc/stat`), it keeps to a share
 //! of one CPU (5 %, `DRUN_CKPT_PERSIST_CPU`) in the idle I/O class; it goes at full speed while
 //! a CPU is spare, when a newer step waits behind the one it writes, once the step waited past
 //! the lag bound (120 s, `DRUN_CKPT_PERSIST_LAG`), and while the workers' end waits for it. A

@@ -14,23 +14,41 @@ pub fn thread_cpu() -> Duration {
         .unwrap_or_default()
 }
 
-/// Idle time of the node's CPUs since boot, summed over CPUs (`/proc/stat`'s idle and iowait
+/// Idle time since boot of the CPUs this thread may run on (its affinity: a cpuset, `taskset`;
+/// every CPU of the node when unrestricted), summed over them (`/proc/stat`'s idle and iowait
 /// columns); `None` where it cannot be read.
 pub fn node_idle() -> Option<Duration> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    node_idle_of(&stat, clock_ticks()?)
+    let mine = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok();
+    let allowed = |cpu: usize| {
+        mine.as_ref()
+            .is_none_or(|set| set.is_set(cpu).unwrap_or(false))
+    };
+    node_idle_of(&stat, clock_ticks()?, allowed)
 }
 
-/// The idle and iowait columns of the `cpu` line of a `/proc/stat` text, in `hz` ticks a second.
-fn node_idle_of(stat: &str, hz: u64) -> Option<Duration> {
-    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
-    let cols: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|c| c.parse().ok())
-        .collect::<Option<_>>()?;
-    let ticks = cols.get(3)? + cols.get(4).copied().unwrap_or(0);
-    (hz > 0).then(|| Duration::from_secs_f64(ticks as f64 / hz as f64))
+/// The idle and iowait columns of the `cpuN` lines of a `/proc/stat` text for the CPUs
+/// `allowed`, in `hz` ticks a second.
+fn node_idle_of(stat: &str, hz: u64, allowed: impl Fn(usize) -> bool) -> Option<Duration> {
+    let mut ticks = 0u64;
+    let mut seen = false;
+    for line in stat.lines() {
+        let mut cols = line.split_whitespace();
+        let Some(cpu) = cols
+            .next()
+            .and_then(|c| c.strip_prefix("cpu"))
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        if !allowed(cpu) {
+            continue;
+        }
+        let cols: Vec<u64> = cols.map(|c| c.parse().ok()).collect::<Option<_>>()?;
+        ticks += cols.get(3)? + cols.get(4).copied().unwrap_or(0);
+        seen = true;
+    }
+    (seen && hz > 0).then(|| Duration::from_secs_f64(ticks as f64 / hz as f64))
 }
 
 fn clock_ticks() -> Option<u64> {
@@ -119,11 +137,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_idle_columns_of_proc_stat_are_read() {
-        let stat = "cpu  100 0 50 1000 20 0 0 0 0 0\ncpu0 50 0 25 500 10 0 0 0 0 0\n";
-        assert_eq!(node_idle_of(stat, 100), Some(Duration::from_millis(10_200)));
-        assert_eq!(node_idle_of("cpu0 1 2 3 4\n", 100), None, "no total line");
-        assert_eq!(node_idle_of("cpu  1 x 3 4 5\n", 100), None);
+    fn the_idle_columns_of_proc_stat_are_read_for_the_allowed_cpus() {
+        let stat = "cpu  100 0 50 1000 20 0 0 0 0 0\ncpu0 50 0 25 500 10 0 0 0 0 0\ncpu1 50 0 25 300 5 0 0 0 0 0\nintr 1 2\n";
+        let ms = Duration::from_millis;
+        assert_eq!(node_idle_of(stat, 100, |_| true), Some(ms(8_150)));
+        assert_eq!(node_idle_of(stat, 100, |c| c == 1), Some(ms(3_050)));
+        assert_eq!(node_idle_of(stat, 100, |_| false), None, "no CPU allowed");
+        assert_eq!(node_idle_of("cpu  1 2 3 4\n", 100, |_| true), None);
+        assert_eq!(node_idle_of("cpu0 1 x 3 4 5\n", 100, |_| true), None);
         assert!(node_idle().is_some(), "this machine has /proc/stat");
     }
 
