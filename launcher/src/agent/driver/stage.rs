@@ -272,6 +272,7 @@ impl Stage {
         if let Some(r) = &self.replicas {
             r.make_room(self.table.held(), bytes);
         }
+        self.table.set_outside(self.outside_bytes());
         let direct = match self.table.admit(key, bytes) {
             Admit::Stage { release } => {
                 for k in release {
@@ -341,6 +342,22 @@ impl Stage {
         self.pump();
         self.sync_own();
         None
+    }
+
+    /// Bytes the staging directory holds besides the staged copies: the ranks' spare files
+    /// (`.spare-rank<R>`, allocated ahead by each rank for its next save; as much as the kernel
+    /// allocated so far).
+    fn outside_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::read_dir(self.dir())
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(".spare-"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len().max(m.blocks() * 512))
+                    .sum()
+            })
+            .unwrap_or(0)
     }
 
     /// Hands the next copy to the persister, if the table says so.

@@ -79,6 +79,9 @@ pub enum Admit {
 pub struct Table {
     budget: u64,
     copies: BTreeMap<Key, Copy>,
+    /// Bytes of the staging directory the budget holds besides the copies: the ranks' spare
+    /// files ([`Table::set_outside`]).
+    outside: u64,
 }
 
 impl Table {
@@ -87,7 +90,14 @@ impl Table {
         Self {
             budget,
             copies: BTreeMap::new(),
+            outside: 0,
         }
+    }
+
+    /// The bytes the staging directory holds besides the copies (the ranks' spare files), as
+    /// last measured: the budget counts them too.
+    pub fn set_outside(&mut self, bytes: u64) {
+        self.outside = bytes;
     }
 
     /// The budget, bytes.
@@ -114,18 +124,19 @@ impl Table {
             .filter(|(k, c)| **k != key && !Self::settled(c))
             .map(|(_, c)| c.bytes)
             .sum();
-        if pinned + bytes > self.budget {
+        if pinned + self.outside + bytes > self.budget {
             return Admit::Direct {
                 reason: format!(
-                    "checkpoint step {} ({}) does not fit --ckpt-memory {} ({} not yet on disk): saving it straight to --ckpt-dir; the ranks wait for the disk this once",
+                    "checkpoint step {} ({}) does not fit --ckpt-memory {} ({} not yet on disk, {} of spare files): saving it straight to --ckpt-dir; the ranks wait for the disk this once",
                     key.0,
                     human_bytes(bytes),
                     human_bytes(self.budget),
-                    human_bytes(pinned)
+                    human_bytes(pinned),
+                    human_bytes(self.outside)
                 ),
             };
         }
-        let mut held = self.held() + bytes;
+        let mut held = self.held() + self.outside + bytes;
         let mut release = Vec::new();
         for (k, c) in &self.copies {
             if held <= self.budget {
@@ -317,6 +328,7 @@ impl Table {
         serde_json::json!({
             "budget": self.budget,
             "held": self.held(),
+            "outside": self.outside,
             "lag_ms": u64::try_from(self.lag(now).as_millis()).unwrap_or(u64::MAX),
             "steps": steps,
         })
@@ -532,6 +544,30 @@ mod tests {
             reason.contains("does not fit --ckpt-memory 100 MiB"),
             "{reason}"
         );
+    }
+
+    #[test]
+    fn the_ranks_spare_files_count_in_the_budget() {
+        let now = t0();
+        let mut t = Table::new(100 * MIB);
+        t.add((1, 1), 40 * MIB, false, now);
+        t.persisted((1, 1), now);
+        t.answered((1, 1));
+        assert_eq!(t.admit((2, 1), 40 * MIB), Admit::Stage { release: vec![] });
+        // Two ranks' spares of 20 MiB: step 1's copy goes to make room.
+        t.set_outside(40 * MIB);
+        assert_eq!(
+            t.admit((2, 1), 40 * MIB),
+            Admit::Stage {
+                release: vec![(1, 1)]
+            }
+        );
+        t.set_outside(70 * MIB);
+        let Admit::Direct { reason } = t.admit((2, 1), 40 * MIB) else {
+            panic!("40 MiB beside 70 MiB of spares is more than 100 MiB")
+        };
+        assert!(reason.contains("70 MiB of spare files"), "{reason}");
+        assert_eq!(t.report(now)["outside"], 70 * MIB);
     }
 
     #[test]
