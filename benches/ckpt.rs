@@ -320,11 +320,12 @@ fn stall_part() {
         );
         if let (Some(busy), Some(quiet)) = (v["busy_step"].as_f64(), v["quiet_step"].as_f64()) {
             println!(
-                "    training step while the agent persists {:.1} ms ({} steps) vs nothing persisting {:.1} ms: slowdown {:+.1} % (target <= 5 %)",
+                "    training step while the agent persists {:.1} ms ({} steps) vs nothing persisting {:.1} ms: slowdown {:+.1} % (target <= 5 %; means {:+.1} %)",
                 busy * 1e3,
                 v["busy_steps"],
                 quiet * 1e3,
-                (busy / quiet - 1.0) * 100.0
+                (busy / quiet - 1.0) * 100.0,
+                (secs(&v, "busy_mean") / secs(&v, "quiet_mean") - 1.0) * 100.0
             );
         }
         if how == "atomic" && memory == "auto" {

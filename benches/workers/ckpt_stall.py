@@ -81,17 +81,25 @@ for s in range(1, saves + 1):
         else:
             busy.append(step())
     lag.append(time.perf_counter() - done)
-    # The same steps with nothing persisting.
-    for _ in range(10 if step else 0):
+    # The same steps with nothing persisting: at least 10, for at least 2 s (a sample long
+    # enough that the load of a shared machine moves it no more than the busy steps').
+    began, n = time.perf_counter(), 0
+    while step is not None and (n < 10 or time.perf_counter() - began < 2.0):
         quiet.append(step())
+        n += 1
 
 
 def med(v):
     return sorted(v)[len(v) // 2] if v else None
 
 
+def mean(v):
+    return sum(v) / len(v) if v else None
+
+
 if rank == 0:
     print(json.dumps({"base": med(base), "ours": med(ours), "first": ours[0], "cpu": med(cpu),
                       "lag": med(lag), "kind": kind, "copy": med(floor),
                       "busy_step": med(busy), "quiet_step": med(quiet),
-                      "busy_steps": len(busy), "load": os.getloadavg()[0]}), flush=True)
+                      "busy_steps": len(busy), "busy_mean": mean(busy), "quiet_mean": mean(quiet),
+                      "load": os.getloadavg()[0]}), flush=True)

@@ -17,12 +17,23 @@
 //! `drun.commit` reports the *final* path with `"staged": true`. The agent checks the staged
 //! file's size and answers the node's ranks **at once** (`{"staged": true, "sealed": false}`):
 //! the training goes on. The node's batched commit goes to the persister ([`persist`]): each
-//! file is copied to a temporary file next to its final path, throttled ([`decide::pause`]),
-//! hashed as it is copied, fsynced, renamed into place, its directory fsynced, then read back
-//! from `DIR` (its pages dropped from the cache first) and its SHA-256 compared with the staged
-//! copy's (and with the rank's, when it sent one). The manifest records that digest. Only then
-//! does the node's commit go to the ledger — where it seals as any commit does (manifest,
-//! `latest` pointer).
+//! file is copied by the kernel to a temporary file next to its final path, written back as the
+//! copy goes (its pages dropped from the cache once on disk), fsynced, read back from the device
+//! (`O_DIRECT`) and compared byte for byte with the staged copy (or its SHA-256 with the rank's,
+//! when it sent one), hashed once on that read, and only then renamed into place and its
+//! directory fsynced. The manifest records that digest. Only then does the node's commit go to
+//! the ledger — where it seals as any commit does (manifest, `latest` pointer).
+//!
+//! **Sharing the node with the training.** The persister is throttled by a byte rate
+//! ([`decide::pause`]) and by the CPU ([`decide::pace`]): while the node's CPUs are busy (the
+//! rest of the CPUs the agent may run on leave less than most of one idle, `/proc/stat`), it keeps to a share
+//! of one CPU (5 %, `DRUN_CKPT_PERSIST_CPU`) in the idle I/O class; it goes at full speed while
+//! a CPU is spare, when a newer step waits behind the one it writes, once the step waited past
+//! the lag bound (120 s, `DRUN_CKPT_PERSIST_LAG`), and while the workers' end waits for it. A
+//! lower CPU priority of its thread (nice, `SCHED_IDLE`) is not used: the ranks run in sessions
+//! of their own, so with the kernel's autogroups (`sched_autogroup_enabled`) they compete with
+//! the agent's session as groups, whatever the priority of a thread inside it; and an
+//! unprivileged thread cannot take a lowered priority back for the run's end.
 //!
 //! **States of a step** (this node's, [`decide::Copy`]): `Staged` (in memory, answered to the
 //! ranks) → `Persisting` (being written to `DIR`) → `Persisted` (every file written, fsynced,

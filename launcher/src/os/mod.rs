@@ -5,6 +5,7 @@
 //! thing; [`fake::FakeOs`] records calls and lets tests script exits, so the group's state
 //! machine is tested without processes or sleeping. `spawn` holds the only `unsafe` blocks.
 
+pub mod background;
 pub mod exec_error;
 pub mod fake;
 pub mod flight_recorder;

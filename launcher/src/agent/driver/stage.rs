@@ -15,8 +15,8 @@ use drun_rendezvous::{Manifest, NodeCommit};
 use tokio::sync::mpsc;
 
 use crate::agent::Agent;
-use crate::ckpt::memory::decide::{Admit, EndWait, Key, Table};
-use crate::ckpt::memory::persist::{Done, Job, Persister, Rate, StagedFile};
+use crate::ckpt::memory::decide::{Admit, EndWait, Key, PaceParams, Table};
+use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile, Throttle};
 use crate::ckpt::memory::{human_bytes, remove_under, resume_from_memory, staged_path, TmpfsFit};
 use crate::ckpt::node::NodeLedger;
 use crate::rdzv::Link;
@@ -28,6 +28,32 @@ mod resumed;
 /// otherwise: below a local NVMe's or a parallel file system client's bandwidth, so the
 /// training's own I/O (data loading, logs) keeps the rest.
 pub(super) const PERSIST_RATE: u64 = 1 << 30;
+
+/// The share of one CPU the persister keeps to while the node's CPUs are busy (the training's
+/// ranks on every core), unless `DRUN_CKPT_PERSIST_CPU` says otherwise: on 2 ranks over 2
+/// cores, a slowdown of their steps of about half of it.
+pub(super) const PERSIST_CPU_SHARE: f64 = 0.05;
+
+/// How long a staged step may wait for the disk before the persister stops yielding the CPU to
+/// the training, unless `DRUN_CKPT_PERSIST_LAG` says otherwise.
+pub(super) const PERSIST_LAG_BOUND: Duration = Duration::from_secs(120);
+
+/// How the persister shares the CPU: [`PERSIST_CPU_SHARE`] and [`PERSIST_LAG_BOUND`], or what
+/// `DRUN_CKPT_PERSIST_CPU` (a fraction of one CPU) and `DRUN_CKPT_PERSIST_LAG` (seconds)
+/// say.
+fn pace_params() -> PaceParams {
+    let share = std::env::var("DRUN_CKPT_PERSIST_CPU")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(PERSIST_CPU_SHARE);
+    let lag_bound = std::env::var("DRUN_CKPT_PERSIST_LAG")
+        .ok()
+        .and_then(|v| v.trim().trim_end_matches('s').parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(PERSIST_LAG_BOUND, Duration::from_secs_f64);
+    PaceParams { share, lag_bound }
+}
 
 /// Removes from `ckpt_dir` the persister's temporary files an agent killed mid-persist left
 /// (their owner gone, [`crate::ckpt::memory::leftover`]), saying so in one line; called at the
@@ -63,8 +89,9 @@ pub(super) struct Stage {
     rate: u64,
     /// Bytes per second it writes while the workers' end waits for it.
     held_rate: u64,
-    /// The persister's current rate: `rate`, or `held_rate` while the end is held.
-    throttle: Rate,
+    /// The persister's current rate (`rate`, or `held_rate` while the end is held) and whether
+    /// it goes at full speed (the end is held, or a step waits behind the one being written).
+    throttle: Throttle,
     /// `--ckpt-replicas 1`: this node's replicas on its ring neighbour, and its predecessor's
     /// here.
     replicas: Option<super::replicas::Replicas>,
@@ -138,7 +165,7 @@ impl Stage {
                 return None;
             }
         };
-        let (persister, done) = match Persister::start() {
+        let (persister, done) = match Persister::start(pace_params()) {
             Ok(p) => p,
             Err(e) => {
                 crate::say!("drun: warning: --ckpt-memory: cannot start the persister: {e}; saving checkpoints straight to --ckpt-dir");
@@ -171,7 +198,7 @@ impl Stage {
                 end_since: None,
                 rate,
                 held_rate,
-                throttle: Rate::new(rate),
+                throttle: Throttle::new(rate),
                 replicas: None,
                 followed: 0,
                 followed_world: 0,
@@ -245,6 +272,7 @@ impl Stage {
         if let Some(r) = &self.replicas {
             r.make_room(self.table.held(), bytes);
         }
+        self.table.set_outside(self.outside_bytes());
         let direct = match self.table.admit(key, bytes) {
             Admit::Stage { release } => {
                 for k in release {
@@ -316,8 +344,26 @@ impl Stage {
         None
     }
 
+    /// Bytes the staging directory holds besides the staged copies: the ranks' spare files
+    /// (`.spare-rank<R>`, allocated ahead by each rank for its next save; as much as the kernel
+    /// allocated so far).
+    fn outside_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::read_dir(self.dir())
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(".spare-"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len().max(m.blocks() * 512))
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+
     /// Hands the next copy to the persister, if the table says so.
     fn pump(&mut self) {
+        self.throttle
+            .set_urgent(self.end_since.is_some() || self.table.behind());
         let Some(key) = self.table.next() else {
             return;
         };
@@ -325,11 +371,14 @@ impl Stage {
             self.table.release(key);
             return;
         };
-        self.table.start(key, std::time::Instant::now());
+        let now = std::time::Instant::now();
+        let staged_at = self.table.staged_at(key).unwrap_or(now);
+        self.table.start(key, now);
         self.persister.submit(Job {
             key,
             files: p.files.clone(),
-            rate: self.throttle.clone(),
+            throttle: self.throttle.clone(),
+            staged_at,
         });
     }
 
@@ -467,7 +516,9 @@ impl Stage {
     pub(super) fn hold_end(&mut self, limit: Duration) -> bool {
         let now = std::time::Instant::now();
         let since = *self.end_since.get_or_insert_with(|| {
-            self.throttle.set(self.held_rate);
+            // No training left to protect: full speed.
+            self.throttle.set_rate(self.held_rate);
+            self.throttle.set_urgent(true);
             now
         });
         match self.table.end_wait(since, now, limit) {
@@ -477,7 +528,8 @@ impl Stage {
                     crate::say!("{line}");
                 }
                 self.end_since = None;
-                self.throttle.set(self.rate);
+                self.throttle.set_rate(self.rate);
+                self.throttle.set_urgent(self.table.behind());
                 false
             }
         }

@@ -1,6 +1,6 @@
 //! The persister's decisions, pure: whether a staged save fits the budget (and which persisted
-//! copies make room for it), what to persist next, how long to pause for the throttle, and
-//! whether the end of the run still waits — each a function of (table, input, now) with a
+//! copies make room for it), what to persist next, how long to pause for the throttle and to
+//! yield the CPU to the training ([`pace`]), and whether the end of the run still waits — each a function of (table, input, now) with a
 //! reason, tested on synthetic instants.
 
 use std::collections::BTreeMap;
@@ -79,6 +79,9 @@ pub enum Admit {
 pub struct Table {
     budget: u64,
     copies: BTreeMap<Key, Copy>,
+    /// Bytes of the staging directory the budget holds besides the copies: the ranks' spare
+    /// files ([`Table::set_outside`]).
+    outside: u64,
 }
 
 impl Table {
@@ -87,7 +90,14 @@ impl Table {
         Self {
             budget,
             copies: BTreeMap::new(),
+            outside: 0,
         }
+    }
+
+    /// The bytes the staging directory holds besides the copies (the ranks' spare files), as
+    /// last measured: the budget counts them too.
+    pub fn set_outside(&mut self, bytes: u64) {
+        self.outside = bytes;
     }
 
     /// The budget, bytes.
@@ -114,18 +124,19 @@ impl Table {
             .filter(|(k, c)| **k != key && !Self::settled(c))
             .map(|(_, c)| c.bytes)
             .sum();
-        if pinned + bytes > self.budget {
+        if pinned + self.outside + bytes > self.budget {
             return Admit::Direct {
                 reason: format!(
-                    "checkpoint step {} ({}) does not fit --ckpt-memory {} ({} not yet on disk): saving it straight to --ckpt-dir; the ranks wait for the disk this once",
+                    "checkpoint step {} ({}) does not fit --ckpt-memory {} ({} not yet on disk, {} of spare files): saving it straight to --ckpt-dir; the ranks wait for the disk this once",
                     key.0,
                     human_bytes(bytes),
                     human_bytes(self.budget),
-                    human_bytes(pinned)
+                    human_bytes(pinned),
+                    human_bytes(self.outside)
                 ),
             };
         }
-        let mut held = self.held() + bytes;
+        let mut held = self.held() + self.outside + bytes;
         let mut release = Vec::new();
         for (k, c) in &self.copies {
             if held <= self.budget {
@@ -167,6 +178,15 @@ impl Table {
             .iter()
             .find(|(_, c)| matches!(c.state, CopyState::Staged { .. }))
             .map(|(k, _)| *k)
+    }
+
+    /// When `key` was staged (its lag counts from then).
+    pub fn staged_at(&self, key: Key) -> Option<Instant> {
+        self.copies.get(&key).map(|c| match c.state {
+            CopyState::Staged { at }
+            | CopyState::Persisting { staged_at: at, .. }
+            | CopyState::Persisted { staged_at: at, .. } => at,
+        })
     }
 
     /// `key` began persisting at `now`.
@@ -227,6 +247,16 @@ impl Table {
             .filter(|(_, c)| !c.state.is_persisted())
             .map(|(k, _)| *k)
             .collect()
+    }
+
+    /// Whether a staged step waits behind another not yet on disk: the disk falls behind the
+    /// saves, and the persister stops yielding the CPU to the training ([`PaceInput::urgent`]).
+    pub fn behind(&self) -> bool {
+        self.copies
+            .values()
+            .filter(|c| !c.state.is_persisted())
+            .nth(1)
+            .is_some()
     }
 
     /// Steps not yet settled, oldest first: not on disk, or on disk with their node commit not
@@ -298,6 +328,7 @@ impl Table {
         serde_json::json!({
             "budget": self.budget,
             "held": self.held(),
+            "outside": self.outside,
             "lag_ms": u64::try_from(self.lag(now).as_millis()).unwrap_or(u64::MAX),
             "steps": steps,
         })
@@ -362,6 +393,108 @@ pub fn pause(written: u64, elapsed: Duration, rate: u64) -> Duration {
     due.saturating_sub(elapsed)
 }
 
+/// How the persister shares the node's CPUs with the training ([`pace`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PaceParams {
+    /// The share of one CPU the persister keeps to while the node's CPUs are busy (0.05: at
+    /// most 50 ms of CPU time per second).
+    pub share: f64,
+    /// Past this lag (the step being written staged this long ago) it goes at full speed: the
+    /// training's slowdown is bounded, and so is the disk's delay.
+    pub lag_bound: Duration,
+}
+
+/// What the persister sees when it decides whether to yield the CPU ([`pace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PaceInput {
+    /// The agent asks for full speed: the workers' end waits for the disk (no training left
+    /// to protect), or a newer step is staged behind this one (the disk falls behind the
+    /// saves).
+    pub urgent: bool,
+    /// How long ago the step being written was staged.
+    pub lag: Duration,
+    /// Whether the node had a CPU to spare in the last window ([`spare_cpu`]).
+    pub spare: bool,
+    /// The persister's CPU time since it began yielding, and the wall time since then.
+    pub cpu: Duration,
+    /// Wall time since it began yielding.
+    pub elapsed: Duration,
+}
+
+/// Why the persister goes at full speed, or how long it yields ([`pace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// The agent asked for it ([`PaceInput::urgent`]).
+    Urgent,
+    /// The step waited past [`PaceParams::lag_bound`].
+    LagBound,
+    /// The node has a CPU the training does not use: the persister takes nothing from it.
+    SpareCpu,
+    /// The node's CPUs are busy: the persister keeps to its share of one CPU, pausing this
+    /// long first (zero: it is within its share).
+    Yield {
+        /// The pause.
+        pause: Duration,
+    },
+}
+
+impl Pace {
+    /// Whether the persister yields the CPU (and the disk: it asks for the idle I/O class).
+    pub fn yields(&self) -> bool {
+        matches!(self, Pace::Yield { .. })
+    }
+
+    /// The pause before the next slice of work (zero at full speed).
+    pub fn pause(&self) -> Duration {
+        match self {
+            Pace::Yield { pause } => *pause,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Why, in a few words (for the persister's log).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Pace::Urgent => "full speed: the run's end or a newer step waits for the disk",
+            Pace::LagBound => "full speed: the step waited past the persistence lag bound",
+            Pace::SpareCpu => "full speed: the node has a CPU to spare",
+            Pace::Yield { .. } => "yielding: the node's CPUs are busy with the training",
+        }
+    }
+}
+
+/// The persister's CPU throttle: full speed when the agent asks for it, past the lag bound, or
+/// while the node has a CPU to spare; else it pauses so that its CPU time since it began
+/// yielding stays within `share` of one CPU over the wall time since then.
+pub fn pace(i: &PaceInput, p: &PaceParams) -> Pace {
+    if i.urgent {
+        return Pace::Urgent;
+    }
+    if i.lag >= p.lag_bound {
+        return Pace::LagBound;
+    }
+    if i.spare {
+        return Pace::SpareCpu;
+    }
+    if p.share <= 0.0 || !p.share.is_finite() {
+        return Pace::Yield {
+            pause: Duration::ZERO,
+        };
+    }
+    let due = Duration::from_secs_f64(i.cpu.as_secs_f64() / p.share.min(1.0));
+    Pace::Yield {
+        pause: due.saturating_sub(i.elapsed),
+    }
+}
+
+/// Whether the node had a CPU to spare over a `window` of wall time in which its CPUs were idle
+/// for `idle` in all (summed over CPUs) and the persister ran for `mine`: what the persister
+/// took counts as spare, so it is spare when the rest of the node left at least nine tenths of
+/// one CPU unused.
+pub fn spare_cpu(window: Duration, idle: Duration, mine: Duration) -> bool {
+    !window.is_zero() && (idle + mine).as_secs_f64() >= 0.9 * window.as_secs_f64()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -414,6 +547,30 @@ mod tests {
     }
 
     #[test]
+    fn the_ranks_spare_files_count_in_the_budget() {
+        let now = t0();
+        let mut t = Table::new(100 * MIB);
+        t.add((1, 1), 40 * MIB, false, now);
+        t.persisted((1, 1), now);
+        t.answered((1, 1));
+        assert_eq!(t.admit((2, 1), 40 * MIB), Admit::Stage { release: vec![] });
+        // Two ranks' spares of 20 MiB: step 1's copy goes to make room.
+        t.set_outside(40 * MIB);
+        assert_eq!(
+            t.admit((2, 1), 40 * MIB),
+            Admit::Stage {
+                release: vec![(1, 1)]
+            }
+        );
+        t.set_outside(70 * MIB);
+        let Admit::Direct { reason } = t.admit((2, 1), 40 * MIB) else {
+            panic!("40 MiB beside 70 MiB of spares is more than 100 MiB")
+        };
+        assert!(reason.contains("70 MiB of spare files"), "{reason}");
+        assert_eq!(t.report(now)["outside"], 70 * MIB);
+    }
+
+    #[test]
     fn one_copy_is_persisted_at_a_time_oldest_first() {
         let now = t0();
         let mut t = Table::new(100 * MIB);
@@ -426,6 +583,12 @@ mod tests {
         t.persisted((3, 2), now);
         assert_eq!(t.next(), Some((5, 2)));
         assert_eq!(t.pending(), vec![(5, 2)]);
+        assert!(!t.behind(), "one step left to write");
+        t.add((7, 2), MIB, false, now);
+        assert!(t.behind(), "step 7 waits behind step 5");
+        t.start((5, 2), now);
+        t.persisted((5, 2), now);
+        assert!(!t.behind());
     }
 
     #[test]
@@ -443,6 +606,9 @@ mod tests {
             t.lag(now + Duration::from_secs(10)),
             Duration::from_secs(10)
         );
+        assert_eq!(t.staged_at((1, 1)), Some(now), "writing");
+        assert_eq!(t.staged_at((2, 1)), Some(now + Duration::from_secs(4)));
+        assert_eq!(t.staged_at((3, 1)), None);
         t.persisted((1, 1), now + Duration::from_secs(5));
         assert_eq!(t.lag(now + Duration::from_secs(10)), Duration::from_secs(6));
         t.persisted((2, 1), now + Duration::from_secs(6));
@@ -524,6 +690,89 @@ mod tests {
         t.answered((7, 1));
         let done = t.end_wait(now, now + Duration::from_secs(2), limit);
         assert!(done.line().unwrap().contains("waited 2.00 s"), "{done:?}");
+    }
+
+    fn input(cpu_ms: u64, elapsed_ms: u64) -> PaceInput {
+        PaceInput {
+            urgent: false,
+            lag: Duration::from_secs(1),
+            spare: false,
+            cpu: Duration::from_millis(cpu_ms),
+            elapsed: Duration::from_millis(elapsed_ms),
+        }
+    }
+
+    const PARAMS: PaceParams = PaceParams {
+        share: 0.05,
+        lag_bound: Duration::from_secs(60),
+    };
+
+    #[test]
+    fn on_busy_cpus_the_persister_keeps_to_its_share_of_one() {
+        let ms = Duration::from_millis;
+        // 10 ms of CPU at 5 % is due after 200 ms: 150 ms to go after 50 ms.
+        assert_eq!(
+            pace(&input(10, 50), &PARAMS),
+            Pace::Yield { pause: ms(150) }
+        );
+        assert_eq!(pace(&input(10, 50), &PARAMS).pause(), ms(150));
+        assert!(pace(&input(10, 50), &PARAMS).yields());
+        // Within its share: no pause, but still yielding (idle I/O class).
+        let within = pace(&input(10, 400), &PARAMS);
+        assert_eq!(within, Pace::Yield { pause: ms(0) });
+        assert!(within.yields());
+        // A share of more than one CPU is one CPU; none at all is no pause.
+        let whole = PaceParams {
+            share: 3.0,
+            ..PARAMS
+        };
+        assert_eq!(pace(&input(100, 40), &whole).pause(), ms(60));
+        let none = PaceParams {
+            share: 0.0,
+            ..PARAMS
+        };
+        assert_eq!(pace(&input(100, 40), &none).pause(), ms(0));
+    }
+
+    #[test]
+    fn the_persister_goes_full_speed_at_the_end_past_the_lag_bound_or_on_a_spare_cpu() {
+        let busy = input(1_000, 100);
+        let urgent = PaceInput {
+            urgent: true,
+            ..busy
+        };
+        assert_eq!(pace(&urgent, &PARAMS), Pace::Urgent);
+        let late = PaceInput {
+            lag: PARAMS.lag_bound,
+            ..busy
+        };
+        assert_eq!(pace(&late, &PARAMS), Pace::LagBound);
+        let spare = PaceInput {
+            spare: true,
+            ..busy
+        };
+        assert_eq!(pace(&spare, &PARAMS), Pace::SpareCpu);
+        for p in [Pace::Urgent, Pace::LagBound, Pace::SpareCpu] {
+            assert!(!p.yields() && p.pause().is_zero(), "{p:?}");
+            assert!(p.reason().starts_with("full speed"), "{p:?}");
+        }
+        assert!(pace(&busy, &PARAMS).reason().starts_with("yielding"));
+    }
+
+    #[test]
+    fn a_cpu_is_spare_when_the_rest_of_the_node_leaves_most_of_one_unused() {
+        let ms = Duration::from_millis;
+        // 2 CPUs, 200 ms: the training keeps both busy while the persister got 60 ms.
+        assert!(!spare_cpu(ms(200), ms(0), ms(60)));
+        // One rank on one CPU, the persister alone on the other.
+        assert!(spare_cpu(ms(200), ms(5), ms(190)));
+        // The persister paused and the other CPU idled.
+        assert!(spare_cpu(ms(200), ms(200), ms(0)));
+        assert!(
+            !spare_cpu(ms(200), ms(100), ms(50)),
+            "three quarters of a CPU"
+        );
+        assert!(!spare_cpu(ms(0), ms(0), ms(0)), "no window yet");
     }
 
     #[test]

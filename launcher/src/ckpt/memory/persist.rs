@@ -1,43 +1,71 @@
 //! The persister: a thread that writes staged checkpoint files to `--ckpt-dir` behind the
-//! training, one step at a time, throttled ([`super::decide::pause`]); each file is copied to
-//! a temporary file next to its place, fsynced, renamed, its directory fsynced, dropped from the
-//! page cache and read back to compare its SHA-256 with the rank's. The thin I/O driver of the
-//! decisions in [`super::decide`]; the agent's loop receives each step's [`Done`].
+//! training, one step at a time. Each file is copied by the kernel (no pass through this
+//! process) to a temporary file next to its place, its writeback started as the copy goes and
+//! its pages dropped from the cache once on disk; it is fsynced, read back from the device and
+//! compared with the staged copy (or its SHA-256 with the rank's), hashed once on that read,
+//! then renamed into place and its directory fsynced. Throttled: a byte rate
+//! ([`super::decide::pause`]), and while the node's CPUs are busy with the training the
+//! persister keeps to a small share of one CPU in the idle I/O class ([`super::decide::pace`]),
+//! up to a lag bound, at full speed at the run's end. The thin I/O driver of the decisions in
+//! [`super::decide`]; the agent's loop receives each step's [`Done`].
 
-use std::io::{Read, Write};
+use std::io::Read;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::decide::{pause, Key};
+use super::decide::{pace, pause, spare_cpu, Key, Pace, PaceInput, PaceParams};
+use crate::os::background::{self, IoClass};
 
-/// Bytes copied between two looks at the throttle.
-const CHUNK: usize = 8 << 20;
+/// Bytes copied, or read back and compared, between two looks at the throttle.
+const SLICE: usize = 4 << 20;
 
 /// Longest sleep of the throttle between two looks at its rate, which the agent may change
-/// while a file is being written ([`Rate::set`]).
+/// while a file is being written ([`Throttle::set_rate`]).
 const RECHECK: Duration = Duration::from_millis(50);
 
-/// The persister's throttle, bytes per second (0: no limit), shared with the agent: it can
-/// change while a step is being written, and the write follows within [`RECHECK`].
-#[derive(Debug, Clone)]
-pub struct Rate(Arc<AtomicU64>);
+/// The window over which the persister judges whether the node has a CPU to spare
+/// ([`super::decide::spare_cpu`]; `/proc/stat` counts in ticks of 10 ms).
+const CPU_WINDOW: Duration = Duration::from_millis(250);
 
-impl Rate {
+/// The persister's throttle, shared with the agent: a byte rate (0: no limit) and whether the
+/// agent asks for full speed (the run's end, a step waiting behind); both can change while a
+/// step is being written, and the write follows within [`RECHECK`].
+#[derive(Debug, Clone, Default)]
+pub struct Throttle {
+    rate: Arc<AtomicU64>,
+    urgent: Arc<AtomicBool>,
+}
+
+impl Throttle {
+    /// A throttle of `bytes_per_s` (0: no limit).
     pub fn new(bytes_per_s: u64) -> Self {
-        Self(Arc::new(AtomicU64::new(bytes_per_s)))
+        Self {
+            rate: Arc::new(AtomicU64::new(bytes_per_s)),
+            urgent: Arc::default(),
+        }
     }
 
-    pub fn set(&self, bytes_per_s: u64) {
-        self.0.store(bytes_per_s, Ordering::Relaxed);
+    pub fn set_rate(&self, bytes_per_s: u64) {
+        self.rate.store(bytes_per_s, Ordering::Relaxed);
     }
 
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+    pub fn rate(&self) -> u64 {
+        self.rate.load(Ordering::Relaxed)
+    }
+
+    /// Full speed (`true`) or yielding the CPU to the training while it is busy.
+    pub fn set_urgent(&self, urgent: bool) {
+        self.urgent.store(urgent, Ordering::Relaxed);
+    }
+
+    pub fn urgent(&self) -> bool {
+        self.urgent.load(Ordering::Relaxed)
     }
 }
 
@@ -71,7 +99,7 @@ pub struct StagedFile {
     /// Size, bytes.
     pub bytes: u64,
     /// SHA-256 the rank computed, lowercase hex; empty when the rank left it to the agent (the
-    /// persister hashes the staged copy while it copies it).
+    /// persister then compares the bytes read back with the staged copy's).
     pub sha256: String,
 }
 
@@ -82,8 +110,10 @@ pub struct Job {
     pub key: Key,
     /// Its files on this node.
     pub files: Vec<StagedFile>,
-    /// Bytes per second at most (0: no limit), as it is while the step is written.
-    pub rate: Rate,
+    /// The throttle, as it is while the step is written.
+    pub throttle: Throttle,
+    /// When the step was staged (its lag counts from then).
+    pub staged_at: Instant,
 }
 
 /// A step's outcome.
@@ -102,11 +132,12 @@ pub struct Persister {
 }
 
 impl Persister {
-    /// Starts the thread; outcomes arrive on the returned channel.
+    /// Starts the thread, sharing the CPU with the training as `params` say; outcomes arrive on
+    /// the returned channel.
     ///
     /// # Errors
     /// The thread could not be spawned.
-    pub fn start() -> std::io::Result<(Self, mpsc::UnboundedReceiver<Done>)> {
+    pub fn start(params: PaceParams) -> std::io::Result<(Self, mpsc::UnboundedReceiver<Done>)> {
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
         let (tx, done) = mpsc::unbounded_channel();
         std::thread::Builder::new()
@@ -114,12 +145,14 @@ impl Persister {
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
                     let began = Instant::now();
+                    let mut pacer = Pacer::new(params, job.staged_at);
                     let result = job
                         .files
                         .iter()
-                        .map(|f| persist_file(f, &job.rate))
+                        .map(|f| persist_file(f, &job.throttle, &mut pacer))
                         .collect::<Result<Vec<String>, String>>()
                         .map(|digests| (began.elapsed(), digests));
+                    pacer.finish();
                     if tx
                         .send(Done {
                             key: job.key,
@@ -140,53 +173,162 @@ impl Persister {
     }
 }
 
-/// Writes `f` to its place in `--ckpt-dir` at no more than `rate` bytes per second (0: no
-/// limit; a change of `rate` applies to the rest of the file), hashing the staged bytes as it copies them, and verifies the file there: its SHA-256
-/// read back from disk must equal the staged copy's (and the rank's, when it gave one).
-/// Returns the SHA-256.
+/// The persister thread's side of [`pace`]: it measures its own CPU time and the node's idle
+/// time, pauses as the decision says, and switches its I/O class to idle while it yields.
+pub struct Pacer {
+    params: PaceParams,
+    staged_at: Instant,
+    /// The current window's start: when, the node's idle time and this thread's CPU time then.
+    window: (Instant, Option<Duration>, Duration),
+    /// Whether the last window had a CPU to spare.
+    spare: bool,
+    /// Since when the persister yields, with its CPU time then.
+    yielding: Option<(Instant, Duration)>,
+    /// The last decision, to log (and set the I/O class) only on a change.
+    last: Option<Pace>,
+}
+
+impl Pacer {
+    /// A pacer for a step staged at `staged_at`.
+    pub fn new(params: PaceParams, staged_at: Instant) -> Self {
+        Self {
+            params,
+            staged_at,
+            window: (
+                Instant::now(),
+                background::node_idle(),
+                background::thread_cpu(),
+            ),
+            spare: false,
+            yielding: Some((Instant::now(), background::thread_cpu())),
+            last: None,
+        }
+    }
+
+    /// Pauses after a slice of work as the CPU throttle and the byte rate say (`written` bytes
+    /// since `began`), looking again at least every [`RECHECK`].
+    fn after_slice(&mut self, throttle: &Throttle, written: Option<(u64, Instant)>) {
+        loop {
+            let now = Instant::now();
+            let mine = background::thread_cpu();
+            let (w_at, w_idle, w_mine) = self.window;
+            if now.saturating_duration_since(w_at) >= CPU_WINDOW {
+                let idle = background::node_idle();
+                self.spare = match (w_idle, idle) {
+                    (Some(a), Some(b)) => spare_cpu(
+                        now.saturating_duration_since(w_at),
+                        b.saturating_sub(a),
+                        mine.saturating_sub(w_mine),
+                    ),
+                    _ => false,
+                };
+                self.window = (now, idle, mine);
+            }
+            let (since, cpu_then) = *self.yielding.get_or_insert((now, mine));
+            let decision = pace(
+                &PaceInput {
+                    urgent: throttle.urgent(),
+                    lag: now.saturating_duration_since(self.staged_at),
+                    spare: self.spare,
+                    cpu: mine.saturating_sub(cpu_then),
+                    elapsed: now.saturating_duration_since(since),
+                },
+                &self.params,
+            );
+            self.note(decision);
+            if !decision.yields() {
+                self.yielding = None;
+            }
+            let wait = decision
+                .pause()
+                .max(written.map_or(Duration::ZERO, |(n, began)| {
+                    pause(n, began.elapsed(), throttle.rate())
+                }));
+            if wait.is_zero() {
+                return;
+            }
+            std::thread::sleep(wait.min(RECHECK));
+        }
+    }
+
+    /// Logs a change of the decision and follows it with the thread's I/O class.
+    fn note(&mut self, decision: Pace) {
+        let changed = self
+            .last
+            .is_none_or(|l| l.yields() != decision.yields() || (!l.yields() && l != decision));
+        if changed {
+            tracing::debug!(reason = decision.reason(), "checkpoint persister");
+            if self.last.is_none_or(|l| l.yields() != decision.yields()) {
+                let class = if decision.yields() {
+                    IoClass::Idle
+                } else {
+                    IoClass::Default
+                };
+                let _ = background::set_io_class(class);
+            }
+        }
+        self.last = Some(decision);
+    }
+
+    /// The step is done: the thread's I/O class back to the default.
+    fn finish(&mut self) {
+        if self.last.is_some_and(|l| l.yields()) {
+            let _ = background::set_io_class(IoClass::Default);
+        }
+        self.last = None;
+    }
+}
+
+/// Writes `f` to its place in `--ckpt-dir`, throttled by `throttle` and `pacer` (a change of
+/// either applies to the rest of the file), and verifies it on disk before it takes its place:
+/// the bytes read back from the device must equal the staged copy's (or their SHA-256 the
+/// rank's, when it gave one). Returns the SHA-256 of the bytes read back.
 ///
 /// # Errors
-/// One line naming the file: the staged copy unreadable, of another size or digest than the
-/// rank reported, the directory unwritable, the digest read back differs (the file is then
-/// removed from its place).
-pub fn persist_file(f: &StagedFile, rate: &Rate) -> Result<String, String> {
+/// One line naming the file: the staged copy unreadable or of another size than the rank
+/// reported, the directory unwritable, the bytes read back differ (nothing is then put in
+/// place).
+pub fn persist_file(
+    f: &StagedFile,
+    throttle: &Throttle,
+    pacer: &mut Pacer,
+) -> Result<String, String> {
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         format!("cannot persist {}: {what}: {e}", f.target.display())
     };
     let dir = f.target.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir).map_err(|e| fail("cannot create its directory", &e))?;
-    let mut src =
-        std::fs::File::open(&f.staged).map_err(|e| fail("the staged copy is gone", &e))?;
+    let src = std::fs::File::open(&f.staged).map_err(|e| fail("the staged copy is gone", &e))?;
     let name = f
         .target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut tmp = tempfile::Builder::new()
+    let tmp = tempfile::Builder::new()
         .prefix(&temp_prefix(&name))
         .tempfile_in(dir)
         .map_err(|e| fail("cannot create a temporary file", &e))?;
     let began = Instant::now();
-    let mut buf = vec![0u8; CHUNK];
     let mut written = 0u64;
-    let mut h = Sha256::new();
+    let mut previous: Option<(u64, u64)> = None;
     loop {
-        let n = src
-            .read(&mut buf)
-            .map_err(|e| fail("reading the staged copy", &e))?;
+        // The kernel copies (copy_file_range or sendfile): the bytes do not pass through here.
+        let n = std::io::copy(&mut (&src).take(SLICE as u64), &mut tmp.as_file())
+            .map_err(|e| fail("writing", &e))?;
         if n == 0 {
             break;
         }
-        h.update(&buf[..n]);
-        tmp.write_all(&buf[..n]).map_err(|e| fail("writing", &e))?;
-        written += n as u64;
-        loop {
-            let wait = pause(written, began.elapsed(), rate.get());
-            if wait.is_zero() {
-                break;
+        // This slice's writeback starts now; the one before is waited for and its pages
+        // dropped: the disk works as the copy goes, and the page cache holds two slices at most.
+        let _ = background::write_back(tmp.as_file(), written, n, false);
+        if let Some((at, len)) = previous {
+            if background::write_back(tmp.as_file(), at, len, true).is_ok() {
+                drop_pages(tmp.as_file(), at, len);
             }
-            std::thread::sleep(wait.min(RECHECK));
         }
+        previous = Some((written, n));
+        written += n;
+        pacer.after_slice(throttle, Some((written, began)));
     }
     if written != f.bytes {
         return Err(fail(
@@ -194,59 +336,133 @@ pub fn persist_file(f: &StagedFile, rate: &Rate) -> Result<String, String> {
             &format!("{written} bytes, the commit says {}", f.bytes),
         ));
     }
-    let staged = hex(&h.finalize());
-    if !f.sha256.is_empty() && staged != f.sha256 {
+    tmp.as_file().sync_all().map_err(|e| fail("fsync", &e))?;
+    drop_pages(tmp.as_file(), 0, 0);
+    let against = if f.sha256.is_empty() {
+        Some(&src)
+    } else {
+        None
+    };
+    let digest = read_back(tmp.path(), written, against, throttle, pacer)
+        .map_err(|e| fail("reading it back", &e))?
+        .map_err(|at| {
+            fail(
+                "the bytes read back from disk differ from the staged copy's",
+                &format!("from byte {at}"),
+            )
+        })?;
+    if !f.sha256.is_empty() && digest != f.sha256 {
         return Err(fail(
-            "the staged copy's SHA-256 differs from the rank's",
-            &format!("{staged} != {}", f.sha256),
+            "its SHA-256 read back from disk differs from the rank's",
+            &format!("{digest} != {}", f.sha256),
         ));
     }
-    tmp.as_file().sync_all().map_err(|e| fail("fsync", &e))?;
     tmp.persist(&f.target)
         .map_err(|e| fail("rename into place", &e.error))?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }
-    let digest = read_back(&f.target).map_err(|e| fail("reading it back", &e))?;
-    if digest != staged {
-        let _ = std::fs::remove_file(&f.target);
-        return Err(fail(
-            "its SHA-256 read back from disk differs from the staged copy's",
-            &format!("{digest} != {staged}"),
-        ));
-    }
-    Ok(staged)
+    Ok(digest)
+}
+
+/// Drops `len` bytes of `file` from `offset` (0: to the end) from the page cache (written back
+/// already): the persisted copy does not crowd the training's memory.
+fn drop_pages(file: &std::fs::File, offset: u64, len: u64) {
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    let _ = nix::fcntl::posix_fadvise(
+        file,
+        offset,
+        len,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    );
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// SHA-256 of `path` as the disk holds it: its pages are dropped from the cache first (fsynced
-/// already), so the bytes come from the device.
-fn read_back(path: &Path) -> std::io::Result<String> {
-    let mut file = std::fs::File::open(path)?;
-    let _ = nix::fcntl::posix_fadvise(
-        &file,
-        0,
-        0,
-        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-    );
+/// Page size multiple an `O_DIRECT` read's buffer is aligned to.
+const ALIGN: usize = 4096;
+
+/// SHA-256 of the `bytes` of `path` as the disk holds them, read with `O_DIRECT` (its pages
+/// dropped from the cache first where the file system refuses that), compared with `staged` as
+/// it goes when given: `Ok(Err(offset))` at the first slice that differs or is short.
+fn read_back(
+    path: &Path,
+    bytes: u64,
+    staged: Option<&std::fs::File>,
+    throttle: &Throttle,
+    pacer: &mut Pacer,
+) -> std::io::Result<Result<String, u64>> {
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(_) => {
+            let f = std::fs::File::open(path)?;
+            drop_pages(&f, 0, 0);
+            f
+        }
+    };
+    let mut raw = vec![0u8; SLICE + ALIGN];
+    let start = raw.as_ptr().align_offset(ALIGN).min(ALIGN);
+    let buf = &mut raw[start..start + SLICE];
+    let mut theirs = vec![0u8; if staged.is_some() { SLICE } else { 0 }];
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; CHUNK];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
+    let mut at = 0u64;
+    while at < bytes {
+        let want = usize::try_from(bytes - at).map_or(SLICE, |left| left.min(SLICE));
+        let n = read_full(&mut file, buf, want)?;
+        if n < want {
+            return Ok(Err(at + n as u64));
+        }
+        if let Some(s) = staged {
+            s.read_exact_at(&mut theirs[..n], at)?;
+            if buf[..n] != theirs[..n] {
+                return Ok(Err(at));
+            }
         }
         h.update(&buf[..n]);
+        at += n as u64;
+        pacer.after_slice(throttle, None);
     }
-    Ok(hex(&h.finalize()))
+    drop_pages(&file, 0, 0);
+    Ok(Ok(hex(&h.finalize())))
+}
+
+/// Reads until `want` bytes are in `buf` or the file ends (each read asks for the rest of
+/// `buf`, whole pages for `O_DIRECT`); the bytes read.
+fn read_full(file: &mut std::fs::File, buf: &mut [u8], want: usize) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < want {
+        match file.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n.min(want))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pacer that never yields (its lag bound is zero).
+    fn full() -> Pacer {
+        Pacer::new(
+            PaceParams {
+                share: 0.05,
+                lag_bound: Duration::ZERO,
+            },
+            Instant::now(),
+        )
+    }
 
     fn staged(dir: &Path, bytes: &[u8]) -> StagedFile {
         let stage = dir.join("stage/run/step-1-g1");
@@ -278,15 +494,18 @@ mod tests {
     #[test]
     fn a_file_lands_in_place_verified_with_no_temporary_left() {
         let d = tempfile::tempdir().unwrap();
-        let f = staged(d.path(), &vec![7u8; 3 * CHUNK + 5]);
-        assert_eq!(persist_file(&f, &Rate::new(0)).unwrap(), f.sha256);
+        let f = staged(d.path(), &vec![7u8; 3 * SLICE + 5]);
+        assert_eq!(
+            persist_file(&f, &Throttle::new(0), &mut full()).unwrap(),
+            f.sha256
+        );
         let mut left_to_the_agent = f.clone();
         left_to_the_agent.sha256.clear();
         assert_eq!(
-            persist_file(&left_to_the_agent, &Rate::new(0)).unwrap(),
+            persist_file(&left_to_the_agent, &Throttle::new(0), &mut full()).unwrap(),
             f.sha256
         );
-        assert_eq!(std::fs::read(&f.target).unwrap(), vec![7u8; 3 * CHUNK + 5]);
+        assert_eq!(std::fs::read(&f.target).unwrap(), vec![7u8; 3 * SLICE + 5]);
         assert!(leftovers(f.target.parent().unwrap()).is_empty());
     }
 
@@ -295,17 +514,17 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let mut f = staged(d.path(), b"state");
         f.sha256 = "0".repeat(64);
-        let e = persist_file(&f, &Rate::new(0)).unwrap_err();
+        let e = persist_file(&f, &Throttle::new(0), &mut full()).unwrap_err();
         assert!(e.contains("differs from the rank's"), "{e}");
         assert!(!f.target.exists());
         let mut g = staged(d.path(), b"state");
         g.bytes = 99;
-        let e = persist_file(&g, &Rate::new(0)).unwrap_err();
+        let e = persist_file(&g, &Throttle::new(0), &mut full()).unwrap_err();
         assert!(e.contains("another size"), "{e}");
         assert!(!g.target.exists());
         assert!(leftovers(g.target.parent().unwrap()).is_empty());
         std::fs::remove_file(&g.staged).unwrap();
-        assert!(persist_file(&g, &Rate::new(0))
+        assert!(persist_file(&g, &Throttle::new(0), &mut full())
             .unwrap_err()
             .contains("staged copy is gone"));
     }
@@ -315,7 +534,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = staged(d.path(), &vec![1u8; 2 << 20]);
         let t = Instant::now();
-        persist_file(&f, &Rate::new(8 << 20)).unwrap(); // 2 MiB at 8 MiB/s: at least 250 ms
+        persist_file(&f, &Throttle::new(8 << 20), &mut full()).unwrap(); // 2 MiB at 8 MiB/s: at least 250 ms
         assert!(
             t.elapsed() >= Duration::from_millis(240),
             "{:?}",
@@ -328,14 +547,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = staged(d.path(), &vec![1u8; 64 << 10]);
         // 64 KiB at 1 KiB/s would take a minute; lifted after 200 ms, it ends at once.
-        let rate = Rate::new(1 << 10);
+        let rate = Throttle::new(1 << 10);
         let lift = rate.clone();
         let t = Instant::now();
         let lifter = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
-            lift.set(0);
+            lift.set_rate(0);
         });
-        assert_eq!(persist_file(&f, &rate).unwrap(), f.sha256);
+        assert_eq!(persist_file(&f, &rate, &mut full()).unwrap(), f.sha256);
         lifter.join().unwrap();
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
         assert!(
@@ -360,15 +579,125 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_bytes_read_back_are_compared_with_the_staged_copy() {
+        let d = tempfile::tempdir().unwrap();
+        let bytes: Vec<u8> = (0..2 * SLICE + 100).map(|i| (i % 251) as u8).collect();
+        let disk = d.path().join("disk");
+        std::fs::write(&disk, &bytes).unwrap();
+        let mut other = bytes.clone();
+        other[SLICE + 7] ^= 1;
+        std::fs::write(d.path().join("same"), &bytes).unwrap();
+        std::fs::write(d.path().join("other"), &other).unwrap();
+        let open = |n: &str| std::fs::File::open(d.path().join(n)).unwrap();
+        let n = bytes.len() as u64;
+        let t = Throttle::new(0);
+        let want = hex(&Sha256::digest(&bytes));
+        let same = read_back(&disk, n, Some(&open("same")), &t, &mut full()).unwrap();
+        assert_eq!(same, Ok(want.clone()));
+        assert_eq!(
+            read_back(&disk, n, None, &t, &mut full()).unwrap(),
+            Ok(want)
+        );
+        let other = read_back(&disk, n, Some(&open("other")), &t, &mut full()).unwrap();
+        assert_eq!(other, Err(SLICE as u64), "the slice that differs");
+        let longer = read_back(&disk, n + 1, None, &t, &mut full()).unwrap();
+        assert_eq!(longer, Err(n), "the disk holds less than written");
+    }
+
+    #[test]
+    fn a_slice_of_work_is_followed_by_the_pause_its_cpu_share_asks() {
+        let params = PaceParams {
+            share: 0.05,
+            lag_bound: Duration::from_secs(60),
+        };
+        let burn = |cpu: Duration| {
+            let from = background::thread_cpu();
+            let mut x = 1u64;
+            while background::thread_cpu() - from < cpu {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+        };
+        // 5 ms of CPU at 5 % of one CPU: 100 ms from the start (the first window of 250 ms
+        // counts as busy).
+        let began = Instant::now();
+        let mut p = Pacer::new(params, Instant::now());
+        burn(Duration::from_millis(5));
+        p.after_slice(&Throttle::new(0), None);
+        assert!(
+            began.elapsed() >= Duration::from_millis(95),
+            "{:?}",
+            began.elapsed()
+        );
+        // Asked for full speed, it does not pause.
+        let urgent = Throttle::new(0);
+        urgent.set_urgent(true);
+        let mut p = Pacer::new(params, Instant::now());
+        burn(Duration::from_millis(5));
+        let t = Instant::now();
+        p.after_slice(&urgent, None);
+        assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_yielding_persister_thread_is_in_the_idle_io_class() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Some(decision): the pacer notes it; None: the step is done.
+        let (go, wait) = std::sync::mpsc::channel::<Option<Pace>>();
+        let t = std::thread::spawn(move || {
+            let mut p = full();
+            tx.send(background::thread_id()).unwrap();
+            while let Ok(decision) = wait.recv() {
+                match decision {
+                    Some(d) => p.note(d),
+                    None => p.finish(),
+                }
+                tx.send(0).unwrap();
+            }
+        });
+        let tid = rx.recv().unwrap();
+        let ask = |d: Option<Pace>| {
+            go.send(d).unwrap();
+            rx.recv().unwrap();
+            background::io_class(tid).unwrap()
+        };
+        let yielding = Some(Pace::Yield {
+            pause: Duration::ZERO,
+        });
+        match ask(yielding) {
+            IoClass::Idle => {}
+            other if std::env::var_os("DRUN_REQUIRE_IOPRIO").is_none() => {
+                eprintln!("skipped: the kernel did not take the idle I/O class ({other:?}); DRUN_REQUIRE_IOPRIO=1 requires it");
+                return;
+            }
+            other => panic!("the yielding persister is not in the idle I/O class: {other:?}"),
+        }
+        assert_ne!(
+            background::io_class(background::thread_id()).unwrap(),
+            IoClass::Idle,
+            "only the persister's thread"
+        );
+        assert_ne!(ask(Some(Pace::Urgent)), IoClass::Idle, "full speed");
+        assert_eq!(ask(yielding), IoClass::Idle);
+        assert_ne!(ask(None), IoClass::Idle, "the step is done");
+        drop(go);
+        t.join().unwrap();
+    }
+
     #[tokio::test]
     async fn the_thread_reports_each_step() {
         let d = tempfile::tempdir().unwrap();
         let f = staged(d.path(), b"abc");
-        let (p, mut done) = Persister::start().unwrap();
+        let (p, mut done) = Persister::start(PaceParams {
+            share: 0.05,
+            lag_bound: Duration::from_secs(60),
+        })
+        .unwrap();
         p.submit(Job {
             key: (1, 1),
             files: vec![f.clone()],
-            rate: Rate::new(0),
+            throttle: Throttle::new(0),
+            staged_at: Instant::now(),
         });
         let r = done.recv().await.unwrap();
         assert_eq!(r.key, (1, 1));
