@@ -645,6 +645,38 @@ fn an_agent_killed_mid_persist_leaves_no_half_step_to_resume() {
     assert_eq!(latest_step(&d), 12);
 }
 
+/// A `--standalone` run of 2 ranks of the torch worker `script` staging in 64 MiB of memory
+/// (`more` drun flags before the checkpoint's), which must succeed; each rank's JSON report
+/// (`rank<R>.json` in `d.out`).
+fn staged_torch_reports(
+    python: &Path,
+    d: &Dirs,
+    run: &str,
+    more: &[&str],
+    script: &str,
+) -> Vec<Value> {
+    let stage = staging_dir(d);
+    let mut c = drun();
+    c.python(python)
+        .args(["--standalone", "--rdzv-id", run])
+        .nproc(2)
+        .args(more)
+        .args(["--ckpt-memory", "64M", "--ckpt-dir"])
+        .arg(&d.ckpt)
+        .arg(worker(script))
+        .env("CKPT_OUT", &d.out)
+        .env("DRUN_CKPT_STAGE_PARENT", &stage);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(180));
+    assert_eq!(code, 0, "{err}");
+    (0..2)
+        .map(|rank| {
+            let text = std::fs::read_to_string(d.out.join(format!("rank{rank}.json")))
+                .unwrap_or_else(|e| panic!("rank {rank} wrote no report ({e}): {err}"));
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect()
+}
+
 /// Real torch: a staged `torch.save` skips its zip CRC-32s (the agent's SHA-256 covers the
 /// file) and writes over staging memory allocated ahead (a spare file per rank), a smaller
 /// state than its spare and a larger one alike; every persisted copy loads back exactly.
@@ -655,28 +687,8 @@ fn torch_staged_saves_skip_the_zip_crc_and_write_over_spare_memory_exactly() {
         return;
     };
     let d = dirs();
-    let stage = staging_dir(&d);
-    let mut c = drun();
-    c.python(&python)
-        .args(["--standalone", "--rdzv-id", "ckpt-memory-spare"])
-        .nproc(2)
-        .args([
-            "--ckpt-memory",
-            "64M",
-            "--ckpt-keep-last",
-            "8",
-            "--ckpt-dir",
-        ])
-        .arg(&d.ckpt)
-        .arg(worker("staged_saves.py"))
-        .env("CKPT_OUT", &d.out)
-        .env("DRUN_CKPT_STAGE_PARENT", &stage);
-    let (code, _, err) = crate::harness::run(c, Duration::from_secs(180));
-    assert_eq!(code, 0, "{err}");
-    for rank in 0..2 {
-        let text = std::fs::read_to_string(d.out.join(format!("rank{rank}.json")))
-            .unwrap_or_else(|e| panic!("rank {rank} wrote no report ({e}): {err}"));
-        let r: Value = serde_json::from_str(&text).unwrap();
+    let more = ["--ckpt-keep-last", "8"];
+    for r in staged_torch_reports(&python, &d, "ckpt-memory-spare", &more, "staged_saves.py") {
         assert_eq!(
             r["spare_before"],
             serde_json::json!([false, true, true, true]),
@@ -713,23 +725,8 @@ fn torch_a_rank_killed_mid_save_over_its_spare_leaves_the_step_unsealed() {
         return;
     };
     let d = dirs();
-    let stage = staging_dir(&d);
-    let mut c = drun();
-    c.python(&python)
-        .args(["--standalone", "--rdzv-id", "ckpt-memory-killed"])
-        .nproc(2)
-        .args(["--max-restarts", "1", "--shutdown-timeout", "60"])
-        .args(["--ckpt-memory", "64M", "--ckpt-dir"])
-        .arg(&d.ckpt)
-        .arg(worker("staged_kill.py"))
-        .env("CKPT_OUT", &d.out)
-        .env("DRUN_CKPT_STAGE_PARENT", &stage);
-    let (code, _, err) = crate::harness::run(c, Duration::from_secs(180));
-    assert_eq!(code, 0, "{err}");
-    for rank in 0..2 {
-        let text = std::fs::read_to_string(d.out.join(format!("rank{rank}.json")))
-            .unwrap_or_else(|e| panic!("rank {rank} wrote no report ({e}): {err}"));
-        let r: Value = serde_json::from_str(&text).unwrap();
+    let more = ["--max-restarts", "1", "--shutdown-timeout", "60"];
+    for r in staged_torch_reports(&python, &d, "ckpt-memory-killed", &more, "staged_kill.py") {
         assert_eq!(r["resumed"], 1, "the restart resumes the step before: {r}");
         assert_eq!(
             r["equal"], true,
