@@ -399,6 +399,11 @@ impl Agent {
                     l.on_committed(generation, step, &result, self.cfg.ckpt.dir.as_deref());
                 }
             }
+            Effect::PersistNow => {
+                if let Some(s) = w.stage.as_mut() {
+                    s.hurry();
+                }
+            }
             Effect::CheckStalled => {
                 if let Some(l) = w.ledger.as_mut() {
                     for line in l.stalled(STALLED_COMMIT) {

@@ -148,16 +148,17 @@ pub enum Save {
 
 impl Save {
     /// Whether this node's ranks are still asked to save, given the newest step this node
-    /// staged in memory (`--ckpt-memory`; its manifest id, `"<step>-<generation>"`): an interval
-    /// or scale-up request is answered for them by a staged step newer than the request — its
-    /// seal follows once it is persisted, and ends the request — so they do not save again at
-    /// every step while the disk catches up. A preemption asks until its seal (exit 5 needs the
-    /// step on disk).
+    /// staged in memory (`--ckpt-memory`; its manifest id, `"<step>-<generation>"`): a request
+    /// is answered for them by a staged step newer than the request — its seal follows once it
+    /// is persisted, and ends the request (a preemption's stops the workers, exit 5) — so they
+    /// do not save again at every step while the disk catches up. A preemption's step is
+    /// persisted at full speed ([`Effect::PersistNow`]), so its seal comes within the grace.
     pub fn asks(&self, newest_staged: Option<&str>) -> bool {
         match self {
             Save::Idle => false,
-            Save::Preempt { .. } => true,
-            Save::Interval { latest_before } | Save::ScaleUp { latest_before } => {
+            Save::Interval { latest_before }
+            | Save::ScaleUp { latest_before }
+            | Save::Preempt { latest_before } => {
                 newest_staged.is_none_or(|id| id <= latest_before.as_str())
             }
         }
@@ -423,6 +424,9 @@ pub enum Effect {
     },
     /// Warn about ranks that wait on a commit the others have not made.
     CheckStalled,
+    /// Persist staged checkpoints at full speed from now on (a preemption: its step must reach
+    /// the disk within the grace; there is no training left to spare).
+    PersistNow,
     /// Answer the held API request (`should_save` as given).
     Serve {
         /// A coordinated checkpoint is requested.

@@ -288,6 +288,7 @@ fn on_save_requested(m: &mut Machine, phase: Phase, req: SaveRequest, cx: &mut C
         } else {
             if !matches!(save, Save::Preempt { .. }) {
                 cx.log(Level::Warn, None, line);
+                cx.fx.push(Effect::PersistNow);
             }
             m.preempt_pending.get_or_insert(req.reason.clone());
             Save::Preempt {

@@ -85,6 +85,8 @@ pub(super) struct Stage {
     files: BTreeMap<Key, Vec<PathBuf>>,
     /// Since when the workers' end waits for the persister.
     end_since: Option<std::time::Instant>,
+    /// A preemption asked for a checkpoint: the persister goes at full speed from then on.
+    hurried: bool,
     /// Bytes per second the persister writes while the workers run.
     rate: u64,
     /// Bytes per second it writes while the workers' end waits for it.
@@ -196,6 +198,7 @@ impl Stage {
                 pending: BTreeMap::new(),
                 files: BTreeMap::new(),
                 end_since: None,
+                hurried: false,
                 rate,
                 held_rate,
                 throttle: Throttle::new(rate),
@@ -363,7 +366,7 @@ impl Stage {
     /// Hands the next copy to the persister, if the table says so.
     fn pump(&mut self) {
         self.throttle
-            .set_urgent(self.end_since.is_some() || self.table.behind());
+            .set_urgent(self.end_since.is_some() || self.hurried || self.table.behind());
         let Some(key) = self.table.next() else {
             return;
         };
@@ -511,6 +514,13 @@ impl Stage {
         resume_from_memory(self.dir(), &self.ckpt_dir, m)
     }
 
+    /// A preemption asked for a checkpoint: staged steps go to the disk at full speed from now
+    /// on (its step must be sealed within the grace; the persister no longer yields the CPU).
+    pub(super) fn hurry(&mut self) {
+        self.hurried = true;
+        self.throttle.set_urgent(true);
+    }
+
     /// Whether the workers' end is held back for the persister (at most `limit`); says how
     /// long it waited, or what it could not persist, when the hold ends.
     pub(super) fn hold_end(&mut self, limit: Duration) -> bool {
@@ -529,7 +539,8 @@ impl Stage {
                 }
                 self.end_since = None;
                 self.throttle.set_rate(self.rate);
-                self.throttle.set_urgent(self.table.behind());
+                self.throttle
+                    .set_urgent(self.hurried || self.table.behind());
                 false
             }
         }

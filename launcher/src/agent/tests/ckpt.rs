@@ -88,11 +88,15 @@ fn a_preemption_warning_between_generations_is_asked_of_the_next_one() {
 fn a_preemption_warning_saves_then_stops_and_requeues() {
     let mut t = T::running(1, 1);
     t.feed(Input::Signal(Signal::SIGUSR1));
-    t.ev(save(
+    let fx = t.ev(save(
         "SIGUSR1 (preemption warning) on node n0",
         "0004-0001",
         false,
     ));
+    assert!(
+        fx.contains(&Effect::PersistNow),
+        "the preemption's step goes to the disk at full speed: {fx:?}"
+    );
     // An older seal does not fulfil the request.
     assert!(!t
         .ev(Event::Sealed("0004-0001".into()))
@@ -268,9 +272,11 @@ fn a_step_staged_in_memory_answers_an_interval_request_for_this_nodes_ranks() {
     let preempt = Save::Preempt {
         latest_before: id(8, 1),
     };
+    assert!(preempt.asks(None), "nothing staged: save");
+    assert!(preempt.asks(Some(&id(8, 1))), "the step the request saw");
     assert!(
-        preempt.asks(Some(&id(12, 1))),
-        "a preemption asks until the seal: exit 5 needs the step on disk"
+        !preempt.asks(Some(&id(12, 1))),
+        "a newer step staged answers a preemption too: its seal (persisted at full speed) stops the workers"
     );
     assert!(!Save::Idle.asks(None));
 }
