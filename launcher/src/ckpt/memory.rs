@@ -25,7 +25,7 @@
 //! the ledger — where it seals as any commit does (manifest, `latest` pointer).
 //!
 //! **Sharing the node with the training.** The persister is throttled by a byte rate
-//! ([`decide::pause`]) and by the CPU ([`decide::pace`]): while the node's CPUs are busy (the
+//! ([`pace::pause`]) and by the CPU ([`pace::pace`]): while the node's CPUs are busy (the
 //! rest of the CPUs the agent may run on leave less than most of one idle, `/proc/stat`), it keeps to a share
 //! of one CPU (5 %, `DRUN_CKPT_PERSIST_CPU`) in the idle I/O class; it goes at full speed while
 //! a CPU is spare, when a newer step waits behind the one it writes, once the step waited past
@@ -73,6 +73,7 @@
 pub mod decide;
 pub mod leftover;
 pub mod limit;
+pub mod pace;
 pub mod persist;
 pub mod replica;
 pub mod wire;

@@ -1,7 +1,7 @@
 //! The operating system's side of work done behind the training (the checkpoint persister): the
 //! calling thread's CPU time, the node's idle CPU time, a file range's writeback, and the
 //! calling thread's I/O priority class. Thin calls; what to do with them is decided in
-//! [`crate::ckpt::memory::decide::pace`].
+//! [`crate::ckpt::memory::pace::pace`].
 
 use std::os::fd::AsRawFd;
 use std::time::Duration;

@@ -15,7 +15,8 @@ use drun_rendezvous::{Manifest, NodeCommit};
 use tokio::sync::mpsc;
 
 use crate::agent::Agent;
-use crate::ckpt::memory::decide::{Admit, EndWait, Key, PaceParams, Table};
+use crate::ckpt::memory::decide::{Admit, EndWait, Key, Table};
+use crate::ckpt::memory::pace::PaceParams;
 use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile, Throttle};
 use crate::ckpt::memory::{human_bytes, remove_under, resume_from_memory, staged_path, TmpfsFit};
 use crate::ckpt::node::NodeLedger;

@@ -4,8 +4,8 @@
 //! its pages dropped from the cache once on disk; it is fsynced, read back from the device and
 //! compared with the staged copy (or its SHA-256 with the rank's), hashed once on that read,
 //! then renamed into place and its directory fsynced. Throttled: a byte rate
-//! ([`super::decide::pause`]), and while the node's CPUs are busy with the training the
-//! persister keeps to a small share of one CPU in the idle I/O class ([`super::decide::pace`]),
+//! ([`super::pace::pause`]), and while the node's CPUs are busy with the training the
+//! persister keeps to a small share of one CPU in the idle I/O class ([`super::pace::pace`]),
 //! up to a lag bound, at full speed at the run's end. The thin I/O driver of the decisions in
 //! [`super::decide`]; the agent's loop receives each step's [`Done`].
 
@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::decide::{pace, pause, spare_cpu, Key, Pace, PaceInput, PaceParams};
+use super::decide::Key;
+use super::pace::{pace, pause, spare_cpu, Pace, PaceInput, PaceParams};
 use crate::os::background::{self, IoClass};
 
 /// Bytes copied, or read back and compared, between two looks at the throttle.
@@ -30,7 +31,7 @@ const SLICE: usize = 4 << 20;
 const RECHECK: Duration = Duration::from_millis(50);
 
 /// The window over which the persister judges whether the node has a CPU to spare
-/// ([`super::decide::spare_cpu`]; `/proc/stat` counts in ticks of 10 ms).
+/// ([`super::pace::spare_cpu`]; `/proc/stat` counts in ticks of 10 ms).
 const CPU_WINDOW: Duration = Duration::from_millis(250);
 
 /// The persister's throttle, shared with the agent: a byte rate (0: no limit) and whether the
