@@ -250,7 +250,7 @@ impl Table {
     }
 
     /// Whether a staged step waits behind another not yet on disk: the disk falls behind the
-    /// saves, and the persister stops yielding the CPU to the training ([`PaceInput::urgent`]).
+    /// saves, and the persister stops yielding the CPU to the training ([`super::pace::PaceInput::urgent`]).
     pub fn behind(&self) -> bool {
         self.copies
             .values()
