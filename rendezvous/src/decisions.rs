@@ -4,8 +4,8 @@
 //!
 //! * [`core`] — when a waiting set forms (last call, settle window, no second world beside a
 //!   running generation); [`plan`] — the ranks every agent receives.
-//! * [`envcheck`] — whether the members' environments agree, and the door a newcomer is judged
-//!   against while a generation runs.
+//! * [`envcheck`] — whether the members' environments agree; [`door`] — the door a newcomer is
+//!   judged against while a generation runs, by the same verdict.
 //! * [`loss`] — naming a lost node and attributing a survivor's failure to it;
 //!   [`root_cause`] — the first failure of a generation and its summary;
 //!   [`partition`] — which side of a partition leaves.
@@ -17,6 +17,7 @@
 
 pub mod ckpt_interval;
 pub mod core;
+pub mod door;
 pub mod envcheck;
 pub mod flight;
 pub mod formation;

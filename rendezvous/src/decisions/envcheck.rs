@@ -19,13 +19,11 @@
 //! At a re-form, when the previous generation's members alone pass the check, only the
 //! newcomers are refused (turned away; see `round/decider.rs`): a misconfigured node arriving
 //! later cannot end a running job. While a group runs, a newcomer that re-form would refuse is
-//! turned away at the door ([`door`], [`refusal`]) without re-forming the group at all.
+//! turned away at the door ([`crate::decisions::door`]) without re-forming the group at all.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-mod door;
 pub use crate::store::records::{Door, EnvCheck, Fingerprint};
-pub use door::{door, refusal};
 
 /// Keys whose difference breaks the job: refused even with `--env-check off`.
 pub const BREAKING: &[&str] = &["config.nnodes", "config.script-sha256"];

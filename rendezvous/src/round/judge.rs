@@ -334,7 +334,7 @@ pub fn formation(
             .previous
             .as_ref()
             .map(|p| lost_work(p.formed_at_ms, opened_at_ms, plan.resume.as_ref())),
-        door: envcheck::door(&env_reports(admitted, &joins)),
+        door: crate::decisions::door::door(&env_reports(admitted, &joins)),
     };
     Ok(Formed {
         import: plan.resume.clone().filter(|_| import),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::generation::{self, Rules};
+use super::generation::Rules;
 use super::keeper::{self, KeeperConfig, Lost};
 use super::protocol::{Emit, Event, Request, Resume, RunEnd, SessionConfig};
 use super::state::{
@@ -17,6 +17,7 @@ use super::state::{
     Session,
 };
 use super::step;
+use super::verdicts;
 use crate::clock::now_ms;
 use crate::ledger::Ledger;
 use crate::store::{LeaseId, Store, WatchEvent};
@@ -436,7 +437,7 @@ impl Actor {
             self.state.phase = phase;
             match outcome {
                 Ok(result) => break tried(what, tries, result),
-                Err(lost) if generation::fences(self.lease(), lost.0) => {
+                Err(lost) if verdicts::fences(self.lease(), lost.0) => {
                     break Input::LeaseLost(lost)
                 }
                 Err(lost) => {

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::protocol::{Event, RunEnd};
 use super::save_clock::SaveClock;
 use super::silence::{self, Silence};
-use crate::decisions::envcheck::{self, Door, Report};
+use crate::decisions::envcheck::{Door, Report};
 use crate::human::duration as human;
 use crate::{Join, Plan};
 
@@ -452,7 +452,9 @@ fn newcomer(
         ));
     }
     let refused = match (&run.door, join) {
-        (Some(door), Some(j)) => envcheck::refusal(door, run.generation(), &Report::of(j)),
+        (Some(door), Some(j)) => {
+            crate::decisions::door::refusal(door, run.generation(), &Report::of(j))
+        }
         _ => None,
     };
     if let Some(message) = refused {
@@ -618,14 +620,5 @@ pub(crate) fn successor(plan: &Plan, node: &str) -> Option<String> {
     (n > 1).then(|| plan.members[(i + 1) % n].node_id.clone())
 }
 
-// The job-wide verdicts beside the running generation live in `verdicts.rs`; named here too,
-// where the actor and the tests have always found them.
-pub(crate) use super::verdicts::{
-    exit_barrier, failure_verdict, fences, join_is_duplicate, FailureVerdict,
-};
-
 #[cfg(test)]
-mod tests;
-
-#[cfg(test)]
-mod verdict_tests;
+pub(super) mod tests;

@@ -195,7 +195,7 @@ pub(crate) struct Spending {
 }
 
 /// The store work of deciding a failure against the budget: read, then spend or end. The
-/// verdict between them is [`crate::session::generation::failure_verdict`]'s, in the step.
+/// verdict between them is [`crate::session::verdicts::failure_verdict`]'s, in the step.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum BudgetStage {
     /// Read the counters, the current generation and whether it is closed.

@@ -17,6 +17,7 @@ use super::state::{
     Attempt, Attribution, Decided, Effect, Failure, Input, LeaseChange, Opened, Params, Phase,
     Read, Retry, Session, REQUEST_TRIES, RETRY_PAUSE,
 };
+use super::verdicts;
 
 /// One transition: the session after `input` at `now`, what the driver must do, and why
 /// (empty: nothing worth saying).
@@ -138,7 +139,7 @@ fn on_request(
 ) -> String {
     match req {
         Request::Join(_, after)
-            if generation::join_is_duplicate(
+            if verdicts::join_is_duplicate(
                 s.phase.is_waiting(),
                 s.phase.running_generation(),
                 after,
@@ -279,7 +280,7 @@ fn on_generation(
 /// The keeper lost `lease`: fence when it is the current one (a stale keeper's report is
 /// not). A pending retry goes with the membership: fencing stays bounded by the TTL.
 fn on_lost(s: &mut Session, (lease, reason): Lost, fx: &mut Vec<Effect>) -> String {
-    if !generation::fences(s.lease, lease) {
+    if !verdicts::fences(s.lease, lease) {
         return format!("lease {lease:#x} of an earlier join was lost: {reason}");
     }
     if let Phase::Abandoned(_) = s.phase {

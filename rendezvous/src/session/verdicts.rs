@@ -110,3 +110,6 @@ pub(crate) fn fences(held: Option<LeaseId>, lost: LeaseId) -> bool {
 pub(crate) fn join_is_duplicate(waiting: bool, running: Option<u64>, after: u64) -> bool {
     waiting || running.is_some_and(|g| g > after)
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,9 +1,9 @@
 //! The session's guarded store writes: close a generation, request a save, the exit barrier, the failure budget.
 
 use super::actor::Actor;
-use super::generation;
 use super::protocol::{Event, SaveRequest};
 use super::state::{BudgetSeen, BudgetStage, Spending};
+use super::verdicts;
 use crate::clock::now_ms;
 use crate::store::records::{FailureRecord, RestartCause};
 use crate::store::run_state::session::SpendRestart;
@@ -109,14 +109,14 @@ impl Actor {
     pub(super) async fn maybe_finish(&self, plan: &Plan) -> Result<(), RendezvousError> {
         let state = self.round.state();
         let done = state.done_nodes(plan.generation).await?;
-        if let Some(end) = generation::exit_barrier(plan, &done, now_ms()) {
+        if let Some(end) = verdicts::exit_barrier(plan, &done, now_ms()) {
             state.finish(plan.generation, &end).await?;
         }
         Ok(())
     }
 
     /// One stage of deciding a worker failure against the job-wide budget (the step judges
-    /// between the stages with [`super::generation::failure_verdict`]): read the counters, the
+    /// between the stages with [`super::verdicts::failure_verdict`]): read the counters, the
     /// current generation and whether it is closed; spend one restart and close the
     /// generation, guarded on what was read, with the failure as `g`'s root cause and in the
     /// failure history; or end the run as failed and read back its root cause as recorded

@@ -12,7 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::server::auth::{parse_tokens, Entry, TokenLineError};
+use super::format::{parse_tokens, Entry, TokenLineError};
 
 /// A token file that cannot be used: one line naming it, never a token.
 #[derive(Debug, thiserror::Error)]

@@ -15,12 +15,12 @@ fn cand(id: &str) -> Candidate {
 }
 
 /// A generation `g` of the given nodes (node ranks follow the ids' order).
-pub(super) fn plan(g: u64, nodes: &[&str]) -> Plan {
+pub(in crate::session) fn plan(g: u64, nodes: &[&str]) -> Plan {
     let cands: Vec<Candidate> = nodes.iter().map(|n| cand(n)).collect();
     assign("run", g, &cands, 0, 0).expect("formable")
 }
 
-pub(super) fn rules() -> Rules {
+pub(in crate::session) fn rules() -> Rules {
     Rules {
         max_nodes: 4,
         scale_up_save: None,
@@ -247,7 +247,7 @@ fn join_with_script(id: &str, script: &str) -> Join {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    j.env_check = Some(envcheck::EnvCheck::Warn);
+    j.env_check = Some(crate::decisions::envcheck::EnvCheck::Warn);
     j
 }
 
@@ -260,7 +260,7 @@ fn a_newcomer_with_another_script_is_turned_away_at_the_door_without_a_re_form()
         .map(|n| join_with_script(n, "aaa"))
         .collect();
     let reports: Vec<Report<'_>> = members.iter().map(Report::of).collect();
-    r.door = envcheck::door(&reports);
+    r.door = crate::decisions::door::door(&reports);
     let other = join_with_script("d", "ddd");
     let s = step(
         &mut r,
@@ -272,7 +272,7 @@ fn a_newcomer_with_another_script_is_turned_away_at_the_door_without_a_re_form()
         panic!("{:?}", s.effects);
     };
     assert_eq!(node, "d");
-    assert!(envcheck::is_refusal(message), "{message}");
+    assert!(crate::decisions::envcheck::is_refusal(message), "{message}");
     assert!(
         message.contains("config.script-sha256 (aaa on the nodes of generation 3; ddd on d)"),
         "{message}"

@@ -5,12 +5,12 @@
 use tokio::time::Instant;
 
 use super::ends::end;
-use crate::session::generation;
 use crate::session::protocol::Event;
 use crate::session::state::{
     Attempt, Attribution, BudgetSeen, BudgetStage, Effect, Failure, LossLook, Params, Retry,
     Session, Spending, ATTRIBUTION_POLL, REQUEST_TRIES, RETRY_PAUSE,
 };
+use crate::session::verdicts;
 
 /// One look for a member's loss behind a worker failure. A loss restarts the group without
 /// spending the budget; the workers' own failure (or the window's end) is decided against the
@@ -83,7 +83,7 @@ pub(super) fn on_looked(
 }
 
 /// One stage of deciding a worker failure against the job-wide restart budget came back: the
-/// read is judged ([`generation::failure_verdict`]) — the failure joins a re-form under way,
+/// read is judged ([`verdicts::failure_verdict`]) — the failure joins a re-form under way,
 /// spends one restart, or ends the run — and the agent hears the decision once the store
 /// work for it is done. A spend that lost its race reads again at once; a store that did
 /// not answer starts over from the read after [`RETRY_PAUSE`], up to [`REQUEST_TRIES`]
@@ -132,7 +132,7 @@ pub(super) fn on_budget(
             current: (current, gen_rev),
             closed,
             at_ms,
-        } => match generation::failure_verdict(
+        } => match verdicts::failure_verdict(
             g,
             &spending.description,
             &restarts,
@@ -141,7 +141,7 @@ pub(super) fn on_budget(
             &p.rules,
             at_ms,
         ) {
-            generation::FailureVerdict::Joins { restarts, reason } => {
+            verdicts::FailureVerdict::Joins { restarts, reason } => {
                 if closed.is_some() {
                     fx.push(Effect::Note {
                         generation: g,
@@ -155,7 +155,7 @@ pub(super) fn on_budget(
                 }));
                 reason
             }
-            generation::FailureVerdict::Spend { next, closed } => {
+            verdicts::FailureVerdict::Spend { next, closed } => {
                 let why = format!("generation {g}: spending one restart ({closed})");
                 next_stage(
                     BudgetStage::Spend {
@@ -168,7 +168,7 @@ pub(super) fn on_budget(
                 );
                 why
             }
-            generation::FailureVerdict::End { mut end, last } => {
+            verdicts::FailureVerdict::End { mut end, last } => {
                 end.root_cause = spending.cause.clone();
                 let why = format!("the restart budget is spent: the run ends ({})", end.reason);
                 next_stage(BudgetStage::End { end, last }, fx);

@@ -73,7 +73,7 @@ pub struct Formation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_work: Option<LostWork>,
     /// What the members' environments agreed on: a newcomer the next re-form would refuse is
-    /// turned away at it ([`crate::decisions::envcheck::refusal`]). `None`: no member sent a fingerprint.
+    /// turned away at it ([`crate::decisions::door::refusal`]). `None`: no member sent a fingerprint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub door: Option<Door>,
 }

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{effective, verdict, Fingerprint, Report, Verdict};
+use super::envcheck::{effective, verdict, Fingerprint, Report, Verdict};
 use crate::store::records::Door;
 
 /// The door of a group formed from `members`; `None` when no member sent a fingerprint (older
@@ -102,7 +102,7 @@ mod tests {
         .unwrap();
         let c = fp(&[(SCRIPT, "ccc"), ("torch", "2.4.0")]);
         let why = refusal(&d, 3, &report("c", &c, EnvCheck::Off)).expect("refused");
-        assert!(super::super::is_refusal(&why), "{why}");
+        assert!(crate::decisions::envcheck::is_refusal(&why), "{why}");
         assert!(
             why.contains("config.script-sha256 (aaa on the nodes of generation 3; ccc on c)"),
             "{why}"

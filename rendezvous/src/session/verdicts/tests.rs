@@ -1,9 +1,8 @@
-//! Unit tests of the generation core's verdicts: failure budget, exit barrier, fence, joins.
+//! Unit tests of the job-wide verdicts: failure budget, exit barrier, fence, joins.
 
 use super::*;
 use crate::round::Restarts;
-
-use super::tests::{plan, rules};
+use crate::session::generation::tests::{plan, rules};
 
 // ---- failure budget ----
 
