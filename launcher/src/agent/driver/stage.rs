@@ -121,6 +121,15 @@ impl Stage {
     ) -> Option<(Self, mpsc::UnboundedReceiver<Done>)> {
         let parent = std::env::var_os("DRUN_CKPT_STAGE_PARENT")
             .map_or_else(|| PathBuf::from("/dev/shm"), PathBuf::from);
+        Self::open_in(&parent, budget, ckpt_dir)
+    }
+
+    /// [`Stage::open`] in the tmpfs directory `parent`.
+    fn open_in(
+        parent: &Path,
+        budget: u64,
+        ckpt_dir: &Path,
+    ) -> Option<(Self, mpsc::UnboundedReceiver<Done>)> {
         // The staging directory names its owner, so that the next agent on this tmpfs removes
         // it if this one is killed (its staged copies would hold memory until reboot).
         let owner = crate::ckpt::memory::leftover::Owner::me();
@@ -350,10 +359,11 @@ impl Stage {
 
     /// Bytes the staging directory holds besides the staged copies: the ranks' spare files
     /// (`.spare-rank<R>`, allocated ahead by each rank for its next save; as much as the kernel
-    /// allocated so far).
+    /// allocated so far), and the files of a step resumed from the survivors' copies that were
+    /// fetched from another node ([`Stage::fetched_bytes`]).
     fn outside_bytes(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
-        std::fs::read_dir(self.dir())
+        let spares: u64 = std::fs::read_dir(self.dir())
             .map(|d| {
                 d.filter_map(|e| e.ok())
                     .filter(|e| e.file_name().to_string_lossy().starts_with(".spare-"))
@@ -361,7 +371,8 @@ impl Stage {
                     .map(|m| m.len().max(m.blocks() * 512))
                     .sum()
             })
-            .unwrap_or(0)
+            .unwrap_or(0);
+        spares + self.fetched_bytes()
     }
 
     /// Hands the next copy to the persister, if the table says so.

@@ -158,6 +158,27 @@ impl Stage {
         }
     }
 
+    /// Bytes of the resumed step's files that no other count holds: gathered here, not one of
+    /// this node's own staged copies (the table counts those), and with no second link (a
+    /// replica linked in is counted by the replicas it still is): the files fetched from
+    /// other nodes, or a replica released since. They take tmpfs like a staged copy until the
+    /// step is superseded, so they count in the budget.
+    pub(super) fn fetched_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let Some(m) = &self.resumed else {
+            return 0;
+        };
+        let own: std::collections::BTreeSet<&PathBuf> = self.files.values().flatten().collect();
+        m.files
+            .iter()
+            .filter_map(|f| staged_path(self.dir.path(), &self.ckpt_dir, Path::new(&f.path)))
+            .filter(|p| !own.contains(p))
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .filter(|md| md.nlink() == 1)
+            .map(|md| md.len().max(md.blocks() * 512))
+            .sum()
+    }
+
     /// Removes the resumed step's files gathered here, but for this node's own staged copies
     /// (released with their copy).
     fn drop_resumed(&mut self) {
@@ -232,5 +253,75 @@ impl crate::agent::Agent {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drun_rendezvous::{Cursor, ShardFile};
+
+    /// A file of `bytes` at `rel` under the staging directory `stage`.
+    fn staged(stage: &Path, rel: &str, bytes: usize) -> PathBuf {
+        let p = stage.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, vec![7u8; bytes]).unwrap();
+        p
+    }
+
+    #[test]
+    fn fetched_files_of_a_resumed_step_count_in_the_budget_and_own_or_linked_ones_do_not() {
+        let shm = tempfile::tempdir().unwrap();
+        let ckpt = tempfile::tempdir().unwrap();
+        let (mut s, _done) = Stage::open_in(shm.path(), 1 << 30, ckpt.path()).expect("a stage");
+        let stage = s.dir().to_path_buf();
+        const PAGE: usize = 4096;
+        // Rank 0's file is this node's own staged copy (the table counts it); rank 1's was
+        // fetched from another node; rank 2's is a replica this node holds, linked in.
+        let own = staged(&stage, "step-6/rank0.pt", PAGE);
+        s.files.insert((6, 1), vec![own]);
+        staged(&stage, "step-6/rank1.pt", 2 * PAGE);
+        let replica = staged(&stage, ".replicas/step-6-rank2.pt", 3 * PAGE);
+        std::fs::hard_link(&replica, stage.join("step-6/rank2.pt")).unwrap();
+        let file = |rank: u32, pages: usize| ShardFile {
+            rank,
+            path: ckpt
+                .path()
+                .join(format!("step-6/rank{rank}.pt"))
+                .display()
+                .to_string(),
+            bytes: (pages * PAGE) as u64,
+            sha256: String::new(),
+        };
+        let m = Manifest {
+            run_id: "run".into(),
+            step: 6,
+            generation: 1,
+            world_size: 3,
+            cursor: Cursor::default(),
+            files: vec![file(0, 1), file(1, 2), file(2, 3)],
+            sealed_at_ms: 0,
+            adopted_from: None,
+            save_ms: None,
+            stall_ms: None,
+        };
+        assert_eq!(s.fetched_bytes(), 0, "nothing resumed yet");
+        s.resuming(&m);
+        assert_eq!(
+            s.fetched_bytes(),
+            (2 * PAGE) as u64,
+            "the fetched file alone"
+        );
+        assert_eq!(s.outside_bytes(), (2 * PAGE) as u64, "no spare files here");
+        // The replica is released: its link here is the last one, and now counts.
+        std::fs::remove_file(&replica).unwrap();
+        assert_eq!(s.fetched_bytes(), (5 * PAGE) as u64);
+        // A newer step of this node is on disk: the resumed one is dropped, and so is its count.
+        s.superseded((8, 2));
+        assert_eq!(s.fetched_bytes(), 0);
+        assert!(
+            !stage.join("step-6/rank1.pt").exists(),
+            "the fetched file removed"
+        );
     }
 }
