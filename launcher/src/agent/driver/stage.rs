@@ -134,8 +134,8 @@ impl Stage {
         // it if this one is killed (its staged copies would hold memory until reboot).
         let owner = crate::ckpt::memory::leftover::Owner::me();
         if let Some(me) = owner {
-            let swept = crate::ckpt::memory::leftover::sweep_stages(&parent, me);
-            if let Some(line) = swept.stages_line(&parent) {
+            let swept = crate::ckpt::memory::leftover::sweep_stages(parent, me);
+            if let Some(line) = swept.stages_line(parent) {
                 crate::say!("{line}");
             }
         }
@@ -145,8 +145,8 @@ impl Stage {
         // A full one stages nothing: every save goes straight to disk, after one line.
         let budget = match crate::ckpt::memory::fit_tmpfs(
             budget,
-            crate::ckpt::memory::free_bytes(&parent),
-            &parent,
+            crate::ckpt::memory::free_bytes(parent),
+            parent,
         ) {
             TmpfsFit::Stage { budget, warning } => {
                 if let Some(line) = warning {
@@ -167,7 +167,7 @@ impl Stage {
             ),
             None => crate::ckpt::memory::leftover::STAGE_PREFIX.to_string(),
         };
-        let dir = match crate::os::private_dir::create(&parent, &prefix) {
+        let dir = match crate::os::private_dir::create(parent, &prefix) {
             Ok(d) => d,
             Err(e) => {
                 crate::say!(
