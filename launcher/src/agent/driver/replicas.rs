@@ -180,6 +180,7 @@ impl Replicas {
                 .collect(),
             mac: String::new(),
         };
+        let paths: Vec<String> = offer.files.iter().map(|f| f.path.clone()).collect();
         let staged: Vec<PathBuf> = files.into_iter().map(|(_, s, _, _, _)| s).collect();
         let token = self.ctx.token.clone();
         let notes = self.notes.clone();
@@ -188,7 +189,9 @@ impl Replicas {
             let limit = transfer_limit(offer.bytes());
             let result =
                 match tokio::time::timeout(limit, offer_to(&t, offer, &staged, token)).await {
-                    Ok(r) => r.map(|()| started.elapsed()),
+                    Ok(r) => r.map(|digests| {
+                        (started.elapsed(), paths.into_iter().zip(digests).collect())
+                    }),
                     Err(_) => Err(format!("no answer within {} s", limit.as_secs())),
                 };
             let _ = notes.send(Note::Sent {

@@ -55,13 +55,14 @@ pub(super) async fn open(
     Ok((conn, nonce, addr))
 }
 
-/// Offers `offer` to `t` and streams `staged` when taken.
+/// Offers `offer` to `t` and streams `staged` when taken; the SHA-256 of each file as sent
+/// (the neighbour verified it before its `ok`).
 pub(super) async fn offer_to(
     t: &Target,
     mut offer: Offer,
     staged: &[PathBuf],
     token: Option<String>,
-) -> Result<(), String> {
+) -> Result<Vec<String>, String> {
     let (mut conn, nonce, addr) = open(&t.addr, t.port).await?;
     offer.sign(token.as_deref(), &nonce);
     let w = |e: std::io::Error| format!("sending to {addr}: {e}");
@@ -70,23 +71,25 @@ pub(super) async fn offer_to(
     if answer != "take" {
         return Err(answer);
     }
-    stream_files(conn.get_mut(), &offer.files, staged, &addr.to_string()).await?;
+    let digests = stream_files(conn.get_mut(), &offer.files, staged, &addr.to_string()).await?;
     match line(&mut conn).await? {
-        ok if ok == "ok" => Ok(()),
+        ok if ok == "ok" => Ok(digests),
         bad => Err(bad),
     }
 }
 
 /// Streams each of `files` from its `staged` copy to `conn`, each followed by the SHA-256 of
-/// the bytes sent (32 bytes), then flushes; `to` names the other end in errors.
+/// the bytes sent (32 bytes), then flushes; `to` names the other end in errors. Returns those
+/// digests, in lowercase hex.
 pub(super) async fn stream_files(
     conn: &mut TcpStream,
     files: &[OfferFile],
     staged: &[PathBuf],
     to: &str,
-) -> Result<(), String> {
+) -> Result<Vec<String>, String> {
     let w = |e: std::io::Error| format!("sending to {to}: {e}");
     let mut buf = vec![0u8; CHUNK];
+    let mut digests = Vec::with_capacity(files.len());
     for (f, path) in files.iter().zip(staged) {
         let mut file = tokio::fs::File::open(path)
             .await
@@ -109,7 +112,10 @@ pub(super) async fn stream_files(
             conn.write_all(&buf[..n]).await.map_err(w)?;
             left -= n as u64;
         }
-        conn.write_all(&hash.finalize()).await.map_err(w)?;
+        let digest = hash.finalize();
+        conn.write_all(&digest).await.map_err(w)?;
+        digests.push(digest.iter().map(|b| format!("{b:02x}")).collect());
     }
-    conn.flush().await.map_err(w)
+    conn.flush().await.map_err(w)?;
+    Ok(digests)
 }

@@ -25,11 +25,12 @@ pub(super) fn transfer_limit(bytes: u64) -> Duration {
 /// What the loop hears about replicas.
 #[derive(Debug)]
 pub(crate) enum Note {
-    /// This node's step `key` was sent to `to`: verified there, or why not.
+    /// This node's step `key` was sent to `to`: verified there (how long it took, and each
+    /// file's SHA-256 as sent, by its final path), or why not.
     Sent {
         key: Key,
         to: String,
-        result: Result<Duration, String>,
+        result: Result<(Duration, Vec<(String, String)>), String>,
     },
     /// A replica of `from`'s step `key` is held here, verified.
     Received { key: Key, from: String },

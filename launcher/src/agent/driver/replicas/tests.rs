@@ -88,13 +88,18 @@ async fn a_staged_step_reaches_the_ring_neighbour_verified() {
     let target = ckpt.path().join(&rel).display().to_string();
     assert!(a.r.send(
         key,
-        vec![(target, staged, body.len() as u64, String::new(), 0)]
+        vec![(target.clone(), staged, body.len() as u64, String::new(), 0)]
     ));
     assert_eq!(a.r.sent_state(key), Some(None), "in flight");
     match note(&mut a.rx).await {
         Note::Sent { key: k, to, result } => {
             assert_eq!((k, to.as_str()), (key, "b"));
-            result.unwrap();
+            let (_, digests) = result.unwrap();
+            let sha: String = Sha256::digest(&body)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(digests, [(target, sha)], "the digest of the bytes sent");
         }
         n => panic!("{n:?}"),
     }

@@ -41,6 +41,21 @@ impl Stage {
         }
     }
 
+    /// The SHA-256 of each file of own step `key` as it was sent to the neighbour, which
+    /// verified it (`(final path, digest)`): a file whose rank left its digest to the agent
+    /// has it from here on, so a join after a fault reports the step without hashing its
+    /// files on the agent's loop ([`Stage::held`]).
+    fn sent_digests(&mut self, key: super::Key, digests: &[(String, String)]) {
+        let Some(h) = self.own_held.get_mut(&key) else {
+            return;
+        };
+        for f in h.files.iter_mut().filter(|f| f.sha256.is_empty()) {
+            if let Some((_, d)) = digests.iter().find(|(path, _)| *path == f.path) {
+                f.sha256.clone_from(d);
+            }
+        }
+    }
+
     /// What the loop heard of replicas: `1` when one of this node's steps was verified on its
     /// neighbour (for the metric).
     pub(in crate::agent::driver) fn replica_note(
@@ -55,7 +70,8 @@ impl Stage {
             Note::Sent { key, to, result } => {
                 r.sent(key, result.is_ok());
                 match result {
-                    Ok(took) => {
+                    Ok((took, digests)) => {
+                        self.sent_digests(key, &digests);
                         tracing::info!(
                             step = key.0,
                             gen = key.1,
@@ -130,5 +146,51 @@ impl Agent {
         if let Some(m) = &self.metrics {
             m.replicas(sent, stage.replica_bytes());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sha2::{Digest, Sha256};
+
+    use super::*;
+
+    #[test]
+    fn a_digest_verified_by_the_neighbour_spares_the_join_hashing_the_staged_copy() {
+        let shm = tempfile::tempdir().unwrap();
+        let ckpt = tempfile::tempdir().unwrap();
+        let (mut s, _done) = Stage::open_in(shm.path(), 1 << 30, ckpt.path()).expect("a stage");
+        let key = (4, 1);
+        let target = ckpt.path().join("step-4/rank0.pt").display().to_string();
+        let staged = s.dir().join("step-4/rank0.pt");
+        std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
+        std::fs::write(&staged, b"weights").unwrap();
+        let real: String = Sha256::digest(b"weights")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        s.table.add(key, 7, false, std::time::Instant::now());
+        let unhashed = drun_rendezvous::HeldStep {
+            step: 4,
+            generation: 1,
+            saved_by: "a".into(),
+            world_size: Some(1),
+            cursor: None,
+            files: vec![drun_rendezvous::ShardFile {
+                rank: 0,
+                path: target.clone(),
+                bytes: 7,
+                sha256: String::new(),
+            }],
+        };
+        // Not sent yet: the join hashes the staged copy itself.
+        s.own_held.insert(key, unhashed.clone());
+        assert_eq!(s.held()[0].files[0].sha256, real);
+        // Sent and verified: the join takes that digest and reads nothing (the staged copy is
+        // gone here, so a hash could not be taken).
+        s.own_held.insert(key, unhashed);
+        std::fs::remove_file(&staged).unwrap();
+        s.sent_digests(key, &[(target, real.clone())]);
+        assert_eq!(s.held()[0].files[0].sha256, real);
     }
 }

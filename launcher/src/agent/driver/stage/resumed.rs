@@ -13,8 +13,8 @@ use crate::ckpt::memory::staged_path;
 
 impl Stage {
     /// What this node holds in memory, as its join reports it: its own staged copies (a file
-    /// whose digest the rank left to the agent and the persister has not taken yet is hashed
-    /// here, once), the replicas it received, and the step it resumed from the survivors'
+    /// whose digest the rank left to the agent, and which neither the replica sent to the
+    /// neighbour nor the persister has hashed yet, is hashed here, once), the replicas it received, and the step it resumed from the survivors'
     /// copies (the files still here).
     pub(in crate::agent::driver) fn held(&mut self) -> Vec<drun_rendezvous::HeldStep> {
         let mut out = Vec::new();
