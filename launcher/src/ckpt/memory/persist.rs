@@ -558,11 +558,13 @@ fn read_back_at(
     scratch: &mut [u8],
 ) -> std::io::Result<Result<(), u64>> {
     let n = read_full_at(direct, scratch, at)?;
-    Ok(match first_difference(ours, &scratch[..n.min(ours.len())]) {
-        Some(i) => Err(at + i as u64),
-        None if n > ours.len() => Err(at + ours.len() as u64),
-        None => Ok(()),
-    })
+    Ok(
+        match first_difference(ours, &scratch[..n.min(ours.len())]) {
+            Some(i) => Err(at + i as u64),
+            None if n > ours.len() => Err(at + ours.len() as u64),
+            None => Ok(()),
+        },
+    )
 }
 
 /// The `bytes` of `path` as the disk holds them, read with `O_DIRECT` (its pages dropped from
