@@ -453,7 +453,7 @@ impl<'a> Disk<'a> {
     /// through the page cache.
     fn write(&mut self, slice: &[u8], at: u64, scratch: &mut [u8]) -> std::io::Result<Written> {
         if let Disk::Direct { direct, file } = self {
-            let file: &'a std::fs::File = *file;
+            let file: &'a std::fs::File = file;
             let blocks = slice.len() / ALIGN * ALIGN;
             let body = &slice[..blocks];
             match direct.write_all_at(body, at) {
