@@ -327,6 +327,12 @@ fn stall_part() {
                 (busy / quiet - 1.0) * 100.0,
                 (secs(&v, "busy_mean") / secs(&v, "quiet_mean") - 1.0) * 100.0
             );
+            println!(
+                "    CPU per save while persisting: the persister thread {:.2} s ({:.1} % of one CPU over the lag), the kernel's worker threads {:.2} s",
+                secs(&v, "persist_cpu"),
+                secs(&v, "persist_cpu") / secs(&v, "lag") * 100.0,
+                secs(&v, "kernel_cpu"),
+            );
         }
         if how == "atomic" && memory == "auto" {
             default_stall = Some(ours);

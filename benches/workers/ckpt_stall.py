@@ -8,7 +8,10 @@ raw bytes (``dcp`` exits at once) and no steps are timed. ``copy`` is the floor 
 copies the state once: the time to copy its bytes through a buffer already in memory (a quarter
 of the state at a time, so as not to hold a second copy), measured before each save (none for
 raw bytes); ``cpu`` the CPU time the training's thread spent in the save (its wall time less
-the waits: for the CPU on a loaded machine, for the other ranks in the commit)."""
+the waits: for the CPU on a loaded machine, for the other ranks in the commit); ``persist_cpu``
+the CPU time of the agent's persister thread (``drun-persist``, read from ``/proc``) and
+``kernel_cpu`` that of the kernel's worker threads (writeback, journal, soft interrupts) while
+the ranks' steps were timed beside the persistence, in seconds per save."""
 
 import json
 import os
@@ -51,6 +54,36 @@ if how == "dcp":
     import drun.dcp
     dist.init_process_group("gloo")
 rank, gen = int(os.environ["RANK"]), int(os.environ["DRUN_GENERATION"])
+
+
+def thread_cpu(pred) -> float:
+    """CPU seconds (user + system) of the threads whose /proc stat matches ``pred(pid, comm)``."""
+    total = 0.0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for tid in os.listdir("/proc/%s/task" % pid):
+                with open("/proc/%s/task/%s/stat" % (pid, tid)) as f:
+                    st = f.read()
+                comm = st[st.index("(") + 1:st.rindex(")")]
+                if pred(int(pid), comm):
+                    cols = st[st.rindex(")") + 2:].split()
+                    total += (int(cols[11]) + int(cols[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def persister_cpu() -> float:
+    return thread_cpu(lambda pid, comm: comm == "drun-persist")
+
+
+def kernel_cpu() -> float:
+    return thread_cpu(lambda pid, comm: comm.startswith(("kworker", "jbd2", "ksoftirqd")))
+
+
+persist_cpu, kernel = [], []
 base, ours, lag, busy, quiet, floor, cpu = [], [], [], [], [], [], []
 for s in range(1, saves + 1):
     p = os.path.join(os.environ["DRUN_CKPT_DIR"], "baseline-%d.pt" % rank)
@@ -74,6 +107,7 @@ for s in range(1, saves + 1):
     ours.append(done - t)
     cpu.append(time.thread_time() - c)
     manifest = os.path.join(os.path.dirname(path), "drun-manifest-%d-%d.json" % (s, gen))
+    cpu_before = (persister_cpu(), kernel_cpu()) if rank == 0 else None
     # Training steps while the agent persists the staged step (none when it is already on disk).
     while not os.path.exists(manifest) and time.perf_counter() - done < 300:
         if step is None:
@@ -81,6 +115,9 @@ for s in range(1, saves + 1):
         else:
             busy.append(step())
     lag.append(time.perf_counter() - done)
+    if cpu_before is not None:
+        persist_cpu.append(persister_cpu() - cpu_before[0])
+        kernel.append(kernel_cpu() - cpu_before[1])
     # The same steps with nothing persisting: at least 10, for at least 2 s (a sample long
     # enough that the load of a shared machine moves it no more than the busy steps').
     began, n = time.perf_counter(), 0
@@ -102,4 +139,5 @@ if rank == 0:
                       "lag": med(lag), "kind": kind, "copy": med(floor),
                       "busy_step": med(busy), "quiet_step": med(quiet),
                       "busy_steps": len(busy), "busy_mean": mean(busy), "quiet_mean": mean(quiet),
+                      "persist_cpu": med(persist_cpu), "kernel_cpu": med(kernel),
                       "load": os.getloadavg()[0]}), flush=True)

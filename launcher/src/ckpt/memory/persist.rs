@@ -1,15 +1,16 @@
 //! The persister: a thread that writes staged checkpoint files to `--ckpt-dir` behind the
-//! training, one step at a time. Each file is copied by the kernel (no pass through this
-//! process) to a temporary file next to its place, its writeback started as the copy goes and
-//! its pages dropped from the cache once on disk; it is fsynced, read back from the device and
-//! compared with the staged copy (or its SHA-256 with the rank's), hashed once on that read,
-//! then renamed into place and its directory fsynced. Throttled: a byte rate
-//! ([`super::pace::pause`]), and while the node's CPUs are busy with the training the
-//! persister keeps to a small share of one CPU in the idle I/O class ([`super::pace::pace`]),
-//! up to a lag bound, at full speed at the run's end. The thin I/O driver of the decisions in
-//! [`super::decide`]; the agent's loop receives each step's [`Done`].
+//! training, one step at a time. Each file is written to a temporary file next to its place a
+//! slice at a time: read once from the staged copy, hashed (SHA-256), written with `O_DIRECT`
+//! (no page cache, so no writeback by the kernel's threads and nothing to drop) and read back
+//! from the device and compared at once; it is fsynced, its SHA-256 checked against the
+//! rank's when it gave one, then renamed into place and its directory fsynced (through the
+//! page cache, its writeback started as it goes, where the file system refuses `O_DIRECT`).
+//! Throttled: a byte rate ([`super::pace::pause`]), and while the node's CPUs are busy with
+//! the training the persister keeps to a small share of one CPU in the idle I/O class
+//! ([`super::pace::pace`]), up to a lag bound, at full speed at the run's end. The thin I/O
+//! driver of the decisions in [`super::decide`]; the agent's loop receives each step's
+//! [`Done`].
 
-use std::io::Read;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -282,8 +283,16 @@ impl Pacer {
 
 /// Writes `f` to its place in `--ckpt-dir`, throttled by `throttle` and `pacer` (a change of
 /// either applies to the rest of the file), and verifies it on disk before it takes its place:
-/// the bytes read back from the device must equal the staged copy's (or their SHA-256 the
-/// rank's, when it gave one). Returns the SHA-256 of the bytes read back.
+/// the bytes read back from the device must equal the staged copy's (and their SHA-256 the
+/// rank's, when it gave one). Returns the SHA-256 of the file.
+///
+/// Each slice of the staged copy is read once into a buffer, hashed there, written from it
+/// with `O_DIRECT` (no page cache: no writeback by the kernel's threads, nothing to drop) and
+/// read back from the device with `O_DIRECT` into a second buffer and compared; the last
+/// partial block goes through the page cache and is read back after the fsync. Where the file
+/// system refuses `O_DIRECT` the slices are written through the page cache, their writeback
+/// started as the copy goes and their pages dropped once on disk, and the file is read back
+/// (its pages dropped first) after the fsync and compared with the staged copy.
 ///
 /// # Errors
 /// One line naming the file: the staged copy unreadable or of another size than the rank
@@ -294,8 +303,24 @@ pub fn persist_file(
     throttle: &Throttle,
     pacer: &mut Pacer,
 ) -> Result<String, String> {
+    persist_file_as(f, throttle, pacer, true)
+}
+
+/// [`persist_file`], with `O_DIRECT` tried (`direct`) or not.
+fn persist_file_as(
+    f: &StagedFile,
+    throttle: &Throttle,
+    pacer: &mut Pacer,
+    direct: bool,
+) -> Result<String, String> {
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         format!("cannot persist {}: {what}: {e}", f.target.display())
+    };
+    let differ = |at: u64| {
+        fail(
+            "the bytes read back from disk differ from the staged copy's",
+            &format!("from byte {at}"),
+        )
     };
     let dir = f.target.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir).map_err(|e| fail("cannot create its directory", &e))?;
@@ -309,27 +334,36 @@ pub fn persist_file(
         .prefix(&temp_prefix(&name))
         .tempfile_in(dir)
         .map_err(|e| fail("cannot create a temporary file", &e))?;
+    let mut disk = Disk::open(tmp.as_file(), tmp.path(), direct);
+    let mut ours = Aligned::new(SLICE);
+    let mut theirs = Aligned::new(SLICE);
+    let mut h = Sha256::new();
     let began = Instant::now();
     let mut written = 0u64;
-    let mut previous: Option<(u64, u64)> = None;
+    // The last partial block (written through the page cache) and where it starts.
+    let mut tail: Option<(u64, Vec<u8>)> = None;
     loop {
-        // The kernel copies (copy_file_range or sendfile): the bytes do not pass through here.
-        let n = std::io::copy(&mut (&src).take(SLICE as u64), &mut tmp.as_file())
-            .map_err(|e| fail("writing", &e))?;
+        let n = read_full_at(&src, ours.get(SLICE), written).map_err(|e| fail("reading", &e))?;
         if n == 0 {
             break;
         }
-        // This slice's writeback starts now; the one before is waited for and its pages
-        // dropped: the disk works as the copy goes, and the page cache holds two slices at most.
-        let _ = background::write_back(tmp.as_file(), written, n, false);
-        if let Some((at, len)) = previous {
-            if background::write_back(tmp.as_file(), at, len, true).is_ok() {
-                drop_pages(tmp.as_file(), at, len);
+        let slice = &ours.get(SLICE)[..n];
+        h.update(slice);
+        match disk
+            .write(slice, written, theirs.get(SLICE))
+            .map_err(|e| fail("writing", &e))?
+        {
+            Written::Verified { rest: 0 } | Written::Buffered => {}
+            Written::Verified { rest } => {
+                tail = Some((written + (n - rest) as u64, slice[n - rest..].to_vec()));
             }
+            Written::Differs { at } => return Err(differ(written + at)),
         }
-        previous = Some((written, n));
-        written += n;
+        written += n as u64;
         pacer.after_slice(throttle, Some((written, began)));
+        if n < SLICE {
+            break;
+        }
     }
     if written != f.bytes {
         return Err(fail(
@@ -338,20 +372,22 @@ pub fn persist_file(
         ));
     }
     tmp.as_file().sync_all().map_err(|e| fail("fsync", &e))?;
-    drop_pages(tmp.as_file(), 0, 0);
-    let against = if f.sha256.is_empty() {
-        Some(&src)
-    } else {
-        None
+    let verified = match (&disk, tail) {
+        (Disk::Direct { direct, .. }, Some((at, bytes))) => {
+            drop_pages(tmp.as_file(), at, 0);
+            read_back_at(direct, at, &bytes, theirs.get(ALIGN))
+        }
+        (Disk::Direct { .. }, None) => Ok(Ok(())),
+        (Disk::Buffered { .. }, _) => {
+            drop_pages(tmp.as_file(), 0, 0);
+            read_back(tmp.path(), written, &src, throttle, pacer)
+        }
     };
-    let digest = read_back(tmp.path(), written, against, throttle, pacer)
+    drop(disk);
+    verified
         .map_err(|e| fail("reading it back", &e))?
-        .map_err(|at| {
-            fail(
-                "the bytes read back from disk differ from the staged copy's",
-                &format!("from byte {at}"),
-            )
-        })?;
+        .map_err(differ)?;
+    let digest = hex(&h.finalize());
     if !f.sha256.is_empty() && digest != f.sha256 {
         return Err(fail(
             "its SHA-256 read back from disk differs from the rank's",
@@ -364,6 +400,130 @@ pub fn persist_file(
         let _ = d.sync_all();
     }
     Ok(digest)
+}
+
+/// How the persister writes a file: with `O_DIRECT` (a second descriptor of the temporary
+/// file beside the plain one), or through the page cache where the file system refuses it.
+enum Disk<'a> {
+    Direct {
+        direct: std::fs::File,
+        file: &'a std::fs::File,
+    },
+    Buffered {
+        file: &'a std::fs::File,
+        /// The slice written before the last one (its writeback is waited for next).
+        previous: Option<(u64, u64)>,
+    },
+}
+
+/// What [`Disk::write`] did with a slice.
+enum Written {
+    /// Written with `O_DIRECT` and read back from the device equal, but for its last `rest`
+    /// bytes (less than a block, written through the page cache: read back after the fsync).
+    Verified { rest: usize },
+    /// Read back from the device, it differs from byte `at` of the slice.
+    Differs { at: u64 },
+    /// Written through the page cache (read back after the fsync).
+    Buffered,
+}
+
+impl<'a> Disk<'a> {
+    fn open(file: &'a std::fs::File, path: &Path, direct: bool) -> Self {
+        let opened = direct
+            .then(|| {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(path)
+                    .ok()
+            })
+            .flatten();
+        match opened {
+            Some(direct) => Disk::Direct { direct, file },
+            None => Disk::Buffered {
+                file,
+                previous: None,
+            },
+        }
+    }
+
+    /// Writes `slice` at `at` (`scratch`, aligned and as long as the slice: where it is read
+    /// back). A file system that opens with `O_DIRECT` but refuses its first write is written
+    /// through the page cache.
+    fn write(&mut self, slice: &[u8], at: u64, scratch: &mut [u8]) -> std::io::Result<Written> {
+        if let Disk::Direct { direct, file } = self {
+            let file: &'a std::fs::File = file;
+            let blocks = slice.len() / ALIGN * ALIGN;
+            let body = &slice[..blocks];
+            match direct.write_all_at(body, at) {
+                Err(e) if at == 0 && e.raw_os_error() == Some(libc::EINVAL) => {
+                    *self = Disk::Buffered {
+                        file,
+                        previous: None,
+                    };
+                }
+                Err(e) => return Err(e),
+                Ok(()) => {
+                    let n = read_full_at(direct, &mut scratch[..blocks], at)?;
+                    if let Some(i) = first_difference(body, &scratch[..n]) {
+                        return Ok(Written::Differs { at: i as u64 });
+                    }
+                    file.write_all_at(&slice[blocks..], at + blocks as u64)?;
+                    return Ok(Written::Verified {
+                        rest: slice.len() - blocks,
+                    });
+                }
+            }
+        }
+        let Disk::Buffered { file, previous } = self else {
+            unreachable!("a direct write has returned or fallen back to the page cache")
+        };
+        file.write_all_at(slice, at)?;
+        // This slice's writeback starts now; the one before is waited for and its pages
+        // dropped: the disk works as the copy goes, and the page cache holds two slices at most.
+        let n = slice.len() as u64;
+        let _ = background::write_back(file, at, n, false);
+        if let Some((p, len)) = *previous {
+            if background::write_back(file, p, len, true).is_ok() {
+                drop_pages(file, p, len);
+            }
+        }
+        *previous = Some((at, n));
+        Ok(Written::Buffered)
+    }
+}
+
+/// Where `theirs` (what was read back) first differs from `ours`, or is short.
+fn first_difference(ours: &[u8], theirs: &[u8]) -> Option<usize> {
+    if ours == theirs {
+        return None;
+    }
+    Some(
+        ours.iter()
+            .zip(theirs)
+            .position(|(a, b)| a != b)
+            .unwrap_or(ours.len().min(theirs.len())),
+    )
+}
+
+/// A buffer whose start is aligned to [`ALIGN`], for `O_DIRECT`.
+struct Aligned {
+    raw: Vec<u8>,
+    start: usize,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Self {
+        let raw = vec![0u8; len + ALIGN];
+        let start = raw.as_ptr().align_offset(ALIGN).min(ALIGN);
+        Self { raw, start }
+    }
+
+    /// Its first `len` bytes (at most the length it was made with).
+    fn get(&mut self, len: usize) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + len]
+    }
 }
 
 /// Drops `len` bytes of `file` from `offset` (0: to the end) from the page cache (written back
@@ -384,20 +544,40 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Page size multiple an `O_DIRECT` read's buffer is aligned to.
+/// Block size multiple of an `O_DIRECT` transfer: its buffer's address, offset and length.
 const ALIGN: usize = 4096;
 
-/// SHA-256 of the `bytes` of `path` as the disk holds them, read with `O_DIRECT` (its pages
-/// dropped from the cache first where the file system refuses that), compared with `staged` as
-/// it goes when given: `Ok(Err(offset))` at the first slice that differs or is short.
+/// Reads the file's last bytes from `at` (a block boundary) with `direct` (an `O_DIRECT`
+/// descriptor) into `scratch` (aligned, whole blocks, longer than `ours`) and compares them with
+/// `ours`, the bytes written there: `Ok(Err(offset))` where they differ or the file does not
+/// end with them.
+fn read_back_at(
+    direct: &std::fs::File,
+    at: u64,
+    ours: &[u8],
+    scratch: &mut [u8],
+) -> std::io::Result<Result<(), u64>> {
+    let n = read_full_at(direct, scratch, at)?;
+    Ok(
+        match first_difference(ours, &scratch[..n.min(ours.len())]) {
+            Some(i) => Err(at + i as u64),
+            None if n > ours.len() => Err(at + ours.len() as u64),
+            None => Ok(()),
+        },
+    )
+}
+
+/// The `bytes` of `path` as the disk holds them, read with `O_DIRECT` (its pages dropped from
+/// the cache first where the file system refuses that), compared with `staged`:
+/// `Ok(Err(offset))` at the first slice that differs or is short.
 fn read_back(
     path: &Path,
     bytes: u64,
-    staged: Option<&std::fs::File>,
+    staged: &std::fs::File,
     throttle: &Throttle,
     pacer: &mut Pacer,
-) -> std::io::Result<Result<String, u64>> {
-    let mut file = match std::fs::OpenOptions::new()
+) -> std::io::Result<Result<(), u64>> {
+    let file = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)
@@ -409,45 +589,39 @@ fn read_back(
             f
         }
     };
-    let mut raw = vec![0u8; SLICE + ALIGN];
-    let start = raw.as_ptr().align_offset(ALIGN).min(ALIGN);
-    let buf = &mut raw[start..start + SLICE];
-    let mut theirs = vec![0u8; if staged.is_some() { SLICE } else { 0 }];
-    let mut h = Sha256::new();
+    let mut disk = Aligned::new(SLICE);
+    let mut theirs = vec![0u8; SLICE];
     let mut at = 0u64;
     while at < bytes {
         let want = usize::try_from(bytes - at).map_or(SLICE, |left| left.min(SLICE));
-        let n = read_full(&mut file, buf, want)?;
+        let n = read_full_at(&file, disk.get(SLICE), at)?;
         if n < want {
             return Ok(Err(at + n as u64));
         }
-        if let Some(s) = staged {
-            s.read_exact_at(&mut theirs[..n], at)?;
-            if buf[..n] != theirs[..n] {
-                return Ok(Err(at));
-            }
+        staged.read_exact_at(&mut theirs[..want], at)?;
+        if *disk.get(want) != theirs[..want] {
+            return Ok(Err(at));
         }
-        h.update(&buf[..n]);
-        at += n as u64;
+        at += want as u64;
         pacer.after_slice(throttle, None);
     }
     drop_pages(&file, 0, 0);
-    Ok(Ok(hex(&h.finalize())))
+    Ok(Ok(()))
 }
 
-/// Reads until `want` bytes are in `buf` or the file ends (each read asks for the rest of
-/// `buf`, whole pages for `O_DIRECT`); the bytes read.
-fn read_full(file: &mut std::fs::File, buf: &mut [u8], want: usize) -> std::io::Result<usize> {
+/// Reads from `at` until `buf` is full or the file ends (each read asks for the rest of `buf`:
+/// whole blocks for `O_DIRECT` until the end); the bytes read.
+fn read_full_at(file: &std::fs::File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
     let mut n = 0;
-    while n < want {
-        match file.read(&mut buf[n..]) {
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], at + n as u64) {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(n.min(want))
+    Ok(n)
 }
 
 #[cfg(test)]
@@ -593,17 +767,52 @@ mod tests {
         let open = |n: &str| std::fs::File::open(d.path().join(n)).unwrap();
         let n = bytes.len() as u64;
         let t = Throttle::new(0);
-        let want = hex(&Sha256::digest(&bytes));
-        let same = read_back(&disk, n, Some(&open("same")), &t, &mut full()).unwrap();
-        assert_eq!(same, Ok(want.clone()));
         assert_eq!(
-            read_back(&disk, n, None, &t, &mut full()).unwrap(),
-            Ok(want)
+            read_back(&disk, n, &open("same"), &t, &mut full()).unwrap(),
+            Ok(())
         );
-        let other = read_back(&disk, n, Some(&open("other")), &t, &mut full()).unwrap();
+        let other = read_back(&disk, n, &open("other"), &t, &mut full()).unwrap();
         assert_eq!(other, Err(SLICE as u64), "the slice that differs");
-        let longer = read_back(&disk, n + 1, None, &t, &mut full()).unwrap();
+        let longer = read_back(&disk, n + 1, &open("same"), &t, &mut full()).unwrap();
         assert_eq!(longer, Err(n), "the disk holds less than written");
+    }
+
+    #[test]
+    fn the_last_bytes_read_back_are_compared_where_they_differ() {
+        let d = tempfile::tempdir().unwrap();
+        let disk = d.path().join("disk");
+        std::fs::write(&disk, [[5u8; ALIGN].as_slice(), b"tail"].concat()).unwrap();
+        let file = std::fs::File::open(&disk).unwrap();
+        let mut scratch = Aligned::new(ALIGN);
+        let at = ALIGN as u64;
+        let mut check = |ours: &[u8]| read_back_at(&file, at, ours, scratch.get(ALIGN)).unwrap();
+        assert_eq!(check(b"tail"), Ok(()));
+        assert_eq!(check(b"tall"), Err(at + 2));
+        assert_eq!(check(b"tails"), Err(at + 4), "the disk holds less");
+        assert_eq!(check(b"tai"), Err(at + 3), "the disk holds more");
+        assert_eq!(first_difference(b"abc", b"abc"), None);
+        assert_eq!(first_difference(b"abc", b"abd"), Some(2));
+        assert_eq!(first_difference(b"abc", b"ab"), Some(2));
+    }
+
+    #[test]
+    fn a_file_lands_the_same_through_the_page_cache_where_o_direct_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        for len in [0, 100, ALIGN, 3 * ALIGN + 1, SLICE, 2 * SLICE + ALIGN + 9] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 253) as u8).collect();
+            let f = staged(d.path(), &bytes);
+            for direct in [true, false] {
+                let _ = std::fs::remove_file(&f.target);
+                let digest = persist_file_as(&f, &Throttle::new(0), &mut full(), direct)
+                    .unwrap_or_else(|e| panic!("{len} bytes, direct {direct}: {e}"));
+                assert_eq!(digest, f.sha256, "{len} bytes, direct {direct}");
+                assert!(
+                    std::fs::read(&f.target).unwrap() == bytes,
+                    "{len} bytes, direct {direct}"
+                );
+            }
+        }
+        assert!(leftovers(d.path().join("ckpt/run/step-1-g1").as_path()).is_empty());
     }
 
     #[test]
