@@ -9,7 +9,9 @@
 //!
 //! For each size N it prints
 //! 1. **formation**: from the first Hello to the last agent holding the plan, and the etcd
-//!    requests that cost (gRPC messages the etcd server received, from its `/metrics`), per agent;
+//!    requests that cost (gRPC messages the etcd server received, from its `/metrics`), per agent,
+//!    the CPU the server, etcd and the simulated agents spent on it, and how many progress lines
+//!    the waiting agents were sent;
 //! 2. **steady state**: server and etcd CPU (cores), server RSS per agent and the keep-alive
 //!    latency (agent's KeepAlive → the server's `kept_alive` answer; p50, p99, max) over a
 //!    window of keep-alives at the default interval;
@@ -58,6 +60,8 @@ enum Report {
     Error(String),
     /// The server answered a keep-alive this long after it was sent.
     KeptAlive(Duration),
+    /// It was sent a progress line of the round it waits in.
+    Progress,
 }
 
 fn hello(run: &str, node: &str, n: usize) -> pb::AgentMessage {
@@ -140,6 +144,9 @@ async fn agent(
                         let _ = reports.send(Report::Reform { at: Instant::now() });
                         let _ = tx.send(join(&node, i, r.generation));
                     }
+                    Some(In::Waiting(_)) => {
+                        let _ = reports.send(Report::Progress);
+                    }
                     Some(In::KeptAlive(_)) => {
                         if let Some(at) = sent.pop_front() {
                             let _ = reports.send(Report::KeptAlive(at.elapsed()));
@@ -208,6 +215,8 @@ struct Formed {
     at: Instant,
     generation: u64,
     first_reform: Option<Instant>,
+    /// Progress lines the agents were sent meanwhile.
+    progress: usize,
 }
 
 /// Waits until every agent in `alive` reported a plan of a generation above `after`; returns
@@ -222,6 +231,7 @@ async fn wait_formed(
     let mut count: BTreeMap<u64, usize> = BTreeMap::new();
     let mut last = Instant::now();
     let mut first_reform: Option<Instant> = None;
+    let mut progress = 0;
     loop {
         match tokio::time::timeout_at(deadline, reports.recv()).await {
             Ok(Some(Report::Formed { generation, at })) if generation > after => {
@@ -233,12 +243,14 @@ async fn wait_formed(
                         at: last,
                         generation,
                         first_reform,
+                        progress,
                     });
                 }
             }
             Ok(Some(Report::Reform { at })) => {
                 first_reform = Some(first_reform.map_or(at, |f| f.min(at)));
             }
+            Ok(Some(Report::Progress)) => progress += 1,
             Ok(Some(Report::Formed { .. } | Report::KeptAlive(_))) => {}
             Ok(Some(Report::Error(e))) => return Err(format!("an agent's session ended: {e}")),
             Ok(None) => return Err("every agent ended".into()),
@@ -333,8 +345,8 @@ async fn one_size(n: usize, window: Duration) -> Row {
         ));
     }
     let limit = Duration::from_secs(60) + Duration::from_millis(30 * n as u64);
-    let (at, g) = match wait_formed(&mut reports, n, 0, limit).await {
-        Ok(f) => (f.at, f.generation),
+    let (at, g, lines) = match wait_formed(&mut reports, n, 0, limit).await {
+        Ok(f) => (f.at, f.generation, f.progress),
         Err(e) => {
             println!("{n:>6} agents: formation FAILED: {e}");
             return row;
@@ -347,7 +359,11 @@ async fn one_size(n: usize, window: Duration) -> Row {
         (at - t0).as_secs_f64(),
         show(&delta(&formed, &before), n)
     );
-    println!("        {}", spent.show(n));
+    println!(
+        "        {}; {lines} progress lines sent to the agents ({:.1} per agent)",
+        spent.show(n),
+        lines as f64 / n as f64
+    );
 
     let (s0, e0) = (cpu(spid), cpu(etcd.pid()));
     let w0 = Instant::now();
@@ -412,7 +428,12 @@ async fn one_size(n: usize, window: Duration) -> Row {
                 (f.at - detected).as_secs_f64(),
                 show(&delta(&etcd_requests(&etcd.endpoint), &before), n)
             );
-            println!("        {}", spent.show(n));
+            println!(
+                "        {}; {} progress lines sent to the agents ({:.1} per agent)",
+                spent.show(n),
+                f.progress,
+                f.progress as f64 / n as f64
+            );
         }
         Err(e) => println!("        {lost} of {n} crashed: re-form FAILED: {e}"),
     }

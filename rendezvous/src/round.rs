@@ -20,7 +20,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::decisions::core::{FailCause, PROGRESS_EVERY};
+use crate::decisions::core::{progress_every, FailCause, PROGRESS_EVERY};
 use crate::human::without_countdown;
 use crate::ledger::Ledger;
 use crate::store::keys::RunKeys;
@@ -328,7 +328,11 @@ impl Round {
                 // Decide again once they left (their waiting keys go with their leases).
                 Ok(LeadStep::WakeAt(now + PROGRESS_EVERY))
             }
-            Step::Wait(reason, wake_at) => {
+            Step::Wait {
+                reason,
+                until: wake_at,
+                waiting,
+            } => {
                 // One line per change of state, not one per second of countdown.
                 if !reason.is_empty()
                     && without_countdown(&reason) != without_countdown(&w.last_reason)
@@ -336,10 +340,12 @@ impl Round {
                     progress(&reason);
                     w.last_reason = reason.clone();
                 }
-                // Published at most once a second: every waiting node watches it.
+                // Published at most once a second, less often when many wait: every waiting
+                // node watches it.
                 if !reason.is_empty()
                     && without_countdown(&reason) != without_countdown(&w.published)
-                    && w.last_published.is_none_or(|t| now - t >= PROGRESS_EVERY)
+                    && w.last_published
+                        .is_none_or(|t| now - t >= progress_every(waiting))
                 {
                     let _ = self.state.publish_progress(&reason).await;
                     w.last_published = Some(now);
@@ -449,7 +455,12 @@ enum LeadStep {
 pub(super) enum Step {
     Formed(Box<Plan>),
     Retry,
-    Wait(String, Instant),
+    Wait {
+        reason: String,
+        until: Instant,
+        /// How many nodes wait (the progress line goes to each).
+        waiting: usize,
+    },
     Failed {
         reason: String,
         cause: FailCause,

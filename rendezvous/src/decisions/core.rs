@@ -90,6 +90,23 @@ pub struct RunningGeneration {
 /// its progress line, at most).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
+/// How many progress lines a second the waiting agents are sent in all, at most: every
+/// waiting node watches the line, and a server relays each one to each of its agents.
+pub const PROGRESS_LINES_PER_SECOND: usize = 1_000;
+
+/// The longest the decider keeps a changed progress line to itself.
+pub const PROGRESS_EVERY_MAX: Duration = Duration::from_secs(10);
+
+/// How long the decider waits between two progress lines it publishes while `waiting` nodes
+/// wait: [`PROGRESS_EVERY`], stretched so that relaying one line to every waiting node costs at
+/// most [`PROGRESS_LINES_PER_SECOND`] lines a second (10,000 agents arriving got ten thousand
+/// lines a second, most of a formation's messages), up to [`PROGRESS_EVERY_MAX`].
+pub fn progress_every(waiting: usize) -> Duration {
+    let per_line = Duration::from_secs(1) * waiting.min(u32::MAX as usize) as u32
+        / PROGRESS_LINES_PER_SECOND as u32;
+    per_line.clamp(PROGRESS_EVERY, PROGRESS_EVERY_MAX)
+}
+
 /// What to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {

@@ -27,7 +27,13 @@ impl Round {
         let reason = judged.reason;
         let order = match judged.judgement {
             Judgement::Finished => return Err(RendezvousError::RunFinished(self.run_id.clone())),
-            Judgement::Wait { until } => return Ok(Step::Wait(reason, until)),
+            Judgement::Wait { until } => {
+                return Ok(Step::Wait {
+                    reason,
+                    until,
+                    waiting: snap.waiting.len(),
+                })
+            }
             Judgement::Fail { cause, nodes } => {
                 return Ok(Step::Failed {
                     reason,

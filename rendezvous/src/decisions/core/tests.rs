@@ -393,3 +393,20 @@ fn the_lines_of_a_ten_thousand_node_round_stay_short() {
         d => panic!("{d:?}"),
     }
 }
+
+#[test]
+fn the_progress_line_goes_out_less_often_the_more_nodes_wait() {
+    assert_eq!(progress_every(0), PROGRESS_EVERY);
+    assert_eq!(progress_every(1_000), PROGRESS_EVERY);
+    assert_eq!(progress_every(4_096), Duration::from_millis(4_096));
+    assert_eq!(progress_every(10_000), PROGRESS_EVERY_MAX);
+    assert_eq!(progress_every(usize::MAX), PROGRESS_EVERY_MAX);
+    // At most PROGRESS_LINES_PER_SECOND lines a second relayed, below the cap.
+    for n in [1_500, 4_096, 9_999] {
+        let per_second = n as f64 / progress_every(n).as_secs_f64();
+        assert!(
+            per_second <= PROGRESS_LINES_PER_SECOND as f64 + 1.0,
+            "{n}: {per_second}"
+        );
+    }
+}
