@@ -20,15 +20,17 @@ use tokio::sync::mpsc;
 pub mod access;
 pub mod args;
 pub mod batch;
+mod combinable;
 mod combine;
 mod connect;
 mod keep_alive;
+mod renew;
 pub mod share;
 
 use crate::store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};
 use crate::StoreError;
 use batch::Batcher;
-use combine::{ReadReq, WriteReq};
+use combinable::{ReadReq, WriteReq};
 use keep_alive::KeepAlives;
 use share::{Reads, Sink, Watches};
 

@@ -30,7 +30,9 @@
 //! carrier's id, not the agent lease's.
 
 mod adopt;
+mod delete;
 mod ended;
+pub mod record;
 pub mod table;
 
 use std::collections::HashMap;
@@ -45,15 +47,9 @@ use tokio::time::Instant;
 
 use crate::store::{KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};
 use crate::StoreError;
+use delete::{delete_ended, delete_guarded};
+pub use record::{registry_key, REGISTRY_PREFIX};
 use table::LeaseTable;
-
-/// Prefix of the agent leases' registry records.
-pub const REGISTRY_PREFIX: &str = "/drun/leases/";
-
-/// The registry key of agent lease `lease`.
-pub fn registry_key(lease: LeaseId) -> String {
-    format!("{REGISTRY_PREFIX}{lease:016x}")
-}
 
 /// A [`Store`] whose leases are agent leases on shared carriers (module docs).
 pub struct SharedLeases {
@@ -75,7 +71,7 @@ impl SharedLeases {
             ids: RandomState::new(),
             next: AtomicU64::new(0),
         });
-        tokio::spawn(ended::sweep(Arc::downgrade(&this)));
+        this.start_sweep();
         this
     }
 
@@ -103,11 +99,7 @@ impl SharedLeases {
         }
         let c = self.inner.lease_grant(Duration::from_secs(secs)).await?;
         carriers.insert(secs, c);
-        tokio::spawn(ended::keep_carrier(
-            Arc::downgrade(self),
-            c,
-            Duration::from_secs(secs),
-        ));
+        self.start_keeping(c, Duration::from_secs(secs));
         tracing::info!(
             carrier = format!("{c:#x}"),
             ttl_s = secs,
@@ -161,7 +153,7 @@ impl SharedLeases {
             table.writing(l, &reg);
             out.push(Op::Put {
                 key: reg,
-                value: adopt::record(ttl, &keys),
+                value: record::record(ttl, &keys),
                 lease: Some(c),
             });
         }
@@ -246,7 +238,7 @@ impl Store for Arc<SharedLeases> {
         };
         let orphans = self.applied(branch, resp.revision);
         if !orphans.is_empty() {
-            ended::delete_guarded(&self.inner, orphans).await;
+            delete_guarded(&self.inner, orphans).await;
         }
         Ok(resp)
     }
@@ -275,7 +267,7 @@ impl Store for Arc<SharedLeases> {
     async fn lease_revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
         let ended = self.table().end(lease);
         if let Some(e) = ended {
-            ended::delete_ended(&self.inner, vec![e]).await;
+            delete_ended(&self.inner, vec![e]).await;
         }
         Ok(())
     }

@@ -1,75 +1,13 @@
-//! The etcd side of combining requests ([`crate::store::etcd::batch`]): which requests combine, and
-//! one transaction for a batch of them.
+//! The etcd side of combining requests ([`crate::store::etcd::batch`]): one transaction for a
+//! batch of the requests [`super::combinable`] admits, and a read or a write sent through the
+//! next batch.
 
 use etcd_client as etcd;
 
+use super::combinable::{ReadReq, WriteReq};
 use super::{to_kv, EtcdStore};
-use crate::store::etcd::batch::Admit;
-use crate::store::{KeyValue, Op, Txn, TxnResponse};
+use crate::store::{KeyValue, Txn, TxnResponse};
 use crate::StoreError;
-
-/// A read of one key, for a combined read transaction.
-pub(super) struct ReadReq(pub(super) String);
-
-impl Admit for ReadReq {
-    fn ops(&self) -> usize {
-        1
-    }
-    fn bytes(&self) -> usize {
-        self.0.len()
-    }
-    fn fits_with(&self, _: &[Self]) -> bool {
-        true
-    }
-}
-
-/// The ops of an unconditional transaction, for a combined write transaction.
-pub(super) struct WriteReq(pub(super) Vec<Op>);
-
-impl WriteReq {
-    /// The keys it writes.
-    fn written(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|op| match op {
-            Op::Put { key, .. } | Op::Delete(key) | Op::DeletePrefix(key) => key.as_str(),
-        })
-    }
-
-    /// Whether `txn` may share a transaction with others: no compares, no failure branch, no
-    /// prefix delete (it could cover another request's key).
-    pub(super) fn combinable(txn: &Txn) -> bool {
-        txn.compares.is_empty()
-            && txn.failure.is_empty()
-            && !txn.success.is_empty()
-            && !txn
-                .success
-                .iter()
-                .any(|op| matches!(op, Op::DeletePrefix(_)))
-    }
-}
-
-impl Admit for WriteReq {
-    fn ops(&self) -> usize {
-        self.0.len()
-    }
-    fn bytes(&self) -> usize {
-        self.0
-            .iter()
-            .map(|op| match op {
-                Op::Put { key, value, .. } => key.len() + value.len(),
-                Op::Delete(key) | Op::DeletePrefix(key) => key.len(),
-            })
-            .sum()
-    }
-    /// etcd refuses a transaction that writes one key twice.
-    fn fits_with(&self, batch: &[Self]) -> bool {
-        self.written()
-            .all(|k| batch.iter().all(|other| other.written().all(|o| o != k)))
-    }
-    fn keys(&self) -> Vec<String> {
-        self.written().map(str::to_string).collect()
-    }
-}
-
 impl EtcdStore {
     /// One combined transaction of unconditional writes: every request gets its revision. When
     /// it fails because a lease is gone, each request is sent alone, so only the writes under

@@ -1,4 +1,5 @@
-//! Lease renewals on etcd: each lease keeps its keep-alive stream from one renewal to the next.
+//! The leases' open keep-alive streams on etcd, kept from one renewal to the next
+//! ([`super::renew`] renews through them).
 //!
 //! Opening a keep-alive stream already sends the lease's first keep-alive; after that each
 //! renewal is one message each way on the open stream. A stream that fails or times out is
@@ -9,9 +10,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client as etcd;
 
-use super::{EtcdStore, REQUEST_TIMEOUT};
 use crate::store::LeaseId;
-use crate::StoreError;
 
 /// A lease's open keep-alive stream: its sender and its answers.
 pub(super) type KeepAlive = (etcd::LeaseKeeper, etcd::LeaseKeepAliveStream);
@@ -36,7 +35,7 @@ impl KeepAlives {
         self.ttls.insert(lease, ttl_secs);
     }
 
-    fn ttl(&self, lease: LeaseId) -> Option<i64> {
+    pub(super) fn ttl(&self, lease: LeaseId) -> Option<i64> {
         self.ttls.get(&lease).copied()
     }
 
@@ -46,11 +45,11 @@ impl KeepAlives {
         self.ttls.remove(&lease);
     }
 
-    fn take(&mut self, lease: LeaseId) -> Option<KeepAlive> {
+    pub(super) fn take(&mut self, lease: LeaseId) -> Option<KeepAlive> {
         self.open.remove(&lease).map(|(pair, _)| pair)
     }
 
-    fn put(&mut self, lease: LeaseId, pair: KeepAlive) {
+    pub(super) fn put(&mut self, lease: LeaseId, pair: KeepAlive) {
         let now = Instant::now();
         self.open.insert(lease, (pair, now));
         if self.swept.is_none_or(|t| now - t >= KEEP_ALIVE_IDLE / 4) {
@@ -60,83 +59,5 @@ impl KeepAlives {
             self.ttls.retain(|lease, _| open.contains_key(lease));
             self.swept = Some(now);
         }
-    }
-}
-
-impl EtcdStore {
-    /// Renews `lease` once (see [`crate::Store::lease_keep_alive`]).
-    pub(super) async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
-        // The lease's keep-alive stream from its last renewal, if it still works: one message
-        // each way per renewal. A stream that fails is dropped and a new one opened below, on
-        // whichever member answers (a cached stream to a member that died would fail every
-        // renewal until the lease expired).
-        let cached = self
-            .keep_alives
-            .lock()
-            .expect("keep-alive cache poisoned")
-            .take(lease);
-        if let Some((mut keeper, mut stream)) = cached {
-            let renew = async {
-                keeper.keep_alive().await?;
-                stream.message().await
-            };
-            if let Ok(Ok(Some(r))) = tokio::time::timeout(REQUEST_TIMEOUT, renew).await {
-                return self.renewed(lease, r.ttl(), (keeper, stream));
-            }
-        }
-        let (keeper, mut stream) = self
-            .retry(|mut c| async move {
-                // Opening the stream sends the lease's first keep-alive, and etcd-client reads
-                // its answer: "lease not found" when the lease is gone.
-                match tokio::time::timeout(REQUEST_TIMEOUT, c.lease_keep_alive(lease)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(etcd::Error::GRpcStatus(tonic::Status::deadline_exceeded(
-                        "keep-alive timed out",
-                    ))),
-                }
-            })
-            .await
-            .map_err(|e| match e {
-                etcd::Error::LeaseKeepAliveError(m) if m.contains("lease not found") => {
-                    StoreError::LeaseLost(lease)
-                }
-                e => self.unavailable(e),
-            })?;
-        let known = self
-            .keep_alives
-            .lock()
-            .expect("keep-alive cache poisoned")
-            .ttl(lease);
-        let ttl = match known {
-            Some(ttl) => ttl,
-            // A lease this process did not grant (an agent that moved here from another
-            // replica): one more keep-alive tells its TTL.
-            None => {
-                let mut keeper = keeper;
-                let renew = async {
-                    keeper.keep_alive().await?;
-                    stream.message().await
-                };
-                return match tokio::time::timeout(REQUEST_TIMEOUT, renew).await {
-                    Ok(Ok(Some(r))) => self.renewed(lease, r.ttl(), (keeper, stream)),
-                    // The lease was renewed by the first keep-alive; only its TTL is unknown.
-                    _ => Ok(Duration::ZERO),
-                };
-            }
-        };
-        self.renewed(lease, ttl, (keeper, stream))
-    }
-
-    /// The answer to a renewal whose keep-alive answered `ttl` seconds: the stream is kept for
-    /// the next renewal while the lease lives.
-    fn renewed(&self, lease: LeaseId, ttl: i64, pair: KeepAlive) -> Result<Duration, StoreError> {
-        if ttl <= 0 {
-            return Err(StoreError::LeaseLost(lease));
-        }
-        self.keep_alives
-            .lock()
-            .expect("keep-alive cache poisoned")
-            .put(lease, pair);
-        Ok(Duration::from_secs(ttl as u64))
     }
 }

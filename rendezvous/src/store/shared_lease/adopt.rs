@@ -1,37 +1,19 @@
-//! An agent lease's registry record, and adopting a lease another replica held: the agent
-//! reconnected here, so its keys move under this server's carrier.
+//! Adopting an agent lease another replica held: the agent reconnected here, so its keys move
+//! under this server's carrier, found through the lease's registry record ([`super::record`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::{registry_key, SharedLeases};
+use super::record::{record, registry_key, Record};
+use super::SharedLeases;
 use crate::store::{Compare, LeaseId, Op, Txn};
 use crate::StoreError;
 
 /// Attempts at moving the keys before giving the lease up (each fails only when one of its
 /// keys changed meanwhile).
 const ATTEMPTS: usize = 3;
-
-/// The registry record of one agent lease.
-#[derive(Debug, Serialize, Deserialize)]
-struct Record {
-    /// The lease's TTL, milliseconds.
-    ttl_ms: u64,
-    /// Keys that may be attached to it.
-    keys: Vec<String>,
-}
-
-/// The encoded registry record of a lease living `ttl` with `keys`.
-pub(super) fn record(ttl: Duration, keys: &[String]) -> Vec<u8> {
-    serde_json::to_vec(&Record {
-        ttl_ms: ttl.as_millis() as u64,
-        keys: keys.to_vec(),
-    })
-    .expect("a record serializes")
-}
 
 impl SharedLeases {
     /// Adopts agent lease `lease` from the replica that held it: its keys still attached to that

@@ -1,14 +1,15 @@
 //! The background side of shared leases: the expiry sweep that deletes ended agent leases'
-//! keys, the carriers' renewal, and guarded deletes.
+//! keys ([`super::delete`]) and the carriers' renewal, each a task started by the wrapper that
+//! ends when the wrapper is dropped.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::table::Ended;
+use super::delete::delete_ended;
 use super::SharedLeases;
-use crate::store::{Compare, LeaseId, Op, Store, Txn};
+use crate::store::LeaseId;
 use crate::StoreError;
 
 /// How often the sweep looks for expired agent leases.
@@ -16,11 +17,21 @@ const TICK: Duration = Duration::from_millis(100);
 /// A sweep this late means the process did not run (stopped, starved): deadlines move by the
 /// gap instead of expiring leases nobody could renew (see [`super::table::LeaseTable::shift`]).
 const STALL: Duration = Duration::from_secs(2);
-/// Most operations in one delete transaction (etcd's default `--max-txn-ops` is 128).
-const MAX_OPS: usize = 120;
+
+impl SharedLeases {
+    /// Starts the expiry sweep.
+    pub(super) fn start_sweep(self: &Arc<Self>) {
+        tokio::spawn(sweep(Arc::downgrade(self)));
+    }
+
+    /// Starts renewing carrier `c` of `ttl`.
+    pub(super) fn start_keeping(self: &Arc<Self>, c: LeaseId, ttl: Duration) {
+        tokio::spawn(keep_carrier(Arc::downgrade(self), c, ttl));
+    }
+}
 
 /// Deletes the keys of expired agent leases until the wrapper is dropped.
-pub(super) async fn sweep(this: Weak<SharedLeases>) {
+async fn sweep(this: Weak<SharedLeases>) {
     let mut last = Instant::now();
     loop {
         tokio::time::sleep(TICK).await;
@@ -47,61 +58,9 @@ pub(super) async fn sweep(this: Weak<SharedLeases>) {
     }
 }
 
-/// Deletes the keys of `ended` leases, each guarded by its revision: all in few transactions
-/// when nothing changed under them, else lease by lease and key by key.
-pub(super) async fn delete_ended(inner: &Arc<dyn Store>, ended: Vec<Ended>) {
-    let mut chunk: Vec<(String, i64)> = Vec::new();
-    let mut leases: Vec<Ended> = Vec::new();
-    for e in ended {
-        if !chunk.is_empty() && chunk.len() + e.keys.len() > MAX_OPS {
-            flush(inner, &mut chunk, &mut leases).await;
-        }
-        chunk.extend(e.keys.iter().cloned());
-        leases.push(e);
-    }
-    flush(inner, &mut chunk, &mut leases).await;
-}
-
-async fn flush(inner: &Arc<dyn Store>, chunk: &mut Vec<(String, i64)>, leases: &mut Vec<Ended>) {
-    let keys = std::mem::take(chunk);
-    let leases = std::mem::take(leases);
-    if keys.is_empty() {
-        return;
-    }
-    if matches!(inner.txn(guarded(&keys)).await, Ok(r) if r.succeeded) {
-        return;
-    }
-    for e in leases {
-        delete_guarded(inner, e.keys).await;
-    }
-}
-
-/// Deletes `keys` whose revision is unchanged: one transaction, else key by key.
-pub(super) async fn delete_guarded(inner: &Arc<dyn Store>, keys: Vec<(String, i64)>) {
-    if keys.is_empty() || matches!(inner.txn(guarded(&keys)).await, Ok(r) if r.succeeded) {
-        return;
-    }
-    for k in keys {
-        if let Err(e) = inner.txn(guarded(std::slice::from_ref(&k))).await {
-            tracing::warn!(key = %k.0, error = %e, "could not delete an ended agent lease's key");
-        }
-    }
-}
-
-fn guarded(keys: &[(String, i64)]) -> Txn {
-    Txn {
-        compares: keys
-            .iter()
-            .map(|(k, rev)| Compare::ModRevisionEquals(k.clone(), *rev))
-            .collect(),
-        success: keys.iter().map(|(k, _)| Op::Delete(k.clone())).collect(),
-        failure: vec![],
-    }
-}
-
 /// Renews carrier `c` every quarter of its TTL until it is lost (or unrenewable for a TTL) or
 /// the wrapper is dropped.
-pub(super) async fn keep_carrier(this: Weak<SharedLeases>, c: LeaseId, ttl: Duration) {
+async fn keep_carrier(this: Weak<SharedLeases>, c: LeaseId, ttl: Duration) {
     let every = ttl / 4;
     let mut last_ok = Instant::now();
     loop {
