@@ -327,6 +327,13 @@ fn stall_part() {
                 (busy / quiet - 1.0) * 100.0,
                 (secs(&v, "busy_mean") / secs(&v, "quiet_mean") - 1.0) * 100.0
             );
+            let pct = |k: &str| (secs(&v, k) / secs(&v, "quiet_mean") - 1.0) * 100.0;
+            println!(
+                "    the steps' means: {:+.1} % in the first 5 s after a save returned, {:+.1} % after; {:.2} s of training lost per save (the busy steps beyond the quiet mean)",
+                pct("early_mean"),
+                pct("late_mean"),
+                secs(&v, "lost_per_save"),
+            );
             println!(
                 "    CPU per save while persisting: the persister thread {:.2} s ({:.1} % of one CPU over the lag), the kernel's worker threads {:.2} s",
                 secs(&v, "persist_cpu"),

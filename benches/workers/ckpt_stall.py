@@ -11,7 +11,9 @@ raw bytes); ``cpu`` the CPU time the training's thread spent in the save (its wa
 the waits: for the CPU on a loaded machine, for the other ranks in the commit); ``persist_cpu``
 the CPU time of the agent's persister thread (``drun-persist``, read from ``/proc``) and
 ``kernel_cpu`` that of the kernel's worker threads (writeback, journal, soft interrupts) while
-the ranks' steps were timed beside the persistence, in seconds per save."""
+the ranks' steps were timed beside the persistence, in seconds per save; ``early_mean`` and
+``late_mean`` the busy steps' mean within the first 5 s after a save returned and after, and
+``lost_per_save`` the training time the busy steps took beyond the quiet steps' mean, per save."""
 
 import json
 import os
@@ -85,6 +87,10 @@ def kernel_cpu() -> float:
 
 persist_cpu, kernel = [], []
 base, ours, lag, busy, quiet, floor, cpu = [], [], [], [], [], [], []
+# Whether each busy step ended within EARLY seconds of its save's return (the rank's spare
+# staging file is allocated then, and the agent frees the step the save released).
+early: list = []
+EARLY = 5.0
 for s in range(1, saves + 1):
     p = os.path.join(os.environ["DRUN_CKPT_DIR"], "baseline-%d.pt" % rank)
     t = time.perf_counter()
@@ -114,6 +120,7 @@ for s in range(1, saves + 1):
             time.sleep(0.005)
         else:
             busy.append(step())
+            early.append(time.perf_counter() - done < EARLY)
     lag.append(time.perf_counter() - done)
     if cpu_before is not None:
         persist_cpu.append(persister_cpu() - cpu_before[0])
@@ -139,5 +146,9 @@ if rank == 0:
                       "lag": med(lag), "kind": kind, "copy": med(floor),
                       "busy_step": med(busy), "quiet_step": med(quiet),
                       "busy_steps": len(busy), "busy_mean": mean(busy), "quiet_mean": mean(quiet),
+                      "early_mean": mean([b for b, e in zip(busy, early) if e]),
+                      "late_mean": mean([b for b, e in zip(busy, early) if not e]),
+                      "lost_per_save": (sum(busy) - len(busy) * mean(quiet)) / saves
+                      if busy and quiet else None,
                       "persist_cpu": med(persist_cpu), "kernel_cpu": med(kernel),
                       "load": os.getloadavg()[0]}), flush=True)
