@@ -260,7 +260,14 @@ impl Round {
         // lease). Only a generation formed from this join counts (`gen/current` is written
         // with the plan); a join re-sent on the same lease after a reconnect keeps its key,
         // so the plan formed while the server was away still counts (chaos seed 1159).
-        if g > after && g_rev > joined_at {
+        // While the store keeps its history, a generation formed after this node last wrote its
+        // join is above `after` (generations only grow, and this node was in `after`). One
+        // that is not was formed on a store that lost its history (a wiped etcd) by another
+        // node that found that out first, from this very join: it is this node's, though its
+        // number is not new to it. (Before, this node waited for a generation above it while
+        // the others waited for it to start, until the join timeout.)
+        let formed_anew = join_rev > 0 && g <= after && g_rev > join_rev;
+        if (g > after && g_rev > joined_at) || formed_anew {
             if let Some(plan) = self.plan(g).await? {
                 if plan.member(node_id).is_some() {
                     return Ok(Recheck::Member(Box::new(plan)));

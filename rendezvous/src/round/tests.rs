@@ -76,6 +76,62 @@ async fn two_participants_agree_on_one_plan() {
     assert_eq!(pa.members[0].node_id, "a");
 }
 
+#[tokio::test]
+async fn a_node_that_finds_the_wiped_store_already_formed_from_its_join_takes_that_generation() {
+    // Both nodes ran generation 1; etcd came back without its data. Node a found the store at
+    // generation 0 first and formed generation 1 again, from both joins; node b only starts
+    // waiting now, with the store at 1 again: the number it ran before.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let cfg = RoundConfig {
+        min_nodes: 2,
+        max_nodes: 2,
+        last_call: Duration::ZERO,
+        join_timeout: Duration::from_secs(30),
+        settle: Duration::ZERO,
+    };
+    let (a, b) = (
+        Round::new(store.clone(), "job", cfg),
+        Round::new(store.clone(), "job", cfg),
+    );
+    let (la, lb) = (
+        store.lease_grant(Duration::from_secs(10)).await.unwrap(),
+        store.lease_grant(Duration::from_secs(10)).await.unwrap(),
+    );
+    a.join(&cand("a", 1).into(), la).await.unwrap();
+    b.join(&cand("b", 2).into(), lb).await.unwrap();
+    let pa = a.wait_for_plan("a", 1, la, |_| {}).await.unwrap();
+    assert_eq!(pa.generation, 1, "formed anew from generation 0");
+    let pb = tokio::time::timeout(Duration::from_secs(5), b.wait_for_plan("b", 1, lb, |_| {}))
+        .await
+        .expect("b takes the generation formed from its join, not waits for a second one")
+        .unwrap();
+    assert_eq!(pb, pa);
+}
+
+#[tokio::test]
+async fn a_generation_formed_before_a_join_is_not_taken_by_it() {
+    // b ran generation 1 and joins again: the plan of 1 (it is in it) is not its next one.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let round = Round::new(store.clone(), "job", RoundConfig::single_node());
+    let lease = store.lease_grant(Duration::from_secs(10)).await.unwrap();
+    round.join(&cand("b", 1).into(), lease).await.unwrap();
+    assert_eq!(
+        round
+            .wait_for_plan("b", 0, lease, |_| {})
+            .await
+            .unwrap()
+            .generation,
+        1
+    );
+    round.join(&cand("b", 2).into(), lease).await.unwrap();
+    let p = round.wait_for_plan("b", 1, lease, |_| {}).await.unwrap();
+    assert_eq!(
+        (p.generation, p.master_port),
+        (2, 2),
+        "a new generation from the new join"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn join_timeout_reports_who_came() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
