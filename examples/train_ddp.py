@@ -210,7 +210,15 @@ def main():
 
     dist.barrier()
     dist.destroy_process_group()
+    if record is not None:
+        record.close()
 
 
 if __name__ == "__main__":
     main()
+    # Everything is saved and flushed: end here. A torch background thread (gloo's) can outlive
+    # the interpreter's own exit and abort it (pytorch/pytorch#179291; drun names it when it
+    # happens), which would fail a rank that finished its work.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
