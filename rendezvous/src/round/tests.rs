@@ -17,6 +17,17 @@ fn cand(id: &str, port: u16) -> Candidate {
     }
 }
 
+/// Two nodes exactly, formed as soon as both joined.
+fn two_nodes() -> RoundConfig {
+    RoundConfig {
+        min_nodes: 2,
+        max_nodes: 2,
+        last_call: Duration::ZERO,
+        join_timeout: Duration::from_secs(30),
+        settle: Duration::ZERO,
+    }
+}
+
 #[tokio::test]
 async fn single_node_generations_increase_and_carry_restarts() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
@@ -55,13 +66,7 @@ async fn single_node_generations_increase_and_carry_restarts() {
 #[tokio::test]
 async fn two_participants_agree_on_one_plan() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let cfg = RoundConfig {
-        min_nodes: 2,
-        max_nodes: 2,
-        last_call: Duration::ZERO,
-        join_timeout: Duration::from_secs(30),
-        settle: Duration::ZERO,
-    };
+    let cfg = two_nodes();
     let a = Round::new(store.clone(), "job", cfg);
     let b = Round::new(store.clone(), "job", cfg);
     let lease = store.lease_grant(Duration::from_secs(10)).await.unwrap();
@@ -82,13 +87,7 @@ async fn a_node_that_finds_the_wiped_store_already_formed_from_its_join_takes_th
     // generation 0 first and formed generation 1 again, from both joins; node b only starts
     // waiting now, with the store at 1 again: the number it ran before.
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let cfg = RoundConfig {
-        min_nodes: 2,
-        max_nodes: 2,
-        last_call: Duration::ZERO,
-        join_timeout: Duration::from_secs(30),
-        settle: Duration::ZERO,
-    };
+    let cfg = two_nodes();
     let (a, b) = (
         Round::new(store.clone(), "job", cfg),
         Round::new(store.clone(), "job", cfg),
