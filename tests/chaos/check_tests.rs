@@ -461,3 +461,50 @@ fn chaos_history_parses_worker_lines_and_names_a_torn_one() {
     let err = super::history::parse(&text[..text.len() - 20]).unwrap_err();
     assert!(err.starts_with("history line 3:"), "{err}");
 }
+
+/// A writer SIGKILLed in its `write` leaves its line's head up to a page boundary, and the next
+/// line follows on the same line: that line is read, the head dropped; the same head anywhere
+/// else is an error.
+#[test]
+fn a_line_torn_at_a_page_boundary_by_a_killed_writer_loses_only_its_head() {
+    let who = r#""gen": 3, "rank": 0, "world": 3, "node": 0, "pid": 9"#;
+    let whole =
+        format!(r#"{{"kind": "step", "step": 1, "epoch": 0, "idx": [3], {who}, "t": 2.0}}"#);
+    let head = r#"{"resume": {"step"#;
+    // Filler lines up to the byte where the head must end on a page boundary.
+    let filler = |len: usize| {
+        format!(
+            r#"{{"kind": "done", "step": 0, {who}, "t": {}}}"#,
+            "1".repeat(len)
+        )
+    };
+    let mut text = String::new();
+    while 4096 - text.len() - head.len() > 200 {
+        text += &filler(100);
+        text += "\n";
+    }
+    let pad = 4096 - head.len() - text.len() - filler(0).len() - 1;
+    text += &filler(pad);
+    text += "\n";
+    assert_eq!(text.len() + head.len(), 4096);
+    let torn = format!("{text}{head}{whole}\n");
+    let h = super::history::parse(&torn).unwrap();
+    let last = h.last().unwrap();
+    assert_eq!(
+        last.kind,
+        Kind::Step {
+            step: 1,
+            epoch: 0,
+            idx: vec![3]
+        }
+    );
+    assert_eq!(last.line, text.lines().count() + 1);
+
+    // One byte off the boundary: no writer was cut there.
+    let off = format!("{text} {head}{whole}\n");
+    let err = super::history::parse(&off).unwrap_err();
+    assert!(
+        err.starts_with(&format!("history line {}:", text.lines().count() + 1)),
+        "{err}"
+    );
+}

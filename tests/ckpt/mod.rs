@@ -41,7 +41,14 @@ struct Rdzv {
 }
 
 fn rdzv(store: Store, run: &str, nnodes: &str) -> Rdzv {
-    let conf = format!("lease_ttl={TTL},last_call_timeout=0.5");
+    rdzv_with_last_call(store, run, nnodes, "0.5")
+}
+
+/// [`rdzv`] with a last call of `last_call` seconds: with a minimum below the maximum, the
+/// time within which every agent the test starts must have joined for them to form the first
+/// generation together (a full group forms at once whatever it is).
+fn rdzv_with_last_call(store: Store, run: &str, nnodes: &str, last_call: &str) -> Rdzv {
+    let conf = format!("lease_ttl={TTL},last_call_timeout={last_call}");
     let base = |more: Vec<String>| -> Vec<String> {
         let mut v: Vec<String> = ["--nnodes", nnodes, "--rdzv-id", run, "--rdzv-conf", &conf]
             .iter()
