@@ -37,6 +37,8 @@ pub(super) struct Handles {
     /// The round this node waits in (in a mutex only so that the actor is `Sync`: it is
     /// reached through `&mut`, never locked).
     pub waiter: Option<std::sync::Mutex<Waiter>>,
+    /// The lines the round writes while this node waits in it.
+    pub progress: Option<mpsc::UnboundedReceiver<String>>,
     /// The running generation's watch.
     pub watch: Option<Watch>,
 }
@@ -46,6 +48,7 @@ impl Handles {
     fn keep_for(&mut self, phase: &Phase) {
         if !phase.is_waiting() {
             self.waiter = None;
+            self.progress = None;
         }
         if !phase.is_running() {
             self.watch = None;
@@ -61,6 +64,14 @@ async fn decided(waiter: Option<&mut std::sync::Mutex<Waiter>>) -> Result<Plan, 
                 .expect("the waiter is never locked, so never poisoned")
                 .await
         }
+        None => std::future::pending().await,
+    }
+}
+
+/// The round's next line, or never.
+async fn progressed(progress: Option<&mut mpsc::UnboundedReceiver<String>>) -> Option<String> {
+    match progress {
+        Some(p) => p.recv().await,
         None => std::future::pending().await,
     }
 }
@@ -303,7 +314,11 @@ impl Actor {
             let at = self.state.wake_at();
             let reads_requests = self.state.reads_requests();
             let reads_round = self.state.reads_round();
-            let Handles { waiter, watch } = &mut self.handles;
+            let Handles {
+                waiter,
+                progress,
+                watch,
+            } = &mut self.handles;
             let input = tokio::select! {
                 req = requests.recv(), if reads_requests => match req {
                     Some(r) => Input::Request(*r),
@@ -313,6 +328,7 @@ impl Actor {
                     self.handles.waiter = None;
                     Input::Decided(decision(plan))
                 }
+                Some(line) = progressed(progress.as_mut()), if reads_round => Input::Progress(line),
                 ev = watched(watch.as_mut()), if reads_round && watch.is_some() => {
                     match ev.flatten() {
                         None => Input::WatchBroke,
@@ -325,7 +341,15 @@ impl Actor {
                 () = sleep_until_opt(at) => Input::Tick,
                 Some(lost) = self.lost_rx.recv() => Input::LeaseLost(lost),
             };
-            self.apply(VecDeque::from([input])).await?;
+            // The round's lines written before its decision are stepped on before it.
+            let mut inputs = VecDeque::new();
+            if let (Input::Decided(_), Some(p)) = (&input, self.handles.progress.as_mut()) {
+                while let Ok(line) = p.try_recv() {
+                    inputs.push_back(Input::Progress(line));
+                }
+            }
+            inputs.push_back(input);
+            self.apply(inputs).await?;
         }
         Ok(())
     }
@@ -518,15 +542,17 @@ impl Actor {
         let round = self.round.clone();
         let node = self.cfg.node_id.clone();
         let after = self.state.last_gen;
-        let events = self.events.clone();
+        // The round's lines go to the step (`Input::Progress`), which tells the agent.
+        let (lines, progress) = mpsc::unbounded_channel();
         let waiter: Waiter = Box::pin(async move {
             round
                 .wait_for_plan(&node, after, lease, |r| {
-                    events(Event::Waiting(r.to_string()))
+                    let _ = lines.send(r.to_string());
                 })
                 .await
         });
         self.handles.waiter = Some(std::sync::Mutex::new(waiter));
+        self.handles.progress = Some(progress);
         Ok(Phase::Waiting {
             join: cand,
             since: Instant::now(),

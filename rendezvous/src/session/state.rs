@@ -426,6 +426,9 @@ pub(crate) enum Input {
     RequestsClosed,
     /// The round this node waited in decided.
     Decided(Decided),
+    /// A line of the round this node waits in: who joined, who is awaited, when the last call
+    /// ends (the round writes it as it waits; the agent prints it).
+    Progress(String),
     /// The running generation's watch saw this.
     Watch(generation::Input),
     /// A watch of the running generation broke.

@@ -36,6 +36,7 @@ pub(crate) fn step(
         Input::Knocked(k) => abandoned::on_knocked(&mut s, k, &mut fx),
         Input::Speaks(r) => abandoned::on_speaks(&mut s, r, now, p, &mut fx),
         Input::Decided(d) => on_decided(&mut s, d, now, &mut fx),
+        Input::Progress(line) => on_progress(&s, line, &mut fx),
         Input::Watch(ev) => on_generation(&mut s, ev, now, p, &mut fx),
         Input::WatchBroke => match std::mem::take(&mut s.phase) {
             Phase::Running(run) => {
@@ -197,6 +198,16 @@ fn on_request(
             String::new()
         }
     }
+}
+
+/// The round's progress reaches the agent while this node waits in it. A line read after the
+/// round decided (the driver reads the round's lines before its decision) or after the node
+/// left the round is dropped: the plan, the end or the fence says more.
+fn on_progress(s: &Session, line: String, fx: &mut Vec<Effect>) -> String {
+    if s.phase.is_waiting() {
+        fx.push(Effect::Emit(Event::Waiting(line)));
+    }
+    String::new()
 }
 
 /// The round this node waited in decided.

@@ -409,6 +409,25 @@ fn a_decision_nobody_waits_for_is_ignored() {
     assert!(fx.is_empty());
 }
 
+#[test]
+fn a_line_of_the_round_reaches_the_agent_while_waiting() {
+    let t0 = Instant::now();
+    let line = "1/2 nodes joined (min 2), waiting for 1 more";
+    let (s, fx, _) = run(waiting(t0), Input::Progress(line.into()), ms(t0, 300));
+    assert_eq!(s, waiting(t0), "a line changes nothing");
+    assert_eq!(fx, vec![Effect::Emit(Event::Waiting(line.into()))]);
+}
+
+#[test]
+fn a_line_of_the_round_after_the_node_left_it_is_dropped() {
+    let t0 = Instant::now();
+    for s in [idle(), running(t0)] {
+        let (after, fx, _) = run(s.clone(), Input::Progress("2/2 nodes joined".into()), t0);
+        assert_eq!(after, s);
+        assert!(fx.is_empty(), "{fx:?}");
+    }
+}
+
 // ---- the running generation ----
 
 #[test]
