@@ -412,7 +412,7 @@ impl Actor {
                 None
             }
             Effect::Look => Some(Input::Seen(
-                self.seen_standing_by().await.map_err(|e| e.to_string()),
+                self.seen_standing_by().await.map_err(|e| failure(&e)),
             )),
             Effect::Knock => Some(Input::Knocked(self.knock_agent().await)),
             Effect::CheckSpeaks => Some(Input::Speaks(

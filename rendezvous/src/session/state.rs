@@ -459,7 +459,7 @@ pub(crate) enum Input {
         read: Option<Read>,
     },
     /// What a standing-by node's session read of the run (an error: the store did not answer).
-    Seen(Result<Seen, String>),
+    Seen(Result<Seen, Failure>),
     /// One stage of deciding a failure against the budget came back (`tries` before it that
     /// failed).
     Budgeted {

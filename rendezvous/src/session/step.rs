@@ -529,7 +529,7 @@ fn judge(
 /// in [`standby::LOOK_EVERY`]; a store that did not answer is asked again then.
 fn on_seen(
     s: &mut Session,
-    seen: Result<Seen, String>,
+    seen: Result<Seen, Failure>,
     now: Instant,
     p: &Params,
     fx: &mut Vec<Effect>,
@@ -547,7 +547,10 @@ fn on_seen(
         Ok(seen) => seen,
         Err(e) => {
             s.phase = Phase::StandingBy { at, told };
-            return format!("cannot look at the run for a standing-by node: {e}");
+            return format!(
+                "cannot look at the run for a standing-by node: {}",
+                e.message
+            );
         }
     };
     let look = standby::look(&p.node, seen);

@@ -1016,7 +1016,10 @@ fn a_look_the_store_did_not_answer_is_asked_again_at_the_next_look() {
     let told = Some(Look::Reach(vec![]));
     let (s, fx, why) = run(
         standing(t0, told.clone()),
-        Input::Seen(Err("down".into())),
+        Input::Seen(Err(Failure {
+            transient: true,
+            message: "down".into(),
+        })),
         ms(t0, 3),
     );
     assert!(fx.is_empty());
