@@ -51,20 +51,46 @@ pub fn writes_in_flight() -> usize {
     })
 }
 
-/// `DRUN_RDZV_WRITES_IN_FLIGHT`'s value (`None`: unset) as a count, or the line that says why not.
-pub fn parse_writes_in_flight(value: Option<&str>) -> Result<usize, String> {
+/// A `DRUN_RDZV_WRITES_IN_FLIGHT` this server does not take: the line names the value, the
+/// default used instead and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WritesInFlightError {
+    /// Not a whole number.
+    #[error("DRUN_RDZV_WRITES_IN_FLIGHT={value:?} is not a number from 1 to 16; using {WRITES_IN_FLIGHT} (unset it, or give e.g. 1 for one etcd write batch at a time)")]
+    NotANumber {
+        /// The value as given.
+        value: String,
+    },
+    /// A number outside 1 to 16.
+    #[error("DRUN_RDZV_WRITES_IN_FLIGHT={value:?} is not a number from 1 to 16; using {WRITES_IN_FLIGHT} (unset it, or give e.g. 1 for one etcd write batch at a time)")]
+    OutOfRange {
+        /// The value as given.
+        value: String,
+        /// The number it holds.
+        count: usize,
+    },
+}
+
+/// `DRUN_RDZV_WRITES_IN_FLIGHT`'s value (`None`: unset) as a count.
+///
+/// # Errors
+/// A value that is not a number from 1 to 16.
+pub fn parse_writes_in_flight(value: Option<&str>) -> Result<usize, WritesInFlightError> {
     let Some(v) = value else {
         return Ok(WRITES_IN_FLIGHT);
     };
-    v.trim()
+    let count = v
+        .trim()
         .parse::<usize>()
-        .ok()
-        .filter(|n| (1..=16).contains(n))
-        .ok_or_else(|| {
-            format!(
-                "DRUN_RDZV_WRITES_IN_FLIGHT={v:?} is not a number from 1 to 16; using {WRITES_IN_FLIGHT} (unset it, or give e.g. 1 for one etcd write batch at a time)"
-            )
+        .map_err(|_| WritesInFlightError::NotANumber { value: v.into() })?;
+    if (1..=16).contains(&count) {
+        Ok(count)
+    } else {
+        Err(WritesInFlightError::OutOfRange {
+            value: v.into(),
+            count,
         })
+    }
 }
 
 /// What a batch of requests may hold together.
@@ -290,12 +316,26 @@ mod tests {
         assert_eq!(parse_writes_in_flight(Some(" 4 ")), Ok(4));
         assert_eq!(parse_writes_in_flight(Some("1")), Ok(1));
         for bad in ["0", "17", "two", ""] {
-            let why = parse_writes_in_flight(Some(bad)).unwrap_err();
+            let why = parse_writes_in_flight(Some(bad)).unwrap_err().to_string();
             assert!(
                 why.contains("DRUN_RDZV_WRITES_IN_FLIGHT") && why.contains("1 to 16"),
                 "{why}"
             );
         }
+        assert!(matches!(
+            parse_writes_in_flight(Some("17")),
+            Err(WritesInFlightError::OutOfRange { count: 17, .. })
+        ));
+        assert_eq!(
+            parse_writes_in_flight(Some("two")),
+            Err(WritesInFlightError::NotANumber {
+                value: "two".into()
+            })
+        );
+        assert_eq!(
+            parse_writes_in_flight(Some("0")).unwrap_err().to_string(),
+            "DRUN_RDZV_WRITES_IN_FLIGHT=\"0\" is not a number from 1 to 16; using 2 (unset it, or give e.g. 1 for one etcd write batch at a time)"
+        );
     }
 
     #[test]
