@@ -124,6 +124,54 @@ fn describe(sealed: Option<&Manifest>) -> String {
     })
 }
 
+/// Why the survivors' copies of a step are not a resume point.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Incomplete {
+    /// Two copies name another value of what every copy of the step must agree on.
+    #[error("the survivors' copies disagree on the {what} ({first}, {other})")]
+    Disagree {
+        /// What (`world size`, `cursor`).
+        what: &'static str,
+        /// The first copy's value (`Debug`).
+        first: String,
+        /// Another copy's (`Debug`).
+        other: String,
+    },
+    /// No copy carries the world size that saved it.
+    #[error("no survivor saved it (the world size that saved it is unknown)")]
+    NoWorldSize,
+    /// No copy carries its data cursor.
+    #[error("no survivor saved it (its data cursor is unknown)")]
+    NoCursor,
+    /// A file held without its digest.
+    #[error("{0} has no SHA-256")]
+    NoDigest(String),
+    /// Two copies of a file differ (size, digest or rank).
+    #[error("the copies of {0} differ")]
+    Differ(String),
+    /// Ranks no survivor holds.
+    #[error("rank(s) {} held by no survivor", ranges(.0))]
+    Unheld(Vec<u32>),
+    /// Ranks held only by nodes the ending generation lost.
+    #[error("rank(s) {} were held only by {}, all lost", ranges(.missing), .lost.join(", "))]
+    Lost {
+        /// The ranks.
+        missing: Vec<u32>,
+        /// The nodes that held them.
+        lost: Vec<String>,
+    },
+    /// A file names a rank the world that saved it did not have.
+    #[error("{path} names rank {rank}, beyond its world size {world_size}")]
+    BeyondWorld {
+        /// The file.
+        path: String,
+        /// Its rank.
+        rank: u32,
+        /// The world size that saved the step.
+        world_size: u32,
+    },
+}
+
 /// The manifest and sources of step `key` when the holders hold every rank's files of it,
 /// consistently; else why not.
 fn complete(
@@ -132,7 +180,7 @@ fn complete(
     held: &BTreeMap<&str, &[HeldStep]>,
     ending: Option<&Plan>,
     now_ms: u64,
-) -> Result<(Manifest, MemoryResume), String> {
+) -> Result<(Manifest, MemoryResume), Incomplete> {
     let copies: Vec<(&str, &HeldStep)> = held
         .iter()
         .flat_map(|(n, h)| {
@@ -145,21 +193,21 @@ fn complete(
         copies.iter().filter_map(|(_, s)| s.world_size),
         "world size",
     )?
-    .ok_or("no survivor saved it (the world size that saved it is unknown)")?;
+    .ok_or(Incomplete::NoWorldSize)?;
     let cursor: Cursor = agreed(
         copies.iter().filter_map(|(_, s)| s.cursor.clone()),
         "cursor",
     )?
-    .ok_or("no survivor saved it (its data cursor is unknown)")?;
+    .ok_or(Incomplete::NoCursor)?;
     // Per path, the one content every copy agrees on.
     let mut by_path: BTreeMap<&str, &ShardFile> = BTreeMap::new();
     for f in copies.iter().flat_map(|(_, s)| &s.files) {
         if f.sha256.is_empty() {
-            return Err(format!("{} has no SHA-256", f.path));
+            return Err(Incomplete::NoDigest(f.path.clone()));
         }
         if let Some(other) = by_path.insert(&f.path, f) {
             if (other.bytes, &other.sha256, other.rank) != (f.bytes, &f.sha256, f.rank) {
-                return Err(format!("the copies of {} differ", f.path));
+                return Err(Incomplete::Differ(f.path.clone()));
             }
         }
     }
@@ -185,22 +233,19 @@ fn complete(
             .map(|p| lost_holders(p, &missing))
             .unwrap_or_default();
         return Err(if lost.is_empty() {
-            format!("rank(s) {} held by no survivor", ranges(&missing))
+            Incomplete::Unheld(missing)
         } else {
-            format!(
-                "rank(s) {} were held only by {}, all lost",
-                ranges(&missing),
-                lost.join(", ")
-            )
+            Incomplete::Lost { missing, lost }
         });
     }
     let mut files: Vec<ShardFile> = by_path.into_values().cloned().collect();
     files.sort_by(|a, b| (a.rank, &a.path).cmp(&(b.rank, &b.path)));
     if let Some(f) = files.iter().find(|f| f.rank >= world_size) {
-        return Err(format!(
-            "{} names rank {}, beyond its world size {world_size}",
-            f.path, f.rank
-        ));
+        return Err(Incomplete::BeyondWorld {
+            path: f.path.clone(),
+            rank: f.rank,
+            world_size,
+        });
     }
     Ok((
         Manifest {
@@ -241,18 +286,20 @@ fn lost_holders(plan: &Plan, missing: &[u32]) -> Vec<String> {
         .collect()
 }
 
-/// The one value every item agrees on (`None` for none), or a line naming the disagreement.
+/// The one value every item agrees on (`None` for none), or the disagreement.
 fn agreed<T: PartialEq + std::fmt::Debug>(
     mut items: impl Iterator<Item = T>,
-    what: &str,
-) -> Result<Option<T>, String> {
+    what: &'static str,
+) -> Result<Option<T>, Incomplete> {
     let Some(first) = items.next() else {
         return Ok(None);
     };
     match items.find(|x| *x != first) {
-        Some(other) => Err(format!(
-            "the survivors' copies disagree on the {what} ({first:?}, {other:?})"
-        )),
+        Some(other) => Err(Incomplete::Disagree {
+            what,
+            first: format!("{first:?}"),
+            other: format!("{other:?}"),
+        }),
         None => Ok(Some(first)),
     }
 }
