@@ -441,7 +441,7 @@ impl Stage {
                 if let Some(l) = ledger.filter(|l| l.generation() == d.key.1) {
                     l.answered(
                         d.key.0,
-                        &Err(drun_rendezvous::CommitRefused::NotPersisted(e)),
+                        &Err(drun_rendezvous::CommitRefused::NotPersisted(e.to_string())),
                         None,
                     );
                 }

@@ -27,6 +27,9 @@ use disk::{
 };
 
 mod disk;
+mod error;
+
+pub use error::{PersistError, PersistFailure};
 
 /// Longest sleep of the throttle between two looks at its rate, which the agent may change
 /// while a file is being written ([`Throttle::set_rate`]).
@@ -124,9 +127,9 @@ pub struct Job {
 pub struct Done {
     /// The step.
     pub key: Key,
-    /// How long writing took and each file's SHA-256 (in the job's order), or one line naming
-    /// the file that failed and why.
-    pub result: Result<(Duration, Vec<String>), String>,
+    /// How long writing took and each file's SHA-256 (in the job's order), or the file that
+    /// failed and why.
+    pub result: Result<(Duration, Vec<String>), PersistError>,
 }
 
 /// The persister thread; it ends when this is dropped (after the step it is writing).
@@ -153,7 +156,7 @@ impl Persister {
                         .files
                         .iter()
                         .map(|f| persist_file(f, &job.throttle, &mut pacer))
-                        .collect::<Result<Vec<String>, String>>()
+                        .collect::<Result<Vec<String>, PersistError>>()
                         .map(|digests| (began.elapsed(), digests));
                     pacer.finish();
                     if tx
@@ -305,14 +308,14 @@ impl Pacer {
 /// (its pages dropped first) after the fsync and compared with the staged copy.
 ///
 /// # Errors
-/// One line naming the file: the staged copy unreadable or of another size than the rank
+/// The file and what failed: the staged copy unreadable or of another size than the rank
 /// reported, the directory unwritable, the bytes read back differ (nothing is then put in
 /// place).
 pub fn persist_file(
     f: &StagedFile,
     throttle: &Throttle,
     pacer: &mut Pacer,
-) -> Result<String, String> {
+) -> Result<String, PersistError> {
     persist_file_as(f, throttle, pacer, true)
 }
 
@@ -322,19 +325,15 @@ fn persist_file_as(
     throttle: &Throttle,
     pacer: &mut Pacer,
     direct: bool,
-) -> Result<String, String> {
-    let fail = |what: &str, e: &dyn std::fmt::Display| {
-        format!("cannot persist {}: {what}: {e}", f.target.display())
+) -> Result<String, PersistError> {
+    let fail = |failure| PersistError {
+        target: f.target.clone(),
+        failure,
     };
-    let differ = |at: u64| {
-        fail(
-            "the bytes read back from disk differ from the staged copy's",
-            &format!("from byte {at}"),
-        )
-    };
+    let differ = |at: u64| fail(PersistFailure::Differs { at });
     let dir = f.target.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(dir).map_err(|e| fail("cannot create its directory", &e))?;
-    let src = std::fs::File::open(&f.staged).map_err(|e| fail("the staged copy is gone", &e))?;
+    std::fs::create_dir_all(dir).map_err(|e| fail(PersistFailure::CreateDir(e)))?;
+    let src = std::fs::File::open(&f.staged).map_err(|e| fail(PersistFailure::StagedGone(e)))?;
     let name = f
         .target
         .file_name()
@@ -343,7 +342,7 @@ fn persist_file_as(
     let tmp = tempfile::Builder::new()
         .prefix(&temp_prefix(&name))
         .tempfile_in(dir)
-        .map_err(|e| fail("cannot create a temporary file", &e))?;
+        .map_err(|e| fail(PersistFailure::TempFile(e)))?;
     let mut disk = Disk::open(tmp.as_file(), tmp.path(), direct);
     let mut ours = Aligned::new(SLICE);
     let mut theirs = Aligned::new(SLICE);
@@ -353,7 +352,8 @@ fn persist_file_as(
     // The last partial block (written through the page cache) and where it starts.
     let mut tail: Option<(u64, Vec<u8>)> = None;
     loop {
-        let n = read_full_at(&src, ours.get(SLICE), written).map_err(|e| fail("reading", &e))?;
+        let n = read_full_at(&src, ours.get(SLICE), written)
+            .map_err(|e| fail(PersistFailure::Read(e)))?;
         if n == 0 {
             break;
         }
@@ -361,7 +361,7 @@ fn persist_file_as(
         h.update(slice);
         match disk
             .write(slice, written, theirs.get(SLICE))
-            .map_err(|e| fail("writing", &e))?
+            .map_err(|e| fail(PersistFailure::Write(e)))?
         {
             Written::Verified { rest: 0 } | Written::Buffered => {}
             Written::Verified { rest } => {
@@ -376,12 +376,14 @@ fn persist_file_as(
         }
     }
     if written != f.bytes {
-        return Err(fail(
-            "the staged copy has another size",
-            &format!("{written} bytes, the commit says {}", f.bytes),
-        ));
+        return Err(fail(PersistFailure::Size {
+            written,
+            expected: f.bytes,
+        }));
     }
-    tmp.as_file().sync_all().map_err(|e| fail("fsync", &e))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| fail(PersistFailure::Fsync(e)))?;
     let verified = match (&disk, tail) {
         (Disk::Direct { direct, .. }, Some((at, bytes))) => {
             drop_pages(tmp.as_file(), at, 0);
@@ -397,17 +399,17 @@ fn persist_file_as(
     };
     drop(disk);
     verified
-        .map_err(|e| fail("reading it back", &e))?
+        .map_err(|e| fail(PersistFailure::ReadBack(e)))?
         .map_err(differ)?;
     let digest = hex(&h.finalize());
     if !f.sha256.is_empty() && digest != f.sha256 {
-        return Err(fail(
-            "its SHA-256 read back from disk differs from the rank's",
-            &format!("{digest} != {}", f.sha256),
-        ));
+        return Err(fail(PersistFailure::Digest {
+            got: digest,
+            want: f.sha256.clone(),
+        }));
     }
     tmp.persist(&f.target)
-        .map_err(|e| fail("rename into place", &e.error))?;
+        .map_err(|e| fail(PersistFailure::Rename(e.error)))?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all();
     }
@@ -484,18 +486,38 @@ mod tests {
         let mut f = staged(d.path(), b"state");
         f.sha256 = "0".repeat(64);
         let e = persist_file(&f, &Throttle::new(0), &mut full()).unwrap_err();
-        assert!(e.contains("differs from the rank's"), "{e}");
+        assert!(
+            matches!(e.failure, PersistFailure::Digest { ref want, .. } if *want == f.sha256),
+            "{e}"
+        );
+        assert!(e.to_string().contains("differs from the rank's"), "{e}");
         assert!(!f.target.exists());
         let mut g = staged(d.path(), b"state");
         g.bytes = 99;
         let e = persist_file(&g, &Throttle::new(0), &mut full()).unwrap_err();
-        assert!(e.contains("another size"), "{e}");
+        assert!(
+            matches!(
+                e.failure,
+                PersistFailure::Size {
+                    written: 5,
+                    expected: 99
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot persist {}: the staged copy has another size: 5 bytes, the commit says 99",
+                g.target.display()
+            )
+        );
         assert!(!g.target.exists());
         assert!(leftovers(g.target.parent().unwrap()).is_empty());
         std::fs::remove_file(&g.staged).unwrap();
-        assert!(persist_file(&g, &Throttle::new(0), &mut full())
-            .unwrap_err()
-            .contains("staged copy is gone"));
+        let e = persist_file(&g, &Throttle::new(0), &mut full()).unwrap_err();
+        assert!(matches!(e.failure, PersistFailure::StagedGone(_)), "{e}");
+        assert!(e.to_string().contains("staged copy is gone"), "{e}");
     }
 
     #[test]
