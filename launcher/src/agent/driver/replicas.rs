@@ -5,6 +5,7 @@
 //! sender of this node's staged steps to its ring neighbour ([`send`]). What happens to a
 //! step's replica is told to the agent's loop as a [`Note`].
 
+pub(super) mod error;
 pub(super) mod fetch;
 mod files;
 mod receive;
@@ -24,6 +25,7 @@ use crate::ckpt::memory::decide::Key;
 use crate::ckpt::memory::remove_under;
 use crate::ckpt::memory::replica::{self, Held};
 use crate::ckpt::memory::wire::{Offer, OfferFile};
+use error::ReplicaError;
 use receive::serve;
 use send::{offer_to, Target};
 pub(super) use shelf::Note;
@@ -192,7 +194,7 @@ impl Replicas {
                     Ok(r) => r.map(|digests| {
                         (started.elapsed(), paths.into_iter().zip(digests).collect())
                     }),
-                    Err(_) => Err(format!("no answer within {} s", limit.as_secs())),
+                    Err(_) => Err(ReplicaError::NoAnswer { limit }),
                 };
             let _ = notes.send(Note::Sent {
                 key,

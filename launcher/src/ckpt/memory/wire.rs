@@ -19,7 +19,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Bytes of the receiver's nonce.
 pub const NONCE_BYTES: usize = 16;
@@ -155,81 +155,198 @@ pub enum Header {
     Fetch(Fetch),
 }
 
+/// A connection's header that is neither an offer nor a fetch.
+#[derive(Debug, thiserror::Error)]
+pub enum HeaderError {
+    /// Not JSON, or JSON that is not an [`Offer`].
+    #[error("not an offer: {0}")]
+    NotAnOffer(#[source] serde_json::Error),
+    /// JSON marked as a fetch that is not a [`Fetch`].
+    #[error("not a fetch: {0}")]
+    NotAFetch(#[source] serde_json::Error),
+}
+
+/// Why a receiver refuses an [`Offer`] ([`judge`]) or a [`Fetch`] ([`judge_fetch`]): its text
+/// is the line answered on the wire after `refused: `.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// An offer of another run.
+    #[error("an offer of run '{run_id}', not '{mine}'")]
+    OfferOfRun {
+        /// The offer's run.
+        run_id: String,
+        /// The receiver's.
+        mine: String,
+    },
+    /// A fetch of another run.
+    #[error("a fetch of run '{run_id}', not '{mine}'")]
+    FetchOfRun {
+        /// The fetch's run.
+        run_id: String,
+        /// The receiver's.
+        mine: String,
+    },
+    /// The receiver is between generations: nothing is accepted.
+    #[error("this node follows no generation now")]
+    NoGeneration,
+    /// An offer saved in another generation than the one the receiver follows.
+    #[error("an offer of generation {generation}, this node follows generation {follows}")]
+    OfferOfGeneration {
+        /// The offer's generation.
+        generation: u64,
+        /// The receiver's.
+        follows: u64,
+    },
+    /// A fetch for another generation than the one the receiver follows.
+    #[error("a fetch in generation {generation}, this node follows generation {follows}")]
+    FetchInGeneration {
+        /// The fetch's generation.
+        generation: u64,
+        /// The receiver's.
+        follows: u64,
+    },
+    /// An offer from a node other than the receiver's ring predecessor.
+    #[error(
+        "'{from}' is not the node whose replicas this node holds in generation {generation} ({})",
+        .predecessor.as_deref().unwrap_or("none")
+    )]
+    NotPredecessor {
+        /// The sender's node id.
+        from: String,
+        /// The generation followed.
+        generation: u64,
+        /// The receiver's ring predecessor in it, if any.
+        predecessor: Option<String>,
+    },
+    /// A fetch from a node that is not a member of the followed generation.
+    #[error("'{from}' is not a member of generation {generation}")]
+    NotAMember {
+        /// The requester's node id.
+        from: String,
+        /// The generation followed.
+        generation: u64,
+    },
+    /// An offer whose connection came from another address than its sender advertises.
+    #[error("the offer of '{from}' came from {peer}, but that node advertises {advertised}")]
+    OfferFromElsewhere {
+        /// The sender's node id.
+        from: String,
+        /// Where the connection came from.
+        peer: IpAddr,
+        /// The address the node advertises.
+        advertised: IpAddr,
+    },
+    /// A fetch whose connection came from another address than its requester advertises.
+    #[error("the connection of '{from}' came from {peer}, but that node advertises {advertised}")]
+    FetchFromElsewhere {
+        /// The requester's node id.
+        from: String,
+        /// Where the connection came from.
+        peer: IpAddr,
+        /// The address the node advertises.
+        advertised: IpAddr,
+    },
+    /// An offer not signed with the run's token for this nonce.
+    #[error("the offer's MAC does not match this run's token")]
+    OfferMac,
+    /// A fetch not signed with the run's token for this nonce.
+    #[error("the fetch's MAC does not match this run's token")]
+    FetchMac,
+    /// An offer of no files.
+    #[error("an offer of no files")]
+    NoFilesOffered,
+    /// A fetch of no files.
+    #[error("a fetch of no files")]
+    NoFilesFetched,
+    /// A file's path that is not a plain path inside `--ckpt-dir`.
+    #[error("'{}' is not a plain path inside --ckpt-dir {}", .path.display(), .ckpt_dir.display())]
+    Outside {
+        /// The path as sent.
+        path: PathBuf,
+        /// `--ckpt-dir`.
+        ckpt_dir: PathBuf,
+    },
+}
+
 /// Decodes a connection's header: a fetch when it says so, else an offer.
 ///
 /// # Errors
-/// One line when it is neither.
-pub fn decode(header: &[u8]) -> Result<Header, String> {
-    let v: serde_json::Value =
-        serde_json::from_slice(header).map_err(|e| format!("not an offer: {e}"))?;
+/// A header that is neither.
+pub fn decode(header: &[u8]) -> Result<Header, HeaderError> {
+    let v: serde_json::Value = serde_json::from_slice(header).map_err(HeaderError::NotAnOffer)?;
     if v.get("fetch").and_then(serde_json::Value::as_bool) == Some(true) {
         serde_json::from_value(v)
             .map(Header::Fetch)
-            .map_err(|e| format!("not a fetch: {e}"))
+            .map_err(HeaderError::NotAFetch)
     } else {
         serde_json::from_value(v)
             .map(Header::Offer)
-            .map_err(|e| format!("not an offer: {e}"))
+            .map_err(HeaderError::NotAnOffer)
     }
 }
 
 /// Whether `f` may be served by `r`: the run, the generation `r` follows, a member of it
-/// asking from the address it advertises, the MAC, plain paths inside `--ckpt-dir`; `Err`
-/// with one line why not.
-pub fn judge_fetch(f: &Fetch, r: &Receiver<'_>) -> Result<(), String> {
+/// asking from the address it advertises, the MAC, plain paths inside `--ckpt-dir`.
+///
+/// # Errors
+/// The first rule it breaks.
+pub fn judge_fetch(f: &Fetch, r: &Receiver<'_>) -> Result<(), Refusal> {
     if f.run_id != r.run_id {
-        return Err(format!("a fetch of run '{}', not '{}'", f.run_id, r.run_id));
+        return Err(Refusal::FetchOfRun {
+            run_id: f.run_id.clone(),
+            mine: r.run_id.to_string(),
+        });
     }
     let Some((generation, nodes)) = r.generation else {
-        return Err("this node follows no generation now".into());
+        return Err(Refusal::NoGeneration);
     };
     if f.generation != generation {
-        return Err(format!(
-            "a fetch in generation {}, this node follows generation {generation}",
-            f.generation
-        ));
+        return Err(Refusal::FetchInGeneration {
+            generation: f.generation,
+            follows: generation,
+        });
     }
     let Some((_, addr)) = nodes.iter().find(|(id, _)| *id == f.from) else {
-        return Err(format!(
-            "'{}' is not a member of generation {generation}",
-            f.from
-        ));
+        return Err(Refusal::NotAMember {
+            from: f.from.clone(),
+            generation,
+        });
     };
-    from_advertised(&f.from, addr, r.peer)?;
+    if let Some(advertised) = elsewhere(addr, r.peer) {
+        return Err(Refusal::FetchFromElsewhere {
+            from: f.from.clone(),
+            peer: r.peer,
+            advertised,
+        });
+    }
     if let Some(t) = r.token {
         if f.mac.is_empty() || !same(f.mac.as_bytes(), f.mac_for(t, r.nonce).as_bytes()) {
-            return Err("the fetch's MAC does not match this run's token".into());
+            return Err(Refusal::FetchMac);
         }
     }
     if f.files.is_empty() {
-        return Err("a fetch of no files".into());
+        return Err(Refusal::NoFilesFetched);
     }
     inside(f.files.iter().map(|f| f.path.as_str()), r.ckpt_dir)
 }
 
-/// A node advertising an IP address connects from it (a host name is not resolved here).
-fn from_advertised(who: &str, addr: &str, peer: IpAddr) -> Result<(), String> {
-    if let Some(ip) = addr.parse::<IpAddr>().ok().filter(|ip| {
+/// The IP address a node advertises (`addr`) when its connection came from another (`peer`): a
+/// node advertising an IP address connects from it (a host name is not resolved here).
+fn elsewhere(addr: &str, peer: IpAddr) -> Option<IpAddr> {
+    addr.parse::<IpAddr>().ok().filter(|ip| {
         *ip != peer && !(ip.is_loopback() && peer.is_loopback()) && !ip.is_unspecified()
-    }) {
-        return Err(format!(
-            "the connection of '{who}' came from {peer}, but that node advertises {ip}"
-        ));
-    }
-    Ok(())
+    })
 }
 
-/// Every path a plain path inside `ckpt_dir`, or a line naming the first that is not.
-fn inside<'a>(paths: impl Iterator<Item = &'a str>, ckpt_dir: &Path) -> Result<(), String> {
-    for p in paths {
-        if super::staged_path(Path::new("/"), ckpt_dir, Path::new(p)).is_none() {
-            return Err(format!(
-                "'{p}' is not a plain path inside --ckpt-dir {}",
-                ckpt_dir.display()
-            ));
-        }
+/// Every path a plain path inside `ckpt_dir`, or the first that is not.
+fn inside<'a>(mut paths: impl Iterator<Item = &'a str>, ckpt_dir: &Path) -> Result<(), Refusal> {
+    match paths.find(|p| super::staged_path(Path::new("/"), ckpt_dir, Path::new(p)).is_none()) {
+        Some(p) => Err(Refusal::Outside {
+            path: PathBuf::from(p),
+            ckpt_dir: ckpt_dir.to_path_buf(),
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// HMAC-SHA256 (RFC 2104) of `msg` keyed by `key`.
@@ -259,65 +376,56 @@ pub struct Receiver<'a> {
     pub ckpt_dir: &'a Path,
 }
 
-/// Whether `offer` may be taken by `r` (before its budget is asked): `Err` with one line why
-/// not.
-pub fn judge(offer: &Offer, r: &Receiver<'_>) -> Result<(), String> {
+/// Whether `offer` may be taken by `r` (before its budget is asked).
+///
+/// # Errors
+/// The first rule it breaks.
+pub fn judge(offer: &Offer, r: &Receiver<'_>) -> Result<(), Refusal> {
     if offer.run_id != r.run_id {
-        return Err(format!(
-            "an offer of run '{}', not '{}'",
-            offer.run_id, r.run_id
-        ));
+        return Err(Refusal::OfferOfRun {
+            run_id: offer.run_id.clone(),
+            mine: r.run_id.to_string(),
+        });
     }
     let Some((generation, nodes)) = r.generation else {
-        return Err("this node follows no generation now".into());
+        return Err(Refusal::NoGeneration);
     };
     if offer.generation != generation {
-        return Err(format!(
-            "an offer of generation {}, this node follows generation {generation}",
-            offer.generation
-        ));
+        return Err(Refusal::OfferOfGeneration {
+            generation: offer.generation,
+            follows: generation,
+        });
     }
     let ids: Vec<String> = nodes.iter().map(|(id, _)| id.clone()).collect();
     let from = super::replica::predecessor(&ids, r.me);
     if from != Some(offer.from.as_str()) {
-        return Err(format!(
-            "'{}' is not the node whose replicas this node holds in generation {generation} ({})",
-            offer.from,
-            from.unwrap_or("none")
-        ));
+        return Err(Refusal::NotPredecessor {
+            from: offer.from.clone(),
+            generation,
+            predecessor: from.map(str::to_string),
+        });
     }
-    // A node advertising an IP address sends from it (a host name is not resolved here).
     let advertised = nodes
         .iter()
         .find(|(id, _)| *id == offer.from)
-        .and_then(|(_, a)| a.parse::<IpAddr>().ok());
-    if let Some(ip) = advertised.filter(|ip| {
-        *ip != r.peer && !(ip.is_loopback() && r.peer.is_loopback()) && !ip.is_unspecified()
-    }) {
-        return Err(format!(
-            "the offer of '{}' came from {}, but that node advertises {ip}",
-            offer.from, r.peer
-        ));
+        .and_then(|(_, a)| elsewhere(a, r.peer));
+    if let Some(advertised) = advertised {
+        return Err(Refusal::OfferFromElsewhere {
+            from: offer.from.clone(),
+            peer: r.peer,
+            advertised,
+        });
     }
     if let Some(t) = r.token {
         if offer.mac.is_empty() || !same(offer.mac.as_bytes(), offer.mac_for(t, r.nonce).as_bytes())
         {
-            return Err("the offer's MAC does not match this run's token".into());
+            return Err(Refusal::OfferMac);
         }
     }
     if offer.files.is_empty() {
-        return Err("an offer of no files".into());
+        return Err(Refusal::NoFilesOffered);
     }
-    for f in &offer.files {
-        if super::staged_path(Path::new("/"), r.ckpt_dir, Path::new(&f.path)).is_none() {
-            return Err(format!(
-                "'{}' is not a plain path inside --ckpt-dir {}",
-                f.path,
-                r.ckpt_dir.display()
-            ));
-        }
-    }
-    Ok(())
+    inside(offer.files.iter().map(|f| f.path.as_str()), r.ckpt_dir)
 }
 
 /// Whether `a` and `b` are equal, in time independent of where they differ.
@@ -393,40 +501,79 @@ mod tests {
             decode(&offer("a").encode()[4..]),
             Ok(Header::Offer(_))
         ));
-        assert!(decode(b"{}").unwrap_err().starts_with("not an offer"));
+        assert!(matches!(decode(b"{}"), Err(HeaderError::NotAnOffer(_))));
+        assert!(matches!(
+            decode(br#"{"fetch": true}"#),
+            Err(HeaderError::NotAFetch(_))
+        ));
+        assert!(decode(b"{}")
+            .unwrap_err()
+            .to_string()
+            .starts_with("not an offer: "));
         let unsigned = fetch("c");
+        assert_eq!(judge_fetch(&unsigned, &r), Err(Refusal::FetchMac));
         assert_eq!(
-            judge_fetch(&unsigned, &r).unwrap_err(),
+            Refusal::FetchMac.to_string(),
             "the fetch's MAC does not match this run's token"
         );
         let mut stranger = fetch("x");
         stranger.sign(Some("tok"), r.nonce);
         assert_eq!(
-            judge_fetch(&stranger, &r).unwrap_err(),
+            judge_fetch(&stranger, &r).unwrap_err().to_string(),
             "'x' is not a member of generation 3"
         );
         let earlier = Receiver {
             generation: Some((2, &n)),
             ..r
         };
+        let refused = judge_fetch(&f, &earlier).unwrap_err();
         assert_eq!(
-            judge_fetch(&f, &earlier).unwrap_err(),
+            refused,
+            Refusal::FetchInGeneration {
+                generation: 3,
+                follows: 2
+            }
+        );
+        assert_eq!(
+            refused.to_string(),
             "a fetch in generation 3, this node follows generation 2"
         );
         let elsewhere = Receiver {
             peer: "10.0.0.9".parse().unwrap(),
             ..r
         };
+        let refused = judge_fetch(&f, &elsewhere).unwrap_err();
+        assert!(matches!(
+            refused,
+            Refusal::FetchFromElsewhere { ref from, advertised, .. } if from == "c" && advertised == LOCAL
+        ));
         assert_eq!(
-            judge_fetch(&f, &elsewhere).unwrap_err(),
+            refused.to_string(),
             "the connection of 'c' came from 10.0.0.9, but that node advertises 127.0.0.1"
         );
         let mut escape = fetch("c");
         escape.files[0].path = "/ck/../etc/passwd".into();
         escape.sign(Some("tok"), r.nonce);
-        assert!(judge_fetch(&escape, &r)
-            .unwrap_err()
-            .contains("is not a plain path inside --ckpt-dir /ck"));
+        let refused = judge_fetch(&escape, &r).unwrap_err();
+        assert!(matches!(refused, Refusal::Outside { .. }));
+        assert_eq!(
+            refused.to_string(),
+            "'/ck/../etc/passwd' is not a plain path inside --ckpt-dir /ck"
+        );
+        escape.files.clear();
+        escape.sign(Some("tok"), r.nonce);
+        assert_eq!(judge_fetch(&escape, &r), Err(Refusal::NoFilesFetched));
+        let mut other = fetch("c");
+        other.run_id = "other".into();
+        assert!(matches!(
+            judge_fetch(&other, &r),
+            Err(Refusal::FetchOfRun { .. })
+        ));
+        let between = Receiver {
+            generation: None,
+            ..r
+        };
+        assert_eq!(judge_fetch(&f, &between), Err(Refusal::NoGeneration));
     }
 
     #[test]
@@ -461,39 +608,72 @@ mod tests {
             ckpt_dir: Path::new("/ck"),
         };
         assert_eq!(judge(&offer("a"), &r), Ok(()));
+        let refused = judge(&offer("c"), &r).unwrap_err();
         assert_eq!(
-            judge(&offer("c"), &r).unwrap_err(),
+            refused,
+            Refusal::NotPredecessor {
+                from: "c".into(),
+                generation: 2,
+                predecessor: Some("a".into())
+            }
+        );
+        assert_eq!(
+            refused.to_string(),
             "'c' is not the node whose replicas this node holds in generation 2 (a)"
         );
-        assert!(judge(&offer("x"), &r).is_err(), "not in the generation");
+        assert!(
+            matches!(judge(&offer("x"), &r), Err(Refusal::NotPredecessor { .. })),
+            "not in the generation"
+        );
         let elsewhere = Receiver {
             peer: "10.0.0.9".parse().unwrap(),
             ..r
         };
+        let refused = judge(&offer("a"), &elsewhere).unwrap_err();
+        assert!(matches!(refused, Refusal::OfferFromElsewhere { .. }));
         assert_eq!(
-            judge(&offer("a"), &elsewhere).unwrap_err(),
+            refused.to_string(),
             "the offer of 'a' came from 10.0.0.9, but that node advertises 127.0.0.1"
         );
         let later = Receiver {
             generation: Some((3, &n)),
             ..r
         };
-        assert!(judge(&offer("a"), &later)
-            .unwrap_err()
-            .contains("generation 2, this node follows generation 3"));
+        let refused = judge(&offer("a"), &later).unwrap_err();
+        assert_eq!(
+            refused,
+            Refusal::OfferOfGeneration {
+                generation: 2,
+                follows: 3
+            }
+        );
+        assert_eq!(
+            refused.to_string(),
+            "an offer of generation 2, this node follows generation 3"
+        );
         let none = Receiver {
             generation: None,
             ..r
         };
-        assert!(judge(&offer("a"), &none).is_err());
+        assert_eq!(judge(&offer("a"), &none), Err(Refusal::NoGeneration));
+        assert_eq!(
+            Refusal::NoGeneration.to_string(),
+            "this node follows no generation now"
+        );
         let mut other = offer("a");
         other.run_id = "other".into();
-        assert!(judge(&other, &r).unwrap_err().contains("run 'other'"));
+        let refused = judge(&other, &r).unwrap_err();
+        assert!(matches!(refused, Refusal::OfferOfRun { ref run_id, .. } if run_id == "other"));
+        assert_eq!(refused.to_string(), "an offer of run 'other', not 'job'");
         let mut escape = offer("a");
         escape.files[0].path = "/ck/../etc/passwd".into();
-        assert!(judge(&escape, &r).unwrap_err().contains("not a plain path"));
+        assert_eq!(
+            judge(&escape, &r).unwrap_err().to_string(),
+            "'/ck/../etc/passwd' is not a plain path inside --ckpt-dir /ck"
+        );
         escape.files.clear();
-        assert!(judge(&escape, &r).is_err());
+        assert_eq!(judge(&escape, &r), Err(Refusal::NoFilesOffered));
+        assert_eq!(Refusal::NoFilesOffered.to_string(), "an offer of no files");
     }
 
     #[test]
@@ -510,16 +690,24 @@ mod tests {
             ckpt_dir: Path::new("/ck"),
         };
         let mut o = offer("a");
-        assert!(judge(&o, &r).unwrap_err().contains("MAC"), "unsigned");
+        assert_eq!(judge(&o, &r), Err(Refusal::OfferMac), "unsigned");
+        assert_eq!(
+            Refusal::OfferMac.to_string(),
+            "the offer's MAC does not match this run's token"
+        );
         o.sign(Some("s3cret"), nonce);
         assert_eq!(judge(&o, &r), Ok(()));
         o.sign(Some("wrong"), nonce);
-        assert!(judge(&o, &r).is_err(), "another token");
+        assert_eq!(judge(&o, &r), Err(Refusal::OfferMac), "another token");
         o.sign(Some("s3cret"), b"another nonce!!!");
-        assert!(judge(&o, &r).is_err(), "a replayed offer");
+        assert_eq!(judge(&o, &r), Err(Refusal::OfferMac), "a replayed offer");
         o.sign(Some("s3cret"), nonce);
         o.step = 9;
-        assert!(judge(&o, &r).is_err(), "altered after signing");
+        assert_eq!(
+            judge(&o, &r),
+            Err(Refusal::OfferMac),
+            "altered after signing"
+        );
         let bytes = o.encode();
         let len = u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize;
         let back: Offer = serde_json::from_slice(&bytes[4..4 + len]).unwrap();

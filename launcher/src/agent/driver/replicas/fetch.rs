@@ -15,6 +15,7 @@ use drun_rendezvous::{Manifest, MemoryResume, Plan};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use super::error::ReplicaError;
 use super::files::{read_files, tell};
 use super::send::{line, open, stream_files};
 use super::shelf::{transfer_limit, Ctx, Shelf};
@@ -35,7 +36,7 @@ pub(super) async fn serve(
     nonce: &[u8],
     shelf: &Shelf,
     ctx: &Ctx,
-) -> Result<(), String> {
+) -> Result<(), ReplicaError> {
     let judged = {
         let s = shelf.lock();
         let nodes = s.generation.as_ref().map(|(g, n)| (*g, n.as_slice()));
@@ -52,7 +53,9 @@ pub(super) async fn serve(
             },
         )
     };
-    let staged = judged.and_then(|()| locate(&f.files, &ctx.root, &ctx.ckpt_dir));
+    let staged = judged
+        .map_err(ReplicaError::from)
+        .and_then(|()| locate(&f.files, &ctx.root, &ctx.ckpt_dir));
     let staged = match staged {
         Ok(s) => s,
         Err(why) => {
@@ -60,7 +63,7 @@ pub(super) async fn serve(
             return Err(why);
         }
     };
-    let io = |e: std::io::Error| format!("connection from {peer}: {e}");
+    let io = |source| ReplicaError::Connection { peer, source };
     conn.get_mut().write_all(b"take\n").await.map_err(io)?;
     let limit = transfer_limit(f.bytes());
     tokio::time::timeout(
@@ -68,7 +71,7 @@ pub(super) async fn serve(
         stream_files(conn.get_mut(), &f.files, &staged, &f.from),
     )
     .await
-    .map_err(|_| format!("the bytes were not sent within {} s", limit.as_secs()))??;
+    .map_err(|_| ReplicaError::NotSent { limit })??;
     match line(&mut conn).await? {
         ok if ok == "ok" => {
             tracing::info!(
@@ -81,14 +84,18 @@ pub(super) async fn serve(
             );
             Ok(())
         }
-        bad => Err(bad),
+        answer => Err(ReplicaError::Answered { answer }),
     }
 }
 
 /// Where this node holds each of `files`: its own staged copy (under the staging directory,
 /// the parent of `replicas`) or a replica (under `replicas`), with the size asked; or which one
 /// it does not hold.
-fn locate(files: &[OfferFile], replicas: &Path, ckpt_dir: &Path) -> Result<Vec<PathBuf>, String> {
+fn locate(
+    files: &[OfferFile],
+    replicas: &Path,
+    ckpt_dir: &Path,
+) -> Result<Vec<PathBuf>, ReplicaError> {
     let stage = replicas.parent().unwrap_or(replicas);
     files
         .iter()
@@ -97,7 +104,9 @@ fn locate(files: &[OfferFile], replicas: &Path, ckpt_dir: &Path) -> Result<Vec<P
                 .iter()
                 .filter_map(|root| staged_path(root, ckpt_dir, Path::new(&f.path)))
                 .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() == f.bytes))
-                .ok_or_else(|| format!("{} is not held here", f.path))
+                .ok_or_else(|| ReplicaError::NotHeld {
+                    path: f.path.clone(),
+                })
         })
         .collect()
 }
@@ -124,13 +133,13 @@ pub(crate) struct Local {
 /// manifest of a step not sealed).
 ///
 /// # Errors
-/// One line naming the file or the source that failed; nothing added stays behind.
+/// The file or the source that failed; nothing added stays behind.
 pub(crate) async fn gather(
     local: &Local,
     plan: &Plan,
     m: &Manifest,
     sources: &MemoryResume,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, ReplicaError> {
     let mut added = Vec::new();
     let out = gather_into(local, plan, m, sources, &mut added).await;
     if out.is_err() {
@@ -147,11 +156,14 @@ async fn gather_into(
     m: &Manifest,
     sources: &MemoryResume,
     added: &mut Vec<PathBuf>,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, ReplicaError> {
     let replicas = local.stage.join(".replicas");
     let dest = |path: &str| {
-        staged_path(&local.stage, &local.ckpt_dir, Path::new(path))
-            .ok_or_else(|| format!("'{path}' is not inside --ckpt-dir"))
+        staged_path(&local.stage, &local.ckpt_dir, Path::new(path)).ok_or_else(|| {
+            ReplicaError::Outside {
+                path: path.to_string(),
+            }
+        })
     };
     let sized = |p: &Path, bytes: u64| {
         std::fs::metadata(p).is_ok_and(|md| md.is_file() && md.len() == bytes)
@@ -168,12 +180,17 @@ async fn gather_into(
         match replica {
             Some(r) => {
                 if let Some(d) = to.parent() {
-                    std::fs::create_dir_all(d)
-                        .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+                    std::fs::create_dir_all(d).map_err(|source| ReplicaError::Create {
+                        path: d.to_path_buf(),
+                        source,
+                    })?;
                 }
                 std::fs::hard_link(&r, &to)
                     .or_else(|_| std::fs::copy(&r, &to).map(|_| ()))
-                    .map_err(|e| format!("cannot link the replica {}: {e}", r.display()))?;
+                    .map_err(|source| ReplicaError::Link {
+                        path: r.clone(),
+                        source,
+                    })?;
                 added.push(to);
             }
             None => {
@@ -190,7 +207,7 @@ async fn gather_into(
         let member = plan
             .member(&node)
             .filter(|mb| mb.probe_port != 0)
-            .ok_or_else(|| format!("the source {node} is not a member with a replica port"))?;
+            .ok_or_else(|| ReplicaError::NoSource { node: node.clone() })?;
         let files: Vec<OfferFile> = m
             .files
             .iter()
@@ -224,40 +241,56 @@ async fn gather_into(
                 );
                 added.extend(files);
             }
-            Err(why) => return Err(format!("fetching from {node}: {why}")),
+            Err(why) => {
+                return Err(ReplicaError::Fetching {
+                    node,
+                    source: Box::new(why),
+                })
+            }
         }
     }
     // Every file, however it came, is the plan's: SHA-256 against the manifest.
     let stage = local.stage.clone();
     let ckpt_dir = local.ckpt_dir.clone();
     let check = m.clone();
-    tokio::task::spawn_blocking(move || verify_staged(&stage, &ckpt_dir, &check))
-        .await
-        .map_err(|e| e.to_string())??;
+    tokio::task::spawn_blocking(move || verify_staged(&stage, &ckpt_dir, &check)).await??;
     let dir = dest(&m.dir().display().to_string())?;
     let file = dir.join(m.file_name());
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|source| ReplicaError::Create {
+        path: dir.clone(),
+        source,
+    })?;
     std::fs::write(
         &file,
         serde_json::to_vec_pretty(m).expect("Manifest serializes"),
     )
-    .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    .map_err(|source| ReplicaError::Manifest {
+        path: file.clone(),
+        source,
+    })?;
     added.push(file.clone());
     Ok(file)
 }
 
 /// Every file of `m` staged under `stage` has the manifest's SHA-256.
-fn verify_staged(stage: &Path, ckpt_dir: &Path, m: &Manifest) -> Result<(), String> {
+fn verify_staged(stage: &Path, ckpt_dir: &Path, m: &Manifest) -> Result<(), ReplicaError> {
     for f in &m.files {
-        let p = staged_path(stage, ckpt_dir, Path::new(&f.path))
-            .ok_or_else(|| format!("'{}' is not inside --ckpt-dir", f.path))?;
-        let (got, _) = crate::ckpt::verify::sha256_file(&p)
-            .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        let p = staged_path(stage, ckpt_dir, Path::new(&f.path)).ok_or_else(|| {
+            ReplicaError::Outside {
+                path: f.path.clone(),
+            }
+        })?;
+        let (got, _) =
+            crate::ckpt::verify::sha256_file(&p).map_err(|source| ReplicaError::Verify {
+                path: p.clone(),
+                source,
+            })?;
         if got != f.sha256 {
-            return Err(format!(
-                "{}: SHA-256 {got} in memory, the plan's is {}",
-                f.path, f.sha256
-            ));
+            return Err(ReplicaError::NotPlans {
+                path: f.path.clone(),
+                got,
+                want: f.sha256.clone(),
+            });
         }
     }
     Ok(())
@@ -271,7 +304,7 @@ async fn fetch_from(
     port: u16,
     req: Fetch,
     local: &Local,
-) -> Result<Vec<PathBuf>, String> {
+) -> Result<Vec<PathBuf>, ReplicaError> {
     let deadline = tokio::time::Instant::now() + RETRY_FOR;
     loop {
         let why = match fetch_once(host, port, req.clone(), local).await {
@@ -292,15 +325,19 @@ async fn fetch_once(
     port: u16,
     mut req: Fetch,
     local: &Local,
-) -> Result<Vec<PathBuf>, (String, bool)> {
+) -> Result<Vec<PathBuf>, (ReplicaError, bool)> {
     let (mut conn, nonce, addr) = open(host, port).await.map_err(|e| (e, true))?;
     req.sign(local.token.as_deref(), &nonce);
-    let w = |e: std::io::Error| (format!("sending to {addr}: {e}"), true);
+    let w = |source| {
+        let to = addr.to_string();
+        (ReplicaError::Send { to, source }, true)
+    };
     conn.get_mut().write_all(&req.encode()).await.map_err(w)?;
     let answer = line(&mut conn).await.map_err(|e| (e, true))?;
     if answer != "take" {
+        // The source's refusal for following another generation, as its line says.
         let again = answer.contains("follows");
-        return Err((answer, again));
+        return Err((ReplicaError::Answered { answer }, again));
     }
     let mut files = Vec::new();
     let limit = transfer_limit(req.bytes());

@@ -9,13 +9,14 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use super::error::ReplicaError;
 use super::shelf::CHUNK;
 use crate::ckpt::memory::staged_path;
 use crate::ckpt::memory::wire::OfferFile;
 
 /// Tells the peer `kind` (`refused`: the request; `bad`: the bytes) and why, as far as the
 /// connection still takes it.
-pub(super) async fn tell(conn: &mut BufReader<TcpStream>, kind: &str, why: &str) {
+pub(super) async fn tell(conn: &mut BufReader<TcpStream>, kind: &str, why: &ReplicaError) {
     let _ = conn
         .get_mut()
         .write_all(format!("{kind}: {why}\n").as_bytes())
@@ -31,15 +32,10 @@ pub(super) async fn read_files(
     root: &Path,
     ckpt_dir: &Path,
     files: &mut Vec<PathBuf>,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, ReplicaError> {
     tokio::time::timeout(limit, read_each(conn, wanted, root, ckpt_dir, files))
         .await
-        .unwrap_or_else(|_| {
-            Err(format!(
-                "the bytes did not arrive within {} s",
-                limit.as_secs()
-            ))
-        })
+        .unwrap_or(Err(ReplicaError::NotArrived { limit }))
 }
 
 /// Reads each of `wanted` and its digest, writing it at its staged path under `root` (each
@@ -51,20 +47,30 @@ async fn read_each(
     root: &Path,
     ckpt_dir: &Path,
     files: &mut Vec<PathBuf>,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, ReplicaError> {
     let mut buf = vec![0u8; CHUNK];
     let mut digests = Vec::new();
     for f in wanted {
-        let dest = staged_path(root, ckpt_dir, Path::new(&f.path))
-            .ok_or_else(|| format!("'{}' is not inside --ckpt-dir", f.path))?;
+        let dest = staged_path(root, ckpt_dir, Path::new(&f.path)).ok_or_else(|| {
+            ReplicaError::Outside {
+                path: f.path.clone(),
+            }
+        })?;
         if let Some(d) = dest.parent() {
             tokio::fs::create_dir_all(d)
                 .await
-                .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+                .map_err(|source| ReplicaError::Create {
+                    path: d.to_path_buf(),
+                    source,
+                })?;
         }
-        let mut out = tokio::fs::File::create(&dest)
-            .await
-            .map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+        let mut out =
+            tokio::fs::File::create(&dest)
+                .await
+                .map_err(|source| ReplicaError::Create {
+                    path: dest.clone(),
+                    source,
+                })?;
         files.push(dest.clone());
         let mut hash = Sha256::new();
         let mut left = f.bytes;
@@ -72,37 +78,50 @@ async fn read_each(
             let n = conn
                 .read(&mut buf[..CHUNK.min(left as usize)])
                 .await
-                .map_err(|e| format!("reading {}: {e}", f.path))?;
+                .map_err(|source| ReplicaError::Read {
+                    path: PathBuf::from(&f.path),
+                    source,
+                })?;
             if n == 0 {
-                return Err(format!("{} ended before its {} bytes", f.path, f.bytes));
+                return Err(ReplicaError::Ended {
+                    path: f.path.clone(),
+                    bytes: f.bytes,
+                });
             }
             hash.update(&buf[..n]);
             out.write_all(&buf[..n])
                 .await
-                .map_err(|e| format!("writing {}: {e}", dest.display()))?;
+                .map_err(|source| ReplicaError::Write {
+                    path: dest.clone(),
+                    source,
+                })?;
             left -= n as u64;
         }
         // tokio's file writes in the background: the bytes are in the file once flushed.
-        out.flush()
-            .await
-            .map_err(|e| format!("writing {}: {e}", dest.display()))?;
+        out.flush().await.map_err(|source| ReplicaError::Write {
+            path: dest.clone(),
+            source,
+        })?;
         let mut digest = [0u8; 32];
         conn.read_exact(&mut digest)
             .await
-            .map_err(|e| format!("reading the digest of {}: {e}", f.path))?;
+            .map_err(|source| ReplicaError::Digest {
+                path: f.path.clone(),
+                source,
+            })?;
         let got = hash.finalize();
         if got.as_slice() != digest {
-            return Err(format!(
-                "{}: the bytes received do not match the sender's SHA-256",
-                f.path
-            ));
+            return Err(ReplicaError::NotSenders {
+                path: f.path.clone(),
+            });
         }
         let got = crate::ckpt::verify::hex(&got);
         if !f.sha256.is_empty() && f.sha256 != got {
-            return Err(format!(
-                "{}: SHA-256 {got}, the rank's is {}",
-                f.path, f.sha256
-            ));
+            return Err(ReplicaError::NotRanks {
+                path: f.path.clone(),
+                got,
+                want: f.sha256.clone(),
+            });
         }
         digests.push(got);
     }

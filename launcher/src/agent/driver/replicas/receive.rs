@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use super::error::ReplicaError;
 use super::files::{read_files, tell};
 use super::shelf::{transfer_limit, Copy, Ctx, Note, Shelf};
 use crate::ckpt::memory::remove_under;
@@ -57,23 +58,26 @@ async fn receive(
     shelf: &Shelf,
     ctx: &Ctx,
     notes: &mpsc::UnboundedSender<Note>,
-) -> Result<(), String> {
+) -> Result<(), ReplicaError> {
     let mut conn = BufReader::new(conn);
     let nonce = nonce();
-    let io = |e: std::io::Error| format!("connection from {peer}: {e}");
+    let io = |source| ReplicaError::Connection { peer, source };
     conn.get_mut().write_all(&nonce).await.map_err(io)?;
     // A connection that sends no offer holds nothing for long.
     let header = tokio::time::timeout(OFFER_WAIT, async {
         let len = conn.read_u32().await.map_err(io)?;
         if len > MAX_OFFER {
-            return Err(format!("an offer of {len} bytes is more than {MAX_OFFER}"));
+            return Err(ReplicaError::TooLong { bytes: len });
         }
         let mut header = vec![0u8; len as usize];
         conn.read_exact(&mut header).await.map_err(io)?;
         Ok(header)
     })
     .await
-    .map_err(|_| format!("no offer from {peer} within {} s", OFFER_WAIT.as_secs()))??;
+    .map_err(|_| ReplicaError::NoOffer {
+        peer,
+        waited: OFFER_WAIT,
+    })??;
     let offer = match decode(&header)? {
         Header::Offer(o) => o,
         Header::Fetch(f) => return super::fetch::serve(conn, peer, f, &nonce, shelf, ctx).await,
@@ -154,7 +158,7 @@ fn take(
     nonce: &[u8],
     shelf: &Shelf,
     ctx: &Ctx,
-) -> Result<Vec<Key>, String> {
+) -> Result<Vec<Key>, ReplicaError> {
     let mut s = shelf.lock();
     let nodes = s.generation.as_ref().map(|(g, n)| (*g, n.as_slice()));
     judge(
@@ -170,7 +174,7 @@ fn take(
         },
     )?;
     if s.copies.contains_key(&key) {
-        return Err(format!("step {} is held here already", key.0));
+        return Err(ReplicaError::HeldAlready { step: key.0 });
     }
     let mut held: Vec<Held> = s.own.clone();
     held.extend(s.copies.iter().map(|(k, c)| Held {
@@ -181,7 +185,7 @@ fn take(
     }));
     let release = match replica::release(&held, s.budget, key, offer.bytes()) {
         Fit::Take { release } => release,
-        Fit::Refuse { reason } => return Err(reason),
+        Fit::Refuse { reason } => return Err(ReplicaError::NoRoom { reason }),
     };
     let mut own = Vec::new();
     for k in release {

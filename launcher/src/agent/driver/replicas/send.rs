@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use super::error::ReplicaError;
 use super::shelf::CHUNK;
 use crate::ckpt::memory::wire::{Offer, OfferFile, NONCE_BYTES};
 
@@ -19,11 +20,9 @@ pub(super) struct Target {
     pub(super) generation: u64,
 }
 /// The connection's next line, trimmed.
-pub(super) async fn line(conn: &mut BufReader<TcpStream>) -> Result<String, String> {
+pub(super) async fn line(conn: &mut BufReader<TcpStream>) -> Result<String, ReplicaError> {
     let mut l = String::new();
-    conn.read_line(&mut l)
-        .await
-        .map_err(|e| format!("reading the answer: {e}"))?;
+    conn.read_line(&mut l).await.map_err(ReplicaError::Answer)?;
     Ok(l.trim_end().to_string())
 }
 
@@ -37,21 +36,26 @@ pub(super) async fn open(
         [u8; NONCE_BYTES],
         std::net::SocketAddr,
     ),
-    String,
+    ReplicaError,
 > {
     let addr = tokio::net::lookup_host((host, port))
         .await
-        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .map_err(|source| ReplicaError::Resolve {
+            host: host.to_string(),
+            source,
+        })?
         .next()
-        .ok_or_else(|| format!("{host} resolves to nothing"))?;
+        .ok_or_else(|| ReplicaError::Unresolved {
+            host: host.to_string(),
+        })?;
     let conn = TcpStream::connect(addr)
         .await
-        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        .map_err(|source| ReplicaError::Connect { addr, source })?;
     let mut conn = BufReader::new(conn);
     let mut nonce = [0u8; NONCE_BYTES];
     conn.read_exact(&mut nonce)
         .await
-        .map_err(|e| format!("no nonce from {addr}: {e}"))?;
+        .map_err(|source| ReplicaError::NoNonce { addr, source })?;
     Ok((conn, nonce, addr))
 }
 
@@ -62,19 +66,22 @@ pub(super) async fn offer_to(
     mut offer: Offer,
     staged: &[PathBuf],
     token: Option<String>,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, ReplicaError> {
     let (mut conn, nonce, addr) = open(&t.addr, t.port).await?;
     offer.sign(token.as_deref(), &nonce);
-    let w = |e: std::io::Error| format!("sending to {addr}: {e}");
+    let w = |source| ReplicaError::Send {
+        to: addr.to_string(),
+        source,
+    };
     conn.get_mut().write_all(&offer.encode()).await.map_err(w)?;
     let answer = line(&mut conn).await?;
     if answer != "take" {
-        return Err(answer);
+        return Err(ReplicaError::Answered { answer });
     }
     let digests = stream_files(conn.get_mut(), &offer.files, staged, &addr.to_string()).await?;
     match line(&mut conn).await? {
         ok if ok == "ok" => Ok(digests),
-        bad => Err(bad),
+        answer => Err(ReplicaError::Answered { answer }),
     }
 }
 
@@ -86,27 +93,36 @@ pub(super) async fn stream_files(
     files: &[OfferFile],
     staged: &[PathBuf],
     to: &str,
-) -> Result<Vec<String>, String> {
-    let w = |e: std::io::Error| format!("sending to {to}: {e}");
+) -> Result<Vec<String>, ReplicaError> {
+    let w = |source| ReplicaError::Send {
+        to: to.to_string(),
+        source,
+    };
     let mut buf = vec![0u8; CHUNK];
     let mut digests = Vec::with_capacity(files.len());
     for (f, path) in files.iter().zip(staged) {
-        let mut file = tokio::fs::File::open(path)
-            .await
-            .map_err(|e| format!("cannot read the staged copy {}: {e}", path.display()))?;
+        let mut file =
+            tokio::fs::File::open(path)
+                .await
+                .map_err(|source| ReplicaError::Staged {
+                    path: path.clone(),
+                    source,
+                })?;
         let mut hash = Sha256::new();
         let mut left = f.bytes;
         while left > 0 {
             let n = file
                 .read(&mut buf[..CHUNK.min(left as usize)])
                 .await
-                .map_err(|e| format!("reading {}: {e}", path.display()))?;
+                .map_err(|source| ReplicaError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
             if n == 0 {
-                return Err(format!(
-                    "{} is shorter than its {} bytes",
-                    path.display(),
-                    f.bytes
-                ));
+                return Err(ReplicaError::Short {
+                    path: path.clone(),
+                    bytes: f.bytes,
+                });
             }
             hash.update(&buf[..n]);
             conn.write_all(&buf[..n]).await.map_err(w)?;

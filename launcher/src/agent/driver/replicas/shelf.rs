@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::error::ReplicaError;
 use crate::ckpt::memory::decide::Key;
 use crate::ckpt::memory::replica::Held;
 
@@ -30,7 +31,7 @@ pub(crate) enum Note {
     Sent {
         key: Key,
         to: String,
-        result: Result<(Duration, Vec<(String, String)>), String>,
+        result: Result<(Duration, Vec<(String, String)>), ReplicaError>,
     },
     /// A replica of `from`'s step `key` is held here, verified.
     Received { key: Key, from: String },

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use drun_rendezvous::{Manifest, MemoryResume, NodeCommit, Plan};
 
+use super::super::replicas::error::ReplicaError;
 use super::super::replicas::fetch::gather;
 use super::{Key, Pending, Stage};
 use crate::ckpt::memory::persist::StagedFile;
@@ -226,9 +227,7 @@ impl crate::agent::Agent {
         tokio::spawn(async move {
             let ready = match &local {
                 Some(local) => gather(local, &plan, &m, &sources).await,
-                None => {
-                    Err("this node has no --ckpt-memory staging directory to gather it in".into())
-                }
+                None => Err(ReplicaError::NoStage),
             };
             match ready {
                 Ok(manifest_file) => {
@@ -249,7 +248,10 @@ impl crate::agent::Agent {
                         m.step,
                         m.generation
                     );
-                    Verdict::Bad { id: m.id(), reason }
+                    Verdict::Bad {
+                        id: m.id(),
+                        reason: reason.to_string(),
+                    }
                 }
             }
         })
