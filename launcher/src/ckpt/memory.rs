@@ -125,14 +125,35 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// A `--ckpt-memory` value that is no budget this node can stage in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    /// Neither a size nor `auto`/`off`.
+    #[error("not a size (e.g. 8GiB, 512M, auto or off)")]
+    NotASize,
+    /// More than the node's usable memory (its RAM, or its cgroup's limit when lower).
+    #[error(
+        "{} is more than this node can hold: it has {} of RAM and {}; give at most {}, auto (a quarter of that) or off",
+        human_bytes(*.bytes),
+        human_bytes(.node.ram),
+        .node.cgroup.map_or("no cgroup limit".to_string(), |c| format!("its cgroup's limit is {}", human_bytes(c))),
+        human_bytes(.node.usable())
+    )]
+    TooLarge {
+        /// The bytes asked for.
+        bytes: u64,
+        /// The node's memory.
+        node: NodeMemory,
+    },
+}
+
 /// The budget `--ckpt-memory` asks for: `Ok(None)` for `off`, `Ok(Some(bytes))` for `auto`
 /// ([`AUTO_SHARE`] of the usable memory; `Ok(None)` when the node's memory is unknown) or a
 /// size no larger than the node's memory.
 ///
 /// # Errors
-/// One line: not a size, zero, or larger than the node's memory or its cgroup limit (naming
-/// both).
-pub fn budget(text: &str, node: Option<NodeMemory>) -> Result<Option<u64>, String> {
+/// Not a size, zero, or larger than the node's memory or its cgroup limit.
+pub fn budget(text: &str, node: Option<NodeMemory>) -> Result<Option<u64>, BudgetError> {
     match text.trim().to_ascii_lowercase().as_str() {
         "off" | "0" | "false" | "no" => return Ok(None),
         // The default: where the node's memory cannot be read, nothing is staged (the
@@ -140,19 +161,10 @@ pub fn budget(text: &str, node: Option<NodeMemory>) -> Result<Option<u64>, Strin
         "auto" | "on" => return Ok(node.map(|n| n.usable() / AUTO_SHARE)),
         _ => {}
     }
-    let bytes =
-        parse_size(text).ok_or_else(|| "not a size (e.g. 8GiB, 512M, auto or off)".to_string())?;
+    let bytes = parse_size(text).ok_or(BudgetError::NotASize)?;
     if let Some(n) = node {
         if bytes > n.usable() {
-            let cgroup = n.cgroup.map_or("no cgroup limit".to_string(), |c| {
-                format!("its cgroup's limit is {}", human_bytes(c))
-            });
-            return Err(format!(
-                "{} is more than this node can hold: it has {} of RAM and {cgroup}; give at most {}, auto (a quarter of that) or off",
-                human_bytes(bytes),
-                human_bytes(n.ram),
-                human_bytes(n.usable())
-            ));
+            return Err(BudgetError::TooLarge { bytes, node: n });
         }
     }
     Ok(Some(bytes))
@@ -297,15 +309,24 @@ mod tests {
         assert_eq!(budget("auto", Some(free)), Ok(Some(16 * GIB)));
         assert_eq!(budget("8G", Some(node)), Ok(Some(8 * GIB)));
         let e = budget("32G", Some(node)).unwrap_err();
-        assert!(
-            e.contains("64 GiB of RAM") && e.contains("cgroup's limit is 16 GiB"),
-            "{e}"
+        assert_eq!(
+            e,
+            BudgetError::TooLarge {
+                bytes: 32 * GIB,
+                node
+            }
         );
-        let e = budget("128G", Some(free)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "32 GiB is more than this node can hold: it has 64 GiB of RAM and its cgroup's limit is 16 GiB; give at most 16 GiB, auto (a quarter of that) or off"
+        );
+        let e = budget("128G", Some(free)).unwrap_err().to_string();
         assert!(e.contains("64 GiB of RAM and no cgroup limit"), "{e}");
-        assert!(budget("lots", Some(node))
-            .unwrap_err()
-            .contains("not a size"));
+        assert_eq!(budget("lots", Some(node)), Err(BudgetError::NotASize));
+        assert_eq!(
+            BudgetError::NotASize.to_string(),
+            "not a size (e.g. 8GiB, 512M, auto or off)"
+        );
         assert_eq!(budget("auto", None), Ok(None), "unknown memory: off");
         assert_eq!(budget("1G", None), Ok(Some(GIB)));
     }

@@ -78,7 +78,7 @@ pub(super) fn checkpoint_flags(
     };
     let memory =
         crate::ckpt::memory::budget(&a.ckpt.ckpt_memory, crate::ckpt::memory::NodeMemory::read())
-            .map_err(|why| invalid("--ckpt-memory", a.ckpt.ckpt_memory.clone(), why))?;
+            .map_err(|why| invalid("--ckpt-memory", a.ckpt.ckpt_memory.clone(), why.to_string()))?;
     // Staged copies are persisted to --ckpt-dir: without one there is nothing to stage for.
     let memory = memory.filter(|_| a.ckpt.ckpt_dir.is_some());
     let replicas = a.ckpt.ckpt_replicas;
