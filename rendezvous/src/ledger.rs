@@ -163,10 +163,39 @@ pub fn cursor_disagreement<'a>(
     )
 }
 
+/// A file two ranks reported with different sizes or digests (they did not see the same
+/// content).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "rank {} and rank {} report '{}' with different contents ({} vs {} bytes, sha256 {} vs {}); let one rank report a shared file",
+    .ranks[0].min(.ranks[1]),
+    .ranks[0].max(.ranks[1]),
+    .path,
+    .bytes[0],
+    .bytes[1],
+    &.sha256[0][..(.sha256[0].len().min(12))],
+    &.sha256[1][..(.sha256[1].len().min(12))]
+)]
+pub struct FileConflict {
+    /// The file.
+    pub path: String,
+    /// The rank it was listed under first (the lowest that reported it so far), and the rank
+    /// whose report differs.
+    pub ranks: [u32; 2],
+    /// The sizes they reported, in that order.
+    pub bytes: [u64; 2],
+    /// The SHA-256 they reported, in that order.
+    pub sha256: [String; 2],
+}
+
 /// Every file of a step once, ordered by rank then path: a file several ranks reported (e.g. a
-/// shared file on a shared filesystem) is listed under the lowest of them. `Err` names a file two
-/// ranks reported with different sizes or digests (they did not see the same content).
-pub fn merge_files(files: impl IntoIterator<Item = ShardFile>) -> Result<Vec<ShardFile>, String> {
+/// shared file on a shared filesystem) is listed under the lowest of them.
+///
+/// # Errors
+/// A file two ranks reported with different sizes or digests.
+pub fn merge_files(
+    files: impl IntoIterator<Item = ShardFile>,
+) -> Result<Vec<ShardFile>, FileConflict> {
     let mut by_path: std::collections::BTreeMap<String, ShardFile> = Default::default();
     for f in files {
         match by_path.get_mut(&f.path) {
@@ -174,16 +203,12 @@ pub fn merge_files(files: impl IntoIterator<Item = ShardFile>) -> Result<Vec<Sha
                 by_path.insert(f.path.clone(), f);
             }
             Some(seen) if (seen.bytes, &seen.sha256) != (f.bytes, &f.sha256) => {
-                return Err(format!(
-                    "rank {} and rank {} report '{}' with different contents ({} vs {} bytes, sha256 {} vs {}); let one rank report a shared file",
-                    seen.rank.min(f.rank),
-                    seen.rank.max(f.rank),
-                    f.path,
-                    seen.bytes,
-                    f.bytes,
-                    &seen.sha256[..seen.sha256.len().min(12)],
-                    &f.sha256[..f.sha256.len().min(12)],
-                ));
+                return Err(FileConflict {
+                    path: f.path,
+                    ranks: [seen.rank, f.rank],
+                    bytes: [seen.bytes, f.bytes],
+                    sha256: [seen.sha256.clone(), f.sha256],
+                });
             }
             Some(seen) => seen.rank = seen.rank.min(f.rank),
         }
@@ -242,8 +267,12 @@ mod tests {
         assert!(merge_files(Vec::new()).unwrap().is_empty());
         let e = merge_files([f(2, "/c/s/x", "a"), f(0, "/c/s/x", "b")]).unwrap_err();
         assert!(
-            e.starts_with("rank 0 and rank 2 report '/c/s/x' with different contents"),
+            matches!(&e, FileConflict { ranks: [2, 0], path, .. } if path == "/c/s/x"),
             "{e}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "rank 0 and rank 2 report '/c/s/x' with different contents (3 vs 3 bytes, sha256 aaaaaaaaaaaa vs bbbbbbbbbbbb); let one rank report a shared file"
         );
     }
 

@@ -127,8 +127,8 @@ pub use decisions::core::{decide, Candidate, Decision, Join, RoundConfig};
 pub use decisions::plan::{assign, Member, Plan};
 pub use error::{endpoint_url, RendezvousError, ServiceError, StoreError};
 pub use ledger::{
-    merge_files, CommitOutcome, Cursor, Ledger, LedgerError, Manifest, NodeCommit, Retention,
-    ShardFile,
+    merge_files, CommitOutcome, Cursor, FileConflict, Ledger, LedgerError, Manifest, NodeCommit,
+    Retention, ShardFile,
 };
 pub use log_format::LogFormat;
 pub use round::Round;

@@ -79,10 +79,10 @@ pub fn completion(
             detail,
         });
     }
-    let files = merge_files(records.iter().flat_map(|r| r.files.clone())).map_err(|detail| {
+    let files = merge_files(records.iter().flat_map(|r| r.files.clone())).map_err(|conflict| {
         LedgerError::ConflictingFiles {
             step: rec.step,
-            detail,
+            detail: conflict.to_string(),
         }
     })?;
     if let (Some(r), Some(_)) = (&plan.resume, &plan.resume_memory) {
