@@ -1,5 +1,5 @@
-//! What the agent does when it judged a hang, before the group stops: every running local
-//! rank's flight recorder is asked for its dump, the stuck ranks' stacks are dumped, and the
+//! What the agent does when it judged a hang, before the group stops: the stuck ranks' stacks
+//! are dumped, then every running local rank's flight recorder is asked for its dump, and the
 //! flight recorder's verdict ([`drun_rendezvous::decisions::flight`]) is printed beside the stacks.
 
 use std::collections::BTreeMap;
@@ -21,7 +21,17 @@ impl Agent {
             .as_ref()
             .map(WorkerGroup::running)
             .unwrap_or_default();
-        // Asked first: the workers write while the stacks are dumped.
+        let stuck: Vec<(u32, i32)> = running
+            .iter()
+            .copied()
+            .filter(|(rank, _)| ranks.contains(rank))
+            .collect();
+        crate::os::stacks::dump(&stuck, hang::DUMP_SIGNAL).await;
+        // The flight recorders are asked once the stacks are dumped, not while: a worker's
+        // recorder thread runs Python code to write its dump, and faulthandler (the dump without
+        // py-spy) reads every thread's frames from a signal handler, without the GIL: it could
+        // not read a thread running beside it and stopped there, before the main thread's stack
+        // (seen in CI: `File ???`, and no `stuck_here`).
         let flight = self.api.as_ref().map(|api| {
             let asked: BTreeMap<u32, bool> = running
                 .iter()
@@ -29,11 +39,6 @@ impl Agent {
                 .collect();
             (api.dir().to_path_buf(), asked)
         });
-        let stuck: Vec<(u32, i32)> = running
-            .into_iter()
-            .filter(|(rank, _)| ranks.contains(rank))
-            .collect();
-        crate::os::stacks::dump(&stuck, hang::DUMP_SIGNAL).await;
         if let Some((dir, asked)) = flight {
             let dumps = flight_recorder::collect(&dir, &asked, flight_recorder::WAIT).await;
             let gen = w.group.as_ref().map(|g| g.generation);
