@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::ckpt::memory::wire::{HeaderError, Refusal, MAX_OFFER};
+use crate::ckpt::memory::wire::judge::Refusal;
+use crate::ckpt::memory::wire::{HeaderError, MAX_OFFER};
 
 /// A failure of one exchange on the replica port, or of gathering a step's files.
 #[derive(Debug, thiserror::Error)]

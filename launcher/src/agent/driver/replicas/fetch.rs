@@ -21,7 +21,8 @@ use super::send::{line, open, stream_files};
 use super::shelf::{transfer_limit, Ctx, Shelf};
 use crate::ckpt::memory::replica::to_fetch;
 use crate::ckpt::memory::staged_path;
-use crate::ckpt::memory::wire::{judge_fetch, Fetch, OfferFile, Receiver};
+use crate::ckpt::memory::wire::judge::{judge_fetch, Receiver};
+use crate::ckpt::memory::wire::{Fetch, OfferFile};
 
 /// How long a fetch is retried while its source refuses it for following another generation
 /// (the plan reaches the agents one by one) or cannot be reached yet.

@@ -1,5 +1,5 @@
 //! Receives the ring predecessor's staged steps (`--ckpt-replicas`): each offer judged
-//! ([`crate::ckpt::memory::wire::judge`]), fitted to the budget
+//! ([`crate::ckpt::memory::wire::judge::judge`]), fitted to the budget
 //! ([`crate::ckpt::memory::replica::release`]), read and verified by digest, or refused.
 
 use std::net::{IpAddr, SocketAddr};
@@ -19,7 +19,8 @@ use crate::ckpt::memory::remove_under;
 pub(super) const OFFER_WAIT: Duration = Duration::from_secs(10);
 use crate::ckpt::memory::decide::Key;
 use crate::ckpt::memory::replica::{self, Fit, Held};
-use crate::ckpt::memory::wire::{decode, judge, Header, Offer, Receiver, MAX_OFFER, NONCE_BYTES};
+use crate::ckpt::memory::wire::judge::{judge, Receiver};
+use crate::ckpt::memory::wire::{decode, Header, Offer, MAX_OFFER, NONCE_BYTES};
 
 /// Accepts the predecessor's offers, one task per connection.
 pub(super) async fn serve(
