@@ -90,7 +90,7 @@ pub fn parse(text: &str) -> Result<Vec<Record>, String> {
         if l.trim().is_empty() {
             continue;
         }
-        let mut r = record(l)
+        let mut r = serde_json::from_str::<Record>(l)
             .or_else(|e| after_torn_head(l, start).ok_or(e))
             .map_err(|e| format!("history line {}: {e}: {l}", i + 1))?;
         r.line = i + 1;
@@ -100,17 +100,15 @@ pub fn parse(text: &str) -> Result<Vec<Record>, String> {
     Ok(out)
 }
 
-fn record(l: &str) -> Result<Record, serde_json::Error> {
-    serde_json::from_str(l)
-}
-
 /// The whole line after a torn head that ends at a page boundary (`start`: the line's offset in
 /// the file), if there is one.
 fn after_torn_head(l: &str, start: usize) -> Option<Record> {
     let cut = (start + 1..start + l.len())
         .find(|at| at % PAGE == 0)
         .map(|at| at - start)?;
-    l[cut..].starts_with('{').then(|| record(&l[cut..]).ok())?
+    l[cut..]
+        .starts_with('{')
+        .then(|| serde_json::from_str(&l[cut..]).ok())?
 }
 
 /// One sealed checkpoint in the ledger.

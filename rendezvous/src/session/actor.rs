@@ -68,18 +68,11 @@ async fn decided(waiter: Option<&mut std::sync::Mutex<Waiter>>) -> Result<Plan, 
     }
 }
 
-/// The round's next line, or never.
-async fn progressed(progress: Option<&mut mpsc::UnboundedReceiver<String>>) -> Option<String> {
-    match progress {
-        Some(p) => p.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// The watch's next event, or never.
-async fn watched(watch: Option<&mut Watch>) -> Option<Option<WatchEvent>> {
-    match watch {
-        Some(w) => w.recv().await,
+/// The next message of `rx` (`None`: its senders are gone), or never when there is no `rx`:
+/// the round's lines while waiting, the generation's watch while running.
+async fn next<T>(rx: Option<&mut mpsc::UnboundedReceiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
         None => std::future::pending().await,
     }
 }
@@ -328,8 +321,8 @@ impl Actor {
                     self.handles.waiter = None;
                     Input::Decided(decision(plan))
                 }
-                Some(line) = progressed(progress.as_mut()), if reads_round => Input::Progress(line),
-                ev = watched(watch.as_mut()), if reads_round && watch.is_some() => {
+                Some(line) = next(progress.as_mut()), if reads_round => Input::Progress(line),
+                ev = next(watch.as_mut()), if reads_round && watch.is_some() => {
                     match ev.flatten() {
                         None => Input::WatchBroke,
                         Some(ev) => {
