@@ -70,21 +70,10 @@ fn each_staged_step_reaches_the_ring_neighbour_with_identical_bytes() {
     );
     // Each node holds its own rank's file of step 6 and, as a replica, its ring
     // predecessor's: three different ranks, byte for byte what the rank wrote.
-    let mut held = Vec::new();
     wait_for(
-        "each node holds a replica of step 6",
+        "each node holds a verified replica of step 6",
         Duration::from_secs(30),
-        || {
-            held = shm
-                .iter()
-                .map(|s| files_with(s, ".replicas"))
-                .filter(|f| {
-                    f.iter()
-                        .any(|p| p.to_string_lossy().contains("step-00000006-"))
-                })
-                .collect();
-            held.len() == 3
-        },
+        || agents.iter().all(holds_replica_of_step_6),
     );
     let mut replica_ranks = Vec::new();
     for (i, s) in shm.iter().enumerate() {
@@ -163,6 +152,14 @@ fn replicas_without_memory_are_a_usage_error() {
     );
 }
 
+/// Whether `a`'s agent holds a replica of step 6: verified, as its log says. A file of the step
+/// exists from the first byte received (seen in CI: read empty), so its presence is not enough.
+fn holds_replica_of_step_6(a: &Agent) -> bool {
+    a.stderr_so_far()
+        .lines()
+        .any(|l| l.contains("holding a replica of") && l.contains("step=6 "))
+}
+
 /// Three agents with replicas and a persister slowed so the disk is well behind: each node's
 /// staging parent, and the agents, holding after step 6 (staged on every node, replicated,
 /// not persisted).
@@ -180,7 +177,7 @@ fn three_holding_at_6(store: Store, run: &str, nnodes: &str) -> Held {
     // CI with 0.5 s: the first two formed generation 1 alone and the third came as a scale-up).
     let r = super::rdzv_with_last_call(store, run, nnodes, "5");
     let shm = shm_dirs(&d, 3);
-    let agents = (0..3)
+    let agents: Vec<Option<Agent>> = (0..3)
         .map(|i| {
             let mut c = replica_node(&r, &d, i, &shm[i]);
             c.env("CKPT_STEPS", "8")
@@ -197,15 +194,9 @@ fn three_holding_at_6(store: Store, run: &str, nnodes: &str) -> Held {
         || count(&events(&d), "holding", |e| e["step"] == 6) == 3,
     );
     wait_for(
-        "each node holds a replica of step 6",
+        "each node holds a verified replica of step 6",
         Duration::from_secs(30),
-        || {
-            shm.iter().all(|s| {
-                files_with(s, ".replicas")
-                    .iter()
-                    .any(|p| p.to_string_lossy().contains("step-00000006-"))
-            })
-        },
+        || agents.iter().flatten().all(holds_replica_of_step_6),
     );
     // Step 2 reaches the disk on every node (7 s), steps 4 and 6 are 7 and 14 s behind it.
     wait_for("step 2 sealed on disk", Duration::from_secs(60), || {
