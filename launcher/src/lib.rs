@@ -85,6 +85,7 @@ pub mod gpu_health;
 pub mod group;
 pub mod k8s;
 pub mod logs;
+pub mod mac;
 pub mod metrics;
 pub mod numa;
 pub mod os;

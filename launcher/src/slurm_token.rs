@@ -13,23 +13,14 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use drun_rendezvous::server::auth::Secret;
-use hmac::{Hmac, KeyInit, Mac};
-use sha2::Sha256;
+
+use crate::mac::hmac_sha256;
 
 /// The variable naming the secret file; `off` turns the derived token off.
 pub const SECRET_VAR: &str = "DRUN_SLURM_SECRET";
 
 /// Domain separation: a token derived here is good for nothing else.
 const CONTEXT: &[u8] = b"drun slurm rendezvous token v1\0";
-
-/// HMAC-SHA256 of `msg` under `key` (RFC 2104).
-fn hmac_sha256(key: &[u8], msg: &[&[u8]]) -> [u8; 32] {
-    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
-    for m in msg {
-        mac.update(m);
-    }
-    mac.finalize().into_bytes().into()
-}
 
 /// The token of Slurm job `job_id` under `secret`: 64 hex digits.
 pub fn derive(secret: &[u8], job_id: &str) -> Secret {

@@ -15,9 +15,9 @@
 //!    has one), then answers `ok` or `bad: <why>`. Only a step whose every file was verified is
 //!    held; anything else is deleted.
 
-use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
+
+use crate::mac::hmac_sha256;
 
 pub mod judge;
 
@@ -75,9 +75,8 @@ impl Offer {
             mac: String::new(),
             ..self.clone()
         };
-        let mut msg = nonce.to_vec();
-        msg.extend(serde_json::to_vec(&unsigned).expect("an offer serializes"));
-        crate::ckpt::verify::hex(&hmac_sha256(token.as_bytes(), &msg))
+        let body = serde_json::to_vec(&unsigned).expect("an offer serializes");
+        crate::ckpt::verify::hex(&hmac_sha256(token.as_bytes(), &[nonce, &body]))
     }
 
     /// The header on the wire: length and JSON.
@@ -132,9 +131,8 @@ impl Fetch {
             mac: String::new(),
             ..self.clone()
         };
-        let mut msg = nonce.to_vec();
-        msg.extend(serde_json::to_vec(&unsigned).expect("a fetch serializes"));
-        crate::ckpt::verify::hex(&hmac_sha256(token.as_bytes(), &msg))
+        let body = serde_json::to_vec(&unsigned).expect("a fetch serializes");
+        crate::ckpt::verify::hex(&hmac_sha256(token.as_bytes(), &[nonce, &body]))
     }
 
     /// The header on the wire: length and JSON.
@@ -180,36 +178,5 @@ pub fn decode(header: &[u8]) -> Result<Header, HeaderError> {
         serde_json::from_value(v)
             .map(Header::Offer)
             .map_err(HeaderError::NotAnOffer)
-    }
-}
-
-/// HMAC-SHA256 (RFC 2104) of `msg` keyed by `key`.
-pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
-    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
-    mac.update(msg);
-    mac.finalize().into_bytes().into()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hmac_matches_rfc_4231() {
-        // RFC 4231, test case 2.
-        let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
-        assert_eq!(
-            crate::ckpt::verify::hex(&mac),
-            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
-        );
-        // A key longer than a block is hashed first (test case 6).
-        let mac = hmac_sha256(
-            &[0xaa; 131],
-            b"Test Using Larger Than Block-Size Key - Hash Key First",
-        );
-        assert_eq!(
-            crate::ckpt::verify::hex(&mac),
-            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
-        );
     }
 }
