@@ -8,7 +8,9 @@ use crate::harness::cluster::free_port;
 use crate::harness::{drun, node_cmd, read_json, run, torch_python, worker, Agent, DrunCmd};
 
 /// Two agents (127.0.0.1 and 127.0.0.2, c10d rendezvous) × 2 workers of `early_exit.py`, with
-/// `--worker-store mode`: the agents' exit codes and stderr.
+/// `--worker-store mode`: the agents' exit codes and stderr. Cold (`--warm-workers off`): the
+/// run never restarts, so each node's spare interpreters would import torch for nothing (10 of
+/// the test's 26 CPU seconds).
 fn two_nodes_early_exit(python: &Path, out: &Path, mode: &str) -> Vec<(i32, String)> {
     let endpoint = format!("127.0.0.1:{}", free_port());
     let run_id = format!("early-{mode}");
@@ -21,7 +23,7 @@ fn two_nodes_early_exit(python: &Path, out: &Path, mode: &str) -> Vec<(i32, Stri
                 &["--rdzv-backend", "c10d", "--rdzv-endpoint", &endpoint],
             );
             c.python(python)
-                .args(["--worker-store", mode])
+                .args(["--worker-store", mode, "--warm-workers", "off"])
                 .arg(worker("early_exit.py"))
                 .arg(out);
             Agent::start(c)
