@@ -16,8 +16,9 @@ fn has(samples: &[Sample], name: &str, want: &[(&str, &str)], v: f64) -> bool {
     value(samples, name, want) == Some(v)
 }
 
-/// 3 agents (`--nnodes 2:3`, 1 torch worker each sending step beacons) through a server with
-/// metrics; the survivor at node 0 shows generation 1, then, after SIGKILL of node 3's agent,
+/// 3 agents (`--nnodes 2:3`, 1 torch worker each sending step beacons until the test has seen
+/// what it waits for) through a server with metrics; the survivor at node 0 shows generation 1,
+/// then, after SIGKILL of node 3's agent,
 /// generation 2, one re-form caused by `node_lost`, non-empty restart-phase histograms and
 /// its rank's step time; the server (on `store`) shows the same generation and re-form.
 fn node_kill_in_the_metrics(store: &[&str]) {
@@ -33,8 +34,7 @@ fn node_kill_in_the_metrics(store: &[&str]) {
                 .python(&python)
                 .args(["--metrics-port", "0"])
                 .arg(worker("beacon_steps.py"))
-                .arg(dir.path())
-                .arg("150");
+                .arg(dir.path());
             Agent::start(c)
         })
         .collect();
@@ -126,6 +126,7 @@ fn node_kill_in_the_metrics(store: &[&str]) {
     assert!(has(&srv, "drun_rdzv_sessions", &[run], 2.0), "{srv:?}");
     assert!(has(&srv, "drun_rdzv_waiting", &[run], 0.0), "{srv:?}");
 
+    std::fs::write(dir.path().join("release"), b"").unwrap();
     for a in agents {
         let (code, _, err) = a.wait(Duration::from_secs(120));
         assert_eq!(code, 0, "a survivor must finish:\n{err}");
