@@ -38,24 +38,10 @@ fn a_cut_off_world_commits_nothing_and_the_host_resumes_from_what_the_survivors_
                 .env("CKPT_SLEEP", "0.05");
         },
     );
-    // Sealed: a seal the ranks heard, or (checkpoints in memory, the default: a commit is
-    // answered staged before its step is persisted and sealed) its manifest in --ckpt-dir.
-    let sealed_in = |evs: &[serde_json::Value], g: u64| {
-        evs.iter()
-            .filter(|e| e["event"] == "committed" && e["gen"] == g && e["sealed"] == true)
-            .filter_map(|e| e["step"].as_u64())
-            .chain(
-                manifests(&ckpt)
-                    .into_iter()
-                    .filter(|m| m.1 == g)
-                    .map(|m| m.0),
-            )
-            .max()
-    };
     wait_for(
         "generation 1 seals a checkpoint",
         Duration::from_secs(120),
-        || sealed_in(&ckpt_events(&out), 1).is_some(),
+        || !sealed_steps(&out, &ckpt, 1).is_empty(),
     );
     // The victim: the rank of generation 1 whose worker runs on the host of node rank 2.
     let evs = ckpt_events(&out);
@@ -167,7 +153,7 @@ fn a_cut_off_world_commits_nothing_and_the_host_resumes_from_what_the_survivors_
         "cut-off world: {} commits sent after the cut, none accepted; survivors sealed up to {:?}; \
          the world of 3 resumed from step {:?}",
         sent_after.len(),
-        sealed_in(&evs, 2),
+        sealed_steps(&out, &ckpt, 2).into_iter().max(),
         resumed.first()
     );
     drop(agents);

@@ -265,6 +265,23 @@ fn ckpt_events(out: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The steps generation `g` sealed: a seal the ranks heard (`ckpt_worker.py`'s events in `out`),
+/// or, checkpoints in memory being the default (a commit is answered staged before its step is
+/// persisted and sealed), a manifest in `ckpt`.
+fn sealed_steps(out: &Path, ckpt: &Path, g: u64) -> Vec<u64> {
+    ckpt_events(out)
+        .iter()
+        .filter(|e| e["event"] == "committed" && e["gen"] == g && e["sealed"] == true)
+        .filter_map(|e| e["step"].as_u64())
+        .chain(
+            manifests(ckpt)
+                .into_iter()
+                .filter(|m| m.1 == g)
+                .map(|m| m.0),
+        )
+        .collect()
+}
+
 /// Every sealed manifest under `ckpt`: (step, generation, the ranks whose files it lists).
 fn manifests(ckpt: &Path) -> Vec<(u64, u64, Vec<u64>)> {
     let mut v = Vec::new();

@@ -236,21 +236,7 @@ fn a_checkpoint_committed_during_a_control_plane_outage_is_sealed_when_it_return
             .unwrap()
             .as_secs_f64()
     };
-    // Sealed: a seal the ranks heard, or (checkpoints in memory, the default: a commit is
-    // answered staged before its step is persisted and sealed) its manifest in --ckpt-dir.
-    let sealed = |g: u64| -> Vec<u64> {
-        ckpt_events(&out)
-            .iter()
-            .filter(|e| e["event"] == "committed" && e["gen"] == g && e["sealed"] == true)
-            .filter_map(|e| e["step"].as_u64())
-            .chain(
-                manifests(&ckpt)
-                    .into_iter()
-                    .filter(|m| m.1 == g)
-                    .map(|m| m.0),
-            )
-            .collect()
-    };
+    let sealed = |g: u64| sealed_steps(&out, &ckpt, g);
     wait_for(
         "generation 1 seals a checkpoint",
         Duration::from_secs(120),
