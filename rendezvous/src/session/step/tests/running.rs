@@ -2,6 +2,19 @@
 
 use super::*;
 
+/// The one store effect of a session that lost sight of its generation: enter it again, at once,
+/// with the view it had (and without announcing it a second time).
+fn entered_again(view: Running) -> Vec<(Attempt, u32)> {
+    vec![(
+        Attempt::Enter {
+            plan: view.plan.clone(),
+            before: Some(Box::new(view)),
+            announce: false,
+        },
+        0,
+    )]
+}
+
 #[test]
 fn a_closed_generation_ends_after_its_reform_is_told() {
     let t0 = Instant::now();
@@ -43,17 +56,7 @@ fn a_broken_watch_enters_the_generation_again_with_the_view_it_had() {
     let view = running_view(t0, true);
     let (s, fx, _) = run(running(t0), Input::WatchBroke, ms(t0, 10));
     assert_eq!(s.phase, Phase::Idle);
-    assert_eq!(
-        tries_of(&fx),
-        vec![(
-            Attempt::Enter {
-                plan: view.plan.clone(),
-                before: Some(Box::new(view)),
-                announce: false
-            },
-            0
-        )]
-    );
+    assert_eq!(tries_of(&fx), entered_again(view));
 }
 
 #[test]
@@ -131,17 +134,7 @@ fn an_effect_the_store_did_not_answer_rewatches_the_generation() {
     let view = running_view(t0, true);
     let (s, fx, _) = run(idle(), executed(view.clone(), false, Err(down())), t0);
     assert_eq!(s.phase, Phase::Idle);
-    assert_eq!(
-        tries_of(&fx),
-        vec![(
-            Attempt::Enter {
-                plan: view.plan.clone(),
-                before: Some(Box::new(view)),
-                announce: false
-            },
-            0
-        )]
-    );
+    assert_eq!(tries_of(&fx), entered_again(view));
 }
 
 #[test]
