@@ -715,6 +715,62 @@ fn torch_staged_saves_skip_the_zip_crc_and_write_over_spare_memory_exactly() {
     }
 }
 
+/// Once the budget is full, a step released from memory (on disk already) becomes its ranks'
+/// spares: the rank's next save is written over that file's pages, not over freshly allocated
+/// ones, and every persisted copy still holds exactly its own bytes (a smaller save over a
+/// larger released file is cut to its size).
+#[test]
+fn a_released_step_on_disk_becomes_the_ranks_next_spares_and_every_copy_stays_exact() {
+    let d = dirs();
+    let stage = staging_dir(&d);
+    let mut c = drun();
+    // 1 MiB per rank: a step of the node is 2 MiB, and each rank's spare about 2 MiB
+    // (`_stage.py`: the size, 1/64 more and 1 MiB). 5 MiB holds two steps, and at the third
+    // save the first one (sealed, so on disk) leaves memory.
+    c.args(["--standalone", "--rdzv-id", "ckpt-memory-recycle"])
+        .nproc(2)
+        .args(["--ckpt-keep-last", "8", "--ckpt-memory", "5M", "--ckpt-dir"])
+        .arg(&d.ckpt)
+        .arg(worker("staged_recycle.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("DRUN_CKPT_STAGE_PARENT", &stage);
+    let (code, _, err) = crate::harness::run(c, Duration::from_secs(120));
+    assert_eq!(code, 0, "{err}");
+    for rank in 0..2 {
+        let text = std::fs::read_to_string(d.out.join(format!("rank{rank}.json")))
+            .unwrap_or_else(|e| panic!("rank {rank} wrote no report ({e}): {err}"));
+        let r: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            r["equal"],
+            serde_json::json!([true, true, true, true, true]),
+            "rank {rank}: every persisted copy holds its own bytes: {r}"
+        );
+        let spare = r["spare_ino"].as_array().unwrap();
+        let staged = r["staged_ino"].as_array().unwrap();
+        assert!(
+            spare[0].is_null(),
+            "rank {rank}: no spare before the first save: {r}"
+        );
+        // The spare before save 2 was allocated fresh (nothing had left memory), and it became
+        // step 2's staged file.
+        assert!(spare[1].is_u64(), "rank {rank}: {r}");
+        assert_eq!(
+            spare[1], staged[1],
+            "rank {rank}: save 2 went over its spare: {r}"
+        );
+        // Save 3 released step 1 and save 4 step 2: saves 4 and 5 went over their files (save
+        // 5, half the size, over step 2's whole MiB).
+        assert_eq!(
+            spare[3], staged[0],
+            "rank {rank}: save 4 over step 1's pages: {r}"
+        );
+        assert_eq!(
+            spare[4], staged[1],
+            "rank {rank}: save 5 over step 2's pages: {r}"
+        );
+    }
+}
+
 /// Real torch: a rank SIGKILLed halfway through a staged `torch.save` written over its spare
 /// staging memory leaves nothing of that step sealed: the restart resumes the step before, whose
 /// persisted copy loads back exactly, and no manifest names the half-written step.

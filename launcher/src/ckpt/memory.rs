@@ -76,6 +76,7 @@ pub mod limit;
 pub mod pace;
 pub mod persist;
 pub mod replica;
+pub mod spare;
 pub mod wire;
 
 pub use limit::{NodeMemory, AUTO_SHARE};

@@ -22,6 +22,7 @@ use crate::ckpt::memory::{human_bytes, remove_under, resume_from_memory, staged_
 use crate::ckpt::node::NodeLedger;
 use crate::rdzv::Link;
 
+mod recycled;
 mod replicated;
 mod resumed;
 
@@ -84,6 +85,9 @@ pub(super) struct Stage {
     pending: BTreeMap<Key, Pending>,
     /// The staged files of each copy in memory, for its release.
     files: BTreeMap<Key, Vec<PathBuf>>,
+    /// Per staged file of an own copy, the rank that wrote it and its size: a released copy's
+    /// files become its ranks' spares ([`crate::ckpt::memory::spare`]).
+    ranks: BTreeMap<PathBuf, (u32, u64)>,
     /// Since when the workers' end waits for the persister.
     end_since: Option<std::time::Instant>,
     /// A preemption asked for a checkpoint: the persister goes at full speed from then on.
@@ -207,6 +211,7 @@ impl Stage {
                 persister,
                 pending: BTreeMap::new(),
                 files: BTreeMap::new(),
+                ranks: BTreeMap::new(),
                 end_since: None,
                 hurried: false,
                 rate,
@@ -314,6 +319,10 @@ impl Stage {
                 .map_or(0, |s| s.rank)
         };
         if !direct {
+            for f in &files {
+                self.ranks
+                    .insert(f.staged.clone(), (rank_of(&f.target), f.bytes));
+            }
             self.own_held.insert(
                 key,
                 drun_rendezvous::HeldStep {
@@ -457,17 +466,24 @@ impl Stage {
     /// The ledger answered the node's commit of `key` (sent once persisted).
     pub(super) fn answered(&mut self, key: Key) {
         if self.table.answered(key) {
-            self.remove_files(key);
+            self.remove_files(key, Err("saved straight to disk"));
         }
         self.superseded(key);
         self.sync_own();
     }
 
-    /// Drops `key`'s copy from memory.
+    /// Drops `key`'s copy from memory; its files become its ranks' spares when nothing reads
+    /// them any more ([`Stage::reusable`]).
     fn release(&mut self, key: Key) {
+        let reusable = self.reusable(key);
+        self.release_as(key, reusable);
+    }
+
+    /// [`Stage::release`], its files reused as spares unless `reusable` says why not.
+    fn release_as(&mut self, key: Key, reusable: Result<(), &'static str>) {
         self.own_held.remove(&key);
         self.table.release(key);
-        self.remove_files(key);
+        self.remove_files(key, reusable);
         if let Some(r) = self.replicas.as_mut() {
             r.forget(key);
         }
@@ -476,12 +492,16 @@ impl Stage {
 
     /// Removes `key`'s staged files (and the directories they leave empty) on a thread of its
     /// own: freeing a GiB of tmpfs pages takes a few hundred milliseconds, and a release made to
-    /// admit a new step would otherwise hold back the answer the training waits for.
-    fn remove_files(&mut self, key: Key) {
+    /// admit a new step would otherwise hold back the answer the training waits for. Unless
+    /// `reusable` says why not, each rank's largest file becomes its spare first
+    /// ([`Stage::recycle`]): renamed here, before the ranks' commit is answered, so that the
+    /// spare each prepares once its commit returns finds it.
+    fn remove_files(&mut self, key: Key, reusable: Result<(), &'static str>) {
         let files = self.files.remove(&key).unwrap_or_default();
         if files.is_empty() {
             return;
         }
+        self.recycle(&files, reusable);
         let root = self.dir.path().to_path_buf();
         std::thread::spawn(move || remove_under(&files, &root));
     }

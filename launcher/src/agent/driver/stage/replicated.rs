@@ -97,7 +97,8 @@ impl Stage {
                         .copies()
                         .any(|(c, copy)| *c == k && copy.state.is_persisted());
                     if persisted {
-                        self.release(k);
+                        // Its pages are freed for the replica, not kept as a spare.
+                        self.release_as(k, Err("its room is wanted for a replica"));
                     }
                 }
             }
