@@ -29,7 +29,7 @@ use error::ReplicaError;
 use receive::serve;
 use send::{offer_to, Target};
 pub(super) use shelf::Note;
-use shelf::{transfer_limit, Ctx, Shelf};
+use shelf::{replica_rate, transfer_limit, Ctx, Shelf};
 
 /// Binds a UDP socket (the peer probes) and a TCP listener (replicas) on one port number of
 /// `ip`, trying kernel-chosen ports until one is free for both.
@@ -93,6 +93,7 @@ impl Replicas {
             token,
             ckpt_dir: ckpt_dir.to_path_buf(),
             root,
+            rate: replica_rate(std::env::var("DRUN_CKPT_REPLICA_RATE").ok().as_deref()),
         });
         let shelf = Shelf::default();
         shelf.lock().budget = budget;
@@ -185,17 +186,22 @@ impl Replicas {
         let paths: Vec<String> = offer.files.iter().map(|f| f.path.clone()).collect();
         let staged: Vec<PathBuf> = files.into_iter().map(|(_, s, _, _, _)| s).collect();
         let token = self.ctx.token.clone();
+        let rate = self.ctx.rate;
         let notes = self.notes.clone();
         tokio::spawn(async move {
             let started = std::time::Instant::now();
             let limit = transfer_limit(offer.bytes());
-            let result =
-                match tokio::time::timeout(limit, offer_to(&t, offer, &staged, token)).await {
-                    Ok(r) => r.map(|digests| {
-                        (started.elapsed(), paths.into_iter().zip(digests).collect())
-                    }),
-                    Err(_) => Err(ReplicaError::NoAnswer { limit }),
-                };
+            let result = match tokio::time::timeout(
+                limit,
+                offer_to(&t, offer, &staged, token, rate),
+            )
+            .await
+            {
+                Ok(r) => {
+                    r.map(|digests| (started.elapsed(), paths.into_iter().zip(digests).collect()))
+                }
+                Err(_) => Err(ReplicaError::NoAnswer { limit }),
+            };
             let _ = notes.send(Note::Sent {
                 key,
                 to: t.node_id,

@@ -69,7 +69,8 @@ pub(super) async fn serve(
     let limit = transfer_limit(f.bytes());
     tokio::time::timeout(
         limit,
-        stream_files(conn.get_mut(), &f.files, &staged, &f.from),
+        // A resume waits for these bytes: no limit.
+        stream_files(conn.get_mut(), &f.files, &staged, &f.from, 0),
     )
     .await
     .map_err(|_| ReplicaError::NotSent { limit })??;

@@ -9,6 +9,7 @@ use tokio::net::TcpStream;
 
 use super::error::ReplicaError;
 use super::shelf::CHUNK;
+use crate::ckpt::memory::pace::pause;
 use crate::ckpt::memory::wire::{Offer, OfferFile, NONCE_BYTES};
 
 /// Who this node's replicas go to.
@@ -59,13 +60,15 @@ pub(super) async fn open(
     Ok((conn, nonce, addr))
 }
 
-/// Offers `offer` to `t` and streams `staged` when taken; the SHA-256 of each file as sent
-/// (the neighbour verified it before its `ok`).
+/// Offers `offer` to `t` and streams `staged` when taken, at no more than `rate` bytes per
+/// second (`0`: no limit); the SHA-256 of each file as sent (the neighbour verified it before
+/// its `ok`).
 pub(super) async fn offer_to(
     t: &Target,
     mut offer: Offer,
     staged: &[PathBuf],
     token: Option<String>,
+    rate: u64,
 ) -> Result<Vec<String>, ReplicaError> {
     let (mut conn, nonce, addr) = open(&t.addr, t.port).await?;
     offer.sign(token.as_deref(), &nonce);
@@ -78,7 +81,14 @@ pub(super) async fn offer_to(
     if answer != "take" {
         return Err(ReplicaError::Answered { answer });
     }
-    let digests = stream_files(conn.get_mut(), &offer.files, staged, &addr.to_string()).await?;
+    let digests = stream_files(
+        conn.get_mut(),
+        &offer.files,
+        staged,
+        &addr.to_string(),
+        rate,
+    )
+    .await?;
     match line(&mut conn).await? {
         ok if ok == "ok" => Ok(digests),
         answer => Err(ReplicaError::Answered { answer }),
@@ -86,13 +96,15 @@ pub(super) async fn offer_to(
 }
 
 /// Streams each of `files` from its `staged` copy to `conn`, each followed by the SHA-256 of
-/// the bytes sent (32 bytes), then flushes; `to` names the other end in errors. Returns those
+/// the bytes sent (32 bytes), then flushes; `to` names the other end in errors. No more than
+/// `rate` bytes per second go out (`0`: no limit; [`pause`] after each chunk). Returns those
 /// digests, in lowercase hex.
 pub(super) async fn stream_files(
     conn: &mut TcpStream,
     files: &[OfferFile],
     staged: &[PathBuf],
     to: &str,
+    rate: u64,
 ) -> Result<Vec<String>, ReplicaError> {
     let w = |source| ReplicaError::Send {
         to: to.to_string(),
@@ -100,6 +112,8 @@ pub(super) async fn stream_files(
     };
     let mut buf = vec![0u8; CHUNK];
     let mut digests = Vec::with_capacity(files.len());
+    let began = std::time::Instant::now();
+    let mut sent = 0u64;
     for (f, path) in files.iter().zip(staged) {
         let mut file =
             tokio::fs::File::open(path)
@@ -127,6 +141,11 @@ pub(super) async fn stream_files(
             hash.update(&buf[..n]);
             conn.write_all(&buf[..n]).await.map_err(w)?;
             left -= n as u64;
+            sent += n as u64;
+            let wait = pause(sent, began.elapsed(), rate);
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
         }
         let digest = hash.finalize();
         conn.write_all(&digest).await.map_err(w)?;

@@ -23,6 +23,23 @@ pub(super) fn transfer_limit(bytes: u64) -> Duration {
     TRANSFER_BASE + Duration::from_secs(bytes / SLOWEST)
 }
 
+/// How fast a node sends its staged steps to its ring neighbour, bytes per second, unless
+/// `DRUN_CKPT_REPLICA_RATE` says otherwise: a replica shares the node's network with the
+/// training's collectives, which it must not starve (8 Gbit/s, a fraction of a GPU node's
+/// links; 2 GiB of a node's step reach the neighbour in about 2 s).
+pub(super) const REPLICA_RATE: u64 = 1 << 30;
+
+/// The rate replicas are sent at: `env` (`DRUN_CKPT_REPLICA_RATE`, a size per second such as
+/// `500M`; `0`: no limit) or [`REPLICA_RATE`] when unset or unreadable, and never below
+/// [`SLOWEST`], the slowest link the receiver gives a transfer time for.
+pub(super) fn replica_rate(env: Option<&str>) -> u64 {
+    match env.map(str::trim) {
+        Some("0") => 0,
+        Some(v) => crate::ckpt::memory::parse_size(v).map_or(REPLICA_RATE, |r| r.max(SLOWEST)),
+        None => REPLICA_RATE,
+    }
+}
+
 /// What the loop hears about replicas.
 #[derive(Debug)]
 pub(crate) enum Note {
@@ -80,4 +97,27 @@ pub(super) struct Ctx {
     pub(super) ckpt_dir: PathBuf,
     /// Where replicas are kept: `<staging dir>/.replicas`, mirroring `--ckpt-dir`.
     pub(super) root: PathBuf,
+    /// The rate this node's steps are sent at ([`replica_rate`]; `0`: no limit).
+    pub(super) rate: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_replica_rate_is_the_default_a_setting_or_no_limit_never_below_the_slowest_link() {
+        assert_eq!(replica_rate(None), REPLICA_RATE);
+        assert_eq!(replica_rate(Some("not a size")), REPLICA_RATE);
+        assert_eq!(replica_rate(Some("500M")), 500 << 20);
+        assert_eq!(replica_rate(Some("0")), 0, "no limit");
+        assert_eq!(
+            replica_rate(Some("1M")),
+            SLOWEST,
+            "the receiver would give up first"
+        );
+        // A transfer at the slowest rate allowed ends within the receiver's limit.
+        let bytes = 4u64 << 30;
+        assert!(Duration::from_secs_f64(bytes as f64 / SLOWEST as f64) < transfer_limit(bytes));
+    }
 }

@@ -324,3 +324,52 @@ async fn a_resume_from_memory_gathers_every_file_by_fetch_or_replica_verified() 
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_replica_goes_out_no_faster_than_its_rate_and_a_resume_fetch_unlimited() {
+    let dir = tempfile::tempdir().unwrap();
+    let staged = dir.path().join("rank0.pt");
+    const BYTES: usize = 3 << 20;
+    std::fs::write(&staged, vec![5u8; BYTES]).unwrap();
+    let files = [crate::ckpt::memory::wire::OfferFile {
+        path: "step-1/rank0.pt".into(),
+        bytes: BYTES as u64,
+        sha256: String::new(),
+        rank: Some(0),
+    }];
+    for (rate, at_least) in [
+        (4u64 << 20, Duration::from_millis(700)),
+        (0, Duration::ZERO),
+    ] {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let reader = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut v = Vec::new();
+            s.read_to_end(&mut v).await.unwrap();
+            v
+        });
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        let began = std::time::Instant::now();
+        let digests = super::send::stream_files(
+            &mut conn,
+            &files,
+            std::slice::from_ref(&staged),
+            "peer",
+            rate,
+        )
+        .await
+        .unwrap();
+        let took = began.elapsed();
+        drop(conn);
+        let got = reader.await.unwrap();
+        assert_eq!(got.len(), BYTES + 32, "the file and its SHA-256");
+        let want: String = Sha256::digest(&got[..BYTES])
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(digests, vec![want]);
+        // 3 MiB at 4 MiB/s: the last MiB leaves no sooner than 0.75 s in (the first goes at once).
+        assert!(took >= at_least, "rate {rate}: {took:?}");
+    }
+}
