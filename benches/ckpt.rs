@@ -329,9 +329,10 @@ fn stall_part() {
             );
             let pct = |k: &str| (secs(&v, k) / secs(&v, "quiet_mean") - 1.0) * 100.0;
             println!(
-                "    the steps' means: {:+.1} % in the first 5 s after a save returned, {:+.1} % after; {:.2} s of training lost per save (the busy steps beyond the quiet mean)",
+                "    the steps' means: {:+.1} % in the first 5 s after a save returned, {:+.1} % after; {:+.1} % from the third save on (the spares are released steps' files); {:.2} s of training lost per save (the busy steps beyond the quiet mean)",
                 pct("early_mean"),
                 pct("late_mean"),
+                pct("steady_mean"),
                 secs(&v, "lost_per_save"),
             );
             println!(

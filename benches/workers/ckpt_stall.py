@@ -12,8 +12,13 @@ the waits: for the CPU on a loaded machine, for the other ranks in the commit); 
 the CPU time of the agent's persister thread (``drun-persist``, read from ``/proc``) and
 ``kernel_cpu`` that of the kernel's worker threads (writeback, journal, soft interrupts) while
 the ranks' steps were timed beside the persistence, in seconds per save; ``early_mean`` and
-``late_mean`` the busy steps' mean within the first 5 s after a save returned and after, and
-``lost_per_save`` the training time the busy steps took beyond the quiet steps' mean, per save."""
+``late_mean`` the busy steps' mean within the first 5 s after a save returned and after,
+``steady_mean`` the busy steps' mean from the third save on (by then each rank's spare is a
+released step's file: :mod:`drun._stage`, ``launcher/src/ckpt/memory/spare.rs``), and
+``lost_per_save`` the training time the busy steps took beyond the quiet steps' mean, per save.
+The node's ranks start each drun save together (a file barrier), as a training's collectives
+keep them: the stall is the save's, not the time one rank's commit waits for a rank that was
+still finishing its ``torch.save`` + fsync baseline."""
 
 import json
 import os
@@ -58,6 +63,18 @@ if how == "dcp":
 rank, gen = int(os.environ["RANK"]), int(os.environ["DRUN_GENERATION"])
 
 
+def barrier(tag: str) -> None:
+    """Waits (up to 60 s) until every local rank reached ``tag``."""
+    d = os.environ["DRUN_CKPT_DIR"]
+    mine = os.path.join(d, "barrier-%s-%d" % (tag, rank))
+    open(mine, "w").close()
+    world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    names = [os.path.join(d, "barrier-%s-%d" % (tag, r)) for r in range(world)]
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(n) for n in names) and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
 def thread_cpu(pred) -> float:
     """CPU seconds (user + system) of the threads whose /proc stat matches ``pred(pid, comm)``."""
     total = 0.0
@@ -91,6 +108,8 @@ base, ours, lag, busy, quiet, floor, cpu = [], [], [], [], [], [], []
 # staging file is allocated then, and the agent frees the step the save released).
 early: list = []
 EARLY = 5.0
+# Which save each busy step followed.
+after: list = []
 for s in range(1, saves + 1):
     p = os.path.join(os.environ["DRUN_CKPT_DIR"], "baseline-%d.pt" % rank)
     t = time.perf_counter()
@@ -103,6 +122,7 @@ for s in range(1, saves + 1):
     if copy_floor is not None:
         floor.append(copy_floor())
     path = drun.shard_path(s)
+    barrier("save-%d" % s)
     t, c = time.perf_counter(), time.thread_time()
     if how == "dcp":
         drun.dcp.save(state, s)
@@ -121,6 +141,7 @@ for s in range(1, saves + 1):
         else:
             busy.append(step())
             early.append(time.perf_counter() - done < EARLY)
+            after.append(s)
     lag.append(time.perf_counter() - done)
     if cpu_before is not None:
         persist_cpu.append(persister_cpu() - cpu_before[0])
@@ -148,6 +169,7 @@ if rank == 0:
                       "busy_steps": len(busy), "busy_mean": mean(busy), "quiet_mean": mean(quiet),
                       "early_mean": mean([b for b, e in zip(busy, early) if e]),
                       "late_mean": mean([b for b, e in zip(busy, early) if not e]),
+                      "steady_mean": mean([b for b, a in zip(busy, after) if a >= 3]),
                       "lost_per_save": (sum(busy) - len(busy) * mean(quiet)) / saves
                       if busy and quiet else None,
                       "persist_cpu": med(persist_cpu), "kernel_cpu": med(kernel),
