@@ -87,13 +87,17 @@ impl Replicas {
         let listener = TcpListener::from_std(listener)?;
         let root = stage.join(".replicas");
         std::fs::create_dir_all(&root)?;
+        let (rate, warning) = replica_rate(std::env::var("DRUN_CKPT_REPLICA_RATE").ok().as_deref());
+        if let Some(line) = warning {
+            crate::say!("{line}");
+        }
         let ctx = Arc::new(Ctx {
             run_id: run_id.to_string(),
             me: me.to_string(),
             token,
             ckpt_dir: ckpt_dir.to_path_buf(),
             root,
-            rate: replica_rate(std::env::var("DRUN_CKPT_REPLICA_RATE").ok().as_deref()),
+            rate,
         });
         let shelf = Shelf::default();
         shelf.lock().budget = budget;

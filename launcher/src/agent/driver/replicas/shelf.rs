@@ -30,13 +30,31 @@ pub(super) fn transfer_limit(bytes: u64) -> Duration {
 pub(super) const REPLICA_RATE: u64 = 1 << 30;
 
 /// The rate replicas are sent at: `env` (`DRUN_CKPT_REPLICA_RATE`, a size per second such as
-/// `500M`; `0`: no limit) or [`REPLICA_RATE`] when unset or unreadable, and never below
-/// [`SLOWEST`], the slowest link the receiver gives a transfer time for.
-pub(super) fn replica_rate(env: Option<&str>) -> u64 {
-    match env.map(str::trim) {
-        Some("0") => 0,
-        Some(v) => crate::ckpt::memory::parse_size(v).map_or(REPLICA_RATE, |r| r.max(SLOWEST)),
-        None => REPLICA_RATE,
+/// `500M`; `0`: no limit) or [`REPLICA_RATE`] when unset, never below [`SLOWEST`], the slowest
+/// link the receiver gives a transfer time for; with the warning line to print when the value
+/// is unreadable (the default is used) or below that (it is raised).
+pub(super) fn replica_rate(env: Option<&str>) -> (u64, Option<String>) {
+    use crate::ckpt::memory::{human_bytes, parse_size};
+    let Some(v) = env.map(str::trim) else {
+        return (REPLICA_RATE, None);
+    };
+    match parse_size(v) {
+        _ if v == "0" => (0, None),
+        None => (
+            REPLICA_RATE,
+            Some(format!(
+                "drun: warning: DRUN_CKPT_REPLICA_RATE={v:?} is not a rate (a size per second such as 500M, or 0 for no limit); replicas are sent at {}/s",
+                human_bytes(REPLICA_RATE)
+            )),
+        ),
+        Some(r) if r < SLOWEST => (
+            SLOWEST,
+            Some(format!(
+                "drun: warning: DRUN_CKPT_REPLICA_RATE={v} is below {}/s, the slowest transfer a receiving agent waits for; replicas are sent at that",
+                human_bytes(SLOWEST)
+            )),
+        ),
+        Some(r) => (r, None),
     }
 }
 
@@ -107,15 +125,21 @@ mod tests {
 
     #[test]
     fn the_replica_rate_is_the_default_a_setting_or_no_limit_never_below_the_slowest_link() {
-        assert_eq!(replica_rate(None), REPLICA_RATE);
-        assert_eq!(replica_rate(Some("not a size")), REPLICA_RATE);
-        assert_eq!(replica_rate(Some("500M")), 500 << 20);
-        assert_eq!(replica_rate(Some("0")), 0, "no limit");
-        assert_eq!(
-            replica_rate(Some("1M")),
-            SLOWEST,
-            "the receiver would give up first"
+        assert_eq!(replica_rate(None), (REPLICA_RATE, None));
+        assert_eq!(replica_rate(Some("500M")), (500 << 20, None));
+        assert_eq!(replica_rate(Some(" 0 ")), (0, None), "no limit");
+        let (rate, line) = replica_rate(Some("fast"));
+        assert_eq!(rate, REPLICA_RATE);
+        let line = line.expect("one line");
+        assert!(
+            line.contains("\"fast\" is not a rate")
+                && line.contains("500M")
+                && line.contains("1 GiB/s"),
+            "{line}"
         );
+        let (rate, line) = replica_rate(Some("1M"));
+        assert_eq!(rate, SLOWEST, "the receiver would give up first");
+        assert!(line.expect("one line").contains("below 20 MiB/s"));
         // A transfer at the slowest rate allowed ends within the receiver's limit.
         let bytes = 4u64 << 30;
         assert!(Duration::from_secs_f64(bytes as f64 / SLOWEST as f64) < transfer_limit(bytes));
