@@ -16,7 +16,6 @@ use tokio::sync::mpsc;
 
 use crate::agent::Agent;
 use crate::ckpt::memory::decide::{Admit, EndWait, Key, Table};
-use crate::ckpt::memory::pace::PaceParams;
 use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile, Throttle};
 use crate::ckpt::memory::{human_bytes, remove_under, resume_from_memory, staged_path, TmpfsFit};
 use crate::ckpt::node::NodeLedger;
@@ -25,37 +24,9 @@ use crate::rdzv::Link;
 mod recycled;
 mod replicated;
 mod resumed;
+mod settings;
 
-/// How fast the persister writes, bytes per second, unless `DRUN_CKPT_PERSIST_RATE` says
-/// otherwise: below a local NVMe's or a parallel file system client's bandwidth, so the
-/// training's own I/O (data loading, logs) keeps the rest.
-pub(super) const PERSIST_RATE: u64 = 1 << 30;
-
-/// The share of one CPU the persister keeps to while the node's CPUs are busy (the training's
-/// ranks on every core), unless `DRUN_CKPT_PERSIST_CPU` says otherwise: on 2 ranks over 2
-/// cores, a slowdown of their steps of about half of it.
-pub(super) const PERSIST_CPU_SHARE: f64 = 0.05;
-
-/// How long a staged step may wait for the disk before the persister stops yielding the CPU to
-/// the training, unless `DRUN_CKPT_PERSIST_LAG` says otherwise.
-pub(super) const PERSIST_LAG_BOUND: Duration = Duration::from_secs(120);
-
-/// How the persister shares the CPU: [`PERSIST_CPU_SHARE`] and [`PERSIST_LAG_BOUND`], or what
-/// `DRUN_CKPT_PERSIST_CPU` (a fraction of one CPU) and `DRUN_CKPT_PERSIST_LAG` (seconds)
-/// say.
-fn pace_params() -> PaceParams {
-    let share = std::env::var("DRUN_CKPT_PERSIST_CPU")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(PERSIST_CPU_SHARE);
-    let lag_bound = std::env::var("DRUN_CKPT_PERSIST_LAG")
-        .ok()
-        .and_then(|v| v.trim().trim_end_matches('s').parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map_or(PERSIST_LAG_BOUND, Duration::from_secs_f64);
-    PaceParams { share, lag_bound }
-}
+use settings::{pace_params, persist_rates};
 
 /// Removes from `ckpt_dir` the persister's temporary files an agent killed mid-persist left
 /// (their owner gone, [`crate::ckpt::memory::leftover`]), saying so in one line; called at the
@@ -85,9 +56,6 @@ pub(super) struct Stage {
     pending: BTreeMap<Key, Pending>,
     /// The staged files of each copy in memory, for its release.
     files: BTreeMap<Key, Vec<PathBuf>>,
-    /// Per staged file of an own copy, the rank that wrote it and its size: a released copy's
-    /// files become its ranks' spares ([`crate::ckpt::memory::spare`]).
-    ranks: BTreeMap<PathBuf, (u32, u64)>,
     /// Since when the workers' end waits for the persister.
     end_since: Option<std::time::Instant>,
     /// A preemption asked for a checkpoint: the persister goes at full speed from then on.
@@ -188,16 +156,7 @@ impl Stage {
                 return None;
             }
         };
-        let env_rate = |k: &str| {
-            std::env::var(k)
-                .ok()
-                .and_then(|r| crate::ckpt::memory::parse_size(&r))
-        };
-        let rate = env_rate("DRUN_CKPT_PERSIST_RATE").unwrap_or(PERSIST_RATE);
-        // A test knob: the rate while the workers' end waits for the persister (the same
-        // unless set). Tests slow the persister so a fault lands while the disk lags, and set
-        // this so the waits that follow the fault do not crawl at the same rate.
-        let held_rate = env_rate("DRUN_CKPT_PERSIST_RATE_HELD").unwrap_or(rate);
+        let (rate, held_rate) = persist_rates();
         tracing::info!(
             dir = %dir.path().display(),
             budget = %human_bytes(budget),
@@ -211,7 +170,6 @@ impl Stage {
                 persister,
                 pending: BTreeMap::new(),
                 files: BTreeMap::new(),
-                ranks: BTreeMap::new(),
                 end_since: None,
                 hurried: false,
                 rate,
@@ -319,10 +277,6 @@ impl Stage {
                 .map_or(0, |s| s.rank)
         };
         if !direct {
-            for f in &files {
-                self.ranks
-                    .insert(f.staged.clone(), (rank_of(&f.target), f.bytes));
-            }
             self.own_held.insert(
                 key,
                 drun_rendezvous::HeldStep {
@@ -466,7 +420,7 @@ impl Stage {
     /// The ledger answered the node's commit of `key` (sent once persisted).
     pub(super) fn answered(&mut self, key: Key) {
         if self.table.answered(key) {
-            self.remove_files(key, Err("saved straight to disk"));
+            self.remove_files(key);
         }
         self.superseded(key);
         self.sync_own();
@@ -481,9 +435,14 @@ impl Stage {
 
     /// [`Stage::release`], its files reused as spares unless `reusable` says why not.
     fn release_as(&mut self, key: Key, reusable: Result<(), &'static str>) {
-        self.own_held.remove(&key);
+        let held = self.own_held.remove(&key);
         self.table.release(key);
-        self.remove_files(key, reusable);
+        if let Some(h) = held {
+            // Renamed here, before the ranks' commit is answered, so that the spare each
+            // prepares once its commit returns finds it.
+            self.recycle(&h, reusable);
+        }
+        self.remove_files(key);
         if let Some(r) = self.replicas.as_mut() {
             r.forget(key);
         }
@@ -492,16 +451,13 @@ impl Stage {
 
     /// Removes `key`'s staged files (and the directories they leave empty) on a thread of its
     /// own: freeing a GiB of tmpfs pages takes a few hundred milliseconds, and a release made to
-    /// admit a new step would otherwise hold back the answer the training waits for. Unless
-    /// `reusable` says why not, each rank's largest file becomes its spare first
-    /// ([`Stage::recycle`]): renamed here, before the ranks' commit is answered, so that the
-    /// spare each prepares once its commit returns finds it.
-    fn remove_files(&mut self, key: Key, reusable: Result<(), &'static str>) {
+    /// admit a new step would otherwise hold back the answer the training waits for. (A file
+    /// renamed to a rank's spare by [`Stage::recycle`] is no longer there to remove.)
+    fn remove_files(&mut self, key: Key) {
         let files = self.files.remove(&key).unwrap_or_default();
         if files.is_empty() {
             return;
         }
-        self.recycle(&files, reusable);
         let root = self.dir.path().to_path_buf();
         std::thread::spawn(move || remove_under(&files, &root));
     }

@@ -2,10 +2,13 @@
 //! released copy's files may be reused, and renaming each rank's to its spare name.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::Path;
+
+use drun_rendezvous::HeldStep;
 
 use super::{Key, Stage};
 use crate::ckpt::memory::spare::{fates, spare_name, Fate, Released, SPARE_PREFIX};
+use crate::ckpt::memory::staged_path;
 
 impl Stage {
     /// Whether `key`'s files may become spares once it is released: on disk (the persister is
@@ -29,18 +32,18 @@ impl Stage {
         Ok(())
     }
 
-    /// Renames each rank's largest file of `files` (a released copy's) to that rank's spare,
-    /// where [`fates`] says so; the rest is left for the caller to remove (a renamed file is
-    /// no longer there to be removed). A spare that appeared meanwhile is never replaced.
-    pub(super) fn recycle(&mut self, files: &[PathBuf], reusable: Result<(), &'static str>) {
-        let released: Vec<Released> = files
+    /// Renames each rank's largest file of `held` (a released own copy: its files, ranks and
+    /// sizes) to that rank's spare, where [`fates`] says so; the rest is left for the caller to
+    /// remove. A spare that appeared meanwhile is never replaced.
+    pub(super) fn recycle(&self, held: &HeldStep, reusable: Result<(), &'static str>) {
+        let released: Vec<Released> = held
+            .files
             .iter()
-            .filter_map(|p| {
-                let (rank, bytes) = self.ranks.remove(p)?;
+            .filter_map(|f| {
                 Some(Released {
-                    staged: p.clone(),
-                    rank,
-                    bytes,
+                    staged: staged_path(self.dir(), &self.ckpt_dir, Path::new(&f.path))?,
+                    rank: f.rank,
+                    bytes: f.bytes,
                 })
             })
             .collect();
@@ -88,7 +91,7 @@ impl Stage {
 }
 
 /// Renames `from` to `to` unless `to` exists (`renameat2` with `RENAME_NOREPLACE`).
-fn rename_noreplace(from: &std::path::Path, to: &std::path::Path) -> nix::Result<()> {
+fn rename_noreplace(from: &Path, to: &Path) -> nix::Result<()> {
     nix::fcntl::renameat2(
         nix::fcntl::AT_FDCWD,
         from,
@@ -103,6 +106,7 @@ mod tests {
     use super::*;
     use crate::ckpt::memory::decide::CopyState;
     use std::os::unix::fs::MetadataExt;
+    use std::path::PathBuf;
 
     /// A stage with `key`'s copy of rank 0's and rank 1's files staged (of `bytes` each),
     /// persisted or not.
@@ -116,14 +120,29 @@ mod tests {
         let (mut s, _done) = Stage::open_in(shm, 1 << 30, ckpt).expect("a stage");
         s.followed = key.1;
         let mut files = Vec::new();
+        let mut held = HeldStep {
+            step: key.0,
+            generation: key.1,
+            saved_by: "node".into(),
+            world_size: Some(2),
+            cursor: None,
+            files: Vec::new(),
+        };
         for rank in 0..2u32 {
-            let p = s.dir().join(format!("step-{}/rank{rank}.pt", key.0));
+            let rel = format!("step-{}/rank{rank}.pt", key.0);
+            let p = s.dir().join(&rel);
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(&p, vec![rank as u8 + 1; bytes]).unwrap();
-            s.ranks.insert(p.clone(), (rank, bytes as u64));
+            held.files.push(drun_rendezvous::ShardFile {
+                rank,
+                path: ckpt.join(&rel).display().to_string(),
+                bytes: bytes as u64,
+                sha256: String::new(),
+            });
             files.push(p);
         }
         s.files.insert(key, files.clone());
+        s.own_held.insert(key, held);
         s.table
             .add(key, 2 * bytes as u64, false, std::time::Instant::now());
         if persisted {
@@ -165,7 +184,7 @@ mod tests {
             gone_within_seconds(files[0].parent().unwrap()),
             "the step's directory removed once empty"
         );
-        assert!(s.ranks.is_empty(), "nothing of the step is remembered");
+        assert!(s.own_held.is_empty(), "nothing of the step is remembered");
     }
 
     #[test]
