@@ -26,6 +26,15 @@ struct Cli {
     log_format: LogFormat,
 }
 
+/// mimalloc (its v2 line) instead of glibc's malloc: a formation is thousands of sessions
+/// allocating and freeing small buffers on every worker thread at once, and glibc's arenas
+/// spent a fifth of the server's CPU there, some of it waiting on their locks
+/// (`docs/contributing/benchmarks.md`, issue 37). v2 rather than v3: the same CPU, and about
+/// 30 MiB less resident at 1,024 agents. Without transparent huge pages (`no_thp`): with them the
+/// kernel zeroed 2 MiB pages for a fifth of the server's CPU while 10,000 agents formed.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[path = "common/logging.rs"]
 mod logging;
 
