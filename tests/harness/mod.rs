@@ -293,6 +293,16 @@ impl Drop for Agent {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // An agent killed here leaves its staging directory on the tmpfs for the next agent on
+        // the machine to remove (`ckpt::memory::leftover`); a test is the last agent of its
+        // own, so it removes it as that next agent would: only the directories of agents that
+        // are gone, never a live one's of a test running beside it.
+        if let Some(me) = drun_launcher::ckpt::memory::leftover::Owner::me() {
+            drun_launcher::ckpt::memory::leftover::sweep_stages(
+                std::path::Path::new("/dev/shm"),
+                me,
+            );
+        }
     }
 }
 
