@@ -10,15 +10,16 @@
 //! For each size N it prints
 //! 1. **formation**: from the first Hello to the last agent holding the plan, and the etcd
 //!    requests that cost (gRPC messages the etcd server received, from its `/metrics`), per agent,
-//!    the CPU the server, etcd and the simulated agents spent on it, and how many progress lines
-//!    the waiting agents were sent;
+//!    the CPU the server, etcd and the simulated agents spent on it, how many progress lines
+//!    the waiting agents were sent, and its phases (every session open; the first plan, just
+//!    after the decider formed the generation; the last plan);
 //! 2. **steady state**: server and etcd CPU (cores), server RSS per agent and the keep-alive
 //!    latency (agent's KeepAlive → the server's `kept_alive` answer; p50, p99, max) over a
 //!    window of keep-alives at the default interval;
 //! 3. **re-form after 1 % of the agents crash** (their streams dropped without a Leave): the
 //!    detection (from the crash to the first survivor told to re-form: the reconnect grace and
-//!    the loss noticed), the re-form (from there to the last survivor holding the new plan), and
-//!    its etcd requests;
+//!    the loss noticed), the re-form (from there to the last survivor holding the new plan), its
+//!    etcd requests and CPU, and its phases (the first survivor told, the first plan, the last);
 //!
 //! and at the end the **series**: formation and re-formation against N, with the time per agent,
 //! so a super-linear step shows.
@@ -52,6 +53,8 @@ const PER_CONNECTION: usize = 64;
 /// What a simulated agent reports.
 #[derive(Debug)]
 enum Report {
+    /// Its session is open (the server granted its lease).
+    Opened { at: Instant },
     /// It holds the plan of this generation.
     Formed { generation: u64, at: Instant },
     /// It was told that its generation re-forms.
@@ -137,6 +140,9 @@ async fn agent(
             _ = crash.changed() => return,
             msg = inbound.message() => match msg {
                 Ok(Some(ev)) => match ev.kind {
+                    Some(In::OpenedLease(_)) => {
+                        let _ = reports.send(Report::Opened { at: Instant::now() });
+                    }
                     Some(In::Formed(p)) => {
                         let _ = reports.send(Report::Formed { generation: p.generation, at: Instant::now() });
                     }
@@ -215,6 +221,10 @@ struct Formed {
     at: Instant,
     generation: u64,
     first_reform: Option<Instant>,
+    /// When the last session opened (a first formation's agents; none in a re-form).
+    last_opened: Option<Instant>,
+    /// When the first agent held the plan: the decider had formed the generation just before.
+    first_plan: Instant,
     /// Progress lines the agents were sent meanwhile.
     progress: usize,
 }
@@ -231,6 +241,8 @@ async fn wait_formed(
     let mut count: BTreeMap<u64, usize> = BTreeMap::new();
     let mut last = Instant::now();
     let mut first_reform: Option<Instant> = None;
+    let mut last_opened: Option<Instant> = None;
+    let mut first_plan: Option<Instant> = None;
     let mut progress = 0;
     loop {
         match tokio::time::timeout_at(deadline, reports.recv()).await {
@@ -238,11 +250,14 @@ async fn wait_formed(
                 let c = count.entry(generation).or_default();
                 *c += 1;
                 last = last.max(at);
+                first_plan = Some(first_plan.map_or(at, |f| f.min(at)));
                 if *c == alive {
                     return Ok(Formed {
                         at: last,
                         generation,
                         first_reform,
+                        last_opened,
+                        first_plan: first_plan.unwrap_or(at),
                         progress,
                     });
                 }
@@ -251,6 +266,9 @@ async fn wait_formed(
                 first_reform = Some(first_reform.map_or(at, |f| f.min(at)));
             }
             Ok(Some(Report::Progress)) => progress += 1,
+            Ok(Some(Report::Opened { at })) => {
+                last_opened = Some(last_opened.map_or(at, |l| l.max(at)));
+            }
             Ok(Some(Report::Formed { .. } | Report::KeptAlive(_))) => {}
             Ok(Some(Report::Error(e))) => return Err(format!("an agent's session ended: {e}")),
             Ok(None) => return Err("every agent ended".into()),
@@ -345,8 +363,17 @@ async fn one_size(n: usize, window: Duration) -> Row {
         ));
     }
     let limit = Duration::from_secs(60) + Duration::from_millis(30 * n as u64);
-    let (at, g, lines) = match wait_formed(&mut reports, n, 0, limit).await {
-        Ok(f) => (f.at, f.generation, f.progress),
+    let (at, g, lines, phases) = match wait_formed(&mut reports, n, 0, limit).await {
+        Ok(f) => {
+            let phases = format!(
+                "every session open at {}, the first plan at {:.3} s (the decider had formed the generation), the last at {:.3} s",
+                f.last_opened
+                    .map_or("-".to_string(), |o| format!("{:.3} s", (o - t0).as_secs_f64())),
+                (f.first_plan - t0).as_secs_f64(),
+                (f.at - t0).as_secs_f64()
+            );
+            (f.at, f.generation, f.progress, phases)
+        }
         Err(e) => {
             println!("{n:>6} agents: formation FAILED: {e}");
             return row;
@@ -364,6 +391,7 @@ async fn one_size(n: usize, window: Duration) -> Row {
         spent.show(n),
         lines as f64 / n as f64
     );
+    println!("        phases: {phases}");
 
     let (s0, e0) = (cpu(spid), cpu(etcd.pid()));
     let w0 = Instant::now();
@@ -433,6 +461,12 @@ async fn one_size(n: usize, window: Duration) -> Row {
                 spent.show(n),
                 f.progress,
                 f.progress as f64 / n as f64
+            );
+            println!(
+                "        phases: the first survivor told at {:.3} s, the first plan at {:.3} s (the decider had formed the generation), the last at {:.3} s after the crash",
+                (detected - t_crash).as_secs_f64(),
+                (f.first_plan - t_crash).as_secs_f64(),
+                (f.at - t_crash).as_secs_f64()
             );
         }
         Err(e) => println!("        {lost} of {n} crashed: re-form FAILED: {e}"),
