@@ -10,6 +10,12 @@ use super::{EtcdStore, REQUEST_TIMEOUT};
 use crate::store::LeaseId;
 use crate::StoreError;
 
+/// How long a renewal waits on the lease's cached keep-alive stream before it opens a new one on
+/// whichever member answers. A working stream answers in milliseconds; one to a member that just
+/// died can hang, and waiting the whole request timeout (2 s) on it spent half of a 4 s TTL while
+/// etcd elected a new leader.
+const CACHED_STREAM_WAIT: Duration = Duration::from_millis(500);
+
 impl EtcdStore {
     /// Renews `lease` once (see [`crate::Store::lease_keep_alive`]).
     pub(super) async fn keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
@@ -27,7 +33,7 @@ impl EtcdStore {
                 keeper.keep_alive().await?;
                 stream.message().await
             };
-            if let Ok(Ok(Some(r))) = tokio::time::timeout(REQUEST_TIMEOUT, renew).await {
+            if let Ok(Ok(Some(r))) = tokio::time::timeout(CACHED_STREAM_WAIT, renew).await {
                 return self.renewed(lease, r.ttl(), (keeper, stream));
             }
         }

@@ -58,13 +58,21 @@ async fn sweep(this: Weak<SharedLeases>) {
     }
 }
 
+/// After a failed renewal, the next try comes this soon (or at the quarter TTL, if sooner): an
+/// etcd leader election leaves a carrier only what is left of its TTL, and a quarter TTL of it
+/// slept after each failure (1 s of a 4 s TTL) had lost carriers that a new leader would have
+/// renewed.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
+
 /// Renews carrier `c` every quarter of its TTL until it is lost (or unrenewable for a TTL) or
 /// the wrapper is dropped.
 async fn keep_carrier(this: Weak<SharedLeases>, c: LeaseId, ttl: Duration) {
     let every = ttl / 4;
     let mut last_ok = Instant::now();
+    let mut wait = every;
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(wait).await;
+        wait = every.min(RETRY_AFTER_FAILURE);
         let Some(this) = this.upgrade() else { return };
         let left = ttl
             .saturating_sub(last_ok.elapsed())
@@ -74,7 +82,10 @@ async fn keep_carrier(this: Weak<SharedLeases>, c: LeaseId, ttl: Duration) {
             crate::server::metrics::global().keepalive_failures.inc();
         }
         match renewed {
-            Ok(Ok(_)) => last_ok = Instant::now(),
+            Ok(Ok(_)) => {
+                last_ok = Instant::now();
+                wait = every;
+            }
             Ok(Err(StoreError::LeaseLost(_))) => {
                 this.carrier_lost(c, "it expired in the store").await;
                 return;
