@@ -174,11 +174,27 @@ async fn agent(
     }
 }
 
-/// Sum of the gRPC messages etcd's server received, by method, from its `/metrics`.
+/// etcd's storage counters read beside the requests: what the requests did inside etcd
+/// (a batched transaction is one request and many puts).
+const STORAGE_WORK: [(&str, &str); 5] = [
+    ("etcd_mvcc_put_total ", "puts"),
+    ("etcd_mvcc_range_total ", "ranges"),
+    ("etcd_mvcc_delete_total ", "deletes"),
+    ("etcd_debugging_mvcc_events_total ", "watch events"),
+    ("etcd_debugging_mvcc_total_put_size_in_bytes ", "bytes put"),
+];
+
+/// Sum of the gRPC messages etcd's server received, by method, from its `/metrics`, and its
+/// storage counters ([`STORAGE_WORK`], keyed `=name`).
 fn etcd_requests(endpoint: &str) -> BTreeMap<String, f64> {
     let body = common::etcd_http_get(endpoint, "/metrics").unwrap_or_default();
     let mut by = BTreeMap::new();
     for l in body.lines() {
+        if let Some((_, name)) = STORAGE_WORK.iter().find(|(p, _)| l.starts_with(p)) {
+            let v: f64 = l.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            by.insert(format!("={name}"), v);
+            continue;
+        }
         let Some(rest) = l.strip_prefix("grpc_server_msg_received_total{") else {
             continue;
         };
@@ -206,12 +222,21 @@ fn delta(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTree
 }
 
 fn show(d: &BTreeMap<String, f64>, n: usize) -> String {
-    let total: f64 = d.values().sum();
-    let parts: Vec<String> = d.iter().map(|(k, v)| format!("{k} {v:.0}")).collect();
+    let requests = d.iter().filter(|(k, _)| !k.starts_with('='));
+    let total: f64 = requests.clone().map(|(_, v)| v).sum();
+    let parts: Vec<String> = requests.map(|(k, v)| format!("{k} {v:.0}")).collect();
+    let work: Vec<String> = STORAGE_WORK
+        .iter()
+        .map(|(_, name)| {
+            let v = d.get(&format!("={name}")).copied().unwrap_or(0.0);
+            format!("{name} {:.1}", v / n as f64)
+        })
+        .collect();
     format!(
-        "{total:.0} etcd requests = {:.1} per agent ({})",
+        "{total:.0} etcd requests = {:.1} per agent ({}); per agent inside etcd: {}",
         total / n as f64,
-        parts.join(", ")
+        parts.join(", "),
+        work.join(", ")
     )
 }
 
@@ -427,9 +452,15 @@ async fn one_size(n: usize, window: Duration) -> Row {
         (e1 - e0).as_secs_f64() / secs,
         rss as f64 / 1024.0,
         rss as f64 / n as f64,
-        delta(&steady, &formed).values().sum::<f64>() / secs,
         delta(&steady, &formed)
             .iter()
+            .filter(|(k, _)| !k.starts_with('='))
+            .map(|(_, v)| v)
+            .sum::<f64>()
+            / secs,
+        delta(&steady, &formed)
+            .iter()
+            .filter(|(k, _)| !k.starts_with('='))
             .map(|(k, v)| format!("{k} {:.0}/s", v / secs))
             .collect::<Vec<_>>()
             .join(", "),

@@ -175,7 +175,8 @@ pub(super) struct Actor {
     keeper: Option<tokio::task::JoinHandle<()>>,
     lost_tx: mpsc::UnboundedSender<Lost>,
     lost_rx: mpsc::UnboundedReceiver<Lost>,
-    /// This session's token under `sessions/<node>` (server-side sessions).
+    /// This session's token under `sessions/<node>/<lease>` when it resumed a lease (server-side
+    /// sessions).
     pub(super) token: String,
     /// Where the agent answers peer probes (its last candidacy's address and probe port).
     pub(super) probe_at: Option<(String, u16)>,
@@ -283,7 +284,7 @@ impl Actor {
         let l = self.round.state().grant_lease(self.cfg.lease_ttl).await?;
         self.lease_changed(LeaseChange::Granted(l));
         self.start_keeper(l);
-        self.claim(l).await?;
+        // No claim: no other session can speak for a lease granted just now.
         self.emit(Event::Opened { lease: l });
         Ok(l)
     }
@@ -408,8 +409,8 @@ impl Actor {
                 self.seen_standing_by().await.map_err(|e| failure(&e)),
             )),
             Effect::Knock => Some(Input::Knocked(self.knock_agent().await)),
-            Effect::CheckSpeaks => Some(Input::Speaks(
-                self.still_speaks_for_the_node()
+            Effect::CheckSpeaks { lease } => Some(Input::Speaks(
+                self.still_speaks_for_the_node(lease)
                     .await
                     .map(|speaks| (speaks, self.run_silent()))
                     .map_err(|e| failure(&e)),

@@ -22,8 +22,8 @@ const KNOCK_UP_TO: usize = 64;
 const KNOCK_WAIT: Duration = Duration::from_millis(300);
 
 impl Actor {
-    /// Server-side: records that this session now speaks for the node (see
-    /// [`crate::store::keys::RunKeys::session_owner`]).
+    /// Server-side: records that this session resumed the node's lease `lease` and speaks for
+    /// it now (see [`crate::store::keys::RunKeys::session_owner`]).
     pub(super) async fn claim(&self, lease: LeaseId) -> Result<(), StoreError> {
         if self.cfg.auto_keep_alive {
             return Ok(());
@@ -120,13 +120,16 @@ impl Actor {
         Ok(())
     }
 
-    /// Whether this session still speaks for its node: no other session claimed it (the agent
-    /// reconnected elsewhere) and the run has not finished.
-    pub(super) async fn still_speaks_for_the_node(&self) -> Result<bool, RendezvousError> {
+    /// Whether this session still speaks for its node's `lease`: no other session resumed it
+    /// (the agent reconnected elsewhere) and the run has not finished.
+    pub(super) async fn still_speaks_for_the_node(
+        &self,
+        lease: LeaseId,
+    ) -> Result<bool, RendezvousError> {
         let speaks = self
             .round
             .state()
-            .speaks_for(&self.cfg.node_id, &self.token)
+            .speaks_for(&self.cfg.node_id, lease, &self.token)
             .await?;
         Ok(speaks && self.finished().await?.is_none())
     }

@@ -521,9 +521,12 @@ pub(crate) enum Effect {
     /// Knock on the abandoned agent's probe port (the outcome comes back as
     /// [`Input::Knocked`]).
     Knock,
-    /// Look whether this session still speaks for the node and how long the run was silent
-    /// (the outcome comes back as [`Input::Speaks`]).
-    CheckSpeaks,
+    /// Look whether this session still speaks for the node's `lease` (no session resumed it
+    /// since) and how long the run was silent (the outcome comes back as [`Input::Speaks`]).
+    CheckSpeaks {
+        /// The abandoned agent's lease.
+        lease: LeaseId,
+    },
     /// Record that the agent is gone (`lost/<node>`) and revoke `lease`: the others re-form.
     RevokeAbandoned {
         /// The lease.

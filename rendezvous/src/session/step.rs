@@ -336,10 +336,11 @@ fn on_tick(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> S
             String::new()
         }
         Phase::Abandoned(a) if a.at.is_some_and(|at| at <= now) => {
+            let lease = a.lease;
             if let Phase::Abandoned(a) = &mut s.phase {
                 a.at = None;
             }
-            fx.push(Effect::CheckSpeaks);
+            fx.push(Effect::CheckSpeaks { lease });
             String::new()
         }
         Phase::StandingBy { .. }

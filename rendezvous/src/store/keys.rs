@@ -1,5 +1,7 @@
 //! Key layout under `/drun/v1/<run>/` (`docs/architecture.md` §3). One place builds every key.
 
+use crate::store::LeaseId;
+
 /// Keys of one run.
 #[derive(Debug, Clone)]
 pub struct RunKeys {
@@ -57,11 +59,12 @@ impl RunKeys {
         format!("{}waiting/{node}", self.prefix)
     }
 
-    /// The session that currently speaks for `node` (a token), attached to the agent's lease:
-    /// a server-side session whose agent vanished revokes the lease only if no newer session
-    /// (the agent reconnected, possibly to another replica) took over.
-    pub fn session_owner(&self, node: &str) -> String {
-        format!("{}sessions/{node}", self.prefix)
+    /// The session that resumed `node`'s agent lease `lease` last (a token), attached to that
+    /// lease: a server-side session whose agent vanished revokes the lease only if no newer
+    /// session (the agent reconnected with the lease, possibly to another replica) took it
+    /// over. Only a resume writes it: no other session can speak for a lease just granted.
+    pub fn session_owner(&self, node: &str, lease: LeaseId) -> String {
+        format!("{}sessions/{node}/{lease:016x}", self.prefix)
     }
 
     /// Why `node` was dropped (e.g. "connection to its agent closed"), written just before its

@@ -21,7 +21,7 @@ pub use crate::store::records::{decode, decode_generation, encode, encode_genera
 use crate::store::records::{
     FailureRecord, Formation, Interval, Restarts, RootCause, RoundFailure, RunEnd,
 };
-use crate::store::{Compare, KeyValue, Op, Store, Txn, WatchEvent};
+use crate::store::{Compare, KeyValue, LeaseId, Op, Store, Txn, WatchEvent};
 use crate::{Plan, StoreError};
 
 /// Plans decoded lately, newest last: (key, the stored bytes as buffers met, plan).
@@ -261,12 +261,18 @@ impl RunState {
             .map(|kv| kv.value))
     }
 
-    /// Whether the session with `token` still speaks for `node` (`sessions/<node>`).
-    pub async fn speaks_for(&self, node: &str, token: &str) -> Result<bool, StoreError> {
+    /// Whether the session with `token` still speaks for `node`'s lease `lease`: no session
+    /// resumed the lease after it (`sessions/<node>/<lease>` absent, or its own token).
+    pub async fn speaks_for(
+        &self,
+        node: &str,
+        lease: LeaseId,
+        token: &str,
+    ) -> Result<bool, StoreError> {
         Ok(self
-            .get(&self.keys.session_owner(node))
+            .get(&self.keys.session_owner(node, lease))
             .await?
-            .is_some_and(|kv| kv.value == token.as_bytes()))
+            .is_none_or(|kv| kv.value == token.as_bytes()))
     }
 
     /// A failed round's verdict (`gen/current.failed`) and the `mod_revision` of its key.
@@ -512,5 +518,30 @@ mod tests {
         assert!(state.restarts().await.is_err());
         assert!(state.finished().await.is_err());
         assert!(state.plan(1).await.is_err());
+    }
+
+    /// A session speaks for the lease it was granted until another session resumes that
+    /// lease; a claim on another lease of the same node (an agent restarted with a fresh
+    /// lease) takes nothing from it.
+    #[tokio::test]
+    async fn only_a_session_that_resumed_the_lease_takes_it_over() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let state = RunState::new(store.clone(), "r");
+        let ttl = std::time::Duration::from_secs(10);
+        let (first, second) = (
+            store.lease_grant(ttl).await.unwrap(),
+            store.lease_grant(ttl).await.unwrap(),
+        );
+        assert!(state.speaks_for("n", first, "granted").await.unwrap());
+        state.claim("n", "restarted", second).await.unwrap();
+        assert!(state.speaks_for("n", first, "granted").await.unwrap());
+        state.claim("n", "resumed", first).await.unwrap();
+        assert!(!state.speaks_for("n", first, "granted").await.unwrap());
+        assert!(state.speaks_for("n", first, "resumed").await.unwrap());
+        store.lease_revoke(first).await.unwrap();
+        assert!(
+            state.speaks_for("n", first, "granted").await.unwrap(),
+            "a lease that ended has no one else speaking for it"
+        );
     }
 }

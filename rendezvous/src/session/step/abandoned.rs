@@ -14,7 +14,7 @@ use crate::session::state::{Abandoned, Effect, Failure, Params, Phase, Session};
 
 /// The agent's stream ended without a Leave (its process died, or its connection broke).
 /// Server-side, after [`crate::decisions::loss::RECONNECT_GRACE`] its lease is revoked unless the agent
-/// reconnected meanwhile (another session claimed the node) or the run is over: the others
+/// reconnected meanwhile (another session resumed its lease) or the run is over: the others
 /// learn of a crashed agent in about a second instead of a lease TTL. The grace is cut short
 /// when the agent's host says its probe port is closed (`liveness.rs`).
 pub(super) fn on_closed(s: &mut Session, now: Instant, p: &Params, fx: &mut Vec<Effect>) -> String {
@@ -47,7 +47,7 @@ pub(super) fn on_knocked(s: &mut Session, k: Knock, fx: &mut Vec<Effect>) -> Str
     }
     a.gone = true;
     a.at = None;
-    fx.push(Effect::CheckSpeaks);
+    fx.push(Effect::CheckSpeaks { lease: a.lease });
     "nothing listens on the agent's probe port any more: its process is gone".into()
 }
 

@@ -53,12 +53,12 @@ impl RunState {
             .map(drop)
     }
 
-    /// Server-side: records under `lease` that the session with `token` speaks for `node`
-    /// (`sessions/<node>`).
+    /// Server-side: records under `lease` that the session with `token` resumed `node`'s
+    /// lease `lease` (`sessions/<node>/<lease>`).
     pub async fn claim(&self, node: &str, token: &str, lease: LeaseId) -> Result<(), StoreError> {
         self.store
             .put(
-                &self.keys.session_owner(node),
+                &self.keys.session_owner(node, lease),
                 token.as_bytes().to_vec(),
                 Some(lease),
             )

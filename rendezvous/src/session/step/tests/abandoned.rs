@@ -66,7 +66,7 @@ fn a_closed_probe_port_cuts_the_grace_short() {
     let s = abandoned(Some(ms(t0, 1000)), false, false);
     let (s, fx, _) = on_server(s, Input::Knocked(Knock::Gone), ms(t0, 20));
     assert_eq!(s, abandoned(None, true, false));
-    assert_eq!(fx, vec![Effect::CheckSpeaks]);
+    assert_eq!(fx, vec![Effect::CheckSpeaks { lease: LEASE }]);
 }
 
 #[test]
@@ -78,7 +78,7 @@ fn no_answer_to_the_knock_waits_out_the_grace() {
     let (s2, fx, _) = on_server(s.clone(), Input::Tick, ms(t0, 999));
     assert_eq!((s2, fx), (s.clone(), vec![]));
     let (s, fx, _) = on_server(s, Input::Tick, ms(t0, 1000));
-    assert_eq!(fx, vec![Effect::CheckSpeaks]);
+    assert_eq!(fx, vec![Effect::CheckSpeaks { lease: LEASE }]);
     assert_eq!(s.wake_at(), None, "one look at a time");
 }
 
@@ -121,7 +121,7 @@ fn a_server_that_hears_nobody_of_the_run_holds_the_lease_and_says_so_once() {
     assert_eq!(s, abandoned(Some(ms(t0, 1000)), false, true));
     assert!(matches!(&fx[..], [Effect::Warn(line)] if line.contains("holding its lease")));
     let (s, fx, _) = on_server(s, Input::Tick, ms(t0, 1000));
-    assert_eq!(fx, vec![Effect::CheckSpeaks]);
+    assert_eq!(fx, vec![Effect::CheckSpeaks { lease: LEASE }]);
     let (s, fx, _) = on_server(s, speaks(true, 7000), ms(t0, 1000));
     assert!(fx.is_empty(), "said once");
     assert_eq!(s, abandoned(Some(ms(t0, 2000)), false, true));
