@@ -191,7 +191,11 @@ fn etcd_requests(endpoint: &str) -> BTreeMap<String, f64> {
     let mut by = BTreeMap::new();
     for l in body.lines() {
         if let Some((_, name)) = STORAGE_WORK.iter().find(|(p, _)| l.starts_with(p)) {
-            let v: f64 = l.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            let v: f64 = l
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
             by.insert(format!("={name}"), v);
             continue;
         }

@@ -472,7 +472,7 @@ pub(crate) enum Input {
     },
     /// The knock on an abandoned agent's probe port.
     Knocked(Knock),
-    /// Whether this session still speaks for its node (no other session claimed it and the
+    /// Whether this session still speaks for its node's lease (no other session resumed it and the
     /// run goes on), and how long no agent of the run was heard on this server (`None`: not
     /// known) — an abandoned agent's look.
     Speaks(Result<(bool, Option<Duration>), Failure>),

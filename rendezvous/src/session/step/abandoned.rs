@@ -74,7 +74,8 @@ pub(super) fn on_speaks(
     let ttl = p.rules.lease_ttl;
     if !speaks {
         s.phase = Phase::Left;
-        return "another session speaks for the node, or the run ended: its lease stays".into();
+        return "another session resumed the agent's lease, or the run ended: its lease stays"
+            .into();
     }
     if a.gone {
         s.phase = Phase::Left;
