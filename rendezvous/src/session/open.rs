@@ -14,6 +14,10 @@ impl Actor {
         let mut last_gen = self.state.last_gen;
         let phase = match resume {
             Some(r) if self.round.state().keep_alive(r.lease).await.is_ok() => {
+                // The node's membership (re-entering its generation) or its join (admitted
+                // while away, or waiting on) is written again below under the resumed lease:
+                // a lease adopted from another replica brings neither along
+                // (`store/shared_lease.rs`, `keys::rewritten_on_resume`).
                 self.lease_changed(LeaseChange::Granted(r.lease));
                 self.start_keeper(r.lease);
                 self.claim(r.lease).await?;

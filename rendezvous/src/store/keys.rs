@@ -2,6 +2,30 @@
 
 use crate::store::LeaseId;
 
+/// Whether `key` is a node's join (`/drun/v1/<run>/waiting/<node>`) or its membership of a
+/// generation (`/drun/v1/<run>/members/<g>/<node>`): a session that resumes the agent's lease
+/// on another replica writes that key again before the agent hears anything
+/// (`session/open.rs`: the membership as it re-enters the generation, the join as it waits on
+/// or is admitted), so the lease's registry record need not name it
+/// (`store/shared_lease.rs`).
+pub fn rewritten_on_resume(key: &str) -> bool {
+    let Some((_run, rest)) = key
+        .strip_prefix("/drun/v1/")
+        .and_then(|k| k.split_once('/'))
+    else {
+        return false;
+    };
+    let plain = |node: &str| !node.is_empty() && !node.contains('/');
+    if let Some(node) = rest.strip_prefix("waiting/") {
+        return plain(node);
+    }
+    rest.strip_prefix("members/")
+        .and_then(|r| r.split_once('/'))
+        .is_some_and(|(g, node)| {
+            !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()) && plain(node)
+        })
+}
+
 /// Keys of one run.
 #[derive(Debug, Clone)]
 pub struct RunKeys {
@@ -227,5 +251,31 @@ impl RunKeys {
     /// Manifest `id` failed verification (value: why).
     pub fn ckpt_bad(&self, id: &str) -> String {
         format!("{}ckpt/bad/{id}", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{rewritten_on_resume, RunKeys};
+
+    #[test]
+    fn only_a_nodes_join_and_membership_are_rewritten_on_resume() {
+        let k = RunKeys::new("job");
+        assert!(rewritten_on_resume(&k.waiting("node-3")));
+        assert!(rewritten_on_resume(&k.member(12, "node-3")));
+        for other in [
+            k.waiting_prefix(),
+            k.members_prefix(12),
+            k.session_owner("node-3", 7),
+            k.leader(),
+            k.silent(12, "a", "b"),
+            k.lost("node-3"),
+            k.plan(12),
+            "/drun/v1/job/members/x/node-3".to_string(),
+            "/drun/v1/job/waiting/a/b".to_string(),
+            "/other/job/waiting/node-3".to_string(),
+        ] {
+            assert!(!rewritten_on_resume(&other), "{other}");
+        }
     }
 }

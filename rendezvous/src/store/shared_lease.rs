@@ -18,12 +18,16 @@
 //! last wrote it at (a key another writer has overwritten since stays). Deletes and expiries
 //! reach watchers exactly as etcd's own lease expiry does: as delete events.
 //!
-//! Every write under an agent lease also writes the lease's registry record
-//! (`/drun/leases/<id>`: TTL and keys) under the same carrier, in the same transaction. An
-//! agent that reconnects to another replica keeps its lease: the replica finds the record,
-//! moves the keys under its own carrier in one guarded transaction and adopts the lease
-//! ([`SharedLeases::lease_keep_alive`] of an unknown id). When a server dies, its carrier
-//! expires after one TTL and every key it held goes with it, as each agent lease would have.
+//! The first write under an agent lease also writes the lease's registry record
+//! (`/drun/leases/<id>`: TTL and keys) under the same carrier, in the same transaction, and so
+//! does every later write of a key the record names. An agent that reconnects to
+//! another replica keeps its lease: the replica finds the record, moves the keys it names under
+//! its own carrier in one guarded transaction and adopts the lease
+//! ([`SharedLeases::lease_keep_alive`] of an unknown id). A node's join and membership keys are
+//! not named ([`rewritten_on_resume`]): the session that resumes the lease writes them again
+//! itself, so a formation writes no record beside them but the lease's first. When a server
+//! dies, its carrier expires after one TTL and every key it held goes with it, as each agent
+//! lease would have.
 //!
 //! Semantics kept: [`Store::lease_grant`]/`keep_alive`/`revoke`, `LeaseLost` for a put under a
 //! gone lease, keys deleted at expiry. Changed: [`crate::KeyValue::lease`] read back is the
@@ -45,6 +49,7 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::store::keys::rewritten_on_resume;
 use crate::store::{KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};
 use crate::StoreError;
 use delete::{delete_ended, delete_guarded};
@@ -121,8 +126,10 @@ impl SharedLeases {
     }
 
     /// Replaces each agent lease in `ops` by its carrier and appends the registry record of
-    /// every agent lease written. `LeaseLost` for a gone lease.
-    fn translate(&self, ops: &[Op], now: Instant) -> Result<Vec<Op>, StoreError> {
+    /// each agent lease written whose record is not written yet or that writes a key the
+    /// record names (every key but those [`rewritten_on_resume`]); returns the ops and the
+    /// leases whose record goes with them. `LeaseLost` for a gone lease.
+    fn translate(&self, ops: &[Op], now: Instant) -> Result<(Vec<Op>, Vec<LeaseId>), StoreError> {
         let mut table = self.table();
         let mut out = Vec::with_capacity(ops.len() + 1);
         let mut records: Vec<(LeaseId, LeaseId, Vec<String>)> = Vec::new();
@@ -135,8 +142,10 @@ impl SharedLeases {
                 } => {
                     let c = table.carrier(*l, now).ok_or(StoreError::LeaseLost(*l))?;
                     let keys = table.writing(*l, key);
-                    records.retain(|(r, _, _)| r != l);
-                    records.push((*l, c, keys));
+                    if !rewritten_on_resume(key) || !table.holds(*l, &registry_key(*l)) {
+                        records.retain(|(r, _, _)| r != l);
+                        records.push((*l, c, keys));
+                    }
                     out.push(Op::Put {
                         key: key.clone(),
                         value: value.clone(),
@@ -146,9 +155,10 @@ impl SharedLeases {
                 other => out.push(other.clone()),
             }
         }
+        let recorded = records.iter().map(|(l, _, _)| *l).collect();
         for (l, c, mut keys) in records {
             let reg = registry_key(l);
-            keys.retain(|k| *k != reg);
+            keys.retain(|k| *k != reg && !rewritten_on_resume(k));
             let ttl = table.ttl(l).unwrap_or_default();
             table.writing(l, &reg);
             out.push(Op::Put {
@@ -157,30 +167,26 @@ impl SharedLeases {
                 lease: Some(c),
             });
         }
-        Ok(out)
+        Ok((out, recorded))
     }
 
-    /// Records what an applied branch wrote; returns the keys written under a lease that ended
-    /// meanwhile (to delete).
-    fn applied(&self, ops: &[Op], revision: i64) -> Vec<(String, i64)> {
+    /// Records what an applied branch wrote, with the registry records of `recorded`; returns
+    /// the keys written under a lease that ended meanwhile (to delete).
+    fn applied(&self, ops: &[Op], recorded: &[LeaseId], revision: i64) -> Vec<(String, i64)> {
         let mut table = self.table();
         let mut orphans = Vec::new();
-        let mut leases = Vec::new();
         for op in ops {
             match op {
                 Op::Put { key, lease, .. } => {
                     if !table.wrote(key, *lease, revision) {
                         orphans.push((key.clone(), revision));
                     }
-                    leases.extend(*lease);
                 }
                 Op::Delete(key) => table.deleted(key),
                 Op::DeletePrefix(p) => table.deleted_prefix(p),
             }
         }
-        leases.sort_unstable();
-        leases.dedup();
-        for l in leases {
+        for &l in recorded {
             let reg = registry_key(l);
             if !table.wrote(&reg, Some(l), revision) {
                 orphans.push((reg, revision));
@@ -218,10 +224,12 @@ impl Store for Arc<SharedLeases> {
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
         let now = Instant::now();
+        let (success, on_success) = self.translate(&txn.success, now)?;
+        let (failure, on_failure) = self.translate(&txn.failure, now)?;
         let sent = Txn {
             compares: txn.compares.clone(),
-            success: self.translate(&txn.success, now)?,
-            failure: self.translate(&txn.failure, now)?,
+            success,
+            failure,
         };
         let resp = match self.inner.txn(sent).await {
             Ok(r) => r,
@@ -231,12 +239,12 @@ impl Store for Arc<SharedLeases> {
             }
             Err(e) => return Err(e),
         };
-        let branch = if resp.succeeded {
-            &txn.success
+        let (branch, recorded) = if resp.succeeded {
+            (&txn.success, &on_success)
         } else {
-            &txn.failure
+            (&txn.failure, &on_failure)
         };
-        let orphans = self.applied(branch, resp.revision);
+        let orphans = self.applied(branch, recorded, resp.revision);
         if !orphans.is_empty() {
             delete_guarded(&self.inner, orphans).await;
         }

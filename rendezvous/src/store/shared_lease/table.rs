@@ -115,6 +115,11 @@ impl LeaseTable {
         true
     }
 
+    /// Whether the last confirmed write of `key` was under `lease`.
+    pub fn holds(&self, lease: LeaseId, key: &str) -> bool {
+        self.owner.get(key).is_some_and(|(l, _)| *l == lease)
+    }
+
     /// `key` was deleted.
     pub fn deleted(&mut self, key: &str) {
         self.forget_key(key);

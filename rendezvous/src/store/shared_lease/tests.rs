@@ -190,3 +190,86 @@ async fn a_lost_carrier_loses_its_agent_leases() {
         Some(carrier)
     );
 }
+
+/// A node's join and membership are not named in its lease's registry record (the session
+/// that resumes the lease writes them again): the record is written with the lease's first
+/// write, and again only for a key a resume does not rewrite. Adopted elsewhere, the lease
+/// keeps the keys the record names; the membership the resumed session rewrote stays when
+/// the first replica lets the lease go.
+#[tokio::test(start_paused = true)]
+async fn a_lease_record_names_neither_join_nor_membership_and_a_resume_rewrites_them() {
+    use crate::store::keys::RunKeys;
+    use crate::store::{Op, Txn};
+    let inner: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let a = replica(&inner);
+    let k = RunKeys::new("r");
+    let l = a.lease_grant(TTL).await.unwrap();
+    let reg = registry_key(l);
+    a.put(&k.waiting("n"), b"join".to_vec(), Some(l))
+        .await
+        .unwrap();
+    let first = inner
+        .get(&reg)
+        .await
+        .unwrap()
+        .expect("written with the join");
+    let names = |kv: &crate::KeyValue| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_slice(&kv.value).unwrap();
+        serde_json::from_value(v["keys"].clone()).unwrap()
+    };
+    assert!(names(&first).is_empty(), "{:?}", names(&first));
+    let enter = Txn {
+        compares: vec![],
+        success: vec![
+            Op::Put {
+                key: k.member(1, "n"),
+                value: b"{}".to_vec(),
+                lease: Some(l),
+            },
+            Op::Delete(k.waiting("n")),
+        ],
+        failure: vec![],
+    };
+    assert!(a.txn(enter).await.unwrap().succeeded);
+    let after_enter = inner.get(&reg).await.unwrap().unwrap();
+    assert_eq!(
+        after_enter.mod_revision, first.mod_revision,
+        "not rewritten"
+    );
+    a.put(&k.leader(), b"n".to_vec(), Some(l)).await.unwrap();
+    let named = inner.get(&reg).await.unwrap().unwrap();
+    assert_eq!(names(&named), vec![k.leader()]);
+    let a_carrier = named.lease;
+
+    // The agent reconnects to b: the lease and the keys its record names move; the resumed
+    // session rewrites its membership.
+    let b = replica(&inner);
+    assert_eq!(b.lease_keep_alive(l).await.unwrap(), TTL);
+    assert_ne!(
+        inner.get(&k.leader()).await.unwrap().unwrap().lease,
+        a_carrier
+    );
+    assert_eq!(
+        inner.get(&k.member(1, "n")).await.unwrap().unwrap().lease,
+        a_carrier,
+        "the membership is the resumed session's to write"
+    );
+    b.put(&k.member(1, "n"), b"{}".to_vec(), Some(l))
+        .await
+        .unwrap();
+    let b_carrier = inner.get(&k.member(1, "n")).await.unwrap().unwrap().lease;
+    assert_ne!(b_carrier, a_carrier);
+    // a hears nothing more and lets the lease go: nothing it deletes was b's.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        b.lease_keep_alive(l).await.unwrap();
+    }
+    for key in [k.member(1, "n"), k.leader(), reg.clone()] {
+        let kv = inner.get(&key).await.unwrap();
+        assert_eq!(kv.map(|kv| kv.lease), Some(b_carrier), "{key}");
+    }
+    b.lease_revoke(l).await.unwrap();
+    for key in [k.member(1, "n"), k.leader(), reg] {
+        assert!(inner.get(&key).await.unwrap().is_none(), "{key}");
+    }
+}
