@@ -274,6 +274,33 @@ fn running_job(rdzv: &[&str], run: &str) -> (Vec<Agent>, tempfile::TempDir) {
     (agents, dir)
 }
 
+/// Holds for `duration` that every worker keeps its pid and sees no signal and every agent
+/// lives; otherwise fails naming what changed, with the agents' output so far.
+fn undisturbed(
+    what: &str,
+    duration: Duration,
+    agents: &[Agent],
+    dir: &Path,
+    before: &[(String, bool)],
+) {
+    let end = std::time::Instant::now() + duration;
+    while std::time::Instant::now() < end {
+        let now = worker_state(dir);
+        let gone: Vec<usize> = (0..agents.len())
+            .filter(|&i| !crate::harness::alive(agents[i].pid()))
+            .collect();
+        if now != before || !gone.is_empty() {
+            let logs: String = agents
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("--- agent {i}:\n{}\n", a.stderr_so_far()))
+                .collect();
+            panic!("{what} stopped holding: workers {before:?} -> {now:?}, agents gone: {gone:?}\n{logs}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn worker_state(dir: &Path) -> Vec<(String, bool)> {
     (0..4)
         .map(|r| {
@@ -317,15 +344,18 @@ fn etcd_leader_loss_does_not_disturb_workers() {
         "leader",
     );
     let before = worker_state(dir.path());
-    let leader = members.iter().find(|m| m.is_leader()).expect("a leader");
-    leader.signal(Signal::SIGKILL);
-    holds_for(
+    let mut leader = None;
+    wait_for("an etcd member to lead", Duration::from_secs(10), || {
+        leader = members.iter().find(|m| m.is_leader());
+        leader.is_some()
+    });
+    leader.unwrap().signal(Signal::SIGKILL);
+    undisturbed(
         "workers undisturbed after the etcd leader died",
         Duration::from_secs(10),
-        || {
-            worker_state(dir.path()) == before
-                && agents.iter().all(|a| crate::harness::alive(a.pid()))
-        },
+        &agents,
+        dir.path(),
+        &before,
     );
     end_job(agents, dir.path());
 }
@@ -339,19 +369,20 @@ fn short_etcd_stall_does_not_disturb_workers() {
     );
     let before = worker_state(dir.path());
     etcd.signal(Signal::SIGSTOP);
-    holds_for(
+    undisturbed(
         "workers undisturbed while etcd is stopped",
         Duration::from_secs(3),
-        || worker_state(dir.path()) == before,
+        &agents,
+        dir.path(),
+        &before,
     );
     etcd.signal(Signal::SIGCONT);
-    holds_for(
+    undisturbed(
         "workers undisturbed after etcd resumed",
         Duration::from_secs(8),
-        || {
-            worker_state(dir.path()) == before
-                && agents.iter().all(|a| crate::harness::alive(a.pid()))
-        },
+        &agents,
+        dir.path(),
+        &before,
     );
     end_job(agents, dir.path());
 }
