@@ -225,10 +225,14 @@ fn delta(after: &BTreeMap<String, f64>, before: &BTreeMap<String, f64>) -> BTree
         .collect()
 }
 
+/// The requests of an [`etcd_requests`] map (its storage counters left out), by method.
+fn requests(d: &BTreeMap<String, f64>) -> impl Iterator<Item = (&String, &f64)> {
+    d.iter().filter(|(k, _)| !k.starts_with('='))
+}
+
 fn show(d: &BTreeMap<String, f64>, n: usize) -> String {
-    let requests = d.iter().filter(|(k, _)| !k.starts_with('='));
-    let total: f64 = requests.clone().map(|(_, v)| v).sum();
-    let parts: Vec<String> = requests.map(|(k, v)| format!("{k} {v:.0}")).collect();
+    let total: f64 = requests(d).map(|(_, v)| v).sum();
+    let parts: Vec<String> = requests(d).map(|(k, v)| format!("{k} {v:.0}")).collect();
     let work: Vec<String> = STORAGE_WORK
         .iter()
         .map(|(_, name)| {
@@ -456,15 +460,11 @@ async fn one_size(n: usize, window: Duration) -> Row {
         (e1 - e0).as_secs_f64() / secs,
         rss as f64 / 1024.0,
         rss as f64 / n as f64,
-        delta(&steady, &formed)
-            .iter()
-            .filter(|(k, _)| !k.starts_with('='))
+        requests(&delta(&steady, &formed))
             .map(|(_, v)| v)
             .sum::<f64>()
             / secs,
-        delta(&steady, &formed)
-            .iter()
-            .filter(|(k, _)| !k.starts_with('='))
+        requests(&delta(&steady, &formed))
             .map(|(k, v)| format!("{k} {:.0}/s", v / secs))
             .collect::<Vec<_>>()
             .join(", "),
