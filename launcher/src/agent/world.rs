@@ -109,12 +109,12 @@ impl Agent {
                 h.end_run(&self.cfg.run_id, host_stopped(&self.cfg.node_id, &result))
                     .await;
             }
-            // Leaving (not ending) the run: survivors re-form without this node.
-            let _ = link.tx.send(Request::Leave);
-            let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                while link.rx.recv().await.is_some() {}
-            })
-            .await;
+        }
+        // Leaving (not ending) the run: survivors of a run that goes on re-form without this
+        // node. After the run's end too: what the agent sent without waiting for an answer (a
+        // hang's flight recorder dumps, a report) is carried out before the process exits.
+        if !link.leave().await {
+            tracing::debug!("the rendezvous did not confirm the leave in time");
         }
         if let Some(h) = link.hosted.take() {
             // An ended run whose size is fixed: every node must learn it, also those that have

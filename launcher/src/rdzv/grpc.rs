@@ -23,6 +23,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::reach::{short_reason, Limits, Reach};
 use super::track::Track;
+use super::LEAVE_WAIT;
 use crate::peers::{PeerHealth, Verdict};
 
 /// How long an HTTP/2 keep-alive ping (sent every 2 s) may go unanswered before the stream is
@@ -58,6 +59,8 @@ impl Creds {
     }
 }
 
+/// The link's task is returned too: it ends once what the agent sent up to its Leave reached
+/// the server (or the link gave up), which the agent waits for before it exits.
 pub fn connect(
     endpoints: Vec<String>,
     cfg: SessionConfig,
@@ -66,13 +69,14 @@ pub fn connect(
 ) -> (
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
+    tokio::task::JoinHandle<()>,
 ) {
     let (req_tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
-    tokio::spawn(tracing::Instrument::in_current_span(run(
+    let task = tokio::spawn(tracing::Instrument::in_current_span(run(
         endpoints, cfg, creds, peers, req_rx, ev_tx,
     )));
-    (req_tx, ev_rx)
+    (req_tx, ev_rx, task)
 }
 
 fn hello(cfg: &SessionConfig, t: &Track) -> pb::AgentMessage {
@@ -387,6 +391,8 @@ impl Client {
         let mut tick = tokio::time::interval(self.cfg.keep_alive_interval);
         // Whether this stream brought anything from the server yet.
         let mut heard = false;
+        // Whether the run ended (or the server refused the session): nothing to reconnect for.
+        let mut ended = false;
         loop {
             tokio::select! {
                 req = requests.recv() => {
@@ -394,11 +400,16 @@ impl Client {
                     self.t.sent(&req);
                     let leave = req == Request::Leave;
                     if out_tx.send(request_to_wire(&req)).is_err() {
-                        return Next::Reconnect;
+                        return if ended { Next::End } else { Next::Reconnect };
                     }
                     if leave {
-                        // Give the server a moment to revoke the lease, then end.
-                        let _ = tokio::time::timeout(Duration::from_secs(2), inbound.message()).await;
+                        // The server carries out the requests in order: its session ends (and
+                        // with it this stream) once it has taken everything sent before the
+                        // Leave and revoked the lease.
+                        let _ = tokio::time::timeout(LEAVE_WAIT, async {
+                            while let Ok(Some(_)) = inbound.message().await {}
+                        })
+                        .await;
                         return Next::End;
                     }
                 }
@@ -433,12 +444,20 @@ impl Client {
                         }
                         let end = matches!(ev, Event::Finished(_) | Event::Error(_));
                         self.t.received(&ev);
-                        if self.events.send(ev).is_err() || end {
-                            // The run ended (or the server refused us): the server closes the
-                            // session next; nothing to reconnect for.
+                        if self.events.send(ev).is_err() {
                             return Next::End;
                         }
+                        if end {
+                            // The run ended (or the server refused us). The agent hears the
+                            // link close after the end, as from every backend; the stream
+                            // still carries what the agent sends until it leaves (a report
+                            // of its last moments races the end, seen in CI).
+                            let (closed, _) = mpsc::unbounded_channel();
+                            self.events = closed;
+                            ended = true;
+                        }
                     }
+                    Ok(None) | Err(_) if ended => return Next::End,
                     Ok(None) | Err(_) if !heard => {
                         // Ended before the server said anything: not a working session.
                         let why = match msg {

@@ -39,6 +39,47 @@ pub struct Link {
     pub rx: mpsc::UnboundedReceiver<Event>,
     /// The embedded c10d-style server this agent hosts, if any.
     pub hosted: Option<HostedServer>,
+    /// The task that writes the requests to a server (gRPC links): it may outlive the events,
+    /// which close at the run's end.
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// How long an exiting agent waits for its Leave (and what it sent before) to be carried out.
+pub(crate) const LEAVE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Link {
+    fn new(
+        (tx, rx): (
+            mpsc::UnboundedSender<Request>,
+            mpsc::UnboundedReceiver<Event>,
+        ),
+        hosted: Option<HostedServer>,
+    ) -> Self {
+        Link {
+            tx,
+            rx,
+            hosted,
+            task: None,
+        }
+    }
+
+    /// Leaves the run and waits, at most [`LEAVE_WAIT`], until the rendezvous has carried out
+    /// everything sent before the Leave: the requests the agent sends without waiting for an
+    /// answer (reports, flight recorder dumps) would otherwise die with the process. Every
+    /// backend carries out a session's requests in order and ends the session after a Leave.
+    /// False when the wait ran out.
+    pub async fn leave(&mut self) -> bool {
+        let _ = self.tx.send(Request::Leave);
+        let (rx, task) = (&mut self.rx, &mut self.task);
+        tokio::time::timeout(LEAVE_WAIT, async {
+            while rx.recv().await.is_some() {}
+            if let Some(t) = task.as_mut() {
+                let _ = t.await;
+            }
+        })
+        .await
+        .is_ok()
+    }
 }
 
 /// An embedded rendezvous server run by this agent (`--rdzv-backend c10d` host).
@@ -191,27 +232,15 @@ pub async fn open(
     match &cfg.rdzv.mode {
         RendezvousMode::Embedded { .. } => {
             let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-            let (tx, rx) = spawn_session(store, session, None);
-            Ok(Link {
-                tx,
-                rx,
-                hosted: None,
-            })
+            Ok(Link::new(spawn_session(store, session, None), None))
         }
-        RendezvousMode::Static { .. } => {
-            let (tx, rx) = static_link::spawn(cfg, session);
-            Ok(Link {
-                tx,
-                rx,
-                hosted: None,
-            })
-        }
+        RendezvousMode::Static { .. } => Ok(Link::new(static_link::spawn(cfg, session), None)),
         RendezvousMode::Server { endpoints } => {
-            let (tx, rx) = grpc::connect(endpoints.clone(), session, grpc::Creds::of(cfg), peers);
+            let (tx, rx, task) =
+                grpc::connect(endpoints.clone(), session, grpc::Creds::of(cfg), peers);
             Ok(Link {
-                tx,
-                rx,
-                hosted: None,
+                task: Some(task),
+                ..Link::new((tx, rx), None)
             })
         }
         RendezvousMode::Etcd { endpoints } => {
@@ -223,12 +252,7 @@ pub async fn open(
                 )
                 .await?,
             );
-            let (tx, rx) = spawn_session(store, session, None);
-            Ok(Link {
-                tx,
-                rx,
-                hosted: None,
-            })
+            Ok(Link::new(spawn_session(store, session, None), None))
         }
         RendezvousMode::C10d { endpoint, is_host } => {
             let hosted = if *is_host != Some(false) {
@@ -259,9 +283,12 @@ pub async fn open(
             } else {
                 None
             };
-            let (tx, rx) =
+            let (tx, rx, task) =
                 grpc::connect(vec![endpoint.clone()], session, grpc::Creds::of(cfg), peers);
-            Ok(Link { tx, rx, hosted })
+            Ok(Link {
+                task: Some(task),
+                ..Link::new((tx, rx), hosted)
+            })
         }
     }
 }
@@ -353,6 +380,8 @@ async fn host(
     })
 }
 
+#[cfg(test)]
+mod leave_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
