@@ -113,19 +113,20 @@ impl Agent {
         // Leaving (not ending) the run: survivors of a run that goes on re-form without this
         // node. After the run's end too: what the agent sent without waiting for an answer (a
         // hang's flight recorder dumps, a report) is carried out before the process exits.
-        if !link.leave().await {
+        let left = link.leave().await;
+        if !left {
             tracing::debug!("the rendezvous did not confirm the leave in time");
         }
         if let Some(h) = link.hosted.take() {
             // An ended run whose size is fixed: every node must learn it, also those that have
             // not connected yet.
             let unfit = matches!(result, Err(LaunchError::GpuUnhealthy(_)));
-            h.shutdown(if unfit {
+            let nodes = if unfit {
                 self.cfg.rdzv.max_nodes as usize
             } else {
                 0
-            })
-            .await;
+            };
+            h.shutdown(nodes, !left).await;
         }
         result
     }

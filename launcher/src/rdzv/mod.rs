@@ -134,8 +134,10 @@ impl HostedServer {
     /// Stops serving once at least `nodes` sessions have opened (this agent's own included) and
     /// the other agents have closed theirs, at most [`HOST_LINGER`] after the call. `nodes` > 1
     /// keeps an ended run's server up for agents that have not connected yet, so that they
-    /// learn the end instead of waiting for the join timeout.
-    pub async fn shutdown(mut self, nodes: usize) {
+    /// learn the end instead of waiting for the join timeout. `own_open`: whether this agent's
+    /// own session may still be open (its leave was not confirmed).
+    pub async fn shutdown(mut self, nodes: usize, own_open: bool) {
+        let own = usize::from(own_open);
         let deadline = tokio::time::Instant::now() + HOST_LINGER;
         if self.service.sessions_opened() < nodes {
             tracing::info!(
@@ -144,7 +146,7 @@ impl HostedServer {
                 self.service.sessions_opened()
             );
         }
-        while (self.service.active_sessions() > 1 || self.service.sessions_opened() < nodes)
+        while (self.service.active_sessions() > own || self.service.sessions_opened() < nodes)
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -381,7 +383,7 @@ async fn host(
 }
 
 #[cfg(test)]
-mod leave_tests;
+mod exit_tests;
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,5 @@
-//! The agent's last requests reach the rendezvous before its process exits.
+//! An agent's exit: its last requests reach the rendezvous before its process exits, and a
+//! c10d host serves the other agents until they have gone.
 
 use std::time::Duration;
 
@@ -10,12 +11,16 @@ use drun_rendezvous::{Candidate, RoundConfig};
 use super::*;
 
 fn one_node(run: &str) -> SessionConfig {
+    nodes(run, "n0", 1)
+}
+
+fn nodes(run: &str, node: &str, n: usize) -> SessionConfig {
     SessionConfig {
         run_id: run.into(),
-        node_id: "n0".into(),
+        node_id: node.into(),
         round: RoundConfig {
-            min_nodes: 1,
-            max_nodes: 1,
+            min_nodes: n,
+            max_nodes: n,
             last_call: Duration::ZERO,
             join_timeout: Duration::from_secs(30),
             settle: Duration::ZERO,
@@ -106,5 +111,48 @@ async fn a_report_sent_after_the_runs_end_is_carried_out_before_the_leave_return
         service.active_sessions(),
         0,
         "the session ended with the leave"
+    );
+}
+
+/// A c10d host that has left its own session keeps serving while another agent's session is
+/// open (it may not have heard the run's end yet), and stops once that agent has left.
+#[tokio::test]
+async fn a_host_that_left_serves_until_the_other_agents_have_left() {
+    let h = host("127.0.0.1:0".parse().unwrap(), false, None, None)
+        .await
+        .unwrap();
+    let addr = h.addr;
+    let (tx, rx, task) = grpc::connect(
+        vec![addr.to_string()],
+        nodes("hosted", "n1", 2),
+        grpc::Creds::default(),
+        None,
+    );
+    let mut other = Link {
+        task: Some(task),
+        ..Link::new((tx, rx), None)
+    };
+    assert!(matches!(next(&mut other).await, Some(Event::Opened { .. })));
+    let service = h.service.clone();
+    let stopping = tokio::spawn(h.shutdown(0, false));
+    // Still taking connections for as long as the other agent stays (a host that stops
+    // serving closes its listener at once).
+    let until = tokio::time::Instant::now() + Duration::from_millis(500);
+    while tokio::time::Instant::now() < until {
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_ok(),
+            "the host stopped serving while another agent's session was open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(service.active_sessions(), 1);
+    assert!(other.leave().await);
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .expect("the host stops once the other agent has left")
+        .unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "a host that stopped takes no more connections"
     );
 }
