@@ -112,3 +112,56 @@ async fn a_failure_while_a_member_is_gone_waits_for_its_loss_and_spends_nothing(
         "the loss's doing"
     );
 }
+
+/// An agent that leaves because the run ended is no loss: its lease is left to expire and no
+/// "left" is recorded, so a member still attributing a worker failure does not blame it (a
+/// user saw the survivors' summary name a node whose agent had only exited after the end).
+#[tokio::test]
+async fn a_leave_after_the_runs_end_records_no_loss_and_keeps_the_membership() {
+    let run = "left-after-end";
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut links = vec![];
+    for node in ["a", "b"] {
+        let link = spawn_session(store.clone(), config(run, node, 2, 2), None);
+        link.0.send(Request::Join(join(node, 1), 0)).unwrap();
+        links.push(link);
+    }
+    let mut g = 0;
+    for (_, rx) in links.iter_mut() {
+        let mut seen = vec![];
+        g = next(rx, &mut seen, |e| match e {
+            Event::Formed(p) => Some(p.generation),
+            _ => None,
+        })
+        .await
+        .unwrap_or_else(|| panic!("formed: {seen:?}"));
+    }
+    let state = crate::store::run_state::RunState::new(store.clone(), run);
+    let end = crate::RunEnd {
+        success: false,
+        reason: "rank 1 failed; restart budget spent".into(),
+        at_ms: crate::clock::now_ms(),
+        root_cause: None,
+        retryable: false,
+        unfit: false,
+    };
+    assert!(state.end(&end).await.unwrap());
+    let (tx, rx) = &mut links[1];
+    let mut seen = vec![];
+    next(rx, &mut seen, |e| {
+        matches!(e, Event::Finished(_)).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("b hears the end: {seen:?}"));
+    tx.send(Request::Leave).unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        while rx.recv().await.is_some() {}
+    })
+    .await;
+    assert!(closed.is_ok(), "b's session ends with its leave");
+    assert!(
+        state.is_member(g, "b").await.unwrap(),
+        "b's membership stays until its lease expires"
+    );
+    assert_ne!(state.lost("b").await.unwrap(), crate::decisions::loss::LEFT);
+}

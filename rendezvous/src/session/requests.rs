@@ -173,10 +173,16 @@ impl Actor {
         Ok(())
     }
 
-    /// Leaves the run: records why, revokes the lease (survivors re-form).
+    /// Leaves the run: records why, revokes the lease (survivors re-form). After the run's end
+    /// no one re-forms: the lease is left to expire, so that the other members, which may still
+    /// be looking at their generation (a worker failure's attribution), see no loss in an agent
+    /// that exits because the run ended.
     async fn leave(&mut self) -> Result<(), RendezvousError> {
         if let Some(l) = self.lease() {
             self.stop_keeper();
+            if self.finished().await?.is_some() {
+                return Ok(());
+            }
             let state = self.round.state();
             state.record_lost(&self.cfg.node_id, loss::LEFT).await?;
             state.revoke_lease(l).await?;
