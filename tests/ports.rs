@@ -111,3 +111,23 @@ fn http1_listener() -> u16 {
     });
     port
 }
+
+/// The default backend given etcd's address (the backend flag forgotten): doctor names it, and
+/// a drun server at the same kind of address is no trap.
+#[test]
+fn doctor_names_an_etcd_given_to_the_drun_backend_and_passes_a_drun_server() {
+    let etcd = crate::harness::etcd::Etcd::start();
+    let server = crate::harness::cluster::RdzvServer::start(&["--store", "memory"]);
+    for (ep, warned) in [(&etcd.endpoint, true), (&server.endpoint, false)] {
+        let mut c = drun();
+        c.arg("doctor")
+            .args(["--nnodes", "2", "--rdzv-endpoint", ep, "--rdzv-id", "d"])
+            .arg("t.py");
+        let (code, out, err) = crate::harness::run(c, Duration::from_secs(60));
+        assert_eq!(code, 0, "{out}{err}");
+        let said = out.contains(&format!(
+            "warning: the rendezvous {ep} answered, but not as a drun-rendezvous server"
+        )) && out.contains("--rdzv-backend etcd");
+        assert_eq!(said, warned, "{ep}:\n{out}");
+    }
+}

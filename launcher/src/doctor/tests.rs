@@ -111,6 +111,7 @@ fn traps_are_named_from_the_probes() {
         pid1: false,
         pid1_comm: Some("sh".into()),
         listeners: vec![],
+        not_drun: vec![],
         gpus: Some(crate::gpu_health::Verdict::Unhealthy(vec![
             crate::gpu_health::Finding {
                 gpu: "GPU 1 (0000:3b:00.0)".into(),
@@ -196,6 +197,19 @@ fn a_rendezvous_endpoint_held_by_another_program_or_speaking_tls_is_a_trap() {
     // A drun server (HTTP/2) is no trap.
     let w = traps(&cfg, &raw, &host, &with(Answer::Http2)).join("\n");
     assert!(!w.contains("rdzv.svc:29400"), "{w}");
+    // etcd answers HTTP/2 too, but not drun.v1: the backend flag forgotten.
+    let etcd = Probes {
+        not_drun: vec![(
+            "rdzv.svc:29400".into(),
+            "unknown service drun.v1.Rendezvous".into(),
+        )],
+        ..with(Answer::Http2)
+    };
+    let w = traps(&cfg, &raw, &host, &etcd).join("\n");
+    assert!(
+        w.contains("the rendezvous rdzv.svc:29400 answered, but not as a drun-rendezvous server (unknown service drun.v1.Rendezvous); for an etcd endpoint use --rdzv-backend etcd"),
+        "{w}"
+    );
 }
 
 #[test]

@@ -22,6 +22,9 @@ pub struct Probes {
     /// What answered on each rendezvous endpoint this node dials (`--rdzv-backend drun`, or
     /// c10d where another node hosts): (endpoint, answer); nothing listening is left out.
     pub listeners: Vec<(String, Answer)>,
+    /// Endpoints that answered HTTP/2 but not drun.v1 (etcd, another gRPC service): (endpoint,
+    /// what the server said).
+    pub not_drun: Vec<(String, String)>,
     /// The GPU health check's verdict (`--gpu-health` on and an NVIDIA GPU on this node).
     pub gpus: Option<crate::gpu_health::Verdict>,
 }
@@ -92,6 +95,11 @@ impl Probes {
                 continue; // named above as unresolved
             };
             if let Some(answer) = probe(&addr.to_string()).await {
+                if answer == Answer::Http2 && cfg.security.rdzv_tls.is_none() {
+                    if let Some(said) = not_drun(&addr.to_string()).await {
+                        p.not_drun.push((ep.clone(), said));
+                    }
+                }
                 p.listeners.push((ep, answer));
             }
         }
@@ -114,6 +122,31 @@ impl Probes {
         }
         p
     }
+}
+
+/// What a plaintext HTTP/2 server at `addr` says to a drun.v1 status call when it does not serve
+/// drun.v1 (`Unimplemented`: etcd, another gRPC service); `None` for a drun server or no answer
+/// within 2 s.
+async fn not_drun(addr: &str) -> Option<String> {
+    use drun_proto::v1::rendezvous_client::RendezvousClient;
+    let call = async {
+        let mut client = RendezvousClient::connect(format!("http://{addr}"))
+            .await
+            .ok()?;
+        let request = drun_proto::v1::StatusRequest {
+            run_id: "drun-doctor".into(),
+        };
+        match client.status(request).await {
+            Err(s) if s.code() == tonic::Code::Unimplemented => {
+                Some(s.message().trim().to_string())
+            }
+            _ => None,
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(2), call)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// One warning per trap found. `raw`: the command line as parsed (flags and `PET_*`), before
@@ -166,6 +199,12 @@ pub fn traps(cfg: &LaunchConfig, raw: &crate::Args, host: &Host, probes: &Probes
     for (what, port, e) in &probes.taken {
         w.push(format!(
             "port {port} ({what}) is already taken on this machine ({e}): pick a free port"
+        ));
+    }
+    for (ep, said) in &probes.not_drun {
+        w.push(format!(
+            "the rendezvous {ep} answered, but not as a drun-rendezvous server ({said}); for an \
+             etcd endpoint use --rdzv-backend etcd"
         ));
     }
     for (ep, answer) in &probes.listeners {

@@ -362,6 +362,15 @@ impl Client {
                 )));
                 Some(Opened::Refused)
             }
+            // A gRPC server without drun.v1 (etcd, most often: the backend flag forgotten)
+            // cannot become a rendezvous by waiting: the link ends at once, with the fix.
+            Err(s) if s.code() == tonic::Code::Unimplemented => {
+                let _ = self.events.send(Event::Error(format!(
+                    "rendezvous endpoint {endpoint}: {}",
+                    not_a_session(&s)
+                )));
+                Some(Opened::Refused)
+            }
             Err(s) => {
                 let chain = error_chain(&s);
                 let why = match self.identify(target, endpoint, &chain).await {
