@@ -172,7 +172,13 @@ fn log_times_are_seconds_since_the_epoch() {
 fn without(v: &Value, keys: &[&str]) -> Value {
     let mut v = v.clone();
     let o = v.as_object_mut().unwrap();
-    for k in ["first_line", "first_all_reduce", "failed_at", "sum"] {
+    for k in [
+        "first_line",
+        "first_all_reduce",
+        "failed_at",
+        "sum",
+        "cmdline",
+    ] {
         o.remove(k);
     }
     let env = o.get_mut("env").unwrap().as_object_mut().unwrap();
@@ -235,6 +241,34 @@ fn warm_workers_look_cold_to_the_script_from_the_first_generation_on_and_restart
             );
             assert_eq!(w["env"]["TORCHELASTIC_RESTART_COUNT"], attempt.to_string());
             assert!(w["env"].get("DRUN_WARM_FD").is_none());
+            assert!(w["env"].get("DRUN_WARM_BOOTSTRAP").is_none());
+            // `ps` and `pgrep -f warm_dump.py` find a warm worker as a cold one: its script
+            // and arguments, after a one-line `-c` stub, not the bootstrap's source.
+            let shown: Vec<&str> = w["cmdline"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap())
+                .collect();
+            let cold_shown: Vec<&str> = c["cmdline"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap())
+                .collect();
+            assert!(
+                shown.len() == cold_shown.len() + 2
+                    && shown[..2] == cold_shown[..2]
+                    && shown[2] == "-c"
+                    && shown[4..] == cold_shown[2..],
+                "warm {shown:?}, cold {cold_shown:?}"
+            );
+            assert!(
+                shown
+                    .iter()
+                    .all(|a| !a.contains("_drun_warm") && a.len() < 200),
+                "{shown:?}"
+            );
         }
     }
     for rank in 0..2 {

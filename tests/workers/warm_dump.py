@@ -30,6 +30,8 @@ def start_record():
         "first_line": FIRST_LINE,
         "env": dict(os.environ),
         "argv": sys.argv,
+        # What `ps` shows (a warm interpreter's differs from a cold one's by its `-c` stub).
+        "cmdline": open("/proc/self/cmdline", "rb").read().decode(errors="replace").split("\0")[:-1],
         "orig_argv": sys.orig_argv,
         # [1:] is the helper directory this script inserted.
         "path": sys.path[1:],

@@ -1,5 +1,6 @@
-# drun's warm worker bootstrap (launcher/src/warm/mod.rs): run as `python -u -c <this file>`
-# with the hand-off socket at fd $DRUN_WARM_FD. Imports torch ahead of time, says so, waits
+# drun's warm worker bootstrap (launcher/src/warm/mod.rs): passed in $DRUN_WARM_BOOTSTRAP and
+# run by `python -u -c <stub> script.py args..` (launcher/src/warm/handoff.rs; the command line
+# shows the worker's script), with the hand-off socket at fd $DRUN_WARM_FD. Imports torch ahead of time, says so, waits
 # for the hand-off (the worker's environment, argv, cwd), then becomes `python -u script.py`.
 # Stdlib only besides torch; every name lives in one function, so __main__ stays clean.
 def _drun_warm():

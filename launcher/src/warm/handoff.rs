@@ -10,20 +10,29 @@ use serde::Deserialize;
 
 use super::decide::Status;
 
-/// The bootstrap, run with `python -u -c`.
+/// The bootstrap, handed to the interpreter in [`SOURCE_VAR`] and run by [`STUB`].
 pub const BOOTSTRAP: &str = include_str!("bootstrap.py");
 
 /// The variable that tells the bootstrap where its hand-off socket is.
 pub const FD_VAR: &str = "DRUN_WARM_FD";
 
-/// The warm interpreter's arguments: the worker's interpreter flags (`-u`), then the bootstrap.
-/// `leading` is a script entrypoint's `[flags.., script]`.
-pub fn warm_args(leading: &[String]) -> Vec<String> {
-    let flags = &leading[..leading.len().saturating_sub(1)];
+/// The variable that carries the bootstrap's source, so that the command line stays short.
+pub const SOURCE_VAR: &str = "DRUN_WARM_BOOTSTRAP";
+
+/// What `python -c` runs: the bootstrap from [`SOURCE_VAR`], which leaves the environment.
+pub const STUB: &str = "import os;exec(os.environ.pop('DRUN_WARM_BOOTSTRAP'))";
+
+/// The warm interpreter's arguments: the worker's interpreter flags (`-u`), the stub, then the
+/// worker's script and arguments, which the interpreter ignores (the hand-off sets `sys.argv`)
+/// but `ps` and `pgrep -f train.py` show, as for a cold worker. `argv` is a script worker's
+/// argv after the program: `[flags.., script, args..]`, with `script_at` its script's index.
+pub fn warm_args(argv: &[String], script_at: usize) -> Vec<String> {
+    let (flags, rest) = argv.split_at(script_at.min(argv.len()));
     flags
         .iter()
         .cloned()
-        .chain(["-c".to_string(), BOOTSTRAP.to_string()])
+        .chain(["-c".to_string(), STUB.to_string()])
+        .chain(rest.iter().cloned())
         .collect()
 }
 
@@ -116,11 +125,12 @@ mod tests {
     }
 
     #[test]
-    fn the_warm_interpreter_keeps_the_workers_flags() {
-        let leading = ["-u", "train.py"].map(String::from);
-        let args = warm_args(&leading);
-        assert_eq!(&args[..2], ["-u", "-c"]);
-        assert!(args[2].contains("def _drun_warm"));
+    fn the_warm_interpreter_keeps_the_workers_flags_and_shows_its_script() {
+        let argv = ["-u", "train.py", "--lr", "0.1"].map(String::from);
+        let args = warm_args(&argv, 1);
+        assert_eq!(args, ["-u", "-c", STUB, "train.py", "--lr", "0.1"]);
+        assert!(STUB.contains(SOURCE_VAR));
+        assert!(BOOTSTRAP.contains("def _drun_warm"));
     }
 
     #[test]

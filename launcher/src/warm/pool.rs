@@ -333,12 +333,17 @@ async fn start_one(
     mut env: BTreeMap<std::ffi::OsString, std::ffi::OsString>,
 ) -> bool {
     env.insert(FD_VAR.into(), HANDOFF_FD.to_string().into());
+    env.insert(handoff::SOURCE_VAR.into(), handoff::BOOTSTRAP.into());
+    let entry = &cfg.workers.entrypoint;
     let started = UnixStream::pair().map(|(ours, theirs)| (ours, OwnedFd::from(theirs)));
     let spawned = match started {
         Ok((ours, theirs)) => os
             .spawn(SpawnSpec {
                 program: cfg.workers.entrypoint.program.clone(),
-                args: handoff::warm_args(&cfg.workers.entrypoint.leading),
+                args: handoff::warm_args(
+                    &entry.argv(local_rank),
+                    entry.leading.len().saturating_sub(1),
+                ),
                 env,
                 output: Output::Piped,
                 stdin: crate::group::worker_stdin(cfg, local_rank),
