@@ -54,7 +54,7 @@ impl Timing {
                         invalid(
                             "--rdzv-conf",
                             format!("{key}={v}"),
-                            "expected seconds from 0 to 2592000 (30 days)",
+                            "expected a number of seconds, at most 2592000 (30 days)",
                         )
                     }),
             }

@@ -242,7 +242,11 @@ fn above_min(view: &RoundView, now: Instant, cfg: &RoundConfig) -> Decision {
         }
         Some(left) if left.is_empty() => (
             since + cfg.settle.min(cfg.last_call),
-            "every surviving member rejoined".to_string(),
+            format!(
+                "every surviving member rejoined (and {} newcomer{})",
+                view.newcomers,
+                if view.newcomers == 1 { "" } else { "s" }
+            ),
         ),
         _ => (since + cfg.last_call, "last call closed".to_string()),
     };

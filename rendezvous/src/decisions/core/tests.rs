@@ -67,7 +67,7 @@ fn a_reform_with_newcomers_waits_the_settle_window_to_batch_more_arrivals() {
         } => {
             assert_eq!(admitted.len(), 3);
             assert!(
-                reason.starts_with("every surviving member rejoined with 3 nodes"),
+                reason.starts_with("every surviving member rejoined (and 1 newcomer) with 3 nodes"),
                 "{reason}"
             );
         }
