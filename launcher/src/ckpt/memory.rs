@@ -132,6 +132,9 @@ pub enum BudgetError {
     /// Neither a size nor `auto`/`off`.
     #[error("not a size (e.g. 8GiB, 512M, auto or off)")]
     NotASize,
+    /// A number without a unit: bytes, or the gibibytes a user likely meant?
+    #[error("a number needs a unit (e.g. 8G for 8 GiB, 512M for 512 MiB), or give auto or off")]
+    NoUnit,
     /// More than the node's usable memory (its RAM, or its cgroup's limit when lower).
     #[error(
         "{} is more than this node can hold: it has {} of RAM and {}; give at most {}, auto (a quarter of that) or off",
@@ -163,6 +166,9 @@ pub fn budget(text: &str, node: Option<NodeMemory>) -> Result<Option<u64>, Budge
         _ => {}
     }
     let bytes = parse_size(text).ok_or(BudgetError::NotASize)?;
+    if text.trim().chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return Err(BudgetError::NoUnit);
+    }
     if let Some(n) = node {
         if bytes > n.usable() {
             return Err(BudgetError::TooLarge { bytes, node: n });
@@ -324,6 +330,9 @@ mod tests {
         let e = budget("128G", Some(free)).unwrap_err().to_string();
         assert!(e.contains("64 GiB of RAM and no cgroup limit"), "{e}");
         assert_eq!(budget("lots", Some(node)), Err(BudgetError::NotASize));
+        // `--ckpt-memory 1`: one byte, or the GiB the user likely meant? Neither: refused.
+        assert_eq!(budget("1", Some(node)), Err(BudgetError::NoUnit));
+        assert_eq!(budget("4096", Some(node)), Err(BudgetError::NoUnit));
         assert_eq!(
             BudgetError::NotASize.to_string(),
             "not a size (e.g. 8GiB, 512M, auto or off)"
