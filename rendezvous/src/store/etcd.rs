@@ -433,6 +433,15 @@ fn root_cause(e: &etcd::Error) -> String {
         etcd::Error::TransportError(t) => t,
         etcd::Error::GRpcStatus(s) => match std::error::Error::source(s) {
             Some(src) => src,
+            // A gRPC server without etcd's API (a drun-rendezvous server, most often) answers
+            // Unimplemented with no message.
+            None if format!("{:?}", s.code()) == "Unimplemented" => {
+                return format!(
+                    "it answered, but not as etcd (gRPC Unimplemented{}; a drun-rendezvous server there?)",
+                    if s.message().is_empty() { String::new() } else { format!(": {}", s.message()) }
+                )
+            }
+            None if s.message().is_empty() => return format!("gRPC status {:?}", s.code()),
             None => return s.message().to_string(),
         },
         other => other,
@@ -441,4 +450,21 @@ fn root_cause(e: &etcd::Error) -> String {
         cur = next;
     }
     cur.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grpc_server_without_etcds_api_is_named_not_left_blank() {
+        // What a drun-rendezvous server (tonic) answers an etcd request with.
+        let e = etcd::Error::GRpcStatus(tonic::Status::new(tonic::Code::Unimplemented, ""));
+        assert_eq!(
+            root_cause(&e),
+            "it answered, but not as etcd (gRPC Unimplemented; a drun-rendezvous server there?)"
+        );
+        let e = etcd::Error::GRpcStatus(tonic::Status::new(tonic::Code::Unavailable, ""));
+        assert_eq!(root_cause(&e), "gRPC status Unavailable");
+    }
 }
