@@ -569,6 +569,39 @@ fn below_min_the_survivor_waits_then_exits_3_naming_who_came() {
     );
 }
 
+/// A node whose agent left (SIGTERM: it says so) is gone, not cut off: the survivor waiting
+/// below MIN does not warn that its probes go unanswered, nor report a partition (a user saw
+/// `status` show `partition node 0 ↔ node 1` for as long as the survivor waited).
+#[test]
+fn a_node_that_left_is_not_reported_unreachable_while_the_survivor_waits_below_min() {
+    let server = RdzvServer::start(&["--store", "memory"]);
+    let dir = tempfile::tempdir().unwrap();
+    let rdzv = vec![
+        "--rdzv-endpoint".to_string(),
+        server.endpoint.clone(),
+        "--rdzv-conf".into(),
+        "join_timeout=5".into(),
+    ];
+    let mut agents: Vec<Agent> = (0..2)
+        .map(|i| agent(i, "left", "2", &rdzv, &[], dir.path()))
+        .collect();
+    wait_gen(dir.path(), 1, 4, Duration::from_secs(60));
+    let leaving = agents.remove(1);
+    leaving.signal(Signal::SIGTERM);
+    let (code, _, err) = leaving.wait(Duration::from_secs(30));
+    assert_eq!(code, 143, "{err}");
+    let (code, _, err) = agents.remove(0).wait(Duration::from_secs(60));
+    assert_eq!(code, 3, "below MIN until the join timeout: {err}");
+    assert!(err.contains("waiting for 1 more node"), "{err}");
+    assert!(!err.contains("cannot reach node rank"), "{err}");
+    let status = std::process::Command::new(crate::harness::cluster::rendezvous_bin())
+        .args(["status", "left", "--endpoint", &server.endpoint])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(!text.contains('↔'), "no broken pair: {text}");
+}
+
 #[test]
 fn a_worker_failure_stays_the_primary_error_when_the_rendezvous_is_gone() {
     let mut server = RdzvServer::start(&["--store", "memory"]);

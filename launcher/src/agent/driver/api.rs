@@ -58,6 +58,11 @@ impl Agent {
         let (Some(probes), Some(plan)) = (self.peers.as_ref(), m.plan()) else {
             return;
         };
+        if matches!(m.phase, crate::agent::Phase::Forming { .. }) {
+            // The plan is the generation that ended: its members that are gone left it (the
+            // session said why), they are not cut off from this node.
+            return;
+        }
         let health = probes.health();
         if health.generation() != plan.generation {
             return;
