@@ -159,7 +159,8 @@ fn inline(diffs: &[&Difference]) -> String {
             let vals: Vec<String> = d
                 .values
                 .iter()
-                .map(|(v, nodes)| format!("{} on {}", cut(v), node_list(nodes)))
+                .zip(shown(d))
+                .map(|((_, nodes), v)| format!("{v} on {}", node_list(nodes)))
                 .collect();
             format!("{} ({})", d.key, vals.join("; "))
         })
@@ -172,7 +173,7 @@ fn table(diffs: &[&Difference]) -> String {
     let kw = diffs.iter().map(|d| d.key.len()).max().unwrap_or(0).max(3);
     let vw = diffs
         .iter()
-        .flat_map(|d| d.values.iter().map(|(v, _)| cut(v).chars().count()))
+        .flat_map(|d| shown(d).into_iter().map(|v| v.chars().count()))
         .max()
         .unwrap_or(0)
         .max(5);
@@ -183,13 +184,9 @@ fn table(diffs: &[&Difference]) -> String {
         "value"
     );
     for d in diffs {
-        for (i, (v, nodes)) in d.values.iter().enumerate() {
+        for (i, ((_, nodes), v)) in d.values.iter().zip(shown(d)).enumerate() {
             let key = if i == 0 { d.key.as_str() } else { "" };
-            out.push_str(&format!(
-                "\n  {key:kw$}  {:vw$}  {}",
-                cut(v),
-                node_list(nodes)
-            ));
+            out.push_str(&format!("\n  {key:kw$}  {v:vw$}  {}", node_list(nodes)));
         }
     }
     out
@@ -207,15 +204,41 @@ fn node_list(nodes: &[String]) -> String {
     )
 }
 
-/// `v` cut to [`MAX_VALUE`] characters.
-fn cut(v: &str) -> String {
-    if v.chars().count() <= MAX_VALUE {
-        v.to_string()
-    } else {
-        let mut s: String = v.chars().take(MAX_VALUE - 1).collect();
-        s.push('…');
-        s
+/// Each of `d`'s values as shown: cut to [`MAX_VALUE`] characters around where the values
+/// first differ, so that long values with a common start (paths, argument lists) still show
+/// what differs.
+fn shown(d: &Difference) -> Vec<String> {
+    let common = d
+        .values
+        .iter()
+        .map(|(v, _)| v.chars().collect::<Vec<_>>())
+        .reduce(|a, b| {
+            let n = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+            a[..n].to_vec()
+        })
+        .map_or(0, |c| c.len());
+    d.values.iter().map(|(v, _)| cut_from(v, common)).collect()
+}
+
+/// `v` in at most [`MAX_VALUE`] characters that include the one at `at` (with a little of what
+/// comes before it); `…` marks what was left out at either end.
+fn cut_from(v: &str, at: usize) -> String {
+    let chars: Vec<char> = v.chars().collect();
+    if chars.len() <= MAX_VALUE {
+        return v.to_string();
     }
+    // Enough before the difference to recognize the value.
+    let start = if at + 12 < MAX_VALUE - 1 { 0 } else { at - 12 };
+    let mut s = String::new();
+    if start > 0 {
+        s.push('…');
+    }
+    let room = MAX_VALUE - s.chars().count() - 1;
+    s.extend(chars.iter().skip(start).take(room));
+    if start + room < chars.len() {
+        s.push('…');
+    }
+    s
 }
 
 /// Whether a failed round's message is an env-check refusal (the agent exits 2 on it).

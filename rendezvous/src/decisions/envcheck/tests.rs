@@ -204,3 +204,35 @@ fn a_large_groups_majority_is_counted_not_listed() {
         "{t}"
     );
 }
+
+#[test]
+fn long_values_are_shown_where_they_differ() {
+    let args = |out: &str| {
+        format!(
+            r#"["--step-sleep","0.05","--epochs","30","--out","/tmp/nu/{out}","--global-batch","96"]"#
+        )
+    };
+    let d = Difference {
+        key: "config.args".into(),
+        values: vec![
+            (args("out1"), vec!["a".into()]),
+            (args("out2"), vec!["b".into()]),
+        ],
+    };
+    let w = table(&[&d]);
+    assert!(
+        w.contains("/tmp/nu/out1") && w.contains("/tmp/nu/out2"),
+        "{w}"
+    );
+    for line in w.lines().skip(2) {
+        assert!(line.chars().count() < 60 + 30, "{line}");
+    }
+    // A short value is shown whole; a long one differing early is cut at its end.
+    assert_eq!(cut_from("short", 0), "short");
+    let long = "x".repeat(100);
+    let c = cut_from(&long, 3);
+    assert!(
+        c.starts_with("xxx") && c.ends_with('…') && c.chars().count() == 60,
+        "{c}"
+    );
+}
