@@ -349,7 +349,7 @@ fn bad_checkpoint_and_preemption_flags_are_one_line_exit_2() {
     rejects(&["--shutdown-timeout", "1e300"], "at most 2592000 seconds");
     rejects(
         &["--rdzv-conf", "join_timeout=1e30"],
-        "expected seconds from 0",
+        "expected a number of seconds, at most 2592000",
     );
     // --ckpt-resume-from: nothing there, not a manifest, a file of it missing or cut short.
     let empty = tempfile::tempdir().unwrap();

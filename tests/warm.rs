@@ -244,18 +244,10 @@ fn warm_workers_look_cold_to_the_script_from_the_first_generation_on_and_restart
             assert!(w["env"].get("DRUN_WARM_BOOTSTRAP").is_none());
             // `ps` and `pgrep -f warm_dump.py` find a warm worker as a cold one: its script
             // and arguments, after a one-line `-c` stub, not the bootstrap's source.
-            let shown: Vec<&str> = w["cmdline"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|a| a.as_str().unwrap())
-                .collect();
-            let cold_shown: Vec<&str> = c["cmdline"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|a| a.as_str().unwrap())
-                .collect();
+            let cmdline = |v: &Value| -> Vec<String> {
+                serde_json::from_value(v["cmdline"].clone()).unwrap()
+            };
+            let (shown, cold_shown) = (cmdline(w), cmdline(c));
             assert!(
                 shown.len() == cold_shown.len() + 2
                     && shown[..2] == cold_shown[..2]

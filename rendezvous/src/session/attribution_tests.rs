@@ -40,6 +40,12 @@ async fn pair(run: &str, b_port: u16) -> (Vec<Link>, u64, tokio::task::JoinHandl
         link.0.send(Request::Join(j, 0)).unwrap();
         links.push(link);
     }
+    let g = formed(&mut links).await;
+    (links, g, a_task)
+}
+
+/// The generation every session of `links` formed.
+async fn formed(links: &mut [Link]) -> u64 {
     let mut g = 0;
     for (_, rx) in links.iter_mut() {
         let mut seen = vec![];
@@ -50,7 +56,7 @@ async fn pair(run: &str, b_port: u16) -> (Vec<Link>, u64, tokio::task::JoinHandl
         .await
         .unwrap_or_else(|| panic!("formed: {seen:?}"));
     }
-    (links, g, a_task)
+    g
 }
 
 async fn decision(rx: &mut mpsc::UnboundedReceiver<Event>) -> (bool, Restarts) {
@@ -126,16 +132,7 @@ async fn a_leave_after_the_runs_end_records_no_loss_and_keeps_the_membership() {
         link.0.send(Request::Join(join(node, 1), 0)).unwrap();
         links.push(link);
     }
-    let mut g = 0;
-    for (_, rx) in links.iter_mut() {
-        let mut seen = vec![];
-        g = next(rx, &mut seen, |e| match e {
-            Event::Formed(p) => Some(p.generation),
-            _ => None,
-        })
-        .await
-        .unwrap_or_else(|| panic!("formed: {seen:?}"));
-    }
+    let g = formed(&mut links).await;
     let state = crate::store::run_state::RunState::new(store.clone(), run);
     let end = crate::RunEnd {
         success: false,
