@@ -4,13 +4,16 @@
 //! NCCL's "remote process exited") and only then is the node known to be gone: its agent's
 //! connection to a `drun-rendezvous` server closes at once (its lease is revoked as soon as its
 //! host says its probe port is closed, at the latest [`RECONNECT_GRACE`] later), or its lease
-//! expires (`lease_ttl`, the only detector with `--rdzv-backend etcd` and for a hung host). A
+//! expires (`lease_ttl`, the detector for a hung host). A
 //! survivor's failure that coincides with such a loss — the member is already gone when the
 //! failure is decided, or goes within [`ATTRIBUTION_WINDOW`] — is the loss's doing: the group
 //! re-forms as a membership restart (the `--max-restarts` budget is not spent) and the reason
 //! names the lost node first, the survivors' errors after it. When every other member's agent
 //! answers a knock on its probe port, nobody is being lost and the window is not waited out
-//! (`session/liveness.rs`).
+//! (`session/liveness.rs`). When a member's host says nothing listens on its probe port any
+//! more and each agent's session holds its own lease (`--rdzv-backend etcd`, where nothing else
+//! would notice before the lease expires), the failing survivor's session drops that member
+//! itself: it records why and revokes the member's lease ([`judge_knocks`]).
 
 use std::time::Duration;
 
@@ -35,6 +38,65 @@ pub const CONNECTION_CLOSED: &str =
 
 /// What an agent that leaves on purpose records.
 pub const LEFT: &str = "its agent left (stopped by a signal or an error)";
+
+/// Why a node whose host refused the knock on its probe port is gone (dropped by a survivor's
+/// session, [`judge_knocks`]).
+pub const AGENT_GONE: &str =
+    "its agent's process is gone (its host says nothing listens on its probe port any more)";
+
+/// What a knock on an agent's probe port found out (`session/liveness.rs` knocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Knock {
+    /// The agent answered.
+    Alive,
+    /// Its host says nothing listens on the port: the agent's process is gone.
+    Gone,
+    /// No answer within the wait, or no address to knock at: no evidence.
+    NoAnswer,
+}
+
+/// What the knocks on the other members' agents say about a survivor's worker failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KnockVerdict {
+    /// Every other member's agent answered: nobody is being lost, the failure is the workers'.
+    WorkersOwn,
+    /// These members' agents are gone: drop them now (record [`AGENT_GONE`], revoke their
+    /// leases), and the failure is their loss's doing.
+    Drop(Vec<String>),
+    /// No verdict: look for the loss again until the attribution window ends.
+    Undecided,
+}
+
+/// Judges the `knocks` (member node id, what its probe port said) of a worker failure.
+/// `own_leases`: each agent's session holds its own lease in the store, so the lease on a
+/// member's key is that member's (agent-side sessions; a server's sessions share carriers,
+/// and there the gone agent's own session revokes its lease within [`RECONNECT_GRACE`]).
+///
+/// ```
+/// use drun_rendezvous::decisions::loss::{judge_knocks, Knock, KnockVerdict};
+/// let k = |n: &str, k| (n.to_string(), k);
+/// assert_eq!(judge_knocks(&[k("b", Knock::Alive)], true), KnockVerdict::WorkersOwn);
+/// assert_eq!(
+///     judge_knocks(&[k("b", Knock::Gone), k("c", Knock::NoAnswer)], true),
+///     KnockVerdict::Drop(vec!["b".into()])
+/// );
+/// assert_eq!(judge_knocks(&[k("b", Knock::Gone)], false), KnockVerdict::Undecided);
+/// ```
+pub fn judge_knocks(knocks: &[(String, Knock)], own_leases: bool) -> KnockVerdict {
+    if !knocks.is_empty() && knocks.iter().all(|(_, k)| *k == Knock::Alive) {
+        return KnockVerdict::WorkersOwn;
+    }
+    let gone: Vec<String> = knocks
+        .iter()
+        .filter(|(_, k)| *k == Knock::Gone)
+        .map(|(n, _)| n.clone())
+        .collect();
+    if own_leases && !gone.is_empty() {
+        KnockVerdict::Drop(gone)
+    } else {
+        KnockVerdict::Undecided
+    }
+}
 
 /// Members of `plan` other than `me` whose membership key is not among `present`, in node-rank
 /// order.
@@ -114,6 +176,31 @@ mod tests {
         let p = plan();
         assert_eq!(missing(&p, "n1", &["n1".into()]), ["n22", "n333"]);
         assert!(missing(&p, "n1", &["n22".into(), "n333".into()]).is_empty());
+    }
+
+    #[test]
+    fn knocks_drop_only_gone_agents_and_only_with_own_leases() {
+        let k = |n: &str, k| (n.to_string(), k);
+        // No knock at all is no evidence.
+        assert_eq!(judge_knocks(&[], true), KnockVerdict::Undecided);
+        let mixed = [
+            k("b", Knock::Alive),
+            k("c", Knock::Gone),
+            k("d", Knock::Gone),
+        ];
+        assert_eq!(
+            judge_knocks(&mixed, true),
+            KnockVerdict::Drop(vec!["c".into(), "d".into()])
+        );
+        // Under a server the gone agent's own session revokes its lease.
+        assert_eq!(judge_knocks(&mixed, false), KnockVerdict::Undecided);
+        // A host that does not answer may be cut off, not dead: no verdict.
+        let silent = [k("b", Knock::Alive), k("c", Knock::NoAnswer)];
+        assert_eq!(judge_knocks(&silent, true), KnockVerdict::Undecided);
+        assert_eq!(
+            judge_knocks(&[k("b", Knock::Alive), k("c", Knock::Alive)], false),
+            KnockVerdict::WorkersOwn
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! A worker failure in a multi-node generation, through real sessions on the memory store: when
 //! every other member's agent answers a knock on its probe port the failure is the workers' own
 //! at once (the budget is spent, no window waited out); when a member's agent is gone, the
-//! failure waits for its loss and is a membership restart (nothing spent).
+//! failure is a membership restart (nothing spent): at once where each session holds its own
+//! lease (it drops the member itself), after the member's own session let it go under a server.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,16 +26,25 @@ fn closed_port() -> u16 {
     s.local_addr().unwrap().port()
 }
 
-/// Sessions a and b of `run` (restart budget 3) formed into one generation, b's agent probed
-/// at `b_port`; a's probe port answers.
-async fn pair(run: &str, b_port: u16) -> (Vec<Link>, u64, tokio::task::JoinHandle<()>) {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+/// Sessions a and b of `run` (restart budget 3) on `store` formed into one generation, b's
+/// agent probed at `b_port`; a's probe port answers. `server_side`: sessions as a server's
+/// (leases renewed by the agents' keep-alives), else as agents' own (`--rdzv-backend etcd`).
+async fn pair(
+    run: &str,
+    store: &Arc<dyn Store>,
+    b_port: u16,
+    server_side: bool,
+) -> (Vec<Link>, u64, tokio::task::JoinHandle<()>) {
     let (a_port, a_task) = prober(run).await;
     let mut links = vec![];
     for (node, port) in [("a", a_port), ("b", b_port)] {
         let mut cfg = config(run, node, 2, 2);
         cfg.max_restarts = 3;
+        cfg.auto_keep_alive = !server_side;
         let link = spawn_session(store.clone(), cfg, None);
+        if server_side {
+            link.0.send(Request::KeepAlive).unwrap();
+        }
         let mut j = join(node, 1);
         j.candidate.probe_port = port;
         link.0.send(Request::Join(j, 0)).unwrap();
@@ -75,7 +85,8 @@ async fn decision(rx: &mut mpsc::UnboundedReceiver<Event>) -> (bool, Restarts) {
 async fn a_failure_while_every_other_agent_answers_is_the_workers_own_at_once() {
     let run = "own-failure";
     let (b_port, _b) = prober(run).await;
-    let (mut links, g, _a) = pair(run, b_port).await;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (mut links, g, _a) = pair(run, &store, b_port, false).await;
     let t0 = Instant::now();
     links[0]
         .0
@@ -95,10 +106,15 @@ async fn a_failure_while_every_other_agent_answers_is_the_workers_own_at_once() 
     );
 }
 
+/// Under a server, the failing member's session does not drop a gone peer itself (the lease
+/// on its keys is the server's carrier, shared by every agent): the failure waits for the peer's
+/// own session to let it go, and is that loss's doing.
 #[tokio::test]
-async fn a_failure_while_a_member_is_gone_waits_for_its_loss_and_spends_nothing() {
+async fn under_a_server_a_failure_while_a_member_is_gone_waits_for_its_loss_and_spends_nothing() {
     let run = "lost-member";
-    let (mut links, g, _a) = pair(run, closed_port()).await;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (mut links, g, _a) = pair(run, &store, closed_port(), true).await;
+    let t0 = Instant::now();
     links[0]
         .0
         .send(Request::Failed {
@@ -108,7 +124,12 @@ async fn a_failure_while_a_member_is_gone_waits_for_its_loss_and_spends_nothing(
         })
         .unwrap();
     // b's process is gone (its port is closed); its lease goes a moment later.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let state = crate::store::run_state::RunState::new(store.clone(), run);
+    assert!(
+        state.is_member(g, "b").await.unwrap(),
+        "a's session left b's membership to b's own session"
+    );
     links[1].0.send(Request::Leave).unwrap();
     let (restart, restarts) = decision(&mut links[0].1).await;
     assert!(restart);
@@ -116,6 +137,53 @@ async fn a_failure_while_a_member_is_gone_waits_for_its_loss_and_spends_nothing(
         (restarts.failures, restarts.membership),
         (0, 1),
         "the loss's doing"
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(600));
+}
+
+/// Where each agent's session holds its own lease (`--rdzv-backend etcd`), nothing would
+/// notice a dead agent before its lease expires (30 s here): the failing member's session
+/// knocks, b's host refuses, and a's session drops b itself — records why, revokes b's lease —
+/// and the failure is a membership restart at once, not a spent restart after the window.
+#[tokio::test]
+async fn with_own_leases_a_failure_drops_a_member_whose_agent_is_gone_at_once() {
+    let run = "gone-member";
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let (mut links, g, _a) = pair(run, &store, closed_port(), false).await;
+    let t0 = Instant::now();
+    links[0]
+        .0
+        .send(Request::Failed {
+            generation: g,
+            description: "rank 0: Connection reset by peer".into(),
+            cause: None,
+        })
+        .unwrap();
+    let (restart, restarts) = decision(&mut links[0].1).await;
+    let took = t0.elapsed();
+    assert!(restart);
+    assert_eq!(
+        (restarts.failures, restarts.membership),
+        (0, 1),
+        "the loss's doing, nothing spent"
+    );
+    assert!(
+        took < crate::decisions::loss::ATTRIBUTION_WINDOW,
+        "decided without waiting out the window: {took:?}"
+    );
+    let state = crate::store::run_state::RunState::new(store.clone(), run);
+    assert!(
+        !state.is_member(g, "b").await.unwrap(),
+        "b's lease was revoked"
+    );
+    assert_eq!(
+        state.lost("b").await.unwrap(),
+        crate::decisions::loss::AGENT_GONE
+    );
+    let closed = state.closed(g).await.unwrap().unwrap_or_default();
+    assert!(
+        closed.starts_with("node b (127.0.0.1, rank 1) lost: its agent's process is gone"),
+        "{closed}"
     );
 }
 

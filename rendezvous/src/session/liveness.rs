@@ -22,21 +22,11 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
+pub use crate::decisions::loss::Knock;
 use crate::probe::{Message, PROBE_BYTES};
 
 /// How often the probe goes again within the wait (one may be lost).
 const AGAIN: Duration = Duration::from_millis(100);
-
-/// What a knock on an agent's probe port found out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Knock {
-    /// The agent answered.
-    Alive,
-    /// Its host says nothing listens on the port: the agent's process is gone.
-    Gone,
-    /// No answer within the wait, or no address to knock at: no evidence.
-    NoAnswer,
-}
 
 /// Knocks on `host:port` (an agent of the run tagged `run_tag`) until it answers, its host
 /// refuses, or `within` passed. IPv4 only, as the probe port listens.

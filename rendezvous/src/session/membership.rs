@@ -11,7 +11,7 @@ use super::liveness::{self, Knock};
 use super::protocol::SaveRequest;
 use super::state::{Attribution, LeaseChange, LossLook};
 use crate::clock::now_ms;
-use crate::decisions::loss;
+use crate::decisions::loss::{self, KnockVerdict};
 use crate::store::LeaseId;
 use crate::{Plan, RendezvousError, StoreError};
 
@@ -84,28 +84,47 @@ impl Actor {
         (me.probe_port != 0).then(|| (me.advertise_addr.clone(), me.probe_port))
     }
 
-    /// Whether the agent of every other member of `plan` answers a knock on its probe port
-    /// (`liveness.rs`): then no member is being lost, and a worker failure is the workers' own.
-    /// `false` when some member cannot be asked (no probe port, a group beyond
-    /// [`KNOCK_UP_TO`] nodes) or does not answer within [`KNOCK_WAIT`].
-    async fn every_other_agent_answers(&self, plan: &Plan) -> bool {
+    /// Knocks on the probe port of every other member of `plan` (`liveness.rs`): each member
+    /// with what its port said. `None` when some member cannot be asked (no probe port, a group
+    /// beyond [`KNOCK_UP_TO`] nodes); an agent that does not answer within [`KNOCK_WAIT`] is
+    /// [`Knock::NoAnswer`].
+    async fn knock_other_members(&self, plan: &Plan) -> Option<Vec<(String, Knock)>> {
         if plan.members.len() > KNOCK_UP_TO {
-            return false;
+            return None;
         }
-        let others: Vec<(String, u16)> = plan
+        let others: Vec<_> = plan
             .members
             .iter()
             .filter(|m| m.node_id != self.cfg.node_id)
+            .collect();
+        if others.is_empty() || others.iter().any(|m| m.probe_port == 0) {
+            return None;
+        }
+        let at: Vec<(String, u16)> = others
+            .iter()
             .map(|m| (m.advertise_addr.clone(), m.probe_port))
             .collect();
-        if others.is_empty() || others.iter().any(|(_, port)| *port == 0) {
-            return false;
-        }
         let tag = crate::probe::run_tag(&self.cfg.run_id);
-        liveness::knock_all(tag, &others, KNOCK_WAIT)
-            .await
-            .iter()
-            .all(|k| *k == Knock::Alive)
+        let knocks = liveness::knock_all(tag, &at, KNOCK_WAIT).await;
+        Some(
+            others
+                .iter()
+                .map(|m| m.node_id.clone())
+                .zip(knocks)
+                .collect(),
+        )
+    }
+
+    /// Drops `node`, a member of generation `g` whose agent's process is gone: records why
+    /// and revokes the lease its membership key is under (agent-side sessions only, where that
+    /// lease is the node's own; see [`loss::judge_knocks`]).
+    async fn drop_gone_member(&self, g: u64, node: &str) -> Result<(), StoreError> {
+        let state = self.round.state();
+        let Some(lease) = state.member_lease(g, node).await? else {
+            return Ok(());
+        };
+        state.record_lost(node, loss::AGENT_GONE).await?;
+        state.revoke_lease(lease).await
     }
 
     /// Records why the agent is gone and revokes its lease: the others re-form.
@@ -185,14 +204,34 @@ impl Actor {
         if a.knocked {
             return Ok(LossLook::Unseen);
         }
-        if self.every_other_agent_answers(&plan).await {
-            tracing::info!(
-                run = %self.cfg.run_id,
-                gen = g,
-                "every other node's agent answers its probe port: the failure is the workers' own"
-            );
-            return Ok(LossLook::NotALoss);
+        let knocks = self.knock_other_members(&plan).await.unwrap_or_default();
+        match loss::judge_knocks(&knocks, self.cfg.auto_keep_alive) {
+            KnockVerdict::WorkersOwn => {
+                tracing::info!(
+                    run = %self.cfg.run_id,
+                    gen = g,
+                    "every other node's agent answers its probe port: the failure is the workers' own"
+                );
+                Ok(LossLook::NotALoss)
+            }
+            KnockVerdict::Drop(gone) => {
+                for node in &gone {
+                    tracing::warn!(
+                        run = %self.cfg.run_id,
+                        gen = g,
+                        "node {node}'s host says nothing listens on its probe port any more: dropping it from the group"
+                    );
+                    self.drop_gone_member(g, node).await?;
+                }
+                let lost = self.lost_members(&plan).await?;
+                if lost.is_empty() {
+                    return Ok(LossLook::Knocked);
+                }
+                self.close(g, loss::attributed(&lost, &a.description), true)
+                    .await?;
+                Ok(LossLook::Lost(self.round.restarts().await?))
+            }
+            KnockVerdict::Undecided => Ok(LossLook::Knocked),
         }
-        Ok(LossLook::Knocked)
     }
 }

@@ -197,6 +197,15 @@ impl RunState {
         self.names(&self.keys.members_prefix(g)).await
     }
 
+    /// The lease on `node`'s membership key of generation `g` (`None`: no such key). Under a
+    /// server's shared leases this is the carrier's id, not the agent's (`shared_lease.rs`).
+    pub async fn member_lease(&self, g: u64, node: &str) -> Result<Option<LeaseId>, StoreError> {
+        Ok(self
+            .get(&self.keys.member(g, node))
+            .await?
+            .and_then(|kv| kv.lease))
+    }
+
     /// Whether `node`'s membership key of generation `g` exists.
     pub async fn is_member(&self, g: u64, node: &str) -> Result<bool, StoreError> {
         self.exists(&self.keys.member(g, node)).await
