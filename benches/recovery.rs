@@ -8,7 +8,8 @@
 //! 1. **Node loss, crashed agent, default settings.** 3 agents `--nnodes 2:3`, 1 worker each, on
 //!    127.0.0.1-3, running `benches/workers/recovery.py` (real torch, a gloo all_reduce every
 //!    0.1 s). drun goes through `drun-rendezvous serve --store memory` (and, as its own row,
-//!    `--store etcd`) with its default `--max-restarts 0`; torchrun through its c10d backend
+//!    `--store etcd`; and `--rdzv-backend etcd`, no server, as row `loss-etcd-backend`) with
+//!    its default `--max-restarts 0`; torchrun through its c10d backend
 //!    (the store hosted by the first agent) with `--max-restarts 3`. No `--rdzv-conf`. In steady
 //!    training, `DRUN_BENCH_STEADY` seconds (default 5) after every worker did its first
 //!    all_reduce, the third agent is SIGKILLed: under
@@ -85,7 +86,7 @@
 //! recover"; in the hung-host row a launcher's first such run is not repeated (torchrun has no
 //! hang detector; only the workers' collective timeout, 30 min for gloo, would end it). Rows are
 //! chosen with `DRUN_BENCH_ONLY` / `DRUN_BENCH_SKIP` (comma-separated of `loss`, `loss-early`,
-//! `loss-etcd`, `loss-cold`, `hung`, `fail`, `fail-cold`, `fail-standalone`,
+//! `loss-etcd`, `loss-etcd-backend`, `loss-cold`, `hung`, `fail`, `fail-cold`, `fail-standalone`,
 //! `fail-standalone-early`, `arrivals`, `arrivals-window`, `launch`, `launch-torch`, `spawn`, `rdzv`,
 //! `idle`, `bed-cable0`, `bed-cable1`,
 //! `bed-partition`, `bed-outage`). Every process of a run carries the run's
@@ -119,10 +120,11 @@ use nix::sys::signal::{kill, Signal};
 use records::{group_phases, group_ready, log_tails, poll, records};
 use table::{fmt, Cell, Row, Unit};
 
-const ROWS: [&str; 20] = [
+const ROWS: [&str; 21] = [
     "loss",
     "loss-early",
     "loss-etcd",
+    "loss-etcd-backend",
     "loss-cold",
     "hung",
     "fail",
@@ -208,8 +210,12 @@ impl Launcher {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Store {
+    /// A `drun-rendezvous` server on its memory store.
     Memory,
+    /// A `drun-rendezvous` server on etcd.
     Etcd,
+    /// `--rdzv-backend etcd`: every agent's session directly on etcd, no server.
+    AgentEtcd,
 }
 
 /// How drun runs a recovery row: its store, and whether its workers start cold
@@ -231,6 +237,10 @@ impl How {
     };
     const ETCD: How = How {
         store: Store::Etcd,
+        cold: false,
+    };
+    const AGENT_ETCD: How = How {
+        store: Store::AgentEtcd,
         cold: false,
     };
 }
@@ -302,11 +312,12 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, when: When, run: usi
     std::fs::create_dir_all(&logs).unwrap();
     let worker = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/workers/recovery.py");
     let id = format!("rec{run}");
-    let etcd = (store == Store::Etcd && l == Launcher::Drun).then(Etcd::start);
-    let server = (l == Launcher::Drun && !standalone).then(|| match &etcd {
-        Some(e) => RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &e.endpoint]),
-        None => RdzvServer::start(&["--store", "memory"]),
-    });
+    let etcd = (store != Store::Memory && l == Launcher::Drun).then(Etcd::start);
+    let server =
+        (l == Launcher::Drun && !standalone && store != Store::AgentEtcd).then(|| match &etcd {
+            Some(e) => RdzvServer::start(&["--store", "etcd", "--etcd-endpoints", &e.endpoint]),
+            None => RdzvServer::start(&["--store", "memory"]),
+        });
     let port = free_port();
     let make = |i: usize| {
         let mut c = match l {
@@ -314,6 +325,8 @@ fn recovery(b: &Bench, l: Launcher, fault: Fault, how: How, when: When, run: usi
                 let mut c = Command::new(env!("CARGO_BIN_EXE_drun"));
                 if let Some(server) = &server {
                     c.args(["--rdzv-endpoint", &server.1]);
+                } else if let (Store::AgentEtcd, Some(e)) = (store, &etcd) {
+                    c.args(["--rdzv-backend", "etcd", "--rdzv-endpoint", &e.endpoint]);
                 }
                 if fails {
                     c.args(["--max-restarts", "3"]);
@@ -456,8 +469,10 @@ fn idle_spares(agent: nix::unistd::Pid) -> usize {
                 .rsplit_once(')')
                 .and_then(|(_, r)| r.split_whitespace().nth(1));
             ppid == Some(parent.as_str())
+                // A warm interpreter runs drun's one-line stub (`launcher/src/warm/handoff.rs`
+                // STUB); so does the worker it became, which is not blocked on its socket.
                 && std::fs::read(p.join("cmdline"))
-                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("warm worker bootstrap"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("DRUN_WARM_BOOTSTRAP"))
                 && std::fs::read_to_string(p.join("wchan"))
                     .is_ok_and(|w| w.starts_with("unix_stream"))
         })
@@ -735,6 +750,15 @@ fn main() {
             format!("{loss}, drun etcd store"),
             Fault::Crash,
             How::ETCD,
+            When::Steady,
+            false,
+            false,
+        ),
+        (
+            "loss-etcd-backend",
+            format!("{loss}, drun `--rdzv-backend etcd` (no server)"),
+            Fault::Crash,
+            How::AGENT_ETCD,
             When::Steady,
             false,
             false,
