@@ -1,4 +1,5 @@
-//! Durations and progress lines as people read them (`3.3 s`, not `3.333333333s` or `0ns`).
+//! Durations, byte counts and progress lines as people read them (`3.3 s`, not `3.333333333s`
+//! or `0ns`; `1.5 GiB`).
 
 use std::time::Duration;
 
@@ -28,6 +29,37 @@ pub fn duration(d: Duration) -> String {
         format!("{} s", r.strip_suffix(".0").unwrap_or(&r))
     } else {
         format!("{} s", s.round() as u64)
+    }
+}
+
+/// A byte count for a human, in powers of 1024 as memory is budgeted and `free -h` shows it:
+/// `7 B`, `12 KiB`, `300 MiB`, `1.5 GiB` (whole numbers from 100 on, one decimal below).
+///
+/// ```
+/// use drun_rendezvous::human::bytes;
+/// assert_eq!(bytes(7), "7 B");
+/// assert_eq!(bytes(3 << 29), "1.5 GiB");
+/// assert_eq!(bytes(1_234_567), "1.2 MiB");
+/// assert_eq!(bytes(300 << 20), "300 MiB");
+/// ```
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    if v >= 100.0 || v.fract() == 0.0 {
+        format!("{v:.0} {unit}")
+    } else {
+        format!("{v:.1} {unit}")
     }
 }
 

@@ -104,27 +104,7 @@ pub fn parse_size(text: &str) -> Option<u64> {
     (v.is_finite() && v >= 1.0 && v < u64::MAX as f64).then_some(v as u64)
 }
 
-/// `n` bytes for a human: `1.5 GiB`, `300 MiB`, `12 KiB`, `7 B`.
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64;
-    let mut unit = "B";
-    for u in UNITS {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    if v >= 100.0 || v.fract() == 0.0 {
-        format!("{v:.0} {unit}")
-    } else {
-        format!("{v:.1} {unit}")
-    }
-}
+pub use drun_rendezvous::human::bytes as human_bytes;
 
 /// A `--ckpt-memory` value that is no budget this node can stage in.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use crate::human::duration;
+use crate::human::{bytes, duration};
 use crate::status::{NodeState, NodeStatus, RunStatus};
 
 /// The widest line of the view, in characters.
@@ -480,24 +480,6 @@ fn wrap(out: &mut Vec<String>, label: &str, text: &str) {
         empty = false;
     }
     out.push(cut(&line, WIDTH));
-}
-
-/// A byte count as people read it: `512 B`, `1.2 MB` (powers of 1000).
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["kB", "MB", "GB", "TB", "PB"];
-    if n < 1000 {
-        return format!("{n} B");
-    }
-    let mut v = n as f64 / 1000.0;
-    let mut unit = UNITS[0];
-    for u in &UNITS[1..] {
-        if v < 1000.0 {
-            break;
-        }
-        v /= 1000.0;
-        unit = u;
-    }
-    format!("{v:.1} {unit}")
 }
 
 #[cfg(test)]

@@ -113,7 +113,7 @@ fn eight_nodes_fit_80_columns_and_every_member_is_named_with_its_ranks() {
         "{text}"
     );
     assert!(
-        text.contains("checkpoint step 400 of generation 3, sealed 5 s ago (64 ranks, 1.2 MB)"),
+        text.contains("checkpoint step 400 of generation 3, sealed 5 s ago (64 ranks, 1.2 MiB)"),
         "{text}"
     );
     // The lost node's reason, wrapped under the table.
@@ -201,7 +201,7 @@ fn long_words_and_cells_are_cut_not_overflowing() {
     wrap(&mut out, "label", &"x".repeat(200));
     assert!(out.iter().all(|l| l.chars().count() <= WIDTH), "{out:?}");
     assert_eq!(bytes(512), "512 B");
-    assert_eq!(bytes(1_234_567), "1.2 MB");
+    assert_eq!(bytes(1_234_567), "1.2 MiB");
 }
 
 #[test]
@@ -254,9 +254,10 @@ fn checkpoints_in_memory_are_shown_per_node_with_the_disk_lag() {
         line.contains("gpu-node-01: step 12 persisted, step 16 persisting, step 20 staged;"),
         "{text}"
     );
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        text.contains("the disk 3.5 s behind"),
-        "lag grown by the report's age: {text}"
+        words.contains("3 MiB of 64 MiB in memory, the disk 3.5 s behind"),
+        "lag grown by the report's age, sizes in the units the agent budgets in: {text}"
     );
     assert!(
         !text.contains("idle:"),
