@@ -264,4 +264,8 @@ fn a_taken_master_port_is_a_usage_error_naming_the_fix() {
         line.contains(&format!("--master-port '{port}'")) && line.contains("--worker-store rank0"),
         "{line}"
     );
+    assert!(
+        !err.contains("world formed"),
+        "no world is announced that cannot start:\n{err}"
+    );
 }

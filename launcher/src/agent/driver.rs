@@ -448,6 +448,15 @@ impl Agent {
 
     /// A plan arrived: announce it, serve the workers' store, start the resume check.
     async fn formed(&mut self, plan: Box<Plan>, w: &mut World) -> Result<(), LaunchError> {
+        // The worker store first: a MASTER_PORT another process holds is the user's error
+        // (exit 2), and the world is not announced as formed before it.
+        w.worker_store = crate::worker_store::host(
+            self.cfg.workers.worker_store,
+            &plan,
+            &self.cfg.node_id,
+            &mut w.reserved,
+        )
+        .await?;
         self.announce(&plan);
         if let Some(p) = &self.peers {
             p.follow(&plan);
@@ -456,13 +465,6 @@ impl Agent {
             s.follow(&plan);
         }
         w.silent_peers.clear();
-        w.worker_store = crate::worker_store::host(
-            self.cfg.workers.worker_store,
-            &plan,
-            &self.cfg.node_id,
-            &mut w.reserved,
-        )
-        .await?;
         // A resume from the survivors' copies in memory: gathered and verified here, not read
         // from --ckpt-dir.
         if let (Some(sources), Some(m)) = (plan.resume_memory.clone(), plan.resume.clone()) {
