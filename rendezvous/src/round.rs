@@ -20,8 +20,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::decisions::core::{progress_every, FailCause, PROGRESS_EVERY};
-use crate::human::without_countdown;
+use crate::decisions::core::{progress_due, progress_every, FailCause, PROGRESS_EVERY};
 use crate::ledger::Ledger;
 use crate::store::keys::RunKeys;
 use crate::store::run_state::RunState;
@@ -276,10 +275,10 @@ impl Round {
         }
         let leader = self.lead(node_id, lease).await?;
         if !leader {
+            // The decider publishes a line when it is due (`progress_due`): a follower says
+            // each line it publishes once.
             if let Some(reason) = self.state.progress().await? {
-                if !reason.is_empty()
-                    && without_countdown(&reason) != without_countdown(&w.last_reason)
-                {
+                if !reason.is_empty() && reason != w.last_reason {
                     progress(&reason);
                     w.last_reason = reason;
                 }
@@ -340,17 +339,16 @@ impl Round {
                 until: wake_at,
                 waiting,
             } => {
-                // One line per change of state, not one per second of countdown.
-                if !reason.is_empty()
-                    && without_countdown(&reason) != without_countdown(&w.last_reason)
-                {
+                // One line per change of state, not one per second of countdown (and the
+                // same line again after a quiet while).
+                if progress_due(&reason, &w.last_reason, w.last_reason_at, now) {
                     progress(&reason);
                     w.last_reason = reason.clone();
+                    w.last_reason_at = Some(now);
                 }
                 // Published at most once a second, less often when many wait: every waiting
                 // node watches it.
-                if !reason.is_empty()
-                    && without_countdown(&reason) != without_countdown(&w.published)
+                if progress_due(&reason, &w.published, w.last_published, now)
                     && w.last_published
                         .is_none_or(|t| now - t >= progress_every(waiting))
                 {
@@ -423,6 +421,8 @@ struct WaitState {
     times: RoundTimes,
     /// The last progress line reported to this node's agent.
     last_reason: String,
+    /// When.
+    last_reason_at: Option<Instant>,
     /// When the decider last published its progress line.
     last_published: Option<Instant>,
     /// The line it published.
@@ -434,6 +434,7 @@ impl WaitState {
         Self {
             times: RoundTimes::new(now),
             last_reason: String::new(),
+            last_reason_at: None,
             last_published: None,
             published: String::new(),
         }

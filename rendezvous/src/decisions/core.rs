@@ -97,6 +97,20 @@ pub const PROGRESS_LINES_PER_SECOND: usize = 1_000;
 /// The longest the decider keeps a changed progress line to itself.
 pub const PROGRESS_EVERY_MAX: Duration = Duration::from_secs(10);
 
+/// How long a progress line whose countdown alone moved is kept back: a wait that goes on
+/// (below MIN for minutes) is printed again this often, so that it is seen to go on.
+pub const PROGRESS_REPEAT: Duration = Duration::from_secs(30);
+
+/// Whether the progress line `line` is worth printing (or publishing) after `last`, printed at
+/// `last_at`: its state changed, not only its countdown
+/// ([`crate::human::without_countdown`]), or [`PROGRESS_REPEAT`] passed since.
+pub fn progress_due(line: &str, last: &str, last_at: Option<Instant>, now: Instant) -> bool {
+    use crate::human::without_countdown;
+    !line.is_empty()
+        && (without_countdown(line) != without_countdown(last)
+            || last_at.is_none_or(|t| now.saturating_duration_since(t) >= PROGRESS_REPEAT))
+}
+
 /// How long the decider waits between two progress lines it publishes while `waiting` nodes
 /// wait: [`PROGRESS_EVERY`], stretched so that relaying one line to every waiting node costs at
 /// most [`PROGRESS_LINES_PER_SECOND`] lines a second (10,000 agents arriving got ten thousand

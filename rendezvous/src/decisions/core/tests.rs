@@ -410,3 +410,33 @@ fn the_progress_line_goes_out_less_often_the_more_nodes_wait() {
         );
     }
 }
+
+#[test]
+fn a_progress_line_is_due_when_its_state_changes_or_after_a_quiet_while() {
+    let t0 = Instant::now();
+    let line = |left: u64| format!("waiting for 1 more node (2/3), join timeout in {left} s");
+    // The first line, and a changed state, at once.
+    assert!(progress_due(&line(600), "", None, t0));
+    assert!(progress_due(
+        "2/3 nodes joined (min 2), last call in 30 s",
+        &line(590),
+        Some(t0),
+        t0 + Duration::from_secs(1)
+    ));
+    // Only the countdown moved: kept back ...
+    assert!(!progress_due(
+        &line(590),
+        &line(600),
+        Some(t0),
+        t0 + Duration::from_secs(10)
+    ));
+    // ... until PROGRESS_REPEAT passed, so a long wait below MIN is seen to go on.
+    assert!(progress_due(
+        &line(570),
+        &line(600),
+        Some(t0),
+        t0 + PROGRESS_REPEAT
+    ));
+    // An empty line never is.
+    assert!(!progress_due("", &line(600), None, t0 + PROGRESS_REPEAT));
+}
