@@ -128,6 +128,33 @@ fn an_unreachable_server_is_waited_for_up_to_the_join_timeout_then_one_line_exit
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
+/// A node stopped (SIGTERM) while it still waits for its first connection has no session to
+/// leave: it exits at once, without another "waiting for the rendezvous server" line (a new
+/// user saw one after their Ctrl-C, and the exit waited out the leave's 2 s).
+#[test]
+fn a_node_stopped_before_it_reached_its_server_exits_at_once_and_quietly() {
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let agent = Agent::start(late_server_cmd(&endpoint, 600, dir.path()));
+    wait_for("the agent's start line", Duration::from_secs(30), || {
+        agent.stderr_so_far().contains("rendezvous drun servers")
+    });
+    // Before the first progress line (2 s after the start).
+    let stopped = Instant::now();
+    agent.signal(nix::sys::signal::Signal::SIGTERM);
+    let (code, _, err) = agent.wait(Duration::from_secs(30));
+    let took = stopped.elapsed();
+    assert_eq!(code, 143, "{err}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "exited {took:?} after the signal:\n{err}"
+    );
+    assert!(
+        !err.contains("waiting for the rendezvous server"),
+        "no progress line after the signal:\n{err}"
+    );
+}
+
 #[test]
 fn a_server_that_comes_up_after_the_node_is_joined_once_it_does() {
     let endpoint = format!("127.0.0.1:{}", free_port());

@@ -59,8 +59,24 @@ impl Creds {
     }
 }
 
-/// The link's task is returned too: it ends once what the agent sent up to its Leave reached
-/// the server (or the link gave up), which the agent waits for before it exits.
+/// The link's task: it ends once what the agent sent up to its Leave reached the server (or
+/// the link gave up), which the agent waits for before it exits.
+pub struct Task {
+    /// The task itself.
+    pub join: tokio::task::JoinHandle<()>,
+    /// Told when the agent leaves: a link that never had a session has nothing to carry to a
+    /// server, and stops trying (and saying that it waits) at once.
+    leaving: tokio::sync::watch::Sender<bool>,
+}
+
+impl Task {
+    /// The agent leaves (its Leave is queued).
+    pub fn leaving(&self) {
+        let _ = self.leaving.send(true);
+    }
+}
+
+/// The link's task is returned too (see [`Task`]).
 pub fn connect(
     endpoints: Vec<String>,
     cfg: SessionConfig,
@@ -69,14 +85,15 @@ pub fn connect(
 ) -> (
     mpsc::UnboundedSender<Request>,
     mpsc::UnboundedReceiver<Event>,
-    tokio::task::JoinHandle<()>,
+    Task,
 ) {
     let (req_tx, req_rx) = mpsc::unbounded_channel();
     let (ev_tx, ev_rx) = mpsc::unbounded_channel();
-    let task = tokio::spawn(tracing::Instrument::in_current_span(run(
-        endpoints, cfg, creds, peers, req_rx, ev_tx,
+    let (leaving, leaving_rx) = tokio::sync::watch::channel(false);
+    let join = tokio::spawn(tracing::Instrument::in_current_span(run(
+        endpoints, cfg, creds, peers, req_rx, ev_tx, leaving_rx,
     )));
-    (req_tx, ev_rx, task)
+    (req_tx, ev_rx, Task { join, leaving })
 }
 
 fn hello(cfg: &SessionConfig, t: &Track) -> pb::AgentMessage {
@@ -137,6 +154,8 @@ struct Client {
     backoff: Duration,
     /// Whether the wait for a name to resolve was announced.
     said_dns: bool,
+    /// Whether the agent leaves ([`Task::leaving`]).
+    leaving: tokio::sync::watch::Receiver<bool>,
 }
 
 async fn run(
@@ -146,6 +165,7 @@ async fn run(
     peers: Option<PeerHealth>,
     mut requests: mpsc::UnboundedReceiver<Request>,
     events: mpsc::UnboundedSender<Event>,
+    leaving: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut c = Client {
         endpoints,
@@ -158,6 +178,7 @@ async fn run(
         attempt: 0,
         backoff: Duration::from_millis(100),
         said_dns: false,
+        leaving,
     };
     loop {
         let endpoint = c.endpoints[c.attempt % c.endpoints.len()].clone();
@@ -186,6 +207,11 @@ impl Client {
     /// connection, and gives up (true) when no server answered within the join timeout, at
     /// first or later (see [`Reach::check`]).
     fn give_up(&mut self) -> bool {
+        let leaving = *self.leaving.borrow();
+        if leaving && self.t.lease.is_none() {
+            // No session was ever opened (or its lease is gone): nothing to leave.
+            return true;
+        }
         let limits = Limits {
             lease_ttl: self.cfg.lease_ttl,
             join_timeout: self.cfg.round.join_timeout,
@@ -208,7 +234,7 @@ impl Client {
             let _ = self.events.send(Event::Fenced(line));
             self.t = Track::default();
         }
-        if let Some(line) = v.progress {
+        if let (Some(line), false) = (v.progress, leaving) {
             tracing::info!("{line}");
         }
         if let Some(line) = v.give_up {
@@ -268,7 +294,16 @@ impl Client {
 
     /// Waits the backoff, then doubles it (at most 2 s).
     async fn back_off(&mut self) {
-        tokio::time::sleep(self.backoff).await;
+        // A leave cuts the wait short when there is no session to carry it to: the next
+        // attempt's check ends the link.
+        let no_session = self.t.lease.is_none();
+        let leaving = &mut self.leaving;
+        let left = async {
+            if !no_session || leaving.wait_for(|l| *l).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let _ = tokio::time::timeout(self.backoff, left).await;
         self.backoff = (self.backoff * 2).min(Duration::from_secs(2));
     }
 

@@ -41,7 +41,7 @@ pub struct Link {
     pub hosted: Option<HostedServer>,
     /// The task that writes the requests to a server (gRPC links): it may outlive the events,
     /// which close at the run's end.
-    task: Option<tokio::task::JoinHandle<()>>,
+    task: Option<grpc::Task>,
 }
 
 /// How long an exiting agent waits for its Leave (and what it sent before) to be carried out.
@@ -70,11 +70,14 @@ impl Link {
     /// False when the wait ran out.
     pub async fn leave(&mut self) -> bool {
         let _ = self.tx.send(Request::Leave);
+        if let Some(t) = &self.task {
+            t.leaving();
+        }
         let (rx, task) = (&mut self.rx, &mut self.task);
         tokio::time::timeout(LEAVE_WAIT, async {
             while rx.recv().await.is_some() {}
             if let Some(t) = task.as_mut() {
-                let _ = t.await;
+                let _ = (&mut t.join).await;
             }
         })
         .await
