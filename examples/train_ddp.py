@@ -44,8 +44,10 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10,
                         help="number of passes over the dataset")
-    parser.add_argument("--global-batch", type=int, default=128,
-                        help="samples per optimizer step over all ranks (kept across world sizes)")
+    parser.add_argument("--global-batch", type=int, default=96,
+                        help="samples per optimizer step over all ranks (kept across world sizes; "
+                             "the world size must divide it: 96 suits 1, 2, 3, 4, 6, 8, 12 and 16 "
+                             "ranks)")
     parser.add_argument("--lr", type=float, default=0.05,
                         help="SGD learning rate")
     parser.add_argument("--out", default="checkpoints",
