@@ -316,7 +316,7 @@ impl Agent {
                 let (after, fx) = self.step(m, input, w, p);
                 m = self.carry_out(after, fx, w, link, p).await?;
             }
-            match self.reaped(w) {
+            match self.reaped(&m, w) {
                 Some(workers) if !m.is_done() => next = Some(Input::Workers(workers)),
                 _ => return Ok(m),
             }

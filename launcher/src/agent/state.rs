@@ -539,4 +539,19 @@ impl Machine {
     pub fn is_training(&self) -> bool {
         matches!(self.phase, Phase::Running { .. })
     }
+
+    /// Whether the local workers' end (none runs any more) waits for their staged checkpoints
+    /// to reach `--ckpt-dir`, bounded by `--shutdown-timeout`: when what follows may be the
+    /// run's end or this agent's exit — the workers succeeded, or failed on their own (the
+    /// failure is reported after the wait: with the restart budget spent it ends the run), a
+    /// signal, a preemption, the run finished. Not when they were stopped for a re-form (a node
+    /// lost or arrived, a fence): the agent lives on with its staged copies, the next
+    /// generation resumes from them, and the persister carries on behind its training.
+    pub fn end_waits_for_disk(&self) -> bool {
+        match &self.phase {
+            Phase::Running { .. } => true,
+            Phase::Stopping(s) => !matches!(s.then, Then::Rejoin),
+            _ => false,
+        }
+    }
 }

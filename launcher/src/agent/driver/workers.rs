@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use super::{stage, World};
-use crate::agent::state::{Input, Workers};
+use crate::agent::state::{Input, Machine, Workers};
 use crate::agent::Agent;
 use crate::ckpt::api::ApiServer;
 use crate::ckpt::node::NodeLedger;
@@ -22,8 +22,9 @@ use crate::summary::root_cause;
 const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 impl Agent {
-    /// Reaps exited workers; the workers' state if it changed since last reported.
-    pub(super) fn reaped(&self, w: &mut World) -> Option<Workers> {
+    /// Reaps exited workers; the workers' state if it changed since last reported. `m`: the
+    /// machine, which says whether the workers' end waits for the disk.
+    pub(super) fn reaped(&self, m: &Machine, w: &mut World) -> Option<Workers> {
         let group = w.group.as_mut()?;
         for (pid, exit, ours) in group.reap() {
             if ours {
@@ -76,8 +77,10 @@ impl Agent {
             g.suspect(now.running);
         }
         // The workers' end waits for their staged checkpoints to reach --ckpt-dir (bounded by
-        // --shutdown-timeout): the persister's outcome or the monitor tick looks again.
+        // --shutdown-timeout) unless the group re-forms: the persister's outcome or the
+        // monitor tick looks again.
         if !now.running
+            && m.end_waits_for_disk()
             && w.stage
                 .as_mut()
                 .is_some_and(|s| s.hold_end(self.cfg.supervision.shutdown_timeout))

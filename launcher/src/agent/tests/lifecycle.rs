@@ -40,6 +40,8 @@ fn a_reform_stops_the_workers_gently_and_joins_again() {
     assert_eq!(fx.last(), Some(&Effect::Stop(Signal::SIGTERM)));
     // Events wait while stopping.
     assert!(!t.machine().reads_session());
+    // The agent lives on with its staged checkpoints: the stop does not wait for the disk.
+    assert!(!t.machine().end_waits_for_disk());
     assert_eq!(
         t.workers_gone(None),
         vec![Effect::Join {
@@ -54,7 +56,12 @@ fn a_reform_stops_the_workers_gently_and_joins_again() {
 #[test]
 fn a_fence_while_running_kills_the_workers_and_joins_again() {
     let mut t = T::running(3, 2);
+    assert!(
+        t.machine().end_waits_for_disk(),
+        "workers that end by themselves may end the run"
+    );
     let fx = t.ev(Event::Fenced("lease lost".into()));
+    assert!(!t.machine().end_waits_for_disk());
     assert!(fx
         .iter()
         .any(|e| matches!(e, Effect::Log(Level::Error, Some(3), _))));
@@ -76,6 +83,10 @@ fn a_fence_while_stopping_changes_nothing() {
     assert!(t.ev(Event::Error("etcd is gone".into())).is_empty());
     assert!(t.feed(Input::SessionClosed).is_empty());
     assert!(matches!(t.phase(), Phase::Stopping(s) if s.then == Then::Exit(Signal::SIGTERM)));
+    assert!(
+        t.machine().end_waits_for_disk(),
+        "an agent that exits persists its staged checkpoints first"
+    );
 }
 
 #[test]
