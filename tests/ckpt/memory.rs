@@ -493,11 +493,26 @@ fn sigterm_waits_at_most_the_shutdown_timeout_and_names_what_is_not_persisted() 
             && line.contains("6 (generation 1)"),
         "{line}"
     );
+    assert_eq!(
+        err.matches("are not persisted to --ckpt-dir").count(),
+        1,
+        "said once:\n{err}"
+    );
     let sealed = manifest_files(&d);
     assert!(
         !sealed.iter().any(|(s, _)| *s == 6),
         "step 6 never reached the disk and is not sealed: {sealed:?}"
     );
+    // The persister stopped with the agent: the file it was writing left no temporary file
+    // (the next agent on the node used to report it as a killed agent's).
+    let temps: Vec<_> = files_under(&d.ckpt)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(".drun-persist-"))
+        })
+        .collect();
+    assert!(temps.is_empty(), "temporary files left: {temps:?}");
 }
 
 /// The agent SIGKILLed while it is writing a staged step to --ckpt-dir: no half step becomes a

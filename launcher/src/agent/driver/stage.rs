@@ -58,6 +58,9 @@ pub(super) struct Stage {
     files: BTreeMap<Key, Vec<PathBuf>>,
     /// Since when the workers' end waits for the persister.
     end_since: Option<std::time::Instant>,
+    /// The workers' end was judged (persisted, or the wait given up and said): it is not held
+    /// again until workers start anew.
+    end_judged: bool,
     /// A preemption asked for a checkpoint: the persister goes at full speed from then on.
     hurried: bool,
     /// Bytes per second the persister writes while the workers run.
@@ -171,6 +174,7 @@ impl Stage {
                 pending: BTreeMap::new(),
                 files: BTreeMap::new(),
                 end_since: None,
+                end_judged: false,
                 hurried: false,
                 rate,
                 held_rate,
@@ -502,6 +506,11 @@ impl Stage {
         resume_from_memory(self.dir(), &self.ckpt_dir, m)
     }
 
+    /// Workers start: their end will be held for the persister again.
+    pub(super) fn workers_started(&mut self) {
+        self.end_judged = false;
+    }
+
     /// A preemption asked for a checkpoint: staged steps go to the disk at full speed from now
     /// on (its step must be sealed within the grace; the persister no longer yields the CPU).
     pub(super) fn hurry(&mut self) {
@@ -512,6 +521,9 @@ impl Stage {
     /// Whether the workers' end is held back for the persister (at most `limit`); says how
     /// long it waited, or what it could not persist, when the hold ends.
     pub(super) fn hold_end(&mut self, limit: Duration) -> bool {
+        if self.end_judged {
+            return false;
+        }
         let now = std::time::Instant::now();
         let since = *self.end_since.get_or_insert_with(|| {
             // No training left to protect: full speed.
@@ -526,12 +538,21 @@ impl Stage {
                     crate::say!("{line}");
                 }
                 self.end_since = None;
+                self.end_judged = true;
                 self.throttle.set_rate(self.rate);
                 self.throttle
                     .set_urgent(self.hurried || self.table.behind());
                 false
             }
         }
+    }
+}
+
+impl Drop for Stage {
+    /// The agent exits (or gives up staging): the persister stops, and the file it was
+    /// writing leaves no temporary file in `--ckpt-dir`.
+    fn drop(&mut self) {
+        self.persister.stop(&self.throttle, Duration::from_secs(1));
     }
 }
 

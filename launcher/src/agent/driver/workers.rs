@@ -110,8 +110,11 @@ impl Agent {
                 );
                 dir
             });
-        if let (Some(s), true) = (w.stage.as_mut(), plan.resume_memory.is_some()) {
-            s.persist_resumed(plan, &self.cfg.node_id);
+        if let Some(s) = w.stage.as_mut() {
+            s.workers_started();
+            if plan.resume_memory.is_some() {
+                s.persist_resumed(plan, &self.cfg.node_id);
+            }
         }
         let ctx = GroupContext {
             agent_sock: self.api.as_ref().map(ApiServer::path),

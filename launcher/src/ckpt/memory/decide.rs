@@ -127,7 +127,7 @@ impl Table {
         if pinned + self.outside + bytes > self.budget {
             return Admit::Direct {
                 reason: format!(
-                    "checkpoint step {} ({}) does not fit --ckpt-memory {} ({} not yet on disk, {} of spare files): saving it straight to --ckpt-dir; the ranks wait for the disk this once",
+                    "checkpoint step {} ({}) does not fit --ckpt-memory {} ({} not yet on disk, {} of spare files): saving it straight to --ckpt-dir; the ranks wait for the disk for this save",
                     key.0,
                     human_bytes(bytes),
                     human_bytes(self.budget),

@@ -88,9 +88,11 @@ pub struct Done {
     pub result: Result<(Duration, Vec<String>), PersistError>,
 }
 
-/// The persister thread; it ends when this is dropped (after the step it is writing).
+/// The persister thread; it ends when this is dropped (after the step it is writing), or
+/// at once when [`Persister::stop`] is called.
 pub struct Persister {
-    jobs: std::sync::mpsc::Sender<Job>,
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Persister {
@@ -102,10 +104,13 @@ impl Persister {
     pub fn start(params: PaceParams) -> std::io::Result<(Self, mpsc::UnboundedReceiver<Done>)> {
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
         let (tx, done) = mpsc::unbounded_channel();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("drun-persist".into())
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
+                    if job.throttle.stopped() {
+                        return;
+                    }
                     let began = Instant::now();
                     let mut pacer = Pacer::new(params, job.staged_at);
                     let result = job
@@ -126,12 +131,39 @@ impl Persister {
                     }
                 }
             })?;
-        Ok((Self { jobs }, done))
+        Ok((
+            Self {
+                jobs: Some(jobs),
+                thread: Some(thread),
+            },
+            done,
+        ))
     }
 
     /// Queues `job`.
     pub fn submit(&self, job: Job) {
-        let _ = self.jobs.send(job);
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(job);
+        }
+    }
+
+    /// The agent exits: `throttle` (the jobs' own) is stopped, the file being written is
+    /// given up and its temporary file removed, and the thread is waited for, at most
+    /// `within`. An agent that exited mid-write left its temporary file behind, and the next
+    /// agent on the node reported it as a killed agent's.
+    pub fn stop(&mut self, throttle: &Throttle, within: Duration) {
+        throttle.stop();
+        self.jobs = None;
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let deadline = Instant::now() + within;
+        while !thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if thread.is_finished() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -212,6 +244,10 @@ fn persist_file_as(
         }
         written += n as u64;
         pacer.after_slice(throttle, Some((written, began)));
+        if throttle.stopped() {
+            // `tmp` is removed as it drops.
+            return Err(fail(PersistFailure::Stopped));
+        }
         if n < SLICE {
             break;
         }
@@ -440,5 +476,49 @@ mod tests {
         assert_eq!(r.key, (1, 1));
         assert_eq!(r.result.unwrap().1, std::slice::from_ref(&f.sha256));
         assert_eq!(std::fs::read(&f.target).unwrap(), b"abc");
+    }
+
+    #[tokio::test]
+    async fn a_stopped_persister_gives_up_its_file_at_once_and_leaves_no_temporary() {
+        let d = tempfile::tempdir().unwrap();
+        // 8 MiB at 64 KiB/s: two minutes of writing, stopped in its first slice's pause.
+        let f = staged(d.path(), &vec![7u8; 8 << 20]);
+        let (mut p, mut done) = Persister::start(PaceParams {
+            share: 0.05,
+            lag_bound: Duration::from_secs(60),
+        })
+        .unwrap();
+        let throttle = Throttle::new(64 << 10);
+        p.submit(Job {
+            key: (1, 1),
+            files: vec![f.clone()],
+            throttle: throttle.clone(),
+            staged_at: Instant::now(),
+        });
+        let dir = f.target.parent().unwrap().to_path_buf();
+        let temps = || {
+            std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(TEMP_PREFIX))
+                .count()
+        };
+        let t = Instant::now();
+        while temps() == 0 && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(temps(), 1, "the write began");
+        let t = Instant::now();
+        p.stop(&throttle, Duration::from_secs(5));
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        let r = done.recv().await.unwrap();
+        assert!(
+            matches!(&r.result, Err(e) if matches!(e.failure, PersistFailure::Stopped)),
+            "{:?}",
+            r.result
+        );
+        assert_eq!(temps(), 0, "the temporary file went with the stop");
+        assert!(!f.target.exists());
     }
 }

@@ -20,6 +20,9 @@ pub enum PersistFailure {
     /// Its directory in `--ckpt-dir` cannot be created.
     #[error("cannot create its directory: {0}")]
     CreateDir(#[source] io::Error),
+    /// The agent stopped the persister (it exits): the temporary file is removed.
+    #[error("stopped: the agent exits")]
+    Stopped,
     /// The staged copy cannot be opened.
     #[error("the staged copy is gone: {0}")]
     StagedGone(#[source] io::Error),

@@ -25,6 +25,7 @@ const CPU_WINDOW: Duration = Duration::from_millis(250);
 pub struct Throttle {
     rate: Arc<AtomicU64>,
     urgent: Arc<AtomicBool>,
+    stopped: Arc<AtomicBool>,
 }
 
 impl Throttle {
@@ -33,7 +34,18 @@ impl Throttle {
         Self {
             rate: Arc::new(AtomicU64::new(bytes_per_s)),
             urgent: Arc::default(),
+            stopped: Arc::default(),
         }
+    }
+
+    /// The agent exits: the file being written is given up (its temporary file removed)
+    /// within [`RECHECK`] and a slice, and nothing more is written.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
     }
 
     pub fn set_rate(&self, bytes_per_s: u64) {
@@ -91,6 +103,9 @@ impl Pacer {
     /// once the pause is slept.
     pub(super) fn after_slice(&mut self, throttle: &Throttle, written: Option<(u64, Instant)>) {
         loop {
+            if throttle.stopped() {
+                return;
+            }
             let now = Instant::now();
             let mine = background::thread_cpu();
             let (w_at, w_idle, w_mine) = self.window;
