@@ -156,13 +156,14 @@ pub struct NodeStatus {
 pub enum NodeState {
     /// A member whose agent holds its membership.
     Running,
-    /// A member (or a rejoining one) whose join is pending: starting, or re-forming.
+    /// A member (or a rejoining one) whose join is pending, or a node waiting in a round
+    /// that forms (no generation runs): starting, or re-forming.
     Joining,
     /// A member whose workers all succeeded.
     Done,
     /// A member of a run that has ended.
     Ended,
-    /// Waiting outside the group: admitted at the next re-form.
+    /// Waiting outside a running group: admitted at the next re-form.
     Standby,
     /// Gone without leaving: connection closed, lease expired.
     Lost,
@@ -183,6 +184,9 @@ pub struct NodeFacts {
     pub lost: BTreeMap<String, String>,
     /// The run has ended.
     pub ended: bool,
+    /// No generation runs: none formed yet, or the current one re-forms. Nodes waiting then
+    /// are joining the round, not standing by beside a running group.
+    pub forming: bool,
 }
 
 /// Each node's state (pure): the members of `plan` in node-rank order, then the standbys,
@@ -236,7 +240,11 @@ pub fn node_states(
     for (id, addr) in facts.waiting.iter().filter(|(id, _)| !member(id)) {
         out.push(NodeStatus {
             node: id.clone(),
-            state: NodeState::Standby,
+            state: if facts.forming {
+                NodeState::Joining
+            } else {
+                NodeState::Standby
+            },
             why: None,
             node_rank: None,
             ranks: None,
@@ -284,12 +292,14 @@ pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus,
     let done = state.done_nodes(generation).await?;
     let lost = state.lost_all().await?;
     let finished = state.finished().await?;
+    let closed = state.closed(generation).await?;
     let facts = NodeFacts {
         present,
         done,
         waiting: waiting_ids,
         lost,
         ended: finished.is_some(),
+        forming: plan.is_none() || closed.is_some(),
     };
     let nodes = node_states(plan.as_ref(), previous.as_ref(), &facts);
     let (restarts, _): (Restarts, _) = state.restarts().await?;
@@ -354,7 +364,7 @@ pub async fn read_status(store: &Arc<dyn Store>, run: &str) -> Result<RunStatus,
             bad,
         },
         now_ms: now_ms(),
-        closed: state.closed(generation).await?,
+        closed,
         formation,
         nodes,
         reports: state.reports().await?,

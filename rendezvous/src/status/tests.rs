@@ -42,6 +42,7 @@ fn members_standbys_and_the_lost_each_get_a_state() {
         waiting,
         lost,
         ended: false,
+        forming: false,
     };
     let got = node_states(Some(&now), Some(&before), &facts);
     let states: Vec<(&str, NodeState)> = got.iter().map(|n| (n.node.as_str(), n.state)).collect();
@@ -59,6 +60,37 @@ fn members_standbys_and_the_lost_each_get_a_state() {
     assert_eq!(got[1].node_rank, Some(1));
     assert_eq!(got[3].why.as_deref(), Some(loss::CONNECTION_CLOSED));
     assert_eq!(got[2].ranks, None);
+}
+
+/// Before the first generation (or while one re-forms) the nodes that wait are joining the
+/// round, not standing by beside a running group (a user saw both nodes of a forming `2:3`
+/// job shown as standbys).
+#[test]
+fn nodes_waiting_while_no_generation_runs_are_joining_not_standbys() {
+    let waiting = vec![
+        ("a".to_string(), "ha".to_string()),
+        ("b".to_string(), "hb".to_string()),
+    ];
+    let facts = NodeFacts {
+        waiting: waiting.clone(),
+        forming: true,
+        ..Default::default()
+    };
+    let got = node_states(None, None, &facts);
+    let states: Vec<NodeState> = got.iter().map(|n| n.state).collect();
+    assert_eq!(states, [NodeState::Joining, NodeState::Joining]);
+    // Beside a running generation the same wait is a standby's.
+    let facts = NodeFacts {
+        present: ids(&["m"]),
+        waiting,
+        ..Default::default()
+    };
+    let got = node_states(Some(&plan(1, &["m"])), None, &facts);
+    let states: Vec<NodeState> = got.iter().map(|n| n.state).collect();
+    assert_eq!(
+        states,
+        [NodeState::Running, NodeState::Standby, NodeState::Standby]
+    );
 }
 
 #[test]

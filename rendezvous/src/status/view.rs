@@ -279,7 +279,9 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
     if !gpus.is_empty() {
         wrap(out, "gpu", &gpus.join("; "));
     }
-    for (node, r) in of("staging") {
+    // A finished run's agents have exited, and their copies in memory with them.
+    let staging_reports = of("staging").filter(|_| status.finished.is_none());
+    for (node, r) in staging_reports {
         if let Some(text) = staging(r, status.now_ms) {
             wrap(out, "memory", &format!("{node}: {text}"));
         }
@@ -304,12 +306,18 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
     }
 }
 
+/// How many of a node's steps in memory the `memory` line names (the newest).
+const STAGING_SHOWN: usize = 4;
+
 /// A node's checkpoints in memory (`--ckpt-memory`, its `staging` report) at `now_ms`: each step
 /// staged / persisting / persisted, the memory they hold, and how far the disk is behind (the
 /// report's lag grown by its age while a step is still not on disk); `None` when it holds none.
 fn staging(r: &serde_json::Value, now_ms: u64) -> Option<String> {
     let steps = r["steps"].as_array().filter(|s| !s.is_empty())?;
-    let list: Vec<String> = steps
+    // The newest few (a long run's small steps all fit the budget: the line grew to every
+    // step of the run); the older ones counted.
+    let older = steps.len().saturating_sub(STAGING_SHOWN);
+    let mut list: Vec<String> = steps[older..]
         .iter()
         .map(|s| {
             let replica = s["replica"]
@@ -322,6 +330,16 @@ fn staging(r: &serde_json::Value, now_ms: u64) -> Option<String> {
             )
         })
         .collect();
+    if older > 0 {
+        let on_disk = steps[..older].iter().all(|s| s["state"] == "persisted");
+        list.insert(
+            0,
+            format!(
+                "{older} older step(s){}",
+                if on_disk { " persisted" } else { "" }
+            ),
+        );
+    }
     // Replicas of the ring predecessor's steps held here (`--ckpt-replicas`).
     let held: Vec<String> = r["replicas"]
         .as_array()
@@ -394,7 +412,9 @@ fn run_state(s: &RunStatus) -> String {
         };
     }
     match (&s.plan, &s.progress) {
-        (None, Some(p)) => format!("forming: {p}"),
+        // Without the countdown the line had when it was published: it is not read again
+        // every second, and a stale "last call in 29 s" misleads.
+        (None, Some(p)) => format!("forming: {}", crate::human::without_countdown(p)),
         (None, None) => "forming".into(),
         (Some(_), _) => "running".into(),
     }

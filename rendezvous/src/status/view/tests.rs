@@ -142,10 +142,16 @@ fn what_the_store_does_not_know_is_a_dash() {
 fn a_forming_or_ended_run_says_so() {
     let mut s = RunStatus {
         run: "r".into(),
-        progress: Some("waiting for 1 more node (1/2)".into()),
+        progress: Some("waiting for 1 more node (1/2), join timeout in 580 s".into()),
         ..Default::default()
     };
-    assert!(render(&s, NOW)[0].contains("forming: waiting for 1 more node (1/2)"));
+    // The countdown was true when the line was published, not when status reads it.
+    let first = &render(&s, NOW)[0];
+    assert!(
+        first.contains("forming: waiting for 1 more node (1/2)"),
+        "{first}"
+    );
+    assert!(!first.contains("580 s"), "{first}");
     s.finished = Some(crate::RunEnd {
         success: true,
         reason: "all workers succeeded".into(),
@@ -263,6 +269,43 @@ fn checkpoints_in_memory_are_shown_per_node_with_the_disk_lag() {
         !text.contains("idle:"),
         "a node holding nothing is not shown: {text}"
     );
+}
+
+/// A long run keeps many small steps within its budget: the line names the newest few and
+/// counts the rest; once the run finished, its agents' copies are gone with them.
+#[test]
+fn a_long_list_of_steps_in_memory_is_cut_and_a_finished_run_shows_none() {
+    let mut s = status(2);
+    let steps: Vec<serde_json::Value> = (1..=99u64)
+        .map(|i| serde_json::json!({"step": i * 10, "generation": 1, "state": if i == 99 { "staged" } else { "persisted" }, "bytes": 1u64 << 10}))
+        .collect();
+    let report = serde_json::json!({
+        "generation": 3, "at_ms": NOW, "budget": 64u64 << 20, "held": 99u64 << 10,
+        "lag_ms": 0, "steps": steps,
+    });
+    s.reports
+        .entry("staging".into())
+        .or_default()
+        .insert("gpu-node-01".into(), report);
+    let text = render(&s, NOW).join("\n");
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains(
+            "gpu-node-01: 95 older step(s) persisted, step 960 persisted, step 970 persisted, step 980 persisted, step 990 staged;"
+        ),
+        "{text}"
+    );
+    assert!(text.lines().count() < 30, "{text}");
+    s.finished = Some(crate::RunEnd {
+        success: true,
+        reason: "all workers succeeded".into(),
+        at_ms: NOW,
+        root_cause: None,
+        retryable: false,
+        unfit: false,
+    });
+    let text = render(&s, NOW).join("\n");
+    assert!(!text.contains("gpu-node-01:"), "{text}");
 }
 
 #[test]
