@@ -317,6 +317,10 @@ fn on_save_requested(m: &mut Machine, phase: Phase, req: SaveRequest, cx: &mut C
 }
 
 fn on_sealed(m: &mut Machine, phase: Phase, id: String, cx: &mut Cx<'_>) -> Phase {
+    // Said in every phase: the last step of a run is sealed while the workers end (a user
+    // found the last sealed step missing from the log).
+    let described = drun_rendezvous::ledger::describe_id(&id);
+    cx.log(Level::Info, None, format!("checkpoint {described} sealed"));
     let (plan, save, partial) = match phase {
         Phase::Verifying { plan, save } => (plan, save, None),
         Phase::Running {
@@ -327,8 +331,6 @@ fn on_sealed(m: &mut Machine, phase: Phase, id: String, cx: &mut Cx<'_>) -> Phas
         } => (plan, save, Some((partial, progress))),
         other => return other,
     };
-    let described = drun_rendezvous::ledger::describe_id(&id);
-    cx.log(Level::Info, None, format!("checkpoint {described} sealed"));
     let save = match save {
         Save::Preempt { latest_before } if id > latest_before => {
             cx.fx.push(Effect::Say(format!(

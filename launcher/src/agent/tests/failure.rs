@@ -242,6 +242,13 @@ fn all_workers_succeed_then_the_node_reports_and_awaits_the_end() {
     assert_eq!(fx.first(), Some(&Effect::ReleasePort));
     assert_eq!(fx.last(), Some(&Effect::Send(Request::Succeeded(1))));
     assert_eq!(t.machine().deadline(), Some(t.now + PEER_WAIT));
+    // The last step is sealed as the workers end: it is said (it was not, while the node
+    // awaited the end).
+    let fx = t.ev(Event::Sealed("0042-0002".into()));
+    assert!(
+        logged(&fx, "checkpoint step 42 (generation 2) sealed"),
+        "{fx:?}"
+    );
     t.ev(Event::Finished(end(true)));
     assert_eq!(t.done(), Some(&End::Exit(AgentExit::Success)));
 }
