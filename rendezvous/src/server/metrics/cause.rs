@@ -2,9 +2,12 @@
 //! reason written at `gen/<g>/closed` (and sent to agents in `Event::Reform`) to one of
 //! [`CAUSES`].
 
+use crate::decisions::loss;
+
 /// Every value [`reform_cause`] returns (the label values of `drun_reforms_total{cause}`).
-pub const CAUSES: [&str; 6] = [
+pub const CAUSES: [&str; 7] = [
     "node_lost",
+    "node_left",
     "worker_failure",
     "scale_up",
     "bad_checkpoint",
@@ -16,6 +19,7 @@ pub const CAUSES: [&str; 6] = [
 ///
 /// * `node_lost` — a member's lease or connection went (`loss::describe`, also when the
 ///   survivors' workers failed after it: `loss::attributed`);
+/// * `node_left` — a member's agent left on purpose (a signal, an error: `loss::LEFT`);
 /// * `worker_failure` — a worker failed and the restart budget paid for it;
 /// * `scale_up` — a newcomer was admitted below `--nnodes` MAX;
 /// * `bad_checkpoint` — the resume point failed verification;
@@ -30,6 +34,8 @@ pub const CAUSES: [&str; 6] = [
 pub fn reform_cause(reason: &str) -> &'static str {
     if reason.starts_with("worker failure: ") {
         "worker_failure"
+    } else if reason.starts_with("node ") && reason.contains(&format!(" lost: {}", loss::LEFT)) {
+        "node_left"
     } else if reason.starts_with("node ") && reason.contains(" lost: ") {
         "node_lost"
     } else if reason.contains("is waiting to join (scale-up)") {
@@ -67,6 +73,11 @@ mod tests {
             "node_lost"
         );
         assert_eq!(reform_cause("node x lost: gone"), "node_lost");
+        // A node stopped on purpose is not counted as lost.
+        assert_eq!(
+            reform_cause(&loss::describe(&plan, "b", loss::LEFT)),
+            "node_left"
+        );
         assert_eq!(
             reform_cause("node c is waiting to join (scale-up)"),
             "scale_up"
@@ -80,7 +91,7 @@ mod tests {
             "not_started"
         );
         assert_eq!(reform_cause("something new"), "other");
-        for cause in ["node_lost", "scale_up", "other"] {
+        for cause in ["node_lost", "node_left", "scale_up", "other"] {
             assert!(CAUSES.contains(&cause));
         }
     }
