@@ -1,8 +1,11 @@
 //! `drun-ckpt`: the worker API of a drun agent (`DRUN_AGENT_SOCK`) for shell and non-Python
-//! workers. Prints the agent's JSON answer on stdout.
+//! workers, which prints the agent's JSON answer on stdout; and, with no agent, what an
+//! operator asks of a checkpoint directory (`list`, `verify`: `drun_launcher::ckpt::inspect`).
 //!
-//! Exit codes: 0 accepted (for `should-save`: a save is requested), 1 refused (one line on
-//! stderr naming why) or, for `should-save`, no save requested, 2 usage error or not under drun.
+//! Exit codes: 0 accepted (for `should-save`: a save is requested; for `verify`: every file
+//! is what its manifest recorded), 1 refused (one line on stderr naming why) or, for
+//! `should-save`, no save requested, or, for `verify`, a file missing or changed, 2 usage error,
+//! not under drun, or no checkpoint at the path given.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -48,6 +51,66 @@ enum Command {
         /// Step reached.
         step: u64,
     },
+    /// The sealed checkpoints under DIR (a --ckpt-dir): run, step, generation, world size,
+    /// files, size, age, and which one `latest` names. Needs no agent.
+    List {
+        /// A --ckpt-dir.
+        dir: PathBuf,
+    },
+    /// Reads every file of a checkpoint and checks its size and SHA-256 against its manifest:
+    /// PATH is a drun-manifest-*.json file or a --ckpt-dir (its `latest`). Needs no agent.
+    Verify {
+        /// A manifest file, or a directory with a `latest` pointer.
+        path: PathBuf,
+    },
+}
+
+/// What `list` or `verify` says: (the lines to print, exit code) or (one error line, exit
+/// code).
+type Said = Result<(Vec<String>, u8), (String, u8)>;
+
+/// `list` and `verify` (`None`: a command for the agent).
+fn inspect(command: &Command) -> Option<Said> {
+    use drun_launcher::ckpt::{inspect, read_adoptable, verify};
+    match command {
+        Command::List { dir } => Some(match inspect::list(dir) {
+            Ok(list) => {
+                let now_ms = drun_rendezvous::clock::now_ms();
+                Ok((inspect::render(&list, now_ms), 0))
+            }
+            Err(e) => Err((format!("cannot read {}: {e}", dir.display()), 2)),
+        }),
+        Command::Verify { path } => Some((|| {
+            let (file, m) = read_adoptable(path).map_err(|e| {
+                // A missing or resized file is a damaged checkpoint; no manifest is a usage error.
+                if e.is_damage() {
+                    (e.to_string(), 1)
+                } else {
+                    (
+                        format!("{e}; give a drun-manifest-*.json file, or a --ckpt-dir whose `latest` names one"),
+                        2,
+                    )
+                }
+            })?;
+            let threads = std::thread::available_parallelism().map_or(1, usize::from);
+            let v = verify::verify(&m, drun_launcher::ckpt::VerifyMode::Digest, threads)
+                .map_err(|e| (e.to_string(), 1))?;
+            Ok((
+                vec![format!(
+                    "checkpoint step {} (generation {}) of run {}: {} file(s), {}, every size and SHA-256 as its manifest records ({:.2} s; {})",
+                    m.step,
+                    m.generation,
+                    m.run_id,
+                    v.files,
+                    drun_rendezvous::human::bytes(v.bytes),
+                    v.took.as_secs_f64(),
+                    file.display()
+                )],
+                0,
+            ))
+        })()),
+        _ => None,
+    }
 }
 
 fn env_u64(name: &str) -> u64 {
@@ -78,6 +141,11 @@ fn request(msg: &Value) -> Result<Value, String> {
 
 fn run(cli: Cli) -> Result<(Value, bool), (String, u8)> {
     let rank = env_u64("RANK");
+    // `list` and `verify` are answered in `main`.
+    let cli = match cli.command {
+        Command::List { .. } | Command::Verify { .. } => unreachable!("answered without an agent"),
+        _ => cli,
+    };
     let msg = match cli.command {
         Command::Commit {
             step,
@@ -105,6 +173,7 @@ fn run(cli: Cli) -> Result<(Value, bool), (String, u8)> {
         Command::Resume => json!({"op": "resume"}),
         Command::ShouldSave => json!({"op": "should_save", "rank": rank}),
         Command::Progress { step } => json!({"op": "progress", "rank": rank, "step": step}),
+        Command::List { .. } | Command::Verify { .. } => unreachable!("answered without an agent"),
     };
     let answer = request(&msg).map_err(|e| (e, 2))?;
     if answer["ok"] != json!(true) {
@@ -116,7 +185,21 @@ fn run(cli: Cli) -> Result<(Value, bool), (String, u8)> {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    match inspect(&cli.command) {
+        Some(Ok((lines, code))) => {
+            for l in lines {
+                println!("{l}");
+            }
+            return ExitCode::from(code);
+        }
+        Some(Err((e, code))) => {
+            eprintln!("drun-ckpt: {e}");
+            return ExitCode::from(code);
+        }
+        None => {}
+    }
+    match run(cli) {
         Ok((answer, yes)) => {
             println!("{answer}");
             ExitCode::from(if yes { 0 } else { 1 })

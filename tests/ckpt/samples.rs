@@ -179,4 +179,55 @@ fi
         String::from_utf8_lossy(&o.stderr).trim(),
         "drun-ckpt: not running under drun (DRUN_AGENT_SOCK is unset)"
     );
+    operator_commands_read_the_directory_the_run_left(&d);
+}
+
+/// `drun-ckpt list` and `verify` on the `--ckpt-dir` the run above left, with no agent: both
+/// steps listed and `latest` marked; the latest checkpoint verified; then a byte of it changed
+/// on disk, and `verify` names the file (exit 1).
+fn operator_commands_read_the_directory_the_run_left(d: &Dirs) {
+    let ckpt = |args: &[&str], path: &Path| {
+        let o = Command::new(env!("CARGO_BIN_EXE_drun-ckpt"))
+            .args(args)
+            .arg(path)
+            .env_remove("DRUN_AGENT_SOCK")
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = ckpt(&["list"], &d.ckpt);
+    assert_eq!(code, Some(0), "{err}");
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(
+        rows[0].contains(" 3 ") && !rows[0].ends_with("latest"),
+        "{out}"
+    );
+    assert!(
+        rows[1].contains(" 5 ") && rows[1].ends_with("latest"),
+        "{out}"
+    );
+    let (code, out, err) = ckpt(&["verify"], &d.ckpt);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with("checkpoint step 5 (generation 1) of run ")
+            && out.contains("1 file(s)")
+            && out.contains("every size and SHA-256 as its manifest records"),
+        "{out}"
+    );
+    let five = latest(d).unwrap();
+    let file = five["files"][0]["path"].as_str().unwrap().to_string();
+    std::fs::write(&file, "step 6").unwrap();
+    let (code, _, err) = ckpt(&["verify"], &d.ckpt);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.starts_with(&format!("drun-ckpt: {file} (rank 0) has sha256 ")),
+        "{err}"
+    );
+    let (code, _, err) = ckpt(&["verify"], &d.out);
+    assert_eq!(code, Some(2), "no checkpoint there: {err}");
 }

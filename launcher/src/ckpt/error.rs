@@ -136,6 +136,17 @@ pub enum CkptError {
     },
 }
 
+impl CkptError {
+    /// Whether this says a checkpoint's files are damaged (missing, unreadable, another size or
+    /// digest than its manifest records), rather than that there is no checkpoint to look at.
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            CkptError::Unreadable { .. } | CkptError::Size { .. } | CkptError::Digest { .. }
+        )
+    }
+}
+
 fn of_step(step: Option<u64>) -> String {
     step.map(|s| format!(" of step {s}")).unwrap_or_default()
 }

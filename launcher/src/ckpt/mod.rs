@@ -25,6 +25,7 @@
 pub mod api;
 mod error;
 pub mod fallback;
+pub mod inspect;
 pub mod memory;
 pub mod node;
 pub mod resume;
