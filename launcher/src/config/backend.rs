@@ -83,6 +83,12 @@ fn standalone(
                 .into(),
         );
     }
+    if a.standalone && a.master_port.is_some() {
+        notes.push(
+            "--standalone: ignoring --master-port (MASTER_PORT is a free port this agent reserves), as torchrun does; drop --standalone to use a fixed port"
+                .into(),
+        );
+    }
     let mode = RendezvousMode::Embedded {
         master_addr: a.local_addr.clone().unwrap_or_else(|| "127.0.0.1".into()),
         fixed_port: None,

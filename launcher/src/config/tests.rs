@@ -367,6 +367,13 @@ fn local_addr_names_the_node_and_the_standalone_master() {
     );
     let c = ok(&["--standalone", "--rdzv-endpoint", "x:1", "t.py"]);
     assert!(c.notes[0].contains("ignoring the explicit --rdzv-endpoint"));
+    // A flag that changes nothing is said (a user's --master-port went silently unused).
+    let c = ok(&["--standalone", "--master-port", "2379", "t.py"]);
+    assert!(
+        c.notes.iter().any(|n| n.contains("ignoring --master-port")),
+        "{:?}",
+        c.notes
+    );
     assert!(err(&["--standalone", "--nnodes", "2", "t.py"], &host()).contains("runs one node"));
 }
 
