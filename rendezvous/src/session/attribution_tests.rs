@@ -69,6 +69,17 @@ async fn formed(links: &mut [Link]) -> u64 {
     g
 }
 
+/// A worker of `link`'s node failed in generation `g` with `description`.
+fn fail(link: &Link, g: u64, description: &str) {
+    link.0
+        .send(Request::Failed {
+            generation: g,
+            description: description.into(),
+            cause: None,
+        })
+        .unwrap();
+}
+
 async fn decision(rx: &mut mpsc::UnboundedReceiver<Event>) -> (bool, Restarts) {
     let mut seen = vec![];
     next(rx, &mut seen, |e| match e {
@@ -88,14 +99,7 @@ async fn a_failure_while_every_other_agent_answers_is_the_workers_own_at_once() 
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let (mut links, g, _a) = pair(run, &store, b_port, false).await;
     let t0 = Instant::now();
-    links[0]
-        .0
-        .send(Request::Failed {
-            generation: g,
-            description: "rank 0 exited with 1".into(),
-            cause: None,
-        })
-        .unwrap();
+    fail(&links[0], g, "rank 0 exited with 1");
     let (restart, restarts) = decision(&mut links[0].1).await;
     let took = t0.elapsed();
     assert!(restart);
@@ -115,14 +119,7 @@ async fn under_a_server_a_failure_while_a_member_is_gone_waits_for_its_loss_and_
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let (mut links, g, _a) = pair(run, &store, closed_port(), true).await;
     let t0 = Instant::now();
-    links[0]
-        .0
-        .send(Request::Failed {
-            generation: g,
-            description: "rank 0: Connection reset by peer".into(),
-            cause: None,
-        })
-        .unwrap();
+    fail(&links[0], g, "rank 0: Connection reset by peer");
     // b's process is gone (its port is closed); its lease goes a moment later.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let state = crate::store::run_state::RunState::new(store.clone(), run);
@@ -151,14 +148,7 @@ async fn with_own_leases_a_failure_drops_a_member_whose_agent_is_gone_at_once() 
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let (mut links, g, _a) = pair(run, &store, closed_port(), false).await;
     let t0 = Instant::now();
-    links[0]
-        .0
-        .send(Request::Failed {
-            generation: g,
-            description: "rank 0: Connection reset by peer".into(),
-            cause: None,
-        })
-        .unwrap();
+    fail(&links[0], g, "rank 0: Connection reset by peer");
     let (restart, restarts) = decision(&mut links[0].1).await;
     let took = t0.elapsed();
     assert!(restart);

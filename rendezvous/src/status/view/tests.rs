@@ -152,14 +152,7 @@ fn a_forming_or_ended_run_says_so() {
         "{first}"
     );
     assert!(!first.contains("580 s"), "{first}");
-    s.finished = Some(crate::RunEnd {
-        success: true,
-        reason: "all workers succeeded".into(),
-        at_ms: NOW,
-        root_cause: None,
-        retryable: false,
-        unfit: false,
-    });
+    s.finished = Some(succeeded());
     assert!(render(&s, NOW)[0].contains("succeeded: all workers succeeded"));
 }
 
@@ -296,14 +289,7 @@ fn a_long_list_of_steps_in_memory_is_cut_and_a_finished_run_shows_none() {
         "{text}"
     );
     assert!(text.lines().count() < 30, "{text}");
-    s.finished = Some(crate::RunEnd {
-        success: true,
-        reason: "all workers succeeded".into(),
-        at_ms: NOW,
-        root_cause: None,
-        retryable: false,
-        unfit: false,
-    });
+    s.finished = Some(succeeded());
     let text = render(&s, NOW).join("\n");
     assert!(!text.contains("gpu-node-01:"), "{text}");
 }
@@ -420,4 +406,16 @@ fn the_flight_recorder_is_judged_over_every_nodes_dumps() {
         both.contains("flight default_pg: rank 0 waits in all_reduce #4 (float[4]); rank 1 never entered it (its last: all_reduce #3)"),
         "{both}"
     );
+}
+
+/// The end of a run whose workers all succeeded, at `NOW`.
+fn succeeded() -> crate::RunEnd {
+    crate::RunEnd {
+        success: true,
+        reason: "all workers succeeded".into(),
+        at_ms: NOW,
+        root_cause: None,
+        retryable: false,
+        unfit: false,
+    }
 }
