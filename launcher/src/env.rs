@@ -40,8 +40,10 @@ pub struct WorkerSlot<'a> {
     pub ckpt_dir: Option<&'a Path>,
     /// DRUN_RESUME_MANIFEST: the manifest file of `plan.resume`.
     pub resume_manifest: Option<&'a Path>,
-    /// DRUN_CKPT_STAGE_DIR: the agent's staging directory (`--ckpt-memory`).
-    pub ckpt_stage: Option<&'a Path>,
+    /// DRUN_CKPT_STAGE_DIR: the agent's staging directory (`--ckpt-memory`), and
+    /// DRUN_CKPT_STAGE_SHARE: a local rank's share of its budget in bytes (a rank makes no spare
+    /// staging file the share cannot hold beside a save of the same size).
+    pub ckpt_stage: Option<(&'a Path, u64)>,
     /// The staged copy of `plan.resume` this agent holds complete: DRUN_RESUME_PATH names it
     /// instead of `--ckpt-dir` (a resume from memory).
     pub resume_staged: Option<&'a Path>,
@@ -90,6 +92,7 @@ pub const CKPT_VARS: &[&str] = &[
     "DRUN_SAMPLE_OFFSET",
     "DRUN_CKPT_VERSION",
     "DRUN_CKPT_STAGE_DIR",
+    "DRUN_CKPT_STAGE_SHARE",
 ];
 
 /// The agent's secrets, never passed on to workers: the rendezvous token and the etcd password
@@ -194,8 +197,9 @@ pub fn worker_env(
     }
     if let Some(p) = slot.ckpt_dir {
         set("DRUN_CKPT_DIR", p.to_string_lossy().into_owned());
-        if let Some(s) = slot.ckpt_stage {
+        if let Some((s, share)) = slot.ckpt_stage {
             set("DRUN_CKPT_STAGE_DIR", s.to_string_lossy().into_owned());
+            set("DRUN_CKPT_STAGE_SHARE", share.to_string());
         }
     }
     if let Some(m) = &plan.resume {

@@ -107,6 +107,7 @@ class Spares:
         path = self.path()
         want = size + size // 64 + (1 << 20)
         if path is None or size <= 0 or self.thread is not None \
+                or not fits_share(want) \
                 or not leaves_room(os.path.dirname(path), want):
             path = None
         if path is None and not old:
@@ -136,6 +137,18 @@ class Spares:
         if path is not None:
             self.thread = thread
         thread.start()
+
+
+def fits_share(want: int) -> bool:
+    """Whether a spare of ``want`` bytes fits this rank's share of the agent's ``--ckpt-memory``
+    budget (``DRUN_CKPT_STAGE_SHARE``) beside a staged save of about its size: a spare the
+    budget cannot hold would only count against it (a 64 KiB budget got two 1 MiB spares, and
+    then every save went to disk)."""
+    try:
+        share = int(os.environ.get("DRUN_CKPT_STAGE_SHARE", "0"))
+    except ValueError:
+        share = 0
+    return share <= 0 or 2 * want <= share
 
 
 def leaves_room(stage: str, want: int) -> bool:

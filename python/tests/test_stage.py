@@ -152,6 +152,20 @@ class Staged(unittest.TestCase):
         self.assertTrue(had)
         self.assertEqual(data, b"c" * 100)
 
+    def test_no_spare_beyond_the_ranks_share_of_the_budget(self):
+        # A 64 KiB budget over 2 ranks: no 1 MiB spare fits beside a save (a user's two spares
+        # counted against such a budget, and every save went to disk).
+        os.environ["DRUN_CKPT_STAGE_SHARE"] = str(32 << 10)
+        self.save(1, lambda f: f.write(b"a" * 100))
+        had, data = self.save(2, lambda f: f.write(b"b" * 100))
+        self.assertFalse(had)
+        self.assertEqual(data, b"b" * 100)
+        # A share that holds it: the next save has its spare again.
+        os.environ["DRUN_CKPT_STAGE_SHARE"] = str(64 << 20)
+        self.save(3, lambda f: f.write(b"c" * 100))
+        had, _ = self.save(4, lambda f: f.write(b"d" * 100))
+        self.assertTrue(had)
+
     def test_a_writer_failing_over_a_spare_leaves_no_file_and_the_next_save_works(self):
         self.save(1, lambda f: f.write(b"a" * (2 << 20)))
 

@@ -53,8 +53,9 @@ pub struct GroupContext<'a> {
     pub resume_manifest: Option<&'a Path>,
     /// `--preflight`'s check script, when this generation runs it before the training script.
     pub preflight: Option<&'a Path>,
-    /// The agent's staging directory (DRUN_CKPT_STAGE_DIR, `--ckpt-memory`).
-    pub ckpt_stage: Option<&'a Path>,
+    /// The agent's staging directory (DRUN_CKPT_STAGE_DIR, `--ckpt-memory`) and a local
+    /// rank's share of its budget (DRUN_CKPT_STAGE_SHARE).
+    pub ckpt_stage: Option<(&'a Path, u64)>,
     /// The staged copy of the plan's resume point, when this agent holds it complete.
     pub resume_staged: Option<&'a Path>,
     /// The warm interpreters workers may start on ([`crate::warm`]); `None`: all start cold.

@@ -219,6 +219,11 @@ impl Stage {
         self.dir.path()
     }
 
+    /// A local rank's share of the budget when `ranks` run here (DRUN_CKPT_STAGE_SHARE).
+    pub(super) fn rank_share(&self, ranks: u32) -> u64 {
+        self.table.budget() / u64::from(ranks.max(1))
+    }
+
     /// The node's `batch` is complete: `Some(batch)` to send to the ledger now (nothing of it
     /// staged), else `None`: it is staged, persisted behind, and sent once on disk. The ranks
     /// are answered at once when it fits the budget; otherwise they wait for the disk.

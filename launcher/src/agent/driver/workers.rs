@@ -128,7 +128,10 @@ impl Agent {
             run_log_dir: &self.run_log_dir,
             preflight: crate::agent::preflight::for_plan(self.preflight.as_deref(), plan),
             warm: Some(&self.warm),
-            ckpt_stage: w.stage.as_ref().map(stage::Stage::dir),
+            ckpt_stage: w
+                .stage
+                .as_ref()
+                .map(|s| (s.dir(), s.rank_share(self.cfg.workers.nproc_per_node))),
             resume_staged: resume_staged.as_deref(),
         };
         w.workers = None;
