@@ -42,7 +42,7 @@ pub struct WorkerSlot<'a> {
     pub resume_manifest: Option<&'a Path>,
     /// DRUN_CKPT_STAGE_DIR: the agent's staging directory (`--ckpt-memory`), and
     /// DRUN_CKPT_STAGE_SHARE: a local rank's share of its budget in bytes (a rank makes no spare
-    /// staging file the share cannot hold beside a save of the same size).
+    /// staging file the share cannot hold).
     pub ckpt_stage: Option<(&'a Path, u64)>,
     /// The staged copy of `plan.resume` this agent holds complete: DRUN_RESUME_PATH names it
     /// instead of `--ckpt-dir` (a resume from memory).

@@ -141,14 +141,14 @@ class Spares:
 
 def fits_share(want: int) -> bool:
     """Whether a spare of ``want`` bytes fits this rank's share of the agent's ``--ckpt-memory``
-    budget (``DRUN_CKPT_STAGE_SHARE``) beside a staged save of about its size: a spare the
-    budget cannot hold would only count against it (a 64 KiB budget got two 1 MiB spares, and
-    then every save went to disk)."""
+    budget (``DRUN_CKPT_STAGE_SHARE``): the next save is written over it and counts in the
+    budget as it, so a spare the share cannot hold would only count against the budget (a
+    64 KiB budget got two 1 MiB spares, and then every save went to disk)."""
     try:
         share = int(os.environ.get("DRUN_CKPT_STAGE_SHARE", "0"))
     except ValueError:
         share = 0
-    return share <= 0 or 2 * want <= share
+    return share <= 0 or want <= share
 
 
 def leaves_room(stage: str, want: int) -> bool:
