@@ -141,11 +141,6 @@ fn request(msg: &Value) -> Result<Value, String> {
 
 fn run(cli: Cli) -> Result<(Value, bool), (String, u8)> {
     let rank = env_u64("RANK");
-    // `list` and `verify` are answered in `main`.
-    let cli = match cli.command {
-        Command::List { .. } | Command::Verify { .. } => unreachable!("answered without an agent"),
-        _ => cli,
-    };
     let msg = match cli.command {
         Command::Commit {
             step,
@@ -173,6 +168,7 @@ fn run(cli: Cli) -> Result<(Value, bool), (String, u8)> {
         Command::Resume => json!({"op": "resume"}),
         Command::ShouldSave => json!({"op": "should_save", "rank": rank}),
         Command::Progress { step } => json!({"op": "progress", "rank": rank, "step": step}),
+        // Answered in `main`, without an agent ([`inspect`]).
         Command::List { .. } | Command::Verify { .. } => unreachable!("answered without an agent"),
     };
     let answer = request(&msg).map_err(|e| (e, 2))?;

@@ -15,7 +15,7 @@ use drun_rendezvous::{Manifest, NodeCommit};
 use tokio::sync::mpsc;
 
 use crate::agent::Agent;
-use crate::ckpt::memory::decide::{Admit, EndWait, Key, Table};
+use crate::ckpt::memory::decide::{Admit, Key, Table};
 use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile, Throttle};
 use crate::ckpt::memory::{human_bytes, remove_under, resume_from_memory, staged_path, TmpfsFit};
 use crate::ckpt::node::NodeLedger;
@@ -25,6 +25,7 @@ mod recycled;
 mod replicated;
 mod resumed;
 mod settings;
+mod speed;
 
 use settings::{pace_params, persist_rates};
 
@@ -509,55 +510,6 @@ impl Stage {
     /// holds every file of it.
     pub(super) fn resume_dir(&self, m: &Manifest) -> Option<PathBuf> {
         resume_from_memory(self.dir(), &self.ckpt_dir, m)
-    }
-
-    /// Workers start: their end will be held for the persister again.
-    pub(super) fn workers_started(&mut self) {
-        self.end_judged = false;
-    }
-
-    /// A preemption asked for a checkpoint: staged steps go to the disk at full speed from now
-    /// on (its step must be sealed within the grace; the persister no longer yields the CPU).
-    pub(super) fn hurry(&mut self) {
-        self.hurried = true;
-        self.throttle.set_urgent(true);
-    }
-
-    /// Whether the workers' end is held back for the persister (at most `limit`); says how
-    /// long it waited, or what it could not persist, when the hold ends.
-    pub(super) fn hold_end(&mut self, limit: Duration) -> bool {
-        if self.end_judged {
-            return false;
-        }
-        let now = std::time::Instant::now();
-        let since = *self.end_since.get_or_insert_with(|| {
-            // No training left to protect: full speed.
-            self.throttle.set_rate(self.held_rate);
-            self.throttle.set_urgent(true);
-            now
-        });
-        match self.table.end_wait(since, now, limit) {
-            EndWait::Wait { .. } => true,
-            verdict => {
-                if let Some(line) = verdict.line() {
-                    crate::say!("{line}");
-                }
-                self.end_since = None;
-                self.end_judged = true;
-                self.throttle.set_rate(self.rate);
-                self.throttle
-                    .set_urgent(self.hurried || self.table.behind());
-                false
-            }
-        }
-    }
-}
-
-impl Drop for Stage {
-    /// The agent exits (or gives up staging): the persister stops, and the file it was
-    /// writing leaves no temporary file in `--ckpt-dir`.
-    fn drop(&mut self) {
-        self.persister.stop(&self.throttle, Duration::from_secs(1));
     }
 }
 
