@@ -54,9 +54,13 @@ fn kv(c: &etcd::Client) -> etcd::KvClient {
 /// member that is down (measured: > 4 s of "connection refused" after the leader was killed),
 /// so connection-level failures rotate to the next member instead.
 #[derive(Clone)]
-pub struct EtcdStore {
-    clients: Arc<Vec<etcd::Client>>,
-    current: Arc<AtomicUsize>,
+pub struct EtcdStore(Arc<Shared>);
+
+/// What every clone of an [`EtcdStore`] shares: each session holds a clone and clones it again
+/// for the calls it makes, so a clone is one reference count, not one per part.
+pub struct Shared {
+    clients: Vec<etcd::Client>,
+    current: AtomicUsize,
     endpoints: String,
     /// Reads of the same key batched, prefix watches shared (`etcd_share.rs`).
     reads: Arc<Reads>,
@@ -66,7 +70,15 @@ pub struct EtcdStore {
     read_batch: Arc<Batcher<ReadReq, Result<Option<KeyValue>, StoreError>>>,
     write_batch: Arc<Batcher<WriteReq, Result<TxnResponse, StoreError>>>,
     /// Each kept lease's keep-alive stream, reused from one renewal to the next.
-    keep_alives: Arc<std::sync::Mutex<KeepAlives>>,
+    keep_alives: std::sync::Mutex<KeepAlives>,
+}
+
+impl std::ops::Deref for EtcdStore {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
 }
 
 impl std::fmt::Debug for EtcdStore {

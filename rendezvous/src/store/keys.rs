@@ -47,25 +47,25 @@ impl RunKeys {
 
     /// Current generation number (decimal).
     pub fn gen_current(&self) -> String {
-        format!("{}gen/current", self.prefix)
+        [self.prefix.as_str(), "gen/current"].concat()
     }
 
     /// Decider of the round being formed (node id), under the decider's lease. Its name extends
     /// `gen/current` so one prefix watch sees the generation, the decider and its progress.
     pub fn leader(&self) -> String {
-        format!("{}gen/current.leader", self.prefix)
+        [self.prefix.as_str(), "gen/current.leader"].concat()
     }
 
     /// The decider's latest progress line ("waiting for 1 more node (2/3)").
     pub fn progress(&self) -> String {
-        format!("{}gen/current.progress", self.prefix)
+        [self.prefix.as_str(), "gen/current.progress"].concat()
     }
 
     /// The verdict of a failed round (JSON [`crate::round::RoundFailure`]): every node it names
     /// that joined before it was written ends with its message. Under `gen/current` so the
     /// waiting nodes' one prefix watch sees it.
     pub fn round_failed(&self) -> String {
-        format!("{}gen/current.failed", self.prefix)
+        [self.prefix.as_str(), "gen/current.failed"].concat()
     }
 
     /// Assignment of generation `g` (JSON [`crate::Plan`]).
@@ -75,7 +75,7 @@ impl RunKeys {
 
     /// Prefix of the nodes asking to join.
     pub fn waiting_prefix(&self) -> String {
-        format!("{}waiting/", self.prefix)
+        [self.prefix.as_str(), "waiting/"].concat()
     }
 
     /// A node asking to join (JSON [`crate::Candidate`]), attached to the agent's lease.
@@ -120,7 +120,7 @@ impl RunKeys {
 
     /// The prefix of every generation's root cause.
     pub fn root_cause_prefix(&self) -> String {
-        format!("{}root-cause/", self.prefix)
+        [self.prefix.as_str(), "root-cause/"].concat()
     }
 
     /// Keys of generation `g` itself (plan, closed); watched by its members.
@@ -155,13 +155,13 @@ impl RunKeys {
 
     /// The prefix of every generation's failure record.
     pub fn failures_prefix(&self) -> String {
-        format!("{}failure/", self.prefix)
+        [self.prefix.as_str(), "failure/"].concat()
     }
 
     /// The checkpoint interval in force (JSON [`crate::decisions::ckpt_interval::Interval`]), written by the
     /// session that decides it (node rank 0's) when it changes; read by `status`.
     pub fn ckpt_interval(&self) -> String {
-        format!("{}ckpt/interval", self.prefix)
+        [self.prefix.as_str(), "ckpt/interval"].concat()
     }
 
     /// A coordinated checkpoint `--ckpt-interval` asked of generation `g` while `ckpt/latest`
@@ -191,12 +191,12 @@ impl RunKeys {
 
     /// Job-wide restart counters (JSON).
     pub fn restarts(&self) -> String {
-        format!("{}restarts", self.prefix)
+        [self.prefix.as_str(), "restarts"].concat()
     }
 
     /// Terminal state of the run (JSON), written once.
     pub fn finished(&self) -> String {
-        format!("{}finished", self.prefix)
+        [self.prefix.as_str(), "finished"].concat()
     }
     /// A coordinated checkpoint was requested in generation `g` (JSON
     /// [`crate::session::SaveRequest`]); under the generation's prefix, so members see it.
@@ -214,7 +214,7 @@ impl RunKeys {
 
     /// Prefix of every shard record of the checkpoint ledger.
     pub fn ckpt_shards_prefix(&self) -> String {
-        format!("{}ckpt/shards/", self.prefix)
+        [self.prefix.as_str(), "ckpt/shards/"].concat()
     }
 
     /// Prefix of the shard records of step `step` in generation `g`.
@@ -230,7 +230,7 @@ impl RunKeys {
 
     /// Prefix of the sealed manifests.
     pub fn ckpt_manifest_prefix(&self) -> String {
-        format!("{}ckpt/manifest/", self.prefix)
+        [self.prefix.as_str(), "ckpt/manifest/"].concat()
     }
 
     /// Sealed manifest `id` (JSON [`crate::ledger::Manifest`]).
@@ -240,12 +240,12 @@ impl RunKeys {
 
     /// Id of the newest sealed manifest; moves forward in `(step, generation)` only.
     pub fn ckpt_latest(&self) -> String {
-        format!("{}ckpt/latest", self.prefix)
+        [self.prefix.as_str(), "ckpt/latest"].concat()
     }
 
     /// Prefix of manifests that failed verification.
     pub fn ckpt_bad_prefix(&self) -> String {
-        format!("{}ckpt/bad/", self.prefix)
+        [self.prefix.as_str(), "ckpt/bad/"].concat()
     }
 
     /// Manifest `id` failed verification (value: why).

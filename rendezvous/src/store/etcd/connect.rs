@@ -75,18 +75,18 @@ impl EtcdStore {
                 reason: "no etcd endpoint given".into(),
             });
         }
-        let store = Self {
-            clients: Arc::new(clients),
-            current: Arc::new(AtomicUsize::new(0)),
+        let store = Self(Arc::new(super::Shared {
+            clients,
+            current: AtomicUsize::new(0),
             endpoints: joined.clone(),
-            reads: Arc::default(),
-            watches: Arc::default(),
-            read_batch: Arc::default(),
+            reads: Default::default(),
+            watches: Default::default(),
+            read_batch: Default::default(),
             write_batch: Arc::new(super::batch::Batcher::with_in_flight(
                 super::batch::writes_in_flight(),
             )),
-            keep_alives: Arc::default(),
-        };
+            keep_alives: Default::default(),
+        }));
         // Connecting is lazy: prove the cluster answers, and that this user may read drun's keys.
         match store.get("/drun/v1/.ping").await {
             Ok(_) => Ok(store),
