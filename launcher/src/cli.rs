@@ -35,7 +35,9 @@ use crate::LogFormat;
     version,
     about = "Elastic, torchrun-compatible launcher for distributed training",
     after_help = EXIT_CODES_HELP,
-    args_override_self = true
+    args_override_self = true,
+    // torchrun's argparse takes any unambiguous prefix of a flag (`--stand`).
+    infer_long_args = true
 )]
 pub struct Args {
     /// Number of nodes: `N` or `MIN:MAX` (elastic), with 0 < MIN <= MAX.

@@ -218,6 +218,13 @@ fn dynamic_mode(
         a.rdzv_id.clone()
     } else if let Some(job) = host.var("SLURM_JOB_ID").filter(|j| !j.is_empty()) {
         job.to_string()
+    } else if n.max > 1 && matches!(backend, "c10d" | "embedded") {
+        // torchrun's default: the store lives in this job's host agent and starts empty, so no
+        // earlier job's state is found under "none" (failure case 8 is a persistent store's).
+        notes.push(
+            "no --rdzv-id: the run id is 'none', as torchrun's; two jobs on one --rdzv-endpoint need ids of their own".into(),
+        );
+        a.rdzv_id.clone()
     } else if n.max > 1 {
         return Err(ConfigError::Missing {
             flag: "--rdzv-id",

@@ -567,3 +567,19 @@ fn virtual_local_rank_needs_a_device_for_every_local_rank() {
             .virtual_local_rank
     );
 }
+
+#[test]
+fn an_unambiguous_prefix_of_a_flag_is_that_flag_as_under_torchrun() {
+    let v = ["--stand", "--nproc", "2", "t.py", "--nnodes", "5"];
+    let a = args(&v);
+    assert!(a.standalone, "--stand is --standalone");
+    let c = ok(&v);
+    assert_eq!(c.workers.nproc_per_node, 2);
+    assert_eq!(
+        c.workers.entrypoint.argv(0),
+        ["-u", "t.py", "--nnodes", "5"],
+        "the script's own flags stay its own"
+    );
+    // `--rdzv` could be any of four flags: not taken for one.
+    assert!(err(&["--rdzv", "x", "t.py"], &host()).contains("'--rdzv'"));
+}

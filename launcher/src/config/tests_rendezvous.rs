@@ -174,6 +174,36 @@ fn a_multi_node_run_id_comes_from_the_flag_or_the_slurm_job_variable() {
     let c = validate(&args(&v), &with_env(&[("SLURM_JOB_ID", "77")])).unwrap();
     assert_eq!(c.run_id, "77");
     assert!(c.scheduler.slurm.is_none(), "--slurm off");
+    // The etcd backend's store outlives a job: an id is required there too.
+    let mut etcd = v.to_vec();
+    etcd.splice(0..0, ["--rdzv-backend", "etcd"]);
+    assert!(err(&etcd, &host()).starts_with("--rdzv-id is missing"));
+}
+
+#[test]
+fn a_c10d_run_without_an_id_is_none_as_under_torchrun_and_says_so() {
+    for backend in ["c10d", "embedded"] {
+        let v = [
+            "--slurm",
+            "off",
+            "--nnodes",
+            "1:2",
+            "--rdzv-backend",
+            backend,
+            "--rdzv-endpoint",
+            "h:1",
+            "t.py",
+        ];
+        let c = validate(&args(&v), &host()).unwrap();
+        assert_eq!(c.run_id, "none", "{backend}");
+        assert!(
+            c.notes
+                .iter()
+                .any(|n| n.contains("no --rdzv-id: the run id is 'none'")),
+            "{backend}: {:?}",
+            c.notes
+        );
+    }
 }
 
 #[test]
