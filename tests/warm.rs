@@ -314,6 +314,54 @@ fn a_non_python_entrypoint_restarts_cold_and_says_why() {
 }
 
 #[test]
+fn a_script_that_sets_a_variable_before_it_imports_torch_gets_it_as_under_torchrun() {
+    let Some(python) = torch_python() else { return };
+    // torch reads OMP_NUM_THREADS at import: an interpreter that imported it already would
+    // keep the agent's 1 thread (a user's script, found in a trial).
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("threads.py");
+    std::fs::write(
+        &script,
+        "import os\nos.environ['OMP_NUM_THREADS'] = '2'\nimport torch\n\
+         n = os.environ['TORCHELASTIC_RESTART_COUNT']\n\
+         print('threads', torch.get_num_threads(), 'restart', n, flush=True)\n\
+         raise SystemExit(1 if n == '0' and os.environ['LOCAL_RANK'] == '0' else 0)\n",
+    )
+    .unwrap();
+    // What a cold interpreter makes of it on this machine (torch caps it at its cores).
+    let cold = std::process::Command::new(&python)
+        .args(["-c", "import torch; print(torch.get_num_threads())"])
+        .env("OMP_NUM_THREADS", "2")
+        .output()
+        .unwrap();
+    let threads = String::from_utf8_lossy(&cold.stdout).trim().to_string();
+    if threads == "1" {
+        eprintln!("skipped: one core, where 2 threads and the agent's 1 look alike");
+        return;
+    }
+    let mut c = drun();
+    c.python(&python)
+        .args(["--standalone", "--max-restarts", "1"])
+        .nproc(2)
+        .arg(&script);
+    let (code, out, err) = run(c, Duration::from_secs(120));
+    assert_eq!(code, 0, "{err}");
+    for restart in 0..2 {
+        assert_eq!(
+            out.matches(&format!("threads {threads} restart {restart}"))
+                .count(),
+            2,
+            "both ranks of attempt {restart} have {threads} threads:\n{out}\n{err}"
+        );
+    }
+    assert_eq!(
+        err.matches("warm workers off: the script sets an environment variable on line 2 before it imports torch").count(),
+        1,
+        "{err}"
+    );
+}
+
+#[test]
 fn a_worker_interpreter_without_torch_still_restarts() {
     // The stdlib workers' python3 has no torch here (CI's may): the warm interpreter either
     // says so before the restart (cold start) or execs the cold command at its hand-off.

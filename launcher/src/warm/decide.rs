@@ -15,6 +15,12 @@ pub enum ScriptFile {
     /// Something `python` runs another way: a directory or zip with `__main__.py`, compiled
     /// bytecode, or nothing readable.
     Other(&'static str),
+    /// A source file that writes an environment variable on this line before its first
+    /// `import torch` ([`sets_env_before_torch`]): a preloaded torch would not see it.
+    SetsEnvFirst {
+        /// The line (1-based).
+        line: usize,
+    },
 }
 
 impl ScriptFile {
@@ -33,9 +39,60 @@ impl ScriptFile {
                 ScriptFile::Other("the script is a zip archive")
             }
             Ok(_) if named("pyc") => ScriptFile::Other("the script is compiled bytecode"),
-            Ok(_) => ScriptFile::Source,
+            Ok(_) => match std::fs::read(path)
+                .ok()
+                .and_then(|b| sets_env_before_torch(&String::from_utf8_lossy(&b)))
+            {
+                Some(line) => ScriptFile::SetsEnvFirst { line },
+                None => ScriptFile::Source,
+            },
         }
     }
+}
+
+/// The line (1-based) on which `source` writes or removes an environment variable before its
+/// first line that imports torch (`import torch…`, `from torch…`, at any indentation), or
+/// anywhere when no such line comes: `os.environ["OMP_NUM_THREADS"] = "2"` ahead of
+/// `import torch` sets torch's threads under torchrun, and nothing in an interpreter that
+/// imported torch already. By text, not by syntax: a hit in a string costs only the warm start,
+/// as `--warm-workers off` would; a variable set by a module the script imports first is not
+/// seen.
+pub fn sets_env_before_torch(source: &str) -> Option<usize> {
+    const CALLS: [&str; 6] = [
+        "environ.update(",
+        "environ.setdefault(",
+        "environ.pop(",
+        "environ.clear(",
+        "putenv(",
+        "unsetenv(",
+    ];
+    for (i, line) in source.lines().enumerate() {
+        let code = line.trim_start();
+        if code.starts_with('#') {
+            continue;
+        }
+        let imports_torch = ["import torch", "from torch"].iter().any(|p| {
+            code.strip_prefix(p)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '.', ',', ';']))
+        });
+        if imports_torch {
+            return None;
+        }
+        let assigns = code.match_indices("environ[").any(|(at, _)| {
+            let after = &code[at..];
+            let Some(close) = after.find(']') else {
+                return false;
+            };
+            let rest = after[close + 1..].trim_start();
+            rest.starts_with('=') && !rest.starts_with("==")
+                || ["+=", "|="].iter().any(|op| rest.starts_with(op))
+        });
+        let deletes = code.starts_with("del ") && code.contains("environ[");
+        if assigns || deletes || CALLS.iter().any(|c| code.contains(c)) {
+            return Some(i + 1);
+        }
+    }
+    None
 }
 
 /// Why this run's workers cannot start warm (any more), said once in the run's log.
@@ -47,6 +104,9 @@ pub enum NotWarm {
     /// The script is not a source file ([`ScriptFile::Other`]).
     #[error("{0}")]
     Script(&'static str),
+    /// The script sets an environment variable (this line) before it imports torch.
+    #[error("the script sets an environment variable on line {0} before it imports torch, which an interpreter that imported torch already would not see (as under torchrun, it starts cold)")]
+    SetsEnvFirst(usize),
     /// `--no-python`.
     #[error("--no-python runs an executable, not a Python script")]
     Binary,
@@ -72,6 +132,7 @@ pub fn eligibility(mode: WarmWorkers, kind: EntryKind, script: ScriptFile) -> Re
     match (kind, script) {
         (EntryKind::Script, ScriptFile::Source) => Ok(()),
         (EntryKind::Script, ScriptFile::Other(why)) => Err(NotWarm::Script(why)),
+        (EntryKind::Script, ScriptFile::SetsEnvFirst { line }) => Err(NotWarm::SetsEnvFirst(line)),
         (EntryKind::Binary, _) => Err(NotWarm::Binary),
         (EntryKind::Module, _) => Err(NotWarm::Module),
         (EntryKind::RunPath, _) => Err(NotWarm::RunPath),
@@ -204,6 +265,67 @@ mod tests {
             ScriptFile::Other("the script is a zip archive"),
         );
         assert_eq!(zip.unwrap_err().to_string(), "the script is a zip archive");
+    }
+
+    #[test]
+    fn a_script_that_sets_a_variable_before_it_imports_torch_starts_cold() {
+        let first = |s: &str| sets_env_before_torch(s);
+        // Set before torch: torch reads it at import.
+        assert_eq!(
+            first("import os\nos.environ[\"OMP_NUM_THREADS\"] = \"2\"\nimport torch\n"),
+            Some(2)
+        );
+        assert_eq!(
+            first(
+                "import os\nos.environ.setdefault('TORCH_LOGS', '+dynamo')\nfrom torch import nn\n"
+            ),
+            Some(2)
+        );
+        assert_eq!(
+            first(
+                "from os import environ\nenviron['A'] += ':x'\nimport torch.distributed as dist\n"
+            ),
+            Some(2)
+        );
+        assert_eq!(
+            first("import os\ndel os.environ['CUDA_VISIBLE_DEVICES']\nimport torch\n"),
+            Some(2)
+        );
+        assert_eq!(
+            first("import os\nos.putenv('X', '1')\nimport torch\n"),
+            Some(2)
+        );
+        // No torch import in the script (a framework imports it): every write counts.
+        assert_eq!(
+            first("import lightning\ndef main():\n    os.environ['X'] = '1'\n"),
+            Some(3)
+        );
+        // Reads, comparisons, comments, and writes after torch are no reason.
+        assert_eq!(
+            first("import os\nrank = int(os.environ['RANK'])\nif os.environ['A'] == 'b': pass\n# os.environ['X'] = '1'\nimport torch\nos.environ['Y'] = '2'\n"),
+            None
+        );
+        assert_eq!(first("import torchvision\n"), None);
+        assert_eq!(
+            first("import torchvision\nos.environ['X'] = '1'\n"),
+            Some(2),
+            "torchvision is not torch's own line"
+        );
+        let why = eligibility(ON, EntryKind::Script, ScriptFile::SetsEnvFirst { line: 2 })
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("on line 2 before it imports torch"), "{why}");
+        let dir = tempfile::tempdir().unwrap();
+        let py = dir.path().join("t.py");
+        std::fs::write(
+            &py,
+            "import os\nos.environ['OMP_NUM_THREADS'] = '2'\nimport torch\n",
+        )
+        .unwrap();
+        assert_eq!(
+            ScriptFile::inspect(&py),
+            ScriptFile::SetsEnvFirst { line: 2 }
+        );
     }
 
     #[test]
