@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::harness::cluster::{pinned_node, rendezvous_bin, RdzvServer};
-use crate::harness::Agent;
+use crate::harness::{drun, run, Agent, DrunCmd};
 
 /// Node `i` of a 2-node run `run` on `server`, 2 workers, `--max-restarts 0`: the ranks in
 /// `ranks` (comma-separated) print a line to stderr and exit with `code`.
@@ -124,4 +124,26 @@ fn when_both_nodes_fail_at_once_each_names_the_one_root_cause() {
         "the root node prints its own summary only:\n{}",
         errs[i]
     );
+}
+
+/// A module the workers' interpreter has not got (the usual start: `python3` from `PATH`
+/// without the environment that has torch): the summary is followed by a line naming the
+/// interpreter and the fix.
+#[test]
+fn a_missing_module_names_the_interpreter_that_ran_the_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("needs.py");
+    std::fs::write(&script, "import drun_no_such_module.sub\n").unwrap();
+    let mut c = drun();
+    c.args(["--standalone"]).nproc(1).arg(&script);
+    c.env("DRUN_PYTHON", "python3");
+    let (code, _, err) = run(c, Duration::from_secs(60));
+    assert_eq!(code, 1, "{err}");
+    let want = " (from DRUN_PYTHON), which has no module 'drun_no_such_module': activate the environment that has it, or fix or unset DRUN_PYTHON, or pass --python PATH";
+    let line = err
+        .lines()
+        .find(|l| l.contains("the workers ran "))
+        .unwrap_or_else(|| panic!("no line naming the interpreter:\n{err}"));
+    assert!(line.contains("python3"), "{line}");
+    assert!(line.ends_with(want), "wanted {want:?} in:\n{line}");
 }

@@ -124,7 +124,7 @@ impl Failure {
         &self.tail[..end]
     }
 
-    fn traceback(&self) -> String {
+    pub(crate) fn traceback(&self) -> String {
         if let Some(v) = &self.error {
             if let Some(cs) = v
                 .pointer("/message/extraInfo/py_callstack")
@@ -280,6 +280,29 @@ pub fn format_summary(
     s
 }
 
+/// The line said after the summary when the root cause is a module the workers' interpreter
+/// has not got (`ModuleNotFoundError: No module named 'torch'`): which interpreter ran them
+/// (`program`, and where it came from) and the fix. Running `python3` from `PATH` without the
+/// environment that has torch activated is a common start.
+pub fn missing_module_hint(
+    text: &str,
+    program: &Path,
+    source: crate::command::PythonSource,
+) -> Option<String> {
+    let rest = &text[text.find("No module named '")? + "No module named '".len()..];
+    let module = &rest[..rest.find('\'')?];
+    let top = module.split('.').next().unwrap_or(module);
+    Some(format!(
+        "the workers ran {}{}, which has no module '{top}': activate the environment that has it, or {}",
+        program.display(),
+        source.origin(),
+        match source {
+            crate::command::PythonSource::Default => "pass --python PATH (or set DRUN_PYTHON)",
+            other => other.fix(),
+        }
+    ))
+}
+
 /// The JSON drun writes to its own `TORCHELASTIC_ERROR_FILE` for schedulers: the root cause's
 /// error file with `message.errorCode` set to its exit code (torchrun `ErrorHandler.dump_error_file`),
 /// or, when the worker wrote none, an equivalent record built from its exit and output tail.
@@ -430,5 +453,38 @@ mod tests {
         f.tail = vec!["Assertion `x' failed.".into()];
         let likely = f.root_cause("n", "h").likely.unwrap();
         assert!(likely.contains("often in a destructor at exit"), "{likely}");
+    }
+
+    #[test]
+    fn a_missing_module_names_the_interpreter_and_the_fix() {
+        use crate::command::PythonSource;
+        let line = missing_module_hint(
+            "Traceback ...\nModuleNotFoundError: No module named 'torch.distributed'",
+            Path::new("/usr/bin/python3"),
+            PythonSource::Default,
+        )
+        .unwrap();
+        assert_eq!(
+            line,
+            "the workers ran /usr/bin/python3, which has no module 'torch': activate the environment that has it, or pass --python PATH (or set DRUN_PYTHON)"
+        );
+        let line = missing_module_hint(
+            "No module named 'numpy'",
+            Path::new("/opt/py/bin/python"),
+            PythonSource::DrunPython,
+        )
+        .unwrap();
+        assert!(
+            line.contains("/opt/py/bin/python (from DRUN_PYTHON), which has no module 'numpy'"),
+            "{line}"
+        );
+        assert_eq!(
+            missing_module_hint(
+                "ValueError: boom",
+                Path::new("python3"),
+                PythonSource::Default
+            ),
+            None
+        );
     }
 }

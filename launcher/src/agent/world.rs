@@ -372,6 +372,15 @@ impl Agent {
                 history.split_last().map_or(&[][..], |(_, earlier)| earlier)
             )
         );
+        if self.cfg.workers.entrypoint.kind != crate::command::EntryKind::Binary {
+            if let Some(line) = summary::missing_module_hint(
+                &root.traceback(),
+                &self.cfg.workers.entrypoint.program,
+                self.cfg.workers.python_source,
+            ) {
+                crate::say!("{line}");
+            }
+        }
         self.write_root_cause(&root);
         self.print_also();
     }
