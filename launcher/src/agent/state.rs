@@ -546,9 +546,10 @@ impl Machine {
     /// failure is reported after the wait: with the restart budget spent it ends the run, and
     /// with restarts left the next generation resumes the newest *sealed* step, which a staged
     /// step becomes once persisted; only with `--ckpt-replicas` does a join report the steps
-    /// held in memory for a resume from them), a signal, a preemption, the run finished. Not when they were stopped for a re-form (a node
-    /// lost or arrived, a fence): the agent lives on with its staged copies, the next
-    /// generation resumes from them, and the persister carries on behind its training.
+    /// held in memory for a resume from them), a signal, a preemption, the run finished. Not
+    /// when they were stopped for a re-form (a node lost or arrived, a fence): the agent lives
+    /// on with its staged copies, the next generation resumes from them, and the persister
+    /// carries on behind its training.
     pub fn end_waits_for_disk(&self) -> bool {
         match &self.phase {
             Phase::Running { .. } => true,

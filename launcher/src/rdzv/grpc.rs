@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::reach::{short_reason, Limits, Reach};
+use super::reach::{explain, short_reason, Limits, Reach};
 use super::track::Track;
 use super::LEAVE_WAIT;
 use crate::peers::{PeerHealth, Verdict};
@@ -549,20 +549,6 @@ fn not_a_session(s: &tonic::Status) -> String {
     }
 }
 
-/// `short`, with a hint when the full error `chain` shows a TLS mismatch
-/// ([`drun_rendezvous::server::tls::hint`]).
-fn explain(short: String, chain: &str, tls: drun_rendezvous::server::tls::Mode) -> String {
-    match drun_rendezvous::server::tls::hint(chain, tls) {
-        Some(h) => format!("{short}; {h}"),
-        // The connection opened, and what listens did not speak HTTP/2 (a trial's silent
-        // listener on the port said only "http2 error" for ten minutes).
-        None if short == "http2 error" => format!(
-            "{short}: what listens on that port is not a rendezvous server (it does not speak HTTP/2); another program may hold it, so check the --rdzv-endpoint port"
-        ),
-        None => short,
-    }
-}
-
 /// An opened session stream, or a refusal or a listener that is not a drun server (already
 /// reported).
 enum Opened {
@@ -571,31 +557,4 @@ enum Opened {
         Box<tonic::Streaming<pb::ServerEvent>>,
     ),
     Refused,
-}
-
-#[cfg(test)]
-mod explain_tests {
-    use super::explain;
-    use drun_rendezvous::server::tls::Mode;
-
-    #[test]
-    fn a_listener_that_does_not_speak_http2_is_named_as_another_program() {
-        let why = explain(
-            "http2 error".into(),
-            "transport error: http2 error",
-            Mode::Plain,
-        );
-        assert!(
-            why.starts_with("http2 error: what listens on that port is not a rendezvous server"),
-            "{why}"
-        );
-        assert_eq!(
-            explain(
-                "connection refused".into(),
-                "connection refused",
-                Mode::Plain
-            ),
-            "connection refused"
-        );
-    }
 }

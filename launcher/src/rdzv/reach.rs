@@ -221,6 +221,20 @@ pub fn short_reason(chain: &str) -> String {
     }
 }
 
+/// `short`, with a hint when the full error `chain` shows a TLS mismatch
+/// ([`drun_rendezvous::server::tls::hint`]) or a listener that is not a rendezvous server.
+pub fn explain(short: String, chain: &str, tls: drun_rendezvous::server::tls::Mode) -> String {
+    match drun_rendezvous::server::tls::hint(chain, tls) {
+        Some(h) => format!("{short}; {h}"),
+        // The connection opened, and what listens did not speak HTTP/2 (a trial's silent
+        // listener on the port said only "http2 error" for ten minutes).
+        None if short == "http2 error" => format!(
+            "{short}: what listens on that port is not a rendezvous server (it does not speak HTTP/2); another program may hold it, so check the --rdzv-endpoint port"
+        ),
+        None => short,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,5 +381,27 @@ mod tests {
         r.contact(t0 + s(602));
         let v = r.check(t0 + s(633), true, Some(4), L, EP);
         assert!(v.progress.unwrap().contains("every peer of generation 4"));
+    }
+
+    #[test]
+    fn a_listener_that_does_not_speak_http2_is_named_as_another_program() {
+        use drun_rendezvous::server::tls::Mode;
+        let why = explain(
+            "http2 error".into(),
+            "transport error: http2 error",
+            Mode::Plain,
+        );
+        assert!(
+            why.starts_with("http2 error: what listens on that port is not a rendezvous server"),
+            "{why}"
+        );
+        assert_eq!(
+            explain(
+                "connection refused".into(),
+                "connection refused",
+                Mode::Plain
+            ),
+            "connection refused"
+        );
     }
 }

@@ -24,25 +24,20 @@ pub enum ScriptFile {
 }
 
 impl ScriptFile {
-    /// Looks at `path`: a regular file that is neither a zip archive (`PK`) nor bytecode.
+    /// Looks at `path`: a regular file that is neither a zip archive (`PK`) nor bytecode, and
+    /// whether it sets an environment variable before it imports torch (read once, at start).
     pub fn inspect(path: &std::path::Path) -> Self {
-        use std::io::Read;
         if !path.is_file() {
             return ScriptFile::Other("the script is not a regular file");
         }
-        let mut head = [0u8; 2];
-        let read = std::fs::File::open(path).and_then(|mut f| f.read(&mut head));
         let named = |ext: &str| path.extension().is_some_and(|e| e == ext);
-        match read {
+        match std::fs::read(path) {
             Err(_) => ScriptFile::Other("the script cannot be read"),
-            Ok(_) if &head == b"PK" || named("zip") || named("pyz") => {
+            Ok(b) if b.starts_with(b"PK") || named("zip") || named("pyz") => {
                 ScriptFile::Other("the script is a zip archive")
             }
             Ok(_) if named("pyc") => ScriptFile::Other("the script is compiled bytecode"),
-            Ok(_) => match std::fs::read(path)
-                .ok()
-                .and_then(|b| sets_env_before_torch(&String::from_utf8_lossy(&b)))
-            {
+            Ok(b) => match sets_env_before_torch(&String::from_utf8_lossy(&b)) {
                 Some(line) => ScriptFile::SetsEnvFirst { line },
                 None => ScriptFile::Source,
             },
