@@ -5,8 +5,11 @@
 //! listening, for the whole generation: the kernel will not hand the port to anyone else's
 //! `bind(0)`, while the rank-0 worker's TCPStore (which also sets `SO_REUSEADDR`, as libuv and
 //! c10d's socket code do) may still bind and listen on it, because Linux allows reuse between
-//! sockets none of which is listening yet. When the agent hosts the worker store itself it
-//! listens on the reserved socket ([`ReservedPort::into_listener`]).
+//! sockets none of which is listening yet. That sharing has a price: any other process that binds
+//! the same port with `SO_REUSEADDR` and listens first takes it. So when the agent hosts the
+//! worker store itself (the default), it listens from the moment of the reservation
+//! ([`ReservedPort::listening`]): from then on nobody else can bind the port, and the store
+//! serves on that socket ([`ReservedPort::into_listener`]).
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
@@ -35,13 +38,23 @@ impl ReservedPort {
         })
     }
 
+    /// Reserves a free TCP port on all IPv4 interfaces and listens on it at once: no other
+    /// socket can bind the port from now on, not even one with `SO_REUSEADDR` (what the agent's
+    /// own worker store needs; connections wait in the backlog until it serves).
+    pub fn listening() -> io::Result<Self> {
+        let r = Self::new()?;
+        nix::sys::socket::listen(&r._socket, Backlog::MAXCONN)?;
+        Ok(r)
+    }
+
     /// The port number (1–65535).
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// Starts listening on the reserved port (the agent's worker store): no window in which
-    /// another process could take it.
+    /// Listens on the reserved port (the agent's worker store), if it does not already: on a
+    /// port reserved by [`Self::new`] another process may have taken it first (`EADDRINUSE`); on
+    /// one reserved by [`Self::listening`] it cannot fail that way.
     pub fn into_listener(self) -> io::Result<TcpListener> {
         listen(self._socket)
     }
@@ -159,6 +172,45 @@ mod tests {
             bind_listener(port).is_err(),
             "a listening port cannot be bound again"
         );
+    }
+
+    /// What a TCPStore or any server with `SO_REUSEADDR` does: bind `port` and listen.
+    fn reuse_listen(port: u16) -> nix::Result<OwnedFd> {
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+        let addr = SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
+        bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
+        nix::sys::socket::listen(&fd, Backlog::new(8).unwrap())?;
+        Ok(fd)
+    }
+
+    #[test]
+    fn a_shareable_reservation_can_be_taken_but_a_listening_one_cannot() {
+        // The window a CI run once hit: another process listens first on a shareable
+        // reservation, and the agent's store then cannot listen there.
+        let shared = ReservedPort::new().unwrap();
+        let thief = reuse_listen(shared.port()).unwrap();
+        let err = shared.into_listener().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        drop(thief);
+
+        // The agent's own store reserves by listening: the same thief is refused, and the
+        // store serves on the port.
+        let held = ReservedPort::listening().unwrap();
+        let port = held.port();
+        assert_eq!(
+            reuse_listen(port).unwrap_err(),
+            nix::errno::Errno::EADDRINUSE
+        );
+        let l = held.into_listener().unwrap();
+        let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (s, _) = l.accept().unwrap();
+        assert_eq!(s.peer_addr().unwrap(), c.local_addr().unwrap());
     }
 
     #[test]

@@ -10,6 +10,7 @@ use super::World;
 use crate::agent::Agent;
 use crate::os::ports::ReservedPort;
 use crate::rdzv::Link;
+use crate::worker_store::WorkerStoreMode;
 use crate::{LaunchError, RendezvousMode};
 
 impl Agent {
@@ -34,10 +35,14 @@ impl Agent {
                 _ => None,
             };
             if fixed_port.is_none() {
-                w.reserved = Some(
-                    ReservedPort::new()
-                        .map_err(|e| LaunchError::os("cannot reserve a MASTER_PORT", e))?,
-                );
+                // The agent's store listens from the reservation on; worker rank 0's TCPStore
+                // must be able to bind the port itself, so its reservation stays shareable.
+                let reserved = match self.cfg.workers.worker_store {
+                    WorkerStoreMode::Agent => ReservedPort::listening(),
+                    WorkerStoreMode::Rank0 => ReservedPort::new(),
+                };
+                w.reserved =
+                    Some(reserved.map_err(|e| LaunchError::os("cannot reserve a MASTER_PORT", e))?);
             }
             let port =
                 fixed_port.unwrap_or_else(|| w.reserved.as_ref().map_or(0, ReservedPort::port));
