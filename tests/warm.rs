@@ -362,6 +362,51 @@ fn a_script_that_sets_a_variable_before_it_imports_torch_gets_it_as_under_torchr
 }
 
 #[test]
+fn a_keyboard_interrupt_in_a_warm_worker_reads_as_in_a_cold_one() {
+    let Some(python) = torch_python() else { return };
+    // A trial's finding: the traceback began with three frames of the warm stub.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("interrupted.py");
+    std::fs::write(
+        &script,
+        "import atexit\nimport torch\n\
+         atexit.register(lambda: print('exit handlers ran', flush=True))\n\
+         def stop():\n    raise KeyboardInterrupt('stop')\n\
+         stop()\n",
+    )
+    .unwrap();
+    let mut c = drun();
+    c.python(&python)
+        .args(["-v", "--standalone"])
+        .nproc(1)
+        .arg(&script);
+    let (code, out, err) = run(c, Duration::from_secs(120));
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.matches("warm=true").count(), 1, "{err}");
+    let both = format!("{out}{err}");
+    let frames: Vec<&str> = both
+        .lines()
+        .filter(|l| l.starts_with("[rank0]:") && l.contains("File \""))
+        .collect();
+    let path = script.display().to_string();
+    assert_eq!(
+        frames.len(),
+        2,
+        "the script's two frames only (the worker's own output):\n{both}"
+    );
+    assert!(
+        frames
+            .iter()
+            .all(|f| f.contains(&format!("File \"{path}\""))),
+        "{both}"
+    );
+    assert!(both.contains("KeyboardInterrupt: stop"), "{both}");
+    assert!(both.contains("exit handlers ran"), "{both}");
+    assert!(err.contains("SIGINT"), "it died by SIGINT:\n{err}");
+    assert!(err.contains("uncaught KeyboardInterrupt"), "{err}");
+}
+
+#[test]
 fn a_worker_interpreter_without_torch_still_restarts() {
     // The stdlib workers' python3 has no torch here (CI's may): the warm interpreter either
     // says so before the restart (cold start) or execs the cold command at its hand-off.

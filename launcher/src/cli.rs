@@ -591,7 +591,7 @@ pub struct Args {
     /// The training script (or module with -m, or executable with --no-python) and its arguments,
     /// passed through untouched; `${local_rank}` in them is replaced by the worker's local rank.
     #[arg(
-        required_unless_present = "status",
+        required_unless_present_any = ["status", "print_completion"],
         trailing_var_arg = true,
         allow_hyphen_values = true,
         value_name = "TRAINING_SCRIPT [ARGS]"

@@ -198,6 +198,12 @@ pub fn likely_cause(sig: Signal, tail: &[String]) -> Option<String> {
                 .into(),
         );
     }
+    if sig == Signal::SIGINT && tail.iter().any(|l| l.starts_with("KeyboardInterrupt")) {
+        return Some(
+            "an uncaught KeyboardInterrupt (Python dies by SIGINT after one): raised by the script itself, or someone signalled the worker (Ctrl-C reaches only drun)"
+                .into(),
+        );
+    }
     signal_cause(sig).map(str::to_string)
 }
 
@@ -386,6 +392,22 @@ mod tests {
         );
         let j = root_cause_json(&fs[1]);
         assert_eq!(j["message"]["errorCode"], 3);
+    }
+
+    #[test]
+    fn a_keyboard_interrupt_in_the_tail_is_named_not_only_an_outside_signal() {
+        let tail = vec![
+            "Traceback (most recent call last):".to_string(),
+            "  File \"/job/train.py\", line 3, in <module>".to_string(),
+            "KeyboardInterrupt: stop".to_string(),
+        ];
+        let cause = likely_cause(Signal::SIGINT, &tail).unwrap();
+        assert!(cause.contains("uncaught KeyboardInterrupt"), "{cause}");
+        let outside = likely_cause(Signal::SIGINT, &tail[..2]).unwrap();
+        assert!(
+            outside.starts_with("interrupted from outside drun"),
+            "{outside}"
+        );
     }
 
     #[test]

@@ -206,6 +206,8 @@ fn rdzv_conf_sets_timing_and_notes_unknown_keys() {
 fn unsupported_torchrun_flags_are_refused_by_name() {
     assert!(err(&["--logs-specs", "x", "t.py"], &host()).starts_with("--logs-specs"));
     assert!(err(&["--print-completion", "bash", "t.py"], &host()).contains("completion"));
+    // torchrun's flag needs no script: the refusal, not a missing script, is what is said.
+    assert!(err(&["--print-completion", "bash"], &host()).starts_with("--print-completion"));
     assert!(err(&["--event-log-handler", "console", "t.py"], &host()).contains("got 'console'"));
     ok(&["--event-log-handler", "null", "t.py"]);
 }

@@ -95,8 +95,23 @@ def _drun_warm():
     del saved, data, msg, env, status, f
     try:
         exec(code, main)
-    except (SystemExit, KeyboardInterrupt):
-        raise  # exit status, or death by SIGINT, as the interpreter gives them
+    except SystemExit:
+        raise  # the exit status, as the interpreter gives it
+    except KeyboardInterrupt:
+        # Re-raised, so that the interpreter runs its exit handlers and then dies by SIGINT,
+        # as a cold worker does; its traceback is printed without this stub's frames (those
+        # before the script's first).
+        def hook(kind, value, tb, shown=sys.excepthook, path=path):
+            t = tb
+            while t is not None and t.tb_frame.f_code.co_filename != path:
+                t = t.tb_next
+            if t is not None:  # the printer reads the exception's own traceback
+                tb = t
+                value = value.with_traceback(t)
+            shown(kind, value, tb)
+
+        sys.excepthook = hook
+        raise
     except BaseException as e:
         # As the interpreter reports an uncaught exception, without this frame.
         tb = e.__traceback__
