@@ -607,11 +607,15 @@ fn a_worker_failure_stays_the_primary_error_when_the_rendezvous_is_gone() {
     let mut server = RdzvServer::start(&["--store", "memory"]);
     let dir = tempfile::tempdir().unwrap();
     let trigger = dir.path().join("fail-now");
+    // Both agents answer each other's probes, so each holds on to its failure's report for a
+    // server to come back, until the join timeout gives the server up (`join_timeout`, short
+    // here; 600 s by default).
+    let conf = format!("lease_ttl={TTL},join_timeout={GIVE_UP}");
     let agents: Vec<Agent> = (0..2)
         .map(|i| {
             let mut c = drun();
             c.args(["-q", "--nnodes", "2", "--rdzv-id", "gone", "--max-restarts", "3"])
-                .args(["--rdzv-endpoint", &server.endpoint, "--rdzv-conf", &format!("lease_ttl={TTL}")])
+                .args(["--rdzv-endpoint", &server.endpoint, "--rdzv-conf", &conf])
                 .node(i)
                 .args(["--no-python", "sh", "-c"])
                 .arg("touch \"$0.$RANK\"; while [ ! -e \"$0\" ]; do sleep 0.05; done; echo boom >&2; exit 7")
@@ -623,9 +627,14 @@ fn a_worker_failure_stays_the_primary_error_when_the_rendezvous_is_gone() {
         (0..2).all(|r| dir.path().join(format!("fail-now.{r}")).exists())
     });
     server.kill();
+    let killed = std::time::Instant::now();
     std::fs::write(&trigger, b"").unwrap();
     for a in agents {
         let (code, _, err) = a.wait(Duration::from_secs(60));
+        assert!(
+            killed.elapsed() >= Duration::from_secs(GIVE_UP - 1),
+            "held on until the join timeout, not only the TTL:\n{err}"
+        );
         // 3, not 1: with 3 restarts left the budget was never consulted (the rendezvous is
         // gone), and 1 would tell an operator's failure policy it was spent.
         assert_eq!(code, 3, "{err}");
@@ -637,8 +646,13 @@ fn a_worker_failure_stays_the_primary_error_when_the_rendezvous_is_gone() {
             .expect("the rendezvous problem is appended");
         assert!(summary < also, "{err}");
         assert!(err.contains("exitcode  : 7"), "{err}");
+        assert!(err.contains("lost the rendezvous server"), "{err}");
     }
 }
+
+/// How long the agents of `a_worker_failure_stays_the_primary_error_when_the_rendezvous_is_gone`
+/// wait for a server (their join timeout), in seconds.
+const GIVE_UP: u64 = 8;
 
 #[test]
 fn etcd_restarted_with_a_wiped_data_dir_is_a_new_generation() {

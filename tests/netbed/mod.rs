@@ -1,7 +1,8 @@
 //! Faults from the network, on hosts built as network namespaces (`harness::netbed`): the bed
 //! itself here, and drun's agents across each fault by concern: a pulled cable (`cable`), a
 //! slowed link (`slowed`), a control-plane outage (`outage`), a partition between peers
-//! (`partition`), saturated cores (`saturated`), a world cut off from the server (`cut_off`).
+//! (`partition`), saturated cores (`saturated`), a world cut off from the server (`cut_off`), one
+//! host cut off from the server alone (`server_path`).
 //! The helpers they share (hosts that train, the stage of a server and three hosts, what the
 //! workers recorded) are here.
 
@@ -18,6 +19,7 @@ mod cut_off;
 mod outage;
 mod partition;
 mod saturated;
+mod server_path;
 mod slowed;
 
 /// A stdlib TCP listener on a host; killed and reaped on drop.

@@ -224,7 +224,7 @@ impl Agent {
             };
             m = self.feed(m, input, &mut w, link, &p).await?;
             if let Some(probes) = &self.peers {
-                probes.health().set_training(m.is_training());
+                probes.health().set_keeps_generation(m.keeps_generation());
             }
         }
         let super::Phase::Done(end) = m.phase else {

@@ -534,10 +534,12 @@ impl Machine {
         matches!(self.phase, Phase::Done(_))
     }
 
-    /// Whether this node's workers train a generation (the state a rendezvous outage leaves
-    /// as it is while the peers answer; see `crate::peers`).
-    pub fn is_training(&self) -> bool {
-        matches!(self.phase, Phase::Running { .. })
+    /// Whether this node holds on to its generation: its workers train it, or their failure
+    /// waits for the job's decision. Either is the state a rendezvous outage leaves as it is
+    /// while the generation's peers answer (see `crate::peers`), even before the link took the
+    /// failure report: a report sent while no server answers waits in the link's queue.
+    pub fn keeps_generation(&self) -> bool {
+        matches!(self.phase, Phase::Running { .. } | Phase::Reporting(_))
     }
 
     /// Whether the local workers' end (none runs any more) waits for their staged checkpoints

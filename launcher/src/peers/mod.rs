@@ -80,19 +80,21 @@ fn probed_members(plan: &Plan, node_id: &str) -> (u32, Vec<(u32, String, u16)>, 
     (me.node_rank, list, unprobeable)
 }
 
-/// What the probes say, shared with the rendezvous link, and whether the agent's workers
-/// train (the agent's word: only then is there a generation to keep through an outage).
+/// What the probes say, shared with the rendezvous link, and whether the agent holds on to its
+/// generation (the agent's word: its workers train it, or their failure waits for the job's
+/// decision; only then is there a generation to keep through an outage).
 #[derive(Debug, Clone, Default)]
 pub struct PeerHealth(Arc<Mutex<Table>>, Arc<std::sync::atomic::AtomicBool>);
 
 impl PeerHealth {
-    /// The agent says whether its workers train a generation now.
-    pub fn set_training(&self, training: bool) {
-        self.1.store(training, std::sync::atomic::Ordering::SeqCst);
+    /// The agent says whether it holds on to its generation now.
+    pub fn set_keeps_generation(&self, keeps: bool) {
+        self.1.store(keeps, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Whether the agent's workers train a generation now.
-    pub fn training(&self) -> bool {
+    /// Whether the agent holds on to its generation now: its workers train it, or it reports
+    /// their failure.
+    pub fn keeps_generation(&self) -> bool {
         self.1.load(std::sync::atomic::Ordering::SeqCst)
     }
 

@@ -253,15 +253,21 @@ impl Client {
     }
 
     /// The generation this agent's workers train, or whose failure it reports, when every peer
-    /// of it answers its probes now: the rendezvous is gone for everyone, not for this node
-    /// alone (see [`Reach::check`]). Not while the node waits for any other answer
+    /// of it answers its probes now: this node is not cut off, so it holds on (see
+    /// [`Reach::check`]). Either the rendezvous is gone for everyone and the generation goes on,
+    /// or it is gone for this node alone and the peers went on without it: then the server
+    /// says so when it answers again (a replayed failure report of a closed generation), and
+    /// the node joins again. Not while the node waits for any other answer
     /// ([`Track::training`], [`Track::reporting_failure`]): a join gets none from a server that
     /// is gone, while a failure report is replayed when one answers (the workers are stopped,
     /// so waiting cannot make a second world).
     fn vouched(&self, now: Instant) -> Option<u64> {
         let g = self.t.generation;
         let peers = self.peers.as_ref()?;
-        let keeps = (self.t.training() && peers.training()) || self.t.reporting_failure();
+        // The agent's word counts for a failure report the link has not taken yet: sent while
+        // no server answered, it waits in the queue (a trial's host, cut off from the server
+        // alone, exited 3 at the TTL for want of it, though its peers answered).
+        let keeps = (self.t.training() && peers.keeps_generation()) || self.t.reporting_failure();
         (keeps && peers.generation() == g && peers.verdict(now) == Verdict::AllAnswer).then_some(g)
     }
 
@@ -465,7 +471,7 @@ impl Client {
                                 tracing::info!(%endpoint, "reconnected to the rendezvous");
                             }
                             if let Some((g, lasted)) = self.reach.take_outage(Instant::now()) {
-                                tracing::info!("the control plane was away for {}; generation {g} was kept through it", drun_rendezvous::human::duration(lasted));
+                                tracing::info!("the control plane was away for {}; this node held on to generation {g} through it", drun_rendezvous::human::duration(lasted));
                                 let _ = out_tx.send(request_to_wire(&Request::Report {
                                     kind: drun_rendezvous::store::reports::ReportKind::Outage,
                                     json: serde_json::json!({

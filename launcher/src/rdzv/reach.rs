@@ -162,7 +162,7 @@ impl Reach {
                 self.outage_said = true;
                 self.kept = Some((g, self.last_message));
                 kept = Some(format!(
-                    "{UNREACHABLE} for {} (TTL {}; tried {endpoints}), but every peer of generation {g} answers: the control plane is away for everyone, so this node keeps its generation (its workers, or the failure it reports) and attaches again when a server answers",
+                    "{UNREACHABLE} for {} (TTL {}; tried {endpoints}), but every peer of generation {g} answers: this node is not cut off, so it keeps its generation (its workers, or the failure it reports) and attaches again when a server answers",
                     human(gone),
                     human(l.lease_ttl),
                 ));
