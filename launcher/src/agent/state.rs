@@ -69,6 +69,10 @@ pub struct Machine {
     pub preempt_pending: Option<String>,
     /// The restart under way, timed phase by phase (printed once its workers are spawned).
     pub clock: Option<RestartClock>,
+    /// Suspended by SIGTSTP (Ctrl-Z) and not resumed yet: the SIGCONT that resumes it says so.
+    /// Any other SIGCONT is relayed without a word: Slurm's `scancel` and `timeout(1)` send one
+    /// before their SIGTERM.
+    pub suspended: bool,
 }
 
 /// Where the agent is.
@@ -471,6 +475,7 @@ impl Machine {
             interrupted: None,
             preempt_pending: None,
             clock: None,
+            suspended: false,
         };
         (
             m,

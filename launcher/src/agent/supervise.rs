@@ -14,7 +14,7 @@ use super::state::{
 
 pub(super) fn on_signal(m: &mut Machine, phase: Phase, sig: Signal, cx: &mut Cx<'_>) -> Phase {
     if JOB_CONTROL.contains(&sig) {
-        job_control(sig, cx);
+        job_control(m, sig, cx);
         return phase;
     }
     match phase {
@@ -303,8 +303,9 @@ pub(super) fn on_stopped(
 
 /// Ctrl-Z (SIGTSTP) stops the workers (SIGSTOP) and then the agent; SIGCONT (`fg`, `bg`) resumes the workers. In
 /// any phase: a relay to no running worker does nothing.
-fn job_control(sig: Signal, cx: &mut Cx<'_>) {
+fn job_control(m: &mut Machine, sig: Signal, cx: &mut Cx<'_>) {
     if sig == Signal::SIGTSTP {
+        m.suspended = true;
         cx.log(
             Level::Info,
             None,
@@ -315,7 +316,9 @@ fn job_control(sig: Signal, cx: &mut Cx<'_>) {
         cx.fx.push(Effect::Relay(Signal::SIGSTOP));
         cx.fx.push(Effect::SuspendSelf);
     } else {
-        cx.log(Level::Info, None, "resumed (SIGCONT)");
+        if std::mem::take(&mut m.suspended) {
+            cx.log(Level::Info, None, "resumed (SIGCONT)");
+        }
         cx.fx.push(Effect::Relay(Signal::SIGCONT));
     }
 }

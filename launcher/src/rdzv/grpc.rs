@@ -226,10 +226,12 @@ impl Client {
             // it up), so a failure it was reporting is moot and it joins again, like any node
             // the rendezvous fenced; only a rendezvous gone while the peers answer leaves a
             // failure undecided (`agent/failure.rs`, `fenced`).
-            let line = if self.cut_off(now) {
-                format!("{CUT_OFF}: {line}")
-            } else {
-                line
+            let line = match self.peers.as_ref().map(|p| p.verdict(now)) {
+                _ if self.cut_off(now) => format!("{CUT_OFF}: {line}"),
+                Some(Verdict::Silent(ranks)) => {
+                    line + &super::reach::silent_peers_note(&ranks, self.t.generation)
+                }
+                _ => line,
             };
             let _ = self.events.send(Event::Fenced(line));
             self.t = Track::default();

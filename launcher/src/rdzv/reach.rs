@@ -203,15 +203,45 @@ impl Reach {
     }
 }
 
+/// What a fence at the TTL adds when some peers of generation `g` (node ranks `silent`) do not
+/// answer this node's probes either: why it cannot hold on as a node whose peers all answer
+/// does (an operator reads it in the run's last lines; a trial's node 0, hosting the
+/// embedded rendezvous, had died).
+pub fn silent_peers_note(silent: &[u32], g: u64) -> String {
+    let ranks = silent
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if silent.len() == 1 {
+        format!(
+            ", and node rank {ranks} of generation {g} does not answer this node's probes either"
+        )
+    } else {
+        format!(
+            ", and node ranks {ranks} of generation {g} do not answer this node's probes either"
+        )
+    }
+}
+
 /// The last cause of a connection error chain, without the OS error number:
 /// `transport error: tcp connect error: Connection refused (os error 111)` →
-/// `connection refused`.
+/// `connection refused`. Two causes that say little on their own get their usual meaning (a
+/// trial read `invalid argument` for a blackhole route to the server).
 pub fn short_reason(chain: &str) -> String {
     let last = chain.rsplit(": ").next().unwrap_or(chain).trim();
     let last = match last.rfind(" (os error ") {
         Some(i) if last.ends_with(')') => &last[..i],
         _ => last,
     };
+    if last.eq_ignore_ascii_case("invalid argument") && chain.contains("connect") {
+        // What connect(2) says for a destination behind a blackhole route.
+        return "invalid argument: this host's routes drop the path to it (a blackhole route?)"
+            .into();
+    }
+    if last == "deadline has elapsed" {
+        return "no answer within the connect timeout (a host that is down, or a path that drops packets)".into();
+    }
     let mut c = last.chars();
     match c.next() {
         Some(f) if c.clone().next().is_some_and(char::is_lowercase) => {
@@ -247,6 +277,18 @@ mod tests {
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)
+    }
+
+    #[test]
+    fn a_fence_names_the_peers_that_do_not_answer_either() {
+        assert_eq!(
+            silent_peers_note(&[0], 1),
+            ", and node rank 0 of generation 1 does not answer this node's probes either"
+        );
+        assert_eq!(
+            silent_peers_note(&[0, 2], 4),
+            ", and node ranks 0, 2 of generation 4 do not answer this node's probes either"
+        );
     }
 
     #[test]
@@ -340,6 +382,14 @@ mod tests {
             "name or service not known"
         );
         assert_eq!(short_reason("HTTP/2 error"), "HTTP/2 error");
+        assert!(
+            short_reason("transport error: tcp connect error: Invalid argument (os error 22)")
+                .contains("blackhole route")
+        );
+        assert!(
+            short_reason("transport error: timeout: deadline has elapsed")
+                .starts_with("no answer within the connect timeout")
+        );
     }
 
     #[test]

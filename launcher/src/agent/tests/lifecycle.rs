@@ -142,6 +142,10 @@ fn ctrl_z_stops_the_workers_then_the_agent_and_sigcont_resumes_them() {
     assert!(logged(&fx, "suspended (SIGTSTP)"));
     let fx = t.feed(Input::Signal(Signal::SIGCONT));
     assert_eq!(fx.last(), Some(&Effect::Relay(Signal::SIGCONT)));
+    assert!(logged(&fx, "resumed (SIGCONT)"));
+    // A SIGCONT with no Ctrl-Z before it (scancel's, before its SIGTERM) is relayed quietly.
+    let fx = t.feed(Input::Signal(Signal::SIGCONT));
+    assert_eq!(fx, vec![Effect::Relay(Signal::SIGCONT)]);
     // Neither tears anything down.
     assert!(matches!(t.phase(), Phase::Running { .. }));
     // While forming, the agent still stops itself (nothing to relay to).
