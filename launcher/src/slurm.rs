@@ -191,7 +191,7 @@ impl SlurmJob {
             let endpoint = format!("{first}:{}", rendezvous_port(&self.job_id));
             a.rdzv_backend = Some("embedded".into());
             taken.push(format!(
-                "rendezvous embedded on {endpoint} (hosted by the agent on {first})"
+                "rendezvous embedded (c10d) on {endpoint} (hosted by the agent on {first})"
             ));
             a.rdzv_endpoint = Some(endpoint);
         }

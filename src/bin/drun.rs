@@ -23,12 +23,19 @@ fn main() -> ExitCode {
     // An operator's empty `PET_STANDALONE=""` (and the like) is read as unset, with a warning:
     // clap reads `PET_*` while parsing, so they go before it (single-threaded here).
     let unset = drun_launcher::k8s::unset_empty(|k| std::env::var(k).ok());
-    for (var, warning) in &unset {
-        drun_launcher::say!("drun: warning: {warning}");
+    for (var, _) in &unset {
         std::env::remove_var(var);
     }
-    // `drun doctor ...` (unless a script of that name is meant, as `torchrun doctor` would).
-    if argv.get(1).is_some_and(|a| a == "doctor") && !std::path::Path::new("doctor").exists() {
+    // `drun doctor ...` (unless a script of that name is meant, as `torchrun doctor` would):
+    // its table shows the warnings, which a run says on its own.
+    let doctor =
+        argv.get(1).is_some_and(|a| a == "doctor") && !std::path::Path::new("doctor").exists();
+    if !doctor {
+        for (_, warning) in &unset {
+            drun_launcher::say!("drun: warning: {warning}");
+        }
+    }
+    if doctor {
         let rest: Vec<String> = std::iter::once("drun".to_string())
             .chain(argv[2..].iter().map(|a| a.to_string_lossy().into_owned()))
             .collect();

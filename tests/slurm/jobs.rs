@@ -28,7 +28,7 @@ fn slurm_ranks_follow_the_node_id() {
         }
     }
     assert!(
-        text.contains(&format!("slurm job {id}: run id {id}, --nnodes 1:2, node rank 1, address n2, rendezvous embedded on n1:")),
+        text.contains(&format!("slurm job {id}: run id {id}, --nnodes 1:2, node rank 1, address n2, rendezvous embedded (c10d) on n1:")),
         "what was taken from Slurm is printed:\n{text}"
     );
     // The rendezvous n1 hosts took the token both nodes derived from the job id (the job trained,

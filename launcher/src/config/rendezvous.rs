@@ -84,11 +84,11 @@ impl std::fmt::Display for RendezvousMode {
             RendezvousMode::C10d {
                 endpoint,
                 is_host: Some(true),
-            } => write!(f, "embedded on {endpoint}, hosted by this agent"),
+            } => write!(f, "embedded (c10d) on {endpoint}, hosted by this agent"),
             RendezvousMode::C10d {
                 endpoint,
                 is_host: Some(false),
-            } => write!(f, "embedded on {endpoint}, hosted by another agent"),
+            } => write!(f, "embedded (c10d) on {endpoint}, hosted by another agent"),
             RendezvousMode::C10d { endpoint, .. } => {
                 write!(
                     f,

@@ -238,7 +238,7 @@ fn what_slurm_filled_is_named_slurm_and_its_pin_is_no_trap() {
     assert_eq!(
         get("rendezvous"),
         (
-            "embedded on n1:20006, hosted by another agent".into(),
+            "embedded (c10d) on n1:20006, hosted by another agent".into(),
             "Slurm".into()
         )
     );

@@ -51,7 +51,9 @@ impl K8sJob {
                 Some(true) => "hosted by this pod",
                 _ => "hosted by the index-0 pod",
             };
-            taken.push(format!("rendezvous embedded on {ep}, {who} ({from})"));
+            taken.push(format!(
+                "rendezvous embedded (c10d) on {ep}, {who} ({from})"
+            ));
         }
         if a.rdzv_id == "none" && (multi || a.rdzv_endpoint.is_some()) {
             if let Some((id, from)) = &self.job {
