@@ -120,28 +120,30 @@ pub struct Link {
 /// Why a link is named slow, one phrase; `None` for a link that is fine.
 pub type Slow = Option<String>;
 
-/// Judges every link of `links` (same order): under `min_gbps` (`--preflight-min-gbps`), under
-/// half the median bandwidth of all links (with at least two links), or touching a node of
-/// [`slow_nodes`].
+/// Judges every link of `links` (same order): under `min_gbps` (`--preflight-min-gbps`),
+/// touching a node of [`slow_nodes`] (both of that node's links say so, whichever of them is
+/// also under the median rule: a trial read two reasons for one slow node), or under half the
+/// median bandwidth of all links (with at least two links).
 pub fn judge(links: &[Link], min_gbps: Option<f64>) -> Vec<Slow> {
     let median = median(links.iter().map(|l| l.gbps).collect());
     let nodes = slow_nodes(links);
     links
         .iter()
-        .map(|l| match (min_gbps, median) {
-            (Some(min), _) if l.gbps < min => Some(format!("below --preflight-min-gbps {min}")),
-            (_, Some(m)) if links.len() >= 2 && l.gbps < m / 2.0 => {
-                Some(format!("below half the median link ({m:.2} Gbit/s)"))
+        .map(|l| {
+            let node = nodes.iter().find(|n| n.node == l.src || n.node == l.dst);
+            match (min_gbps, median, node) {
+                (Some(min), _, _) if l.gbps < min => {
+                    Some(format!("below --preflight-min-gbps {min}"))
+                }
+                (_, _, Some(n)) => Some(format!(
+                    "node {} is slow (under half the links between the other nodes, {:.2} Gbit/s)",
+                    n.node, n.others
+                )),
+                (_, Some(m), None) if links.len() >= 2 && l.gbps < m / 2.0 => {
+                    Some(format!("below half the median link ({m:.2} Gbit/s)"))
+                }
+                _ => None,
             }
-            _ => nodes
-                .iter()
-                .find(|n| n.node == l.src || n.node == l.dst)
-                .map(|n| {
-                    format!(
-                        "node {} is slow (under half the links between the other nodes, {:.2} Gbit/s)",
-                        n.node, n.others
-                    )
-                }),
         })
         .collect()
 }

@@ -48,6 +48,22 @@ fn a_link_under_half_the_median_is_slow_and_even_links_are_not() {
 }
 
 #[test]
+fn both_links_of_a_slow_node_name_the_node() {
+    // A trial's ring: node 2 at 20 Mbit/s; its outgoing link also fell under half the median
+    // and was given that reason instead, while its incoming link named the node.
+    let ring = [link(0, 1, 10.0), link(1, 2, 0.25), link(2, 0, 0.1)];
+    let v = judge(&ring, None);
+    assert_eq!(v[0], None);
+    for why in &v[1..] {
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.starts_with("node 2 is slow")),
+            "{v:?}"
+        );
+    }
+}
+
+#[test]
 fn two_links_compare_with_their_mean_and_one_link_only_with_the_floor() {
     // The median of two is their mean: 1 is under half of 5.5, 4 is not under half of 7.
     assert!(judge(&[link(0, 1, 10.0), link(1, 0, 1.0)], None)[1].is_some());
