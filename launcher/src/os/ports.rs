@@ -174,27 +174,13 @@ mod tests {
         );
     }
 
-    /// What a TCPStore or any server with `SO_REUSEADDR` does: bind `port` and listen.
-    fn reuse_listen(port: u16) -> nix::Result<OwnedFd> {
-        let fd = socket(
-            AddressFamily::Inet,
-            SockType::Stream,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )?;
-        setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-        let addr = SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
-        bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
-        nix::sys::socket::listen(&fd, Backlog::new(8).unwrap())?;
-        Ok(fd)
-    }
-
     #[test]
     fn a_shareable_reservation_can_be_taken_but_a_listening_one_cannot() {
         // The window a CI run once hit: another process listens first on a shareable
         // reservation, and the agent's store then cannot listen there.
+        // The thief does what a TCPStore or any server with `SO_REUSEADDR` does: bind, listen.
         let shared = ReservedPort::new().unwrap();
-        let thief = reuse_listen(shared.port()).unwrap();
+        let thief = bind_listener(shared.port()).unwrap();
         let err = shared.into_listener().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
         drop(thief);
@@ -204,8 +190,8 @@ mod tests {
         let held = ReservedPort::listening().unwrap();
         let port = held.port();
         assert_eq!(
-            reuse_listen(port).unwrap_err(),
-            nix::errno::Errno::EADDRINUSE
+            bind_listener(port).unwrap_err().kind(),
+            io::ErrorKind::AddrInUse
         );
         let l = held.into_listener().unwrap();
         let c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
