@@ -24,7 +24,7 @@ use nix::sys::socket::{
 #[derive(Debug)]
 pub struct ReservedPort {
     port: u16,
-    _socket: OwnedFd,
+    socket: OwnedFd,
 }
 
 impl ReservedPort {
@@ -34,7 +34,7 @@ impl ReservedPort {
         let addr: SockaddrIn = getsockname(std::os::fd::AsRawFd::as_raw_fd(&fd))?;
         Ok(Self {
             port: addr.port(),
-            _socket: fd,
+            socket: fd,
         })
     }
 
@@ -43,7 +43,7 @@ impl ReservedPort {
     /// own worker store needs; connections wait in the backlog until it serves).
     pub fn listening() -> io::Result<Self> {
         let r = Self::new()?;
-        nix::sys::socket::listen(&r._socket, Backlog::MAXCONN)?;
+        listen_on(&r.socket)?;
         Ok(r)
     }
 
@@ -56,7 +56,7 @@ impl ReservedPort {
     /// port reserved by [`Self::new`] another process may have taken it first (`EADDRINUSE`); on
     /// one reserved by [`Self::listening`] it cannot fail that way.
     pub fn into_listener(self) -> io::Result<TcpListener> {
-        listen(self._socket)
+        listen(self.socket)
     }
 }
 
@@ -82,11 +82,17 @@ fn bound(port: u16) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// `listen(2)` with the system's maximum backlog (torch's server also asks for it: every worker
-/// of a large job connects at once).
+/// [`listen_on`] `fd`, as a listener.
 fn listen(fd: OwnedFd) -> io::Result<TcpListener> {
-    nix::sys::socket::listen(&fd, Backlog::MAXCONN)?;
+    listen_on(&fd)?;
     Ok(TcpListener::from(fd))
+}
+
+/// `listen(2)` with the system's maximum backlog (torch's server also asks for it: every worker
+/// of a large job connects at once); again on a listening socket, it changes nothing.
+fn listen_on(fd: &OwnedFd) -> io::Result<()> {
+    nix::sys::socket::listen(fd, Backlog::MAXCONN)?;
+    Ok(())
 }
 
 /// The local IP this host uses to reach `endpoint` (`host:port`), found by "connecting" a UDP

@@ -226,12 +226,12 @@ impl Client {
             // it up), so a failure it was reporting is moot and it joins again, like any node
             // the rendezvous fenced; only a rendezvous gone while the peers answer leaves a
             // failure undecided (`agent/failure.rs`, `fenced`).
-            let line = match self.peers.as_ref().map(|p| p.verdict(now)) {
-                _ if self.cut_off(now) => format!("{CUT_OFF}: {line}"),
-                Some(Verdict::Silent(ranks)) => {
+            let line = match self.silent_peers(now) {
+                Some((_, true)) => format!("{CUT_OFF}: {line}"),
+                Some((ranks, false)) => {
                     line + &super::reach::silent_peers_note(&ranks, self.t.generation)
                 }
-                _ => line,
+                None => line,
             };
             let _ = self.events.send(Event::Fenced(line));
             self.t = Track::default();
@@ -249,9 +249,20 @@ impl Client {
     /// Whether no peer of this node's generation answers its probes (there is at least one):
     /// this node is the one cut off.
     fn cut_off(&self, now: Instant) -> bool {
-        self.peers.as_ref().is_some_and(
-            |p| matches!(p.verdict(now), Verdict::Silent(ref s) if s.len() == p.peer_count()),
-        )
+        self.silent_peers(now).is_some_and(|(_, all)| all)
+    }
+
+    /// The node ranks of this node's generation that do not answer its probes, if any, and
+    /// whether they are all of its peers.
+    fn silent_peers(&self, now: Instant) -> Option<(Vec<u32>, bool)> {
+        let p = self.peers.as_ref()?;
+        match p.verdict(now) {
+            Verdict::Silent(ranks) => {
+                let all = ranks.len() == p.peer_count();
+                Some((ranks, all))
+            }
+            _ => None,
+        }
     }
 
     /// The generation this agent's workers train, or whose failure it reports, when every peer
