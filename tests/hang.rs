@@ -244,3 +244,55 @@ fn across_nodes_status_names_the_rank_on_another_node_that_never_entered_the_col
         "{text}\n{errs:?}"
     );
 }
+
+/// The node whose rank stopped judges the hang first (its timeout is 3 s, the other node's
+/// 5 s) and stops its rank, which breaks the collective the other node's rank waits in: that
+/// rank exits before its node judges anything. Its flight recorder was dumped at half its
+/// node's timeout, and that dump is reported as the group stops: `status` still names the
+/// rank that never entered the collective.
+#[test]
+fn a_hang_judged_first_on_another_node_leaves_this_nodes_flight_dump_to_status() {
+    let Some(python) = torch_python() else { return };
+    let server = crate::harness::cluster::RdzvServer::start(&["--store", "memory"]);
+    let agents: Vec<crate::harness::Agent> = [("5", "0"), ("3", "1")]
+        .iter()
+        .enumerate()
+        .map(|(i, (timeout, here))| {
+            let mut c =
+                crate::harness::node_cmd(i, "flight3", "2", &["--rdzv-endpoint", &server.endpoint]);
+            c.python(&python)
+                .env("DRUN_TEST_HANG_HERE", here)
+                .args(["--nproc-per-node", "1", "--warm-workers", "off"])
+                .args(["--hang-timeout", timeout, "--max-restarts", "0"])
+                .args(["--shutdown-timeout", "3"])
+                .arg(worker("allreduce_hang.py"));
+            crate::harness::Agent::start(c)
+        })
+        .collect();
+    let errs: Vec<String> = agents
+        .into_iter()
+        .map(|a| a.wait(Duration::from_secs(120)).2)
+        .collect();
+    assert!(
+        !errs[0].contains("dumping the stacks of the stuck ranks"),
+        "the 5 s node judged no hang of its own (its rank failed first):\n{}",
+        errs[0]
+    );
+    assert!(
+        errs[0].contains("their flight recorder dumps, taken then, are reported"),
+        "{}",
+        errs[0]
+    );
+    let out = std::process::Command::new(crate::harness::cluster::rendezvous_bin())
+        .args(["status", "flight3", "--endpoint", &server.endpoint])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let waits = flat.contains("waits in all_reduce #20 (float[1]); rank ");
+    let names = flat.contains("never entered it (its last: all_reduce #19)");
+    assert!(
+        flat.contains("flight generation 1 hung:") && waits && names,
+        "{text}\n{errs:?}"
+    );
+}

@@ -5,6 +5,9 @@
 With ``--pair`` every step also all-reduces a ``float[2, 3]`` on a second process group
 (``group_desc="pair"``, both ranks), before the default group's ``all_reduce``.
 
+With ``DRUN_TEST_HANG_HERE`` set, the ranks of the agents it is set to ``1`` for stop
+instead of rank 1 (a test that gives the nodes different hang timeouts picks whose rank stops).
+
 Usage: allreduce_hang.py [--pair]
 """
 
@@ -32,7 +35,9 @@ def main():
     for step in range(1, 100000):
         if pair is not None:
             dist.all_reduce(torch.ones(2, 3), group=pair)
-        if rank == 1 and step == 20:
+        here = os.environ.get("DRUN_TEST_HANG_HERE")
+        stops = rank == 1 if here is None else here == "1"
+        if stops and step == 20:
             print("stuck", flush=True)
             stuck_here()
         t = torch.ones(1)

@@ -81,6 +81,8 @@ struct World {
     held_join: Option<(Join, u64)>,
     /// The checks of this node's GPUs (`--gpu-health`; `None`: off or no NVIDIA GPU).
     gpus: Option<gpu_check::Gpus>,
+    /// The running ranks' flight recorder dumps, taken at half the hang timeout.
+    flight_snapshot: Option<hang_dump::Snapshot>,
     /// Checkpoints staged in memory (`--ckpt-memory`), and the persister's outcomes.
     stage: Option<stage::Stage>,
     stage_done: Option<tokio::sync::mpsc::UnboundedReceiver<crate::ckpt::memory::persist::Done>>,
@@ -436,6 +438,11 @@ impl Agent {
                 let nodes = m.plan().map_or(1, |p| p.node_count());
                 self.dump_hung(&ranks, nodes, w, link).await;
                 return Ok(Some(Input::Hung(line)));
+            }
+            Effect::FlightSnapshot => self.snapshot_flight(w).await,
+            Effect::ReportFlightSnapshot => {
+                let nodes = m.plan().map_or(1, |p| p.node_count());
+                self.report_snapshot(nodes, w, link);
             }
             Effect::Straggler { event, stragglers } => {
                 if let Some(plan) = m.plan() {

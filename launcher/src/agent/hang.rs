@@ -35,6 +35,9 @@ pub struct Beacons {
     last: BTreeMap<u32, (u64, Instant)>,
     /// Recent seconds per step of each rank (between beacons that advanced the step).
     step_times: BTreeMap<u32, std::collections::VecDeque<Duration>>,
+    /// When the ranks' flight recorders were last dumped ahead of a verdict
+    /// ([`Beacons::snapshot_due`]).
+    snapshot: Option<Instant>,
 }
 
 /// A verdict: some ranks made no progress for the timeout.
@@ -80,6 +83,37 @@ impl Beacons {
             return Some((median * AUTO_FACTOR).max(AUTO_FLOOR));
         };
         Some(d)
+    }
+
+    /// Whether the ranks' flight recorders are to be dumped now, ahead of a verdict: some rank
+    /// has been silent for half the timeout in force, and no dump was taken since its last
+    /// beacon. In a generation of several nodes the first node to judge the hang stops its
+    /// ranks, which breaks the collective the other nodes' ranks wait in before those nodes
+    /// judge it too; the snapshot keeps what their ranks waited for ([`Beacons::snapshot_held`]).
+    pub fn snapshot_due(&self, now: Instant, t: Timeout) -> bool {
+        let (Some(timeout), Some(since)) = (self.timeout(t), self.silent_since()) else {
+            return false;
+        };
+        now.saturating_duration_since(since) >= timeout / 2
+            && self.snapshot.is_none_or(|taken| taken < since)
+    }
+
+    /// The oldest of the ranks' last beacons: when the longest silence began.
+    fn silent_since(&self) -> Option<Instant> {
+        self.last.values().map(|&(_, at)| at).min()
+    }
+
+    /// The snapshot was asked for at `now`.
+    pub fn snapshot_taken(&mut self, now: Instant) {
+        self.snapshot = Some(now);
+    }
+
+    /// Whether a snapshot was taken in the silence that goes on: the rank silent longest has
+    /// sent no beacon since.
+    pub fn snapshot_held(&self) -> bool {
+        self.snapshot
+            .zip(self.silent_since())
+            .is_some_and(|(taken, since)| taken > since)
     }
 
     /// The hang, if a rank sent no beacon for the timeout `t` (see [`Beacons::timeout`]).
@@ -244,5 +278,39 @@ mod tests {
         // Forgotten (its worker exited 0): only rank 1 is judged.
         b.forget(0);
         assert_eq!(b.decide(t0 + s(5.0), s(4.0)).unwrap().ranks(), vec![1]);
+    }
+
+    #[test]
+    fn the_flight_recorders_are_dumped_once_at_half_the_timeout_of_a_silence() {
+        let t0 = Instant::now();
+        let t = Timeout::Fixed(s(4.0));
+        let mut b = Beacons::default();
+        assert!(
+            !b.snapshot_due(t0 + s(60.0), t),
+            "no beacons: nothing to judge"
+        );
+        b.beacon(0, 19, t0);
+        b.beacon(1, 19, t0 + s(0.1));
+        assert!(!b.snapshot_due(t0 + s(1.9), t));
+        assert!(
+            b.snapshot_due(t0 + s(2.0), t),
+            "rank 0 silent for half the timeout"
+        );
+        assert!(!b.snapshot_held());
+        b.snapshot_taken(t0 + s(2.0));
+        assert!(b.snapshot_held());
+        // Once per silence, though rank 1 goes on sending beacons.
+        b.beacon(1, 20, t0 + s(2.5));
+        assert!(!b.snapshot_due(t0 + s(3.0), t));
+        assert!(b.snapshot_held(), "rank 0 is still silent");
+        // Rank 0 moves on: the snapshot is of a silence that ended; a new one gets its own.
+        b.beacon(0, 20, t0 + s(3.0));
+        assert!(!b.snapshot_held());
+        assert!(!b.snapshot_due(t0 + s(4.0), t));
+        assert!(b.snapshot_due(t0 + s(4.5), t), "rank 1 silent since 2.5 s");
+        // `auto` before it has a timeout: no snapshot either.
+        let mut a = Beacons::default();
+        a.beacon(0, 1, t0);
+        assert!(!a.snapshot_due(t0 + s(3600.0), Timeout::Auto));
     }
 }

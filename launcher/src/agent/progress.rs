@@ -36,7 +36,9 @@ pub(super) fn beacon(mut phase: Phase, rank: u32, step: u64, cx: &mut Cx<'_>) ->
 
 /// The hang check: local ranks silent for `--hang-timeout` are a hang, said with its line and
 /// their stacks dumped (answered by [`super::state::Input::Hung`], which stops the group).
-/// Judged once per generation: the beacons start afresh with the next spawn.
+/// Judged once per generation: the beacons start afresh with the next spawn. In a generation of
+/// several nodes the ranks' flight recorders are dumped ahead, at half the timeout: another
+/// node's verdict may stop the collective they wait in before this node's.
 pub(super) fn hang_check(mut phase: Phase, cx: &mut Cx<'_>) -> Phase {
     let Some(timeout) = cx.p.hang_timeout else {
         return phase;
@@ -54,6 +56,9 @@ pub(super) fn hang_check(mut phase: Phase, cx: &mut Cx<'_>) -> Phase {
                 ranks: hang.ranks(),
                 line,
             });
+        } else if plan.node_count() > 1 && progress.beacons.snapshot_due(cx.now, timeout) {
+            progress.beacons.snapshot_taken(cx.now);
+            cx.fx.push(Effect::FlightSnapshot);
         }
     }
     phase

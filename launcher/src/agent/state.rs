@@ -454,6 +454,15 @@ pub enum Effect {
         /// The hang's line.
         line: String,
     },
+    /// Ask every running local rank for its flight recorder's dump and keep the dumps: a local
+    /// rank has been silent for half the hang timeout in a generation of several nodes
+    /// ([`crate::agent::hang::Beacons::snapshot_due`]).
+    FlightSnapshot,
+    /// Report the kept flight recorder dumps to the job: the group stops (a worker failed, or
+    /// the job stops it) while the silence they were taken in goes on, before this node judged
+    /// it a hang. Its ranks most likely waited in a collective that another node's hang verdict
+    /// broke; `status` judges every node's dumps together.
+    ReportFlightSnapshot,
     /// A local rank's straggler verdict changed: say it, count it, report the node's
     /// stragglers (these: rank, seconds per step, the median then) to the job.
     Straggler {

@@ -25,6 +25,8 @@ pub fn step(mut m: Machine, input: Input, now: Instant, p: &Params) -> (Machine,
         fx: Vec::new(),
     };
     let phase = std::mem::replace(&mut m.phase, Phase::Done(End::Fatal));
+    let snapshot_held =
+        matches!(&phase, Phase::Running { progress, .. } if progress.beacons.snapshot_held());
     m.phase = match input {
         Input::Event(ev) => on_event(&mut m, phase, ev, &mut cx),
         Input::SessionClosed => on_closed(&mut m, phase, &mut cx),
@@ -79,6 +81,11 @@ pub fn step(mut m: Machine, input: Input, now: Instant, p: &Params) -> (Machine,
             phase
         }
     };
+    // The group stops in a silence whose flight recorder dumps were taken ahead of a verdict
+    // (a hang judged here resets the beacons, and reports its own dumps).
+    if snapshot_held && matches!(m.phase, Phase::Stopping(_)) {
+        cx.fx.push(Effect::ReportFlightSnapshot);
+    }
     (m, cx.fx)
 }
 

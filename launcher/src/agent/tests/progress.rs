@@ -45,6 +45,9 @@ fn a_rank_silent_for_the_hang_timeout_has_its_stacks_dumped_then_fails_the_group
     beacon(&mut t, 1, 3);
     t.now += Duration::from_secs(3);
     beacon(&mut t, 0, 40);
+    // Rank 1 silent for over half the timeout, in a generation of 2 nodes: the flight
+    // recorders are dumped ahead, once.
+    assert_eq!(t.feed(Input::HangCheck), vec![Effect::FlightSnapshot]);
     assert!(t.feed(Input::HangCheck).is_empty());
     t.now += HANG - Duration::from_secs(3);
     let line =
@@ -78,6 +81,50 @@ fn a_rank_silent_for_the_hang_timeout_has_its_stacks_dumped_then_fails_the_group
             cause: None,
         })]
     );
+}
+
+#[test]
+fn a_group_stopped_in_a_silence_before_its_verdict_reports_the_flight_snapshot() {
+    // Another node judged the hang first and stopped its ranks: this node's rank fails as the
+    // collective it waited in breaks, before this node's verdict.
+    let mut t = watching();
+    beacon(&mut t, 0, 19);
+    beacon(&mut t, 1, 19);
+    t.now += HANG / 2;
+    assert_eq!(t.feed(Input::HangCheck), vec![Effect::FlightSnapshot]);
+    t.now += Duration::from_secs(1);
+    assert_eq!(
+        t.feed(Input::Workers(Workers {
+            failed: true,
+            ..Workers::default()
+        })),
+        vec![Effect::Stop(Signal::SIGTERM), Effect::ReportFlightSnapshot]
+    );
+
+    // The silence ended before the failure: the snapshot is of nothing that goes on.
+    let mut t = watching();
+    beacon(&mut t, 0, 19);
+    beacon(&mut t, 1, 19);
+    t.now += HANG / 2;
+    assert_eq!(t.feed(Input::HangCheck), vec![Effect::FlightSnapshot]);
+    t.now += Duration::from_secs(1);
+    beacon(&mut t, 0, 20);
+    beacon(&mut t, 1, 20);
+    assert_eq!(
+        t.feed(Input::Workers(Workers {
+            failed: true,
+            ..Workers::default()
+        })),
+        vec![Effect::Stop(Signal::SIGTERM)]
+    );
+
+    // One node: its own verdict stops its ranks, and its dumps are whole; no snapshot.
+    let mut p = params();
+    p.hang_timeout = Some(Timeout::Fixed(HANG));
+    let mut t = T::running_with(1, 1, p);
+    beacon(&mut t, 0, 19);
+    t.now += HANG - Duration::from_millis(1);
+    assert!(t.feed(Input::HangCheck).is_empty());
 }
 
 #[test]
