@@ -82,7 +82,7 @@ struct World {
     /// The checks of this node's GPUs (`--gpu-health`; `None`: off or no NVIDIA GPU).
     gpus: Option<gpu_check::Gpus>,
     /// The running ranks' flight recorder dumps, taken at half the hang timeout.
-    flight_snapshot: Option<hang_dump::Snapshot>,
+    flight_snapshot: Option<super::hang::FlightSnapshot>,
     /// Checkpoints staged in memory (`--ckpt-memory`), and the persister's outcomes.
     stage: Option<stage::Stage>,
     stage_done: Option<tokio::sync::mpsc::UnboundedReceiver<crate::ckpt::memory::persist::Done>>,

@@ -40,6 +40,15 @@ pub struct Beacons {
     snapshot: Option<Instant>,
 }
 
+/// The local ranks' flight recorder dumps taken ahead of a verdict ([`Beacons::snapshot_due`]),
+/// and the generation they are of.
+pub struct FlightSnapshot {
+    /// The generation of the ranks that wrote them.
+    pub generation: u64,
+    /// Each local rank's (global rank) answer.
+    pub dumps: BTreeMap<u32, drun_rendezvous::decisions::flight::Outcome>,
+}
+
 /// A verdict: some ranks made no progress for the timeout.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hang {

@@ -8,17 +8,12 @@
 use std::collections::BTreeMap;
 
 use super::World;
-use crate::agent::{hang, Agent};
+use crate::agent::hang::{self, FlightSnapshot};
+use crate::agent::Agent;
 use crate::group::WorkerGroup;
 use crate::os::flight_recorder;
 use crate::rdzv::Link;
 use drun_rendezvous::decisions::flight::{self, Outcome};
-
-/// Flight recorder dumps taken ahead of a verdict, and the generation they are of.
-pub(super) struct Snapshot {
-    generation: u64,
-    dumps: BTreeMap<u32, Outcome>,
-}
 
 impl Agent {
     /// Dumps the stacks of the stuck `ranks`, judges every running rank's flight recorder, and
@@ -70,13 +65,13 @@ impl Agent {
     }
 
     /// A local rank has been silent for half the hang timeout in a generation of several nodes:
-    /// every running rank's flight recorder dump is taken and kept ([`Snapshot`]).
+    /// every running rank's flight recorder dump is taken and kept ([`FlightSnapshot`]).
     pub(super) async fn snapshot_flight(&self, w: &mut World) {
         let Some(generation) = w.group.as_ref().map(|g| g.generation) else {
             return;
         };
         if let Some(dumps) = self.ask_flight(w).await {
-            w.flight_snapshot = Some(Snapshot { generation, dumps });
+            w.flight_snapshot = Some(FlightSnapshot { generation, dumps });
         }
     }
 
