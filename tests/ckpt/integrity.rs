@@ -135,6 +135,48 @@ fn a_relaunch_whose_latest_fails_verification_resumes_from_the_previous_checkpoi
     assert!(err.contains("resuming from checkpoint step 10"), "{err}");
 }
 
+/// A relaunch (same run id) from a checkpoint directory that was moved elsewhere resumes its
+/// latest step, read where the directory is now: the manifests' recorded paths name the old
+/// place, and nothing is verified, marked or written there (a user saw a relaunch train from
+/// step 0, after marking the step bad at the old place).
+#[test]
+fn a_relaunch_from_a_moved_checkpoint_directory_resumes_its_latest_step() {
+    let mut d = dirs();
+    let r = Rdzv {
+        _etcd: None,
+        _server: None,
+        args: ["--standalone", "--rdzv-id", "moved"]
+            .map(String::from)
+            .to_vec(),
+        status: vec![],
+    };
+    let a = agent(0, &r, &d, 2, &[], &[("CKPT_STEPS", "6")]);
+    let (code, _, err) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(latest_step(&d), 6);
+    let moved = d.ckpt.with_file_name("moved-ckpt");
+    std::fs::rename(&d.ckpt, &moved).unwrap();
+    let old = std::mem::replace(&mut d.ckpt, moved.clone());
+
+    let a = agent(0, &r, &d, 2, &[], &[("CKPT_STEPS", "10")]);
+    let (code, _, err) = a.wait(Duration::from_secs(60));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("resuming from checkpoint step 6"), "{err}");
+    assert!(!err.contains("failed verification"), "{err}");
+    // Each launch is generation 1 of its own store: the relaunch's are the last two starts.
+    let evs = events(&d);
+    let starts: Vec<&Value> = evs.iter().filter(|e| e["event"] == "start").collect();
+    assert_eq!(starts.len(), 4, "{starts:?}");
+    for e in &starts[2..] {
+        assert_eq!(e["resume_step"], 6, "every rank resumes from step 6: {e}");
+    }
+    assert_eq!(latest_step(&d), 10);
+    assert!(
+        !old.exists(),
+        "something was written where the directory was"
+    );
+}
+
 // --- A rank killed while writing its shard ------------------------------------------------------
 
 fn killed_mid_write_never_seals(store: Store) {

@@ -49,7 +49,11 @@ pub fn newest_usable(dir: &Path, run: &str) -> Option<Manifest> {
     candidates(&root)
         .into_iter()
         .filter(|f| !mark_path(f).exists())
-        .filter_map(|f| serde_json::from_slice::<Manifest>(&std::fs::read(&f).ok()?).ok())
+        .filter_map(|f| {
+            let mut m = serde_json::from_slice::<Manifest>(&std::fs::read(&f).ok()?).ok()?;
+            super::relocate(&mut m, &f);
+            Some(m)
+        })
         .filter(|m| m.run_id == run)
         .max_by_key(|m| (m.step, m.generation))
 }
@@ -128,5 +132,25 @@ mod tests {
         std::fs::write(&f20, "{\"broken\":").unwrap();
         assert_eq!(newest_usable(d.path(), "r").unwrap().step, 10);
         assert_eq!(newest_usable(d.path(), "none"), None);
+    }
+
+    #[test]
+    fn a_moved_directorys_checkpoints_are_read_and_marked_where_they_are_now() {
+        let d = tempfile::tempdir().unwrap();
+        let old = d.path().join("ck");
+        saved(&old, "r", 10, 1);
+        saved(&old, "r", 20, 1);
+        let moved = d.path().join("moved");
+        std::fs::rename(&old, &moved).unwrap();
+        let m = newest_usable(&moved, "r").unwrap();
+        assert_eq!(m.step, 20);
+        assert!(
+            m.files[0].path.starts_with(&*moved.to_string_lossy()),
+            "{m:?}"
+        );
+        mark_bad(&m, Some(&moved), "differs");
+        assert!(is_marked_bad(&m, Some(&moved)));
+        assert!(!old.exists(), "nothing is written where the directory was");
+        assert_eq!(newest_usable(&moved, "r").unwrap().step, 10);
     }
 }

@@ -204,7 +204,38 @@ pub fn publish(m: &Manifest, dir: Option<&Path>, pointers: bool) -> Result<PathB
     Ok(path)
 }
 
-/// The manifest `<dir>/latest` points at, if it exists and decodes.
+/// A checkpoint directory that was moved or copied: the files of manifest `m`, read from the
+/// manifest file `file`, are where that file is now, at the same places relative to it. The
+/// manifest records absolute paths; they are rewritten when every file is found at its new
+/// place (else they stay, and the check of the files names the first one missing).
+pub fn relocate(m: &mut Manifest, file: &Path) {
+    let recorded = m.dir();
+    let here = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if m.files.is_empty() || same(&recorded, &here) {
+        return;
+    }
+    let moved: Option<Vec<String>> = m
+        .files
+        .iter()
+        .map(|f| {
+            let rel = Path::new(&f.path).strip_prefix(&recorded).ok()?;
+            let p = here.join(rel);
+            p.exists().then(|| p.display().to_string())
+        })
+        .collect();
+    if let Some(paths) = moved {
+        for (f, p) in m.files.iter_mut().zip(paths) {
+            f.path = p;
+        }
+    }
+}
+
+/// The manifest `<dir>/latest` points at, if it exists and decodes (its files where the
+/// manifest file is now: [`relocate`]).
 pub fn read_latest(dir: &Path) -> Option<Manifest> {
     let pointer = std::fs::read_to_string(dir.join(LATEST_FILE)).ok()?;
     let path = PathBuf::from(pointer.trim());
@@ -215,7 +246,10 @@ pub fn read_latest(dir: &Path) -> Option<Manifest> {
     };
     let bytes = std::fs::read(&path).ok()?;
     match serde_json::from_slice(&bytes) {
-        Ok(m) => Some(m),
+        Ok(mut m) => {
+            relocate(&mut m, &path);
+            Some(m)
+        }
         Err(e) => {
             tracing::warn!(path = %path.display(), error = %e, "ignoring an undecodable manifest file");
             None
@@ -259,30 +293,7 @@ pub fn read_adoptable(path: &Path) -> Result<(PathBuf, Manifest), CkptError> {
     if m.files.is_empty() {
         return Err(CkptError::NoFiles { path: file });
     }
-    // A directory that was moved or copied: the files are where the manifest file is now,
-    // at the same places relative to it.
-    let recorded = m.dir();
-    let here = file.parent().map(Path::to_path_buf).unwrap_or_default();
-    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    };
-    if !same(&recorded, &here) {
-        let moved: Option<Vec<String>> = m
-            .files
-            .iter()
-            .map(|f| {
-                let rel = Path::new(&f.path).strip_prefix(&recorded).ok()?;
-                let p = here.join(rel);
-                p.exists().then(|| p.display().to_string())
-            })
-            .collect();
-        if let Some(paths) = moved {
-            for (f, p) in m.files.iter_mut().zip(paths) {
-                f.path = p;
-            }
-        }
-    }
+    relocate(&mut m, &file);
     for f in &m.files {
         let len = std::fs::metadata(&f.path)
             .map_err(|source| CkptError::Unreadable {
@@ -415,5 +426,22 @@ mod tests {
         // Retention removes it from the run's directory.
         remove_garbage(d.path(), &[], &[m]);
         assert!(!file.exists());
+    }
+
+    #[test]
+    fn a_moved_directory_is_read_where_it_is_now() {
+        let d = tempfile::tempdir().unwrap();
+        let old = d.path().join("ck");
+        std::fs::create_dir_all(old.join("step-8")).unwrap();
+        std::fs::write(old.join("step-8/rank0.bin"), b"abc").unwrap();
+        publish(&manifest(&old, 8), Some(&old), true).unwrap();
+        let moved = d.path().join("moved");
+        std::fs::rename(&old, &moved).unwrap();
+        let want = moved.join("step-8/rank0.bin").display().to_string();
+        assert_eq!(read_latest(&moved).unwrap().files[0].path, want);
+        // A file missing at the new place: the recorded paths stay (the check names it).
+        std::fs::remove_file(moved.join("step-8/rank0.bin")).unwrap();
+        let recorded = old.join("step-8/rank0.bin").display().to_string();
+        assert_eq!(read_latest(&moved).unwrap().files[0].path, recorded);
     }
 }
