@@ -115,6 +115,71 @@ fn a_staged_step_is_answered_at_once_persisted_behind_and_resumed_from_memory() 
     );
 }
 
+/// `--ckpt-verify digest` hashes what the restarted ranks read: a staged copy in memory that
+/// is no longer what its manifest says (overwritten here after its step was sealed) is not
+/// resumed from; the ranks read the copy on disk, which the check verified, and the warning
+/// names the file.
+#[test]
+fn a_staged_copy_that_differs_from_its_manifest_is_not_resumed_under_digest_verification() {
+    let d = dirs();
+    let stage = staging_dir(&d);
+    let mut c: Command = drun();
+    c.args(["--standalone", "--rdzv-id", "ckpt-memory-digest"])
+        .nproc(2)
+        .args(["--shutdown-timeout", "30", "--max-restarts", "1"])
+        .args([
+            "--ckpt-verify",
+            "digest",
+            "--ckpt-memory",
+            "64M",
+            "--ckpt-dir",
+        ])
+        .arg(&d.ckpt)
+        .arg(worker("ckpt_worker.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("CKPT_HOLD_AT", "6")
+        .env("DRUN_CKPT_STAGE_PARENT", &stage);
+    let a = Agent::start(c);
+    wait_for(
+        "both ranks hold after step 6, sealed on disk",
+        Duration::from_secs(60),
+        || count(&events(&d), "holding", |e| e["step"] == 6) == 2 && latest_step(&d) == 6,
+    );
+    let staged: Vec<PathBuf> = files_under(&stage)
+        .into_iter()
+        .filter(|p| {
+            let p = p.to_string_lossy();
+            p.contains("step-00000006-g1") && p.ends_with("rank0.pt")
+        })
+        .collect();
+    assert_eq!(staged.len(), 1, "{:?}", files_under(&stage));
+    let mut bytes = std::fs::read(&staged[0]).unwrap();
+    bytes[7] ^= 0x55;
+    std::fs::write(&staged[0], &bytes).unwrap();
+    std::fs::write(d.out.join("crash"), b"").unwrap();
+    let (code, _, err) = a.wait(Duration::from_secs(120));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(
+            "the staged copy in memory of checkpoint step 6 is not what its manifest says"
+        ) && err.contains("rank0.pt (rank 0) has sha256"),
+        "{err}"
+    );
+    let starts: Vec<Value> = events(&d)
+        .into_iter()
+        .filter(|e| e["event"] == "start" && e["gen"] == 2)
+        .collect();
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    for e in &starts {
+        assert_eq!(e["resume_step"], 6, "{e}");
+        let path = e["env_resume"]["DRUN_RESUME_PATH"].as_str().unwrap();
+        assert!(
+            Path::new(path).starts_with(&d.ckpt),
+            "resumed from --ckpt-dir, not the staged copy: {path}"
+        );
+    }
+}
+
 #[test]
 fn a_memory_budget_larger_than_the_node_is_a_usage_error() {
     refused(&["--ckpt-memory", "1000TiB"], "--ckpt-memory", "of RAM");

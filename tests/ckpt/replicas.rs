@@ -364,9 +364,24 @@ fn two_nodes_lost_resume_the_persisted_step(store: Store, run: &str) {
         .find(|l| l.contains("not resuming from memory: step 6 (generation 1)"))
         .unwrap_or_else(|| panic!("the line: {err}"));
     assert!(
-        line.contains("were held only by") && line.contains("and its replica holder"),
+        line.contains("were held only by")
+            && line.contains("and its replica holder")
+            && line.contains("both lost"),
         "{line}"
     );
+    // Its own staged step 6 of generation 1 can never be sealed now (the ledger refuses a
+    // generation that no longer runs): freed, not written to disk behind generation 2's steps.
+    let freed = err
+        .lines()
+        .find(|l| l.contains("staged in memory are freed, not persisted"))
+        .unwrap_or_else(|| panic!("the freed line: {err}"));
+    assert!(freed.contains("6 (generation 1)"), "{freed}");
+    assert!(
+        files_with(&h.d.ckpt, "step-00000006-g1").is_empty(),
+        "generation 1's step 6 was written to disk: {:?}",
+        files_with(&h.d.ckpt, "step-00000006-g1")
+    );
+    assert_eq!(latest_step(&h.d), 8, "generation 2 sealed its own steps");
     assert!(
         line.contains(
             "(nor from the older staged step(s) 4): resuming the persisted step 2 (generation 1)"

@@ -145,6 +145,13 @@ pub fn budget(text: &str, node: Option<NodeMemory>) -> Result<Option<u64>, Budge
         "auto" | "on" => return Ok(node.map(|n| n.usable() / AUTO_SHARE)),
         _ => {}
     }
+    // A size of nothing (`0G`, `0M`) is `off`, as `0` is.
+    let number = text
+        .trim()
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    if number.trim().parse::<f64>() == Ok(0.0) {
+        return Ok(None);
+    }
     let bytes = parse_size(text).ok_or(BudgetError::NotASize)?;
     if text.trim().chars().all(|c| c.is_ascii_digit() || c == '.') {
         return Err(BudgetError::NoUnit);
@@ -257,6 +264,33 @@ pub fn resume_from_memory(
     staged_path(stage, ckpt_dir, &m.dir())
 }
 
+/// `--ckpt-verify digest` on a resume from the staged copy: the first file of `m` whose staged
+/// copy's SHA-256 is not the manifest's, as one line (`None`: every file matches, or the
+/// manifest records no digest for it). The ranks read the staged copy, not the one on disk
+/// that the resume check hashed.
+pub fn staged_differs(
+    stage: &Path,
+    ckpt_dir: &Path,
+    m: &drun_rendezvous::Manifest,
+) -> Option<String> {
+    m.files
+        .iter()
+        .filter(|f| !f.sha256.is_empty())
+        .find_map(|f| {
+            let p = staged_path(stage, ckpt_dir, Path::new(&f.path))?;
+            match crate::ckpt::verify::sha256_file(&p) {
+                Ok((digest, _)) if digest == f.sha256 => None,
+                Ok((digest, _)) => Some(format!(
+                    "{} (rank {}) has sha256 {digest}, the manifest says {}",
+                    p.display(),
+                    f.rank,
+                    f.sha256
+                )),
+                Err(e) => Some(format!("{} (rank {}): {e}", p.display(), f.rank)),
+            }
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +352,9 @@ mod tests {
             "not a size (e.g. 8GiB, 512M, auto or off)"
         );
         assert_eq!(budget("auto", None), Ok(None), "unknown memory: off");
+        for zero in ["0", "0G", "0MiB", " 0.0 k"] {
+            assert_eq!(budget(zero, Some(node)), Ok(None), "{zero}: off");
+        }
         assert_eq!(budget("1G", None), Ok(Some(GIB)));
     }
 

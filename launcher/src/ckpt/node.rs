@@ -397,6 +397,19 @@ impl NodeLedger {
         self.answered(step, result, file.as_deref());
     }
 
+    /// This node's part of `step` could not be persisted from memory (`why`: which file, what
+    /// failed): the step is no resume point. Ranks still waiting for the disk (a direct save)
+    /// are refused now; when they were answered staged already, their commits of the next step
+    /// are refused with it, as a refusal by the ledger would be ([`NodeLedger::on_committed`]).
+    pub fn not_persisted(&mut self, step: u64, why: &str) {
+        let refusal = drun_rendezvous::CommitRefused::NotPersisted(why.to_string());
+        if self.answered_staged.remove(&step) {
+            self.refuse_behind(step, refusal.to_string());
+        } else {
+            self.answered(step, &Err(refusal), None);
+        }
+    }
+
     /// Notes rank `rank`'s step beacon.
     pub fn progress(&mut self, rank: u32, step: u64) -> Value {
         match self.check_rank(rank) {

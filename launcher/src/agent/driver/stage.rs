@@ -190,13 +190,49 @@ impl Stage {
         ))
     }
 
-    /// A new generation: replicas follow its ring.
+    /// A new generation: replicas follow its ring, and the copies of earlier generations that
+    /// can never be sealed ([`Table::unsealable`]) are not persisted: they are freed, but for
+    /// the step the plan resumes from memory, whose files the resume reads (they go with it:
+    /// [`Stage::resuming`]).
     pub(super) fn follow(&mut self, plan: &drun_rendezvous::Plan) {
         self.followed = plan.generation;
         self.followed_world = plan.world_size;
         if let Some(r) = self.replicas.as_mut() {
             r.follow(plan);
         }
+        let resumed = plan
+            .resume
+            .as_ref()
+            .filter(|_| plan.resume_memory.is_some())
+            .map(|m| (m.step, m.generation));
+        let stale = self.table.unsealable(plan.generation);
+        let freed: Vec<String> = stale
+            .iter()
+            .filter(|k| Some(**k) != resumed)
+            .map(|k| format!("{} (generation {})", k.0, k.1))
+            .collect();
+        if !freed.is_empty() {
+            tracing::info!(
+                "checkpoint step(s) {} staged in memory are freed, not persisted: generation {} runs, and the ledger seals no step of an earlier generation",
+                freed.join(", "),
+                plan.generation
+            );
+        }
+        for key in stale {
+            self.pending.remove(&key);
+            if Some(key) == resumed {
+                // Its files are the resumed step's now, removed with it.
+                self.own_held.remove(&key);
+                self.files.remove(&key);
+                self.table.release(key);
+                if let Some(m) = &plan.resume {
+                    self.resuming(m);
+                }
+            } else {
+                self.release(key);
+            }
+        }
+        self.sync_own();
     }
 
     /// Whether the workers' end is being held for steps not yet persisted and answered by the
@@ -412,11 +448,7 @@ impl Stage {
                     d.key.0
                 );
                 if let Some(l) = ledger.filter(|l| l.generation() == d.key.1) {
-                    l.answered(
-                        d.key.0,
-                        &Err(drun_rendezvous::CommitRefused::NotPersisted(e.to_string())),
-                        None,
-                    );
+                    l.not_persisted(d.key.0, &e.to_string());
                 }
                 self.release(d.key);
                 None
@@ -510,6 +542,17 @@ impl Stage {
     /// holds every file of it.
     pub(super) fn resume_dir(&self, m: &Manifest) -> Option<PathBuf> {
         resume_from_memory(self.dir(), &self.ckpt_dir, m)
+    }
+
+    /// With `--ckpt-verify digest`: why the staged copy of `m` is not what its manifest says
+    /// (`None`: it is), hashed off the async threads.
+    pub(super) async fn staged_differs(&self, m: &Manifest) -> Option<String> {
+        let (stage, ckpt_dir, m) = (self.dir().to_path_buf(), self.ckpt_dir.clone(), m.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::ckpt::memory::staged_differs(&stage, &ckpt_dir, &m)
+        })
+        .await
+        .unwrap_or_else(|e| Some(format!("the check did not finish: {e}")))
     }
 }
 

@@ -98,18 +98,34 @@ impl Agent {
         w: &mut World,
     ) -> Input {
         w.resume_file = file;
-        let resume_staged = plan
+        let mut resume_staged = plan
             .resume
             .as_ref()
-            .and_then(|m| Some((m, w.stage.as_ref()?.resume_dir(m)?)))
-            .map(|(m, dir)| {
-                tracing::info!(
-                    step = m.step,
-                    "resuming from the staged copy in memory ({}), not from --ckpt-dir",
-                    dir.display()
+            .and_then(|m| Some((m, w.stage.as_ref()?.resume_dir(m)?)));
+        // `--ckpt-verify digest` checked the copy on disk; the ranks would read this one. (A
+        // resume from the survivors' copies verified what it gathered, and has no disk copy.)
+        if let (Some((m, _)), Some(s), crate::ckpt::VerifyMode::Digest, None) = (
+            &resume_staged,
+            w.stage.as_ref(),
+            self.cfg.ckpt.verify,
+            &plan.resume_memory,
+        ) {
+            if let Some(why) = s.staged_differs(m).await {
+                crate::say!(
+                    "drun: warning: the staged copy in memory of checkpoint step {} is not what its manifest says ({why}): resuming from --ckpt-dir, whose copy was verified",
+                    m.step
                 );
-                dir
-            });
+                resume_staged = None;
+            }
+        }
+        let resume_staged = resume_staged.map(|(m, dir)| {
+            tracing::info!(
+                step = m.step,
+                "resuming from the staged copy in memory ({}), not from --ckpt-dir",
+                dir.display()
+            );
+            dir
+        });
         if let Some(s) = w.stage.as_mut() {
             s.workers_started();
             if plan.resume_memory.is_some() {

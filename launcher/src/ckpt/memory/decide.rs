@@ -239,6 +239,19 @@ impl Table {
         self.copies.remove(&key);
     }
 
+    /// Copies that can never be sealed once generation `running` runs: saved by an earlier
+    /// generation and not begun persisting. The ledger refuses a commit of a generation that
+    /// no longer runs, so writing them to disk would only delay the new generation's steps
+    /// behind them and leave files no manifest names. (A copy being written is left to finish;
+    /// copies on disk were committed in their own generation.)
+    pub fn unsealable(&self, running: u64) -> Vec<Key> {
+        self.copies
+            .iter()
+            .filter(|(k, c)| k.1 < running && matches!(c.state, CopyState::Staged { .. }))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
     /// Steps not yet on disk, oldest first (once on disk their node commits are on their
     /// way to the ledger, ahead of anything the agent sends after).
     pub fn pending(&self) -> Vec<Key> {
@@ -432,6 +445,26 @@ mod tests {
             reason.contains("does not fit --ckpt-memory 100 MiB"),
             "{reason}"
         );
+    }
+
+    #[test]
+    fn an_earlier_generations_copies_not_yet_written_can_never_be_sealed() {
+        let now = t0();
+        let mut t = Table::new(100 * MIB);
+        t.add((10, 1), MIB, false, now);
+        t.add((15, 1), MIB, false, now);
+        t.add((20, 1), MIB, false, now);
+        t.add((25, 2), MIB, false, now);
+        t.start((10, 1), now);
+        t.persisted((10, 1), now);
+        t.start((15, 1), now);
+        assert_eq!(t.unsealable(1), vec![], "generation 1 still runs");
+        assert_eq!(
+            t.unsealable(2),
+            vec![(20, 1)],
+            "on disk or being written: left alone"
+        );
+        assert_eq!(t.unsealable(3), vec![(20, 1), (25, 2)]);
     }
 
     #[test]

@@ -266,3 +266,43 @@ fn a_refusal_of_a_commit_waiting_for_its_answer_is_not_told_again() {
         .is_some());
     assert!(r.try_recv().is_err(), "step 6 waits for its own answer");
 }
+
+/// `--ckpt-memory`: a staged step the agent could not write to `--ckpt-dir` (a full disk) is
+/// told to the training like a refusal by the ledger: on the ranks' commits of the next step.
+#[test]
+fn a_staged_step_that_could_not_be_persisted_refuses_the_next_commit() {
+    let d = tempfile::tempdir().unwrap();
+    let mut l = NodeLedger::new(&plan(2), "a", Some(d.path())).with_stage(Some(d.path()));
+    let commit = |l: &mut NodeLedger, rank: u32, step: u64| {
+        let (t, r) = oneshot::channel();
+        let batch = l.commit(
+            rank,
+            3,
+            step,
+            vec![staged_file(d.path(), rank)],
+            cursor(step),
+            t,
+        );
+        (batch, r)
+    };
+    let (_, mut r0) = commit(&mut l, 0, 4);
+    let (_, mut r1) = commit(&mut l, 1, 4);
+    assert_eq!(l.take_staged(4).len(), 2);
+    l.answer_staged(4);
+    for r in [&mut r0, &mut r1] {
+        assert_eq!(r.try_recv().unwrap()["staged"], true);
+    }
+    l.not_persisted(4, "rank0.pt: No space left on device (os error 28)");
+    for rank in [0, 1] {
+        let (none, mut w) = commit(&mut l, rank, 6);
+        assert!(none.is_none());
+        let a = w.try_recv().expect("answered at once");
+        assert_eq!(a["ok"], false);
+        let e = a["error"].as_str().unwrap();
+        assert!(
+            e.contains("checkpoint step 4 was refused after this node answered it staged")
+                && e.contains("No space left on device"),
+            "{e}"
+        );
+    }
+}
