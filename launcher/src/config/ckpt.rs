@@ -20,6 +20,7 @@ use drun_rendezvous::decisions::ckpt_interval::{IntervalConfig, IntervalMode};
 pub(super) fn checkpoint_flags(
     a: &Args,
     rendezvous: &RendezvousMode,
+    notes: &mut Vec<String>,
 ) -> Result<(CkptConfig, Signal), ConfigError> {
     if a.ckpt.ckpt_keep_every > 0 && a.ckpt.ckpt_keep_last == 0 {
         return Err(invalid(
@@ -79,7 +80,18 @@ pub(super) fn checkpoint_flags(
     let memory =
         crate::ckpt::memory::budget(&a.ckpt.ckpt_memory, crate::ckpt::memory::NodeMemory::read())
             .map_err(|why| invalid("--ckpt-memory", a.ckpt.ckpt_memory.clone(), why.to_string()))?;
-    // Staged copies are persisted to --ckpt-dir: without one there is nothing to stage for.
+    // Staged copies are persisted to --ckpt-dir: without one there is nothing to stage for
+    // (said when a size was asked for; `auto`, the default, goes without saying).
+    let asked = !matches!(
+        a.ckpt.ckpt_memory.trim().to_ascii_lowercase().as_str(),
+        "auto" | "on"
+    );
+    if memory.is_some() && asked && a.ckpt.ckpt_dir.is_none() {
+        notes.push(format!(
+            "--ckpt-memory {} is ignored without --ckpt-dir: staged checkpoints are persisted there (give --ckpt-dir DIR)",
+            a.ckpt.ckpt_memory.trim()
+        ));
+    }
     let memory = memory.filter(|_| a.ckpt.ckpt_dir.is_some());
     let replicas = a.ckpt.ckpt_replicas;
     if replicas > 1 {

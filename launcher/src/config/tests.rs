@@ -278,6 +278,17 @@ fn checkpoint_flags_are_checked_without_touching_the_directory() {
     ]);
     assert_eq!((c.ckpt.memory, c.ckpt.replicas), (Some(1 << 20), 1));
     assert_eq!(ok(&["t.py"]).ckpt.replicas, 0, "off by default");
+    // A size asked for without --ckpt-dir stages nothing, and says so; `auto` goes unsaid.
+    let c = ok(&["--ckpt-memory", "1M", "t.py"]);
+    assert_eq!(c.ckpt.memory, None);
+    assert!(
+        c.notes
+            .iter()
+            .any(|n| n.starts_with("--ckpt-memory 1M is ignored without --ckpt-dir")),
+        "{:?}",
+        c.notes
+    );
+    assert!(ok(&["t.py"]).notes.is_empty());
     assert!(err(&["--on-preempt", "checkpoint", "t.py"], &host()).contains("in-memory"));
     assert!(err(&["--preempt-signal", "SIGNOPE", "t.py"], &host()).contains("--preempt-signal"));
     let c = ok(&[

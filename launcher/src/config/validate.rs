@@ -65,7 +65,7 @@ pub fn validate(args: &Args, host: &Host) -> Result<LaunchConfig, ConfigError> {
     // and sorted first by address so ranks follow hosts.
     let address = a.local_addr.as_deref().unwrap_or(&host.hostname);
     let node_id = format!("{address}_{}", host.pid);
-    let (ckpt, preempt_signal) = super::ckpt::checkpoint_flags(a, &rendezvous)?;
+    let (ckpt, preempt_signal) = super::ckpt::checkpoint_flags(a, &rendezvous, &mut notes)?;
     let worker_store = worker_store(&a.worker_store)?;
     let env_check = env_check(&a.env_check)?;
     Ok(LaunchConfig {

@@ -153,7 +153,7 @@ enum Incomplete {
     #[error("rank(s) {} held by no survivor", ranges(.0))]
     Unheld(Vec<u32>),
     /// Ranks held only by nodes the ending generation lost.
-    #[error("rank(s) {} were held only by {}, all lost", ranges(.missing), .lost.join(", "))]
+    #[error("rank(s) {} were held only by {}", ranges(.missing), .lost.join("; "))]
     Lost {
         /// The ranks.
         missing: Vec<u32>,
@@ -230,7 +230,7 @@ fn complete(
     if !missing.is_empty() {
         let lost = ending
             .filter(|p| p.generation == key.1 && p.complete())
-            .map(|p| lost_holders(p, &missing))
+            .map(|p| lost_holders(p, &missing, held))
             .unwrap_or_default();
         return Err(if lost.is_empty() {
             Incomplete::Unheld(missing)
@@ -264,8 +264,10 @@ fn complete(
     ))
 }
 
-/// "n1 and its replica holder n2" for each member of `plan` saving one of `missing`.
-fn lost_holders(plan: &Plan, missing: &[u32]) -> Vec<String> {
+/// For each member of `plan` saving one of `missing`: "n1 and its replica holder n2, both
+/// lost", or, when the holder is among the joining nodes `held` (it never got the replica, or
+/// released it), "n1, lost (its replica holder n2 has no copy of the step)".
+fn lost_holders(plan: &Plan, missing: &[u32], held: &BTreeMap<&str, &[HeldStep]>) -> Vec<String> {
     let n = plan.members.len();
     (0..n)
         .filter(|&i| {
@@ -277,10 +279,14 @@ fn lost_holders(plan: &Plan, missing: &[u32]) -> Vec<String> {
         .map(|i| {
             let next = &plan.members[(i + 1) % n].node_id;
             let me = &plan.members[i].node_id;
-            if n > 1 {
-                format!("{me} and its replica holder {next}")
+            if held.contains_key(me.as_str()) {
+                format!("{me}, which no longer holds the step")
+            } else if n == 1 {
+                format!("{me}, lost")
+            } else if held.contains_key(next.as_str()) {
+                format!("{me}, lost (its replica holder {next} has no copy of the step)")
             } else {
-                me.clone()
+                format!("{me} and its replica holder {next}, both lost")
             }
         })
         .collect()
@@ -440,7 +446,7 @@ mod tests {
         assert_eq!(
             c,
             Choice::Sealed(Some(
-                "not resuming from memory: step 12 (generation 1): rank(s) 2–3 were held only by n1 and its replica holder n2, all lost: resuming the persisted step 10 (generation 1)".into()
+                "not resuming from memory: step 12 (generation 1): rank(s) 2–3 were held only by n1 and its replica holder n2, both lost: resuming the persisted step 10 (generation 1)".into()
             ))
         );
         // Without the ending plan (another generation saved it) the line names the ranks.

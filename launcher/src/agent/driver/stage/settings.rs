@@ -24,31 +24,64 @@ const PERSIST_LAG_BOUND: Duration = Duration::from_secs(120);
 /// `DRUN_CKPT_PERSIST_CPU` (a fraction of one CPU) and `DRUN_CKPT_PERSIST_LAG` (seconds)
 /// say.
 pub(super) fn pace_params() -> PaceParams {
-    let share = std::env::var("DRUN_CKPT_PERSIST_CPU")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(PERSIST_CPU_SHARE);
-    let lag_bound = std::env::var("DRUN_CKPT_PERSIST_LAG")
-        .ok()
-        .and_then(|v| v.trim().trim_end_matches('s').parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map_or(PERSIST_LAG_BOUND, Duration::from_secs_f64);
+    let share = setting(
+        "DRUN_CKPT_PERSIST_CPU",
+        |v| v.parse::<f64>().ok().filter(|s| s.is_finite() && *s > 0.0),
+        PERSIST_CPU_SHARE,
+        "a share of one CPU (e.g. 0.05)",
+        &PERSIST_CPU_SHARE.to_string(),
+    );
+    let lag_bound = setting(
+        "DRUN_CKPT_PERSIST_LAG",
+        |v| {
+            v.trim_end_matches('s')
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Duration::from_secs_f64)
+        },
+        PERSIST_LAG_BOUND,
+        "a number of seconds (e.g. 120)",
+        &format!("{} s", PERSIST_LAG_BOUND.as_secs()),
+    );
     PaceParams { share, lag_bound }
 }
 
 /// The persister's byte rates: while the workers run ([`PERSIST_RATE`] unless
 /// `DRUN_CKPT_PERSIST_RATE` says otherwise) and while the workers' end waits for it.
 pub(super) fn persist_rates() -> (u64, u64) {
-    let env_rate = |k: &str| {
-        std::env::var(k)
-            .ok()
-            .and_then(|r| crate::ckpt::memory::parse_size(&r))
-    };
-    let rate = env_rate("DRUN_CKPT_PERSIST_RATE").unwrap_or(PERSIST_RATE);
+    let rate = |v: &str| crate::ckpt::memory::parse_size(v);
+    let what = "a rate (a size per second such as 200M)";
+    let shown = |r: u64| format!("{}/s", crate::ckpt::memory::human_bytes(r));
+    let run = setting(
+        "DRUN_CKPT_PERSIST_RATE",
+        rate,
+        PERSIST_RATE,
+        what,
+        &shown(PERSIST_RATE),
+    );
     // A test knob: the rate while the workers' end waits for the persister (the same unless
     // set). Tests slow the persister so a fault lands while the disk lags, and set this so the
     // waits that follow the fault do not crawl at the same rate.
-    let held_rate = env_rate("DRUN_CKPT_PERSIST_RATE_HELD").unwrap_or(rate);
-    (rate, held_rate)
+    let held = setting("DRUN_CKPT_PERSIST_RATE_HELD", rate, run, what, &shown(run));
+    (run, held)
+}
+
+/// The value of environment variable `var` read by `parse`, or `default` when unset; a value
+/// it cannot read is said in one warning line naming `what` it should be, and the default
+/// (`shown`) stands.
+fn setting<T>(
+    var: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    default: T,
+    what: &str,
+    shown: &str,
+) -> T {
+    let Ok(v) = std::env::var(var) else {
+        return default;
+    };
+    parse(v.trim()).unwrap_or_else(|| {
+        crate::say!("drun: warning: {var}={v:?} is not {what}; {shown} is used");
+        default
+    })
 }
