@@ -180,6 +180,55 @@ fn a_staged_copy_that_differs_from_its_manifest_is_not_resumed_under_digest_veri
     }
 }
 
+/// A second Ctrl-C while the end waits for the disk: the agent exits now (130), names the
+/// staged steps it leaves unpersisted, and leaves no temporary file in --ckpt-dir (a user saw
+/// it persist on, silently, after "second SIGINT: killing workers now").
+#[test]
+fn a_second_sigint_ends_the_wait_for_the_disk_and_names_what_is_left() {
+    let d = dirs();
+    let stage = staging_dir(&d);
+    // About 5.6 KB a step at 1000 B/s: step 6 reaches the disk some 17 s after the holds.
+    let a = memory_agent(&d, &stage, "1000", &[("CKPT_HOLD_AT", "6")]);
+    wait_for(
+        "both ranks hold after step 6",
+        Duration::from_secs(60),
+        || count(&events(&d), "holding", |e| e["step"] == 6) == 2,
+    );
+    let ranks: Vec<i32> = events(&d)
+        .iter()
+        .filter(|e| e["event"] == "holding")
+        .map(|e| e["pid"].as_i64().unwrap() as i32)
+        .collect();
+    a.signal(Signal::SIGINT);
+    wait_for("the ranks to exit", Duration::from_secs(30), || {
+        ranks.iter().all(|p| !alive(*p))
+    });
+    assert!(
+        latest_step(&d) < 6,
+        "step 6 is on disk already: the persister is too fast"
+    );
+    a.signal(Signal::SIGINT);
+    let second = std::time::Instant::now();
+    let (code, _, err) = a.wait(Duration::from_secs(60));
+    let took = second.elapsed();
+    assert_eq!(code, 130, "{err}");
+    assert!(
+        took < Duration::from_secs(5),
+        "exited {took:?} after the second SIGINT:\n{err}"
+    );
+    let line = err
+        .lines()
+        .find(|l| l.contains("(a second SIGINT) checkpoint step(s)"))
+        .unwrap_or_else(|| panic!("the line: {err}"));
+    assert!(line.contains("6 (generation 1)"), "{line}");
+    assert!(
+        !files_under(&d.ckpt)
+            .iter()
+            .any(|f| f.to_string_lossy().contains(".drun-persist-")),
+        "no temporary file of the persister is left"
+    );
+}
+
 #[test]
 fn a_memory_budget_larger_than_the_node_is_a_usage_error() {
     refused(&["--ckpt-memory", "1000TiB"], "--ckpt-memory", "of RAM");

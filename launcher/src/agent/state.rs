@@ -156,7 +156,8 @@ impl Save {
     /// is answered for them by a staged step newer than the request — its seal follows once it
     /// is persisted, and ends the request (a preemption's stops the workers, exit 5) — so they
     /// do not save again at every step while the disk catches up. A preemption's step is
-    /// persisted at full speed ([`Effect::PersistNow`]), so its seal comes within the grace.
+    /// persisted at full speed ([`Effect::PersistNow`]), so its seal comes within the grace; so
+    /// is a scale-up's, which the newcomer waits for.
     pub fn asks(&self, newest_staged: Option<&str>) -> bool {
         match self {
             Save::Idle => false,
@@ -554,6 +555,12 @@ impl Machine {
     /// failure report: a report sent while no server answers waits in the link's queue.
     pub fn keeps_generation(&self) -> bool {
         matches!(self.phase, Phase::Running { .. } | Phase::Reporting(_))
+    }
+
+    /// Whether the user forced the end (a second SIGINT while stopping): the workers are
+    /// killed, and the end no longer waits for the staged checkpoints to reach the disk.
+    pub fn end_forced(&self) -> bool {
+        matches!(&self.phase, Phase::Stopping(s) if s.sigints >= 2)
     }
 
     /// Whether the local workers' end (none runs any more) waits for their staged checkpoints

@@ -286,6 +286,9 @@ fn on_save_requested(m: &mut Machine, phase: Phase, req: SaveRequest, cx: &mut C
                 Save::Idle | Save::ScaleUp { .. } | Save::Interval { .. } => {
                     if save == Save::Idle {
                         cx.log(Level::Info, None, line);
+                        // The newcomer waits for its seal (`--scale-up-save-timeout`): a step
+                        // staged in memory goes to the disk at full speed.
+                        cx.fx.push(Effect::PersistNow);
                     }
                     Save::ScaleUp {
                         latest_before: req.latest_before.clone(),

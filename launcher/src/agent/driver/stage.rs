@@ -197,6 +197,9 @@ impl Stage {
     pub(super) fn follow(&mut self, plan: &drun_rendezvous::Plan) {
         self.followed = plan.generation;
         self.followed_world = plan.world_size;
+        // A save hurried for the generation that ended (a scale-up's) is behind it: the
+        // persister yields to the new generation's training again.
+        self.hurried = false;
         if let Some(r) = self.replicas.as_mut() {
             r.follow(plan);
         }

@@ -83,7 +83,7 @@ impl Agent {
             && m.end_waits_for_disk()
             && w.stage
                 .as_mut()
-                .is_some_and(|s| s.hold_end(self.cfg.supervision.shutdown_timeout))
+                .is_some_and(|s| s.hold_end(self.cfg.supervision.shutdown_timeout, m.end_forced()))
         {
             return None;
         }

@@ -117,7 +117,11 @@ fn a_preemption_warning_saves_then_stops_and_requeues() {
 #[test]
 fn a_scale_up_save_ends_with_its_seal_and_the_workers_go_on() {
     let mut t = T::running(1, 1);
-    t.ev(save("node n1 waits to join", "0004-0001", true));
+    let fx = t.ev(save("node n1 waits to join", "0004-0001", true));
+    assert!(
+        fx.contains(&Effect::PersistNow),
+        "the newcomer waits for the seal: the step goes to the disk at full speed: {fx:?}"
+    );
     assert_eq!(
         t.feed(Input::Api),
         vec![Effect::Serve { should_save: true }]

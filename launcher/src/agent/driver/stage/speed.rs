@@ -13,16 +13,18 @@ impl Stage {
         self.end_judged = false;
     }
 
-    /// A preemption asked for a checkpoint: staged steps go to the disk at full speed from now
-    /// on (its step must be sealed within the grace; the persister no longer yields the CPU).
+    /// A preemption or a scale-up asked for a checkpoint: staged steps go to the disk at full
+    /// speed from now on, until the next generation (its step must be sealed within the grace,
+    /// or while the newcomer waits; the persister no longer yields the CPU).
     pub(in crate::agent::driver) fn hurry(&mut self) {
         self.hurried = true;
         self.throttle.set_urgent(true);
     }
 
-    /// Whether the workers' end is held back for the persister (at most `limit`); says how
-    /// long it waited, or what it could not persist, when the hold ends.
-    pub(in crate::agent::driver) fn hold_end(&mut self, limit: Duration) -> bool {
+    /// Whether the workers' end is held back for the persister (at most `limit`, not at all
+    /// once the end is `forced`); says how long it waited, or what it could not persist, when
+    /// the hold ends.
+    pub(in crate::agent::driver) fn hold_end(&mut self, limit: Duration, forced: bool) -> bool {
         if self.end_judged {
             return false;
         }
@@ -33,7 +35,7 @@ impl Stage {
             self.throttle.set_urgent(true);
             now
         });
-        match self.table.end_wait(since, now, limit) {
+        match self.table.end_wait(since, now, limit, forced) {
             EndWait::Wait { .. } => true,
             verdict => {
                 if let Some(line) = verdict.line() {
