@@ -10,8 +10,12 @@ use crate::ledger::Manifest;
 pub use crate::store::records::{Formation, LostWork};
 
 /// The work lost by re-forming (pure): the previous generation ran from `prev_formed_at_ms`
-/// until `closed_at_ms` (both milliseconds since the Unix epoch); what it did before `resume`
-/// was sealed is kept.
+/// until `closed_at_ms` (both milliseconds since the Unix epoch); what it did before the
+/// training went on from `resume` is kept: its seal, or — a step staged in memory, sealed once
+/// persisted behind the training — the end of the training's stall ([`Manifest::stall_ms`]
+/// after the save began, `save_ms` before the seal). Counting from the seal of a staged step
+/// would keep the work of the whole persistence, which the re-form throws away too (a user saw
+/// "lost work 62 ms" for 3 steps repeated).
 ///
 /// ```
 /// use drun_rendezvous::decisions::formation::lost_work;
@@ -19,7 +23,11 @@ pub use crate::store::records::{Formation, LostWork};
 /// assert_eq!(lost_work(10_000, 70_000, None).ms, 60_000);
 /// ```
 pub fn lost_work(prev_formed_at_ms: u64, closed_at_ms: u64, resume: Option<&Manifest>) -> LostWork {
-    let kept_until = resume.map_or(prev_formed_at_ms, |m| m.sealed_at_ms.max(prev_formed_at_ms));
+    let went_on = |m: &Manifest| match (m.save_ms, m.stall_ms) {
+        (Some(save), Some(stall)) => m.sealed_at_ms.saturating_sub(save.saturating_sub(stall)),
+        _ => m.sealed_at_ms,
+    };
+    let kept_until = resume.map_or(prev_formed_at_ms, |m| went_on(m).max(prev_formed_at_ms));
     LostWork {
         ms: closed_at_ms.saturating_sub(kept_until),
         resume_step: resume.map(|m| m.step),
@@ -51,6 +59,18 @@ mod tests {
         let lost = lost_work(10_000, 70_000, Some(&m));
         assert_eq!(lost.ms, 20_000);
         assert_eq!(lost.resume_step, Some(300));
+    }
+
+    #[test]
+    fn a_step_staged_in_memory_keeps_the_work_until_the_stall_ended_not_until_its_seal() {
+        // Saved at t=40 s, the ranks went on at t=40.2 s, persisted and sealed at t=60 s.
+        let mut m = manifest(300, 60_000);
+        m.save_ms = Some(20_000);
+        m.stall_ms = Some(200);
+        assert_eq!(lost_work(10_000, 70_000, Some(&m)).ms, 29_800);
+        // A save straight to disk: the training waited for the seal.
+        m.stall_ms = None;
+        assert_eq!(lost_work(10_000, 70_000, Some(&m)).ms, 10_000);
     }
 
     #[test]
