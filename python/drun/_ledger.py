@@ -21,7 +21,7 @@ from ._agent import Client, Json, available
 from ._env import env_int
 from ._flight import FlightDump
 from ._hang import HangDump
-from ._stage import MappedFile, Spares
+from ._stage import MappedFile, Spares, fits_share
 
 PathArg = Union[str, "os.PathLike[str]"]
 """A file's path, absolute or relative to the working directory."""
@@ -54,6 +54,12 @@ class State:
         self.staged: Dict[str, int] = {}
         # Whether the one "cannot stage, saving straight to disk" warning was printed.
         self.stage_warned = False
+        # Bytes this rank staged for the step it last committed: a rank whose step does not
+        # fit its share of the agent's --ckpt-memory budget (DRUN_CKPT_STAGE_SHARE) saves the
+        # next ones straight to --ckpt-dir (:func:`_staged_place`).
+        self.last_staged_bytes = 0
+        # Whether the one "larger than this rank's share" line was printed.
+        self.share_warned = False
         # The staging memory allocated and mapped ahead for this rank's next staged save.
         self.spare = Spares()
 
@@ -277,6 +283,17 @@ def _staged_place(path: str) -> Optional[str]:
     rel = os.path.relpath(path, os.path.abspath(base))
     if rel == os.curdir or rel.split(os.sep)[0] == os.pardir:
         return None
+    if not fits_share(STATE.last_staged_bytes):
+        # The agent would only send it to disk while the ranks wait, after it took the tmpfs
+        # (memory charged to the job) beyond the budget.
+        if not STATE.share_warned:
+            STATE.share_warned = True
+            sys.stderr.write(
+                "drun: warning: this rank's last checkpoint step (%d bytes) is larger than its "
+                "share of --ckpt-memory (%s bytes, DRUN_CKPT_STAGE_SHARE): its saves go "
+                "straight to --ckpt-dir; give a larger --ckpt-memory to stage them\n"
+                % (STATE.last_staged_bytes, os.environ.get("DRUN_CKPT_STAGE_SHARE", "?")))
+        return None
     return os.path.join(stage, rel)
 
 
@@ -409,8 +426,12 @@ def commit(step: Step, paths: Union[PathArg, Iterable[PathArg]] = (),
     if STATE.save_started_ms is not None:
         msg["save_started_ms"] = STATE.save_started_ms
     STATE.save_started_ms = None
+    staged_bytes = 0
     for f in msg["files"]:
-        STATE.staged.pop(f["path"], None)
+        if STATE.staged.pop(f["path"], None) is not None:
+            staged_bytes += int(f["bytes"])
+    if staged_bytes:
+        STATE.last_staged_bytes = staged_bytes
     try:
         return STATE.client.request(msg, timeout=timeout)
     finally:

@@ -290,6 +290,34 @@ class AgentApi(unittest.TestCase):
             {"path": path, "bytes": 64, "staged": True}])
         self.assertEqual((sha, size), ("", 64), "the agent hashes it as it persists it")
 
+    def test_a_rank_whose_step_outgrew_its_share_saves_the_next_ones_to_disk(self):
+        agent = FakeAgent(lambda r: {"ok": True, "sealed": False, "staged": True})
+        d, stage = tempfile.mkdtemp(), tempfile.mkdtemp()
+        env = dict(CLEAN, DRUN_AGENT_SOCK=agent.path, RANK="0", DRUN_GENERATION="1",
+                   DRUN_CKPT_DIR=d, DRUN_RUN_ID="job", DRUN_CKPT_STAGE_DIR=stage,
+                   DRUN_CKPT_STAGE_SHARE="100")
+        drun._STATE.last_staged_bytes, drun._STATE.share_warned = 0, False
+        try:
+            with mock.patch.dict(os.environ, env, clear=True), \
+                    mock.patch("sys.stderr") as err:
+                # The first step's size is not known before it is written: staged.
+                first = drun.shard_path(1)
+                drun.atomic_save(first, lambda f: f.write(b"a" * 500))
+                drun.commit(1, [first])
+                # It did not fit the share: the next ones go straight to --ckpt-dir.
+                for step in (2, 3):
+                    p = drun.shard_path(step)
+                    drun.atomic_save(p, lambda f: f.write(b"b" * 500))
+                    drun.commit(step, [p])
+                    self.assertTrue(os.path.exists(p), "on disk, not staged")
+        finally:
+            drun._STATE.last_staged_bytes, drun._STATE.share_warned = 0, False
+        self.assertEqual(agent.requests[0]["files"][0].get("staged"), True)
+        for r in agent.requests[1:]:
+            self.assertNotIn("staged", r["files"][0])
+        lines = "".join(c.args[0] for c in err.write.call_args_list)
+        self.assertEqual(lines.count("is larger than its share of --ckpt-memory"), 1, lines)
+
     def test_a_save_that_cannot_be_staged_goes_to_disk_with_one_warning(self):
         agent = FakeAgent(lambda r: {"ok": True, "sealed": True})
         d = tempfile.mkdtemp()

@@ -55,6 +55,7 @@ class Staged(unittest.TestCase):
         patch.start()
         self.addCleanup(patch.stop)
         _ledger.STATE.spare = _stage.Spares()
+        _ledger.STATE.last_staged_bytes, _ledger.STATE.share_warned = 0, False
         self.addCleanup(self.settle)
 
     def settle(self):
