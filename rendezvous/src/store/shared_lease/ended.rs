@@ -64,6 +64,10 @@ async fn sweep(this: Weak<SharedLeases>) {
 /// renewed.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_millis(250);
 
+/// The shortest time one renewal may take before it is given up and tried again (a quarter
+/// TTL otherwise): a store's keep-alive round trip under load.
+const ATTEMPT_AT_LEAST: Duration = Duration::from_millis(500);
+
 /// Renews carrier `c` every quarter of its TTL until it is lost (or unrenewable for a TTL) or
 /// the wrapper is dropped.
 async fn keep_carrier(this: Weak<SharedLeases>, c: LeaseId, ttl: Duration) {
@@ -74,8 +78,13 @@ async fn keep_carrier(this: Weak<SharedLeases>, c: LeaseId, ttl: Duration) {
         tokio::time::sleep(wait).await;
         wait = every.min(RETRY_AFTER_FAILURE);
         let Some(this) = this.upgrade() else { return };
+        // Each try is bounded by a quarter TTL, not by all that is left of it: a try that went
+        // to a member that died, or waits on a member with no leader, must not take the
+        // carrier's last chance with it (seen in CI: the etcd leader SIGKILLed, one try hung
+        // for the rest of a 4 s TTL, and the carrier was lost while a new leader was elected).
         let left = ttl
             .saturating_sub(last_ok.elapsed())
+            .min(every.max(ATTEMPT_AT_LEAST))
             .max(Duration::from_millis(100));
         let renewed = tokio::time::timeout(left, this.inner.lease_keep_alive(c)).await;
         if !matches!(renewed, Ok(Ok(_))) {
