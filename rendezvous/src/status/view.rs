@@ -331,23 +331,46 @@ fn staging(r: &serde_json::Value, now_ms: u64) -> Option<String> {
         })
         .collect();
     if older > 0 {
-        let on_disk = steps[..older].iter().all(|s| s["state"] == "persisted");
-        list.insert(
-            0,
-            format!(
-                "{older} older step(s){}",
-                if on_disk { " persisted" } else { "" }
+        // Each state counted: a step being written may be among them (a disk far behind).
+        let mut states: Vec<(&str, usize)> = Vec::new();
+        for st in steps[..older]
+            .iter()
+            .map(|s| s["state"].as_str().unwrap_or("?"))
+        {
+            match states.iter_mut().find(|(k, _)| *k == st) {
+                Some((_, n)) => *n += 1,
+                None => states.push((st, 1)),
+            }
+        }
+        let counted = match states.as_slice() {
+            [(st, _)] => format!(" {st}"),
+            _ => format!(
+                " ({})",
+                states
+                    .iter()
+                    .map(|(st, n)| format!("{n} {st}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
-        );
+        };
+        list.insert(0, format!("{older} older step(s){counted}"));
     }
     // Replicas of the ring predecessor's steps held here (`--ckpt-replicas`).
-    let held: Vec<String> = r["replicas"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    // A step number held twice (saved by two generations): each named with its generation.
+    let replicas: Vec<&serde_json::Value> =
+        r["replicas"].as_array().into_iter().flatten().collect();
+    let twice =
+        |h: &serde_json::Value| replicas.iter().filter(|o| o["step"] == h["step"]).count() > 1;
+    let held: Vec<String> = replicas
+        .iter()
         .map(|h| {
+            let gen = if twice(h) {
+                format!(" (generation {})", h["generation"])
+            } else {
+                String::new()
+            };
             format!(
-                "step {} of {}",
+                "step {}{gen} of {}",
                 h["step"],
                 h["from"].as_str().unwrap_or("?")
             )

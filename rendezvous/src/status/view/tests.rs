@@ -289,6 +289,24 @@ fn a_long_list_of_steps_in_memory_is_cut_and_a_finished_run_shows_none() {
         "{text}"
     );
     assert!(text.lines().count() < 30, "{text}");
+    // A disk far behind: the older steps are counted by state, not called persisted.
+    let mut behind = s.clone();
+    let report = behind
+        .reports
+        .get_mut("staging")
+        .unwrap()
+        .get_mut("gpu-node-01")
+        .unwrap();
+    report["steps"][3]["state"] = "persisting".into();
+    report["steps"][4]["state"] = "staged".into();
+    let text = render(&behind, NOW).join("\n");
+    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains(
+            "gpu-node-01: 95 older step(s) (93 persisted, 1 persisting, 1 staged), step 960"
+        ),
+        "{text}"
+    );
     s.finished = Some(succeeded());
     let text = render(&s, NOW).join("\n");
     assert!(!text.contains("gpu-node-01:"), "{text}");
@@ -321,6 +339,26 @@ fn replicas_are_shown_per_step_and_per_holder() {
     );
     assert!(
         text.contains("; holds replicas of step 20 of gpu-node-02"),
+        "{text}"
+    );
+    // The same step saved by two generations (one resumed, then saved again): each is named.
+    let report = s
+        .reports
+        .get_mut("staging")
+        .unwrap()
+        .get_mut("gpu-node-01")
+        .unwrap();
+    report["replicas"] = serde_json::json!([
+        {"step": 20, "generation": 2, "from": "gpu-node-02", "bytes": 1u64 << 20},
+        {"step": 20, "generation": 3, "from": "gpu-node-02", "bytes": 1u64 << 20},
+    ]);
+    let text = render(&s, NOW)
+        .join(" ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        text.contains("holds replicas of step 20 (generation 2) of gpu-node-02, step 20 (generation 3) of gpu-node-02"),
         "{text}"
     );
 }
