@@ -204,6 +204,38 @@ fn a_rank_blocked_in_a_gloo_collective_is_named_by_the_flight_recorder() {
     assert!(err.contains("in stuck_here"), "the stacks too:\n{err}");
 }
 
+/// Two agents of run `run` on `server`, one `allreduce_hang.py` rank each, with their
+/// `--hang-timeout` and `DRUN_TEST_HANG_HERE` (unset: rank 1 stops); their stderr once they
+/// exited.
+fn two_hanging_nodes(
+    python: &std::path::Path,
+    server: &crate::harness::cluster::RdzvServer,
+    run: &str,
+    nodes: [(&str, Option<&str>); 2],
+) -> Vec<String> {
+    let agents: Vec<crate::harness::Agent> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (timeout, here))| {
+            let mut c =
+                crate::harness::node_cmd(i, run, "2", &["--rdzv-endpoint", &server.endpoint]);
+            c.python(python)
+                .args(["--nproc-per-node", "1", "--warm-workers", "off"])
+                .args(["--hang-timeout", timeout, "--max-restarts", "0"])
+                .args(["--shutdown-timeout", "3"])
+                .arg(worker("allreduce_hang.py"));
+            if let Some(here) = here {
+                c.env("DRUN_TEST_HANG_HERE", here);
+            }
+            crate::harness::Agent::start(c)
+        })
+        .collect();
+    agents
+        .into_iter()
+        .map(|a| a.wait(Duration::from_secs(120)).2)
+        .collect()
+}
+
 /// The same hang across two nodes (one rank each): neither node alone can name rank 1 (node 0
 /// sees its rank wait, node 1 sees its rank in no collective), so each reports its dumps and
 /// `drun-rendezvous status` judges them together, after the run ended too.
@@ -211,22 +243,7 @@ fn a_rank_blocked_in_a_gloo_collective_is_named_by_the_flight_recorder() {
 fn across_nodes_status_names_the_rank_on_another_node_that_never_entered_the_collective() {
     let Some(python) = torch_python() else { return };
     let server = crate::harness::cluster::RdzvServer::start(&["--store", "memory"]);
-    let agents: Vec<crate::harness::Agent> = (0..2)
-        .map(|i| {
-            let mut c =
-                crate::harness::node_cmd(i, "flight2", "2", &["--rdzv-endpoint", &server.endpoint]);
-            c.python(&python)
-                .args(["--nproc-per-node", "1", "--warm-workers", "off"])
-                .args(["--hang-timeout", "3", "--max-restarts", "0"])
-                .args(["--shutdown-timeout", "3"])
-                .arg(worker("allreduce_hang.py"));
-            crate::harness::Agent::start(c)
-        })
-        .collect();
-    let errs: Vec<String> = agents
-        .into_iter()
-        .map(|a| a.wait(Duration::from_secs(120)).2)
-        .collect();
+    let errs = two_hanging_nodes(&python, &server, "flight2", [("3", None), ("3", None)]);
     assert!(
         errs.iter()
             .any(|e| e.contains("flight recorder dumps are reported")),
@@ -254,25 +271,12 @@ fn across_nodes_status_names_the_rank_on_another_node_that_never_entered_the_col
 fn a_hang_judged_first_on_another_node_leaves_this_nodes_flight_dump_to_status() {
     let Some(python) = torch_python() else { return };
     let server = crate::harness::cluster::RdzvServer::start(&["--store", "memory"]);
-    let agents: Vec<crate::harness::Agent> = [("5", "0"), ("3", "1")]
-        .iter()
-        .enumerate()
-        .map(|(i, (timeout, here))| {
-            let mut c =
-                crate::harness::node_cmd(i, "flight3", "2", &["--rdzv-endpoint", &server.endpoint]);
-            c.python(&python)
-                .env("DRUN_TEST_HANG_HERE", here)
-                .args(["--nproc-per-node", "1", "--warm-workers", "off"])
-                .args(["--hang-timeout", timeout, "--max-restarts", "0"])
-                .args(["--shutdown-timeout", "3"])
-                .arg(worker("allreduce_hang.py"));
-            crate::harness::Agent::start(c)
-        })
-        .collect();
-    let errs: Vec<String> = agents
-        .into_iter()
-        .map(|a| a.wait(Duration::from_secs(120)).2)
-        .collect();
+    let errs = two_hanging_nodes(
+        &python,
+        &server,
+        "flight3",
+        [("5", Some("0")), ("3", Some("1"))],
+    );
     assert!(
         !errs[0].contains("dumping the stacks of the stuck ranks"),
         "the 5 s node judged no hang of its own (its rank failed first):\n{}",

@@ -8,20 +8,28 @@ use super::*;
 /// The agent of a one-node run with `--ckpt-memory 64M`, its tmpfs replaced by `stage` and its
 /// persister slowed to `rate` bytes per second, so the disk lags the training visibly.
 fn memory_agent(d: &Dirs, stage: &Path, rate: &str, env: &[(&str, &str)]) -> Agent {
-    let mut c: Command = drun();
-    c.args(["--standalone", "--rdzv-id", "ckpt-memory"])
-        .nproc(2)
-        .args(["--shutdown-timeout", "30", "--max-restarts", "1"])
-        .args(["--ckpt-memory", "64M", "--ckpt-dir"])
-        .arg(&d.ckpt)
-        .arg(worker("ckpt_worker.py"))
-        .env("CKPT_OUT", &d.out)
-        .env("DRUN_CKPT_STAGE_PARENT", stage)
-        .env("DRUN_CKPT_PERSIST_RATE", rate);
+    let mut c = memory_cmd(d, stage, &[]);
+    c.env("DRUN_CKPT_PERSIST_RATE", rate);
     for (k, v) in env {
         c.env(k, v);
     }
     Agent::start(c)
+}
+
+/// The command of [`memory_agent`], with `extra` drun flags and the persister at its default
+/// rate.
+fn memory_cmd(d: &Dirs, stage: &Path, extra: &[&str]) -> Command {
+    let mut c: Command = drun();
+    c.args(["--standalone", "--rdzv-id", "ckpt-memory"])
+        .nproc(2)
+        .args(["--shutdown-timeout", "30", "--max-restarts", "1"])
+        .args(extra)
+        .args(["--ckpt-memory", "64M", "--ckpt-dir"])
+        .arg(&d.ckpt)
+        .arg(worker("ckpt_worker.py"))
+        .env("CKPT_OUT", &d.out)
+        .env("DRUN_CKPT_STAGE_PARENT", stage);
+    c
 }
 
 /// The run's staging directory (the tmpfs stand-in), created.
@@ -123,22 +131,8 @@ fn a_staged_step_is_answered_at_once_persisted_behind_and_resumed_from_memory() 
 fn a_staged_copy_that_differs_from_its_manifest_is_not_resumed_under_digest_verification() {
     let d = dirs();
     let stage = staging_dir(&d);
-    let mut c: Command = drun();
-    c.args(["--standalone", "--rdzv-id", "ckpt-memory-digest"])
-        .nproc(2)
-        .args(["--shutdown-timeout", "30", "--max-restarts", "1"])
-        .args([
-            "--ckpt-verify",
-            "digest",
-            "--ckpt-memory",
-            "64M",
-            "--ckpt-dir",
-        ])
-        .arg(&d.ckpt)
-        .arg(worker("ckpt_worker.py"))
-        .env("CKPT_OUT", &d.out)
-        .env("CKPT_HOLD_AT", "6")
-        .env("DRUN_CKPT_STAGE_PARENT", &stage);
+    let mut c = memory_cmd(&d, &stage, &["--ckpt-verify", "digest"]);
+    c.env("CKPT_HOLD_AT", "6");
     let a = Agent::start(c);
     wait_for(
         "both ranks hold after step 6, sealed on disk",

@@ -180,6 +180,19 @@ fn staged_file(dir: &Path, rank: u32) -> FileReport {
     }
 }
 
+/// Rank `rank`'s commit of `step` (generation 3) of its file staged in `dir`: the node's batch
+/// when it completed the step, and where the rank's answer comes.
+fn staged_commit(
+    l: &mut NodeLedger,
+    dir: &Path,
+    rank: u32,
+    step: u64,
+) -> (Option<NodeCommit>, oneshot::Receiver<serde_json::Value>) {
+    let (t, r) = oneshot::channel();
+    let batch = l.commit(rank, 3, step, vec![staged_file(dir, rank)], cursor(step), t);
+    (batch, r)
+}
+
 /// `--ckpt-memory`: a step answered staged and then refused by the ledger (misaligned across
 /// nodes, a stale agent) is told to every local rank as the answer to its commit of the next
 /// step — a rank already waiting on that step at once — and only that step.
@@ -187,18 +200,7 @@ fn staged_file(dir: &Path, rank: u32) -> FileReport {
 fn a_refusal_after_a_staged_answer_reaches_every_local_rank_on_its_next_commit() {
     let d = tempfile::tempdir().unwrap();
     let mut l = NodeLedger::new(&plan(2), "a", Some(d.path())).with_stage(Some(d.path()));
-    let commit = |l: &mut NodeLedger, rank: u32, step: u64| {
-        let (t, r) = oneshot::channel();
-        let batch = l.commit(
-            rank,
-            3,
-            step,
-            vec![staged_file(d.path(), rank)],
-            cursor(step),
-            t,
-        );
-        (batch, r)
-    };
+    let commit = |l: &mut NodeLedger, rank: u32, step: u64| staged_commit(l, d.path(), rank, step);
     let (_, mut r0) = commit(&mut l, 0, 4);
     let (batch, mut r1) = commit(&mut l, 1, 4);
     assert!(batch.is_some());
@@ -273,18 +275,7 @@ fn a_refusal_of_a_commit_waiting_for_its_answer_is_not_told_again() {
 fn a_staged_step_that_could_not_be_persisted_refuses_the_next_commit() {
     let d = tempfile::tempdir().unwrap();
     let mut l = NodeLedger::new(&plan(2), "a", Some(d.path())).with_stage(Some(d.path()));
-    let commit = |l: &mut NodeLedger, rank: u32, step: u64| {
-        let (t, r) = oneshot::channel();
-        let batch = l.commit(
-            rank,
-            3,
-            step,
-            vec![staged_file(d.path(), rank)],
-            cursor(step),
-            t,
-        );
-        (batch, r)
-    };
+    let commit = |l: &mut NodeLedger, rank: u32, step: u64| staged_commit(l, d.path(), rank, step);
     let (_, mut r0) = commit(&mut l, 0, 4);
     let (_, mut r1) = commit(&mut l, 1, 4);
     assert_eq!(l.take_staged(4).len(), 2);
