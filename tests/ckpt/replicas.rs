@@ -242,6 +242,27 @@ fn one_node_lost_resumes_the_staged_step(store: Store, run: &str) {
         Duration::from_secs(90),
         || gen2_starts(&h.d).len() == 2,
     );
+    // The work the re-form lost counts from when the ranks went on after staging step 6 (they
+    // held some 10 s since), not from the moment the decider chose it (it said 0 s).
+    let out = std::process::Command::new(crate::harness::cluster::rendezvous_bin())
+        .args(["status", run])
+        .args(&h.r.status)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lost = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("lost work"))
+        .unwrap_or_else(|| panic!("no lost work line:\n{text}"));
+    let secs: f64 = lost
+        .split_whitespace()
+        .nth(2)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{lost}"));
+    assert!(
+        secs >= 3.0 && lost.contains("resumed from step 6"),
+        "{lost}"
+    );
     let starts = gen2_starts(&h.d);
     for s in &starts {
         assert_eq!(

@@ -34,6 +34,21 @@ pub fn lost_work(prev_formed_at_ms: u64, closed_at_ms: u64, resume: Option<&Mani
     }
 }
 
+/// [`lost_work`] of a resume from the survivors' copies in memory, a step not sealed yet (its
+/// manifest is stamped when the decider chose it): kept is the work until its ranks went on
+/// after staging it, `went_on_at_ms`.
+pub fn lost_work_after(
+    prev_formed_at_ms: u64,
+    closed_at_ms: u64,
+    went_on_at_ms: u64,
+    resume: Option<&Manifest>,
+) -> LostWork {
+    LostWork {
+        ms: closed_at_ms.saturating_sub(went_on_at_ms.max(prev_formed_at_ms)),
+        resume_step: resume.map(|m| m.step),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +86,20 @@ mod tests {
         // A save straight to disk: the training waited for the seal.
         m.stall_ms = None;
         assert_eq!(lost_work(10_000, 70_000, Some(&m)).ms, 10_000);
+    }
+
+    #[test]
+    fn a_resume_from_memory_keeps_the_work_until_its_ranks_went_on() {
+        // Chosen (and stamped) at t=69 s; its ranks went on after staging it at t=55 s.
+        let m = manifest(300, 69_000);
+        let lost = lost_work_after(10_000, 70_000, 55_000, Some(&m));
+        assert_eq!((lost.ms, lost.resume_step), (15_000, Some(300)));
+        assert_eq!(
+            lost_work(10_000, 70_000, Some(&m)).ms,
+            1_000,
+            "what the stamp said"
+        );
+        assert_eq!(lost_work_after(10_000, 70_000, 5_000, Some(&m)).ms, 60_000);
     }
 
     #[test]

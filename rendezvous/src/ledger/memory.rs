@@ -42,6 +42,9 @@ pub enum Choice {
         sources: MemoryResume,
         /// One line, for every agent's log.
         reason: String,
+        /// When the saver's ranks went on after staging it (the earliest a holder reports):
+        /// what the re-form keeps of the ending generation's work.
+        staged_at_ms: Option<u64>,
     },
     /// The sealed resume point stands; `Some(line)` when a newer step was held in memory but
     /// could not be resumed (why), `None` when memory held nothing newer.
@@ -82,10 +85,17 @@ pub fn choose(
                     sources.sources.len(),
                     served.into_iter().collect::<Vec<_>>().join(", ")
                 );
+                let staged_at_ms = held
+                    .values()
+                    .flat_map(|h| h.iter())
+                    .filter(|s| (s.step, s.generation) == key)
+                    .filter_map(|s| s.staged_at_ms)
+                    .min();
                 return Choice::Memory {
                     manifest,
                     sources,
                     reason,
+                    staged_at_ms,
                 };
             }
             Err(why) => why_not.push(format!("step {} (generation {}): {why}", key.0, key.1)),
@@ -367,6 +377,7 @@ mod tests {
                         world_size: Some(2 * n),
                         cursor: Some(cursor(step)),
                         files: vec![file(2 * i, step), file(2 * i + 1, step)],
+                        staged_at_ms: None,
                     },
                     HeldStep {
                         step,
@@ -375,6 +386,7 @@ mod tests {
                         world_size: None,
                         cursor: None,
                         files: vec![file(2 * pred, step), file(2 * pred + 1, step)],
+                        staged_at_ms: None,
                     },
                 ]
             })
@@ -405,6 +417,7 @@ mod tests {
             manifest,
             sources,
             reason,
+            ..
         } = c
         else {
             panic!("{c:?}")

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::snapshot::{FormationInputs, RoundSnapshot};
 use crate::decisions::core::{FailCause, RoundView, RunningGeneration};
 use crate::decisions::envcheck::{self, Report, Verdict};
-use crate::decisions::formation::lost_work;
+use crate::decisions::formation::{lost_work, lost_work_after};
 use crate::ledger::memory;
 use crate::ledger::resume::newest_good;
 use crate::ledger::Manifest;
@@ -301,6 +301,8 @@ pub fn formation(
         .filter(|j| !j.held.is_empty())
         .map(|j| (j.candidate.node_id.as_str(), j.held.as_slice()))
         .collect();
+    // When the resumed step's ranks went on after staging it (a resume from memory).
+    let mut went_on_at_ms = None;
     if !held.is_empty() {
         match memory::choose(
             run_id,
@@ -314,7 +316,9 @@ pub fn formation(
                 manifest,
                 sources,
                 reason,
+                staged_at_ms,
             } => {
+                went_on_at_ms = staged_at_ms;
                 plan.resume = Some(manifest);
                 plan.resume_memory = Some(sources);
                 plan.notes.push(reason);
@@ -330,10 +334,11 @@ pub fn formation(
     let formation = Formation {
         round_opened_at_ms: opened_at_ms,
         formed_at_ms: now_ms,
-        lost_work: inputs
-            .previous
-            .as_ref()
-            .map(|p| lost_work(p.formed_at_ms, opened_at_ms, plan.resume.as_ref())),
+        lost_work: inputs.previous.as_ref().map(|p| match went_on_at_ms {
+            // Resumed from memory: the work since its ranks went on after staging it.
+            Some(at) => lost_work_after(p.formed_at_ms, opened_at_ms, at, plan.resume.as_ref()),
+            None => lost_work(p.formed_at_ms, opened_at_ms, plan.resume.as_ref()),
+        }),
         door: crate::decisions::door::door(&env_reports(admitted, &joins)),
     };
     Ok(Formed {

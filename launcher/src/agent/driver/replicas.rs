@@ -246,6 +246,7 @@ impl Replicas {
                 world_size: None,
                 cursor: None,
                 files: c.held.clone(),
+                staged_at_ms: None,
             })
             .collect()
     }

@@ -343,6 +343,7 @@ impl Stage {
                             sha256: f.sha256.clone(),
                         })
                         .collect(),
+                    staged_at_ms: batch.staged_ms,
                 },
             );
         }

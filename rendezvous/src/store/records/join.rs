@@ -71,6 +71,11 @@ pub struct HeldStep {
     pub cursor: Option<Cursor>,
     /// The files held, each with its rank, final path in `--ckpt-dir`, size and SHA-256.
     pub files: Vec<ShardFile>,
+    /// When the saver's ranks went on training after they staged it (milliseconds since the
+    /// Unix epoch), when the holder knows it (its own copy): what a re-form that resumes it
+    /// keeps of the work ([`crate::decisions::formation::lost_work`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged_at_ms: Option<u64>,
 }
 
 /// A resume point taken from the survivors' copies in memory (a step staged by every node

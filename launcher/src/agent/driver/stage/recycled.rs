@@ -127,6 +127,7 @@ mod tests {
             world_size: Some(2),
             cursor: None,
             files: Vec::new(),
+            staged_at_ms: None,
         };
         for rank in 0..2u32 {
             let rel = format!("step-{}/rank{rank}.pt", key.0);

@@ -183,6 +183,7 @@ mod tests {
                 bytes: 7,
                 sha256: String::new(),
             }],
+            staged_at_ms: None,
         };
         // Not sent yet: the join hashes the staged copy itself.
         s.own_held.insert(key, unhashed.clone());

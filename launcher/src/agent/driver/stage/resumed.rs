@@ -55,6 +55,7 @@ impl Stage {
                     world_size: Some(m.world_size),
                     cursor: Some(m.cursor.clone()),
                     files,
+                    staged_at_ms: None,
                 });
             }
         }
