@@ -161,11 +161,11 @@ fn control_plane_outage(store: &str) {
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" ");
-        view.contains("outage control plane away ") && view.contains("generation 1 kept")
+        view.contains("outage control plane away up to ") && view.contains("generation 1 kept")
     });
     assert!(shown, "status shows the outage:\n{view}");
     let secs: f64 = view
-        .split("control plane away ")
+        .split("control plane away up to ")
         .nth(1)
         .and_then(|t| t.split(' ').next())
         .and_then(|t| t.parse().ok())

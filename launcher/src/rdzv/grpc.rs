@@ -484,7 +484,8 @@ impl Client {
                                 tracing::info!(%endpoint, "reconnected to the rendezvous");
                             }
                             if let Some((g, lasted)) = self.reach.take_outage(Instant::now()) {
-                                tracing::info!("the control plane was away for {}; this node held on to generation {g} through it", drun_rendezvous::human::duration(lasted));
+                                // Counted from the last word heard (the cut came after it): an upper bound.
+                                tracing::info!("the control plane was away for up to {} (nothing heard from it for that long); this node held on to generation {g} through it", drun_rendezvous::human::duration(lasted));
                                 let _ = out_tx.send(request_to_wire(&Request::Report {
                                     kind: drun_rendezvous::store::reports::ReportKind::Outage,
                                     json: serde_json::json!({

@@ -296,7 +296,7 @@ fn reports(out: &mut Vec<String>, status: &RunStatus) {
             out,
             "outage",
             &format!(
-                "control plane away {secs:.1} s, back {} ago; generation {} kept",
+                "control plane away up to {secs:.1} s, back {} ago; generation {} kept",
                 crate::human::duration(std::time::Duration::from_millis(
                     status.now_ms.saturating_sub(ended)
                 )),

@@ -389,7 +389,9 @@ fn an_outage_the_generation_was_kept_through_is_shown_with_its_length() {
     outages.insert("b".into(), report(30.9));
     let text = render(&s, NOW).join("\n");
     assert!(
-        text.contains("outage     control plane away 31.2 s, back 40 s ago; generation 3 kept\n"),
+        text.contains(
+            "outage     control plane away up to 31.2 s, back 40 s ago; generation 3 kept\n"
+        ),
         "{text}"
     );
 }
