@@ -264,31 +264,26 @@ pub fn resume_from_memory(
     staged_path(stage, ckpt_dir, &m.dir())
 }
 
-/// `--ckpt-verify digest` on a resume from the staged copy: the first file of `m` whose staged
-/// copy's SHA-256 is not the manifest's, as one line (`None`: every file matches, or the
-/// manifest records no digest for it). The ranks read the staged copy, not the one on disk
-/// that the resume check hashed.
+/// `--ckpt-verify digest` on a resume from the staged copy: why the staged copy of `m` is not
+/// what its manifest says (the first file whose size or SHA-256 differs, as one line), or
+/// `None`. The ranks read the staged copy, not the one on disk that the resume check hashed; it
+/// is checked the same way ([`crate::ckpt::verify::verify`], files hashed in parallel).
 pub fn staged_differs(
     stage: &Path,
     ckpt_dir: &Path,
     m: &drun_rendezvous::Manifest,
 ) -> Option<String> {
-    m.files
-        .iter()
-        .filter(|f| !f.sha256.is_empty())
-        .find_map(|f| {
-            let p = staged_path(stage, ckpt_dir, Path::new(&f.path))?;
-            match crate::ckpt::verify::sha256_file(&p) {
-                Ok((digest, _)) if digest == f.sha256 => None,
-                Ok((digest, _)) => Some(format!(
-                    "{} (rank {}) has sha256 {digest}, the manifest says {}",
-                    p.display(),
-                    f.rank,
-                    f.sha256
-                )),
-                Err(e) => Some(format!("{} (rank {}): {e}", p.display(), f.rank)),
-            }
-        })
+    let mut staged = m.clone();
+    for f in &mut staged.files {
+        match staged_path(stage, ckpt_dir, Path::new(&f.path)) {
+            Some(p) => f.path = p.display().to_string(),
+            None => return Some(format!("{} is outside --ckpt-dir", f.path)),
+        }
+    }
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    crate::ckpt::verify::verify(&staged, crate::ckpt::VerifyMode::Digest, threads)
+        .err()
+        .map(|e| e.to_string())
 }
 
 #[cfg(test)]
