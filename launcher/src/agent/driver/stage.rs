@@ -3,7 +3,8 @@
 //! driven from the agent's loop — a node's batched commit of staged files is answered at once,
 //! persisted behind the training, and sent to the ledger once on disk and verified; the
 //! ledger's answer releases its memory. Replicas on peers are `stage/replicated.rs`; a resume
-//! from the survivors' copies is `stage/resumed.rs`.
+//! from memory (this node's own copy, or the survivors') is `stage/resumed.rs`; what a new
+//! generation does to the copies of the one that ended is `stage/generation.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,10 +18,11 @@ use tokio::sync::mpsc;
 use crate::agent::Agent;
 use crate::ckpt::memory::decide::{Admit, Key, Table};
 use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile, Throttle};
-use crate::ckpt::memory::{human_bytes, remove_under, resume_from_memory, staged_path, TmpfsFit};
+use crate::ckpt::memory::{human_bytes, remove_under, staged_path, TmpfsFit};
 use crate::ckpt::node::NodeLedger;
 use crate::rdzv::Link;
 
+mod generation;
 mod recycled;
 mod replicated;
 mod resumed;
@@ -188,54 +190,6 @@ impl Stage {
             },
             done,
         ))
-    }
-
-    /// A new generation: replicas follow its ring, and the copies of earlier generations that
-    /// can never be sealed ([`Table::unsealable`]) are not persisted: they are freed, but for
-    /// the step the plan resumes from memory, whose files the resume reads (they go with it:
-    /// [`Stage::resuming`]).
-    pub(super) fn follow(&mut self, plan: &drun_rendezvous::Plan) {
-        self.followed = plan.generation;
-        self.followed_world = plan.world_size;
-        // A save hurried for the generation that ended (a scale-up's) is behind it: the
-        // persister yields to the new generation's training again.
-        self.hurried = false;
-        if let Some(r) = self.replicas.as_mut() {
-            r.follow(plan);
-        }
-        let resumed = plan
-            .resume
-            .as_ref()
-            .filter(|_| plan.resume_memory.is_some())
-            .map(|m| (m.step, m.generation));
-        let stale = self.table.unsealable(plan.generation);
-        let freed: Vec<String> = stale
-            .iter()
-            .filter(|k| Some(**k) != resumed)
-            .map(|k| format!("{} (generation {})", k.0, k.1))
-            .collect();
-        if !freed.is_empty() {
-            tracing::info!(
-                "checkpoint step(s) {} staged in memory are freed, not persisted: generation {} runs, and the ledger seals no step of an earlier generation",
-                freed.join(", "),
-                plan.generation
-            );
-        }
-        for key in stale {
-            self.pending.remove(&key);
-            if Some(key) == resumed {
-                // Its files are the resumed step's now, removed with it.
-                self.own_held.remove(&key);
-                self.files.remove(&key);
-                self.table.release(key);
-                if let Some(m) = &plan.resume {
-                    self.resuming(m);
-                }
-            } else {
-                self.release(key);
-            }
-        }
-        self.sync_own();
     }
 
     /// Whether the workers' end is being held for steps not yet persisted and answered by the
@@ -540,23 +494,6 @@ impl Stage {
         r["generation"] = generation.into();
         r["at_ms"] = drun_rendezvous::clock::now_ms().into();
         r.to_string()
-    }
-
-    /// The staged directory a resume of `m` reads instead of `--ckpt-dir`, when this agent
-    /// holds every file of it.
-    pub(super) fn resume_dir(&self, m: &Manifest) -> Option<PathBuf> {
-        resume_from_memory(self.dir(), &self.ckpt_dir, m)
-    }
-
-    /// With `--ckpt-verify digest`: why the staged copy of `m` is not what its manifest says
-    /// (`None`: it is), hashed off the async threads.
-    pub(super) async fn staged_differs(&self, m: &Manifest) -> Option<String> {
-        let (stage, ckpt_dir, m) = (self.dir().to_path_buf(), self.ckpt_dir.clone(), m.clone());
-        tokio::task::spawn_blocking(move || {
-            crate::ckpt::memory::staged_differs(&stage, &ckpt_dir, &m)
-        })
-        .await
-        .unwrap_or_else(|e| Some(format!("the check did not finish: {e}")))
     }
 }
 

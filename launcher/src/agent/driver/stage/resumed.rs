@@ -1,6 +1,8 @@
-//! The staging side of a resume from the survivors' copies in memory (`--ckpt-replicas`):
-//! what this node reports holding in its joins, the step its workers resume (kept until a newer
-//! step of this node is on disk), and the persisting of the files it served for that step.
+//! The staging side of a resume from memory: from this node's own staged copy (where it is,
+//! and with `--ckpt-verify digest` whether it is still what its manifest says), and from the
+//! survivors' copies (`--ckpt-replicas`): what this node reports holding in its joins, the step
+//! its workers resume (kept until a newer step of this node is on disk), and the persisting of
+//! the files it served for that step.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +12,7 @@ use super::super::replicas::error::ReplicaError;
 use super::super::replicas::fetch::gather;
 use super::{Key, Pending, Stage};
 use crate::ckpt::memory::persist::StagedFile;
-use crate::ckpt::memory::staged_path;
+use crate::ckpt::memory::{resume_from_memory, staged_path};
 
 impl Stage {
     /// What this node holds in memory, as its join reports it: its own staged copies (a file
@@ -200,6 +202,23 @@ impl Stage {
         for f in gathered {
             let _ = std::fs::remove_file(f);
         }
+    }
+
+    /// The staged directory a resume of `m` reads instead of `--ckpt-dir`, when this agent
+    /// holds every file of it.
+    pub(in crate::agent::driver) fn resume_dir(&self, m: &Manifest) -> Option<PathBuf> {
+        resume_from_memory(self.dir(), &self.ckpt_dir, m)
+    }
+
+    /// With `--ckpt-verify digest`: why the staged copy of `m` is not what its manifest says
+    /// (`None`: it is), hashed off the async threads.
+    pub(in crate::agent::driver) async fn staged_differs(&self, m: &Manifest) -> Option<String> {
+        let (stage, ckpt_dir, m) = (self.dir().to_path_buf(), self.ckpt_dir.clone(), m.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::ckpt::memory::staged_differs(&stage, &ckpt_dir, &m)
+        })
+        .await
+        .unwrap_or_else(|e| Some(format!("the check did not finish: {e}")))
     }
 }
 
