@@ -17,7 +17,7 @@ import time
 from typing import (Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapping,
                     Optional, SupportsIndex, SupportsInt, Tuple, Union)
 
-from ._agent import Client, Json, available
+from ._agent import Client, DrunError, Json, available
 from ._env import env_int
 from ._flight import FlightDump
 from ._hang import HangDump
@@ -60,6 +60,9 @@ class State:
         self.last_staged_bytes = 0
         # Whether the one "larger than this rank's share" line was printed.
         self.share_warned = False
+        # The agent's answer, since the last commit, to whether this rank's next staged save
+        # has room in its memory (None: not asked yet; :func:`_room_in_memory`).
+        self.room: Optional[bool] = None
         # The staging memory allocated and mapped ahead for this rank's next staged save.
         self.spare = Spares()
 
@@ -175,6 +178,8 @@ def save_into(step: int, write: Callable[[str], object]) -> Tuple[str, str]:
     """
     final = os.path.dirname(shard_path(step))
     staged = _staged_place(final)
+    if staged is not None and not _room_in_memory():
+        staged = None
     if staged is not None:
         try:
             os.makedirs(staged, exist_ok=True)
@@ -229,6 +234,8 @@ def atomic_save(path: PathArg, write: Callable[[BinaryIO], object]) -> Tuple[str
     path = os.path.abspath(path)
     STATE.staged.pop(path, None)
     staged = _staged_place(path)
+    if staged is not None and not _room_in_memory():
+        staged = None
     if staged is not None:
         try:
             with _no_zip_crc():
@@ -295,6 +302,29 @@ def _staged_place(path: str) -> Optional[str]:
                 % (STATE.last_staged_bytes, os.environ.get("DRUN_CKPT_STAGE_SHARE", "?")))
         return None
     return os.path.join(stage, rel)
+
+
+def _room_in_memory() -> bool:
+    """Whether this rank's staged save about to be written stays in the agent's memory: asked
+    once per checkpoint step, before its first file is written, for as much as the rank's last
+    step took (a first save asks nothing; the agent admits it once written). The agent keeps
+    its room until the step arrives; when there is none (the steps before it not on disk yet)
+    the save goes straight to ``--ckpt-dir``, and the agent said why in one line: memory never
+    holds more than ``--ckpt-memory``."""
+    if STATE.room is not None:
+        return STATE.room
+    room = True
+    if STATE.last_staged_bytes > 0:
+        try:
+            answer = STATE.client.request({
+                "op": "stage_room", "rank": env_int("RANK", 0),
+                "generation": env_int("DRUN_GENERATION", 0),
+                "bytes": STATE.last_staged_bytes}, timeout=30.0)
+            room = answer.get("stage") is not False
+        except DrunError:
+            room = True  # the commit says what is wrong
+    STATE.room = room
+    return room
 
 
 def _write_new(path: str, write: Callable[[BinaryIO], object], sync: bool,
@@ -426,16 +456,19 @@ def commit(step: Step, paths: Union[PathArg, Iterable[PathArg]] = (),
     if STATE.save_started_ms is not None:
         msg["save_started_ms"] = STATE.save_started_ms
     STATE.save_started_ms = None
+    STATE.room = None
     staged_bytes = 0
     for f in msg["files"]:
         if STATE.staged.pop(f["path"], None) is not None:
             staged_bytes += int(f["bytes"])
     if staged_bytes:
         STATE.last_staged_bytes = staged_bytes
+    answer = None
     try:
-        return STATE.client.request(msg, timeout=timeout)
+        answer = STATE.client.request(msg, timeout=timeout)
+        return answer
     finally:
-        STATE.spare.start()
+        STATE.spare.start(answer)
 
 
 def should_save(sync: bool = True) -> bool:

@@ -82,11 +82,16 @@ class Spares:
             self.pending = max(self.pending, size)
             self.retire.extend(retire)
 
-    def start(self) -> None:
-        """Starts preparing what :meth:`after_save` asked for (``drun.commit`` calls it)."""
+    def start(self, answer: Any = None) -> None:
+        """Starts preparing what :meth:`after_save` asked for (``drun.commit`` calls it with the
+        agent's ``answer``): no spare when the answer says ``"spares": false``, the agent's
+        ``--ckpt-memory`` keeping no room for one beside the checkpoints it holds (the next save
+        then allocates its memory as it writes); the last save's mappings are unmapped still."""
         with self.lock:
             size, retire = self.pending, self.retire
             self.pending, self.retire = 0, []
+        if isinstance(answer, dict) and answer.get("spares") is False:
+            size = 0
         if size or retire:
             self.prepare(size, retire)
 

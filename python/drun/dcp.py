@@ -164,16 +164,20 @@ def _commit(client: _agent.Client, step: int, written: str, final: str, rank: in
         "step": int(step),
         "files": [_ledger.file_record(p) for p in paths],
     }
-    for p in paths:
-        _ledger.STATE.staged.pop(p, None)
+    staged_bytes = sum(_ledger.STATE.staged.pop(p, 0) for p in paths)
+    if staged_bytes:
+        _ledger.STATE.last_staged_bytes = staged_bytes
+    _ledger.STATE.room = None
     if cursor is not None:
         msg["cursor"] = cursor
     if started_ms is not None:
         msg["save_started_ms"] = started_ms
+    answer = None
     try:
-        return client.request(msg, timeout=600.0)
+        answer = client.request(msg, timeout=600.0)
+        return answer
     finally:
-        _ledger.STATE.spare.start()
+        _ledger.STATE.spare.start(answer)
 
 
 def save(state_dict: _StateDict, step: int, cursor: Optional[Dict[str, Any]] = None,

@@ -167,6 +167,51 @@ class Staged(unittest.TestCase):
         had, _ = self.save(4, lambda f: f.write(b"d" * 100))
         self.assertTrue(had)
 
+    def test_no_spare_is_made_when_the_agent_keeps_no_room_for_it(self):
+        # The agent's --ckpt-memory holds no room for a spare beside its checkpoints: the
+        # commit's answer says so, and the next save writes fresh memory instead.
+        self.agent.reply = lambda r: {"ok": True, "staged": True, "sealed": False,
+                                       "spares": False}
+        self.save(1, lambda f: f.write(b"a" * (2 << 20)))
+        self.assertIsNone(_ledger.STATE.spare.thread)
+        self.assertFalse(os.path.exists(_stage.Spares.path()), "no spare file")
+        had, data = self.save(2, lambda f: f.write(b"b" * (2 << 20)))
+        self.assertFalse(had)
+        self.assertEqual(data, b"b" * (2 << 20))
+        self.agent.reply = lambda r: {"ok": True, "staged": True, "sealed": False,
+                                       "spares": True}
+        self.save(3, lambda f: f.write(b"c" * (2 << 20)))
+        had, _ = self.save(4, lambda f: f.write(b"d" * (2 << 20)))
+        self.assertTrue(had, "room again: the spare is made")
+
+    def test_a_save_the_agent_has_no_room_for_goes_straight_to_disk(self):
+        # The agent answers stage_room: room for step 2, none for step 3 (the steps before it
+        # not on disk yet), room again for step 4. A first save asks nothing.
+        rooms = {2: True, 3: False, 4: True}
+
+        def reply(r):
+            if r["op"] == "stage_room":
+                return {"ok": True, "stage": rooms[len(commits) + 1]}
+            commits.append(r)
+            return {"ok": True, "staged": all(f.get("staged") for f in r["files"]),
+                    "sealed": False}
+
+        commits = []
+        self.agent.reply = reply
+        for step in (1, 2, 3, 4):
+            path = drun.shard_path(step)
+            drun.atomic_save(path, lambda f: f.write(bytes([step]) * (1 << 20)))
+            drun.atomic_save(path + ".extra", lambda f: f.write(b"x"))
+            drun.commit(step, [path, path + ".extra"])
+        asks = [r for r in self.agent.requests if r["op"] == "stage_room"]
+        self.assertEqual([a["bytes"] for a in asks], [(1 << 20) + 1] * 3,
+                         "once a step, for as much as the last staged step")
+        staged = [all(f.get("staged") for f in c["files"]) for c in commits]
+        self.assertEqual(staged, [True, True, False, True])
+        with open(drun.shard_path(3), "rb") as f:
+            self.assertEqual(f.read(), b"\x03" * (1 << 20), "on disk, written by the rank")
+        self.assertFalse(os.path.exists(_ledger._staged_place(drun.shard_path(3))))
+
     def test_a_writer_failing_over_a_spare_leaves_no_file_and_the_next_save_works(self):
         self.save(1, lambda f: f.write(b"a" * (2 << 20)))
 

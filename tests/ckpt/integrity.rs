@@ -355,13 +355,14 @@ fn stale_agent_cannot_commit(store: Store, extra: &[&str]) {
         Duration::from_secs(30),
         || latest(&d).is_some_and(|m| m["world_size"] == 1),
     );
-    // B's worker wakes first and asks its agent, stale by now, to commit its next step.
+    // B's worker wakes first and saves its next step: it asks its agent, stale by now, for
+    // room in memory (the default) or to commit it (`--ckpt-memory off`).
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(b_worker), Signal::SIGCONT).unwrap();
     wait_for(
-        "B's worker to ask for a commit after its lease expired",
+        "B's worker to save a step after its lease expired",
         Duration::from_secs(10),
         || {
-            count(&events(&d), "committing", |e| {
+            count(&events(&d), "saving", |e| {
                 e["pid"] == b_worker && e["t"].as_f64().unwrap() > stopped_at
             }) == 1
         },

@@ -848,11 +848,12 @@ fn a_released_step_on_disk_becomes_the_ranks_next_spares_and_every_copy_stays_ex
     let stage = staging_dir(&d);
     let mut c = drun();
     // 1 MiB per rank: a step of the node is 2 MiB, and each rank's spare about 2 MiB
-    // (`_stage.py`: the size, 1/64 more and 1 MiB). 5 MiB holds two steps, and at the third
-    // save the first one (sealed, so on disk) leaves memory.
+    // (`_stage.py`: the size, 1/64 more and 1 MiB). 9 MiB holds two steps and the two spares
+    // for the next save, and at the third save the first step (sealed, so on disk) leaves
+    // memory to make room for the spares.
     c.args(["--standalone", "--rdzv-id", "ckpt-memory-recycle"])
         .nproc(2)
-        .args(["--ckpt-keep-last", "8", "--ckpt-memory", "5M", "--ckpt-dir"])
+        .args(["--ckpt-keep-last", "8", "--ckpt-memory", "9M", "--ckpt-dir"])
         .arg(&d.ckpt)
         .arg(worker("staged_recycle.py"))
         .env("CKPT_OUT", &d.out)

@@ -142,6 +142,81 @@ fn each_staged_step_reaches_the_ring_neighbour_with_identical_bytes() {
     drop(agents);
 }
 
+/// `--ckpt-memory` is a budget for all a node's staging memory holds: its own staged copies,
+/// the ranks' spares, the saves being written, and its ring predecessor's replicas. Three
+/// agents save 4 MiB a step into 24 MiB while the disk falls behind (1 MB/s): each node's
+/// staging directory never holds more than 24 MiB (it held a spare and replicas beyond it, 21 %
+/// over at 100 MiB), the saves that find no room go straight to disk, and every step seals.
+#[test]
+fn staged_copies_spares_saves_and_replicas_stay_within_the_budget() {
+    let d = dirs();
+    let r = rdzv(Store::Memory, "ckpt-budget", "3");
+    let shm = shm_dirs(&d, 3);
+    let budget: u64 = 24 << 20;
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| {
+            let mut c: Command = drun();
+            c.args(&r.args)
+                .nproc(1)
+                .node(i)
+                .args(["--ckpt-memory", "24M", "--ckpt-replicas", "1", "--ckpt-dir"])
+                .arg(&d.ckpt)
+                .arg(worker("budget_saves.py"))
+                .env("CKPT_OUT", &d.out)
+                .env("SAVE_MB", "4")
+                .env("STEPS", "10")
+                .env("DRUN_CKPT_STAGE_PARENT", &shm[i])
+                .env("DRUN_CKPT_PERSIST_RATE", "1000000");
+            Agent::start(c)
+        })
+        .collect();
+    // The bytes each node's staging directory holds, looked at every 20 ms until the agents
+    // exit: before the fix a spare or a replica stayed beyond the budget between two saves.
+    let held = |s: &Path| -> u64 {
+        files_under(s)
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum()
+    };
+    let mut most = [0u64; 3];
+    let pids: Vec<i32> = agents.iter().map(Agent::pid).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while pids.iter().any(|p| alive(*p)) && std::time::Instant::now() < deadline {
+        for (m, s) in most.iter_mut().zip(&shm) {
+            *m = (*m).max(held(s));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (i, a) in agents.into_iter().enumerate() {
+        let (code, _, err) = a.wait(Duration::from_secs(30));
+        assert_eq!(code, 0, "node {i}: {err}");
+    }
+    for (i, m) in most.iter().enumerate() {
+        assert!(
+            *m <= budget,
+            "node {i}: its staging memory held {m} bytes, more than the budget of {budget}"
+        );
+        assert!(
+            *m >= 12 << 20,
+            "node {i}: it staged several steps ({m} bytes)"
+        );
+    }
+    let mut staged = 0;
+    for rank in 0..3 {
+        let answers = read_json(&d.out.join(format!("rank{rank}.json")));
+        let answers = answers.as_array().unwrap();
+        assert_eq!(answers.len(), 10);
+        staged += answers.iter().filter(|a| a["staged"] == true).count();
+    }
+    assert!(staged >= 6, "most saves stayed in memory: {staged} of 30");
+    let sealed = files_under(&d.ckpt)
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("drun-manifest-"))
+        .count();
+    assert_eq!(sealed, 10, "every step sealed");
+}
+
 #[test]
 fn replicas_without_memory_are_a_usage_error() {
     super::memory::refused(

@@ -102,6 +102,7 @@ for step in range(start + 1, STEPS + 1):
             log("dying", step=step)
             os.kill(os.getpid(), signal.SIGKILL)
         drun.atomic_save(path, half_then_die)
+    log("saving", step=step)
     drun.atomic_save(path, lambda f: f.write(payload))
     samples = step * GB + (1 if bad_cursor == (RANK, step) else 0)
     log("committing", step=step)

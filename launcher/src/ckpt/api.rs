@@ -6,6 +6,7 @@
 //! | request | answer |
 //! |---|---|
 //! | `{"op":"commit","rank":R,"generation":G,"step":S,"files":[{"path":P,"bytes":N,"sha256":H}],"cursor":C}` (optional `"save_started_ms":T`, when the rank began saving S) | after every local rank reported step S: `{"ok":true,"sealed":B,"manifest":PATH\|null,"waiting_for":[NODE...]}` |
+//! | `{"op":"stage_room","rank":R,"generation":G,"bytes":N}` | `{"ok":true,"stage":B}`: whether the rank's next save (about N bytes, its last one's size) stays in memory, its room kept (`--ckpt-memory`); `false`: it goes straight to `P` |
 //! | `{"op":"resume"}` | `{"ok":true,"generation":G,"world_size":W,"resume":null\|{"step","generation","world_size","path","manifest","cursor"}}` |
 //! | `{"op":"progress","rank":R,"step":S}` | `{"ok":true}` (step beacon: lost work is measured from it) |
 //! | `{"op":"should_save","rank":R}` | `{"ok":true,"save":B}` (a coordinated save was requested) |
@@ -14,8 +15,9 @@
 //!
 //! A file entry may carry `"staged": true` (written under `DRUN_CKPT_STAGE_DIR`, at the same
 //! place relative to it as `P` to `--ckpt-dir`): the agent answers once every local rank
-//! reported the step, `{"ok":true,"staged":true,"sealed":false,...}`, and persists the files
-//! behind the training ([`crate::ckpt::memory`]).
+//! reported the step, `{"ok":true,"staged":true,"sealed":false,"spares":B,...}`, and persists
+//! the files behind the training ([`crate::ckpt::memory`]); `"spares": false` tells the ranks to
+//! prepare no spare staging file for their next save (no room for it in the budget).
 //!
 //! `C` is a [`drun_rendezvous::Cursor`], optional (absent or `null`: a job without a data
 //! cursor; every rank of the step then reports none); `files` may be empty (a rank that wrote
@@ -77,6 +79,17 @@ pub enum ApiRequest {
         /// start of the save cost `--ckpt-interval auto` measures (optional).
         #[serde(default)]
         save_started_ms: Option<u64>,
+    },
+    /// Room in the agent's memory for this rank's next staged save (`--ckpt-memory`), asked
+    /// before it writes: about `bytes` (its last save's size). Answered `"stage": false` when
+    /// the save goes straight to `--ckpt-dir` instead.
+    StageRoom {
+        /// Global rank.
+        rank: u32,
+        /// `DRUN_GENERATION` of the worker.
+        generation: u64,
+        /// Bytes the save is expected to take.
+        bytes: u64,
     },
     /// What to resume from.
     Resume,

@@ -48,6 +48,8 @@ pub struct NodeLedger {
     answered_staged: BTreeSet<u64>,
     /// A staged step the ledger refused after its ranks went on ([`Self::on_committed`]).
     refused_behind: Option<RefusedBehind>,
+    /// Staged steps that did not fit the budget: their answers say `"spares": false`.
+    no_spares: BTreeSet<u64>,
 }
 
 /// A refusal of a step its ranks were answered `staged` for (`--ckpt-memory`): they cannot hear
@@ -89,6 +91,7 @@ impl NodeLedger {
             staged: BTreeMap::new(),
             answered_staged: BTreeSet::new(),
             refused_behind: None,
+            no_spares: BTreeSet::new(),
         }
     }
 
@@ -104,15 +107,22 @@ impl NodeLedger {
     }
 
     /// Answers the ranks waiting on `step` at once: its files are staged in memory and will be
-    /// persisted behind the training (`--ckpt-memory`).
-    pub fn answer_staged(&mut self, step: u64) {
+    /// persisted behind the training (`--ckpt-memory`). `spares`: whether the ranks may
+    /// prepare the spare staging files of their next save (the budget keeps room for them).
+    pub fn answer_staged(&mut self, step: u64, spares: bool) {
         self.answered_staged.insert(step);
         for r in self.inflight.remove(&step).unwrap_or_default() {
             let _ = r.send(json!({
                 "ok": true, "step": step, "sealed": false, "staged": true,
-                "manifest": null, "waiting_for": [],
+                "manifest": null, "waiting_for": [], "spares": spares,
             }));
         }
+    }
+
+    /// The ranks' staged save of `step` did not fit the budget and goes to disk before they
+    /// are answered: the answer tells them to prepare no spare for their next save.
+    pub fn no_spares(&mut self, step: u64) {
+        self.no_spares.insert(step);
     }
 
     /// Generation this state belongs to.
@@ -358,6 +368,10 @@ impl NodeLedger {
             }),
             Err(e) => refused(e),
         };
+        let mut answer = answer;
+        if self.no_spares.remove(&step) {
+            answer["spares"] = json!(false);
+        }
         for r in replies {
             let _ = r.send(answer.clone());
         }

@@ -175,6 +175,29 @@ impl Agent {
                 // The machine judges it: hangs and stragglers.
                 return accepted.then_some(Input::Beacon { rank, step });
             }
+            ApiRequest::StageRoom {
+                rank,
+                generation,
+                bytes,
+            } => {
+                let stage = w
+                    .stage
+                    .as_mut()
+                    .filter(|_| generation == ledger.generation());
+                let room = stage.is_none_or(|s| s.room(rank, bytes));
+                let answer = serde_json::json!({"ok": true, "stage": room});
+                match w.stage.as_ref().and_then(|s| s.room_made()) {
+                    Some(made) => {
+                        tokio::spawn(async move {
+                            made.await;
+                            let _ = reply.send(answer);
+                        });
+                    }
+                    None => {
+                        let _ = reply.send(answer);
+                    }
+                }
+            }
             ApiRequest::Preflight(outcome) => {
                 let report = preflight::reported(
                     &outcome,

@@ -31,6 +31,9 @@ use send::{offer_to, Target};
 pub(super) use shelf::Note;
 use shelf::{replica_rate, transfer_limit, Ctx, Shelf};
 
+/// How long a rank's save waits for the replicas released for its room to end arriving.
+const ENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Binds a UDP socket (the peer probes) and a TCP listener (replicas) on one port number of
 /// `ip`, trying kernel-chosen ports until one is free for both.
 ///
@@ -138,26 +141,45 @@ impl Replicas {
         self.shelf.lock().generation = Some((plan.generation, nodes));
     }
 
-    /// The staging table's own copies now (for the receiver's budget).
-    pub(super) fn own(&self, own: Vec<Held>) {
-        self.shelf.lock().own = own;
+    /// The staging table's own copies now, and the bytes it holds besides (the ranks' spares or
+    /// the room kept for them, fetched files): the receiver's budget counts them.
+    pub(super) fn own(&self, own: Vec<Held>, outside: u64) {
+        let mut s = self.shelf.lock();
+        s.own = own;
+        s.outside = outside;
     }
 
-    /// Makes room for this node's own save of `incoming` bytes beside `own_held`: drops
-    /// replicas, oldest first, as [`replica::make_room_for_own`] says.
-    pub(super) fn make_room(&self, own_held: u64, incoming: u64) {
+    /// Frees at least `bytes` for this node's own save: drops replicas, oldest first, as
+    /// [`replica::oldest_for`] says (one arriving is refused as its last bytes land).
+    pub(super) fn free(&self, bytes: u64) {
         let mut s = self.shelf.lock();
         let held: Vec<(Key, u64)> = s.copies.iter().map(|(k, c)| (*k, c.bytes)).collect();
-        for k in replica::make_room_for_own(&held, s.budget, own_held, incoming) {
+        for k in replica::oldest_for(&held, bytes) {
             if let Some(c) = s.copies.remove(&k) {
                 tracing::info!(
                     step = k.0,
                     from = %c.from,
                     "replica released for this node's own checkpoint"
                 );
+                if !c.complete {
+                    s.ending.insert(k);
+                }
                 remove_under(&c.files, &self.ctx.root);
             }
         }
+    }
+
+    /// Once no replica released as it arrived still holds bytes (its receipt ended at its
+    /// next bytes and removed them; at most [`ENDING_WAIT`]); `None` when none does.
+    pub(super) fn until_settled(&self) -> Option<impl std::future::Future<Output = ()>> {
+        let shelf = self.shelf.clone();
+        let ended = move || shelf.lock().ending.is_empty();
+        (!ended()).then_some(async move {
+            let until = tokio::time::Instant::now() + ENDING_WAIT;
+            while !ended() && tokio::time::Instant::now() < until {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
     }
 
     /// Sends this node's staged `files` (final path, staged copy, bytes, rank's digest, rank)

@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use crate::agent::Agent;
 use crate::ckpt::memory::decide::{Admit, Key, Table};
 use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile, Throttle};
+use crate::ckpt::memory::spare::spare_room;
 use crate::ckpt::memory::{human_bytes, remove_under, staged_path, TmpfsFit};
 use crate::ckpt::node::NodeLedger;
 use crate::rdzv::Link;
@@ -26,6 +27,7 @@ mod generation;
 mod recycled;
 mod replicated;
 mod resumed;
+mod room;
 mod settings;
 mod speed;
 
@@ -87,6 +89,12 @@ pub(super) struct Stage {
     /// resume_memory`; its files gathered in the staging directory): reported in its joins
     /// until this node's part of a newer step is on disk, then removed.
     resumed: Option<Manifest>,
+    /// Per rank, the room kept for the spare it prepares after the last admitted save (its
+    /// next save writes over it: that much of the save has its room already).
+    granted: BTreeMap<u32, u64>,
+    /// A rank's save was sent straight to disk for want of room ([`Stage::room`]), and said:
+    /// not said again until a save finds room.
+    room_said: bool,
 }
 
 impl Stage {
@@ -187,6 +195,8 @@ impl Stage {
                 followed_world: 0,
                 own_held: BTreeMap::new(),
                 resumed: None,
+                granted: BTreeMap::new(),
+                room_said: false,
             },
             done,
         ))
@@ -248,29 +258,6 @@ impl Stage {
             })
             .collect();
         let bytes = files.iter().map(|f| f.bytes).sum();
-        if let Some(r) = &self.replicas {
-            r.make_room(self.table.held(), bytes);
-        }
-        self.table.set_outside(self.outside_bytes());
-        let direct = match self.table.admit(key, bytes) {
-            Admit::Stage { release } => {
-                for k in release {
-                    self.release(k);
-                }
-                ledger.answer_staged(batch.step);
-                // The training goes on from now: the seal measures its stall up to here.
-                batch.staged_ms = Some(drun_rendezvous::clock::now_ms());
-                false
-            }
-            Admit::Direct { reason } => {
-                crate::say!("drun: warning: {reason}");
-                true
-            }
-        };
-        self.table
-            .add(key, bytes, direct, std::time::Instant::now());
-        self.files
-            .insert(key, files.iter().map(|f| f.staged.clone()).collect());
         let rank_of = |target: &Path| {
             let t = target.display().to_string();
             batch
@@ -279,6 +266,50 @@ impl Stage {
                 .find(|s| s.path == t)
                 .map_or(0, |s| s.rank)
         };
+        let spares = self.spares();
+        self.table
+            .set_outside(spares.values().sum::<u64>() + self.fetched_bytes());
+        self.table.set_replicas(self.replica_bytes());
+        let by_rank: Vec<(u32, u64)> = files
+            .iter()
+            .map(|f| (rank_of(&f.target), f.bytes))
+            .collect();
+        let rooms = spare_room(&by_rank, &spares);
+        let room = rooms.values().sum();
+        let direct = match self.table.admit(key, bytes, room) {
+            Admit::Stage {
+                release,
+                replicas,
+                spares: fits,
+            } => {
+                if let (Some(r), true) = (&self.replicas, replicas > 0) {
+                    r.free(replicas);
+                }
+                for k in release {
+                    if fits {
+                        self.release(k);
+                    } else {
+                        self.release_as(k, Err("no room for the ranks' spares"));
+                    }
+                }
+                self.table.keep_for_spares(if fits { room } else { 0 });
+                self.granted = if fits { rooms } else { BTreeMap::new() };
+                ledger.answer_staged(batch.step, fits);
+                // The training goes on from now: the seal measures its stall up to here.
+                batch.staged_ms = Some(drun_rendezvous::clock::now_ms());
+                false
+            }
+            Admit::Direct { reason } => {
+                crate::say!("drun: warning: {reason}");
+                ledger.no_spares(batch.step);
+                self.granted.clear();
+                true
+            }
+        };
+        self.table
+            .add(key, bytes, direct, std::time::Instant::now());
+        self.files
+            .insert(key, files.iter().map(|f| f.staged.clone()).collect());
         if !direct {
             self.own_held.insert(
                 key,
@@ -322,24 +353,6 @@ impl Stage {
         self.pump();
         self.sync_own();
         None
-    }
-
-    /// Bytes the staging directory holds besides the staged copies: the ranks' spare files
-    /// (`.spare-rank<R>`, allocated ahead by each rank for its next save; as much as the kernel
-    /// allocated so far), and the files of a step resumed from the survivors' copies that were
-    /// fetched from another node ([`Stage::fetched_bytes`]).
-    fn outside_bytes(&self) -> u64 {
-        use std::os::unix::fs::MetadataExt;
-        let spares: u64 = std::fs::read_dir(self.dir())
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter(|e| e.file_name().to_string_lossy().starts_with(".spare-"))
-                    .filter_map(|e| e.metadata().ok())
-                    .map(|m| m.len().max(m.blocks() * 512))
-                    .sum()
-            })
-            .unwrap_or(0);
-        spares + self.fetched_bytes()
     }
 
     /// Hands the next copy to the persister, if the table says so.
@@ -447,6 +460,16 @@ impl Stage {
             r.forget(key);
         }
         self.sync_own();
+    }
+
+    /// [`Stage::release_as`] with its files removed before it returns (their pages are not
+    /// made spares): the room is wanted at once, by a save about to be written or a replica
+    /// about to arrive, not once a thread got to it.
+    fn free_now(&mut self, key: Key, why: &'static str) {
+        if let Some(files) = self.files.remove(&key) {
+            remove_under(&files, self.dir.path());
+        }
+        self.release_as(key, Err(why));
     }
 
     /// Removes `key`'s staged files (and the directories they leave empty) on a thread of its

@@ -6,7 +6,7 @@
 //! Wired: the flag (`--ckpt-replicas`), the transport between agents ([`super::wire`],
 //! `agent/driver/replicas.rs`: each staged step goes to [`neighbour`], is verified by digest
 //! on receipt and held within the receiver's budget by [`release`] and
-//! [`make_room_for_own`]), `status`'s `replicated`, and the resume after a node loss: every
+//! [`oldest_for`]), `status`'s `replicated`, and the resume after a node loss: every
 //! agent reports what it holds in its join, the formation decides
 //! (`drun_rendezvous::ledger::memory`, where the rule of which step and which source lives),
 //! and each agent fetches what [`to_fetch`] names before its workers start.
@@ -42,25 +42,20 @@ pub fn predecessor<'a>(nodes: &'a [String], me: &str) -> Option<&'a str> {
     (prev != me).then_some(prev.as_str())
 }
 
-/// The replicas (oldest first) this node drops so that its own save of `incoming` bytes fits
-/// the `budget` beside `own_held` bytes of its own copies: a node's own copy always wins over
-/// a replica (the replica's sender still holds its own). Empty when it fits as is; every
-/// replica when even that is not enough (the own save then goes its usual way, to disk).
-pub fn make_room_for_own(
-    replicas: &[(Key, u64)],
-    budget: u64,
-    own_held: u64,
-    incoming: u64,
-) -> Vec<Key> {
-    let mut used = own_held + replicas.iter().map(|(_, b)| b).sum::<u64>();
+/// The replicas (oldest first) this node drops to free at least `bytes` for its own save, as
+/// the staging table's admission asked ([`super::decide::Admit::Stage`]): a node's own copy
+/// always wins over a replica (the replica's sender still holds its own). Every replica when
+/// they hold less.
+pub fn oldest_for(replicas: &[(Key, u64)], bytes: u64) -> Vec<Key> {
     let mut order: Vec<&(Key, u64)> = replicas.iter().collect();
     order.sort_by_key(|(k, _)| *k);
+    let mut freed = 0;
     let mut out = Vec::new();
     for (k, b) in order {
-        if used + incoming <= budget {
+        if freed >= bytes {
             break;
         }
-        used -= b;
+        freed += b;
         out.push(*k);
     }
     out
@@ -108,11 +103,12 @@ pub enum Fit {
     },
 }
 
-/// Whether a replica of `incoming` bytes fits a receiver's `budget` holding `held`: replicas
-/// and persisted own copies of steps older than `key` are released oldest first until it
-/// fits; own copies not yet persisted never are.
-pub fn release(held: &[Held], budget: u64, key: Key, incoming: u64) -> Fit {
-    let used: u64 = held.iter().map(|h| h.bytes).sum();
+/// Whether a replica of `incoming` bytes fits a receiver's `budget` holding `held` and
+/// `outside` bytes besides (the ranks' spares, or the room kept for them, and fetched files):
+/// replicas and persisted own copies of steps older than `key` are released oldest first until
+/// it fits; own copies not yet persisted never are.
+pub fn release(held: &[Held], outside: u64, budget: u64, key: Key, incoming: u64) -> Fit {
+    let used: u64 = outside + held.iter().map(|h| h.bytes).sum::<u64>();
     let mut free = budget.saturating_sub(used);
     let mut order: Vec<&Held> = held
         .iter()
@@ -191,23 +187,20 @@ mod tests {
     #[test]
     fn an_own_save_drops_replicas_oldest_first_and_only_as_many_as_needed() {
         let replicas = [((4, 1), 30), ((2, 1), 30), ((6, 1), 30)];
+        assert_eq!(oldest_for(&replicas, 0), Vec::<Key>::new(), "fits");
+        assert_eq!(oldest_for(&replicas, 1), vec![(2, 1)]);
+        assert_eq!(oldest_for(&replicas, 30), vec![(2, 1)]);
         assert_eq!(
-            make_room_for_own(&replicas, 200, 40, 30),
-            Vec::<Key>::new(),
-            "fits"
-        );
-        assert_eq!(make_room_for_own(&replicas, 150, 40, 30), vec![(2, 1)]);
-        assert_eq!(
-            make_room_for_own(&replicas, 150, 40, 61),
+            oldest_for(&replicas, 31),
             vec![(2, 1), (4, 1)],
             "the oldest step first"
         );
         assert_eq!(
-            make_room_for_own(&replicas, 50, 40, 30),
+            oldest_for(&replicas, 100),
             vec![(2, 1), (4, 1), (6, 1)],
-            "every replica, and still not enough: the own save goes its usual way"
+            "every replica"
         );
-        assert!(make_room_for_own(&[], 10, 40, 30).is_empty());
+        assert!(oldest_for(&[], 10).is_empty());
     }
 
     #[test]
@@ -225,25 +218,25 @@ mod tests {
             h(4, 30, true, false),
         ];
         assert_eq!(
-            release(&held, 200, (6, 1), 30),
+            release(&held, 0, 200, (6, 1), 30),
             Fit::Take { release: vec![] },
             "it fits as is"
         );
         assert_eq!(
-            release(&held, 120, (6, 1), 30),
+            release(&held, 0, 120, (6, 1), 30),
             Fit::Take {
                 release: vec![(2, 1)]
             },
             "the oldest replica first"
         );
         assert_eq!(
-            release(&held, 120, (6, 1), 90),
+            release(&held, 0, 120, (6, 1), 90),
             Fit::Take {
                 release: vec![(2, 1), (2, 1), (4, 1)]
             },
             "then the persisted own copy, then the next replica"
         );
-        let Fit::Refuse { reason } = release(&held, 120, (6, 1), 121) else {
+        let Fit::Refuse { reason } = release(&held, 0, 120, (6, 1), 121) else {
             panic!()
         };
         assert!(
@@ -251,8 +244,27 @@ mod tests {
             "{reason}"
         );
         assert!(
-            matches!(release(&held, 120, (3, 1), 61), Fit::Refuse { .. }),
+            matches!(release(&held, 0, 120, (3, 1), 61), Fit::Refuse { .. }),
             "only older steps make room"
         );
+        // The ranks' spares (and the room kept for them) count too.
+        assert_eq!(
+            release(&held, 50, 200, (6, 1), 30),
+            Fit::Take { release: vec![] }
+        );
+        assert_eq!(
+            release(&held, 51, 200, (6, 1), 30),
+            Fit::Take {
+                release: vec![(2, 1)]
+            }
+        );
+        assert!(matches!(
+            release(&held, 0, 200, (6, 1), 100),
+            Fit::Take { .. }
+        ));
+        assert!(matches!(
+            release(&held, 111, 200, (6, 1), 100),
+            Fit::Refuse { .. }
+        ));
     }
 }

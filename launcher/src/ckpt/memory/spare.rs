@@ -15,7 +15,7 @@
 //! done with it), no replica of it is on its way, and it is of the generation the node runs
 //! (the rank that wrote it is still this node's). A rank that already has a spare keeps it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 /// The name of rank `rank`'s spare in the staging directory (`python/drun/_stage.py`'s
@@ -31,7 +31,31 @@ pub const SPARE_PREFIX: &str = ".spare-rank";
 /// `leaves_room` for the size it asks, `bytes + bytes/64 + 1 MiB`): room for as much again, so
 /// that a spare never takes the room the next save needs.
 pub fn room_for(bytes: u64) -> u64 {
-    2 * (bytes + bytes / 64 + (1 << 20))
+    2 * spare_size(bytes)
+}
+
+/// The size of the spare a rank prepares after a staged save whose largest file was `bytes`
+/// (`_stage.py`'s `want`: a state that grows a little still fits).
+pub fn spare_size(bytes: u64) -> u64 {
+    bytes + bytes / 64 + (1 << 20)
+}
+
+/// The room, bytes, each rank's spare takes once the ranks prepare them after a staged save,
+/// beyond what it holds already: per rank of `files` (rank, bytes of each staged file of the
+/// save), the [`spare_size`] of its largest file less the spare it has (`held`, rank → bytes).
+pub fn spare_room(files: &[(u32, u64)], held: &BTreeMap<u32, u64>) -> BTreeMap<u32, u64> {
+    let mut largest: BTreeMap<u32, u64> = BTreeMap::new();
+    for (rank, bytes) in files {
+        let l = largest.entry(*rank).or_default();
+        *l = (*l).max(*bytes);
+    }
+    largest
+        .into_iter()
+        .map(|(rank, bytes)| {
+            let have = held.get(&rank).copied().unwrap_or(0);
+            (rank, spare_size(bytes).saturating_sub(have))
+        })
+        .collect()
 }
 
 /// One file of a released copy.
@@ -176,5 +200,27 @@ mod tests {
         // _stage.py: want = size + size // 64 + 1 MiB; leaves_room: free >= 2 * want.
         assert_eq!(room_for(64 * MIB), 2 * (64 * MIB + MIB + MIB));
         assert_eq!(spare_name(3), ".spare-rank3");
+    }
+
+    #[test]
+    fn the_spares_room_is_each_ranks_largest_file_less_the_spare_it_has() {
+        let files = [(0, 64 * MIB), (0, 2 * MIB), (1, 64 * MIB)];
+        let one = 66 * MIB;
+        assert_eq!(
+            spare_room(&files, &BTreeMap::new()),
+            BTreeMap::from([(0, one), (1, one)])
+        );
+        let held = BTreeMap::from([(1, 60 * MIB), (5, 100 * MIB)]);
+        assert_eq!(
+            spare_room(&files, &held),
+            BTreeMap::from([(0, one), (1, 6 * MIB)]),
+            "rank 1 grows its spare; rank 5 saved nothing"
+        );
+        let held = BTreeMap::from([(0, 80 * MIB), (1, 80 * MIB)]);
+        assert_eq!(
+            spare_room(&files, &held),
+            BTreeMap::from([(0, 0), (1, 0)]),
+            "each has one large enough"
+        );
     }
 }

@@ -205,9 +205,10 @@ fn a_refusal_after_a_staged_answer_reaches_every_local_rank_on_its_next_commit()
     let (batch, mut r1) = commit(&mut l, 1, 4);
     assert!(batch.is_some());
     assert_eq!(l.take_staged(4).len(), 2);
-    l.answer_staged(4);
+    l.answer_staged(4, true);
     for r in [&mut r0, &mut r1] {
-        assert_eq!(r.try_recv().unwrap()["staged"], true);
+        let a = r.try_recv().unwrap();
+        assert_eq!((&a["staged"], &a["spares"]), (&json!(true), &json!(true)));
     }
     // Rank 0 already waits on step 6 when the refusal of step 4 arrives: it hears it now.
     let (none, mut w0) = commit(&mut l, 0, 6);
@@ -237,7 +238,7 @@ fn a_refusal_after_a_staged_answer_reaches_every_local_rank_on_its_next_commit()
         "rank 0 waits for the answer to step 8"
     );
     // An answer to a staged step that is not a refusal changes nothing for the ranks.
-    l.answer_staged(8);
+    l.answer_staged(8, true);
     l.on_committed(
         3,
         8,
@@ -269,6 +270,30 @@ fn a_refusal_of_a_commit_waiting_for_its_answer_is_not_told_again() {
     assert!(r.try_recv().is_err(), "step 6 waits for its own answer");
 }
 
+/// `--ckpt-memory`: a staged save that did not fit the budget is answered once on disk, and
+/// that answer tells the ranks to prepare no spare for their next save; the next step's does not.
+#[test]
+fn a_save_that_did_not_fit_the_budget_is_answered_without_spares() {
+    let d = tempfile::tempdir().unwrap();
+    let mut l = NodeLedger::new(&plan(1), "a", Some(d.path())).with_stage(Some(d.path()));
+    let recorded = Ok(CommitOutcome::Recorded {
+        waiting_for: vec![],
+    });
+    let (batch, mut r) = staged_commit(&mut l, d.path(), 0, 4);
+    assert!(batch.is_some());
+    l.no_spares(4);
+    l.on_committed(3, 4, &recorded, None);
+    assert_eq!(r.try_recv().unwrap()["spares"], false);
+    let (batch, mut r) = staged_commit(&mut l, d.path(), 0, 6);
+    assert!(batch.is_some());
+    l.on_committed(3, 6, &recorded, None);
+    let a = r.try_recv().unwrap();
+    assert_eq!(
+        (&a["ok"], &a["spares"]),
+        (&json!(true), &serde_json::Value::Null)
+    );
+}
+
 /// `--ckpt-memory`: a staged step the agent could not write to `--ckpt-dir` (a full disk) is
 /// told to the training like a refusal by the ledger: on the ranks' commits of the next step.
 #[test]
@@ -279,9 +304,14 @@ fn a_staged_step_that_could_not_be_persisted_refuses_the_next_commit() {
     let (_, mut r0) = commit(&mut l, 0, 4);
     let (_, mut r1) = commit(&mut l, 1, 4);
     assert_eq!(l.take_staged(4).len(), 2);
-    l.answer_staged(4);
+    l.answer_staged(4, false);
     for r in [&mut r0, &mut r1] {
-        assert_eq!(r.try_recv().unwrap()["staged"], true);
+        let a = r.try_recv().unwrap();
+        assert_eq!(
+            (&a["staged"], &a["spares"]),
+            (&json!(true), &json!(false)),
+            "no room for the next save's spares"
+        );
     }
     l.not_persisted(4, "rank0.pt: No space left on device (os error 28)");
     for rank in [0, 1] {

@@ -347,9 +347,9 @@ async fn fetch_once(
         limit,
         &mut conn,
         &req.files,
-        &local.stage,
-        &local.ckpt_dir,
+        (&local.stage, &local.ckpt_dir),
         &mut files,
+        &|| Ok(()),
     )
     .await;
     match got {

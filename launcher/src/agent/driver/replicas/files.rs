@@ -24,18 +24,23 @@ pub(super) async fn tell(conn: &mut BufReader<TcpStream>, kind: &str, why: &Repl
 }
 
 /// [`read_each`] within `limit`: a sender that stalls does not hold the connection (and the
-/// memory its transfer reserved) longer.
+/// memory its transfer reserved) longer. `wanted_still` is asked before each chunk: `Err(why)`
+/// ends the transfer there (a replica released for this node's own save as it arrives).
 pub(super) async fn read_files(
     limit: Duration,
     conn: &mut BufReader<TcpStream>,
     wanted: &[OfferFile],
-    root: &Path,
-    ckpt_dir: &Path,
+    to: (&Path, &Path),
     files: &mut Vec<PathBuf>,
+    wanted_still: &(dyn Fn() -> Result<(), ReplicaError> + Sync),
 ) -> Result<Vec<String>, ReplicaError> {
-    tokio::time::timeout(limit, read_each(conn, wanted, root, ckpt_dir, files))
-        .await
-        .unwrap_or(Err(ReplicaError::NotArrived { limit }))
+    let (root, ckpt_dir) = to;
+    tokio::time::timeout(
+        limit,
+        read_each(conn, wanted, root, ckpt_dir, files, wanted_still),
+    )
+    .await
+    .unwrap_or(Err(ReplicaError::NotArrived { limit }))
 }
 
 /// Reads each of `wanted` and its digest, writing it at its staged path under `root` (each
@@ -47,6 +52,7 @@ async fn read_each(
     root: &Path,
     ckpt_dir: &Path,
     files: &mut Vec<PathBuf>,
+    wanted_still: &(dyn Fn() -> Result<(), ReplicaError> + Sync),
 ) -> Result<Vec<String>, ReplicaError> {
     let mut buf = vec![0u8; CHUNK];
     let mut digests = Vec::new();
@@ -75,6 +81,7 @@ async fn read_each(
         let mut hash = Sha256::new();
         let mut left = f.bytes;
         while left > 0 {
+            wanted_still()?;
             let n = conn
                 .read(&mut buf[..CHUNK.min(left as usize)])
                 .await

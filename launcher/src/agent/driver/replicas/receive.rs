@@ -15,12 +15,17 @@ use super::files::{read_files, tell};
 use super::shelf::{transfer_limit, Copy, Ctx, Note, Shelf};
 use crate::ckpt::memory::remove_under;
 
-/// How long a connection may take to send its offer.
-pub(super) const OFFER_WAIT: Duration = Duration::from_secs(10);
 use crate::ckpt::memory::decide::Key;
 use crate::ckpt::memory::replica::{self, Fit, Held};
 use crate::ckpt::memory::wire::judge::{judge, Receiver};
 use crate::ckpt::memory::wire::{decode, Header, Offer, MAX_OFFER, NONCE_BYTES};
+
+/// How long a connection may take to send its offer.
+pub(super) const OFFER_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a taken replica waits for this node's copies released to make its room (the
+/// agent's loop frees them) before its bytes are asked for.
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// Accepts the predecessor's offers, one task per connection.
 pub(super) async fn serve(
@@ -93,7 +98,17 @@ async fn receive(
         }
     };
     if !release_own.is_empty() {
-        let _ = notes.send(Note::ReleaseOwn(release_own));
+        // The replica's bytes come once this node's copies made room for it: the budget is
+        // never passed while both are in memory.
+        let _ = notes.send(Note::ReleaseOwn(release_own.clone()));
+        let released = || {
+            let s = shelf.lock();
+            !s.own.iter().any(|h| release_own.contains(&h.key))
+        };
+        let until = tokio::time::Instant::now() + RELEASE_WAIT;
+        while !released() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
     let mut files = Vec::new();
     // The room reserved for it goes again unless every byte arrives, in time, verified.
@@ -101,38 +116,56 @@ async fn receive(
     let got = match conn.get_mut().write_all(b"take\n").await {
         Err(e) => Err(io(e)),
         Ok(()) => {
+            // Released for this node's own save as it arrives: it ends there.
+            let wanted_still = || match shelf.lock().copies.contains_key(&key) {
+                true => Ok(()),
+                false => Err(released(key)),
+            };
             read_files(
                 limit,
                 &mut conn,
                 &offer.files,
-                &ctx.root,
-                &ctx.ckpt_dir,
+                (&ctx.root, &ctx.ckpt_dir),
                 &mut files,
+                &wanted_still,
             )
             .await
         }
     };
     match got {
         Ok(digests) => {
-            if let Some(c) = shelf.lock().copies.get_mut(&key) {
-                c.files = files;
-                c.complete = true;
-                // What a resume after a node loss may ask of this copy: each file with its rank
-                // and the digest verified on receipt (a file without a rank: none of it).
-                c.held = offer
-                    .files
-                    .iter()
-                    .zip(digests)
-                    .map(|(f, sha256)| {
-                        f.rank.map(|rank| drun_rendezvous::ShardFile {
-                            rank,
-                            path: f.path.clone(),
-                            bytes: f.bytes,
-                            sha256,
-                        })
+            // What a resume after a node loss may ask of this copy: each file with its rank
+            // and the digest verified on receipt (a file without a rank: none of it).
+            let held = offer
+                .files
+                .iter()
+                .zip(digests)
+                .map(|(f, sha256)| {
+                    f.rank.map(|rank| drun_rendezvous::ShardFile {
+                        rank,
+                        path: f.path.clone(),
+                        bytes: f.bytes,
+                        sha256,
                     })
-                    .collect::<Option<Vec<_>>>()
-                    .unwrap_or_default();
+                })
+                .collect::<Option<Vec<_>>>()
+                .unwrap_or_default();
+            let kept = match shelf.lock().copies.get_mut(&key) {
+                Some(c) => {
+                    c.files = std::mem::take(&mut files);
+                    c.complete = true;
+                    c.held = held;
+                    true
+                }
+                None => false,
+            };
+            if !kept {
+                // Released as its last bytes arrived: nothing of it stays.
+                remove_under(&files, &ctx.root);
+                shelf.lock().ending.remove(&key);
+                let why = released(key);
+                tell(&mut conn, "refused", &why).await;
+                return Err(why);
             }
             conn.get_mut().write_all(b"ok\n").await.map_err(io)?;
             let _ = notes.send(Note::Received {
@@ -144,9 +177,24 @@ async fn receive(
         Err(why) => {
             shelf.lock().copies.remove(&key);
             remove_under(&files, &ctx.root);
-            tell(&mut conn, "bad", &why).await;
+            shelf.lock().ending.remove(&key);
+            let kind = match why {
+                ReplicaError::NoRoom { .. } => "refused",
+                _ => "bad",
+            };
+            tell(&mut conn, kind, &why).await;
             Err(why)
         }
+    }
+}
+
+/// Why a replica taken was not kept: this node's own save took its room as it arrived.
+fn released(key: Key) -> ReplicaError {
+    ReplicaError::NoRoom {
+        reason: format!(
+            "the replica of step {} was released as it arrived: this node's own checkpoint took its room",
+            key.0
+        ),
     }
 }
 
@@ -184,7 +232,7 @@ fn take(
         replica: true,
         persisted: false,
     }));
-    let release = match replica::release(&held, s.budget, key, offer.bytes()) {
+    let release = match replica::release(&held, s.outside, s.budget, key, offer.bytes()) {
         Fit::Take { release } => release,
         Fit::Refuse { reason } => return Err(ReplicaError::NoRoom { reason }),
     };

@@ -94,7 +94,13 @@ pub(super) struct ShelfState {
     pub(super) budget: u64,
     /// This node's own copies, as the staging table last said.
     pub(super) own: Vec<Held>,
+    /// Bytes the staging table holds besides its copies and the replicas (the ranks' spares,
+    /// or the room kept for them, and fetched files), as it last said.
+    pub(super) outside: u64,
     pub(super) copies: BTreeMap<Key, Copy>,
+    /// Replicas released while they arrived whose receipt has not ended yet (their bytes so
+    /// far still in memory): the receiving task removes them and the key.
+    pub(super) ending: std::collections::BTreeSet<Key>,
 }
 
 /// The replicas this node holds, shared by its listener and its staging driver.

@@ -131,7 +131,7 @@ async fn a_staged_step_reaches_the_ring_neighbour_verified() {
         }
     }
     // An own save that needs the room releases the replica.
-    b.r.make_room(0, (8 << 20) - 10);
+    b.r.free(1);
     assert_eq!(b.r.held().1, 0);
     assert!(!held.exists(), "its file is gone");
 }
@@ -214,6 +214,75 @@ async fn offers_from_outside_the_ring_corrupted_unsigned_or_too_big_are_refused(
     assert_eq!(a, ["take", "ok"]);
     assert!(matches!(note(&mut b.rx).await, Note::Received { .. }));
     assert_eq!(b.r.held().1, 3);
+}
+
+/// The receiver's budget counts the staging table's spares (or the room kept for them), and a
+/// replica released for this node's own save while its bytes arrive is refused as they land,
+/// leaving no file behind.
+#[tokio::test]
+async fn a_replica_fits_beside_the_spares_and_one_released_as_it_arrives_leaves_nothing() {
+    let ckpt = tempfile::tempdir().unwrap();
+    let (tb, pb) = listener();
+    let p = plan([1, pb, 2]);
+    let mut b = node("b", tb, ckpt.path(), 100, Some("tok"));
+    b.r.follow(&p);
+    let offer = |step: u64| {
+        let mut o = Offer {
+            run_id: "run".into(),
+            generation: p.generation,
+            step,
+            from: "a".into(),
+            files: vec![OfferFile {
+                path: ckpt
+                    .path()
+                    .join(format!("run/step-{step}/rank0.pt"))
+                    .display()
+                    .to_string(),
+                bytes: 3,
+                sha256: String::new(),
+                rank: Some(0),
+            }],
+            mac: String::new(),
+        };
+        o.mac.clear();
+        o
+    };
+    let good: [u8; 32] = Sha256::digest(b"abc").into();
+    b.r.own(Vec::new(), 98);
+    let a = offer_by_hand(pb, offer(4), Some("tok"), b"abc", good).await;
+    assert!(
+        a[0].starts_with("refused: a replica of step 4 (3 B) does not fit the budget of 100 B"),
+        "98 B of spares: {a:?}"
+    );
+    b.r.own(Vec::new(), 97);
+    // Taken; this node's own save releases it before its bytes are sent.
+    let conn = TcpStream::connect(("127.0.0.1", pb)).await.unwrap();
+    let mut conn = BufReader::new(conn);
+    let mut nonce = [0u8; NONCE_BYTES];
+    conn.read_exact(&mut nonce).await.unwrap();
+    let mut o = offer(6);
+    o.sign(Some("tok"), &nonce);
+    conn.get_mut().write_all(&o.encode()).await.unwrap();
+    assert_eq!(line(&mut conn).await.unwrap(), "take");
+    assert_eq!(b.r.held().1, 3, "its room is reserved");
+    b.r.free(1);
+    assert_eq!(b.r.held().1, 0);
+    conn.get_mut().write_all(b"abc").await.unwrap();
+    conn.get_mut().write_all(&good).await.unwrap();
+    let answer = line(&mut conn).await.unwrap();
+    assert!(
+        answer.starts_with("refused: the replica of step 6 was released as it arrived"),
+        "{answer}"
+    );
+    assert_eq!(b.r.held().1, 0, "nothing of it is held");
+    assert!(
+        !b.stage
+            .path()
+            .join(".replicas/run/step-6/rank0.pt")
+            .exists(),
+        "its file is gone"
+    );
+    assert!(b.rx.try_recv().is_err(), "no note of a replica received");
 }
 
 /// A resume from memory over loopback: c holds nothing and fetches each rank from the node

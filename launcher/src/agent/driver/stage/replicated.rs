@@ -97,8 +97,9 @@ impl Stage {
                         .copies()
                         .any(|(c, copy)| *c == k && copy.state.is_persisted());
                     if persisted {
-                        // Its pages are freed for the replica, not kept as a spare.
-                        self.release_as(k, Err("its room is wanted for a replica"));
+                        // Its pages are freed for the replica (which waits for it), not kept
+                        // as a spare.
+                        self.free_now(k, "its room is wanted for a replica");
                     }
                 }
             }
@@ -124,6 +125,7 @@ impl Stage {
                         persisted: c.state.is_persisted(),
                     })
                     .collect(),
+                self.table.outside(),
             );
         }
     }
