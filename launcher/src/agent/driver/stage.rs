@@ -16,9 +16,8 @@ use drun_rendezvous::{Manifest, NodeCommit};
 use tokio::sync::mpsc;
 
 use crate::agent::Agent;
-use crate::ckpt::memory::decide::{Admit, Key, Table};
+use crate::ckpt::memory::decide::{Key, Table};
 use crate::ckpt::memory::persist::{Done, Job, Persister, StagedFile, Throttle};
-use crate::ckpt::memory::spare::spare_room;
 use crate::ckpt::memory::{human_bytes, remove_under, staged_path, TmpfsFit};
 use crate::ckpt::node::NodeLedger;
 use crate::rdzv::Link;
@@ -266,46 +265,15 @@ impl Stage {
                 .find(|s| s.path == t)
                 .map_or(0, |s| s.rank)
         };
-        let spares = self.spares();
-        self.table
-            .set_outside(spares.values().sum::<u64>() + self.fetched_bytes());
-        self.table.set_replicas(self.replica_bytes());
         let by_rank: Vec<(u32, u64)> = files
             .iter()
             .map(|f| (rank_of(&f.target), f.bytes))
             .collect();
-        let rooms = spare_room(&by_rank, &spares);
-        let room = rooms.values().sum();
-        let direct = match self.table.admit(key, bytes, room) {
-            Admit::Stage {
-                release,
-                replicas,
-                spares: fits,
-            } => {
-                if let (Some(r), true) = (&self.replicas, replicas > 0) {
-                    r.free(replicas);
-                }
-                for k in release {
-                    if fits {
-                        self.release(k);
-                    } else {
-                        self.release_as(k, Err("no room for the ranks' spares"));
-                    }
-                }
-                self.table.keep_for_spares(if fits { room } else { 0 });
-                self.granted = if fits { rooms } else { BTreeMap::new() };
-                ledger.answer_staged(batch.step, fits);
-                // The training goes on from now: the seal measures its stall up to here.
-                batch.staged_ms = Some(drun_rendezvous::clock::now_ms());
-                false
-            }
-            Admit::Direct { reason } => {
-                crate::say!("drun: warning: {reason}");
-                ledger.no_spares(batch.step);
-                self.granted.clear();
-                true
-            }
-        };
+        let direct = !self.admit(key, &by_rank, ledger);
+        if !direct {
+            // The training goes on from now: the seal measures its stall up to here.
+            batch.staged_ms = Some(drun_rendezvous::clock::now_ms());
+        }
         self.table
             .add(key, bytes, direct, std::time::Instant::now());
         self.files

@@ -8,6 +8,11 @@ use crate::{assign, Candidate};
 
 const NOW: u64 = 1_000_000;
 
+/// `text` with its wrapped lines read as one: every run of whitespace one space.
+fn flat(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 fn status(n: usize) -> RunStatus {
     let cands: Vec<Candidate> = (0..n)
         .map(|i| Candidate {
@@ -253,7 +258,7 @@ fn checkpoints_in_memory_are_shown_per_node_with_the_disk_lag() {
         line.contains("gpu-node-01: step 12 persisted, step 16 persisting, step 20 staged;"),
         "{text}"
     );
-    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let words = flat(&text);
     assert!(
         words.contains("3 MiB of 64 MiB in memory, the disk 3.5 s behind"),
         "lag grown by the report's age, sizes in the units the agent budgets in: {text}"
@@ -281,7 +286,7 @@ fn a_long_list_of_steps_in_memory_is_cut_and_a_finished_run_shows_none() {
         .or_default()
         .insert("gpu-node-01".into(), report);
     let text = render(&s, NOW).join("\n");
-    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let words = flat(&text);
     assert!(
         words.contains(
             "gpu-node-01: 95 older step(s) persisted, step 960 persisted, step 970 persisted, step 980 persisted, step 990 staged;"
@@ -300,7 +305,7 @@ fn a_long_list_of_steps_in_memory_is_cut_and_a_finished_run_shows_none() {
     report["steps"][3]["state"] = "persisting".into();
     report["steps"][4]["state"] = "staged".into();
     let text = render(&behind, NOW).join("\n");
-    let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let words = flat(&text);
     assert!(
         words.contains(
             "gpu-node-01: 95 older step(s) (93 persisted, 1 persisting, 1 staged), step 960"
@@ -328,11 +333,7 @@ fn replicas_are_shown_per_step_and_per_holder() {
         .or_default()
         .insert("gpu-node-01".into(), report);
     // The line wraps: read it as one.
-    let text = render(&s, NOW)
-        .join(" ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let text = flat(&render(&s, NOW).join(" "));
     assert!(
         text.contains("gpu-node-01: step 16 persisted (replicated), step 20 staged (replicating);"),
         "{text}"
@@ -352,11 +353,7 @@ fn replicas_are_shown_per_step_and_per_holder() {
         {"step": 20, "generation": 2, "from": "gpu-node-02", "bytes": 1u64 << 20},
         {"step": 20, "generation": 3, "from": "gpu-node-02", "bytes": 1u64 << 20},
     ]);
-    let text = render(&s, NOW)
-        .join(" ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let text = flat(&render(&s, NOW).join(" "));
     assert!(
         text.contains("holds replicas of step 20 (generation 2) of gpu-node-02, step 20 (generation 3) of gpu-node-02"),
         "{text}"
@@ -409,9 +406,9 @@ fn failing_gpus_are_shown_per_node_and_passing_ones_are_not() {
         serde_json::json!({"host": "h-a", "failing": [], "standing_by": false}),
     );
     let text = render(&s, NOW).join("\n");
-    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let words = flat(&text);
     assert!(
-        flat.contains("gpu node b (host h-b) stands by: GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s) since the driver loaded"),
+        words.contains("gpu node b (host h-b) stands by: GPU 1 (0000:3b:00.0): 2 uncorrectable ECC error(s) since the driver loaded"),
         "{text}"
     );
     assert!(
@@ -434,7 +431,6 @@ fn the_flight_recorder_is_judged_over_every_nodes_dumps() {
         serde_json::json!({"generation": 3, "dumps": {"0": dump(include_str!("../../decisions/flight/fixtures/skip-rank0.json"))}}),
     );
     let alone = render(&s, NOW).join("\n");
-    let flat = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(flat(&alone).contains("flight dumps from 1 of"), "{alone}");
     assert!(!flat(&alone).contains("never entered"), "{alone}");
     s.reports.get_mut("flight").unwrap().insert(

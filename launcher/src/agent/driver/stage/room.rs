@@ -1,12 +1,15 @@
-//! The budget's room for what the ranks write (`--ckpt-memory`): the spares they prepare
-//! ahead, and the room a rank asks before it writes a save, so that memory never holds more
-//! than the budget (a save admitted only once written would already be in memory).
+//! The budget's room for what the ranks write (`--ckpt-memory`): a staged save admitted with
+//! room for the spares its ranks prepare next, and the room a rank asks before it writes a
+//! save, so that memory never holds more than the budget (a save admitted only once written
+//! would already be in memory).
 
 use std::collections::BTreeMap;
 
-use super::Stage;
+use super::{Key, Stage};
+use crate::ckpt::memory::decide::Admit;
 use crate::ckpt::memory::human_bytes;
-use crate::ckpt::memory::spare::SPARE_PREFIX;
+use crate::ckpt::memory::spare::{spare_room, SPARE_PREFIX};
+use crate::ckpt::node::NodeLedger;
 
 impl Stage {
     /// The ranks' spare files in the staging directory (`.spare-rank<R>`, allocated ahead by
@@ -29,6 +32,54 @@ impl Stage {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Admits this node's staged save of `key` (each file's rank and bytes) to the budget, with
+    /// room for the spares its ranks prepare next ([`crate::ckpt::memory::decide::Table::admit`]): the copies on disk and
+    /// the replicas to release for it go, and its ranks are answered at once (told whether to
+    /// make spares). `false`: it does not fit, one line says so, and it goes to disk while the
+    /// ranks wait for their answer.
+    pub(super) fn admit(
+        &mut self,
+        key: Key,
+        by_rank: &[(u32, u64)],
+        ledger: &mut NodeLedger,
+    ) -> bool {
+        let bytes = by_rank.iter().map(|(_, b)| b).sum();
+        let spares = self.spares();
+        self.table
+            .set_outside(spares.values().sum::<u64>() + self.fetched_bytes());
+        self.table.set_replicas(self.replica_bytes());
+        let rooms = spare_room(by_rank, &spares);
+        let room = rooms.values().sum();
+        match self.table.admit(key, bytes, room) {
+            Admit::Stage {
+                release,
+                replicas,
+                spares: fits,
+            } => {
+                if let (Some(r), true) = (&self.replicas, replicas > 0) {
+                    r.free(replicas);
+                }
+                for k in release {
+                    if fits {
+                        self.release(k);
+                    } else {
+                        self.release_as(k, Err("no room for the ranks' spares"));
+                    }
+                }
+                self.table.keep_for_spares(if fits { room } else { 0 });
+                self.granted = if fits { rooms } else { BTreeMap::new() };
+                ledger.answer_staged(key.0, fits);
+                true
+            }
+            Admit::Direct { reason } => {
+                crate::say!("drun: warning: {reason}");
+                ledger.no_spares(key.0);
+                self.granted.clear();
+                false
+            }
+        }
     }
 
     /// Once the replicas released for a save's room ended arriving (their bytes so far
