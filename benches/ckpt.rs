@@ -320,12 +320,28 @@ fn stall_part() {
         );
         if let (Some(busy), Some(quiet)) = (v["busy_step"].as_f64(), v["quiet_step"].as_f64()) {
             println!(
-                "    training step while the agent persists {:.1} ms ({} steps) vs nothing persisting {:.1} ms: slowdown {:+.1} % (target <= 5 %; means {:+.1} %)",
+                "    training step (the ranks in step: an all-reduce each) while the agent persists {:.1} ms ({} steps) vs nothing persisting {:.1} ms: slowdown {:+.1} % (target <= 5 %; means {:+.1} %)",
                 busy * 1e3,
                 v["busy_steps"],
                 quiet * 1e3,
                 (busy / quiet - 1.0) * 100.0,
                 (secs(&v, "busy_mean") / secs(&v, "quiet_mean") - 1.0) * 100.0
+            );
+            let each: Vec<String> = v["ranks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .map(
+                    |(r, m)| match (m["busy_mean"].as_f64(), m["quiet_mean"].as_f64()) {
+                        (Some(b), Some(q)) => format!("rank {r} {:+.1} %", (b / q - 1.0) * 100.0),
+                        _ => format!("rank {r} not measured"),
+                    },
+                )
+                .collect();
+            println!(
+                "    each rank's steps while persisting, their means: {}",
+                each.join(", ")
             );
             let pct = |k: &str| (secs(&v, k) / secs(&v, "quiet_mean") - 1.0) * 100.0;
             println!(

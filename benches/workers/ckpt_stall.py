@@ -15,7 +15,13 @@ the ranks' steps were timed beside the persistence, in seconds per save; ``early
 ``late_mean`` the busy steps' mean within the first 5 s after a save returned and after,
 ``steady_mean`` the busy steps' mean from the third save on (by then each rank's spare is a
 released step's file: :mod:`drun._stage`, ``launcher/src/ckpt/memory/spare.rs``), and
-``lost_per_save`` the training time the busy steps took beyond the quiet steps' mean, per save.
+``lost_per_save`` the training time the busy steps took beyond the quiet steps' mean, per save;
+``ranks`` each rank's ``busy_mean`` and ``quiet_mean`` (the persister runs on one core at a time:
+the rank beside it loses more). The quiet steps are timed before the first save and for at least
+5 s after each step was persisted, so that the baseline brackets the busy steps and a few
+seconds of a shared machine's noise move it no more than them. With ``DRUN_BENCH_TRACE=PREFIX``
+each rank writes every step to ``PREFIX.<rank>`` (``<save> <seconds since it returned>
+<step seconds>``; quiet steps as ``q<save>``, ``q0`` before the first).
 The node's ranks start each drun save together (a file barrier), as a training's collectives
 keep them: the stall is the save's, not the time one rank's commit waits for a rank that was
 still finishing its ``torch.save`` + fsync baseline."""
@@ -24,6 +30,7 @@ import json
 import os
 import sys
 import time
+from typing import Tuple
 
 sys.path.insert(0, os.environ["DRUN_BENCH_HELPER"])
 import drun  # noqa: E402
@@ -43,12 +50,24 @@ try:
         return time.perf_counter() - t
     dump, kind = (lambda f: torch.save(state, f)), "torch.save"
     a = torch.randn(384, 384)
+    sync = os.environ.get("DRUN_BENCH_SYNC", "1") != "0"
+    if sync or how == "dcp":
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+    flag = torch.zeros(1)
 
-    def step() -> float:
+    def step(stop: bool) -> Tuple[float, bool]:
+        """One training step, and whether to stop after it: ``stop`` of this rank, or with the
+        ranks in step (``DRUN_BENCH_SYNC``, the default), of any rank: the all-reduce that
+        keeps them together, as DDP's gradient all-reduce does, carries it."""
         t = time.perf_counter()
         for _ in range(8):
             a.copy_(torch.tanh(a @ a) * 0.5)
-        return time.perf_counter() - t
+        if sync:
+            flag.fill_(1.0 if stop else 0.0)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop = bool(flag.item())
+        return time.perf_counter() - t, stop
 except ImportError:
     if how == "dcp":
         sys.exit(0)
@@ -57,9 +76,7 @@ except ImportError:
 
     copy_floor = None
 if how == "dcp":
-    import torch.distributed as dist
     import drun.dcp
-    dist.init_process_group("gloo")
 rank, gen = int(os.environ["RANK"]), int(os.environ["DRUN_GENERATION"])
 
 
@@ -102,6 +119,8 @@ def kernel_cpu() -> float:
     return thread_cpu(lambda pid, comm: comm.startswith(("kworker", "jbd2", "ksoftirqd")))
 
 
+trace = open("%s.%d" % (os.environ["DRUN_BENCH_TRACE"], rank), "w") \
+    if os.environ.get("DRUN_BENCH_TRACE") else None
 persist_cpu, kernel = [], []
 base, ours, lag, busy, quiet, floor, cpu = [], [], [], [], [], [], []
 # Whether each busy step ended within EARLY seconds of its save's return (the rank's spare
@@ -110,6 +129,21 @@ early: list = []
 EARLY = 5.0
 # Which save each busy step followed.
 after: list = []
+QUIET = 5.0
+
+
+def quiet_steps(s: int) -> None:
+    """The steps with nothing persisting: at least 10, for at least QUIET seconds."""
+    began, n, stop = time.perf_counter(), 0, step is None
+    while not stop:
+        d, stop = step(n >= 10 and time.perf_counter() - began >= QUIET)
+        quiet.append(d)
+        n += 1
+        if trace is not None:
+            trace.write("q%d %.4f %.6f\n" % (s, time.perf_counter() - began, d))
+
+
+quiet_steps(0)
 for s in range(1, saves + 1):
     p = os.path.join(os.environ["DRUN_CKPT_DIR"], "baseline-%d.pt" % rank)
     t = time.perf_counter()
@@ -135,23 +169,27 @@ for s in range(1, saves + 1):
     manifest = os.path.join(os.path.dirname(path), "drun-manifest-%d-%d.json" % (s, gen))
     cpu_before = (persister_cpu(), kernel_cpu()) if rank == 0 else None
     # Training steps while the agent persists the staged step (none when it is already on disk).
-    while not os.path.exists(manifest) and time.perf_counter() - done < 300:
+    # A step begun once the manifest is there ran with nothing persisting: not counted.
+    while True:
+        over = os.path.exists(manifest) or time.perf_counter() - done >= 300
         if step is None:
+            if over:
+                break
             time.sleep(0.005)
-        else:
-            busy.append(step())
-            early.append(time.perf_counter() - done < EARLY)
-            after.append(s)
+            continue
+        d, stop = step(over)
+        if stop:
+            break
+        busy.append(d)
+        early.append(time.perf_counter() - done < EARLY)
+        after.append(s)
+        if trace is not None:
+            trace.write("%d %.4f %.6f\n" % (s, time.perf_counter() - done, d))
     lag.append(time.perf_counter() - done)
     if cpu_before is not None:
         persist_cpu.append(persister_cpu() - cpu_before[0])
         kernel.append(kernel_cpu() - cpu_before[1])
-    # The same steps with nothing persisting: at least 10, for at least 2 s (a sample long
-    # enough that the load of a shared machine moves it no more than the busy steps').
-    began, n = time.perf_counter(), 0
-    while step is not None and (n < 10 or time.perf_counter() - began < 2.0):
-        quiet.append(step())
-        n += 1
+    quiet_steps(s)
 
 
 def med(v):
@@ -162,8 +200,23 @@ def mean(v):
     return sum(v) / len(v) if v else None
 
 
+# Each rank's means, for rank 0 to report.
+means = {"busy_mean": mean(busy), "quiet_mean": mean(quiet)}
+with open(os.path.join(os.environ["DRUN_CKPT_DIR"], "means-%d.json.tmp" % rank), "w") as f:
+    json.dump(means, f)
+os.rename(os.path.join(os.environ["DRUN_CKPT_DIR"], "means-%d.json.tmp" % rank),
+          os.path.join(os.environ["DRUN_CKPT_DIR"], "means-%d.json" % rank))
+barrier("means")
+ranks = []
+for r in range(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))):
+    try:
+        with open(os.path.join(os.environ["DRUN_CKPT_DIR"], "means-%d.json" % r)) as f:
+            ranks.append(json.load(f))
+    except (OSError, ValueError):
+        ranks.append(None)
+
 if rank == 0:
-    print(json.dumps({"base": med(base), "ours": med(ours), "first": ours[0], "cpu": med(cpu),
+    print(json.dumps({"ranks": ranks,"base": med(base), "ours": med(ours), "first": ours[0], "cpu": med(cpu),
                       "lag": med(lag), "kind": kind, "copy": med(floor),
                       "busy_step": med(busy), "quiet_step": med(quiet),
                       "busy_steps": len(busy), "busy_mean": mean(busy), "quiet_mean": mean(quiet),
@@ -174,3 +227,9 @@ if rank == 0:
                       if busy and quiet else None,
                       "persist_cpu": med(persist_cpu), "kernel_cpu": med(kernel),
                       "load": os.getloadavg()[0]}), flush=True)
+if trace is not None:
+    trace.close()
+# gloo's threads can outlive the interpreter's exit and abort it (pytorch/pytorch#179291): the
+# results are printed and flushed, and every save was committed.
+sys.stdout.flush()
+os._exit(0)
