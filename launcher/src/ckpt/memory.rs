@@ -27,13 +27,16 @@
 //! **Sharing the node with the training.** The persister is throttled by a byte rate
 //! ([`pace::pause`]) and by the CPU ([`pace::pace`]): while the node's CPUs are busy (the
 //! rest of the CPUs the agent may run on leave less than most of one idle, `/proc/stat`), it keeps to a share
-//! of one CPU (5 %, `DRUN_CKPT_PERSIST_CPU`) in the idle I/O class; it goes at full speed while
+//! of one CPU (3 %, `DRUN_CKPT_PERSIST_CPU`) in the idle I/O class, in bursts of work
+//! (`persist::pacer::LOOK_EVERY`) with the pause they ask between them: a rank that loses its
+//! core holds up every rank that steps with it, at each burst; it goes at full speed while
 //! a CPU is spare, when a newer step waits behind the one it writes, once the step waited past
 //! the lag bound (120 s, `DRUN_CKPT_PERSIST_LAG`), and while the workers' end waits for it. A
 //! lower CPU priority of its thread (nice, `SCHED_IDLE`) is not used: the ranks run in sessions
 //! of their own, so with the kernel's autogroups (`sched_autogroup_enabled`) they compete with
 //! the agent's session as groups, whatever the priority of a thread inside it; and an
-//! unprivileged thread cannot take a lowered priority back for the run's end.
+//! unprivileged thread cannot take a lowered priority back for the run's end. `SCHED_BATCH`
+//! (no preemption at wake-up) was measured and did not help.
 //!
 //! **States of a step** (this node's, [`decide::Copy`]): `Staged` (in memory, answered to the
 //! ranks) → `Persisting` (being written to `DIR`) → `Persisted` (every file written, fsynced,

@@ -243,7 +243,7 @@ fn persist_file_as(
             Written::Differs { at } => return Err(differ(written + at)),
         }
         written += n as u64;
-        pacer.after_slice(throttle, Some((written, began)));
+        pacer.after_slice(n, throttle, Some((written, began)));
         if throttle.stopped() {
             // `tmp` is removed as it drops.
             return Err(fail(PersistFailure::Stopped));
@@ -269,8 +269,8 @@ fn persist_file_as(
         (Disk::Direct { .. }, None) => Ok(Ok(())),
         (Disk::Buffered { .. }, _) => {
             drop_pages(tmp.as_file(), 0, 0);
-            read_back(tmp.path(), written, &src, || {
-                pacer.after_slice(throttle, None)
+            read_back(tmp.path(), written, &src, |n| {
+                pacer.after_slice(n, throttle, None)
             })
         }
     };

@@ -7,7 +7,8 @@ use std::path::Path;
 
 use crate::os::background;
 
-/// Bytes copied, or read back and compared, between two looks at the throttle.
+/// Bytes copied, or read back and compared, in one I/O (a burst of work between two looks at the
+/// CPU throttle is several: [`super::pacer::LOOK_EVERY`]).
 pub(super) const SLICE: usize = 4 << 20;
 
 /// How the persister writes a file: with `O_DIRECT` (a second descriptor of the temporary
@@ -181,13 +182,13 @@ pub(super) fn read_back_at(
 
 /// The `bytes` of `path` as the disk holds them, read with `O_DIRECT` (its pages dropped from
 /// the cache first where the file system refuses that), compared with `staged`, `after_slice`
-/// called after each slice (the persister's pace):
+/// called with the bytes of each slice (the persister's pace):
 /// `Ok(Err(offset))` at the first slice that differs or is short.
 pub(super) fn read_back(
     path: &Path,
     bytes: u64,
     staged: &std::fs::File,
-    mut after_slice: impl FnMut(),
+    mut after_slice: impl FnMut(usize),
 ) -> std::io::Result<Result<(), u64>> {
     let file = match std::fs::OpenOptions::new()
         .read(true)
@@ -215,7 +216,7 @@ pub(super) fn read_back(
             return Ok(Err(at));
         }
         at += want as u64;
-        after_slice();
+        after_slice(want);
     }
     drop_pages(&file, 0, 0);
     Ok(Ok(()))
@@ -256,10 +257,10 @@ mod tests {
         std::fs::write(d.path().join("other"), &other).unwrap();
         let open = |n: &str| std::fs::File::open(d.path().join(n)).unwrap();
         let n = bytes.len() as u64;
-        assert_eq!(read_back(&disk, n, &open("same"), || {}).unwrap(), Ok(()));
-        let other = read_back(&disk, n, &open("other"), || {}).unwrap();
+        assert_eq!(read_back(&disk, n, &open("same"), |_| {}).unwrap(), Ok(()));
+        let other = read_back(&disk, n, &open("other"), |_| {}).unwrap();
         assert_eq!(other, Err(SLICE as u64), "the slice that differs");
-        let longer = read_back(&disk, n + 1, &open("same"), || {}).unwrap();
+        let longer = read_back(&disk, n + 1, &open("same"), |_| {}).unwrap();
         assert_eq!(longer, Err(n), "the disk holds less than written");
     }
 

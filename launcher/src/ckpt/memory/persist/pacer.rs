@@ -14,6 +14,17 @@ use crate::os::background::{self, IoClass};
 /// while a file is being written ([`Throttle::set_rate`]).
 const RECHECK: Duration = Duration::from_millis(50);
 
+/// Bytes of work between two looks at the CPU throttle ([`Pacer::after_slice`]): while it
+/// yields, the persister works in bursts of this much (about 60 ms of CPU) and then pauses as
+/// long as its share asks (about 2 s at 3 % of one CPU), not a pause after each slice. Each
+/// time it takes a CPU from a rank, the ranks that step together with that one wait too: with
+/// 2 ranks stepping together (an all-reduce a step) on 2 busy cores and a share of 5 %, the
+/// steps while it persisted ran 15.5 % slower with a pause after each 4 MiB slice, 8.5-9.2 %
+/// with one after each 64 MiB (8.1 % after 256 MiB), for the same CPU time and lag: the
+/// training time lost per save of 2 GiB fell from 5.0 to 2.9 s a rank
+/// (`cargo bench --bench ckpt`).
+pub(super) const LOOK_EVERY: u64 = 64 << 20;
+
 /// The window over which the persister judges whether the node has a CPU to spare
 /// ([`super::pace::spare_cpu`]; `/proc/stat` counts in ticks of 10 ms).
 const CPU_WINDOW: Duration = Duration::from_millis(250);
@@ -79,6 +90,8 @@ pub struct Pacer {
     yielding: Option<(Instant, Duration)>,
     /// The last decision, to log (and set the I/O class) only on a change.
     last: Option<Pace>,
+    /// Bytes of work since the last look at the CPU throttle.
+    unlooked: u64,
 }
 
 impl Pacer {
@@ -95,58 +108,44 @@ impl Pacer {
             spare: false,
             yielding: Some((Instant::now(), background::thread_cpu())),
             last: None,
+            unlooked: 0,
         }
     }
 
-    /// Pauses after a slice of work as the CPU throttle and the byte rate say (`written` bytes
-    /// since `began`), looking again at least every [`RECHECK`] of a longer pause, and returns
-    /// once the pause is slept.
-    pub(super) fn after_slice(&mut self, throttle: &Throttle, written: Option<(u64, Instant)>) {
+    /// After a slice of `bytes`: pauses as the byte rate says (`written` bytes since `began`)
+    /// and, once [`LOOK_EVERY`] bytes of work were done since its last look, as the CPU
+    /// throttle says, looking again at least every [`RECHECK`] of a longer pause; returns once
+    /// the pause is slept. The work of the slices between two looks counts in the second's
+    /// pause: the share is reckoned on CPU time, however often the persister looks.
+    pub(super) fn after_slice(
+        &mut self,
+        bytes: usize,
+        throttle: &Throttle,
+        written: Option<(u64, Instant)>,
+    ) {
+        self.unlooked += bytes as u64;
+        let look = self.unlooked >= LOOK_EVERY;
+        if look {
+            self.unlooked = 0;
+        }
         loop {
             if throttle.stopped() {
                 return;
             }
-            let now = Instant::now();
-            let mine = background::thread_cpu();
-            let (w_at, w_idle, w_mine) = self.window;
-            if now.saturating_duration_since(w_at) >= CPU_WINDOW {
-                let idle = background::node_idle();
-                self.spare = match (w_idle, idle) {
-                    (Some(a), Some(b)) => spare_cpu(
-                        now.saturating_duration_since(w_at),
-                        b.saturating_sub(a),
-                        mine.saturating_sub(w_mine),
-                    ),
-                    _ => false,
-                };
-                self.window = (now, idle, mine);
-            }
-            let (since, cpu_then) = *self.yielding.get_or_insert((now, mine));
-            let decision = pace(
-                &PaceInput {
-                    urgent: throttle.urgent(),
-                    lag: now.saturating_duration_since(self.staged_at),
-                    spare: self.spare,
-                    cpu: mine.saturating_sub(cpu_then),
-                    elapsed: now.saturating_duration_since(since),
-                },
-                &self.params,
-            );
-            self.note(decision);
-            if !decision.yields() {
-                self.yielding = None;
-            }
-            let wait = decision
-                .pause()
-                .max(written.map_or(Duration::ZERO, |(n, began)| {
-                    pause(n, began.elapsed(), throttle.rate())
-                }));
+            let by_rate = written.map_or(Duration::ZERO, |(n, began)| {
+                pause(n, began.elapsed(), throttle.rate())
+            });
+            let wait = if look {
+                self.look(throttle).max(by_rate)
+            } else {
+                by_rate
+            };
             if wait.is_zero() {
                 return;
             }
             std::thread::sleep(wait.min(RECHECK));
             // A whole pause slept: back to work. The CPU of this look and any oversleep count
-            // in the next slice's (the share is reckoned from when yielding began); looking
+            // in the next burst's (the share is reckoned from when yielding began); looking
             // again would ask a pause for this look's own CPU, then for that look's, and so on:
             // a thread that spent its share on thousands of tiny sleeps a second (measured:
             // 1,000 a second, the persister's CPU per GiB tripled, the lag bound reached).
@@ -154,6 +153,42 @@ impl Pacer {
                 return;
             }
         }
+    }
+
+    /// One look at the CPU throttle: the node's idle time once a [`CPU_WINDOW`], this thread's
+    /// CPU time, the decision (noted); the pause it asks.
+    fn look(&mut self, throttle: &Throttle) -> Duration {
+        let now = Instant::now();
+        let mine = background::thread_cpu();
+        let (w_at, w_idle, w_mine) = self.window;
+        if now.saturating_duration_since(w_at) >= CPU_WINDOW {
+            let idle = background::node_idle();
+            self.spare = match (w_idle, idle) {
+                (Some(a), Some(b)) => spare_cpu(
+                    now.saturating_duration_since(w_at),
+                    b.saturating_sub(a),
+                    mine.saturating_sub(w_mine),
+                ),
+                _ => false,
+            };
+            self.window = (now, idle, mine);
+        }
+        let (since, cpu_then) = *self.yielding.get_or_insert((now, mine));
+        let decision = pace(
+            &PaceInput {
+                urgent: throttle.urgent(),
+                lag: now.saturating_duration_since(self.staged_at),
+                spare: self.spare,
+                cpu: mine.saturating_sub(cpu_then),
+                elapsed: now.saturating_duration_since(since),
+            },
+            &self.params,
+        );
+        self.note(decision);
+        if !decision.yields() {
+            self.yielding = None;
+        }
+        decision.pause()
     }
 
     /// Logs a change of the decision and follows it with the thread's I/O class.
@@ -217,7 +252,7 @@ pub(super) mod tests {
         let began = Instant::now();
         let mut p = Pacer::new(params, Instant::now());
         burn(Duration::from_millis(5));
-        p.after_slice(&Throttle::new(0), None);
+        p.after_slice(LOOK_EVERY as usize, &Throttle::new(0), None);
         assert!(
             began.elapsed() >= Duration::from_millis(95),
             "{:?}",
@@ -229,8 +264,49 @@ pub(super) mod tests {
         let mut p = Pacer::new(params, Instant::now());
         burn(Duration::from_millis(5));
         let t = Instant::now();
-        p.after_slice(&urgent, None);
+        p.after_slice(LOOK_EVERY as usize, &urgent, None);
         assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn the_persister_pauses_after_a_burst_of_slices_not_after_each() {
+        let params = PaceParams {
+            share: 0.05,
+            lag_bound: Duration::from_secs(60),
+        };
+        let slice = (LOOK_EVERY / 4) as usize;
+        let began = Instant::now();
+        let mut p = Pacer::new(params, Instant::now());
+        let from = background::thread_cpu();
+        while background::thread_cpu() - from < Duration::from_millis(5) {
+            std::hint::black_box(0u64);
+        }
+        // Three slices short of LOOK_EVERY: no look, no pause, though 5 ms of CPU ask 100 ms.
+        for _ in 0..3 {
+            p.after_slice(slice, &Throttle::new(0), None);
+        }
+        assert!(
+            began.elapsed() < Duration::from_millis(60),
+            "{:?}",
+            began.elapsed()
+        );
+        assert_eq!(p.last, None, "no decision taken yet");
+        // The fourth completes the burst: the pause the work of all four asks.
+        p.after_slice(slice, &Throttle::new(0), None);
+        assert!(
+            began.elapsed() >= Duration::from_millis(95),
+            "{:?}",
+            began.elapsed()
+        );
+        assert!(p.last.is_some_and(|d| d.yields()));
+        // Between looks, the byte rate still holds: 1 MiB at 8 MiB/s is due after 125 ms.
+        let t = Instant::now();
+        p.after_slice(1 << 20, &Throttle::new(8 << 20), Some((1 << 20, t)));
+        assert!(
+            t.elapsed() >= Duration::from_millis(120),
+            "{:?}",
+            t.elapsed()
+        );
     }
 
     /// The voluntary context switches of the calling thread so far.
@@ -256,7 +332,7 @@ pub(super) mod tests {
         }
         // 8 ms of CPU at 5 %: about 160 ms of pause, at most 50 ms a sleep (RECHECK).
         let (before, began) = (switches(), Instant::now());
-        p.after_slice(&Throttle::new(0), None);
+        p.after_slice(LOOK_EVERY as usize, &Throttle::new(0), None);
         let (slept, took) = (switches() - before, began.elapsed());
         assert!(took >= Duration::from_millis(100), "{took:?}");
         assert!(
