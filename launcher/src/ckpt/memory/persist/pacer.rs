@@ -22,7 +22,9 @@ const RECHECK: Duration = Duration::from_millis(50);
 /// steps while it persisted ran 15.5 % slower with a pause after each 4 MiB slice, 8.5-9.2 %
 /// with one after each 64 MiB (8.1 % after 256 MiB), for the same CPU time and lag: the
 /// training time lost per save of 2 GiB fell from 5.0 to 2.9 s a rank
-/// (`cargo bench --bench ckpt`).
+/// (`cargo bench --bench ckpt`). A step smaller than this is written in one burst (its pacer
+/// is the step's own); steps saved faster than the share can write them make the persister go
+/// at full speed anyway (a newer step waits).
 pub(super) const LOOK_EVERY: u64 = 64 << 20;
 
 /// The window over which the persister judges whether the node has a CPU to spare
