@@ -36,7 +36,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use drun_launcher::ckpt::verify::{sha256_file, verify};
+use drun_launcher::ckpt::digest::{self, DigestKind};
+use drun_launcher::ckpt::verify::verify;
 use drun_launcher::ckpt::VerifyMode;
 use drun_rendezvous::store::keys::RunKeys;
 use drun_rendezvous::{
@@ -96,7 +97,7 @@ async fn ledger_latency(store: Arc<dyn Store>, nodes: usize, steps: u64) -> (Dur
                         rank: r,
                         path: format!("/ckpt/step-{step}/rank{r}.pt"),
                         bytes: 1 << 30,
-                        sha256: "0".repeat(64),
+                        digest: "0".repeat(64),
                     })
                     .collect(),
                 save_started_ms: None,
@@ -415,12 +416,14 @@ fn verify_throughput(total_mb: u64) {
                 left -= n as u64;
             }
             drop(f);
-            let (sha256, bytes) = sha256_file(&p).unwrap(); // also warms the page cache
+            // SHA-256, as `sha256sum` takes it (also warms the page cache).
+            let (digest, bytes) = digest::file(&p, DigestKind::Sha256).unwrap();
+            let digest = digest.to_string();
             shards.push(ShardFile {
                 rank: r as u32,
                 path: p.display().to_string(),
                 bytes,
-                sha256,
+                digest,
             });
         }
         let m = Manifest {

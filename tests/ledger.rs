@@ -87,7 +87,7 @@ fn commit(plan: &Plan, node: &str, step: u64, samples: u64) -> NodeCommit {
                 rank: *r,
                 path: format!("/ckpt/step-{step}-g{}/rank{r}.pt", plan.generation),
                 bytes: 100,
-                sha256: "0".repeat(64),
+                digest: "0".repeat(64),
             })
             .collect(),
         ranks,
@@ -216,7 +216,7 @@ fn resume_point_is_the_newest_good_manifest_and_retention_collects() {
         assert_eq!(rp.manifest.as_ref().map(|m| m.step), Some(6));
         assert!(rp.latest_revision > 0 && !rp.import);
         ledger
-            .mark_bad(&rp.manifest.unwrap().id(), "rank1.pt sha256 differs")
+            .mark_bad(&rp.manifest.unwrap().id(), "rank1.pt digest differs")
             .await
             .unwrap();
         let rp = ledger.resume_point(&[]).await.unwrap();

@@ -2,7 +2,7 @@
 //!
 //! # Theory of operation (`docs/architecture.md` §4)
 //!
-//! * A rank saves its shard, then tells its agent `{step, rank, files (bytes, sha256), cursor}`.
+//! * A rank saves its shard, then tells its agent `{step, rank, files (bytes, digest), cursor}`.
 //!   The agent batches its ranks into one [`NodeCommit`] per step and [`Ledger::commit`]s it:
 //!   `ckpt/shards/<g>/<step>/<node>` is written only if `gen/current == g` and the node's
 //!   membership key of `g` (attached to its lease) still exists, so a stale (fenced) agent
@@ -23,7 +23,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub use crate::store::records::{
-    describe_id, manifest_id, parse_id, Cursor, Manifest, NodeCommit, ShardFile,
+    describe_id, manifest_id, parse_id, Cursor, DigestKind, Manifest, NodeCommit, ShardFile,
 };
 use crate::store::run_state::RunState;
 use crate::store::Store;
@@ -167,14 +167,14 @@ pub fn cursor_disagreement<'a>(
 /// content).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "rank {} and rank {} report '{}' with different contents ({} vs {} bytes, sha256 {} vs {}); let one rank report a shared file",
+    "rank {} and rank {} report '{}' with different contents ({} vs {} bytes, digest {} vs {}); let one rank report a shared file",
     .ranks[0].min(.ranks[1]),
     .ranks[0].max(.ranks[1]),
     .path,
     .bytes[0],
     .bytes[1],
-    &.sha256[0][..(.sha256[0].len().min(12))],
-    &.sha256[1][..(.sha256[1].len().min(12))]
+    DigestKind::short(&.digests[0]),
+    DigestKind::short(&.digests[1])
 )]
 pub struct FileConflict {
     /// The file.
@@ -184,8 +184,8 @@ pub struct FileConflict {
     pub ranks: [u32; 2],
     /// The sizes they reported, in that order.
     pub bytes: [u64; 2],
-    /// The SHA-256 they reported, in that order.
-    pub sha256: [String; 2],
+    /// The digests they reported, in that order.
+    pub digests: [String; 2],
 }
 
 /// Every file of a step once, ordered by rank then path: a file several ranks reported (e.g. a
@@ -202,12 +202,12 @@ pub fn merge_files(
             None => {
                 by_path.insert(f.path.clone(), f);
             }
-            Some(seen) if (seen.bytes, &seen.sha256) != (f.bytes, &f.sha256) => {
+            Some(seen) if (seen.bytes, &seen.digest) != (f.bytes, &f.digest) => {
                 return Err(FileConflict {
                     path: f.path,
                     ranks: [seen.rank, f.rank],
                     bytes: [seen.bytes, f.bytes],
-                    sha256: [seen.sha256.clone(), f.sha256],
+                    digests: [seen.digest.clone(), f.digest],
                 });
             }
             Some(seen) => seen.rank = seen.rank.min(f.rank),
@@ -246,7 +246,7 @@ mod tests {
             rank,
             path: path.into(),
             bytes: 3,
-            sha256: sha.repeat(64),
+            digest: sha.repeat(64),
         };
         let merged = merge_files([
             f(1, "/c/s/.metadata", "a"),
@@ -272,7 +272,7 @@ mod tests {
         );
         assert_eq!(
             e.to_string(),
-            "rank 0 and rank 2 report '/c/s/x' with different contents (3 vs 3 bytes, sha256 aaaaaaaaaaaa vs bbbbbbbbbbbb); let one rank report a shared file"
+            "rank 0 and rank 2 report '/c/s/x' with different contents (3 vs 3 bytes, digest aaaaaaaaaaaa vs bbbbbbbbbbbb); let one rank report a shared file"
         );
     }
 
@@ -311,7 +311,7 @@ mod tests {
             rank: 0,
             path: p.into(),
             bytes: 1,
-            sha256: String::new(),
+            digest: String::new(),
         };
         let mut m = Manifest {
             run_id: "r".into(),

@@ -135,5 +135,5 @@ pub use round::Round;
 pub use session::{spawn_session, CommitRefused, Event, Request, Resume, RunEnd, SessionConfig};
 pub use store::etcd::EtcdStore;
 pub use store::memory::MemoryStore;
-pub use store::records::{HeldStep, MemoryResume};
+pub use store::records::{DigestKind, HeldStep, MemoryResume};
 pub use store::{Compare, KeyValue, LeaseId, Op, Store, Txn, TxnResponse, WatchEvent};

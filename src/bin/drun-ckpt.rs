@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use drun_launcher::ckpt::verify::sha256_file;
+use drun_launcher::ckpt::digest::{self, DigestKind};
 use serde_json::{json, Value};
 
 /// Talk to the drun agent that started this worker (checkpoint ledger API).
@@ -57,7 +57,8 @@ enum Command {
         /// A --ckpt-dir.
         dir: PathBuf,
     },
-    /// Reads every file of a checkpoint and checks its size and SHA-256 against its manifest:
+    /// Reads every file of a checkpoint and checks its size and digest (SHA-256 or BLAKE3, as
+    /// the manifest names it) against its manifest:
     /// PATH is a drun-manifest-*.json file or a --ckpt-dir (its `latest`). Needs no agent.
     Verify {
         /// A manifest file, or a directory with a `latest` pointer.
@@ -97,7 +98,7 @@ fn inspect(command: &Command) -> Option<Said> {
                 .map_err(|e| (e.to_string(), 1))?;
             Ok((
                 vec![format!(
-                    "checkpoint step {} (generation {}) of run {}: {} file(s), {}, every size and SHA-256 as its manifest records ({:.2} s; {})",
+                    "checkpoint step {} (generation {}) of run {}: {} file(s), {}, every size and digest as its manifest records ({:.2} s; {})",
                     m.step,
                     m.generation,
                     m.run_id,
@@ -158,9 +159,10 @@ fn run(cli: Cli) -> Result<(Value, bool), (String, u8)> {
             for f in files {
                 let abs =
                     std::path::absolute(&f).map_err(|e| (format!("{}: {e}", f.display()), 2))?;
-                let (sha256, bytes) =
-                    sha256_file(&abs).map_err(|e| (format!("{}: {e}", abs.display()), 2))?;
-                reports.push(json!({"path": abs, "bytes": bytes, "sha256": sha256}));
+                // Reported as a rank reports its own files: with their SHA-256.
+                let (sha256, bytes) = digest::file(&abs, DigestKind::Sha256)
+                    .map_err(|e| (format!("{}: {e}", abs.display()), 2))?;
+                reports.push(json!({"path": abs, "bytes": bytes, "sha256": sha256.to_string()}));
             }
             json!({"op": "commit", "rank": rank, "generation": env_u64("DRUN_GENERATION"),
                    "step": step, "files": reports, "cursor": cursor})

@@ -268,7 +268,7 @@ mod tests {
         assert_eq!(unix_seconds("2026-12-04T20:26:17Z"), Some(1_796_415_977.0));
         let log = "\
 2026-12-04T20:26:09.0Z  INFO agent: world formed: 3 node(s) [a, b, c], world size 6 run=r gen=6 node=a
-2026-12-04T20:26:09.1Z  INFO checkpoint step 6 verified (size and sha256): 4 files
+2026-12-04T20:26:09.1Z  INFO checkpoint step 6 verified (size and digest): 4 files
 2026-12-04T20:26:09.2Z  INFO resuming from checkpoint step 6 (saved by generation 3 at world size 4, now 6); data
 2026-12-04T20:26:17.4Z  INFO agent: world formed: 4 node(s) [a, b, c, d], world size 8 run=r gen=7 node=a
 2026-12-04T20:26:17.5Z  INFO resuming from checkpoint step 12 (saved by generation 6 at world size 6, now 8); data

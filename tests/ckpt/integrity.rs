@@ -42,7 +42,7 @@ fn corrupted_shard_falls_back(store: Store) {
     let line = super::fallback_line(&err);
     assert!(
         line.starts_with("drun: checkpoint step 6 (generation 1) failed verification:")
-            && line.contains("(rank 1) has sha256"),
+            && line.contains("(rank 1) has digest"),
         "{line}"
     );
     let evs = events(&d);

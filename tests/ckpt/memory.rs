@@ -156,7 +156,7 @@ fn a_staged_copy_that_differs_from_its_manifest_is_not_resumed_under_digest_veri
     assert!(
         err.contains(
             "the staged copy in memory of checkpoint step 6 is not what its manifest says"
-        ) && err.contains("rank0.pt (rank 0) has sha256"),
+        ) && err.contains("rank0.pt (rank 0) has digest"),
         "{err}"
     );
     let starts: Vec<Value> = events(&d)

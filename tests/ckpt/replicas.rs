@@ -280,7 +280,8 @@ fn three_holding_at_6(store: Store, run: &str, nnodes: &str) -> Held {
     Held { d, r, shm, agents }
 }
 
-/// The payload `ckpt_worker.py` writes for `rank` at `step`, hashed.
+/// The payload `ckpt_worker.py` writes for `rank` at `step`, hashed as the worker hashes what it
+/// resumed from (SHA-256).
 fn payload_sha(rank: u32, step: u64) -> String {
     use sha2::Digest;
     let bytes = format!("rank {rank} step {step} ").repeat(200);
@@ -288,6 +289,14 @@ fn payload_sha(rank: u32, step: u64) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// The agent's digest (BLAKE3) of the payload of `rank`'s file of `step`, as a manifest spells it.
+fn payload_blake3(rank: u32, step: u64) -> String {
+    use drun_launcher::ckpt::digest::{Hasher, NEW};
+    let mut h = Hasher::new(NEW);
+    h.update(format!("rank {rank} step {step} ").repeat(200).as_bytes());
+    h.finish().to_string()
 }
 
 /// The `start` events of generation 2.
@@ -402,7 +411,8 @@ fn one_node_lost_resumes_the_staged_step(store: Store, run: &str) {
     assert_eq!(files.len(), 3, "{m}");
     for f in files {
         let rank = f["rank"].as_u64().unwrap() as u32;
-        assert_eq!(f["sha256"], payload_sha(rank, 6), "{f}");
+        // Staged, so hashed by the agent: BLAKE3.
+        assert_eq!(f["digest"], payload_blake3(rank, 6), "{f}");
         let on_disk = std::fs::read(f["path"].as_str().unwrap()).unwrap();
         assert_eq!(
             on_disk,

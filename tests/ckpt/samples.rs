@@ -216,7 +216,7 @@ fn operator_commands_read_the_directory_the_run_left(d: &Dirs) {
     assert!(
         out.starts_with("checkpoint step 5 (generation 1) of run ")
             && out.contains("1 file(s)")
-            && out.contains("every size and SHA-256 as its manifest records"),
+            && out.contains("every size and digest as its manifest records"),
         "{out}"
     );
     let five = latest(d).unwrap();
@@ -225,7 +225,7 @@ fn operator_commands_read_the_directory_the_run_left(d: &Dirs) {
     let (code, _, err) = ckpt(&["verify"], &d.ckpt);
     assert_eq!(code, Some(1), "{err}");
     assert!(
-        err.starts_with(&format!("drun-ckpt: {file} (rank 0) has sha256 ")),
+        err.starts_with(&format!("drun-ckpt: {file} (rank 0) has digest ")),
         "{err}"
     );
     let (code, _, err) = ckpt(&["verify"], &d.out);

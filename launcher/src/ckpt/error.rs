@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use drun_rendezvous::DigestKind;
+
 /// A checkpoint problem found by the agent: writing or reading manifest files, verifying the
 /// files of a resume point, checking a rank's commit. Every variant renders as one line.
 #[derive(Debug, thiserror::Error)]
@@ -84,11 +86,12 @@ pub enum CkptError {
         /// The size recorded.
         expected: u64,
     },
-    /// A checkpoint file has another SHA-256 than its manifest records.
+    /// A checkpoint file has another digest than its manifest records (taken with the
+    /// function the manifest names).
     #[error(
-        "{path} (rank {rank}) has sha256 {}…, the manifest says {}…",
-        prefix(found),
-        prefix(expected)
+        "{path} (rank {rank}) has digest {}…, the manifest says {}…",
+        DigestKind::short(found),
+        DigestKind::short(expected)
     )]
     Digest {
         /// The file.
@@ -149,8 +152,4 @@ impl CkptError {
 
 fn of_step(step: Option<u64>) -> String {
     step.map(|s| format!(" of step {s}")).unwrap_or_default()
-}
-
-fn prefix(digest: &str) -> &str {
-    digest.get(..12).unwrap_or(digest)
 }

@@ -100,7 +100,7 @@ mod tests {
                 rank: 0,
                 path: d.join("rank0.pt").display().to_string(),
                 bytes: 3,
-                sha256: String::new(),
+                digest: String::new(),
             }],
             sealed_at_ms: 0,
             adopted_from: None,

@@ -166,7 +166,7 @@ mod tests {
                 rank: 0,
                 path: path.display().to_string(),
                 bytes: 3,
-                sha256: String::new(),
+                digest: String::new(),
             }],
             sealed_at_ms: 1_000,
             adopted_from: None,

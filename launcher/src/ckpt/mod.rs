@@ -9,7 +9,8 @@
 //! * [`node`] batches the commits of this node's ranks per step: once every local rank has
 //!   reported step `s` with the same cursor, one [`drun_rendezvous::NodeCommit`] goes to the
 //!   rendezvous, which seals the step when every node has reported it.
-//! * [`verify`] checks a manifest's files (size or SHA-256) before workers resume from it.
+//! * [`verify`] checks a manifest's files (size or digest: [`digest`]) before workers resume
+//!   from it.
 //! * [`fallback`] remembers a checkpoint that failed verification next to its manifest file,
 //!   and finds the run's newest usable manifest when `latest` cannot be used.
 //! * [`memory`] stages checkpoints in memory and persists them behind the training
@@ -23,6 +24,7 @@
 //!   checkpoint (a fresh etcd, a requeued job on the embedded store).
 
 pub mod api;
+pub mod digest;
 mod error;
 pub mod fallback;
 pub mod inspect;
@@ -44,7 +46,8 @@ pub enum VerifyMode {
     /// Every file exists with the recorded size (one `stat` per file).
     #[default]
     Size,
-    /// Size and SHA-256 of every file (reads every byte, files hashed in parallel).
+    /// Size and digest of every file (reads every byte, files hashed in parallel, each with the
+    /// function its manifest names).
     Digest,
     /// No check.
     None,
@@ -369,7 +372,7 @@ mod tests {
                     .display()
                     .to_string(),
                 bytes: 3,
-                sha256: String::new(),
+                digest: String::new(),
             }],
             sealed_at_ms: 0,
             adopted_from: None,

@@ -213,7 +213,7 @@ impl NodeLedger {
                 rank,
                 path: f.path,
                 bytes: f.bytes,
-                sha256: f.sha256,
+                digest: f.sha256,
             })
             .collect();
         self.started

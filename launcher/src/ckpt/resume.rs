@@ -283,7 +283,7 @@ fn log_verified(m: &Manifest, mode: VerifyMode, v: &verify::Verified) {
         "checkpoint step {} verified ({}): {} files, {:.1} MB in {:.3} s{}",
         m.step,
         if mode == VerifyMode::Digest {
-            "size and sha256"
+            "size and digest"
         } else {
             "sizes"
         },

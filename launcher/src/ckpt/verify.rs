@@ -1,38 +1,13 @@
 //! Verification of a checkpoint before workers resume from it (`--ckpt-verify`).
 
-use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use drun_rendezvous::{Manifest, ShardFile};
-use sha2::{Digest, Sha256};
 
 use super::{CkptError, VerifyMode};
-
-/// Read size of the digest loop, in bytes.
-const CHUNK: usize = 1 << 20;
-
-/// SHA-256 of a file, lowercase hex, and its size in bytes.
-///
-/// # Errors
-/// I/O errors opening or reading the file.
-pub fn sha256_file(path: &Path) -> std::io::Result<(String, u64)> {
-    let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; CHUNK];
-    let mut n = 0u64;
-    loop {
-        let k = f.read(&mut buf)?;
-        if k == 0 {
-            break;
-        }
-        h.update(&buf[..k]);
-        n += k as u64;
-    }
-    Ok((hex(&h.finalize()), n))
-}
 
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
@@ -78,14 +53,14 @@ fn check(f: &ShardFile, mode: VerifyMode) -> Result<(), CkptError> {
             Ok(m) => Err(size(m.len())),
             Err(e) => Err(unreadable(e)),
         },
-        VerifyMode::Digest => match sha256_file(path) {
-            Ok((d, n)) if n == f.bytes && d == f.sha256 => Ok(()),
+        VerifyMode::Digest => match super::digest::file_like(path, &f.digest) {
+            Ok((d, n)) if n == f.bytes && d == f.digest => Ok(()),
             Ok((_, n)) if n != f.bytes => Err(size(n)),
             Ok((d, _)) => Err(CkptError::Digest {
                 path: f.path.clone(),
                 rank: f.rank,
                 found: d,
-                expected: f.sha256.clone(),
+                expected: f.digest.clone(),
             }),
             Err(e) => Err(unreadable(e)),
         },
@@ -130,7 +105,7 @@ pub fn verify(m: &Manifest, mode: VerifyMode, threads: usize) -> Result<Verified
 #[cfg(test)]
 mod tests {
     use super::*;
-    use drun_rendezvous::Cursor;
+    use drun_rendezvous::{Cursor, DigestKind};
 
     #[test]
     fn detects_size_and_digest_changes() {
@@ -139,12 +114,19 @@ mod tests {
         for r in 0..4u32 {
             let p = d.path().join(format!("rank{r}.bin"));
             std::fs::write(&p, vec![r as u8; 3000 + r as usize]).unwrap();
-            let (sha256, bytes) = sha256_file(&p).unwrap();
+            // Ranks 0 and 1 as a rank's `atomic_save` reports them, 2 and 3 as the agent does.
+            let kind = if r < 2 {
+                DigestKind::Sha256
+            } else {
+                DigestKind::Blake3
+            };
+            let (digest, bytes) = super::super::digest::file(&p, kind).unwrap();
+            let digest = digest.to_string();
             files.push(ShardFile {
                 rank: r,
                 path: p.display().to_string(),
                 bytes,
-                sha256,
+                digest,
             });
         }
         let m = Manifest {
@@ -167,13 +149,15 @@ mod tests {
         std::fs::write(&p, &bytes).unwrap();
         assert!(verify(&m, VerifyMode::Size, 3).is_ok());
         let e = verify(&m, VerifyMode::Digest, 3).unwrap_err().to_string();
-        assert!(e.contains("rank2.bin (rank 2) has sha256"), "{e}");
+        assert!(e.contains("rank2.bin (rank 2) has digest blake3:"), "{e}");
+        // A SHA-256 of a manifest written before BLAKE3 is taken again as SHA-256.
+        let p = d.path().join("rank0.bin");
+        std::fs::write(&p, vec![9u8; 3000]).unwrap();
+        let e = verify(&m, VerifyMode::Digest, 1).unwrap_err().to_string();
+        assert!(e.contains("rank0.bin (rank 0) has digest "), "{e}");
+        assert!(!e.contains("blake3"), "{e}");
         std::fs::remove_file(d.path().join("rank1.bin")).unwrap();
         let e = verify(&m, VerifyMode::Size, 1).unwrap_err().to_string();
         assert!(e.contains("rank1.bin (rank 1)"), "{e}");
-        assert_eq!(
-            sha256_file(&d.path().join("rank0.bin")).unwrap().0.len(),
-            64
-        );
     }
 }

@@ -15,7 +15,7 @@ pub struct CkptArgs {
     pub ckpt_dir: Option<PathBuf>,
 
     /// How the resume point is checked before workers start: size (stat every file), digest
-    /// (size and SHA-256 of every byte, files in parallel) or none. A mismatch marks the
+    /// (size and digest of every byte, files in parallel) or none. A mismatch marks the
     /// checkpoint bad and the group falls back to the previous one.
     #[arg(
         long = "ckpt-verify",
@@ -59,7 +59,7 @@ pub struct CkptArgs {
     /// Copies of each node's checkpoints in memory kept on another node (with --ckpt-memory):
     /// `1` sends each node's staged files of a step to its ring neighbour's agent (the next node
     /// by node rank) over a TCP connection between the agents, on the port number of the peer
-    /// probes, verified by SHA-256 on receipt and held within the receiver's --ckpt-memory;
+    /// probes, verified by digest on receipt and held within the receiver's --ckpt-memory;
     /// `status` shows the steps `replicated`. `0` (default) keeps them on their own node only:
     /// a replica doubles the memory each node holds and sends every checkpoint over the
     /// network while the training runs.

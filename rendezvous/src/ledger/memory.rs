@@ -154,7 +154,7 @@ enum Incomplete {
     #[error("no survivor saved it (its data cursor is unknown)")]
     NoCursor,
     /// A file held without its digest.
-    #[error("{0} has no SHA-256")]
+    #[error("{0} has no digest")]
     NoDigest(String),
     /// Two copies of a file differ (size, digest or rank).
     #[error("the copies of {0} differ")]
@@ -212,11 +212,11 @@ fn complete(
     // Per path, the one content every copy agrees on.
     let mut by_path: BTreeMap<&str, &ShardFile> = BTreeMap::new();
     for f in copies.iter().flat_map(|(_, s)| &s.files) {
-        if f.sha256.is_empty() {
+        if f.digest.is_empty() {
             return Err(Incomplete::NoDigest(f.path.clone()));
         }
         if let Some(other) = by_path.insert(&f.path, f) {
-            if (other.bytes, &other.sha256, other.rank) != (f.bytes, &f.sha256, f.rank) {
+            if (other.bytes, &other.digest, other.rank) != (f.bytes, &f.digest, f.rank) {
                 return Err(Incomplete::Differ(f.path.clone()));
             }
         }
@@ -358,7 +358,7 @@ mod tests {
             rank,
             path: format!("/ck/r/step-{step}/rank{rank}.pt"),
             bytes: 100 + u64::from(rank),
-            sha256: format!("{rank:064x}"),
+            digest: format!("{rank:064x}"),
         }
     }
 
@@ -552,16 +552,16 @@ mod tests {
         );
         // n0's replica of n2's rank 4 is not n2's own copy.
         let mut h = base.clone();
-        h.get_mut("n0").unwrap()[1].files[0].sha256 = "f".repeat(64);
+        h.get_mut("n0").unwrap()[1].files[0].digest = "f".repeat(64);
         assert!(
             refuse(&h).contains("the copies of /ck/r/step-12/rank4.pt differ"),
             "{}",
             refuse(&h)
         );
         let mut h = base.clone();
-        h.get_mut("n0").unwrap()[0].files[1].sha256.clear();
+        h.get_mut("n0").unwrap()[0].files[1].digest.clear();
         assert!(
-            refuse(&h).contains("rank1.pt has no SHA-256"),
+            refuse(&h).contains("rank1.pt has no digest"),
             "{}",
             refuse(&h)
         );

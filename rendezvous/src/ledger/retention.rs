@@ -82,7 +82,7 @@ mod tests {
             rank: 0,
             path: path.into(),
             bytes: 1,
-            sha256: String::new(),
+            digest: String::new(),
         }
     }
 

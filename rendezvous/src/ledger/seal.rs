@@ -176,7 +176,7 @@ mod tests {
                 rank: if node == "a" { 0 } else { 1 },
                 path: format!("/c/{step}/{node}"),
                 bytes: 1,
-                sha256: "0".repeat(64),
+                digest: "0".repeat(64),
             }],
             cursor: Cursor {
                 consumed_in_epoch: consumed,
@@ -196,7 +196,7 @@ mod tests {
             rank,
             path: format!("/c/6/rank{rank}"),
             bytes: 1,
-            sha256: format!("{rank:064}"),
+            digest: format!("{rank:064}"),
         };
         let resumed = Manifest {
             world_size: 3,

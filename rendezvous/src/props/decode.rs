@@ -43,11 +43,11 @@ fn candidate() -> impl Strategy<Value = Candidate> {
 
 fn manifest() -> impl Strategy<Value = Manifest> {
     let file = (any::<u32>(), text(), any::<u64>(), "[0-9a-f]{64}").prop_map(
-        |(rank, path, bytes, sha256)| ShardFile {
+        |(rank, path, bytes, digest)| ShardFile {
             rank,
             path,
             bytes,
-            sha256,
+            digest,
         },
     );
     let cursor = (any::<u64>(), any::<u64>(), any::<u64>(), any::<i64>()).prop_map(

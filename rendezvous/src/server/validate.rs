@@ -4,7 +4,7 @@
 //! Hello with `InvalidArgument` and a bad request mid-stream with an `Error` event, then ends
 //! the session (a well-behaved agent never sends either).
 
-use crate::ledger::NodeCommit;
+use crate::ledger::{DigestKind, NodeCommit};
 use crate::session::Request;
 use crate::Candidate;
 use drun_proto::v1 as pb;
@@ -54,8 +54,9 @@ pub enum Invalid {
     /// More shard files in one commit than [`MAX_FILES`].
     #[error("{0} shard files in one commit; at most {MAX_FILES}")]
     TooManyFiles(usize),
-    /// A shard whose digest is not 64 hex digits (its path shown escaped).
-    #[error("shard {0} has no SHA-256 (64 hex digits)")]
+    /// A shard whose digest is neither a SHA-256 nor a BLAKE3 spelled as a manifest spells
+    /// them (its path shown escaped).
+    #[error("shard {0} has no digest (64 hex digits, or blake3: and 64 hex digits)")]
     NoDigest(String),
     /// A fingerprint past [`MAX_REPORT`] bytes.
     #[error("environment fingerprint is {0} bytes; at most {MAX_REPORT}")]
@@ -194,7 +195,7 @@ fn commit(c: &NodeCommit, node: &str) -> Result<(), Invalid> {
     }
     for f in &c.files {
         text("shard path", &f.path, 4096)?;
-        if f.sha256.len() != 64 || !f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if DigestKind::of(&f.digest).is_none() {
             return Err(Invalid::NoDigest(f.path.escape_debug().to_string()));
         }
     }

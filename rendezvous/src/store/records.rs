@@ -18,7 +18,9 @@ mod run;
 pub use crate::decisions::ckpt_interval::Interval;
 pub use crate::decisions::root_cause::RootCause;
 pub use crate::store::reports::ReportKind;
-pub use ckpt::{describe_id, manifest_id, parse_id, Cursor, Manifest, NodeCommit, ShardFile};
+pub use ckpt::{
+    describe_id, manifest_id, parse_id, Cursor, DigestKind, Manifest, NodeCommit, ShardFile,
+};
 pub use join::{
     Candidate, Door, EnvCheck, Fingerprint, HeldStep, Join, MemoryResume, Plan, FULL_PLAN_NODES,
 };

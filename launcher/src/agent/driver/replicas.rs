@@ -200,10 +200,10 @@ impl Replicas {
             from: self.ctx.me.clone(),
             files: files
                 .iter()
-                .map(|(path, _, bytes, sha256, rank)| OfferFile {
+                .map(|(path, _, bytes, digest, rank)| OfferFile {
                     path: path.clone(),
                     bytes: *bytes,
-                    sha256: sha256.clone(),
+                    digest: digest.clone(),
                     rank: Some(*rank),
                 })
                 .collect(),

@@ -252,7 +252,7 @@ impl Stage {
                     staged: staged_path(self.dir(), &self.ckpt_dir, &target)?,
                     target,
                     bytes: f.bytes,
-                    sha256: f.sha256.clone(),
+                    digest: f.digest.clone(),
                 })
             })
             .collect();
@@ -293,7 +293,7 @@ impl Stage {
                             rank: rank_of(&f.target),
                             path: f.target.display().to_string(),
                             bytes: f.bytes,
-                            sha256: f.sha256.clone(),
+                            digest: f.digest.clone(),
                         })
                         .collect(),
                     staged_at_ms: batch.staged_ms,
@@ -310,7 +310,7 @@ impl Stage {
                             f.target.display().to_string(),
                             f.staged.clone(),
                             f.bytes,
-                            f.sha256.clone(),
+                            f.digest.clone(),
                             rank_of(&f.target),
                         )
                     })
@@ -368,14 +368,14 @@ impl Stage {
                     for (f, digest) in p.files.iter().zip(digests) {
                         let target = f.target.display().to_string();
                         for s in batch.files.iter_mut().filter(|s| s.path == target) {
-                            s.sha256.clone_from(&digest);
+                            s.digest.clone_from(&digest);
                         }
                         for s in held_files
                             .iter_mut()
                             .flat_map(|h| h.iter_mut())
                             .filter(|s| s.path == target)
                         {
-                            s.sha256.clone_from(&digest);
+                            s.digest.clone_from(&digest);
                         }
                     }
                     batch

@@ -1,8 +1,9 @@
 //! The persister: a thread that writes staged checkpoint files to `--ckpt-dir` behind the
 //! training, one step at a time. Each file is written to a temporary file next to its place a
-//! slice at a time: read once from the staged copy, hashed (SHA-256), written with `O_DIRECT`
+//! slice at a time: read once from the staged copy, hashed (BLAKE3, or the function of the
+//! rank's digest when it gave one: [`crate::ckpt::digest`]), written with `O_DIRECT`
 //! (no page cache, so no writeback by the kernel's threads and nothing to drop) and read back
-//! from the device and compared at once; it is fsynced, its SHA-256 checked against the
+//! from the device and compared at once; it is fsynced, its digest checked against the
 //! rank's when it gave one, then renamed into place and its directory fsynced (through the
 //! page cache, its writeback started as it goes, where the file system refuses `O_DIRECT`).
 //! Throttled: a byte rate ([`super::pace::pause`]), and while the node's CPUs are busy with
@@ -15,11 +16,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::decide::Key;
 use super::pace::PaceParams;
+use crate::ckpt::digest::Hasher;
 use disk::{
     drop_pages, read_back, read_back_at, read_full_at, Aligned, Disk, Written, ALIGN, SLICE,
 };
@@ -60,9 +61,10 @@ pub struct StagedFile {
     pub target: PathBuf,
     /// Size, bytes.
     pub bytes: u64,
-    /// SHA-256 the rank computed, lowercase hex; empty when the rank left it to the agent (the
-    /// persister then compares the bytes read back with the staged copy's).
-    pub sha256: String,
+    /// The digest the rank took (a SHA-256, as a manifest spells it); empty when the rank left
+    /// it to the agent (the persister then takes a BLAKE3, and compares the bytes read back
+    /// with the staged copy's).
+    pub digest: String,
 }
 
 /// One step to persist.
@@ -83,7 +85,7 @@ pub struct Job {
 pub struct Done {
     /// The step.
     pub key: Key,
-    /// How long writing took and each file's SHA-256 (in the job's order), or the file that
+    /// How long writing took and each file's digest (in the job's order), or the file that
     /// failed and why.
     pub result: Result<(Duration, Vec<String>), PersistError>,
 }
@@ -169,8 +171,8 @@ impl Persister {
 
 /// Writes `f` to its place in `--ckpt-dir`, throttled by `throttle` and `pacer` (a change of
 /// either applies to the rest of the file), and verifies it on disk before it takes its place:
-/// the bytes read back from the device must equal the staged copy's (and their SHA-256 the
-/// rank's, when it gave one). Returns the SHA-256 of the file.
+/// the bytes read back from the device must equal the staged copy's (and their digest the
+/// rank's, when it gave one). Returns the digest of the file, as a manifest spells it.
 ///
 /// Each slice of the staged copy is read once into a buffer, hashed there, written from it
 /// with `O_DIRECT` (no page cache: no writeback by the kernel's threads, nothing to drop) and
@@ -219,7 +221,7 @@ fn persist_file_as(
     let mut disk = Disk::open(tmp.as_file(), tmp.path(), direct);
     let mut ours = Aligned::new(SLICE);
     let mut theirs = Aligned::new(SLICE);
-    let mut h = Sha256::new();
+    let mut h = Hasher::like(&f.digest);
     let began = Instant::now();
     let mut written = 0u64;
     // The last partial block (written through the page cache) and where it starts.
@@ -278,11 +280,11 @@ fn persist_file_as(
     verified
         .map_err(|e| fail(PersistFailure::ReadBack(e)))?
         .map_err(differ)?;
-    let digest = hex(&h.finalize());
-    if !f.sha256.is_empty() && digest != f.sha256 {
+    let digest = h.finish().to_string();
+    if !f.digest.is_empty() && digest != f.digest {
         return Err(fail(PersistFailure::Digest {
             got: digest,
-            want: f.sha256.clone(),
+            want: f.digest.clone(),
         }));
     }
     tmp.persist(&f.target)
@@ -293,28 +295,30 @@ fn persist_file_as(
     Ok(digest)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ckpt::digest::DigestKind;
     use pacer::tests::full;
 
+    /// The digest of `bytes` taken with `kind`, as a manifest spells it.
+    fn digest_of(bytes: &[u8], kind: DigestKind) -> String {
+        let mut h = Hasher::new(kind);
+        h.update(bytes);
+        h.finish().to_string()
+    }
+
+    /// A staged file of `bytes` whose rank gave its SHA-256.
     fn staged(dir: &Path, bytes: &[u8]) -> StagedFile {
         let stage = dir.join("stage/run/step-1-g1");
         std::fs::create_dir_all(&stage).unwrap();
         std::fs::write(stage.join("rank0.pt"), bytes).unwrap();
-        let sha: String = Sha256::digest(bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let sha = digest_of(bytes, DigestKind::Sha256);
         StagedFile {
             staged: stage.join("rank0.pt"),
             target: dir.join("ckpt/run/step-1-g1/rank0.pt"),
             bytes: bytes.len() as u64,
-            sha256: sha,
+            digest: sha,
         }
     }
 
@@ -335,13 +339,14 @@ mod tests {
         let f = staged(d.path(), &vec![7u8; 3 * SLICE + 5]);
         assert_eq!(
             persist_file(&f, &Throttle::new(0), &mut full()).unwrap(),
-            f.sha256
+            f.digest
         );
+        // A rank that left its digest to the agent: the agent's own function.
         let mut left_to_the_agent = f.clone();
-        left_to_the_agent.sha256.clear();
+        left_to_the_agent.digest.clear();
         assert_eq!(
             persist_file(&left_to_the_agent, &Throttle::new(0), &mut full()).unwrap(),
-            f.sha256
+            digest_of(&vec![7u8; 3 * SLICE + 5], DigestKind::Blake3)
         );
         assert_eq!(std::fs::read(&f.target).unwrap(), vec![7u8; 3 * SLICE + 5]);
         assert!(leftovers(f.target.parent().unwrap()).is_empty());
@@ -351,10 +356,10 @@ mod tests {
     fn a_digest_that_differs_leaves_nothing_in_place() {
         let d = tempfile::tempdir().unwrap();
         let mut f = staged(d.path(), b"state");
-        f.sha256 = "0".repeat(64);
+        f.digest = "0".repeat(64);
         let e = persist_file(&f, &Throttle::new(0), &mut full()).unwrap_err();
         assert!(
-            matches!(e.failure, PersistFailure::Digest { ref want, .. } if *want == f.sha256),
+            matches!(e.failure, PersistFailure::Digest { ref want, .. } if *want == f.digest),
             "{e}"
         );
         assert!(e.to_string().contains("differs from the rank's"), "{e}");
@@ -412,7 +417,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(200));
             lift.set_rate(0);
         });
-        assert_eq!(persist_file(&f, &rate, &mut full()).unwrap(), f.sha256);
+        assert_eq!(persist_file(&f, &rate, &mut full()).unwrap(), f.digest);
         lifter.join().unwrap();
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
         assert!(
@@ -447,7 +452,7 @@ mod tests {
                 let _ = std::fs::remove_file(&f.target);
                 let digest = persist_file_as(&f, &Throttle::new(0), &mut full(), direct)
                     .unwrap_or_else(|e| panic!("{len} bytes, direct {direct}: {e}"));
-                assert_eq!(digest, f.sha256, "{len} bytes, direct {direct}");
+                assert_eq!(digest, f.digest, "{len} bytes, direct {direct}");
                 assert!(
                     std::fs::read(&f.target).unwrap() == bytes,
                     "{len} bytes, direct {direct}"
@@ -474,7 +479,7 @@ mod tests {
         });
         let r = done.recv().await.unwrap();
         assert_eq!(r.key, (1, 1));
-        assert_eq!(r.result.unwrap().1, std::slice::from_ref(&f.sha256));
+        assert_eq!(r.result.unwrap().1, std::slice::from_ref(&f.digest));
         assert_eq!(std::fs::read(&f.target).unwrap(), b"abc");
     }
 

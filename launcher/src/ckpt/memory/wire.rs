@@ -4,13 +4,14 @@
 //! # The exchange (one TCP connection per step, to the neighbour's replica port)
 //! 1. The receiver sends a random [`NONCE_BYTES`]-byte nonce.
 //! 2. The sender sends its [`Offer`] as a 4-byte big-endian length and JSON: the run, the
-//!    generation and step, its node id, each file's final path, size and (when the rank gave
-//!    one) SHA-256, and a MAC: HMAC-SHA256 keyed by the run's `--rdzv-token` over the nonce and
+//!    generation and step, its node id, each file's final path, size and (when known) digest,
+//!    and a MAC: HMAC-SHA256 keyed by the run's `--rdzv-token` over the nonce and
 //!    the offer (empty without a token).
 //! 3. The receiver judges it ([`judge::judge`]: the run, the generation it follows, the sender
 //!    is its ring predecessor, the MAC, plain paths inside `--ckpt-dir`), then its budget
 //!    ([`super::replica::release`]), and answers one line: `take` or `refused: <why>`.
-//! 4. On `take`, each file's bytes follow, each with its SHA-256 (32 bytes) after it; the
+//! 4. On `take`, each file's bytes follow, each with its digest (32 bytes: taken with the
+//!    function the offer's digest names, or BLAKE3 where it has none) after it; the
 //!    receiver hashes what it reads and compares (and with the rank's digest when the offer
 //!    has one), then answers `ok` or `bad: <why>`. Only a step whose every file was verified is
 //!    held; anything else is deleted.
@@ -33,8 +34,11 @@ pub struct OfferFile {
     pub path: String,
     /// Bytes.
     pub bytes: u64,
-    /// The rank's SHA-256 (hex), when it sent one; empty otherwise.
-    pub sha256: String,
+    /// The file's digest as a manifest spells it (the rank's SHA-256, or the agent's BLAKE3
+    /// once it has hashed the file), when known; empty otherwise. The bytes that follow are
+    /// hashed with the function it names, or with BLAKE3 ([`crate::ckpt::digest::Hasher::like`]).
+    #[serde(alias = "sha256")]
+    pub digest: String,
     /// The global rank that wrote it (`None` from an older agent: such a replica is kept but
     /// not offered for a resume after a node loss).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -92,7 +96,7 @@ impl Offer {
 /// resume_memory` names the receiving node as their source): sent in place of an [`Offer`] on
 /// the same connection, told apart by its `fetch` field. The receiver judges it
 /// ([`judge::judge_fetch`]), answers `take` or `refused: <why>`, and on `take` sends each
-/// file's bytes followed by its SHA-256 (32 bytes), as an offer's sender does; the requester
+/// file's bytes followed by its digest (32 bytes), as an offer's sender does; the requester
 /// verifies each against the digest and the plan's, and answers `ok` or `bad: <why>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fetch {

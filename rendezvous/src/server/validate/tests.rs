@@ -125,7 +125,7 @@ fn a_commit_must_be_the_sessions_own_with_real_digests() {
         rank: 0,
         path: "/ckpt/step-2/rank-0.pt".into(),
         bytes: 3,
-        sha256: sha.into(),
+        digest: sha.into(),
     };
     let commit = |node: &str, files| Request::Commit {
         commit: NodeCommit {
@@ -142,14 +142,18 @@ fn a_commit_must_be_the_sessions_own_with_real_digests() {
     };
     let good = "ab".repeat(32);
     assert_eq!(request(&commit("n", vec![file(&good)]), "n"), Ok(()));
+    let blake3 = format!("blake3:{good}");
+    assert_eq!(request(&commit("n", vec![file(&blake3)]), "n"), Ok(()));
     assert!(request(&commit("m", vec![]), "n")
         .unwrap_err()
         .to_string()
         .contains("node 'm'"));
-    assert!(request(&commit("n", vec![file("zz")]), "n")
-        .unwrap_err()
-        .to_string()
-        .contains("SHA-256"));
+    for bad in ["zz", "blake3:zz", &format!("md5:{good}")] {
+        assert!(request(&commit("n", vec![file(bad)]), "n")
+            .unwrap_err()
+            .to_string()
+            .contains("has no digest"));
+    }
 }
 
 #[test]

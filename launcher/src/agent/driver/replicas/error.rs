@@ -160,27 +160,27 @@ pub(crate) enum ReplicaError {
         source: std::io::Error,
     },
     /// The bytes received are not those the sender hashed.
-    #[error("{path}: the bytes received do not match the sender's SHA-256")]
+    #[error("{path}: the bytes received do not match the sender's digest")]
     NotSenders {
         /// The file's final path.
         path: String,
     },
     /// The bytes received are not those the rank hashed.
-    #[error("{path}: SHA-256 {got}, the rank's is {want}")]
+    #[error("{path}: digest {got}, the rank's is {want}")]
     NotRanks {
         /// The file's final path.
         path: String,
-        /// The SHA-256 of the bytes received.
+        /// The digest of the bytes received.
         got: String,
         /// The rank's.
         want: String,
     },
     /// A gathered file is not the one the plan names.
-    #[error("{path}: SHA-256 {got} in memory, the plan's is {want}")]
+    #[error("{path}: digest {got} in memory, the plan's is {want}")]
     NotPlans {
         /// The file's final path.
         path: String,
-        /// The SHA-256 of the staged file.
+        /// The digest of the staged file.
         got: String,
         /// The plan's.
         want: String,

@@ -3,7 +3,7 @@
 //! before the workers start, each agent gathers every file of the step into its staging
 //! directory — its own staged copies are there already, its replicas are linked in, the rest
 //! is fetched from the member the plan names ([`fetch_from`], served by [`serve`] on the
-//! replica port, verified by digest) — then checks every file's SHA-256 against the plan's, so
+//! replica port, verified by digest) — then checks every file's digest against the plan's, so
 //! the workers' resume from the staged directory reads exactly the step the plan names.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -129,7 +129,7 @@ pub(crate) struct Local {
 }
 
 /// Gathers every file of `m` (the plan's resume point, from memory per `sources`) into
-/// `local.stage`, then verifies each by SHA-256: the files already staged here stay, replicas
+/// `local.stage`, then verifies each by its digest: the files already staged here stay, replicas
 /// held here are linked in, the rest is fetched from its source member of `plan`. Returns the
 /// manifest file to hand the workers, written in the staging directory (`--ckpt-dir` holds no
 /// manifest of a step not sealed).
@@ -217,7 +217,7 @@ async fn gather_into(
             .map(|f| OfferFile {
                 path: f.path.clone(),
                 bytes: f.bytes,
-                sha256: f.sha256.clone(),
+                digest: f.digest.clone(),
                 rank: Some(f.rank),
             })
             .collect();
@@ -251,7 +251,7 @@ async fn gather_into(
             }
         }
     }
-    // Every file, however it came, is the plan's: SHA-256 against the manifest.
+    // Every file, however it came, is the plan's: its digest against the manifest's.
     let stage = local.stage.clone();
     let ckpt_dir = local.ckpt_dir.clone();
     let check = m.clone();
@@ -274,7 +274,7 @@ async fn gather_into(
     Ok(file)
 }
 
-/// Every file of `m` staged under `stage` has the manifest's SHA-256.
+/// Every file of `m` staged under `stage` has the manifest's digest.
 fn verify_staged(stage: &Path, ckpt_dir: &Path, m: &Manifest) -> Result<(), ReplicaError> {
     for f in &m.files {
         let p = staged_path(stage, ckpt_dir, Path::new(&f.path)).ok_or_else(|| {
@@ -282,16 +282,17 @@ fn verify_staged(stage: &Path, ckpt_dir: &Path, m: &Manifest) -> Result<(), Repl
                 path: f.path.clone(),
             }
         })?;
-        let (got, _) =
-            crate::ckpt::verify::sha256_file(&p).map_err(|source| ReplicaError::Verify {
+        let (got, _) = crate::ckpt::digest::file_like(&p, &f.digest).map_err(|source| {
+            ReplicaError::Verify {
                 path: p.clone(),
                 source,
-            })?;
-        if got != f.sha256 {
+            }
+        })?;
+        if got != f.digest {
             return Err(ReplicaError::NotPlans {
                 path: f.path.clone(),
                 got,
-                want: f.sha256.clone(),
+                want: f.digest.clone(),
             });
         }
     }

@@ -1,16 +1,16 @@
 //! What both directions of the replica port (a replica offered by the ring predecessor, a
 //! fetch) do on a connection: read a transfer's files, each written at its staged path and
-//! checked against its SHA-256, and answer a refusal. Used by both, so it imports neither.
+//! checked against its digest, and answer a refusal. Used by both, so it imports neither.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::error::ReplicaError;
 use super::shelf::CHUNK;
+use crate::ckpt::digest::Hasher;
 use crate::ckpt::memory::staged_path;
 use crate::ckpt::memory::wire::OfferFile;
 
@@ -44,7 +44,7 @@ pub(super) async fn read_files(
 }
 
 /// Reads each of `wanted` and its digest, writing it at its staged path under `root` (each
-/// path written is pushed on `files`); the SHA-256 of each, verified against the sender's and
+/// path written is pushed on `files`); the digest of each, verified against the sender's and
 /// (when given) the expected one.
 async fn read_each(
     conn: &mut BufReader<TcpStream>,
@@ -78,7 +78,7 @@ async fn read_each(
                     source,
                 })?;
         files.push(dest.clone());
-        let mut hash = Sha256::new();
+        let mut hash = Hasher::like(&f.digest);
         let mut left = f.bytes;
         while left > 0 {
             wanted_still()?;
@@ -116,18 +116,18 @@ async fn read_each(
                 path: f.path.clone(),
                 source,
             })?;
-        let got = hash.finalize();
-        if got.as_slice() != digest {
+        let got = hash.finish();
+        if got.bytes != digest {
             return Err(ReplicaError::NotSenders {
                 path: f.path.clone(),
             });
         }
-        let got = crate::ckpt::verify::hex(&got);
-        if !f.sha256.is_empty() && f.sha256 != got {
+        let got = got.to_string();
+        if !f.digest.is_empty() && f.digest != got {
             return Err(ReplicaError::NotRanks {
                 path: f.path.clone(),
                 got,
-                want: f.sha256.clone(),
+                want: f.digest.clone(),
             });
         }
         digests.push(got);

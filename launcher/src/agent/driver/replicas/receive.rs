@@ -140,12 +140,12 @@ async fn receive(
                 .files
                 .iter()
                 .zip(digests)
-                .map(|(f, sha256)| {
+                .map(|(f, digest)| {
                     f.rank.map(|rank| drun_rendezvous::ShardFile {
                         rank,
                         path: f.path.clone(),
                         bytes: f.bytes,
-                        sha256,
+                        digest,
                     })
                 })
                 .collect::<Option<Vec<_>>>()

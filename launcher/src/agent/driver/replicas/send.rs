@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::error::ReplicaError;
 use super::shelf::CHUNK;
+use crate::ckpt::digest::Hasher;
 use crate::ckpt::memory::pace::pause;
 use crate::ckpt::memory::wire::{Offer, OfferFile, NONCE_BYTES};
 
@@ -61,7 +61,7 @@ pub(super) async fn open(
 }
 
 /// Offers `offer` to `t` and streams `staged` when taken, at no more than `rate` bytes per
-/// second (`0`: no limit); the SHA-256 of each file as sent (the neighbour verified it before
+/// second (`0`: no limit); the digest of each file as sent (the neighbour verified it before
 /// its `ok`).
 pub(super) async fn offer_to(
     t: &Target,
@@ -95,10 +95,10 @@ pub(super) async fn offer_to(
     }
 }
 
-/// Streams each of `files` from its `staged` copy to `conn`, each followed by the SHA-256 of
+/// Streams each of `files` from its `staged` copy to `conn`, each followed by the digest of
 /// the bytes sent (32 bytes), then flushes; `to` names the other end in errors. No more than
 /// `rate` bytes per second go out (`0`: no limit; [`pause`] after each chunk). Returns those
-/// digests, in lowercase hex.
+/// digests, as a manifest spells them.
 pub(super) async fn stream_files(
     conn: &mut TcpStream,
     files: &[OfferFile],
@@ -122,7 +122,8 @@ pub(super) async fn stream_files(
                     path: path.clone(),
                     source,
                 })?;
-        let mut hash = Sha256::new();
+        // The rank's function when it gave a digest (the receiver checks it), else the agent's.
+        let mut hash = Hasher::like(&f.digest);
         let mut left = f.bytes;
         while left > 0 {
             let n = file
@@ -147,9 +148,9 @@ pub(super) async fn stream_files(
                 tokio::time::sleep(wait).await;
             }
         }
-        let digest = hash.finalize();
-        conn.write_all(&digest).await.map_err(w)?;
-        digests.push(digest.iter().map(|b| format!("{b:02x}")).collect());
+        let digest = hash.finish();
+        conn.write_all(&digest.bytes).await.map_err(w)?;
+        digests.push(digest.to_string());
     }
     conn.flush().await.map_err(w)?;
     Ok(digests)

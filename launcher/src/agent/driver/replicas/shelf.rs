@@ -62,7 +62,7 @@ pub(super) fn replica_rate(env: Option<&str>) -> (u64, Option<String>) {
 #[derive(Debug)]
 pub(crate) enum Note {
     /// This node's step `key` was sent to `to`: verified there (how long it took, and each
-    /// file's SHA-256 as sent, by its final path), or why not.
+    /// file's digest as sent, by its final path), or why not.
     Sent {
         key: Key,
         to: String,

@@ -3,9 +3,9 @@
 
 use super::send::line;
 use super::*;
+use crate::ckpt::digest::{Digest, DigestKind, Hasher, NEW};
 use crate::ckpt::memory::wire::NONCE_BYTES;
 use drun_rendezvous::{assign, Candidate};
-use sha2::{Digest, Sha256};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -95,11 +95,8 @@ async fn a_staged_step_reaches_the_ring_neighbour_verified() {
         Note::Sent { key: k, to, result } => {
             assert_eq!((k, to.as_str()), (key, "b"));
             let (_, digests) = result.unwrap();
-            let sha: String = Sha256::digest(&body)
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            assert_eq!(digests, [(target, sha)], "the digest of the bytes sent");
+            let ours = digest(&body, NEW).to_string();
+            assert_eq!(digests, [(target, ours)], "the digest of the bytes sent");
         }
         n => panic!("{n:?}"),
     }
@@ -179,12 +176,12 @@ async fn offers_from_outside_the_ring_corrupted_unsigned_or_too_big_are_refused(
                 .display()
                 .to_string(),
             bytes,
-            sha256: String::new(),
+            digest: String::new(),
             rank: Some(0),
         }],
         mac: String::new(),
     };
-    let good: [u8; 32] = Sha256::digest(b"abc").into();
+    let good = digest(b"abc", NEW).bytes;
     let a = offer_by_hand(pb, offer("c", 3), Some("tok"), b"abc", good).await;
     assert!(
         a[0].starts_with("refused: 'c' is not the node whose replicas this node holds"),
@@ -202,7 +199,7 @@ async fn offers_from_outside_the_ring_corrupted_unsigned_or_too_big_are_refused(
     let a = offer_by_hand(pb, offer("a", 3), Some("tok"), b"abd", good).await;
     assert_eq!(a[0], "take");
     assert!(
-        a[1].starts_with("bad: ") && a[1].contains("do not match the sender's SHA-256"),
+        a[1].starts_with("bad: ") && a[1].contains("do not match the sender's digest"),
         "{a:?}"
     );
     assert_eq!(b.r.held().1, 0, "nothing of it is held");
@@ -239,7 +236,7 @@ async fn a_replica_fits_beside_the_spares_and_one_released_as_it_arrives_leaves_
                     .display()
                     .to_string(),
                 bytes: 3,
-                sha256: String::new(),
+                digest: String::new(),
                 rank: Some(0),
             }],
             mac: String::new(),
@@ -247,7 +244,7 @@ async fn a_replica_fits_beside_the_spares_and_one_released_as_it_arrives_leaves_
         o.mac.clear();
         o
     };
-    let good: [u8; 32] = Sha256::digest(b"abc").into();
+    let good = digest(b"abc", NEW).bytes;
     b.r.own(Vec::new(), 98);
     let a = offer_by_hand(pb, offer(4), Some("tok"), b"abc", good).await;
     assert!(
@@ -323,7 +320,7 @@ async fn a_resume_from_memory_gathers_every_file_by_fetch_or_replica_verified() 
                 rank: r,
                 path: ckpt.path().join(rel(r)).display().to_string(),
                 bytes: body(r).len() as u64,
-                sha256: crate::ckpt::verify::hex(&Sha256::digest(body(r))),
+                digest: digest(&body(r), DigestKind::Sha256).to_string(),
             })
             .collect(),
         sealed_at_ms: 0,
@@ -362,7 +359,7 @@ async fn a_resume_from_memory_gathers_every_file_by_fetch_or_replica_verified() 
     assert_eq!(std::fs::read(b.stage.path().join(rel(0))).unwrap(), body(0));
     // A plan whose digest of rank 1 is not the bytes b serves: refused, nothing left on a.
     let mut wrong = m.clone();
-    wrong.files[1].sha256 = "0".repeat(64);
+    wrong.files[1].digest = "0".repeat(64);
     let err = fetch::gather(&local(&a, "a"), &p, &wrong, &sources)
         .await
         .unwrap_err();
@@ -373,7 +370,7 @@ async fn a_resume_from_memory_gathers_every_file_by_fetch_or_replica_verified() 
     );
     let line = err.to_string();
     assert!(
-        line.starts_with("fetching from b: ") && line.contains("SHA-256"),
+        line.starts_with("fetching from b: ") && line.contains(": digest "),
         "{line}"
     );
     assert!(
@@ -403,7 +400,7 @@ async fn a_replica_goes_out_no_faster_than_its_rate_its_bytes_and_digest_intact(
     let files = [crate::ckpt::memory::wire::OfferFile {
         path: "step-1/rank0.pt".into(),
         bytes: BYTES as u64,
-        sha256: String::new(),
+        digest: String::new(),
         rank: Some(0),
     }];
     // With a limit and without one (a resume's fetch): the same bytes and digest.
@@ -430,15 +427,21 @@ async fn a_replica_goes_out_no_faster_than_its_rate_its_bytes_and_digest_intact(
         let took = began.elapsed();
         drop(conn);
         let got = reader.await.unwrap();
-        assert_eq!(got.len(), BYTES + 32, "the file and its SHA-256");
-        let want: String = Sha256::digest(&got[..BYTES])
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        assert_eq!(got.len(), BYTES + 32, "the file and its digest");
+        let want = digest(&got[..BYTES], NEW);
+        assert_eq!(got[BYTES..], want.bytes, "the digest follows the file");
+        let want = want.to_string();
         assert_eq!(digests, vec![want]);
         // 3 MiB at 4 MiB/s: the last MiB leaves no sooner than 0.75 s in (the first goes at once).
         if rate > 0 {
             assert!(took >= Duration::from_millis(700), "rate {rate}: {took:?}");
         }
     }
+}
+
+/// The digest of `bytes` taken with `kind`.
+fn digest(bytes: &[u8], kind: DigestKind) -> Digest {
+    let mut h = Hasher::new(kind);
+    h.update(bytes);
+    h.finish()
 }

@@ -138,7 +138,7 @@ mod tests {
                 rank,
                 path: ckpt.join(&rel).display().to_string(),
                 bytes: bytes as u64,
-                sha256: String::new(),
+                digest: String::new(),
             });
             files.push(p);
         }

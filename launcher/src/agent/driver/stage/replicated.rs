@@ -41,7 +41,7 @@ impl Stage {
         }
     }
 
-    /// The SHA-256 of each file of own step `key` as it was sent to the neighbour, which
+    /// The digest of each file of own step `key` as it was sent to the neighbour, which
     /// verified it (`(final path, digest)`): a file whose rank left its digest to the agent
     /// has it from here on, so a join after a fault reports the step without hashing its
     /// files on the agent's loop ([`Stage::held`]).
@@ -49,9 +49,9 @@ impl Stage {
         let Some(h) = self.own_held.get_mut(&key) else {
             return;
         };
-        for f in h.files.iter_mut().filter(|f| f.sha256.is_empty()) {
+        for f in h.files.iter_mut().filter(|f| f.digest.is_empty()) {
             if let Some((_, d)) = digests.iter().find(|(path, _)| *path == f.path) {
-                f.sha256.clone_from(d);
+                f.digest.clone_from(d);
             }
         }
     }
@@ -154,9 +154,8 @@ impl Agent {
 
 #[cfg(test)]
 mod tests {
-    use sha2::{Digest, Sha256};
-
     use super::*;
+    use crate::ckpt::digest::{Hasher, NEW};
 
     #[test]
     fn a_digest_verified_by_the_neighbour_spares_the_join_hashing_the_staged_copy() {
@@ -168,10 +167,9 @@ mod tests {
         let staged = s.dir().join("step-4/rank0.pt");
         std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
         std::fs::write(&staged, b"weights").unwrap();
-        let real: String = Sha256::digest(b"weights")
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let mut h = Hasher::new(NEW);
+        h.update(b"weights");
+        let real = h.finish().to_string();
         s.table.add(key, 7, false, std::time::Instant::now());
         let unhashed = drun_rendezvous::HeldStep {
             step: 4,
@@ -183,18 +181,18 @@ mod tests {
                 rank: 0,
                 path: target.clone(),
                 bytes: 7,
-                sha256: String::new(),
+                digest: String::new(),
             }],
             staged_at_ms: None,
         };
         // Not sent yet: the join hashes the staged copy itself.
         s.own_held.insert(key, unhashed.clone());
-        assert_eq!(s.held()[0].files[0].sha256, real);
+        assert_eq!(s.held()[0].files[0].digest, real);
         // Sent and verified: the join takes that digest and reads nothing (the staged copy is
         // gone here, so a hash could not be taken).
         s.own_held.insert(key, unhashed);
         std::fs::remove_file(&staged).unwrap();
         s.sent_digests(key, &[(target, real.clone())]);
-        assert_eq!(s.held()[0].files[0].sha256, real);
+        assert_eq!(s.held()[0].files[0].digest, real);
     }
 }

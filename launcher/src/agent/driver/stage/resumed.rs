@@ -26,11 +26,11 @@ impl Stage {
             let Some(h) = self.own_held.get_mut(&key) else {
                 continue;
             };
-            for f in h.files.iter_mut().filter(|f| f.sha256.is_empty()) {
+            for f in h.files.iter_mut().filter(|f| f.digest.is_empty()) {
                 let digest = staged_path(self.dir.path(), &self.ckpt_dir, Path::new(&f.path))
-                    .and_then(|p| crate::ckpt::verify::sha256_file(&p).ok());
+                    .and_then(|p| crate::ckpt::digest::file(&p, crate::ckpt::digest::NEW).ok());
                 if let Some((d, _)) = digest {
-                    f.sha256 = d;
+                    f.digest = d.to_string();
                 }
             }
             out.push(h.clone());
@@ -121,7 +121,7 @@ impl Stage {
                     staged: staged_path(self.dir(), &self.ckpt_dir, Path::new(&f.path))?,
                     target: PathBuf::from(&f.path),
                     bytes: f.bytes,
-                    sha256: f.sha256.clone(),
+                    digest: f.digest.clone(),
                 })
             })
             .collect();
@@ -252,7 +252,7 @@ impl crate::agent::Agent {
             match ready {
                 Ok(manifest_file) => {
                     tracing::info!(
-                        "resuming from checkpoint step {} (saved by generation {} at world size {}, now {}) from the survivors' copies in memory, every file verified by SHA-256; data: epoch {}, sample {} of its permutation",
+                        "resuming from checkpoint step {} (saved by generation {} at world size {}, now {}) from the survivors' copies in memory, every file verified by its digest; data: epoch {}, sample {} of its permutation",
                         m.step,
                         m.generation,
                         m.world_size,
@@ -313,7 +313,7 @@ mod tests {
                 .display()
                 .to_string(),
             bytes: (pages * PAGE) as u64,
-            sha256: String::new(),
+            digest: String::new(),
         };
         let m = Manifest {
             run_id: "run".into(),

@@ -55,10 +55,10 @@ pub enum PersistFailure {
         /// The first byte that differs.
         at: u64,
     },
-    /// The SHA-256 of the bytes written is not the rank's.
-    #[error("its SHA-256 read back from disk differs from the rank's: {got} != {want}")]
+    /// The digest of the bytes written is not the rank's.
+    #[error("its digest read back from disk differs from the rank's: {got} != {want}")]
     Digest {
-        /// The SHA-256 of the bytes written.
+        /// The digest of the bytes written.
         got: String,
         /// The rank's.
         want: String,

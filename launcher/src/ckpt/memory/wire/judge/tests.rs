@@ -12,7 +12,7 @@ fn offer(from: &str) -> Offer {
         files: vec![OfferFile {
             path: "/ck/job/step-8-g2/rank0.pt".into(),
             bytes: 3,
-            sha256: String::new(),
+            digest: String::new(),
             rank: Some(0),
         }],
         mac: String::new(),
