@@ -19,15 +19,16 @@
 //! the training goes on. The node's batched commit goes to the persister ([`persist`]): each
 //! file is copied by the kernel to a temporary file next to its final path, written back as the
 //! copy goes (its pages dropped from the cache once on disk), fsynced, read back from the device
-//! (`O_DIRECT`) and compared byte for byte with the staged copy (or its SHA-256 with the rank's,
+//! (`O_DIRECT`) and compared byte for byte with the staged copy (or its digest with the rank's,
 //! when it sent one), hashed once on that read, and only then renamed into place and its
-//! directory fsynced. The manifest records that digest. Only then does the node's commit go to
+//! directory fsynced. The manifest records that digest (BLAKE3 where the rank left it to the
+//! agent: [`crate::ckpt::digest`]). Only then does the node's commit go to
 //! the ledger — where it seals as any commit does (manifest, `latest` pointer).
 //!
 //! **Sharing the node with the training.** The persister is throttled by a byte rate
 //! ([`pace::pause`]) and by the CPU ([`pace::pace`]): while the node's CPUs are busy (the
 //! rest of the CPUs the agent may run on leave less than most of one idle, `/proc/stat`), it keeps to a share
-//! of one CPU (3 %, `DRUN_CKPT_PERSIST_CPU`) in the idle I/O class, in bursts of work
+//! of one CPU (1.5 %, `DRUN_CKPT_PERSIST_CPU`) in the idle I/O class, in bursts of work
 //! (`persist::pacer::LOOK_EVERY`) with the pause they ask between them: a rank that loses its
 //! core holds up every rank that steps with it, at each burst; it goes at full speed while
 //! a CPU is spare, when a newer step waits behind the one it writes, once the step waited past
@@ -36,7 +37,8 @@
 //! of their own, so with the kernel's autogroups (`sched_autogroup_enabled`) they compete with
 //! the agent's session as groups, whatever the priority of a thread inside it; and an
 //! unprivileged thread cannot take a lowered priority back for the run's end. `SCHED_BATCH`
-//! (no preemption at wake-up) was measured and did not help.
+//! (no preemption at wake-up) was measured and did not help; nor did `SCHED_IDLE` (its
+//! autogroup took a core: the steps ran 2.5 times as long while it persisted).
 //!
 //! **States of a step** (this node's, [`decide::Copy`]): `Staged` (in memory, answered to the
 //! ranks) → `Persisting` (being written to `DIR`) → `Persisted` (every file written, fsynced,
@@ -268,7 +270,7 @@ pub fn resume_from_memory(
 }
 
 /// `--ckpt-verify digest` on a resume from the staged copy: why the staged copy of `m` is not
-/// what its manifest says (the first file whose size or SHA-256 differs, as one line), or
+/// what its manifest says (the first file whose size or digest differs, as one line), or
 /// `None`. The ranks read the staged copy, not the one on disk that the resume check hashed; it
 /// is checked the same way ([`crate::ckpt::verify::verify`], files hashed in parallel).
 pub fn staged_differs(
@@ -422,7 +424,7 @@ mod tests {
             rank: r,
             path: format!("/ck/run/step-2-g1/rank{r}.pt"),
             bytes: 3,
-            sha256: String::new(),
+            digest: String::new(),
         };
         let mut m = drun_rendezvous::Manifest {
             run_id: "run".into(),

@@ -13,13 +13,14 @@ const PERSIST_RATE: u64 = 1 << 30;
 
 /// The share of one CPU the persister keeps to while the node's CPUs are busy (the training's
 /// ranks on every core), unless `DRUN_CKPT_PERSIST_CPU` says otherwise. Ranks that step
-/// together (an all-reduce a step) all wait for the one whose core the persister took: on 2
-/// ranks over 2 busy cores their steps while it persisted ran 4.7 % slower at 3 % of one CPU,
-/// 8.5 % at 5 % (`cargo bench --bench ckpt`). The training time a save costs is the same at
-/// either share (the persister's work is); a lower share spreads it over a longer lag (2 GiB
-/// a node: 61 s against 37 s, within the lag bound), and where a CPU is spare the persister
-/// goes at full speed whatever the share.
-const PERSIST_CPU_SHARE: f64 = 0.03;
+/// together (an all-reduce a step) all wait for the one whose core the persister took, so the
+/// steps while it persists slow by about one and a half to two and a half times the share: on 2
+/// ranks over 2 busy cores, 4.7 % at 3 % of one CPU with SHA-256 digests, 6.7-8.7 % at 3 % and
+/// 4.8-5.0 % at 2 % with BLAKE3 (its work per GiB is half, the same training time lost per save
+/// is spread over half the lag). At 1.5 % a node's 2 GiB take about 55 s (the lag bound is
+/// 120 s); where a CPU is spare the persister goes at full speed whatever the share
+/// (`docs/contributing/benchmarks.md`, "BLAKE3 digests").
+const PERSIST_CPU_SHARE: f64 = 0.015;
 
 /// How long a staged step may wait for the disk before the persister stops yielding the CPU to
 /// the training, unless `DRUN_CKPT_PERSIST_LAG` says otherwise.
@@ -33,7 +34,7 @@ pub(super) fn pace_params() -> PaceParams {
         "DRUN_CKPT_PERSIST_CPU",
         |v| v.parse::<f64>().ok().filter(|s| s.is_finite() && *s > 0.0),
         PERSIST_CPU_SHARE,
-        "a share of one CPU (e.g. 0.03)",
+        "a share of one CPU (e.g. 0.015)",
         &PERSIST_CPU_SHARE.to_string(),
     );
     let lag_bound = setting(
