@@ -37,8 +37,8 @@
 //! of their own, so with the kernel's autogroups (`sched_autogroup_enabled`) they compete with
 //! the agent's session as groups, whatever the priority of a thread inside it; and an
 //! unprivileged thread cannot take a lowered priority back for the run's end. `SCHED_BATCH`
-//! (no preemption at wake-up) was measured and did not help; nor did `SCHED_IDLE` (its
-//! autogroup took a core: the steps ran 2.5 times as long while it persisted).
+//! (no preemption at wake-up) was measured and did not help; nor did `SCHED_IDLE` (at 3 % the
+//! steps while it persisted ran 13.9 % slower, against 6-10 % without it on the same machine).
 //!
 //! **States of a step** (this node's, [`decide::Copy`]): `Staged` (in memory, answered to the
 //! ranks) → `Persisting` (being written to `DIR`) → `Persisted` (every file written, fsynced,
