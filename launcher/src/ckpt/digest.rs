@@ -20,20 +20,23 @@ const CHUNK: usize = 1 << 20;
 
 /// A digest in the making.
 #[derive(Clone)]
-pub enum Hasher {
-    /// SHA-256.
+pub struct Hasher(Function);
+
+/// The function's state.
+#[derive(Clone)]
+enum Function {
     Sha256(sha2::Sha256),
-    /// BLAKE3 (boxed: its state is about 2 KiB).
+    /// Boxed: its state is about 2 KiB.
     Blake3(Box<blake3::Hasher>),
 }
 
 impl Hasher {
     /// A digest taken with `kind`.
     pub fn new(kind: DigestKind) -> Self {
-        match kind {
-            DigestKind::Sha256 => Hasher::Sha256(sha2::Sha256::new()),
-            DigestKind::Blake3 => Hasher::Blake3(Box::default()),
-        }
+        Hasher(match kind {
+            DigestKind::Sha256 => Function::Sha256(sha2::Sha256::new()),
+            DigestKind::Blake3 => Function::Blake3(Box::default()),
+        })
     }
 
     /// A digest to compare with `digest`: taken with the function it names, or with [`NEW`]
@@ -44,9 +47,9 @@ impl Hasher {
 
     /// Hashes `bytes` next.
     pub fn update(&mut self, bytes: &[u8]) {
-        match self {
-            Hasher::Sha256(h) => h.update(bytes),
-            Hasher::Blake3(h) => {
+        match &mut self.0 {
+            Function::Sha256(h) => h.update(bytes),
+            Function::Blake3(h) => {
                 h.update(bytes);
             }
         }
@@ -54,12 +57,12 @@ impl Hasher {
 
     /// The digest of everything hashed.
     pub fn finish(self) -> Digest {
-        match self {
-            Hasher::Sha256(h) => Digest {
+        match self.0 {
+            Function::Sha256(h) => Digest {
                 kind: DigestKind::Sha256,
                 bytes: h.finalize().into(),
             },
-            Hasher::Blake3(h) => Digest {
+            Function::Blake3(h) => Digest {
                 kind: DigestKind::Blake3,
                 bytes: *h.finalize().as_bytes(),
             },
