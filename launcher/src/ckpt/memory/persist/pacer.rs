@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::super::pace::{pace, pause, spare_cpu, Pace, PaceInput, PaceParams};
+use super::super::pace::{judge, pace, pause, CpuWindow, NodeCpu, Pace, PaceInput, PaceParams};
 use crate::os::background::{self, IoClass};
 
 /// Longest sleep of the throttle between two looks at its rate, which the agent may change
@@ -29,8 +29,17 @@ const RECHECK: Duration = Duration::from_millis(50);
 pub(super) const LOOK_EVERY: u64 = 64 << 20;
 
 /// The window over which the persister judges whether the node has a CPU to spare
-/// ([`super::pace::spare_cpu`]; `/proc/stat` counts in ticks of 10 ms).
+/// ([`super::super::pace::judge`]; `/proc/stat` counts in ticks of 10 ms), and the pause it
+/// makes to judge again while at full speed.
 const CPU_WINDOW: Duration = Duration::from_millis(250);
+
+/// How long quiet windows must find a CPU spare, in a row, before the persister goes at full
+/// speed: the ranks of a step leave a core idle for a moment after a save (one waits in the
+/// step's collective for the other), and full speed there slowed the steps after a
+/// `dcp.save` 1.5 to 6.8 times for up to 1.6 s (measured with a 250 ms window and no
+/// confirmation). A second's delay where a CPU is truly spare costs a lag of tens of seconds
+/// little.
+const SPARE_CONFIRM: Duration = Duration::from_secs(1);
 
 /// The persister's throttle, shared with the agent: a byte rate (0: no limit) and whether the
 /// agent asks for full speed (the run's end, a step waiting behind); both can change while a
@@ -87,8 +96,8 @@ pub struct Pacer {
     staged_at: Instant,
     /// The current window's start: when, the node's idle time and this thread's CPU time then.
     window: (Instant, Option<Duration>, Duration),
-    /// Whether the last window had a CPU to spare.
-    spare: bool,
+    /// What the windows so far say of the node's CPUs.
+    node: NodeCpu,
     /// Since when the persister yields, with its CPU time then.
     yielding: Option<(Instant, Duration)>,
     /// The last decision, to log (and set the I/O class) only on a change.
@@ -108,7 +117,7 @@ impl Pacer {
                 background::node_idle(),
                 background::thread_cpu(),
             ),
-            spare: false,
+            node: NodeCpu::Busy,
             yielding: Some((Instant::now(), background::thread_cpu())),
             last: None,
             unlooked: 0,
@@ -138,10 +147,11 @@ impl Pacer {
             let by_rate = written.map_or(Duration::ZERO, |(n, began)| {
                 pause(n, began.elapsed(), throttle.rate())
             });
-            let wait = if look {
-                self.look(throttle).max(by_rate)
+            let (wait, probe) = if look {
+                let decision = self.look(throttle);
+                (decision.pause().max(by_rate), decision.probes())
             } else {
-                by_rate
+                (by_rate, false)
             };
             if wait.is_zero() {
                 return;
@@ -152,28 +162,45 @@ impl Pacer {
             // again would ask a pause for this look's own CPU, then for that look's, and so on:
             // a thread that spent its share on thousands of tiny sleeps a second (measured:
             // 1,000 a second, the persister's CPU per GiB tripled, the lag bound reached).
-            if wait <= RECHECK {
+            // A probe's pause ends with a look: its window is judged before any more work.
+            if wait <= RECHECK && !probe {
                 return;
             }
         }
     }
 
-    /// One look at the CPU throttle: the node's idle time once a [`CPU_WINDOW`], this thread's
-    /// CPU time, the decision (noted); the pause it asks.
-    fn look(&mut self, throttle: &Throttle) -> Duration {
+    /// One look at the CPU throttle: the node's idle time once a [`CPU_WINDOW`] (the window
+    /// judged), this thread's CPU time, the decision (noted).
+    fn look(&mut self, throttle: &Throttle) -> Pace {
         let now = Instant::now();
         let mine = background::thread_cpu();
         let (w_at, w_idle, w_mine) = self.window;
         if now.saturating_duration_since(w_at) >= CPU_WINDOW {
             let idle = background::node_idle();
-            self.spare = match (w_idle, idle) {
-                (Some(a), Some(b)) => spare_cpu(
-                    now.saturating_duration_since(w_at),
-                    b.saturating_sub(a),
-                    mine.saturating_sub(w_mine),
-                ),
-                _ => false,
+            let node = match (w_idle, idle) {
+                (Some(a), Some(b)) => {
+                    let w = CpuWindow {
+                        start: w_at,
+                        end: now,
+                        idle: b.saturating_sub(a),
+                        mine: mine.saturating_sub(w_mine),
+                    };
+                    let node = judge(self.node, &w, SPARE_CONFIRM);
+                    if std::mem::discriminant(&node) != std::mem::discriminant(&self.node) {
+                        tracing::debug!(
+                            from = ?self.node,
+                            to = ?node,
+                            window_ms = w.end.saturating_duration_since(w.start).as_millis() as u64,
+                            idle_ms = w.idle.as_millis() as u64,
+                            mine_ms = w.mine.as_millis() as u64,
+                            "checkpoint persister: the node's CPUs"
+                        );
+                    }
+                    node
+                }
+                _ => NodeCpu::Busy,
             };
+            self.node = node;
             self.window = (now, idle, mine);
         }
         let (since, cpu_then) = *self.yielding.get_or_insert((now, mine));
@@ -181,7 +208,9 @@ impl Pacer {
             &PaceInput {
                 urgent: throttle.urgent(),
                 lag: now.saturating_duration_since(self.staged_at),
-                spare: self.spare,
+                node: self.node,
+                window_left: CPU_WINDOW
+                    .saturating_sub(now.saturating_duration_since(self.window.0)),
                 cpu: mine.saturating_sub(cpu_then),
                 elapsed: now.saturating_duration_since(since),
             },
@@ -191,7 +220,7 @@ impl Pacer {
         if !decision.yields() {
             self.yielding = None;
         }
-        decision.pause()
+        decision
     }
 
     /// Logs a change of the decision and follows it with the thread's I/O class.
@@ -348,6 +377,25 @@ pub(super) mod tests {
             slept <= 8,
             "{slept} sleeps in {took:?}: each look's own CPU asked for another pause"
         );
+    }
+
+    #[test]
+    fn a_probing_persister_pauses_the_whole_window_and_judges_it_before_more_work() {
+        let params = PaceParams {
+            share: 0.05,
+            lag_bound: Duration::from_secs(60),
+        };
+        let mut p = Pacer::new(params, Instant::now());
+        // As after a window at full speed that left less than a CPU idle beside it.
+        p.node = NodeCpu::Probing;
+        let began = Instant::now();
+        p.window = (began, background::node_idle(), background::thread_cpu());
+        p.after_slice(LOOK_EVERY as usize, &Throttle::new(0), None);
+        // The pause is longer than one sleep (RECHECK): it still returns only once the
+        // window is over and judged, whatever it found.
+        assert!(began.elapsed() >= CPU_WINDOW, "{:?}", began.elapsed());
+        assert_ne!(p.node, NodeCpu::Probing, "the probe's window was judged");
+        assert!(p.window.0 >= began + CPU_WINDOW, "a new window began");
     }
 
     #[test]
