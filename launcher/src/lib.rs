@@ -83,6 +83,7 @@ pub mod exit;
 pub mod fingerprint;
 pub mod gpu_health;
 pub mod group;
+pub mod hex;
 pub mod k8s;
 pub mod logs;
 pub mod mac;

@@ -16,10 +16,7 @@ pub fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn hex(b: &[u8]) -> String {
-        b.iter().map(|b| format!("{b:02x}")).collect()
-    }
+    use crate::hex::hex;
 
     #[test]
     fn matches_rfc_4231_whether_the_message_comes_in_one_part_or_several() {

@@ -25,7 +25,7 @@ const CONTEXT: &[u8] = b"drun slurm rendezvous token v1\0";
 /// The token of Slurm job `job_id` under `secret`: 64 hex digits.
 pub fn derive(secret: &[u8], job_id: &str) -> Secret {
     let mac = hmac_sha256(secret, &[CONTEXT, job_id.as_bytes()]);
-    Secret::new(&mac.iter().map(|b| format!("{b:02x}")).collect::<String>())
+    Secret::new(&crate::hex::hex(&mac))
 }
 
 /// Where the secret lives: `var` (the value of [`SECRET_VAR`]), else `$HOME/.drun/slurm-secret`;
@@ -101,7 +101,7 @@ pub fn read_or_create(path: &Path) -> Result<Vec<u8>, SecretFileError> {
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut random))
             .map_err(SecretFileError::Random)?;
-        let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = crate::hex::hex(&random);
         let written = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

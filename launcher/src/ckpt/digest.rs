@@ -83,7 +83,7 @@ impl std::fmt::Display for Digest {
     /// As a manifest spells it: the kind's prefix, then lowercase hex.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.kind.prefix())?;
-        self.bytes.iter().try_for_each(|b| write!(f, "{b:02x}"))
+        f.write_str(&crate::hex::hex(&self.bytes))
     }
 }
 
@@ -92,8 +92,21 @@ impl std::fmt::Display for Digest {
 /// # Errors
 /// I/O errors opening or reading the file.
 pub fn file(path: &Path, kind: DigestKind) -> std::io::Result<(Digest, u64)> {
+    read_into(path, Hasher::new(kind))
+}
+
+/// The digest of the file at `path` to compare with `digest` ([`Hasher::like`]), as text.
+///
+/// # Errors
+/// I/O errors opening or reading the file.
+pub fn file_like(path: &Path, digest: &str) -> std::io::Result<(String, u64)> {
+    let (d, n) = read_into(path, Hasher::like(digest))?;
+    Ok((d.to_string(), n))
+}
+
+/// The file at `path` read through `h`: its digest and size in bytes.
+fn read_into(path: &Path, mut h: Hasher) -> std::io::Result<(Digest, u64)> {
     let mut f = std::fs::File::open(path)?;
-    let mut h = Hasher::new(kind);
     let mut buf = vec![0u8; CHUNK];
     let mut n = 0u64;
     loop {
@@ -105,15 +118,6 @@ pub fn file(path: &Path, kind: DigestKind) -> std::io::Result<(Digest, u64)> {
         n += k as u64;
     }
     Ok((h.finish(), n))
-}
-
-/// The digest of the file at `path` to compare with `digest` ([`Hasher::like`]), as text.
-///
-/// # Errors
-/// I/O errors opening or reading the file.
-pub fn file_like(path: &Path, digest: &str) -> std::io::Result<(String, u64)> {
-    let (d, n) = file(path, DigestKind::of(digest).unwrap_or(NEW))?;
-    Ok((d.to_string(), n))
 }
 
 #[cfg(test)]

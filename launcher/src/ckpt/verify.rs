@@ -9,17 +9,6 @@ use drun_rendezvous::{Manifest, ShardFile};
 
 use super::{CkptError, VerifyMode};
 
-/// Lowercase hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
-
 /// What a successful verification checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verified {

@@ -126,7 +126,7 @@ pub fn script_sha256(cfg: &LaunchConfig) -> Option<String> {
             Err(_) => return None,
         }
     }
-    Some(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Some(crate::hex::hex(&h.finalize()))
 }
 
 /// Longest a `--fingerprint-cmd` may run before its value is "(timed out ...)".

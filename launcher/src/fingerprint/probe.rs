@@ -119,10 +119,7 @@ fn cache_file(dir: &Path, python: &Path, env: &BTreeMap<String, String>) -> Opti
         h.update(env.get(k).map_or(&[][..], |v| v.as_bytes()));
         h.update([0]);
     }
-    let digest: String = h.finalize()[..12]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = crate::hex::hex(&h.finalize()[..12]);
     Some(dir.join(format!("probe-{digest}.json")))
 }
 

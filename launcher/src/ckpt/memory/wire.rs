@@ -80,7 +80,7 @@ impl Offer {
             ..self.clone()
         };
         let body = serde_json::to_vec(&unsigned).expect("an offer serializes");
-        crate::ckpt::verify::hex(&hmac_sha256(token.as_bytes(), &[nonce, &body]))
+        crate::hex::hex(&hmac_sha256(token.as_bytes(), &[nonce, &body]))
     }
 
     /// The header on the wire: length and JSON.
@@ -136,7 +136,7 @@ impl Fetch {
             ..self.clone()
         };
         let body = serde_json::to_vec(&unsigned).expect("a fetch serializes");
-        crate::ckpt::verify::hex(&hmac_sha256(token.as_bytes(), &[nonce, &body]))
+        crate::hex::hex(&hmac_sha256(token.as_bytes(), &[nonce, &body]))
     }
 
     /// The header on the wire: length and JSON.
