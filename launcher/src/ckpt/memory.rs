@@ -33,6 +33,10 @@
 //! core holds up every rank that steps with it, at each burst; it goes at full speed while
 //! a CPU is spare, when a newer step waits behind the one it writes, once the step waited past
 //! the lag bound (120 s, `DRUN_CKPT_PERSIST_LAG`), and while the workers' end waits for it. A
+//! CPU is spare ([`pace::judge`]) once windows the persister paused through have found most of
+//! one idle for a second in a row, and stays spare while a window at full speed leaves most of
+//! one idle beside it; else the persister pauses a window to look again: its own CPU, and the
+//! waits it causes the ranks that step together, would otherwise keep it at full speed. A
 //! lower CPU priority of its thread (nice, `SCHED_IDLE`) is not used: the ranks run in sessions
 //! of their own, so with the kernel's autogroups (`sched_autogroup_enabled`) they compete with
 //! the agent's session as groups, whatever the priority of a thread inside it; and an
