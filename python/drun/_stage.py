@@ -190,8 +190,9 @@ def _populate(mapping: mmap.mmap, size: int) -> None:
     which lets go of it, a chunk at a time. ``mmap``'s ``MAP_POPULATE`` held the GIL for the
     whole call: the training's thread of that rank could not run a line of Python for it
     (7.5 s for 1 GiB of fresh pages on a busy two-core machine; 0.6 s for 2 GiB alone). Where
-    the kernel has no ``MADV_POPULATE_WRITE`` (before 5.14) the pages fault in as the save
-    writes."""
+    the kernel has no ``MADV_POPULATE_WRITE`` (before 5.14) the rest is written with zeros
+    (``memset``, also through ctypes), which faults the pages in: the next save writes over
+    them."""
     global _libc
     if not sys.platform.startswith("linux"):
         return
@@ -199,12 +200,14 @@ def _populate(mapping: mmap.mmap, size: int) -> None:
         _libc = ctypes.CDLL(None, use_errno=True)
     view = (ctypes.c_char * size).from_buffer(mapping)
     try:
-        base = ctypes.addressof(view)
+        base, advise = ctypes.addressof(view), True
         for off in range(0, size, _POPULATE_CHUNK):
             n = min(_POPULATE_CHUNK, size - off)
-            if _libc.madvise(ctypes.c_void_p(base + off), ctypes.c_size_t(n),
-                             _MADV_POPULATE_WRITE) != 0:
-                return
+            if advise and _libc.madvise(ctypes.c_void_p(base + off), ctypes.c_size_t(n),
+                                        _MADV_POPULATE_WRITE) == 0:
+                continue
+            advise = False
+            ctypes.memset(base + off, 0, n)
     finally:
         del view  # the mapping can be closed once no ctypes view holds it
 

@@ -361,6 +361,16 @@ class Populate(unittest.TestCase):
         self.fail("the training's thread stopped for most of each populate (longest gap, "
                   "populate): %r" % tries)
 
+    def test_without_madv_populate_write_the_spares_pages_are_faulted_in_by_writing_them(self):
+        size = 8 << 20
+        m = self.mapped(size)
+        m[:4] = b"old!"  # a released step's file: its bytes are written over
+        # An advice the kernel does not know fails as MADV_POPULATE_WRITE does before 5.14.
+        with mock.patch.object(_stage, "_MADV_POPULATE_WRITE", 0x7fff):
+            _stage._populate(m, size)
+        self.assertGreaterEqual(self.resident(m), size)
+        self.assertEqual(m[:4], b"\0\0\0\0")
+
 
 if __name__ == "__main__":
     unittest.main()
