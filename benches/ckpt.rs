@@ -353,6 +353,11 @@ fn stall_part() {
                 secs(&v, "lost_per_save"),
             );
             println!(
+                "    the longest step while persisting {:.1} ms, with nothing persisting {:.1} ms (a training held up after a save returned shows here, not in the stall)",
+                secs(&v, "longest_busy") * 1e3,
+                secs(&v, "longest_quiet") * 1e3,
+            );
+            println!(
                 "    CPU per save while persisting: the persister thread {:.2} s ({:.1} % of one CPU over the lag), the kernel's worker threads {:.2} s",
                 secs(&v, "persist_cpu"),
                 secs(&v, "persist_cpu") / secs(&v, "lag") * 100.0,

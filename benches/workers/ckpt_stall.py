@@ -16,6 +16,8 @@ the ranks' steps were timed beside the persistence, in seconds per save; ``early
 ``steady_mean`` the busy steps' mean from the third save on (by then each rank's spare is a
 released step's file: :mod:`drun._stage`, ``launcher/src/ckpt/memory/spare.rs``), and
 ``lost_per_save`` the training time the busy steps took beyond the quiet steps' mean, per save;
+``longest_busy`` and ``longest_quiet`` this rank's longest step while persisting and with nothing
+persisting (a training stopped after a save returned shows there, not in the save's stall);
 ``ranks`` each rank's ``busy_mean`` and ``quiet_mean`` (the persister runs on one core at a time:
 the rank beside it loses more). The quiet steps are timed before the first save and for at least
 5 s after each step was persisted, so that the baseline brackets the busy steps and a few
@@ -225,6 +227,8 @@ if rank == 0:
                       "steady_mean": mean([b for b, a in zip(busy, after) if a >= 3]),
                       "lost_per_save": (sum(busy) - len(busy) * mean(quiet)) / saves
                       if busy and quiet else None,
+                      "longest_busy": max(busy) if busy else None,
+                      "longest_quiet": max(quiet) if quiet else None,
                       "persist_cpu": med(persist_cpu), "kernel_cpu": med(kernel),
                       "load": os.getloadavg()[0]}), flush=True)
 if trace is not None:
