@@ -190,9 +190,10 @@ def _populate(mapping: mmap.mmap, size: int) -> None:
     """Fills the page tables of a spare's ``mapping`` (and the tmpfs pages behind them, which
     ``posix_fallocate`` only reserves: the first touch zeroes them) so that a save writing
     through it takes no fault per page, without holding the GIL: ``madvise`` through ctypes,
-    which lets go of it, a chunk at a time (:data:`_POPULATE_CHUNK`). ``mmap``'s ``MAP_POPULATE`` held the GIL for the
-    whole call: the training's thread of that rank could not run a line of Python for it
-    (7.5 s for 1 GiB of fresh pages on a busy two-core machine; 0.6 s for 2 GiB alone). Where
+    which lets go of it, a chunk at a time (:data:`_POPULATE_CHUNK`). ``mmap``'s
+    ``MAP_POPULATE`` held the GIL for the whole call: the training's thread of that rank could
+    not run a line of Python for it (7.5 s for 1 GiB of fresh pages on a busy two-core machine;
+    0.6 s for 2 GiB alone). Where
     the kernel has no ``MADV_POPULATE_WRITE`` (before 5.14) the rest is written with zeros
     (``memset``, also through ctypes), which faults the pages in: the next save writes over
     them."""
@@ -200,7 +201,7 @@ def _populate(mapping: mmap.mmap, size: int) -> None:
     if not sys.platform.startswith("linux"):
         return
     if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc = ctypes.CDLL(None)
     view = (ctypes.c_char * size).from_buffer(mapping)
     try:
         base, advise = ctypes.addressof(view), True
